@@ -1,0 +1,51 @@
+// Hugging Face config.json for Qwen3 targets and DFlash drafters.
+#pragma once
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace dflash {
+
+// Qwen3 dense decoder stack (target, and the drafter's layers).
+struct Qwen3Config {
+  int vocab_size = 0;
+  int hidden_size = 0;
+  int intermediate_size = 0;
+  int num_hidden_layers = 0;
+  int num_attention_heads = 0;
+  int num_key_value_heads = 0;
+  int head_dim = 0;              // may differ from hidden_size / num_attention_heads
+  float rms_norm_eps = 1e-6f;
+  float rope_theta = 1e6f;       // from rope_theta or rope_parameters.rope_theta
+  bool tie_word_embeddings = false;
+  std::string weight_prefix = "model.";  // "model.language_model." for VLM checkpoints
+  std::vector<std::string> layer_types;  // "full_attention" / "sliding_attention", one per layer
+  int sliding_window = 0;                // 0 = none
+};
+
+// Parses a Qwen3 config (accepts a nested text_config). Fatal BadInput naming the file and field on a
+// missing or invalid field.
+Qwen3Config parse_qwen3_config(const nlohmann::json& j, const std::string& source);
+Qwen3Config load_qwen3_config(const std::string& config_json_path);
+
+// DFlash drafter (z-lab release format): a Qwen3 stack + dflash fields.
+struct DrafterConfig {
+  Qwen3Config layers;               // vocab_size = target's vocab; no embedding/lm_head of its own
+  int block_size = 16;
+  int num_target_layers = 0;
+  int mask_token_id = 0;
+  std::vector<int> target_layer_ids;  // layer id l = output of target decoder layer l
+};
+DrafterConfig parse_drafter_config(const nlohmann::json& j, const std::string& source);
+DrafterConfig load_drafter_config(const std::string& config_json_path);
+nlohmann::json drafter_config_to_json(const DrafterConfig& c);  // the release format's config.json
+
+// Default ids: round(1 + i·(L−4)/(n−1)), i = 0..n−1 (n = 1: [1]).
+std::vector<int> default_target_layer_ids(int num_target_layers, int num_draft_layers);
+
+// Rejects a drafter that does not fit the target (hidden size, layer ids out of range, block size < 2,
+// mask token outside the vocab) with a BadInput error that says which.
+void check_drafter_fits_target(const DrafterConfig& d, const Qwen3Config& t);
+
+}  // namespace dflash

@@ -1,0 +1,71 @@
+// The op layer: plain forward/backward functions over Tensor views, dispatched on ctx.device.
+//
+// CPU (float32) implementations live in src/ops/<op>.cpp and are the reference; CUDA twins live in
+// kernels/<op>.cu(h) and are compared against them in tests/gpu. Shapes are given per argument.
+// Conventions:
+//   - Linear layers use the torch layout: W [out, in], y = x W^T.
+//   - "_backward" functions ACCUMULATE into weight gradients (dW += ...) and OVERWRITE input
+//     gradients (dx = ...) unless the argument says otherwise.
+//   - Shape products are size_t; counts are int64_t.
+#pragma once
+#include "dflash/tensor.h"
+
+namespace dflash::ops {
+
+// ---- linear algebra ---------------------------------------------------------------------------
+// out [N, O] = in [N, I] · W[O, I]^T  (+ out when accumulate == Accumulate::Yes)
+enum class Accumulate : uint8_t { No, Yes };
+void matmul_forward(const Ctx& ctx, const Tensor& out, const Tensor& in, const Tensor& W,
+                    Accumulate acc = Accumulate::No);
+// din [N, I] = dout [N, O] · W [O, I]      (overwritten; skipped when din is empty)
+// dW  [O, I] += dout^T [O, N] · in [N, I]  (accumulated; skipped when dW is empty)
+void matmul_backward(const Ctx& ctx, const Tensor& din, const Tensor& dW, const Tensor& dout, const Tensor& in,
+                     const Tensor& W);
+
+// ---- embedding --------------------------------------------------------------------------------
+// out [T, H] = table [V, H] rows at tokens [T] (I32). An id outside [0, V) is a BadInput error.
+void embedding_forward(const Ctx& ctx, const Tensor& out, const Tensor& tokens, const Tensor& table);
+
+// ---- RMSNorm ----------------------------------------------------------------------------------
+// out [N, C] = in * rstd * w,  rstd [N] = 1/sqrt(mean(in^2) + eps)  (rstd saved for backward)
+void rmsnorm_forward(const Ctx& ctx, const Tensor& out, const Tensor& rstd, const Tensor& in, const Tensor& w,
+                     float eps);
+// din [N, C] (overwritten), dw [C] (accumulated)
+void rmsnorm_backward(const Ctx& ctx, const Tensor& din, const Tensor& dw, const Tensor& dout, const Tensor& in,
+                      const Tensor& w, const Tensor& rstd);
+// Fused residual add + norm (target forward): resid [N, C] += x [N, C]; out = rmsnorm(resid).
+// rstd [N] may be empty (inference).
+void residual_rmsnorm_forward(const Ctx& ctx, const Tensor& resid, const Tensor& out, const Tensor& rstd,
+                              const Tensor& x, const Tensor& w, float eps);
+
+// ---- per-head norm + rotary embedding -----------------------------------------------------------
+// Qwen3 QK-norm then neox RoPE, per head:
+//   y = rmsnorm(x[n, h, :]) * w;  out[n, h, :] = rope(y, pos[n])
+// out/in [N, nh, hd], rstd [N, nh] (saved for backward; may be empty), w [hd], pos [N] (I32).
+// rotary_dim <= hd (partial RoPE rotates the first rotary_dim dims, pairs (i, i + rotary_dim/2)),
+// inv_freq[i] = theta^(-2i/rotary_dim).
+struct RopeSpec {
+  float theta = 1e6f;
+  int rotary_dim = 0;  // 0 = head_dim
+};
+void head_norm_rope_forward(const Ctx& ctx, const Tensor& out, const Tensor& rstd, const Tensor& in,
+                            const Tensor& w, const Tensor& pos, RopeSpec rope, float eps);
+// din [N, nh, hd] (overwritten), dw [hd] (accumulated); in/rstd are the forward's input and rstd.
+void head_norm_rope_backward(const Ctx& ctx, const Tensor& din, const Tensor& dw, const Tensor& dout,
+                             const Tensor& in, const Tensor& w, const Tensor& rstd, const Tensor& pos,
+                             RopeSpec rope, float eps);
+
+// ---- SwiGLU ------------------------------------------------------------------------------------
+// out [N, I] = silu(gate [N, I]) * up [N, I]
+void swiglu_forward(const Ctx& ctx, const Tensor& out, const Tensor& gate, const Tensor& up);
+// dgate, dup [N, I] (overwritten)
+void swiglu_backward(const Ctx& ctx, const Tensor& dgate, const Tensor& dup, const Tensor& dout,
+                     const Tensor& gate, const Tensor& up);
+
+// ---- attention (target): causal within each packed sequence, GQA ---------------------------------
+// out [T, nh, hd]; q [T, nh, hd]; k, v [T, nkv, hd]; cu_seqlens [nseq + 1] (I32, host memory on CPU,
+// device memory on CUDA); scale usually hd^-0.5. nh must be a multiple of nkv.
+void attention_varlen_causal_forward(const Ctx& ctx, const Tensor& out, const Tensor& q, const Tensor& k,
+                                     const Tensor& v, const Tensor& cu_seqlens, float scale);
+
+}  // namespace dflash::ops
