@@ -1,0 +1,150 @@
+// metrics.h5 (one writer rank) and the operator's status line. Layout and h5py snippet: docs/metrics.md.
+//
+//   /steps/{step, time_s, loss, acc, agree, streak, lr, noise, grad_norm, tokens, anchors}   1-D, one row per step
+//   /ranks/{interval, time_s, rank, role, batches, busy_s, wait_s, compute_s, credit_wait_s,
+//           data_wait_s, allreduce_s, optimizer_s}                                        1-D, one row per (interval, rank)
+//   /queues/{time_s [n], q_pre [n, T], q_hs [n, D]}
+//   /gpus/{time_s [n], power_w [n, G], util_pct [n, G], mem_used_mib [n, G]}  + attributes available, reason
+//   attributes of /: whatever the job sets (options, topology, hosts, versions, ...) + format_version
+//
+// Every series is an extendible chunked dataset (H5S_UNLIMITED, grown with H5Dset_extent). No SWMR: the
+// file is flushed (H5Fflush) every flush_every appends and at close, so a killed job leaves a file that
+// h5py opens as usual, holding everything up to the last flush (docs/metrics.md says why not SWMR).
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace dflash {
+
+// One training step (written by the drafter-0 / writer rank).
+struct StepMetrics {
+  int64_t step = 0;
+  double time_s = 0;     // since the job started
+  double loss = 0, acc = 0, agree = 0, streak = 0, lr = 0, noise = 0, grad_norm = 0;
+  int64_t tokens = 0;    // tokens in the step's batch(es)
+  int64_t anchors = 0;   // anchors trained on
+};
+
+enum class MetricsRole : int { Target = 0, Drafter = 1, Idle = 2 };  // stored as int, legend in an attribute
+const char* metrics_role_name(MetricsRole r);
+
+// One rank's time split over one report interval. Fields that do not apply to the role are 0:
+// targets fill compute_s, credit_wait_s, data_wait_s; drafters data_wait_s, compute_s, allreduce_s,
+// optimizer_s. busy_s = time doing work, wait_s = time blocked (busy_s + wait_s ~ interval length).
+struct RankTiming {
+  int64_t interval = 0;  // report interval index (0, 1, ...)
+  double time_s = 0;     // end of the interval, since the job started
+  int rank = 0;          // world rank
+  MetricsRole role = MetricsRole::Idle;
+  int64_t batches = 0;   // batches finished in the interval
+  double busy_s = 0, wait_s = 0;
+  double compute_s = 0, credit_wait_s = 0, data_wait_s = 0, allreduce_s = 0, optimizer_s = 0;
+};
+
+// Fixed at creation: the widths of the 2-D series.
+struct MetricsLayout {
+  int num_targets = 1;    // columns of /queues/q_pre
+  int num_drafters = 1;   // columns of /queues/q_hs
+  int num_gpus = 0;       // columns of /gpus/* (0 = no GPU series)
+  bool gpu_available = false;          // NVML readings will be appended
+  std::string gpu_unavailable_reason;  // e.g. "CPU backend: no NVML" (stored when !gpu_available)
+  int flush_every = 10;   // H5Fflush after this many appends (any series); --metrics-flush-every
+};
+
+enum class MetricsOpen {
+  Create,  // a new file; an existing one is first renamed to <path>.prev (never overwritten in place)
+  Append,  // continue an existing file (resume); its layout must match (fatal BadInput otherwise);
+           // creates the file if it does not exist
+};
+
+class MetricsWriter {
+ public:
+  MetricsWriter(const std::string& path, const MetricsLayout& layout, MetricsOpen mode = MetricsOpen::Create);
+  ~MetricsWriter();  // close()
+  MetricsWriter(const MetricsWriter&) = delete;
+  MetricsWriter& operator=(const MetricsWriter&) = delete;
+
+  void append_step(const StepMetrics& s);
+  void append_rank_timing(const RankTiming& r);
+  // q_pre has num_targets entries, q_hs num_drafters (fatal Internal otherwise).
+  void append_queues(double time_s, const std::vector<int>& q_pre, const std::vector<int>& q_hs);
+  // Each vector has num_gpus entries; only call when gpu_available (never invent readings).
+  void append_gpus(double time_s, const std::vector<double>& power_w, const std::vector<double>& util_pct,
+                   const std::vector<double>& mem_used_mib);
+
+  // Attributes of the root group (overwritten if present). Use JSON text for structured values
+  // (options, hosts, topology).
+  void set_attribute(const std::string& name, const std::string& value);
+  void set_attribute(const std::string& name, double value);
+  void set_attribute(const std::string& name, int64_t value);
+
+  // Resume: drops /steps rows whose step > last_step (they were written after the checkpoint the job
+  // resumed from and will be written again).
+  void drop_steps_after(int64_t last_step);
+
+  int64_t num_steps() const;
+  const std::string& path() const { return path_; }
+  void flush();  // H5Fflush now
+  void close();  // flush + close; idempotent
+
+  struct Impl;
+
+ private:
+  void count_append();
+  std::string path_;
+  MetricsLayout layout_;
+  std::unique_ptr<Impl> impl_;
+  int appends_since_flush_ = 0;
+};
+
+// Reads a metrics file back (tests, dflash-report). Fatal BadInput naming the file/series on error.
+class MetricsReader {
+ public:
+  explicit MetricsReader(const std::string& path);
+  ~MetricsReader();
+  MetricsReader(const MetricsReader&) = delete;
+  MetricsReader& operator=(const MetricsReader&) = delete;
+
+  bool has(const std::string& series) const;                 // "steps/loss", "gpus", ...
+  std::vector<double> series(const std::string& name) const;  // a 1-D series, converted to double
+  // A 2-D series as rows x cols (row-major); cols is set.
+  std::vector<double> matrix(const std::string& name, int64_t* cols) const;
+  int64_t rows(const std::string& name) const;
+  bool has_attribute(const std::string& object, const std::string& name) const;  // object: "/" or "/gpus"
+  std::string attribute_string(const std::string& object, const std::string& name) const;
+  double attribute_number(const std::string& object, const std::string& name) const;
+  std::vector<std::string> attribute_names(const std::string& object) const;
+
+ private:
+  std::string path_;
+  int64_t file_ = -1;  // hid_t
+};
+
+// ---- the status line -------------------------------------------------------------------------------
+
+// "42s", "5m", "3h12m", "1.2d" (under 60 s: seconds; under 1 h: minutes; under 1 d: h+m; else days).
+std::string format_duration(double seconds);
+
+struct StatusInputs {
+  double elapsed_s = 0;
+  int64_t step = 0;
+  double loss = 0, acc = 0, streak = 0, lr = 0, noise = 0;
+  double target_batches_per_s = 0;   // all targets together
+  double drafter_batches_per_s = 0;  // all drafters together
+  double tokens_per_s = 0;
+  std::optional<double> power_w;     // total power of the job's GPUs when NVML knows it
+  std::vector<int> q_pre;            // one per target
+  std::vector<int> q_hs;             // one per drafter
+  double epoch = 0;                  // fractional epochs done
+  std::optional<double> eta_s;       // unknown (infinite epochs, no rate yet): "ETA=?"
+};
+
+// [5m] step=58 loss=2.2577 acc=0.029 streak=0.0 lr=9.84e-06 noise=0.1000 | tgt=0.88b/s dft=0.81b/s
+// (25.1Ktok/s) | q_pre=[50, 49] q_hs=[20] | epoch~0.01 ETA=4.7d     (one line; pwr=4.2kW after the
+// throughput group when power_w is set)
+std::string format_status_line(const StatusInputs& in);
+
+}  // namespace dflash
