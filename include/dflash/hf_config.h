@@ -22,20 +22,24 @@ struct Qwen3Config {
   std::string weight_prefix = "model.";  // "model.language_model." for VLM checkpoints
   std::vector<std::string> layer_types;  // "full_attention" / "sliding_attention", one per layer
   int sliding_window = 0;                // 0 = none
+  int max_position_embeddings = 40960;   // written to the exported drafter config; not used by the math
 };
 
 // Parses a Qwen3 config (accepts a nested text_config). Fatal BadInput naming the file and field on a
-// missing or invalid field.
+// missing or invalid field. layer_types may also hold "linear_attention" (Qwen3.5/3.6 hybrids): a model
+// that cannot run such layers must reject them itself.
 Qwen3Config parse_qwen3_config(const nlohmann::json& j, const std::string& source);
 Qwen3Config load_qwen3_config(const std::string& config_json_path);
 
 // DFlash drafter (z-lab release format): a Qwen3 stack + dflash fields.
 struct DrafterConfig {
-  Qwen3Config layers;               // vocab_size = target's vocab; no embedding/lm_head of its own
+  Qwen3Config layers;               // vocab_size = target's vocab; no embedding/lm_head of its own;
+                                    // weight_prefix "" (keys are "layers.N.*", "fc.weight", "norm.weight")
   int block_size = 16;
   int num_target_layers = 0;
   int mask_token_id = 0;
   std::vector<int> target_layer_ids;  // layer id l = output of target decoder layer l
+  std::string torch_dtype = "bfloat16";  // config.json "dtype": the dtype the weights are exported in
 };
 DrafterConfig parse_drafter_config(const nlohmann::json& j, const std::string& source);
 DrafterConfig load_drafter_config(const std::string& config_json_path);

@@ -45,6 +45,10 @@ class SafetensorsFile {
   std::map<std::string, std::string> metadata_;
 };
 
+// Copies a floating-point tensor (F32/BF16/F16) into dst [numel] as float32; any other dtype is a BadInput
+// error naming `source` (the file or directory it came from). Handles data that is not aligned in the file.
+void tensor_to_f32(const TensorInfo& t, float* dst, const std::string& source);
+
 // A checkpoint directory: model.safetensors.index.json + shards, or a single model.safetensors.
 // Shards are opened lazily and can be released so a loader never maps the whole checkpoint at once.
 class Checkpoint {
@@ -56,7 +60,7 @@ class Checkpoint {
   // Shard files in order, and the tensor names each holds (for shard-by-shard loading).
   std::vector<std::string> shard_files() const;
   std::vector<std::string> names_in_shard(const std::string& shard_file) const;
-  void release_shard(const std::string& shard_file);
+  void release_shard(const std::string& shard_file);  // unmaps it: its TensorInfo pointers become invalid
   // Checks that `name` exists with exactly `shape` (fatal BadInput naming it otherwise) and copies it,
   // converted to float32, into dst [numel].
   void load_f32(const std::string& name, const std::vector<int64_t>& shape, float* dst);

@@ -1,0 +1,349 @@
+// Hugging Face config.json parsing for Qwen3 targets and DFlash drafters, and the drafter's export config.
+//
+// Every field is checked for presence, type and range, and an error names the file and the field's full
+// path (e.g. "text_config.num_key_value_heads"), because a silently defaulted field here shows up much
+// later as a drafter that trains fine and is accepted badly at serving time.
+#include "dflash/hf_config.h"
+
+#include <cmath>
+#include <fstream>
+#include <limits>
+#include <sstream>
+
+#include "dflash/error.h"
+
+namespace dflash {
+namespace {
+
+using nlohmann::json;
+
+const char* const kConfigHint = "fix config.json, or point at the right checkpoint directory";
+
+// A JSON object together with where it came from, for error messages.
+struct Fields {
+  const json& j;
+  const std::string& source;
+  std::string prefix;  // "" or "text_config."
+
+  std::string where(const std::string& key) const { return "'" + prefix + key + "' in " + source; }
+  bool has(const std::string& key) const { return j.contains(key) && !j[key].is_null(); }
+
+  int64_t integer(const std::string& key) const {
+    DF_CHECK_HINT(j.contains(key), BadInput, "missing field " << where(key), kConfigHint);
+    return integer_value(key, j[key]);
+  }
+  int64_t integer_value(const std::string& key, const json& v) const {
+    bool ok = v.is_number_integer();
+    // Python writes 4096.0 for some integer fields; accept integral floats.
+    if (!ok && v.is_number_float()) {
+      double d = v.get<double>();
+      ok = std::isfinite(d) && d == std::floor(d) && std::fabs(d) < 9.0e15;
+      if (ok) return static_cast<int64_t>(d);
+    }
+    DF_CHECK_HINT(ok, BadInput, "field " << where(key) << " must be an integer, got " << v.dump(), kConfigHint);
+    return v.get<int64_t>();
+  }
+  int positive_int(const std::string& key) const { return checked_int(key, integer(key), 1); }
+  int checked_int(const std::string& key, int64_t v, int64_t min) const {
+    DF_CHECK_HINT(v >= min && v <= std::numeric_limits<int>::max(), BadInput,
+                  "field " << where(key) << " = " << v << " is out of range (must be >= " << min << ")", kConfigHint);
+    return static_cast<int>(v);
+  }
+  double positive_number(const std::string& key, const json& v) const {
+    DF_CHECK_HINT(v.is_number(), BadInput, "field " << where(key) << " must be a number, got " << v.dump(),
+                  kConfigHint);
+    double d = v.get<double>();
+    DF_CHECK_HINT(std::isfinite(d) && d > 0, BadInput, "field " << where(key) << " = " << d << " must be positive",
+                  kConfigHint);
+    return d;
+  }
+  bool boolean(const std::string& key, bool dflt) const {
+    if (!has(key)) return dflt;
+    DF_CHECK_HINT(j[key].is_boolean(), BadInput,
+                  "field " << where(key) << " must be true or false, got " << j[key].dump(), kConfigHint);
+    return j[key].get<bool>();
+  }
+};
+
+// A rope_parameters / rope_scaling object: we implement plain RoPE only, so any scaling type is refused
+// rather than silently ignored (the drafter would learn features the serving engine does not produce).
+void check_rope_type(const Fields& f, const std::string& key) {
+  if (!f.has(key)) return;
+  const json& r = f.j[key];
+  DF_CHECK_HINT(r.is_object(), BadInput, "field " << f.where(key) << " must be an object, got " << r.dump(),
+                kConfigHint);
+  for (const char* type_key : {"rope_type", "type"}) {
+    if (!r.contains(type_key) || r[type_key].is_null()) continue;
+    DF_CHECK_HINT(r[type_key].is_string() && r[type_key].get<std::string>() == "default", BadInput,
+                  "unsupported RoPE scaling " << r[type_key].dump() << " in " << f.where(key),
+                  "dflash-train implements plain RoPE (rope_type \"default\"); remove the scaling from config.json "
+                  "if the serving engine runs the target without it");
+  }
+}
+
+std::string read_text_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  DF_CHECK_HINT(in.is_open(), BadInput, "cannot open " << path,
+                "check the path: a Hugging Face checkpoint directory holds config.json");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  DF_CHECK_HINT(!in.bad(), BadInput, "cannot read " << path, "check its permissions");
+  return ss.str();
+}
+
+json read_json_file(const std::string& path) {
+  json j = json::parse(read_text_file(path), nullptr, /*allow_exceptions=*/false);
+  DF_CHECK_HINT(!j.is_discarded(), BadInput, path << " is not valid JSON",
+                "config.json must be a JSON file as written by transformers' save_pretrained");
+  DF_CHECK_HINT(j.is_object(), BadInput, path << " is not a JSON object", "config.json must hold a JSON object");
+  return j;
+}
+
+}  // namespace
+
+Qwen3Config parse_qwen3_config(const json& root, const std::string& source) {
+  DF_CHECK_HINT(root.is_object(), BadInput, source << " is not a JSON object", kConfigHint);
+  Qwen3Config c;
+  const bool nested = root.contains("text_config") && !root["text_config"].is_null();
+  if (nested) {
+    DF_CHECK_HINT(root["text_config"].is_object(), BadInput, "field 'text_config' in " << source
+                                                                                       << " is not an object",
+                  kConfigHint);
+    c.weight_prefix = "model.language_model.";  // VLM checkpoints keep the text weights there
+  }
+  const json& j = nested ? root["text_config"] : root;
+  Fields f{j, source, nested ? "text_config." : ""};
+
+  c.vocab_size = f.positive_int("vocab_size");
+  c.hidden_size = f.positive_int("hidden_size");
+  c.intermediate_size = f.positive_int("intermediate_size");
+  c.num_hidden_layers = f.positive_int("num_hidden_layers");
+  c.num_attention_heads = f.positive_int("num_attention_heads");
+  c.num_key_value_heads = f.has("num_key_value_heads") ? f.positive_int("num_key_value_heads") : c.num_attention_heads;
+  DF_CHECK_HINT(c.num_attention_heads % c.num_key_value_heads == 0, BadInput,
+                "num_attention_heads = " << c.num_attention_heads << " is not divisible by num_key_value_heads = "
+                                         << c.num_key_value_heads << " (" << f.where("num_key_value_heads") << ")",
+                kConfigHint);
+  if (f.has("head_dim")) {
+    c.head_dim = f.positive_int("head_dim");
+  } else {
+    DF_CHECK_HINT(c.hidden_size % c.num_attention_heads == 0, BadInput,
+                  "missing field " << f.where("head_dim") << ", and hidden_size = " << c.hidden_size
+                                   << " is not divisible by num_attention_heads = " << c.num_attention_heads,
+                  kConfigHint);
+    c.head_dim = c.hidden_size / c.num_attention_heads;
+  }
+  // neox RoPE rotates pairs (i, i + head_dim/2)
+  DF_CHECK_HINT(c.head_dim % 2 == 0, BadInput, "field " << f.where("head_dim") << " = " << c.head_dim << " is odd",
+                kConfigHint);
+  DF_CHECK_HINT(j.contains("rms_norm_eps"), BadInput, "missing field " << f.where("rms_norm_eps"), kConfigHint);
+  c.rms_norm_eps = static_cast<float>(f.positive_number("rms_norm_eps", j["rms_norm_eps"]));
+
+  // RoPE theta: transformers <5 writes "rope_theta" at the top level, transformers 5 "rope_parameters".
+  check_rope_type(f, "rope_parameters");
+  check_rope_type(f, "rope_scaling");
+  if (f.has("rope_theta")) {
+    c.rope_theta = static_cast<float>(f.positive_number("rope_theta", j["rope_theta"]));
+  } else if (f.has("rope_parameters") && j["rope_parameters"].contains("rope_theta")) {
+    Fields rp{j["rope_parameters"], source, f.prefix + "rope_parameters."};
+    c.rope_theta = static_cast<float>(rp.positive_number("rope_theta", rp.j["rope_theta"]));
+  } else {
+    DF_FAIL(BadInput, "missing field " << f.where("rope_theta") << " (looked for rope_theta and "
+                                       << f.prefix << "rope_parameters.rope_theta)",
+            kConfigHint);
+  }
+
+  c.tie_word_embeddings = f.boolean("tie_word_embeddings", false);
+  if (f.has("max_position_embeddings")) c.max_position_embeddings = f.positive_int("max_position_embeddings");
+
+  c.sliding_window = f.has("sliding_window") ? f.checked_int("sliding_window", f.integer("sliding_window"), 0) : 0;
+  if (f.has("layer_types")) {
+    const json& lt = j["layer_types"];
+    DF_CHECK_HINT(lt.is_array() && lt.size() == static_cast<size_t>(c.num_hidden_layers), BadInput,
+                  "field " << f.where("layer_types") << " must be a list of " << c.num_hidden_layers
+                           << " layer types (one per layer), got " << lt.dump(),
+                  kConfigHint);
+    for (const json& t : lt) {
+      const bool known = t.is_string() && (t == "full_attention" || t == "sliding_attention" ||
+                                           t == "linear_attention");
+      DF_CHECK_HINT(known, BadInput, "unknown layer type " << t.dump() << " in " << f.where("layer_types"),
+                    "layer types are full_attention, sliding_attention (and linear_attention for Qwen3.5)");
+      c.layer_types.push_back(t.get<std::string>());
+    }
+  } else {
+    // Older Qwen3 configs: sliding window on layers >= max_window_layers when use_sliding_window is set.
+    const bool use_sliding = f.boolean("use_sliding_window", false);
+    int max_window_layers = c.num_hidden_layers;
+    if (use_sliding && f.has("max_window_layers"))
+      max_window_layers = f.checked_int("max_window_layers", f.integer("max_window_layers"), 0);
+    for (int l = 0; l < c.num_hidden_layers; ++l)
+      c.layer_types.push_back(use_sliding && c.sliding_window > 0 && l >= max_window_layers ? "sliding_attention"
+                                                                                            : "full_attention");
+  }
+  for (const std::string& t : c.layer_types)
+    DF_CHECK_HINT(t != "sliding_attention" || c.sliding_window > 0, BadInput,
+                  f.where("layer_types") << " has sliding_attention layers but " << f.where("sliding_window")
+                                         << " is not a positive window size",
+                  kConfigHint);
+  return c;
+}
+
+Qwen3Config load_qwen3_config(const std::string& config_json_path) {
+  return parse_qwen3_config(read_json_file(config_json_path), config_json_path);
+}
+
+DrafterConfig parse_drafter_config(const json& j, const std::string& source) {
+  DF_CHECK_HINT(j.is_object(), BadInput, source << " is not a JSON object", kConfigHint);
+  const char* const format_hint =
+      "--drafter expects a DFlash release-format directory: config.json with architectures "
+      "[\"DFlashDraftModel\"], block_size, num_target_layers and dflash_config";
+  bool is_dflash = false;
+  if (j.contains("architectures") && j["architectures"].is_array())
+    for (const json& a : j["architectures"]) is_dflash = is_dflash || a == "DFlashDraftModel";
+  DF_CHECK_HINT(is_dflash, BadInput, source << " is not a DFlash drafter config (architectures = "
+                                            << (j.contains("architectures") ? j["architectures"].dump() : "missing")
+                                            << ", expected [\"DFlashDraftModel\"])",
+                format_hint);
+  DF_CHECK_HINT(!j.contains("text_config"), BadInput, source << ": a DFlash drafter config has no text_config",
+                format_hint);
+
+  DrafterConfig d;
+  d.layers = parse_qwen3_config(j, source);
+  d.layers.weight_prefix = "";  // drafter keys are "layers.N.*", "fc.weight", "norm.weight"
+  Fields f{j, source, ""};
+  d.block_size = f.positive_int("block_size");
+  d.num_target_layers = f.positive_int("num_target_layers");
+  if (f.has("dtype")) {
+    DF_CHECK_HINT(j["dtype"].is_string(), BadInput, "field " << f.where("dtype") << " must be a string", kConfigHint);
+    d.torch_dtype = j["dtype"].get<std::string>();
+  } else if (f.has("torch_dtype") && j["torch_dtype"].is_string()) {
+    d.torch_dtype = j["torch_dtype"].get<std::string>();
+  }
+
+  DF_CHECK_HINT(f.has("dflash_config") && j["dflash_config"].is_object(), BadInput,
+                "missing object " << f.where("dflash_config"), format_hint);
+  Fields df{j["dflash_config"], source, "dflash_config."};
+  d.mask_token_id = df.checked_int("mask_token_id", df.integer("mask_token_id"), 0);
+  if (df.has("target_layer_ids")) {
+    const json& ids = df.j["target_layer_ids"];
+    DF_CHECK_HINT(ids.is_array() && !ids.empty(), BadInput,
+                  "field " << df.where("target_layer_ids") << " must be a non-empty list of layer ids, got "
+                           << ids.dump(),
+                  kConfigHint);
+    for (const json& v : ids) d.target_layer_ids.push_back(df.checked_int("target_layer_ids", df.integer_value("target_layer_ids", v), 0));
+  } else {
+    d.target_layer_ids = default_target_layer_ids(d.num_target_layers, d.layers.num_hidden_layers);
+  }
+  for (int id : d.target_layer_ids)
+    DF_CHECK_HINT(id < d.num_target_layers, BadInput,
+                  "target layer id " << id << " in " << df.where("target_layer_ids") << " is outside [0, "
+                                     << d.num_target_layers << ") (num_target_layers)",
+                  kConfigHint);
+  return d;
+}
+
+DrafterConfig load_drafter_config(const std::string& config_json_path) {
+  return parse_drafter_config(read_json_file(config_json_path), config_json_path);
+}
+
+json drafter_config_to_json(const DrafterConfig& c) {
+  const Qwen3Config& q = c.layers;
+  bool any_sliding = false;
+  int first_sliding = q.num_hidden_layers;
+  for (int l = 0; l < static_cast<int>(q.layer_types.size()); ++l)
+    if (q.layer_types[l] == "sliding_attention") {
+      any_sliding = true;
+      first_sliding = std::min(first_sliding, l);
+    }
+  std::vector<std::string> layer_types = q.layer_types;
+  if (layer_types.empty()) layer_types.assign(q.num_hidden_layers, "full_attention");
+
+  json j = json::object();  // nlohmann sorts keys, as transformers' save_pretrained does
+  j["architectures"] = {"DFlashDraftModel"};
+  j["attention_bias"] = false;
+  j["attention_dropout"] = 0.0;
+  j["auto_map"] = {{"AutoModel", "dflash.DFlashDraftModel"}};
+  j["block_size"] = c.block_size;
+  j["bos_token_id"] = nullptr;
+  j["dflash_config"] = {{"mask_token_id", c.mask_token_id}, {"target_layer_ids", c.target_layer_ids}};
+  j["dtype"] = c.torch_dtype;
+  j["eos_token_id"] = nullptr;
+  j["head_dim"] = q.head_dim;
+  j["hidden_act"] = "silu";
+  j["hidden_size"] = q.hidden_size;
+  j["initializer_range"] = 0.02;
+  j["intermediate_size"] = q.intermediate_size;
+  j["layer_types"] = layer_types;
+  j["max_position_embeddings"] = q.max_position_embeddings;
+  // Only read by loaders that derive layer_types themselves: the first sliding layer.
+  j["max_window_layers"] = first_sliding;
+  j["model_type"] = "qwen3";
+  j["num_attention_heads"] = q.num_attention_heads;
+  j["num_hidden_layers"] = q.num_hidden_layers;
+  j["num_key_value_heads"] = q.num_key_value_heads;
+  j["num_target_layers"] = c.num_target_layers;
+  j["pad_token_id"] = nullptr;
+  j["rms_norm_eps"] = static_cast<double>(q.rms_norm_eps);
+  j["rope_parameters"] = {{"rope_theta", static_cast<double>(q.rope_theta)}, {"rope_type", "default"}};
+  j["rope_theta"] = static_cast<double>(q.rope_theta);  // for loaders older than transformers 5
+  j["sliding_window"] = q.sliding_window > 0 ? json(q.sliding_window) : json(nullptr);
+  j["tie_word_embeddings"] = false;
+  j["transformers_version"] = "5.17.0";  // the release whose config format this mirrors
+  j["use_cache"] = true;
+  // Older transformers drop sliding_window unless use_sliding_window is set.
+  j["use_sliding_window"] = any_sliding;
+  j["vocab_size"] = q.vocab_size;
+  return j;
+}
+
+std::vector<int> default_target_layer_ids(int num_target_layers, int num_draft_layers) {
+  DF_CHECK_HINT(num_draft_layers >= 1, BadInput,
+                "cannot choose target layer ids for " << num_draft_layers << " drafter layers", "use --draft-layers >= 1");
+  std::vector<int> ids;
+  if (num_draft_layers == 1) {
+    ids.push_back(1);
+  } else {
+    const double span = static_cast<double>(num_target_layers - 4);
+    for (int i = 0; i < num_draft_layers; ++i)
+      // nearbyint rounds half to even, as Python's round() in the reference implementation does.
+      ids.push_back(static_cast<int>(std::nearbyint(1.0 + i * span / (num_draft_layers - 1))));
+  }
+  for (int id : ids)
+    DF_CHECK_HINT(id >= 0 && id < num_target_layers, BadInput,
+                  "default target layer ids for a " << num_target_layers << "-layer target and " << num_draft_layers
+                                                    << " drafter layers fall outside the target (id " << id << ")",
+                  "give the drafter's dflash_config.target_layer_ids explicitly, or use a deeper target");
+  return ids;
+}
+
+void check_drafter_fits_target(const DrafterConfig& d, const Qwen3Config& t) {
+  const char* const hint = "the drafter was made for a different target: use a matching --drafter, or start "
+                           "from scratch (omit --drafter) to build one for this target";
+  DF_CHECK_HINT(d.layers.hidden_size == t.hidden_size, BadInput,
+                "drafter hidden_size " << d.layers.hidden_size << " differs from the target's hidden_size "
+                                       << t.hidden_size,
+                hint);
+  DF_CHECK_HINT(d.num_target_layers == t.num_hidden_layers, BadInput,
+                "drafter num_target_layers " << d.num_target_layers << " differs from the target's num_hidden_layers "
+                                             << t.num_hidden_layers,
+                hint);
+  DF_CHECK_HINT(d.layers.vocab_size == t.vocab_size, BadInput,
+                "drafter vocab_size " << d.layers.vocab_size << " differs from the target's vocab_size "
+                                      << t.vocab_size,
+                hint);
+  DF_CHECK_HINT(d.block_size >= 2, BadInput,
+                "drafter block_size " << d.block_size << " is below 2 (a block is an anchor plus masked tokens)",
+                "set block_size to 16 (the DFlash default)");
+  DF_CHECK_HINT(d.mask_token_id >= 0 && d.mask_token_id < t.vocab_size, BadInput,
+                "drafter mask_token_id " << d.mask_token_id << " is outside the target's vocabulary [0, "
+                                         << t.vocab_size << ")",
+                "the mask token is an unused id inside the target's vocabulary (Qwen3: 151669)");
+  DF_CHECK_HINT(!d.target_layer_ids.empty(), BadInput, "drafter has no target_layer_ids", hint);
+  for (int id : d.target_layer_ids)
+    DF_CHECK_HINT(id >= 0 && id < t.num_hidden_layers, BadInput,
+                  "drafter target layer id " << id << " is outside the target's layers [0, " << t.num_hidden_layers
+                                             << ")",
+                  hint);
+}
+
+}  // namespace dflash

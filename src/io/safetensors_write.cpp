@@ -1,0 +1,179 @@
+// safetensors writing and atomic file replacement.
+//
+// Every file is written to a temp file in the destination's directory, fsync'ed, renamed over the
+// destination and the directory fsync'ed, so a crash or a full disk leaves either the old file or the new
+// one, never a torn one (DESIGN.md: bad input or a failure never corrupts an existing checkpoint).
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <functional>
+#include <set>
+
+#include <nlohmann/json.hpp>
+
+#include "dflash/error.h"
+#include "dflash/safetensors.h"
+
+namespace dflash {
+namespace {
+
+std::string parent_dir(const std::string& path) {
+  size_t slash = path.find_last_of('/');
+  if (slash == std::string::npos) return ".";
+  if (slash == 0) return "/";
+  return path.substr(0, slash);
+}
+
+// Writes to an open temp file; the first failure is fatal and removes the temp file.
+class TempFileWriter {
+ public:
+  TempFileWriter(int fd, std::string tmp_path, std::string final_path)
+      : fd_(fd), tmp_(std::move(tmp_path)), final_(std::move(final_path)) {}
+
+  void write(const void* p, size_t n) {
+    const char* c = static_cast<const char*>(p);
+    while (n > 0) {
+      ssize_t w = ::write(fd_, c, n);
+      if (w < 0 && errno == EINTR) continue;
+      if (w <= 0) fail("write");
+      c += w;
+      n -= static_cast<size_t>(w);
+    }
+  }
+
+  [[noreturn]] void fail(const char* what) {
+    const int err = errno;
+    ::close(fd_);
+    ::unlink(tmp_.c_str());
+    DF_FAIL(SystemFailure, "cannot write " << final_ << ": " << what << " of " << tmp_ << " failed: "
+                                           << std::strerror(err),
+            "check free disk space and write permission in " + parent_dir(final_));
+  }
+
+  int fd() const { return fd_; }
+
+ private:
+  int fd_;
+  std::string tmp_, final_;
+};
+
+// temp file next to `path` -> fill(writer) -> fsync -> rename -> fsync(dir).
+void write_atomically(const std::string& path, const std::function<void(TempFileWriter&)>& fill) {
+  const std::string dir = parent_dir(path);
+  std::string tmpl = path + ".tmp.XXXXXX";
+  int fd = ::mkstemp(tmpl.data());
+  DF_CHECK_HINT(fd >= 0, SystemFailure, "cannot create a temp file next to " << path << ": " << std::strerror(errno),
+                "check that " + dir + " exists and is writable");
+  TempFileWriter w(fd, tmpl, path);
+  // mkstemp creates 0600; exported models and metrics are meant to be read by others (umask still applies).
+  mode_t mask = ::umask(0);
+  ::umask(mask);
+  if (::fchmod(fd, 0666 & ~mask) != 0) w.fail("fchmod");
+  fill(w);
+  if (::fsync(fd) != 0) w.fail("fsync");
+  if (::close(fd) != 0) {
+    const int err = errno;
+    ::unlink(tmpl.c_str());
+    DF_FAIL(SystemFailure, "cannot write " << path << ": close failed: " << std::strerror(err),
+            "check free disk space in " + dir);
+  }
+  if (::rename(tmpl.c_str(), path.c_str()) != 0) {
+    const int err = errno;
+    ::unlink(tmpl.c_str());
+    DF_FAIL(SystemFailure, "cannot rename " << tmpl << " to " << path << ": " << std::strerror(err),
+            "check write permission in " + dir);
+  }
+  // The rename is durable only once the directory entry is on disk.
+  int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd >= 0) {
+    int rc = ::fsync(dfd);
+    const int err = errno;
+    ::close(dfd);
+    // Some filesystems (e.g. certain network mounts) refuse fsync on directories; that is not a write failure.
+    DF_CHECK(rc == 0 || err == EINVAL || err == EROFS, SystemFailure,
+             "fsync of directory " << dir << " failed: " << std::strerror(err));
+  }
+}
+
+bool is_float_dtype(DType t) { return t == DType::F32 || t == DType::BF16 || t == DType::F16; }
+
+}  // namespace
+
+void write_file_atomic(const std::string& path, const std::string& contents) {
+  write_atomically(path, [&](TempFileWriter& w) { w.write(contents.data(), contents.size()); });
+}
+
+void write_safetensors(const std::string& path, const std::vector<TensorToWrite>& tensors,
+                       const std::map<std::string, std::string>& metadata) {
+  // Header: __metadata__ first, then the tensors in the given order, laid out back to back.
+  nlohmann::ordered_json header = nlohmann::ordered_json::object();
+  if (!metadata.empty()) {
+    nlohmann::ordered_json m = nlohmann::ordered_json::object();
+    for (const auto& [k, v] : metadata) m[k] = v;
+    header["__metadata__"] = m;
+  }
+  std::set<std::string> seen;
+  std::vector<size_t> nbytes(tensors.size());
+  uint64_t offset = 0;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const TensorToWrite& t = tensors[i];
+    // Writers are called by our own code: a bad request is a bug, not bad user input.
+    DF_CHECK(!t.name.empty() && t.name != "__metadata__" && seen.insert(t.name).second, Internal,
+             "write_safetensors(" << path << "): bad or duplicate tensor name '" << t.name << "'");
+    DF_CHECK(t.f32 != nullptr || t.raw != nullptr, Internal,
+             "write_safetensors(" << path << "): tensor " << t.name << " has no data");
+    DF_CHECK(t.f32 == nullptr || is_float_dtype(t.dtype), Internal,
+             "write_safetensors(" << path << "): cannot convert float data of " << t.name << " to "
+                                  << dtype_name(t.dtype));
+    size_t numel = 1;
+    nlohmann::ordered_json shape = nlohmann::ordered_json::array();
+    for (int64_t d : t.shape) {
+      DF_CHECK(d >= 0, Internal, "write_safetensors(" << path << "): negative dimension in " << t.name);
+      numel *= static_cast<size_t>(d);
+      shape.push_back(d);
+    }
+    nbytes[i] = numel * dtype_size(t.dtype);
+    nlohmann::ordered_json entry = nlohmann::ordered_json::object();
+    entry["dtype"] = dtype_name(t.dtype);
+    entry["shape"] = shape;
+    entry["data_offsets"] = {offset, offset + nbytes[i]};
+    header[t.name] = entry;
+    offset += nbytes[i];
+  }
+  std::string header_text = header.dump();
+  // Pad with spaces so the data starts 8-byte aligned (what the reference writer does).
+  header_text.append((8 - header_text.size() % 8) % 8, ' ');
+
+  write_atomically(path, [&](TempFileWriter& w) {
+    unsigned char len_le[8];
+    uint64_t n = header_text.size();
+    for (int b = 0; b < 8; ++b) len_le[b] = static_cast<unsigned char>(n >> (8 * b));
+    w.write(len_le, 8);
+    w.write(header_text.data(), header_text.size());
+    // Conversion in bounded chunks: exporting a large drafter must not double its memory.
+    constexpr size_t kChunkElems = 1 << 16;
+    std::vector<uint16_t> half(kChunkElems);
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      const TensorToWrite& t = tensors[i];
+      if (t.f32 == nullptr || t.dtype == DType::F32) {
+        w.write(t.f32 ? static_cast<const void*>(t.f32) : t.raw, nbytes[i]);
+        continue;
+      }
+      const size_t numel = nbytes[i] / 2;
+      for (size_t j = 0; j < numel; j += kChunkElems) {
+        size_t m = std::min(kChunkElems, numel - j);
+        if (t.dtype == DType::BF16)
+          for (size_t k = 0; k < m; ++k) half[k] = f32_to_bf16(t.f32[j + k]);
+        else
+          for (size_t k = 0; k < m; ++k) half[k] = f32_to_f16(t.f32[j + k]);
+        w.write(half.data(), m * 2);
+      }
+    }
+  });
+}
+
+}  // namespace dflash
