@@ -5,7 +5,10 @@
 // later as a drafter that trains fine and is accepted badly at serving time.
 #include "dflash/hf_config.h"
 
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <limits>
 #include <sstream>
@@ -97,6 +100,17 @@ json read_json_file(const std::string& path) {
                 "config.json must be a JSON file as written by transformers' save_pretrained");
   DF_CHECK_HINT(j.is_object(), BadInput, path << " is not a JSON object", "config.json must hold a JSON object");
   return j;
+}
+
+// The shortest decimal that reads back as `f`: config.json gets 1e-06, not 9.999999974752427e-07.
+double float_for_json(float f) {
+  char buf[32];
+  for (int precision = 1; precision <= 9; ++precision) {
+    std::snprintf(buf, sizeof(buf), "%.*g", precision, static_cast<double>(f));
+    double d = std::strtod(buf, nullptr);
+    if (static_cast<float>(d) == f) return d;
+  }
+  return static_cast<double>(f);
 }
 
 }  // namespace
@@ -283,9 +297,9 @@ json drafter_config_to_json(const DrafterConfig& c) {
   j["num_key_value_heads"] = q.num_key_value_heads;
   j["num_target_layers"] = c.num_target_layers;
   j["pad_token_id"] = nullptr;
-  j["rms_norm_eps"] = static_cast<double>(q.rms_norm_eps);
-  j["rope_parameters"] = {{"rope_theta", static_cast<double>(q.rope_theta)}, {"rope_type", "default"}};
-  j["rope_theta"] = static_cast<double>(q.rope_theta);  // for loaders older than transformers 5
+  j["rms_norm_eps"] = float_for_json(q.rms_norm_eps);
+  j["rope_parameters"] = {{"rope_theta", float_for_json(q.rope_theta)}, {"rope_type", "default"}};
+  j["rope_theta"] = float_for_json(q.rope_theta);  // for loaders older than transformers 5
   j["sliding_window"] = q.sliding_window > 0 ? json(q.sliding_window) : json(nullptr);
   j["tie_word_embeddings"] = false;
   j["transformers_version"] = "5.17.0";  // the release whose config format this mirrors
