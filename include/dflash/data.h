@@ -109,6 +109,7 @@ struct LoaderOptions {
 struct DataPosition {
   int64_t epoch = 0;     // 0-based
   int64_t cursor = 0;    // index into this shard's record order of the epoch
+  int64_t batches = 0;   // batches produced before this position (LoadedBatch::index continues from it)
   uint64_t seed = 0;
   int shard_index = 0;
   int num_shards = 1;
@@ -119,7 +120,7 @@ struct DataPosition {
 
 struct LoadedBatch {
   PackedBatch batch;
-  int64_t index = 0;         // 0-based count of batches this loader produced since position 0 of epoch 0
+  int64_t index = 0;         // 0-based batch number since epoch 0 (continues across a resume)
   DataPosition next;         // position right after this batch (save it to resume after this batch)
   double epoch_progress = 0; // epochs completed at `next`, fractional (the status line's epoch~)
 };
@@ -154,8 +155,8 @@ class Loader {
   // Position after the last popped batch (the start position before the first pop).
   DataPosition position() const;
   LoaderStats stats() const;
-  // Records in this shard per epoch (epoch-constant up to one: n records split among num_shards).
-  int64_t shard_records_per_epoch(int64_t epoch) const;
+  // Records in this shard per epoch (the same every epoch).
+  int64_t shard_records_per_epoch() const;
   // Stops and joins the thread; queued batches are dropped. Idempotent; never blocks for long.
   void stop();
 

@@ -1,0 +1,268 @@
+// The loader thread: per-epoch seeded shuffle, sharding by target, packing to the token budget, bounded
+// prefetch queue. See include/dflash/data.h.
+#include <cinttypes>
+#include <cstdio>
+#include <sstream>
+
+#include "dflash/data.h"
+#include "dflash/error.h"
+
+namespace dflash {
+
+// ---- deterministic shuffle -------------------------------------------------------------------------
+// Our own generator and Fisher-Yates: std::shuffle's algorithm differs between standard libraries, and
+// a resumed job (maybe built elsewhere) must see the same order.
+namespace {
+
+uint64_t splitmix64(uint64_t& state) {
+  uint64_t z = (state += 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+// Uniform in [0, bound) without modulo bias (Lemire's multiply-shift with rejection).
+uint64_t bounded(uint64_t& state, uint64_t bound) {
+  uint64_t x = splitmix64(state);
+  unsigned __int128 m = static_cast<unsigned __int128>(x) * bound;
+  uint64_t low = static_cast<uint64_t>(m);
+  if (low < bound) {
+    const uint64_t threshold = -bound % bound;
+    while (low < threshold) {
+      x = splitmix64(state);
+      m = static_cast<unsigned __int128>(x) * bound;
+      low = static_cast<uint64_t>(m);
+    }
+  }
+  return static_cast<uint64_t>(m >> 64);
+}
+
+}  // namespace
+
+std::vector<int64_t> Loader::shard_order(size_t num_records, uint64_t seed, int64_t epoch, int shard_index,
+                                         int num_shards) {
+  std::vector<int64_t> perm(num_records);
+  for (size_t i = 0; i < num_records; ++i) perm[i] = static_cast<int64_t>(i);
+  uint64_t state = seed ^ (0xD1B54A32D192ED03ull * static_cast<uint64_t>(epoch + 1));
+  splitmix64(state);
+  for (size_t i = num_records; i > 1; --i) {
+    size_t j = static_cast<size_t>(bounded(state, i));
+    std::swap(perm[i - 1], perm[j]);
+  }
+  std::vector<int64_t> mine;
+  mine.reserve(num_records / static_cast<size_t>(num_shards) + 1);
+  for (size_t j = static_cast<size_t>(shard_index); j < num_records; j += static_cast<size_t>(num_shards))
+    mine.push_back(perm[j]);
+  return mine;
+}
+
+// ---- data position ---------------------------------------------------------------------------------
+
+std::string DataPosition::to_string() const {
+  char buf[256];
+  std::snprintf(buf, sizeof(buf),
+                "dflash-data-pos v1 epoch=%" PRId64 " cursor=%" PRId64 " batches=%" PRId64 " seed=%" PRIu64
+                " shard=%d/%d",
+                epoch, cursor, batches, seed, shard_index, num_shards);
+  return buf;
+}
+
+DataPosition DataPosition::parse(const std::string& text) {
+  DataPosition p;
+  int consumed = 0;
+  int n = std::sscanf(text.c_str(),
+                      "dflash-data-pos v1 epoch=%" SCNd64 " cursor=%" SCNd64 " batches=%" SCNd64 " seed=%" SCNu64
+                      " shard=%d/%d%n",
+                      &p.epoch, &p.cursor, &p.batches, &p.seed, &p.shard_index, &p.num_shards, &consumed);
+  DF_CHECK(n == 6 && static_cast<size_t>(consumed) == text.size() && p.epoch >= 0 && p.cursor >= 0 &&
+               p.batches >= 0 && p.num_shards >= 1 && p.shard_index >= 0 && p.shard_index < p.num_shards,
+           BadInput, "malformed data position '" << text << "'");
+  return p;
+}
+
+bool DataPosition::operator==(const DataPosition& o) const {
+  return epoch == o.epoch && cursor == o.cursor && batches == o.batches && seed == o.seed &&
+         shard_index == o.shard_index && num_shards == o.num_shards;
+}
+
+// ---- the loader ------------------------------------------------------------------------------------
+
+Loader::Loader(std::shared_ptr<const TokenDataset> dataset, const LoaderOptions& opts)
+    : dataset_(std::move(dataset)), opts_(opts) {
+  DataPosition start;
+  start.seed = opts.seed;
+  start.shard_index = opts.shard_index;
+  start.num_shards = opts.num_shards;
+  init(start);
+}
+
+Loader::Loader(std::shared_ptr<const TokenDataset> dataset, const LoaderOptions& opts, const DataPosition& start)
+    : dataset_(std::move(dataset)), opts_(opts) {
+  init(start);
+}
+
+int64_t Loader::shard_records_per_epoch() const {
+  const int64_t n = static_cast<int64_t>(dataset_->num_records());
+  return n > opts_.shard_index ? (n - opts_.shard_index + opts_.num_shards - 1) / opts_.num_shards : 0;
+}
+
+void Loader::init(const DataPosition& start) {
+  DF_ASSERT(dataset_ != nullptr);
+  DF_CHECK(opts_.token_budget > 0, BadOptions, "--token-budget must be positive (got " << opts_.token_budget << ")");
+  DF_CHECK(opts_.prefetch_depth > 0, BadOptions,
+           "--prefetch-depth must be positive (got " << opts_.prefetch_depth << ")");
+  DF_CHECK(opts_.max_epochs >= 0, BadOptions, "--epochs must be >= 0 (0 = forever), got " << opts_.max_epochs);
+  DF_ASSERT(opts_.num_shards >= 1 && opts_.shard_index >= 0 && opts_.shard_index < opts_.num_shards);
+  DF_CHECK_HINT(dataset_->num_records() >= static_cast<size_t>(opts_.num_shards), BadInput,
+                "dataset " << dataset_->path() << " has " << dataset_->num_records() << " records, fewer than the "
+                           << opts_.num_shards << " targets that share it",
+                "use more data or fewer target ranks");
+  DF_CHECK_HINT(start.seed == opts_.seed && start.shard_index == opts_.shard_index &&
+                    start.num_shards == opts_.num_shards,
+                BadInput,
+                "saved data position (" << start.to_string() << ") was made with seed " << start.seed << " and shard "
+                                        << start.shard_index << "/" << start.num_shards << ", this run has seed "
+                                        << opts_.seed << " and shard " << opts_.shard_index << "/" << opts_.num_shards,
+                "resume with the same --seed and the same number of target ranks");
+  DF_CHECK(start.cursor <= shard_records_per_epoch(), BadInput,
+           "saved data position (" << start.to_string() << ") is past the end of this shard ("
+                                   << shard_records_per_epoch() << " records per epoch)");
+  start_ = start;
+  if (start_.cursor == shard_records_per_epoch()) {  // the end of an epoch is the start of the next
+    start_.epoch++;
+    start_.cursor = 0;
+  }
+  consumed_ = start_;
+  thread_ = std::thread([this] { run(); });
+}
+
+Loader::~Loader() { stop(); }
+
+void Loader::stop() {
+  stop_.store(true);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    not_full_.notify_all();
+    not_empty_.notify_all();
+  }
+  if (thread_.joinable()) thread_.join();
+  std::lock_guard<std::mutex> lock(mu_);
+  queue_.clear();
+}
+
+void Loader::run() {
+  const int64_t budget = opts_.token_budget;
+  DataPosition pos = start_;
+  int64_t order_epoch = -1;
+  std::vector<int64_t> order;
+  int64_t epoch_batches = 0;  // batches produced in pos.epoch (to catch an epoch where everything is skipped)
+  bool whole_epoch = pos.cursor == 0;  // pos.epoch is being read from its first record
+  while (!stop_.load()) {
+    if (opts_.max_epochs > 0 && pos.epoch >= opts_.max_epochs) break;
+    if (order_epoch != pos.epoch) {
+      order = shard_order(dataset_->num_records(), opts_.seed, pos.epoch, opts_.shard_index, opts_.num_shards);
+      order_epoch = pos.epoch;
+    }
+    LoadedBatch item;
+    PackedBatch& b = item.batch;
+    b.cu_seqlens.push_back(0);
+    LoaderStats delta;
+    int64_t cursor = pos.cursor;
+    while (cursor < static_cast<int64_t>(order.size())) {
+      const size_t r = static_cast<size_t>(order[static_cast<size_t>(cursor)]);
+      int64_t len = dataset_->record_length(r);
+      const bool too_long = len > budget;
+      if (too_long && opts_.long_record == LongRecord::Skip) {
+        delta.records_skipped++;
+        delta.tokens_dropped += len;
+        cursor++;
+        continue;
+      }
+      const int64_t take = too_long ? budget : len;
+      if (b.num_tokens() + take > budget) break;  // whole records only: this one starts the next batch
+      dataset_->read_record(r, b.tokens, b.loss_mask, take);
+      b.cu_seqlens.push_back(static_cast<int32_t>(b.tokens.size()));
+      if (too_long) {
+        delta.records_cut++;
+        delta.tokens_dropped += len - take;
+      }
+      delta.records++;
+      delta.tokens += take;
+      cursor++;
+    }
+    DataPosition next = pos;
+    next.cursor = cursor;
+    if (cursor >= static_cast<int64_t>(order.size())) {
+      next.epoch = pos.epoch + 1;
+      next.cursor = 0;
+    }
+    if (b.num_seqs() > 0) {
+      item.index = pos.batches;
+      next.batches = pos.batches + 1;
+      epoch_batches++;
+    }
+    if (next.epoch != pos.epoch) {
+      DF_CHECK_HINT(epoch_batches > 0 || !whole_epoch, BadInput,
+                    "every record of shard " << opts_.shard_index << "/" << opts_.num_shards << " of "
+                                             << dataset_->path() << " is longer than --token-budget " << budget
+                                             << " and --long-record skip drops them all",
+                    "raise --token-budget or use --long-record cut");
+      epoch_batches = 0;
+      whole_epoch = true;
+    }
+    item.next = next;
+    const int64_t per_epoch = static_cast<int64_t>(order.size());
+    item.epoch_progress = static_cast<double>(next.epoch) + static_cast<double>(next.cursor) / static_cast<double>(per_epoch);
+
+    std::unique_lock<std::mutex> lock(mu_);
+    stats_.records_skipped += delta.records_skipped;
+    stats_.records_cut += delta.records_cut;
+    stats_.records += delta.records;
+    stats_.tokens += delta.tokens;
+    stats_.tokens_dropped += delta.tokens_dropped;
+    pos = next;
+    if (b.num_seqs() == 0) continue;  // only skipped records left in the epoch
+    // Wait for room; a stop request ends the wait at once.
+    not_full_.wait(lock, [&] {
+      return stop_.load() || static_cast<int>(queue_.size()) < opts_.prefetch_depth;
+    });
+    if (stop_.load()) break;
+    stats_.batches++;
+    queue_.push_back(std::move(item));
+    not_empty_.notify_one();
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  producer_done_ = true;
+  not_empty_.notify_all();
+}
+
+PopResult Loader::pop(LoadedBatch& out, std::chrono::milliseconds timeout) {
+  std::unique_lock<std::mutex> lock(mu_);
+  not_empty_.wait_for(lock, timeout, [&] { return !queue_.empty() || producer_done_ || stop_.load(); });
+  if (!queue_.empty()) {
+    out = std::move(queue_.front());
+    queue_.pop_front();
+    consumed_ = out.next;
+    not_full_.notify_one();
+    return PopResult::Batch;
+  }
+  if (producer_done_ || stop_.load()) return PopResult::EndOfData;
+  return PopResult::Timeout;
+}
+
+int Loader::queue_depth() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return static_cast<int>(queue_.size());
+}
+
+DataPosition Loader::position() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return consumed_;
+}
+
+LoaderStats Loader::stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return stats_;
+}
+
+}  // namespace dflash

@@ -1,0 +1,73 @@
+// The operator's one-line status (DESIGN.md "What the operator sees"). Pure formatting, unit-tested.
+#include <cmath>
+#include <cstdio>
+#include <string>
+
+#include "dflash/metrics.h"
+
+namespace dflash {
+
+namespace {
+
+std::string printf_str(const char* fmt, double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), fmt, v);
+  return buf;
+}
+
+// 950 -> "950", 25100 -> "25.1K", 3.2e6 -> "3.2M"
+std::string si_count(double v) {
+  if (!std::isfinite(v)) return "?";
+  if (v < 1e3) return printf_str("%.0f", v);
+  if (v < 1e6) return printf_str("%.1fK", v / 1e3);
+  if (v < 1e9) return printf_str("%.1fM", v / 1e6);
+  return printf_str("%.1fG", v / 1e9);
+}
+
+std::string power(double w) {
+  if (w < 1000) return printf_str("%.0fW", w);
+  return printf_str("%.1fkW", w / 1000);
+}
+
+std::string int_list(const std::vector<int>& v) {
+  std::string s = "[";
+  for (size_t i = 0; i < v.size(); ++i) {
+    if (i) s += ", ";
+    s += std::to_string(v[i]);
+  }
+  return s + "]";
+}
+
+}  // namespace
+
+std::string format_duration(double seconds) {
+  if (!std::isfinite(seconds) || seconds < 0) return "?";
+  // Truncate (never show "60s" or "60m"): the status line says how long it has been at least.
+  if (seconds < 60) return std::to_string(static_cast<int64_t>(seconds)) + "s";
+  if (seconds < 3600) return std::to_string(static_cast<int64_t>(seconds / 60)) + "m";
+  if (seconds < 86400) {
+    const int64_t total_m = static_cast<int64_t>(seconds / 60);
+    return std::to_string(total_m / 60) + "h" + std::to_string(total_m % 60) + "m";
+  }
+  return printf_str("%.1fd", seconds / 86400);
+}
+
+std::string format_status_line(const StatusInputs& in) {
+  std::string s = "[" + format_duration(in.elapsed_s) + "]";
+  s += " step=" + std::to_string(in.step);
+  s += printf_str(" loss=%.4f", in.loss);
+  s += printf_str(" acc=%.3f", in.acc);
+  s += printf_str(" streak=%.1f", in.streak);
+  s += printf_str(" lr=%.2e", in.lr);
+  s += printf_str(" noise=%.4f", in.noise);
+  s += printf_str(" | tgt=%.2fb/s", in.target_batches_per_s);
+  s += printf_str(" dft=%.2fb/s", in.drafter_batches_per_s);
+  s += " (" + si_count(in.tokens_per_s) + "tok/s)";
+  if (in.power_w) s += " pwr=" + power(*in.power_w);
+  s += " | q_pre=" + int_list(in.q_pre) + " q_hs=" + int_list(in.q_hs);
+  s += printf_str(" | epoch~%.2f", in.epoch);
+  s += " ETA=" + (in.eta_s ? format_duration(*in.eta_s) : std::string("?"));
+  return s;
+}
+
+}  // namespace dflash
