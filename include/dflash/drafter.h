@@ -4,6 +4,7 @@
 #include <string>
 #include <vector>
 
+#include "dflash/drafter_model.h"
 #include "dflash/hf_config.h"
 #include "dflash/target.h"
 #include "dflash/tensor.h"
@@ -27,7 +28,15 @@ struct TrainOptions {
   int64_t total_steps = 0;     // cosine decay to min_lr_ratio * lr at total_steps (0 = constant after warmup)
   float min_lr_ratio = 0.1f;
   uint64_t seed = 0;
+  // A fresh drafter (no drafter_dir): block size and mask token (-1 = the target family's unused id:
+  // Qwen3 vocab 151936 -> 151669, Qwen3.5/3.6 vocab 248320 -> 248070, otherwise vocab_size - 1).
+  int block_size = 16;
+  int mask_token_id = -1;
 };
+
+// The config of a fresh drafter for `target`: num_layers Qwen3 layers with the target's widths, full
+// attention, default target_layer_ids, the given block size and mask token (-1 = see TrainOptions).
+DrafterConfig fresh_drafter_config(const Qwen3Config& target, int num_layers, int block_size, int mask_token_id);
 
 // Per-step numbers (one drafter's batch).
 struct StepStats {
@@ -43,22 +52,41 @@ struct StepStats {
 struct FeatureBatch {
   const PackedBatch* batch = nullptr;  // tokens, cu_seqlens, loss_mask (host)
   Tensor features;    // [k, T, H]
-  Tensor final_norm;  // [T, H]; needed by LossKind::KL only
+  Tensor final_norm;  // [T, H]; needed by LossKind::KL (and for the agree metric: NaN without it)
 };
 
 class DrafterTrainer {
  public:
   // `target_dir` supplies the frozen embedding and lm_head (and the target config to check against);
   // `drafter_dir` a release-format drafter to start from, or empty to create a fresh one from the
-  // target config with `num_layers` layers (seeded init).
+  // target config with `num_layers` layers (seeded init; num_layers is ignored when drafter_dir is given).
+  // A drafter that does not fit the target is a BadInput error (exit 3). max_tokens bounds T of a batch,
+  // TrainOptions::max_anchors the anchors of a batch (buffers are allocated once, here).
   DrafterTrainer(const std::string& target_dir, const std::string& drafter_dir, int num_layers,
                  const TrainOptions& opt, const Ctx& ctx, int64_t max_tokens);
   ~DrafterTrainer();
+  DrafterTrainer(const DrafterTrainer&) = delete;
+  DrafterTrainer& operator=(const DrafterTrainer&) = delete;
 
   const DrafterConfig& config() const;
+  // Where each parameter sits in master_weights()/grads()/adam_m()/adam_v() (release-format names).
+  const std::vector<ParamSpec>& param_layout() const;
+  // Learning rate the next optimizer_step() will use.
+  double current_lr() const;
 
   // Forward + backward on one batch: anchors sampled (or given), loss, metrics; gradients left in
-  // grads(). Anchors: positions within the packed batch (global token index), empty = sample.
+  // grads() (overwritten). Anchors: positions within the packed batch (global token index), empty =
+  // sample. The loss is normalised by this batch's weight sum (StepStats::weight_sum); with several
+  // drafter ranks, scale grads() by weight_sum / (sum over ranks) before summing them for one global
+  // normalisation. Objectives (TrainOptions::loss):
+  //   CE: sum_w w * -log q(label) / sum w     KL: sum w * KL(p || q) / sum w, p = softmax(lm_head(final_norm))
+  //   w = [a+k < end of sequence] [k > 0] loss_mask[a+k] exp(-(k-1)/gamma)
+  // D-PACE (TrainOptions::dpace): w is further multiplied per block position k by the (detached)
+  // gradient of the expected accepted length E = sum_m prod_{j<=m} c_j with respect to log c_k,
+  //   d_k = sum_{m>=k} prod_{j<=m} c_j,  c_j = q_j(label_j) (c_j = 1 where w_j = 0),
+  // so positions that currently limit acceptance carry the training signal. StepStats::loss stays the
+  // decay-weighted objective (comparable with and without D-PACE).
+  // Gaussian noise (TrainOptions::hs_noise) is added to the fused features hidden_norm(fc(ctx)) in training.
   StepStats forward_backward(const FeatureBatch& fb, const std::vector<int64_t>& anchors = {});
   // Flat fp32 gradient buffer of every trainable parameter (one bucket for one allreduce).
   Tensor grads();

@@ -1,0 +1,77 @@
+// Drafter release-format I/O and fresh initialisation (see include/dflash/drafter_model.h).
+#include <filesystem>
+
+#include "dflash/anchors.h"
+#include "dflash/drafter.h"
+#include "dflash/drafter_model.h"
+#include "dflash/error.h"
+#include "dflash/safetensors.h"
+
+namespace dflash {
+
+DrafterConfig fresh_drafter_config(const Qwen3Config& target, int num_layers, int block_size, int mask_token_id) {
+  DF_CHECK_HINT(num_layers >= 1, BadOptions, "a fresh drafter needs at least one layer (got " << num_layers << ")",
+                "set --draft-layers (DFlash drafters typically have 5)");
+  DrafterConfig d;
+  d.layers = target;
+  d.layers.num_hidden_layers = num_layers;
+  d.layers.layer_types.assign(static_cast<size_t>(num_layers), "full_attention");
+  d.layers.sliding_window = 0;
+  d.layers.weight_prefix = "";
+  d.layers.tie_word_embeddings = false;
+  d.block_size = block_size;
+  d.num_target_layers = target.num_hidden_layers;
+  d.target_layer_ids = default_target_layer_ids(target.num_hidden_layers, num_layers);
+  if (mask_token_id >= 0) {
+    d.mask_token_id = mask_token_id;
+  } else if (target.vocab_size == 151936) {
+    d.mask_token_id = 151669;  // Qwen3: an unused id inside the vocabulary (FACTS.md)
+  } else if (target.vocab_size == 248320) {
+    d.mask_token_id = 248070;  // Qwen3.5 / 3.6
+  } else {
+    d.mask_token_id = target.vocab_size - 1;
+  }
+  return d;
+}
+
+void load_drafter_weights(const std::string& dir, const DrafterConfig& c, float* flat) {
+  Checkpoint ck(dir);
+  for (const ParamSpec& p : drafter_param_layout(c)) ck.load_f32(p.name, p.shape, flat + p.offset);
+}
+
+void init_drafter_weights(const DrafterConfig& c, uint64_t seed, float* flat) {
+  Rng rng(seed);
+  for (const ParamSpec& p : drafter_param_layout(c)) {
+    float* w = flat + p.offset;
+    const size_t n = p.numel();
+    if (p.is_norm()) {
+      for (size_t i = 0; i < n; ++i) w[i] = 1.0f;
+    } else {
+      for (size_t i = 0; i < n; ++i) w[i] = static_cast<float>(0.02 * rng.normal());
+    }
+  }
+}
+
+void export_drafter(const std::string& dir, const DrafterConfig& c, const float* flat, DType dtype) {
+  DF_CHECK(dtype == DType::F32 || dtype == DType::BF16, BadOptions,
+           "drafter export dtype " << dtype_name(dtype) << " (F32 or BF16)");
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  DF_CHECK_HINT(!ec, SystemFailure, "cannot create the export directory " << dir << ": " << ec.message(),
+                "check the path and its permissions");
+  std::vector<TensorToWrite> tensors;
+  for (const ParamSpec& p : drafter_param_layout(c)) {
+    TensorToWrite t;
+    t.name = p.name;
+    t.dtype = dtype;
+    t.shape = p.shape;
+    t.f32 = flat + p.offset;
+    tensors.push_back(std::move(t));
+  }
+  write_safetensors(dir + "/model.safetensors", tensors, {{"format", "pt"}});
+  DrafterConfig out = c;
+  out.torch_dtype = dtype == DType::F32 ? "float32" : "bfloat16";
+  write_file_atomic(dir + "/config.json", drafter_config_to_json(out).dump(2) + "\n");
+}
+
+}  // namespace dflash

@@ -1,0 +1,71 @@
+// Anchor sampling and the seeded generator (see include/dflash/anchors.h).
+#include "dflash/anchors.h"
+
+#include <algorithm>
+#include <cmath>
+#include <sstream>
+
+#include "dflash/error.h"
+
+namespace dflash {
+
+uint64_t Rng::below(uint64_t n) {
+  DF_ASSERT(n > 0);
+  // Rejection sampling: accept r >= 2^64 mod n, so every residue is equally likely.
+  const uint64_t threshold = (0 - n) % n;
+  for (;;) {
+    const uint64_t r = gen_();
+    if (r >= threshold) return r % n;
+  }
+}
+
+double Rng::uniform() { return static_cast<double>(gen_() >> 11) * 0x1.0p-53; }
+
+double Rng::normal() {
+  double u1 = uniform();
+  while (u1 <= 0.0) u1 = uniform();
+  const double u2 = uniform();
+  return std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * M_PI * u2);
+}
+
+std::string Rng::state() const {
+  std::ostringstream os;
+  os << gen_;
+  return os.str();
+}
+
+void Rng::set_state(const std::string& s) {
+  std::istringstream is(s);
+  std::mt19937_64 g;
+  is >> g;
+  DF_CHECK_HINT(!is.fail(), BadInput, "malformed random generator state (" << s.size() << " characters)",
+                "the checkpoint's rng state is damaged; resume from another checkpoint");
+  gen_ = g;
+}
+
+void valid_anchor_positions(const PackedBatch& batch, std::vector<int64_t>& out) {
+  out.clear();
+  DF_CHECK(batch.loss_mask.size() == batch.tokens.size(), BadInput,
+           "loss_mask has " << batch.loss_mask.size() << " entries for " << batch.tokens.size() << " tokens");
+  for (int s = 0; s < batch.num_seqs(); ++s) {
+    const int64_t b = batch.cu_seqlens[s], e = batch.cu_seqlens[s + 1];
+    for (int64_t p = b; p + 1 < e; ++p)
+      if (batch.loss_mask[p] && batch.loss_mask[p + 1]) out.push_back(p);
+  }
+}
+
+std::vector<int64_t> AnchorSampler::sample(const PackedBatch& batch, int max_anchors) {
+  valid_anchor_positions(batch, valid_);
+  const size_t n = valid_.size();
+  const size_t k = std::min(n, static_cast<size_t>(std::max(0, max_anchors)));
+  // Partial Fisher-Yates: the first k entries become a uniform sample without replacement.
+  for (size_t i = 0; i < k && k < n; ++i) {
+    const size_t j = i + static_cast<size_t>(rng_.below(n - i));
+    std::swap(valid_[i], valid_[j]);
+  }
+  std::vector<int64_t> anchors(valid_.begin(), valid_.begin() + static_cast<std::ptrdiff_t>(k));
+  std::sort(anchors.begin(), anchors.end());
+  return anchors;
+}
+
+}  // namespace dflash

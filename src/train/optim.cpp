@@ -1,0 +1,93 @@
+// AdamW, clipping and the lr schedule, CPU float32 (see include/dflash/optim.h).
+#include "dflash/optim.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "ops/op_checks.h"
+
+namespace dflash::ops {
+namespace {
+
+void cpu_only(const char* op, const Ctx& ctx) {
+  if (ctx.device == Device::CUDA) {
+#ifdef DFLASH_HAVE_CUDA
+    detail::cuda_op_missing(op);
+#else
+    detail::no_cuda_build(op);
+#endif
+  }
+}
+
+}  // namespace
+
+void adamw_step(const Ctx& ctx, const Tensor& params, const Tensor& grads, const Tensor& m, const Tensor& v,
+                const AdamWHyper& hp, int64_t step) {
+  const char* op = "adamw_step";
+  const int64_t n = static_cast<int64_t>(params.numel());
+  for (const Tensor* t : {&params, &grads, &m, &v}) {
+    detail::check_tensor(op, "params/grads/m/v", *t, ctx, 1);
+    detail::check_shape(op, "params/grads/m/v", *t, {n});
+  }
+  DF_CHECK(step >= 1, Internal, op << ": step " << step << " (1-based)");
+  cpu_only(op, ctx);
+  float* p = params.ptr<float>();
+  const float* g = grads.ptr<float>();
+  float* mm = m.ptr<float>();
+  float* vv = v.ptr<float>();
+  const double bc1 = 1.0 - std::pow(static_cast<double>(hp.beta1), static_cast<double>(step));
+  const double bc2 = 1.0 - std::pow(static_cast<double>(hp.beta2), static_cast<double>(step));
+  const float decay = static_cast<float>(1.0 - static_cast<double>(hp.lr) * hp.weight_decay);
+  const float step_size = static_cast<float>(hp.lr / bc1);
+  const float inv_bc2_sqrt = static_cast<float>(1.0 / std::sqrt(bc2));
+  const float b1 = hp.beta1, b2 = hp.beta2, eps = hp.eps;
+  for (int64_t i = 0; i < n; ++i) {
+    const float gi = g[i];
+    mm[i] = b1 * mm[i] + (1.f - b1) * gi;
+    vv[i] = b2 * vv[i] + (1.f - b2) * gi * gi;
+    const float denom = std::sqrt(vv[i]) * inv_bc2_sqrt + eps;
+    p[i] = p[i] * decay - step_size * mm[i] / denom;
+  }
+}
+
+double grad_sumsq(const Ctx& ctx, const Tensor& grads) {
+  detail::check_tensor("grad_sumsq", "grads", grads, ctx, 1);
+  cpu_only("grad_sumsq", ctx);
+  const float* g = grads.ptr<float>();
+  const size_t n = grads.numel();
+  double s = 0.0;
+  for (size_t i = 0; i < n; ++i) s += static_cast<double>(g[i]) * g[i];
+  return s;
+}
+
+void scale_inplace(const Ctx& ctx, const Tensor& grads, float factor) {
+  detail::check_tensor("scale_inplace", "grads", grads, ctx, 1);
+  cpu_only("scale_inplace", ctx);
+  float* g = grads.ptr<float>();
+  const size_t n = grads.numel();
+  for (size_t i = 0; i < n; ++i) g[i] *= factor;
+}
+
+double clip_grad_global_norm(const Ctx& ctx, const Tensor& grads, float clip) {
+  const double norm = std::sqrt(grad_sumsq(ctx, grads));
+  if (clip > 0.f && std::isfinite(norm)) {
+    const double coef = static_cast<double>(clip) / (norm + 1e-6);
+    if (coef < 1.0) scale_inplace(ctx, grads, static_cast<float>(coef));
+  }
+  return norm;
+}
+
+}  // namespace dflash::ops
+
+namespace dflash {
+
+double lr_schedule(int64_t step, double lr, int warmup_steps, int64_t total_steps, double min_lr_ratio) {
+  if (warmup_steps > 0 && step < warmup_steps) return lr * static_cast<double>(step + 1) / warmup_steps;
+  if (total_steps <= warmup_steps) return lr;
+  const double progress =
+      std::min(1.0, static_cast<double>(step - warmup_steps) / static_cast<double>(total_steps - warmup_steps));
+  const double cosine = 0.5 * (1.0 + std::cos(M_PI * progress));
+  return lr * (min_lr_ratio + (1.0 - min_lr_ratio) * cosine);
+}
+
+}  // namespace dflash
