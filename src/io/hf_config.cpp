@@ -167,7 +167,10 @@ Qwen3Config parse_qwen3_config(const json& root, const std::string& source) {
             kConfigHint);
   }
 
-  c.tie_word_embeddings = f.boolean("tie_word_embeddings", false);
+  // VLM configs may keep tie_word_embeddings at the top level only.
+  c.tie_word_embeddings = f.has("tie_word_embeddings") || !nested
+                              ? f.boolean("tie_word_embeddings", false)
+                              : Fields{root, source, ""}.boolean("tie_word_embeddings", false);
   if (f.has("max_position_embeddings")) c.max_position_embeddings = f.positive_int("max_position_embeddings");
 
   c.sliding_window = f.has("sliding_window") ? f.checked_int("sliding_window", f.integer("sliding_window"), 0) : 0;

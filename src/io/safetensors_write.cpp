@@ -69,10 +69,9 @@ void write_atomically(const std::string& path, const std::function<void(TempFile
   DF_CHECK_HINT(fd >= 0, SystemFailure, "cannot create a temp file next to " << path << ": " << std::strerror(errno),
                 "check that " + dir + " exists and is writable");
   TempFileWriter w(fd, tmpl, path);
-  // mkstemp creates 0600; exported models and metrics are meant to be read by others (umask still applies).
-  mode_t mask = ::umask(0);
-  ::umask(mask);
-  if (::fchmod(fd, 0666 & ~mask) != 0) w.fail("fchmod");
+  // mkstemp creates 0600; exported models and configs are meant to be read by others. (Not umask-derived:
+  // reading the umask means setting it, which races with other threads creating files.)
+  if (::fchmod(fd, 0644) != 0) w.fail("fchmod");
   fill(w);
   if (::fsync(fd) != 0) w.fail("fsync");
   if (::close(fd) != 0) {

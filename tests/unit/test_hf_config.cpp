@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <set>
 #include <sstream>
@@ -184,6 +185,7 @@ TEST(HfConfig, NotAJsonFile) {
   EXPECT_EXIT(load_qwen3_config(std::string(tmpl) + "/absent.json"), testing::ExitedWithCode(kBadInput),
               "cannot open .*absent.json");
   EXPECT_EXIT(load_drafter_config(path), testing::ExitedWithCode(kBadInput), "is not valid JSON");
+  std::filesystem::remove_all(tmpl);
 }
 
 // ---- DFlash drafter ----------------------------------------------------------------------------
@@ -278,7 +280,9 @@ TEST(HfConfig, DefaultTargetLayerIds) {
       std::vector<int> ids = default_target_layer_ids(L, n);
       ASSERT_EQ(ids.size(), static_cast<size_t>(n));
       EXPECT_EQ(ids.front(), 1);
-      if (n > 1) EXPECT_EQ(ids.back(), L - 3) << L << " " << n;
+      if (n > 1) {
+        EXPECT_EQ(ids.back(), L - 3) << L << " " << n;
+      }
       for (size_t i = 1; i < ids.size(); ++i) EXPECT_LE(ids[i - 1], ids[i]);
     }
   EXPECT_EXIT(default_target_layer_ids(2, 2), testing::ExitedWithCode(kBadInput), "fall outside the target");
@@ -310,4 +314,20 @@ TEST(HfConfig, CheckDrafterFitsTargetRejections) {
   d = good;
   d.layers.vocab_size = t.vocab_size + 1;
   EXPECT_EXIT(check_drafter_fits_target(d, t), code, "vocab_size 513 differs");
+}
+
+TEST(HfConfig, Qwen35HybridConfigParsesItsSharedFields) {
+  const std::string path = std::string(DFLASH_TEST_DATA) + "/golden/qwen35-tiny-a/target/config.json";
+  const json raw = read_json(path);
+  Qwen3Config q = load_qwen3_config(path);
+  EXPECT_EQ(q.layer_types, raw["layer_types"].get<std::vector<std::string>>());
+  EXPECT_EQ(q.head_dim, raw["head_dim"].get<int>());
+  EXPECT_FLOAT_EQ(q.rope_theta, raw["rope_parameters"]["rope_theta"].get<float>());
+  // The VLM release nests the same fields under text_config and keeps tie_word_embeddings at the top.
+  json vlm = {{"text_config", raw}, {"tie_word_embeddings", true}};
+  vlm["text_config"].erase("tie_word_embeddings");
+  Qwen3Config v = parse_qwen3_config(vlm, "vlm.json");
+  EXPECT_EQ(v.weight_prefix, "model.language_model.");
+  EXPECT_TRUE(v.tie_word_embeddings);
+  EXPECT_EQ(v.layer_types, q.layer_types);
 }

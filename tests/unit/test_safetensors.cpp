@@ -4,9 +4,11 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <random>
 #include <sstream>
@@ -59,6 +61,7 @@ nlohmann::json read_json(const std::string& path) { return nlohmann::json::parse
 class SafetensorsBad : public ::testing::Test {
  protected:
   void SetUp() override { dir_ = make_temp_dir(); }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
   // Writes a file into the temp dir and returns its path.
   std::string file(const std::string& name, const std::string& bytes) {
     std::string p = dir_ + "/" + name;
@@ -128,6 +131,7 @@ TEST(Checkpoint, ReadsSingleFileGoldenDrafter) {
 
 TEST(Safetensors, ReadsGoldenDataFile) {
   SafetensorsFile f(kGolden + "/golden.safetensors");
+  EXPECT_EQ(f.path(), kGolden + "/golden.safetensors");
   const nlohmann::json c = read_json(kGolden + "/case.json");
   const TensorInfo& tokens = f.get("tokens");
   const TensorInfo& cu = f.get("cu_seqlens");
@@ -158,7 +162,9 @@ TEST(Safetensors, ReadsGoldenDataFile) {
   const char* prev_end = nullptr;
   for (const std::string& name : f.names()) {
     const TensorInfo& t = f.get(name);
-    if (prev_end) EXPECT_EQ(static_cast<const char*>(t.data), prev_end) << name;
+    if (prev_end) {
+      EXPECT_EQ(static_cast<const char*>(t.data), prev_end) << name;
+    }
     prev_end = static_cast<const char*>(t.data) + t.nbytes;
   }
 }
@@ -207,8 +213,35 @@ TEST(Safetensors, RoundTripF32Bf16F16AndMetadata) {
   std::vector<float> again(a.size());
   ck.load_f32("a.f32", {3, 5}, again.data());
   EXPECT_EQ(again, a);
-  // No temp files are left behind.
-  EXPECT_NE(::access((dir + "/model.safetensors").c_str(), F_OK), -1);
+  // Exactly the two files written: no temp files are left behind.
+  std::vector<std::string> files;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) files.push_back(e.path().filename().string());
+  std::sort(files.begin(), files.end());
+  EXPECT_EQ(files, (std::vector<std::string>{"model.safetensors", "rt.safetensors"}));
+  std::filesystem::remove_all(dir);
+}
+
+TEST(Safetensors, WritesEmptyAndZeroSizedTensorsWithoutMetadata) {
+  const std::string dir = make_temp_dir();
+  write_safetensors(dir + "/e.safetensors", {});
+  SafetensorsFile e(dir + "/e.safetensors");
+  EXPECT_TRUE(e.names().empty());
+  EXPECT_TRUE(e.metadata().empty());
+  float x = 2.f;
+  write_safetensors(dir + "/z.safetensors", {{"z", DType::BF16, {0, 8}, &x, nullptr}, {"x", DType::F16, {}, &x, nullptr}});
+  SafetensorsFile z(dir + "/z.safetensors");
+  EXPECT_EQ(z.get("z").nbytes, 0u);
+  EXPECT_EQ(z.get("x").numel(), 1u);  // a 0-d tensor holds one element
+  float back = 0;
+  tensor_to_f32(z.get("x"), &back, "z");
+  EXPECT_EQ(back, 2.f);
+  std::filesystem::remove_all(dir);
+}
+
+TEST(Safetensors, WriteIntoMissingDirectoryIsASystemFailure) {
+  float x = 1.f;
+  EXPECT_EXIT(write_safetensors("/tmp/dflash_no_such_dir_x9/m.safetensors", {{"x", DType::F32, {1}, &x, nullptr}}),
+              testing::ExitedWithCode(static_cast<int>(ExitCode::SystemFailure)), "cannot create a temp file next to");
 }
 
 TEST(Safetensors, WriteFileAtomicReplacesContents) {
@@ -220,6 +253,7 @@ TEST(Safetensors, WriteFileAtomicReplacesContents) {
   struct stat st;
   ASSERT_EQ(::stat(p.c_str(), &st), 0);
   EXPECT_TRUE(st.st_mode & S_IRUSR);
+  std::filesystem::remove_all(dir);
 }
 
 // ---- malformed files ---------------------------------------------------------------------------
@@ -359,4 +393,20 @@ TEST_F(SafetensorsBad, IntegerTensorIsNotLoadedAsFloat) {
   Checkpoint ck(dir_);
   float out[2];
   EXPECT_EXIT(ck.load_f32("ids", {2}, out), testing::ExitedWithCode(kBadInput), "has dtype I32");
+}
+
+// Every truncation of a valid file is refused with exit code 3 (never a crash, a hang or a silent read).
+TEST_F(SafetensorsBad, EveryTruncationIsRefused) {
+  std::vector<float> w(5, 1.5f);
+  const int32_t ids[3] = {1, 2, 3};
+  write_safetensors(dir_ + "/full.safetensors",
+                    {{"w", DType::BF16, {5}, w.data(), nullptr}, {"ids", DType::I32, {3}, nullptr, ids}},
+                    {{"k", "v"}});
+  const std::string full = read_bytes(dir_ + "/full.safetensors");
+  SafetensorsFile ok(dir_ + "/full.safetensors");
+  EXPECT_EQ(ok.names().size(), 2u);
+  for (size_t len = 0; len < full.size(); len += 5) {
+    const std::string p = file("cut.safetensors", full.substr(0, len));
+    EXPECT_EXIT(SafetensorsFile f(p), testing::ExitedWithCode(kBadInput), "safetensors") << "length " << len;
+  }
 }
