@@ -1,0 +1,39 @@
+// The frozen weights of a Qwen3 dense decoder stack (the target), loaded from an HF checkpoint.
+#pragma once
+#include <vector>
+
+#include "dflash/hf_config.h"
+#include "dflash/safetensors.h"
+#include "dflash/tensor.h"
+
+namespace dflash {
+
+// One decoder layer, torch layout (Linear W [out, in]).
+struct Qwen3LayerWeights {
+  Buffer input_layernorm;           // [H]
+  Buffer q_proj, k_proj, v_proj;    // [nh*hd, H], [nkv*hd, H], [nkv*hd, H]
+  Buffer q_norm, k_norm;            // [hd] each, shared by the heads
+  Buffer o_proj;                    // [H, nh*hd]
+  Buffer post_attention_layernorm;  // [H]
+  Buffer gate_proj, up_proj;        // [I, H]
+  Buffer down_proj;                 // [H, I]
+};
+
+struct Qwen3Weights {
+  Buffer embed_tokens;  // [V, H]
+  Buffer norm;          // [H] final RMSNorm
+  Buffer lm_head;       // [V, H]; not allocated when tie_word_embeddings (embed_tokens is the head)
+  std::vector<Qwen3LayerWeights> layers;
+  const Tensor& lm_head_table() const { return lm_head.t().empty() ? embed_tokens.t() : lm_head.t(); }
+};
+
+// Checks that the config describes a model this build runs (dense Qwen3, full attention), then that
+// every tensor the config implies is in `ckpt` with the right shape and a floating dtype, all before
+// allocating or converting anything; then loads them converted to `dtype` on ctx's device.
+// Every failure is a BadInput error naming the tensor (or the config field).
+Qwen3Weights load_qwen3_weights(Checkpoint& ckpt, const Qwen3Config& cfg, const Ctx& ctx, DType dtype);
+
+// The config checks alone (also used before building anything that depends on the shapes).
+void check_qwen3_target_config(const Qwen3Config& cfg, const std::string& source);
+
+}  // namespace dflash

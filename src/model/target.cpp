@@ -1,0 +1,195 @@
+// The frozen Qwen3 target forward over a packed batch, written only in ops.h calls over Buffers so the
+// same code runs on the CPU (float32) and CUDA (bf16) backends.
+//
+// Per decoder layer l, with the layer input `in` and its output buffer `dst` (a different buffer):
+//   x   = input_layernorm(in)
+//   q,k,v = x Wq^T, x Wk^T, x Wv^T;  q,k = rope(head_rmsnorm(q,k))     (in place)
+//   dst = attention(q, k, v) Wo^T
+//   dst += in;  x = post_attention_layernorm(dst)                       (fused residual + norm)
+//   dst += (silu(x Wg^T) * x Wu^T) Wd^T                                  (accumulating matmul)
+// A captured layer's `dst` is its slot in CaptureOut.features, so captures cost no copy; other layers
+// alternate between two stream buffers. All activations are allocated once for max_tokens.
+#include "dflash/target.h"
+
+#include <algorithm>
+#include <cmath>
+#include <set>
+
+#include "dflash/backend.h"
+#include "dflash/error.h"
+#include "dflash/ops.h"
+#include "dflash/safetensors.h"
+#include "model/qwen3_weights.h"
+
+namespace dflash {
+
+namespace {
+DType activation_dtype(Device d) { return d == Device::CPU ? DType::F32 : DType::BF16; }
+}  // namespace
+
+struct TargetModel::Impl {
+  Ctx ctx;
+  Qwen3Config cfg;
+  std::vector<int> capture_layers;
+  std::vector<int> capture_slot;  // per layer: index into features, or -1
+  int64_t max_tokens = 0;
+  DType act = DType::F32;
+  Qwen3Weights w;
+
+  // Activations [max_tokens, ...], reused layer to layer.
+  Buffer stream[2];      // [T, H] residual stream of layers that are not captured
+  Buffer x_norm;         // [T, H]
+  Buffer q, k, v;        // [T, nh*hd], [T, nkv*hd], [T, nkv*hd]
+  Buffer attn;           // [T, nh*hd]
+  Buffer gate, up;       // [T, I]; swiglu writes into gate
+  Buffer tokens, pos;    // [T] I32 on the device
+  Buffer cu_seqlens;     // [max_tokens + 1] I32 on the device
+  std::vector<int32_t> pos_host;  // [max_tokens]
+
+  void layer_forward(const Qwen3LayerWeights& L, const Tensor& in, const Tensor& dst, int64_t T, int nseq);
+};
+
+static Tensor rows(const Buffer& b, int64_t T) { return b.t().slice_rows(0, T); }
+
+TargetModel::TargetModel(const std::string& dir, const Ctx& ctx, std::vector<int> capture_layers, int64_t max_tokens)
+    : impl_(std::make_unique<Impl>()) {
+  Impl& m = *impl_;
+  m.ctx = ctx;
+  m.act = activation_dtype(ctx.device);
+  m.cfg = load_qwen3_config(dir + "/config.json");
+  check_qwen3_target_config(m.cfg, dir + "/config.json");
+  const Qwen3Config& c = m.cfg;
+  const int L = c.num_hidden_layers;
+
+  DF_CHECK(max_tokens > 0, BadOptions, "the target needs max_tokens > 0, got " << max_tokens);
+  m.capture_slot.assign(L, -1);
+  for (size_t i = 0; i < capture_layers.size(); ++i) {
+    const int l = capture_layers[i];
+    DF_CHECK_HINT(l >= 0 && l < L, BadOptions,
+                  "capture layer " << l << " is out of range: the target " << dir << " has " << L
+                                   << " decoder layers (ids 0.." << L - 1 << ")",
+                  "layer id l is the output of decoder layer l (HF hidden_states[l + 1]); check the drafter's "
+                  "target_layer_ids");
+    DF_CHECK(m.capture_slot[l] < 0, BadOptions, "capture layer " << l << " is listed twice");
+    m.capture_slot[l] = static_cast<int>(i);
+  }
+  m.capture_layers = std::move(capture_layers);
+  m.max_tokens = max_tokens;
+
+  Checkpoint ckpt(dir);
+  m.w = load_qwen3_weights(ckpt, c, ctx, m.act);
+
+  const int64_t T = max_tokens, H = c.hidden_size, I = c.intermediate_size;
+  const int64_t q_dim = int64_t(c.num_attention_heads) * c.head_dim;
+  const int64_t kv_dim = int64_t(c.num_key_value_heads) * c.head_dim;
+  const Device d = ctx.device;
+  for (Buffer& s : m.stream) s = Buffer(d, m.act, {T, H});
+  m.x_norm = Buffer(d, m.act, {T, H});
+  m.q = Buffer(d, m.act, {T, q_dim});
+  m.k = Buffer(d, m.act, {T, kv_dim});
+  m.v = Buffer(d, m.act, {T, kv_dim});
+  m.attn = Buffer(d, m.act, {T, q_dim});
+  m.gate = Buffer(d, m.act, {T, I});
+  m.up = Buffer(d, m.act, {T, I});
+  m.tokens = Buffer(d, DType::I32, {T});
+  m.pos = Buffer(d, DType::I32, {T});
+  m.cu_seqlens = Buffer(d, DType::I32, {T + 1});
+  m.pos_host.resize(T);
+}
+
+TargetModel::~TargetModel() = default;
+
+const Qwen3Config& TargetModel::config() const { return impl_->cfg; }
+const std::vector<int>& TargetModel::capture_layers() const { return impl_->capture_layers; }
+Tensor TargetModel::embed_tokens() const { return impl_->w.embed_tokens.t(); }
+Tensor TargetModel::lm_head() const { return impl_->w.lm_head_table(); }
+
+void TargetModel::Impl::layer_forward(const Qwen3LayerWeights& L, const Tensor& in, const Tensor& dst, int64_t T,
+                                      int nseq) {
+  const Qwen3Config& c = cfg;
+  const int64_t nh = c.num_attention_heads, nkv = c.num_key_value_heads, hd = c.head_dim;
+  const float eps = c.rms_norm_eps;
+  const ops::RopeSpec rope{c.rope_theta, static_cast<int>(hd)};
+  const Tensor x = rows(x_norm, T), qt = rows(q, T), kt = rows(k, T), vt = rows(v, T), at = rows(attn, T);
+  const Tensor positions = rows(pos, T), cu = cu_seqlens.t().slice_rows(0, nseq + 1);
+
+  ops::rmsnorm_forward(ctx, x, Tensor(), in, L.input_layernorm, eps);
+  ops::matmul_forward(ctx, qt, x, L.q_proj);
+  ops::matmul_forward(ctx, kt, x, L.k_proj);
+  ops::matmul_forward(ctx, vt, x, L.v_proj);
+  const Tensor q3 = qt.reshape({T, nh, hd}), k3 = kt.reshape({T, nkv, hd});
+  ops::head_norm_rope_forward(ctx, q3, Tensor(), q3, L.q_norm, positions, rope, eps);
+  ops::head_norm_rope_forward(ctx, k3, Tensor(), k3, L.k_norm, positions, rope, eps);
+  ops::attention_varlen_causal_forward(ctx, at.reshape({T, nh, hd}), q3, k3, vt.reshape({T, nkv, hd}), cu,
+                                       1.0f / std::sqrt(static_cast<float>(hd)));
+  ops::matmul_forward(ctx, dst, at, L.o_proj);
+  ops::residual_rmsnorm_forward(ctx, dst, x, Tensor(), in, L.post_attention_layernorm, eps);
+
+  const Tensor g = rows(gate, T), u = rows(up, T);
+  ops::matmul_forward(ctx, g, x, L.gate_proj);
+  ops::matmul_forward(ctx, u, x, L.up_proj);
+  ops::swiglu_forward(ctx, g, g, u);
+  ops::matmul_forward(ctx, dst, g, L.down_proj, ops::Accumulate::Yes);
+}
+
+void TargetModel::forward(const PackedBatch& batch, const CaptureOut& out) {
+  Impl& m = *impl_;
+  const Qwen3Config& c = m.cfg;
+  const int64_t T = batch.num_tokens(), H = c.hidden_size;
+  const int nseq = batch.num_seqs();
+  const int64_t k = static_cast<int64_t>(m.capture_layers.size());
+
+  // The batch: bounded, well-formed cu_seqlens, tokens inside the vocabulary (checked on the host so
+  // every backend reports the same error).
+  DF_CHECK(T > 0 && T <= m.max_tokens, BadInput,
+           "packed batch of " << T << " tokens; the target was built for 1.." << m.max_tokens);
+  DF_CHECK(nseq >= 1 && nseq <= m.max_tokens && batch.cu_seqlens.front() == 0 && batch.cu_seqlens.back() == T,
+           BadInput, "cu_seqlens must run from 0 to " << T << " over 1.." << m.max_tokens << " sequences");
+  for (int s = 0; s < nseq; ++s) {
+    const int32_t b = batch.cu_seqlens[s], e = batch.cu_seqlens[s + 1];
+    DF_CHECK(b <= e, BadInput, "cu_seqlens decreases at sequence " << s << " (" << b << " > " << e << ")");
+    for (int32_t t = b; t < e; ++t) m.pos_host[t] = t - b;  // positions restart at 0 per sequence
+  }
+  for (int64_t t = 0; t < T; ++t)
+    DF_CHECK_HINT(batch.tokens[t] >= 0 && batch.tokens[t] < c.vocab_size, BadInput,
+                  "token id " << batch.tokens[t] << " at position " << t << " is outside the target's vocabulary [0, "
+                              << c.vocab_size << ")",
+                  "the dataset was tokenized for a different model");
+
+  // The outputs: features [k, T, H], final_norm [T, H] (optional), on the backend in its dtype.
+  DF_CHECK(k == 0 || (out.features.ndim == 3 && out.features.shape[0] == k && out.features.shape[1] == T &&
+                      out.features.shape[2] == H && out.features.dtype == m.act &&
+                      out.features.device == m.ctx.device),
+           Internal, "CaptureOut.features is " << out.features.shape_str() << " " << dtype_name(out.features.dtype)
+                                               << ", expected [" << k << ", " << T << ", " << H << "] "
+                                               << dtype_name(m.act) << " on " << device_name(m.ctx.device));
+  DF_CHECK(out.final_norm.empty() || (out.final_norm.ndim == 2 && out.final_norm.shape[0] == T &&
+                                      out.final_norm.shape[1] == H && out.final_norm.dtype == m.act),
+           Internal, "CaptureOut.final_norm is " << out.final_norm.shape_str() << ", expected [" << T << ", " << H
+                                                 << "] " << dtype_name(m.act));
+
+  copy_tensor(m.ctx, rows(m.tokens, T), cpu_view(batch.tokens.data(), {T}));
+  copy_tensor(m.ctx, rows(m.pos, T), cpu_view(m.pos_host.data(), {T}));
+  copy_tensor(m.ctx, m.cu_seqlens.t().slice_rows(0, nseq + 1),
+              cpu_view(batch.cu_seqlens.data(), {static_cast<int64_t>(nseq) + 1}));
+
+  Tensor in = rows(m.stream[0], T);
+  ops::embedding_forward(m.ctx, in, rows(m.tokens, T), m.w.embed_tokens);
+  for (int l = 0; l < c.num_hidden_layers; ++l) {
+    Tensor dst;
+    if (m.capture_slot[l] >= 0) {
+      dst = out.features.slice_rows(m.capture_slot[l], m.capture_slot[l] + 1).reshape({T, H});
+    } else {
+      dst = rows(m.stream[in.data == m.stream[0].t().data ? 1 : 0], T);
+    }
+    m.layer_forward(m.w.layers[l], in, dst, T, nseq);
+    in = dst;
+  }
+  if (!out.final_norm.empty()) ops::rmsnorm_forward(m.ctx, out.final_norm, Tensor(), in, m.w.norm, c.rms_norm_eps);
+}
+
+void TargetModel::lm_head_forward(const Tensor& logits, const Tensor& final_norm) {
+  ops::matmul_forward(impl_->ctx, logits, final_norm, impl_->w.lm_head_table());
+}
+
+}  // namespace dflash

@@ -1,0 +1,242 @@
+// The Qwen3 target forward on the CPU backend against the golden case (HF transformers in float64),
+// packing invariance, 16-bit checkpoints, and the loader's refusals.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+#include <functional>
+#include <fstream>
+#include <numeric>
+
+#include "dflash/safetensors.h"
+#include "dflash/target.h"
+#include "ops_test_util.h"
+
+namespace dflash {
+namespace {
+
+const std::string kCase = std::string(DFLASH_TEST_DATA) + "/golden/qwen3-tiny-a";
+const std::string kTargetDir = kCase + "/target";
+
+std::vector<float> read_f32(SafetensorsFile& f, const std::string& name) {
+  const TensorInfo& t = f.get(name);
+  std::vector<float> v(t.numel());
+  to_f32(v.data(), t.data, t.dtype, v.size());
+  return v;
+}
+
+std::vector<int32_t> read_i32(SafetensorsFile& f, const std::string& name) {
+  const TensorInfo& t = f.get(name);
+  EXPECT_EQ(t.dtype, DType::I32);
+  std::vector<int32_t> v(t.numel());
+  std::memcpy(v.data(), t.data, t.nbytes);
+  return v;
+}
+
+PackedBatch golden_batch() {
+  SafetensorsFile g(kCase + "/golden.safetensors");
+  PackedBatch b;
+  b.tokens = read_i32(g, "tokens");
+  b.cu_seqlens = read_i32(g, "cu_seqlens");
+  b.loss_mask.assign(b.tokens.size(), 1);
+  return b;
+}
+
+std::vector<int> all_layers(int L) {
+  std::vector<int> v(L);
+  std::iota(v.begin(), v.end(), 0);
+  return v;
+}
+
+// Runs the target over `batch`, capturing `layers`; returns {features [k, T, H], final_norm [T, H]}.
+struct RunResult {
+  std::vector<float> features, final_norm;
+};
+RunResult run_target(TargetModel& model, const PackedBatch& batch) {
+  const int64_t T = batch.num_tokens(), H = model.config().hidden_size;
+  const int64_t k = static_cast<int64_t>(model.capture_layers().size());
+  RunResult r;
+  r.features.assign(k * T * H, NAN);
+  r.final_norm.assign(T * H, NAN);
+  CaptureOut out;
+  out.features = Tensor(r.features.data(), DType::F32, Device::CPU, {k, T, H});
+  out.final_norm = cpu_view(r.final_norm.data(), {T, H});
+  model.forward(batch, out);
+  return r;
+}
+
+std::string make_temp_dir() {
+  char tmpl[] = "/tmp/dflash_target_XXXXXX";
+  char* d = ::mkdtemp(tmpl);
+  EXPECT_NE(d, nullptr);
+  return d ? std::string(d) : std::string("/tmp");
+}
+
+// Writes a copy of the golden target into dir as one model.safetensors in `dtype`; `edit` may drop or
+// reshape tensors on the way.
+struct TensorCopy {
+  std::string name;
+  std::vector<int64_t> shape;
+  std::vector<float> data;
+};
+void write_target_copy(const std::string& dir, DType dtype,
+                       const std::function<void(std::vector<TensorCopy>&)>& edit = nullptr) {
+  std::filesystem::copy_file(kTargetDir + "/config.json", dir + "/config.json",
+                             std::filesystem::copy_options::overwrite_existing);
+  Checkpoint src(kTargetDir);
+  std::vector<TensorCopy> tensors;
+  for (const std::string& name : src.names()) {
+    const TensorInfo& t = src.get(name);
+    TensorCopy c{name, t.shape, std::vector<float>(t.numel())};
+    src.load_f32(name, t.shape, c.data.data());
+    tensors.push_back(std::move(c));
+  }
+  if (edit) edit(tensors);
+  std::vector<TensorToWrite> w;
+  for (const TensorCopy& c : tensors) w.push_back({c.name, dtype, c.shape, c.data.data(), nullptr});
+  write_safetensors(dir + "/model.safetensors", w);
+}
+
+TEST(TargetGolden, EveryLayerFinalNormAndLogitsMatchTransformers) {
+  SafetensorsFile g(kCase + "/golden.safetensors");
+  const PackedBatch batch = golden_batch();
+  const int64_t T = batch.num_tokens();
+  TargetModel model(kTargetDir, cpu_ctx(), all_layers(6), T);
+  const Qwen3Config& c = model.config();
+  ASSERT_EQ(c.num_hidden_layers, 6);
+  const int64_t H = c.hidden_size, V = c.vocab_size, L = c.num_hidden_layers;
+  ASSERT_EQ(g.get("target.hidden").shape, (std::vector<int64_t>{L, T, H}));
+
+  RunResult r = run_target(model, batch);
+  const std::vector<float> hidden = read_f32(g, "target.hidden");
+  for (int64_t l = 0; l < L; ++l) {
+    std::vector<float> got(r.features.begin() + l * T * H, r.features.begin() + (l + 1) * T * H);
+    std::vector<float> want(hidden.begin() + l * T * H, hidden.begin() + (l + 1) * T * H);
+    const double err = test::rel_err(got, want);
+    std::printf("  target.hidden[%d] rel err %.3g\n", static_cast<int>(l), err);
+    EXPECT_LT(err, 1e-5) << "decoder layer " << l;
+  }
+  const double norm_err = test::rel_err(r.final_norm, read_f32(g, "target.final_norm"));
+  std::printf("  target.final_norm rel err %.3g\n", norm_err);
+  EXPECT_LT(norm_err, 1e-5);
+
+  std::vector<float> logits(T * V);
+  model.lm_head_forward(cpu_view(logits.data(), {T, V}), cpu_view(r.final_norm.data(), {T, H}));
+  const double logit_err = test::rel_err(logits, read_f32(g, "target.logits"));
+  std::printf("  target.logits rel err %.3g\n", logit_err);
+  EXPECT_LT(logit_err, 1e-5);
+}
+
+TEST(TargetGolden, PackedBatchEqualsEachSequenceAlone) {
+  const PackedBatch batch = golden_batch();
+  const int64_t T = batch.num_tokens();
+  const std::vector<int> layers = {3, 1, 5};  // out of order, and the last layer
+  TargetModel model(kTargetDir, cpu_ctx(), layers, T);
+  const int64_t H = model.config().hidden_size, k = 3;
+  RunResult packed = run_target(model, batch);
+  for (int s = 0; s < batch.num_seqs(); ++s) {
+    const int32_t b = batch.cu_seqlens[s], e = batch.cu_seqlens[s + 1], S = e - b;
+    PackedBatch one;
+    one.tokens.assign(batch.tokens.begin() + b, batch.tokens.begin() + e);
+    one.cu_seqlens = {0, S};
+    RunResult alone = run_target(model, one);
+    for (int64_t i = 0; i < k; ++i) {
+      std::vector<float> got(packed.features.begin() + (i * T + b) * H, packed.features.begin() + (i * T + e) * H);
+      std::vector<float> want(alone.features.begin() + i * S * H, alone.features.begin() + (i + 1) * S * H);
+      EXPECT_LT(test::rel_err(got, want), 1e-6) << "sequence " << s << ", layer " << layers[i];
+    }
+    std::vector<float> got(packed.final_norm.begin() + b * H, packed.final_norm.begin() + e * H);
+    std::vector<float> want(alone.final_norm.begin(), alone.final_norm.begin() + S * H);
+    EXPECT_LT(test::rel_err(got, want), 1e-6) << "sequence " << s;
+  }
+}
+
+TEST(TargetGolden, CapturesOnlyAndEmptyFinalNorm) {
+  // No captures and no final_norm is legal (a warm-up pass); a later run with final_norm still works.
+  const PackedBatch batch = golden_batch();
+  TargetModel model(kTargetDir, cpu_ctx(), {}, batch.num_tokens());
+  model.forward(batch, CaptureOut{});
+  RunResult r = run_target(model, batch);
+  SafetensorsFile g(kCase + "/golden.safetensors");
+  EXPECT_LT(test::rel_err(r.final_norm, read_f32(g, "target.final_norm")), 1e-5);
+}
+
+class TargetHalfCheckpoint : public ::testing::TestWithParam<DType> {};
+
+TEST_P(TargetHalfCheckpoint, MatchesFloat32WithinRounding) {
+  const DType dtype = GetParam();
+  const std::string dir = make_temp_dir();
+  write_target_copy(dir, dtype);
+  const PackedBatch batch = golden_batch();
+  TargetModel ref(kTargetDir, cpu_ctx(), {1, 3}, batch.num_tokens());
+  TargetModel half(dir, cpu_ctx(), {1, 3}, batch.num_tokens());
+  RunResult a = run_target(ref, batch), b = run_target(half, batch);
+  const double tol = dtype == DType::BF16 ? 2e-2 : 2e-3;
+  const double feat_err = test::rel_err(b.features, a.features), norm_err = test::rel_err(b.final_norm, a.final_norm);
+  std::printf("  %s weights: features rel err %.3g, final_norm rel err %.3g\n", dtype_name(dtype), feat_err, norm_err);
+  EXPECT_LT(feat_err, tol);
+  EXPECT_LT(norm_err, tol);
+  EXPECT_GT(feat_err, 0.0) << "the 16-bit weights should change the result a little";
+  std::filesystem::remove_all(dir);
+}
+
+INSTANTIATE_TEST_SUITE_P(Target, TargetHalfCheckpoint, ::testing::Values(DType::BF16, DType::F16),
+                         [](const auto& info) { return std::string(dtype_name(info.param)); });
+
+TEST(TargetErrors, MissingTensorIsBadInputNamingIt) {
+  const std::string dir = make_temp_dir();
+  write_target_copy(dir, DType::F32, [](std::vector<TensorCopy>& t) {
+    t.erase(std::remove_if(t.begin(), t.end(),
+                           [](const TensorCopy& c) { return c.name == "model.layers.4.self_attn.k_norm.weight"; }),
+            t.end());
+  });
+  EXPECT_EXIT(TargetModel(dir, cpu_ctx(), {1}, 16), testing::ExitedWithCode(3),
+              "missing tensor model.layers.4.self_attn.k_norm.weight");
+  std::filesystem::remove_all(dir);
+}
+
+TEST(TargetErrors, MisshapedTensorIsBadInputNamingIt) {
+  const std::string dir = make_temp_dir();
+  write_target_copy(dir, DType::F32, [](std::vector<TensorCopy>& t) {
+    for (TensorCopy& c : t)
+      if (c.name == "model.layers.2.mlp.down_proj.weight") c.shape = {c.shape[1], c.shape[0]};  // transposed
+  });
+  EXPECT_EXIT(TargetModel(dir, cpu_ctx(), {1}, 16), testing::ExitedWithCode(3),
+              "tensor model.layers.2.mlp.down_proj.weight in .* has shape \\[128, 64\\], expected \\[64, 128\\]");
+  std::filesystem::remove_all(dir);
+}
+
+TEST(TargetErrors, CaptureLayerOutOfRangeIsBadOptions) {
+  EXPECT_EXIT(TargetModel(kTargetDir, cpu_ctx(), {1, 6}, 16), testing::ExitedWithCode(2),
+              "capture layer 6 is out of range");
+  EXPECT_EXIT(TargetModel(kTargetDir, cpu_ctx(), {-1}, 16), testing::ExitedWithCode(2),
+              "capture layer -1 is out of range");
+}
+
+TEST(TargetErrors, TokenOutsideVocabIsBadInput) {
+  TargetModel model(kTargetDir, cpu_ctx(), {}, 8);
+  PackedBatch b;
+  b.tokens = {1, 2, 512};
+  b.cu_seqlens = {0, 3};
+  EXPECT_EXIT(model.forward(b, CaptureOut{}), testing::ExitedWithCode(3),
+              "token id 512 at position 2 is outside the target's vocabulary");
+}
+
+TEST(TargetErrors, BatchLargerThanMaxTokensIsRefused) {
+  TargetModel model(kTargetDir, cpu_ctx(), {}, 2);
+  PackedBatch b;
+  b.tokens = {1, 2, 3};
+  b.cu_seqlens = {0, 3};
+  EXPECT_EXIT(model.forward(b, CaptureOut{}), testing::ExitedWithCode(3), "packed batch of 3 tokens");
+}
+
+TEST(TargetErrors, HybridQwen35TargetIsRefused) {
+  EXPECT_EXIT(TargetModel(std::string(DFLASH_TEST_DATA) + "/golden/qwen35-tiny-a/target", cpu_ctx(), {1}, 16),
+              testing::ExitedWithCode(3), "linear_attention");
+}
+
+}  // namespace
+}  // namespace dflash
