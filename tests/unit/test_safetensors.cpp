@@ -410,3 +410,32 @@ TEST_F(SafetensorsBad, EveryTruncationIsRefused) {
     EXPECT_EXIT(SafetensorsFile f(p), testing::ExitedWithCode(kBadInput), "safetensors") << "length " << len;
   }
 }
+
+// Offsets need not be aligned: an F32 tensor after 3 bytes of U8 still converts exactly.
+TEST_F(SafetensorsBad, MisalignedFloatTensorConvertsExactly) {
+  const uint8_t mask[3] = {1, 0, 1};
+  std::vector<float> w = {1.25f, -3.5f, 1e-20f, 65504.f, 7.f};
+  write_safetensors(dir_ + "/model.safetensors",
+                    {{"mask", DType::U8, {3}, nullptr, mask}, {"w", DType::F32, {5}, nullptr, w.data()}});
+  Checkpoint ck(dir_);
+  ASSERT_NE(reinterpret_cast<uintptr_t>(ck.get("w").data) % 4, 0u);  // really misaligned
+  std::vector<float> out(5);
+  ck.load_f32("w", {5}, out.data());
+  EXPECT_EQ(out, w);
+}
+
+TEST(Checkpoint, ReadsGoldenQwen35Target) {
+  Checkpoint ck(std::string(DFLASH_TEST_DATA) + "/golden/qwen35-tiny-a/target");
+  size_t n = 0;
+  for (const std::string& shard : ck.shard_files()) {
+    for (const std::string& name : ck.names_in_shard(shard)) {
+      const TensorInfo& t = ck.get(name);
+      std::vector<float> v(t.numel());
+      ck.load_f32(name, t.shape, v.data());
+      ++n;
+    }
+    ck.release_shard(shard);
+  }
+  EXPECT_EQ(n, ck.names().size());
+  EXPECT_GT(n, 0u);
+}
