@@ -3,12 +3,16 @@
 // The forward is the cost of a CPU job, so it is cache-blocked: a block of W rows (OB x IB floats) stays
 // in L2 while every row block of `in` streams past it, and a 4x4 register tile of dot products runs over
 // contiguous I with 8 independent lanes per dot product (the compiler turns them into SIMD registers;
-// an x86 build also carries AVX2/AVX-512 clones of the kernel, picked at load time).
+// an x86 build also carries AVX2/AVX-512 clones of the kernel, picked at load time). The backward
+// products use a register-tiled rank update (see rank_update_cpu).
 #include <algorithm>
 #include <cstring>
 
 #include "dflash/ops.h"
 #include "ops/op_checks.h"
+#ifdef DFLASH_HAVE_CUDA
+#include "matmul.cuh"
+#endif
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #define DF_SIMD_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
@@ -28,7 +32,7 @@ typedef float f8 __attribute__((vector_size(32), aligned(4)));  // 8 lanes, unal
 
 constexpr int64_t kRowBlock = 64;   // rows of `in` per block
 constexpr int64_t kOutBlock = 64;   // rows of W per block
-constexpr int64_t kInnerBlock = 512;  // reduction length per block
+constexpr int64_t kInnerBlock = 512;  // reduction length per block (forward)
 
 DF_INLINE f8 load8(const float* p) { return *reinterpret_cast<const f8*>(p); }
 DF_INLINE float hsum(f8 v) { return ((v[0] + v[4]) + (v[1] + v[5])) + ((v[2] + v[6]) + (v[3] + v[7])); }
@@ -112,43 +116,57 @@ void matmul_forward_cpu(float* out, const float* in, const float* W, int64_t N, 
   }
 }
 
-// din [N, I] = dout [N, O] · W [O, I]: four rows of din at a time, each an axpy over W's rows.
-DF_SIMD_CLONES
-void matmul_backward_input_cpu(float* din, const float* dout, const float* W, int64_t N, int64_t I, int64_t O) {
-  std::memset(din, 0, static_cast<size_t>(N) * I * sizeof(float));
-  for (int64_t ib = 0; ib < I; ib += kInnerBlock) {
-    const int64_t ie = std::min(I, ib + kInnerBlock);
-    for (int64_t n = 0; n < N; n += 4) {
-      const int64_t rows = std::min<int64_t>(4, N - n);
-      for (int64_t o = 0; o < O; ++o) {
-        const float* w = W + static_cast<size_t>(o) * I;
-        for (int64_t r = 0; r < rows; ++r) {
-          const float g = dout[static_cast<size_t>(n + r) * O + o];
-          float* d = din + static_cast<size_t>(n + r) * I;
-          for (int64_t i = ib; i < ie; ++i) d[i] += g * w[i];
-        }
-      }
+// The backward products are both C[R rows, I] (+)= A[R, K] · B[K, I] with B's rows contiguous in I:
+//   din [N, I] = dout [N, O] · W [O, I]             (A(r, k) = dout[n + r, k], K = O)
+//   dW  [O, I] += dout^T [O, N] · in [N, I]          (A(r, k) = dout[k, o + r], K = N)
+// so one register-tiled kernel serves both: a tile of R rows x kChunk columns of C stays in registers
+// while K rows of B stream past, each multiplied by a broadcast element of A.
+constexpr int64_t kChunk = 32;  // columns of C per tile: 4 vectors of 8
+
+template <int R>
+DF_INLINE void rank_update_tile(float* C, int64_t ldc, const float* A, int64_t a_row, int64_t a_k, const float* B,
+                                int64_t ldb, int64_t K, int64_t i0, bool overwrite) {
+  f8 acc[R][4];
+  for (int r = 0; r < R; ++r)
+    for (int v = 0; v < 4; ++v)
+      acc[r][v] = overwrite ? f8{0, 0, 0, 0, 0, 0, 0, 0} : load8(C + r * ldc + i0 + 8 * v);
+  for (int64_t k = 0; k < K; ++k) {
+    const float* b = B + k * ldb + i0;
+    const f8 b0 = load8(b), b1 = load8(b + 8), b2 = load8(b + 16), b3 = load8(b + 24);
+    for (int r = 0; r < R; ++r) {
+      const float a = A[r * a_row + k * a_k];
+      acc[r][0] += a * b0;
+      acc[r][1] += a * b1;
+      acc[r][2] += a * b2;
+      acc[r][3] += a * b3;
     }
   }
+  for (int r = 0; r < R; ++r)
+    for (int v = 0; v < 4; ++v) *reinterpret_cast<f8*>(C + r * ldc + i0 + 8 * v) = acc[r][v];
 }
 
-// dW [O, I] += dout^T [O, N] · in [N, I]: four rows of dW at a time, each an axpy over in's rows.
-DF_SIMD_CLONES
-void matmul_backward_weight_cpu(float* dW, const float* dout, const float* in, int64_t N, int64_t I, int64_t O) {
-  for (int64_t ib = 0; ib < I; ib += kInnerBlock) {
-    const int64_t ie = std::min(I, ib + kInnerBlock);
-    for (int64_t o = 0; o < O; o += 4) {
-      const int64_t rows = std::min<int64_t>(4, O - o);
-      for (int64_t n = 0; n < N; ++n) {
-        const float* x = in + static_cast<size_t>(n) * I;
-        for (int64_t r = 0; r < rows; ++r) {
-          const float g = dout[static_cast<size_t>(n) * O + o + r];
-          float* d = dW + static_cast<size_t>(o + r) * I;
-          for (int64_t i = ib; i < ie; ++i) d[i] += g * x[i];
-        }
-      }
+// Columns past the last full chunk, scalar.
+DF_INLINE void rank_update_tail(float* C, int64_t ldc, int rows, const float* A, int64_t a_row, int64_t a_k,
+                                const float* B, int64_t ldb, int64_t K, int64_t i0, int64_t i1, bool overwrite) {
+  for (int r = 0; r < rows; ++r)
+    for (int64_t i = i0; i < i1; ++i) {
+      float t = overwrite ? 0.0f : C[r * ldc + i];
+      for (int64_t k = 0; k < K; ++k) t += A[r * a_row + k * a_k] * B[k * ldb + i];
+      C[r * ldc + i] = t;
     }
+}
+
+DF_SIMD_CLONES
+void rank_update_cpu(float* C, int64_t rows, int64_t I, const float* A, int64_t a_row, int64_t a_k, const float* B,
+                     int64_t K, bool overwrite) {
+  const int64_t full = I / kChunk * kChunk;
+  for (int64_t i0 = 0; i0 < full; i0 += kChunk) {  // B's column chunk stays in cache across row tiles
+    int64_t r = 0;
+    for (; r + 4 <= rows; r += 4)
+      rank_update_tile<4>(C + r * I, I, A + r * a_row, a_row, a_k, B, I, K, i0, overwrite);
+    for (; r < rows; ++r) rank_update_tile<1>(C + r * I, I, A + r * a_row, a_row, a_k, B, I, K, i0, overwrite);
   }
+  if (full < I) rank_update_tail(C, I, static_cast<int>(rows), A, a_row, a_k, B, I, K, full, I, overwrite);
 }
 
 }  // namespace
@@ -163,7 +181,7 @@ void matmul_forward(const Ctx& ctx, const Tensor& out, const Tensor& in, const T
   detail::check_shape(op, "out", out, {N, O});
   if (ctx.device == Device::CUDA) {
 #ifdef DFLASH_HAVE_CUDA
-    return detail::cuda_op_missing(op);  // CUDA twin: return cuda::matmul_forward(ctx, out, in, W, acc);
+    return cuda::matmul_forward(ctx, out, in, W, acc);
 #else
     return detail::no_cuda_build(op);
 #endif
@@ -193,7 +211,7 @@ void matmul_backward(const Ctx& ctx, const Tensor& din, const Tensor& dW, const 
   }
   if (ctx.device == Device::CUDA) {
 #ifdef DFLASH_HAVE_CUDA
-    return detail::cuda_op_missing(op);  // CUDA twin: return cuda::matmul_backward(ctx, din, dW, dout, in, W);
+    return cuda::matmul_backward(ctx, din, dW, dout, in, W);
 #else
     return detail::no_cuda_build(op);
 #endif
@@ -203,11 +221,13 @@ void matmul_backward(const Ctx& ctx, const Tensor& din, const Tensor& dW, const 
   detail::check_cpu_dtype(op, "W", W, DType::F32);
   if (!din.empty()) {
     detail::check_cpu_dtype(op, "din", din, DType::F32);
-    matmul_backward_input_cpu(din.ptr<float>(), dout.ptr<float>(), W.ptr<float>(), N, I, O);
+    rank_update_cpu(din.ptr<float>(), N, I, dout.ptr<float>(), /*a_row=*/O, /*a_k=*/1, W.ptr<float>(), O,
+                    /*overwrite=*/true);
   }
   if (!dW.empty()) {
     detail::check_cpu_dtype(op, "dW", dW, DType::F32);
-    matmul_backward_weight_cpu(dW.ptr<float>(), dout.ptr<float>(), in.ptr<float>(), N, I, O);
+    rank_update_cpu(dW.ptr<float>(), O, I, dout.ptr<float>(), /*a_row=*/1, /*a_k=*/O, in.ptr<float>(), N,
+                    /*overwrite=*/false);
   }
 }
 
