@@ -1,0 +1,168 @@
+// Drafter golden check (see drafter_golden.h).
+#include "train/drafter_golden.h"
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "dflash/drafter.h"
+#include "dflash/error.h"
+#include "dflash/safetensors.h"
+
+namespace dflash::train {
+namespace {
+
+using nlohmann::json;
+
+constexpr double kScalarTol = 1e-5;  // losses, metrics (float32 vs the float64 reference)
+constexpr double kTensorTol = 1e-4;  // gradients, weights after two AdamW steps
+
+double scalar_err(double x, double ref) {
+  const double d = std::fabs(x - ref);
+  return ref == 0.0 ? d : d / std::fabs(ref);
+}
+
+double tensor_err(const float* x, const std::vector<float>& ref) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    const double d = static_cast<double>(x[i]) - ref[i];
+    num += d * d;
+    den += static_cast<double>(ref[i]) * ref[i];
+  }
+  return den == 0 ? std::sqrt(num) : std::sqrt(num / den);
+}
+
+std::vector<float> read_f32(SafetensorsFile& f, const std::string& name, size_t expect_numel) {
+  const TensorInfo& t = f.get(name);
+  DF_CHECK(t.numel() == expect_numel, BadInput,
+           f.path() << ": tensor " << name << " has " << t.numel() << " elements, expected " << expect_numel);
+  std::vector<float> out(t.numel());
+  tensor_to_f32(t, out.data(), f.path());
+  return out;
+}
+
+template <class T> std::vector<T> read_ints(SafetensorsFile& f, const std::string& name, DType dt) {
+  const TensorInfo& t = f.get(name);
+  DF_CHECK(t.dtype == dt, BadInput, f.path() << ": tensor " << name << " is " << dtype_name(t.dtype) << ", expected "
+                                             << dtype_name(dt));
+  const T* p = static_cast<const T*>(t.data);
+  return std::vector<T>(p, p + t.numel());
+}
+
+json read_json(const std::string& path) {
+  std::ifstream in(path);
+  DF_CHECK(in.good(), BadInput, "cannot read " << path);
+  json j = json::parse(in, nullptr, false);
+  DF_CHECK(!j.is_discarded(), BadInput, path << " is not valid JSON");
+  return j;
+}
+
+}  // namespace
+
+bool DrafterGoldenReport::ok() const { return failures() == 0; }
+int DrafterGoldenReport::failures() const {
+  return static_cast<int>(std::count_if(checks.begin(), checks.end(), [](const GoldenCheck& c) { return !c.ok(); }));
+}
+
+DrafterGoldenReport run_drafter_golden(const std::string& case_dir) {
+  const json cj = read_json(case_dir + "/case.json");
+  SafetensorsFile gold(case_dir + "/golden.safetensors");
+  DrafterGoldenReport rep;
+  auto scalar = [&](const std::string& name, double x, double ref) {
+    rep.checks.push_back({name, scalar_err(x, ref), kScalarTol});
+  };
+
+  // ---- the packed batch and the features the drafter reads
+  PackedBatch batch;
+  batch.tokens = read_ints<int32_t>(gold, "tokens", DType::I32);
+  batch.cu_seqlens = read_ints<int32_t>(gold, "cu_seqlens", DType::I32);
+  batch.loss_mask = read_ints<uint8_t>(gold, "loss_mask", DType::U8);
+  const int64_t T = batch.num_tokens();
+  const TensorInfo& hid = gold.get("target.hidden");
+  DF_CHECK(hid.shape.size() == 3 && hid.shape[1] == T, BadInput, "target.hidden has shape " << hid.shape_str());
+  const int64_t L = hid.shape[0], H = hid.shape[2];
+  std::vector<float> hidden(hid.numel());
+  tensor_to_f32(hid, hidden.data(), gold.path());
+  std::vector<float> final_norm = read_f32(gold, "target.final_norm", static_cast<size_t>(T * H));
+
+  const std::vector<int> layer_ids = cj.at("layer_ids").get<std::vector<int>>();
+  const int64_t K = static_cast<int64_t>(layer_ids.size());
+  std::vector<float> features(static_cast<size_t>(K * T * H));
+  for (int64_t i = 0; i < K; ++i) {
+    DF_CHECK(layer_ids[i] >= 0 && layer_ids[i] < L, BadInput, "case layer id " << layer_ids[i] << " out of range");
+    std::copy_n(hidden.begin() + static_cast<std::ptrdiff_t>(layer_ids[i] * T * H), T * H,
+                features.begin() + static_cast<std::ptrdiff_t>(i * T * H));
+  }
+  FeatureBatch fb;
+  fb.batch = &batch;
+  fb.features = cpu_view(features.data(), {K, T, H});
+  fb.final_norm = cpu_view(final_norm.data(), {T, H});
+
+  std::vector<int64_t> anchors;
+  const auto per_seq = cj.at("anchors").get<std::vector<std::vector<int64_t>>>();
+  DF_CHECK(static_cast<int>(per_seq.size()) == batch.num_seqs(), BadInput, "case.json anchors per sequence");
+  for (size_t s = 0; s < per_seq.size(); ++s)
+    for (int64_t a : per_seq[s]) anchors.push_back(a + batch.cu_seqlens[s]);
+
+  const json& aw = cj.at("adamw");
+  TrainOptions opt;
+  opt.gamma = cj.at("gamma").get<float>();
+  opt.max_anchors = static_cast<int>(anchors.size());
+  opt.lr = aw.at("lr").get<float>();
+  opt.beta1 = aw.at("beta1").get<float>();
+  opt.beta2 = aw.at("beta2").get<float>();
+  opt.eps = aw.at("eps").get<float>();
+  opt.weight_decay = aw.at("weight_decay").get<float>();
+  opt.clip = aw.at("clip").get<float>();
+  opt.warmup_steps = 0;
+  opt.total_steps = 0;
+  const std::string target_dir = case_dir + "/target", drafter_dir = case_dir + "/drafter_init";
+
+  for (LossKind kind : {LossKind::CE, LossKind::KL}) {
+    const std::string obj = kind == LossKind::CE ? "ce" : "kl";
+    opt.loss = kind;
+    DrafterTrainer tr(target_dir, drafter_dir, 0, opt, cpu_ctx(), T);
+    DF_CHECK(tr.config().target_layer_ids == layer_ids, BadInput,
+             "drafter_init's target_layer_ids differ from case.json layer_ids");
+    DF_CHECK(tr.config().block_size == cj.at("block_size").get<int>(), BadInput, "block_size differs from case.json");
+    const StepStats st = tr.forward_backward(fb, anchors);
+    scalar("loss_" + obj, st.loss, cj.at("loss_" + obj).get<double>());
+    const Tensor g = tr.grads();
+    const float* gp = g.ptr<float>();
+    double gn = 0;
+    for (size_t i = 0; i < g.numel(); ++i) gn += static_cast<double>(gp[i]) * gp[i];
+    scalar("grad_norm_" + obj, std::sqrt(gn), cj.at("grad_norm_" + obj).get<double>());
+    for (const ParamSpec& p : tr.param_layout()) {
+      const std::string name = "grad." + obj + "." + p.name;
+      rep.checks.push_back({name, tensor_err(gp + p.offset, read_f32(gold, name, p.numel())), kTensorTol});
+    }
+    if (kind == LossKind::KL) continue;
+    scalar("acc", st.acc, cj.at("acc").get<double>());
+    scalar("agree_with_target", st.agree, cj.at("agree_with_target").get<double>());
+    scalar("streak", st.streak, cj.at("streak").get<double>());
+    scalar("weight_sum", st.weight_sum, cj.at("weight_sum").get<double>());
+    const auto ppa = cj.at("per_pos_acc").get<std::vector<double>>();
+    for (size_t k = 0; k < ppa.size() && k < st.per_pos_acc.size(); ++k)
+      scalar("per_pos_acc[" + std::to_string(k) + "]", st.per_pos_acc[k], ppa[k]);
+
+    // ---- two AdamW steps on the CE objective (clip before each), as torch.optim.AdamW
+    const auto ref_losses = cj.at("adamw_ce_losses").get<std::vector<double>>();
+    DF_CHECK(ref_losses.size() == 3, BadInput, "adamw_ce_losses needs 3 values");
+    scalar("adamw_ce_losses[0]", st.loss, ref_losses[0]);
+    tr.optimizer_step();
+    const StepStats st2 = tr.forward_backward(fb, anchors);
+    scalar("adamw_ce_losses[1]", st2.loss, ref_losses[1]);
+    tr.optimizer_step();
+    scalar("adamw_ce_losses[2]", tr.evaluate(fb, anchors).loss, ref_losses[2]);
+    const float* wp = tr.master_weights().ptr<float>();
+    for (const ParamSpec& p : tr.param_layout()) {
+      const std::string name = "after2." + p.name;
+      rep.checks.push_back({name, tensor_err(wp + p.offset, read_f32(gold, name, p.numel())), kTensorTol});
+    }
+  }
+  return rep;
+}
+
+}  // namespace dflash::train

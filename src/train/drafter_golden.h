@@ -1,0 +1,27 @@
+// The drafter part of a golden case (tests/data/golden/<case>/, layout in its README): losses, metrics,
+// every gradient and two AdamW steps of DrafterTrainer against the reference numbers. Used by the unit
+// tests and by dflash-selftest. Target hidden states and final_norm come from golden.safetensors, so the
+// check does not depend on the target forward.
+#pragma once
+#include <string>
+#include <vector>
+
+namespace dflash::train {
+
+struct GoldenCheck {
+  std::string name;  // "loss_ce", "grad.ce.layers.0.self_attn.q_proj.weight", "after2.fc.weight", ...
+  double err = 0;    // relative error ||x - ref|| / ||ref|| (absolute where the reference is 0)
+  double tol = 0;
+  bool ok() const { return err <= tol; }
+};
+
+struct DrafterGoldenReport {
+  std::vector<GoldenCheck> checks;
+  bool ok() const;
+  int failures() const;
+};
+
+// Runs every check of the case in `case_dir`. Missing or malformed files are BadInput errors.
+DrafterGoldenReport run_drafter_golden(const std::string& case_dir);
+
+}  // namespace dflash::train
