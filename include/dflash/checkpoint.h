@@ -1,0 +1,142 @@
+// Checkpoints, resume and stop signals for multi-day runs (docs/checkpoint.md).
+//
+// On disk, one directory per checkpoint:
+//   CHECKPOINT_DIR/step-00001200/state.safetensors   drafter fp32 master weights, AdamW m and v, every
+//                                                     rank's RNG state (U8 bytes)
+//   CHECKPOINT_DIR/step-00001200/drafter/            optional release-format export (--export-checkpoints)
+//   CHECKPOINT_DIR/step-00001200/manifest.json       written LAST, atomically: the commit point
+// The manifest holds the step, the schedule position, every target's data position, the resume-invariant
+// options (and their hash), and the size and content hash of every tensor. A directory without a complete,
+// parseable manifest whose files have the recorded sizes is never picked for a resume.
+#pragma once
+#include <mpi.h>
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "dflash/tensor.h"
+
+namespace dflash {
+
+// ---- when to save (--checkpoint-every) ------------------------------------------------------------
+
+enum class CheckpointUnit : uint8_t { Off, Steps, Minutes };
+
+struct CheckpointEvery {
+  CheckpointUnit unit = CheckpointUnit::Off;
+  int64_t steps = 0;     // Steps: every this many optimizer steps
+  double minutes = 0;    // Minutes: this long after the start or the last save
+  std::string to_string() const;  // "off", "500", "30m"
+};
+// "" or "0" = off, "N" = every N steps, "Nm" = every N minutes (N may be fractional for minutes).
+// Fatal BadOptions naming --checkpoint-every on anything else.
+CheckpointEvery parse_checkpoint_every(const std::string& text);
+
+// A rank's local opinion of whether a checkpoint is due after `step`. Minute-based decisions differ
+// between ranks by clock skew, so the drafters OR them (agree_step_decision) and all save at one step.
+class CheckpointTimer {
+ public:
+  explicit CheckpointTimer(const CheckpointEvery& every);  // the minute clock starts now
+  bool due(int64_t step) const;
+  void saved();  // restarts the minute clock
+  const CheckpointEvery& every() const { return every_; }
+
+ private:
+  CheckpointEvery every_;
+  double last_save_s_;  // steady clock, seconds
+};
+
+// ---- options that must not change across a resume ---------------------------------------------
+
+using OptionMap = std::map<std::string, std::string>;
+
+// Options that may differ between a run and its resume: they change how the run is observed, paced or
+// stored, never which numbers it computes (log/flush/checkpoint intervals, output and checkpoint
+// paths, --resume itself, timeouts, queue depths, test hooks, export format).
+bool option_may_change_on_resume(const std::string& name);
+// The resolved "name = value" options minus those that may change.
+OptionMap resume_invariants(const std::vector<std::pair<std::string, std::string>>& resolved);
+// 16 hex digits over the canonical (sorted) text of the map.
+std::string options_hash(const OptionMap& invariants);
+// Fatal BadOptions listing every option that differs ("--loss: saved ce, now kl"), added or dropped.
+void check_resume_compatible(const OptionMap& saved, const OptionMap& now, const std::string& checkpoint);
+
+// ---- what a checkpoint holds ------------------------------------------------------------------
+
+struct CheckpointState {
+  int64_t step = 0;                                       // optimizer steps completed
+  nlohmann::json schedule = nlohmann::json::object();     // epoch progress, tokens seen... (runtime's)
+  std::vector<std::string> data_positions;                // one per target rank (DataPosition::to_string)
+  std::vector<std::string> rng_states;                    // one per world rank (opaque bytes)
+  OptionMap options;                                      // resume_invariants() at save time
+};
+
+// Flat fp32 CPU views of the drafter's trainable state, all of one length n.
+struct CheckpointTensors {
+  Tensor master;  // [n] fp32 master weights
+  Tensor adam_m;  // [n]
+  Tensor adam_v;  // [n]
+};
+
+struct CheckpointSaveOptions {
+  int keep_last = 3;  // complete checkpoints kept after this one is committed (>= 1)
+  // Called with the step directory before the manifest is written (e.g. a release-format export into
+  // STEP_DIR/drafter), so whatever it writes is part of the commit.
+  std::function<void(const std::string& step_dir)> also_write;
+};
+
+// "CHECKPOINT_DIR/step-00001200".
+std::string checkpoint_step_dir(const std::string& checkpoint_dir, int64_t step);
+
+// Writes a checkpoint of `state` (creating checkpoint_dir if needed), commits it with the manifest,
+// then deletes all but the newest keep_last complete checkpoints and any incomplete leftovers older
+// than this one. A complete checkpoint already present for this step is kept as is (the state of a
+// step is a pure function of the run). Returns the step directory. Filesystem failure: SystemFailure.
+std::string save_checkpoint(const std::string& checkpoint_dir, const CheckpointState& state,
+                            const CheckpointTensors& tensors, const CheckpointSaveOptions& opt);
+
+// True when step_dir holds a committed checkpoint: manifest.json parses, says it is complete, and every
+// file it lists has the recorded size. `why` (optional) says what is missing otherwise.
+bool checkpoint_is_complete(const std::string& step_dir, std::string* why = nullptr);
+// The newest complete checkpoint in checkpoint_dir ("" when there is none); incomplete ones are
+// skipped with a note on stderr.
+std::string find_latest_checkpoint(const std::string& checkpoint_dir);
+
+// --resume: "" = no resume; "auto" = the newest complete checkpoint in checkpoint_dir, or "" (start
+// fresh) when there is none; otherwise a step directory, or a checkpoint directory (its newest complete
+// one). An explicit path that is missing or incomplete is fatal BadInput. Prints what it chose.
+std::string resolve_resume(const std::string& resume, const std::string& checkpoint_dir);
+
+// Reads and validates step_dir's manifest. Fatal BadInput naming the file on any defect.
+CheckpointState read_checkpoint_state(const std::string& step_dir);
+// Copies the tensors into `into` (their lengths must match the checkpoint's: BadInput naming both) and
+// verifies their content hashes (BadInput: corrupt checkpoint).
+void load_checkpoint_tensors(const std::string& step_dir, const CheckpointTensors& into);
+
+// Content hash used for tensors and options (not cryptographic: it catches corruption, not malice).
+uint64_t content_hash64(const void* data, size_t nbytes);
+
+// ---- stop signals -----------------------------------------------------------------------------
+
+// SIGUSR1 and SIGTERM set a flag and nothing else (MPI and I/O are not async-signal-safe); the training
+// loop polls it once per step. Idempotent.
+void install_stop_signal_handlers();
+int stop_signal_received();  // 0, or the number of the first stop signal received
+void clear_stop_signal();    // tests
+
+// What the drafters do after a step, OR'ed over them so every drafter acts at the same step.
+enum StepDecision : int32_t {
+  kStepContinue = 0,
+  kStepCheckpoint = 1,  // save a checkpoint and go on
+  kStepStop = 2,        // save a checkpoint and exit with ExitCode::Requeue
+};
+// Collective over comm: bitwise OR of every member's `local` decision.
+int32_t agree_step_decision(MPI_Comm comm, int32_t local);
+
+}  // namespace dflash

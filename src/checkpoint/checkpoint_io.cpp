@@ -1,0 +1,438 @@
+// Checkpoint directories: save (manifest last), discovery of the newest complete one, load, pruning.
+//
+// Commit protocol: state.safetensors (atomic: temp, fsync, rename, dir fsync) -> optional extra files
+// (a release export) -> fsync of the step and checkpoint directories -> manifest.json (atomic). A crash
+// at any point before the manifest's rename leaves a directory without a manifest, which discovery
+// skips; the manifest records every file's size, so a file truncated after the fact is caught as well.
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "dflash/checkpoint.h"
+#include "dflash/error.h"
+#include "dflash/safetensors.h"
+
+namespace fs = std::filesystem;
+
+namespace dflash {
+namespace {
+
+constexpr const char* kFormat = "dflash-checkpoint";
+constexpr int kFormatVersion = 1;
+constexpr const char* kManifest = "manifest.json";
+constexpr const char* kStateFile = "state.safetensors";
+constexpr const char* kStepPrefix = "step-";
+constexpr const char* kCorruptHint =
+    "the checkpoint is damaged: resume from an older one (--resume CHECKPOINT_DIR/step-XXXXXXXX) or "
+    "delete this directory so --resume auto picks the previous one";
+
+// Tensor names inside state.safetensors.
+constexpr const char* kMaster = "drafter.master";
+constexpr const char* kAdamM = "adam.m";
+constexpr const char* kAdamV = "adam.v";
+std::string rng_tensor_name(size_t rank) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "rng.rank%05zu", rank);
+  return buf;
+}
+
+std::string hex64(uint64_t v) {
+  char buf[17];
+  std::snprintf(buf, sizeof(buf), "%016llx", static_cast<unsigned long long>(v));
+  return buf;
+}
+
+void note(const std::string& text) {
+  const std::string line = "[dflash checkpoint] " + text + "\n";
+  ssize_t ignored = ::write(STDERR_FILENO, line.data(), line.size());
+  (void)ignored;
+}
+bool is_first_rank() { return process_identity().world_rank <= 0; }
+
+// "step-00001200" -> 1200; -1 for any other name.
+int64_t parse_step_name(const std::string& name) {
+  const size_t p = std::strlen(kStepPrefix);
+  if (name.size() < p + 8 || name.compare(0, p, kStepPrefix) != 0) return -1;
+  int64_t v = 0;
+  for (size_t i = p; i < name.size(); ++i) {
+    if (name[i] < '0' || name[i] > '9') return -1;
+    v = v * 10 + (name[i] - '0');
+  }
+  return v;
+}
+
+// Step directories in checkpoint_dir, newest first.
+std::vector<std::pair<int64_t, std::string>> list_step_dirs(const std::string& checkpoint_dir) {
+  std::vector<std::pair<int64_t, std::string>> out;
+  std::error_code ec;
+  if (!fs::is_directory(checkpoint_dir, ec)) return out;
+  for (const auto& entry : fs::directory_iterator(checkpoint_dir, ec)) {
+    const int64_t step = parse_step_name(entry.path().filename().string());
+    if (step >= 0 && entry.is_directory(ec)) out.emplace_back(step, entry.path().string());
+  }
+  std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  return out;
+}
+
+void fsync_dir(const std::string& dir) {
+  int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  DF_CHECK(fd >= 0, SystemFailure, "cannot open directory " << dir << " to fsync it: " << std::strerror(errno));
+  const int rc = ::fsync(fd);
+  const int err = errno;
+  ::close(fd);
+  // Some network filesystems refuse fsync on directories; that is not a write failure.
+  DF_CHECK(rc == 0 || err == EINVAL || err == EROFS, SystemFailure,
+           "fsync of directory " << dir << " failed: " << std::strerror(err));
+}
+
+void make_dirs(const std::string& dir) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  DF_CHECK_HINT(!ec && fs::is_directory(dir), SystemFailure, "cannot create directory " << dir << ": " << ec.message(),
+                "check that the parent of --checkpoint-dir exists and is writable");
+}
+
+void remove_tree(const std::string& dir) {
+  std::error_code ec;
+  // The manifest goes first: a directory half-deleted by a crash must never look complete.
+  fs::remove(fs::path(dir) / kManifest, ec);
+  fs::remove_all(dir, ec);
+  if (ec) note("warning: could not remove " + dir + ": " + ec.message());
+}
+
+// Every regular file under step_dir (relative path -> size), temp files of atomic writes excluded.
+std::map<std::string, uint64_t> list_files(const std::string& step_dir) {
+  std::map<std::string, uint64_t> files;
+  for (const auto& entry : fs::recursive_directory_iterator(step_dir)) {
+    if (!entry.is_regular_file()) continue;
+    const std::string rel = fs::relative(entry.path(), step_dir).string();
+    if (rel == kManifest || rel.find(".tmp.") != std::string::npos) continue;
+    files[rel] = static_cast<uint64_t>(entry.file_size());
+  }
+  return files;
+}
+
+std::string now_utc_iso() {
+  std::time_t t = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof(buf), "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
+}
+
+// The parsed manifest, or a reason it is not a committed checkpoint.
+bool read_manifest(const std::string& step_dir, nlohmann::json* out, std::string* why) {
+  const std::string path = (fs::path(step_dir) / kManifest).string();
+  std::ifstream in(path);
+  if (!in) {
+    *why = "no " + std::string(kManifest) + " (never committed: interrupted while saving)";
+    return false;
+  }
+  std::stringstream ss;
+  ss << in.rdbuf();
+  nlohmann::json j = nlohmann::json::parse(ss.str(), nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) {
+    *why = path + " is not valid JSON";
+    return false;
+  }
+  if (j.value("format", "") != kFormat || j.value("format_version", 0) != kFormatVersion) {
+    *why = path + " is not a " + std::string(kFormat) + " v" + std::to_string(kFormatVersion) + " manifest";
+    return false;
+  }
+  if (!j.value("complete", false)) {
+    *why = path + " does not say complete";
+    return false;
+  }
+  if (!j.contains("files") || !j["files"].is_object() || !j.contains("step") || !j["step"].is_number_integer()) {
+    *why = path + " lacks 'files' or 'step'";
+    return false;
+  }
+  for (const auto& [rel, size] : j["files"].items()) {
+    std::error_code ec;
+    const fs::path f = fs::path(step_dir) / rel;
+    if (!size.is_number_unsigned()) {
+      *why = path + ": bad size for " + rel;
+      return false;
+    }
+    const uintmax_t actual = fs::file_size(f, ec);
+    if (ec) {
+      *why = f.string() + " is missing";
+      return false;
+    }
+    if (actual != size.get<uint64_t>()) {
+      *why = f.string() + " has " + std::to_string(actual) + " bytes, the manifest says " +
+             std::to_string(size.get<uint64_t>()) + " (truncated or overwritten)";
+      return false;
+    }
+  }
+  *out = std::move(j);
+  return true;
+}
+
+// Typed field access with a BadInput error naming the manifest.
+template <class T> T field(const nlohmann::json& j, const char* key, const std::string& manifest) {
+  DF_CHECK_HINT(j.contains(key), BadInput, manifest << " lacks the field '" << key << "'", kCorruptHint);
+  try {
+    return j.at(key).get<T>();
+  } catch (const std::exception& e) {
+    DF_FAIL(BadInput, manifest << ": field '" << key << "' has the wrong type: " << e.what(), kCorruptHint);
+  }
+}
+
+const TensorInfo& state_tensor(const SafetensorsFile& f, const std::string& name, DType dtype) {
+  DF_CHECK_HINT(f.has(name), BadInput, f.path() << " lacks the tensor " << name, kCorruptHint);
+  const TensorInfo& t = f.get(name);
+  DF_CHECK_HINT(t.dtype == dtype && t.shape.size() == 1, BadInput,
+                f.path() << ": tensor " << name << " is " << dtype_name(t.dtype) << " " << t.shape_str()
+                         << ", expected 1-D " << dtype_name(dtype),
+                kCorruptHint);
+  return t;
+}
+
+void check_hash(const nlohmann::json& hashes, const std::string& name, const void* data, size_t nbytes,
+                const std::string& where) {
+  DF_CHECK_HINT(hashes.contains(name) && hashes[name].is_string(), BadInput,
+                where << ": the manifest has no content hash for " << name, kCorruptHint);
+  const std::string want = hashes[name].get<std::string>();
+  const std::string got = hex64(content_hash64(data, nbytes));
+  DF_CHECK_HINT(want == got, BadInput,
+                "corrupt checkpoint " << where << ": content hash of " << name << " is " << got
+                                      << ", the manifest says " << want,
+                kCorruptHint);
+}
+
+}  // namespace
+
+// ---- content hash: 4 independent 64-bit lanes (fast on multi-GB checkpoints), then a final mix ------
+
+uint64_t content_hash64(const void* data, size_t nbytes) {
+  constexpr uint64_t P1 = 0x9E3779B185EBCA87ULL, P2 = 0xC2B2AE3D27D4EB4FULL, P3 = 0x165667B19E3779F9ULL;
+  auto rotl = [](uint64_t x, int r) { return (x << r) | (x >> (64 - r)); };
+  auto round = [&](uint64_t acc, uint64_t w) { return rotl(acc + w * P2, 31) * P1; };
+  const unsigned char* p = static_cast<const unsigned char*>(data);
+  uint64_t lane[4] = {P1 + P2, P2, 0, 0 - P1};
+  size_t i = 0;
+  for (; i + 32 <= nbytes; i += 32)
+    for (int k = 0; k < 4; ++k) {
+      uint64_t w;
+      std::memcpy(&w, p + i + 8 * k, 8);
+      lane[k] = round(lane[k], w);
+    }
+  uint64_t h = rotl(lane[0], 1) + rotl(lane[1], 7) + rotl(lane[2], 12) + rotl(lane[3], 18);
+  for (int k = 0; k < 4; ++k) h = (h ^ round(0, lane[k])) * P1 + P3;
+  h += static_cast<uint64_t>(nbytes);
+  for (; i + 8 <= nbytes; i += 8) {
+    uint64_t w;
+    std::memcpy(&w, p + i, 8);
+    h = rotl(h ^ round(0, w), 27) * P1 + P3;
+  }
+  for (; i < nbytes; ++i) h = rotl(h ^ (p[i] * P1), 11) * P2;
+  h ^= h >> 33;
+  h *= P2;
+  h ^= h >> 29;
+  h *= P3;
+  h ^= h >> 32;
+  return h;
+}
+
+std::string checkpoint_step_dir(const std::string& checkpoint_dir, int64_t step) {
+  char name[40];
+  std::snprintf(name, sizeof(name), "%s%08lld", kStepPrefix, static_cast<long long>(step));
+  return (fs::path(checkpoint_dir) / name).string();
+}
+
+// ---- save ---------------------------------------------------------------------------------------
+
+std::string save_checkpoint(const std::string& checkpoint_dir, const CheckpointState& state,
+                            const CheckpointTensors& tensors, const CheckpointSaveOptions& opt) {
+  DF_ASSERT(opt.keep_last >= 1);
+  DF_ASSERT(state.step >= 0);
+  const size_t n = tensors.master.numel();
+  for (const Tensor* t : {&tensors.master, &tensors.adam_m, &tensors.adam_v})
+    DF_CHECK(t->dtype == DType::F32 && t->device == Device::CPU && t->numel() == n && t->data, Internal,
+             "save_checkpoint: master/m/v must be CPU fp32 views of one length (" << n << "), got "
+                                                                               << t->shape_str());
+  make_dirs(checkpoint_dir);
+  const std::string step_dir = checkpoint_step_dir(checkpoint_dir, state.step);
+
+  std::string why;
+  if (checkpoint_is_complete(step_dir, &why)) {
+    note("a complete checkpoint for step " + std::to_string(state.step) + " already exists; keeping " + step_dir);
+  } else {
+    std::error_code ec;
+    if (fs::exists(step_dir, ec)) {
+      note("removing the incomplete " + step_dir + " (" + why + ")");
+      remove_tree(step_dir);
+    }
+    make_dirs(step_dir);
+
+    std::vector<TensorToWrite> out;
+    nlohmann::json hashes = nlohmann::json::object();
+    const int64_t len = static_cast<int64_t>(n);
+    out.push_back({kMaster, DType::F32, {len}, tensors.master.ptr<float>(), nullptr});
+    out.push_back({kAdamM, DType::F32, {len}, tensors.adam_m.ptr<float>(), nullptr});
+    out.push_back({kAdamV, DType::F32, {len}, tensors.adam_v.ptr<float>(), nullptr});
+    for (const TensorToWrite& t : out) hashes[t.name] = hex64(content_hash64(t.f32, n * sizeof(float)));
+    for (size_t r = 0; r < state.rng_states.size(); ++r) {
+      const std::string& s = state.rng_states[r];
+      out.push_back({rng_tensor_name(r), DType::U8, {static_cast<int64_t>(s.size())}, nullptr, s.data()});
+      hashes[rng_tensor_name(r)] = hex64(content_hash64(s.data(), s.size()));
+    }
+    write_safetensors((fs::path(step_dir) / kStateFile).string(), out,
+                      {{"format", kFormat}, {"step", std::to_string(state.step)}});
+    if (opt.also_write) opt.also_write(step_dir);
+    // Everything the manifest will vouch for must be durable before the manifest is.
+    fsync_dir(step_dir);
+    fsync_dir(checkpoint_dir);
+
+    nlohmann::json m;
+    m["format"] = kFormat;
+    m["format_version"] = kFormatVersion;
+    m["step"] = state.step;
+    m["created_utc"] = now_utc_iso();
+    m["schedule"] = state.schedule;
+    m["data_positions"] = state.data_positions;
+    m["num_rng_states"] = state.rng_states.size();
+    m["num_params"] = n;
+    m["options_hash"] = options_hash(state.options);
+    m["options"] = state.options;
+    m["state_file"] = kStateFile;
+    m["content_hashes"] = hashes;
+    m["files"] = list_files(step_dir);
+    m["complete"] = true;
+    write_file_atomic((fs::path(step_dir) / kManifest).string(), m.dump(2) + "\n");
+  }
+
+  // Prune: keep the newest keep_last complete checkpoints up to this one. Complete ones newer than this
+  // step belong to a timeline abandoned by resuming from an older checkpoint: set aside (renamed, not
+  // deleted) so --resume auto never jumps back onto it. Incomplete leftovers older than this one go.
+  int kept = 0;
+  for (const auto& [step, dir] : list_step_dirs(checkpoint_dir)) {
+    const bool complete = checkpoint_is_complete(dir);
+    if (step > state.step) {
+      if (!complete) continue;
+      const std::string aside = dir + ".superseded";
+      std::error_code ec;
+      fs::rename(dir, aside, ec);
+      note("set aside " + dir + " (newer than the resumed run's step " + std::to_string(state.step) + ") as " +
+           aside + (ec ? ": " + ec.message() : ""));
+      continue;
+    }
+    if (complete && kept < opt.keep_last) {
+      ++kept;
+      continue;
+    }
+    remove_tree(dir);
+  }
+  return step_dir;
+}
+
+// ---- discovery ----------------------------------------------------------------------------------
+
+bool checkpoint_is_complete(const std::string& step_dir, std::string* why) {
+  nlohmann::json m;
+  std::string reason;
+  const bool ok = read_manifest(step_dir, &m, &reason);
+  if (why) *why = reason;
+  return ok;
+}
+
+std::string find_latest_checkpoint(const std::string& checkpoint_dir) {
+  for (const auto& [step, dir] : list_step_dirs(checkpoint_dir)) {
+    std::string why;
+    if (checkpoint_is_complete(dir, &why)) return dir;
+    if (is_first_rank()) note("skipping " + dir + ": " + why);
+  }
+  return "";
+}
+
+std::string resolve_resume(const std::string& resume, const std::string& checkpoint_dir) {
+  if (resume.empty()) return "";
+  std::error_code ec;
+  if (resume == "auto") {
+    const std::string dir = find_latest_checkpoint(checkpoint_dir);
+    if (is_first_rank())
+      note(dir.empty() ? "--resume auto: no complete checkpoint in " + checkpoint_dir + "; starting fresh"
+                       : "--resume auto: resuming from " + dir);
+    return dir;
+  }
+  DF_CHECK_HINT(fs::is_directory(resume, ec), BadInput, "--resume " << resume << ": no such directory",
+                "give a checkpoint directory, one of its step-XXXXXXXX directories, or auto");
+  const bool is_step_dir = parse_step_name(fs::path(resume).lexically_normal().filename().string()) >= 0 ||
+                           fs::exists(fs::path(resume) / kManifest, ec);
+  std::string dir = resume;
+  if (!is_step_dir) {
+    dir = find_latest_checkpoint(resume);
+    DF_CHECK_HINT(!dir.empty(), BadInput, "--resume " << resume << ": no complete checkpoint in it",
+                  "use --resume auto to start fresh when there is none");
+  }
+  std::string why;
+  DF_CHECK_HINT(checkpoint_is_complete(dir, &why), BadInput,
+                "--resume " << dir << " is not a complete checkpoint: " << why, kCorruptHint);
+  if (is_first_rank()) note("resuming from " + dir);
+  return dir;
+}
+
+// ---- load ---------------------------------------------------------------------------------------
+
+CheckpointState read_checkpoint_state(const std::string& step_dir) {
+  const std::string manifest = (fs::path(step_dir) / kManifest).string();
+  nlohmann::json m;
+  std::string why;
+  DF_CHECK_HINT(read_manifest(step_dir, &m, &why), BadInput, "not a complete checkpoint: " << step_dir << ": " << why,
+                kCorruptHint);
+  CheckpointState st;
+  st.step = field<int64_t>(m, "step", manifest);
+  DF_CHECK_HINT(st.step >= 0, BadInput, manifest << ": negative step " << st.step, kCorruptHint);
+  st.schedule = field<nlohmann::json>(m, "schedule", manifest);
+  st.data_positions = field<std::vector<std::string>>(m, "data_positions", manifest);
+  st.options = field<OptionMap>(m, "options", manifest);
+  DF_CHECK_HINT(field<std::string>(m, "options_hash", manifest) == options_hash(st.options), BadInput,
+                manifest << ": the options do not match their recorded hash", kCorruptHint);
+  const size_t num_rng = field<size_t>(m, "num_rng_states", manifest);
+  const auto hashes = field<nlohmann::json>(m, "content_hashes", manifest);
+
+  SafetensorsFile f((fs::path(step_dir) / field<std::string>(m, "state_file", manifest)).string());
+  for (size_t r = 0; r < num_rng; ++r) {
+    const TensorInfo& t = state_tensor(f, rng_tensor_name(r), DType::U8);
+    check_hash(hashes, t.name, t.data, t.nbytes, step_dir);
+    st.rng_states.emplace_back(static_cast<const char*>(t.data), t.nbytes);
+  }
+  return st;
+}
+
+void load_checkpoint_tensors(const std::string& step_dir, const CheckpointTensors& into) {
+  const std::string manifest = (fs::path(step_dir) / kManifest).string();
+  nlohmann::json m;
+  std::string why;
+  DF_CHECK_HINT(read_manifest(step_dir, &m, &why), BadInput, "not a complete checkpoint: " << step_dir << ": " << why,
+                kCorruptHint);
+  const auto hashes = field<nlohmann::json>(m, "content_hashes", manifest);
+  const size_t n = into.master.numel();
+  SafetensorsFile f((fs::path(step_dir) / field<std::string>(m, "state_file", manifest)).string());
+  const std::pair<const char*, const Tensor*> parts[] = {
+      {kMaster, &into.master}, {kAdamM, &into.adam_m}, {kAdamV, &into.adam_v}};
+  for (const auto& [name, dst] : parts) {
+    DF_CHECK(dst->dtype == DType::F32 && dst->device == Device::CPU && dst->numel() == n && dst->data, Internal,
+             "load_checkpoint_tensors: destinations must be CPU fp32 views of one length");
+    const TensorInfo& t = state_tensor(f, name, DType::F32);
+    DF_CHECK_HINT(t.numel() == n, BadInput,
+                  "checkpoint " << step_dir << " holds " << t.numel() << " drafter parameters (" << name
+                                << "), this drafter has " << n,
+                  "the drafter's shape changed since the checkpoint (layers, widths, target): resume with the "
+                  "original --target/--drafter/--draft-layers or start a new run");
+    std::memcpy(dst->data, t.data, t.nbytes);  // the mapping may be unaligned for float: copy bytes
+    check_hash(hashes, name, dst->data, t.nbytes, step_dir);
+  }
+}
+
+}  // namespace dflash

@@ -1,0 +1,131 @@
+// --checkpoint-every parsing, the save timer, and the options a resume must not change.
+#include <cerrno>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <set>
+#include <sstream>
+
+#include "dflash/checkpoint.h"
+#include "dflash/error.h"
+
+namespace dflash {
+namespace {
+
+double steady_seconds() {
+  using namespace std::chrono;
+  return duration<double>(steady_clock::now().time_since_epoch()).count();
+}
+
+constexpr const char* kEveryRule = "N (steps, N >= 1), Nm (minutes, N > 0), or 0 (off): e.g. 500 or 30m";
+
+}  // namespace
+
+std::string CheckpointEvery::to_string() const {
+  switch (unit) {
+    case CheckpointUnit::Off: return "off";
+    case CheckpointUnit::Steps: return std::to_string(steps);
+    case CheckpointUnit::Minutes: {
+      std::ostringstream os;
+      os << minutes << "m";
+      return os.str();
+    }
+  }
+  return "?";
+}
+
+CheckpointEvery parse_checkpoint_every(const std::string& text) {
+  CheckpointEvery e;
+  if (text.empty() || text == "0" || text == "off") return e;
+  const bool minutes = text.back() == 'm';
+  const std::string number = minutes ? text.substr(0, text.size() - 1) : text;
+  char* end = nullptr;
+  errno = 0;
+  if (minutes) {
+    double v = number.empty() ? 0 : std::strtod(number.c_str(), &end);
+    DF_CHECK_HINT(!number.empty() && end && *end == '\0' && errno == 0 && std::isfinite(v) && v > 0, BadOptions,
+                  "bad value " << text << " for --checkpoint-every", kEveryRule);
+    e.unit = CheckpointUnit::Minutes;
+    e.minutes = v;
+  } else {
+    long long v = number.empty() ? 0 : std::strtoll(number.c_str(), &end, 10);
+    DF_CHECK_HINT(!number.empty() && end && *end == '\0' && errno == 0 && v >= 1, BadOptions,
+                  "bad value " << text << " for --checkpoint-every", kEveryRule);
+    e.unit = CheckpointUnit::Steps;
+    e.steps = v;
+  }
+  return e;
+}
+
+CheckpointTimer::CheckpointTimer(const CheckpointEvery& every) : every_(every), last_save_s_(steady_seconds()) {}
+
+bool CheckpointTimer::due(int64_t step) const {
+  switch (every_.unit) {
+    case CheckpointUnit::Off: return false;
+    case CheckpointUnit::Steps: return step > 0 && step % every_.steps == 0;
+    case CheckpointUnit::Minutes: return steady_seconds() - last_save_s_ >= every_.minutes * 60.0;
+  }
+  return false;
+}
+
+void CheckpointTimer::saved() { last_save_s_ = steady_seconds(); }
+
+// ---- resume invariants ------------------------------------------------------------------------
+
+bool option_may_change_on_resume(const std::string& name) {
+  // Everything else (model, topology, objective, data, seed, token budget, schedule, ...) must match:
+  // an option nobody listed here is refused rather than silently accepted.
+  static const std::set<std::string> may_change = {
+      "config",           "out",              "log-every",         "metrics-flush-every",
+      "checkpoint-every", "checkpoint-dir",   "keep-checkpoints",  "resume",
+      "export-dtype",     "export-checkpoints", "peer-timeout",    "prefetch-depth",
+      "hs-queue-depth",   "power-budget-w",   "help",
+  };
+  if (may_change.count(name)) return true;
+  return name.rfind("inject-", 0) == 0;  // test hooks
+}
+
+OptionMap resume_invariants(const std::vector<std::pair<std::string, std::string>>& resolved) {
+  OptionMap m;
+  for (const auto& [name, value] : resolved)
+    if (!option_may_change_on_resume(name)) m[name] = value;
+  return m;
+}
+
+std::string options_hash(const OptionMap& invariants) {
+  std::string canonical;
+  for (const auto& [k, v] : invariants) {
+    canonical += k;
+    canonical += '\0';
+    canonical += v;
+    canonical += '\n';
+  }
+  char hex[17];
+  std::snprintf(hex, sizeof(hex), "%016llx",
+                static_cast<unsigned long long>(content_hash64(canonical.data(), canonical.size())));
+  return hex;
+}
+
+void check_resume_compatible(const OptionMap& saved, const OptionMap& now, const std::string& checkpoint) {
+  std::vector<std::string> changes;
+  for (const auto& [k, v] : saved) {
+    auto it = now.find(k);
+    if (it == now.end())
+      changes.push_back("--" + k + ": saved '" + v + "', now not set");
+    else if (it->second != v)
+      changes.push_back("--" + k + ": saved '" + v + "', now '" + it->second + "'");
+  }
+  for (const auto& [k, v] : now)
+    if (!saved.count(k)) changes.push_back("--" + k + ": not in the checkpoint, now '" + v + "'");
+  if (changes.empty()) return;
+  std::string list;
+  for (const std::string& c : changes) list += "\n    " + c;
+  DF_FAIL(BadOptions,
+          "cannot resume from " << checkpoint << ": " << changes.size()
+                                << " option(s) that must not change across a resume differ:" << list,
+          "resume with the options the checkpoint was made with, or start a new run (another --out or "
+          "--checkpoint-dir, or no --resume)");
+}
+
+}  // namespace dflash
