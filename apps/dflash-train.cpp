@@ -1,0 +1,26 @@
+// dflash-train: the distributed training job. mpirun -np N dflash-train --topology T-D ... (docs/pipeline.md)
+#include <mpi.h>
+
+#include <cstdio>
+
+#include "dflash/error.h"
+#include "dflash/options.h"
+#include "dflash/runtime.h"
+
+int main(int argc, char** argv) {
+  // The loader thread never calls MPI; only the main thread does.
+  int provided = 0;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  dflash::process_identity().world_rank = rank;
+  dflash::ParseResult parsed = dflash::parse_options(argc, argv);
+  if (parsed.help_requested) {
+    if (rank == 0) std::fputs(parsed.help_text.c_str(), stdout);
+    MPI_Finalize();
+    return 0;
+  }
+  const int rc = dflash::run_job(parsed.options);
+  MPI_Finalize();
+  return rc;
+}

@@ -1,0 +1,92 @@
+// dflash-train's command line (docs/pipeline.md "Options"): parsed once, on every rank, into Options.
+//
+// Sources: the command line, then --config FILE (key = value, the same names without "--"); the command
+// line wins because Boost.ProgramOptions keeps the first value stored. Every user error ends in
+// fatal(BadOptions) with a message naming the flag; a missing input file is BadInput.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "dflash/drafter.h"  // TrainOptions, LossKind
+#include "dflash/tensor.h"   // DType
+
+namespace dflash {
+
+enum class Backend : uint8_t { CPU, CUDA };
+const char* backend_name(Backend b);
+
+// What happens to a record longer than --token-budget. Error (the default) refuses to start, naming the
+// record, so nothing is silently cut or dropped; Cut and Skip map onto the loader's LongRecord.
+enum class LongRecordPolicy : uint8_t { Error, Cut, Skip };
+const char* long_record_name(LongRecordPolicy p);
+
+// --topology T-D: T target and D drafter ranks per node; the node's other ranks idle.
+struct TopologySpec {
+  int targets_per_node = 0;
+  int drafters_per_node = 0;
+  std::string to_string() const;  // "2-1"
+};
+// Parses "T-D" (both >= 1). Fatal BadOptions on anything else ("auto" is not implemented yet).
+TopologySpec parse_topology_spec(const std::string& text);
+
+// What a test hook does to its rank at --inject-fail-step.
+enum class FailMode : uint8_t {
+  Kill,  // SIGKILL itself: mpirun notices the dead process and ends the job
+  Hang,  // SIGSTOP itself: alive but silent, so its peers' deadlines (--peer-timeout) must end the job
+};
+
+struct Options {
+  std::string config_file;
+  std::string topology_text = "1-1";
+  TopologySpec topology;
+  Backend backend = Backend::CPU;
+  std::string target_dir;       // HF Qwen3 checkpoint (config.json + safetensors)
+  std::string drafter_dir;      // release-format drafter to start from; empty = fresh
+  int draft_layers = 5;
+  std::string data_path;        // token dataset (.h5)
+  std::string out_dir;          // run directory: metrics.h5, drafter/
+
+  int64_t token_budget = 32768;
+  int prefetch_depth = 4;
+  int hs_queue_depth = 4;       // receive slots (= credits) per drafter
+  LongRecordPolicy long_record = LongRecordPolicy::Error;
+  int64_t max_steps = 0;        // 0 = until the data ends
+  int epochs = 1;               // 0 = forever (then --max-steps must end the run)
+  int log_every = 10;
+  int metrics_flush_every = 10;
+  double peer_timeout_s = 120;
+  DType export_dtype = DType::F32;
+  TrainOptions train;           // loss, dpace, gamma, max_anchors, hs_noise, lr, warmup, seed, ...
+
+  // Parsed for the command line's stability; the runtime refuses them until they are implemented.
+  std::string checkpoint_every, checkpoint_dir, resume;
+  int keep_checkpoints = 3;
+  double power_budget_w = 0;
+
+  // Test hooks.
+  int inject_delay_target_ms = 0;
+  int inject_delay_drafter_ms = 0;
+  int inject_fail_rank = -1;
+  int64_t inject_fail_step = -1;
+  FailMode inject_fail_mode = FailMode::Kill;
+
+  // "name = value" lines of every option (the resolved configuration, printed at startup and stored
+  // in metrics.h5).
+  std::vector<std::pair<std::string, std::string>> resolved;
+  std::string to_json() const;
+};
+
+// Parses argv (+ --config). --help prints the usage and returns with help_requested = true.
+struct ParseResult {
+  Options options;
+  bool help_requested = false;
+  std::string help_text;
+};
+ParseResult parse_options(int argc, const char* const* argv);
+
+// Checks that the files the job needs exist (target config.json, dataset, drafter dir when given):
+// fatal BadInput naming the path otherwise. Cheap, done before any model loads.
+void check_input_paths(const Options& o);
+
+}  // namespace dflash

@@ -1,0 +1,66 @@
+// Who does what: computed once at startup from --topology and the node layout (picotron style). Every
+// other piece of the runtime asks the Topology; no rank arithmetic anywhere else.
+//
+// Per node (ranks sharing memory, MPI_COMM_TYPE_SHARED): the first T node-local ranks are targets, the
+// next D drafters, the rest idle. Targets feed the drafters of their own node; drafters allreduce their
+// gradients over all nodes (drafter_comm).
+#pragma once
+#include <mpi.h>
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "dflash/options.h"
+
+namespace dflash {
+
+enum class Role : uint8_t { Target, Drafter, Idle };
+const char* role_name(Role r);
+
+// Where one world rank sits: its node and node-local rank (gathered from every rank).
+struct RankSlot {
+  int node = 0;
+  int local_rank = 0;
+};
+
+struct Topology {
+  int world_rank = 0, world_size = 1;
+  int num_nodes = 1, node = 0;
+  int ranks_per_node = 1, local_rank = 0;
+  TopologySpec spec;
+  Role role = Role::Idle;
+  int role_index = 0;  // index among all ranks of this role (world order)
+  int role_count = 0;  // ranks of this role in the job
+  std::vector<Role> roles;            // [world_size] every rank's role
+  std::vector<int> targets;           // world ranks of all targets, by role index
+  std::vector<int> drafters;          // world ranks of all drafters, by role index
+  std::vector<int> node_targets;      // world ranks of this node's targets
+  std::vector<int> node_drafters;     // world ranks of this node's drafters
+  std::string host;
+  int gpu = -1;                       // device ordinal (node-local rank) on the CUDA backend, -1 on the CPU
+  MPI_Comm drafter_comm = MPI_COMM_NULL;  // drafters only: gradient allreduce, lockstep agreement
+
+  int metrics_rank() const { return drafters.front(); }  // the first drafter writes metrics.h5
+  bool is_metrics_writer() const { return world_rank == metrics_rank(); }
+  int target_index_of(int world_rank) const;   // role index of a target rank (-1 if not a target)
+  int drafter_index_of(int world_rank) const;  // role index of a drafter rank (-1 if not a drafter)
+  // "drafter[1/2] world 7/8 host gpu1" (index within the role / count, world rank / size, host)
+  std::string to_string() const;
+};
+
+// The pure part: roles and peer lists from every rank's slot. Fatal TopologyMismatch when nodes differ
+// in size or T + D exceeds the ranks per node.
+Topology assign_roles(int world_rank, const std::vector<RankSlot>& slots, const TopologySpec& spec);
+
+// Checks the MPI world size against what the launcher meant to start (OMPI_COMM_WORLD_SIZE, or Slurm's
+// SLURM_STEP_NUM_TASKS / SLURM_NTASKS): srun without a PMI the MPI speaks starts N singletons, each
+// "rank 0 of 1". getenv_fn is getenv (injectable for tests). Fatal TopologyMismatch on disagreement.
+void check_launcher_world_size(int world_size, const std::function<const char*(const char*)>& getenv_fn);
+
+// The collective part (every rank of world calls it): gathers slots, assigns roles, splits the drafter
+// communicator, fills process_identity().
+Topology create_topology(MPI_Comm world, const TopologySpec& spec, Backend backend);
+void free_topology(Topology& t);
+
+}  // namespace dflash

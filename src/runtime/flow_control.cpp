@@ -1,0 +1,86 @@
+#include "dflash/flow_control.h"
+
+#include <algorithm>
+
+#include "dflash/error.h"
+
+namespace dflash {
+
+// ---- CreditLedger ----------------------------------------------------------------------------------
+CreditLedger::CreditLedger(std::vector<int> targets)
+    : targets_(std::move(targets)), outstanding_(targets_.size(), 0), finished_(targets_.size(), false) {
+  DF_ASSERT(!targets_.empty());
+}
+
+int CreditLedger::index(int target) const {
+  auto it = std::find(targets_.begin(), targets_.end(), target);
+  DF_CHECK(it != targets_.end(), Internal, "rank " << target << " is not a target of this drafter's node");
+  return static_cast<int>(it - targets_.begin());
+}
+
+std::optional<int> CreditLedger::next_grantee() const {
+  const int n = static_cast<int>(targets_.size());
+  int best = -1;
+  // Round-robin order starting after the last grantee; strictly fewer outstanding wins.
+  for (int k = 1; k <= n; ++k) {
+    int i = (last_grant_ + k) % n;
+    if (i < 0) i += n;
+    if (finished_[i]) continue;
+    if (best < 0 || outstanding_[i] < outstanding_[best]) best = i;
+  }
+  if (best < 0) return std::nullopt;
+  return targets_[best];
+}
+
+void CreditLedger::granted(int target) {
+  int i = index(target);
+  DF_ASSERT(!finished_[i]);
+  outstanding_[i]++;
+  last_grant_ = i;
+}
+
+void CreditLedger::consumed(int target) {
+  int i = index(target);
+  DF_ASSERT(outstanding_[i] > 0);
+  outstanding_[i]--;
+}
+
+void CreditLedger::finished(int target) { finished_[index(target)] = true; }
+bool CreditLedger::active(int target) const { return !finished_[index(target)]; }
+int CreditLedger::outstanding(int target) const { return outstanding_[index(target)]; }
+int CreditLedger::num_active() const {
+  return static_cast<int>(std::count(finished_.begin(), finished_.end(), false));
+}
+
+// ---- CreditWallet ----------------------------------------------------------------------------------
+void CreditWallet::add(const Credit& c) {
+  slots_[c.drafter].push_back(c.slot);
+  ++total_;
+}
+
+int CreditWallet::held_from(int drafter) const {
+  auto it = slots_.find(drafter);
+  return it == slots_.end() ? 0 : static_cast<int>(it->second.size());
+}
+
+Credit CreditWallet::take() {
+  DF_ASSERT(total_ > 0);
+  auto best = slots_.end();
+  for (auto it = slots_.begin(); it != slots_.end(); ++it)
+    if (!it->second.empty() && (best == slots_.end() || it->second.size() > best->second.size())) best = it;
+  Credit c{best->first, best->second.front()};
+  best->second.pop_front();
+  --total_;
+  return c;
+}
+
+// ---- buffers -----------------------------------------------------------------------------------------
+WireBuffers::WireBuffers(const SlotShape& s)
+    : shape(s),
+      tokens(s.max_tokens),
+      cu_seqlens(s.max_tokens + 1),
+      loss_mask(s.max_tokens),
+      features(static_cast<size_t>(s.num_layers) * s.max_tokens * s.hidden),
+      final_norm(s.final_norm ? static_cast<size_t>(s.max_tokens) * s.hidden : 0) {}
+
+}  // namespace dflash

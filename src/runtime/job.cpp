@@ -1,0 +1,112 @@
+// The job's frame: topology, startup table, role dispatch, orderly shutdown.
+#include <signal.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
+#include <sstream>
+
+#include "dflash/error.h"
+#include "dflash/hf_config.h"
+#include "dflash/runtime.h"
+#include "job.h"
+
+namespace dflash {
+
+std::vector<int> capture_layer_ids(const Options& o) {
+  if (!o.drafter_dir.empty()) return load_drafter_config(o.drafter_dir + "/config.json").target_layer_ids;
+  const Qwen3Config t = load_qwen3_config(o.target_dir + "/config.json");
+  return default_target_layer_ids(t.num_hidden_layers, o.draft_layers);
+}
+
+void maybe_inject_failure(const JobContext& job, int64_t step) {
+  if (job.opt.inject_fail_rank != job.topo.world_rank || job.opt.inject_fail_step != step) return;
+  const bool hang = job.opt.inject_fail_mode == FailMode::Hang;
+  std::fprintf(stderr, "[dflash] rank %d (%s): test hook --inject-fail-step %lld: %s\n", job.topo.world_rank,
+               role_name(job.topo.role), static_cast<long long>(step),
+               hang ? "stopping myself (SIGSTOP, silent)" : "killing myself (SIGKILL)");
+  std::fflush(stderr);
+  ::raise(hang ? SIGSTOP : SIGKILL);
+}
+
+namespace {
+
+// Ibarrier polled with sleeps: an idle rank waiting for the end of the run costs no CPU.
+void barrier(MPI_Comm comm, double timeout_s, const std::string& what) {
+  MPI_Request r;
+  DF_MPI(MPI_Ibarrier(comm, &r));
+  mpi::Deadline deadline(timeout_s);
+  while (!mpi::test(r)) {
+    if (timeout_s > 0 && deadline.expired())
+      fatal(ExitCode::LostPeer, what + ": not every rank arrived within " + std::to_string(static_cast<int>(timeout_s)) + " s",
+            "a peer rank died or hangs; see its own error above");
+    ::usleep(20000);
+  }
+}
+
+std::vector<RankCard> gather_cards(const Topology& t) {
+  RankCard mine;
+  mine.rank = t.world_rank;
+  mine.role = static_cast<int32_t>(t.role);
+  mine.gpu = t.gpu;
+  mine.pid = static_cast<int32_t>(::getpid());
+  std::strncpy(mine.host, t.host.c_str(), sizeof(mine.host) - 1);
+  std::vector<RankCard> cards(t.world_size);
+  mpi::allgather(&mine, 1, cards.data(), MPI_COMM_WORLD);
+  return cards;
+}
+
+void print_startup(const Options& o, const Topology& t, const std::vector<RankCard>& cards) {
+  std::ostringstream os;
+  os << "[dflash] dflash-train " << DFLASH_VERSION << ": topology " << o.topology.to_string() << " on " << t.num_nodes
+     << " node(s) x " << t.ranks_per_node << " rank(s), backend " << backend_name(o.backend) << "\n";
+  os << "[dflash]   rank  role     host                 device  pid\n";
+  for (const RankCard& c : cards) {
+    char line[200];
+    std::snprintf(line, sizeof(line), "[dflash]   %4d  %-7s  %-20s %-6s  %d\n", c.rank, role_name(static_cast<Role>(c.role)),
+                  c.host, c.gpu >= 0 ? ("gpu" + std::to_string(c.gpu)).c_str() : "cpu", c.pid);
+    os << line;
+  }
+  os << "[dflash] options:";
+  for (const auto& [k, v] : o.resolved) os << " --" << k << "=" << v;
+  os << "\n";
+  std::fputs(os.str().c_str(), stdout);
+  std::fflush(stdout);
+}
+
+}  // namespace
+
+void wait_all_loaded(const JobContext& job) {
+  barrier(MPI_COMM_WORLD, 10 * job.opt.peer_timeout_s, "waiting for every rank to load its model");
+}
+
+int run_job(const Options& o) {
+  const auto start = mpi::Clock::now();
+  Topology topo = create_topology(MPI_COMM_WORLD, o.topology, o.backend);
+  JobContext job{o, topo, start, gather_cards(topo)};
+  if (topo.world_rank == 0) print_startup(o, topo, job.cards);
+
+  DF_CHECK_HINT(o.backend == Backend::CPU, BadOptions,
+                "--backend cuda: the pipeline's CUDA data plane (NCCL) is not built yet", "use --backend cpu");
+  check_input_paths(o);
+  DF_CHECK_HINT(o.inject_fail_rank < topo.world_size, BadOptions,
+                "--inject-fail-rank " << o.inject_fail_rank << " is not a rank of this " << topo.world_size << "-rank job",
+                "give a rank in [0, " + std::to_string(topo.world_size - 1) + "]");
+
+  switch (topo.role) {
+    case Role::Target: run_target(job); break;
+    case Role::Drafter: run_drafter(job); break;
+    case Role::Idle: wait_all_loaded(job); break;
+  }
+  // Idle ranks wait for the whole run (no deadline: the run's length is unbounded); the others only
+  // for the drafters' export, which the deadline bounds.
+  barrier(MPI_COMM_WORLD, topo.role == Role::Idle ? 0 : 10 * o.peer_timeout_s, "shutdown");
+  if (topo.world_rank == 0) {
+    std::printf("[dflash] done in %s\n", std::to_string(job.elapsed()).c_str());
+    std::fflush(stdout);
+  }
+  free_topology(topo);
+  return 0;
+}
+
+}  // namespace dflash

@@ -1,0 +1,55 @@
+// Pieces the roles share (private to src/runtime).
+#pragma once
+#include <string>
+#include <vector>
+
+#include "dflash/flow_control.h"
+#include "dflash/mpi_typed.h"
+#include "dflash/options.h"
+#include "dflash/topology.h"
+
+namespace dflash {
+
+// One row of the startup table (every rank's, allgathered).
+struct RankCard {
+  int32_t rank = 0;
+  int32_t role = 0;  // Role
+  int32_t gpu = -1;
+  int32_t pid = 0;
+  char host[64] = {0};
+};
+
+struct JobContext {
+  const Options& opt;
+  const Topology& topo;
+  mpi::Clock::time_point start;
+  std::vector<RankCard> cards;
+  double elapsed() const { return mpi::seconds_since(start); }
+};
+
+// A drafter's own counters, cumulative since its start (gathered to the metrics writer).
+struct DrafterReport {
+  int32_t rank = -1;
+  int32_t q_hs = 0;          // slots holding a batch not yet trained on
+  int64_t batches = 0;       // batches trained on
+  int64_t tokens = 0;
+  double data_wait_s = 0;    // waiting for a batch (starved by the targets)
+  double compute_s = 0;      // forward + backward
+  double allreduce_s = 0;    // lockstep agreement + gradient allreduce (includes waiting for slower drafters)
+  double optimizer_s = 0;
+  double time_s = 0;
+};
+
+// Node-local ranks of a world rank's role and capture layers, shared by both model roles.
+std::vector<int> capture_layer_ids(const Options& o);
+
+// Test hook: this rank fails at `step` when it is the --inject-fail-rank.
+void maybe_inject_failure(const JobContext& job, int64_t step);
+
+void run_target(JobContext& job);
+void run_drafter(JobContext& job);
+
+// After loading: every rank waits here until all have loaded (a long deadline: loading is slow).
+void wait_all_loaded(const JobContext& job);
+
+}  // namespace dflash

@@ -1,0 +1,152 @@
+#include "job_metrics.h"
+
+#include <cstdio>
+#include <nlohmann/json.hpp>
+
+#include "dflash/error.h"
+
+namespace dflash {
+
+MetricsHub::MetricsHub(const JobContext& job) : job_(job) {
+  const Topology& t = job.topo;
+  prev_targets_.resize(t.targets.size());
+  prev_drafters_.resize(t.drafters.size());
+  if (!t.is_metrics_writer()) return;
+  MetricsLayout layout;
+  layout.num_targets = static_cast<int>(t.targets.size());
+  layout.num_drafters = static_cast<int>(t.drafters.size());
+  layout.gpu_available = false;
+  layout.gpu_unavailable_reason = "CPU backend: no NVML";
+  layout.flush_every = job.opt.metrics_flush_every;
+  writer_ = std::make_unique<MetricsWriter>(job.opt.out_dir + "/metrics.h5", layout, MetricsOpen::Create);
+  nlohmann::json ranks = nlohmann::json::array();
+  for (const RankCard& c : job.cards)
+    ranks.push_back({{"rank", c.rank}, {"role", role_name(static_cast<Role>(c.role))}, {"host", c.host},
+                     {"gpu", c.gpu}, {"pid", c.pid}});
+  writer_->set_attribute("options", job.opt.to_json());
+  writer_->set_attribute("topology", job.opt.topology.to_string());
+  writer_->set_attribute("num_nodes", static_cast<int64_t>(t.num_nodes));
+  writer_->set_attribute("ranks", ranks.dump());
+  writer_->set_attribute("backend", std::string(backend_name(job.opt.backend)));
+  writer_->set_attribute("version", std::string(DFLASH_VERSION));
+}
+
+MetricsHub::~MetricsHub() { close(); }
+
+void MetricsHub::record_step(const StepMetrics& s) {
+  last_step_ = s;
+  if (writer_) writer_->append_step(s);
+}
+
+void MetricsHub::report(const DrafterReport& mine, const std::vector<TargetReport>& targets_seen, bool print_status,
+                        const std::function<void()>& progress) {
+  const Topology& t = job_.topo;
+  const size_t D = t.drafters.size(), T = t.targets.size();
+  DF_ASSERT(targets_seen.size() == T);
+  std::vector<DrafterReport> drafters(D);
+  std::vector<TargetReport> seen(D * T);
+  const int root = 0;  // the writer is drafter 0 of drafter_comm
+  MPI_Request r1 = mpi::igather(&mine, 1, drafters.data(), root, t.drafter_comm);
+  MPI_Request r2 = mpi::igather(targets_seen.data(), T, seen.data(), root, t.drafter_comm);
+  auto why = [&] { return std::string("gathering metrics from the drafter ranks stalled (one of them is lost)"); };
+  mpi::wait(r1, job_.opt.peer_timeout_s, why, progress);
+  mpi::wait(r2, job_.opt.peer_timeout_s, why, progress);
+  if (!writer_) return;
+
+  // Each target's newest report, whichever drafter saw it.
+  std::vector<TargetReport> targets(T);
+  for (size_t i = 0; i < T; ++i) {
+    targets[i] = prev_targets_[i];
+    targets[i].rank = t.targets[i];
+    for (size_t d = 0; d < D; ++d)
+      if (seen[d * T + i].rank >= 0 && seen[d * T + i].batches >= targets[i].batches) targets[i] = seen[d * T + i];
+  }
+  const double now = job_.elapsed();
+  const double dt = std::max(now - last_time_s_, 1e-9);
+  double target_batches = 0, drafter_batches = 0, drafter_tokens = 0, epoch = 0;
+  std::vector<int> q_pre(T), q_hs(D);
+  for (size_t i = 0; i < T; ++i) {
+    const TargetReport &a = targets[i], &p = prev_targets_[i];
+    RankTiming rt;
+    rt.interval = interval_;
+    rt.time_s = now;
+    rt.rank = a.rank;
+    rt.role = MetricsRole::Target;
+    rt.batches = a.batches - p.batches;
+    rt.compute_s = a.compute_s - p.compute_s;
+    rt.credit_wait_s = a.credit_wait_s - p.credit_wait_s;
+    rt.data_wait_s = a.data_wait_s - p.data_wait_s;
+    rt.busy_s = rt.compute_s;
+    rt.wait_s = rt.credit_wait_s + rt.data_wait_s + (a.send_wait_s - p.send_wait_s);
+    writer_->append_rank_timing(rt);
+    target_batches += static_cast<double>(rt.batches);
+    q_pre[i] = a.q_pre;
+    epoch += a.epoch_progress / static_cast<double>(T);
+  }
+  for (size_t d = 0; d < D; ++d) {
+    const DrafterReport &a = drafters[d], &p = prev_drafters_[d];
+    RankTiming rt;
+    rt.interval = interval_;
+    rt.time_s = now;
+    rt.rank = a.rank;
+    rt.role = MetricsRole::Drafter;
+    rt.batches = a.batches - p.batches;
+    rt.data_wait_s = a.data_wait_s - p.data_wait_s;
+    rt.compute_s = a.compute_s - p.compute_s;
+    rt.allreduce_s = a.allreduce_s - p.allreduce_s;
+    rt.optimizer_s = a.optimizer_s - p.optimizer_s;
+    rt.busy_s = rt.compute_s + rt.optimizer_s;
+    rt.wait_s = rt.data_wait_s + rt.allreduce_s;
+    writer_->append_rank_timing(rt);
+    drafter_batches += static_cast<double>(rt.batches);
+    drafter_tokens += static_cast<double>(a.tokens - p.tokens);
+    q_hs[d] = a.q_hs;
+  }
+  for (int r = 0; r < t.world_size; ++r) {
+    if (t.roles[r] != Role::Idle) continue;
+    RankTiming rt;
+    rt.interval = interval_;
+    rt.time_s = now;
+    rt.rank = r;
+    rt.role = MetricsRole::Idle;
+    rt.wait_s = dt;  // an idle rank only waits for the end of the run
+    writer_->append_rank_timing(rt);
+  }
+  writer_->append_queues(now, q_pre, q_hs);
+
+  if (print_status) {
+    StatusInputs in;
+    in.elapsed_s = now;
+    in.step = last_step_.step;
+    in.loss = last_step_.loss;
+    in.acc = last_step_.acc;
+    in.streak = last_step_.streak;
+    in.lr = last_step_.lr;
+    in.noise = last_step_.noise;
+    in.target_batches_per_s = target_batches / dt;
+    in.drafter_batches_per_s = drafter_batches / dt;
+    in.tokens_per_s = drafter_tokens / dt;
+    in.q_pre = q_pre;
+    in.q_hs = q_hs;
+    in.epoch = epoch;
+    const Options& o = job_.opt;
+    const double steps_per_s = static_cast<double>(last_step_.step) / std::max(now, 1e-9);
+    if (o.max_steps > 0 && steps_per_s > 0)
+      in.eta_s = static_cast<double>(o.max_steps - last_step_.step) / steps_per_s;
+    else if (o.epochs > 0 && epoch > 0)
+      in.eta_s = std::max(0.0, (o.epochs - epoch) * now / epoch);
+    std::string line = format_status_line(in) + "\n";
+    std::fputs(line.c_str(), stdout);
+    std::fflush(stdout);
+  }
+  prev_targets_ = targets;
+  prev_drafters_ = drafters;
+  last_time_s_ = now;
+  ++interval_;
+}
+
+void MetricsHub::close() {
+  if (writer_) writer_->close();
+}
+
+}  // namespace dflash

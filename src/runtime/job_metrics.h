@@ -1,0 +1,38 @@
+// What the drafters know about the job, brought to the metrics writer (the first drafter) every
+// --log-every steps: metrics.h5 rows and the status line.
+#pragma once
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "dflash/metrics.h"
+#include "job.h"
+
+namespace dflash {
+
+class MetricsHub {
+ public:
+  // Collective over the drafters. The writer creates OUT/metrics.h5 and stores the run's attributes.
+  explicit MetricsHub(const JobContext& job);
+  ~MetricsHub();
+
+  // Every step (writer only writes; others ignore).
+  void record_step(const StepMetrics& s);
+  // Collective over the drafters: gathers every drafter's counters and the target reports it has seen,
+  // writes one interval (rank timings, queue depths) and, with print_status, the status line.
+  // progress() keeps the caller's receives moving while it waits.
+  void report(const DrafterReport& mine, const std::vector<TargetReport>& targets_seen, bool print_status,
+              const std::function<void()>& progress);
+  void close();
+
+ private:
+  const JobContext& job_;
+  std::unique_ptr<MetricsWriter> writer_;
+  int64_t interval_ = 0;
+  double last_time_s_ = 0;
+  StepMetrics last_step_;
+  std::vector<TargetReport> prev_targets_;
+  std::vector<DrafterReport> prev_drafters_;
+};
+
+}  // namespace dflash

@@ -1,0 +1,232 @@
+// dflash-train's options: Boost.ProgramOptions, command line first, then --config, notify once.
+#include "dflash/options.h"
+
+#include <sys/stat.h>
+
+#include <boost/program_options.hpp>
+#include <cmath>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "dflash/error.h"
+
+namespace po = boost::program_options;
+
+namespace dflash {
+
+const char* backend_name(Backend b) { return b == Backend::CPU ? "cpu" : "cuda"; }
+
+const char* long_record_name(LongRecordPolicy p) {
+  switch (p) {
+    case LongRecordPolicy::Error: return "error";
+    case LongRecordPolicy::Cut: return "cut";
+    case LongRecordPolicy::Skip: return "skip";
+  }
+  return "?";
+}
+
+std::string TopologySpec::to_string() const {
+  return std::to_string(targets_per_node) + "-" + std::to_string(drafters_per_node);
+}
+
+TopologySpec parse_topology_spec(const std::string& text) {
+  const char* hint = "--topology T-D: T target ranks and D drafter ranks per node, both >= 1, e.g. 7-1 or 6-2";
+  DF_CHECK_HINT(text != "auto", BadOptions, "--topology auto is not implemented yet", hint);
+  size_t dash = text.find('-');
+  auto is_count = [](const std::string& s) {
+    return !s.empty() && s.size() <= 4 && s.find_first_not_of("0123456789") == std::string::npos;
+  };
+  DF_CHECK_HINT(dash != std::string::npos && is_count(text.substr(0, dash)) && is_count(text.substr(dash + 1)),
+                BadOptions, "bad --topology '" << text << "'", hint);
+  TopologySpec spec;
+  spec.targets_per_node = std::stoi(text.substr(0, dash));
+  spec.drafters_per_node = std::stoi(text.substr(dash + 1));
+  DF_CHECK_HINT(spec.targets_per_node >= 1 && spec.drafters_per_node >= 1, BadOptions,
+                "bad --topology '" << text << "': a job needs at least one target and one drafter per node", hint);
+  return spec;
+}
+
+namespace {
+
+template <class T> std::string str(const T& v) {
+  std::ostringstream os;
+  os << v;
+  return os.str();
+}
+
+bool path_exists(const std::string& p) {
+  struct stat st;
+  return ::stat(p.c_str(), &st) == 0;
+}
+
+po::options_description describe(Options& o, std::string& topology, std::string& backend, std::string& loss,
+                                 std::string& long_record, std::string& export_dtype, std::string& fail_mode) {
+  po::options_description job("Job");
+  job.add_options()
+    ("help,h", "print this help and exit")
+    ("config", po::value(&o.config_file), "key = value file with the same option names; the command line overrides it")
+    ("topology", po::value(&topology)->default_value("1-1"), "T-D: target and drafter ranks per node (the rest idle)")
+    ("backend", po::value(&backend)->default_value("cpu"), "cpu | cuda")
+    ("target", po::value(&o.target_dir), "Hugging Face Qwen3 checkpoint directory (config.json + safetensors)")
+    ("drafter", po::value(&o.drafter_dir), "release-format drafter to start from (default: a fresh one)")
+    ("draft-layers", po::value(&o.draft_layers)->default_value(5), "layers of a fresh drafter")
+    ("data", po::value(&o.data_path), "token dataset (HDF5, docs/data.md)")
+    ("out", po::value(&o.out_dir), "run directory: metrics.h5, drafter/ (the exported drafter)");
+  po::options_description data("Data and flow");
+  data.add_options()
+    ("token-budget", po::value(&o.token_budget)->default_value(32768), "max tokens per packed batch")
+    ("prefetch-depth", po::value(&o.prefetch_depth)->default_value(4), "batches the loader may hold ready per target (q_pre)")
+    ("hs-queue-depth", po::value(&o.hs_queue_depth)->default_value(4), "receive slots = credits per drafter (q_hs)")
+    ("long-record", po::value(&long_record)->default_value("error"), "record longer than --token-budget: error | cut | skip")
+    ("epochs", po::value(&o.epochs)->default_value(1), "passes over the data (0 = forever)")
+    ("max-steps", po::value(&o.max_steps)->default_value(0), "stop after this many steps (0 = when the data ends)")
+    ("peer-timeout", po::value(&o.peer_timeout_s)->default_value(120.0), "seconds any wait on a peer may take before the job ends with exit 7");
+  po::options_description train("Training");
+  train.add_options()
+    ("loss", po::value(&loss)->default_value("ce"), "ce | kl")
+    ("dpace", po::bool_switch(&o.train.dpace), "D-PACE position weights")
+    ("gamma", po::value(&o.train.gamma)->default_value(7.0f), "position decay exp(-(k-1)/gamma)")
+    ("max-anchors", po::value(&o.train.max_anchors)->default_value(512), "anchors per packed batch")
+    ("hs-noise", po::value(&o.train.hs_noise)->default_value(0.0f), "std of Gaussian noise on target features")
+    ("lr", po::value(&o.train.lr)->default_value(6e-4f), "peak learning rate (AdamW)")
+    ("warmup-steps", po::value(&o.train.warmup_steps)->default_value(0), "linear warmup steps")
+    ("seed", po::value(&o.train.seed)->default_value(0), "seed of data order, init and anchors");
+  po::options_description out("Output");
+  out.add_options()
+    ("log-every", po::value(&o.log_every)->default_value(10), "status line and rank timings every N steps")
+    ("metrics-flush-every", po::value(&o.metrics_flush_every)->default_value(10), "flush metrics.h5 after N appends")
+    ("export-dtype", po::value(&export_dtype)->default_value("f32"), "dtype of the exported drafter: bf16 | f32")
+    ("checkpoint-every", po::value(&o.checkpoint_every), "N steps or Nm minutes (not implemented yet)")
+    ("checkpoint-dir", po::value(&o.checkpoint_dir), "(not implemented yet)")
+    ("keep-checkpoints", po::value(&o.keep_checkpoints)->default_value(3), "(not implemented yet)")
+    ("resume", po::value(&o.resume), "auto | PATH (not implemented yet)")
+    ("power-budget-w", po::value(&o.power_budget_w)->default_value(0.0), "(with --topology auto; not implemented yet)");
+  po::options_description hooks("Test hooks");
+  hooks.add_options()
+    ("inject-delay-target-ms", po::value(&o.inject_delay_target_ms)->default_value(0), "sleep per batch on targets")
+    ("inject-delay-drafter-ms", po::value(&o.inject_delay_drafter_ms)->default_value(0), "sleep per step on drafters")
+    ("inject-fail-rank", po::value(&o.inject_fail_rank)->default_value(-1), "world rank that fails on purpose")
+    ("inject-fail-step", po::value(&o.inject_fail_step)->default_value(-1), "batch (target) or step (drafter) at which it fails")
+    ("inject-fail-mode", po::value(&fail_mode)->default_value("kill"), "kill (SIGKILL) | hang (SIGSTOP: silent, alive)");
+  po::options_description all("dflash-train: trains a DFlash drafter; run with mpirun, one rank per GPU.\n"
+                              "Usage: mpirun -np N dflash-train --topology T-D --target DIR --data FILE.h5 --out DIR [options]");
+  all.add(job).add(data).add(train).add(out).add(hooks);
+  return all;
+}
+
+void check_range(bool ok, const char* flag, const std::string& value, const char* rule) {
+  DF_CHECK_HINT(ok, BadOptions, "bad value " << value << " for --" << flag, std::string("--") + flag + " must be " + rule);
+}
+
+}  // namespace
+
+ParseResult parse_options(int argc, const char* const* argv) {
+  ParseResult r;
+  Options& o = r.options;
+  std::string topology, backend, loss, long_record, export_dtype, fail_mode;
+  po::options_description desc = describe(o, topology, backend, loss, long_record, export_dtype, fail_mode);
+  po::variables_map vm;
+  const char* usage_hint = "dflash-train --help lists every option";
+  try {
+    // Command line first: store() keeps the first value, so flags override the file.
+    po::store(po::command_line_parser(argc, argv).options(desc).run(), vm);
+    if (vm.count("help")) {
+      std::ostringstream os;
+      os << desc;
+      r.help_requested = true;
+      r.help_text = os.str();
+      return r;
+    }
+    if (vm.count("config")) {
+      const std::string path = vm["config"].as<std::string>();
+      std::ifstream in(path);
+      DF_CHECK_HINT(in.good(), BadOptions, "cannot read --config " << path, "give an existing key = value file");
+      po::store(po::parse_config_file(in, desc), vm);
+    }
+    po::notify(vm);
+  } catch (const po::error& e) {
+    DF_FAIL(BadOptions, "bad command line: " << e.what(), usage_hint);
+  }
+
+  o.topology_text = topology;
+  o.topology = parse_topology_spec(topology);
+  if (backend == "cpu") o.backend = Backend::CPU;
+  else if (backend == "cuda") o.backend = Backend::CUDA;
+  else check_range(false, "backend", backend, "cpu or cuda");
+  if (loss == "ce") o.train.loss = LossKind::CE;
+  else if (loss == "kl") o.train.loss = LossKind::KL;
+  else check_range(false, "loss", loss, "ce or kl");
+  if (long_record == "error") o.long_record = LongRecordPolicy::Error;
+  else if (long_record == "cut") o.long_record = LongRecordPolicy::Cut;
+  else if (long_record == "skip") o.long_record = LongRecordPolicy::Skip;
+  else check_range(false, "long-record", long_record, "error, cut or skip");
+  if (export_dtype == "f32") o.export_dtype = DType::F32;
+  else if (export_dtype == "bf16") o.export_dtype = DType::BF16;
+  else check_range(false, "export-dtype", export_dtype, "bf16 or f32");
+  if (fail_mode == "kill") o.inject_fail_mode = FailMode::Kill;
+  else if (fail_mode == "hang") o.inject_fail_mode = FailMode::Hang;
+  else check_range(false, "inject-fail-mode", fail_mode, "kill or hang");
+
+  check_range(o.token_budget >= 2, "token-budget", str(o.token_budget), ">= 2");
+  check_range(o.prefetch_depth >= 1, "prefetch-depth", str(o.prefetch_depth), ">= 1");
+  check_range(o.hs_queue_depth >= 1 && o.hs_queue_depth <= 1024, "hs-queue-depth", str(o.hs_queue_depth), "in [1, 1024]");
+  check_range(o.draft_layers >= 1, "draft-layers", str(o.draft_layers), ">= 1");
+  check_range(o.epochs >= 0, "epochs", str(o.epochs), ">= 0");
+  check_range(o.max_steps >= 0, "max-steps", str(o.max_steps), ">= 0");
+  DF_CHECK_HINT(o.epochs > 0 || o.max_steps > 0, BadOptions, "--epochs 0 (forever) without --max-steps never ends",
+                "give --max-steps N or --epochs N");
+  check_range(o.log_every >= 1, "log-every", str(o.log_every), ">= 1");
+  check_range(o.metrics_flush_every >= 1, "metrics-flush-every", str(o.metrics_flush_every), ">= 1");
+  check_range(o.peer_timeout_s > 0 && std::isfinite(o.peer_timeout_s), "peer-timeout", str(o.peer_timeout_s), "> 0 seconds");
+  check_range(o.train.max_anchors >= 1, "max-anchors", str(o.train.max_anchors), ">= 1");
+  check_range(o.train.gamma > 0, "gamma", str(o.train.gamma), "> 0");
+  check_range(o.train.lr > 0 && std::isfinite(o.train.lr), "lr", str(o.train.lr), "> 0");
+  check_range(o.train.warmup_steps >= 0, "warmup-steps", str(o.train.warmup_steps), ">= 0");
+  check_range(o.train.hs_noise >= 0, "hs-noise", str(o.train.hs_noise), ">= 0");
+  check_range(o.inject_delay_target_ms >= 0, "inject-delay-target-ms", str(o.inject_delay_target_ms), ">= 0");
+  check_range(o.inject_delay_drafter_ms >= 0, "inject-delay-drafter-ms", str(o.inject_delay_drafter_ms), ">= 0");
+  DF_CHECK_HINT((o.inject_fail_rank >= 0) == (o.inject_fail_step >= 0), BadOptions,
+                "--inject-fail-rank and --inject-fail-step go together", "give both or neither");
+  DF_CHECK_HINT(o.target_dir.size() && o.data_path.size() && o.out_dir.size(), BadOptions,
+                "--target, --data and --out are required", usage_hint);
+  for (const char* unbuilt : {"checkpoint-every", "checkpoint-dir", "resume"})
+    DF_CHECK_HINT(!vm.count(unbuilt), BadOptions, "--" << unbuilt << " is not implemented yet",
+                  "run without checkpointing options");
+  o.train.total_steps = o.max_steps;
+
+  // The resolved configuration: every option with the value the job will use.
+  for (const auto& opt : desc.options()) {
+    const std::string& name = opt->long_name();
+    if (name == "help" || !vm.count(name)) continue;
+    const po::variable_value& v = vm[name];
+    std::string text;
+    if (auto p = boost::any_cast<std::string>(&v.value())) text = *p;
+    else if (auto p = boost::any_cast<int>(&v.value())) text = str(*p);
+    else if (auto p = boost::any_cast<int64_t>(&v.value())) text = str(*p);
+    else if (auto p = boost::any_cast<uint64_t>(&v.value())) text = str(*p);
+    else if (auto p = boost::any_cast<float>(&v.value())) text = str(*p);
+    else if (auto p = boost::any_cast<double>(&v.value())) text = str(*p);
+    else if (auto p = boost::any_cast<bool>(&v.value())) text = *p ? "true" : "false";
+    o.resolved.emplace_back(name, text);
+  }
+  return r;
+}
+
+std::string Options::to_json() const {
+  nlohmann::json j = nlohmann::json::object();
+  for (const auto& [k, v] : resolved) j[k] = v;
+  return j.dump();
+}
+
+void check_input_paths(const Options& o) {
+  DF_CHECK_HINT(path_exists(o.target_dir + "/config.json"), BadInput,
+                "--target " << o.target_dir << ": no config.json there", "point --target at a Hugging Face checkpoint directory");
+  DF_CHECK_HINT(path_exists(o.data_path), BadInput, "--data " << o.data_path << ": no such file",
+                "make one with dflash-make-tiny or dflash-prep");
+  if (!o.drafter_dir.empty())
+    DF_CHECK_HINT(path_exists(o.drafter_dir + "/config.json"), BadInput,
+                  "--drafter " << o.drafter_dir << ": no config.json there", "point --drafter at a release-format drafter (config.json + model.safetensors)");
+}
+
+}  // namespace dflash

@@ -1,0 +1,149 @@
+#include "dflash/topology.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+
+#include "dflash/error.h"
+#include "dflash/mpi_typed.h"
+
+namespace dflash {
+
+const char* role_name(Role r) {
+  switch (r) {
+    case Role::Target: return "target";
+    case Role::Drafter: return "drafter";
+    case Role::Idle: return "idle";
+  }
+  return "?";
+}
+
+int Topology::target_index_of(int r) const {
+  auto it = std::find(targets.begin(), targets.end(), r);
+  return it == targets.end() ? -1 : static_cast<int>(it - targets.begin());
+}
+int Topology::drafter_index_of(int r) const {
+  auto it = std::find(drafters.begin(), drafters.end(), r);
+  return it == drafters.end() ? -1 : static_cast<int>(it - drafters.begin());
+}
+
+std::string Topology::to_string() const {
+  std::string s = std::string(role_name(role)) + "[" + std::to_string(role_index) + "/" + std::to_string(role_count) +
+                  "] world " + std::to_string(world_rank) + "/" + std::to_string(world_size) + " " + host;
+  s += gpu >= 0 ? " gpu" + std::to_string(gpu) : " cpu";
+  return s;
+}
+
+Topology assign_roles(int world_rank, const std::vector<RankSlot>& slots, const TopologySpec& spec) {
+  Topology t;
+  t.world_size = static_cast<int>(slots.size());
+  t.world_rank = world_rank;
+  t.spec = spec;
+  DF_ASSERT(world_rank >= 0 && world_rank < t.world_size);
+  // Node sizes: every node must hold the same number of ranks (the spec applies per node).
+  int num_nodes = 0;
+  for (const RankSlot& s : slots) num_nodes = std::max(num_nodes, s.node + 1);
+  std::vector<int> per_node(num_nodes, 0);
+  for (const RankSlot& s : slots) per_node[s.node]++;
+  const int per = per_node[0];
+  for (int n = 0; n < num_nodes; ++n)
+    DF_CHECK_HINT(per_node[n] == per, TopologyMismatch,
+                  "nodes hold different numbers of ranks (node 0: " << per << ", node " << n << ": " << per_node[n] << ")",
+                  "start the same number of ranks on every node (mpirun --map-by ppr:N:node)");
+  const int T = spec.targets_per_node, D = spec.drafters_per_node;
+  DF_CHECK_HINT(T + D <= per, TopologyMismatch,
+                "--topology " << spec.to_string() << " needs " << T + D << " ranks per node but " << per
+                              << " run per node (world size " << t.world_size << ", " << num_nodes << " node(s))",
+                "start nodes x (T + D + idle) ranks: e.g. mpirun -np " + std::to_string(num_nodes * (T + D)) +
+                    " for " + spec.to_string());
+  t.num_nodes = num_nodes;
+  t.ranks_per_node = per;
+  t.node = slots[world_rank].node;
+  t.local_rank = slots[world_rank].local_rank;
+  t.roles.resize(t.world_size);
+  for (int r = 0; r < t.world_size; ++r) {
+    const int lr = slots[r].local_rank;
+    DF_ASSERT(lr >= 0 && lr < per);
+    Role role = lr < T ? Role::Target : lr < T + D ? Role::Drafter : Role::Idle;
+    t.roles[r] = role;
+    if (role == Role::Target) t.targets.push_back(r);
+    if (role == Role::Drafter) t.drafters.push_back(r);
+    if (slots[r].node == t.node && role == Role::Target) t.node_targets.push_back(r);
+    if (slots[r].node == t.node && role == Role::Drafter) t.node_drafters.push_back(r);
+  }
+  t.role = t.roles[world_rank];
+  int index = 0, count = 0;
+  for (int r = 0; r < t.world_size; ++r) {
+    if (t.roles[r] != t.role) continue;
+    if (r < world_rank) ++index;
+    ++count;
+  }
+  t.role_index = index;
+  t.role_count = count;
+  return t;
+}
+
+void check_launcher_world_size(int world_size, const std::function<const char*(const char*)>& getenv_fn) {
+  // Most specific first: mpirun's own count, then the Slurm step's, then the allocation's.
+  for (const char* var : {"OMPI_COMM_WORLD_SIZE", "SLURM_STEP_NUM_TASKS", "SLURM_NTASKS"}) {
+    const char* v = getenv_fn(var);
+    if (!v || !*v) continue;
+    char* end = nullptr;
+    long n = std::strtol(v, &end, 10);
+    if (end == v || *end != '\0') continue;
+    DF_CHECK_HINT(n == world_size, TopologyMismatch,
+                  var << "=" << n << " but the MPI world has " << world_size << " rank(s)",
+                  world_size == 1 ? "the launcher started unconnected singletons: use mpirun, or srun --mpi=pmix "
+                                    "with an MPI built for it"
+                                  : "start the job with one launcher and the same task count");
+    return;
+  }
+}
+
+Topology create_topology(MPI_Comm world, const TopologySpec& spec, Backend backend) {
+  int rank = 0, size = 1;
+  DF_MPI(MPI_Comm_rank(world, &rank));
+  DF_MPI(MPI_Comm_size(world, &size));
+  ProcessIdentity& id = process_identity();
+  id.world_rank = rank;
+  id.world_size = size;
+  check_launcher_world_size(size, [](const char* n) { return std::getenv(n); });
+
+  // Node = ranks sharing memory; node index = rank of the node's first rank among node leaders.
+  MPI_Comm node_comm;
+  DF_MPI(MPI_Comm_split_type(world, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node_comm));
+  int local_rank = 0;
+  DF_MPI(MPI_Comm_rank(node_comm, &local_rank));
+  MPI_Comm leaders;
+  DF_MPI(MPI_Comm_split(world, local_rank == 0 ? 0 : MPI_UNDEFINED, rank, &leaders));
+  int node = 0;
+  if (leaders != MPI_COMM_NULL) {
+    DF_MPI(MPI_Comm_rank(leaders, &node));
+    DF_MPI(MPI_Comm_free(&leaders));
+  }
+  mpi::bcast(&node, 1, 0, node_comm);
+  DF_MPI(MPI_Comm_free(&node_comm));
+
+  RankSlot mine{node, local_rank};
+  std::vector<RankSlot> slots(size);
+  mpi::allgather(&mine, 1, slots.data(), world);
+  Topology t = assign_roles(rank, slots, spec);
+  char host[256] = {0};
+  gethostname(host, sizeof(host) - 1);
+  t.host = host;
+  t.gpu = backend == Backend::CUDA ? t.local_rank : -1;
+
+  DF_MPI(MPI_Comm_split(world, t.role == Role::Drafter ? 0 : MPI_UNDEFINED, rank, &t.drafter_comm));
+  id.role = role_name(t.role);
+  id.host = t.host;
+  id.gpu = t.gpu;
+  return t;
+}
+
+void free_topology(Topology& t) {
+  if (t.drafter_comm != MPI_COMM_NULL) DF_MPI(MPI_Comm_free(&t.drafter_comm));
+}
+
+}  // namespace dflash
