@@ -37,6 +37,8 @@ class TargetModel {
 
   const Qwen3Config& config() const;
   const std::vector<int>& capture_layers() const;
+  // dtype of activations and of the CaptureOut tensors: F32 on the CPU backend, BF16 on CUDA.
+  DType activation_dtype() const;
 
   // Runs the forward over the packed batch (causal attention inside each sequence, positions restarting
   // at 0 per sequence) and writes the captured tensors into out.

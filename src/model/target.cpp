@@ -24,7 +24,7 @@
 namespace dflash {
 
 namespace {
-DType activation_dtype(Device d) { return d == Device::CPU ? DType::F32 : DType::BF16; }
+DType backend_activation_dtype(Device d) { return d == Device::CPU ? DType::F32 : DType::BF16; }
 }  // namespace
 
 struct TargetModel::Impl {
@@ -55,7 +55,7 @@ TargetModel::TargetModel(const std::string& dir, const Ctx& ctx, std::vector<int
     : impl_(std::make_unique<Impl>()) {
   Impl& m = *impl_;
   m.ctx = ctx;
-  m.act = activation_dtype(ctx.device);
+  m.act = backend_activation_dtype(ctx.device);
   m.cfg = load_qwen3_config(dir + "/config.json");
   check_qwen3_target_config(m.cfg, dir + "/config.json");
   const Qwen3Config& c = m.cfg;
@@ -101,6 +101,7 @@ TargetModel::~TargetModel() = default;
 
 const Qwen3Config& TargetModel::config() const { return impl_->cfg; }
 const std::vector<int>& TargetModel::capture_layers() const { return impl_->capture_layers; }
+DType TargetModel::activation_dtype() const { return impl_->act; }
 Tensor TargetModel::embed_tokens() const { return impl_->w.embed_tokens.t(); }
 Tensor TargetModel::lm_head() const { return impl_->w.lm_head_table(); }
 

@@ -1,0 +1,172 @@
+#include "selftest/selftest.h"
+
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <sys/stat.h>
+
+#include <nlohmann/json.hpp>
+
+#include "dflash/backend.h"
+#include "dflash/error.h"
+
+namespace dflash {
+
+namespace {
+
+std::string shape_string(const std::vector<int64_t>& s) {
+  std::string r = "[";
+  for (size_t i = 0; i < s.size(); ++i) r += (i ? ", " : "") + std::to_string(s[i]);
+  return r + "]";
+}
+
+bool path_exists(const std::string& p) {
+  struct stat st;
+  return ::stat(p.c_str(), &st) == 0;
+}
+
+nlohmann::json read_json(const std::string& path) {
+  std::ifstream in(path);
+  DF_CHECK_HINT(in.good(), BadInput, "cannot read " << path, "a case directory holds target/config.json");
+  nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  DF_CHECK(!j.is_discarded(), BadInput, path << " is not valid JSON");
+  return j;
+}
+
+// Qwen3.5/3.6 hybrids (Gated DeltaNet + gated attention) say so in architectures / model_type /
+// layer_types, at the top level or under text_config.
+bool is_qwen35_hybrid(const nlohmann::json& cfg) {
+  auto check = [](const nlohmann::json& j) {
+    if (!j.is_object()) return false;
+    if (j.contains("architectures") && j["architectures"].is_array())
+      for (const auto& a : j["architectures"])
+        if (a.is_string() && a.get<std::string>().rfind("Qwen3_5", 0) == 0) return true;
+    if (j.contains("model_type") && j["model_type"].is_string() &&
+        j["model_type"].get<std::string>().rfind("qwen3_5", 0) == 0)
+      return true;
+    if (j.contains("layer_types") && j["layer_types"].is_array())
+      for (const auto& t : j["layer_types"])
+        if (t == "linear_attention") return true;
+    return false;
+  };
+  return check(cfg) || (cfg.contains("text_config") && check(cfg["text_config"]));
+}
+
+[[noreturn]] void usage_error(const std::string& what) {
+  fatal(ExitCode::BadOptions, what, "usage: dflash-selftest CASE_DIR [--backend cpu|cuda]");
+}
+
+}  // namespace
+
+// ---- report -----------------------------------------------------------------------------------------
+bool Comparison::passed() const { return std::isfinite(rel_err) && std::isfinite(max_abs_err) && rel_err < tolerance; }
+
+Comparison compare_tensors(const std::string& name, const std::vector<int64_t>& shape, const float* got,
+                           const float* ref, size_t n, double tolerance) {
+  Comparison c{name, shape, 0.0, 0.0, tolerance};
+  double num = 0.0, den = 0.0;
+  for (size_t i = 0; i < n; ++i) {
+    const double d = static_cast<double>(got[i]) - static_cast<double>(ref[i]);
+    // A NaN in got must fail the row: std::max would drop it.
+    c.max_abs_err = (std::isnan(d) || std::fabs(d) > c.max_abs_err) ? std::fabs(d) : c.max_abs_err;
+    num += d * d;
+    den += static_cast<double>(ref[i]) * static_cast<double>(ref[i]);
+  }
+  c.rel_err = std::sqrt(num) / (den > 0.0 ? std::sqrt(den) : 1.0);
+  return c;
+}
+
+void SelftestReport::note(const std::string& line) {
+  out_ << "# " << line << "\n";
+  out_.flush();
+}
+
+const Comparison& SelftestReport::compare(const std::string& name, const std::vector<int64_t>& shape,
+                                          const float* got, const float* ref, size_t n, double tolerance) {
+  rows_.push_back(compare_tensors(name, shape, got, ref, n, tolerance));
+  return rows_.back();
+}
+
+void SelftestReport::print_table() const {
+  char line[256];
+  std::snprintf(line, sizeof(line), "%-28s %-16s %12s %12s %10s  %s\n", "name", "shape", "max_abs_err", "rel_err",
+                "tol", "result");
+  out_ << line;
+  for (const Comparison& c : rows_) {
+    std::snprintf(line, sizeof(line), "%-28s %-16s %12.3e %12.3e %10.1e  %s\n", c.name.c_str(),
+                  shape_string(c.shape).c_str(), c.max_abs_err, c.rel_err, c.tolerance, c.passed() ? "PASS" : "FAIL");
+    out_ << line;
+  }
+  out_.flush();
+}
+
+int SelftestReport::failures() const {
+  int n = 0;
+  for (const Comparison& c : rows_) n += c.passed() ? 0 : 1;
+  return n;
+}
+
+bool SelftestReport::all_passed() const { return failures() == 0; }
+
+double forward_tolerance(Device device) { return device == Device::CPU ? 1e-5 : 2e-2; }
+
+// ---- the program ------------------------------------------------------------------------------------
+int selftest_main(int argc, char** argv) {
+  process_identity().role = "tool";
+  std::string case_dir, backend = "cpu";
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "-h" || a == "--help") {
+      std::cout << "usage: dflash-selftest CASE_DIR [--backend cpu|cuda]\n"
+                   "Runs a reference case (target/, optional drafter_init/, golden.safetensors, case.json) and\n"
+                   "prints one row per compared tensor; exits 1 if any row fails.\n";
+      return 0;
+    } else if (a == "--backend" && i + 1 < argc) {
+      backend = argv[++i];
+    } else if (a.rfind("--backend=", 0) == 0) {
+      backend = a.substr(10);
+    } else if (!a.empty() && a[0] == '-') {
+      usage_error("unknown option '" + a + "'");
+    } else if (case_dir.empty()) {
+      case_dir = a;
+    } else {
+      usage_error("more than one CASE_DIR given ('" + case_dir + "', '" + a + "')");
+    }
+  }
+  if (case_dir.empty()) usage_error("no CASE_DIR given");
+  if (backend != "cpu" && backend != "cuda") usage_error("--backend must be cpu or cuda, got '" + backend + "'");
+  DF_CHECK_HINT(path_exists(case_dir + "/golden.safetensors") && path_exists(case_dir + "/target/config.json"),
+                BadInput, case_dir << " is not a reference case (no golden.safetensors or target/config.json)",
+                "point at a directory in the layout of tests/data/golden/qwen3-tiny-a");
+
+  std::string name = case_dir;
+  if (path_exists(case_dir + "/case.json")) {
+    const nlohmann::json c = read_json(case_dir + "/case.json");
+    if (c.contains("name") && c["name"].is_string()) name = c["name"].get<std::string>();
+  }
+  SelftestReport report(std::cout);
+  report.note("case: " + name + " (" + case_dir + ")");
+  if (is_qwen35_hybrid(read_json(case_dir + "/target/config.json"))) {
+    report.note("qwen3_5 targets: not supported by this build");
+    fatal(ExitCode::BadOptions,
+          "case " + name + ": the target is a Qwen3.5/3.6 hybrid (Gated DeltaNet layers), an architecture this "
+                           "build does not support",
+          "this build checks dense Qwen3 targets, e.g. tests/data/golden/qwen3-tiny-a");
+  }
+  const Device device = backend == "cuda" ? Device::CUDA : Device::CPU;
+  const Ctx ctx = make_ctx(device, 0);
+  report.note(std::string("backend: ") + backend + (device == Device::CPU ? " (float32)" : " (bf16)") +
+              ", tolerance " + (device == Device::CPU ? "1e-5" : "2e-2") + " relative");
+
+  int rc = selftest_target(case_dir, ctx, report);
+  if (rc == 0 && path_exists(case_dir + "/drafter_init")) rc = selftest_drafter(case_dir, ctx, report);
+  if (rc != 0) return rc;
+
+  report.print_table();
+  const int failed = report.failures();
+  report.note(std::to_string(report.rows().size()) + " compared, " + std::to_string(failed) + " failed");
+  return failed == 0 ? 0 : 1;
+}
+
+}  // namespace dflash

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# dflash-selftest on the golden cases: qwen3-tiny-a passes on the CPU backend; the Qwen3.5 hybrid case is
+# refused as unsupported (exit 2); bad usage is exit 2.
+set -u
+BIN="${DFLASH_BIN:?DFLASH_BIN not set}/dflash-selftest"
+DATA="${DFLASH_TEST_DATA:?DFLASH_TEST_DATA not set}"
+[ -x "$BIN" ] || { echo "FAIL: $BIN not built"; exit 1; }
+out=$(mktemp); trap 'rm -f "$out"' EXIT
+fail() { echo "FAIL: $*"; cat "$out"; exit 1; }
+
+"$BIN" "$DATA/golden/qwen3-tiny-a" --backend cpu >"$out" 2>&1; rc=$?
+[ $rc -eq 0 ] || fail "qwen3-tiny-a exited $rc, expected 0"
+grep -q '^# case: qwen3-tiny-a' "$out" || fail "no case metadata line"
+grep -q '^# backend: cpu' "$out" || fail "no backend metadata line"
+for row in 'target.hidden\[0\]' 'target.hidden\[5\]' 'target.final_norm' 'target.logits'; do
+  grep -Eq "^${row} .* PASS$" "$out" || fail "row $row missing or not PASS"
+done
+grep -q ' FAIL$' "$out" && fail "a row failed"
+
+"$BIN" "$DATA/golden/qwen35-tiny-a" >"$out" 2>&1; rc=$?
+[ $rc -eq 2 ] || fail "qwen35-tiny-a exited $rc, expected 2 (unsupported architecture)"
+grep -q 'qwen3_5 targets: not supported by this build' "$out" || fail "no unsupported-architecture note"
+
+"$BIN" "$DATA/golden/qwen3-tiny-a" --backend tpu >"$out" 2>&1; rc=$?
+[ $rc -eq 2 ] || fail "--backend tpu exited $rc, expected 2"
+"$BIN" >"$out" 2>&1; rc=$?
+[ $rc -eq 2 ] || fail "no CASE_DIR exited $rc, expected 2"
+echo "PASS: dflash-selftest"
