@@ -8,6 +8,9 @@
 
 #include "dflash/ops.h"
 #include "ops/op_checks.h"
+#ifdef DFLASH_HAVE_CUDA
+#include "attention.cuh"
+#endif
 
 namespace dflash::ops {
 namespace {
@@ -89,7 +92,7 @@ void attention_varlen_causal_forward(const Ctx& ctx, const Tensor& out, const Te
            Internal, op << ": cu_seqlens must be a non-empty I32 vector, got " << cu_seqlens.shape_str());
   if (ctx.device == Device::CUDA) {
 #ifdef DFLASH_HAVE_CUDA
-    return detail::cuda_op_missing(op);  // CUDA twin: return cuda::attention_varlen_causal_forward(ctx, out, q, k, v, cu_seqlens, scale);
+    return cuda::attention_varlen_causal_forward(ctx, out, q, k, v, cu_seqlens, scale);
 #else
     return detail::no_cuda_build(op);
 #endif

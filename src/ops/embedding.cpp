@@ -3,6 +3,9 @@
 
 #include "dflash/ops.h"
 #include "ops/op_checks.h"
+#ifdef DFLASH_HAVE_CUDA
+#include "embedding.cuh"
+#endif
 
 namespace dflash::ops {
 namespace {
@@ -28,7 +31,7 @@ void embedding_forward(const Ctx& ctx, const Tensor& out, const Tensor& tokens, 
   DF_CHECK(tokens.dtype == DType::I32, Internal, op << ": tokens must be I32, got " << dtype_name(tokens.dtype));
   if (ctx.device == Device::CUDA) {
 #ifdef DFLASH_HAVE_CUDA
-    return detail::cuda_op_missing(op);  // CUDA twin: return cuda::embedding_forward(ctx, out, tokens, table);
+    return cuda::embedding_forward(ctx, out, tokens, table);
 #else
     return detail::no_cuda_build(op);
 #endif

@@ -7,6 +7,9 @@
 
 #include "dflash/ops.h"
 #include "ops/op_checks.h"
+#ifdef DFLASH_HAVE_CUDA
+#include "head_norm_rope.cuh"
+#endif
 
 namespace dflash::ops {
 namespace {
@@ -131,7 +134,7 @@ void head_norm_rope_forward(const Ctx& ctx, const Tensor& out, const Tensor& rst
   detail::check_shape(op, "out", out, {in.shape[0], in.shape[1], in.shape[2]});
   if (ctx.device == Device::CUDA) {
 #ifdef DFLASH_HAVE_CUDA
-    return detail::cuda_op_missing(op);  // CUDA twin: return cuda::head_norm_rope_forward(ctx, out, rstd, in, w, pos, rope, eps);
+    return cuda::head_norm_rope_forward(ctx, out, rstd, in, w, pos, rope, eps);
 #else
     return detail::no_cuda_build(op);
 #endif

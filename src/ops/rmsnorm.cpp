@@ -3,6 +3,9 @@
 
 #include "dflash/ops.h"
 #include "ops/op_checks.h"
+#ifdef DFLASH_HAVE_CUDA
+#include "rmsnorm.cuh"
+#endif
 
 namespace dflash::ops {
 namespace {
@@ -64,7 +67,7 @@ void rmsnorm_forward(const Ctx& ctx, const Tensor& out, const Tensor& rstd, cons
   }
   if (ctx.device == Device::CUDA) {
 #ifdef DFLASH_HAVE_CUDA
-    return detail::cuda_op_missing(op);  // CUDA twin: return cuda::rmsnorm_forward(ctx, out, rstd, in, w, eps);
+    return cuda::rmsnorm_forward(ctx, out, rstd, in, w, eps);
 #else
     return detail::no_cuda_build(op);
 #endif
@@ -128,7 +131,7 @@ void residual_rmsnorm_forward(const Ctx& ctx, const Tensor& resid, const Tensor&
   }
   if (ctx.device == Device::CUDA) {
 #ifdef DFLASH_HAVE_CUDA
-    return detail::cuda_op_missing(op);  // CUDA twin: return cuda::residual_rmsnorm_forward(ctx, resid, out, rstd, x, w, eps);
+    return cuda::residual_rmsnorm_forward(ctx, resid, out, rstd, x, w, eps);
 #else
     return detail::no_cuda_build(op);
 #endif

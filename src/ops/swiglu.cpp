@@ -3,6 +3,9 @@
 
 #include "dflash/ops.h"
 #include "ops/op_checks.h"
+#ifdef DFLASH_HAVE_CUDA
+#include "swiglu.cuh"
+#endif
 
 namespace dflash::ops {
 namespace {
@@ -43,7 +46,7 @@ void swiglu_forward(const Ctx& ctx, const Tensor& out, const Tensor& gate, const
   check_same_2d(op, ctx, gate, {&out, &gate, &up}, {"out", "gate", "up"});
   if (ctx.device == Device::CUDA) {
 #ifdef DFLASH_HAVE_CUDA
-    return detail::cuda_op_missing(op);  // CUDA twin: return cuda::swiglu_forward(ctx, out, gate, up);
+    return cuda::swiglu_forward(ctx, out, gate, up);
 #else
     return detail::no_cuda_build(op);
 #endif

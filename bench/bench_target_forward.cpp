@@ -1,0 +1,348 @@
+// Times the CUDA target forward (Qwen3 dense, random bf16 weights) over a packed batch, the way a target
+// rank runs it: embedding, decoder layers through the op layer (include/dflash/ops.h), captured layer
+// outputs copied into a send buffer [k, T, H] and the final norm written into its own slot.
+//
+// The weights are random (device-side fill), so no checkpoint is read: a 32B checkpoint would not fit the
+// GPU machine's disk. The op sequence is the one src/model/target.cpp runs.
+//
+//   bench_target_forward --model 8b --seqlens 4096,4096,4096,4096 --capture 1,9,17,25,33
+//   bench_target_forward --model 32b --mixed
+//   bench_target_forward --gemm-peak
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "dflash/backend.h"
+#include "dflash/error.h"
+#include "dflash/ops.h"
+#include "random_fill.cuh"
+
+using namespace dflash;
+
+namespace {
+
+struct Shape {
+  const char* name;
+  int64_t vocab, hidden, inter, layers, nh, nkv, hd;
+};
+const Shape kShapes[] = {
+    {"8b", 151936, 4096, 12288, 36, 32, 8, 128},
+    {"32b", 151936, 5120, 25600, 64, 64, 8, 128},
+};
+
+#define BENCH_CUDA(call)                                                                   \
+  do {                                                                                     \
+    cudaError_t e_ = (call);                                                               \
+    if (e_ != cudaSuccess) DF_FAIL(DeviceFailure, #call << ": " << cudaGetErrorString(e_), ""); \
+  } while (0)
+
+struct Layer {
+  Buffer in_norm, q, k, v, o, q_norm, k_norm, post_norm, gate, up, down;
+};
+
+// Where time goes: each op is bracketed by events when `timed` is set (one instrumented pass).
+enum class Part { Gemm, Attention, Rest };
+struct Timer {
+  bool on = false;
+  cudaStream_t stream = nullptr;
+  std::vector<std::pair<Part, std::pair<cudaEvent_t, cudaEvent_t>>> marks;
+  size_t next = 0;
+  template <class F> void run(Part p, F&& f) {
+    if (!on) return f();
+    if (next == marks.size()) {
+      cudaEvent_t a, b;
+      BENCH_CUDA(cudaEventCreate(&a));
+      BENCH_CUDA(cudaEventCreate(&b));
+      marks.push_back({p, {a, b}});
+    }
+    auto& m = marks[next++];
+    m.first = p;
+    BENCH_CUDA(cudaEventRecord(m.second.first, stream));
+    f();
+    BENCH_CUDA(cudaEventRecord(m.second.second, stream));
+  }
+  std::map<Part, double> totals_ms() {
+    std::map<Part, double> t;
+    for (size_t i = 0; i < next; ++i) {
+      float ms = 0;
+      BENCH_CUDA(cudaEventElapsedTime(&ms, marks[i].second.first, marks[i].second.second));
+      t[marks[i].first] += ms;
+    }
+    next = 0;
+    return t;
+  }
+};
+
+struct Model {
+  Shape s;
+  Ctx ctx;
+  Buffer embed, final_norm;
+  std::vector<Layer> layers;
+  // activations, allocated once for max_tokens
+  Buffer resid, h, q, k, v, attn, proj, gate, up;
+  Buffer tokens, pos, cu;
+  int64_t T = 0;
+
+  Model(const Shape& shape, const Ctx& c, int64_t max_tokens) : s(shape), ctx(c) {
+    uint64_t seed = 1;
+    auto weight = [&](std::initializer_list<int64_t> dims, float mean, float std) {
+      Buffer b(Device::CUDA, DType::BF16, dims);
+      cuda::fill_random(ctx, b, seed++, mean, std);
+      return b;
+    };
+    const int64_t H = s.hidden, I = s.inter, QD = s.nh * s.hd, KD = s.nkv * s.hd;
+    embed = weight({s.vocab, H}, 0.f, 0.02f);
+    final_norm = weight({H}, 1.f, 0.05f);
+    for (int64_t l = 0; l < s.layers; ++l) {
+      Layer L;
+      L.in_norm = weight({H}, 1.f, 0.05f);
+      L.q = weight({QD, H}, 0.f, 0.02f);
+      L.k = weight({KD, H}, 0.f, 0.02f);
+      L.v = weight({KD, H}, 0.f, 0.02f);
+      L.o = weight({H, QD}, 0.f, 0.02f);
+      L.q_norm = weight({s.hd}, 1.f, 0.05f);
+      L.k_norm = weight({s.hd}, 1.f, 0.05f);
+      L.post_norm = weight({H}, 1.f, 0.05f);
+      L.gate = weight({I, H}, 0.f, 0.02f);
+      L.up = weight({I, H}, 0.f, 0.02f);
+      L.down = weight({H, I}, 0.f, 0.02f);
+      layers.push_back(std::move(L));
+    }
+    const int64_t N = max_tokens;
+    resid = Buffer(Device::CUDA, DType::BF16, {N, H});
+    h = Buffer(Device::CUDA, DType::BF16, {N, H});
+    q = Buffer(Device::CUDA, DType::BF16, {N, s.nh, s.hd});
+    k = Buffer(Device::CUDA, DType::BF16, {N, s.nkv, s.hd});
+    v = Buffer(Device::CUDA, DType::BF16, {N, s.nkv, s.hd});
+    attn = Buffer(Device::CUDA, DType::BF16, {N, QD});
+    proj = Buffer(Device::CUDA, DType::BF16, {N, H});
+    gate = Buffer(Device::CUDA, DType::BF16, {N, I});
+    up = Buffer(Device::CUDA, DType::BF16, {N, I});
+    tokens = Buffer(Device::CUDA, DType::I32, {N});
+    pos = Buffer(Device::CUDA, DType::I32, {N});
+    cu = Buffer(Device::CUDA, DType::I32, {N + 1});
+  }
+
+  // Uploads the packed batch's tokens, positions (restarting per sequence) and cu_seqlens.
+  void set_batch(const std::vector<int32_t>& tok, const std::vector<int32_t>& cu_seqlens) {
+    T = static_cast<int64_t>(tok.size());
+    std::vector<int32_t> p(T);
+    for (size_t i = 0; i + 1 < cu_seqlens.size(); ++i)
+      for (int32_t t = cu_seqlens[i]; t < cu_seqlens[i + 1]; ++t) p[t] = t - cu_seqlens[i];
+    copy_tensor(ctx, tokens.t().slice_rows(0, T), cpu_view(tok.data(), {T}));
+    copy_tensor(ctx, pos.t().slice_rows(0, T), cpu_view(p.data(), {T}));
+    int64_t n = static_cast<int64_t>(cu_seqlens.size());
+    copy_tensor(ctx, cu.t().slice_rows(0, n), cpu_view(cu_seqlens.data(), {n}));
+    ncu = n;
+  }
+  int64_t ncu = 0;
+
+  // features [k, T, H]: outputs of the capture layers; final [T, H]: final norm of the last layer.
+  void forward(const std::vector<int>& capture, const Tensor& features, const Tensor& final_out, Timer& tm) {
+    const int64_t H = s.hidden;
+    const float eps = 1e-6f, scale = 1.f / std::sqrt(static_cast<float>(s.hd));
+    ops::RopeSpec rope{1e6f, 0};
+    Tensor r = resid.t().slice_rows(0, T), hn = h.t().slice_rows(0, T);
+    Tensor tq = q.t().slice_rows(0, T), tk = k.t().slice_rows(0, T), tv = v.t().slice_rows(0, T);
+    Tensor ta = attn.t().slice_rows(0, T), tp = proj.t().slice_rows(0, T);
+    Tensor tg = gate.t().slice_rows(0, T), tu = up.t().slice_rows(0, T);
+    Tensor tpos = pos.t().slice_rows(0, T), tcu = cu.t().slice_rows(0, ncu);
+    Tensor q2 = tq.reshape({T, s.nh * s.hd}), k2 = tk.reshape({T, s.nkv * s.hd}), v2 = tv.reshape({T, s.nkv * s.hd});
+    tm.run(Part::Rest, [&] {
+      ops::embedding_forward(ctx, r, tokens.t().slice_rows(0, T), embed);
+      ops::rmsnorm_forward(ctx, hn, Tensor(), r, layers[0].in_norm, eps);
+    });
+    size_t next_capture = 0;
+    for (int64_t l = 0; l < s.layers; ++l) {
+      const Layer& L = layers[l];
+      tm.run(Part::Gemm, [&] {
+        ops::matmul_forward(ctx, q2, hn, L.q);
+        ops::matmul_forward(ctx, k2, hn, L.k);
+        ops::matmul_forward(ctx, v2, hn, L.v);
+      });
+      tm.run(Part::Rest, [&] {
+        ops::head_norm_rope_forward(ctx, tq, Tensor(), tq, L.q_norm, tpos, rope, eps);
+        ops::head_norm_rope_forward(ctx, tk, Tensor(), tk, L.k_norm, tpos, rope, eps);
+      });
+      tm.run(Part::Attention, [&] {
+        ops::attention_varlen_causal_forward(ctx, ta.reshape({T, s.nh, s.hd}), tq, tk, tv, tcu, scale);
+      });
+      tm.run(Part::Gemm, [&] { ops::matmul_forward(ctx, tp, ta, L.o); });
+      tm.run(Part::Rest, [&] { ops::residual_rmsnorm_forward(ctx, r, hn, Tensor(), tp, L.post_norm, eps); });
+      tm.run(Part::Gemm, [&] {
+        ops::matmul_forward(ctx, tg, hn, L.gate);
+        ops::matmul_forward(ctx, tu, hn, L.up);
+      });
+      tm.run(Part::Rest, [&] { ops::swiglu_forward(ctx, tg, tg, tu); });
+      tm.run(Part::Gemm, [&] { ops::matmul_forward(ctx, tp, tg, L.down); });
+      const bool last = l + 1 == s.layers;
+      tm.run(Part::Rest, [&] {
+        ops::residual_rmsnorm_forward(ctx, r, last ? final_out : hn, Tensor(), tp,
+                                      last ? final_norm.t() : layers[l + 1].in_norm.t(), eps);
+        if (next_capture < capture.size() && capture[next_capture] == l) {
+          Tensor slot = Tensor(static_cast<char*>(features.data) + next_capture * T * H * 2, DType::BF16,
+                               Device::CUDA, {T, H});
+          copy_tensor(ctx, slot, r);
+          ++next_capture;
+        }
+      });
+    }
+  }
+};
+
+// Fallback helper so `last ? final_out : hn` has one type.
+}  // namespace
+
+namespace {
+
+std::vector<int32_t> parse_ints(const std::string& s) {
+  std::vector<int32_t> v;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ',')) v.push_back(std::atoi(item.c_str()));
+  return v;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+double gemm_peak_tflops(const Ctx& ctx) {
+  const int64_t n = 8192;
+  Buffer a(Device::CUDA, DType::BF16, {n, n}), b(Device::CUDA, DType::BF16, {n, n}), c(Device::CUDA, DType::BF16, {n, n});
+  cuda::fill_random(ctx, a, 101, 0.f, 1.f);
+  cuda::fill_random(ctx, b, 102, 0.f, 1.f);
+  cudaEvent_t e0, e1;
+  BENCH_CUDA(cudaEventCreate(&e0));
+  BENCH_CUDA(cudaEventCreate(&e1));
+  std::vector<double> ms;
+  for (int i = 0; i < 13; ++i) {
+    BENCH_CUDA(cudaEventRecord(e0, static_cast<cudaStream_t>(ctx.stream)));
+    ops::matmul_forward(ctx, c, a, b);
+    BENCH_CUDA(cudaEventRecord(e1, static_cast<cudaStream_t>(ctx.stream)));
+    synchronize(ctx);
+    float t = 0;
+    BENCH_CUDA(cudaEventElapsedTime(&t, e0, e1));
+    if (i >= 3) ms.push_back(t);
+  }
+  return 2.0 * n * n * n / (median(ms) * 1e-3) / 1e12;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string model = "8b", seqlens_arg = "4096,4096,4096,4096", capture_arg;
+  int iters = 5, warmup = 2;
+  bool gemm_peak = false;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    auto next = [&]() -> std::string {
+      DF_CHECK(i + 1 < argc, BadOptions, a << " needs a value");
+      return argv[++i];
+    };
+    if (a == "--model") model = next();
+    else if (a == "--seqlens") seqlens_arg = next();
+    // A mixed-length packing of 16384 tokens: long and short documents together.
+    else if (a == "--mixed") seqlens_arg = "3011,517,1290,4096,87,2203,740,1650,33,998,1402,357";
+    else if (a == "--capture") capture_arg = next();
+    else if (a == "--iters") iters = std::atoi(next().c_str());
+    else if (a == "--warmup") warmup = std::atoi(next().c_str());
+    else if (a == "--gemm-peak") gemm_peak = true;
+    else DF_FAIL(BadOptions, "unknown option " << a, "see the usage at the top of bench/bench_target_forward.cpp");
+  }
+  DF_CHECK(cuda_device_count() > 0, DeviceFailure, "no CUDA device visible");
+  Ctx ctx = make_ctx(Device::CUDA, 0);
+  cudaDeviceProp prop{};
+  BENCH_CUDA(cudaGetDeviceProperties(&prop, 0));
+  if (gemm_peak) {
+    std::printf("gemm_peak device=\"%s\" bf16 8192^3 cuBLASLt: %.1f TFLOP/s\n", prop.name, gemm_peak_tflops(ctx));
+    return 0;
+  }
+  const Shape* shape = nullptr;
+  for (const Shape& s : kShapes)
+    if (model == s.name) shape = &s;
+  DF_CHECK(shape, BadOptions, "unknown --model " << model << " (8b, 32b)");
+  const Shape& s = *shape;
+
+  std::vector<int32_t> seqlens = parse_ints(seqlens_arg), cu(1, 0);
+  for (int32_t len : seqlens) cu.push_back(cu.back() + len);
+  const int64_t T = cu.back();
+  std::vector<int> capture;
+  if (capture_arg.empty()) {  // DFlash default target layer ids for a 5-layer drafter: round(1 + i(L-4)/4)
+    for (int i = 0; i < 5; ++i) capture.push_back(static_cast<int>(std::lround(1 + i * (s.layers - 4) / 4.0)));
+  } else {
+    for (int32_t c : parse_ints(capture_arg)) capture.push_back(c);
+  }
+  std::sort(capture.begin(), capture.end());
+
+  size_t free0 = 0, total = 0;
+  BENCH_CUDA(cudaMemGetInfo(&free0, &total));
+  Model m(s, ctx, T);
+  const int64_t H = s.hidden, K = static_cast<int64_t>(capture.size());
+  Buffer features(Device::CUDA, DType::BF16, {K, T, H}), final_out(Device::CUDA, DType::BF16, {T, H});
+  std::vector<int32_t> tokens(T);
+  for (int64_t i = 0; i < T; ++i) tokens[i] = static_cast<int32_t>((i * 2654435761ull) % s.vocab);
+  m.set_batch(tokens, cu);
+  synchronize(ctx);
+
+  cudaStream_t stream = static_cast<cudaStream_t>(ctx.stream);
+  Timer off, on;
+  on.on = true;
+  on.stream = stream;
+  cudaEvent_t e0, e1;
+  BENCH_CUDA(cudaEventCreate(&e0));
+  BENCH_CUDA(cudaEventCreate(&e1));
+  for (int i = 0; i < warmup; ++i) m.forward(capture, features, final_out, off);
+  synchronize(ctx);
+  std::vector<double> ms;
+  for (int i = 0; i < iters; ++i) {
+    BENCH_CUDA(cudaEventRecord(e0, stream));
+    m.forward(capture, features, final_out, off);
+    BENCH_CUDA(cudaEventRecord(e1, stream));
+    synchronize(ctx);
+    float t = 0;
+    BENCH_CUDA(cudaEventElapsedTime(&t, e0, e1));
+    ms.push_back(t);
+  }
+  m.forward(capture, features, final_out, on);
+  synchronize(ctx);
+  auto parts = on.totals_ms();
+  size_t free1 = 0;
+  BENCH_CUDA(cudaMemGetInfo(&free1, &total));
+
+  // Model math: 2 FLOPs per weight per token for the linear layers, and causal attention counting only
+  // the visible (lower-triangle) scores: 4 * nh * hd per (query, key) pair for QK^T and PV.
+  const double linear_params = double(s.layers) * (double(H) * s.nh * s.hd * 2 + double(H) * s.nkv * s.hd * 2 +
+                                                    3.0 * H * s.inter);
+  double pairs = 0;
+  for (int32_t len : seqlens) pairs += double(len) * (len + 1) / 2;
+  const double gemm_flop = 2.0 * linear_params * T, attn_flop = 4.0 * s.nh * s.hd * pairs * s.layers;
+  const double t_med = median(ms) * 1e-3;
+  const double total_parts = parts[Part::Gemm] + parts[Part::Attention] + parts[Part::Rest];
+  std::printf("model=%s layers=%lld T=%lld nseq=%zu capture=", s.name, (long long)s.layers, (long long)T, seqlens.size());
+  for (size_t i = 0; i < capture.size(); ++i) std::printf("%s%d", i ? "," : "", capture[i]);
+  std::printf("+final\n");
+  std::printf("  forward median %.2f ms (min %.2f, %d iters) -> %.1f K tokens/s, %.1f TFLOP/s model math\n",
+              t_med * 1e3, *std::min_element(ms.begin(), ms.end()), iters, T / t_med / 1e3,
+              (gemm_flop + attn_flop) / t_med / 1e12);
+  std::printf("  device memory in use: %.2f GiB (process incl. context: total - free), this program's growth %.2f GiB\n",
+              (total - free1) / 1073741824.0, (free0 - free1) / 1073741824.0);
+  std::printf("  where time goes (instrumented pass, %.2f ms):\n", total_parts);
+  std::printf("    %-10s %9.2f ms %5.1f%%  %.1f TFLOP/s\n", "GEMMs", parts[Part::Gemm],
+              100 * parts[Part::Gemm] / total_parts, gemm_flop / (parts[Part::Gemm] * 1e-3) / 1e12);
+  std::printf("    %-10s %9.2f ms %5.1f%%  %.1f TFLOP/s\n", "attention", parts[Part::Attention],
+              100 * parts[Part::Attention] / total_parts, attn_flop / (parts[Part::Attention] * 1e-3) / 1e12);
+  std::printf("    %-10s %9.2f ms %5.1f%%  (embedding, norms, QK-norm+RoPE, SwiGLU, capture copies)\n", "rest",
+              parts[Part::Rest], 100 * parts[Part::Rest] / total_parts);
+  return 0;
+}

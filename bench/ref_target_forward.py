@@ -1,0 +1,67 @@
+#!/usr/bin/env python3
+"""PyTorch/transformers reference for bench_target_forward: the same Qwen3 shape, random bf16 weights,
+a forward over a batch of equal-length sequences with every hidden state returned (the capture), SDPA
+attention, no lm_head. Prints tokens/s and peak memory in the same format as the C++ bench.
+
+  python3 bench/ref_target_forward.py --model 8b --batch 4 --seqlen 4096
+"""
+import argparse
+import statistics
+
+import torch
+from transformers import Qwen3Config, Qwen3Model
+
+SHAPES = {
+    "8b": dict(hidden_size=4096, intermediate_size=12288, num_hidden_layers=36, num_attention_heads=32,
+               num_key_value_heads=8),
+    "32b": dict(hidden_size=5120, intermediate_size=25600, num_hidden_layers=64, num_attention_heads=64,
+                num_key_value_heads=8),
+}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default="8b", choices=SHAPES)
+    ap.add_argument("--batch", type=int, default=4)
+    ap.add_argument("--seqlen", type=int, default=4096)
+    ap.add_argument("--iters", type=int, default=5)
+    ap.add_argument("--warmup", type=int, default=2)
+    args = ap.parse_args()
+
+    cfg = Qwen3Config(vocab_size=151936, head_dim=128, max_position_embeddings=40960, rope_theta=1e6,
+                      rms_norm_eps=1e-6, tie_word_embeddings=False, use_cache=False, **SHAPES[args.model])
+    cfg._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    torch.set_default_dtype(torch.bfloat16)
+    with torch.device("cuda"):
+        model = Qwen3Model(cfg)
+    model.eval()
+    print(f"torch {torch.__version__} attn={model.config._attn_implementation} "
+          f"params={sum(p.numel() for p in model.parameters()) / 1e9:.2f}B", flush=True)
+
+    ids = torch.randint(0, cfg.vocab_size, (args.batch, args.seqlen), device="cuda")
+    T = args.batch * args.seqlen
+    times = []
+    with torch.inference_mode():
+        for i in range(args.warmup + args.iters):
+            e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            e0.record()
+            out = model(input_ids=ids, output_hidden_states=True, use_cache=False)
+            e1.record()
+            torch.cuda.synchronize()
+            if i >= args.warmup:
+                times.append(e0.elapsed_time(e1))
+            del out
+    L, H, I = cfg.num_hidden_layers, cfg.hidden_size, cfg.intermediate_size
+    nh, nkv, hd = cfg.num_attention_heads, cfg.num_key_value_heads, 128
+    linear = L * (H * nh * hd * 2 + H * nkv * hd * 2 + 3 * H * I)
+    pairs = args.batch * args.seqlen * (args.seqlen + 1) / 2
+    flop = 2 * linear * T + 4 * nh * hd * pairs * L
+    t = statistics.median(times) / 1e3
+    print(f"ref model={args.model} T={T} ({args.batch} x {args.seqlen}) forward median {t * 1e3:.2f} ms "
+          f"(min {min(times):.2f}) -> {T / t / 1e3:.1f} K tokens/s, {flop / t / 1e12:.1f} TFLOP/s model math, "
+          f"peak memory {torch.cuda.max_memory_allocated() / 2**30:.2f} GiB", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,26 @@
+// Making an execution context (Ctx) for a backend, and moving tensors between host and device.
+//
+// On CUDA, make_ctx binds the GPU, and the context carries that device's stream, cuBLASLt handle and
+// workspace (one set per device, created on first use, kept for the process's lifetime). Ops enqueue on
+// ctx.stream and return at once; synchronize() waits for them and reports errors that kernels flagged
+// (a token id outside the vocabulary).
+#pragma once
+#include "dflash/tensor.h"
+
+namespace dflash {
+
+// Number of visible CUDA devices (0 in a CPU-only build or with none).
+int cuda_device_count();
+
+// CPU: the float32 reference backend. CUDA: device `gpu` (made current on this thread).
+Ctx make_ctx(Device device, int gpu = 0);
+
+// Waits until everything enqueued on ctx has finished (no-op on CPU); fatal if a kernel flagged bad input.
+void synchronize(const Ctx& ctx);
+
+// dst = src, element for element (same numel). Either side may live on the host or on ctx's device;
+// floating types (F32, BF16, F16) convert into dst's dtype, other dtypes must match. Copies into host
+// memory are complete on return; copies to the device are ordered on ctx's stream.
+void copy_tensor(const Ctx& ctx, const Tensor& dst, const Tensor& src);
+
+}  // namespace dflash

@@ -1,0 +1,353 @@
+// FlashAttention-2 forward on mma.sync (m16n8k16 bf16 -> fp32), for packed varlen causal GQA.
+//
+// Block = 4 warps = 128 query rows of one head of one sequence; each warp owns 32 rows (two m16 tiles) so
+// every K/V fragment it reads from shared memory feeds two MMAs. K/V tiles of 64 rows are double-buffered
+// with cp.async. Shared memory rows are 128 bf16 (256 B) with 16-byte chunks XOR-swizzled by (row & 7),
+// so ldmatrix reads of 8 rows hit 8 different bank groups. Head dims below 128 are zero-padded in
+// shared memory (the golden tiny model has hd = 24); Qwen3 models use 128.
+#include "attention.cuh"
+
+#include <cuda_bf16.h>
+
+#include <cmath>
+
+#include "backend.cuh"
+#include "cuda_check.cuh"
+
+namespace dflash::cuda {
+namespace {
+
+constexpr int kHeadDim = 128;  // padded head dim held in shared memory and registers
+constexpr int kBlockQ = 128;   // query rows per block
+constexpr int kBlockKV = 64;   // key/value rows per tile
+constexpr int kWarps = 4;
+constexpr int kThreads = kWarps * 32;
+constexpr int kChunks = kHeadDim / 8;  // 16-byte chunks per row
+constexpr size_t kSmemBytes = sizeof(__nv_bfloat16) * kHeadDim * (kBlockQ + 4 * kBlockKV);
+
+// Element offset of 16-byte chunk c of row r in a swizzled [rows][kHeadDim] tile.
+__device__ __forceinline__ int swz(int r, int c) { return r * kHeadDim + ((c ^ (r & 7)) << 3); }
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// 16-byte async copy; src_bytes = 0 zero-fills the destination without reading.
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(src_bytes));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N> __device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p)));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p)));
+}
+
+// d += a (16x16, row) * b (16x8, col), bf16 inputs, fp32 accumulators.
+__device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+
+// Copies rows [0, rows) of a [rows][hd] slice (global row stride `stride` elements) into a swizzled tile;
+// rows >= valid_rows and chunks beyond hd are zero-filled.
+template <int kRows>
+__device__ __forceinline__ void load_tile(__nv_bfloat16* tile, const __nv_bfloat16* src, int64_t stride,
+                                          int valid_rows, int hd) {
+  for (int i = threadIdx.x; i < kRows * kChunks; i += kThreads) {
+    int r = i / kChunks, c = i % kChunks;
+    bool ok = r < valid_rows && c * 8 < hd;
+    const __nv_bfloat16* g = ok ? src + r * stride + c * 8 : src;
+    cp_async16(tile + swz(r, c), g, ok ? 16 : 0);
+  }
+}
+
+// Finds which (sequence, query tile) block `tile_id` works on. Tiles of a sequence are numbered heaviest
+// (last) first so long causal rows start early. Returns false when tile_id is past the last tile.
+// Warp 0 scans cu_seqlens 32 sequences at a time with a warp prefix sum.
+__device__ bool find_tile(const int32_t* cu_seqlens, int nseq, int tile_id, int& seq_begin, int& seq_len,
+                          int& q_tile) {
+  __shared__ int found[3];
+  if (threadIdx.x < 32) {
+    int lane = threadIdx.x;
+    int base = 0;  // tiles before this chunk of sequences
+    if (lane == 0) found[0] = -1;
+    for (int s0 = 0; s0 < nseq; s0 += 32) {
+      int s = s0 + lane;
+      int b = 0, len = 0;
+      if (s < nseq) {
+        b = cu_seqlens[s];
+        len = cu_seqlens[s + 1] - b;
+      }
+      int tiles = (len + kBlockQ - 1) / kBlockQ;
+      int incl = tiles;
+#pragma unroll
+      for (int o = 1; o < 32; o <<= 1) {
+        int n = __shfl_up_sync(0xffffffffu, incl, o);
+        if (lane >= o) incl += n;
+      }
+      int excl = incl - tiles;
+      if (tile_id >= base + excl && tile_id < base + incl) {
+        found[0] = b;
+        found[1] = len;
+        found[2] = tiles - 1 - (tile_id - base - excl);
+      }
+      base += __shfl_sync(0xffffffffu, incl, 31);
+      if (__any_sync(0xffffffffu, tile_id < base)) break;
+    }
+  }
+  __syncthreads();
+  seq_begin = found[0];
+  seq_len = found[1];
+  q_tile = found[2];
+  return seq_begin >= 0;
+}
+
+__global__ void __launch_bounds__(kThreads, 2)
+    flash_attention_kernel(__nv_bfloat16* __restrict__ out, const __nv_bfloat16* __restrict__ q,
+                           const __nv_bfloat16* __restrict__ k, const __nv_bfloat16* __restrict__ v,
+                           const int32_t* __restrict__ cu_seqlens, int nseq, int nh, int nkv, int hd,
+                           float scale_log2) {
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  __nv_bfloat16* sQ = reinterpret_cast<__nv_bfloat16*>(smem_raw);
+  __nv_bfloat16* sK = sQ + kBlockQ * kHeadDim;    // [2][kBlockKV][kHeadDim]
+  __nv_bfloat16* sV = sK + 2 * kBlockKV * kHeadDim;  // [2][kBlockKV][kHeadDim]
+
+  int seq_begin, seq_len, q_tile;
+  if (!find_tile(cu_seqlens, nseq, blockIdx.y, seq_begin, seq_len, q_tile)) return;
+  const int head = blockIdx.x, kv_head = head / (nh / nkv);
+  const int q0 = q_tile * kBlockQ;  // first query row of the block, within the sequence
+  const int64_t q_stride = int64_t(nh) * hd, kv_stride = int64_t(nkv) * hd;
+  const __nv_bfloat16* q_src = q + (int64_t(seq_begin) + q0) * q_stride + int64_t(head) * hd;
+  const __nv_bfloat16* k_src = k + int64_t(seq_begin) * kv_stride + int64_t(kv_head) * hd;
+  const __nv_bfloat16* v_src = v + int64_t(seq_begin) * kv_stride + int64_t(kv_head) * hd;
+
+  const int q_rows = min(kBlockQ, seq_len - q0);
+  const int kv_end = q0 + q_rows;  // causal: keys [0, kv_end) are enough for every row of the block
+  const int n_tiles = (kv_end + kBlockKV - 1) / kBlockKV;
+
+  load_tile<kBlockQ>(sQ, q_src, q_stride, q_rows, hd);
+  load_tile<kBlockKV>(sK, k_src, kv_stride, min(kBlockKV, kv_end), hd);
+  load_tile<kBlockKV>(sV, v_src, kv_stride, min(kBlockKV, kv_end), hd);
+  cp_async_commit();
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int g = lane / 4, t = lane % 4;
+  const int warp_row0 = q0 + warp * 32;  // first row (within the sequence) of this warp
+
+  float o[2][kHeadDim / 8][4];
+  float m[2][2], l[2][2];
+#pragma unroll
+  for (int mi = 0; mi < 2; ++mi) {
+#pragma unroll
+    for (int n = 0; n < kHeadDim / 8; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) o[mi][n][e] = 0.f;
+    m[mi][0] = m[mi][1] = -INFINITY;
+    l[mi][0] = l[mi][1] = 0.f;
+  }
+
+  for (int j = 0; j < n_tiles; ++j) {
+    const int buf = j & 1;
+    if (j + 1 < n_tiles) {
+      int kv0 = (j + 1) * kBlockKV;
+      load_tile<kBlockKV>(sK + (buf ^ 1) * kBlockKV * kHeadDim, k_src + kv0 * kv_stride, kv_stride,
+                          min(kBlockKV, kv_end - kv0), hd);
+      load_tile<kBlockKV>(sV + (buf ^ 1) * kBlockKV * kHeadDim, v_src + kv0 * kv_stride, kv_stride,
+                          min(kBlockKV, kv_end - kv0), hd);
+      cp_async_commit();
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();
+
+    const int kv0 = j * kBlockKV;
+    // Tiles entirely right of this warp's last row are fully masked for it: skip the math.
+    if (kv0 <= warp_row0 + 31) {
+      const __nv_bfloat16* tK = sK + buf * kBlockKV * kHeadDim;
+      const __nv_bfloat16* tV = sV + buf * kBlockKV * kHeadDim;
+
+      // S = Q K^T for 32 rows x 64 keys.
+      float s[2][kBlockKV / 8][4];
+#pragma unroll
+      for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+        for (int n = 0; n < kBlockKV / 8; ++n)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) s[mi][n][e] = 0.f;
+#pragma unroll
+      for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+        uint32_t a[2][4];
+#pragma unroll
+        for (int mi = 0; mi < 2; ++mi) {
+          int r = warp * 32 + mi * 16 + (lane % 16);
+          ldmatrix_x4(a[mi], sQ + swz(r, kk * 2 + lane / 16));
+        }
+#pragma unroll
+        for (int np = 0; np < kBlockKV / 16; ++np) {
+          uint32_t b[4];
+          int r = np * 16 + (lane % 8) + (lane / 16) * 8;
+          ldmatrix_x4(b, tK + swz(r, kk * 2 + (lane / 8) % 2));
+#pragma unroll
+          for (int mi = 0; mi < 2; ++mi) {
+            mma_bf16(s[mi][2 * np], a[mi], b[0], b[1]);
+            mma_bf16(s[mi][2 * np + 1], a[mi], b[2], b[3]);
+          }
+        }
+      }
+
+      // Online softmax in the log2 domain; the causal mask only where the tile crosses the diagonal.
+      const bool needs_mask = kv0 + kBlockKV - 1 > warp_row0;
+#pragma unroll
+      for (int mi = 0; mi < 2; ++mi) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int row = warp_row0 + mi * 16 + g + h * 8;
+          float mx = -INFINITY;
+#pragma unroll
+          for (int n = 0; n < kBlockKV / 8; ++n) {
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              float x = s[mi][n][h * 2 + e] * scale_log2;
+              if (needs_mask && kv0 + n * 8 + 2 * t + e > row) x = -INFINITY;
+              s[mi][n][h * 2 + e] = x;
+              mx = fmaxf(mx, x);
+            }
+          }
+          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+          const float m_new = fmaxf(m[mi][h], mx);
+          const float m_use = m_new == -INFINITY ? 0.f : m_new;
+          const float alpha = exp2f(m[mi][h] - m_use);
+          m[mi][h] = m_new;
+          float sum = 0.f;
+#pragma unroll
+          for (int n = 0; n < kBlockKV / 8; ++n) {
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              float p = exp2f(s[mi][n][h * 2 + e] - m_use);
+              s[mi][n][h * 2 + e] = p;
+              sum += p;
+            }
+          }
+          l[mi][h] = l[mi][h] * alpha + sum;
+#pragma unroll
+          for (int n = 0; n < kHeadDim / 8; ++n) {
+            o[mi][n][h * 2] *= alpha;
+            o[mi][n][h * 2 + 1] *= alpha;
+          }
+        }
+      }
+
+      // O += P V: P's accumulator layout is the A-operand layout of the next MMA.
+#pragma unroll
+      for (int kc = 0; kc < kBlockKV / 16; ++kc) {
+        uint32_t a[2][4];
+#pragma unroll
+        for (int mi = 0; mi < 2; ++mi) {
+          a[mi][0] = pack_bf16(s[mi][2 * kc][0], s[mi][2 * kc][1]);
+          a[mi][1] = pack_bf16(s[mi][2 * kc][2], s[mi][2 * kc][3]);
+          a[mi][2] = pack_bf16(s[mi][2 * kc + 1][0], s[mi][2 * kc + 1][1]);
+          a[mi][3] = pack_bf16(s[mi][2 * kc + 1][2], s[mi][2 * kc + 1][3]);
+        }
+#pragma unroll
+        for (int np = 0; np < kHeadDim / 16; ++np) {
+          uint32_t b[4];
+          int r = kc * 16 + (lane % 8) + ((lane / 8) % 2) * 8;
+          ldmatrix_x4_trans(b, tV + swz(r, np * 2 + lane / 16));
+#pragma unroll
+          for (int mi = 0; mi < 2; ++mi) {
+            mma_bf16(o[mi][2 * np], a[mi], b[0], b[1]);
+            mma_bf16(o[mi][2 * np + 1], a[mi], b[2], b[3]);
+          }
+        }
+      }
+    }
+    __syncthreads();  // the buffer read here is refilled by the next iteration's prefetch
+  }
+
+  // Normalize, stage this warp's 32 rows in its own slice of sQ, then write 16-byte chunks.
+#pragma unroll
+  for (int mi = 0; mi < 2; ++mi) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float sum = l[mi][h];
+      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+      const float inv = sum > 0.f ? 1.f / sum : 0.f;
+      const int r = warp * 32 + mi * 16 + g + h * 8;
+#pragma unroll
+      for (int n = 0; n < kHeadDim / 8; ++n) {
+        __nv_bfloat162 val = __floats2bfloat162_rn(o[mi][n][h * 2] * inv, o[mi][n][h * 2 + 1] * inv);
+        *reinterpret_cast<__nv_bfloat162*>(sQ + swz(r, n) + 2 * t) = val;
+      }
+    }
+  }
+  __syncwarp();
+  __nv_bfloat16* o_dst = out + (int64_t(seq_begin) + q0) * q_stride + int64_t(head) * hd;
+  for (int i = lane; i < 32 * kChunks; i += 32) {
+    int r = warp * 32 + i / kChunks, c = i % kChunks;
+    if (r < q_rows && c * 8 < hd)
+      *reinterpret_cast<uint4*>(o_dst + r * q_stride + c * 8) = *reinterpret_cast<const uint4*>(sQ + swz(r, c));
+  }
+}
+
+}  // namespace
+
+void attention_varlen_causal_forward(const Ctx& ctx, const Tensor& out, const Tensor& q, const Tensor& k,
+                                     const Tensor& v, const Tensor& cu_seqlens, float scale) {
+  backend_of(ctx);
+  DF_CHECK(q.ndim == 3 && k.ndim == 3 && v.ndim == 3 && out.numel() == q.numel(), Internal,
+           "attention: q " << q.shape_str() << ", k " << k.shape_str() << ", v " << v.shape_str() << ", out "
+                           << out.shape_str() << " must be [T, heads, hd]");
+  const int64_t T = q.size(0);
+  const int nh = static_cast<int>(q.size(1)), nkv = static_cast<int>(k.size(1)), hd = static_cast<int>(q.size(2));
+  DF_CHECK(q.dtype == DType::BF16 && k.dtype == DType::BF16 && v.dtype == DType::BF16 && out.dtype == DType::BF16 &&
+               cu_seqlens.dtype == DType::I32 && cu_seqlens.device == Device::CUDA,
+           Internal, "attention: q/k/v/out must be BF16 and cu_seqlens I32 in device memory");
+  DF_CHECK(k.size(0) == T && v.size(0) == T && v.size(1) == nkv && k.size(2) == hd && v.size(2) == hd &&
+               nkv > 0 && nh % nkv == 0,
+           Internal, "attention: q " << q.shape_str() << ", k " << k.shape_str() << ", v " << v.shape_str());
+  DF_CHECK(hd > 0 && hd <= kHeadDim && hd % 8 == 0, Internal,
+           "attention: head_dim " << hd << " unsupported (a multiple of 8, at most " << kHeadDim << ")");
+  DF_CHECK(((reinterpret_cast<uintptr_t>(q.data) | reinterpret_cast<uintptr_t>(k.data) |
+             reinterpret_cast<uintptr_t>(v.data) | reinterpret_cast<uintptr_t>(out.data)) & 15) == 0,
+           Internal, "attention: tensors must be 16-byte aligned");
+  const int nseq = static_cast<int>(cu_seqlens.numel()) - 1;
+  if (T == 0 || nseq <= 0) return;
+  // Every sequence adds at most one partial tile to the T / kBlockQ full ones.
+  const int64_t max_tiles = T / kBlockQ + nseq;
+  DF_CHECK(max_tiles < 65536 && nh < 65536, Internal, "attention: grid too large (T=" << T << ", nseq=" << nseq << ")");
+  static bool smem_configured = false;  // once per process: a rank drives one GPU
+  if (!smem_configured) {
+    DF_CUDA(cudaFuncSetAttribute(flash_attention_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 static_cast<int>(kSmemBytes)));
+    smem_configured = true;
+  }
+  dim3 grid(static_cast<unsigned>(nh), static_cast<unsigned>(max_tiles));
+  flash_attention_kernel<<<grid, kThreads, kSmemBytes, stream_of(ctx)>>>(
+      static_cast<__nv_bfloat16*>(out.data), static_cast<const __nv_bfloat16*>(q.data),
+      static_cast<const __nv_bfloat16*>(k.data), static_cast<const __nv_bfloat16*>(v.data),
+      static_cast<const int32_t*>(cu_seqlens.data), nseq, nh, nkv, hd, scale * 1.4426950408889634f);
+  DF_CUDA_LAUNCH();
+}
+
+}  // namespace dflash::cuda

@@ -1,0 +1,85 @@
+#include "backend.cuh"
+
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "cuda_check.cuh"
+
+namespace dflash::cuda {
+
+namespace {
+// 32 MiB: what cuBLASLt's Hopper kernels ask for at most on large bf16 GEMMs.
+constexpr size_t kWorkspaceBytes = size_t(32) << 20;
+
+std::unique_ptr<Backend> create_backend(int gpu) {
+  int count = device_count();
+  DF_CHECK_HINT(gpu >= 0 && gpu < count, DeviceFailure,
+                "CUDA device " << gpu << " requested but " << count << " visible",
+                "check CUDA_VISIBLE_DEVICES and that the job binds one rank per GPU");
+  DF_CUDA(cudaSetDevice(gpu));
+  auto b = std::make_unique<Backend>();
+  b->device = gpu;
+  DF_CUDA(cudaStreamCreateWithFlags(&b->stream, cudaStreamNonBlocking));
+  DF_CUBLAS(cublasLtCreate(&b->lt));
+  DF_CUDA(cudaMalloc(&b->workspace, kWorkspaceBytes));
+  b->workspace_bytes = kWorkspaceBytes;
+  DF_CUDA(cudaHostAlloc(reinterpret_cast<void**>(&b->error_flags_host), sizeof(int), cudaHostAllocMapped));
+  *b->error_flags_host = 0;
+  DF_CUDA(cudaHostGetDevicePointer(reinterpret_cast<void**>(&b->error_flags_dev), b->error_flags_host, 0));
+  return b;
+}
+}  // namespace
+
+int device_count() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaGetLastError();  // clear the sticky "no device" error
+    return 0;
+  }
+  return n;
+}
+
+Backend& backend_for_device(int gpu) {
+  static std::mutex mu;
+  static std::vector<std::unique_ptr<Backend>> backends;  // never destroyed: lives as long as the process
+  std::lock_guard<std::mutex> lock(mu);
+  if (gpu >= 0 && static_cast<size_t>(gpu) < backends.size() && backends[gpu]) return *backends[gpu];
+  auto b = create_backend(gpu);
+  if (backends.size() <= static_cast<size_t>(gpu)) backends.resize(gpu + 1);
+  backends[gpu] = std::move(b);
+  return *backends[gpu];
+}
+
+Backend& backend_of(const Ctx& ctx) {
+  DF_CHECK(ctx.device == Device::CUDA && ctx.backend != nullptr, Internal,
+           "a CUDA op was given a context that is not a CUDA context (make it with make_ctx(Device::CUDA, gpu))");
+  return *static_cast<Backend*>(ctx.backend);
+}
+
+void check_device_errors(const Backend& b) {
+  int flags = *reinterpret_cast<volatile int*>(b.error_flags_host);
+  if (flags == 0) return;
+  *b.error_flags_host = 0;
+  if (flags & kBadTokenId)
+    DF_FAIL(BadInput, "a token id outside [0, vocab_size) reached the embedding on GPU " << b.device,
+            "the dataset was tokenized for another vocabulary: re-tokenize it for this target model");
+  DF_FAIL(Internal, "device error flags " << flags << " set on GPU " << b.device, "");
+}
+
+void copy_bytes(const Ctx& ctx, void* dst, const void* src, size_t bytes) {
+  if (bytes == 0) return;
+  cudaPointerAttributes attr{};
+  DF_CUDA(cudaPointerGetAttributes(&attr, dst));
+  bool dst_on_host = attr.type != cudaMemoryTypeDevice && attr.type != cudaMemoryTypeManaged;
+  DF_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream_of(ctx)));
+  if (dst_on_host) DF_CUDA(cudaStreamSynchronize(stream_of(ctx)));
+}
+
+void synchronize_stream(const Ctx& ctx) {
+  Backend& b = backend_of(ctx);
+  DF_CUDA(cudaStreamSynchronize(b.stream));
+  check_device_errors(b);
+}
+
+}  // namespace dflash::cuda

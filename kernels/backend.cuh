@@ -1,0 +1,48 @@
+// The CUDA backend behind a Ctx: device, stream, cuBLASLt handle and workspace, and a mapped flag
+// through which kernels report bad input (a token id out of range) without a host sync.
+// Includable from plain C++ (src/core/backend.cpp); kernels/*.cu reach it through backend_of(ctx).
+#pragma once
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <map>
+#include <tuple>
+
+#include "dflash/tensor.h"
+
+namespace dflash::cuda {
+
+// Kernel-reported errors, OR-ed into Backend::error_flags (host memory mapped into the device).
+enum DeviceErrorBit : int { kBadTokenId = 1 };
+
+struct MatmulPlan;  // cached cuBLASLt descriptors + algorithm for one GEMM shape (matmul.cu)
+using MatmulKey = std::tuple<int, int, int, int, int, int, int, int, int, int>;
+
+struct Backend {
+  int device = 0;
+  cudaStream_t stream = nullptr;
+  cublasLtHandle_t lt = nullptr;
+  void* workspace = nullptr;  // cuBLASLt workspace, allocated once
+  size_t workspace_bytes = 0;
+  int* error_flags_host = nullptr;  // pinned, mapped
+  int* error_flags_dev = nullptr;   // device alias of error_flags_host
+  std::map<MatmulKey, MatmulPlan*> matmul_plans;
+};
+
+// One backend per device, created on first use and kept for the process's lifetime.
+Backend& backend_for_device(int gpu);
+// The backend of a CUDA context (an Internal error if ctx is not a CUDA context).
+Backend& backend_of(const Ctx& ctx);
+inline cudaStream_t stream_of(const Ctx& ctx) { return static_cast<cudaStream_t>(ctx.stream); }
+
+// Fatal (BadInput) if a kernel flagged an error since the last check; call after a stream sync.
+void check_device_errors(const Backend& b);
+
+// Raw copies on the context's stream (cudaMemcpyDefault decides the direction). Copies that land in
+// host memory are complete on return.
+void copy_bytes(const Ctx& ctx, void* dst, const void* src, size_t bytes);
+void synchronize_stream(const Ctx& ctx);
+int device_count();
+
+}  // namespace dflash::cuda

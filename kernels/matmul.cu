@@ -1,0 +1,113 @@
+// Row-major tensors seen by column-major cuBLASLt: a row-major [r, c] matrix is a column-major [c, r] one
+// with leading dimension c, so out = in · W^T becomes out^T = W · in^T with W transposed ("TN", the
+// layout cuBLASLt's fastest Hopper kernels take).
+#include "matmul.cuh"
+
+#include "backend.cuh"
+#include "cuda_check.cuh"
+
+namespace dflash::cuda {
+
+struct MatmulPlan {
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+  cublasLtMatmulAlgo_t algo{};
+};
+
+namespace {
+
+int alignment_of(const void* p) {
+  auto v = reinterpret_cast<uintptr_t>(p);
+  int align = 256;
+  while (align > 2 && (v % align) != 0) align /= 2;
+  return align;
+}
+
+cudaDataType cuda_type(DType t) {
+  DF_CHECK(t == DType::BF16 || t == DType::F32, Internal, "matmul: unsupported dtype " << dtype_name(t));
+  return t == DType::BF16 ? CUDA_R_16BF : CUDA_R_32F;
+}
+
+// D [m, n] (column-major, ld ldd, in place with C) = op(A) [m, k] · op(B) [k, n] + beta · D.
+// A and B are bf16; D is bf16 or fp32.
+void gemm(Backend& be, cudaStream_t stream, bool trans_a, bool trans_b, int m, int n, int k, const void* A,
+          int lda, const void* B, int ldb, void* D, DType d_type, int ldd, float beta) {
+  int align_a = alignment_of(A), align_b = alignment_of(B), align_d = alignment_of(D);
+  MatmulKey key{trans_a, trans_b, m, n, k, lda, ldb, ldd, static_cast<int>(d_type) * 2 + (beta != 0.f),
+                align_a * 1000000 + align_b * 1000 + align_d};
+  MatmulPlan*& plan = be.matmul_plans[key];
+  if (!plan) {
+    auto* p = new MatmulPlan();
+    DF_CUBLAS(cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    cublasOperation_t ta = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, tb = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+    DF_CUBLAS(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
+    DF_CUBLAS(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
+    // Stored shapes (before op): A is [m, k] or [k, m]; B is [k, n] or [n, k].
+    DF_CUBLAS(cublasLtMatrixLayoutCreate(&p->a, CUDA_R_16BF, trans_a ? k : m, trans_a ? m : k, lda));
+    DF_CUBLAS(cublasLtMatrixLayoutCreate(&p->b, CUDA_R_16BF, trans_b ? n : k, trans_b ? k : n, ldb));
+    DF_CUBLAS(cublasLtMatrixLayoutCreate(&p->c, cuda_type(d_type), m, n, ldd));
+    cublasLtMatmulPreference_t pref;
+    DF_CUBLAS(cublasLtMatmulPreferenceCreate(&pref));
+    uint64_t ws = be.workspace_bytes;
+    DF_CUBLAS(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
+    uint32_t al[3] = {uint32_t(align_a), uint32_t(align_b), uint32_t(align_d)};
+    DF_CUBLAS(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al[0], 4));
+    DF_CUBLAS(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al[1], 4));
+    DF_CUBLAS(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al[2], 4));
+    DF_CUBLAS(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al[2], 4));
+    cublasLtMatmulHeuristicResult_t result{};
+    int found = 0;
+    DF_CUBLAS(cublasLtMatmulAlgoGetHeuristic(be.lt, p->desc, p->a, p->b, p->c, p->c, pref, 1, &result, &found));
+    cublasLtMatmulPreferenceDestroy(pref);
+    DF_CHECK(found > 0, DeviceFailure,
+             "cuBLASLt found no algorithm for a bf16 GEMM m=" << m << " n=" << n << " k=" << k);
+    p->algo = result.algo;
+    plan = p;
+  }
+  float alpha = 1.f;
+  DF_CUBLAS(cublasLtMatmul(be.lt, plan->desc, &alpha, A, plan->a, B, plan->b, &beta, D, plan->c, D, plan->c,
+                           &plan->algo, be.workspace, be.workspace_bytes, stream));
+}
+
+int as_int(int64_t v, const char* what) {
+  DF_CHECK(v > 0 && v < (int64_t(1) << 31), Internal, "matmul: " << what << " = " << v << " out of range");
+  return static_cast<int>(v);
+}
+
+// Rows and columns of a tensor seen as a matrix [numel / last, last].
+int64_t cols_of(const Tensor& t) { return t.size(-1); }
+int64_t rows_of(const Tensor& t) { return static_cast<int64_t>(t.numel() / static_cast<size_t>(t.size(-1))); }
+
+}  // namespace
+
+void matmul_forward(const Ctx& ctx, const Tensor& out, const Tensor& in, const Tensor& W, ops::Accumulate acc) {
+  Backend& be = backend_of(ctx);
+  DF_CHECK(in.dtype == DType::BF16 && W.dtype == DType::BF16, Internal, "matmul_forward: in and W must be BF16");
+  int N = as_int(rows_of(in), "N"), I = as_int(cols_of(in), "I"), O = as_int(W.size(0), "O");
+  DF_CHECK(W.ndim == 2 && W.size(1) == I && rows_of(out) == N && cols_of(out) == O, Internal,
+           "matmul_forward: out " << out.shape_str() << " = in " << in.shape_str() << " · W^T " << W.shape_str());
+  float beta = acc == ops::Accumulate::Yes ? 1.f : 0.f;
+  gemm(be, stream_of(ctx), true, false, O, N, I, W.data, I, in.data, I, out.data, out.dtype, O, beta);
+}
+
+void matmul_backward(const Ctx& ctx, const Tensor& din, const Tensor& dW, const Tensor& dout, const Tensor& in,
+                     const Tensor& W) {
+  Backend& be = backend_of(ctx);
+  DF_CHECK(dout.dtype == DType::BF16 && W.dtype == DType::BF16 && in.dtype == DType::BF16, Internal,
+           "matmul_backward: dout, in and W must be BF16");
+  int N = as_int(rows_of(dout), "N"), O = as_int(cols_of(dout), "O"), I = as_int(W.size(1), "I");
+  DF_CHECK(W.size(0) == O && rows_of(in) == N && cols_of(in) == I, Internal,
+           "matmul_backward: dout " << dout.shape_str() << ", in " << in.shape_str() << ", W " << W.shape_str());
+  if (!din.empty()) {
+    DF_CHECK(rows_of(din) == N && cols_of(din) == I, Internal, "matmul_backward: din " << din.shape_str());
+    // din^T [I, N] = W^T [I, O] · dout^T [O, N]
+    gemm(be, stream_of(ctx), false, false, I, N, O, W.data, I, dout.data, O, din.data, din.dtype, I, 0.f);
+  }
+  if (!dW.empty()) {
+    DF_CHECK(dW.ndim == 2 && dW.size(0) == O && dW.size(1) == I, Internal, "matmul_backward: dW " << dW.shape_str());
+    // dW^T [I, O] += in^T [I, N] · dout [N, O]
+    gemm(be, stream_of(ctx), false, true, I, O, N, in.data, I, dout.data, O, dW.data, dW.dtype, I, 1.f);
+  }
+}
+
+}  // namespace dflash::cuda

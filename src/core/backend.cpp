@@ -1,0 +1,106 @@
+#include "dflash/backend.h"
+
+#include <cstring>
+#include <vector>
+
+#include "dflash/error.h"
+
+#ifdef DFLASH_HAVE_CUDA
+#include "backend.cuh"
+#endif
+
+namespace dflash {
+
+namespace {
+bool is_float(DType t) { return t == DType::F32 || t == DType::BF16 || t == DType::F16; }
+
+// Host-side conversion of n floating elements from src_type to dst_type.
+void convert_host(void* dst, DType dst_type, const void* src, DType src_type, size_t n) {
+  if (dst_type == src_type) {
+    std::memcpy(dst, src, n * dtype_size(dst_type));
+    return;
+  }
+  std::vector<float> f32;
+  const float* from = static_cast<const float*>(src);
+  if (src_type != DType::F32) {
+    f32.resize(n);
+    to_f32(f32.data(), src, src_type, n);
+    from = f32.data();
+  }
+  if (dst_type == DType::F32) {
+    std::memcpy(dst, from, n * sizeof(float));
+  } else if (dst_type == DType::BF16) {
+    uint16_t* d = static_cast<uint16_t*>(dst);
+    for (size_t i = 0; i < n; ++i) d[i] = f32_to_bf16(from[i]);
+  } else {
+    uint16_t* d = static_cast<uint16_t*>(dst);
+    for (size_t i = 0; i < n; ++i) d[i] = f32_to_f16(from[i]);
+  }
+}
+}  // namespace
+
+int cuda_device_count() {
+#ifdef DFLASH_HAVE_CUDA
+  return cuda::device_count();
+#else
+  return 0;
+#endif
+}
+
+Ctx make_ctx(Device device, int gpu) {
+  if (device == Device::CPU) return cpu_ctx();
+#ifdef DFLASH_HAVE_CUDA
+  cuda::Backend& b = cuda::backend_for_device(gpu);
+  DF_CHECK(cudaSetDevice(gpu) == cudaSuccess, DeviceFailure, "cudaSetDevice(" << gpu << ") failed");
+  Ctx ctx;
+  ctx.device = Device::CUDA;
+  ctx.stream = b.stream;
+  ctx.backend = &b;
+  return ctx;
+#else
+  fatal(ExitCode::BadOptions, "a CUDA context was requested but this build has no CUDA backend",
+        "rebuild with a CUDA toolkit (DFLASH_CUDA=ON) or run with --backend cpu");
+#endif
+}
+
+void synchronize(const Ctx& ctx) {
+  if (ctx.device == Device::CPU) return;
+#ifdef DFLASH_HAVE_CUDA
+  cuda::synchronize_stream(ctx);
+#endif
+}
+
+void copy_tensor(const Ctx& ctx, const Tensor& dst, const Tensor& src) {
+  DF_CHECK(dst.numel() == src.numel(), Internal,
+           "copy_tensor: dst " << dst.shape_str() << " and src " << src.shape_str() << " differ in size");
+  DF_CHECK(dst.dtype == src.dtype || (is_float(dst.dtype) && is_float(src.dtype)), Internal,
+           "copy_tensor: cannot convert " << dtype_name(src.dtype) << " to " << dtype_name(dst.dtype));
+  size_t n = dst.numel();
+  if (n == 0) return;
+  bool host_only = dst.device == Device::CPU && src.device == Device::CPU;
+  if (host_only) {
+    convert_host(dst.data, dst.dtype, src.data, src.dtype, n);
+    return;
+  }
+#ifdef DFLASH_HAVE_CUDA
+  DF_CHECK(ctx.device == Device::CUDA, Internal, "copy_tensor: a device tensor needs a CUDA context");
+  if (dst.dtype == src.dtype) {
+    cuda::copy_bytes(ctx, dst.data, src.data, dst.nbytes());
+  } else if (src.device == Device::CPU) {  // convert on the host, then upload
+    std::vector<char> staged(dst.nbytes());
+    convert_host(staged.data(), dst.dtype, src.data, src.dtype, n);
+    cuda::copy_bytes(ctx, dst.data, staged.data(), staged.size());
+    synchronize(ctx);  // staged must outlive the copy
+  } else if (dst.device == Device::CPU) {  // download, then convert on the host
+    std::vector<char> staged(src.nbytes());
+    cuda::copy_bytes(ctx, staged.data(), src.data, staged.size());
+    convert_host(dst.data, dst.dtype, staged.data(), src.dtype, n);
+  } else {
+    fatal(ExitCode::Internal, "copy_tensor: device-to-device dtype conversion is not supported");
+  }
+#else
+  fatal(ExitCode::BadOptions, "copy_tensor: a device tensor in a build without CUDA");
+#endif
+}
+
+}  // namespace dflash
