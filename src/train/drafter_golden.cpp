@@ -66,16 +66,22 @@ int DrafterGoldenReport::failures() const {
   return static_cast<int>(std::count_if(checks.begin(), checks.end(), [](const GoldenCheck& c) { return !c.ok(); }));
 }
 
-DrafterGoldenReport run_drafter_golden(const std::string& case_dir) {
+FeatureBatch GoldenInputs::feature_batch() const {
+  const int64_t K = static_cast<int64_t>(layer_ids.size()), T = batch.num_tokens();
+  FeatureBatch fb;
+  fb.batch = &batch;
+  fb.features = cpu_view(features.data(), {K, T, hidden});
+  fb.final_norm = cpu_view(final_norm.data(), {T, hidden});
+  return fb;
+}
+
+GoldenInputs load_golden_inputs(const std::string& case_dir) {
   const json cj = read_json(case_dir + "/case.json");
   SafetensorsFile gold(case_dir + "/golden.safetensors");
-  DrafterGoldenReport rep;
-  auto scalar = [&](const std::string& name, double x, double ref) {
-    rep.checks.push_back({name, scalar_err(x, ref), kScalarTol});
-  };
-
-  // ---- the packed batch and the features the drafter reads
-  PackedBatch batch;
+  GoldenInputs g;
+  g.target_dir = case_dir + "/target";
+  g.drafter_dir = case_dir + "/drafter_init";
+  PackedBatch& batch = g.batch;
   batch.tokens = read_ints<int32_t>(gold, "tokens", DType::I32);
   batch.cu_seqlens = read_ints<int32_t>(gold, "cu_seqlens", DType::I32);
   batch.loss_mask = read_ints<uint8_t>(gold, "loss_mask", DType::U8);
@@ -83,33 +89,27 @@ DrafterGoldenReport run_drafter_golden(const std::string& case_dir) {
   const TensorInfo& hid = gold.get("target.hidden");
   DF_CHECK(hid.shape.size() == 3 && hid.shape[1] == T, BadInput, "target.hidden has shape " << hid.shape_str());
   const int64_t L = hid.shape[0], H = hid.shape[2];
+  g.num_layers = L;
+  g.hidden = H;
   std::vector<float> hidden(hid.numel());
   tensor_to_f32(hid, hidden.data(), gold.path());
-  std::vector<float> final_norm = read_f32(gold, "target.final_norm", static_cast<size_t>(T * H));
-
-  const std::vector<int> layer_ids = cj.at("layer_ids").get<std::vector<int>>();
-  const int64_t K = static_cast<int64_t>(layer_ids.size());
-  std::vector<float> features(static_cast<size_t>(K * T * H));
+  g.final_norm = read_f32(gold, "target.final_norm", static_cast<size_t>(T * H));
+  g.layer_ids = cj.at("layer_ids").get<std::vector<int>>();
+  const int64_t K = static_cast<int64_t>(g.layer_ids.size());
+  g.features.resize(static_cast<size_t>(K * T * H));
   for (int64_t i = 0; i < K; ++i) {
-    DF_CHECK(layer_ids[i] >= 0 && layer_ids[i] < L, BadInput, "case layer id " << layer_ids[i] << " out of range");
-    std::copy_n(hidden.begin() + static_cast<std::ptrdiff_t>(layer_ids[i] * T * H), T * H,
-                features.begin() + static_cast<std::ptrdiff_t>(i * T * H));
+    DF_CHECK(g.layer_ids[i] >= 0 && g.layer_ids[i] < L, BadInput, "case layer id " << g.layer_ids[i] << " out of range");
+    std::copy_n(hidden.begin() + static_cast<std::ptrdiff_t>(g.layer_ids[i] * T * H), T * H,
+                g.features.begin() + static_cast<std::ptrdiff_t>(i * T * H));
   }
-  FeatureBatch fb;
-  fb.batch = &batch;
-  fb.features = cpu_view(features.data(), {K, T, H});
-  fb.final_norm = cpu_view(final_norm.data(), {T, H});
-
-  std::vector<int64_t> anchors;
   const auto per_seq = cj.at("anchors").get<std::vector<std::vector<int64_t>>>();
   DF_CHECK(static_cast<int>(per_seq.size()) == batch.num_seqs(), BadInput, "case.json anchors per sequence");
   for (size_t s = 0; s < per_seq.size(); ++s)
-    for (int64_t a : per_seq[s]) anchors.push_back(a + batch.cu_seqlens[s]);
-
+    for (int64_t a : per_seq[s]) g.anchors.push_back(a + batch.cu_seqlens[s]);
   const json& aw = cj.at("adamw");
-  TrainOptions opt;
+  TrainOptions& opt = g.opt;
   opt.gamma = cj.at("gamma").get<float>();
-  opt.max_anchors = static_cast<int>(anchors.size());
+  opt.max_anchors = static_cast<int>(g.anchors.size());
   opt.lr = aw.at("lr").get<float>();
   opt.beta1 = aw.at("beta1").get<float>();
   opt.beta2 = aw.at("beta2").get<float>();
@@ -118,7 +118,25 @@ DrafterGoldenReport run_drafter_golden(const std::string& case_dir) {
   opt.clip = aw.at("clip").get<float>();
   opt.warmup_steps = 0;
   opt.total_steps = 0;
-  const std::string target_dir = case_dir + "/target", drafter_dir = case_dir + "/drafter_init";
+  opt.hs_noise = 0.f;
+  return g;
+}
+
+DrafterGoldenReport run_drafter_golden(const std::string& case_dir) {
+  const json cj = read_json(case_dir + "/case.json");
+  SafetensorsFile gold(case_dir + "/golden.safetensors");
+  DrafterGoldenReport rep;
+  auto scalar = [&](const std::string& name, double x, double ref) {
+    rep.checks.push_back({name, scalar_err(x, ref), kScalarTol});
+  };
+  const GoldenInputs in = load_golden_inputs(case_dir);
+  const FeatureBatch fb = in.feature_batch();
+  const std::vector<int64_t>& anchors = in.anchors;
+  const std::vector<int>& layer_ids = in.layer_ids;
+  const int64_t T = in.batch.num_tokens();
+  TrainOptions opt = in.opt;
+  const std::string& target_dir = in.target_dir;
+  const std::string& drafter_dir = in.drafter_dir;
 
   for (LossKind kind : {LossKind::CE, LossKind::KL}) {
     const std::string obj = kind == LossKind::CE ? "ce" : "kl";

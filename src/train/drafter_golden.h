@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include "dflash/drafter.h"
+
 namespace dflash::train {
 
 struct GoldenCheck {
@@ -20,6 +22,22 @@ struct DrafterGoldenReport {
   bool ok() const;
   int failures() const;
 };
+
+// The inputs of a golden case as the trainer takes them: the packed batch, the features of the case's
+// layer_ids [k, T, H], the target's final_norm [T, H], the anchors (global), and TrainOptions with the
+// case's gamma and AdamW settings (no warmup, no schedule, no noise). Paths: case_dir/target and
+// case_dir/drafter_init.
+struct GoldenInputs {
+  std::string target_dir, drafter_dir;
+  PackedBatch batch;
+  std::vector<float> features, final_norm;
+  std::vector<int> layer_ids;
+  int64_t num_layers = 0, hidden = 0;
+  std::vector<int64_t> anchors;
+  TrainOptions opt;
+  FeatureBatch feature_batch() const;  // views into this object
+};
+GoldenInputs load_golden_inputs(const std::string& case_dir);
 
 // Runs every check of the case in `case_dir`. Missing or malformed files are BadInput errors.
 DrafterGoldenReport run_drafter_golden(const std::string& case_dir);
