@@ -81,6 +81,7 @@ void embed_bad_token() {
 
 TEST(GpuOps, EmbeddingBadTokenIsBadInput) {
   SKIP_WITHOUT_GPU();
+  GTEST_FLAG_SET(death_test_style, "threadsafe");  // a forked child cannot use the parent's CUDA context
   EXPECT_EXIT(embed_bad_token(), testing::ExitedWithCode(static_cast<int>(ExitCode::BadInput)), "token id outside");
 }
 
