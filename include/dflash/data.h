@@ -50,6 +50,21 @@ struct TokenRecords {
 void write_token_dataset(const std::string& path, const TokenRecords& records, int vocab_size,
                          const std::string& tokenizer);
 
+// JSONL -> dataset conversion (dflash-prep). Each non-blank line is one pre-tokenized record:
+//   {"input_ids": [int, ...], "loss_mask": [0|1, ...]}      (loss_mask optional = all 1)
+// A bad line (not JSON, no/empty input_ids, an id outside [0, vocab_size), a mask of the wrong length or
+// with values other than 0/1) is a fatal BadInput "IN:LINE: what". progress: prints a progress line to
+// stderr about once a second while reading large inputs.
+enum class Progress { Quiet, Stderr };
+struct PrepResult {
+  int64_t records = 0;
+  int64_t tokens = 0;
+  int64_t loss_tokens = 0;  // tokens with loss_mask = 1
+};
+TokenRecords read_jsonl_records(const std::string& jsonl_path, int vocab_size, Progress progress);
+PrepResult convert_jsonl_to_dataset(const std::string& jsonl_path, const std::string& out_path, int vocab_size,
+                                    const std::string& tokenizer, Progress progress);
+
 // An open, validated dataset. Offsets live in memory (8 bytes per record); tokens and masks are read
 // per record (hyperslabs), so a dataset of billions of tokens does not have to fit in every rank's RAM.
 class TokenDataset {

@@ -1,0 +1,63 @@
+// dflash-prep: converts pre-tokenized JSONL records into a dflash token dataset (docs/data.md).
+//
+//   dflash-prep IN.jsonl OUT.h5 (--vocab-size N | --target DIR) [--tokenizer NAME]
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+#include "dflash/data.h"
+#include "dflash/error.h"
+#include "dflash/hf_config.h"
+
+using namespace dflash;
+
+static const char* kUsage =
+    "usage: dflash-prep IN.jsonl OUT.h5 (--vocab-size N | --target DIR) [--tokenizer NAME]\n"
+    "  IN.jsonl: one record per line, {\"input_ids\": [...], \"loss_mask\": [...]} (loss_mask optional = all 1)\n"
+    "  --vocab-size N  ids must be < N;  --target DIR  take N from DIR/config.json\n"
+    "  --tokenizer NAME  stored as the dataset's tokenizer attribute (e.g. Qwen/Qwen3-8B)\n";
+
+int main(int argc, char** argv) {
+  process_identity().role = "tool";
+  std::string in, out, target, tokenizer = "unknown";
+  int vocab = 0;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    auto value = [&](const char* flag) -> std::string {
+      DF_CHECK_HINT(i + 1 < argc, BadOptions, flag << " needs a value", kUsage);
+      return argv[++i];
+    };
+    if (a == "--help" || a == "-h") {
+      std::fputs(kUsage, stdout);
+      return 0;
+    } else if (a == "--vocab-size") {
+      std::string v = value("--vocab-size");
+      char* end = nullptr;
+      long n = std::strtol(v.c_str(), &end, 10);
+      DF_CHECK_HINT(end && *end == '\0' && n > 0 && n < (1L << 31), BadOptions, "--vocab-size: bad value '" << v << "'",
+                    kUsage);
+      vocab = static_cast<int>(n);
+    } else if (a == "--target") {
+      target = value("--target");
+    } else if (a == "--tokenizer") {
+      tokenizer = value("--tokenizer");
+    } else if (!a.empty() && a[0] == '-') {
+      DF_FAIL(BadOptions, "unknown option " << a, kUsage);
+    } else if (in.empty()) {
+      in = a;
+    } else if (out.empty()) {
+      out = a;
+    } else {
+      DF_FAIL(BadOptions, "unexpected argument " << a, kUsage);
+    }
+  }
+  DF_CHECK_HINT(!in.empty() && !out.empty(), BadOptions, "need IN.jsonl and OUT.h5", kUsage);
+  DF_CHECK_HINT((vocab > 0) != !target.empty(), BadOptions, "give exactly one of --vocab-size and --target", kUsage);
+  if (!target.empty()) vocab = load_qwen3_config(target + "/config.json").vocab_size;
+
+  PrepResult r = convert_jsonl_to_dataset(in, out, vocab, tokenizer, Progress::Stderr);
+  std::printf("dflash-prep: wrote %s: %lld records, %lld tokens (%lld with loss), vocab %d\n", out.c_str(),
+              static_cast<long long>(r.records), static_cast<long long>(r.tokens), static_cast<long long>(r.loss_tokens),
+              vocab);
+  return 0;
+}

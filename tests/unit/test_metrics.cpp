@@ -1,0 +1,249 @@
+// metrics.h5 writer/reader, crash survival, and the status line.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "dflash/metrics.h"
+
+using namespace dflash;
+
+namespace {
+
+std::string make_temp_dir() {
+  char tmpl[] = "/tmp/dflash-metrics-test-XXXXXX";
+  char* d = mkdtemp(tmpl);
+  EXPECT_NE(d, nullptr);
+  return d ? std::string(d) : std::string("/tmp");
+}
+
+StepMetrics step_row(int64_t i) {
+  StepMetrics s;
+  s.step = i;
+  s.time_s = 0.5 * static_cast<double>(i);
+  s.loss = 3.0 / static_cast<double>(i + 1);
+  s.acc = 0.01 * static_cast<double>(i);
+  s.agree = 0.02 * static_cast<double>(i);
+  s.streak = 0.1 * static_cast<double>(i);
+  s.lr = 1e-5 * static_cast<double>(i);
+  s.noise = 0.1;
+  s.grad_norm = 1.5 + static_cast<double>(i);
+  s.tokens = 1000 + i;
+  s.anchors = 50 + i;
+  return s;
+}
+
+MetricsLayout cpu_layout(int t, int d, int flush_every = 4) {
+  MetricsLayout l;
+  l.num_targets = t;
+  l.num_drafters = d;
+  l.gpu_available = false;
+  l.gpu_unavailable_reason = "CPU backend: no NVML";
+  l.flush_every = flush_every;
+  return l;
+}
+
+}  // namespace
+
+TEST(Metrics, WriteAndReadBack) {
+  const std::string path = make_temp_dir() + "/metrics.h5";
+  {
+    MetricsWriter w(path, cpu_layout(3, 2));
+    for (int64_t i = 0; i < 25; ++i) w.append_step(step_row(i));
+    for (int iv = 0; iv < 2; ++iv)
+      for (int r = 0; r < 5; ++r) {
+        RankTiming t;
+        t.interval = iv;
+        t.time_s = 10.0 * (iv + 1);
+        t.rank = r;
+        t.role = r < 3 ? MetricsRole::Target : MetricsRole::Drafter;
+        t.batches = 10 + r;
+        t.busy_s = 7.5 + r;
+        t.wait_s = 2.5 - 0.1 * r;
+        t.compute_s = r < 3 ? t.busy_s : 6.0;
+        t.credit_wait_s = r < 3 ? 1.0 : 0.0;
+        t.allreduce_s = r < 3 ? 0.0 : 0.75;
+        w.append_rank_timing(t);
+      }
+    w.append_queues(1.0, {4, 3, 2}, {1, 0});
+    w.append_queues(2.0, {5, 5, 4}, {2, 2});
+    w.set_attribute("topology", std::string("3-2"));
+    w.set_attribute("options", std::string("{\"lr\": 0.0006}"));
+    w.set_attribute("world_size", int64_t{5});
+    w.set_attribute("token_budget_k", 32.768);
+    w.set_attribute("topology", std::string("3-2 (overwritten)"));
+    EXPECT_EQ(w.num_steps(), 25);
+  }
+  MetricsReader r(path);
+  std::vector<double> step = r.series("steps/step"), loss = r.series("steps/loss"), tokens = r.series("steps/tokens");
+  ASSERT_EQ(step.size(), 25u);
+  for (int64_t i = 0; i < 25; ++i) {
+    StepMetrics e = step_row(i);
+    EXPECT_EQ(step[i], static_cast<double>(e.step));
+    EXPECT_DOUBLE_EQ(loss[i], e.loss);
+    EXPECT_EQ(tokens[i], static_cast<double>(e.tokens));
+  }
+  for (const char* s : {"time_s", "acc", "agree", "streak", "lr", "noise", "grad_norm", "anchors"})
+    EXPECT_EQ(r.rows(std::string("steps/") + s), 25) << s;
+  EXPECT_DOUBLE_EQ(r.series("steps/grad_norm")[24], step_row(24).grad_norm);
+  EXPECT_EQ(r.rows("ranks/rank"), 10);
+  EXPECT_DOUBLE_EQ(r.series("ranks/busy_s")[6], 8.5);
+  EXPECT_EQ(r.series("ranks/role")[4], 1.0);
+  EXPECT_DOUBLE_EQ(r.series("ranks/allreduce_s")[9], 0.75);
+  int64_t cols = 0;
+  std::vector<double> q_pre = r.matrix("queues/q_pre", &cols);
+  EXPECT_EQ(cols, 3);
+  EXPECT_EQ(q_pre, (std::vector<double>{4, 3, 2, 5, 5, 4}));
+  std::vector<double> q_hs = r.matrix("queues/q_hs", &cols);
+  EXPECT_EQ(cols, 2);
+  EXPECT_EQ(q_hs, (std::vector<double>{1, 0, 2, 2}));
+  EXPECT_EQ(r.series("queues/time_s"), (std::vector<double>{1.0, 2.0}));
+  EXPECT_EQ(r.attribute_string("/", "topology"), "3-2 (overwritten)");
+  EXPECT_EQ(r.attribute_string("/", "options"), "{\"lr\": 0.0006}");
+  EXPECT_EQ(r.attribute_number("/", "world_size"), 5.0);
+  EXPECT_DOUBLE_EQ(r.attribute_number("/", "token_budget_k"), 32.768);
+  // On the CPU backend: the gpus group says why there is nothing, and holds no invented numbers.
+  EXPECT_EQ(r.attribute_number("/gpus", "available"), 0.0);
+  EXPECT_EQ(r.attribute_string("/gpus", "reason"), "CPU backend: no NVML");
+  EXPECT_FALSE(r.has("gpus/power_w"));
+  EXPECT_TRUE(r.has("gpus"));
+  auto names = r.attribute_names("/");
+  EXPECT_NE(std::find(names.begin(), names.end(), "world_size"), names.end());
+}
+
+TEST(Metrics, GpuSeriesWhenAvailable) {
+  const std::string path = make_temp_dir() + "/metrics.h5";
+  MetricsLayout l = cpu_layout(1, 1);
+  l.gpu_available = true;
+  l.num_gpus = 2;
+  {
+    MetricsWriter w(path, l);
+    w.append_gpus(1.0, {350.5, 120.0}, {99, 10}, {70000, 2000});
+  }
+  MetricsReader r(path);
+  int64_t cols = 0;
+  EXPECT_EQ(r.matrix("gpus/power_w", &cols), (std::vector<double>{350.5, 120.0}));
+  EXPECT_EQ(cols, 2);
+  EXPECT_EQ(r.attribute_number("/gpus", "available"), 1.0);
+}
+
+TEST(Metrics, AppendResumesAndDropsStepsAfterCheckpoint) {
+  const std::string path = make_temp_dir() + "/metrics.h5";
+  {
+    MetricsWriter w(path, cpu_layout(2, 1));
+    for (int64_t i = 1; i <= 10; ++i) w.append_step(step_row(i));
+  }
+  {
+    MetricsWriter w(path, cpu_layout(2, 1), MetricsOpen::Append);
+    EXPECT_EQ(w.num_steps(), 10);
+    w.drop_steps_after(6);  // resumed from the step-6 checkpoint
+    EXPECT_EQ(w.num_steps(), 6);
+    w.append_step(step_row(7));
+  }
+  MetricsReader r(path);
+  EXPECT_EQ(r.series("steps/step"), (std::vector<double>{1, 2, 3, 4, 5, 6, 7}));
+  EXPECT_EQ(r.rows("steps/anchors"), 7);
+  {
+    // Create mode keeps the previous file as .prev instead of overwriting it.
+    MetricsWriter w(path, cpu_layout(2, 1));
+  }
+  EXPECT_EQ(MetricsReader(path + ".prev").rows("steps/step"), 7);
+  EXPECT_EQ(MetricsReader(path).rows("steps/step"), 0);
+}
+
+TEST(MetricsDeathTest, AppendWithAnotherTopologyIsRefused) {
+  const std::string path = make_temp_dir() + "/metrics.h5";
+  { MetricsWriter w(path, cpu_layout(2, 1)); }
+  EXPECT_EXIT(MetricsWriter(path, cpu_layout(3, 1), MetricsOpen::Append), testing::ExitedWithCode(3),
+              "does not match this run's layout");
+  EXPECT_EXIT(MetricsReader(path).series("steps/nope"), testing::ExitedWithCode(3), "has no series /steps/nope");
+}
+
+TEST(Metrics, SurvivesSigkillUpToTheLastFlush) {
+  const std::string path = make_temp_dir() + "/metrics.h5";
+  const int flush_every = 5;
+  int pipefd[2];
+  ASSERT_EQ(pipe(pipefd), 0);
+  pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    close(pipefd[0]);
+    MetricsWriter w(path, cpu_layout(2, 1, flush_every));
+    w.set_attribute("topology", std::string("2-1"));
+    for (int64_t i = 0; i < 23; ++i) w.append_step(step_row(i));  // flushed after rows 5, 10, 15, 20
+    char ok = 'k';
+    ssize_t n = write(pipefd[1], &ok, 1);
+    (void)n;
+    for (;;) pause();  // killed here, the writer never closes the file
+  }
+  close(pipefd[1]);
+  char c = 0;
+  ASSERT_EQ(read(pipefd[0], &c, 1), 1);
+  close(pipefd[0]);
+  kill(child, SIGKILL);
+  int status = 0;
+  waitpid(child, &status, 0);
+  ASSERT_TRUE(WIFSIGNALED(status));
+  MetricsReader r(path);
+  std::vector<double> steps = r.series("steps/step");
+  EXPECT_GE(steps.size(), 20u);  // everything up to the last flush
+  EXPECT_LE(steps.size(), 23u);
+  for (size_t i = 0; i < steps.size(); ++i) EXPECT_EQ(steps[i], static_cast<double>(i));
+  EXPECT_EQ(r.rows("steps/loss"), static_cast<int64_t>(steps.size()));
+  EXPECT_EQ(r.attribute_string("/", "topology"), "2-1");
+}
+
+// ---- status line ------------------------------------------------------------------------------
+
+TEST(Status, DurationFormats) {
+  EXPECT_EQ(format_duration(0), "0s");
+  EXPECT_EQ(format_duration(42.9), "42s");
+  EXPECT_EQ(format_duration(59.99), "59s");
+  EXPECT_EQ(format_duration(60), "1m");
+  EXPECT_EQ(format_duration(5 * 60 + 59), "5m");
+  EXPECT_EQ(format_duration(3600), "1h0m");
+  EXPECT_EQ(format_duration(3 * 3600 + 12 * 60 + 30), "3h12m");
+  EXPECT_EQ(format_duration(86400 * 1.2), "1.2d");
+  EXPECT_EQ(format_duration(86400 * 4.7), "4.7d");
+  EXPECT_EQ(format_duration(-1), "?");
+  EXPECT_EQ(format_duration(INFINITY), "?");
+}
+
+TEST(Status, ExactShapeOfTheDesignExample) {
+  StatusInputs in;
+  in.elapsed_s = 5 * 60 + 3;
+  in.step = 58;
+  in.loss = 2.25771;
+  in.acc = 0.0291;
+  in.streak = 0.04;
+  in.lr = 9.8412e-06;
+  in.noise = 0.1;
+  in.target_batches_per_s = 0.8812;
+  in.drafter_batches_per_s = 0.8149;
+  in.tokens_per_s = 25123;
+  in.q_pre = {50, 49, 49, 50, 50, 50, 50};
+  in.q_hs = {20};
+  in.epoch = 0.0099;
+  in.eta_s = 4.7 * 86400 + 100;
+  EXPECT_EQ(format_status_line(in),
+            "[5m] step=58 loss=2.2577 acc=0.029 streak=0.0 lr=9.84e-06 noise=0.1000 | tgt=0.88b/s dft=0.81b/s "
+            "(25.1Ktok/s) | q_pre=[50, 49, 49, 50, 50, 50, 50] q_hs=[20] | epoch~0.01 ETA=4.7d");
+  in.power_w = 4213;
+  in.eta_s.reset();
+  in.tokens_per_s = 2.5e6;
+  in.elapsed_s = 42;
+  EXPECT_EQ(format_status_line(in),
+            "[42s] step=58 loss=2.2577 acc=0.029 streak=0.0 lr=9.84e-06 noise=0.1000 | tgt=0.88b/s dft=0.81b/s "
+            "(2.5Mtok/s) pwr=4.2kW | q_pre=[50, 49, 49, 50, 50, 50, 50] q_hs=[20] | epoch~0.01 ETA=?");
+  in.power_w = 640;
+  in.tokens_per_s = 812;
+  in.q_pre = {1};
+  in.q_hs = {0, 3};
+  std::string s = format_status_line(in);
+  EXPECT_NE(s.find("(812tok/s) pwr=640W | q_pre=[1] q_hs=[0, 3] |"), std::string::npos) << s;
+}
