@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <fstream>
+#include <limits>
 
 #include <nlohmann/json.hpp>
 
@@ -24,14 +25,18 @@ double scalar_err(double x, double ref) {
   return ref == 0.0 ? d : d / std::fabs(ref);
 }
 
-double tensor_err(const float* x, const std::vector<float>& ref) {
-  double num = 0, den = 0;
+GoldenCheck tensor_check(const std::string& name, const std::vector<int64_t>& shape, const float* x,
+                         const std::vector<float>& ref) {
+  double num = 0, den = 0, max_abs = 0;
   for (size_t i = 0; i < ref.size(); ++i) {
     const double d = static_cast<double>(x[i]) - ref[i];
     num += d * d;
     den += static_cast<double>(ref[i]) * ref[i];
+    max_abs = std::max(max_abs, std::fabs(d));
   }
-  return den == 0 ? std::sqrt(num) : std::sqrt(num / den);
+  GoldenCheck c{name, den == 0 ? std::sqrt(num) : std::sqrt(num / den), kTensorTol, shape, max_abs};
+  if (!std::isfinite(num)) c.err = std::numeric_limits<double>::infinity();
+  return c;
 }
 
 std::vector<float> read_f32(SafetensorsFile& f, const std::string& name, size_t expect_numel) {
@@ -127,7 +132,8 @@ DrafterGoldenReport run_drafter_golden(const std::string& case_dir) {
   SafetensorsFile gold(case_dir + "/golden.safetensors");
   DrafterGoldenReport rep;
   auto scalar = [&](const std::string& name, double x, double ref) {
-    rep.checks.push_back({name, scalar_err(x, ref), kScalarTol});
+    const double e = std::isfinite(x) ? scalar_err(x, ref) : std::numeric_limits<double>::infinity();
+    rep.checks.push_back({name, e, kScalarTol, {}, std::fabs(x - ref)});
   };
   const GoldenInputs in = load_golden_inputs(case_dir);
   const FeatureBatch fb = in.feature_batch();
@@ -154,7 +160,7 @@ DrafterGoldenReport run_drafter_golden(const std::string& case_dir) {
     scalar("grad_norm_" + obj, std::sqrt(gn), cj.at("grad_norm_" + obj).get<double>());
     for (const ParamSpec& p : tr.param_layout()) {
       const std::string name = "grad." + obj + "." + p.name;
-      rep.checks.push_back({name, tensor_err(gp + p.offset, read_f32(gold, name, p.numel())), kTensorTol});
+      rep.checks.push_back(tensor_check(name, p.shape, gp + p.offset, read_f32(gold, name, p.numel())));
     }
     if (kind == LossKind::KL) continue;
     scalar("acc", st.acc, cj.at("acc").get<double>());
@@ -177,7 +183,7 @@ DrafterGoldenReport run_drafter_golden(const std::string& case_dir) {
     const float* wp = tr.master_weights().ptr<float>();
     for (const ParamSpec& p : tr.param_layout()) {
       const std::string name = "after2." + p.name;
-      rep.checks.push_back({name, tensor_err(wp + p.offset, read_f32(gold, name, p.numel())), kTensorTol});
+      rep.checks.push_back(tensor_check(name, p.shape, wp + p.offset, read_f32(gold, name, p.numel())));
     }
   }
   return rep;

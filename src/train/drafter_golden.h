@@ -14,6 +14,8 @@ struct GoldenCheck {
   std::string name;  // "loss_ce", "grad.ce.layers.0.self_attn.q_proj.weight", "after2.fc.weight", ...
   double err = 0;    // relative error ||x - ref|| / ||ref|| (absolute where the reference is 0)
   double tol = 0;
+  std::vector<int64_t> shape;  // {} for scalars
+  double max_abs = 0;          // max |x - ref|
   bool ok() const { return err <= tol; }
 };
 
