@@ -20,6 +20,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "dflash/data.h"     // DataPosition
+#include "dflash/options.h"  // Options, DrafterTrainer
 #include "dflash/tensor.h"
 
 namespace dflash {
@@ -67,13 +69,35 @@ std::string options_hash(const OptionMap& invariants);
 // Fatal BadOptions listing every option that differs ("--loss: saved ce, now kl"), added or dropped.
 void check_resume_compatible(const OptionMap& saved, const OptionMap& now, const std::string& checkpoint);
 
+// ---- where each target's data resumes ------------------------------------------------------------
+
+// Targets run ahead of the drafters (prefetch queue, batches in flight, several drafters taking from one
+// target), so "the position after the last batch sent" would skip batches nobody trained on. Instead
+// the drafters record every batch they trained on; per target, the resume point is the loader position
+// after the longest run of consecutive batches trained on, plus the later ones already trained on
+// (a resumed target drops those instead of sending them again). Every batch is trained on exactly once.
+struct ConsumedBatch {  // trivially copyable: travels over MPI as is
+  int32_t target = -1;   // target index (0 .. targets-1, = DataPosition::shard_index)
+  int64_t index = -1;    // the target's loader batch index
+  DataPosition next;     // loader position right after that batch
+};
+struct DataResumePoint {
+  DataPosition position;                                      // the loader restarts here
+  std::vector<std::pair<int64_t, DataPosition>> done_after;   // (index, position after) already trained on
+  bool already_trained(int64_t index) const;
+};
+// Folds batches trained on (from every drafter, any order) into the per-target resume points. A batch
+// trained on twice, or of an unknown target, is fatal Internal.
+void advance_resume_points(std::vector<DataResumePoint>& points, const std::vector<ConsumedBatch>& consumed);
+
 // ---- what a checkpoint holds ------------------------------------------------------------------
 
 struct CheckpointState {
   int64_t step = 0;                                       // optimizer steps completed
   nlohmann::json schedule = nlohmann::json::object();     // epoch progress, tokens seen... (runtime's)
-  std::vector<std::string> data_positions;                // one per target rank (DataPosition::to_string)
-  std::vector<std::string> rng_states;                    // one per world rank (opaque bytes)
+  std::vector<DataResumePoint> data;                      // one per target (target index order)
+  std::vector<std::string> rng_states;                    // one per drafter (drafter index order); a
+                                                          // target's whole RNG state is its data position
   OptionMap options;                                      // resume_invariants() at save time
 };
 
@@ -138,5 +162,48 @@ enum StepDecision : int32_t {
 };
 // Collective over comm: bitwise OR of every member's `local` decision.
 int32_t agree_step_decision(MPI_Comm comm, int32_t local);
+
+// ---- the runtime's side (src/checkpoint/drafter_checkpoint.cpp) ------------------------------------
+
+// Collective over `world`: world rank 0 resolves --resume (resolve_resume with --checkpoint-dir, default
+// OUT/checkpoints) and every rank gets the same answer ("" = start fresh).
+std::string resolve_resume_collective(const Options& o, MPI_Comm world);
+// OUT/checkpoints unless --checkpoint-dir is given.
+std::string checkpoint_dir_of(const Options& o);
+// The options a resume must keep, plus the world size (the topology spec is per node).
+OptionMap resume_invariants_of(const Options& o, int world_size);
+
+// Where target `target_index` starts: the checkpoint's resume point, or the start of the data.
+DataResumePoint target_resume_point(const std::string& resume_dir, int target_index, int num_targets,
+                                    uint64_t seed);
+
+// The drafters' part, called by every drafter rank of the job (collective over drafter_comm).
+class DrafterCheckpointer {
+ public:
+  DrafterCheckpointer(const Options& o, MPI_Comm drafter_comm, int world_size, int num_targets,
+                      std::string resume_dir);
+  // Resuming: checks the options, loads master weights, AdamW state, step and this drafter's RNG into
+  // trainer. Returns the step to continue from (0 when starting fresh).
+  int64_t restore(DrafterTrainer& trainer);
+  // A batch this drafter trained on (its header's target, batch index and next position).
+  void trained_on(int target_index, int64_t batch_index, const DataPosition& next);
+  // After optimizer step `step`: the drafters agree (stop signal anywhere, checkpoint due anywhere),
+  // save if so, and say whether to stop now for a requeue. progress() runs while waiting on peers.
+  enum class Next { Continue, StopForRequeue };
+  Next after_step(int64_t step, DrafterTrainer& trainer, const nlohmann::json& schedule,
+                  const std::function<void()>& progress);
+
+ private:
+  void save(int64_t step, DrafterTrainer& trainer, const nlohmann::json& schedule,
+            const std::function<void()>& progress);
+  const Options& o_;
+  MPI_Comm comm_;
+  int rank_ = 0, size_ = 1;
+  std::string dir_, resume_dir_;
+  OptionMap invariants_;
+  CheckpointTimer timer_;
+  std::vector<DataResumePoint> points_;      // drafter 0: resume points as of the last save
+  std::vector<ConsumedBatch> consumed_;       // this drafter's batches since the last save
+};
 
 }  // namespace dflash

@@ -62,6 +62,7 @@ struct Options {
   // Parsed for the command line's stability; the runtime refuses them until they are implemented.
   std::string checkpoint_every, checkpoint_dir, resume;
   int keep_checkpoints = 3;
+  bool export_checkpoints = false;  // also export each checkpoint's drafter (release format) into it
   double power_budget_w = 0;
 
   // Test hooks.

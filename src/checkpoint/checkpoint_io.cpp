@@ -210,6 +210,33 @@ void check_hash(const nlohmann::json& hashes, const std::string& name, const voi
                 kCorruptHint);
 }
 
+// Data resume points as JSON: [{"position": "dflash-data-pos v1 ...", "done_after": [[index, "..."], ...]}]
+nlohmann::json data_to_json(const std::vector<DataResumePoint>& data) {
+  nlohmann::json a = nlohmann::json::array();
+  for (const DataResumePoint& p : data) {
+    nlohmann::json done = nlohmann::json::array();
+    for (const auto& [index, next] : p.done_after) done.push_back({index, next.to_string()});
+    a.push_back({{"position", p.position.to_string()}, {"done_after", done}});
+  }
+  return a;
+}
+
+std::vector<DataResumePoint> data_from_json(const nlohmann::json& a, const std::string& manifest) {
+  DF_CHECK_HINT(a.is_array(), BadInput, manifest << ": 'data' is not an array", kCorruptHint);
+  std::vector<DataResumePoint> out;
+  for (const auto& e : a) {
+    DataResumePoint p;
+    p.position = DataPosition::parse(field<std::string>(e, "position", manifest));
+    for (const auto& d : field<nlohmann::json>(e, "done_after", manifest)) {
+      DF_CHECK_HINT(d.is_array() && d.size() == 2 && d[0].is_number_integer() && d[1].is_string(), BadInput,
+                    manifest << ": malformed 'done_after' entry " << d.dump(), kCorruptHint);
+      p.done_after.emplace_back(d[0].get<int64_t>(), DataPosition::parse(d[1].get<std::string>()));
+    }
+    out.push_back(std::move(p));
+  }
+  return out;
+}
+
 }  // namespace
 
 // ---- content hash: 4 independent 64-bit lanes (fast on multi-GB checkpoints), then a final mix ------
@@ -300,7 +327,7 @@ std::string save_checkpoint(const std::string& checkpoint_dir, const CheckpointS
     m["step"] = state.step;
     m["created_utc"] = now_utc_iso();
     m["schedule"] = state.schedule;
-    m["data_positions"] = state.data_positions;
+    m["data"] = data_to_json(state.data);
     m["num_rng_states"] = state.rng_states.size();
     m["num_params"] = n;
     m["options_hash"] = options_hash(state.options);
@@ -394,7 +421,7 @@ CheckpointState read_checkpoint_state(const std::string& step_dir) {
   st.step = field<int64_t>(m, "step", manifest);
   DF_CHECK_HINT(st.step >= 0, BadInput, manifest << ": negative step " << st.step, kCorruptHint);
   st.schedule = field<nlohmann::json>(m, "schedule", manifest);
-  st.data_positions = field<std::vector<std::string>>(m, "data_positions", manifest);
+  st.data = data_from_json(field<nlohmann::json>(m, "data", manifest), manifest);
   st.options = field<OptionMap>(m, "options", manifest);
   DF_CHECK_HINT(field<std::string>(m, "options_hash", manifest) == options_hash(st.options), BadInput,
                 manifest << ": the options do not match their recorded hash", kCorruptHint);

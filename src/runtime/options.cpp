@@ -100,6 +100,7 @@ po::options_description describe(Options& o, std::string& topology, std::string&
     ("checkpoint-every", po::value(&o.checkpoint_every), "N steps or Nm minutes (not implemented yet)")
     ("checkpoint-dir", po::value(&o.checkpoint_dir), "(not implemented yet)")
     ("keep-checkpoints", po::value(&o.keep_checkpoints)->default_value(3), "(not implemented yet)")
+    ("export-checkpoints", po::bool_switch(&o.export_checkpoints), "also export each checkpoint's drafter into STEP_DIR/drafter")
     ("resume", po::value(&o.resume), "auto | PATH (not implemented yet)")
     ("power-budget-w", po::value(&o.power_budget_w)->default_value(0.0), "(with --topology auto; not implemented yet)");
   po::options_description hooks("Test hooks");

@@ -24,6 +24,17 @@ std::string fresh_dir(const std::string& name) {
   return d.string();
 }
 
+DataPosition position_at(int target, int targets, int64_t batches) {
+  DataPosition p;
+  p.epoch = batches / 10;
+  p.cursor = batches % 10 * 3;
+  p.batches = batches;
+  p.seed = 1234;
+  p.shard_index = target;
+  p.num_shards = targets;
+  return p;
+}
+
 // A drafter state of n parameters, filled from `seed`.
 struct FakeState {
   std::vector<float> master, m, v;
@@ -38,7 +49,12 @@ struct FakeState {
     }
     st.step = step;
     st.schedule = {{"epoch_progress", 0.25 * static_cast<double>(step)}, {"tokens", step * 1000}};
-    st.data_positions = {"pos target0 step " + std::to_string(step), "pos target1 step " + std::to_string(step)};
+    for (int t = 0; t < 2; ++t) {
+      DataResumePoint p;
+      p.position = position_at(t, 2, step + t);
+      p.done_after = {{step + t + 2, position_at(t, 2, step + t + 3)}};
+      st.data.push_back(p);
+    }
     std::ostringstream engine;
     engine << rng;
     // Binary bytes (a NUL inside), an mt19937 text state and an empty state.
@@ -150,7 +166,11 @@ TEST(Checkpoint, RoundTripIsBitExact) {
   const CheckpointState st = read_checkpoint_state(step_dir);
   EXPECT_EQ(st.step, 42);
   EXPECT_EQ(st.schedule, a.st.schedule);
-  EXPECT_EQ(st.data_positions, a.st.data_positions);
+  ASSERT_EQ(st.data.size(), a.st.data.size());
+  for (size_t t = 0; t < st.data.size(); ++t) {
+    EXPECT_EQ(st.data[t].position, a.st.data[t].position);
+    EXPECT_EQ(st.data[t].done_after, a.st.data[t].done_after);
+  }
   EXPECT_EQ(st.rng_states, a.st.rng_states);
   EXPECT_EQ(st.options, a.st.options);
 
@@ -297,6 +317,32 @@ TEST(Checkpoint, ContentHashSeesEveryBitAndTheLength) {
   EXPECT_NE(h, content_hash64(buf.data(), buf.size() - 1));
   std::vector<unsigned char> zeros(64, 0);
   EXPECT_NE(content_hash64(zeros.data(), 32), content_hash64(zeros.data(), 64));
+}
+
+// ---- data resume points ------------------------------------------------------------------------
+
+TEST(ResumePoints, PositionAdvancesOverConsecutiveBatchesOnly) {
+  // Two targets; batches trained out of order and by several drafters.
+  std::vector<DataResumePoint> points(2);
+  for (int t = 0; t < 2; ++t) points[t].position = position_at(t, 2, 0);
+  auto batch = [](int t, int64_t i) { return ConsumedBatch{t, i, position_at(t, 2, i + 1)}; };
+  advance_resume_points(points, {batch(0, 1), batch(1, 0), batch(0, 3)});
+  EXPECT_EQ(points[0].position, position_at(0, 2, 0));  // batch 0 of target 0 is still in flight
+  EXPECT_TRUE(points[0].already_trained(1) && points[0].already_trained(3) && !points[0].already_trained(2));
+  EXPECT_EQ(points[1].position, position_at(1, 2, 1));
+  EXPECT_TRUE(points[1].done_after.empty());
+  advance_resume_points(points, {batch(0, 0), batch(0, 2)});
+  EXPECT_EQ(points[0].position, position_at(0, 2, 4));  // 0..3 all trained
+  EXPECT_TRUE(points[0].done_after.empty());
+}
+
+TEST(ResumePoints, ABatchTrainedTwiceIsABug) {
+  std::vector<DataResumePoint> points(1);
+  points[0].position = position_at(0, 1, 5);
+  EXPECT_EXIT(advance_resume_points(points, {ConsumedBatch{0, 4, position_at(0, 1, 5)}}), ExitedWithCode(9),
+              "trained on twice");
+  EXPECT_EXIT(advance_resume_points(points, {ConsumedBatch{1, 5, position_at(0, 1, 6)}}), ExitedWithCode(9),
+              "names target 1");
 }
 
 // ---- stop signals ------------------------------------------------------------------------------

@@ -1,0 +1,196 @@
+// The runtime's side of checkpointing: resolving --resume once for the job, the drafters' agreement on
+// when to save or stop, gathering every drafter's trained batches and RNG state to the first drafter,
+// which writes the checkpoint on a helper thread while its main thread keeps MPI moving.
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <thread>
+
+#include "dflash/checkpoint.h"
+#include "dflash/error.h"
+#include "dflash/mpi_typed.h"
+
+namespace dflash {
+namespace {
+
+// Variable-length gather of trivially copyable items to rank 0 of comm, driving progress() while waiting.
+template <class T>
+std::vector<T> gather_to_first(const std::vector<T>& mine, MPI_Comm comm, int rank, int size, double timeout_s,
+                               const std::function<void()>& progress, const char* what) {
+  static_assert(std::is_trivially_copyable<T>::value, "gathered items travel as bytes");
+  auto why = [what] { return std::string("drafters did not complete the checkpoint's gather of ") + what + " (one is lost)"; };
+  std::vector<int64_t> counts(rank == 0 ? size : 1);
+  int64_t n = static_cast<int64_t>(mine.size());
+  MPI_Request r = mpi::igather(&n, 1, counts.data(), 0, comm);
+  mpi::wait(r, timeout_s, why, progress);
+  std::vector<int> byte_counts(size, 0), displs(size, 0);
+  std::vector<T> all;
+  if (rank == 0) {
+    int64_t total = 0;
+    for (int i = 0; i < size; ++i) {
+      byte_counts[i] = mpi::count_of<char>(static_cast<size_t>(counts[i]) * sizeof(T));
+      displs[i] = mpi::count_of<char>(static_cast<size_t>(total) * sizeof(T));
+      total += counts[i];
+    }
+    all.resize(static_cast<size_t>(total));
+  }
+  DF_MPI(MPI_Igatherv(mine.data(), mpi::count_of<char>(mine.size() * sizeof(T)), MPI_BYTE, all.data(),
+                      byte_counts.data(), displs.data(), MPI_BYTE, 0, comm, &r));
+  mpi::wait(r, timeout_s, why, progress);
+  return all;
+}
+
+CheckpointTensors trainer_tensors(DrafterTrainer& trainer) {
+  CheckpointTensors t{trainer.master_weights(), trainer.adam_m(), trainer.adam_v()};
+  // The CUDA trainer's state lives on the GPU: staging it to host buffers is not built yet.
+  DF_CHECK_HINT(t.master.device == Device::CPU, BadOptions, "checkpointing a CUDA drafter is not implemented yet",
+                "run without --checkpoint-every/--resume on --backend cuda");
+  return t;
+}
+
+}  // namespace
+
+std::string checkpoint_dir_of(const Options& o) {
+  return o.checkpoint_dir.empty() ? o.out_dir + "/checkpoints" : o.checkpoint_dir;
+}
+
+OptionMap resume_invariants_of(const Options& o, int world_size) {
+  OptionMap m = resume_invariants(o.resolved);
+  m["world-size"] = std::to_string(world_size);
+  return m;
+}
+
+std::string resolve_resume_collective(const Options& o, MPI_Comm world) {
+  int rank = 0;
+  DF_MPI(MPI_Comm_rank(world, &rank));
+  std::string dir = rank == 0 ? resolve_resume(o.resume, checkpoint_dir_of(o)) : std::string();
+  int64_t len = static_cast<int64_t>(dir.size());
+  mpi::bcast(&len, 1, 0, world);
+  dir.resize(static_cast<size_t>(len));
+  if (len > 0) mpi::bcast(dir.data(), dir.size(), 0, world);
+  return dir;
+}
+
+DataResumePoint target_resume_point(const std::string& resume_dir, int target_index, int num_targets, uint64_t seed) {
+  if (resume_dir.empty()) {
+    DataResumePoint p;
+    p.position.seed = seed;
+    p.position.shard_index = target_index;
+    p.position.num_shards = num_targets;
+    return p;
+  }
+  CheckpointState st = read_checkpoint_state(resume_dir);
+  DF_CHECK_HINT(st.data.size() == static_cast<size_t>(num_targets), BadInput,
+                resume_dir << " holds data positions of " << st.data.size() << " targets, this job has " << num_targets,
+                "resume with the topology the checkpoint was made with");
+  return st.data[target_index];
+}
+
+DrafterCheckpointer::DrafterCheckpointer(const Options& o, MPI_Comm drafter_comm, int world_size, int num_targets,
+                                         std::string resume_dir)
+    : o_(o), comm_(drafter_comm), dir_(checkpoint_dir_of(o)), resume_dir_(std::move(resume_dir)),
+      invariants_(resume_invariants_of(o, world_size)), timer_(parse_checkpoint_every(o.checkpoint_every)) {
+  DF_MPI(MPI_Comm_rank(comm_, &rank_));
+  DF_MPI(MPI_Comm_size(comm_, &size_));
+  DF_CHECK_HINT(o.keep_checkpoints >= 1, BadOptions, "bad value " << o.keep_checkpoints << " for --keep-checkpoints",
+                "--keep-checkpoints must be >= 1");
+  for (int t = 0; t < num_targets; ++t) points_.push_back(target_resume_point("", t, num_targets, o.train.seed));
+}
+
+int64_t DrafterCheckpointer::restore(DrafterTrainer& trainer) {
+  if (resume_dir_.empty()) return 0;
+  CheckpointState st = read_checkpoint_state(resume_dir_);
+  check_resume_compatible(st.options, invariants_, resume_dir_);
+  DF_CHECK_HINT(st.rng_states.size() == static_cast<size_t>(size_) && st.data.size() == points_.size(), BadInput,
+                resume_dir_ << " was written by " << st.rng_states.size() << " drafters and " << st.data.size()
+                            << " targets, this job has " << size_ << " and " << points_.size(),
+                "resume with the topology the checkpoint was made with");
+  load_checkpoint_tensors(resume_dir_, trainer_tensors(trainer));
+  trainer.set_step(st.step);
+  trainer.set_rng_state(st.rng_states[rank_]);
+  points_ = st.data;
+  timer_.saved();
+  return st.step;
+}
+
+void DrafterCheckpointer::trained_on(int target_index, int64_t batch_index, const DataPosition& next) {
+  consumed_.push_back(ConsumedBatch{target_index, batch_index, next});
+}
+
+DrafterCheckpointer::Next DrafterCheckpointer::after_step(int64_t step, DrafterTrainer& trainer,
+                                                          const nlohmann::json& schedule,
+                                                          const std::function<void()>& progress) {
+  int32_t decision = kStepContinue;
+  if (stop_signal_received() != 0) decision |= kStepStop;
+  if (timer_.due(step)) decision |= kStepCheckpoint;
+  if (size_ > 1) {
+    MPI_Request r = mpi::iallreduce(&decision, 1, MPI_BOR, comm_);
+    mpi::wait(r, o_.peer_timeout_s, [] { return std::string("drafters did not agree on checkpointing (one is lost)"); },
+              progress);
+  }
+  if (decision == kStepContinue) return Next::Continue;
+  save(step, trainer, schedule, progress);
+  if (!(decision & kStepStop)) return Next::Continue;
+  if (rank_ == 0) {
+    std::printf("[dflash] stop signal (%d) received: checkpointed at step %lld, exiting with code %d for a requeue\n",
+                stop_signal_received(), static_cast<long long>(step), static_cast<int>(ExitCode::Requeue));
+    std::fflush(stdout);
+  }
+  return Next::StopForRequeue;
+}
+
+void DrafterCheckpointer::save(int64_t step, DrafterTrainer& trainer, const nlohmann::json& schedule,
+                               const std::function<void()>& progress) {
+  const auto t0 = mpi::Clock::now();
+  std::vector<ConsumedBatch> consumed =
+      gather_to_first(consumed_, comm_, rank_, size_, o_.peer_timeout_s, progress, "trained batches");
+  consumed_.clear();
+  const std::string rng = trainer.rng_state();
+  std::vector<char> rng_bytes(rng.begin(), rng.end());
+  std::vector<int64_t> rng_len = gather_to_first(std::vector<int64_t>{static_cast<int64_t>(rng.size())}, comm_, rank_,
+                                                 size_, o_.peer_timeout_s, progress, "RNG sizes");
+  std::vector<char> all_rng = gather_to_first(rng_bytes, comm_, rank_, size_, o_.peer_timeout_s, progress, "RNG states");
+
+  if (rank_ == 0) {
+    advance_resume_points(points_, consumed);
+    CheckpointState st;
+    st.step = step;
+    st.schedule = schedule;
+    st.data = points_;
+    st.options = invariants_;
+    size_t off = 0;
+    for (int64_t len : rng_len) {
+      st.rng_states.emplace_back(all_rng.data() + off, static_cast<size_t>(len));
+      off += static_cast<size_t>(len);
+    }
+    CheckpointSaveOptions so;
+    so.keep_last = o_.keep_checkpoints;
+    if (o_.export_checkpoints)
+      so.also_write = [&](const std::string& step_dir) { trainer.export_release(step_dir + "/drafter", o_.export_dtype); };
+    // File I/O only on the helper thread (no MPI there); this thread keeps the targets' messages moving.
+    std::atomic<bool> done{false};
+    std::string written;
+    const CheckpointTensors tensors = trainer_tensors(trainer);
+    std::thread writer([&] {
+      written = save_checkpoint(dir_, st, tensors, so);
+      done = true;
+    });
+    mpi::Backoff backoff(20000);
+    while (!done) {
+      progress();
+      backoff.idle();
+    }
+    writer.join();
+    std::printf("[dflash] checkpoint step %lld -> %s (%.1f s)\n", static_cast<long long>(step), written.c_str(),
+                mpi::seconds_since(t0));
+    std::fflush(stdout);
+  }
+  // Nobody goes on (or exits for a requeue) before the checkpoint is committed.
+  MPI_Request r;
+  DF_MPI(MPI_Ibarrier(comm_, &r));
+  mpi::wait(r, 10 * o_.peer_timeout_s,
+            [] { return std::string("the first drafter did not finish writing the checkpoint in time"); }, progress);
+  timer_.saved();
+}
+
+}  // namespace dflash
