@@ -41,7 +41,7 @@ void residual_rmsnorm_forward(const Ctx& ctx, const Tensor& resid, const Tensor&
 // ---- per-head norm + rotary embedding -----------------------------------------------------------
 // Qwen3 QK-norm then neox RoPE, per head:
 //   y = rmsnorm(x[n, h, :]) * w;  out[n, h, :] = rope(y, pos[n])
-// out/in [N, nh, hd], rstd [N, nh] (saved for backward; may be empty), w [hd], pos [N] (I32).
+// out/in [N, nh, hd] (out may alias in), rstd [N, nh] (saved for backward; may be empty), w [hd], pos [N] (I32).
 // rotary_dim <= hd (partial RoPE rotates the first rotary_dim dims, pairs (i, i + rotary_dim/2)),
 // inv_freq[i] = theta^(-2i/rotary_dim).
 struct RopeSpec {
@@ -56,7 +56,7 @@ void head_norm_rope_backward(const Ctx& ctx, const Tensor& din, const Tensor& dw
                              RopeSpec rope, float eps);
 
 // ---- SwiGLU ------------------------------------------------------------------------------------
-// out [N, I] = silu(gate [N, I]) * up [N, I]
+// out [N, I] = silu(gate [N, I]) * up [N, I]  (out may alias gate or up)
 void swiglu_forward(const Ctx& ctx, const Tensor& out, const Tensor& gate, const Tensor& up);
 // dgate, dup [N, I] (overwritten)
 void swiglu_backward(const Ctx& ctx, const Tensor& dgate, const Tensor& dup, const Tensor& dout,

@@ -8,7 +8,8 @@
 //   dst += in;  x = post_attention_layernorm(dst)                       (fused residual + norm)
 //   dst += (silu(x Wg^T) * x Wu^T) Wd^T                                  (accumulating matmul)
 // A captured layer's `dst` is its slot in CaptureOut.features, so captures cost no copy; other layers
-// alternate between two stream buffers. All activations are allocated once for max_tokens.
+// alternate between two stream buffers (a layer listed twice is copied into its second slot). All
+// activations are allocated once for max_tokens.
 #include "dflash/target.h"
 
 #include <algorithm>
@@ -32,6 +33,7 @@ struct TargetModel::Impl {
   Qwen3Config cfg;
   std::vector<int> capture_layers;
   std::vector<int> capture_slot;  // per layer: index into features, or -1
+  std::vector<std::vector<int>> repeat_slots;  // per layer: further slots listing the same layer (copied)
   int64_t max_tokens = 0;
   DType act = DType::F32;
   Qwen3Weights w;
@@ -63,6 +65,7 @@ TargetModel::TargetModel(const std::string& dir, const Ctx& ctx, std::vector<int
 
   DF_CHECK(max_tokens > 0, BadOptions, "the target needs max_tokens > 0, got " << max_tokens);
   m.capture_slot.assign(L, -1);
+  m.repeat_slots.assign(L, {});
   for (size_t i = 0; i < capture_layers.size(); ++i) {
     const int l = capture_layers[i];
     DF_CHECK_HINT(l >= 0 && l < L, BadOptions,
@@ -70,8 +73,11 @@ TargetModel::TargetModel(const std::string& dir, const Ctx& ctx, std::vector<int
                                    << " decoder layers (ids 0.." << L - 1 << ")",
                   "layer id l is the output of decoder layer l (HF hidden_states[l + 1]); check the drafter's "
                   "target_layer_ids");
-    DF_CHECK(m.capture_slot[l] < 0, BadOptions, "capture layer " << l << " is listed twice");
-    m.capture_slot[l] = static_cast<int>(i);
+    if (m.capture_slot[l] < 0) {
+      m.capture_slot[l] = static_cast<int>(i);
+    } else {  // legal (default ids of a small target can repeat); the layer is written once, then copied
+      m.repeat_slots[l].push_back(static_cast<int>(i));
+    }
   }
   m.capture_layers = std::move(capture_layers);
   m.max_tokens = max_tokens;
@@ -184,6 +190,8 @@ void TargetModel::forward(const PackedBatch& batch, const CaptureOut& out) {
       dst = rows(m.stream[in.data == m.stream[0].t().data ? 1 : 0], T);
     }
     m.layer_forward(m.w.layers[l], in, dst, T, nseq);
+    for (int slot : m.repeat_slots[l])
+      copy_tensor(m.ctx, out.features.slice_rows(slot, slot + 1).reshape({T, H}), dst);
     in = dst;
   }
   if (!out.final_norm.empty()) ops::rmsnorm_forward(m.ctx, out.final_norm, Tensor(), in, m.w.norm, c.rms_norm_eps);

@@ -154,6 +154,21 @@ TEST(TargetGolden, PackedBatchEqualsEachSequenceAlone) {
   }
 }
 
+TEST(TargetGolden, LayerListedTwiceIsCapturedTwice) {
+  const PackedBatch batch = golden_batch();
+  const int64_t T = batch.num_tokens();
+  TargetModel model(kTargetDir, cpu_ctx(), {2, 4, 2}, T);
+  const int64_t H = model.config().hidden_size;
+  RunResult r = run_target(model, batch);
+  SafetensorsFile g(kCase + "/golden.safetensors");
+  const std::vector<float> hidden = read_f32(g, "target.hidden");
+  const std::vector<float> want(hidden.begin() + 2 * T * H, hidden.begin() + 3 * T * H);
+  for (int slot : {0, 2}) {
+    const std::vector<float> got(r.features.begin() + slot * T * H, r.features.begin() + (slot + 1) * T * H);
+    EXPECT_LT(test::rel_err(got, want), 1e-5) << "slot " << slot;
+  }
+}
+
 TEST(TargetGolden, CapturesOnlyAndEmptyFinalNorm) {
   // No captures and no final_norm is legal (a warm-up pass); a later run with final_norm still works.
   const PackedBatch batch = golden_batch();
