@@ -1,5 +1,6 @@
 #include "selftest/selftest.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -89,13 +90,20 @@ const Comparison& SelftestReport::compare(const std::string& name, const std::ve
 }
 
 void SelftestReport::print_table() const {
-  char line[256];
-  std::snprintf(line, sizeof(line), "%-28s %-16s %12s %12s %10s  %s\n", "name", "shape", "max_abs_err", "rel_err",
-                "tol", "result");
+  // Columns as wide as the longest entry, so every row lines up.
+  int name_w = 24, shape_w = 12;
+  for (const Comparison& c : rows_) {
+    name_w = std::max(name_w, static_cast<int>(c.name.size()));
+    shape_w = std::max(shape_w, static_cast<int>(shape_string(c.shape).size()));
+  }
+  char line[1024];
+  std::snprintf(line, sizeof(line), "%-*s  %-*s  %11s  %11s  %8s  %s\n", name_w, "name", shape_w, "shape",
+                "max_abs_err", "rel_err", "tol", "result");
   out_ << line;
   for (const Comparison& c : rows_) {
-    std::snprintf(line, sizeof(line), "%-28s %-16s %12.3e %12.3e %10.1e  %s\n", c.name.c_str(),
-                  shape_string(c.shape).c_str(), c.max_abs_err, c.rel_err, c.tolerance, c.passed() ? "PASS" : "FAIL");
+    std::snprintf(line, sizeof(line), "%-*.*s  %-*s  %11.3e  %11.3e  %8.1e  %s\n", name_w, 900, c.name.c_str(),
+                  shape_w, shape_string(c.shape).c_str(), c.max_abs_err, c.rel_err, c.tolerance,
+                  c.passed() ? "PASS" : "FAIL");
     out_ << line;
   }
   out_.flush();
