@@ -8,6 +8,7 @@
 
 #include "dflash/error.h"
 #include "dflash/hf_config.h"
+#include "dflash/metrics.h"
 #include "dflash/runtime.h"
 #include "job.h"
 
@@ -102,7 +103,7 @@ int run_job(const Options& o) {
   // for the drafters' export, which the deadline bounds.
   barrier(MPI_COMM_WORLD, topo.role == Role::Idle ? 0 : 10 * o.peer_timeout_s, "shutdown");
   if (topo.world_rank == 0) {
-    std::printf("[dflash] done in %s\n", std::to_string(job.elapsed()).c_str());
+    std::printf("[dflash] done in %s\n", format_duration(job.elapsed()).c_str());
     std::fflush(stdout);
   }
   free_topology(topo);

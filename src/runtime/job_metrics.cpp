@@ -1,6 +1,7 @@
 #include "job_metrics.h"
 
 #include <cstdio>
+#include <filesystem>
 #include <nlohmann/json.hpp>
 
 #include "dflash/error.h"
@@ -18,6 +19,10 @@ MetricsHub::MetricsHub(const JobContext& job) : job_(job) {
   layout.gpu_available = false;
   layout.gpu_unavailable_reason = "CPU backend: no NVML";
   layout.flush_every = job.opt.metrics_flush_every;
+  std::error_code ec;
+  std::filesystem::create_directories(job.opt.out_dir, ec);
+  DF_CHECK_HINT(!ec, SystemFailure, "cannot create --out " << job.opt.out_dir << ": " << ec.message(),
+                "give a writable directory");
   writer_ = std::make_unique<MetricsWriter>(job.opt.out_dir + "/metrics.h5", layout, MetricsOpen::Create);
   nlohmann::json ranks = nlohmann::json::array();
   for (const RankCard& c : job.cards)

@@ -1,0 +1,123 @@
+// The what-if model (include/dflash/auto_topology.h). Keep in step with tools/dflash_report/model.py.
+#include "dflash/auto_topology.h"
+
+#include <cmath>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+
+#include "dflash/error.h"
+
+namespace dflash {
+
+double ring_allreduce_factor(int drafters_total) {
+  return drafters_total <= 1 ? 0.0 : 2.0 * (drafters_total - 1) / drafters_total;
+}
+
+const char* split_limit_name(SplitLimit l) { return l == SplitLimit::Target ? "target" : "drafter"; }
+
+std::string SplitPrediction::split() const { return std::to_string(targets) + "-" + std::to_string(drafters); }
+
+SplitPrediction predict_split(const RoleMeasurements& m, int targets, int drafters) {
+  const int idle = m.gpus_per_node - targets - drafters;
+  DF_CHECK(targets >= 1 && drafters >= 1 && idle >= 0, Internal,
+           "predict_split " << targets << "-" << drafters << " on " << m.gpus_per_node << " GPUs");
+  DF_CHECK(m.target_s_per_batch > 0 && m.drafter_s_per_batch > 0, Internal, "predict_split without service times");
+  const double n = m.nodes;
+  SplitPrediction p;
+  p.targets = targets;
+  p.drafters = drafters;
+  p.idle = idle;
+  p.target_cap_bps = n * targets / m.target_s_per_batch;
+  p.allreduce_s_per_batch = m.allreduce_coeff_s.value_or(0.0) * ring_allreduce_factor(m.nodes * drafters);
+  p.drafter_cap_bps = n * drafters / (m.drafter_s_per_batch + p.allreduce_s_per_batch);
+  p.batches_per_s = std::min(p.target_cap_bps, p.drafter_cap_bps);
+  p.ktok_per_s = p.batches_per_s * m.tokens_per_batch / 1000.0;
+  p.limit = p.target_cap_bps <= p.drafter_cap_bps ? SplitLimit::Target : SplitLimit::Drafter;
+  if (m.power_target_w && m.power_drafter_w && (idle == 0 || m.power_idle_w)) {
+    p.power_w = n * (targets * *m.power_target_w + drafters * *m.power_drafter_w + idle * m.power_idle_w.value_or(0.0));
+    if (*p.power_w > 0) p.ktok_per_kw = p.ktok_per_s / (*p.power_w / 1000.0);
+  }
+  if (m.remaining_tokens && p.ktok_per_s > 0) p.eta_s = *m.remaining_tokens / (p.ktok_per_s * 1000.0);
+  return p;
+}
+
+std::vector<SplitPrediction> predict_all_splits(const RoleMeasurements& m) {
+  std::vector<SplitPrediction> out;
+  for (int t = m.gpus_per_node - 1; t >= 1; --t)
+    for (int d = 1; t + d <= m.gpus_per_node; ++d) out.push_back(predict_split(m, t, d));
+  return out;
+}
+
+namespace {
+constexpr double kTieFraction = 0.005;  // closer predictions are measurement noise
+
+bool better(const SplitPrediction& a, const SplitPrediction& b) {
+  const double top = std::max(a.batches_per_s, b.batches_per_s);
+  if (std::fabs(a.batches_per_s - b.batches_per_s) > kTieFraction * top) return a.batches_per_s > b.batches_per_s;
+  if (a.power_w && b.power_w && *a.power_w != *b.power_w) return *a.power_w < *b.power_w;
+  return a.targets + a.drafters < b.targets + b.drafters;
+}
+}  // namespace
+
+std::optional<SplitPrediction> best_split(const std::vector<SplitPrediction>& preds, std::optional<double> power_budget_w) {
+  std::optional<SplitPrediction> best;
+  for (const SplitPrediction& p : preds) {
+    if (power_budget_w && (!p.power_w || *p.power_w > *power_budget_w)) continue;
+    if (!best || better(p, *best)) best = p;
+  }
+  return best;
+}
+
+std::string format_whatif_table(const std::vector<SplitPrediction>& preds, const std::string& mark_split) {
+  std::string out = "  split  idle  tgt cap b/s  dft cap b/s  pred b/s   Ktok/s  limit     power W  Ktok/s/kW\n";
+  char line[200];
+  for (const SplitPrediction& p : preds) {
+    char power[32] = "       -", per_kw[32] = "        -";
+    if (p.power_w) std::snprintf(power, sizeof(power), "%8.0f", *p.power_w);
+    if (p.ktok_per_kw) std::snprintf(per_kw, sizeof(per_kw), "%9.2f", *p.ktok_per_kw);
+    std::snprintf(line, sizeof(line), " %s%-6s%4d  %11.3f  %11.3f  %8.3f %8.2f  %-8s%s  %s\n",
+                  p.split() == mark_split ? "*" : " ", p.split().c_str(), p.idle, p.target_cap_bps, p.drafter_cap_bps,
+                  p.batches_per_s, p.ktok_per_s, split_limit_name(p.limit), power, per_kw);
+    out += line;
+  }
+  return out;
+}
+
+namespace {
+nlohmann::json opt_json(const std::optional<double>& v) { return v ? nlohmann::json(*v) : nlohmann::json(nullptr); }
+}  // namespace
+
+std::string whatif_json(const RoleMeasurements& m, const std::vector<SplitPrediction>& preds,
+                        const std::optional<SplitPrediction>& chosen) {
+  nlohmann::json j;
+  j["measurements"] = {{"gpus_per_node", m.gpus_per_node},
+                       {"nodes", m.nodes},
+                       {"target_s_per_batch", m.target_s_per_batch},
+                       {"drafter_s_per_batch", m.drafter_s_per_batch},
+                       {"allreduce_coeff_s", opt_json(m.allreduce_coeff_s)},
+                       {"tokens_per_batch", m.tokens_per_batch},
+                       {"power_target_w", opt_json(m.power_target_w)},
+                       {"power_drafter_w", opt_json(m.power_drafter_w)},
+                       {"power_idle_w", opt_json(m.power_idle_w)},
+                       {"remaining_tokens", opt_json(m.remaining_tokens)}};
+  nlohmann::json rows = nlohmann::json::array();
+  for (const SplitPrediction& p : preds)
+    rows.push_back({{"split", p.split()},
+                    {"targets", p.targets},
+                    {"drafters", p.drafters},
+                    {"idle", p.idle},
+                    {"target_cap_bps", p.target_cap_bps},
+                    {"drafter_cap_bps", p.drafter_cap_bps},
+                    {"batches_per_s", p.batches_per_s},
+                    {"ktok_per_s", p.ktok_per_s},
+                    {"limit", split_limit_name(p.limit)},
+                    {"allreduce_s_per_batch", p.allreduce_s_per_batch},
+                    {"power_w", opt_json(p.power_w)},
+                    {"ktok_per_kw", opt_json(p.ktok_per_kw)},
+                    {"eta_s", opt_json(p.eta_s)}});
+  j["whatif"] = rows;
+  j["best"] = chosen ? nlohmann::json(chosen->split()) : nlohmann::json(nullptr);
+  return j.dump();
+}
+
+}  // namespace dflash

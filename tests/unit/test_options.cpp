@@ -1,0 +1,112 @@
+// dflash-train's command line: defaults, --config precedence, and the errors (exit 2 / 3).
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "dflash/options.h"
+
+using namespace dflash;
+
+namespace {
+
+ParseResult parse(std::vector<std::string> args) {
+  std::vector<const char*> argv{"dflash-train"};
+  for (const std::string& a : args) argv.push_back(a.c_str());
+  return parse_options(static_cast<int>(argv.size()), argv.data());
+}
+
+const std::vector<std::string> kRequired{"--target", "T", "--data", "D.h5", "--out", "O"};
+
+std::vector<std::string> with_required(std::vector<std::string> extra) {
+  std::vector<std::string> a = kRequired;
+  a.insert(a.end(), extra.begin(), extra.end());
+  return a;
+}
+
+std::string resolved(const Options& o, const std::string& name) {
+  for (const auto& [k, v] : o.resolved)
+    if (k == name) return v;
+  return "<missing>";
+}
+
+}  // namespace
+
+TEST(Options, DefaultsAndValues) {
+  Options o = parse(with_required({"--topology", "6-2", "--lr", "1e-3", "--loss", "kl", "--dpace", "--hs-queue-depth", "8",
+                                   "--long-record", "skip", "--export-dtype", "bf16"}))
+                  .options;
+  EXPECT_EQ(o.topology.targets_per_node, 6);
+  EXPECT_EQ(o.topology.drafters_per_node, 2);
+  EXPECT_FLOAT_EQ(o.train.lr, 1e-3f);
+  EXPECT_EQ(o.train.loss, LossKind::KL);
+  EXPECT_TRUE(o.train.dpace);
+  EXPECT_EQ(o.hs_queue_depth, 8);
+  EXPECT_EQ(o.long_record, LongRecordPolicy::Skip);
+  EXPECT_EQ(o.export_dtype, DType::BF16);
+  EXPECT_EQ(o.token_budget, 32768);
+  EXPECT_EQ(o.long_record == LongRecordPolicy::Skip, true);
+  EXPECT_DOUBLE_EQ(o.peer_timeout_s, 120.0);
+  EXPECT_EQ(resolved(o, "topology"), "6-2");
+  EXPECT_EQ(resolved(o, "hs-queue-depth"), "8");
+  EXPECT_EQ(resolved(o, "dpace"), "true");
+  EXPECT_NE(o.to_json().find("\"topology\":\"6-2\""), std::string::npos);
+}
+
+TEST(Options, CommandLineOverridesConfigFile) {
+  const std::string path = testing::TempDir() + "/dflash_opts.cfg";
+  {
+    std::ofstream f(path);
+    f << "# a job file\nlr = 0.01\ntopology = 3-1\ntarget = from_file\ndata = D.h5\nout = O\nhs-queue-depth = 2\n";
+  }
+  Options o = parse({"--config", path, "--lr", "0.002", "--topology", "2-2"}).options;
+  EXPECT_FLOAT_EQ(o.train.lr, 0.002f);
+  EXPECT_EQ(o.topology.to_string(), "2-2");
+  EXPECT_EQ(o.target_dir, "from_file");  // required option given only in the file
+  EXPECT_EQ(o.hs_queue_depth, 2);
+  std::remove(path.c_str());
+}
+
+TEST(Options, Help) {
+  ParseResult r = parse({"--help"});
+  EXPECT_TRUE(r.help_requested);
+  EXPECT_NE(r.help_text.find("--topology"), std::string::npos);
+  EXPECT_NE(r.help_text.find("--peer-timeout"), std::string::npos);
+}
+
+TEST(OptionsDeath, UnknownFlag) {
+  EXPECT_EXIT(parse(with_required({"--no-such-flag", "1"})), testing::ExitedWithCode(2), "no-such-flag");
+}
+TEST(OptionsDeath, BadNumber) {
+  EXPECT_EXIT(parse(with_required({"--lr", "fast"})), testing::ExitedWithCode(2), "lr");
+}
+TEST(OptionsDeath, BadTopology) {
+  EXPECT_EXIT(parse(with_required({"--topology", "2x1"})), testing::ExitedWithCode(2), "bad --topology '2x1'");
+}
+TEST(OptionsDeath, BadEnum) {
+  EXPECT_EXIT(parse(with_required({"--loss", "mse"})), testing::ExitedWithCode(2), "--loss");
+  EXPECT_EXIT(parse(with_required({"--long-record", "truncate"})), testing::ExitedWithCode(2), "--long-record");
+}
+TEST(OptionsDeath, OutOfRange) {
+  EXPECT_EXIT(parse(with_required({"--hs-queue-depth", "0"})), testing::ExitedWithCode(2), "hs-queue-depth");
+  EXPECT_EXIT(parse(with_required({"--peer-timeout", "-1"})), testing::ExitedWithCode(2), "peer-timeout");
+}
+TEST(OptionsDeath, MissingRequired) {
+  EXPECT_EXIT(parse({"--topology", "1-1"}), testing::ExitedWithCode(2), "--target, --data and --out are required");
+}
+TEST(OptionsDeath, ForeverNeedsMaxSteps) {
+  EXPECT_EXIT(parse(with_required({"--epochs", "0"})), testing::ExitedWithCode(2), "never ends");
+}
+TEST(OptionsDeath, FailHookNeedsBoth) {
+  EXPECT_EXIT(parse(with_required({"--inject-fail-rank", "1"})), testing::ExitedWithCode(2), "go together");
+}
+TEST(OptionsDeath, UnreadableConfig) {
+  EXPECT_EXIT(parse({"--config", "/nonexistent/x.cfg"}), testing::ExitedWithCode(2), "cannot read --config");
+}
+TEST(OptionsDeath, MissingInputs) {
+  Options o = parse(with_required({})).options;
+  o.target_dir = "/nonexistent/target";
+  EXPECT_EXIT(check_input_paths(o), testing::ExitedWithCode(3), "no config.json there");
+}

@@ -1,0 +1,120 @@
+// Roles from node layouts (the pure part of the topology) and the launcher/world-size check.
+#include <gtest/gtest.h>
+
+#include <map>
+#include <string>
+
+#include "dflash/topology.h"
+
+using namespace dflash;
+
+namespace {
+
+// n nodes of per ranks each, world ranks filled node by node (mpirun's default --map-by slot).
+std::vector<RankSlot> blocked(int nodes, int per) {
+  std::vector<RankSlot> s;
+  for (int n = 0; n < nodes; ++n)
+    for (int l = 0; l < per; ++l) s.push_back({n, l});
+  return s;
+}
+
+TopologySpec spec(int t, int d) { return TopologySpec{t, d}; }
+
+}  // namespace
+
+TEST(Topology, OneNodeTwoTargetsOneDrafterOneIdle) {
+  auto slots = blocked(1, 4);
+  Topology t0 = assign_roles(0, slots, spec(2, 1));
+  EXPECT_EQ(t0.role, Role::Target);
+  EXPECT_EQ(t0.role_index, 0);
+  EXPECT_EQ(t0.role_count, 2);
+  EXPECT_EQ(t0.node_drafters, std::vector<int>({2}));
+  Topology t2 = assign_roles(2, slots, spec(2, 1));
+  EXPECT_EQ(t2.role, Role::Drafter);
+  EXPECT_EQ(t2.node_targets, std::vector<int>({0, 1}));
+  EXPECT_TRUE(t2.is_metrics_writer());
+  Topology t3 = assign_roles(3, slots, spec(2, 1));
+  EXPECT_EQ(t3.role, Role::Idle);
+  EXPECT_EQ(t3.role_count, 1);
+  EXPECT_EQ(t3.metrics_rank(), 2);
+}
+
+TEST(Topology, TwoNodesTargetsFeedTheirOwnNode) {
+  auto slots = blocked(2, 8);  // 6-2 per node
+  Topology a = assign_roles(3, slots, spec(6, 2));
+  EXPECT_EQ(a.role, Role::Target);
+  EXPECT_EQ(a.node_drafters, std::vector<int>({6, 7}));
+  Topology b = assign_roles(14, slots, spec(6, 2));
+  EXPECT_EQ(b.role, Role::Drafter);
+  EXPECT_EQ(b.node, 1);
+  EXPECT_EQ(b.role_index, 2);  // drafters 6, 7, 14, 15
+  EXPECT_EQ(b.role_count, 4);
+  EXPECT_EQ(b.drafters, std::vector<int>({6, 7, 14, 15}));
+  EXPECT_EQ(b.node_targets, std::vector<int>({8, 9, 10, 11, 12, 13}));
+  EXPECT_EQ(b.targets.size(), 12u);
+  EXPECT_EQ(b.metrics_rank(), 6);
+  EXPECT_EQ(b.target_index_of(8), 6);
+  EXPECT_EQ(b.drafter_index_of(15), 3);
+  EXPECT_EQ(b.target_index_of(7), -1);
+}
+
+TEST(Topology, InterleavedPlacementUsesNodeLocalRanks) {
+  // --map-by node: world ranks alternate between two nodes.
+  std::vector<RankSlot> slots;
+  for (int r = 0; r < 6; ++r) slots.push_back({r % 2, r / 2});
+  Topology t = assign_roles(5, slots, spec(1, 1));  // node 1, local 2 -> idle
+  EXPECT_EQ(t.role, Role::Idle);
+  Topology d = assign_roles(3, slots, spec(1, 1));  // node 1, local 1 -> drafter
+  EXPECT_EQ(d.role, Role::Drafter);
+  EXPECT_EQ(d.node_targets, std::vector<int>({1}));
+  EXPECT_EQ(d.drafters, std::vector<int>({2, 3}));
+}
+
+TEST(Topology, ToStringNamesRoleWorldAndHost) {
+  Topology t = assign_roles(3, blocked(1, 4), spec(2, 2));
+  t.host = "gpu1";
+  t.gpu = 3;
+  EXPECT_EQ(t.to_string(), "drafter[1/2] world 3/4 gpu1 gpu3");
+}
+
+TEST(TopologyDeath, TooFewRanksPerNode) {
+  EXPECT_EXIT(assign_roles(0, blocked(1, 4), spec(3, 2)), testing::ExitedWithCode(4), "needs 5 ranks per node");
+}
+
+TEST(TopologyDeath, UnevenNodes) {
+  std::vector<RankSlot> slots = blocked(1, 4);
+  slots.push_back({1, 0});
+  EXPECT_EXIT(assign_roles(0, slots, spec(1, 1)), testing::ExitedWithCode(4), "different numbers of ranks");
+}
+
+TEST(TopologySpecParse, Valid) {
+  TopologySpec s = parse_topology_spec("7-1");
+  EXPECT_EQ(s.targets_per_node, 7);
+  EXPECT_EQ(s.drafters_per_node, 1);
+  EXPECT_EQ(parse_topology_spec("6-2").to_string(), "6-2");
+}
+
+TEST(TopologySpecParseDeath, Invalid) {
+  for (const char* bad : {"7", "7-", "-1", "a-b", "7-1-1", "7x1", "0-1", "1-0", " 1-1", "auto"})
+    EXPECT_EXIT(parse_topology_spec(bad), testing::ExitedWithCode(2), "topology") << bad;
+}
+
+TEST(LauncherWorldSize, AgreesOrAbsent) {
+  std::map<std::string, std::string> env{{"OMPI_COMM_WORLD_SIZE", "4"}, {"SLURM_NTASKS", "8"}};
+  auto get = [&](const char* n) -> const char* { auto it = env.find(n); return it == env.end() ? nullptr : it->second.c_str(); };
+  check_launcher_world_size(4, get);  // mpirun's own count wins over the allocation's
+  env.clear();
+  check_launcher_world_size(3, get);  // nothing to compare with
+}
+
+TEST(LauncherWorldSizeDeath, SlurmSingletonsTrap) {
+  std::map<std::string, std::string> env{{"SLURM_NTASKS", "8"}};
+  auto get = [&](const char* n) -> const char* { auto it = env.find(n); return it == env.end() ? nullptr : it->second.c_str(); };
+  EXPECT_EXIT(check_launcher_world_size(1, get), testing::ExitedWithCode(4), "SLURM_NTASKS=8 but the MPI world has 1");
+}
+
+TEST(LauncherWorldSizeDeath, MpirunDisagrees) {
+  std::map<std::string, std::string> env{{"OMPI_COMM_WORLD_SIZE", "4"}};
+  auto get = [&](const char* n) -> const char* { auto it = env.find(n); return it == env.end() ? nullptr : it->second.c_str(); };
+  EXPECT_EXIT(check_launcher_world_size(2, get), testing::ExitedWithCode(4), "OMPI_COMM_WORLD_SIZE=4");
+}
