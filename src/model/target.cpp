@@ -26,6 +26,8 @@ namespace dflash {
 
 namespace {
 DType backend_activation_dtype(Device d) { return d == Device::CPU ? DType::F32 : DType::BF16; }
+// The first T rows of an activation buffer allocated for max_tokens.
+Tensor rows(const Buffer& b, int64_t T) { return b.t().slice_rows(0, T); }
 }  // namespace
 
 struct TargetModel::Impl {
@@ -50,8 +52,6 @@ struct TargetModel::Impl {
 
   void layer_forward(const Qwen3LayerWeights& L, const Tensor& in, const Tensor& dst, int64_t T, int nseq);
 };
-
-static Tensor rows(const Buffer& b, int64_t T) { return b.t().slice_rows(0, T); }
 
 TargetModel::TargetModel(const std::string& dir, const Ctx& ctx, std::vector<int> capture_layers, int64_t max_tokens)
     : impl_(std::make_unique<Impl>()) {
