@@ -4,7 +4,7 @@
 //
 //   dflash-make-tiny OUTDIR [--seed N] [--vocab 512] [--hidden 64] [--layers 4] [--heads 4] [--kv-heads 2]
 //                    [--head-dim 32] [--intermediate 192] [--shards 2] [--records 320] [--min-len 24]
-//                    [--max-len 96] [--temperature 0.5] [--window 16] [--dtype bf16|f32]
+//                    [--max-len 96] [--temperature 0.3] [--window 12] [--dtype bf16|f32]
 //   -> OUTDIR/target/{config.json, model-0000i-of-0000n.safetensors, model.safetensors.index.json}
 //      OUTDIR/data.h5
 #include <sys/stat.h>
@@ -42,8 +42,8 @@ struct TinySpec {
   int shards = 2;
   int records = 320, min_len = 24, max_len = 96;
   int prompt_min = 4, prompt_max = 8;  // random prompt tokens, loss_mask 0
-  double temperature = 0.5;
-  int window = 16;
+  double temperature = 0.3;
+  int window = 12;
   DType dtype = DType::BF16;
 };
 

@@ -81,16 +81,15 @@ static void delete_attr_if_present(hid_t obj, const std::string& name) {
 
 void write_attr_string(hid_t obj, const std::string& name, const std::string& value) {
   delete_attr_if_present(obj, name);
+  // Variable-length UTF-8: h5py returns it as str (fixed-length strings come back as bytes).
   Handle type(DF_H5(H5Tcopy(H5T_C_S1), "string type"), Handle::Kind::Datatype);
-  // Fixed-length, at least 1 byte (HDF5 rejects size 0), UTF-8 so h5py returns str.
-  DF_H5(H5Tset_size(type, value.empty() ? 1 : value.size()), "string size");
-  DF_H5(H5Tset_strpad(type, H5T_STR_NULLPAD), "string padding");
+  DF_H5(H5Tset_size(type, H5T_VARIABLE), "string size");
   DF_H5(H5Tset_cset(type, H5T_CSET_UTF8), "string charset");
   Handle space(DF_H5(H5Screate(H5S_SCALAR), "scalar space"), Handle::Kind::Dataspace);
   Handle attr(DF_H5(H5Acreate2(obj, name.c_str(), type, space, H5P_DEFAULT, H5P_DEFAULT), "creating attribute " + name),
               Handle::Kind::Attribute);
-  std::string padded = value.empty() ? std::string(1, '\0') : value;
-  DF_H5(H5Awrite(attr, type, padded.data()), "writing attribute " + name);
+  const char* text = value.c_str();
+  DF_H5(H5Awrite(attr, type, &text), "writing attribute " + name);
 }
 
 void write_attr_int64(hid_t obj, const std::string& name, int64_t value) {

@@ -5,6 +5,7 @@
 
 #include <cstdlib>
 #include <fstream>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -15,11 +16,23 @@ using namespace dflash;
 
 namespace {
 
+// Temp directories made by this file's tests, removed when the test binary exits normally.
+struct TempDirs {
+  std::vector<std::string> dirs;
+  ~TempDirs() {
+    std::error_code ec;
+    for (const auto& d : dirs) std::filesystem::remove_all(d, ec);
+  }
+};
+TempDirs g_temp_dirs;
+
 std::string make_temp_dir() {
   char tmpl[] = "/tmp/dflash-data-test-XXXXXX";
   char* d = mkdtemp(tmpl);
   EXPECT_NE(d, nullptr);
-  return d ? std::string(d) : std::string("/tmp");
+  if (!d) return "/tmp";
+  g_temp_dirs.dirs.push_back(d);
+  return d;
 }
 
 // Writes arbitrary (possibly invalid) arrays with the raw HDF5 API, bypassing write_token_dataset's checks.

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <filesystem>
 #include <map>
 #include <memory>
 #include <set>
@@ -18,12 +19,28 @@ using namespace std::chrono_literals;
 
 namespace {
 
+struct TempDirs {
+  std::vector<std::string> dirs;
+  ~TempDirs() {
+    std::error_code ec;
+    for (const auto& d : dirs) std::filesystem::remove_all(d, ec);
+  }
+};
+TempDirs g_temp_dirs;
+
+std::string make_temp_dir() {
+  char tmpl[] = "/tmp/dflash-loader-test-XXXXXX";
+  char* d = mkdtemp(tmpl);
+  if (!d) return "/tmp";
+  g_temp_dirs.dirs.push_back(d);
+  return d;
+}
+
 // Records of lengths 1..max_len (cycling), each token encoding (record, position) so a test can tell
 // which record a packed sequence came from: token = record * 1000 + position (vocab 1e6).
 std::shared_ptr<const TokenDataset> make_dataset(int num_records, int max_len, const std::string& name,
                                                  std::vector<int>* lengths = nullptr) {
-  char tmpl[] = "/tmp/dflash-loader-test-XXXXXX";
-  std::string dir = mkdtemp(tmpl);
+  std::string dir = make_temp_dir();
   TokenRecords rec;
   for (int r = 0; r < num_records; ++r) {
     const int len = 1 + (r * 7) % max_len;
@@ -286,8 +303,7 @@ TEST(LoaderDeathTest, ZeroBudgetIsAnOptionError) {
 }
 
 TEST(LoaderDeathTest, SkippingEveryRecordIsAnError) {
-  char tmpl[] = "/tmp/dflash-loader-test-XXXXXX";
-  std::string path = std::string(mkdtemp(tmpl)) + "/long.h5";
+  std::string path = make_temp_dir() + "/long.h5";
   TokenRecords rec;
   for (int r = 0; r < 4; ++r) rec.add(std::vector<int32_t>(10, r));
   write_token_dataset(path, rec, 10, "t");
