@@ -1,0 +1,341 @@
+"""From a Run (load.py) to the report's numbers: observed pipeline, service rates, power, what-if, verdict."""
+
+import json
+import os
+
+import numpy as np
+
+from . import model
+from .load import ROLE_DRAFTER, ROLE_IDLE, ROLE_TARGET, ReportError
+
+NOISE_FRACTION = 0.03  # a predicted gain smaller than this is not worth a restart
+
+
+def _ratio(a, b):
+    return a / b if b else None
+
+
+def _pct(values, q):
+    return float(np.percentile(values, q)) if len(values) else None
+
+
+def steady_window(run):
+    """Rows of /ranks in the steady window and its time span.
+
+    Interval 0 holds the start-up (model loading, first batches), so it is left out when later ones exist.
+    After a resume the interval numbers start again at 0: only the last segment is used.
+    """
+    iv = run.ranks.get("interval", np.zeros(0, dtype=np.int64))
+    t = run.ranks.get("time_s", np.zeros(0))
+    if len(iv) == 0:
+        raise ReportError(f"{run.path}: /ranks is empty: the run wrote no report interval yet "
+                          "(it needs --log-every steps; look again later)")
+    seg_start = 0
+    for i in range(1, len(iv)):
+        if iv[i] < iv[i - 1]:
+            seg_start = i
+    rows = np.arange(seg_start, len(iv))
+    ivs = sorted(set(int(x) for x in iv[rows]))
+    end_of = {k: float(t[rows][iv[rows] == k].max()) for k in ivs}
+    if len(ivs) >= 2:
+        first = ivs[1]
+        start_s = end_of[ivs[0]]
+        note = f"intervals {ivs[1]}..{ivs[-1]} (interval {ivs[0]}, with the start-up, left out)"
+    else:
+        first = ivs[0]
+        start_s = 0.0
+        note = "the only interval, start-up included (observed rates read low)"
+    sel = rows[iv[rows] >= first]
+    return sel, start_s, end_of[ivs[-1]], note
+
+
+def _role_rows(run, sel, role):
+    return sel[run.ranks["role"][sel] == role]
+
+
+def service_stats(run, sel, role):
+    """Batches per busy second per GPU over (interval, rank) samples, and the aggregate busy time per batch."""
+    rows = _role_rows(run, sel, role)
+    r = run.ranks
+    batches = r["batches"][rows].astype(float)
+    busy = r["busy_s"][rows].astype(float)
+    wait = r["wait_s"][rows].astype(float)
+    ok = (batches > 0) & (busy > 0)
+    rates = batches[ok] / busy[ok]
+    out = {
+        "ranks": int(len(set(int(x) for x in r["rank"][rows]))),
+        "batches": int(batches.sum()),
+        "busy_frac": _ratio(float(busy.sum()), float(busy.sum() + wait.sum())),
+        "s_per_batch": _ratio(float(busy.sum()), float(batches.sum())),
+        "p10": _pct(rates, 10), "p50": _pct(rates, 50), "p90": _pct(rates, 90),
+        "samples": int(ok.sum()),
+    }
+    out["rate_bps_per_gpu"] = _ratio(1.0, out["s_per_batch"]) if out["s_per_batch"] else None
+    for k in ("compute_s", "credit_wait_s", "data_wait_s", "allreduce_s", "optimizer_s"):
+        if k in r:
+            out[k.replace("_s", "_frac")] = _ratio(float(r[k][rows].sum()), float(busy.sum() + wait.sum()))
+    if "allreduce_s" in r:
+        out["allreduce_s_per_batch"] = _ratio(float(r["allreduce_s"][rows].sum()), float(batches.sum()))
+    return out
+
+
+def _in_window(times, start_s, end_s):
+    m = (times > start_s) & (times <= end_s)
+    return m if m.any() else np.ones_like(times, dtype=bool)
+
+
+def queue_pressure(run, start_s, end_s):
+    q = run.queues
+    out = {"samples": 0}
+    if "time_s" not in q or len(q["time_s"]) == 0:
+        return out
+    m = _in_window(q["time_s"], start_s, end_s)
+    qhs, qpre = q["q_hs"][m], q["q_pre"][m]
+    depth = run.option("hs-queue-depth", None, int) or (int(qhs.max()) if qhs.size else None)
+    out.update(samples=int(m.sum()), hs_depth=depth,
+               prefetch_depth=run.option("prefetch-depth", None, int),
+               q_hs_full_frac=float((qhs >= depth).mean()) if qhs.size and depth else None,
+               q_hs_empty_frac=float((qhs == 0).mean()) if qhs.size else None,
+               q_hs_mean=float(qhs.mean()) if qhs.size else None,
+               q_pre_empty_frac=float((qpre == 0).mean()) if qpre.size else None,
+               q_pre_mean=float(qpre.mean()) if qpre.size else None)
+    return out
+
+
+def _gpu_column_ranks(run, cols):
+    gr = run.attrs.get("gpu_ranks")
+    if gr:
+        try:
+            v = json.loads(gr)
+            if len(v) == cols:
+                return [int(x) for x in v]
+        except (TypeError, ValueError):
+            pass
+    if cols == run.world_size:
+        return list(range(cols))  # column g = world rank g (each rank samples its own GPU)
+    return [-1] * cols
+
+
+def power_stats(run, start_s, end_s, idle_power_w=None):
+    out = {"available": run.gpu_available, "reason": None if run.gpu_available else run.gpu_reason}
+    idle_attr = run.attrs.get("gpu_idle_power_w")
+    if not run.gpu_available:
+        out.update(target_w=None, drafter_w=None, idle_w=None, total_w=None, idle_source=None)
+        return out
+    p = run.gpus["power_w"]
+    m = _in_window(run.gpus["time_s"], start_s, end_s)
+    col_mean = p[m].mean(axis=0)
+    owners = _gpu_column_ranks(run, p.shape[1])
+    by_role = {ROLE_TARGET: [], ROLE_DRAFTER: [], ROLE_IDLE: []}
+    for c, r in enumerate(owners):
+        by_role[run.role_of_rank.get(r, ROLE_IDLE) if r >= 0 else ROLE_IDLE].append(float(col_mean[c]))
+    mean = lambda v: float(np.mean(v)) if v else None  # noqa: E731
+    out.update(target_w=mean(by_role[ROLE_TARGET]), drafter_w=mean(by_role[ROLE_DRAFTER]),
+               total_w=float(col_mean.sum()), per_gpu_w=[float(x) for x in col_mean])
+    if by_role[ROLE_IDLE]:
+        out.update(idle_w=mean(by_role[ROLE_IDLE]), idle_source="idle GPUs of this run")
+    elif idle_power_w is not None:
+        out.update(idle_w=float(idle_power_w), idle_source="--idle-power-w")
+    elif idle_attr is not None:
+        out.update(idle_w=float(idle_attr), idle_source="gpu_idle_power_w (measured before the models loaded)")
+    else:
+        out.update(idle_w=None, idle_source=None)
+    return out
+
+
+def _dataset_tokens(run):
+    if run.attrs.get("dataset_tokens") is not None:
+        return float(run.attrs["dataset_tokens"])
+    data = run.options.get("data")
+    if data and os.path.exists(data):
+        try:
+            import h5py
+            with h5py.File(data, "r") as f:
+                return float(f["offsets"][-1])
+        except Exception:  # noqa: BLE001  (a dataset we cannot read just leaves the ETA unknown)
+            return None
+    return None
+
+
+def remaining_tokens(run, tokens_per_step):
+    trained = float(run.steps["tokens"].sum()) if "tokens" in run.steps else 0.0
+    last_step = int(run.steps["step"].max()) if len(run.steps.get("step", [])) else 0
+    totals = []
+    epochs = run.option("epochs", 1, int)
+    ds = _dataset_tokens(run)
+    if ds is not None and epochs and epochs > 0:
+        totals.append(("epochs", ds * epochs - trained))
+    max_steps = run.option("max-steps", 0, int)
+    if max_steps and tokens_per_step:
+        totals.append(("max-steps", (max_steps - last_step) * tokens_per_step))
+    if not totals:
+        return None, "unknown (no dataset_tokens attribute, dataset file or --max-steps)"
+    src, rem = min(totals, key=lambda x: x[1])
+    return max(0.0, rem), src
+
+
+def analyse(run, power_budget_w=None, idle_power_w=None, allreduce_gbps=None):
+    sel, start_s, end_s, window_note = steady_window(run)
+    span = max(end_s - start_s, 1e-9)
+    T, D, N, G = run.targets_per_node, run.drafters_per_node, run.nodes, run.gpus_per_node
+    r = run.ranks
+    tgt_rows, dft_rows = _role_rows(run, sel, ROLE_TARGET), _role_rows(run, sel, ROLE_DRAFTER)
+    tgt_batches = float(r["batches"][tgt_rows].sum())
+    dft_batches = float(r["batches"][dft_rows].sum())
+
+    all_dft = r["role"] == ROLE_DRAFTER
+    st = run.steps
+    steps_tokens = float(st["tokens"].sum()) if "tokens" in st and len(st["tokens"]) else 0.0
+    all_dft_batches = float(r["batches"][all_dft].sum())
+    if steps_tokens > 0 and all_dft_batches > 0:
+        tokens_per_batch = steps_tokens / all_dft_batches
+    else:
+        tokens_per_batch = float(run.option("token-budget", 0.0) or 0.0)
+    tokens_per_step = steps_tokens / len(st["tokens"]) if steps_tokens > 0 else None
+
+    tgt = service_stats(run, sel, ROLE_TARGET)
+    dft = service_stats(run, sel, ROLE_DRAFTER)
+    if not tgt["s_per_batch"] or not dft["s_per_batch"]:
+        raise ReportError(f"{run.path}: no finished batches with busy time in the steady window "
+                          "(the run is too short to measure service rates)")
+
+    # The allreduce model (see model.py).
+    d_total = N * D
+    a_meas = dft.get("allreduce_s_per_batch") or 0.0
+    grad_bytes = run.attrs.get("drafter_grad_bytes")
+    bw = allreduce_gbps * 1e9 if allreduce_gbps else run.attrs.get("allreduce_bytes_per_s")
+    if d_total > 1:
+        coeff = a_meas / model.ring_allreduce_factor(d_total)
+        allreduce_note = f"measured at {d_total} drafters ({a_meas:.3g} s/batch), scaled by 2(D-1)/D"
+    elif grad_bytes and bw:
+        coeff = float(grad_bytes) / float(bw)
+        allreduce_note = (f"not measured (1 drafter): {float(grad_bytes) / 1e6:.1f} MB of gradients at "
+                          f"{float(bw) / 1e9:.1f} GB/s, scaled by 2(D-1)/D")
+    else:
+        coeff = None
+        allreduce_note = ("not measured (1 drafter) and no gradient size/bandwidth known: "
+                          "splits with more drafters are predicted WITHOUT allreduce cost (optimistic)")
+
+    observed_bps = dft_batches / span
+    win_steps = _in_window(st["time_s"], start_s, end_s) if len(st.get("time_s", [])) else None
+    if win_steps is not None and steps_tokens > 0:
+        observed_ktok = float(st["tokens"][win_steps].sum()) / span / 1000.0
+    else:
+        observed_ktok = observed_bps * tokens_per_batch / 1000.0
+
+    pw = power_stats(run, start_s, end_s, idle_power_w)
+    rem, rem_src = remaining_tokens(run, tokens_per_step)
+    meas = model.Measurements(
+        gpus_per_node=G, nodes=N, target_s_per_batch=tgt["s_per_batch"], drafter_s_per_batch=dft["s_per_batch"],
+        allreduce_coeff_s=coeff, tokens_per_batch=tokens_per_batch, power_target_w=pw.get("target_w"),
+        power_drafter_w=pw.get("drafter_w"), power_idle_w=pw.get("idle_w"), remaining_tokens=rem)
+    preds = model.all_splits(meas)
+    own = model.predict(meas, T, D)
+    base = own.batches_per_s
+    rows = []
+    for p in preds:
+        j = p.to_json()
+        j["vs_run_frac"] = p.batches_per_s / base - 1.0 if base else None
+        j["power_saving_w"] = (own.power_w - p.power_w) if (own.power_w is not None and p.power_w is not None) else None
+        rows.append(j)
+    best = model.best_split(preds)
+    best_budget = model.best_split(preds, power_budget_w) if power_budget_w else None
+
+    ceiling_t, ceiling_d = own.target_cap_bps, own.drafter_cap_bps
+    qp = queue_pressure(run, start_s, end_s)
+    out = {
+        "file": run.path,
+        "run": {"topology": run.topology, "targets_per_node": T, "drafters_per_node": D, "gpus_per_node": G,
+                "nodes": N, "backend": run.backend, "steps": int(len(st.get("step", []))),
+                "elapsed_s": float(max(end_s, float(st["time_s"].max()) if len(st.get("time_s", [])) else 0.0)),
+                "window_s": [start_s, end_s], "window": window_note,
+                "tokens_per_batch": tokens_per_batch},
+        "observed": {
+            "batches_per_s": observed_bps, "ktok_per_s": observed_ktok,
+            "target_batches_per_s": tgt_batches / span, "drafter_batches_per_s": dft_batches / span,
+            "target_ceiling_bps": ceiling_t, "drafter_ceiling_bps": ceiling_d,
+            "bottleneck": own.limit,
+            "fraction_of_target_ceiling": observed_bps / ceiling_t,
+            "fraction_of_drafter_ceiling": observed_bps / ceiling_d,
+            "headroom_frac": max(ceiling_t, ceiling_d) / min(ceiling_t, ceiling_d) - 1.0,
+            "queues": qp,
+        },
+        "service": {"target": tgt, "drafter": dft, "allreduce_model": allreduce_note},
+        "power": pw,
+        "remaining_tokens": rem, "remaining_source": rem_src,
+        "measurements": meas.to_json(),
+        "run_prediction": own.to_json(),
+        "prediction_vs_observed_frac": base / observed_bps - 1.0 if observed_bps else None,
+        "whatif": rows,
+        "best": best.split if best else None,
+        "power_budget_w": power_budget_w,
+        "best_within_budget": best_budget.split if best_budget else None,
+    }
+    out["verdict"] = verdict(out, preds, own, best, best_budget)
+    return out
+
+
+# ---- the verdict -----------------------------------------------------------------------------------
+
+_WORDS = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven", "twelve"]
+
+
+def _n(k, noun):
+    w = _WORDS[k] if k < len(_WORDS) else str(k)
+    return f"{w} {noun}{'' if k == 1 else 's'}"
+
+
+def _watts(w):
+    return f"{w / 1000:.1f} kW" if abs(w) >= 1000 else f"{w:.0f} W"
+
+
+def _why(p):
+    if p.limit == "target":
+        return f"{_n(p.targets, 'target')} cannot feed {_n(p.drafters, 'drafter')}"
+    return f"{_n(p.drafters, 'drafter')} cannot keep up with {_n(p.targets, 'target')}"
+
+
+def verdict(out, preds, own, best, best_budget):
+    obs = out["observed"]
+    run = out["run"]
+    split = run["topology"]
+    by = {p.split: p for p in preds}
+    rel = lambda p: p.batches_per_s / own.batches_per_s - 1.0  # noqa: E731
+    s = [f"{split} runs at {obs['batches_per_s']:.2f} b/s ({obs['ktok_per_s']:.1f} Ktok/s), "
+         f"{100 * obs['fraction_of_target_ceiling']:.0f}% of its target-side ceiling "
+         f"({obs['target_ceiling_bps']:.2f} b/s)"]
+    if own.limit == "drafter":
+        s[-1] += f"; the drafter side ({obs['drafter_ceiling_bps']:.2f} b/s) is the bottleneck."
+    else:
+        s[-1] += (f"; the targets are the bottleneck (the drafters could take "
+                  f"{100 * (obs['drafter_ceiling_bps'] / obs['target_ceiling_bps'] - 1):.0f}% more).")
+    if best is None or best.split == split:
+        s.append(f"Keep {split}: no other split of the {run['gpus_per_node']} GPUs is predicted faster.")
+    elif rel(best) < NOISE_FRACTION:
+        s.append(f"Keep {split}: the best alternative, {best.split}, is predicted only {100 * rel(best):+.0f}%, "
+                 "within measurement noise.")
+    else:
+        s.append(f"Switch to {best.split}: predicted {best.batches_per_s:.2f} b/s ({100 * rel(best):+.0f}%) "
+                 f"because {_why(own)}.")
+    T, D = own.targets, own.drafters
+    for alt in (f"{T - 1}-{D + 1}", f"{T + 1}-{D - 1}"):
+        p = by.get(alt)
+        if p is not None and (best is None or alt != best.split):
+            s.append(f"{alt} would give {p.batches_per_s:.2f} b/s ({100 * rel(p):+.0f}%) because {_why(p)}.")
+    if own.power_w is None:
+        s.append(f"No power data ({out['power']['reason'] or 'idle draw unknown'}): power savings are not predicted.")
+    else:
+        savers = [by[k] for k in (f"{T - 1}-{D}", f"{T - 2}-{D}") if k in by and by[k].power_w is not None]
+        if savers:
+            parts = [f"{p.split} saves ~{_watts(own.power_w - p.power_w)} for {100 * rel(p):+.0f}% "
+                     f"({p.ktok_per_s:.1f} Ktok/s)" for p in savers]
+            s.append("; ".join(parts) + ".")
+    budget = out["power_budget_w"]
+    if budget:
+        if best_budget is None:
+            s.append(f"No split fits under {_watts(budget)}" +
+                     (" (no power data)." if own.power_w is None else "."))
+        else:
+            s.append(f"Within {_watts(budget)} the best is {best_budget.split}: {best_budget.batches_per_s:.2f} b/s "
+                     f"({100 * rel(best_budget):+.0f}%) at {_watts(best_budget.power_w)}.")
+    return " ".join(s)

@@ -1,0 +1,93 @@
+"""Fixed-width text tables of the report (every number with its unit)."""
+
+import textwrap
+
+
+def _f(v, fmt, width, none="-"):
+    return (none if v is None else format(v, fmt)).rjust(width)
+
+
+def _pct(v, width=7):
+    return _f(None if v is None else 100 * v, ".1f", width - 1) + "%" if v is not None else "-".rjust(width)
+
+
+def _dur(s):
+    if s is None:
+        return "?"
+    if s < 60:
+        return f"{s:.0f}s"
+    if s < 3600:
+        return f"{s / 60:.0f}m"
+    if s < 86400:
+        return f"{int(s // 3600)}h{int(s % 3600 // 60):02d}m"
+    return f"{s / 86400:.1f}d"
+
+
+def text(rep):
+    run, obs, svc, pw = rep["run"], rep["observed"], rep["service"], rep["power"]
+    q = obs["queues"]
+    L = []
+    L.append(f"dflash-report {rep['file']}")
+    L.append(f"run: topology {run['topology']} on {run['nodes']} node(s) x {run['gpus_per_node']} GPU(s), "
+             f"backend {run['backend']}, {run['steps']} steps, {_dur(run['elapsed_s'])}; "
+             f"{run['tokens_per_batch'] / 1000:.1f} Ktok/batch")
+    L.append(f"steady window: {run['window_s'][0]:.1f} s .. {run['window_s'][1]:.1f} s, {run['window']}")
+    L.append("")
+    L.append("OBSERVED PIPELINE")
+    L.append(f"  trained (drafters)   {obs['batches_per_s']:8.3f} b/s   {obs['ktok_per_s']:8.2f} Ktok/s")
+    L.append(f"  targets produced     {obs['target_batches_per_s']:8.3f} b/s   "
+             f"({svc['target']['ranks']} rank(s), {obs['target_batches_per_s'] / max(svc['target']['ranks'], 1):.3f} b/s each)")
+    L.append(f"  drafters trained     {obs['drafter_batches_per_s']:8.3f} b/s   "
+             f"({svc['drafter']['ranks']} rank(s), {obs['drafter_batches_per_s'] / max(svc['drafter']['ranks'], 1):.3f} b/s each)")
+    if q.get("samples"):
+        L.append(f"  q_hs (depth {q.get('hs_depth')})        full {_pct(q.get('q_hs_full_frac'))}  "
+                 f"empty {_pct(q.get('q_hs_empty_frac'))}  of {q['samples']} samples (mean {q.get('q_hs_mean', 0):.1f})")
+        L.append(f"  q_pre (depth {q.get('prefetch_depth')})       empty {_pct(q.get('q_pre_empty_frac'))}  "
+                 f"(mean {q.get('q_pre_mean', 0):.1f}); targets waited for data "
+                 f"{_pct(svc['target'].get('data_wait_frac'))} and for credits {_pct(svc['target'].get('credit_wait_frac'))} "
+                 f"of their time; drafters for data {_pct(svc['drafter'].get('data_wait_frac'))}")
+    else:
+        L.append("  queues: no samples")
+    side = "drafter side" if obs["bottleneck"] == "drafter" else "target side"
+    L.append(f"  ceilings             targets {obs['target_ceiling_bps']:.3f} b/s, drafters {obs['drafter_ceiling_bps']:.3f} b/s"
+             f" -> bottleneck: {side}, the other side has {100 * obs['headroom_frac']:.1f}% headroom")
+    L.append(f"  observed / ceiling   {100 * obs['fraction_of_target_ceiling']:.1f}% of the target side, "
+             f"{100 * obs['fraction_of_drafter_ceiling']:.1f}% of the drafter side; the model predicts "
+             f"{rep['run_prediction']['batches_per_s']:.3f} b/s for {run['topology']} "
+             f"({100 * rep['prediction_vs_observed_frac']:+.1f}% vs observed)")
+    L.append("")
+    L.append("SERVICE RATES (batches per busy second per GPU; busy = target forward | drafter fwd+bwd+optimizer)")
+    L.append("  role      ranks  busy     p10       p50       p90       mean      s/batch   allreduce s/batch")
+    for name in ("target", "drafter"):
+        s = svc[name]
+        L.append(f"  {name:<8}{s['ranks']:6d}  {_pct(s['busy_frac'])}"
+                 f"{_f(s['p10'], '.4f', 10)}{_f(s['p50'], '.4f', 10)}{_f(s['p90'], '.4f', 10)}"
+                 f"{_f(s['rate_bps_per_gpu'], '.4f', 10)}{_f(s['s_per_batch'], '.3f', 10)}"
+                 f"{_f(s.get('allreduce_s_per_batch') if name == 'drafter' else None, '.4f', 12)}")
+    L.append(f"  allreduce model: {svc['allreduce_model']}")
+    L.append("")
+    L.append("POWER")
+    if pw["available"]:
+        L.append(f"  measured: target {_f(pw['target_w'], '.0f', 5)} W/GPU, drafter {_f(pw['drafter_w'], '.0f', 5)} W/GPU, "
+                 f"idle {_f(pw['idle_w'], '.0f', 5)} W/GPU ({pw['idle_source'] or 'unknown: no idle GPU, no gpu_idle_power_w'}); "
+                 f"total {pw['total_w']:.0f} W")
+    else:
+        L.append(f"  no power data: {pw['reason']} (power columns below are blank, not invented)")
+    L.append("")
+    L.append(f"WHAT-IF (every split of the {run['gpus_per_node']} GPUs per node; predicted from service rates)")
+    L.append("  split  idle  tgt cap b/s  dft cap b/s  pred b/s   Ktok/s  vs run  limit     power W  Ktok/s/kW  ETA")
+    for w in rep["whatif"]:
+        mark = "*" if w["split"] == run["topology"] else " "
+        L.append(f" {mark}{w['split']:<6}{w['idle']:4d}  {w['target_cap_bps']:11.3f}  {w['drafter_cap_bps']:11.3f}"
+                 f"  {w['batches_per_s']:8.3f} {w['ktok_per_s']:8.2f} {100 * w['vs_run_frac']:+6.1f}%  {w['limit']:<8}"
+                 f"{_f(w['power_w'], '.0f', 8)}  {_f(w['ktok_per_kw'], '.2f', 9)}  {_dur(w['eta_s'])}")
+    L.append(f"  (* = this run; remaining tokens: "
+             f"{'?' if rep['remaining_tokens'] is None else format(rep['remaining_tokens'] / 1e6, '.1f') + ' M'}"
+             f" from {rep['remaining_source']})")
+    L.append(f"  best split: {rep['best']}" +
+             (f"; best within {rep['power_budget_w']:.0f} W: {rep['best_within_budget'] or 'none fits'}"
+              if rep["power_budget_w"] else ""))
+    L.append("")
+    L.append("VERDICT")
+    L.extend(textwrap.wrap(rep["verdict"], width=110, initial_indent="  ", subsequent_indent="  "))
+    return "\n".join(L) + "\n"
