@@ -12,6 +12,9 @@
 
 #include "dflash/drafter_ops.h"
 #include "ops/op_checks.h"
+#ifdef DFLASH_HAVE_CUDA
+#include "block_attention.cuh"
+#endif
 
 namespace dflash::ops {
 namespace {
@@ -59,21 +62,6 @@ Dims check_args(const char* op, const Ctx& ctx, const Tensor& q, const Tensor& k
   return d;
 }
 
-// The visible key ranges of the query at offset o of a block anchored at a (global) in a sequence
-// starting at s0: context [ctx_lo, ctx_hi) and block offsets [0, blk_hi).
-struct Visible {
-  int64_t ctx_lo, ctx_hi, blk_hi;
-};
-inline Visible visible(int64_t a, int64_t s0, int64_t o, int64_t B, int window) {
-  Visible v{s0, a, B};
-  if (window > 0) {
-    v.ctx_lo = std::max<int64_t>(s0, a + o - (window - 1));
-    v.blk_hi = o + 1;
-  }
-  if (v.ctx_lo > v.ctx_hi) v.ctx_lo = v.ctx_hi;
-  return v;
-}
-
 inline float dot(const float* a, const float* b, int64_t n) {
   float s = 0.f;
   for (int64_t i = 0; i < n; ++i) s += a[i] * b[i];
@@ -83,9 +71,86 @@ inline void axpy(float* y, float alpha, const float* x, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] += alpha * x[i];
 }
 
-// Scores of one query over its visible keys, scaled: s[0 .. nctx) context, s[nctx ..) block.
-// Grows the scratch vector only when a longer range appears (not per call).
-thread_local std::vector<float> tl_scores;
+// Work is organised per (block, kv head): the M = B * G query vectors of the block's B rows and the G
+// query heads sharing that kv head see (almost) the same keys, so each key is loaded once and used for
+// all M queries. Inner loops run over M or hd with independent lanes (vectorisable without reordering
+// a floating-point reduction). Sliding-window layers take the union of the rows' context ranges and
+// mask per row.
+struct BlockKeys {
+  int64_t ctx_lo, nctx, nkeys;
+};
+inline BlockKeys block_keys(int64_t a, int64_t s0, int64_t B, int window) {
+  BlockKeys k;
+  k.ctx_lo = window > 0 ? std::max<int64_t>(s0, a - (window - 1)) : s0;
+  if (k.ctx_lo > a) k.ctx_lo = a;
+  k.nctx = a - k.ctx_lo;
+  k.nkeys = k.nctx + B;
+  return k;
+}
+// Whether query row offset o sees key j of the block's key list (sliding windows only restrict).
+inline bool key_visible(int64_t j, int64_t o, const BlockKeys& bk, int64_t a, int window) {
+  if (window <= 0) return true;
+  if (j < bk.nctx) return bk.ctx_lo + j >= a + o - (window - 1);
+  return j - bk.nctx <= o;
+}
+
+struct Scratch {
+  std::vector<float> qt, s, qc, doc, dqt, dp, rowmax, rowsum, dsum, lse;
+  void reserve(size_t m, size_t hd, size_t keys) {
+    auto grow = [](std::vector<float>& v, size_t n) {
+      if (v.size() < n) v.resize(n);
+    };
+    grow(qt, m * hd);
+    grow(qc, m * hd);
+    grow(doc, m * hd);
+    grow(dqt, m * hd);
+    grow(s, m * keys);
+    grow(dp, m);
+    grow(rowmax, m);
+    grow(rowsum, m);
+    grow(dsum, m);
+    grow(lse, m);
+  }
+};
+// Grows only when a longer key range appears (not per call).
+thread_local Scratch tl_scratch;
+
+struct Geometry {
+  const Dims& d;
+  int64_t group, kv_stride, q_stride;
+  explicit Geometry(const Dims& dims)
+      : d(dims), group(dims.nh / dims.nkv), kv_stride(dims.nkv * dims.hd), q_stride(dims.nh * dims.hd) {}
+  // query m of (block n, kv head kvh): row offset o = m / group, head kvh * group + m % group
+  size_t q_off(int64_t n, int64_t kvh, int64_t m) const {
+    return static_cast<size_t>(n * d.B + m / group) * q_stride + (kvh * group + m % group) * d.hd;
+  }
+  size_t key_off(int64_t n, int64_t kvh, const BlockKeys& bk, int64_t j, bool* is_ctx) const {
+    *is_ctx = j < bk.nctx;
+    const int64_t row = *is_ctx ? bk.ctx_lo + j : n * d.B + (j - bk.nctx);
+    return static_cast<size_t>(row) * kv_stride + kvh * d.hd;
+  }
+};
+
+// s[j*M + m] = scale * q_m . k_j for every key j of the block (masked keys: -inf).
+void block_scores(const Geometry& geo, int64_t n, int64_t kvh, const BlockKeys& bk, int64_t a,
+                  const BlockAttnSpec& spec, const float* Kc, const float* Kb, const float* qt, float* s) {
+  const int64_t M = geo.d.B * geo.group, hd = geo.d.hd;
+  for (int64_t j = 0; j < bk.nkeys; ++j) {
+    bool is_ctx;
+    const size_t off = geo.key_off(n, kvh, bk, j, &is_ctx);
+    const float* kp = (is_ctx ? Kc : Kb) + off;
+    float* sj = s + j * M;
+    for (int64_t m = 0; m < M; ++m) sj[m] = 0.f;
+    for (int64_t e = 0; e < hd; ++e) {
+      const float ke = kp[e] * spec.scale;
+      const float* qe = qt + e * M;
+      for (int64_t m = 0; m < M; ++m) sj[m] += ke * qe[m];
+    }
+    if (spec.window > 0)
+      for (int64_t m = 0; m < M; ++m)
+        if (!key_visible(j, m / geo.group, bk, a, spec.window)) sj[m] = -std::numeric_limits<float>::infinity();
+  }
+}
 
 void cpu_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k_ctx, const Tensor& v_ctx,
                  const Tensor& k_blk, const Tensor& v_blk, const Tensor& anchors, const Tensor& seq_begin,
@@ -99,39 +164,47 @@ void cpu_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Te
   float* L = lse.ptr<float>();
   const int32_t* an = anchors.ptr<int32_t>();
   const int32_t* sb = seq_begin.ptr<int32_t>();
-  const int64_t group = d.nh / d.nkv, hd = d.hd, kv_stride = d.nkv * hd, q_stride = d.nh * hd;
+  const Geometry geo(d);
+  const int64_t M = d.B * geo.group, hd = d.hd;
+  Scratch& sc = tl_scratch;
   for (int64_t n = 0; n < d.N; ++n) {
-    for (int64_t o = 0; o < d.B; ++o) {
-      const int64_t row = n * d.B + o;
-      const Visible vis = visible(an[n], sb[n], o, d.B, spec.window);
-      const int64_t nctx = vis.ctx_hi - vis.ctx_lo, nkeys = nctx + vis.blk_hi;
-      if (static_cast<int64_t>(tl_scores.size()) < nkeys) tl_scores.resize(static_cast<size_t>(nkeys));
-      float* s = tl_scores.data();
-      for (int64_t h = 0; h < d.nh; ++h) {
-        const int64_t kvh = h / group;
-        const float* qv = Q + static_cast<size_t>(row) * q_stride + h * hd;
-        float m = -std::numeric_limits<float>::infinity();
-        for (int64_t j = 0; j < nctx; ++j) {
-          s[j] = spec.scale * dot(qv, Kc + static_cast<size_t>(vis.ctx_lo + j) * kv_stride + kvh * hd, hd);
-          m = std::max(m, s[j]);
+    const BlockKeys bk = block_keys(an[n], sb[n], d.B, spec.window);
+    sc.reserve(static_cast<size_t>(M), static_cast<size_t>(hd), static_cast<size_t>(bk.nkeys));
+    float* s = sc.s.data();
+    for (int64_t kvh = 0; kvh < d.nkv; ++kvh) {
+      for (int64_t m = 0; m < M; ++m) {
+        const float* qm = Q + geo.q_off(n, kvh, m);
+        for (int64_t e = 0; e < hd; ++e) sc.qt[e * M + m] = qm[e];
+      }
+      block_scores(geo, n, kvh, bk, an[n], spec, Kc, Kb, sc.qt.data(), s);
+      float* mx = sc.rowmax.data();
+      for (int64_t m = 0; m < M; ++m) mx[m] = -std::numeric_limits<float>::infinity();
+      for (int64_t j = 0; j < bk.nkeys; ++j)
+        for (int64_t m = 0; m < M; ++m) mx[m] = std::max(mx[m], s[j * M + m]);
+      float* sum = sc.rowsum.data();
+      for (int64_t m = 0; m < M; ++m) sum[m] = 0.f;
+      for (int64_t j = 0; j < bk.nkeys; ++j)
+        for (int64_t m = 0; m < M; ++m) {
+          const float p = std::exp(s[j * M + m] - mx[m]);
+          s[j * M + m] = p;
+          sum[m] += p;
         }
-        for (int64_t b = 0; b < vis.blk_hi; ++b) {
-          s[nctx + b] = spec.scale * dot(qv, Kb + static_cast<size_t>(n * d.B + b) * kv_stride + kvh * hd, hd);
-          m = std::max(m, s[nctx + b]);
+      for (int64_t m = 0; m < M; ++m) {
+        std::memset(O + geo.q_off(n, kvh, m), 0, sizeof(float) * static_cast<size_t>(hd));
+        sum[m] = 1.f / sum[m];
+      }
+      for (int64_t j = 0; j < bk.nkeys; ++j) {
+        bool is_ctx;
+        const size_t off = geo.key_off(n, kvh, bk, j, &is_ctx);
+        const float* vp = (is_ctx ? Vc : Vb) + off;
+        for (int64_t m = 0; m < M; ++m) {
+          const float p = s[j * M + m] * sum[m];
+          if (p != 0.f) axpy(O + geo.q_off(n, kvh, m), p, vp, hd);
         }
-        double sum = 0.0;
-        for (int64_t j = 0; j < nkeys; ++j) {
-          s[j] = std::exp(s[j] - m);
-          sum += s[j];
-        }
-        const float inv = static_cast<float>(1.0 / sum);
-        float* ov = O + static_cast<size_t>(row) * q_stride + h * hd;
-        std::memset(ov, 0, sizeof(float) * static_cast<size_t>(hd));
-        for (int64_t j = 0; j < nctx; ++j)
-          axpy(ov, s[j] * inv, Vc + static_cast<size_t>(vis.ctx_lo + j) * kv_stride + kvh * hd, hd);
-        for (int64_t b = 0; b < vis.blk_hi; ++b)
-          axpy(ov, s[nctx + b] * inv, Vb + static_cast<size_t>(n * d.B + b) * kv_stride + kvh * hd, hd);
-        L[row * d.nh + h] = m + static_cast<float>(std::log(sum));
+      }
+      for (int64_t m = 0; m < M; ++m) {
+        const int64_t row = n * d.B + m / geo.group, h = kvh * geo.group + m % geo.group;
+        L[row * d.nh + h] = mx[m] - std::log(sum[m]);  // sum holds 1 / sum here
       }
     }
   }
@@ -160,37 +233,59 @@ void cpu_backward(const Tensor& dq, const Tensor& dk_ctx, const Tensor& dv_ctx, 
   std::memset(dVb, 0, dv_blk.nbytes());
   const int32_t* an = anchors.ptr<int32_t>();
   const int32_t* sb = seq_begin.ptr<int32_t>();
-  const int64_t group = d.nh / d.nkv, hd = d.hd, kv_stride = d.nkv * hd, q_stride = d.nh * hd;
+  const Geometry geo(d);
+  const int64_t M = d.B * geo.group, hd = d.hd;
+  Scratch& sc = tl_scratch;
   for (int64_t n = 0; n < d.N; ++n) {
-    for (int64_t o = 0; o < d.B; ++o) {
-      const int64_t row = n * d.B + o;
-      const Visible vis = visible(an[n], sb[n], o, d.B, spec.window);
-      const int64_t nctx = vis.ctx_hi - vis.ctx_lo;
-      for (int64_t h = 0; h < d.nh; ++h) {
-        const int64_t kvh = h / group;
-        const size_t qoff = static_cast<size_t>(row) * q_stride + h * hd;
-        const float* qv = Q + qoff;
-        const float* dov = dO + qoff;
-        float* dqv = dQ + qoff;
-        std::memset(dqv, 0, sizeof(float) * static_cast<size_t>(hd));
-        const float Di = dot(dov, O + qoff, hd);  // sum_j p_j dP_j
-        const float l = L[row * d.nh + h];
-        // One key: p = softmax weight, dS = p (dP - D); dq += scale dS k; dk += scale dS q; dv += p dout.
-        auto key = [&](const float* kv, const float* vv, float* dk, float* dv) {
-          const float p = std::exp(spec.scale * dot(qv, kv, hd) - l);
-          const float dS = p * (dot(dov, vv, hd) - Di);
-          axpy(dqv, spec.scale * dS, kv, hd);
-          axpy(dk, spec.scale * dS, qv, hd);
-          axpy(dv, p, dov, hd);
-        };
-        for (int64_t j = 0; j < nctx; ++j) {
-          const size_t off = static_cast<size_t>(vis.ctx_lo + j) * kv_stride + kvh * hd;
-          key(Kc + off, Vc + off, dKc + off, dVc + off);
+    const BlockKeys bk = block_keys(an[n], sb[n], d.B, spec.window);
+    sc.reserve(static_cast<size_t>(M), static_cast<size_t>(hd), static_cast<size_t>(bk.nkeys));
+    float* s = sc.s.data();
+    for (int64_t kvh = 0; kvh < d.nkv; ++kvh) {
+      float* Dm = sc.dsum.data();
+      float* lm = sc.lse.data();
+      for (int64_t m = 0; m < M; ++m) {
+        const size_t off = geo.q_off(n, kvh, m);
+        for (int64_t e = 0; e < hd; ++e) {
+          sc.qt[e * M + m] = Q[off + e];
+          sc.doc[e * M + m] = dO[off + e];  // transposed dO
+          sc.qc[m * hd + e] = Q[off + e];
+          sc.dqt[e * M + m] = 0.f;
         }
-        for (int64_t b = 0; b < vis.blk_hi; ++b) {
-          const size_t off = static_cast<size_t>(n * d.B + b) * kv_stride + kvh * hd;
-          key(Kb + off, Vb + off, dKb + off, dVb + off);
+        Dm[m] = dot(dO + off, O + off, hd);  // sum_j p_j dP_j
+        lm[m] = L[(n * d.B + m / geo.group) * d.nh + kvh * geo.group + m % geo.group];
+      }
+      block_scores(geo, n, kvh, bk, an[n], spec, Kc, Kb, sc.qt.data(), s);
+      float* dp = sc.dp.data();
+      for (int64_t j = 0; j < bk.nkeys; ++j) {
+        bool is_ctx;
+        const size_t off = geo.key_off(n, kvh, bk, j, &is_ctx);
+        const float* kp = (is_ctx ? Kc : Kb) + off;
+        const float* vp = (is_ctx ? Vc : Vb) + off;
+        float* dkp = (is_ctx ? dKc : dKb) + off;
+        float* dvp = (is_ctx ? dVc : dVb) + off;
+        float* pj = s + j * M;  // scores -> probabilities
+        for (int64_t m = 0; m < M; ++m) pj[m] = std::exp(pj[m] - lm[m]);
+        for (int64_t m = 0; m < M; ++m) dp[m] = 0.f;
+        for (int64_t e = 0; e < hd; ++e) {  // dP_jm = dO_m . v_j
+          const float ve = vp[e];
+          const float* de = sc.doc.data() + e * M;
+          for (int64_t m = 0; m < M; ++m) dp[m] += ve * de[m];
         }
+        for (int64_t m = 0; m < M; ++m) dp[m] = pj[m] * (dp[m] - Dm[m]) * spec.scale;  // scale * dS
+        for (int64_t m = 0; m < M; ++m) {
+          if (pj[m] == 0.f) continue;
+          axpy(dvp, pj[m], dO + geo.q_off(n, kvh, m), hd);  // dv_j += p dO_m
+          axpy(dkp, dp[m], sc.qc.data() + m * hd, hd);      // dk_j += scale dS q_m
+        }
+        for (int64_t e = 0; e < hd; ++e) {  // dq_m += scale dS k_j
+          const float ke = kp[e];
+          float* dqe = sc.dqt.data() + e * M;
+          for (int64_t m = 0; m < M; ++m) dqe[m] += ke * dp[m];
+        }
+      }
+      for (int64_t m = 0; m < M; ++m) {
+        float* dqm = dQ + geo.q_off(n, kvh, m);
+        for (int64_t e = 0; e < hd; ++e) dqm[e] = sc.dqt[e * M + m];
       }
     }
   }
@@ -209,7 +304,7 @@ void block_attention_forward(const Ctx& ctx, const Tensor& out, const Tensor& ls
   detail::check_shape(op, "lse", lse, {d.N * d.B, d.nh});
   if (ctx.device == Device::CUDA) {
 #ifdef DFLASH_HAVE_CUDA
-    detail::cuda_op_missing(op);
+    return cuda::block_attention_forward(ctx, out, lse, q, k_ctx, v_ctx, k_blk, v_blk, anchors, seq_begin, spec);
 #else
     detail::no_cuda_build(op);
 #endif
@@ -240,7 +335,8 @@ void block_attention_backward(const Ctx& ctx, const Tensor& dq, const Tensor& dk
   detail::check_shape(op, "lse", lse, {d.N * d.B, d.nh});
   if (ctx.device == Device::CUDA) {
 #ifdef DFLASH_HAVE_CUDA
-    detail::cuda_op_missing(op);
+    return cuda::block_attention_backward(ctx, dq, dk_ctx, dv_ctx, dk_blk, dv_blk, dout, out, lse, q, k_ctx, v_ctx,
+                                          k_blk, v_blk, anchors, seq_begin, spec);
 #else
     detail::no_cuda_build(op);
 #endif
