@@ -1,0 +1,112 @@
+#!/usr/bin/env bash
+# dflash-train under plain mpirun (no Slurm): checkpoints on SIGUSR1/SIGTERM, resumes when run again.
+#
+#   jobs/mpirun/train.sh --target MODEL_DIR --data DATA.h5 --out RUN_DIR [--topology 7-1] [more options]
+#
+# env: NP            ranks (default: the number of GPUs nvidia-smi lists, else 2)
+#      DFLASH_TRAIN  the binary (default: build/dflash-train next to this script's repository)
+#      DFLASH_BACKEND cpu | cuda (default: cuda when nvidia-smi finds a GPU, else cpu)
+#      MPIRUN_ARGS   extra mpirun arguments (the Slurm scripts pass --map-by here)
+#
+# Signals: SIGUSR1 or SIGTERM to this script is forwarded to mpirun as SIGUSR1, which mpirun passes to
+# every rank; dflash-train finishes its step, checkpoints and exits 75. (SIGTERM itself is not forwarded:
+# mpirun answers SIGTERM by killing the ranks about a second later, too soon to write a checkpoint.)
+# Running the same command again resumes from the newest complete checkpoint (--resume auto is added
+# unless --resume is given). Ctrl-C (SIGINT) aborts without a checkpoint.
+#
+# Exit code: dflash-train's. 0 completed; 75 checkpointed, run again to continue; anything else failed
+# (docs/checkpoint.md, README "Exit codes"). The last line printed is a status line.
+set -uo pipefail
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+repo=$(cd "$here/../.." && pwd)
+DFLASH_TRAIN=${DFLASH_TRAIN:-$repo/build/dflash-train}
+gpus=0
+command -v nvidia-smi >/dev/null 2>&1 && gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
+NP=${NP:-$([ "$gpus" -gt 0 ] && echo "$gpus" || echo 2)}
+DFLASH_BACKEND=${DFLASH_BACKEND:-$([ "$gpus" -gt 0 ] && echo cuda || echo cpu)}
+
+# ---- environment the job relies on ----------------------------------------------------------------
+# NVLink SHARP (multicast) stays off: on the GPU machines this project runs on it fails or hangs NCCL
+# communicator setup (FACTS.md "NCCL").
+export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0}
+# NCCL problems are reported as warnings in the job log without the INFO flood.
+export NCCL_DEBUG=${NCCL_DEBUG:-WARN}
+# If SIGTERM reaches mpirun itself (an operator's kill, a scheduler's TERM to every process), mpirun
+# passes it to the ranks and SIGKILLs them after this many seconds (default 1): give them time to
+# write their checkpoint.
+export OMPI_MCA_odls_base_sigkill_timeout=${OMPI_MCA_odls_base_sigkill_timeout:-60}
+# Containers often run as root; Open MPI refuses to start as root without both of these.
+if [ "$(id -u)" -eq 0 ]; then
+  export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+fi
+
+# ---- arguments: add --resume auto and the backend unless given; find the run directory -------------
+args=("$@")
+out_dir="" ckpt_dir="" have_resume=0 have_backend=0
+for ((i = 0; i < ${#args[@]}; i++)); do
+  case "${args[i]}" in
+    --out) out_dir=${args[i + 1]:-} ;;
+    --out=*) out_dir=${args[i]#--out=} ;;
+    --checkpoint-dir) ckpt_dir=${args[i + 1]:-} ;;
+    --checkpoint-dir=*) ckpt_dir=${args[i]#--checkpoint-dir=} ;;
+    --resume | --resume=*) have_resume=1 ;;
+    --backend | --backend=*) have_backend=1 ;;
+  esac
+done
+[ $have_resume -eq 1 ] || args+=(--resume auto)
+[ $have_backend -eq 1 ] || args+=(--backend "$DFLASH_BACKEND")
+[ -n "$ckpt_dir" ] || ckpt_dir=${out_dir:+$out_dir/checkpoints}
+
+latest_checkpoint() {
+  local d best=""
+  [ -n "$ckpt_dir" ] && [ -d "$ckpt_dir" ] || { echo none; return; }
+  for d in "$ckpt_dir"/step-*; do
+    [ -f "$d/manifest.json" ] && best=$d
+  done
+  echo "${best:-none}"
+}
+
+if [ ! -x "$DFLASH_TRAIN" ]; then
+  echo "[train.sh] status=failed rc=8 reason='no dflash-train at $DFLASH_TRAIN (build it, or set DFLASH_TRAIN)'"
+  exit 8
+fi
+
+# ---- run mpirun in the background so the traps below run while it works ------------------------------
+# --bind-to none: a rank runs a loader thread beside its main thread; one bound core would starve them.
+# shellcheck disable=SC2086
+mpirun -np "$NP" --bind-to none ${MPIRUN_ARGS:-} \
+  -x NCCL_NVLS_ENABLE -x NCCL_DEBUG -x OMPI_MCA_odls_base_sigkill_timeout \
+  "$DFLASH_TRAIN" "${args[@]}" &
+child=$!
+signalled=""
+forward() {
+  signalled=$1
+  echo "[train.sh] SIG$1 received: asking dflash-train to checkpoint and stop (SIGUSR1 to mpirun $child)" >&2
+  kill -USR1 "$child" 2>/dev/null || true
+}
+trap 'forward USR1' USR1
+trap 'forward TERM' TERM
+
+# `wait` returns early (status > 128) whenever a trapped signal arrives: wait again until mpirun is gone.
+while :; do
+  wait "$child"
+  rc=$?
+  if [ $rc -gt 128 ] && kill -0 "$child" 2>/dev/null; then continue; fi
+  if [ $rc -gt 128 ] && [ -n "$signalled" ]; then
+    # mpirun ended while the trap ran: collect its real status if the shell still has it.
+    wait "$child" 2>/dev/null
+    r2=$?
+    [ $r2 -ne 127 ] && rc=$r2
+  fi
+  break
+done
+trap - USR1 TERM
+
+case $rc in
+  0) status=completed ;;
+  75) status=checkpointed ;;
+  *) status=failed ;;
+esac
+echo "[train.sh] status=$status rc=$rc checkpoint=$(latest_checkpoint)${signalled:+ signal=SIG$signalled}"
+exit $rc
