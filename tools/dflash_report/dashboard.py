@@ -6,6 +6,7 @@ matplotlib.use("Agg")  # no display on a cluster node
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
+from .analysis import _gpu_column_ranks as analysis_columns  # noqa: E402
 from .load import ROLE_DRAFTER, ROLE_TARGET  # noqa: E402
 
 
@@ -45,8 +46,9 @@ def write_png(run, rep, path):
     q = run.queues
     if len(q.get("time_s", [])):
         tm = q["time_s"] / 60
-        for j in range(q["q_pre"].shape[1]):
-            a.plot(tm, q["q_pre"][:, j], lw=0.7, c="C2", alpha=0.6, label="q_pre (per target)" if j == 0 else None)
+        if q["q_pre"].shape[1]:
+            a.plot(tm, q["q_pre"].mean(axis=1), lw=1.0, c="C2", label="q_pre (mean over targets)")
+            a.plot(tm, q["q_pre"].min(axis=1), lw=0.7, c="C2", ls=":", label="q_pre (emptiest target)")
         for j in range(q["q_hs"].shape[1]):
             a.plot(tm, q["q_hs"][:, j], lw=1.2, c="C3", label="q_hs (per drafter)" if j == 0 else None)
         a.legend(fontsize=8)
@@ -71,8 +73,10 @@ def write_png(run, rep, path):
     a = ax[1][1]
     if run.gpu_available:
         p = run.gpus["power_w"]
+        owners = analysis_columns(run, p.shape[1])
         for j in range(p.shape[1]):
-            a.plot(run.gpus["time_s"] / 60, p[:, j], lw=0.8, label=f"gpu col {j}")
+            role = {ROLE_TARGET: "target", ROLE_DRAFTER: "drafter"}.get(run.role_of_rank.get(owners[j], -1), "idle")
+            a.plot(run.gpus["time_s"] / 60, p[:, j], lw=0.8, label=f"GPU {j} ({role})")
         a.legend(fontsize=7, ncol=2)
         a.set_ylabel("W")
     else:
