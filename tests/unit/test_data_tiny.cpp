@@ -2,9 +2,11 @@
 // target's own continuation (its argmax predicts the next token far above chance), i.e. learnable.
 #include <gtest/gtest.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <string>
@@ -62,6 +64,49 @@ TEST(DataTiny, TargetAndDatasetFitAndAreLearnable) {
   const double agree = double(hits) / double(total);
   EXPECT_GT(agree, 0.45) << "the data should mostly follow the target's own predictions (chance is 1/512)";
   std::printf("target argmax = next token at %.3f of %lld trained positions\n", agree, static_cast<long long>(total));
+  std::error_code ec;
+  std::filesystem::remove_all(dir, ec);
+}
+
+// dflash-prep end to end: a good conversion (vocab from --target) and a bad line reported with its number.
+TEST(DataPrepApp, ConvertsAndReportsBadLines) {
+  const std::string bin = std::string(DFLASH_BIN_DIR) + "/dflash-prep";
+  struct stat st;
+  if (::stat(bin.c_str(), &st) != 0) GTEST_SKIP() << "build the dflash-prep target first (" << bin << ")";
+  char tmpl[] = "/tmp/dflash-prep-test-XXXXXX";
+  const std::string dir = mkdtemp(tmpl);
+  const std::string target = std::string(DFLASH_TEST_DATA) + "/golden/qwen3-tiny-a/target";  // vocab 512
+  {
+    std::FILE* f = std::fopen((dir + "/in.jsonl").c_str(), "w");
+    std::fputs("{\"input_ids\": [1, 2, 3], \"loss_mask\": [0, 1, 1]}\n{\"input_ids\": [511, 0]}\n", f);
+    std::fclose(f);
+    f = std::fopen((dir + "/bad.jsonl").c_str(), "w");
+    std::fputs("{\"input_ids\": [1, 2, 3]}\n{\"input_ids\": [7, 512]}\n", f);
+    std::fclose(f);
+  }
+  const std::string log = " > " + dir + "/log.txt 2>&1";
+  int rc = std::system((bin + " " + dir + "/in.jsonl " + dir + "/out.h5 --target " + target + " --tokenizer t" + log).c_str());
+  ASSERT_TRUE(WIFEXITED(rc));
+  ASSERT_EQ(WEXITSTATUS(rc), 0);
+  TokenDataset ds(dir + "/out.h5", 512);
+  EXPECT_EQ(ds.num_records(), 2u);
+  EXPECT_EQ(ds.read_all().tokens, (std::vector<int32_t>{1, 2, 3, 511, 0}));
+
+  rc = std::system((bin + " " + dir + "/bad.jsonl " + dir + "/bad.h5 --target " + target + log).c_str());
+  ASSERT_TRUE(WIFEXITED(rc));
+  EXPECT_EQ(WEXITSTATUS(rc), 3);
+  std::string text;
+  {
+    std::FILE* f = std::fopen((dir + "/log.txt").c_str(), "r");
+    char buf[4096];
+    size_t n = std::fread(buf, 1, sizeof(buf), f);
+    std::fclose(f);
+    text.assign(buf, n);
+  }
+  EXPECT_NE(text.find("bad.jsonl:2: \"input_ids\"[1] = 512 is outside [0, 512)"), std::string::npos) << text;
+  EXPECT_NE(::stat((dir + "/bad.h5").c_str(), &st), 0) << "no output after a bad line";
+  rc = std::system((bin + " " + dir + "/in.jsonl " + dir + "/x.h5 --vocab-size 512 --target " + target + log).c_str());
+  EXPECT_EQ(WEXITSTATUS(rc), 2) << "both --vocab-size and --target";
   std::error_code ec;
   std::filesystem::remove_all(dir, ec);
 }
