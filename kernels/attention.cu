@@ -61,6 +61,13 @@ __device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], 
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// 2^x through ex2.approx (MUFU.EX2), without exp2f's extra range handling; 2^-inf = +0.
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
   __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
   return *reinterpret_cast<uint32_t*>(&v);
@@ -215,6 +222,9 @@ __global__ void __launch_bounds__(kThreads, 2)
       }
 
       // Online softmax in the log2 domain; the causal mask only where the tile crosses the diagonal.
+      // Instruction count is what limits this loop next to the MMAs, hence the max over raw scores (scale
+      // > 0 keeps the order), the scale folded into one FFMA per score, ex2.approx, and an O rescale
+      // only when some row's max moved.
       const bool needs_mask = kv0 + kBlockKV - 1 > warp_row0;
 #pragma unroll
       for (int mi = 0; mi < 2; ++mi) {
@@ -226,33 +236,33 @@ __global__ void __launch_bounds__(kThreads, 2)
           for (int n = 0; n < kBlockKV / 8; ++n) {
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
-              float x = s[mi][n][h * 2 + e] * scale_log2;
-              if (needs_mask && kv0 + n * 8 + 2 * t + e > row) x = -INFINITY;
-              s[mi][n][h * 2 + e] = x;
-              mx = fmaxf(mx, x);
+              if (needs_mask && kv0 + n * 8 + 2 * t + e > row) s[mi][n][h * 2 + e] = -INFINITY;
+              mx = fmaxf(mx, s[mi][n][h * 2 + e]);
             }
           }
           mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
           mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-          const float m_new = fmaxf(m[mi][h], mx);
+          const float m_new = fmaxf(m[mi][h], mx * scale_log2);
           const float m_use = m_new == -INFINITY ? 0.f : m_new;
-          const float alpha = exp2f(m[mi][h] - m_use);
+          const float alpha = fast_exp2(m[mi][h] - m_use);
           m[mi][h] = m_new;
           float sum = 0.f;
 #pragma unroll
           for (int n = 0; n < kBlockKV / 8; ++n) {
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
-              float p = exp2f(s[mi][n][h * 2 + e] - m_use);
+              const float p = fast_exp2(fmaf(s[mi][n][h * 2 + e], scale_log2, -m_use));
               s[mi][n][h * 2 + e] = p;
               sum += p;
             }
           }
           l[mi][h] = l[mi][h] * alpha + sum;
+          if (__any_sync(0xffffffffu, alpha != 1.f)) {
 #pragma unroll
-          for (int n = 0; n < kHeadDim / 8; ++n) {
-            o[mi][n][h * 2] *= alpha;
-            o[mi][n][h * 2 + 1] *= alpha;
+            for (int n = 0; n < kHeadDim / 8; ++n) {
+              o[mi][n][h * 2] *= alpha;
+              o[mi][n][h * 2 + 1] *= alpha;
+            }
           }
         }
       }
@@ -326,6 +336,7 @@ void attention_varlen_causal_forward(const Ctx& ctx, const Tensor& out, const Te
   DF_CHECK(k.size(0) == T && v.size(0) == T && v.size(1) == nkv && k.size(2) == hd && v.size(2) == hd &&
                nkv > 0 && nh % nkv == 0,
            Internal, "attention: q " << q.shape_str() << ", k " << k.shape_str() << ", v " << v.shape_str());
+  DF_CHECK(scale > 0.f, Internal, "attention: scale must be positive, got " << scale);
   DF_CHECK(hd > 0 && hd <= kHeadDim && hd % 8 == 0, Internal,
            "attention: head_dim " << hd << " unsupported (a multiple of 8, at most " << kHeadDim << ")");
   DF_CHECK(((reinterpret_cast<uintptr_t>(q.data) | reinterpret_cast<uintptr_t>(k.data) |

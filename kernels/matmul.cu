@@ -3,6 +3,9 @@
 // layout cuBLASLt's fastest Hopper kernels take).
 #include "matmul.cuh"
 
+#include <cstdlib>
+#include <string>
+
 #include "backend.cuh"
 #include "cuda_check.cuh"
 
@@ -26,6 +29,56 @@ int alignment_of(const void* p) {
 cudaDataType cuda_type(DType t) {
   DF_CHECK(t == DType::BF16 || t == DType::F32, Internal, "matmul: unsupported dtype " << dtype_name(t));
   return t == DType::BF16 ? CUDA_R_16BF : CUDA_R_32F;
+}
+
+// GEMMs at least this large (m * n * k) have their algorithm picked by timing the heuristic's top
+// candidates once, at the shape's first call; the heuristic's first choice is a few percent off on some
+// of the target's shapes. DFLASH_GEMM_AUTOTUNE=0 keeps the heuristic's choice.
+constexpr double kAutotuneMinWork = 1 << 30;
+
+bool autotune_enabled() {
+  static const bool on = [] {
+    const char* v = std::getenv("DFLASH_GEMM_AUTOTUNE");
+    return !(v && std::string(v) == "0");
+  }();
+  return on;
+}
+
+// Times each candidate (beta = 0, into a temporary output so an accumulating GEMM's destination is left
+// alone) and returns the index of the fastest. Runs once per shape; synchronizes the stream.
+int fastest_candidate(Backend& be, cudaStream_t stream, const MatmulPlan& p,
+                      const cublasLtMatmulHeuristicResult_t* results, int found, int m, int n, const void* A,
+                      const void* B, DType d_type) {
+  void* scratch = nullptr;
+  DF_CUDA(cudaMalloc(&scratch, size_t(m) * n * dtype_size(d_type)));
+  cudaEvent_t e0, e1;
+  DF_CUDA(cudaEventCreate(&e0));
+  DF_CUDA(cudaEventCreate(&e1));
+  const float alpha = 1.f, beta = 0.f;
+  int best = 0;
+  float best_ms = 1e30f;
+  for (int i = 0; i < found; ++i) {
+    if (results[i].state != CUBLAS_STATUS_SUCCESS || results[i].workspaceSize > be.workspace_bytes) continue;
+    auto run = [&] {
+      return cublasLtMatmul(be.lt, p.desc, &alpha, A, p.a, B, p.b, &beta, scratch, p.c, scratch, p.c,
+                            &results[i].algo, be.workspace, be.workspace_bytes, stream);
+    };
+    if (run() != CUBLAS_STATUS_SUCCESS) continue;  // warm-up; a candidate that fails is skipped
+    DF_CUDA(cudaEventRecord(e0, stream));
+    for (int r = 0; r < 3; ++r) DF_CUBLAS(run());
+    DF_CUDA(cudaEventRecord(e1, stream));
+    DF_CUDA(cudaEventSynchronize(e1));
+    float ms = 0;
+    DF_CUDA(cudaEventElapsedTime(&ms, e0, e1));
+    if (ms < best_ms) {
+      best_ms = ms;
+      best = i;
+    }
+  }
+  DF_CUDA(cudaEventDestroy(e0));
+  DF_CUDA(cudaEventDestroy(e1));
+  DF_CUDA(cudaFree(scratch));
+  return best;
 }
 
 // D [m, n] (column-major, ld ldd, in place with C) = op(A) [m, k] · op(B) [k, n] + beta · D.
@@ -55,13 +108,17 @@ void gemm(Backend& be, cudaStream_t stream, bool trans_a, bool trans_b, int m, i
     DF_CUBLAS(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al[1], 4));
     DF_CUBLAS(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al[2], 4));
     DF_CUBLAS(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al[2], 4));
-    cublasLtMatmulHeuristicResult_t result{};
+    constexpr int kCandidates = 8;
+    cublasLtMatmulHeuristicResult_t results[kCandidates] = {};
     int found = 0;
-    DF_CUBLAS(cublasLtMatmulAlgoGetHeuristic(be.lt, p->desc, p->a, p->b, p->c, p->c, pref, 1, &result, &found));
+    DF_CUBLAS(cublasLtMatmulAlgoGetHeuristic(be.lt, p->desc, p->a, p->b, p->c, p->c, pref, kCandidates, results,
+                                             &found));
     cublasLtMatmulPreferenceDestroy(pref);
     DF_CHECK(found > 0, DeviceFailure,
              "cuBLASLt found no algorithm for a bf16 GEMM m=" << m << " n=" << n << " k=" << k);
-    p->algo = result.algo;
+    p->algo = results[0].algo;
+    if (found > 1 && autotune_enabled() && double(m) * n * k >= kAutotuneMinWork)
+      p->algo = results[fastest_candidate(be, stream, *p, results, found, m, n, A, B, d_type)].algo;
     plan = p;
   }
   float alpha = 1.f;

@@ -1,6 +1,8 @@
-// One warp per row: the row's 16-byte chunks are spread over the lanes, summed in fp32, then the row is
-// read again (from L1/L2, the warp just touched it) to write the normalized output.
+// One block per row; each thread holds its (at most kMaxChunks) 16-byte chunks of the row in registers,
+// so the row is read once and written once: the block sums squares in fp32, then scales what it holds.
 #include "rmsnorm.cuh"
+
+#include <algorithm>
 
 #include "backend.cuh"
 #include "bf16_util.cuh"
@@ -9,46 +11,66 @@
 namespace dflash::cuda {
 namespace {
 
-constexpr int kWarpsPerBlock = 4;
+constexpr int kMaxChunks = 4;       // per thread: rows up to 1024 * 4 * 8 = 32768 wide
+constexpr int kMaxThreads = 1024;
+
+__device__ __forceinline__ float block_sum(float v, float* scratch /* [32] */) {
+  v = warp_sum(v);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  v = lane < warps ? scratch[lane] : 0.f;
+  return warp_sum(v);
+}
 
 // x may be null (plain RMSNorm); otherwise resid += x is written back first. C % 8 == 0, 16-byte aligned.
 __global__ void residual_rmsnorm_kernel(__nv_bfloat16* __restrict__ out, float* __restrict__ rstd,
                                         __nv_bfloat16* __restrict__ resid, const __nv_bfloat16* __restrict__ x,
-                                        const __nv_bfloat16* __restrict__ w, int64_t rows, int C, float eps) {
-  int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
-  int lane = threadIdx.x % 32;
-  if (row >= rows) return;
+                                        const __nv_bfloat16* __restrict__ w, int C, float eps) {
+  __shared__ float scratch[32];
+  const int64_t row = blockIdx.x;
   Bf16x8* r = reinterpret_cast<Bf16x8*>(resid + row * C);
   const Bf16x8* xr = x ? reinterpret_cast<const Bf16x8*>(x + row * C) : nullptr;
-  int chunks = C / 8;
+  const int chunks = C / 8;
+  Bf16x8 held[kMaxChunks];
   float ss = 0.f;
-  for (int c = lane; c < chunks; c += 32) {
-    float v[8];
-    unpack8(r[c], v);
-    if (xr) {
-      float a[8];
-      unpack8(xr[c], a);
 #pragma unroll
-      for (int i = 0; i < 8; ++i) v[i] += a[i];
-      Bf16x8 s = pack8(v);
-      r[c] = s;
-      unpack8(s, v);  // the norm sees the rounded residual, as the next layer will
+  for (int i = 0; i < kMaxChunks; ++i) {
+    const int c = threadIdx.x + i * blockDim.x;
+    if (c < chunks) {
+      held[i] = r[c];
+      if (xr) {
+        const Bf16x8 xa = xr[c];
+        float v[8], a[8];
+        unpack8(held[i], v);
+        unpack8(xa, a);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) v[e] += a[e];
+        held[i] = pack8(v);  // the norm sees the rounded residual, as the next layer will
+        r[c] = held[i];
+      }
+      float v[8];
+      unpack8(held[i], v);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) ss += v[e] * v[e];
     }
-#pragma unroll
-    for (int i = 0; i < 8; ++i) ss += v[i] * v[i];
   }
-  ss = warp_sum(ss);
-  float rs = rsqrtf(ss / C + eps);
-  if (rstd && lane == 0) rstd[row] = rs;
+  ss = block_sum(ss, scratch);
+  const float rs = rsqrtf(ss / C + eps);
+  if (rstd && threadIdx.x == 0) rstd[row] = rs;
   const Bf16x8* wr = reinterpret_cast<const Bf16x8*>(w);
   Bf16x8* o = reinterpret_cast<Bf16x8*>(out + row * C);
-  for (int c = lane; c < chunks; c += 32) {
-    float v[8], g[8];
-    unpack8(r[c], v);
-    unpack8(wr[c], g);
 #pragma unroll
-    for (int i = 0; i < 8; ++i) v[i] = v[i] * rs * g[i];
-    o[c] = pack8(v);
+  for (int i = 0; i < kMaxChunks; ++i) {
+    const int c = threadIdx.x + i * blockDim.x;
+    if (c < chunks) {
+      float v[8], g[8];
+      unpack8(held[i], v);
+      unpack8(wr[c], g);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) v[e] = v[e] * rs * g[e];
+      o[c] = pack8(v);
+    }
   }
 }
 
@@ -60,20 +82,25 @@ void launch(const Ctx& ctx, const char* op, const Tensor& out, const Tensor& rst
   DF_CHECK(out.dtype == DType::BF16 && resid.dtype == DType::BF16 && w.dtype == DType::BF16 &&
                (x.empty() || x.dtype == DType::BF16),
            Internal, op << ": tensors must be BF16 on the CUDA backend");
-  DF_CHECK(C > 0 && C % 8 == 0 && resid.size(-1) == C && out.numel() == resid.numel() &&
+  DF_CHECK(C > 0 && C % 8 == 0 && C <= kMaxThreads * kMaxChunks * 8 && resid.size(-1) == C && out.numel() == resid.numel() &&
                (x.empty() || x.numel() == resid.numel()),
            Internal, op << ": shapes out " << out.shape_str() << " in " << resid.shape_str() << " w " << w.shape_str()
-                        << " (C must be a multiple of 8)");
+                        << " (C must be a multiple of 8, at most 32768)");
   DF_CHECK(rstd.empty() || (rstd.dtype == DType::F32 && static_cast<int64_t>(rstd.numel()) == rows), Internal,
            op << ": rstd must be F32 [" << rows << "], got " << rstd.shape_str());
   DF_CHECK(aligned16(out.data) && aligned16(resid.data) && aligned16(w.data) && (x.empty() || aligned16(x.data)),
            Internal, op << ": tensors must be 16-byte aligned");
   if (rows == 0) return;
-  int64_t blocks = (rows + kWarpsPerBlock - 1) / kWarpsPerBlock;
-  residual_rmsnorm_kernel<<<static_cast<unsigned>(blocks), kWarpsPerBlock * 32, 0, stream_of(ctx)>>>(
+  DF_CHECK(rows < (int64_t(1) << 31), Internal, op << ": too many rows (" << rows << ")");
+  // The fewest threads (whole warps) that cover the row with kMaxChunks chunks each, at least 4 warps
+  // per row where the row is that wide: 4096 -> 128 threads x 4 chunks.
+  const int chunks = C / 8;
+  int threads = (chunks + kMaxChunks - 1) / kMaxChunks;
+  threads = std::max(32, std::min(kMaxThreads, (threads + 31) / 32 * 32));
+  residual_rmsnorm_kernel<<<static_cast<unsigned>(rows), threads, 0, stream_of(ctx)>>>(
       static_cast<__nv_bfloat16*>(out.data), rstd.empty() ? nullptr : static_cast<float*>(rstd.data),
       static_cast<__nv_bfloat16*>(resid.data), x.empty() ? nullptr : static_cast<const __nv_bfloat16*>(x.data),
-      static_cast<const __nv_bfloat16*>(w.data), rows, C, eps);
+      static_cast<const __nv_bfloat16*>(w.data), C, eps);
   DF_CUDA_LAUNCH();
 }
 
