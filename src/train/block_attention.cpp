@@ -16,6 +16,15 @@
 #include "block_attention.cuh"
 #endif
 
+// The hot loops are compiled for AVX-512 / AVX2 as well as the baseline and picked at load time (as in
+// src/ops/matmul.cpp); helpers they call are always inlined so each clone gets its own copy.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define DF_ATTN_CLONES //TMP
+#else
+#define DF_ATTN_CLONES
+#endif
+#define DF_ATTN_INLINE inline __attribute__((always_inline))
+
 namespace dflash::ops {
 namespace {
 
@@ -62,12 +71,12 @@ Dims check_args(const char* op, const Ctx& ctx, const Tensor& q, const Tensor& k
   return d;
 }
 
-inline float dot(const float* a, const float* b, int64_t n) {
+DF_ATTN_INLINE float dot(const float* a, const float* b, int64_t n) {
   float s = 0.f;
   for (int64_t i = 0; i < n; ++i) s += a[i] * b[i];
   return s;
 }
-inline void axpy(float* y, float alpha, const float* x, int64_t n) {
+DF_ATTN_INLINE void axpy(float* y, float alpha, const float* x, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] += alpha * x[i];
 }
 
@@ -79,7 +88,7 @@ inline void axpy(float* y, float alpha, const float* x, int64_t n) {
 struct BlockKeys {
   int64_t ctx_lo, nctx, nkeys;
 };
-inline BlockKeys block_keys(int64_t a, int64_t s0, int64_t B, int window) {
+DF_ATTN_INLINE BlockKeys block_keys(int64_t a, int64_t s0, int64_t B, int window) {
   BlockKeys k;
   k.ctx_lo = window > 0 ? std::max<int64_t>(s0, a - (window - 1)) : s0;
   if (k.ctx_lo > a) k.ctx_lo = a;
@@ -88,7 +97,7 @@ inline BlockKeys block_keys(int64_t a, int64_t s0, int64_t B, int window) {
   return k;
 }
 // Whether query row offset o sees key j of the block's key list (sliding windows only restrict).
-inline bool key_visible(int64_t j, int64_t o, const BlockKeys& bk, int64_t a, int window) {
+DF_ATTN_INLINE bool key_visible(int64_t j, int64_t o, const BlockKeys& bk, int64_t a, int window) {
   if (window <= 0) return true;
   if (j < bk.nctx) return bk.ctx_lo + j >= a + o - (window - 1);
   return j - bk.nctx <= o;
@@ -121,10 +130,10 @@ struct Geometry {
   explicit Geometry(const Dims& dims)
       : d(dims), group(dims.nh / dims.nkv), kv_stride(dims.nkv * dims.hd), q_stride(dims.nh * dims.hd) {}
   // query m of (block n, kv head kvh): row offset o = m / group, head kvh * group + m % group
-  size_t q_off(int64_t n, int64_t kvh, int64_t m) const {
+  DF_ATTN_INLINE size_t q_off(int64_t n, int64_t kvh, int64_t m) const {
     return static_cast<size_t>(n * d.B + m / group) * q_stride + (kvh * group + m % group) * d.hd;
   }
-  size_t key_off(int64_t n, int64_t kvh, const BlockKeys& bk, int64_t j, bool* is_ctx) const {
+  DF_ATTN_INLINE size_t key_off(int64_t n, int64_t kvh, const BlockKeys& bk, int64_t j, bool* is_ctx) const {
     *is_ctx = j < bk.nctx;
     const int64_t row = *is_ctx ? bk.ctx_lo + j : n * d.B + (j - bk.nctx);
     return static_cast<size_t>(row) * kv_stride + kvh * d.hd;
@@ -132,7 +141,7 @@ struct Geometry {
 };
 
 // s[j*M + m] = scale * q_m . k_j for every key j of the block (masked keys: -inf).
-void block_scores(const Geometry& geo, int64_t n, int64_t kvh, const BlockKeys& bk, int64_t a,
+DF_ATTN_INLINE void block_scores(const Geometry& geo, int64_t n, int64_t kvh, const BlockKeys& bk, int64_t a,
                   const BlockAttnSpec& spec, const float* Kc, const float* Kb, const float* qt, float* s) {
   const int64_t M = geo.d.B * geo.group, hd = geo.d.hd;
   for (int64_t j = 0; j < bk.nkeys; ++j) {
@@ -152,7 +161,7 @@ void block_scores(const Geometry& geo, int64_t n, int64_t kvh, const BlockKeys& 
   }
 }
 
-void cpu_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k_ctx, const Tensor& v_ctx,
+DF_ATTN_CLONES void cpu_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k_ctx, const Tensor& v_ctx,
                  const Tensor& k_blk, const Tensor& v_blk, const Tensor& anchors, const Tensor& seq_begin,
                  const BlockAttnSpec& spec, const Dims& d) {
   const float* Q = q.ptr<float>();
@@ -210,7 +219,7 @@ void cpu_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Te
   }
 }
 
-void cpu_backward(const Tensor& dq, const Tensor& dk_ctx, const Tensor& dv_ctx, const Tensor& dk_blk,
+DF_ATTN_CLONES void cpu_backward(const Tensor& dq, const Tensor& dk_ctx, const Tensor& dv_ctx, const Tensor& dk_blk,
                   const Tensor& dv_blk, const Tensor& dout, const Tensor& out, const Tensor& lse, const Tensor& q,
                   const Tensor& k_ctx, const Tensor& v_ctx, const Tensor& k_blk, const Tensor& v_blk,
                   const Tensor& anchors, const Tensor& seq_begin, const BlockAttnSpec& spec, const Dims& d) {

@@ -1,0 +1,28 @@
+// Block-prefix attention of DFlash training on CUDA (the twin of src/train/block_attention.cpp).
+#pragma once
+#include "dflash/drafter_ops.h"
+
+namespace dflash::cuda {
+
+// Same contract as ops::block_attention_forward/backward (include/dflash/drafter_ops.h), with
+// q/k/v/out/dout and every gradient BF16, lse F32, anchors/seq_begin I32 in device memory.
+//
+// How: blocks are cut into chunks whose context key range [min visible start, max anchor) and row count
+// keep the score matrix under a fixed budget; per chunk and head the context part is a dense product
+// through cuBLAS (scores in fp32, probabilities in bf16, masked to each query's visible range by a
+// softmax kernel), and the block's own B keys (seen by that block alone) are handled inside small kernels.
+// With anchors in increasing order (the sampler's), a chunk's key range is close to what its blocks see.
+void block_attention_forward(const Ctx& ctx, const Tensor& out, const Tensor& lse, const Tensor& q,
+                             const Tensor& k_ctx, const Tensor& v_ctx, const Tensor& k_blk, const Tensor& v_blk,
+                             const Tensor& anchors, const Tensor& seq_begin, const ops::BlockAttnSpec& spec);
+void block_attention_backward(const Ctx& ctx, const Tensor& dq, const Tensor& dk_ctx, const Tensor& dv_ctx,
+                              const Tensor& dk_blk, const Tensor& dv_blk, const Tensor& dout, const Tensor& out,
+                              const Tensor& lse, const Tensor& q, const Tensor& k_ctx, const Tensor& v_ctx,
+                              const Tensor& k_blk, const Tensor& v_blk, const Tensor& anchors,
+                              const Tensor& seq_begin, const ops::BlockAttnSpec& spec);
+
+// Testing knob: the score elements one chunk may hold (0 = the default, 96 Mi). Small budgets force many
+// chunks, so tests cover the chunk loop on small shapes.
+void set_block_attention_score_budget(int64_t elements);
+
+}  // namespace dflash::cuda
