@@ -11,9 +11,11 @@ int main(int argc, char** argv) {
   // The loader thread never calls MPI; only the main thread does.
   int provided = 0;
   MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
-  int rank = 0;
+  int rank = 0, size = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
   dflash::process_identity().world_rank = rank;
+  dflash::process_identity().world_size = size;
   dflash::ParseResult parsed = dflash::parse_options(argc, argv);
   if (parsed.help_requested) {
     if (rank == 0) std::fputs(parsed.help_text.c_str(), stdout);

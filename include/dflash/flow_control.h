@@ -103,6 +103,8 @@ struct BatchHeader {
   int64_t hidden = 0;          // H
   int64_t has_final_norm = 0;  // 1 when the final-norm hidden state [T, H] follows
   int64_t batch_index = 0;     // the target's loader batch index
+  int64_t seq = 0;             // n-th batch (0-based) this target sent to this drafter: the drafter trains
+                               // each target's batches in this order even if slots complete out of order
   TargetReport report;
 };
 

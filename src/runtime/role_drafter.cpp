@@ -71,6 +71,7 @@ class DrafterRank {
       StepStats st = train_on_slot(trainer, slot);
       if (o_.inject_delay_drafter_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(o_.inject_delay_drafter_ms));
       report_.compute_s += mpi::seconds_since(t0);
+      pump();  // batches sent during the compute complete now (host MPI progresses only inside MPI calls)
       release(slot);  // the slot is free again: its credit goes back before the optimizer runs
       maybe_inject_failure(job_, step);
       // 4. gradient average over the drafters, AdamW
@@ -128,6 +129,7 @@ class DrafterRank {
   struct TargetState {
     int64_t received = 0;
     int64_t announced = -1;  // batches it says it sent (end-of-data), -1 before
+    int64_t next_seq = 0;    // its next batch to make ready
     bool done = false;
     mpi::Clock::time_point last_heard;
   };
@@ -208,7 +210,21 @@ class DrafterRank {
       known_targets_[ti] = plane_->slot_buffers(s).header.report;
       slot_full_[s] = true;
       if (draining_) release_drained(s);
-      else ready_.push_back(s);
+      else arrived_.push_back(s);
+    }
+    // Each target's batches become ready in the order it sent them (slots may complete out of order).
+    for (bool moved = true; moved;) {
+      moved = false;
+      for (size_t i = 0; i < arrived_.size(); ++i) {
+        const BatchHeader& h = plane_->slot_buffers(arrived_[i]).header;
+        TargetState& t = targets_[target_slot(h.report.rank)];
+        if (h.seq != t.next_seq) continue;
+        t.next_seq++;
+        ready_.push_back(arrived_[i]);
+        arrived_.erase(arrived_.begin() + static_cast<long>(i));
+        moved = true;
+        break;
+      }
     }
     MPI_Status st;
     while (mpi::test(control_req_, &st)) {
@@ -279,6 +295,8 @@ class DrafterRank {
   // After the last step: stop the targets, take in (and drop) what they still send, acknowledge.
   void drain() {
     draining_ = true;
+    for (int s : arrived_) ready_.push_back(s);
+    arrived_.clear();
     while (!ready_.empty()) {
       release_drained(ready_.front());
       ready_.pop_front();
@@ -299,8 +317,9 @@ class DrafterRank {
   }
 
   void report(MetricsHub& hub, bool print, const std::function<void()>& progress) {
+    pump();
     report_.rank = topo_.world_rank;
-    report_.q_hs = static_cast<int32_t>(ready_.size());
+    report_.q_hs = static_cast<int32_t>(ready_.size() + arrived_.size());
     report_.time_s = job_.elapsed();
     hub.report(report_, known_targets_, print, progress);
   }
@@ -319,6 +338,7 @@ class DrafterRank {
   std::vector<int> slot_owner_;       // target holding the slot's credit, -1 = none
   std::vector<bool> slot_full_;       // the slot holds a batch not yet trained on
   std::deque<int> ready_;             // slots holding a batch, in arrival order
+  std::vector<int> arrived_;          // full slots waiting for an earlier batch of the same target
   std::deque<Outgoing> out_;          // deque: messages stay put while MPI sends them
   ControlMsg control_in_;
   MPI_Request control_req_ = MPI_REQUEST_NULL;

@@ -104,6 +104,7 @@ class TargetRank {
       report_.time_s = job_.elapsed();
       b.header.batch_index = lb.index;
       b.header.report = report_;
+      b.header.seq = sent_to_[c.drafter];
       plane_->post_send(buf, c.drafter, c.slot);
       buf_dest_[buf] = c.drafter;
       sent_to_[c.drafter]++;

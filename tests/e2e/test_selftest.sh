@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# dflash-selftest on the golden cases: qwen3-tiny-a passes on the CPU backend; the Qwen3.5 hybrid case is
-# refused as unsupported (exit 2); bad usage is exit 2.
+# dflash-selftest on the golden cases: qwen3-tiny-a and the Qwen3.5 hybrid qwen35-tiny-a pass on the CPU
+# backend; bad usage is exit 2.
 set -u
 BIN="${DFLASH_BIN:?DFLASH_BIN not set}/dflash-selftest"
 DATA="${DFLASH_TEST_DATA:?DFLASH_TEST_DATA not set}"
@@ -17,9 +17,14 @@ for row in 'target.hidden\[0\]' 'target.hidden\[5\]' 'target.final_norm' 'target
 done
 grep -q ' FAIL$' "$out" && fail "a row failed"
 
-"$BIN" "$DATA/golden/qwen35-tiny-a" >"$out" 2>&1; rc=$?
-[ $rc -eq 2 ] || fail "qwen35-tiny-a exited $rc, expected 2 (unsupported architecture)"
-grep -q 'qwen3_5 targets: not supported by this build' "$out" || fail "no unsupported-architecture note"
+"$BIN" "$DATA/golden/qwen35-tiny-a" --backend cpu >"$out" 2>&1; rc=$?
+[ $rc -eq 0 ] || fail "qwen35-tiny-a exited $rc, expected 0"
+grep -q '^# case: qwen35-tiny-a' "$out" || fail "no qwen35 case metadata line"
+grep -q 'Qwen3.5/3.6 hybrid' "$out" || fail "no hybrid-architecture note"
+for row in 'target.hidden\[0\]' 'target.hidden\[3\]' 'target.final_norm' 'target.logits'; do
+  grep -Eq "^${row} .* PASS$" "$out" || fail "qwen35 row $row missing or not PASS"
+done
+grep -q ' FAIL$' "$out" && fail "a qwen35 row failed"
 
 "$BIN" "$DATA/golden/qwen3-tiny-a" --backend tpu >"$out" 2>&1; rc=$?
 [ $rc -eq 2 ] || fail "--backend tpu exited $rc, expected 2"

@@ -1,0 +1,80 @@
+# Shared helpers of the end-to-end tests (sourced, not a test itself). Every job runs through real
+# mpirun, under `timeout`, so a hang fails the test instead of stalling CI.
+set -euo pipefail
+: "${DFLASH_BIN:?set DFLASH_BIN to the build directory}"
+: "${DFLASH_SRC:=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)}"
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+# Ranks on a 2-core machine: no binding, so 4 ranks share the cores.
+export OMPI_MCA_hwloc_base_binding_policy=none
+PY=/usr/bin/python3  # Debian's python with h5py + numpy (tools/setup.sh installs python3-h5py)
+TRAIN="$DFLASH_BIN/dflash-train"
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/dflash-e2e.XXXXXX")
+trap 'rm -rf "$WORK"' EXIT
+
+fail() { echo "FAIL: $*" >&2; exit 1; }
+note() { echo "# $*"; }
+
+# The tiny target + dataset, generated once per build directory (tests may run in parallel).
+tiny_dir() {
+  local dir="$DFLASH_BIN/e2e-data/tiny"
+  mkdir -p "$DFLASH_BIN/e2e-data"
+  (
+    flock 9
+    if [ ! -f "$dir/data.h5" ]; then
+      rm -rf "$dir.tmp"
+      "$DFLASH_BIN/dflash-make-tiny" "$dir.tmp" >&2
+      rm -rf "$dir" && mv "$dir.tmp" "$dir"
+    fi
+  ) 9>"$DFLASH_BIN/e2e-data/.lock"
+  echo "$dir"
+}
+
+# run_job NAME NP SECONDS [dflash-train args...]: runs mpirun, keeps the log in $WORK/NAME.log and the
+# exit code in $RC, the wall time in $SECS. Common flags: the tiny target/data, out = $WORK/NAME.
+run_job() {
+  local name=$1 np=$2 limit=$3
+  shift 3
+  local tiny
+  tiny=$(tiny_dir)
+  local t0=$SECONDS
+  set +e
+  # Defaults through --config, so a test's own flags override them (the command line wins).
+  printf 'target = %s\ndata = %s\nout = %s\ndraft-layers = 1\ntoken-budget = 512\npeer-timeout = 20\n' \
+    "$tiny/target" "$tiny/data.h5" "$WORK/$name" >"$WORK/$name.cfg"
+  timeout -k 5 "$limit" mpirun -np "$np" --oversubscribe "$TRAIN" --config "$WORK/$name.cfg" "$@" >"$WORK/$name.log" 2>&1
+  RC=$?
+  set -e
+  SECS=$((SECONDS - t0))
+  note "$name: exit $RC in ${SECS}s"
+}
+
+expect_rc() {  # expect_rc WANT NAME
+  if [ "$RC" -ne "$1" ]; then
+    echo "---- $2.log (tail) ----" >&2
+    tail -40 "$WORK/$2.log" >&2
+    fail "$2: exit code $RC, expected $1"
+  fi
+}
+
+expect_log() {  # expect_log NAME "fixed string"
+  grep -qF -- "$2" "$WORK/$1.log" || { tail -30 "$WORK/$1.log" >&2; fail "$1: log lacks '$2'"; }
+}
+
+# h5py check: h5check FILE 'python expression over f (h5py.File) and np' -> must print True
+h5check() {
+  local file=$1 expr=$2
+  local out
+  out=$("$PY" -c "
+import sys, h5py, numpy as np
+f = h5py.File(sys.argv[1], 'r')
+print(bool($expr))
+" "$file" 2>&1) || fail "h5py on $file: $out"
+  [ "$out" = "True" ] || fail "$file: check failed: $expr -> $out"
+}
+h5eval() {  # h5eval FILE 'expression' -> prints its value
+  "$PY" -c "
+import sys, h5py, numpy as np
+f = h5py.File(sys.argv[1], 'r')
+print($2)
+" "$1"
+}
