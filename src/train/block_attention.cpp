@@ -19,7 +19,7 @@
 // The hot loops are compiled for AVX-512 / AVX2 as well as the baseline and picked at load time (as in
 // src/ops/matmul.cpp); helpers they call are always inlined so each clone gets its own copy.
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define DF_ATTN_CLONES //TMP
+#define DF_ATTN_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #else
 #define DF_ATTN_CLONES
 #endif
