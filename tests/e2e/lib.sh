@@ -9,7 +9,7 @@ export OMPI_MCA_hwloc_base_binding_policy=none
 PY=/usr/bin/python3  # Debian's python with h5py + numpy (tools/setup.sh installs python3-h5py)
 TRAIN="$DFLASH_BIN/dflash-train"
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/dflash-e2e.XXXXXX")
-trap 'rm -rf "$WORK"' EXIT
+trap '[ -n "${KEEP_WORK:-}" ] || rm -rf "$WORK"' EXIT
 
 fail() { echo "FAIL: $*" >&2; exit 1; }
 note() { echo "# $*"; }

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# A rank lost mid-run ends the job within the deadline, naming the lost rank:
+#  - a target that goes silent (SIGSTOP: alive, holds credits, sends nothing): the drafter's deadline
+#    fires -> exit 7 "target rank 1";
+#  - a drafter that goes silent: the targets wait for credits past the deadline -> exit 7 naming it;
+#  - a target that dies (SIGKILL): mpirun sees the death and ends the job at once, naming the rank.
+source "$(dirname "$0")/lib.sh"
+T=5  # --peer-timeout seconds
+run_job hang_t 4 90 --topology 2-1 --peer-timeout $T --inject-fail-rank 1 --inject-fail-step 3 --inject-fail-mode hang --epochs 5
+expect_rc 7 hang_t
+expect_log hang_t "lost peer: target rank 1"
+[ "$SECS" -le 45 ] || fail "hang_t took ${SECS}s"
+
+run_job hang_d 3 90 --topology 2-1 --peer-timeout $T --inject-fail-rank 2 --inject-fail-step 4 --inject-fail-mode hang --epochs 5
+expect_rc 7 hang_d
+expect_log hang_d "no credit from drafter rank(s) 2"
+[ "$SECS" -le 45 ] || fail "hang_d took ${SECS}s"
+
+run_job kill_t 4 90 --topology 2-1 --peer-timeout $T --inject-fail-rank 0 --inject-fail-step 3 --inject-fail-mode kill --epochs 5
+[ "$RC" -ne 0 ] || fail "kill_t: a killed rank must fail the job"
+expect_log kill_t "process rank 0"
+expect_log kill_t "killing myself"
+[ "$SECS" -le 45 ] || fail "kill_t took ${SECS}s"
+# no rank may survive its job
+sleep 1
+if pgrep -f "$WORK/" >/dev/null; then fail "ranks survived: $(pgrep -af "$WORK/")"; fi
+echo "PASS"
