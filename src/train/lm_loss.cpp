@@ -11,6 +11,9 @@
 #include "dflash/drafter_ops.h"
 #include "dflash/ops.h"
 #include "ops/op_checks.h"
+#ifdef DFLASH_HAVE_CUDA
+#include "lm_loss.cuh"
+#endif
 
 namespace dflash::ops {
 namespace {
@@ -55,7 +58,7 @@ void check_common(const char* op, const Ctx& ctx, const Tensor& h, const Tensor&
               << lm_loss_workspace_floats(chunk_rows, V, !teacher.empty()));
   if (ctx.device == Device::CUDA) {
 #ifdef DFLASH_HAVE_CUDA
-    cuda_op_missing(op);
+    return;  // the CUDA twin checks dtypes; labels live in device memory
 #else
     no_cuda_build(op);
 #endif
@@ -100,6 +103,10 @@ void lm_loss_forward(const Ctx& ctx, const LmLossRowsOut& out, const Tensor& h, 
     detail::check_shape(op, "dh", dh, {R, H});
     detail::check_shape(op, "row_weight", row_weight, {R});
   }
+#ifdef DFLASH_HAVE_CUDA
+  if (ctx.device == Device::CUDA)
+    return cuda::lm_loss_forward(ctx, out, h, lm_head, labels, teacher, workspace, chunk_rows, dh, row_weight, objective);
+#endif
   const bool with_teacher = !teacher.empty();
   float* ws = workspace.ptr<float>();
   float* ws_t = with_teacher ? ws + static_cast<size_t>(chunk_rows) * V : nullptr;
@@ -149,6 +156,10 @@ void lm_loss_backward(const Ctx& ctx, const Tensor& dh, const Tensor& row_weight
   const int64_t R = h.shape[0], H = h.shape[1], V = lm_head.shape[0];
   detail::check_shape(op, "dh", dh, {R, H});
   detail::check_shape(op, "row_weight", row_weight, {R});
+#ifdef DFLASH_HAVE_CUDA
+  if (ctx.device == Device::CUDA)
+    return cuda::lm_loss_backward(ctx, dh, row_weight, objective, h, lm_head, labels, teacher, workspace, chunk_rows);
+#endif
   const bool use_teacher = objective == LossObjective::KL;
   float* ws = workspace.ptr<float>();
   float* ws_t = use_teacher ? ws + static_cast<size_t>(chunk_rows) * V : nullptr;

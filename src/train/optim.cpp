@@ -5,6 +5,9 @@
 #include <cmath>
 
 #include "ops/op_checks.h"
+#ifdef DFLASH_HAVE_CUDA
+#include "adamw.cuh"
+#endif
 
 namespace dflash::ops {
 namespace {
@@ -30,6 +33,9 @@ void adamw_step(const Ctx& ctx, const Tensor& params, const Tensor& grads, const
     detail::check_shape(op, "params/grads/m/v", *t, {n});
   }
   DF_CHECK(step >= 1, Internal, op << ": step " << step << " (1-based)");
+#ifdef DFLASH_HAVE_CUDA
+  if (ctx.device == Device::CUDA) return cuda::adamw_step(ctx, params, grads, m, v, hp, step);
+#endif
   cpu_only(op, ctx);
   float* p = params.ptr<float>();
   const float* g = grads.ptr<float>();
@@ -52,6 +58,9 @@ void adamw_step(const Ctx& ctx, const Tensor& params, const Tensor& grads, const
 
 double grad_sumsq(const Ctx& ctx, const Tensor& grads) {
   detail::check_tensor("grad_sumsq", "grads", grads, ctx, 1);
+#ifdef DFLASH_HAVE_CUDA
+  if (ctx.device == Device::CUDA) return cuda::grad_sumsq(ctx, grads);
+#endif
   cpu_only("grad_sumsq", ctx);
   const float* g = grads.ptr<float>();
   const size_t n = grads.numel();
@@ -62,6 +71,9 @@ double grad_sumsq(const Ctx& ctx, const Tensor& grads) {
 
 void scale_inplace(const Ctx& ctx, const Tensor& grads, float factor) {
   detail::check_tensor("scale_inplace", "grads", grads, ctx, 1);
+#ifdef DFLASH_HAVE_CUDA
+  if (ctx.device == Device::CUDA) return cuda::scale_inplace(ctx, grads, factor);
+#endif
   cpu_only("scale_inplace", ctx);
   float* g = grads.ptr<float>();
   const size_t n = grads.numel();

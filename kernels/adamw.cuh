@@ -1,0 +1,25 @@
+// AdamW and global-norm clipping on CUDA (the twins of src/train/optim.cpp), over the trainer's flat
+// fp32 buffers: params, grads, m and v are each ONE contiguous tensor, so the "multi-tensor" step is a
+// single vectorised pass.
+#pragma once
+#include "dflash/optim.h"
+
+namespace dflash::cuda {
+
+// Same contracts as ops::adamw_step / grad_sumsq / scale_inplace (include/dflash/optim.h); every tensor
+// F32 [n] in device memory. grad_sumsq synchronizes the stream (it returns a host value).
+void adamw_step(const Ctx& ctx, const Tensor& params, const Tensor& grads, const Tensor& m, const Tensor& v,
+                const ops::AdamWHyper& hyper, int64_t step);
+double grad_sumsq(const Ctx& ctx, const Tensor& grads);
+void scale_inplace(const Ctx& ctx, const Tensor& grads, float factor);
+
+// The training step's fused optimizer: sum of squares of grads on the device, then ONE pass that clips
+// (g *= min(1, clip / (||g|| + 1e-6)) when clip > 0; read on the device, no host round trip), updates m, v
+// and params (torch.optim.AdamW semantics, as adamw_step) and, when params_bf16 [n] (BF16) is given,
+// writes the bf16 copy of the new weights that the next forward reads. grads are left unclipped.
+// The pre-clip norm is kept on the device; last_grad_norm() reads it (synchronizes).
+void clip_adamw_step(const Ctx& ctx, const Tensor& params, const Tensor& grads, const Tensor& m, const Tensor& v,
+                     const ops::AdamWHyper& hyper, int64_t step, float clip, const Tensor& params_bf16);
+double last_grad_norm(const Ctx& ctx);
+
+}  // namespace dflash::cuda

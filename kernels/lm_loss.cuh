@@ -1,0 +1,24 @@
+// lm_head + softmax + CE/KL loss over chunks of rows on CUDA (the twin of src/train/lm_loss.cpp).
+#pragma once
+#include "dflash/drafter_ops.h"
+
+namespace dflash::cuda {
+
+// Same contracts as ops::lm_loss_forward / ops::lm_loss_backward (include/dflash/drafter_ops.h) with
+// h, lm_head, teacher and dh BF16; labels I32, row_weight and the outputs F32/I32, all in device memory;
+// workspace F32 [lm_loss_workspace_floats(chunk_rows, V, teacher given)].
+//
+// Per chunk of rows: fp32 logits through cuBLAS into the workspace (drafter, then teacher), one fused
+// kernel per row (online max / sum / argmax / KL in a single pass over both rows, then the logits
+// gradient w·(q - onehot) or w·(q - p) written as bf16 over the start of the same fp32 row), and
+// dh = grad · lm_head straight from the workspace (leading dimension 2V). The logits never exist for
+// more than chunk_rows rows; the gradient costs no extra memory.
+// A label outside [0, V) yields NaN for that row's CE (the data loader validates tokens first).
+void lm_loss_forward(const Ctx& ctx, const ops::LmLossRowsOut& out, const Tensor& h, const Tensor& lm_head,
+                     const Tensor& labels, const Tensor& teacher, const Tensor& workspace, int64_t chunk_rows,
+                     const Tensor& dh, const Tensor& row_weight, ops::LossObjective objective);
+void lm_loss_backward(const Ctx& ctx, const Tensor& dh, const Tensor& row_weight, ops::LossObjective objective,
+                      const Tensor& h, const Tensor& lm_head, const Tensor& labels, const Tensor& teacher,
+                      const Tensor& workspace, int64_t chunk_rows);
+
+}  // namespace dflash::cuda
