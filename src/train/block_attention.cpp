@@ -24,6 +24,8 @@
 #define DF_ATTN_CLONES
 #endif
 #define DF_ATTN_INLINE inline __attribute__((always_inline))
+// The vector helpers are always inlined, so the AVX argument-passing ABI note does not apply.
+#pragma GCC diagnostic ignored "-Wpsabi"
 
 namespace dflash::ops {
 namespace {
@@ -104,21 +106,21 @@ DF_ATTN_INLINE bool key_visible(int64_t j, int64_t o, const BlockKeys& bk, int64
 }
 
 struct Scratch {
-  std::vector<float> qt, s, qc, doc, dqt, dp, rowmax, rowsum, dsum, lse;
+  std::vector<float> qt, qc, doc_t, doc, s, ds, rowmax, rowsum, dsum, lse;
+  std::vector<const float*> kp, vp;
+  std::vector<float*> dkp, dvp;
   void reserve(size_t m, size_t hd, size_t keys) {
-    auto grow = [](std::vector<float>& v, size_t n) {
+    auto grow = [](auto& v, size_t n) {
       if (v.size() < n) v.resize(n);
     };
-    grow(qt, m * hd);
-    grow(qc, m * hd);
-    grow(doc, m * hd);
-    grow(dqt, m * hd);
+    for (auto* v : {&qt, &qc, &doc_t, &doc}) grow(*v, m * hd);
     grow(s, m * keys);
-    grow(dp, m);
-    grow(rowmax, m);
-    grow(rowsum, m);
-    grow(dsum, m);
-    grow(lse, m);
+    grow(ds, m * keys);
+    for (auto* v : {&rowmax, &rowsum, &dsum, &lse}) grow(*v, m);
+    grow(kp, keys);
+    grow(vp, keys);
+    grow(dkp, keys);
+    grow(dvp, keys);
   }
 };
 // Grows only when a longer key range appears (not per call).
@@ -133,37 +135,84 @@ struct Geometry {
   DF_ATTN_INLINE size_t q_off(int64_t n, int64_t kvh, int64_t m) const {
     return static_cast<size_t>(n * d.B + m / group) * q_stride + (kvh * group + m % group) * d.hd;
   }
-  DF_ATTN_INLINE size_t key_off(int64_t n, int64_t kvh, const BlockKeys& bk, int64_t j, bool* is_ctx) const {
-    *is_ctx = j < bk.nctx;
-    const int64_t row = *is_ctx ? bk.ctx_lo + j : n * d.B + (j - bk.nctx);
+  // Offset of key j of the block's key list (context keys first, then the block's own).
+  DF_ATTN_INLINE size_t key_off(int64_t n, int64_t kvh, const BlockKeys& bk, int64_t j) const {
+    const int64_t row = j < bk.nctx ? bk.ctx_lo + j : n * d.B + (j - bk.nctx);
     return static_cast<size_t>(row) * kv_stride + kvh * d.hd;
   }
 };
 
-// s[j*M + m] = scale * q_m . k_j for every key j of the block (masked keys: -inf).
-DF_ATTN_INLINE void block_scores(const Geometry& geo, int64_t n, int64_t kvh, const BlockKeys& bk, int64_t a,
-                  const BlockAttnSpec& spec, const float* Kc, const float* Kb, const float* qt, float* s) {
-  const int64_t M = geo.d.B * geo.group, hd = geo.d.hd;
-  for (int64_t j = 0; j < bk.nkeys; ++j) {
-    bool is_ctx;
-    const size_t off = geo.key_off(n, kvh, bk, j, &is_ctx);
-    const float* kp = (is_ctx ? Kc : Kb) + off;
-    float* sj = s + j * M;
-    for (int64_t m = 0; m < M; ++m) sj[m] = 0.f;
-    for (int64_t e = 0; e < hd; ++e) {
-      const float ke = kp[e] * spec.scale;
-      const float* qe = qt + e * M;
-      for (int64_t m = 0; m < M; ++m) sj[m] += ke * qe[m];
-    }
-    if (spec.window > 0)
-      for (int64_t m = 0; m < M; ++m)
-        if (!key_visible(j, m / geo.group, bk, a, spec.window)) sj[m] = -std::numeric_limits<float>::infinity();
+constexpr int kLanes = 16;  // one AVX-512 register, two AVX2 registers
+typedef float v16 __attribute__((vector_size(64), aligned(4)));  // unaligned loads allowed
+DF_ATTN_INLINE v16 load16(const float* p) { return *reinterpret_cast<const v16*>(p); }
+DF_ATTN_INLINE void store16(float* p, v16 v) { *reinterpret_cast<v16*>(p) = v; }
+DF_ATTN_INLINE v16 splat16(float x) { return v16{} + x; }
+
+// out[m] = scale * sum_e x[e] * yt[e*M + m] for m in [0, M)   (yt is [hd, M]: queries transposed)
+DF_ATTN_INLINE void dot_columns(float* out, const float* x, const float* yt, int64_t hd, int64_t M, float scale) {
+  int64_t m0 = 0;
+  for (; m0 + kLanes <= M; m0 += kLanes) {
+    v16 acc = {};
+    for (int64_t e = 0; e < hd; ++e) acc += splat16(x[e]) * load16(yt + e * M + m0);
+    store16(out + m0, acc * scale);
+  }
+  for (; m0 < M; ++m0) {
+    float a = 0.f;
+    for (int64_t e = 0; e < hd; ++e) a += x[e] * yt[e * M + m0];
+    out[m0] = a * scale;
   }
 }
 
-DF_ATTN_CLONES void cpu_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k_ctx, const Tensor& v_ctx,
-                 const Tensor& k_blk, const Tensor& v_blk, const Tensor& anchors, const Tensor& seq_begin,
-                 const BlockAttnSpec& spec, const Dims& d) {
+// out[e] = scale * sum_j w[j * stride] * rows[j][e] for e in [0, hd)
+DF_ATTN_INLINE void weighted_rows(float* out, const float* w, int64_t stride, const float* const* rows, int64_t n,
+                                  int64_t hd, float scale) {
+  int64_t e0 = 0;
+  for (; e0 + kLanes <= hd; e0 += kLanes) {
+    v16 acc = {};
+    for (int64_t j = 0; j < n; ++j) acc += splat16(w[j * stride]) * load16(rows[j] + e0);
+    store16(out + e0, acc * scale);
+  }
+  for (; e0 < hd; ++e0) {
+    float a = 0.f;
+    for (int64_t j = 0; j < n; ++j) a += w[j * stride] * rows[j][e0];
+    out[e0] = a * scale;
+  }
+}
+
+// out[e] += sum_m w[m] * rows[m*hd + e]   (rows contiguous [M, hd])
+DF_ATTN_INLINE void accumulate_rows(float* out, const float* w, const float* rows, int64_t M, int64_t hd) {
+  int64_t e0 = 0;
+  for (; e0 + kLanes <= hd; e0 += kLanes) {
+    v16 acc = {};
+    for (int64_t m = 0; m < M; ++m) acc += splat16(w[m]) * load16(rows + m * hd + e0);
+    store16(out + e0, load16(out + e0) + acc);
+  }
+  for (; e0 < hd; ++e0) {
+    float a = 0.f;
+    for (int64_t m = 0; m < M; ++m) a += w[m] * rows[m * hd + e0];
+    out[e0] += a;
+  }
+}
+
+// Gathers the block's queries (transposed [hd, M]) and key/value pointers; s[j*M + m] = scaled scores,
+// -inf where a sliding window hides key j from query m.
+DF_ATTN_INLINE void block_scores(const Geometry& geo, int64_t n, int64_t kvh, const BlockKeys& bk, int64_t a,
+                                 const BlockAttnSpec& spec, const float* Kc, const float* Kb, Scratch& sc) {
+  const int64_t M = geo.d.B * geo.group, hd = geo.d.hd;
+  float* s = sc.s.data();
+  for (int64_t j = 0; j < bk.nkeys; ++j) {
+    const float* kp = (j < bk.nctx ? Kc : Kb) + geo.key_off(n, kvh, bk, j);
+    sc.kp[j] = kp;
+    dot_columns(s + j * M, kp, sc.qt.data(), hd, M, spec.scale);
+    if (spec.window > 0)
+      for (int64_t m = 0; m < M; ++m)
+        if (!key_visible(j, m / geo.group, bk, a, spec.window)) s[j * M + m] = -std::numeric_limits<float>::infinity();
+  }
+}
+
+DF_ATTN_CLONES void cpu_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k_ctx,
+                                const Tensor& v_ctx, const Tensor& k_blk, const Tensor& v_blk, const Tensor& anchors,
+                                const Tensor& seq_begin, const BlockAttnSpec& spec, const Dims& d) {
   const float* Q = q.ptr<float>();
   const float* Kc = k_ctx.ptr<float>();
   const float* Vc = v_ctx.ptr<float>();
@@ -185,13 +234,16 @@ DF_ATTN_CLONES void cpu_forward(const Tensor& out, const Tensor& lse, const Tens
         const float* qm = Q + geo.q_off(n, kvh, m);
         for (int64_t e = 0; e < hd; ++e) sc.qt[e * M + m] = qm[e];
       }
-      block_scores(geo, n, kvh, bk, an[n], spec, Kc, Kb, sc.qt.data(), s);
+      block_scores(geo, n, kvh, bk, an[n], spec, Kc, Kb, sc);
+      for (int64_t j = 0; j < bk.nkeys; ++j) sc.vp[j] = (j < bk.nctx ? Vc : Vb) + geo.key_off(n, kvh, bk, j);
       float* mx = sc.rowmax.data();
-      for (int64_t m = 0; m < M; ++m) mx[m] = -std::numeric_limits<float>::infinity();
+      float* sum = sc.rowsum.data();
+      for (int64_t m = 0; m < M; ++m) {
+        mx[m] = -std::numeric_limits<float>::infinity();
+        sum[m] = 0.f;
+      }
       for (int64_t j = 0; j < bk.nkeys; ++j)
         for (int64_t m = 0; m < M; ++m) mx[m] = std::max(mx[m], s[j * M + m]);
-      float* sum = sc.rowsum.data();
-      for (int64_t m = 0; m < M; ++m) sum[m] = 0.f;
       for (int64_t j = 0; j < bk.nkeys; ++j)
         for (int64_t m = 0; m < M; ++m) {
           const float p = std::exp(s[j * M + m] - mx[m]);
@@ -199,30 +251,19 @@ DF_ATTN_CLONES void cpu_forward(const Tensor& out, const Tensor& lse, const Tens
           sum[m] += p;
         }
       for (int64_t m = 0; m < M; ++m) {
-        std::memset(O + geo.q_off(n, kvh, m), 0, sizeof(float) * static_cast<size_t>(hd));
-        sum[m] = 1.f / sum[m];
-      }
-      for (int64_t j = 0; j < bk.nkeys; ++j) {
-        bool is_ctx;
-        const size_t off = geo.key_off(n, kvh, bk, j, &is_ctx);
-        const float* vp = (is_ctx ? Vc : Vb) + off;
-        for (int64_t m = 0; m < M; ++m) {
-          const float p = s[j * M + m] * sum[m];
-          if (p != 0.f) axpy(O + geo.q_off(n, kvh, m), p, vp, hd);
-        }
-      }
-      for (int64_t m = 0; m < M; ++m) {
+        weighted_rows(O + geo.q_off(n, kvh, m), s + m, M, sc.vp.data(), bk.nkeys, hd, 1.f / sum[m]);
         const int64_t row = n * d.B + m / geo.group, h = kvh * geo.group + m % geo.group;
-        L[row * d.nh + h] = mx[m] - std::log(sum[m]);  // sum holds 1 / sum here
+        L[row * d.nh + h] = mx[m] + std::log(sum[m]);
       }
     }
   }
 }
 
 DF_ATTN_CLONES void cpu_backward(const Tensor& dq, const Tensor& dk_ctx, const Tensor& dv_ctx, const Tensor& dk_blk,
-                  const Tensor& dv_blk, const Tensor& dout, const Tensor& out, const Tensor& lse, const Tensor& q,
-                  const Tensor& k_ctx, const Tensor& v_ctx, const Tensor& k_blk, const Tensor& v_blk,
-                  const Tensor& anchors, const Tensor& seq_begin, const BlockAttnSpec& spec, const Dims& d) {
+                                 const Tensor& dv_blk, const Tensor& dout, const Tensor& out, const Tensor& lse,
+                                 const Tensor& q, const Tensor& k_ctx, const Tensor& v_ctx, const Tensor& k_blk,
+                                 const Tensor& v_blk, const Tensor& anchors, const Tensor& seq_begin,
+                                 const BlockAttnSpec& spec, const Dims& d) {
   const float* Q = q.ptr<float>();
   const float* Kc = k_ctx.ptr<float>();
   const float* Vc = v_ctx.ptr<float>();
@@ -249,6 +290,7 @@ DF_ATTN_CLONES void cpu_backward(const Tensor& dq, const Tensor& dk_ctx, const T
     const BlockKeys bk = block_keys(an[n], sb[n], d.B, spec.window);
     sc.reserve(static_cast<size_t>(M), static_cast<size_t>(hd), static_cast<size_t>(bk.nkeys));
     float* s = sc.s.data();
+    float* ds = sc.ds.data();
     for (int64_t kvh = 0; kvh < d.nkv; ++kvh) {
       float* Dm = sc.dsum.data();
       float* lm = sc.lse.data();
@@ -256,46 +298,28 @@ DF_ATTN_CLONES void cpu_backward(const Tensor& dq, const Tensor& dk_ctx, const T
         const size_t off = geo.q_off(n, kvh, m);
         for (int64_t e = 0; e < hd; ++e) {
           sc.qt[e * M + m] = Q[off + e];
-          sc.doc[e * M + m] = dO[off + e];  // transposed dO
+          sc.doc_t[e * M + m] = dO[off + e];
           sc.qc[m * hd + e] = Q[off + e];
-          sc.dqt[e * M + m] = 0.f;
+          sc.doc[m * hd + e] = dO[off + e];
         }
         Dm[m] = dot(dO + off, O + off, hd);  // sum_j p_j dP_j
         lm[m] = L[(n * d.B + m / geo.group) * d.nh + kvh * geo.group + m % geo.group];
       }
-      block_scores(geo, n, kvh, bk, an[n], spec, Kc, Kb, sc.qt.data(), s);
-      float* dp = sc.dp.data();
+      block_scores(geo, n, kvh, bk, an[n], spec, Kc, Kb, sc);
       for (int64_t j = 0; j < bk.nkeys; ++j) {
-        bool is_ctx;
-        const size_t off = geo.key_off(n, kvh, bk, j, &is_ctx);
-        const float* kp = (is_ctx ? Kc : Kb) + off;
+        const size_t off = geo.key_off(n, kvh, bk, j);
+        const bool is_ctx = j < bk.nctx;
         const float* vp = (is_ctx ? Vc : Vb) + off;
-        float* dkp = (is_ctx ? dKc : dKb) + off;
-        float* dvp = (is_ctx ? dVc : dVb) + off;
         float* pj = s + j * M;  // scores -> probabilities
+        float* dsj = ds + j * M;
         for (int64_t m = 0; m < M; ++m) pj[m] = std::exp(pj[m] - lm[m]);
-        for (int64_t m = 0; m < M; ++m) dp[m] = 0.f;
-        for (int64_t e = 0; e < hd; ++e) {  // dP_jm = dO_m . v_j
-          const float ve = vp[e];
-          const float* de = sc.doc.data() + e * M;
-          for (int64_t m = 0; m < M; ++m) dp[m] += ve * de[m];
-        }
-        for (int64_t m = 0; m < M; ++m) dp[m] = pj[m] * (dp[m] - Dm[m]) * spec.scale;  // scale * dS
-        for (int64_t m = 0; m < M; ++m) {
-          if (pj[m] == 0.f) continue;
-          axpy(dvp, pj[m], dO + geo.q_off(n, kvh, m), hd);  // dv_j += p dO_m
-          axpy(dkp, dp[m], sc.qc.data() + m * hd, hd);      // dk_j += scale dS q_m
-        }
-        for (int64_t e = 0; e < hd; ++e) {  // dq_m += scale dS k_j
-          const float ke = kp[e];
-          float* dqe = sc.dqt.data() + e * M;
-          for (int64_t m = 0; m < M; ++m) dqe[m] += ke * dp[m];
-        }
+        dot_columns(dsj, vp, sc.doc_t.data(), hd, M, 1.f);  // dP_jm = dO_m . v_j
+        for (int64_t m = 0; m < M; ++m) dsj[m] = pj[m] * (dsj[m] - Dm[m]) * spec.scale;  // scale * dS
+        accumulate_rows((is_ctx ? dVc : dVb) + off, pj, sc.doc.data(), M, hd);   // dv_j += sum_m p dO_m
+        accumulate_rows((is_ctx ? dKc : dKb) + off, dsj, sc.qc.data(), M, hd);  // dk_j += sum_m scale dS q_m
       }
-      for (int64_t m = 0; m < M; ++m) {
-        float* dqm = dQ + geo.q_off(n, kvh, m);
-        for (int64_t e = 0; e < hd; ++e) dqm[e] = sc.dqt[e * M + m];
-      }
+      for (int64_t m = 0; m < M; ++m)  // dq_m = sum_j scale dS_jm k_j
+        weighted_rows(dQ + geo.q_off(n, kvh, m), ds + m, M, sc.kp.data(), bk.nkeys, hd, 1.f);
     }
   }
 }
