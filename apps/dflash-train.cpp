@@ -3,11 +3,14 @@
 
 #include <cstdio>
 
+#include "dflash/checkpoint.h"
 #include "dflash/error.h"
 #include "dflash/options.h"
 #include "dflash/runtime.h"
 
 int main(int argc, char** argv) {
+  // First of all: mpirun may forward SIGUSR1 at any moment, and its default action ends the process.
+  dflash::install_stop_signal_handlers();
   // The loader thread never calls MPI; only the main thread does.
   int provided = 0;
   MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);

@@ -15,6 +15,7 @@
 #include <optional>
 #include <vector>
 
+#include "dflash/data.h"  // DataPosition
 #include "dflash/tensor.h"
 
 namespace dflash {
@@ -103,6 +104,7 @@ struct BatchHeader {
   int64_t hidden = 0;          // H
   int64_t has_final_norm = 0;  // 1 when the final-norm hidden state [T, H] follows
   int64_t batch_index = 0;     // the target's loader batch index
+  DataPosition next_position;  // the target's loader position right after this batch (checkpoints)
   int64_t seq = 0;             // n-th batch (0-based) this target sent to this drafter: the drafter trains
                                // each target's batches in this order even if slots complete out of order
   TargetReport report;

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <sstream>
 
+#include "dflash/checkpoint.h"
 #include "dflash/error.h"
 #include "dflash/hf_config.h"
 #include "dflash/metrics.h"
@@ -93,6 +94,14 @@ int run_job(const Options& o) {
   DF_CHECK_HINT(o.inject_fail_rank < topo.world_size, BadOptions,
                 "--inject-fail-rank " << o.inject_fail_rank << " is not a rank of this " << topo.world_size << "-rank job",
                 "give a rank in [0, " + std::to_string(topo.world_size - 1) + "]");
+  // --resume: one answer for the whole job; a checkpoint of another model/topology/objective is refused
+  // here, before any model loads (docs/checkpoint.md).
+  job.resume_dir = resolve_resume_collective(o, MPI_COMM_WORLD);
+  if (!job.resume_dir.empty()) {
+    const CheckpointState saved = read_checkpoint_state(job.resume_dir);
+    if (topo.world_rank == 0) check_resume_compatible(saved.options, resume_invariants_of(o, topo.world_size), job.resume_dir);
+    job.resume_step = saved.step;
+  }
 
   switch (topo.role) {
     case Role::Target: run_target(job); break;
@@ -102,12 +111,15 @@ int run_job(const Options& o) {
   // Idle ranks wait for the whole run (no deadline: the run's length is unbounded); the others only
   // for the drafters' export, which the deadline bounds.
   barrier(MPI_COMM_WORLD, topo.role == Role::Idle ? 0 : 10 * o.peer_timeout_s, "shutdown");
+  int32_t requeue = job.stop_for_requeue ? 1 : 0;  // only drafters know: every rank exits with the same code
+  mpi::allreduce(&requeue, 1, MPI_MAX, MPI_COMM_WORLD);
   if (topo.world_rank == 0) {
-    std::printf("[dflash] done in %s\n", format_duration(job.elapsed()).c_str());
+    std::printf("[dflash] done in %s%s\n", format_duration(job.elapsed()).c_str(),
+                requeue ? " (checkpointed after a stop signal: exit 75 for a requeue)" : "");
     std::fflush(stdout);
   }
   free_topology(topo);
-  return 0;
+  return requeue ? static_cast<int>(ExitCode::Requeue) : 0;
 }
 
 }  // namespace dflash

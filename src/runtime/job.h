@@ -24,6 +24,9 @@ struct JobContext {
   const Topology& topo;
   mpi::Clock::time_point start;
   std::vector<RankCard> cards;
+  std::string resume_dir;          // checkpoint this run resumes from ("" = fresh start), same on every rank
+  int64_t resume_step = 0;         // its step
+  bool stop_for_requeue = false;   // a drafter checkpointed after SIGUSR1/SIGTERM: exit with ExitCode::Requeue
   double elapsed() const { return mpi::seconds_since(start); }
 };
 

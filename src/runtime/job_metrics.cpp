@@ -23,7 +23,11 @@ MetricsHub::MetricsHub(const JobContext& job) : job_(job) {
   std::filesystem::create_directories(job.opt.out_dir, ec);
   DF_CHECK_HINT(!ec, SystemFailure, "cannot create --out " << job.opt.out_dir << ": " << ec.message(),
                 "give a writable directory");
-  writer_ = std::make_unique<MetricsWriter>(job.opt.out_dir + "/metrics.h5", layout, MetricsOpen::Create);
+  // Resuming: continue the run's file; rows after the checkpoint's step are written again.
+  const bool resuming = !job.resume_dir.empty();
+  writer_ = std::make_unique<MetricsWriter>(job.opt.out_dir + "/metrics.h5", layout,
+                                            resuming ? MetricsOpen::Append : MetricsOpen::Create);
+  if (resuming) writer_->drop_steps_after(job.resume_step);
   nlohmann::json ranks = nlohmann::json::array();
   for (const RankCard& c : job.cards)
     ranks.push_back({{"rank", c.rank}, {"role", role_name(static_cast<Role>(c.role))}, {"host", c.host},

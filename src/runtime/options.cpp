@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "dflash/checkpoint.h"  // parse_checkpoint_every
 #include "dflash/error.h"
 
 namespace po = boost::program_options;
@@ -97,11 +98,11 @@ po::options_description describe(Options& o, std::string& topology, std::string&
     ("log-every", po::value(&o.log_every)->default_value(10), "status line and rank timings every N steps")
     ("metrics-flush-every", po::value(&o.metrics_flush_every)->default_value(10), "flush metrics.h5 after N appends")
     ("export-dtype", po::value(&export_dtype)->default_value("f32"), "dtype of the exported drafter: bf16 | f32")
-    ("checkpoint-every", po::value(&o.checkpoint_every), "N steps or Nm minutes (not implemented yet)")
-    ("checkpoint-dir", po::value(&o.checkpoint_dir), "(not implemented yet)")
-    ("keep-checkpoints", po::value(&o.keep_checkpoints)->default_value(3), "(not implemented yet)")
+    ("checkpoint-every", po::value(&o.checkpoint_every), "N steps or Nm minutes (0 = only on SIGUSR1/SIGTERM)")
+    ("checkpoint-dir", po::value(&o.checkpoint_dir), "where checkpoints go (default OUT/checkpoints)")
+    ("keep-checkpoints", po::value(&o.keep_checkpoints)->default_value(3), "complete checkpoints kept (older ones are deleted)")
     ("export-checkpoints", po::bool_switch(&o.export_checkpoints), "also export each checkpoint's drafter into STEP_DIR/drafter")
-    ("resume", po::value(&o.resume), "auto | PATH (not implemented yet)")
+    ("resume", po::value(&o.resume), "auto (the newest complete checkpoint, or a fresh start) | PATH (a checkpoint or checkpoint dir)")
     ("power-budget-w", po::value(&o.power_budget_w)->default_value(0.0), "(with --topology auto; not implemented yet)");
   po::options_description hooks("Test hooks");
   hooks.add_options()
@@ -191,9 +192,8 @@ ParseResult parse_options(int argc, const char* const* argv) {
                 "--inject-fail-rank and --inject-fail-step go together", "give both or neither");
   DF_CHECK_HINT(o.target_dir.size() && o.data_path.size() && o.out_dir.size(), BadOptions,
                 "--target, --data and --out are required", usage_hint);
-  for (const char* unbuilt : {"checkpoint-every", "checkpoint-dir", "resume"})
-    DF_CHECK_HINT(!vm.count(unbuilt), BadOptions, "--" << unbuilt << " is not implemented yet",
-                  "run without checkpointing options");
+  parse_checkpoint_every(o.checkpoint_every);  // fatal BadOptions naming the flag on a bad value
+  check_range(o.keep_checkpoints >= 1, "keep-checkpoints", str(o.keep_checkpoints), ">= 1");
   o.train.total_steps = o.max_steps;
 
   // The resolved configuration: every option with the value the job will use.

@@ -4,6 +4,7 @@
 #include <deque>
 #include <thread>
 
+#include "dflash/checkpoint.h"
 #include "dflash/drafter.h"
 #include "dflash/error.h"
 #include "dflash/hf_config.h"
@@ -35,6 +36,8 @@ class DrafterRank {
     const int num_drafters = static_cast<int>(topo_.drafters.size());
     DrafterTrainer trainer(o_.target_dir, o_.drafter_dir, o_.draft_layers, o_.train, cpu_ctx(), o_.token_budget);
     check_same_init(trainer);
+    DrafterCheckpointer ckpt(o_, topo_.drafter_comm, topo_.world_size, static_cast<int>(topo_.targets.size()), job_.resume_dir);
+    int64_t step = ckpt.restore(trainer);  // 0 unless resuming
     SlotShape shape{o_.token_budget, static_cast<int64_t>(layers.size()), cfg.hidden_size, o_.train.loss == LossKind::KL};
     plane_ = make_host_mpi_data_plane(MPI_COMM_WORLD, shape, o_.hs_queue_depth, 0);
     slot_owner_.assign(o_.hs_queue_depth, -1);
@@ -49,8 +52,8 @@ class DrafterRank {
 
     auto progress = [this] { pump(); };
     Tensor grads = trainer.grads();
-    int64_t step = 0;
     for (;;) {
+      if (o_.max_steps > 0 && step >= o_.max_steps) break;  // resumed at the end
       // 1. a batch (or proof that none will come)
       auto t0 = mpi::Clock::now();
       wait_for_batch();
@@ -69,6 +72,8 @@ class DrafterRank {
       ready_.pop_front();
       t0 = mpi::Clock::now();
       StepStats st = train_on_slot(trainer, slot);
+      const BatchHeader& trained = plane_->slot_buffers(slot).header;  // read before the slot is released
+      ckpt.trained_on(topo_.target_index_of(trained.report.rank), trained.batch_index, trained.next_position);
       if (o_.inject_delay_drafter_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(o_.inject_delay_drafter_ms));
       report_.compute_s += mpi::seconds_since(t0);
       pump();  // batches sent during the compute complete now (host MPI progresses only inside MPI calls)
@@ -113,11 +118,17 @@ class DrafterRank {
                     "lower --lr or add --warmup-steps; check the dataset for broken records");
       hub.record_step(m);
       if (step % o_.log_every == 0) report(hub, true, progress);
+      nlohmann::json schedule = {{"next_lr", trainer.current_lr()}, {"epoch_progress", nlohmann::json::array()}};
+      for (const TargetReport& t : known_targets_) schedule["epoch_progress"].push_back(t.epoch_progress);
+      if (ckpt.after_step(step, trainer, schedule, progress) == DrafterCheckpointer::Next::StopForRequeue) {
+        job_.stop_for_requeue = true;
+        break;
+      }
       if (o_.max_steps > 0 && step >= o_.max_steps) break;
     }
     drain();
     if (step % o_.log_every != 0) report(hub, true, progress);
-    if (topo_.is_metrics_writer()) {
+    if (topo_.is_metrics_writer() && !job_.stop_for_requeue) {
       trainer.export_release(o_.out_dir + "/drafter", o_.export_dtype);
       std::printf("[dflash] %lld steps; drafter exported to %s/drafter\n", static_cast<long long>(step), o_.out_dir.c_str());
       std::fflush(stdout);

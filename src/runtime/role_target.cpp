@@ -5,6 +5,7 @@
 #include <map>
 #include <thread>
 
+#include "dflash/checkpoint.h"
 #include "dflash/data.h"
 #include "dflash/error.h"
 #include "dflash/hf_config.h"
@@ -62,7 +63,9 @@ class TargetRank {
     lo.shard_index = topo_.role_index;
     lo.num_shards = topo_.role_count;
     wait_all_loaded(job_);
-    Loader loader(dataset, lo);
+    // Resuming: the loader restarts where the checkpoint says; batches trained on after that are dropped.
+    const DataResumePoint resume = target_resume_point(job_.resume_dir, topo_.role_index, topo_.role_count, o_.train.seed);
+    Loader loader(dataset, lo, resume.position);
     control_req_ = mpi::irecv(&control_in_, 1, MPI_ANY_SOURCE, kTagToTarget, MPI_COMM_WORLD);
 
     report_.rank = topo_.world_rank;
@@ -75,6 +78,7 @@ class TargetRank {
       while (!stop_ && (got = loader.pop(lb, std::chrono::milliseconds(2))) == PopResult::Timeout) pump();
       report_.data_wait_s += mpi::seconds_since(t0);
       if (stop_ || got == PopResult::EndOfData) break;
+      if (resume.already_trained(lb.index)) continue;
       // 2. a free send buffer (its previous batch fully sent)
       const int buf = next_buf;
       next_buf = (next_buf + 1) % plane_->num_send_buffers();
@@ -103,6 +107,7 @@ class TargetRank {
       report_.epoch_progress = lb.epoch_progress;
       report_.time_s = job_.elapsed();
       b.header.batch_index = lb.index;
+      b.header.next_position = lb.next;
       b.header.report = report_;
       b.header.seq = sent_to_[c.drafter];
       plane_->post_send(buf, c.drafter, c.slot);
