@@ -10,6 +10,8 @@
 #include <cuda_bf16.h>
 
 #include <cmath>
+#include <cstdlib>
+#include <string>
 
 #include "backend.cuh"
 #include "cuda_check.cuh"
@@ -23,7 +25,11 @@ constexpr int kBlockKV = 64;   // key/value rows per tile
 constexpr int kWarps = 4;
 constexpr int kThreads = kWarps * 32;
 constexpr int kChunks = kHeadDim / 8;  // 16-byte chunks per row
-constexpr size_t kSmemBytes = sizeof(__nv_bfloat16) * kHeadDim * (kBlockQ + 4 * kBlockKV);
+constexpr int kRowBytes = kHeadDim * 2;  // 256: a tile row
+constexpr uint32_t kKVTileBytes = kBlockKV * kRowBytes;
+// Q tile + double-buffered K and V tiles, plus slack to align the base to 1 KiB: the swizzled addresses
+// below are formed with XOR on their low bits, which needs every tile to start on such a boundary.
+constexpr size_t kSmemBytes = size_t(kRowBytes) * (kBlockQ + 4 * kBlockKV) + 1024;
 
 // Element offset of 16-byte chunk c of row r in a swizzled [rows][kHeadDim] tile.
 __device__ __forceinline__ int swz(int r, int c) { return r * kHeadDim + ((c ^ (r & 7)) << 3); }
@@ -33,23 +39,23 @@ __device__ __forceinline__ uint32_t smem_addr(const void* p) {
 }
 
 // 16-byte async copy; src_bytes = 0 zero-fills the destination without reading.
-__device__ __forceinline__ void cp_async16(void* dst, const void* src, int src_bytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(src_bytes));
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N> __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 }
 
-__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* p) {
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_addr(p)));
+               : "r"(addr));
 }
-__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* p) {
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t addr) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_addr(p)));
+               : "r"(addr));
 }
 
 // d += a (16x16, row) * b (16x8, col), bf16 inputs, fp32 accumulators.
@@ -61,10 +67,17 @@ __device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], 
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-// 2^x through ex2.approx (MUFU.EX2), without exp2f's extra range handling; 2^-inf = +0.
+// 2^x through ex2.approx (MUFU.EX2); 2^-inf = +0. The non-ftz form keeps denormal results at the cost
+// of a few instructions per call; the ftz form is leaner but, in this kernel, makes ptxas spill a few
+// registers. Which wins is measured (bench/README.md) and picked with DFLASH_ATTN_FTZ.
+template <bool kFtz>
 __device__ __forceinline__ float fast_exp2(float x) {
   float y;
-  asm("ex2.approx.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  if constexpr (kFtz) {
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  } else {
+    asm("ex2.approx.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  }
   return y;
 }
 
@@ -73,16 +86,17 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
   return *reinterpret_cast<uint32_t*>(&v);
 }
 
-// Copies rows [0, rows) of a [rows][hd] slice (global row stride `stride` elements) into a swizzled tile;
-// rows >= valid_rows and chunks beyond hd are zero-filled.
+// Copies rows [0, kRows) of a [rows][hd] slice (global row stride `stride` elements) into the swizzled
+// tile at shared address `tile`; rows >= valid_rows and chunks beyond hd are zero-filled. The 128 threads
+// cover 8 rows x 16 chunks per step, so a thread's row & 7, and with it its swizzle, never changes.
 template <int kRows>
-__device__ __forceinline__ void load_tile(__nv_bfloat16* tile, const __nv_bfloat16* src, int64_t stride,
-                                          int valid_rows, int hd) {
+__device__ __forceinline__ void load_tile(uint32_t tile, const __nv_bfloat16* src, int64_t stride, int valid_rows,
+                                          int hd) {
   for (int i = threadIdx.x; i < kRows * kChunks; i += kThreads) {
     int r = i / kChunks, c = i % kChunks;
     bool ok = r < valid_rows && c * 8 < hd;
     const __nv_bfloat16* g = ok ? src + r * stride + c * 8 : src;
-    cp_async16(tile + swz(r, c), g, ok ? 16 : 0);
+    cp_async16(tile + 2 * swz(r, c), g, ok ? 16 : 0);
   }
 }
 
@@ -127,15 +141,18 @@ __device__ bool find_tile(const int32_t* cu_seqlens, int nseq, int tile_id, int&
   return seq_begin >= 0;
 }
 
+template <bool kFtz>
 __global__ void __launch_bounds__(kThreads, 2)
     flash_attention_kernel(__nv_bfloat16* __restrict__ out, const __nv_bfloat16* __restrict__ q,
                            const __nv_bfloat16* __restrict__ k, const __nv_bfloat16* __restrict__ v,
                            const int32_t* __restrict__ cu_seqlens, int nseq, int nh, int nkv, int hd,
                            float scale_log2) {
   extern __shared__ __align__(128) unsigned char smem_raw[];
-  __nv_bfloat16* sQ = reinterpret_cast<__nv_bfloat16*>(smem_raw);
-  __nv_bfloat16* sK = sQ + kBlockQ * kHeadDim;    // [2][kBlockKV][kHeadDim]
-  __nv_bfloat16* sV = sK + 2 * kBlockKV * kHeadDim;  // [2][kBlockKV][kHeadDim]
+  const uint32_t raw = smem_addr(smem_raw), base = (raw + 1023u) & ~1023u;
+  __nv_bfloat16* sQ = reinterpret_cast<__nv_bfloat16*>(smem_raw + (base - raw));  // [kBlockQ][kHeadDim]
+  const uint32_t sQ_addr = base;
+  const uint32_t sK_addr = sQ_addr + kBlockQ * kRowBytes;  // [2][kBlockKV][kHeadDim]
+  const uint32_t sV_addr = sK_addr + 2 * kKVTileBytes;     // [2][kBlockKV][kHeadDim]
 
   int seq_begin, seq_len, q_tile;
   if (!find_tile(cu_seqlens, nseq, blockIdx.y, seq_begin, seq_len, q_tile)) return;
@@ -150,14 +167,19 @@ __global__ void __launch_bounds__(kThreads, 2)
   const int kv_end = q0 + q_rows;  // causal: keys [0, kv_end) are enough for every row of the block
   const int n_tiles = (kv_end + kBlockKV - 1) / kBlockKV;
 
-  load_tile<kBlockQ>(sQ, q_src, q_stride, q_rows, hd);
-  load_tile<kBlockKV>(sK, k_src, kv_stride, min(kBlockKV, kv_end), hd);
-  load_tile<kBlockKV>(sV, v_src, kv_stride, min(kBlockKV, kv_end), hd);
+  load_tile<kBlockQ>(sQ_addr, q_src, q_stride, q_rows, hd);
+  load_tile<kBlockKV>(sK_addr, k_src, kv_stride, min(kBlockKV, kv_end), hd);
+  load_tile<kBlockKV>(sV_addr, v_src, kv_stride, min(kBlockKV, kv_end), hd);
   cp_async_commit();
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
   const int warp_row0 = q0 + warp * 32;  // first row (within the sequence) of this warp
+  // Each lane's ldmatrix row address at k-chunk 0; chunk pair kk (or n-tile pair np) is then `^ 32 * kk`
+  // (the swizzle key, row & 7, is lane & 7 for every fragment) and 16-row steps are `+ 16 * kRowBytes`.
+  const uint32_t q_lane = sQ_addr + (warp * 32 + (lane & 15)) * kRowBytes + (((lane >> 4) ^ (lane & 7)) << 4);
+  const uint32_t k_lane = ((lane & 7) + ((lane >> 4) << 3)) * kRowBytes + ((((lane >> 3) & 1) ^ (lane & 7)) << 4);
+  const uint32_t v_lane = ((lane & 7) + (((lane >> 3) & 1) << 3)) * kRowBytes + (((lane >> 4) ^ (lane & 7)) << 4);
 
   float o[2][kHeadDim / 8][4];
   float m[2][2], l[2][2];
@@ -175,9 +197,9 @@ __global__ void __launch_bounds__(kThreads, 2)
     const int buf = j & 1;
     if (j + 1 < n_tiles) {
       int kv0 = (j + 1) * kBlockKV;
-      load_tile<kBlockKV>(sK + (buf ^ 1) * kBlockKV * kHeadDim, k_src + kv0 * kv_stride, kv_stride,
+      load_tile<kBlockKV>(sK_addr + (buf ^ 1) * kKVTileBytes, k_src + kv0 * kv_stride, kv_stride,
                           min(kBlockKV, kv_end - kv0), hd);
-      load_tile<kBlockKV>(sV + (buf ^ 1) * kBlockKV * kHeadDim, v_src + kv0 * kv_stride, kv_stride,
+      load_tile<kBlockKV>(sV_addr + (buf ^ 1) * kKVTileBytes, v_src + kv0 * kv_stride, kv_stride,
                           min(kBlockKV, kv_end - kv0), hd);
       cp_async_commit();
       cp_async_wait<1>();
@@ -189,8 +211,7 @@ __global__ void __launch_bounds__(kThreads, 2)
     const int kv0 = j * kBlockKV;
     // Tiles entirely right of this warp's last row are fully masked for it: skip the math.
     if (kv0 <= warp_row0 + 31) {
-      const __nv_bfloat16* tK = sK + buf * kBlockKV * kHeadDim;
-      const __nv_bfloat16* tV = sV + buf * kBlockKV * kHeadDim;
+      const uint32_t tK = sK_addr + buf * kKVTileBytes + k_lane, tV = sV_addr + buf * kKVTileBytes + v_lane;
 
       // S = Q K^T for 32 rows x 64 keys.
       float s[2][kBlockKV / 8][4];
@@ -204,15 +225,11 @@ __global__ void __launch_bounds__(kThreads, 2)
       for (int kk = 0; kk < kHeadDim / 16; ++kk) {
         uint32_t a[2][4];
 #pragma unroll
-        for (int mi = 0; mi < 2; ++mi) {
-          int r = warp * 32 + mi * 16 + (lane % 16);
-          ldmatrix_x4(a[mi], sQ + swz(r, kk * 2 + lane / 16));
-        }
+        for (int mi = 0; mi < 2; ++mi) ldmatrix_x4(a[mi], (q_lane ^ (kk * 32)) + mi * 16 * kRowBytes);
 #pragma unroll
         for (int np = 0; np < kBlockKV / 16; ++np) {
           uint32_t b[4];
-          int r = np * 16 + (lane % 8) + (lane / 16) * 8;
-          ldmatrix_x4(b, tK + swz(r, kk * 2 + (lane / 8) % 2));
+          ldmatrix_x4(b, (tK ^ (kk * 32)) + np * 16 * kRowBytes);
 #pragma unroll
           for (int mi = 0; mi < 2; ++mi) {
             mma_bf16(s[mi][2 * np], a[mi], b[0], b[1]);
@@ -244,14 +261,14 @@ __global__ void __launch_bounds__(kThreads, 2)
           mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
           const float m_new = fmaxf(m[mi][h], mx * scale_log2);
           const float m_use = m_new == -INFINITY ? 0.f : m_new;
-          const float alpha = fast_exp2(m[mi][h] - m_use);
+          const float alpha = fast_exp2<kFtz>(m[mi][h] - m_use);
           m[mi][h] = m_new;
           float sum = 0.f;
 #pragma unroll
           for (int n = 0; n < kBlockKV / 8; ++n) {
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
-              const float p = fast_exp2(fmaf(s[mi][n][h * 2 + e], scale_log2, -m_use));
+              const float p = fast_exp2<kFtz>(fmaf(s[mi][n][h * 2 + e], scale_log2, -m_use));
               s[mi][n][h * 2 + e] = p;
               sum += p;
             }
@@ -281,8 +298,7 @@ __global__ void __launch_bounds__(kThreads, 2)
 #pragma unroll
         for (int np = 0; np < kHeadDim / 16; ++np) {
           uint32_t b[4];
-          int r = kc * 16 + (lane % 8) + ((lane / 8) % 2) * 8;
-          ldmatrix_x4_trans(b, tV + swz(r, np * 2 + lane / 16));
+          ldmatrix_x4_trans(b, (tV ^ (np * 32)) + kc * 16 * kRowBytes);
 #pragma unroll
           for (int mi = 0; mi < 2; ++mi) {
             mma_bf16(o[mi][2 * np], a[mi], b[0], b[1]);
@@ -347,14 +363,18 @@ void attention_varlen_causal_forward(const Ctx& ctx, const Tensor& out, const Te
   // Every sequence adds at most one partial tile to the T / kBlockQ full ones.
   const int64_t max_tiles = T / kBlockQ + nseq;
   DF_CHECK(max_tiles < 65536 && nh < 65536, Internal, "attention: grid too large (T=" << T << ", nseq=" << nseq << ")");
-  static bool smem_configured = false;  // once per process: a rank drives one GPU
-  if (!smem_configured) {
-    DF_CUDA(cudaFuncSetAttribute(flash_attention_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 static_cast<int>(kSmemBytes)));
-    smem_configured = true;
+  static const bool ftz = [] {
+    const char* v = std::getenv("DFLASH_ATTN_FTZ");
+    return v && std::string(v) == "1";
+  }();
+  auto kernel = ftz ? flash_attention_kernel<true> : flash_attention_kernel<false>;
+  static bool smem_configured[2] = {false, false};  // once per process and variant: a rank drives one GPU
+  if (!smem_configured[ftz]) {
+    DF_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSmemBytes)));
+    smem_configured[ftz] = true;
   }
   dim3 grid(static_cast<unsigned>(nh), static_cast<unsigned>(max_tiles));
-  flash_attention_kernel<<<grid, kThreads, kSmemBytes, stream_of(ctx)>>>(
+  kernel<<<grid, kThreads, kSmemBytes, stream_of(ctx)>>>(
       static_cast<__nv_bfloat16*>(out.data), static_cast<const __nv_bfloat16*>(q.data),
       static_cast<const __nv_bfloat16*>(k.data), static_cast<const __nv_bfloat16*>(v.data),
       static_cast<const int32_t*>(cu_seqlens.data), nseq, nh, nkv, hd, scale * 1.4426950408889634f);
