@@ -318,6 +318,10 @@ def verdict(out, preds, own, best, best_budget):
         s.append(f"Switch to {best.split}: predicted {best.batches_per_s:.2f} b/s ({100 * rel(best):+.0f}%) "
                  f"because {_why(own)}.")
     T, D = own.targets, own.drafters
+    if out["measurements"]["allreduce_coeff_s"] is None and any(
+            p.drafters > D and p.batches_per_s > own.batches_per_s for p in preds):
+        s.append("Splits with more drafters assume a free gradient allreduce (not measurable with one drafter): "
+                 "treat their gains as an upper bound.")
     for alt in (f"{T - 1}-{D + 1}", f"{T + 1}-{D - 1}"):
         p = by.get(alt)
         if p is not None and (best is None or alt != best.split):
