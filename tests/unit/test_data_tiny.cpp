@@ -62,7 +62,7 @@ TEST(DataTiny, TargetAndDatasetFitAndAreLearnable) {
       total++;
     }
   const double agree = double(hits) / double(total);
-  EXPECT_GT(agree, 0.45) << "the data should mostly follow the target's own predictions (chance is 1/512)";
+  EXPECT_GT(agree, 0.6) << "the data should mostly follow the target's own predictions (chance is 1/512)";
   std::printf("target argmax = next token at %.3f of %lld trained positions\n", agree, static_cast<long long>(total));
   std::error_code ec;
   std::filesystem::remove_all(dir, ec);
