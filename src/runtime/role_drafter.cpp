@@ -238,7 +238,7 @@ class DrafterRank {
       }
     }
     MPI_Status st;
-    while (mpi::test(control_req_, &st)) {
+    while (control_req_ != MPI_REQUEST_NULL && mpi::test(control_req_, &st)) {
       DF_CHECK(control_in_.kind == ControlKind::EndOfData, Internal, "drafter got control message " << static_cast<int>(control_in_.kind));
       TargetState& t = targets_[target_slot(st.MPI_SOURCE)];
       t.announced = control_in_.value;

@@ -142,7 +142,7 @@ class TargetRank {
   // Handles every control message that has arrived (credits, stop, fin).
   void pump() {
     MPI_Status st;
-    while (mpi::test(control_req_, &st)) {
+    while (control_req_ != MPI_REQUEST_NULL && mpi::test(control_req_, &st)) {
       const int from = st.MPI_SOURCE;
       switch (control_in_.kind) {
         case ControlKind::Credit:
