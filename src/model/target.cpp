@@ -20,6 +20,7 @@
 #include "dflash/error.h"
 #include "dflash/ops.h"
 #include "dflash/safetensors.h"
+#include "model/qwen35_target.h"
 #include "model/qwen3_weights.h"
 
 namespace dflash {
@@ -39,6 +40,7 @@ struct TargetModel::Impl {
   int64_t max_tokens = 0;
   DType act = DType::F32;
   Qwen3Weights w;
+  std::unique_ptr<Qwen35Target> hybrid;  // Qwen3.5/3.6 hybrid checkpoints: every call forwards to it
 
   // Activations [max_tokens, ...], reused layer to layer.
   Buffer stream[2];      // [T, H] residual stream of layers that are not captured
@@ -58,6 +60,13 @@ TargetModel::TargetModel(const std::string& dir, const Ctx& ctx, std::vector<int
   Impl& m = *impl_;
   m.ctx = ctx;
   m.act = backend_activation_dtype(ctx.device);
+  if (is_qwen35_checkpoint(dir)) {  // Gated DeltaNet hybrid: src/model/qwen35_target.cpp (CPU only)
+    m.hybrid = std::make_unique<Qwen35Target>(dir, ctx, capture_layers, max_tokens);
+    m.cfg = m.hybrid->config().text;
+    m.capture_layers = std::move(capture_layers);
+    m.max_tokens = max_tokens;
+    return;
+  }
   m.cfg = load_qwen3_config(dir + "/config.json");
   check_qwen3_target_config(m.cfg, dir + "/config.json");
   const Qwen3Config& c = m.cfg;
@@ -108,8 +117,10 @@ TargetModel::~TargetModel() = default;
 const Qwen3Config& TargetModel::config() const { return impl_->cfg; }
 const std::vector<int>& TargetModel::capture_layers() const { return impl_->capture_layers; }
 DType TargetModel::activation_dtype() const { return impl_->act; }
-Tensor TargetModel::embed_tokens() const { return impl_->w.embed_tokens.t(); }
-Tensor TargetModel::lm_head() const { return impl_->w.lm_head_table(); }
+Tensor TargetModel::embed_tokens() const {
+  return impl_->hybrid ? impl_->hybrid->embed_tokens() : impl_->w.embed_tokens.t();
+}
+Tensor TargetModel::lm_head() const { return impl_->hybrid ? impl_->hybrid->lm_head() : impl_->w.lm_head_table(); }
 
 void TargetModel::Impl::layer_forward(const Qwen3LayerWeights& L, const Tensor& in, const Tensor& dst, int64_t T,
                                       int nseq) {
@@ -140,6 +151,7 @@ void TargetModel::Impl::layer_forward(const Qwen3LayerWeights& L, const Tensor& 
 }
 
 void TargetModel::forward(const PackedBatch& batch, const CaptureOut& out) {
+  if (impl_->hybrid) return impl_->hybrid->forward(batch, out);
   Impl& m = *impl_;
   const Qwen3Config& c = m.cfg;
   const int64_t T = batch.num_tokens(), H = c.hidden_size;
@@ -198,6 +210,7 @@ void TargetModel::forward(const PackedBatch& batch, const CaptureOut& out) {
 }
 
 void TargetModel::lm_head_forward(const Tensor& logits, const Tensor& final_norm) {
+  if (impl_->hybrid) return impl_->hybrid->lm_head_forward(logits, final_norm);
   ops::matmul_forward(impl_->ctx, logits, final_norm, impl_->w.lm_head_table());
 }
 

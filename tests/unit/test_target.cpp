@@ -248,10 +248,7 @@ TEST(TargetErrors, BatchLargerThanMaxTokensIsRefused) {
   EXPECT_EXIT(model.forward(b, CaptureOut{}), testing::ExitedWithCode(3), "packed batch of 3 tokens");
 }
 
-TEST(TargetErrors, HybridQwen35TargetIsRefused) {
-  EXPECT_EXIT(TargetModel(std::string(DFLASH_TEST_DATA) + "/golden/qwen35-tiny-a/target", cpu_ctx(), {1}, 16),
-              testing::ExitedWithCode(3), "linear_attention");
-}
+// Qwen3.5 hybrid targets are no longer refused: tests/unit/test_qwen35.cpp covers them.
 
 }  // namespace
 }  // namespace dflash

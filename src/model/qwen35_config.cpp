@@ -1,0 +1,148 @@
+// Parsing of the Qwen3.5 / Qwen3.6 hybrid config. The Qwen3 fields (and the VLM nesting under
+// text_config) come from parse_qwen3_config; this adds what only the hybrid has and refuses what this
+// build does not run (MoE variants, sliding-window layers, an attention without its output gate).
+#include "model/qwen35_config.h"
+
+#include <cmath>
+#include <fstream>
+#include <sstream>
+
+#include "dflash/error.h"
+
+namespace dflash {
+namespace {
+
+using nlohmann::json;
+
+const char* const kHint = "fix config.json, or point at the right checkpoint directory";
+
+bool starts_with(const json& j, const char* key, const std::string& prefix) {
+  return j.contains(key) && j[key].is_string() && j[key].get<std::string>().rfind(prefix, 0) == 0;
+}
+
+bool contains_text(const json& j, const char* key, const std::string& needle) {
+  return j.contains(key) && j[key].is_string() && j[key].get<std::string>().find(needle) != std::string::npos;
+}
+
+bool is_qwen35_object(const json& j) {
+  if (!j.is_object()) return false;
+  if (j.contains("architectures") && j["architectures"].is_array())
+    for (const json& a : j["architectures"])
+      if (a.is_string() && a.get<std::string>().rfind("Qwen3_5", 0) == 0) return true;
+  if (starts_with(j, "model_type", "qwen3_5")) return true;
+  if (j.contains("layer_types") && j["layer_types"].is_array())
+    for (const json& t : j["layer_types"])
+      if (t == "linear_attention") return true;
+  return false;
+}
+
+json read_json(const std::string& path, bool* ok) {
+  std::ifstream in(path, std::ios::binary);
+  *ok = in.is_open();
+  if (!*ok) return json();
+  std::stringstream ss;
+  ss << in.rdbuf();
+  json j = json::parse(ss.str(), nullptr, /*allow_exceptions=*/false);
+  *ok = !j.is_discarded() && j.is_object();
+  return j;
+}
+
+// An optional positive integer field (HF's default when absent).
+int optional_positive_int(const json& j, const std::string& key, int dflt, const std::string& where) {
+  if (!j.contains(key) || j[key].is_null()) return dflt;
+  const json& v = j[key];
+  const bool ok = v.is_number_integer() || (v.is_number_float() && v.get<double>() == std::floor(v.get<double>()));
+  DF_CHECK_HINT(ok && v.get<double>() >= 1 && v.get<double>() <= 1 << 20, BadInput,
+                "field '" << where << key << "' must be a positive integer, got " << v.dump(), kHint);
+  return static_cast<int>(v.get<double>());
+}
+
+}  // namespace
+
+bool is_qwen35_config(const json& j) {
+  return is_qwen35_object(j) || (j.is_object() && j.contains("text_config") && is_qwen35_object(j["text_config"]));
+}
+
+bool is_qwen35_checkpoint(const std::string& dir) {
+  bool ok = false;
+  const json j = read_json(dir + "/config.json", &ok);
+  return ok && is_qwen35_config(j);
+}
+
+Qwen35Config parse_qwen35_config(const json& root, const std::string& source) {
+  Qwen35Config c;
+  c.text = parse_qwen3_config(root, source);  // fatal BadInput on the shared fields
+  const bool nested = root.contains("text_config") && root["text_config"].is_object();
+  const json& j = nested ? root["text_config"] : root;
+  const std::string where = nested ? "text_config." : "";
+
+  for (const json* o : {&root, &j})
+    DF_CHECK_HINT(!contains_text(*o, "model_type", "moe"), BadInput,
+                  source << ": model_type " << (*o)["model_type"].dump()
+                         << " is a mixture-of-experts Qwen3.5/3.6; this build runs the dense hybrids only",
+                  "use a dense Qwen3.5/3.6 target (e.g. Qwen3.5-27B)");
+  if (j.contains("hidden_act") && !j["hidden_act"].is_null())
+    DF_CHECK_HINT(j["hidden_act"] == "silu", BadInput,
+                  source << ": field '" << where << "hidden_act' is " << j["hidden_act"].dump()
+                         << "; the Qwen3.5 hybrid uses silu",
+                  kHint);
+  if (j.contains("attn_output_gate") && !j["attn_output_gate"].is_null())
+    DF_CHECK_HINT(j["attn_output_gate"] == true, BadInput,
+                  source << ": field '" << where << "attn_output_gate' is " << j["attn_output_gate"].dump()
+                         << "; Qwen3.5 full-attention layers always have their sigmoid output gate",
+                  kHint);
+
+  c.linear_conv_kernel_dim = optional_positive_int(j, "linear_conv_kernel_dim", c.linear_conv_kernel_dim, where);
+  c.linear_key_head_dim = optional_positive_int(j, "linear_key_head_dim", c.linear_key_head_dim, where);
+  c.linear_value_head_dim = optional_positive_int(j, "linear_value_head_dim", c.linear_value_head_dim, where);
+  c.linear_num_key_heads = optional_positive_int(j, "linear_num_key_heads", c.linear_num_key_heads, where);
+  c.linear_num_value_heads = optional_positive_int(j, "linear_num_value_heads", c.linear_num_value_heads, where);
+  DF_CHECK_HINT(c.linear_num_value_heads % c.linear_num_key_heads == 0, BadInput,
+                source << ": linear_num_value_heads " << c.linear_num_value_heads
+                       << " is not a multiple of linear_num_key_heads " << c.linear_num_key_heads,
+                kHint);
+
+  // transformers 5 keeps partial_rotary_factor in rope_parameters; older configs at the top level.
+  double prf = 0.25;  // Qwen3_5TextConfig's default
+  if (j.contains("rope_parameters") && j["rope_parameters"].is_object() &&
+      j["rope_parameters"].contains("partial_rotary_factor")) {
+    prf = j["rope_parameters"]["partial_rotary_factor"].is_number()
+              ? j["rope_parameters"]["partial_rotary_factor"].get<double>()
+              : -1.0;
+  } else if (j.contains("partial_rotary_factor") && !j["partial_rotary_factor"].is_null()) {
+    prf = j["partial_rotary_factor"].is_number() ? j["partial_rotary_factor"].get<double>() : -1.0;
+  }
+  const int rot = static_cast<int>(c.text.head_dim * prf);  // Python int(): truncation
+  DF_CHECK_HINT(prf > 0.0 && prf <= 1.0 && rot >= 2 && rot % 2 == 0, BadInput,
+                source << ": partial_rotary_factor " << prf << " with head_dim " << c.text.head_dim
+                       << " gives rotary dim " << rot << "; it must be an even number of at least 2",
+                kHint);
+  c.partial_rotary_factor = static_cast<float>(prf);
+  c.rotary_dim = rot;
+
+  // No layer_types: HF's default pattern, a full-attention layer every full_attention_interval (4).
+  if (!j.contains("layer_types") || j["layer_types"].is_null()) {
+    const int interval = optional_positive_int(j, "full_attention_interval", 4, where);
+    for (int l = 0; l < c.text.num_hidden_layers; ++l)
+      c.text.layer_types[l] = (l + 1) % interval ? "linear_attention" : "full_attention";
+  }
+  for (size_t l = 0; l < c.text.layer_types.size(); ++l) {
+    const std::string& t = c.text.layer_types[l];
+    DF_CHECK_HINT(t == "linear_attention" || t == "full_attention", BadInput,
+                  source << ": layer " << l << " is " << t
+                         << "; a Qwen3.5 hybrid has linear_attention and full_attention layers only",
+                  kHint);
+    c.kinds.push_back(t == "linear_attention" ? Qwen35LayerKind::LinearAttention : Qwen35LayerKind::FullAttention);
+  }
+  return c;
+}
+
+Qwen35Config load_qwen35_config(const std::string& config_json_path) {
+  bool ok = false;
+  const json j = read_json(config_json_path, &ok);
+  DF_CHECK_HINT(ok, BadInput, "cannot read " << config_json_path << " as a JSON object",
+                "a Hugging Face checkpoint directory holds config.json as written by save_pretrained");
+  return parse_qwen35_config(j, config_json_path);
+}
+
+}  // namespace dflash

@@ -1,0 +1,241 @@
+// The Qwen3.5 / Qwen3.6 hybrid target forward over a packed batch (HF Qwen3_5ForCausalLM / the text
+// model of Qwen3_5ForConditionalGeneration), written in op calls on host float32 buffers.
+//
+// Per decoder layer l, with input `in` and output buffer `dst` (a different buffer):
+//   x = input_layernorm(in)                                  (norm weights stored as 1 + w)
+//   linear_attention (Gated DeltaNet):
+//     qkv = silu(causal_conv1d(x Wqkv^T));  z = x Wz^T;  g, beta = gates(x Wa^T, x Wb^T)
+//     core = gated_delta_rule(l2norm(q), l2norm(k), v, g, beta);  dst = gated_rmsnorm(core, z) Wout^T
+//   full_attention (gated):
+//     q, gate = x Wq^T, x Wgate^T;  k, v = x Wk^T, x Wv^T;  q, k = partial_rope(head_rmsnorm(q, k))
+//     dst = (attention(q, k, v) * sigmoid(gate)) Wo^T
+//   dst += in;  x = post_attention_layernorm(dst);  dst += (silu(x Wg^T) * x Wu^T) Wd^T
+// Captured layers write straight into their CaptureOut slot; the others alternate between two buffers.
+// All activations are allocated once for max_tokens.
+#include "model/qwen35_target.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "dflash/backend.h"
+#include "dflash/error.h"
+#include "dflash/ops.h"
+#include "dflash/safetensors.h"
+#include "model/qwen35_weights.h"
+#include "ops/gated_delta.h"
+
+namespace dflash {
+
+namespace {
+Tensor rows(const Buffer& b, int64_t T) { return b.t().slice_rows(0, T); }
+}  // namespace
+
+struct Qwen35Target::Impl {
+  Ctx ctx;
+  Qwen35Config cfg;
+  std::vector<int> capture_slot;               // per layer: index into features, or -1
+  std::vector<std::vector<int>> repeat_slots;  // per layer: further slots listing it (copied)
+  int64_t num_captures = 0;                    // k: rows of CaptureOut.features
+  int64_t max_tokens = 0;
+  Qwen35Weights w;
+
+  Buffer stream[2], x_norm;  // [T, H]
+  // Gated DeltaNet layers
+  Buffer qkv, conv;          // [T, 2*nk*dk + nv*dv]
+  Buffer z, core;            // [T, nv*dv]
+  Buffer a, b, g, beta;      // [T, nv]
+  Buffer state;              // [nv, dk, dv]
+  // Full-attention layers
+  Buffer q, gate, attn;      // [T, nh*hd]
+  Buffer k, v;               // [T, nkv*hd]
+  // MLP
+  Buffer mlp_gate, mlp_up;   // [T, I]
+  std::vector<int32_t> pos, cu_seqlens;  // [max_tokens], [max_tokens + 1]
+
+  void linear_attn_forward(const Qwen35LinearAttnWeights& A, const Tensor& x, const Tensor& dst, int64_t T,
+                           const Tensor& cu);
+  void full_attn_forward(const Qwen35FullAttnWeights& A, const Tensor& x, const Tensor& dst, int64_t T,
+                         const Tensor& cu);
+  void layer_forward(const Qwen35LayerWeights& L, const Tensor& in, const Tensor& dst, int64_t T, const Tensor& cu);
+};
+
+Qwen35Target::Qwen35Target(const std::string& dir, const Ctx& ctx, const std::vector<int>& capture_layers,
+                           int64_t max_tokens)
+    : impl_(std::make_unique<Impl>()) {
+  Impl& m = *impl_;
+  m.ctx = ctx;
+  m.cfg = load_qwen35_config(dir + "/config.json");
+  DF_CHECK_HINT(ctx.device == Device::CPU, BadOptions,
+                "the target " << dir << " is a Qwen3.5/3.6 hybrid (Gated DeltaNet layers); this build runs it on "
+                              << "the CPU backend only",
+                "run with --backend cpu, or use a dense Qwen3 target on CUDA");
+  const Qwen3Config& c = m.cfg.text;
+  const int L = c.num_hidden_layers;
+  DF_CHECK(max_tokens > 0, BadOptions, "the target needs max_tokens > 0, got " << max_tokens);
+  m.capture_slot.assign(L, -1);
+  m.repeat_slots.assign(L, {});
+  for (size_t i = 0; i < capture_layers.size(); ++i) {
+    const int l = capture_layers[i];
+    DF_CHECK_HINT(l >= 0 && l < L, BadOptions,
+                  "capture layer " << l << " is out of range: the target " << dir << " has " << L
+                                   << " decoder layers (ids 0.." << L - 1 << ")",
+                  "layer id l is the output of decoder layer l (HF hidden_states[l + 1]); check the drafter's "
+                  "target_layer_ids");
+    if (m.capture_slot[l] < 0) {
+      m.capture_slot[l] = static_cast<int>(i);
+    } else {
+      m.repeat_slots[l].push_back(static_cast<int>(i));
+    }
+  }
+  m.num_captures = static_cast<int64_t>(capture_layers.size());
+  m.max_tokens = max_tokens;
+
+  Checkpoint ckpt(dir);
+  m.w = load_qwen35_weights(ckpt, m.cfg);
+
+  bool any_linear = false, any_full = false;
+  for (Qwen35LayerKind kind : m.cfg.kinds) (kind == Qwen35LayerKind::LinearAttention ? any_linear : any_full) = true;
+  const int64_t T = max_tokens, H = c.hidden_size, I = c.intermediate_size;
+  const Device d = Device::CPU;
+  const DType f32 = DType::F32;
+  for (Buffer& s : m.stream) s = Buffer(d, f32, {T, H});
+  m.x_norm = Buffer(d, f32, {T, H});
+  if (any_linear) {
+    const ops::GdnHeads gh = m.cfg.gdn_heads();
+    m.qkv = Buffer(d, f32, {T, gh.qkv_dim()});
+    m.conv = Buffer(d, f32, {T, gh.qkv_dim()});
+    m.z = Buffer(d, f32, {T, gh.value_dim()});
+    m.core = Buffer(d, f32, {T, gh.value_dim()});
+    for (Buffer* p : {&m.a, &m.b, &m.g, &m.beta}) *p = Buffer(d, f32, {T, gh.nv});
+    m.state = Buffer(d, f32, {gh.nv, gh.dk, gh.dv});
+  }
+  if (any_full) {
+    const int64_t q_dim = int64_t(c.num_attention_heads) * c.head_dim;
+    const int64_t kv_dim = int64_t(c.num_key_value_heads) * c.head_dim;
+    for (Buffer* p : {&m.q, &m.gate, &m.attn}) *p = Buffer(d, f32, {T, q_dim});
+    for (Buffer* p : {&m.k, &m.v}) *p = Buffer(d, f32, {T, kv_dim});
+  }
+  m.mlp_gate = Buffer(d, f32, {T, I});
+  m.mlp_up = Buffer(d, f32, {T, I});
+  m.pos.resize(T);
+  m.cu_seqlens.resize(T + 1);
+}
+
+Qwen35Target::~Qwen35Target() = default;
+
+const Qwen35Config& Qwen35Target::config() const { return impl_->cfg; }
+Tensor Qwen35Target::embed_tokens() const { return impl_->w.embed_tokens.t(); }
+Tensor Qwen35Target::lm_head() const { return impl_->w.lm_head_table(); }
+
+void Qwen35Target::Impl::linear_attn_forward(const Qwen35LinearAttnWeights& A, const Tensor& x, const Tensor& dst,
+                                             int64_t T, const Tensor& cu) {
+  const ops::GdnHeads gh = cfg.gdn_heads();
+  const Tensor qkv_t = rows(qkv, T), conv_t = rows(conv, T), z_t = rows(z, T), core_t = rows(core, T);
+  const Tensor a_t = rows(a, T), b_t = rows(b, T), g_t = rows(g, T), beta_t = rows(beta, T);
+  ops::matmul_forward(ctx, qkv_t, x, A.in_proj_qkv);
+  ops::causal_conv1d_silu_forward(ctx, conv_t, qkv_t, A.conv1d, cu);
+  ops::matmul_forward(ctx, z_t, x, A.in_proj_z);
+  ops::matmul_forward(ctx, b_t, x, A.in_proj_b);
+  ops::matmul_forward(ctx, a_t, x, A.in_proj_a);
+  ops::gdn_gates_forward(ctx, g_t, beta_t, a_t, b_t, A.A_log, A.dt_bias);
+  ops::gated_delta_rule_forward(ctx, core_t, state, conv_t, g_t, beta_t, cu, gh);
+  // The output norm runs per value head: rows of dv.
+  const Tensor heads = core_t.reshape({T * gh.nv, gh.dv});
+  ops::gated_rmsnorm_forward(ctx, heads, heads, z_t.reshape({T * gh.nv, gh.dv}), A.norm, cfg.text.rms_norm_eps);
+  ops::matmul_forward(ctx, dst, core_t, A.out_proj);
+}
+
+void Qwen35Target::Impl::full_attn_forward(const Qwen35FullAttnWeights& A, const Tensor& x, const Tensor& dst,
+                                           int64_t T, const Tensor& cu) {
+  const Qwen3Config& c = cfg.text;
+  const int64_t nh = c.num_attention_heads, nkv = c.num_key_value_heads, hd = c.head_dim;
+  const ops::RopeSpec rope{c.rope_theta, cfg.rotary_dim};
+  const Tensor qt = rows(q, T), gt = rows(gate, T), kt = rows(k, T), vt = rows(v, T), at = rows(attn, T);
+  const Tensor positions = cpu_view(pos.data(), {T});
+  ops::matmul_forward(ctx, qt, x, A.q_proj);
+  ops::matmul_forward(ctx, gt, x, A.gate_proj);
+  ops::matmul_forward(ctx, kt, x, A.k_proj);
+  ops::matmul_forward(ctx, vt, x, A.v_proj);
+  const Tensor q3 = qt.reshape({T, nh, hd}), k3 = kt.reshape({T, nkv, hd});
+  ops::head_norm_rope_forward(ctx, q3, Tensor(), q3, A.q_norm, positions, rope, c.rms_norm_eps);
+  ops::head_norm_rope_forward(ctx, k3, Tensor(), k3, A.k_norm, positions, rope, c.rms_norm_eps);
+  ops::attention_varlen_causal_forward(ctx, at.reshape({T, nh, hd}), q3, k3, vt.reshape({T, nkv, hd}), cu,
+                                       1.0f / std::sqrt(static_cast<float>(hd)));
+  ops::sigmoid_gate_forward(ctx, at, at, gt);
+  ops::matmul_forward(ctx, dst, at, A.o_proj);
+}
+
+void Qwen35Target::Impl::layer_forward(const Qwen35LayerWeights& L, const Tensor& in, const Tensor& dst, int64_t T,
+                                       const Tensor& cu) {
+  const float eps = cfg.text.rms_norm_eps;
+  const Tensor x = rows(x_norm, T);
+  ops::rmsnorm_forward(ctx, x, Tensor(), in, L.input_layernorm, eps);
+  if (L.kind == Qwen35LayerKind::LinearAttention) {
+    linear_attn_forward(L.linear, x, dst, T, cu);
+  } else {
+    full_attn_forward(L.attn, x, dst, T, cu);
+  }
+  ops::residual_rmsnorm_forward(ctx, dst, x, Tensor(), in, L.post_attention_layernorm, eps);
+  const Tensor gt = rows(mlp_gate, T), ut = rows(mlp_up, T);
+  ops::matmul_forward(ctx, gt, x, L.gate_proj);
+  ops::matmul_forward(ctx, ut, x, L.up_proj);
+  ops::swiglu_forward(ctx, gt, gt, ut);
+  ops::matmul_forward(ctx, dst, gt, L.down_proj, ops::Accumulate::Yes);
+}
+
+void Qwen35Target::forward(const PackedBatch& batch, const CaptureOut& out) {
+  Impl& m = *impl_;
+  const Qwen3Config& c = m.cfg.text;
+  const int64_t T = batch.num_tokens(), H = c.hidden_size;
+  const int nseq = batch.num_seqs();
+  const int64_t ncap = m.num_captures;
+
+  // The batch, checked as TargetModel checks a dense target's.
+  DF_CHECK(T > 0 && T <= m.max_tokens, BadInput,
+           "packed batch of " << T << " tokens; the target was built for 1.." << m.max_tokens);
+  DF_CHECK(nseq >= 1 && nseq <= m.max_tokens && batch.cu_seqlens.front() == 0 && batch.cu_seqlens.back() == T,
+           BadInput, "cu_seqlens must run from 0 to " << T << " over 1.." << m.max_tokens << " sequences");
+  for (int s = 0; s < nseq; ++s) {
+    const int32_t b = batch.cu_seqlens[s], e = batch.cu_seqlens[s + 1];
+    DF_CHECK(b <= e, BadInput, "cu_seqlens decreases at sequence " << s << " (" << b << " > " << e << ")");
+    for (int32_t t = b; t < e; ++t) m.pos[t] = t - b;  // positions restart at 0 per sequence
+  }
+  for (int64_t t = 0; t < T; ++t)
+    DF_CHECK_HINT(batch.tokens[t] >= 0 && batch.tokens[t] < c.vocab_size, BadInput,
+                  "token id " << batch.tokens[t] << " at position " << t << " is outside the target's vocabulary [0, "
+                              << c.vocab_size << ")",
+                  "the dataset was tokenized for a different model");
+  DF_CHECK(ncap == 0 || (out.features.ndim == 3 && out.features.shape[0] == ncap && out.features.shape[1] == T &&
+                         out.features.shape[2] == H && out.features.dtype == DType::F32 &&
+                         out.features.device == Device::CPU),
+           Internal, "CaptureOut.features is " << out.features.shape_str() << " " << dtype_name(out.features.dtype)
+                                               << ", expected [" << ncap << ", " << T << ", " << H << "] F32 on cpu");
+  DF_CHECK(out.final_norm.empty() || (out.final_norm.ndim == 2 && out.final_norm.shape[0] == T &&
+                                      out.final_norm.shape[1] == H && out.final_norm.dtype == DType::F32),
+           Internal, "CaptureOut.final_norm is " << out.final_norm.shape_str() << ", expected [" << T << ", " << H
+                                                 << "] F32");
+  std::copy(batch.cu_seqlens.begin(), batch.cu_seqlens.end(), m.cu_seqlens.begin());
+  const Tensor cu = cpu_view(m.cu_seqlens.data(), {static_cast<int64_t>(nseq) + 1});
+
+  Tensor in = rows(m.stream[0], T);
+  ops::embedding_forward(m.ctx, in, cpu_view(batch.tokens.data(), {T}), m.w.embed_tokens);
+  for (int l = 0; l < c.num_hidden_layers; ++l) {
+    Tensor dst;
+    if (m.capture_slot[l] >= 0) {
+      dst = out.features.slice_rows(m.capture_slot[l], m.capture_slot[l] + 1).reshape({T, H});
+    } else {
+      dst = rows(m.stream[in.data == m.stream[0].t().data ? 1 : 0], T);
+    }
+    m.layer_forward(m.w.layers[l], in, dst, T, cu);
+    for (int slot : m.repeat_slots[l])
+      copy_tensor(m.ctx, out.features.slice_rows(slot, slot + 1).reshape({T, H}), dst);
+    in = dst;
+  }
+  if (!out.final_norm.empty()) ops::rmsnorm_forward(m.ctx, out.final_norm, Tensor(), in, m.w.norm, c.rms_norm_eps);
+}
+
+void Qwen35Target::lm_head_forward(const Tensor& logits, const Tensor& final_norm) {
+  ops::matmul_forward(impl_->ctx, logits, final_norm, impl_->w.lm_head_table());
+}
+
+}  // namespace dflash

@@ -1,0 +1,60 @@
+// The frozen weights of a Qwen3.5 / Qwen3.6 hybrid text model, host float32 (the CPU backend).
+//
+// Two rewrites happen at load time so the forward is plain op calls:
+//   - zero-centred RMSNorm weights (input/post-attention layernorms, q_norm/k_norm, the final norm; HF
+//     multiplies by 1 + w) are stored as 1 + w; the Gated DeltaNet output norm is a plain weight;
+//   - the full-attention q_proj [nh * 2hd, H], per head [query (hd) | gate (hd)] rows, is split into
+//     q_proj [nh*hd, H] and gate_proj [nh*hd, H].
+#pragma once
+#include <vector>
+
+#include "dflash/safetensors.h"
+#include "dflash/tensor.h"
+#include "model/qwen35_config.h"
+
+namespace dflash {
+
+// Gated DeltaNet token mixer (linear_attn.*), torch layout W [out, in].
+struct Qwen35LinearAttnWeights {
+  Buffer in_proj_qkv;  // [2*nk*dk + nv*dv, H]  q | k | v
+  Buffer in_proj_z;    // [nv*dv, H]            output-norm gate
+  Buffer in_proj_b;    // [nv, H]               beta logits
+  Buffer in_proj_a;    // [nv, H]               decay input
+  Buffer conv1d;       // [2*nk*dk + nv*dv, K]  depthwise causal conv (checkpoint [C, 1, K])
+  Buffer A_log;        // [nv]
+  Buffer dt_bias;      // [nv]
+  Buffer norm;         // [dv]                  gated RMSNorm weight (plain)
+  Buffer out_proj;     // [H, nv*dv]
+};
+
+// Gated full attention (self_attn.*).
+struct Qwen35FullAttnWeights {
+  Buffer q_proj, gate_proj;  // [nh*hd, H] each (split from the checkpoint's q_proj)
+  Buffer k_proj, v_proj;     // [nkv*hd, H]
+  Buffer o_proj;             // [H, nh*hd]
+  Buffer q_norm, k_norm;     // [hd], stored as 1 + w
+};
+
+struct Qwen35LayerWeights {
+  Qwen35LayerKind kind = Qwen35LayerKind::FullAttention;
+  Qwen35LinearAttnWeights linear;  // allocated for LinearAttention layers
+  Qwen35FullAttnWeights attn;      // allocated for FullAttention layers
+  Buffer input_layernorm;           // [H], 1 + w
+  Buffer post_attention_layernorm;  // [H], 1 + w
+  Buffer gate_proj, up_proj;        // [I, H]
+  Buffer down_proj;                 // [H, I]
+};
+
+struct Qwen35Weights {
+  Buffer embed_tokens;  // [V, H]
+  Buffer norm;          // [H] final norm, 1 + w
+  Buffer lm_head;       // [V, H]; not allocated when tie_word_embeddings
+  std::vector<Qwen35LayerWeights> layers;
+  const Tensor& lm_head_table() const { return lm_head.t().empty() ? embed_tokens.t() : lm_head.t(); }
+};
+
+// Checks that every tensor the config implies is in `ckpt` with the right shape and a floating dtype,
+// before allocating anything (BadInput naming the tensor), then loads them as host float32.
+Qwen35Weights load_qwen35_weights(Checkpoint& ckpt, const Qwen35Config& cfg);
+
+}  // namespace dflash

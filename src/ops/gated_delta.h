@@ -1,0 +1,54 @@
+// Ops of the Qwen3.5 / Qwen3.6 hybrid target (Gated DeltaNet linear attention and the gated full
+// attention), forward only: the target is frozen. Same conventions as dflash/ops.h (plain functions over
+// Tensor views, dispatched on ctx.device). CPU float32 implementations are the reference; there is no
+// CUDA twin yet, so each op is a fatal BadOptions error on the CUDA backend.
+//
+// Packed sequences: every op that mixes tokens takes cu_seqlens [nseq + 1] (I32, host memory on the CPU)
+// and starts each sequence from a zero state (zero conv history, zero recurrent state), which is what
+// running each sequence on its own through Hugging Face's Qwen3_5ForCausalLM gives.
+#pragma once
+#include "dflash/tensor.h"
+
+namespace dflash::ops {
+
+// Head layout of a Gated DeltaNet layer (config linear_*): nk key heads of dk dims (shared by q and k),
+// nv value heads of dv dims; nv is a multiple of nk and value head h reads key head h / (nv / nk)
+// (torch repeat_interleave). The fused projection `qkv` holds, per token, q [nk*dk] | k [nk*dk] | v [nv*dv].
+struct GdnHeads {
+  int64_t nk = 0, dk = 0, nv = 0, dv = 0;
+  int64_t key_dim() const { return nk * dk; }
+  int64_t value_dim() const { return nv * dv; }
+  int64_t qkv_dim() const { return 2 * nk * dk + nv * dv; }
+};
+
+// Depthwise causal conv1d followed by SiLU, per channel c and token t of a sequence starting at s0:
+//   out[t, c] = silu( sum_{j<K} w[c, j] * in[t - (K-1) + j, c] ),  in[u] = 0 for u < s0.
+// out, in [T, C] (out must not alias in); w [C, K] (the checkpoint's conv1d.weight [C, 1, K]).
+void causal_conv1d_silu_forward(const Ctx& ctx, const Tensor& out, const Tensor& in, const Tensor& w,
+                                const Tensor& cu_seqlens);
+
+// The per-token gates of the delta rule, per value head h:
+//   g[t, h] = -exp(A_log[h]) * softplus(a[t, h] + dt_bias[h])   (log-space decay, <= 0)
+//   beta[t, h] = sigmoid(b[t, h])                                (write strength)
+// g, beta, a, b [T, nv]; A_log, dt_bias [nv]. softplus as torch (linear above 20).
+void gdn_gates_forward(const Ctx& ctx, const Tensor& g, const Tensor& beta, const Tensor& a, const Tensor& b,
+                       const Tensor& A_log, const Tensor& dt_bias);
+
+// The gated delta rule (recurrent form), per sequence and value head h with key head kh = h / (nv / nk):
+//   q = l2norm(q_kh) * dk^-1/2, k = l2norm(k_kh)     (l2norm(x) = x / sqrt(sum x^2 + 1e-6))
+//   S = exp(g) S;  S += k (beta (v - S^T k))^T;  out = S^T q      (S [dk, dv], zero at sequence start)
+// out [T, nv*dv]; qkv [T, heads.qkv_dim()] (after the conv); g, beta [T, nv];
+// state [nv, dk, dv] is workspace (holds the last sequence's final state on return).
+void gated_delta_rule_forward(const Ctx& ctx, const Tensor& out, const Tensor& state, const Tensor& qkv,
+                              const Tensor& g, const Tensor& beta, const Tensor& cu_seqlens, GdnHeads heads);
+
+// Gated RMSNorm (Qwen3_5RMSNormGated; plain weight, not zero-centred), per row of C:
+//   out = in * rsqrt(mean(in^2) + eps) * w * silu(z)
+// out, in, z [N, C] (out may alias in); w [C].
+void gated_rmsnorm_forward(const Ctx& ctx, const Tensor& out, const Tensor& in, const Tensor& z, const Tensor& w,
+                           float eps);
+
+// Output gate of the gated full attention: out = x * sigmoid(gate). out, x, gate [N, C] (out may alias x).
+void sigmoid_gate_forward(const Ctx& ctx, const Tensor& out, const Tensor& x, const Tensor& gate);
+
+}  // namespace dflash::ops
