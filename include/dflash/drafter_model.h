@@ -6,6 +6,7 @@
 // target's frozen embedding. The lm_head and the loss live in the trainer (src/train/).
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -79,7 +80,7 @@ class DrafterNet {
   struct Impl;
 
  private:
-  Impl* impl_;
+  std::unique_ptr<Impl> impl_;
 };
 
 }  // namespace dflash

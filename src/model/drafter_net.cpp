@@ -66,6 +66,7 @@ struct DrafterNet::Impl {
   int64_t T = 0, N = 0, NB = 0;
 
   Impl(const DrafterConfig& cfg, const Ctx& cx, int64_t maxT, int64_t maxBlocks) : c(cfg), ctx(cx) {
+    DF_CHECK(ctx.device == Device::CPU, BadOptions, "the drafter network runs on the CPU backend only in this build");
     const Qwen3Config& L = c.layers;
     max_T = maxT;
     B = c.block_size;
@@ -157,10 +158,8 @@ struct DrafterNet::Impl {
 };
 
 DrafterNet::DrafterNet(const DrafterConfig& c, const Ctx& ctx, int64_t max_tokens, int64_t max_blocks)
-    : impl_(new Impl(c, ctx, max_tokens, max_blocks)) {
-  DF_CHECK(ctx.device == Device::CPU, BadOptions, "the drafter network runs on the CPU backend only in this build");
-}
-DrafterNet::~DrafterNet() { delete impl_; }
+    : impl_(std::make_unique<Impl>(c, ctx, max_tokens, max_blocks)) {}
+DrafterNet::~DrafterNet() = default;
 
 Tensor DrafterNet::d_out_buffer(int64_t rows) { return impl_->d_out.view({rows, impl_->H}); }
 
