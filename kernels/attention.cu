@@ -20,16 +20,27 @@ namespace dflash::cuda {
 namespace {
 
 constexpr int kHeadDim = 128;  // padded head dim held in shared memory and registers
-constexpr int kBlockQ = 128;   // query rows per block
-constexpr int kBlockKV = 64;   // key/value rows per tile
 constexpr int kWarps = 4;
 constexpr int kThreads = kWarps * 32;
 constexpr int kChunks = kHeadDim / 8;  // 16-byte chunks per row
 constexpr int kRowBytes = kHeadDim * 2;  // 256: a tile row
-constexpr uint32_t kKVTileBytes = kBlockKV * kRowBytes;
-// Q tile + double-buffered K and V tiles, plus slack to align the base to 1 KiB: the swizzled addresses
-// below are formed with XOR on their low bits, which needs every tile to start on such a boundary.
-constexpr size_t kSmemBytes = size_t(kRowBytes) * (kBlockQ + 4 * kBlockKV) + 1024;
+
+// The tiling: each warp owns kMI m16 tiles of query rows (kBlockQ = 4 warps x 16 kMI rows) and K/V
+// stream through shared memory kKV rows at a time, double-buffered.
+//   Tiling<2, 64>: 128 x 64, 255 registers, 2 blocks (8 warps) per SM; every K/V fragment feeds 2 MMAs.
+//   Tiling<1, 32>:  64 x 32, fewer registers and 48 KB of shared memory: 4 blocks (16 warps) per SM to
+//                   hide latency, at twice the shared-memory reads per MMA.
+template <int kMI_, int kKV_> struct Tiling {
+  static constexpr int kMI = kMI_, kKV = kKV_;
+  static constexpr int kBlockQ = kWarps * 16 * kMI, kWarpRows = 16 * kMI;
+  static constexpr uint32_t kKVTileBytes = kKV * kRowBytes;
+  static constexpr int kBlocksPerSM = kMI == 2 ? 2 : 4;
+  // Q tile + double-buffered K and V tiles, plus slack to align the base to 1 KiB: the swizzled
+  // addresses below are formed with XOR on their low bits, which needs every tile on such a boundary.
+  static constexpr size_t kSmemBytes = size_t(kRowBytes) * (kBlockQ + 4 * kKV) + 1024;
+};
+using WideTiling = Tiling<2, 64>;
+using NarrowTiling = Tiling<1, 32>;
 
 // Element offset of 16-byte chunk c of row r in a swizzled [rows][kHeadDim] tile.
 __device__ __forceinline__ int swz(int r, int c) { return r * kHeadDim + ((c ^ (r & 7)) << 3); }
@@ -103,6 +114,7 @@ __device__ __forceinline__ void load_tile(uint32_t tile, const __nv_bfloat16* sr
 // Finds which (sequence, query tile) block `tile_id` works on. Tiles of a sequence are numbered heaviest
 // (last) first so long causal rows start early. Returns false when tile_id is past the last tile.
 // Warp 0 scans cu_seqlens 32 sequences at a time with a warp prefix sum.
+template <int kBlockQ>
 __device__ bool find_tile(const int32_t* cu_seqlens, int nseq, int tile_id, int& seq_begin, int& seq_len,
                           int& q_tile) {
   __shared__ int found[3];
@@ -141,12 +153,14 @@ __device__ bool find_tile(const int32_t* cu_seqlens, int nseq, int tile_id, int&
   return seq_begin >= 0;
 }
 
-template <bool kFtz>
-__global__ void __launch_bounds__(kThreads, 2)
+template <class Tl, bool kFtz>
+__global__ void __launch_bounds__(kThreads, Tl::kBlocksPerSM)
     flash_attention_kernel(__nv_bfloat16* __restrict__ out, const __nv_bfloat16* __restrict__ q,
                            const __nv_bfloat16* __restrict__ k, const __nv_bfloat16* __restrict__ v,
                            const int32_t* __restrict__ cu_seqlens, int nseq, int nh, int nkv, int hd,
                            float scale_log2) {
+  constexpr int kMI = Tl::kMI, kBlockKV = Tl::kKV, kBlockQ = Tl::kBlockQ, kWarpRows = Tl::kWarpRows;
+  constexpr uint32_t kKVTileBytes = Tl::kKVTileBytes;
   extern __shared__ __align__(128) unsigned char smem_raw[];
   const uint32_t raw = smem_addr(smem_raw), base = (raw + 1023u) & ~1023u;
   __nv_bfloat16* sQ = reinterpret_cast<__nv_bfloat16*>(smem_raw + (base - raw));  // [kBlockQ][kHeadDim]
@@ -155,7 +169,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   const uint32_t sV_addr = sK_addr + 2 * kKVTileBytes;     // [2][kBlockKV][kHeadDim]
 
   int seq_begin, seq_len, q_tile;
-  if (!find_tile(cu_seqlens, nseq, blockIdx.y, seq_begin, seq_len, q_tile)) return;
+  if (!find_tile<kBlockQ>(cu_seqlens, nseq, blockIdx.y, seq_begin, seq_len, q_tile)) return;
   const int head = blockIdx.x, kv_head = head / (nh / nkv);
   const int q0 = q_tile * kBlockQ;  // first query row of the block, within the sequence
   const int64_t q_stride = int64_t(nh) * hd, kv_stride = int64_t(nkv) * hd;
@@ -174,17 +188,17 @@ __global__ void __launch_bounds__(kThreads, 2)
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
-  const int warp_row0 = q0 + warp * 32;  // first row (within the sequence) of this warp
+  const int warp_row0 = q0 + warp * kWarpRows;  // first row (within the sequence) of this warp
   // Each lane's ldmatrix row address at k-chunk 0; chunk pair kk (or n-tile pair np) is then `^ 32 * kk`
   // (the swizzle key, row & 7, is lane & 7 for every fragment) and 16-row steps are `+ 16 * kRowBytes`.
-  const uint32_t q_lane = sQ_addr + (warp * 32 + (lane & 15)) * kRowBytes + (((lane >> 4) ^ (lane & 7)) << 4);
+  const uint32_t q_lane = sQ_addr + (warp * kWarpRows + (lane & 15)) * kRowBytes + (((lane >> 4) ^ (lane & 7)) << 4);
   const uint32_t k_lane = ((lane & 7) + ((lane >> 4) << 3)) * kRowBytes + ((((lane >> 3) & 1) ^ (lane & 7)) << 4);
   const uint32_t v_lane = ((lane & 7) + (((lane >> 3) & 1) << 3)) * kRowBytes + (((lane >> 4) ^ (lane & 7)) << 4);
 
-  float o[2][kHeadDim / 8][4];
-  float m[2][2], l[2][2];
+  float o[kMI][kHeadDim / 8][4];
+  float m[kMI][2], l[kMI][2];
 #pragma unroll
-  for (int mi = 0; mi < 2; ++mi) {
+  for (int mi = 0; mi < kMI; ++mi) {
 #pragma unroll
     for (int n = 0; n < kHeadDim / 8; ++n)
 #pragma unroll
@@ -210,28 +224,28 @@ __global__ void __launch_bounds__(kThreads, 2)
 
     const int kv0 = j * kBlockKV;
     // Tiles entirely right of this warp's last row are fully masked for it: skip the math.
-    if (kv0 <= warp_row0 + 31) {
+    if (kv0 <= warp_row0 + kWarpRows - 1) {
       const uint32_t tK = sK_addr + buf * kKVTileBytes + k_lane, tV = sV_addr + buf * kKVTileBytes + v_lane;
 
-      // S = Q K^T for 32 rows x 64 keys.
-      float s[2][kBlockKV / 8][4];
+      // S = Q K^T for kWarpRows rows x kBlockKV keys.
+      float s[kMI][kBlockKV / 8][4];
 #pragma unroll
-      for (int mi = 0; mi < 2; ++mi)
+      for (int mi = 0; mi < kMI; ++mi)
 #pragma unroll
         for (int n = 0; n < kBlockKV / 8; ++n)
 #pragma unroll
           for (int e = 0; e < 4; ++e) s[mi][n][e] = 0.f;
 #pragma unroll
       for (int kk = 0; kk < kHeadDim / 16; ++kk) {
-        uint32_t a[2][4];
+        uint32_t a[kMI][4];
 #pragma unroll
-        for (int mi = 0; mi < 2; ++mi) ldmatrix_x4(a[mi], (q_lane ^ (kk * 32)) + mi * 16 * kRowBytes);
+        for (int mi = 0; mi < kMI; ++mi) ldmatrix_x4(a[mi], (q_lane ^ (kk * 32)) + mi * 16 * kRowBytes);
 #pragma unroll
         for (int np = 0; np < kBlockKV / 16; ++np) {
           uint32_t b[4];
           ldmatrix_x4(b, (tK ^ (kk * 32)) + np * 16 * kRowBytes);
 #pragma unroll
-          for (int mi = 0; mi < 2; ++mi) {
+          for (int mi = 0; mi < kMI; ++mi) {
             mma_bf16(s[mi][2 * np], a[mi], b[0], b[1]);
             mma_bf16(s[mi][2 * np + 1], a[mi], b[2], b[3]);
           }
@@ -244,7 +258,7 @@ __global__ void __launch_bounds__(kThreads, 2)
       // only when some row's max moved.
       const bool needs_mask = kv0 + kBlockKV - 1 > warp_row0;
 #pragma unroll
-      for (int mi = 0; mi < 2; ++mi) {
+      for (int mi = 0; mi < kMI; ++mi) {
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           const int row = warp_row0 + mi * 16 + g + h * 8;
@@ -287,9 +301,9 @@ __global__ void __launch_bounds__(kThreads, 2)
       // O += P V: P's accumulator layout is the A-operand layout of the next MMA.
 #pragma unroll
       for (int kc = 0; kc < kBlockKV / 16; ++kc) {
-        uint32_t a[2][4];
+        uint32_t a[kMI][4];
 #pragma unroll
-        for (int mi = 0; mi < 2; ++mi) {
+        for (int mi = 0; mi < kMI; ++mi) {
           a[mi][0] = pack_bf16(s[mi][2 * kc][0], s[mi][2 * kc][1]);
           a[mi][1] = pack_bf16(s[mi][2 * kc][2], s[mi][2 * kc][3]);
           a[mi][2] = pack_bf16(s[mi][2 * kc + 1][0], s[mi][2 * kc + 1][1]);
@@ -300,7 +314,7 @@ __global__ void __launch_bounds__(kThreads, 2)
           uint32_t b[4];
           ldmatrix_x4_trans(b, (tV ^ (np * 32)) + kc * 16 * kRowBytes);
 #pragma unroll
-          for (int mi = 0; mi < 2; ++mi) {
+          for (int mi = 0; mi < kMI; ++mi) {
             mma_bf16(o[mi][2 * np], a[mi], b[0], b[1]);
             mma_bf16(o[mi][2 * np + 1], a[mi], b[2], b[3]);
           }
@@ -310,16 +324,16 @@ __global__ void __launch_bounds__(kThreads, 2)
     __syncthreads();  // the buffer read here is refilled by the next iteration's prefetch
   }
 
-  // Normalize, stage this warp's 32 rows in its own slice of sQ, then write 16-byte chunks.
+  // Normalize, stage this warp's rows in its own slice of sQ, then write 16-byte chunks.
 #pragma unroll
-  for (int mi = 0; mi < 2; ++mi) {
+  for (int mi = 0; mi < kMI; ++mi) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       float sum = l[mi][h];
       sum += __shfl_xor_sync(0xffffffffu, sum, 1);
       sum += __shfl_xor_sync(0xffffffffu, sum, 2);
       const float inv = sum > 0.f ? 1.f / sum : 0.f;
-      const int r = warp * 32 + mi * 16 + g + h * 8;
+      const int r = warp * kWarpRows + mi * 16 + g + h * 8;
 #pragma unroll
       for (int n = 0; n < kHeadDim / 8; ++n) {
         __nv_bfloat162 val = __floats2bfloat162_rn(o[mi][n][h * 2] * inv, o[mi][n][h * 2 + 1] * inv);
@@ -329,11 +343,38 @@ __global__ void __launch_bounds__(kThreads, 2)
   }
   __syncwarp();
   __nv_bfloat16* o_dst = out + (int64_t(seq_begin) + q0) * q_stride + int64_t(head) * hd;
-  for (int i = lane; i < 32 * kChunks; i += 32) {
-    int r = warp * 32 + i / kChunks, c = i % kChunks;
+  for (int i = lane; i < kWarpRows * kChunks; i += 32) {
+    int r = warp * kWarpRows + i / kChunks, c = i % kChunks;
     if (r < q_rows && c * 8 < hd)
       *reinterpret_cast<uint4*>(o_dst + r * q_stride + c * 8) = *reinterpret_cast<const uint4*>(sQ + swz(r, c));
   }
+}
+
+// An environment switch between kernel variants (read once): value `on` selects, unset gives `dflt`.
+bool env_is(const char* name, const char* on, bool dflt) {
+  const char* v = std::getenv(name);
+  return v ? std::string(v) == on : dflt;
+}
+
+template <class Tl, bool kFtz>
+void launch(const Ctx& ctx, const Tensor& out, const Tensor& q, const Tensor& k, const Tensor& v,
+            const Tensor& cu_seqlens, int nseq, int nh, int nkv, int hd, float scale) {
+  const int64_t T = q.size(0);
+  // Every sequence adds at most one partial tile to the T / kBlockQ full ones.
+  const int64_t max_tiles = T / Tl::kBlockQ + nseq;
+  DF_CHECK(max_tiles < 65536 && nh < 65536, Internal, "attention: grid too large (T=" << T << ", nseq=" << nseq << ")");
+  static bool smem_configured = false;  // once per process and variant: a rank drives one GPU
+  if (!smem_configured) {
+    DF_CUDA(cudaFuncSetAttribute(flash_attention_kernel<Tl, kFtz>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 static_cast<int>(Tl::kSmemBytes)));
+    smem_configured = true;
+  }
+  dim3 grid(static_cast<unsigned>(nh), static_cast<unsigned>(max_tiles));
+  flash_attention_kernel<Tl, kFtz><<<grid, kThreads, Tl::kSmemBytes, stream_of(ctx)>>>(
+      static_cast<__nv_bfloat16*>(out.data), static_cast<const __nv_bfloat16*>(q.data),
+      static_cast<const __nv_bfloat16*>(k.data), static_cast<const __nv_bfloat16*>(v.data),
+      static_cast<const int32_t*>(cu_seqlens.data), nseq, nh, nkv, hd, scale * 1.4426950408889634f);
+  DF_CUDA_LAUNCH();
 }
 
 }  // namespace
@@ -360,25 +401,16 @@ void attention_varlen_causal_forward(const Ctx& ctx, const Tensor& out, const Te
            Internal, "attention: tensors must be 16-byte aligned");
   const int nseq = static_cast<int>(cu_seqlens.numel()) - 1;
   if (T == 0 || nseq <= 0) return;
-  // Every sequence adds at most one partial tile to the T / kBlockQ full ones.
-  const int64_t max_tiles = T / kBlockQ + nseq;
-  DF_CHECK(max_tiles < 65536 && nh < 65536, Internal, "attention: grid too large (T=" << T << ", nseq=" << nseq << ")");
-  static const bool ftz = [] {
-    const char* v = std::getenv("DFLASH_ATTN_FTZ");
-    return v && std::string(v) == "1";
-  }();
-  auto kernel = ftz ? flash_attention_kernel<true> : flash_attention_kernel<false>;
-  static bool smem_configured[2] = {false, false};  // once per process and variant: a rank drives one GPU
-  if (!smem_configured[ftz]) {
-    DF_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSmemBytes)));
-    smem_configured[ftz] = true;
+  static const bool ftz = env_is("DFLASH_ATTN_FTZ", "1", true);
+  static const bool narrow = env_is("DFLASH_ATTN_TILING", "narrow", false);
+  if (narrow) {
+    ftz ? launch<NarrowTiling, true>(ctx, out, q, k, v, cu_seqlens, nseq, nh, nkv, hd, scale)
+        : launch<NarrowTiling, false>(ctx, out, q, k, v, cu_seqlens, nseq, nh, nkv, hd, scale);
+  } else {
+    ftz ? launch<WideTiling, true>(ctx, out, q, k, v, cu_seqlens, nseq, nh, nkv, hd, scale)
+        : launch<WideTiling, false>(ctx, out, q, k, v, cu_seqlens, nseq, nh, nkv, hd, scale);
   }
-  dim3 grid(static_cast<unsigned>(nh), static_cast<unsigned>(max_tiles));
-  kernel<<<grid, kThreads, kSmemBytes, stream_of(ctx)>>>(
-      static_cast<__nv_bfloat16*>(out.data), static_cast<const __nv_bfloat16*>(q.data),
-      static_cast<const __nv_bfloat16*>(k.data), static_cast<const __nv_bfloat16*>(v.data),
-      static_cast<const int32_t*>(cu_seqlens.data), nseq, nh, nkv, hd, scale * 1.4426950408889634f);
-  DF_CUDA_LAUNCH();
 }
+
 
 }  // namespace dflash::cuda
