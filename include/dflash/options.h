@@ -27,7 +27,7 @@ struct TopologySpec {
   int drafters_per_node = 0;
   std::string to_string() const;  // "2-1"
 };
-// Parses "T-D" (both >= 1). Fatal BadOptions on anything else ("auto" is not implemented yet).
+// Parses "T-D" (both >= 1). Fatal BadOptions on anything else ("auto" is handled by parse_options).
 TopologySpec parse_topology_spec(const std::string& text);
 
 // What a test hook does to its rank at --inject-fail-step.
@@ -39,7 +39,9 @@ enum class FailMode : uint8_t {
 struct Options {
   std::string config_file;
   std::string topology_text = "1-1";
-  TopologySpec topology;
+  TopologySpec topology;        // with --topology auto: {0, 0} until run_job has measured and chosen
+  bool topology_auto = false;   // --topology auto (src/runtime/auto_measure.h)
+  std::string auto_topology_record;  // JSON of the measurement, what-if table and choice (metrics.h5 attribute)
   Backend backend = Backend::CPU;
   std::string target_dir;       // HF Qwen3 checkpoint (config.json + safetensors)
   std::string drafter_dir;      // release-format drafter to start from; empty = fresh

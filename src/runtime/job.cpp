@@ -11,6 +11,7 @@
 #include "dflash/hf_config.h"
 #include "dflash/metrics.h"
 #include "dflash/runtime.h"
+#include "auto_measure.h"
 #include "job.h"
 
 namespace dflash {
@@ -82,8 +83,10 @@ void wait_all_loaded(const JobContext& job) {
   barrier(MPI_COMM_WORLD, 10 * job.opt.peer_timeout_s, "waiting for every rank to load its model");
 }
 
-int run_job(const Options& o) {
+int run_job(const Options& given) {
   const auto start = mpi::Clock::now();
+  Options o = given;  // --topology auto: measured and chosen here, before any role exists
+  if (o.topology_auto) o.topology = choose_topology_auto(given, MPI_COMM_WORLD, &o.auto_topology_record);
   Topology topo = create_topology(MPI_COMM_WORLD, o.topology, o.backend);
   JobContext job{o, topo, start, gather_cards(topo)};
   if (topo.world_rank == 0) print_startup(o, topo, job.cards);

@@ -35,6 +35,8 @@ MetricsHub::MetricsHub(const JobContext& job) : job_(job) {
   writer_->set_attribute("options", job.opt.to_json());
   writer_->set_attribute("topology", job.opt.topology.to_string());
   writer_->set_attribute("num_nodes", static_cast<int64_t>(t.num_nodes));
+  writer_->set_attribute("gpus_per_node", static_cast<int64_t>(t.ranks_per_node));  // what dflash-report splits
+  if (!job.opt.auto_topology_record.empty()) writer_->set_attribute("auto_topology", job.opt.auto_topology_record);
   writer_->set_attribute("ranks", ranks.dump());
   writer_->set_attribute("backend", std::string(backend_name(job.opt.backend)));
   writer_->set_attribute("version", std::string(DFLASH_VERSION));

@@ -33,7 +33,7 @@ std::string TopologySpec::to_string() const {
 
 TopologySpec parse_topology_spec(const std::string& text) {
   const char* hint = "--topology T-D: T target ranks and D drafter ranks per node, both >= 1, e.g. 7-1 or 6-2";
-  DF_CHECK_HINT(text != "auto", BadOptions, "--topology auto is not implemented yet", hint);
+  DF_CHECK_HINT(text != "auto", BadOptions, "--topology auto is resolved at startup, not parsed as T-D", hint);
   size_t dash = text.find('-');
   auto is_count = [](const std::string& s) {
     return !s.empty() && s.size() <= 4 && s.find_first_not_of("0123456789") == std::string::npos;
@@ -67,7 +67,7 @@ po::options_description describe(Options& o, std::string& topology, std::string&
   job.add_options()
     ("help,h", "print this help and exit")
     ("config", po::value(&o.config_file), "key = value file with the same option names; the command line overrides it")
-    ("topology", po::value(&topology)->default_value("1-1"), "T-D: target and drafter ranks per node (the rest idle)")
+    ("topology", po::value(&topology)->default_value("1-1"), "T-D: target and drafter ranks per node (the rest idle), or auto: measure both roles, pick the fastest split")
     ("backend", po::value(&backend)->default_value("cpu"), "cpu | cuda")
     ("target", po::value(&o.target_dir), "Hugging Face Qwen3 checkpoint directory (config.json + safetensors)")
     ("drafter", po::value(&o.drafter_dir), "release-format drafter to start from (default: a fresh one)")
@@ -103,7 +103,7 @@ po::options_description describe(Options& o, std::string& topology, std::string&
     ("keep-checkpoints", po::value(&o.keep_checkpoints)->default_value(3), "complete checkpoints kept (older ones are deleted)")
     ("export-checkpoints", po::bool_switch(&o.export_checkpoints), "also export each checkpoint's drafter into STEP_DIR/drafter")
     ("resume", po::value(&o.resume), "auto (the newest complete checkpoint, or a fresh start) | PATH (a checkpoint or checkpoint dir)")
-    ("power-budget-w", po::value(&o.power_budget_w)->default_value(0.0), "(with --topology auto; not implemented yet)");
+    ("power-budget-w", po::value(&o.power_budget_w)->default_value(0.0), "with --topology auto: the fastest split within this many watts (needs power readings)");
   po::options_description hooks("Test hooks");
   hooks.add_options()
     ("inject-delay-target-ms", po::value(&o.inject_delay_target_ms)->default_value(0), "sleep per batch on targets")
@@ -152,7 +152,8 @@ ParseResult parse_options(int argc, const char* const* argv) {
   }
 
   o.topology_text = topology;
-  o.topology = parse_topology_spec(topology);
+  o.topology_auto = topology == "auto";  // measured and chosen by run_job (auto_measure.h)
+  if (!o.topology_auto) o.topology = parse_topology_spec(topology);
   if (backend == "cpu") o.backend = Backend::CPU;
   else if (backend == "cuda") o.backend = Backend::CUDA;
   else check_range(false, "backend", backend, "cpu or cuda");

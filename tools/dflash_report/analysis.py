@@ -204,9 +204,14 @@ def analyse(run, power_budget_w=None, idle_power_w=None, allreduce_gbps=None):
     a_meas = dft.get("allreduce_s_per_batch") or 0.0
     grad_bytes = run.attrs.get("drafter_grad_bytes")
     bw = allreduce_gbps * 1e9 if allreduce_gbps else run.attrs.get("allreduce_bytes_per_s")
+    auto = run.auto_topology or {}
+    auto_coeff = (auto.get("measurements") or {}).get("allreduce_coeff_s")
     if d_total > 1:
         coeff = a_meas / model.ring_allreduce_factor(d_total)
         allreduce_note = f"measured at {d_total} drafters ({a_meas:.3g} s/batch), scaled by 2(D-1)/D"
+    elif auto_coeff is not None:
+        coeff = float(auto_coeff)
+        allreduce_note = f"from --topology auto's allreduce test ({coeff:.3g} s), scaled by 2(D-1)/D"
     elif grad_bytes and bw:
         coeff = float(grad_bytes) / float(bw)
         allreduce_note = (f"not measured (1 drafter): {float(grad_bytes) / 1e6:.1f} MB of gradients at "
@@ -268,6 +273,9 @@ def analyse(run, power_budget_w=None, idle_power_w=None, allreduce_gbps=None):
         "prediction_vs_observed_frac": base / observed_bps - 1.0 if observed_bps else None,
         "whatif": rows,
         "best": best.split if best else None,
+        "auto_topology": ({"chosen": auto.get("chosen"), "predicted_bps": next(
+            (w["batches_per_s"] for w in auto.get("whatif", []) if w.get("split") == auto.get("chosen")), None)}
+            if auto else None),
         "power_budget_w": power_budget_w,
         "best_within_budget": best_budget.split if best_budget else None,
     }
@@ -309,6 +317,10 @@ def verdict(out, preds, own, best, best_budget):
     else:
         s[-1] += (f"; the targets are the bottleneck (the drafters could take "
                   f"{100 * (obs['drafter_ceiling_bps'] / obs['target_ceiling_bps'] - 1):.0f}% more).")
+    at = out.get("auto_topology")
+    if at and at.get("predicted_bps"):
+        s.append(f"--topology auto chose {at['chosen']} from a start-up measurement predicting "
+                 f"{at['predicted_bps']:.2f} b/s; the run itself measured {obs['batches_per_s']:.2f} b/s.")
     if best is None or best.split == split:
         s.append(f"Keep {split}: no other split of the {run['gpus_per_node']} GPUs is predicted faster.")
     elif rel(best) < NOISE_FRACTION:

@@ -69,6 +69,7 @@ class Run:
             self.attrs = {k: _attr(f, k) for k in f.attrs}
             self.options = _json_attr(f, "options", {})
             self.rank_cards = _json_attr(f, "ranks", [])
+            self.auto_topology = _json_attr(f, "auto_topology", None)  # --topology auto's measurement + choice
         self._derive_layout()
 
     def option(self, name, default=None, cast=float):

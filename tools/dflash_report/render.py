@@ -31,6 +31,9 @@ def text(rep):
     L.append(f"run: topology {run['topology']} on {run['nodes']} node(s) x {run['gpus_per_node']} GPU(s), "
              f"backend {run['backend']}, {run['steps']} steps, {_dur(run['elapsed_s'])}; "
              f"{run['tokens_per_batch'] / 1000:.1f} Ktok/batch")
+    if rep.get("auto_topology"):
+        L.append(f"split chosen by --topology auto ({rep['auto_topology']['chosen']}, predicted at start-up: "
+                 f"{rep['auto_topology']['predicted_bps'] or 0:.3f} b/s)")
     L.append(f"steady window: {run['window_s'][0]:.1f} s .. {run['window_s'][1]:.1f} s, {run['window']}")
     L.append("")
     L.append("OBSERVED PIPELINE")

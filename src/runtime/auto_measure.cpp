@@ -1,0 +1,195 @@
+// --topology auto (auto_measure.h): measurement on every rank, then the shared what-if model.
+#include "auto_measure.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "dflash/auto_topology.h"
+#include "dflash/data.h"
+#include "dflash/drafter.h"
+#include "dflash/error.h"
+#include "dflash/hf_config.h"
+#include "dflash/mpi_typed.h"
+#include "dflash/target.h"
+#include "job.h"  // capture_layer_ids
+
+namespace dflash {
+namespace {
+
+constexpr int kMeasuredBatches = 3;  // after one warm-up batch (first-touch allocation, caches)
+constexpr int kAllreduceRepeats = 3;
+
+double median(std::vector<double> v) {
+  DF_ASSERT(!v.empty());
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// What one rank measured (summed over ranks, then averaged).
+struct RankSample {
+  double target_s = 0;     // median target forward seconds per batch
+  double drafter_s = 0;    // median drafter fwd + bwd + optimizer seconds per batch
+  double tokens = 0;       // mean tokens per batch
+  double allreduce_s = 0;  // fastest gradient allreduce over all ranks
+};
+
+RankSample measure_rank(const Options& o, MPI_Comm world, int world_size) {
+  const Qwen3Config cfg = load_qwen3_config(o.target_dir + "/config.json");
+  auto dataset = std::make_shared<TokenDataset>(o.data_path, cfg.vocab_size);
+  const std::vector<int> layers = capture_layer_ids(o);
+  TargetModel model(o.target_dir, cpu_ctx(), layers, o.token_budget);
+  DrafterTrainer trainer(o.target_dir, o.drafter_dir, o.draft_layers, o.train, cpu_ctx(), o.token_budget);
+
+  // Every rank times the same first batches (epochs repeat, so a small dataset still gives enough).
+  LoaderOptions lo;
+  lo.token_budget = o.token_budget;
+  lo.prefetch_depth = 2;
+  lo.max_epochs = 0;
+  lo.seed = o.train.seed;
+  lo.long_record = o.long_record == LongRecordPolicy::Skip ? LongRecord::Skip : LongRecord::Cut;
+  Loader loader(dataset, lo);
+
+  const int64_t k = static_cast<int64_t>(layers.size()), H = cfg.hidden_size;
+  const bool kl = o.train.loss == LossKind::KL;
+  std::vector<float> features(static_cast<size_t>(k * o.token_budget * H));
+  std::vector<float> final_norm(kl ? static_cast<size_t>(o.token_budget * H) : 0);
+  std::vector<double> target_s, drafter_s;
+  double tokens = 0;
+  for (int i = 0; i <= kMeasuredBatches; ++i) {
+    LoadedBatch lb;
+    const PopResult got = loader.pop(lb, std::chrono::milliseconds(static_cast<int64_t>(o.peer_timeout_s * 1000)));
+    DF_CHECK_HINT(got == PopResult::Batch, BadInput, "--topology auto: no batch from " << o.data_path << " to measure on",
+                  "check the dataset (dflash-prep), or give --topology T-D");
+    const int64_t T = lb.batch.num_tokens();
+    CaptureOut out;
+    out.features = Tensor(features.data(), DType::F32, Device::CPU, {k, T, H});
+    if (kl) out.final_norm = Tensor(final_norm.data(), DType::F32, Device::CPU, {T, H});
+    auto t0 = mpi::Clock::now();
+    model.forward(lb.batch, out);
+    // The test hooks slow a role down in the run; they must in the measurement too (tests pick splits with them).
+    if (o.inject_delay_target_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(o.inject_delay_target_ms));
+    const double t_target = mpi::seconds_since(t0);
+    FeatureBatch fb;
+    fb.batch = &lb.batch;
+    fb.features = out.features;
+    fb.final_norm = out.final_norm;
+    t0 = mpi::Clock::now();
+    trainer.forward_backward(fb);
+    trainer.optimizer_step();
+    if (o.inject_delay_drafter_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(o.inject_delay_drafter_ms));
+    const double t_drafter = mpi::seconds_since(t0);
+    if (i == 0) continue;  // warm-up
+    target_s.push_back(t_target);
+    drafter_s.push_back(t_drafter);
+    tokens += static_cast<double>(T);
+  }
+  loader.stop();
+
+  RankSample s;
+  s.target_s = median(target_s);
+  s.drafter_s = median(drafter_s);
+  s.tokens = tokens / kMeasuredBatches;
+  // The gradient allreduce, over every rank at once: the largest drafter group this job could form.
+  Tensor grads = trainer.grads();
+  std::vector<float> buf(grads.ptr<float>(), grads.ptr<float>() + grads.numel());
+  s.allreduce_s = 1e30;
+  for (int i = 0; i < kAllreduceRepeats && world_size > 1; ++i) {
+    DF_MPI(MPI_Barrier(world));
+    const auto t0 = mpi::Clock::now();
+    mpi::allreduce(buf.data(), buf.size(), MPI_SUM, world);
+    s.allreduce_s = std::min(s.allreduce_s, mpi::seconds_since(t0));
+  }
+  if (world_size <= 1) s.allreduce_s = 0;
+  return s;
+}
+
+}  // namespace
+
+TopologySpec choose_topology_auto(const Options& o, MPI_Comm world, std::string* record_json) {
+  int rank = 0, size = 1;
+  DF_MPI(MPI_Comm_rank(world, &rank));
+  DF_MPI(MPI_Comm_size(world, &size));
+  DF_CHECK_HINT(o.backend == Backend::CPU, BadOptions, "--topology auto: the CUDA pipeline is not built yet",
+                "use --backend cpu, or give --topology T-D");
+  MPI_Comm node_comm;
+  DF_MPI(MPI_Comm_split_type(world, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node_comm));
+  int per_node = 1;
+  DF_MPI(MPI_Comm_size(node_comm, &per_node));
+  DF_MPI(MPI_Comm_free(&node_comm));
+  int range[2] = {per_node, -per_node};
+  mpi::allreduce(range, 2, MPI_MIN, world);
+  DF_CHECK_HINT(range[0] == -range[1], TopologyMismatch,
+                "--topology auto: nodes run different numbers of ranks (" << range[0] << " to " << -range[1] << ")",
+                "start the same number of ranks on every node");
+  DF_CHECK_HINT(per_node >= 2, TopologyMismatch,
+                "--topology auto needs at least 2 ranks per node (a target and a drafter); this node has " << per_node,
+                "start more ranks per node (mpirun -np), or give --topology 1-1");
+  check_input_paths(o);
+  if (rank == 0) {
+    std::printf("[dflash] --topology auto: timing %d target forwards and %d drafter steps on each of %d rank(s)\n",
+                kMeasuredBatches, kMeasuredBatches, size);
+    std::fflush(stdout);
+  }
+
+  const RankSample mine = measure_rank(o, world, size);
+  double sums[4] = {mine.target_s, mine.drafter_s, mine.tokens, mine.allreduce_s};
+  mpi::allreduce(sums, 4, MPI_SUM, world);
+  RoleMeasurements m;
+  m.gpus_per_node = per_node;
+  m.nodes = size / per_node;
+  m.target_s_per_batch = sums[0] / size;
+  m.drafter_s_per_batch = sums[1] / size;
+  m.tokens_per_batch = sums[2] / size;
+  if (size > 1) m.allreduce_coeff_s = (sums[3] / size) / ring_allreduce_factor(size);
+  // No NVML readings on the CPU backend: power stays unknown (never invented).
+  if (o.epochs > 0 && o.max_steps == 0) {
+    const Qwen3Config cfg = load_qwen3_config(o.target_dir + "/config.json");
+    m.remaining_tokens = static_cast<double>(TokenDataset(o.data_path, cfg.vocab_size).num_tokens()) * o.epochs;
+  }
+  const std::vector<SplitPrediction> preds = predict_all_splits(m);
+  const bool power_known = preds.front().power_w.has_value();
+  std::optional<double> budget;
+  if (o.power_budget_w > 0 && power_known) budget = o.power_budget_w;
+  std::optional<SplitPrediction> best = best_split(preds, budget);
+  std::string note;
+  if (o.power_budget_w > 0 && !power_known) note = "--power-budget-w ignored: no power readings on this backend";
+  if (!best) {
+    note = "no split fits --power-budget-w " + std::to_string(static_cast<int64_t>(o.power_budget_w)) + " W; the fastest is used";
+    best = best_split(preds);
+  }
+  DF_ASSERT(best.has_value());
+  // Every rank computed the same table from the same sums; rank 0's choice is the job's all the same.
+  int chosen[2] = {best->targets, best->drafters};
+  mpi::bcast(chosen, 2, 0, world);
+  TopologySpec spec;
+  spec.targets_per_node = chosen[0];
+  spec.drafters_per_node = chosen[1];
+
+  nlohmann::json rec = nlohmann::json::parse(whatif_json(m, preds, best));
+  rec["chosen"] = spec.to_string();
+  rec["measured_batches_per_rank"] = kMeasuredBatches;
+  rec["measured_ranks"] = size;
+  rec["power_budget_w"] = o.power_budget_w > 0 ? nlohmann::json(o.power_budget_w) : nlohmann::json(nullptr);
+  rec["note"] = note;
+  if (record_json) *record_json = rec.dump();
+  if (rank == 0) {
+    char head[400];
+    std::snprintf(head, sizeof(head),
+                  "[dflash] --topology auto: target %.4f s/batch, drafter %.4f s/batch (fwd+bwd+AdamW), gradient "
+                  "allreduce %.4f s x 2(D-1)/D, %.0f tokens/batch, %d node(s) x %d ranks\n",
+                  m.target_s_per_batch, m.drafter_s_per_batch, m.allreduce_coeff_s.value_or(0.0), m.tokens_per_batch,
+                  m.nodes, m.gpus_per_node);
+    std::string out = head + format_whatif_table(preds, spec.to_string());
+    out += "[dflash] --topology auto chose " + spec.to_string() + " (predicted " +
+           std::to_string(best->batches_per_s).substr(0, 6) + " b/s, " + split_limit_name(best->limit) + "-bound)" +
+           (note.empty() ? "" : "; " + note) + "\n";
+    std::fputs(out.c_str(), stdout);
+    std::fflush(stdout);
+  }
+  return spec;
+}
+
+}  // namespace dflash
