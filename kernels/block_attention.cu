@@ -175,24 +175,24 @@ __global__ void to_bf16_kernel(__nv_bfloat16* __restrict__ dst, const float* __r
 // block that read kv head g against the block's own B keys. Computes D = rowsum(dout · out) for those rows
 // (saved for the context part), overwrites dq32 with the block keys' share of dq, and writes dk_blk/dv_blk
 // (no other block sees these keys, so they are complete here).
-// Shared memory (fp32, rows padded by one word against bank conflicts): q, dout [G·B][hd+1];
-// k, v [B][hd+1]; P, dS [G·B][B]; D, lse [G·B].
+// Shared memory: q, dout [G·B][hd+2] and k, v [B][hd+2] as bf16 (exact copies of the inputs; rows padded
+// by 4 bytes against bank conflicts), then fp32 P, dS [G·B][B] and D, lse [G·B].
 __global__ void __launch_bounds__(kRowThreads) block_keys_backward_kernel(
     KernelArgs p, const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ dout,
     const __nv_bfloat16* __restrict__ out, const float* __restrict__ lse, const __nv_bfloat16* __restrict__ kb,
     const __nv_bfloat16* __restrict__ vb, float* __restrict__ Dbuf, float* __restrict__ dq32,
     __nv_bfloat16* __restrict__ dkb, __nv_bfloat16* __restrict__ dvb) {
   extern __shared__ float smem[];
-  const int G = p.nh / p.nkv, B = p.B, hd = p.hd, ld = hd + 1, GB = G * B;
+  const int G = p.nh / p.nkv, B = p.B, hd = p.hd, ld = hd + 2, GB = G * B;
   const int64_t QD = int64_t(p.nh) * hd, KVD = int64_t(p.nkv) * hd;
-  float* qs = smem;
-  float* dos = qs + GB * ld;
-  float* ks = dos + GB * ld;
-  float* vs = ks + B * ld;
-  float* Ps = vs + B * ld;
+  float* Ps = smem;
   float* dSs = Ps + GB * B;
   float* Ds = dSs + GB * B;
   float* Ls = Ds + GB;
+  __nv_bfloat16* qs = reinterpret_cast<__nv_bfloat16*>(Ls + GB);
+  __nv_bfloat16* dos = qs + GB * ld;
+  __nv_bfloat16* ks = dos + GB * ld;
+  __nv_bfloat16* vs = ks + B * ld;
   const int64_t nl = blockIdx.x;  // block within the chunk
   const int g = blockIdx.y;
   const int64_t row0 = nl * B;   // chunk row of the block's first query
@@ -200,14 +200,14 @@ __global__ void __launch_bounds__(kRowThreads) block_keys_backward_kernel(
   for (int idx = threadIdx.x; idx < GB * hd; idx += blockDim.x) {
     const int i = idx / hd, d = idx % hd;
     const int64_t off = (row0 + i / G) * QD + int64_t(g * G + i % G) * hd + d;
-    qs[i * ld + d] = __bfloat162float(q[off]);
-    dos[i * ld + d] = __bfloat162float(dout[off]);
+    qs[i * ld + d] = q[off];
+    dos[i * ld + d] = dout[off];
   }
   for (int idx = threadIdx.x; idx < B * hd; idx += blockDim.x) {
     const int b = idx / hd, d = idx % hd;
     const int64_t off = (row0 + b) * KVD + int64_t(g) * hd + d;
-    ks[b * ld + d] = __bfloat162float(kb[off]);
-    vs[b * ld + d] = __bfloat162float(vb[off]);
+    ks[b * ld + d] = kb[off];
+    vs[b * ld + d] = vb[off];
   }
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nwarps = blockDim.x >> 5;
   for (int i = warp; i < GB; i += nwarps) {
@@ -230,8 +230,8 @@ __global__ void __launch_bounds__(kRowThreads) block_keys_backward_kernel(
     if (p.window <= 0 || b <= o) {
       float s = 0.f, dp = 0.f;
       for (int d = 0; d < hd; ++d) {
-        s += qs[i * ld + d] * ks[b * ld + d];
-        dp += dos[i * ld + d] * vs[b * ld + d];
+        s += __bfloat162float(qs[i * ld + d]) * __bfloat162float(ks[b * ld + d]);
+        dp += __bfloat162float(dos[i * ld + d]) * __bfloat162float(vs[b * ld + d]);
       }
       P = __expf(s * p.scale - Ls[i]);
       dS = P * (dp - Ds[i]);
@@ -243,15 +243,15 @@ __global__ void __launch_bounds__(kRowThreads) block_keys_backward_kernel(
   for (int idx = threadIdx.x; idx < GB * hd; idx += blockDim.x) {
     const int i = idx / hd, d = idx % hd;
     float acc = 0.f;
-    for (int b = 0; b < B; ++b) acc += dSs[i * B + b] * ks[b * ld + d];
+    for (int b = 0; b < B; ++b) acc += dSs[i * B + b] * __bfloat162float(ks[b * ld + d]);
     dq32[(row0 + i / G) * QD + int64_t(g * G + i % G) * hd + d] = acc * p.scale;
   }
   for (int idx = threadIdx.x; idx < B * hd; idx += blockDim.x) {
     const int b = idx / hd, d = idx % hd;
     float dk = 0.f, dv = 0.f;
     for (int i = 0; i < GB; ++i) {
-      dk += dSs[i * B + b] * qs[i * ld + d];
-      dv += Ps[i * B + b] * dos[i * ld + d];
+      dk += dSs[i * B + b] * __bfloat162float(qs[i * ld + d]);
+      dv += Ps[i * B + b] * __bfloat162float(dos[i * ld + d]);
     }
     const int64_t off = (p.n0 * B + row0 + b) * KVD + int64_t(g) * hd + d;
     dkb[off] = __float2bfloat16_rn(dk * p.scale);
@@ -438,8 +438,8 @@ void block_attention_backward(const Ctx& ctx, const Tensor& dq, const Tensor& dk
     auto* P = static_cast<__nv_bfloat16*>(scratch(ctx, ScratchSlot::AttnProbs, 2 * max_scores));
     float* dq32 = static_cast<float*>(scratch(ctx, ScratchSlot::AttnDq32, sizeof(float) * max_rows * g.QD));
     float* Dbuf = static_cast<float*>(scratch(ctx, ScratchSlot::AttnRowStats, sizeof(float) * max_rows * g.nh));
-    const int GB = static_cast<int>(g.G * g.B), ld = static_cast<int>(g.hd + 1);
-    const size_t smem = sizeof(float) * (size_t(2 * GB + 2 * g.B) * ld + size_t(2 * GB) * g.B + 2 * GB);
+    const int GB = static_cast<int>(g.G * g.B), ld = static_cast<int>(g.hd + 2);
+    const size_t smem = sizeof(float) * (size_t(2 * GB) * g.B + 2 * GB) + 2 * size_t(2 * GB + 2 * g.B) * ld;
     DF_CHECK(smem <= 227 * 1024, Internal,
              op << ": " << smem << " bytes of shared memory for G=" << g.G << " B=" << g.B << " hd=" << g.hd);
     DF_CUDA(cudaFuncSetAttribute(block_keys_backward_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));

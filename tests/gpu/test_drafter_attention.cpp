@@ -117,5 +117,10 @@ TEST(GpuDrafterAttention, SlidingWindowNoGqaManyChunks) {
   run_case({4, 4, 128, 16, 33, 4 * 16 * 30}, 14);
 }
 
+TEST(GpuDrafterAttention, HeadDim256Gqa6) {  // the Qwen3.6-27B head layout (24/4 heads of 256)
+  SKIP_WITHOUT_GPU();
+  run_case({6, 1, 256, 16, 0, 0}, 15);
+}
+
 }  // namespace
 }  // namespace dflash

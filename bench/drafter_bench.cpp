@@ -1,0 +1,250 @@
+// Times the DFlash drafter's training step on CUDA (kernels/drafter_step.cu): forward, backward, fused
+// lm_head loss, clip + AdamW, on random weights and features of a real drafter shape, and prints the time
+// per step (CUDA events, warm-up, median), the device memory the step holds, a breakdown by phase and the
+// bf16 GEMM ceiling measured on the same GPU.
+//
+//   drafter_bench --model 8b  --context 3072 --anchors 512 --objective ce     (the headline shape)
+//   drafter_bench --model 8b  --objective kl
+//   drafter_bench --model 27b --context 4096 --anchors 512                    (4 sliding(2048) + 1 full)
+//   drafter_bench --gemm-peak
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "dflash/backend.h"
+#include "dflash/error.h"
+#include "dflash/drafter_model.h"
+#include "dflash/ops.h"
+#include "dflash/target.h"
+#include "drafter_blas.cuh"
+#include "drafter_step.cuh"
+#include "random_fill.cuh"
+#include "train/objective.h"
+
+using namespace dflash;
+
+namespace {
+
+struct Args {
+  std::string model = "8b";
+  std::string objective = "ce";
+  int64_t context = 3072, anchors = 512, chunk_blocks = 128;
+  int warmup = 2, steps = 10;
+  bool gemm_peak = false;
+};
+
+Args parse(int argc, char** argv) {
+  Args a;
+  for (int i = 1; i < argc; ++i) {
+    std::string k = argv[i];
+    auto val = [&]() -> std::string {
+      if (i + 1 >= argc) fatal(ExitCode::BadOptions, "missing value for " + k);
+      return argv[++i];
+    };
+    if (k == "--model") a.model = val();
+    else if (k == "--objective") a.objective = val();
+    else if (k == "--context") a.context = std::stoll(val());
+    else if (k == "--anchors") a.anchors = std::stoll(val());
+    else if (k == "--chunk-blocks") a.chunk_blocks = std::stoll(val());
+    else if (k == "--warmup") a.warmup = std::stoi(val());
+    else if (k == "--steps") a.steps = std::stoi(val());
+    else if (k == "--gemm-peak") a.gemm_peak = true;
+    else fatal(ExitCode::BadOptions, "unknown option " + k, "see the usage lines at the top of bench/drafter_bench.cpp");
+  }
+  return a;
+}
+
+// Drafter shapes: a fresh drafter with the target's widths (fresh_drafter_config).
+DrafterConfig drafter_shape(const std::string& model) {
+  DrafterConfig c;
+  Qwen3Config& L = c.layers;
+  L.num_hidden_layers = 5;
+  L.rms_norm_eps = 1e-6f;
+  L.rope_theta = 1e6f;
+  c.block_size = 16;
+  if (model == "8b") {  // Qwen3-8B target
+    L.vocab_size = 151936;
+    L.hidden_size = 4096;
+    L.intermediate_size = 12288;
+    L.num_attention_heads = 32;
+    L.num_key_value_heads = 8;
+    L.head_dim = 128;
+    L.layer_types.assign(5, "full_attention");
+    c.num_target_layers = 36;
+    c.target_layer_ids = {1, 9, 17, 25, 33};
+    c.mask_token_id = 151669;
+  } else if (model == "27b") {  // Qwen3.6-27B target: 24/4 heads of 256; 4 sliding (2048) + 1 full
+    L.vocab_size = 248320;
+    L.hidden_size = 5120;
+    L.intermediate_size = 17408;
+    L.num_attention_heads = 24;
+    L.num_key_value_heads = 4;
+    L.head_dim = 256;
+    L.layer_types = {"sliding_attention", "sliding_attention", "sliding_attention", "sliding_attention",
+                     "full_attention"};
+    L.sliding_window = 2048;
+    c.num_target_layers = 64;
+    c.target_layer_ids = {1, 16, 31, 46, 61};
+    c.mask_token_id = 248070;
+  } else {
+    fatal(ExitCode::BadOptions, "--model must be 8b or 27b");
+  }
+  return c;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+
+size_t used_bytes() {
+  size_t free_b = 0, total_b = 0;
+  cudaMemGetInfo(&free_b, &total_b);
+  return total_b - free_b;
+}
+
+// bf16 GEMM ceiling: out [M, N] = in [M, K] · W [N, K]^T through the same cuBLASLt path the step uses.
+double gemm_tflops(const Ctx& ctx, int64_t M, int64_t N, int64_t K) {
+  Buffer in(Device::CUDA, DType::BF16, {M, K}), W(Device::CUDA, DType::BF16, {N, K}), out(Device::CUDA, DType::BF16, {M, N});
+  cuda::fill_random(ctx, in, 1, 0.f, 1.f);
+  cuda::fill_random(ctx, W, 2, 0.f, 1.f);
+  cudaEvent_t a, b;
+  cudaEventCreate(&a);
+  cudaEventCreate(&b);
+  std::vector<double> t;
+  for (int i = 0; i < 13; ++i) {
+    cudaEventRecord(a, static_cast<cudaStream_t>(ctx.stream));
+    ops::matmul_forward(ctx, out, in, W);
+    cudaEventRecord(b, static_cast<cudaStream_t>(ctx.stream));
+    cudaEventSynchronize(b);
+    float ms = 0;
+    cudaEventElapsedTime(&ms, a, b);
+    if (i >= 3) t.push_back(ms);
+  }
+  return 2.0 * M * N * K / (median(t) * 1e-3) / 1e12;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const Args args = parse(argc, argv);
+  DF_CHECK(cuda_device_count() > 0, DeviceFailure, "no CUDA device visible");
+  Ctx ctx = make_ctx(Device::CUDA, 0);
+  const size_t base_used = used_bytes();
+  if (args.gemm_peak) {
+    std::printf("bf16 GEMM 8192^3: %.0f TFLOP/s\n", gemm_tflops(ctx, 8192, 8192, 8192));
+    std::printf("bf16 GEMM lm_head chunk [2048 x 151936 x 4096]: %.0f TFLOP/s\n", gemm_tflops(ctx, 2048, 151936, 4096));
+    std::printf("bf16 GEMM MLP [8192 x 12288 x 4096]: %.0f TFLOP/s\n", gemm_tflops(ctx, 8192, 12288, 4096));
+    return 0;
+  }
+  const DrafterConfig c = drafter_shape(args.model);
+  const ops::LossObjective objective = args.objective == "kl" ? ops::LossObjective::KL : ops::LossObjective::CE;
+  const int64_t T = args.context, N = args.anchors, B = c.block_size, H = c.layers.hidden_size, V = c.layers.vocab_size;
+  const int64_t K = static_cast<int64_t>(c.target_layer_ids.size());
+  const std::vector<ParamSpec> layout = drafter_param_layout(c);
+  const int64_t chunk_rows = args.chunk_blocks * (B - 1);
+  cuda::DrafterStepCuda step(c, layout, ctx, T, N, chunk_rows);
+  // random weights: linear ~ U with std 0.02, norms 1 (as init_drafter_weights), fp32 master then bf16 copy
+  for (size_t i = 0; i < layout.size(); ++i) {
+    const ParamSpec& p = layout[i];
+    Tensor t(static_cast<float*>(step.params().data) + p.offset, DType::F32, Device::CUDA, {static_cast<int64_t>(p.numel())});
+    cuda::fill_random(ctx, t, 100 + i, p.is_norm() ? 1.f : 0.f, p.is_norm() ? 0.f : 0.02f);
+  }
+  step.reset_from_params();
+  Buffer embed(Device::CUDA, DType::BF16, {V, H}), lm_head(Device::CUDA, DType::BF16, {V, H});
+  Buffer features(Device::CUDA, DType::BF16, {K, T, H}), final_norm(Device::CUDA, DType::BF16, {T, H});
+  cuda::fill_random(ctx, embed, 1, 0.f, 0.02f);
+  cuda::fill_random(ctx, lm_head, 2, 0.f, 0.02f);
+  cuda::fill_random(ctx, features, 3, 0.f, 1.f);
+  cuda::fill_random(ctx, final_norm, 4, 0.f, 1.f);
+  step.set_frozen(embed, lm_head);
+  // one packed sequence of T tokens, N distinct sorted anchors with a successor in the sequence
+  PackedBatch batch;
+  batch.cu_seqlens = {0, static_cast<int32_t>(T)};
+  std::mt19937 rng(5);
+  for (int64_t t = 0; t < T; ++t) batch.tokens.push_back(static_cast<int32_t>(rng() % 150000));
+  batch.loss_mask.assign(static_cast<size_t>(T), 1);
+  std::vector<int32_t> all(static_cast<size_t>(T - 1));
+  for (int64_t t = 0; t + 1 < T; ++t) all[t] = static_cast<int32_t>(t);
+  std::shuffle(all.begin(), all.end(), rng);
+  cuda::DrafterStepBatch b;
+  b.anchors.assign(all.begin(), all.begin() + N);
+  std::sort(b.anchors.begin(), b.anchors.end());
+  b.seq_begin.assign(static_cast<size_t>(N), 0);
+  std::vector<int32_t> seq_end(static_cast<size_t>(N), static_cast<int32_t>(T));
+  train::LossRows rows;
+  train::build_loss_rows(batch, b.anchors, seq_end, static_cast<int>(B), 7.0f, rows);
+  b.features = features;
+  b.final_norm = final_norm;
+  b.tokens = batch.tokens;
+  b.ctx_pos.resize(static_cast<size_t>(T));
+  for (int64_t t = 0; t < T; ++t) b.ctx_pos[t] = static_cast<int32_t>(t);
+  b.row_block = rows.block_row;
+  b.row_label = rows.label;
+  b.row_teacher = rows.teacher_at;
+  b.row_weight = rows.weight;
+
+  ops::AdamWHyper hp;
+  hp.lr = 1e-4f;
+  cudaEvent_t e0, e1;
+  cudaEventCreate(&e0);
+  cudaEventCreate(&e1);
+  std::vector<double> times;
+  double loss0 = 0, loss = 0, norm = 0;
+  for (int i = 0; i < args.warmup + args.steps; ++i) {
+    cudaEventRecord(e0, static_cast<cudaStream_t>(ctx.stream));
+    const cuda::DrafterStepResult r = step.forward_backward(b, objective);
+    norm = step.optimizer_step(hp, i + 1, 1.0f);
+    cudaEventRecord(e1, static_cast<cudaStream_t>(ctx.stream));
+    cudaEventSynchronize(e1);
+    float ms = 0;
+    cudaEventElapsedTime(&ms, e0, e1);
+    if (i == 0) loss0 = r.loss;
+    loss = r.loss;
+    if (i >= args.warmup) times.push_back(ms);
+  }
+  const double used = static_cast<double>(used_bytes() - base_used) / (1ull << 30);
+  // breakdown: one more step with every op bracketed by events (slightly slower than the timed steps)
+  step.set_profiling(true);
+  step.forward_backward(b, objective);
+  step.optimizer_step(hp, args.warmup + args.steps + 1, 1.0f);
+  const std::vector<double> ph = step.phase_ms();
+  // model FLOPs per step (2 per multiply-add): GEMMs forward x3 (forward, input grad, weight grad) except
+  // the frozen lm_head (forward + input grad) and fc (no input grad); attention over the visible keys.
+  const Qwen3Config& L = c.layers;
+  const double NB = double(N) * B, R = double(rows.size()), Hd = H, I = L.intermediate_size;
+  const double QD = double(L.num_attention_heads) * L.head_dim, KV = double(L.num_key_value_heads) * L.head_dim;
+  const double layer_gemm = 2 * NB * Hd * (QD + 2 * KV + QD) + 2 * NB * Hd * 3 * I + 2 * double(T) * Hd * 2 * KV;
+  const double gemm_flops = L.num_hidden_layers * 3 * layer_gemm + 2 * 2 * double(T) * K * Hd * Hd + 2 * 2 * R * Hd * V;
+  double keys = 0;  // visible (query row, key) pairs per head
+  for (int64_t n = 0; n < N; ++n) keys += double(B) * (b.anchors[n] + B);
+  const double attn_flops_full = 4 * keys * L.num_attention_heads * L.head_dim * 3.5;  // fwd 2 GEMMs, bwd 5 (x2 recompute)
+  const double step_ms = median(times);
+  const char* phase_names[] = {"GEMMs (cuBLAS, linear + lm_head)", "block attention fwd+bwd", "loss kernels + row moves",
+                               "clip + AdamW", "norms/RoPE/SwiGLU/copies"};
+  std::printf("drafter step %s objective=%s context=%lld anchors=%lld (rows %lld) params=%.2fB\n", args.model.c_str(),
+              args.objective.c_str(), (long long)T, (long long)N, (long long)rows.size(),
+              double(step.params().numel()) / 1e9);
+  std::printf("  step: median %.1f ms over %d steps (min %.1f, max %.1f); loss %.4f -> %.4f; grad norm %.3f\n", step_ms,
+              args.steps, *std::min_element(times.begin(), times.end()), *std::max_element(times.begin(), times.end()),
+              loss0, loss, norm);
+  std::printf("  device memory held by the step (cudaMemGetInfo delta, incl. cuBLAS workspaces): %.2f GiB\n", used);
+  std::printf("  drafter scratch (attention/loss/optimizer): %.2f GiB\n", double(cuda::scratch_bytes(ctx)) / (1ull << 30));
+  double total = 0;
+  for (double x : ph) total += x;
+  std::printf("  breakdown (one profiled step, %.1f ms):\n", total);
+  for (int i = 0; i < 5; ++i) std::printf("    %-34s %7.1f ms  %5.1f%%\n", phase_names[i], ph[i], 100 * ph[i] / total);
+  std::printf("  GEMM work %.1f TFLOP -> %.0f TFLOP/s in the GEMM phase\n", gemm_flops / 1e12,
+              gemm_flops / (ph[0] * 1e-3) / 1e12);
+  std::printf("  attention work ~%.2f TFLOP (visible keys only) -> %.0f TFLOP/s in the attention phase\n",
+              attn_flops_full / 1e12, attn_flops_full / (ph[1] * 1e-3) / 1e12);
+  std::printf("RESULT model=%s objective=%s step_ms=%.1f mem_gib=%.2f\n", args.model.c_str(), args.objective.c_str(),
+              step_ms, used);
+  return 0;
+}

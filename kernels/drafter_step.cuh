@@ -1,0 +1,77 @@
+// The DFlash drafter's training step on CUDA: the twin of DrafterNet (src/model/drafter_net.cpp) plus the
+// trainer's loss and optimizer, with bf16 activations and weights for compute and fp32 master weights,
+// gradients and AdamW state. Built from the CUDA ops only (cuBLAS(Lt) GEMMs, kernels/*.cu), so it lives
+// in the CUDA library; the caller supplies the parameter layout (drafter_param_layout) and the loss rows
+// (train::build_loss_rows), both host-side.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "dflash/drafter_model.h"
+#include "dflash/drafter_ops.h"
+#include "dflash/hf_config.h"
+#include "dflash/optim.h"
+#include "dflash/tensor.h"
+
+namespace dflash::cuda {
+
+// One packed batch, as the drafter receives it. Host vectors; device tensors BF16.
+struct DrafterStepBatch {
+  Tensor features;                 // [k, T, H] BF16, device: target layer outputs (wire layout)
+  Tensor final_norm;               // [T, H] BF16, device: needed by the KL objective (else may be empty)
+  std::vector<int32_t> tokens;     // [T]
+  std::vector<int32_t> ctx_pos;    // [T] position within its sequence
+  std::vector<int32_t> anchors;    // [N] global token index of each block's anchor
+  std::vector<int32_t> seq_begin;  // [N]
+  // Loss rows (rows with a positive weight only): block-stream row n*B + k, label tokens[a+k], teacher
+  // token a+k-1, decay weight (not normalised).
+  std::vector<int32_t> row_block, row_label, row_teacher;
+  std::vector<float> row_weight;
+};
+
+struct DrafterStepResult {
+  double loss = 0, weight_sum = 0;
+  std::vector<float> row_loss;     // [R] CE or KL per row
+  std::vector<int32_t> argmax_q;   // [R]
+};
+
+class DrafterStepCuda {
+ public:
+  // layout = drafter_param_layout(c). Allocates every buffer once (max_tokens context tokens,
+  // max_anchors blocks, lm_head rows in chunks of chunk_rows).
+  DrafterStepCuda(const DrafterConfig& c, const std::vector<ParamSpec>& layout, const Ctx& ctx, int64_t max_tokens,
+                  int64_t max_anchors, int64_t chunk_rows);
+  ~DrafterStepCuda();
+  DrafterStepCuda(const DrafterStepCuda&) = delete;
+  DrafterStepCuda& operator=(const DrafterStepCuda&) = delete;
+
+  // Flat fp32 master weights / gradients / moments [P] and the bf16 weights the forward reads.
+  const Tensor& params() const;
+  const Tensor& grads() const;
+  const Tensor& params_bf16() const;
+  // After writing params(): refresh the bf16 copy and zero the optimizer state.
+  void reset_from_params();
+  // The target's frozen embedding and lm_head, BF16 [V, H] on the device (not owned).
+  void set_frozen(const Tensor& embed, const Tensor& lm_head);
+
+  // Forward + backward: gradients of sum_r w_r loss_r / sum_r w_r left in grads() (overwritten).
+  DrafterStepResult forward_backward(const DrafterStepBatch& b, ops::LossObjective objective);
+  // Global-norm clip + AdamW (1-based step) + bf16 weight refresh in one pass. Returns the pre-clip norm
+  // (synchronizes to read it).
+  double optimizer_step(const ops::AdamWHyper& hyper, int64_t step, float clip);
+  // The final-normed hidden states [N*B, H] (BF16) of the last forward.
+  Tensor hidden() const;
+
+  // Time breakdown (benchmarks): with profiling on, every op is bracketed by CUDA events and its time is
+  // added to its phase; phase_ms() synchronizes and returns the sums since the last call, by DrafterPhase.
+  enum class Phase : int { Gemm, Attention, Loss, Optimizer, Other, Count };
+  void set_profiling(bool on);
+  std::vector<double> phase_ms();
+
+  struct Impl;
+
+ private:
+  Impl* impl_;
+};
+
+}  // namespace dflash::cuda

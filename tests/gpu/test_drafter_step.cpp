@@ -1,0 +1,188 @@
+// The whole drafter training step on CUDA (kernels/drafter_step.cu: bf16 activations, fp32 master weights)
+// against the float32 CPU path (DrafterNet + lm_loss + AdamW, as DrafterTrainer runs them) on a small
+// random drafter with one sliding-window and one full-attention layer: loss, every parameter gradient,
+// then 50 optimizer steps whose loss curves must track each other.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <random>
+
+#include "dflash/drafter_model.h"
+#include "dflash/drafter_ops.h"
+#include "dflash/optim.h"
+#include "dflash/target.h"
+#include "drafter_step.cuh"
+#include "gpu_test_util.h"
+#include "train/objective.h"
+
+namespace dflash {
+namespace {
+
+using test::gpu;
+using test::rel_err;
+using test::to_host;
+
+DrafterConfig small_config() {
+  DrafterConfig c;
+  Qwen3Config& L = c.layers;
+  L.vocab_size = 512;
+  L.hidden_size = 64;
+  L.intermediate_size = 136;
+  L.num_hidden_layers = 2;
+  L.num_attention_heads = 4;
+  L.num_key_value_heads = 2;
+  L.head_dim = 32;
+  L.layer_types = {"sliding_attention", "full_attention"};
+  L.sliding_window = 24;
+  c.block_size = 8;
+  c.num_target_layers = 4;
+  c.target_layer_ids = {1, 3};
+  c.mask_token_id = 500;
+  return c;
+}
+
+float bf16_round(float x) { return bf16_to_f32(f32_to_bf16(x)); }
+std::vector<float> random_vec(size_t n, uint32_t seed, float sigma) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> d(0.f, sigma);
+  std::vector<float> v(n);
+  for (auto& x : v) x = bf16_round(d(rng));
+  return v;
+}
+
+// The CPU reference step: DrafterNet forward/backward + fused CE loss over the rows, as the trainer does.
+struct CpuStep {
+  DrafterConfig c;
+  DrafterNet net;
+  std::vector<float> params, grads;
+  DrafterViews w, g;
+  CpuStep(const DrafterConfig& cfg, int64_t T, int64_t N, const std::vector<float>& p)
+      : c(cfg), net(cfg, cpu_ctx(), T, N), params(p), grads(p.size()) {
+    w = bind_drafter_views(c, params.data());
+    g = bind_drafter_views(c, grads.data());
+  }
+  double run(const std::vector<float>& feat, const std::vector<float>& embed, const std::vector<float>& lm_head,
+             const PackedBatch& batch, const std::vector<int32_t>& anchors, const std::vector<int32_t>& seq_begin,
+             const std::vector<int32_t>& seq_end, const train::LossRows& rows) {
+    const int64_t T = batch.num_tokens(), H = c.layers.hidden_size, V = c.layers.vocab_size, B = c.block_size;
+    const int64_t K = static_cast<int64_t>(c.target_layer_ids.size()), R = static_cast<int64_t>(rows.size());
+    std::fill(grads.begin(), grads.end(), 0.f);
+    DrafterStepInput in;
+    in.features = Tensor(const_cast<float*>(feat.data()), DType::F32, Device::CPU, {K, T, H});
+    in.tokens = batch.tokens.data();
+    in.anchors = anchors;
+    in.seq_begin = seq_begin;
+    in.ctx_pos.resize(T);
+    for (int s = 0; s < batch.num_seqs(); ++s)
+      for (int32_t t = batch.cu_seqlens[s]; t < batch.cu_seqlens[s + 1]; ++t) in.ctx_pos[t] = t - batch.cu_seqlens[s];
+    Tensor hf = net.forward(w, cpu_view(embed.data(), {V, H}), in, nullptr);
+    std::vector<float> h(R * H), dh(R * H), ce(R), wn(R), ws(ops::lm_loss_workspace_floats(R, V, false));
+    std::vector<int32_t> am(R);
+    double wsum = 0;
+    for (float x : rows.weight) wsum += x;
+    for (int64_t r = 0; r < R; ++r) {
+      std::memcpy(&h[r * H], hf.ptr<float>() + rows.block_row[r] * H, sizeof(float) * H);
+      wn[r] = static_cast<float>(rows.weight[r] / wsum);
+    }
+    ops::LmLossRowsOut lo{cpu_view(ce.data(), {R}), Tensor(), cpu_view(am.data(), {R}), Tensor()};
+    ops::lm_loss_forward(cpu_ctx(), lo, cpu_view(h.data(), {R, H}), cpu_view(lm_head.data(), {V, H}),
+                         cpu_view(rows.label.data(), {R}), Tensor(), cpu_view(ws.data(), {(int64_t)ws.size()}), R,
+                         cpu_view(dh.data(), {R, H}), cpu_view(wn.data(), {R}), ops::LossObjective::CE);
+    Tensor d_out = net.d_out_buffer(static_cast<int64_t>(anchors.size()) * B);
+    std::memset(d_out.data, 0, d_out.nbytes());
+    for (int64_t r = 0; r < R; ++r)
+      std::memcpy(d_out.ptr<float>() + rows.block_row[r] * H, &dh[r * H], sizeof(float) * H);
+    net.backward(w, g, d_out);
+    double num = 0;
+    for (int64_t r = 0; r < R; ++r) num += rows.weight[r] * ce[r];
+    return num / wsum;
+  }
+};
+
+TEST(GpuDrafterStep, GradientsAndLossCurveMatchCpu) {
+  SKIP_WITHOUT_GPU();
+  Ctx gctx = gpu();
+  const DrafterConfig c = small_config();
+  const int64_t H = c.layers.hidden_size, V = c.layers.vocab_size, B = c.block_size;
+  const int64_t K = static_cast<int64_t>(c.target_layer_ids.size());
+  // batch: two packed sequences, every token in the loss
+  PackedBatch batch;
+  batch.cu_seqlens = {0, 61, 100};
+  const int64_t T = 100;
+  std::mt19937 rng(7);
+  for (int64_t t = 0; t < T; ++t) batch.tokens.push_back(static_cast<int32_t>(rng() % 480));
+  batch.loss_mask.assign(T, 1);
+  std::vector<int32_t> anchors, seq_begin, seq_end;
+  for (int32_t a : {0, 5, 17, 30, 44, 58, 61, 70, 83, 97}) {
+    anchors.push_back(a);
+    const int s = a < 61 ? 0 : 1;
+    seq_begin.push_back(batch.cu_seqlens[s]);
+    seq_end.push_back(batch.cu_seqlens[s + 1]);
+  }
+  const int64_t N = static_cast<int64_t>(anchors.size());
+  train::LossRows rows;
+  train::build_loss_rows(batch, anchors, seq_end, static_cast<int>(B), 7.0f, rows);
+  auto feat = random_vec(K * T * H, 1, 1.f), embed = random_vec(V * H, 2, 1.f), lm_head = random_vec(V * H, 3, 0.05f);
+  const std::vector<ParamSpec> layout = drafter_param_layout(c);
+  std::vector<float> params(drafter_param_count(c));
+  init_drafter_weights(c, 11, params.data());
+  for (auto& x : params) x = bf16_round(x * 5.f);  // larger than the 0.02 init, so every path carries signal
+
+  CpuStep cpu(c, T, N, params);
+  cuda::DrafterStepCuda step(c, layout, gctx, T, N, 16);
+  copy_tensor(gctx, step.params(), cpu_view(params.data(), {(int64_t)params.size()}));
+  step.reset_from_params();
+  Buffer d_embed(Device::CUDA, DType::BF16, {V, H}), d_head(Device::CUDA, DType::BF16, {V, H});
+  Buffer d_feat(Device::CUDA, DType::BF16, {K, T, H});
+  copy_tensor(gctx, d_embed, cpu_view(embed.data(), {V, H}));
+  copy_tensor(gctx, d_head, cpu_view(lm_head.data(), {V, H}));
+  copy_tensor(gctx, d_feat, cpu_view(feat.data(), {K, T, H}));
+  step.set_frozen(d_embed, d_head);
+  cuda::DrafterStepBatch b;
+  b.features = d_feat;
+  b.tokens = batch.tokens;
+  b.anchors = anchors;
+  b.seq_begin = seq_begin;
+  b.ctx_pos.resize(T);
+  for (int64_t t = 0; t < T; ++t) b.ctx_pos[t] = static_cast<int32_t>(t < 61 ? t : t - 61);
+  b.row_block = rows.block_row;
+  b.row_label = rows.label;
+  b.row_teacher = rows.teacher_at;
+  b.row_weight = rows.weight;
+
+  // one step: loss and gradients
+  const double loss_cpu = cpu.run(feat, embed, lm_head, batch, anchors, seq_begin, seq_end, rows);
+  const cuda::DrafterStepResult res = step.forward_backward(b, ops::LossObjective::CE);
+  EXPECT_NEAR(res.loss, loss_cpu, 1e-2 * loss_cpu);
+  const std::vector<float> g_gpu = to_host(gctx, step.grads());
+  EXPECT_LT(rel_err(g_gpu, cpu.grads), 3e-2) << "all gradients";
+  for (const ParamSpec& p : layout) {
+    std::vector<float> a(g_gpu.begin() + p.offset, g_gpu.begin() + p.offset + p.numel());
+    std::vector<float> e(cpu.grads.begin() + p.offset, cpu.grads.begin() + p.offset + p.numel());
+    EXPECT_LT(rel_err(a, e), 6e-2) << p.name;
+  }
+
+  // 50 AdamW steps on the same batch (over-fitting it): the loss curves track each other
+  ops::AdamWHyper hp;
+  hp.lr = 2e-3f;
+  std::vector<float> m(params.size()), v(params.size());
+  double first = 0, last_cpu = 0, last_gpu = 0;
+  for (int64_t s = 1; s <= 50; ++s) {
+    const double lc = cpu.run(feat, embed, lm_head, batch, anchors, seq_begin, seq_end, rows);
+    const Tensor gc = cpu_view(cpu.grads.data(), {(int64_t)cpu.grads.size()});
+    ops::clip_grad_global_norm(cpu_ctx(), gc, 1.0f);
+    ops::adamw_step(cpu_ctx(), cpu_view(cpu.params.data(), {(int64_t)params.size()}), gc,
+                    cpu_view(m.data(), {(int64_t)m.size()}), cpu_view(v.data(), {(int64_t)v.size()}), hp, s);
+    const double lg = step.forward_backward(b, ops::LossObjective::CE).loss;
+    step.optimizer_step(hp, s, 1.0f);
+    if (s == 1) first = lc;
+    EXPECT_NEAR(lg, lc, 0.03 * lc + 0.02) << "step " << s;
+    last_cpu = lc;
+    last_gpu = lg;
+  }
+  EXPECT_LT(last_cpu, 0.7 * first) << "the CPU run did not learn: the comparison would be vacuous";
+  EXPECT_LT(last_gpu, 0.7 * first);
+}
+
+}  // namespace
+}  // namespace dflash
