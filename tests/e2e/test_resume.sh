@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# Resume gives the losses of a run that never stopped, bit for bit: N steps straight (checkpointing at
+# N/2) vs the N/2 checkpoint resumed for the other N/2 steps, with a different --log-every (allowed to
+# change). The exported drafters must be byte-identical too. Then discovery: a half-written and a
+# truncated newer checkpoint are skipped by --resume auto, which resumes from the last complete one.
+source "$(dirname "$0")/lib.sh"
+N=12
+COMMON=(--topology 1-1 --max-steps $N --seed 5 --checkpoint-every $((N / 2)))
+run_job straight 2 120 "${COMMON[@]}" --log-every 1 --keep-checkpoints 5
+expect_rc 0 straight
+half="$WORK/straight/checkpoints/step-0000000$((N / 2))"
+[ -f "$half/manifest.json" ] || fail "no checkpoint at step $((N / 2)) in $WORK/straight/checkpoints"
+[ -f "$WORK/straight/checkpoints/step-000000$N/manifest.json" ] || fail "no checkpoint at step $N"
+
+run_job resumed 2 120 "${COMMON[@]}" --log-every 4 --resume "$half"
+expect_rc 0 resumed
+expect_log resumed "resuming from $half"
+"$PY" - "$WORK/straight/metrics.h5" "$WORK/resumed/metrics.h5" $N <<'PYEOF' || fail "resumed losses differ from the straight run"
+import sys, h5py, numpy as np
+a, b = h5py.File(sys.argv[1], 'r'), h5py.File(sys.argv[2], 'r')
+n = int(sys.argv[3])
+assert list(b['steps/step'][:]) == list(range(n // 2 + 1, n + 1)), b['steps/step'][:]
+for k in ('loss', 'acc', 'grad_norm', 'lr', 'tokens'):
+    x, y = a['steps/' + k][n // 2:], b['steps/' + k][:]
+    assert np.array_equal(x, y), (k, x, y)
+print('steps', n // 2 + 1, '..', n, 'identical; last loss', b['steps/loss'][-1])
+PYEOF
+cmp -s "$WORK/straight/drafter/model.safetensors" "$WORK/resumed/drafter/model.safetensors" ||
+  fail "the drafter exported after resuming differs from the straight run's"
+
+# ---- discovery: never a half-written or truncated checkpoint ----------------------------------------
+ck="$WORK/picked/checkpoints"
+mkdir -p "$ck"
+cp -r "$half" "$ck/"
+cp -r "$WORK/straight/checkpoints/step-000000$N" "$ck/"
+truncate -s -64 "$ck/step-000000$N/state.safetensors"   # committed, then truncated
+mkdir -p "$ck/step-00000011" && cp "$half/state.safetensors" "$ck/step-00000011/"  # no manifest: never committed
+cp -r "$ck/step-000000$N" "$WORK/truncated"  # (the run below replaces the damaged step-$N with a new one)
+run_job picked 2 120 "${COMMON[@]}" --log-every 4 --resume auto
+expect_rc 0 picked
+expect_log picked "--resume auto: resuming from $ck/step-0000000$((N / 2))"
+expect_log picked "skipping $ck/step-000000$N"
+expect_log picked "skipping $ck/step-00000011"
+"$PY" - "$WORK/straight/metrics.h5" "$WORK/picked/metrics.h5" $N <<'PYEOF' || fail "losses after resuming past damaged checkpoints differ"
+import sys, h5py, numpy as np
+a, b = h5py.File(sys.argv[1], 'r'), h5py.File(sys.argv[2], 'r')
+n = int(sys.argv[3])
+assert np.array_equal(a['steps/loss'][n // 2:], b['steps/loss'][:])
+PYEOF
+# An explicit --resume of the truncated one is refused as bad input (exit 3).
+run_job explicit 2 60 "${COMMON[@]}" --resume "$WORK/truncated"
+expect_rc 3 explicit
+expect_log explicit "truncated"
+echo "PASS"
