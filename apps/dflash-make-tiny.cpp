@@ -82,9 +82,9 @@ NamedWeight gaussian(Rng& rng, const std::string& name, std::vector<int64_t> sha
   return w;
 }
 
-NamedWeight near_one(Rng& rng, const std::string& name, int64_t n) {
+NamedWeight near_one(Rng& rng, const std::string& name, int64_t n, double scale = 1.0) {
   NamedWeight w{name, {n}, std::vector<float>(static_cast<size_t>(n))};
-  for (float& x : w.data) x = static_cast<float>(1.0 + 0.1 * rng.normal());
+  for (float& x : w.data) x = static_cast<float>(scale * (1.0 + 0.1 * rng.normal()));
   return w;
 }
 
@@ -92,7 +92,10 @@ NamedWeight near_one(Rng& rng, const std::string& name, int64_t n) {
 // (the next token depends mostly on the current one and a little on the context: learnable, not
 // trivial); MLP outputs at half, attention outputs at 0.3 of the fan-in scale, so the context moves the
 // prediction without dominating it (the sampler sees only a window of context, see sample_records);
-// lm_head at 4/sqrt(H) so logits have a std of ~4 and the target's distribution is peaked.
+// the final norm's weight ~4 so the target's logits have a std of ~4 and its distribution is peaked. The
+// peak lives in model.norm, not in lm_head: the drafter shares lm_head but has its own final norm
+// (initialised to 1), so it starts from near-uniform predictions and learns the scale, instead of
+// starting overconfident (a 4x lm_head put a fresh drafter's loss at ~2x uniform for hundreds of steps).
 std::vector<NamedWeight> make_weights(const TinySpec& s) {
   Rng rng(s.seed);
   const int64_t V = s.vocab, H = s.hidden, I = s.intermediate;
@@ -114,8 +117,8 @@ std::vector<NamedWeight> make_weights(const TinySpec& s) {
     w.push_back(gaussian(rng, p + "mlp.up_proj.weight", {I, H}, in_h));
     w.push_back(gaussian(rng, p + "mlp.down_proj.weight", {H, I}, 0.5 * in_i));
   }
-  w.push_back(near_one(rng, "model.norm.weight", H));
-  w.push_back(gaussian(rng, "lm_head.weight", {V, H}, 4.0 * in_h));
+  w.push_back(near_one(rng, "model.norm.weight", H, 4.0));
+  w.push_back(gaussian(rng, "lm_head.weight", {V, H}, in_h));
   return w;
 }
 
