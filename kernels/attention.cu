@@ -10,8 +10,6 @@
 #include <cuda_bf16.h>
 
 #include <cmath>
-#include <cstdlib>
-#include <string>
 
 #include "backend.cuh"
 #include "cuda_check.cuh"
@@ -27,9 +25,10 @@ constexpr int kRowBytes = kHeadDim * 2;  // 256: a tile row
 
 // The tiling: each warp owns kMI m16 tiles of query rows (kBlockQ = 4 warps x 16 kMI rows) and K/V
 // stream through shared memory kKV rows at a time, double-buffered.
-//   Tiling<2, 64>: 128 x 64, 255 registers, 2 blocks (8 warps) per SM; every K/V fragment feeds 2 MMAs.
-//   Tiling<1, 32>:  64 x 32, fewer registers and 48 KB of shared memory: 4 blocks (16 warps) per SM to
-//                   hide latency, at twice the shared-memory reads per MMA.
+//   Tiling<2, 64> (used): 128 x 64, 255 registers, 2 blocks (8 warps) per SM; every K/V fragment feeds
+//                 2 MMAs. Measured on an H200 against Tiling<1, 32> (64 x 32, 4 blocks = 16 warps per SM,
+//                 twice the shared-memory reads per MMA): 84 ms vs 108 ms of attention per Qwen3-8B forward
+//                 (bench/results/h200-run4-bench.txt), so the narrow variant was dropped.
 template <int kMI_, int kKV_> struct Tiling {
   static constexpr int kMI = kMI_, kKV = kKV_;
   static constexpr int kBlockQ = kWarps * 16 * kMI, kWarpRows = 16 * kMI;
@@ -40,7 +39,6 @@ template <int kMI_, int kKV_> struct Tiling {
   static constexpr size_t kSmemBytes = size_t(kRowBytes) * (kBlockQ + 4 * kKV) + 1024;
 };
 using WideTiling = Tiling<2, 64>;
-using NarrowTiling = Tiling<1, 32>;
 
 // Element offset of 16-byte chunk c of row r in a swizzled [rows][kHeadDim] tile.
 __device__ __forceinline__ int swz(int r, int c) { return r * kHeadDim + ((c ^ (r & 7)) << 3); }
@@ -78,17 +76,12 @@ __device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], 
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-// 2^x through ex2.approx (MUFU.EX2); 2^-inf = +0. The non-ftz form keeps denormal results at the cost
-// of a few instructions per call; the ftz form is leaner but, in this kernel, makes ptxas spill a few
-// registers. Which wins is measured (bench/README.md) and picked with DFLASH_ATTN_FTZ.
-template <bool kFtz>
+// 2^x in one MUFU.EX2 (flushing denormal results, which a softmax weight can lose); 2^-inf = +0.
+// exp2f / non-ftz ex2 add a range fix-up of ~4 instructions per call; the ftz form makes ptxas spill a
+// few bytes here but measured 2-3% faster on the whole attention (bench/results/h200-run4-bench.txt).
 __device__ __forceinline__ float fast_exp2(float x) {
   float y;
-  if constexpr (kFtz) {
-    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  } else {
-    asm("ex2.approx.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  }
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
   return y;
 }
 
@@ -153,7 +146,7 @@ __device__ bool find_tile(const int32_t* cu_seqlens, int nseq, int tile_id, int&
   return seq_begin >= 0;
 }
 
-template <class Tl, bool kFtz>
+template <class Tl>
 __global__ void __launch_bounds__(kThreads, Tl::kBlocksPerSM)
     flash_attention_kernel(__nv_bfloat16* __restrict__ out, const __nv_bfloat16* __restrict__ q,
                            const __nv_bfloat16* __restrict__ k, const __nv_bfloat16* __restrict__ v,
@@ -275,14 +268,14 @@ __global__ void __launch_bounds__(kThreads, Tl::kBlocksPerSM)
           mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
           const float m_new = fmaxf(m[mi][h], mx * scale_log2);
           const float m_use = m_new == -INFINITY ? 0.f : m_new;
-          const float alpha = fast_exp2<kFtz>(m[mi][h] - m_use);
+          const float alpha = fast_exp2(m[mi][h] - m_use);
           m[mi][h] = m_new;
           float sum = 0.f;
 #pragma unroll
           for (int n = 0; n < kBlockKV / 8; ++n) {
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
-              const float p = fast_exp2<kFtz>(fmaf(s[mi][n][h * 2 + e], scale_log2, -m_use));
+              const float p = fast_exp2(fmaf(s[mi][n][h * 2 + e], scale_log2, -m_use));
               s[mi][n][h * 2 + e] = p;
               sum += p;
             }
@@ -350,27 +343,21 @@ __global__ void __launch_bounds__(kThreads, Tl::kBlocksPerSM)
   }
 }
 
-// An environment switch between kernel variants (read once): value `on` selects, unset gives `dflt`.
-bool env_is(const char* name, const char* on, bool dflt) {
-  const char* v = std::getenv(name);
-  return v ? std::string(v) == on : dflt;
-}
-
-template <class Tl, bool kFtz>
+template <class Tl>
 void launch(const Ctx& ctx, const Tensor& out, const Tensor& q, const Tensor& k, const Tensor& v,
             const Tensor& cu_seqlens, int nseq, int nh, int nkv, int hd, float scale) {
   const int64_t T = q.size(0);
   // Every sequence adds at most one partial tile to the T / kBlockQ full ones.
   const int64_t max_tiles = T / Tl::kBlockQ + nseq;
   DF_CHECK(max_tiles < 65536 && nh < 65536, Internal, "attention: grid too large (T=" << T << ", nseq=" << nseq << ")");
-  static bool smem_configured = false;  // once per process and variant: a rank drives one GPU
+  static bool smem_configured = false;  // once per process: a rank drives one GPU
   if (!smem_configured) {
-    DF_CUDA(cudaFuncSetAttribute(flash_attention_kernel<Tl, kFtz>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    DF_CUDA(cudaFuncSetAttribute(flash_attention_kernel<Tl>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                  static_cast<int>(Tl::kSmemBytes)));
     smem_configured = true;
   }
   dim3 grid(static_cast<unsigned>(nh), static_cast<unsigned>(max_tiles));
-  flash_attention_kernel<Tl, kFtz><<<grid, kThreads, Tl::kSmemBytes, stream_of(ctx)>>>(
+  flash_attention_kernel<Tl><<<grid, kThreads, Tl::kSmemBytes, stream_of(ctx)>>>(
       static_cast<__nv_bfloat16*>(out.data), static_cast<const __nv_bfloat16*>(q.data),
       static_cast<const __nv_bfloat16*>(k.data), static_cast<const __nv_bfloat16*>(v.data),
       static_cast<const int32_t*>(cu_seqlens.data), nseq, nh, nkv, hd, scale * 1.4426950408889634f);
@@ -401,16 +388,7 @@ void attention_varlen_causal_forward(const Ctx& ctx, const Tensor& out, const Te
            Internal, "attention: tensors must be 16-byte aligned");
   const int nseq = static_cast<int>(cu_seqlens.numel()) - 1;
   if (T == 0 || nseq <= 0) return;
-  static const bool ftz = env_is("DFLASH_ATTN_FTZ", "1", true);
-  static const bool narrow = env_is("DFLASH_ATTN_TILING", "narrow", false);
-  if (narrow) {
-    ftz ? launch<NarrowTiling, true>(ctx, out, q, k, v, cu_seqlens, nseq, nh, nkv, hd, scale)
-        : launch<NarrowTiling, false>(ctx, out, q, k, v, cu_seqlens, nseq, nh, nkv, hd, scale);
-  } else {
-    ftz ? launch<WideTiling, true>(ctx, out, q, k, v, cu_seqlens, nseq, nh, nkv, hd, scale)
-        : launch<WideTiling, false>(ctx, out, q, k, v, cu_seqlens, nseq, nh, nkv, hd, scale);
-  }
+  launch<WideTiling>(ctx, out, q, k, v, cu_seqlens, nseq, nh, nkv, hd, scale);
 }
-
 
 }  // namespace dflash::cuda
