@@ -46,8 +46,11 @@ void Handle::reset() {
 
 hid_t fapl_no_locking() {
   hid_t fapl = DF_H5(H5Pcreate(H5P_FILE_ACCESS), "creating a file access property list");
-  // use_file_locking = false, ignore_when_disabled = true (file systems without flock, e.g. some NFS)
+#if H5_VERSION_GE(1, 10, 7)
+  // use_file_locking = false, ignore_when_disabled = true (file systems without flock, e.g. some NFS).
+  // Older libraries lock; readers then need HDF5_USE_FILE_LOCKING=FALSE while the job runs.
   DF_H5(H5Pset_file_locking(fapl, false, true), "disabling HDF5 file locking");
+#endif
   return fapl;
 }
 
