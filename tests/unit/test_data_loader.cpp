@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "dflash/data.h"
+#include "dflash/metrics.h"
 
 using namespace dflash;
 using namespace std::chrono_literals;
@@ -319,4 +320,36 @@ TEST(LoaderDeathTest, SkippingEveryRecordIsAnError) {
         l.pop(b, 5000ms);
       },
       testing::ExitedWithCode(3), "--long-record skip drops them all");
+}
+
+// The loader thread reads the dataset while the main thread writes metrics (both HDF5, one lock).
+TEST(Loader, ReadsWhileMetricsAreWritten) {
+  std::vector<int> lengths;
+  auto ds = make_dataset(120, 30, "d.h5", &lengths);
+  LoaderOptions o;
+  o.token_budget = 40;
+  o.prefetch_depth = 2;
+  o.max_epochs = 3;
+  Loader l(ds, o);
+  MetricsLayout layout;
+  layout.num_targets = 1;
+  layout.num_drafters = 1;
+  layout.flush_every = 1;
+  MetricsWriter w(make_temp_dir() + "/metrics.h5", layout);
+  int64_t seqs = 0, steps = 0;
+  LoadedBatch b;
+  while (l.pop(b, 5000ms) == PopResult::Batch) {
+    for (int s = 0; s < b.batch.num_seqs(); ++s) {
+      const int r = record_of(b.batch, s);
+      ASSERT_EQ(b.batch.cu_seqlens[s + 1] - b.batch.cu_seqlens[s], lengths[r]);
+      ASSERT_EQ(b.batch.tokens[b.batch.cu_seqlens[s + 1] - 1], r * 1000 + lengths[r] - 1);
+    }
+    seqs += b.batch.num_seqs();
+    StepMetrics m;
+    m.step = steps++;
+    w.append_step(m);
+    w.append_queues(0.0, {l.queue_depth()}, {0});
+  }
+  EXPECT_EQ(seqs, 3 * 120);
+  EXPECT_EQ(w.num_steps(), steps);
 }
