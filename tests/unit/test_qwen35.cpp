@@ -455,6 +455,14 @@ TEST(Qwen35Errors, BadBatchIsRefused) {
   EXPECT_EXIT(model.forward(b, CaptureOut{}), testing::ExitedWithCode(3), "packed batch of 9 tokens");
 }
 
+// No CUDA twin of the hybrid's ops yet: the CUDA backend is refused before any weight is loaded or any
+// CUDA call is made (so this runs in CPU-only builds too).
+TEST(Qwen35Errors, CudaBackendIsRefusedUpFront) {
+  Ctx cuda;
+  cuda.device = Device::CUDA;
+  EXPECT_EXIT(TargetModel(kTargetDir, cuda, {1}, 16), testing::ExitedWithCode(2), "CPU backend only");
+}
+
 // The dense Qwen3 loader itself still refuses hybrid layers (only TargetModel's dispatch routes them here).
 TEST(Qwen35Errors, DenseLoaderRefusesLinearAttentionLayers) {
   const Qwen3Config c = load_qwen3_config(kTargetDir + "/config.json");
