@@ -221,12 +221,13 @@ int main(int argc, char** argv) {
   const double NB = double(N) * B, R = double(rows.size()), Hd = H, I = L.intermediate_size;
   const double QD = double(L.num_attention_heads) * L.head_dim, KV = double(L.num_key_value_heads) * L.head_dim;
   const double layer_gemm = 2 * NB * Hd * (QD + 2 * KV + QD) + 2 * NB * Hd * 3 * I + 2 * double(T) * Hd * 2 * KV;
-  const double gemm_flops = L.num_hidden_layers * 3 * layer_gemm + 2 * 2 * double(T) * K * Hd * Hd + 2 * 2 * R * Hd * V;
+  const double gemm_flops = L.num_hidden_layers * 3 * layer_gemm + 2 * 2 * double(T) * K * Hd * Hd;
+  const double head_flops = (objective == ops::LossObjective::KL ? 3 : 2) * 2 * R * Hd * V;  // logits (+ teacher) + dh
   double keys = 0;  // visible (query row, key) pairs per head
   for (int64_t n = 0; n < N; ++n) keys += double(B) * (b.anchors[n] + B);
   const double attn_flops_full = 4 * keys * L.num_attention_heads * L.head_dim * 3.5;  // fwd 2 GEMMs, bwd 5 (x2 recompute)
   const double step_ms = median(times);
-  const char* phase_names[] = {"GEMMs (cuBLAS, linear + lm_head)", "block attention fwd+bwd", "loss kernels + row moves",
+  const char* phase_names[] = {"GEMMs (cuBLAS, linear + lm_head)", "block attention fwd+bwd", "lm_head GEMMs + loss kernels",
                                "clip + AdamW", "norms/RoPE/SwiGLU/copies"};
   std::printf("drafter step %s objective=%s context=%lld anchors=%lld (rows %lld) params=%.2fB\n", args.model.c_str(),
               args.objective.c_str(), (long long)T, (long long)N, (long long)rows.size(),
@@ -240,8 +241,10 @@ int main(int argc, char** argv) {
   for (double x : ph) total += x;
   std::printf("  breakdown (one profiled step, %.1f ms):\n", total);
   for (int i = 0; i < 5; ++i) std::printf("    %-34s %7.1f ms  %5.1f%%\n", phase_names[i], ph[i], 100 * ph[i] / total);
-  std::printf("  GEMM work %.1f TFLOP -> %.0f TFLOP/s in the GEMM phase\n", gemm_flops / 1e12,
+  std::printf("  layer/fc GEMM work %.1f TFLOP -> %.0f TFLOP/s in the GEMM phase\n", gemm_flops / 1e12,
               gemm_flops / (ph[0] * 1e-3) / 1e12);
+  std::printf("  lm_head GEMM work %.1f TFLOP -> %.0f TFLOP/s over the loss phase\n", head_flops / 1e12,
+              head_flops / (ph[2] * 1e-3) / 1e12);
   std::printf("  attention work ~%.2f TFLOP (visible keys only) -> %.0f TFLOP/s in the attention phase\n",
               attn_flops_full / 1e12, attn_flops_full / (ph[1] * 1e-3) / 1e12);
   std::printf("RESULT model=%s objective=%s step_ms=%.1f mem_gib=%.2f\n", args.model.c_str(), args.objective.c_str(),

@@ -32,6 +32,7 @@ struct Geometry {
 struct Chunk {
   int64_t n0, n1, k0, k1;  // blocks [n0, n1), context keys [k0, k1)
 };
+inline int64_t padded(int64_t Tk) { return (Tk + 31) / 32 * 32; }
 
 // Context keys the block's first row may see (the widest range of any of its rows): [lo, hi).
 inline void block_key_range(const Geometry& g, int32_t a, int32_t s0, int64_t& lo, int64_t& hi) {
@@ -42,6 +43,9 @@ inline void block_key_range(const Geometry& g, int32_t a, int32_t s0, int64_t& l
 }
 
 std::vector<Chunk> plan_chunks(const Geometry& g, const std::vector<int32_t>& an, const std::vector<int32_t>& sb) {
+  for (int64_t n = 0; n < g.N; ++n)
+    DF_CHECK(sb[n] >= 0 && sb[n] <= an[n] && an[n] < g.T, Internal,
+             "block attention (CUDA): block " << n << " anchor " << an[n] << " seq_begin " << sb[n] << " T " << g.T);
   std::vector<Chunk> chunks;
   int64_t n = 0;
   while (n < g.N) {
@@ -53,7 +57,7 @@ std::vector<Chunk> plan_chunks(const Geometry& g, const std::vector<int32_t>& an
       block_key_range(g, an[c.n1], sb[c.n1], lo, hi);
       const int64_t k0 = std::min(c.k0, lo), k1 = std::max(c.k1, hi);
       const int64_t rows = (c.n1 + 1 - c.n0) * g.B;
-      if (rows > kMaxChunkRows || rows * g.nh * (k1 - k0) > g_score_budget) break;
+      if (rows > kMaxChunkRows || rows * g.nh * padded(k1 - k0) > g_score_budget) break;
       c.k0 = k0;
       c.k1 = k1;
       ++c.n1;
@@ -92,6 +96,7 @@ __device__ __forceinline__ float block_sum(float v, float* red) {
 
 struct KernelArgs {
   int64_t n0, k0, Tk, Rc;
+  int64_t ld;  // row stride of S and P: Tk rounded up to 32 (aligned rows keep cuBLAS on its vector paths)
   int B, nh, nkv, hd, window;
   float scale;
   const int32_t* anchors;    // [N] global
@@ -142,7 +147,7 @@ __global__ void __launch_bounds__(kRowThreads) softmax_forward_kernel(
     if (lane == 0) sblk[b] = s * p.scale;
   }
   __syncthreads();
-  const float* srow = S + (int64_t(h) * p.Rc + r) * p.Tk;
+  const float* srow = S + (int64_t(h) * p.Rc + r) * p.ld;
   float m = -INFINITY;
   for (int64_t j = jlo + threadIdx.x; j < jhi; j += kRowThreads) m = fmaxf(m, srow[j]);
   for (int b = threadIdx.x; b < blk_hi; b += kRowThreads) m = fmaxf(m, sblk[b]);
@@ -152,7 +157,7 @@ __global__ void __launch_bounds__(kRowThreads) softmax_forward_kernel(
   for (int b = threadIdx.x; b < blk_hi; b += kRowThreads) sum += __expf(sblk[b] - m);
   sum = block_sum(sum, red);
   const float l = m + logf(sum);
-  __nv_bfloat16* prow = P + (int64_t(h) * p.Rc + r) * p.Tk;
+  __nv_bfloat16* prow = P + (int64_t(h) * p.Rc + r) * p.ld;
   for (int64_t j = threadIdx.x; j < p.Tk; j += kRowThreads)
     prow[j] = __float2bfloat16_rn(j >= jlo && j < jhi ? __expf(srow[j] - l) : 0.f);
   for (int d = threadIdx.x; d < p.hd; d += kRowThreads) {
@@ -269,8 +274,8 @@ __global__ void __launch_bounds__(kRowThreads) probs_backward_kernel(KernelArgs 
   int blk_hi;
   row_visibility(p, r, jlo, jhi, blk_hi);
   const float l = lse[r * p.nh + h];
-  const float* srow = S + (int64_t(h) * p.Rc + r) * p.Tk;
-  __nv_bfloat16* prow = P + (int64_t(h) * p.Rc + r) * p.Tk;
+  const float* srow = S + (int64_t(h) * p.Rc + r) * p.ld;
+  __nv_bfloat16* prow = P + (int64_t(h) * p.Rc + r) * p.ld;
   for (int64_t j = threadIdx.x; j < p.Tk; j += kRowThreads)
     prow[j] = __float2bfloat16_rn(j >= jlo && j < jhi ? __expf(srow[j] - l) : 0.f);
 }
@@ -282,8 +287,8 @@ __global__ void __launch_bounds__(kRowThreads) dscores_backward_kernel(KernelArg
   const int64_t r = blockIdx.x;
   const int h = blockIdx.y;
   const float D = Dbuf[r * p.nh + h];
-  const float* dprow = dP + (int64_t(h) * p.Rc + r) * p.Tk;
-  __nv_bfloat16* prow = P + (int64_t(h) * p.Rc + r) * p.Tk;
+  const float* dprow = dP + (int64_t(h) * p.Rc + r) * p.ld;
+  __nv_bfloat16* prow = P + (int64_t(h) * p.Rc + r) * p.ld;
   for (int64_t j = threadIdx.x; j < p.Tk; j += kRowThreads)
     prow[j] = __float2bfloat16_rn(__bfloat162float(prow[j]) * (dprow[j] - D));
 }
@@ -326,9 +331,6 @@ void host_indices(const Ctx& ctx, const Geometry& g, const Tensor& anchors, cons
   sb.resize(static_cast<size_t>(g.N));
   copy_bytes(ctx, an.data(), anchors.data, sizeof(int32_t) * an.size());
   copy_bytes(ctx, sb.data(), seq_begin.data, sizeof(int32_t) * sb.size());
-  for (int64_t n = 0; n < g.N; ++n)
-    DF_CHECK(sb[n] >= 0 && sb[n] <= an[n] && an[n] < g.T, Internal,
-             "block attention (CUDA): block " << n << " anchor " << an[n] << " seq_begin " << sb[n] << " T " << g.T);
 }
 
 KernelArgs kernel_args(const Geometry& g, const Chunk& c, const Tensor& anchors, const Tensor& seq_begin) {
@@ -336,6 +338,7 @@ KernelArgs kernel_args(const Geometry& g, const Chunk& c, const Tensor& anchors,
   p.n0 = c.n0;
   p.k0 = c.k0;
   p.Tk = c.k1 - c.k0;
+  p.ld = padded(p.Tk);
   p.Rc = (c.n1 - c.n0) * g.B;
   p.B = static_cast<int>(g.B);
   p.nh = static_cast<int>(g.nh);
@@ -357,13 +360,13 @@ void heads_scores(const Ctx& ctx, const Geometry& g, const KernelArgs& p, const 
                   const __nv_bfloat16* Y, float alpha, float* scores) {
   for (int64_t r = 0; r < g.G; ++r)
     gemm_bf16(ctx, true, false, p.Tk, p.Rc, g.hd, alpha, {Y, g.KVD, g.hd}, {X + r * g.hd, g.QD, g.G * g.hd}, 0.f,
-              scores + r * p.Rc * p.Tk, true, p.Tk, g.G * p.Rc * p.Tk, g.nkv);
+              scores + r * p.Rc * p.ld, true, p.ld, g.G * p.Rc * p.ld, g.nkv);
 }
 // out_h [Rc, hd] (rows of QD, fp32) += alpha · M_h [Rc, Tk] · Y_kv [Tk, hd]
 void heads_rows(const Ctx& ctx, const Geometry& g, const KernelArgs& p, const __nv_bfloat16* M,
                 const __nv_bfloat16* Y, float alpha, float* out) {
   for (int64_t r = 0; r < g.G; ++r)
-    gemm_bf16(ctx, false, false, g.hd, p.Rc, p.Tk, alpha, {Y, g.KVD, g.hd}, {M + r * p.Rc * p.Tk, p.Tk, g.G * p.Rc * p.Tk},
+    gemm_bf16(ctx, false, false, g.hd, p.Rc, p.Tk, alpha, {Y, g.KVD, g.hd}, {M + r * p.Rc * p.ld, p.ld, g.G * p.Rc * p.ld},
               1.f, out + r * g.hd, true, g.QD, g.G * g.hd, g.nkv);
 }
 // out_kv [Tk, hd] (rows of KVD, fp32) += alpha · sum over the G heads of kv: M_h^T [Tk, Rc] · X_h [Rc, hd]
@@ -371,7 +374,7 @@ void heads_keys(const Ctx& ctx, const Geometry& g, const KernelArgs& p, const __
                 const __nv_bfloat16* X, float alpha, float* out) {
   for (int64_t r = 0; r < g.G; ++r)
     gemm_bf16(ctx, false, true, g.hd, p.Tk, p.Rc, alpha, {X + r * g.hd, g.QD, g.G * g.hd},
-              {M + r * p.Rc * p.Tk, p.Tk, g.G * p.Rc * p.Tk}, 1.f, out, true, g.KVD, g.hd, g.nkv);
+              {M + r * p.Rc * p.ld, p.ld, g.G * p.Rc * p.ld}, 1.f, out, true, g.KVD, g.hd, g.nkv);
 }
 
 }  // namespace
@@ -381,17 +384,26 @@ void set_block_attention_score_budget(int64_t elements) { g_score_budget = eleme
 void block_attention_forward(const Ctx& ctx, const Tensor& out, const Tensor& lse, const Tensor& q,
                              const Tensor& k_ctx, const Tensor& v_ctx, const Tensor& k_blk, const Tensor& v_blk,
                              const Tensor& anchors, const Tensor& seq_begin, const ops::BlockAttnSpec& spec) {
+  const Geometry g = geometry_of(q, k_ctx, anchors, spec);
+  std::vector<int32_t> an, sb;
+  if (g.N > 0) host_indices(ctx, g, anchors, seq_begin, an, sb);
+  block_attention_forward(ctx, out, lse, q, k_ctx, v_ctx, k_blk, v_blk, anchors, seq_begin, an, sb, spec);
+}
+
+void block_attention_forward(const Ctx& ctx, const Tensor& out, const Tensor& lse, const Tensor& q,
+                             const Tensor& k_ctx, const Tensor& v_ctx, const Tensor& k_blk, const Tensor& v_blk,
+                             const Tensor& anchors, const Tensor& seq_begin, const std::vector<int32_t>& an,
+                             const std::vector<int32_t>& sb, const ops::BlockAttnSpec& spec) {
   const char* op = "block_attention_forward (CUDA)";
   check_bf16(op, {&out, &q, &k_ctx, &v_ctx, &k_blk, &v_blk});
   DF_CHECK(lse.dtype == DType::F32, Internal, op << ": lse must be F32");
   const Geometry g = geometry_of(q, k_ctx, anchors, spec);
   if (g.N == 0) return;
-  std::vector<int32_t> an, sb;
-  host_indices(ctx, g, anchors, seq_begin, an, sb);
+  DF_CHECK(an.size() == size_t(g.N) && sb.size() == size_t(g.N), Internal, op << ": host anchors/seq_begin of size " << g.N);
   const std::vector<Chunk> chunks = plan_chunks(g, an, sb);
   int64_t max_scores = 1, max_rows = 1;
   for (const Chunk& c : chunks) {
-    max_scores = std::max(max_scores, (c.n1 - c.n0) * g.B * g.nh * (c.k1 - c.k0));
+    max_scores = std::max(max_scores, (c.n1 - c.n0) * g.B * g.nh * padded(c.k1 - c.k0));
     max_rows = std::max(max_rows, (c.n1 - c.n0) * g.B);
   }
   float* S = static_cast<float*>(scratch(ctx, ScratchSlot::AttnScores, sizeof(float) * max_scores));
@@ -416,6 +428,19 @@ void block_attention_backward(const Ctx& ctx, const Tensor& dq, const Tensor& dk
                               const Tensor& lse, const Tensor& q, const Tensor& k_ctx, const Tensor& v_ctx,
                               const Tensor& k_blk, const Tensor& v_blk, const Tensor& anchors,
                               const Tensor& seq_begin, const ops::BlockAttnSpec& spec) {
+  const Geometry g = geometry_of(q, k_ctx, anchors, spec);
+  std::vector<int32_t> an, sb;
+  if (g.N > 0) host_indices(ctx, g, anchors, seq_begin, an, sb);
+  block_attention_backward(ctx, dq, dk_ctx, dv_ctx, dk_blk, dv_blk, dout, out, lse, q, k_ctx, v_ctx, k_blk, v_blk,
+                           anchors, seq_begin, an, sb, spec);
+}
+
+void block_attention_backward(const Ctx& ctx, const Tensor& dq, const Tensor& dk_ctx, const Tensor& dv_ctx,
+                              const Tensor& dk_blk, const Tensor& dv_blk, const Tensor& dout, const Tensor& out,
+                              const Tensor& lse, const Tensor& q, const Tensor& k_ctx, const Tensor& v_ctx,
+                              const Tensor& k_blk, const Tensor& v_blk, const Tensor& anchors,
+                              const Tensor& seq_begin, const std::vector<int32_t>& an, const std::vector<int32_t>& sb,
+                              const ops::BlockAttnSpec& spec) {
   const char* op = "block_attention_backward (CUDA)";
   check_bf16(op, {&dq, &dk_ctx, &dv_ctx, &dk_blk, &dv_blk, &dout, &out, &q, &k_ctx, &v_ctx, &k_blk, &v_blk});
   DF_CHECK(lse.dtype == DType::F32, Internal, op << ": lse must be F32");
@@ -426,12 +451,11 @@ void block_attention_backward(const Ctx& ctx, const Tensor& dq, const Tensor& dk
   float* dv32 = dkv32 + g.T * g.KVD;
   DF_CUDA(cudaMemsetAsync(dkv32, 0, sizeof(float) * 2 * g.T * g.KVD, st));
   if (g.N > 0) {
-    std::vector<int32_t> an, sb;
-    host_indices(ctx, g, anchors, seq_begin, an, sb);
+    DF_CHECK(an.size() == size_t(g.N) && sb.size() == size_t(g.N), Internal, op << ": host anchors/seq_begin of size " << g.N);
     const std::vector<Chunk> chunks = plan_chunks(g, an, sb);
     int64_t max_scores = 1, max_rows = 1;
     for (const Chunk& c : chunks) {
-      max_scores = std::max(max_scores, (c.n1 - c.n0) * g.B * g.nh * (c.k1 - c.k0));
+      max_scores = std::max(max_scores, (c.n1 - c.n0) * g.B * g.nh * padded(c.k1 - c.k0));
       max_rows = std::max(max_rows, (c.n1 - c.n0) * g.B);
     }
     float* S = static_cast<float*>(scratch(ctx, ScratchSlot::AttnScores, sizeof(float) * max_scores));

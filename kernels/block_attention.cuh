@@ -1,5 +1,8 @@
 // Block-prefix attention of DFlash training on CUDA (the twin of src/train/block_attention.cpp).
 #pragma once
+#include <cstdint>
+#include <vector>
+
 #include "dflash/drafter_ops.h"
 
 namespace dflash::cuda {
@@ -20,6 +23,19 @@ void block_attention_backward(const Ctx& ctx, const Tensor& dq, const Tensor& dk
                               const Tensor& lse, const Tensor& q, const Tensor& k_ctx, const Tensor& v_ctx,
                               const Tensor& k_blk, const Tensor& v_blk, const Tensor& anchors,
                               const Tensor& seq_begin, const ops::BlockAttnSpec& spec);
+
+// The same, with anchors/seq_begin also given in host memory (the training step has them there): no
+// device-to-host copy, so no stream synchronization inside the op. Host and device copies must agree.
+void block_attention_forward(const Ctx& ctx, const Tensor& out, const Tensor& lse, const Tensor& q,
+                             const Tensor& k_ctx, const Tensor& v_ctx, const Tensor& k_blk, const Tensor& v_blk,
+                             const Tensor& anchors, const Tensor& seq_begin, const std::vector<int32_t>& anchors_host,
+                             const std::vector<int32_t>& seq_begin_host, const ops::BlockAttnSpec& spec);
+void block_attention_backward(const Ctx& ctx, const Tensor& dq, const Tensor& dk_ctx, const Tensor& dv_ctx,
+                              const Tensor& dk_blk, const Tensor& dv_blk, const Tensor& dout, const Tensor& out,
+                              const Tensor& lse, const Tensor& q, const Tensor& k_ctx, const Tensor& v_ctx,
+                              const Tensor& k_blk, const Tensor& v_blk, const Tensor& anchors,
+                              const Tensor& seq_begin, const std::vector<int32_t>& anchors_host,
+                              const std::vector<int32_t>& seq_begin_host, const ops::BlockAttnSpec& spec);
 
 // Testing knob: the score elements one chunk may hold (0 = the default, 96 Mi). Small budgets force many
 // chunks, so tests cover the chunk loop on small shapes.

@@ -105,6 +105,7 @@ struct DrafterStepCuda::Impl {
   // backward scratch
   Buffer dx, dtmp, dxn, d_act, dg, du, d_attn, dq, dq_raw, dkb, dvb, dkb_raw, dkc, dvc, dkc_raw, d_th, d_fc, d_out;
   int64_t T = 0, N = 0, NB = 0;
+  std::vector<int32_t> anchors_host, seq_begin_host;  // the batch's, for the attention chunk plans
   // profiling: events[i] opens an interval of phase phases[i] that events[i + 1] closes
   bool profiling = false;
   std::vector<cudaEvent_t> event_pool;
@@ -366,6 +367,8 @@ Tensor DrafterStepCuda::Impl::forward(const DrafterStepBatch& b) {
   upload_i32(pos_ctx, b.ctx_pos);
   upload_i32(anchors, b.anchors);
   upload_i32(seq_begin, b.seq_begin);
+  anchors_host = b.anchors;
+  seq_begin_host = b.seq_begin;
   std::vector<int32_t> ids(static_cast<size_t>(NB)), pb(static_cast<size_t>(NB));
   for (int64_t n = 0; n < N; ++n) {
     const int32_t a = b.anchors[n];
@@ -411,7 +414,7 @@ Tensor DrafterStepCuda::Impl::forward(const DrafterStepBatch& b) {
     Tensor attn = v3(a.attn, NB, nh, hd);
     mark(Phase::Attention);
     cuda::block_attention_forward(ctx, attn, v2(a.lse, NB, nh), q, kc, v3(a.vc, T, nkv, hd), kb, v3(a.vb, NB, nkv, hd),
-                                  an, sb, attn_spec(li));
+                                  an, sb, anchors_host, seq_begin_host, attn_spec(li));
     Tensor x2 = v2(a.x2, NB, H);
     mark(Phase::Other);
     copy(x2, x_in);
@@ -483,7 +486,8 @@ void DrafterStepCuda::Impl::backward(const Tensor& d_outv) {
     Tensor dkcv = v3(dkc, T, nkv, hd), dvcv = v3(dvc, T, nkv, hd);
     mark(Phase::Attention);
     cuda::block_attention_backward(ctx, dqv, dkcv, dvcv, dkbv, dvbv, d_attnv, v3(a.attn, NB, nh, hd),
-                                   v2(a.lse, NB, nh), q, kc, vc, kb, vb, an, sb, attn_spec(li));
+                                   v2(a.lse, NB, nh), q, kc, vc, kb, vb, an, sb, anchors_host, seq_begin_host,
+                                   attn_spec(li));
     Tensor dq_rawv = v3(dq_raw, NB, nh, hd);
     mark(Phase::Other);
     cuda::head_norm_rope_backward(ctx, dq_rawv, lg.q_norm, dqv, v3(a.q_raw, NB, nh, hd), lw.q_norm,

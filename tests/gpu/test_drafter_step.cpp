@@ -4,6 +4,7 @@
 // then 50 optimizer steps whose loss curves must track each other.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
 #include <random>
 
@@ -54,7 +55,7 @@ std::vector<float> random_vec(size_t n, uint32_t seed, float sigma) {
 struct CpuStep {
   DrafterConfig c;
   DrafterNet net;
-  std::vector<float> params, grads;
+  std::vector<float> params, grads, hidden;
   DrafterViews w, g;
   CpuStep(const DrafterConfig& cfg, int64_t T, int64_t N, const std::vector<float>& p)
       : c(cfg), net(cfg, cpu_ctx(), T, N), params(p), grads(p.size()) {
@@ -76,6 +77,7 @@ struct CpuStep {
     for (int s = 0; s < batch.num_seqs(); ++s)
       for (int32_t t = batch.cu_seqlens[s]; t < batch.cu_seqlens[s + 1]; ++t) in.ctx_pos[t] = t - batch.cu_seqlens[s];
     Tensor hf = net.forward(w, cpu_view(embed.data(), {V, H}), in, nullptr);
+    hidden.assign(hf.ptr<float>(), hf.ptr<float>() + hf.numel());
     std::vector<float> h(R * H), dh(R * H), ce(R), wn(R), ws(ops::lm_loss_workspace_floats(R, V, false));
     std::vector<int32_t> am(R);
     double wsum = 0;
@@ -122,11 +124,20 @@ TEST(GpuDrafterStep, GradientsAndLossCurveMatchCpu) {
   const int64_t N = static_cast<int64_t>(anchors.size());
   train::LossRows rows;
   train::build_loss_rows(batch, anchors, seq_end, static_cast<int>(B), 7.0f, rows);
-  auto feat = random_vec(K * T * H, 1, 1.f), embed = random_vec(V * H, 2, 1.f), lm_head = random_vec(V * H, 3, 0.05f);
+  auto feat = random_vec(K * T * H, 1, 1.f), embed = random_vec(V * H, 2, 1.f), lm_head = random_vec(V * H, 3, 0.3f);
   const std::vector<ParamSpec> layout = drafter_param_layout(c);
   std::vector<float> params(drafter_param_count(c));
   init_drafter_weights(c, 11, params.data());
-  for (auto& x : params) x = bf16_round(x * 5.f);  // larger than the 0.02 init, so every path carries signal
+  // Linear weights 5x the 0.02 init so every path carries signal; norm weights random around 1 (as the golden
+  // case), so a missing multiply shows. (Norm weights far above 1 would make the attention near-argmax and the
+  // gradients ill-conditioned under bf16 rounding.)
+  {
+    std::mt19937 wr(12);
+    std::normal_distribution<float> nd(0.f, 0.1f);
+    for (const ParamSpec& p : layout)
+      for (size_t i = p.offset; i < p.offset + p.numel(); ++i)
+        params[i] = bf16_round(p.is_norm() ? 1.f + nd(wr) : params[i] * 5.f);
+  }
 
   CpuStep cpu(c, T, N, params);
   cuda::DrafterStepCuda step(c, layout, gctx, T, N, 16);
@@ -153,7 +164,9 @@ TEST(GpuDrafterStep, GradientsAndLossCurveMatchCpu) {
   // one step: loss and gradients
   const double loss_cpu = cpu.run(feat, embed, lm_head, batch, anchors, seq_begin, seq_end, rows);
   const cuda::DrafterStepResult res = step.forward_backward(b, ops::LossObjective::CE);
+  EXPECT_LT(rel_err(to_host(gctx, step.hidden()), cpu.hidden), 2e-2) << "final-normed hidden states";
   EXPECT_NEAR(res.loss, loss_cpu, 1e-2 * loss_cpu);
+  EXPECT_LT(loss_cpu, 0.9 * std::log(double(V))) << "logits too flat for the loss to say anything";
   const std::vector<float> g_gpu = to_host(gctx, step.grads());
   EXPECT_LT(rel_err(g_gpu, cpu.grads), 3e-2) << "all gradients";
   for (const ParamSpec& p : layout) {
