@@ -69,29 +69,52 @@ std::vector<Chunk> plan_chunks(const Geometry& g, const std::vector<int32_t>& an
   return chunks;
 }
 
-// ---- block reductions over kRowThreads threads -------------------------------------------------
-__device__ __forceinline__ float warp_max(float v) {
+// ---- CTA-wide reductions over kRowThreads threads ------------------------------------------------
+// Online softmax statistics (max m, sum of exp(x - m)) merged across a CTA.
+struct MaxSum {
+  float m, s;
+};
+__device__ __forceinline__ MaxSum maxsum_merge(MaxSum a, MaxSum b) {
+  if (b.m == -INFINITY) return a;
+  if (a.m == -INFINITY) return b;
+  const float m = fmaxf(a.m, b.m);
+  return {m, a.s * __expf(a.m - m) + b.s * __expf(b.m - m)};
+}
+__device__ __forceinline__ void maxsum_add(MaxSum& a, float x) {
+  if (x > a.m) {
+    a.s = a.s * __expf(a.m - x) + 1.f;
+    a.m = x;
+  } else {
+    a.s += __expf(x - a.m);
+  }
+}
+__device__ __forceinline__ MaxSum block_maxsum(MaxSum v, MaxSum* red) {
 #pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-  return v;
-}
-__device__ __forceinline__ float block_max(float v, float* red) {
-  v = warp_max(v);
+  for (int o = 16; o > 0; o >>= 1) {
+    MaxSum other{__shfl_xor_sync(0xffffffffu, v.m, o), __shfl_xor_sync(0xffffffffu, v.s, o)};
+    v = maxsum_merge(v, other);
+  }
   if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = v;
   __syncthreads();
-  float r = red[0];
-  for (int w = 1; w < kRowThreads / 32; ++w) r = fmaxf(r, red[w]);
+  MaxSum r = red[0];
+  for (int w = 1; w < kRowThreads / 32; ++w) r = maxsum_merge(r, red[w]);
   __syncthreads();
   return r;
 }
-__device__ __forceinline__ float block_sum(float v, float* red) {
-  v = warp_sum(v);
-  if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = v;
-  __syncthreads();
-  float r = 0.f;
-  for (int w = 0; w < kRowThreads / 32; ++w) r += red[w];
-  __syncthreads();
-  return r;
+
+// 4 bf16 stored as one 8-byte access.
+__device__ __forceinline__ void store_bf16x4(__nv_bfloat16* p, float a, float b, float c, float d) {
+  __nv_bfloat162 lo = __floats2bfloat162_rn(a, b), hi = __floats2bfloat162_rn(c, d);
+  uint2 v;
+  v.x = *reinterpret_cast<unsigned*>(&lo);
+  v.y = *reinterpret_cast<unsigned*>(&hi);
+  *reinterpret_cast<uint2*>(p) = v;
+}
+__device__ __forceinline__ float4 load_bf16x4(const __nv_bfloat16* p) {
+  const uint2 v = *reinterpret_cast<const uint2*>(p);
+  const float2 lo = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&v.x));
+  const float2 hi = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&v.y));
+  return {lo.x, lo.y, hi.x, hi.y};
 }
 
 struct KernelArgs {
@@ -129,7 +152,6 @@ __global__ void __launch_bounds__(kRowThreads) softmax_forward_kernel(
     const __nv_bfloat16* __restrict__ kb, const __nv_bfloat16* __restrict__ vb, float* __restrict__ out32,
     float* __restrict__ lse) {
   __shared__ float sblk[kMaxBlock];
-  __shared__ float red[kRowThreads / 32];
   const int64_t r = blockIdx.x;
   const int h = blockIdx.y, g = h / (p.nh / p.nkv);
   const int64_t QD = int64_t(p.nh) * p.hd, KVD = int64_t(p.nkv) * p.hd;
@@ -147,19 +169,31 @@ __global__ void __launch_bounds__(kRowThreads) softmax_forward_kernel(
     if (lane == 0) sblk[b] = s * p.scale;
   }
   __syncthreads();
-  const float* srow = S + (int64_t(h) * p.Rc + r) * p.ld;
-  float m = -INFINITY;
-  for (int64_t j = jlo + threadIdx.x; j < jhi; j += kRowThreads) m = fmaxf(m, srow[j]);
-  for (int b = threadIdx.x; b < blk_hi; b += kRowThreads) m = fmaxf(m, sblk[b]);
-  m = block_max(m, red);
-  float sum = 0.f;
-  for (int64_t j = jlo + threadIdx.x; j < jhi; j += kRowThreads) sum += __expf(srow[j] - m);
-  for (int b = threadIdx.x; b < blk_hi; b += kRowThreads) sum += __expf(sblk[b] - m);
-  sum = block_sum(sum, red);
-  const float l = m + logf(sum);
+  // Rows are padded to p.ld (a multiple of 32), so 16-byte vectors cover them; columns outside the visible
+  // range are skipped in the statistics and written as 0.
+  const float4* srow4 = reinterpret_cast<const float4*>(S + (int64_t(h) * p.Rc + r) * p.ld);
+  const int64_t n4 = p.ld / 4;
+  __shared__ MaxSum red_ms[kRowThreads / 32];
+  MaxSum st{-INFINITY, 0.f};
+  for (int64_t i = threadIdx.x; i < n4; i += kRowThreads) {
+    const float4 x = srow4[i];
+    const int64_t j = 4 * i;
+    if (j >= jlo && j < jhi) maxsum_add(st, x.x);
+    if (j + 1 >= jlo && j + 1 < jhi) maxsum_add(st, x.y);
+    if (j + 2 >= jlo && j + 2 < jhi) maxsum_add(st, x.z);
+    if (j + 3 >= jlo && j + 3 < jhi) maxsum_add(st, x.w);
+  }
+  for (int b = threadIdx.x; b < blk_hi; b += kRowThreads) maxsum_add(st, sblk[b]);
+  st = block_maxsum(st, red_ms);
+  const float l = st.m + logf(st.s);
   __nv_bfloat16* prow = P + (int64_t(h) * p.Rc + r) * p.ld;
-  for (int64_t j = threadIdx.x; j < p.Tk; j += kRowThreads)
-    prow[j] = __float2bfloat16_rn(j >= jlo && j < jhi ? __expf(srow[j] - l) : 0.f);
+  for (int64_t i = threadIdx.x; i < n4; i += kRowThreads) {
+    const float4 x = srow4[i];
+    const int64_t j = 4 * i;
+    store_bf16x4(prow + j, j >= jlo && j < jhi ? __expf(x.x - l) : 0.f,
+                 j + 1 >= jlo && j + 1 < jhi ? __expf(x.y - l) : 0.f, j + 2 >= jlo && j + 2 < jhi ? __expf(x.z - l) : 0.f,
+                 j + 3 >= jlo && j + 3 < jhi ? __expf(x.w - l) : 0.f);
+  }
   for (int d = threadIdx.x; d < p.hd; d += kRowThreads) {
     float acc = 0.f;
     for (int b = 0; b < blk_hi; ++b)
@@ -274,10 +308,15 @@ __global__ void __launch_bounds__(kRowThreads) probs_backward_kernel(KernelArgs 
   int blk_hi;
   row_visibility(p, r, jlo, jhi, blk_hi);
   const float l = lse[r * p.nh + h];
-  const float* srow = S + (int64_t(h) * p.Rc + r) * p.ld;
+  const float4* srow4 = reinterpret_cast<const float4*>(S + (int64_t(h) * p.Rc + r) * p.ld);
   __nv_bfloat16* prow = P + (int64_t(h) * p.Rc + r) * p.ld;
-  for (int64_t j = threadIdx.x; j < p.Tk; j += kRowThreads)
-    prow[j] = __float2bfloat16_rn(j >= jlo && j < jhi ? __expf(srow[j] - l) : 0.f);
+  for (int64_t i = threadIdx.x; i < p.ld / 4; i += kRowThreads) {
+    const float4 x = srow4[i];
+    const int64_t j = 4 * i;
+    store_bf16x4(prow + j, j >= jlo && j < jhi ? __expf(x.x - l) : 0.f,
+                 j + 1 >= jlo && j + 1 < jhi ? __expf(x.y - l) : 0.f, j + 2 >= jlo && j + 2 < jhi ? __expf(x.z - l) : 0.f,
+                 j + 3 >= jlo && j + 3 < jhi ? __expf(x.w - l) : 0.f);
+  }
 }
 
 // Backward, one CTA per (chunk row, head): dS = P (dP - D), written over P (bf16).
@@ -287,10 +326,15 @@ __global__ void __launch_bounds__(kRowThreads) dscores_backward_kernel(KernelArg
   const int64_t r = blockIdx.x;
   const int h = blockIdx.y;
   const float D = Dbuf[r * p.nh + h];
-  const float* dprow = dP + (int64_t(h) * p.Rc + r) * p.ld;
+  const float4* dp4 = reinterpret_cast<const float4*>(dP + (int64_t(h) * p.Rc + r) * p.ld);
   __nv_bfloat16* prow = P + (int64_t(h) * p.Rc + r) * p.ld;
-  for (int64_t j = threadIdx.x; j < p.Tk; j += kRowThreads)
-    prow[j] = __float2bfloat16_rn(__bfloat162float(prow[j]) * (dprow[j] - D));
+  for (int64_t i = threadIdx.x; i < p.ld / 4; i += kRowThreads) {
+    const float4 d = dp4[i];
+    const float4 pr = load_bf16x4(prow + 4 * i);
+    const int64_t j = 4 * i;  // pad columns (>= Tk) hold no dP: written as 0
+    store_bf16x4(prow + j, j < p.Tk ? pr.x * (d.x - D) : 0.f, j + 1 < p.Tk ? pr.y * (d.y - D) : 0.f,
+                 j + 2 < p.Tk ? pr.z * (d.z - D) : 0.f, j + 3 < p.Tk ? pr.w * (d.w - D) : 0.f);
+  }
 }
 
 void launch_to_bf16(const Ctx& ctx, void* dst, const float* src, int64_t n) {
