@@ -46,10 +46,12 @@ class CreditLedger {
 
 // ---- target side: credits held, by drafter --------------------------------------------------------
 // A target holding credits of several drafters sends to the one that granted the most (it has the most
-// free slots: it is the faster consumer), so the faster drafter takes more batches.
+// free slots: it is the faster consumer), so the faster drafter takes more batches. A credit held longer
+// than max_age goes first: a drafter counts a credit left unused as silence of that target.
 struct Credit {
-  int drafter = -1;  // world rank
+  int drafter = -1;      // world rank
   int slot = -1;
+  double granted_s = 0;  // when it arrived (the caller's clock, seconds)
 };
 class CreditWallet {
  public:
@@ -57,11 +59,12 @@ class CreditWallet {
   bool empty() const { return total_ == 0; }
   int total() const { return total_; }
   int held_from(int drafter) const;
-  // Takes a credit of the drafter with the most credits held (ties: lowest rank). Requires !empty().
-  Credit take();
+  // Takes the oldest credit if it is older than max_age_s (at now_s), else a credit of the drafter with
+  // the most credits held (ties: lowest rank); oldest first within a drafter. Requires !empty().
+  Credit take(double now_s = 0, double max_age_s = -1);
 
  private:
-  std::map<int, std::deque<int>> slots_;  // drafter -> slots granted
+  std::map<int, std::deque<Credit>> slots_;  // drafter -> credits granted, oldest first
   int total_ = 0;
 };
 

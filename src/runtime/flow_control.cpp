@@ -54,7 +54,7 @@ int CreditLedger::num_active() const {
 
 // ---- CreditWallet ----------------------------------------------------------------------------------
 void CreditWallet::add(const Credit& c) {
-  slots_[c.drafter].push_back(c.slot);
+  slots_[c.drafter].push_back(c);
   ++total_;
 }
 
@@ -63,12 +63,16 @@ int CreditWallet::held_from(int drafter) const {
   return it == slots_.end() ? 0 : static_cast<int>(it->second.size());
 }
 
-Credit CreditWallet::take() {
+Credit CreditWallet::take(double now_s, double max_age_s) {
   DF_ASSERT(total_ > 0);
-  auto best = slots_.end();
-  for (auto it = slots_.begin(); it != slots_.end(); ++it)
-    if (!it->second.empty() && (best == slots_.end() || it->second.size() > best->second.size())) best = it;
-  Credit c{best->first, best->second.front()};
+  auto best = slots_.end(), oldest = slots_.end();
+  for (auto it = slots_.begin(); it != slots_.end(); ++it) {
+    if (it->second.empty()) continue;
+    if (best == slots_.end() || it->second.size() > best->second.size()) best = it;
+    if (oldest == slots_.end() || it->second.front().granted_s < oldest->second.front().granted_s) oldest = it;
+  }
+  if (max_age_s >= 0 && now_s - oldest->second.front().granted_s > max_age_s) best = oldest;
+  Credit c = best->second.front();
   best->second.pop_front();
   --total_;
   return c;

@@ -99,7 +99,8 @@ class TargetRank {
       });
       report_.credit_wait_s += mpi::seconds_since(t0);
       if (stop_) break;  // the drafters have their steps; this batch is not needed
-      const Credit c = wallet_.take();
+      // A credit unused for a quarter of the deadline goes first, whoever granted it.
+      const Credit c = wallet_.take(job_.elapsed(), o_.peer_timeout_s / 4);
       WireBuffers& b = plane_->send_buffers(buf);
       report_.batches++;
       report_.tokens += lb.batch.num_tokens();
@@ -146,7 +147,7 @@ class TargetRank {
       const int from = st.MPI_SOURCE;
       switch (control_in_.kind) {
         case ControlKind::Credit:
-          if (!finishing_) wallet_.add(Credit{from, control_in_.slot});
+          if (!finishing_) wallet_.add(Credit{from, control_in_.slot, job_.elapsed()});
           last_credit_[from] = mpi::Clock::now();
           break;
         case ControlKind::Stop: stop_ = true; break;

@@ -74,6 +74,18 @@ TEST(CreditWallet, TakesFromTheDrafterThatGrantedMost) {
   EXPECT_TRUE(w.empty());
 }
 
+TEST(CreditWallet, OldCreditGoesFirst) {
+  CreditWallet w;
+  w.add({7, 3, 0.0});   // drafter 7's credit, held since t = 0
+  w.add({5, 0, 10.0});
+  w.add({5, 1, 10.0});
+  Credit c = w.take(11.0, 30.0);  // nothing is 30 s old: the drafter that granted most
+  EXPECT_EQ(c.drafter, 5);
+  c = w.take(40.0, 30.0);  // drafter 7's credit is 40 s old: it goes first, though 5 still ties
+  EXPECT_EQ(c.drafter, 7);
+  EXPECT_EQ(c.slot, 3);
+}
+
 // Stand-in workload: discrete time; drafter d consumes a batch every period[d] ticks; targets produce
 // one batch per tick when they hold a credit. Credits and batches arrive one tick after being sent.
 namespace {
