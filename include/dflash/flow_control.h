@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "dflash/data.h"  // DataPosition
+#include "dflash/nvml.h"  // GpuReading
 #include "dflash/tensor.h"
 
 namespace dflash {
@@ -97,6 +98,7 @@ struct TargetReport {
   double send_wait_s = 0;      // waiting for a send buffer to drain
   double epoch_progress = 0;   // fractional epochs done by this target's loader
   double time_s = 0;           // since the job started, when the report was made
+  GpuReading gpu;              // this target's GPU (NVML, at most 1 s old; valid = 0 without NVML)
 };
 
 // First message of every batch: sizes, so the receiver knows how much of each pre-posted buffer holds data.

@@ -47,13 +47,27 @@ void barrier(MPI_Comm comm, double timeout_s, const std::string& what) {
   }
 }
 
-std::vector<RankCard> gather_cards(const Topology& t) {
+// Node-local rank before the topology exists: the CUDA device create_topology will bind (same split).
+int node_local_rank(MPI_Comm world) {
+  int rank = 0, local_rank = 0;
+  DF_MPI(MPI_Comm_rank(world, &rank));
+  MPI_Comm node_comm;
+  DF_MPI(MPI_Comm_split_type(world, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node_comm));
+  DF_MPI(MPI_Comm_rank(node_comm, &local_rank));
+  DF_MPI(MPI_Comm_free(&node_comm));
+  return local_rank;
+}
+
+std::vector<RankCard> gather_cards(const Topology& t, const PowerSampler& gpu, const GpuReading& startup_gpu) {
   RankCard mine;
   mine.rank = t.world_rank;
   mine.role = static_cast<int32_t>(t.role);
   mine.gpu = t.gpu;
   mine.pid = static_cast<int32_t>(::getpid());
   std::strncpy(mine.host, t.host.c_str(), sizeof(mine.host) - 1);
+  mine.startup_gpu = startup_gpu;
+  const std::string note = startup_gpu.valid ? "" : gpu.available() ? gpu.last_error() : gpu.reason();
+  std::strncpy(mine.gpu_note, note.c_str(), sizeof(mine.gpu_note) - 1);
   std::vector<RankCard> cards(t.world_size);
   mpi::allgather(&mine, 1, cards.data(), MPI_COMM_WORLD);
   return cards;
@@ -63,13 +77,16 @@ void print_startup(const Options& o, const Topology& t, const std::vector<RankCa
   std::ostringstream os;
   os << "[dflash] dflash-train " << DFLASH_VERSION << ": topology " << o.topology.to_string() << " on " << t.num_nodes
      << " node(s) x " << t.ranks_per_node << " rank(s), backend " << backend_name(o.backend) << "\n";
-  os << "[dflash]   rank  role     host                 device  pid\n";
+  os << "[dflash]   rank  role     host                 device  pid       power\n";
   for (const RankCard& c : cards) {
     char line[200];
-    std::snprintf(line, sizeof(line), "[dflash]   %4d  %-7s  %-20s %-6s  %d\n", c.rank, role_name(static_cast<Role>(c.role)),
-                  c.host, c.gpu >= 0 ? ("gpu" + std::to_string(c.gpu)).c_str() : "cpu", c.pid);
+    // power: the GPU's draw now, before any model loads (NVML; "-" without it)
+    const std::string watts = c.startup_gpu.valid ? std::to_string(static_cast<int>(c.startup_gpu.power_w + 0.5f)) + " W" : "-";
+    std::snprintf(line, sizeof(line), "[dflash]   %4d  %-7s  %-20s %-6s  %-8d  %s\n", c.rank, role_name(static_cast<Role>(c.role)),
+                  c.host, c.gpu >= 0 ? ("gpu" + std::to_string(c.gpu)).c_str() : "cpu", c.pid, watts.c_str());
     os << line;
   }
+  if (!cards.empty() && !cards[0].startup_gpu.valid) os << "[dflash] GPU power: not measured (" << cards[0].gpu_note << ")\n";
   os << "[dflash] options:";
   for (const auto& [k, v] : o.resolved) os << " --" << k << "=" << v;
   os << "\n";
@@ -85,10 +102,15 @@ void wait_all_loaded(const JobContext& job) {
 
 int run_job(const Options& given) {
   const auto start = mpi::Clock::now();
+  // This rank's GPU through NVML, read once now: its idle draw, before any model (or --topology auto's
+  // measurement) occupies it. On the CPU backend it reads nothing and says why.
+  PowerSampler gpu_sampler(given.backend, given.backend == Backend::CUDA ? node_local_rank(MPI_COMM_WORLD) : -1);
+  const GpuReading startup_gpu = gpu_sampler.sample();
   Options o = given;  // --topology auto: measured and chosen here, before any role exists
   if (o.topology_auto) o.topology = choose_topology_auto(given, MPI_COMM_WORLD, &o.auto_topology_record);
   Topology topo = create_topology(MPI_COMM_WORLD, o.topology, o.backend);
-  JobContext job{o, topo, start, gather_cards(topo)};
+  JobContext job{o, topo, start, gather_cards(topo, gpu_sampler, startup_gpu)};
+  job.gpu_sampler = &gpu_sampler;
   if (topo.world_rank == 0) print_startup(o, topo, job.cards);
 
   DF_CHECK_HINT(o.backend == Backend::CPU, BadOptions,

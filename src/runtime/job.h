@@ -5,6 +5,7 @@
 
 #include "dflash/flow_control.h"
 #include "dflash/mpi_typed.h"
+#include "dflash/nvml.h"
 #include "dflash/options.h"
 #include "dflash/topology.h"
 
@@ -17,6 +18,8 @@ struct RankCard {
   int32_t gpu = -1;
   int32_t pid = 0;
   char host[64] = {0};
+  GpuReading startup_gpu;   // this rank's GPU before any model loaded (valid = 0 without NVML)
+  char gpu_note[96] = {0};  // why there is no reading ("CPU backend: no NVML", ...)
 };
 
 struct JobContext {
@@ -27,8 +30,16 @@ struct JobContext {
   std::string resume_dir;          // checkpoint this run resumes from ("" = fresh start), same on every rank
   int64_t resume_step = 0;         // its step
   bool stop_for_requeue = false;   // a drafter checkpointed after SIGUSR1/SIGTERM: exit with ExitCode::Requeue
+  PowerSampler* gpu_sampler = nullptr;  // this rank's GPU through NVML (run_job owns it)
   double elapsed() const { return mpi::seconds_since(start); }
 };
+
+// This rank's GPU now (valid = 0 without NVML); a reading younger than max_age_s is reused (targets
+// sample once per batch, at most this often).
+inline GpuReading sample_gpu(const JobContext& job, double max_age_s = 0) {
+  if (!job.gpu_sampler) return GpuReading{};
+  return max_age_s > 0 ? job.gpu_sampler->sample_at_most_every(max_age_s) : job.gpu_sampler->sample();
+}
 
 // A drafter's own counters, cumulative since its start (gathered to the metrics writer).
 struct DrafterReport {
@@ -41,6 +52,7 @@ struct DrafterReport {
   double allreduce_s = 0;    // lockstep agreement + gradient allreduce (includes waiting for slower drafters)
   double optimizer_s = 0;
   double time_s = 0;
+  GpuReading gpu;            // this rank's GPU when the report was made (valid = 0 without NVML)
 };
 
 // Node-local ranks of a world rank's role and capture layers, shared by both model roles.

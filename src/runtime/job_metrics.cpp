@@ -4,9 +4,29 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
+#include "data/h5_util.h"
+#include "dflash/data.h"  // hdf5_mutex()
 #include "dflash/error.h"
+#include "dflash/nvml.h"
 
 namespace dflash {
+
+namespace {
+
+// Tokens in --data (the length of /tokens, which the targets check equals offsets[-1]): dflash-report's
+// remaining-tokens ETA. -1 when the file cannot be read here (the targets report what is wrong with it).
+int64_t dataset_token_count(const std::string& path) {
+  std::lock_guard<std::mutex> lock(hdf5_mutex());
+  h5::quiet_errors();
+  h5::Handle fapl(h5::fapl_no_locking(), h5::Handle::Kind::PropList);
+  h5::Handle file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, fapl), h5::Handle::Kind::File);
+  if (!file.valid() || !h5::link_exists(file, "tokens")) return -1;
+  h5::Handle tokens(H5Dopen2(file, "tokens", H5P_DEFAULT), h5::Handle::Kind::Dataset);
+  const std::vector<hsize_t> d = tokens.valid() ? h5::dims(tokens) : std::vector<hsize_t>{};
+  return d.size() == 1 ? static_cast<int64_t>(d[0]) : -1;
+}
+
+}  // namespace
 
 MetricsHub::MetricsHub(const JobContext& job) : job_(job) {
   const Topology& t = job.topo;
@@ -16,8 +36,21 @@ MetricsHub::MetricsHub(const JobContext& job) : job_(job) {
   MetricsLayout layout;
   layout.num_targets = static_cast<int>(t.targets.size());
   layout.num_drafters = static_cast<int>(t.drafters.size());
-  layout.gpu_available = false;
-  layout.gpu_unavailable_reason = "CPU backend: no NVML";
+  // /gpus: one column per rank that reports (targets, drafters), when every one of them read its GPU
+  // at startup; otherwise available = 0 with the reason (nothing is invented).
+  std::vector<GpuReading> startup;
+  std::vector<std::string> notes;
+  std::vector<bool> reports;
+  for (const RankCard& c : job.cards) {
+    startup.push_back(c.startup_gpu);
+    notes.emplace_back(c.gpu_note);
+    reports.push_back(t.roles[c.rank] != Role::Idle);
+  }
+  const GpuColumns cols = plan_gpu_columns(job.opt.backend, startup, notes, reports);
+  if (cols.available) gpu_ranks_ = cols.ranks;
+  layout.num_gpus = static_cast<int>(gpu_ranks_.size());
+  layout.gpu_available = cols.available;
+  layout.gpu_unavailable_reason = cols.reason;
   layout.flush_every = job.opt.metrics_flush_every;
   std::error_code ec;
   std::filesystem::create_directories(job.opt.out_dir, ec);
@@ -29,9 +62,14 @@ MetricsHub::MetricsHub(const JobContext& job) : job_(job) {
                                             resuming ? MetricsOpen::Append : MetricsOpen::Create);
   if (resuming) writer_->drop_steps_after(job.resume_step);
   nlohmann::json ranks = nlohmann::json::array();
-  for (const RankCard& c : job.cards)
+  for (const RankCard& c : job.cards) {
     ranks.push_back({{"rank", c.rank}, {"role", role_name(static_cast<Role>(c.role))}, {"host", c.host},
                      {"gpu", c.gpu}, {"pid", c.pid}});
+    if (c.startup_gpu.valid) {
+      ranks.back()["startup_power_w"] = c.startup_gpu.power_w;
+      ranks.back()["gpu_mem_total_mib"] = c.startup_gpu.mem_total_mib;
+    }
+  }
   writer_->set_attribute("options", job.opt.to_json());
   writer_->set_attribute("topology", job.opt.topology.to_string());
   writer_->set_attribute("num_nodes", static_cast<int64_t>(t.num_nodes));
@@ -40,6 +78,13 @@ MetricsHub::MetricsHub(const JobContext& job) : job_(job) {
   writer_->set_attribute("ranks", ranks.dump());
   writer_->set_attribute("backend", std::string(backend_name(job.opt.backend)));
   writer_->set_attribute("version", std::string(DFLASH_VERSION));
+  if (!gpu_ranks_.empty()) writer_->set_attribute("gpu_ranks", json_int_list(gpu_ranks_));
+  if (const auto idle_w = mean_startup_power_w(startup)) writer_->set_attribute("gpu_idle_power_w", *idle_w);
+  if (const int64_t n = dataset_token_count(job.opt.data_path); n > 0) writer_->set_attribute("dataset_tokens", n);
+}
+
+void MetricsHub::set_attribute(const std::string& name, int64_t value) {
+  if (writer_) writer_->set_attribute(name, value);
 }
 
 MetricsHub::~MetricsHub() { close(); }
@@ -56,8 +101,10 @@ void MetricsHub::report(const DrafterReport& mine, const std::vector<TargetRepor
   DF_ASSERT(targets_seen.size() == T);
   std::vector<DrafterReport> drafters(D);
   std::vector<TargetReport> seen(D * T);
+  DrafterReport me = mine;
+  me.gpu = sample_gpu(job_);
   const int root = 0;  // the writer is drafter 0 of drafter_comm
-  MPI_Request r1 = mpi::igather(&mine, 1, drafters.data(), root, t.drafter_comm);
+  MPI_Request r1 = mpi::igather(&me, 1, drafters.data(), root, t.drafter_comm);
   MPI_Request r2 = mpi::igather(targets_seen.data(), T, seen.data(), root, t.drafter_comm);
   auto why = [&] { return std::string("gathering metrics from the drafter ranks stalled (one of them is lost)"); };
   mpi::wait(r1, job_.opt.peer_timeout_s, why, progress);
@@ -124,6 +171,17 @@ void MetricsHub::report(const DrafterReport& mine, const std::vector<TargetRepor
     writer_->append_rank_timing(rt);
   }
   writer_->append_queues(now, q_pre, q_hs);
+  // Each GPU's newest reading (a target's rides on its last batch, at most 1 s older than that batch).
+  std::optional<GpuRow> gpu_row;
+  if (!gpu_ranks_.empty()) {
+    std::vector<GpuReading> readings;
+    for (int r : gpu_ranks_) {
+      const int ti = t.target_index_of(r), di = t.drafter_index_of(r);
+      readings.push_back(ti >= 0 ? targets[ti].gpu : di >= 0 ? drafters[di].gpu : GpuReading{});
+    }
+    gpu_row = assemble_gpu_row(readings);  // none when a GPU has no reading yet: the row is skipped
+    if (gpu_row) writer_->append_gpus(now, gpu_row->power_w, gpu_row->util_pct, gpu_row->mem_used_mib);
+  }
 
   if (print_status) {
     StatusInputs in;
@@ -139,6 +197,7 @@ void MetricsHub::report(const DrafterReport& mine, const std::vector<TargetRepor
     in.tokens_per_s = drafter_tokens / dt;
     in.q_pre = q_pre;
     in.q_hs = q_hs;
+    if (gpu_row) in.power_w = gpu_row->total_power_w;
     in.epoch = epoch;
     const Options& o = job_.opt;
     const double steps_per_s = static_cast<double>(last_step_.step) / std::max(now, 1e-9);

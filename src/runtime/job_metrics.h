@@ -18,6 +18,8 @@ class MetricsHub {
 
   // Every step (writer only writes; others ignore).
   void record_step(const StepMetrics& s);
+  // A root attribute of metrics.h5 (writer only; others ignore), e.g. drafter_grad_bytes.
+  void set_attribute(const std::string& name, int64_t value);
   // Collective over the drafters: gathers every drafter's counters and the target reports it has seen,
   // writes one interval (rank timings, queue depths) and, with print_status, the status line.
   // progress() keeps the caller's receives moving while it waits.
@@ -33,6 +35,7 @@ class MetricsHub {
   StepMetrics last_step_;
   std::vector<TargetReport> prev_targets_;
   std::vector<DrafterReport> prev_drafters_;
+  std::vector<int> gpu_ranks_;  // world rank of each /gpus column (empty: no GPU series)
 };
 
 }  // namespace dflash

@@ -44,6 +44,8 @@ class DrafterRank {
     slot_full_.assign(o_.hs_queue_depth, false);
     known_targets_.resize(topo_.targets.size());
     MetricsHub hub(job_);
+    // The bytes each step allreduces (dflash-report prices more drafters with it when it measured none).
+    hub.set_attribute("drafter_grad_bytes", static_cast<int64_t>(trainer.grads().numel() * dtype_size(trainer.grads().dtype)));
     wait_all_loaded(job_);
 
     control_req_ = mpi::irecv(&control_in_, 1, MPI_ANY_SOURCE, kTagToDrafter, MPI_COMM_WORLD);

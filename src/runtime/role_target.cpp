@@ -107,6 +107,7 @@ class TargetRank {
       report_.q_pre = loader.queue_depth();
       report_.epoch_progress = lb.epoch_progress;
       report_.time_s = job_.elapsed();
+      report_.gpu = sample_gpu(job_, 1.0);
       b.header.batch_index = lb.index;
       b.header.next_position = lb.next;
       b.header.report = report_;
