@@ -10,6 +10,8 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -22,6 +24,8 @@
 #include "dflash/drafter_model.h"
 #include "dflash/ops.h"
 #include "dflash/target.h"
+#include "block_attention.cuh"
+#include "dflash/drafter_ops.h"
 #include "drafter_blas.cuh"
 #include "drafter_step.cuh"
 #include "random_fill.cuh"
@@ -37,6 +41,7 @@ struct Args {
   int64_t context = 3072, anchors = 512, chunk_blocks = 128;
   int warmup = 2, steps = 10;
   bool gemm_peak = false;
+  bool attention_probe = false;
 };
 
 Args parse(int argc, char** argv) {
@@ -55,6 +60,7 @@ Args parse(int argc, char** argv) {
     else if (k == "--warmup") a.warmup = std::stoi(val());
     else if (k == "--steps") a.steps = std::stoi(val());
     else if (k == "--gemm-peak") a.gemm_peak = true;
+    else if (k == "--attention-probe") a.attention_probe = true;
     else fatal(ExitCode::BadOptions, "unknown option " + k, "see the usage lines at the top of bench/drafter_bench.cpp");
   }
   return a;
@@ -130,6 +136,65 @@ double gemm_tflops(const Ctx& ctx, int64_t M, int64_t N, int64_t K) {
   return 2.0 * M * N * K / (median(t) * 1e-3) / 1e12;
 }
 
+// Block attention alone on the 8b shape (N=512 sorted anchors x 16, T=3072, 32/8 heads of 128): GPU time
+// (events) against the host time spent enqueuing, for two chunk budgets. Host time close to GPU time means
+// the op is launch-bound (many cuBLAS calls per chunk), not bandwidth- or math-bound.
+void attention_probe(const Ctx& ctx) {
+  const int64_t N = 512, B = 16, T = 3072, nh = 32, nkv = 8, hd = 128, NB = N * B;
+  auto bf = [&](std::initializer_list<int64_t> d, uint64_t seed) {
+    Buffer b(Device::CUDA, DType::BF16, d);
+    cuda::fill_random(ctx, b, seed, 0.f, 1.f);
+    return b;
+  };
+  Buffer q = bf({NB, nh, hd}, 1), kc = bf({T, nkv, hd}, 2), vc = bf({T, nkv, hd}, 3), kb = bf({NB, nkv, hd}, 4),
+         vb = bf({NB, nkv, hd}, 5), dout = bf({NB, nh, hd}, 6), out = bf({NB, nh, hd}, 7), dq = bf({NB, nh, hd}, 8),
+         dkc = bf({T, nkv, hd}, 9), dvc = bf({T, nkv, hd}, 10), dkb = bf({NB, nkv, hd}, 11), dvb = bf({NB, nkv, hd}, 12);
+  Buffer lse(Device::CUDA, DType::F32, {NB, nh});
+  std::mt19937 rng(3);
+  std::vector<int32_t> all(T - 1);
+  for (int64_t t = 0; t + 1 < T; ++t) all[t] = static_cast<int32_t>(t);
+  std::shuffle(all.begin(), all.end(), rng);
+  std::vector<int32_t> an(all.begin(), all.begin() + N), sb(N, 0);
+  std::sort(an.begin(), an.end());
+  Buffer d_an(Device::CUDA, DType::I32, {N}), d_sb(Device::CUDA, DType::I32, {N});
+  copy_tensor(ctx, d_an, cpu_view(an.data(), {N}));
+  copy_tensor(ctx, d_sb, cpu_view(sb.data(), {N}));
+  ops::BlockAttnSpec spec;
+  spec.scale = 1.f / std::sqrt(float(hd));
+  cudaStream_t st = static_cast<cudaStream_t>(ctx.stream);
+  cudaEvent_t a, b, c;
+  cudaEventCreate(&a);
+  cudaEventCreate(&b);
+  cudaEventCreate(&c);
+  for (int64_t budget : {int64_t(96) << 20, int64_t(192) << 20, int64_t(384) << 20}) {
+    cuda::set_block_attention_score_budget(budget);
+    std::vector<double> fwd, bwd, host;
+    for (int it = 0; it < 6; ++it) {
+      synchronize(ctx);
+      const auto h0 = std::chrono::steady_clock::now();
+      cudaEventRecord(a, st);
+      cuda::block_attention_forward(ctx, out, lse, q, kc, vc, kb, vb, d_an, d_sb, an, sb, spec);
+      cudaEventRecord(b, st);
+      cuda::block_attention_backward(ctx, dq, dkc, dvc, dkb, dvb, dout, out, lse, q, kc, vc, kb, vb, d_an, d_sb, an, sb,
+                                     spec);
+      cudaEventRecord(c, st);
+      const auto h1 = std::chrono::steady_clock::now();
+      cudaEventSynchronize(c);
+      float f = 0, g = 0;
+      cudaEventElapsedTime(&f, a, b);
+      cudaEventElapsedTime(&g, b, c);
+      if (it > 0) {
+        fwd.push_back(f);
+        bwd.push_back(g);
+        host.push_back(std::chrono::duration<double, std::milli>(h1 - h0).count());
+      }
+    }
+    std::printf("attention probe (8b layer, budget %lld Mi scores): fwd %.2f ms, bwd %.2f ms on the GPU; host enqueue %.2f ms\n",
+                (long long)(budget >> 20), median(fwd), median(bwd), median(host));
+  }
+  cuda::set_block_attention_score_budget(0);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -137,6 +202,10 @@ int main(int argc, char** argv) {
   DF_CHECK(cuda_device_count() > 0, DeviceFailure, "no CUDA device visible");
   Ctx ctx = make_ctx(Device::CUDA, 0);
   const size_t base_used = used_bytes();
+  if (args.attention_probe) {
+    attention_probe(ctx);
+    return 0;
+  }
   if (args.gemm_peak) {
     std::printf("bf16 GEMM 8192^3: %.0f TFLOP/s\n", gemm_tflops(ctx, 8192, 8192, 8192));
     std::printf("bf16 GEMM lm_head chunk [2048 x 151936 x 4096]: %.0f TFLOP/s\n", gemm_tflops(ctx, 2048, 151936, 4096));

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One call on the GPU machine: the drafter GPU tests, then our step and the PyTorch reference side by side.
 #   bash bench/drafter_run.sh <dir with dflash_gpu_tests and drafter_bench> <out dir> [what...]
-# what: tests peak 8b-ce 8b-kl 27b (default: all)
+# what: tests peak probe 8b-ce 8b-kl 27b (default: all but probe)
 set -u
 BIN=$1; OUT=$2; shift 2
 WHAT=${*:-tests peak 8b-ce 8b-kl 27b}
@@ -12,6 +12,7 @@ for w in $WHAT; do
   case $w in
     tests) "$BIN/dflash_gpu_tests" --gtest_filter='GpuDrafter*' 2>&1 | tee "$OUT/tests.txt" | grep -E "OK|FAILED|PASSED|Failure|error|rel|Expected|Which|actual" ;;
     peak) "$BIN/drafter_bench" --gemm-peak 2>&1 | tee -a "$OUT/bench.txt" ;;
+    probe) "$BIN/drafter_bench" --attention-probe 2>&1 | tee -a "$OUT/bench.txt" ;;
     8b-ce) "$BIN/drafter_bench" --model 8b --objective ce 2>&1 | tee -a "$OUT/bench.txt"
            python3 "$here/ref_drafter_step.py" --model 8b --objective ce 2>&1 | tee -a "$OUT/bench.txt" ;;
     8b-kl) "$BIN/drafter_bench" --model 8b --objective kl 2>&1 | tee -a "$OUT/bench.txt"

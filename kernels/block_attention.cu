@@ -19,8 +19,8 @@ namespace dflash::cuda {
 namespace {
 
 constexpr int kRowThreads = 128;                  // one CTA per (row, head) of the score matrix
-int64_t g_score_budget = int64_t(96) << 20;  // score elements per chunk (384 MiB fp32 + 192 MiB bf16)
-constexpr int64_t kMaxChunkRows = 4096;
+int64_t g_score_budget = int64_t(192) << 20;  // score elements per chunk (768 MiB fp32 + 384 MiB bf16)
+constexpr int64_t kMaxChunkRows = 8192;
 constexpr int kMaxBlock = 64;
 
 struct Geometry {
@@ -423,7 +423,7 @@ void heads_keys(const Ctx& ctx, const Geometry& g, const KernelArgs& p, const __
 
 }  // namespace
 
-void set_block_attention_score_budget(int64_t elements) { g_score_budget = elements > 0 ? elements : (int64_t(96) << 20); }
+void set_block_attention_score_budget(int64_t elements) { g_score_budget = elements > 0 ? elements : (int64_t(192) << 20); }
 
 void block_attention_forward(const Ctx& ctx, const Tensor& out, const Tensor& lse, const Tensor& q,
                              const Tensor& k_ctx, const Tensor& v_ctx, const Tensor& k_blk, const Tensor& v_blk,

@@ -37,7 +37,7 @@ void block_attention_backward(const Ctx& ctx, const Tensor& dq, const Tensor& dk
                               const Tensor& seq_begin, const std::vector<int32_t>& anchors_host,
                               const std::vector<int32_t>& seq_begin_host, const ops::BlockAttnSpec& spec);
 
-// Testing knob: the score elements one chunk may hold (0 = the default, 96 Mi). Small budgets force many
+// Testing knob: the score elements one chunk may hold (0 = the default, 192 Mi). Small budgets force many
 // chunks, so tests cover the chunk loop on small shapes.
 void set_block_attention_score_budget(int64_t elements);
 
