@@ -80,6 +80,14 @@ CONF
 
 slurm_cluster_stop() {
   local dir=$1 f pid i
+  # Jobs still running (a failed test) first, so no slurmstepd outlives its slurmd.
+  if [ -f "$dir/slurm.conf" ] && [ -f "$dir/slurmctld.pid" ]; then
+    SLURM_CONF="$dir/slurm.conf" squeue -h -o %i 2>/dev/null | xargs -r env SLURM_CONF="$dir/slurm.conf" scancel 2>/dev/null || true
+    for i in $(seq 1 20); do
+      [ -z "$(SLURM_CONF="$dir/slurm.conf" squeue -h -o %i 2>/dev/null)" ] && break
+      sleep 0.5
+    done
+  fi
   for f in "$dir/slurmd.pid" "$dir/slurmctld.pid" "$dir/munge/munged.pid"; do
     [ -f "$f" ] || continue
     pid=$(cat "$f")
