@@ -8,6 +8,7 @@
 // reading with its timing report; the metrics writer puts one column per GPU-owning rank in /gpus.
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -39,6 +40,11 @@ class PowerSampler {
   ~PowerSampler();  // nvmlShutdown + dlclose
   PowerSampler(const PowerSampler&) = delete;
   PowerSampler& operator=(const PowerSampler&) = delete;
+
+  // The sampler of a rank: its backend's GPU `local_rank` (the device the rank binds). Test hook: with
+  // DFLASH_TEST_NVML_LIBRARY=path set, that library is read as device `local_rank` even on the CPU
+  // backend (the e2e test drives the whole GPU-metrics path with tests/support/fake_nvml.cpp).
+  static std::unique_ptr<PowerSampler> for_rank(Backend backend, int local_rank);
 
   bool available() const { return available_; }
   const std::string& reason() const { return reason_; }  // why unavailable ("" when available)
@@ -77,9 +83,10 @@ struct GpuColumns {
 // startup[r], note[r]: world rank r's startup reading and, without one, its sampler's reason.
 // reports[r]: whether rank r sends timing reports (targets, drafters); idle ranks do not, so their
 // GPUs get no column (their draw is in the gpu_idle_power_w attribute). Available only when every
-// reporting rank had a startup reading (a column that would stay empty is not invented).
-GpuColumns plan_gpu_columns(Backend backend, const std::vector<GpuReading>& startup,
-                            const std::vector<std::string>& note, const std::vector<bool>& reports);
+// reporting rank had a startup reading (a column that would stay empty is not invented). The reason
+// is the ranks' own when they all agree ("CPU backend: no NVML"), else it names the first rank lacking.
+GpuColumns plan_gpu_columns(const std::vector<GpuReading>& startup, const std::vector<std::string>& note,
+                            const std::vector<bool>& reports);
 
 // One /gpus row: the column readings, or nothing when any column has no valid reading this interval
 // (the row is skipped rather than filled with made-up values).

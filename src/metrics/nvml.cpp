@@ -7,6 +7,8 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <type_traits>
 
@@ -129,6 +131,16 @@ PowerSampler::PowerSampler(Backend backend, int cuda_device, const std::string& 
   if (!probe.valid) fail("first reading failed: " + last_error_);
 }
 
+std::unique_ptr<PowerSampler> PowerSampler::for_rank(Backend backend, int local_rank) {
+  const char* test_library = std::getenv("DFLASH_TEST_NVML_LIBRARY");
+  if (test_library && *test_library) {
+    std::fprintf(stderr, "[dflash] DFLASH_TEST_NVML_LIBRARY=%s: GPU readings come from this library (a test hook)\n",
+                 test_library);
+    return std::make_unique<PowerSampler>(Backend::CUDA, local_rank, test_library);
+  }
+  return std::make_unique<PowerSampler>(backend, backend == Backend::CUDA ? local_rank : -1);
+}
+
 PowerSampler::~PowerSampler() {
   if (initialised_ && api_ && api_->shutdown) api_->shutdown();
   delete api_;
@@ -178,28 +190,27 @@ GpuReading PowerSampler::sample_at_most_every(double max_age_s) {
 
 // ---- the /gpus series ------------------------------------------------------------------------------
 
-GpuColumns plan_gpu_columns(Backend backend, const std::vector<GpuReading>& startup, const std::vector<std::string>& note,
+GpuColumns plan_gpu_columns(const std::vector<GpuReading>& startup, const std::vector<std::string>& note,
                             const std::vector<bool>& reports) {
   GpuColumns c;
-  if (backend == Backend::CPU) {
-    c.reason = "CPU backend: no NVML";
-    return c;
-  }
+  auto note_of = [&](size_t r) { return r < note.size() && !note[r].empty() ? note[r] : std::string("no reading"); };
+  std::vector<size_t> lacking;  // reporting ranks without a startup reading
   for (size_t r = 0; r < reports.size(); ++r) {
     if (!reports[r]) continue;
-    if (r >= startup.size() || !startup[r].valid) {
-      const std::string why = r < note.size() && !note[r].empty() ? note[r] : "no reading";
-      c.reason = "no NVML reading on rank " + std::to_string(r) + ": " + why;
-      c.ranks.clear();
-      return c;
-    }
-    c.ranks.push_back(static_cast<int>(r));
+    if (r < startup.size() && startup[r].valid) c.ranks.push_back(static_cast<int>(r));
+    else lacking.push_back(r);
   }
-  if (c.ranks.empty()) {
-    c.reason = "no rank with a GPU sends reports";
+  if (lacking.empty()) {
+    c.available = !c.ranks.empty();
+    if (!c.available) c.reason = "no rank with a GPU sends reports";
     return c;
   }
-  c.available = true;
+  // Every rank lacking it for the same reason (the CPU backend, no driver anywhere): that reason as is,
+  // e.g. "CPU backend: no NVML". Otherwise name the first rank without a reading.
+  bool same = c.ranks.empty();
+  for (size_t r : lacking) same = same && note_of(r) == note_of(lacking[0]);
+  c.reason = same ? note_of(lacking[0]) : "no NVML reading on rank " + std::to_string(lacking[0]) + ": " + note_of(lacking[0]);
+  c.ranks.clear();
   return c;
 }
 

@@ -104,13 +104,13 @@ int run_job(const Options& given) {
   const auto start = mpi::Clock::now();
   // This rank's GPU through NVML, read once now: its idle draw, before any model (or --topology auto's
   // measurement) occupies it. On the CPU backend it reads nothing and says why.
-  PowerSampler gpu_sampler(given.backend, given.backend == Backend::CUDA ? node_local_rank(MPI_COMM_WORLD) : -1);
-  const GpuReading startup_gpu = gpu_sampler.sample();
+  const std::unique_ptr<PowerSampler> gpu_sampler = PowerSampler::for_rank(given.backend, node_local_rank(MPI_COMM_WORLD));
+  const GpuReading startup_gpu = gpu_sampler->sample();
   Options o = given;  // --topology auto: measured and chosen here, before any role exists
   if (o.topology_auto) o.topology = choose_topology_auto(given, MPI_COMM_WORLD, &o.auto_topology_record);
   Topology topo = create_topology(MPI_COMM_WORLD, o.topology, o.backend);
-  JobContext job{o, topo, start, gather_cards(topo, gpu_sampler, startup_gpu)};
-  job.gpu_sampler = &gpu_sampler;
+  JobContext job{o, topo, start, gather_cards(topo, *gpu_sampler, startup_gpu)};
+  job.gpu_sampler = gpu_sampler.get();
   if (topo.world_rank == 0) print_startup(o, topo, job.cards);
 
   DF_CHECK_HINT(o.backend == Backend::CPU, BadOptions,

@@ -46,7 +46,7 @@ MetricsHub::MetricsHub(const JobContext& job) : job_(job) {
     notes.emplace_back(c.gpu_note);
     reports.push_back(t.roles[c.rank] != Role::Idle);
   }
-  const GpuColumns cols = plan_gpu_columns(job.opt.backend, startup, notes, reports);
+  const GpuColumns cols = plan_gpu_columns(startup, notes, reports);
   if (cols.available) gpu_ranks_ = cols.ranks;
   layout.num_gpus = static_cast<int>(gpu_ranks_.size());
   layout.gpu_available = cols.available;

@@ -38,4 +38,40 @@ for k, v in header.items():
 print(total)
 " "$WORK/gpu/drafter/model.safetensors")
 h5check "$M" "int(f.attrs['drafter_grad_bytes']) == 4 * $params and $params > 0"
+
+# The whole GPU path with a stand-in libnvidia-ml (tests/support/fake_nvml.cpp: device i draws
+# 100 + 10 i W, uses 1024 + i MiB, 50 % busy), read through the test hook DFLASH_TEST_NVML_LIBRARY:
+# readings travel with the targets' batches and the drafters' reports to the writer; the idle rank's
+# GPU has no column but is in gpu_idle_power_w (the startup mean of all four: 115 W).
+FAKE="$DFLASH_BIN/tests/libdflash_fake_nvml.so"
+[ -f "$FAKE" ] || fail "no $FAKE (built with dflash_unit_tests)"
+DFLASH_TEST_NVML_LIBRARY="$FAKE" run_job fake 4 120 --topology 2-1 --max-steps 6 --log-every 2
+expect_rc 0 fake
+expect_log fake "pwr=330W"
+[ "$(grep -c 'pwr=330W' "$WORK/fake.log")" -eq 3 ] || fail "fake: not every status line shows pwr=330W"
+grep -q "GPU power: not measured" "$WORK/fake.log" && fail "fake: startup says not measured"
+for r in 0:100 1:110 2:120 3:130; do
+  grep -qE "^\[dflash\] +${r%%:*} +(target|drafter|idle) .* ${r#*:} W$" "$WORK/fake.log" ||
+    fail "fake: startup table lacks rank ${r%%:*} at ${r#*:} W"
+done
+M="$WORK/fake/metrics.h5"
+h5check "$M" "int(f['gpus'].attrs['available']) == 1"
+h5check "$M" "f['gpus/power_w'].shape == (3, 3) and f['gpus/time_s'].shape == (3,)"
+h5check "$M" "np.allclose(f['gpus/power_w'][:], [[100, 110, 120]] * 3)"
+h5check "$M" "np.allclose(f['gpus/mem_used_mib'][:], [[1024, 1025, 1026]] * 3)"
+h5check "$M" "np.allclose(f['gpus/util_pct'][:], 50)"
+h5check "$M" "np.all(np.diff(f['gpus/time_s'][:]) > 0)"
+h5check "$M" "f.attrs['gpu_ranks'] in ('[0,1,2]', b'[0,1,2]')"
+h5check "$M" "abs(float(f.attrs['gpu_idle_power_w']) - 115.0) < 1e-3"
+# dflash-report reads it: per-role power from the columns, idle draw from gpu_idle_power_w.
+"$DFLASH_SRC/tools/dflash-report" "$M" --json >"$WORK/fake.json" 2>"$WORK/fake.report.err" ||
+  { cat "$WORK/fake.report.err" >&2; fail "fake: dflash-report failed"; }
+"$PY" - "$WORK/fake.json" <<'PYEOF' || fail "fake: dflash-report's power section"
+import json, sys
+p = json.load(open(sys.argv[1]))["power"]
+assert p["available"], p
+assert abs(p["target_w"] - 105) < 1e-6 and abs(p["drafter_w"] - 120) < 1e-6, p
+assert abs(p["idle_w"] - 115) < 1e-6 and "gpu_idle_power_w" in p["idle_source"], p
+assert abs(p["total_w"] - 330) < 1e-6, p
+PYEOF
 echo "PASS"

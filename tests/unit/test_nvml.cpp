@@ -172,17 +172,23 @@ GpuReading reading(float w, float util = 50, float used = 1000) {
 }
 }  // namespace
 
-TEST(GpuColumns, CpuBackendHasNoColumns) {
-  const GpuColumns c = plan_gpu_columns(Backend::CPU, {GpuReading{}, GpuReading{}}, {"CPU backend: no NVML", ""},
-                                        {true, true});
+TEST(GpuColumns, CpuBackendHasNoColumnsAndSaysSoInItsOwnWords) {
+  const std::string cpu = PowerSampler(Backend::CPU, -1).reason();
+  const GpuColumns c = plan_gpu_columns({GpuReading{}, GpuReading{}, GpuReading{}}, {cpu, cpu, cpu}, {true, true, false});
   EXPECT_FALSE(c.available);
   EXPECT_EQ(c.reason, "CPU backend: no NVML");
   EXPECT_TRUE(c.ranks.empty());
 }
 
+TEST(GpuColumns, DifferentReasonsNameTheFirstRank) {
+  const GpuColumns c = plan_gpu_columns({GpuReading{}, GpuReading{}}, {"nvmlInit_v2 failed", "other"}, {true, true});
+  EXPECT_FALSE(c.available);
+  EXPECT_EQ(c.reason, "no NVML reading on rank 0: nvmlInit_v2 failed");
+}
+
 TEST(GpuColumns, ReportingRanksOwnColumnsIdleOnesDoNot) {
   // ranks 0,1 target, 2 drafter, 3 idle (its GPU read at startup: gpu_idle_power_w)
-  const GpuColumns c = plan_gpu_columns(Backend::CUDA, {reading(90), reading(91), reading(92), reading(80)},
+  const GpuColumns c = plan_gpu_columns({reading(90), reading(91), reading(92), reading(80)},
                                         {"", "", "", ""}, {true, true, true, false});
   EXPECT_TRUE(c.available) << c.reason;
   EXPECT_EQ(c.ranks, (std::vector<int>{0, 1, 2}));
@@ -190,7 +196,7 @@ TEST(GpuColumns, ReportingRanksOwnColumnsIdleOnesDoNot) {
 }
 
 TEST(GpuColumns, ARankWithoutNvmlMakesTheSeriesUnavailableAndSaysWhich) {
-  const GpuColumns c = plan_gpu_columns(Backend::CUDA, {reading(90), GpuReading{}, reading(92)},
+  const GpuColumns c = plan_gpu_columns({reading(90), GpuReading{}, reading(92)},
                                         {"", "libnvidia-ml.so.1 not found", ""}, {true, true, true});
   EXPECT_FALSE(c.available);
   EXPECT_TRUE(c.ranks.empty());
@@ -199,7 +205,7 @@ TEST(GpuColumns, ARankWithoutNvmlMakesTheSeriesUnavailableAndSaysWhich) {
 }
 
 TEST(GpuColumns, AnIdleRankWithoutNvmlDoesNotMatter) {
-  const GpuColumns c = plan_gpu_columns(Backend::CUDA, {reading(90), reading(91), GpuReading{}}, {"", "", "x"},
+  const GpuColumns c = plan_gpu_columns({reading(90), reading(91), GpuReading{}}, {"", "", "x"},
                                         {true, true, false});
   EXPECT_TRUE(c.available) << c.reason;
   EXPECT_EQ(c.ranks, (std::vector<int>{0, 1}));
