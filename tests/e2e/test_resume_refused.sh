@@ -5,11 +5,15 @@
 # --resume auto with no checkpoint starts fresh and says so.
 source "$(dirname "$0")/lib.sh"
 COMMON=(--max-steps 4 --seed 2 --checkpoint-every 4)
-run_job base 2 120 --topology 1-1 "${COMMON[@]}" --resume auto
+run_job base 2 120 --topology 1-1 "${COMMON[@]}" --resume auto --export-checkpoints --export-dtype bf16
 expect_rc 0 base
 expect_log base "no complete checkpoint in $WORK/base/checkpoints; starting fresh"
 ck="$WORK/base/checkpoints/step-00000004"
 [ -f "$ck/manifest.json" ] || fail "no checkpoint at step 4"
+# --export-checkpoints: the checkpoint holds a release-format drafter, vouched for by its manifest.
+grep -q '"drafter/model.safetensors"' "$ck/manifest.json" || fail "the manifest does not list drafter/model.safetensors"
+cmp -s "$ck/drafter/model.safetensors" "$WORK/base/drafter/model.safetensors" ||
+  fail "the step-4 checkpoint's export differs from the final export of the same 4-step run"
 
 run_job loss 2 60 --topology 1-1 "${COMMON[@]}" --resume "$ck" --loss kl
 expect_rc 2 loss
