@@ -6,7 +6,8 @@ PKGS=(build-essential cmake ninja-build pkg-config
       libopenmpi-dev openmpi-bin
       libhdf5-dev hdf5-tools
       libboost-program-options-dev nlohmann-json3-dev libgtest-dev
-      python3 python3-numpy python3-h5py python3-matplotlib)
+      python3 python3-numpy python3-h5py python3-matplotlib
+      slurm-wlm munge)  # slurm-wlm, munge: the local Slurm cluster of tests/slurm (docs/checkpoint.md)
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
