@@ -58,8 +58,19 @@ MetricsHub::MetricsHub(const JobContext& job) : job_(job) {
                 "give a writable directory");
   // Resuming: continue the run's file; rows after the checkpoint's step are written again.
   const bool resuming = !job.resume_dir.empty();
-  writer_ = std::make_unique<MetricsWriter>(job.opt.out_dir + "/metrics.h5", layout,
-                                            resuming ? MetricsOpen::Append : MetricsOpen::Create);
+  const std::string path = job.opt.out_dir + "/metrics.h5";
+  if (resuming && std::filesystem::exists(path)) {
+    // The file's /gpus series (made by the first segment) stay as they are: this segment appends to
+    // them only when it has readings for the same number of columns; otherwise /gpus gets no new rows.
+    int64_t file_cols = 0;
+    {
+      const MetricsReader existing(path);
+      if (existing.has("gpus/power_w")) existing.matrix("gpus/power_w", &file_cols);
+    }
+    if (file_cols != layout.num_gpus) gpu_ranks_.clear();
+    layout.num_gpus = static_cast<int>(file_cols);
+  }
+  writer_ = std::make_unique<MetricsWriter>(path, layout, resuming ? MetricsOpen::Append : MetricsOpen::Create);
   if (resuming) writer_->drop_steps_after(job.resume_step);
   nlohmann::json ranks = nlohmann::json::array();
   for (const RankCard& c : job.cards) {

@@ -74,4 +74,20 @@ assert abs(p["target_w"] - 105) < 1e-6 and abs(p["drafter_w"] - 120) < 1e-6, p
 assert abs(p["idle_w"] - 115) < 1e-6 and "gpu_idle_power_w" in p["idle_source"], p
 assert abs(p["total_w"] - 330) < 1e-6, p
 PYEOF
+
+# Resuming continues /gpus (same columns); a segment without readings appends none and still runs.
+R=(--topology 1-1 --max-steps 8 --log-every 2 --out "$WORK/res")
+DFLASH_TEST_NVML_LIBRARY="$FAKE" run_job res 2 120 "${R[@]}" --checkpoint-every 2 --keep-checkpoints 5
+expect_rc 0 res
+h5check "$WORK/res/metrics.h5" "f['gpus/power_w'].shape == (4, 2)"
+DFLASH_TEST_NVML_LIBRARY="$FAKE" run_job res2 2 120 "${R[@]}" --resume "$WORK/res/checkpoints/step-00000004" \
+  --checkpoint-dir "$WORK/res2.ck"
+expect_rc 0 res2
+expect_log res2 "pwr=210W"
+h5check "$WORK/res/metrics.h5" "f['gpus/power_w'].shape == (6, 2) and np.allclose(f['gpus/power_w'][:], [[100, 110]] * 6)"
+run_job res3 2 120 "${R[@]}" --resume "$WORK/res/checkpoints/step-00000006" --checkpoint-dir "$WORK/res3.ck"
+expect_rc 0 res3
+grep -q "pwr=" "$WORK/res3.log" && fail "res3: power shown without readings"
+h5check "$WORK/res/metrics.h5" "f['gpus/power_w'].shape == (6, 2) and int(f['gpus'].attrs['available']) == 1"
+h5check "$WORK/res/metrics.h5" "f['steps/step'][-1] == 8"
 echo "PASS"
