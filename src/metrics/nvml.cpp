@@ -103,7 +103,9 @@ PowerSampler::PowerSampler(Backend backend, int cuda_device, const std::string& 
   initialised_ = true;
 
   // CUDA ordinals follow CUDA_VISIBLE_DEVICES (and CUDA's device order); NVML indices do not. The PCI
-  // bus id names the same board in both.
+  // bus id names the same board in both. cudaDeviceGetPCIBusId is a device query: it initialises the
+  // runtime but creates no context (none on GPU 0 from every rank before it binds its own). When CUDA
+  // cannot name the device, the NVML index is the best guess (the rank fails binding it anyway).
   nvmlDevice_t dev = nullptr;
 #ifdef DFLASH_HAVE_CUDA
   char bus[32] = {0};
