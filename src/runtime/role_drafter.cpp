@@ -9,6 +9,7 @@
 #include "dflash/error.h"
 #include "dflash/hf_config.h"
 #include "job.h"
+#include "drafter_presence.h"
 #include "job_metrics.h"
 
 namespace dflash {
@@ -52,10 +53,23 @@ class DrafterRank {
     for (auto& t : targets_) t.last_heard = mpi::Clock::now();
     for (int s = 0; s < o_.hs_queue_depth; ++s) grant(s);
 
-    auto progress = [this] { pump(); };
+    DrafterPresence presence(topo_, o_.peer_timeout_s);
+    auto progress = [&] {
+      pump();
+      presence.poll();
+    };
+    // Every drafter runs the same collectives in the same order; before each it announces a new round,
+    // so a stalled one names the drafters that never reached it (else all of them).
+    int64_t round = -1;
+    auto enter_collective = [&] { presence.announce(++round); };
+    auto stalled = [&](const char* what) {
+      std::string who = presence.laggards(round);
+      return "lost peer: " + (who.empty() ? "drafter ranks " + ranks_str(topo_.drafters) : who) + ": " + what;
+    };
     Tensor grads = trainer.grads();
     for (;;) {
       if (o_.max_steps > 0 && step >= o_.max_steps) break;  // resumed at the end
+      enter_collective();
       // 1. a batch (or proof that none will come)
       auto t0 = mpi::Clock::now();
       wait_for_batch();
@@ -65,7 +79,7 @@ class DrafterRank {
       int32_t have_all = ready_.empty() ? 0 : 1;
       if (num_drafters > 1) {
         MPI_Request r = mpi::iallreduce(&have_all, 1, MPI_MIN, topo_.drafter_comm);
-        mpi::wait(r, o_.peer_timeout_s, [&] { return "drafter ranks " + ranks_str(topo_.drafters) + " did not agree on the next step (one is lost)"; }, progress);
+        mpi::wait(r, o_.peer_timeout_s, [&] { return stalled("the drafters did not agree on the next step"); }, progress);
       }
       report_.allreduce_s += mpi::seconds_since(t0);
       if (!have_all) break;
@@ -85,9 +99,10 @@ class DrafterRank {
       t0 = mpi::Clock::now();
       StepSums sums{st.loss, st.acc, st.agree, st.streak, st.lr, st.noise, static_cast<double>(st.tokens), static_cast<double>(st.anchors)};
       if (num_drafters > 1) {
+        enter_collective();
         MPI_Request rg = mpi::iallreduce(grads.ptr<float>(), grads.numel(), MPI_SUM, topo_.drafter_comm);
         MPI_Request rs = mpi::iallreduce(reinterpret_cast<double*>(&sums), sizeof(sums) / sizeof(double), MPI_SUM, topo_.drafter_comm);
-        auto why = [&] { return "gradient allreduce over drafter ranks " + ranks_str(topo_.drafters) + " stalled (one is lost)"; };
+        auto why = [&] { return stalled("the gradient allreduce stalled"); };
         mpi::wait(rg, o_.peer_timeout_s, why, progress);
         mpi::wait(rs, o_.peer_timeout_s, why, progress);
         float* g = grads.ptr<float>();
@@ -119,9 +134,13 @@ class DrafterRank {
                     "step " << step << ": loss " << m.loss << ", grad norm " << grad_norm,
                     "lower --lr or add --warmup-steps; check the dataset for broken records");
       hub.record_step(m);
-      if (step % o_.log_every == 0) report(hub, true, progress);
+      if (step % o_.log_every == 0) {
+        enter_collective();
+        report(hub, true, progress);
+      }
       nlohmann::json schedule = {{"next_lr", trainer.current_lr()}, {"epoch_progress", nlohmann::json::array()}};
       for (const TargetReport& t : known_targets_) schedule["epoch_progress"].push_back(t.epoch_progress);
+      enter_collective();
       if (ckpt.after_step(step, trainer, schedule, progress) == DrafterCheckpointer::Next::StopForRequeue) {
         job_.stop_for_requeue = true;
         break;
@@ -129,6 +148,7 @@ class DrafterRank {
       if (o_.max_steps > 0 && step >= o_.max_steps) break;
     }
     drain();
+    presence.finish(round);
     if (step % o_.log_every != 0) report(hub, true, progress);
     if (topo_.is_metrics_writer() && !job_.stop_for_requeue) {
       trainer.export_release(o_.out_dir + "/drafter", o_.export_dtype);

@@ -95,8 +95,12 @@ class TargetRank {
       // 4. a credit: a free slot of some drafter of this node
       t0 = mpi::Clock::now();
       wait_until([&] { return stop_ || !wallet_.empty(); }, [&] {
-        return "no credit from drafter rank(s) " + ranks_str(topo_.node_drafters) + " (they stopped consuming batches)";
-      });
+        std::vector<int> silent;  // drafters that granted nothing within the deadline
+        for (int d : topo_.node_drafters)
+          if (mpi::seconds_since(last_credit_[d]) > o_.peer_timeout_s) silent.push_back(d);
+        return "lost peer: no credit from drafter rank(s) " + ranks_str(silent.empty() ? topo_.node_drafters : silent) +
+               " (they stopped consuming batches)";
+      }, 1.5 * o_.peer_timeout_s);  // the drafters know which of them is silent: they get the first word
       report_.credit_wait_s += mpi::seconds_since(t0);
       if (stop_) break;  // the drafters have their steps; this batch is not needed
       // A credit unused for a quarter of the deadline goes first, whoever granted it.
@@ -159,8 +163,8 @@ class TargetRank {
     }
   }
 
-  template <class Done, class Why> void wait_until(Done done, Why why) {
-    mpi::Deadline deadline(o_.peer_timeout_s);
+  template <class Done, class Why> void wait_until(Done done, Why why, double timeout_s = 0) {
+    mpi::Deadline deadline(timeout_s > 0 ? timeout_s : o_.peer_timeout_s);
     mpi::Backoff backoff;
     for (;;) {
       pump();
