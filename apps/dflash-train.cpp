@@ -19,7 +19,12 @@ int main(int argc, char** argv) {
   MPI_Comm_size(MPI_COMM_WORLD, &size);
   dflash::process_identity().world_rank = rank;
   dflash::process_identity().world_size = size;
-  dflash::ParseResult parsed = dflash::parse_options(argc, argv);
+  // Rank 0 parses first, so a bad command line is reported once: its fatal error aborts the others,
+  // which wait in the barrier.
+  dflash::ParseResult parsed;
+  if (rank == 0) parsed = dflash::parse_options(argc, argv);
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (rank != 0) parsed = dflash::parse_options(argc, argv);
   if (parsed.help_requested) {
     if (rank == 0) std::fputs(parsed.help_text.c_str(), stdout);
     MPI_Finalize();
