@@ -20,6 +20,7 @@ namespace {
 
 constexpr int kRowThreads = 128;                  // one CTA per (row, head) of the score matrix
 int64_t g_score_budget = int64_t(192) << 20;  // score elements per chunk (768 MiB fp32 + 384 MiB bf16)
+BlockAttentionImpl g_impl = BlockAttentionImpl::Auto;
 constexpr int64_t kMaxChunkRows = 8192;
 constexpr int kMaxBlock = 64;
 
@@ -42,10 +43,14 @@ inline void block_key_range(const Geometry& g, int32_t a, int32_t s0, int64_t& l
   if (lo > hi) lo = hi;
 }
 
-std::vector<Chunk> plan_chunks(const Geometry& g, const std::vector<int32_t>& an, const std::vector<int32_t>& sb) {
+void check_indices(const Geometry& g, const std::vector<int32_t>& an, const std::vector<int32_t>& sb) {
   for (int64_t n = 0; n < g.N; ++n)
     DF_CHECK(sb[n] >= 0 && sb[n] <= an[n] && an[n] < g.T, Internal,
              "block attention (CUDA): block " << n << " anchor " << an[n] << " seq_begin " << sb[n] << " T " << g.T);
+}
+
+std::vector<Chunk> plan_chunks(const Geometry& g, const std::vector<int32_t>& an, const std::vector<int32_t>& sb) {
+  check_indices(g, an, sb);
   std::vector<Chunk> chunks;
   int64_t n = 0;
   while (n < g.N) {
@@ -423,6 +428,8 @@ void heads_keys(const Ctx& ctx, const Geometry& g, const KernelArgs& p, const __
 
 }  // namespace
 
+void set_block_attention_impl(BlockAttentionImpl impl) { g_impl = impl; }
+
 void set_block_attention_score_budget(int64_t elements) { g_score_budget = elements > 0 ? elements : (int64_t(192) << 20); }
 
 void block_attention_forward(const Ctx& ctx, const Tensor& out, const Tensor& lse, const Tensor& q,
@@ -444,6 +451,11 @@ void block_attention_forward(const Ctx& ctx, const Tensor& out, const Tensor& ls
   const Geometry g = geometry_of(q, k_ctx, anchors, spec);
   if (g.N == 0) return;
   DF_CHECK(an.size() == size_t(g.N) && sb.size() == size_t(g.N), Internal, op << ": host anchors/seq_begin of size " << g.N);
+  if (g_impl == BlockAttentionImpl::Auto && block_attention_fused_supported(g.nh, g.nkv, g.hd, g.B) &&
+      block_attention_fused_usable({&out, &q, &k_ctx, &v_ctx, &k_blk, &v_blk})) {
+    check_indices(g, an, sb);
+    return block_attention_fused_forward(ctx, out, lse, q, k_ctx, v_ctx, k_blk, v_blk, anchors, seq_begin, spec);
+  }
   const std::vector<Chunk> chunks = plan_chunks(g, an, sb);
   int64_t max_scores = 1, max_rows = 1;
   for (const Chunk& c : chunks) {
@@ -489,6 +501,13 @@ void block_attention_backward(const Ctx& ctx, const Tensor& dq, const Tensor& dk
   check_bf16(op, {&dq, &dk_ctx, &dv_ctx, &dk_blk, &dv_blk, &dout, &out, &q, &k_ctx, &v_ctx, &k_blk, &v_blk});
   DF_CHECK(lse.dtype == DType::F32, Internal, op << ": lse must be F32");
   const Geometry g = geometry_of(q, k_ctx, anchors, spec);
+  if (g_impl == BlockAttentionImpl::Auto && block_attention_fused_supported(g.nh, g.nkv, g.hd, g.B) &&
+      block_attention_fused_usable({&dq, &dk_ctx, &dv_ctx, &dk_blk, &dv_blk, &dout, &out, &q, &k_ctx, &v_ctx, &k_blk, &v_blk})) {
+    DF_CHECK(an.size() == size_t(g.N) && sb.size() == size_t(g.N), Internal, op << ": host anchors/seq_begin of size " << g.N);
+    check_indices(g, an, sb);
+    return block_attention_fused_backward(ctx, dq, dk_ctx, dv_ctx, dk_blk, dv_blk, dout, out, lse, q, k_ctx, v_ctx,
+                                          k_blk, v_blk, anchors, seq_begin, spec);
+  }
   cudaStream_t st = stream_of(ctx);
   float* dkv32 = static_cast<float*>(scratch(ctx, ScratchSlot::AttnDkv32, sizeof(float) * 2 * std::max<int64_t>(1, g.T) * g.KVD));
   float* dk32 = dkv32;

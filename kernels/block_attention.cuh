@@ -1,6 +1,7 @@
 // Block-prefix attention of DFlash training on CUDA (the twin of src/train/block_attention.cpp).
 #pragma once
 #include <cstdint>
+#include <initializer_list>
 #include <vector>
 
 #include "dflash/drafter_ops.h"
@@ -10,7 +11,8 @@ namespace dflash::cuda {
 // Same contract as ops::block_attention_forward/backward (include/dflash/drafter_ops.h), with
 // q/k/v/out/dout and every gradient BF16, lse F32, anchors/seq_begin I32 in device memory.
 //
-// How: blocks are cut into chunks whose context key range [min visible start, max anchor) and row count
+// How (fused path, the default where it applies): see block_attention_fused.cu.
+// How (chunked path): blocks are cut into chunks whose context key range [min visible start, max anchor) and row count
 // keep the score matrix under a fixed budget; per chunk and head the context part is a dense product
 // through cuBLAS (scores in fp32, probabilities in bf16, masked to each query's visible range by a
 // softmax kernel), and the block's own B keys (seen by that block alone) are handled inside small kernels.
@@ -36,6 +38,25 @@ void block_attention_backward(const Ctx& ctx, const Tensor& dq, const Tensor& dk
                               const Tensor& k_blk, const Tensor& v_blk, const Tensor& anchors,
                               const Tensor& seq_begin, const std::vector<int32_t>& anchors_host,
                               const std::vector<int32_t>& seq_begin_host, const ops::BlockAttnSpec& spec);
+
+// Which implementation runs. Auto: the fused flash-style kernels (kernels/block_attention_fused.cu) where
+// they apply (head dim 16/32/64/128, G·B <= 64 query rows per kv head and block, 16-byte aligned tensors),
+// else the chunked cuBLAS path above. Chunked forces the chunked path (tests, comparisons).
+enum class BlockAttentionImpl : int { Auto, Chunked };
+void set_block_attention_impl(BlockAttentionImpl impl);
+// Whether Auto picks the fused kernels for this shape (alignment aside).
+bool block_attention_fused_supported(int64_t nh, int64_t nkv, int64_t hd, int64_t block_size);
+
+// The fused kernels themselves (same contract; callers go through the functions above).
+bool block_attention_fused_usable(std::initializer_list<const Tensor*> tensors);
+void block_attention_fused_forward(const Ctx& ctx, const Tensor& out, const Tensor& lse, const Tensor& q,
+                                   const Tensor& k_ctx, const Tensor& v_ctx, const Tensor& k_blk, const Tensor& v_blk,
+                                   const Tensor& anchors, const Tensor& seq_begin, const ops::BlockAttnSpec& spec);
+void block_attention_fused_backward(const Ctx& ctx, const Tensor& dq, const Tensor& dk_ctx, const Tensor& dv_ctx,
+                                    const Tensor& dk_blk, const Tensor& dv_blk, const Tensor& dout, const Tensor& out,
+                                    const Tensor& lse, const Tensor& q, const Tensor& k_ctx, const Tensor& v_ctx,
+                                    const Tensor& k_blk, const Tensor& v_blk, const Tensor& anchors,
+                                    const Tensor& seq_begin, const ops::BlockAttnSpec& spec);
 
 // Testing knob: the score elements one chunk may hold (0 = the default, 192 Mi). Small budgets force many
 // chunks, so tests cover the chunk loop on small shapes.
