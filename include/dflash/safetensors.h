@@ -60,7 +60,9 @@ class Checkpoint {
   // Shard files in order, and the tensor names each holds (for shard-by-shard loading).
   std::vector<std::string> shard_files() const;
   std::vector<std::string> names_in_shard(const std::string& shard_file) const;
-  void release_shard(const std::string& shard_file);  // unmaps it: its TensorInfo pointers become invalid
+  void release_shard(const std::string& shard_file);
+  // The shard file that holds `name` (fatal BadInput naming it when missing).
+  const std::string& shard_of(const std::string& name) const;  // unmaps it: its TensorInfo pointers become invalid
   // Checks that `name` exists with exactly `shape` (fatal BadInput naming it otherwise) and copies it,
   // converted to float32, into dst [numel].
   void load_f32(const std::string& name, const std::vector<int64_t>& shape, float* dst);

@@ -349,6 +349,13 @@ Checkpoint::Checkpoint(const std::string& dir) : dir_(dir) {
 
 bool Checkpoint::has(const std::string& name) const { return weight_map_.count(name) != 0; }
 
+const std::string& Checkpoint::shard_of(const std::string& name) const {
+  auto it = weight_map_.find(name);
+  DF_CHECK_HINT(it != weight_map_.end(), BadInput, "missing tensor " << name << " in " << dir_,
+                "the checkpoint does not hold every tensor its config.json implies");
+  return it->second;
+}
+
 const TensorInfo& Checkpoint::get(const std::string& name) {
   auto it = weight_map_.find(name);
   DF_CHECK_HINT(it != weight_map_.end(), BadInput, "missing tensor " << name << " in " << dir_,

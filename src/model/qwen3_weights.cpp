@@ -1,6 +1,7 @@
 #include "model/qwen3_weights.h"
 
 #include <algorithm>
+#include <map>
 #include <string>
 
 #include "dflash/backend.h"
@@ -96,7 +97,14 @@ Qwen3Weights load_qwen3_weights(Checkpoint& ckpt, const Qwen3Config& cfg, const 
     max_numel = std::max(max_numel, t.numel());
   }
 
-  // Load: straight into the buffer when it is host float32, else through one host staging buffer.
+  // Load shard by shard, releasing each shard's mapping once its last tensor is in place, so a large
+  // checkpoint is never mapped whole: straight into the buffer when it is host float32, else through one
+  // host staging buffer (converted to the device dtype on the way).
+  std::stable_sort(specs.begin(), specs.end(), [&](const WeightSpec& a, const WeightSpec& b) {
+    return ckpt.shard_of(a.name) < ckpt.shard_of(b.name);
+  });
+  std::map<std::string, size_t> left_in_shard;
+  for (const WeightSpec& s : specs) ++left_in_shard[ckpt.shard_of(s.name)];
   const bool direct = ctx.device == Device::CPU && dtype == DType::F32;
   std::vector<float> staging(direct ? 0 : max_numel);
   for (WeightSpec& s : specs) {
@@ -112,6 +120,8 @@ Qwen3Weights load_qwen3_weights(Checkpoint& ckpt, const Qwen3Config& cfg, const 
       copy_tensor(ctx, s.dst->t(), src);
       synchronize(ctx);  // the staging buffer is reused by the next tensor
     }
+    const std::string& shard = ckpt.shard_of(s.name);
+    if (--left_in_shard[shard] == 0) ckpt.release_shard(shard);
   }
   for (const std::string& shard : ckpt.shard_files()) ckpt.release_shard(shard);
   return w;
