@@ -100,12 +100,14 @@ void MetricsHub::set_attribute(const std::string& name, int64_t value) {
 
 MetricsHub::~MetricsHub() { close(); }
 
+void MetricsHub::training_started() { last_time_s_ = train_start_s_ = job_.elapsed(); }
+
 void MetricsHub::record_step(const StepMetrics& s) {
   last_step_ = s;
   if (writer_) writer_->append_step(s);
 }
 
-void MetricsHub::report(const DrafterReport& mine, const std::vector<TargetReport>& targets_seen, bool print_status,
+void MetricsHub::report(const DrafterReport& mine, const std::vector<TargetReport>& targets_seen, Rates rates,
                         const std::function<void()>& progress) {
   const Topology& t = job_.topo;
   const size_t D = t.drafters.size(), T = t.targets.size();
@@ -194,7 +196,16 @@ void MetricsHub::report(const DrafterReport& mine, const std::vector<TargetRepor
     if (gpu_row) writer_->append_gpus(now, gpu_row->power_w, gpu_row->util_pct, gpu_row->mem_used_mib);
   }
 
-  if (print_status) {
+  if (rates == Rates::WholeRun) {
+    target_batches = drafter_batches = drafter_tokens = 0;
+    for (const TargetReport& a : targets) target_batches += static_cast<double>(a.batches);
+    for (const DrafterReport& a : drafters) {
+      drafter_batches += static_cast<double>(a.batches);
+      drafter_tokens += static_cast<double>(a.tokens);
+    }
+  }
+  const double rate_s = rates == Rates::WholeRun ? std::max(now - train_start_s_, 1e-9) : dt;
+  {
     StatusInputs in;
     in.elapsed_s = now;
     in.step = last_step_.step;
@@ -203,19 +214,20 @@ void MetricsHub::report(const DrafterReport& mine, const std::vector<TargetRepor
     in.streak = last_step_.streak;
     in.lr = last_step_.lr;
     in.noise = last_step_.noise;
-    in.target_batches_per_s = target_batches / dt;
-    in.drafter_batches_per_s = drafter_batches / dt;
-    in.tokens_per_s = drafter_tokens / dt;
+    in.target_batches_per_s = target_batches / rate_s;
+    in.drafter_batches_per_s = drafter_batches / rate_s;
+    in.tokens_per_s = drafter_tokens / rate_s;
     in.q_pre = q_pre;
     in.q_hs = q_hs;
     if (gpu_row) in.power_w = gpu_row->total_power_w;
     in.epoch = epoch;
     const Options& o = job_.opt;
-    const double steps_per_s = static_cast<double>(last_step_.step) / std::max(now, 1e-9);
+    const double train_s = std::max(now - train_start_s_, 1e-9);
+    const double steps_per_s = static_cast<double>(last_step_.step - job_.resume_step) / train_s;
     if (o.max_steps > 0 && steps_per_s > 0)
       in.eta_s = static_cast<double>(o.max_steps - last_step_.step) / steps_per_s;
     else if (o.epochs > 0 && epoch > 0)
-      in.eta_s = std::max(0.0, (o.epochs - epoch) * now / epoch);
+      in.eta_s = std::max(0.0, (o.epochs - epoch) * train_s / epoch);
     std::string line = format_status_line(in) + "\n";
     std::fputs(line.c_str(), stdout);
     std::fflush(stdout);

@@ -16,14 +16,18 @@ class MetricsHub {
   explicit MetricsHub(const JobContext& job);
   ~MetricsHub();
 
+  // Training begins (every rank loaded): rates and the first interval count from here, not from the launch.
+  void training_started();
   // Every step (writer only writes; others ignore).
   void record_step(const StepMetrics& s);
   // A root attribute of metrics.h5 (writer only; others ignore), e.g. drafter_grad_bytes.
   void set_attribute(const std::string& name, int64_t value);
   // Collective over the drafters: gathers every drafter's counters and the target reports it has seen,
   // writes one interval (rank timings, queue depths) and, with print_status, the status line.
-  // progress() keeps the caller's receives moving while it waits.
-  void report(const DrafterReport& mine, const std::vector<TargetReport>& targets_seen, bool print_status,
+  // progress() keeps the caller's receives moving while it waits. The status line's rates cover the
+  // interval, or the whole run for the last report (its interval may be a fraction of a step).
+  enum class Rates { Interval, WholeRun };
+  void report(const DrafterReport& mine, const std::vector<TargetReport>& targets_seen, Rates rates,
               const std::function<void()>& progress);
   void close();
 
@@ -32,6 +36,7 @@ class MetricsHub {
   std::unique_ptr<MetricsWriter> writer_;
   int64_t interval_ = 0;
   double last_time_s_ = 0;
+  double train_start_s_ = 0;
   StepMetrics last_step_;
   std::vector<TargetReport> prev_targets_;
   std::vector<DrafterReport> prev_drafters_;

@@ -48,6 +48,7 @@ class DrafterRank {
     // The bytes each step allreduces (dflash-report prices more drafters with it when it measured none).
     hub.set_attribute("drafter_grad_bytes", static_cast<int64_t>(trainer.grads().numel() * dtype_size(trainer.grads().dtype)));
     wait_all_loaded(job_);
+    hub.training_started();
 
     control_req_ = mpi::irecv(&control_in_, 1, MPI_ANY_SOURCE, kTagToDrafter, MPI_COMM_WORLD);
     for (auto& t : targets_) t.last_heard = mpi::Clock::now();
@@ -136,7 +137,7 @@ class DrafterRank {
       hub.record_step(m);
       if (step % o_.log_every == 0) {
         enter_collective();
-        report(hub, true, progress);
+        report(hub, MetricsHub::Rates::Interval, progress);
       }
       nlohmann::json schedule = {{"next_lr", trainer.current_lr()}, {"epoch_progress", nlohmann::json::array()}};
       for (const TargetReport& t : known_targets_) schedule["epoch_progress"].push_back(t.epoch_progress);
@@ -149,7 +150,7 @@ class DrafterRank {
     }
     drain();
     presence.finish(round);
-    if (step % o_.log_every != 0) report(hub, true, progress);
+    if (step % o_.log_every != 0) report(hub, MetricsHub::Rates::WholeRun, progress);
     if (topo_.is_metrics_writer() && !job_.stop_for_requeue) {
       trainer.export_release(o_.out_dir + "/drafter", o_.export_dtype);
       std::printf("[dflash] %lld steps; drafter exported to %s/drafter\n", static_cast<long long>(step), o_.out_dir.c_str());
@@ -240,7 +241,8 @@ class DrafterRank {
       t.received++;
       t.last_heard = mpi::Clock::now();
       const int ti = topo_.target_index_of(from);
-      known_targets_[ti] = plane_->slot_buffers(s).header.report;
+      const TargetReport& rep = plane_->slot_buffers(s).header.report;
+      if (rep.batches >= known_targets_[ti].batches) known_targets_[ti] = rep;  // slots complete in any order
       slot_full_[s] = true;
       if (draining_) release_drained(s);
       else arrived_.push_back(s);
@@ -349,12 +351,12 @@ class DrafterRank {
     mpi::cancel(control_req_);
   }
 
-  void report(MetricsHub& hub, bool print, const std::function<void()>& progress) {
+  void report(MetricsHub& hub, MetricsHub::Rates rates, const std::function<void()>& progress) {
     pump();
     report_.rank = topo_.world_rank;
     report_.q_hs = static_cast<int32_t>(ready_.size() + arrived_.size());
     report_.time_s = job_.elapsed();
-    hub.report(report_, known_targets_, print, progress);
+    hub.report(report_, known_targets_, rates, progress);
   }
 
   struct Outgoing {
