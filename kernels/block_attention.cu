@@ -8,6 +8,8 @@
 #include <cuda_bf16.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <string>
 #include <vector>
 
 #include "backend.cuh"
@@ -20,7 +22,15 @@ namespace {
 
 constexpr int kRowThreads = 128;                  // one CTA per (row, head) of the score matrix
 int64_t g_score_budget = int64_t(192) << 20;  // score elements per chunk (768 MiB fp32 + 384 MiB bf16)
-BlockAttentionImpl g_impl = BlockAttentionImpl::Auto;
+BlockAttentionImpl g_impl = BlockAttentionImpl::Default;
+
+bool use_fused() {
+  static const bool env_fused = [] {
+    const char* e = std::getenv("DFLASH_BLOCK_ATTENTION");
+    return e != nullptr && std::string(e) == "fused";
+  }();
+  return g_impl == BlockAttentionImpl::Fused || (g_impl == BlockAttentionImpl::Default && env_fused);
+}
 constexpr int64_t kMaxChunkRows = 8192;
 constexpr int kMaxBlock = 64;
 
@@ -451,7 +461,7 @@ void block_attention_forward(const Ctx& ctx, const Tensor& out, const Tensor& ls
   const Geometry g = geometry_of(q, k_ctx, anchors, spec);
   if (g.N == 0) return;
   DF_CHECK(an.size() == size_t(g.N) && sb.size() == size_t(g.N), Internal, op << ": host anchors/seq_begin of size " << g.N);
-  if (g_impl == BlockAttentionImpl::Auto && block_attention_fused_supported(g.nh, g.nkv, g.hd, g.B) &&
+  if (use_fused() && block_attention_fused_supported(g.nh, g.nkv, g.hd, g.B) &&
       block_attention_fused_usable({&out, &q, &k_ctx, &v_ctx, &k_blk, &v_blk})) {
     check_indices(g, an, sb);
     return block_attention_fused_forward(ctx, out, lse, q, k_ctx, v_ctx, k_blk, v_blk, anchors, seq_begin, spec);
@@ -501,7 +511,7 @@ void block_attention_backward(const Ctx& ctx, const Tensor& dq, const Tensor& dk
   check_bf16(op, {&dq, &dk_ctx, &dv_ctx, &dk_blk, &dv_blk, &dout, &out, &q, &k_ctx, &v_ctx, &k_blk, &v_blk});
   DF_CHECK(lse.dtype == DType::F32, Internal, op << ": lse must be F32");
   const Geometry g = geometry_of(q, k_ctx, anchors, spec);
-  if (g_impl == BlockAttentionImpl::Auto && block_attention_fused_supported(g.nh, g.nkv, g.hd, g.B) &&
+  if (use_fused() && block_attention_fused_supported(g.nh, g.nkv, g.hd, g.B) &&
       block_attention_fused_usable({&dq, &dk_ctx, &dv_ctx, &dk_blk, &dv_blk, &dout, &out, &q, &k_ctx, &v_ctx, &k_blk, &v_blk})) {
     DF_CHECK(an.size() == size_t(g.N) && sb.size() == size_t(g.N), Internal, op << ": host anchors/seq_begin of size " << g.N);
     check_indices(g, an, sb);

@@ -39,12 +39,14 @@ void block_attention_backward(const Ctx& ctx, const Tensor& dq, const Tensor& dk
                               const Tensor& seq_begin, const std::vector<int32_t>& anchors_host,
                               const std::vector<int32_t>& seq_begin_host, const ops::BlockAttnSpec& spec);
 
-// Which implementation runs. Auto: the fused flash-style kernels (kernels/block_attention_fused.cu) where
+// Which implementation runs. Fused: the fused flash-style kernels (kernels/block_attention_fused.cu) where
 // they apply (head dim 16/32/64/128, G·B <= 64 query rows per kv head and block, 16-byte aligned tensors),
-// else the chunked cuBLAS path above. Chunked forces the chunked path (tests, comparisons).
-enum class BlockAttentionImpl : int { Auto, Chunked };
+// else the chunked path. Chunked: the chunked cuBLAS path above. Default: Chunked, because on the H200 the
+// 8b step measured 183.5 ms with it and 193.3 ms with the fused kernels (bench/README-drafter.md); the
+// environment variable DFLASH_BLOCK_ATTENTION=fused|chunked overrides the default (benchmarks).
+enum class BlockAttentionImpl : int { Default, Chunked, Fused };
 void set_block_attention_impl(BlockAttentionImpl impl);
-// Whether Auto picks the fused kernels for this shape (alignment aside).
+// Whether Fused runs the fused kernels for this shape (alignment aside).
 bool block_attention_fused_supported(int64_t nh, int64_t nkv, int64_t hd, int64_t block_size);
 
 // The fused kernels themselves (same contract; callers go through the functions above).

@@ -1,6 +1,8 @@
 // Block-prefix attention on CUDA against its float32 CPU twin (src/train/block_attention.cpp) on random
-// data: several packed sequences, GQA groups of 1, 3 and 4, full and sliding-window layers, one chunk and
-// many chunks (a tiny score budget), relative error <= 1e-2 on every output and gradient.
+// data: several packed sequences, GQA groups of 1, 2, 3, 4 and 6, full and sliding-window layers, a block
+// whose own keys run past its sequence's end, a block with no context; both implementations (the fused
+// kernels where they apply, and the chunked cuBLAS path with one chunk and many chunks), relative error
+// <= 1e-2 on every output and gradient.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -23,6 +25,8 @@ struct AttnCase {
   int64_t nh, nkv, hd, B;
   int window;
   int64_t score_budget;  // 0 = default (one chunk here)
+  std::vector<int32_t> lens = {70, 45, 91};
+  int per_seq = 4;
 };
 
 // Packed sequences of the given lengths with `per_seq` sorted anchors each (anchor + 1 inside the sequence).
@@ -42,14 +46,18 @@ void make_blocks(const std::vector<int32_t>& lens, int per_seq, uint32_t seed, s
   }
 }
 
-void run_case(const AttnCase& c, uint32_t seed) {
+void run_case(const AttnCase& c, uint32_t seed, cuda::BlockAttentionImpl impl) {
   Ctx g = gpu();
   const Ctx cpu = cpu_ctx();
   std::vector<int32_t> anchors, seq_begin;
-  make_blocks({70, 45, 91}, 4, seed, anchors, seq_begin);
+  make_blocks(c.lens, c.per_seq, seed, anchors, seq_begin);
+  int64_t T = 0;
+  for (int32_t len : c.lens) T += len;
   anchors.push_back(0);  // a block with no context at all (anchor at its sequence start)
   seq_begin.push_back(0);
-  const int64_t T = 206, N = static_cast<int64_t>(anchors.size()), NB = N * c.B;
+  anchors.push_back(static_cast<int32_t>(T - 1));  // the last token: all of the block's own keys lie past the end
+  seq_begin.push_back(static_cast<int32_t>(T - c.lens.back()));
+  const int64_t N = static_cast<int64_t>(anchors.size()), NB = N * c.B;
   const int64_t nh = c.nh, nkv = c.nkv, hd = c.hd;
   auto q = random_bf16(NB * nh * hd, seed + 1), kc = random_bf16(T * nkv * hd, seed + 2),
        vc = random_bf16(T * nkv * hd, seed + 3), kb = random_bf16(NB * nkv * hd, seed + 4),
@@ -75,6 +83,7 @@ void run_case(const AttnCase& c, uint32_t seed) {
 
   // CUDA (outputs poisoned with NaN)
   cuda::set_block_attention_score_budget(c.score_budget);
+  cuda::set_block_attention_impl(impl);
   Buffer d_q = to_device(g, q, {NB, nh, hd}), d_kc = to_device(g, kc, {T, nkv, hd}),
          d_vc = to_device(g, vc, {T, nkv, hd}), d_kb = to_device(g, kb, {NB, nkv, hd}),
          d_vb = to_device(g, vb, {NB, nkv, hd}), d_dout = to_device(g, dout, {NB, nh, hd});
@@ -88,7 +97,9 @@ void run_case(const AttnCase& c, uint32_t seed) {
                                 d_vb, d_an, d_sb, spec);
   synchronize(g);
   cuda::set_block_attention_score_budget(0);
-  const std::string what = "nh=" + std::to_string(nh) + " nkv=" + std::to_string(nkv) + " hd=" +
+  cuda::set_block_attention_impl(cuda::BlockAttentionImpl::Default);
+  const bool fused = impl == cuda::BlockAttentionImpl::Fused && cuda::block_attention_fused_supported(nh, nkv, hd, c.B);
+  const std::string what = std::string(fused ? "fused" : "chunked") + " N=" + std::to_string(N) + " nh=" + std::to_string(nh) + " nkv=" + std::to_string(nkv) + " hd=" +
                            std::to_string(hd) + " B=" + std::to_string(c.B) + " window=" + std::to_string(c.window) +
                            " budget=" + std::to_string(c.score_budget);
   EXPECT_LT(rel_err(to_host(g, d_out), out), test::kOpTol) << "out " << what;
@@ -100,26 +111,59 @@ void run_case(const AttnCase& c, uint32_t seed) {
   EXPECT_LT(rel_err(to_host(g, d_dvb), dvb), test::kOpTol) << "dv_blk " << what;
 }
 
+// Each case runs through both implementations: fused (where the shape allows; else chunked) and chunked.
+void run_both(const AttnCase& c, uint32_t seed) {
+  run_case(c, seed, cuda::BlockAttentionImpl::Fused);
+  run_case(c, seed, cuda::BlockAttentionImpl::Chunked);
+}
+
 TEST(GpuDrafterAttention, FullAttentionGqa4) {
   SKIP_WITHOUT_GPU();
-  run_case({8, 2, 64, 16, 0, 0}, 11);
+  EXPECT_TRUE(cuda::block_attention_fused_supported(8, 2, 64, 16));
+  run_both({8, 2, 64, 16, 0, 0}, 11);
 }
 TEST(GpuDrafterAttention, FullAttentionManyChunks) {
   SKIP_WITHOUT_GPU();
-  run_case({8, 2, 128, 16, 0, 8 * 16 * 40}, 12);
+  run_both({8, 2, 128, 16, 0, 8 * 16 * 40}, 12);
 }
-TEST(GpuDrafterAttention, SlidingWindowGqa3) {
+TEST(GpuDrafterAttention, SlidingWindowGqa3) {  // G·B = 24 rows: the fused CTA pads to 64
   SKIP_WITHOUT_GPU();
-  run_case({6, 2, 64, 8, 24, 0}, 13);
+  EXPECT_TRUE(cuda::block_attention_fused_supported(6, 2, 64, 8));
+  run_both({6, 2, 64, 8, 24, 0}, 13);
 }
 TEST(GpuDrafterAttention, SlidingWindowNoGqaManyChunks) {
   SKIP_WITHOUT_GPU();
-  run_case({4, 4, 128, 16, 33, 4 * 16 * 30}, 14);
+  run_both({4, 4, 128, 16, 33, 4 * 16 * 30}, 14);
 }
-
-TEST(GpuDrafterAttention, HeadDim256Gqa6) {  // the Qwen3.6-27B head layout (24/4 heads of 256)
+TEST(GpuDrafterAttention, HeadDim256Gqa6) {  // the Qwen3.6-27B head layout (24/4 heads of 256): chunked only
   SKIP_WITHOUT_GPU();
-  run_case({6, 1, 256, 16, 0, 0}, 15);
+  EXPECT_FALSE(cuda::block_attention_fused_supported(6, 1, 256, 16));
+  run_both({6, 1, 256, 16, 0, 0}, 15);
+}
+// The 8b drafter's head layout (32/8 x 128, B 16) scaled down to 4/1, with GQA ratios 1, 2, 4 and enough
+// blocks (> 64 per split of the fused context-key kernel) and keys (several 64-key tiles per block).
+TEST(GpuDrafterAttention, Hd128GqaRatios124ManyBlocks) {
+  SKIP_WITHOUT_GPU();
+  for (int64_t nkv : {4, 2, 1}) {
+    AttnCase c{4, nkv, 128, 16, 0, 0};
+    c.lens = {300, 170, 260};
+    c.per_seq = 30;
+    EXPECT_TRUE(cuda::block_attention_fused_supported(c.nh, c.nkv, c.hd, c.B));
+    run_both(c, 20 + static_cast<uint32_t>(nkv));
+  }
+}
+TEST(GpuDrafterAttention, Hd128SlidingWindowManyBlocks) {
+  SKIP_WITHOUT_GPU();
+  AttnCase c{8, 2, 128, 16, 100, 0};
+  c.lens = {300, 170, 260};
+  c.per_seq = 25;
+  run_both(c, 30);
+}
+TEST(GpuDrafterAttention, TinyHeadDim16) {  // the golden case's drafter heads (4/2 x 16, B 4)
+  SKIP_WITHOUT_GPU();
+  EXPECT_TRUE(cuda::block_attention_fused_supported(4, 2, 16, 4));
+  run_both({4, 2, 16, 4, 0, 0}, 31);
+  run_both({4, 2, 32, 4, 7, 0}, 32);
 }
 
 }  // namespace
