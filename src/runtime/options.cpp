@@ -97,7 +97,7 @@ po::options_description describe(Options& o, std::string& topology, std::string&
   out.add_options()
     ("log-every", po::value(&o.log_every)->default_value(10), "status line and rank timings every N steps")
     ("metrics-flush-every", po::value(&o.metrics_flush_every)->default_value(10), "flush metrics.h5 after N appends")
-    ("export-dtype", po::value(&export_dtype)->default_value("f32"), "dtype of the exported drafter: bf16 | f32")
+    ("export-dtype", po::value(&export_dtype)->default_value("bf16"), "dtype of the exported drafter: bf16 | f32")
     ("checkpoint-every", po::value(&o.checkpoint_every), "N steps or Nm minutes (0 = only on SIGUSR1/SIGTERM)")
     ("checkpoint-dir", po::value(&o.checkpoint_dir), "where checkpoints go (default OUT/checkpoints)")
     ("keep-checkpoints", po::value(&o.keep_checkpoints)->default_value(3), "complete checkpoints kept (older ones are deleted)")
