@@ -1,24 +1,27 @@
 // Block-prefix attention (DFlash training) on CUDA, fused flash-style kernels; see block_attention.cuh.
 //
-// One CTA holds the query rows of one (block n, kv head g): the G query heads sharing kv head g times the
-// block's B rows (row i: head-in-group r = i / B, block offset o = i % B), padded to kRows = 64 with zero
-// rows that are never written. Warp w owns rows [16w, 16w + 16). Keys stream through shared memory in
-// tiles of kKeys = 64: the context tiles of the block's visible range, then one tile of the block's own B
-// keys. Scores and probabilities live only in shared memory (per warp, so no CTA barrier around the
-// softmax); bf16 tensor-core products through WMMA 16x16x16 with fp32 accumulation.
+// FlashAttention-2 layout with mma.sync m16n8k16 (bf16 in, fp32 accumulate) and ldmatrix fragments:
+// scores and probabilities never leave registers (the S accumulator fragments of two 8-key n-tiles are
+// exactly the A fragment of P for the next product).
 //
-// Forward: two passes over the keys (pass 1: log-sum-exp per row; pass 2: P = exp(S - lse) is final, so
-// the output accumulates in registers with no rescaling).
-// Backward (FlashAttention-2 style, scores recomputed):
-//   dq kernel, per (block, kv head): D = rowsum(dO o O) (saved), dq = scale · sum_tiles dS K, and for the
-//     block's own keys (seen by this CTA's rows only) dk_blk = scale · dS^T Q, dv_blk = P^T dO, complete.
-//   dkv kernel, per (context key tile, kv head, split of kSplitBlocks blocks): loops over the blocks that
-//     see the tile, dk += dS^T Q, dv += P^T dO in registers, then fp32 atomics into a [T, nkv·hd] buffer
-//     (splits keep the CTAs of the early, widely seen tiles short); converted to bf16 at the end.
+// Forward, one CTA of 4 warps per (block n, kv head g): the G query heads sharing kv head g times the
+// block's B rows (row i: head-in-group r = i / B, block offset o = i % B), padded to kRows = 64 with rows
+// that see nothing and are never written. Warp w owns rows [16w, 16w + 16). Keys stream in tiles of
+// kKeys = 64 through a two-stage cp.async pipeline (tile t + 1 loads while tile t is computed): the
+// context tiles of the block's visible range, then one tile of the block's own B keys. One pass, online
+// softmax. Blocks are taken in reverse order so the longest (latest anchors, when sorted) start first.
+// Backward (scores recomputed):
+//   dq kernel, per (block, kv head), same row layout: D = rowsum(dO o O) (saved), dq = scale · sum dS K,
+//     and for the block's own keys (seen by this CTA's rows only, P and dS staged once in shared memory)
+//     dk_blk = scale · dS^T Q, dv_blk = P^T dO, complete.
+//   dkv kernel, per (context key tile of 64, kv head, split of kSplitBlocks blocks): warp w owns keys
+//     [16w, 16w + 16) and computes S^T = K Q^T in registers for the blocks that see the tile (Q, dO of the
+//     next visible block prefetched with cp.async), dk += dS^T Q, dv += P^T dO accumulated in registers,
+//     then fp32 atomics into a [T, nkv·hd] buffer, converted to bf16 at the end.
 #include <cuda_bf16.h>
-#include <mma.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <type_traits>
 
 #include "backend.cuh"
@@ -29,21 +32,21 @@
 namespace dflash::cuda {
 namespace {
 
-using namespace nvcuda;
 using bf16 = __nv_bfloat16;
 
-constexpr int kRows = 64;     // query rows per CTA (G·B padded)
-constexpr int kKeys = 64;     // keys per tile
-constexpr int kThreads = 128;  // 4 warps
+constexpr int kRows = 64;         // query rows per CTA (G·B padded)
+constexpr int kKeys = 64;         // keys per tile
+constexpr int kThreads = 128;     // 4 warps
 constexpr int kSplitBlocks = 64;  // blocks per dkv CTA
+constexpr int kRowChunk = 32;     // query rows per step of the dkv kernel (bounds its registers)
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
 struct FusedArgs {
   const bf16 *q, *kc, *vc, *kb, *vb, *out, *dout;
   bf16 *o, *dq, *dkb, *dvb;
-  float* lse;         // [N·B, nh] natural log
-  float* D;           // [N·B, nh] rowsum(dO o O)
+  float* lse;          // [N·B, nh] natural log
+  float* D;            // [N·B, nh] rowsum(dO o O)
   float *dk32, *dv32;  // [T, nkv·hd]
   const int32_t *anchors, *seq_begin;
   int N, B, nh, nkv, G, M, window, T;
@@ -52,28 +55,108 @@ struct FusedArgs {
 };
 
 template <int HD> struct Layout {
-  static constexpr int LDQ = HD + 8;     // bf16 row stride of [64][HD] tiles (16-byte pad against bank conflicts)
-  static constexpr int LDS = kKeys + 4;  // fp32 score rows
-  static constexpr int LDP = kKeys + 8;  // bf16 probability rows
-  static constexpr size_t kTile = size_t(kRows) * LDQ * sizeof(bf16);
-  static constexpr size_t kScores = size_t(kRows) * LDS * sizeof(float);
-  static constexpr size_t kProbs = size_t(kRows) * LDP * sizeof(bf16);
+  static constexpr int LD = HD + 8;       // bf16 row stride of [64][HD] tiles (16-byte pad: ldmatrix conflict-free)
+  static constexpr int LDP = kKeys + 8;   // bf16 row stride of the staged [64 rows][64 keys] P / dS
+  static constexpr int kTile = kRows * LD;  // elements of one [64][HD] tile
+  // dq kernel stage: K and V of one tile, or (after the loop) P and dS of the block's own keys
+  static constexpr int kDqStage = 2 * kTile > 2 * kRows * LDP ? 2 * kTile : 2 * kRows * LDP;
 };
 static_assert(kRows == kKeys, "query and key tiles share one layout");
 
-using Acc = wmma::fragment<wmma::accumulator, 16, 16, 16, float>;
-using FragA = wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::row_major>;
-using FragAt = wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::col_major>;
-using FragB = wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::row_major>;
-using FragBt = wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::col_major>;
+// ---- PTX wrappers -----------------------------------------------------------------------------------------
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+// 16 bytes global -> shared, zero-filled when !valid (src is then not read).
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async4(void* dst, const void* src, bool valid) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(valid ? 4 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N> __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
 
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const bf16* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p)));
+}
+__device__ __forceinline__ void ldsm_x4_t(uint32_t (&r)[4], const bf16* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p)));
+}
+// d[16x8] += a[16x16] · b[16x8]
+__device__ __forceinline__ void mma16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&h);
+}
+
+// Fragment addressing (lane l). A [16 x 16] from row-major [m][k] storage: row l % 16, col (l / 16)·8.
+// B of two 8-wide n-tiles from [n][k] storage (non-transposed): row (l % 8) + (l / 16)·8, col ((l / 8) % 2)·8.
+// B of two 8-wide n-tiles from [k][n] storage (.trans): row (l % 8) + ((l / 8) % 2)·8, col (l / 16)·8.
+// A [16 x 16] from [k][m] storage (.trans): row (l % 8) + (l / 16)·8, col ((l / 8) % 2)·8.
+__device__ __forceinline__ int a_row(int l) { return l & 15; }
+__device__ __forceinline__ int a_col(int l) { return (l >> 4) << 3; }
+__device__ __forceinline__ int bn_row(int l) { return (l & 7) + ((l >> 4) << 3); }
+__device__ __forceinline__ int bn_col(int l) { return ((l >> 3) & 1) << 3; }
+__device__ __forceinline__ int bt_row(int l) { return (l & 7) + (((l >> 3) & 1) << 3); }
+__device__ __forceinline__ int bt_col(int l) { return (l >> 4) << 3; }
+
+// acc[0..NT) (n-tiles of 8 columns) += A[16 rows at As, K=16·KS] · Bs^T where Bs is [n][k] row-major (n = 8·NT rows)
+template <int KS, int NT, int LDA, int LDB>
+__device__ __forceinline__ void mma_rows_nk(float (&acc)[NT][4], const bf16* As, const bf16* Bs, int lane) {
+#pragma unroll
+  for (int k = 0; k < KS; ++k) {
+    uint32_t a[4];
+    ldsm_x4(a, As + a_row(lane) * LDA + 16 * k + a_col(lane));
+#pragma unroll
+    for (int np = 0; np < NT / 2; ++np) {
+      uint32_t b[4];
+      ldsm_x4(b, Bs + (16 * np + bn_row(lane)) * LDB + 16 * k + bn_col(lane));
+      mma16816(acc[2 * np], a, b[0], b[1]);
+      mma16816(acc[2 * np + 1], a, b[2], b[3]);
+    }
+  }
+}
+// acc[0..NT) += Pf (A fragments over K = 16·KS, in registers) · Bs where Bs is [k][n] row-major
+template <int KS, int NT, int LDB>
+__device__ __forceinline__ void mma_regs_kn(float (&acc)[NT][4], const uint32_t (&Pf)[KS][4], const bf16* Bs, int lane) {
+#pragma unroll
+  for (int k = 0; k < KS; ++k) {
+#pragma unroll
+    for (int np = 0; np < NT / 2; ++np) {
+      uint32_t b[4];
+      ldsm_x4_t(b, Bs + (16 * k + bt_row(lane)) * LDB + 16 * np + bt_col(lane));
+      mma16816(acc[2 * np], Pf[k], b[0], b[1]);
+      mma16816(acc[2 * np + 1], Pf[k], b[2], b[3]);
+    }
+  }
+}
+// Accumulators of 2·KS n-tiles (16 x 8 each, fp32) as the bf16 A fragments of KS k-steps.
+template <int KS> __device__ __forceinline__ void to_a_frags(uint32_t (&f)[KS][4], const float (&acc)[2 * KS][4]) {
+#pragma unroll
+  for (int k = 0; k < KS; ++k) {
+    f[k][0] = pack_bf16(acc[2 * k][0], acc[2 * k][1]);
+    f[k][1] = pack_bf16(acc[2 * k][2], acc[2 * k][3]);
+    f[k][2] = pack_bf16(acc[2 * k + 1][0], acc[2 * k + 1][1]);
+    f[k][3] = pack_bf16(acc[2 * k + 1][2], acc[2 * k + 1][3]);
+  }
+}
+
+// ---- geometry ----------------------------------------------------------------------------------------------
 // Context keys the block's widest row sees: [lo, a).
 __device__ __forceinline__ int block_ctx_lo(const FusedArgs& p, int a, int s0) {
   int lo = s0;
   if (p.window > 0) lo = max(s0, a - (p.window - 1));
   return min(lo, a);
 }
-
 // Element offset of query row i of (block n, kv head g) in q/out/dout/dq ([N·B, nh, hd]).
 __device__ __forceinline__ int64_t q_offset(const FusedArgs& p, int n, int g, int i, int hd) {
   const int r = i / p.B, o = i % p.B;
@@ -83,402 +166,403 @@ __device__ __forceinline__ int64_t stat_index(const FusedArgs& p, int n, int g, 
   const int r = i / p.B, o = i % p.B;
   return (int64_t(n) * p.B + o) * p.nh + g * p.G + r;
 }
+// What query row i of a block anchored at a sees: context keys [ctx_lo, a), block keys [0, blk_hi).
+struct RowView {
+  int ctx_lo, blk_hi;
+};
+__device__ __forceinline__ RowView row_view(const FusedArgs& p, int i, int a, int s0) {
+  if (i >= p.M) return {a, 0};  // padding row: nothing visible
+  const int o = i % p.B;
+  if (p.window > 0) return {max(s0, a + o - (p.window - 1)), o + 1};
+  return {s0, p.B};
+}
+// Whether every real row sees all of context tile [j0, j0 + 64) (CTA-uniform; then no masking).
+__device__ __forceinline__ bool ctx_tile_interior(const FusedArgs& p, int a, int s0, int j0) {
+  if (j0 + kKeys > a || p.M < kRows) return false;
+  const int widest_lo = p.window > 0 ? max(s0, a + (p.B - 1) - (p.window - 1)) : s0;
+  return j0 >= widest_lo;
+}
 
-// 64 rows of HD bf16 into shared memory; row_ptr(i) == nullptr gives a zero row.
-template <int HD, class RowPtr> __device__ __forceinline__ void load_rows(bf16* dst, RowPtr row_ptr) {
-  constexpr int V = HD / 8;  // 16-byte vectors per row
+// 64 rows of HD bf16 into shared memory (stride LD) with cp.async; row_ptr(i) == nullptr: zero row.
+template <int HD, class RowPtr> __device__ __forceinline__ void async_rows(bf16* dst, const bf16* any, RowPtr row_ptr) {
+  constexpr int V = HD / 8;
+#pragma unroll
   for (int idx = threadIdx.x; idx < kRows * V; idx += kThreads) {
     const int i = idx / V, v = idx % V;
     const bf16* src = row_ptr(i);
-    uint4 x = make_uint4(0, 0, 0, 0);
-    if (src != nullptr) x = reinterpret_cast<const uint4*>(src)[v];
-    *reinterpret_cast<uint4*>(dst + i * Layout<HD>::LDQ + v * 8) = x;
+    cp_async16(dst + i * Layout<HD>::LD + v * 8, src != nullptr ? src + v * 8 : any, src != nullptr);
   }
 }
-
-// Key tile t of block n (context tiles first, then the block's own keys): K (and V if Vs) into shared memory.
-template <int HD> __device__ __forceinline__ void load_key_tile(const FusedArgs& p, int n, int g, bool is_blk, int j0,
-                                                               int j1, bf16* Ks, bf16* Vs) {
+// K (and V) of key tile [j0, j1) of the context, or of block n's own keys.
+template <int HD> __device__ __forceinline__ void async_key_tile(const FusedArgs& p, int n, int g, bool is_blk, int j0,
+                                                                int j1, bf16* Ks, bf16* Vs) {
   if (is_blk) {
-    auto kp = [&](int i) -> const bf16* { return i < p.B ? p.kb + (int64_t(n) * p.B + i) * p.KVD + g * HD : nullptr; };
-    auto vp = [&](int i) -> const bf16* { return i < p.B ? p.vb + (int64_t(n) * p.B + i) * p.KVD + g * HD : nullptr; };
-    load_rows<HD>(Ks, kp);
-    if (Vs) load_rows<HD>(Vs, vp);
+    async_rows<HD>(Ks, p.kb, [&](int i) -> const bf16* { return i < p.B ? p.kb + (int64_t(n) * p.B + i) * p.KVD + g * HD : nullptr; });
+    async_rows<HD>(Vs, p.vb, [&](int i) -> const bf16* { return i < p.B ? p.vb + (int64_t(n) * p.B + i) * p.KVD + g * HD : nullptr; });
   } else {
-    auto kp = [&](int i) -> const bf16* { return j0 + i < j1 ? p.kc + int64_t(j0 + i) * p.KVD + g * HD : nullptr; };
-    auto vp = [&](int i) -> const bf16* { return j0 + i < j1 ? p.vc + int64_t(j0 + i) * p.KVD + g * HD : nullptr; };
-    load_rows<HD>(Ks, kp);
-    if (Vs) load_rows<HD>(Vs, vp);
+    async_rows<HD>(Ks, p.kc, [&](int i) -> const bf16* { return j0 + i < j1 ? p.kc + int64_t(j0 + i) * p.KVD + g * HD : nullptr; });
+    async_rows<HD>(Vs, p.vc, [&](int i) -> const bf16* { return j0 + i < j1 ? p.vc + int64_t(j0 + i) * p.KVD + g * HD : nullptr; });
   }
 }
+template <int HD> __device__ __forceinline__ void async_query_rows(const FusedArgs& p, const bf16* base, int n, int g,
+                                                                  bf16* dst) {
+  async_rows<HD>(dst, base, [&](int i) -> const bf16* { return i < p.M ? base + q_offset(p, n, g, i, HD) : nullptr; });
+}
 
-// Warp w: S[16w.., 0..64) = A[16w.., :] · K^T (raw dot products, fp32, into Ss).
-template <int HD> __device__ __forceinline__ void warp_scores(float* Ss, const bf16* As, const bf16* Ks, int w) {
-  using L = Layout<HD>;
-  Acc acc[kKeys / 16];
+// Scores of a warp's rows (acc [8 n-tiles][4], lane rows lane/4 and lane/4 + 8, columns 8·nt + 2·(lane%4) + e)
+// times scale·log2(e), -inf where hidden.
+__device__ __forceinline__ void mask_scale(float (&s)[kKeys / 8][4], const RowView (&rv)[2], bool masked, bool is_blk,
+                                           int j0, int a, float scale_log2, int lane) {
 #pragma unroll
-  for (int c = 0; c < kKeys / 16; ++c) wmma::fill_fragment(acc[c], 0.f);
+  for (int nt = 0; nt < kKeys / 8; ++nt)
 #pragma unroll
-  for (int k = 0; k < HD / 16; ++k) {
-    FragA a;
-    wmma::load_matrix_sync(a, As + 16 * w * L::LDQ + 16 * k, L::LDQ);
-#pragma unroll
-    for (int c = 0; c < kKeys / 16; ++c) {
-      FragBt b;
-      wmma::load_matrix_sync(b, Ks + 16 * c * L::LDQ + 16 * k, L::LDQ);
-      wmma::mma_sync(acc[c], a, b, acc[c]);
+    for (int e = 0; e < 4; ++e) {
+      const int h = e >> 1, c = 8 * nt + 2 * (lane & 3) + (e & 1);
+      bool vis = true;
+      if (masked) vis = is_blk ? c < rv[h].blk_hi : (j0 + c >= rv[h].ctx_lo && j0 + c < a);
+      s[nt][e] = vis ? s[nt][e] * scale_log2 : -INFINITY;
     }
-  }
-#pragma unroll
-  for (int c = 0; c < kKeys / 16; ++c)
-    wmma::store_matrix_sync(Ss + 16 * w * L::LDS + 16 * c, acc[c], L::LDS, wmma::mem_row_major);
-}
-
-// Warp w: acc[c] += X[16w.., 0..64) · Y[0..64, 16c..)   (X bf16 [64][LDP], Y bf16 [64][LDQ])
-template <int HD> __device__ __forceinline__ void warp_rows_mma(Acc (&acc)[HD / 16], const bf16* Xs, const bf16* Ys,
-                                                               int w) {
-  using L = Layout<HD>;
-#pragma unroll
-  for (int k = 0; k < kKeys / 16; ++k) {
-    FragA a;
-    wmma::load_matrix_sync(a, Xs + 16 * w * L::LDP + 16 * k, L::LDP);
-#pragma unroll
-    for (int c = 0; c < HD / 16; ++c) {
-      FragB b;
-      wmma::load_matrix_sync(b, Ys + 16 * k * L::LDQ + 16 * c, L::LDQ);
-      wmma::mma_sync(acc[c], a, b, acc[c]);
-    }
-  }
-}
-
-// Key rows kt: acc[c] += X[0..64, 16kt..)^T · Y[0..64, 16c..)   (X bf16 [64 rows][LDP keys], Y [64 rows][LDQ])
-template <int HD> __device__ __forceinline__ void keys_mma(Acc (&acc)[HD / 16], const bf16* Xs, const bf16* Ys, int kt) {
-  using L = Layout<HD>;
-#pragma unroll
-  for (int k = 0; k < kRows / 16; ++k) {
-    FragAt a;
-    wmma::load_matrix_sync(a, Xs + 16 * k * L::LDP + 16 * kt, L::LDP);
-#pragma unroll
-    for (int c = 0; c < HD / 16; ++c) {
-      FragB b;
-      wmma::load_matrix_sync(b, Ys + 16 * k * L::LDQ + 16 * c, L::LDQ);
-      wmma::mma_sync(acc[c], a, b, acc[c]);
-    }
-  }
-}
-
-// Warp-owned staging of one 16x16 accumulator through stage (fp32, [16][LDS]); lane l handles row l / 2,
-// columns (l % 2)·8 .. +8, and gets them in v[8] (multiplied by mul).
-__device__ __forceinline__ void stage_fragment(const Acc& acc, float* stage, int ld, float mul, float (&v)[8]) {
-  const int lane = threadIdx.x & 31;
-  wmma::store_matrix_sync(stage, acc, ld, wmma::mem_row_major);
-  __syncwarp();
-  const float* src = stage + (lane >> 1) * ld + (lane & 1) * 8;
-#pragma unroll
-  for (int e = 0; e < 8; ++e) v[e] = src[e] * mul;
-  __syncwarp();
-}
-__device__ __forceinline__ void store_bf16x8(bf16* dst, const float (&v)[8]) {
-  uint4 u;
-  __nv_bfloat162 h[4];
-#pragma unroll
-  for (int e = 0; e < 4; ++e) h[e] = __floats2bfloat162_rn(v[2 * e], v[2 * e + 1]);
-  u.x = *reinterpret_cast<unsigned*>(&h[0]);
-  u.y = *reinterpret_cast<unsigned*>(&h[1]);
-  u.z = *reinterpret_cast<unsigned*>(&h[2]);
-  u.w = *reinterpret_cast<unsigned*>(&h[3]);
-  *reinterpret_cast<uint4*>(dst) = u;
-}
-
-// What one lane's query row sees (lane l of warp w: row i = 16w + l / 2; the lane pair splits the tile's
-// columns: c = 2t + l % 2).
-struct RowView {
-  int i;
-  bool ok;      // a real row (i < M)
-  int ctx_lo;   // visible context keys [ctx_lo, a)
-  int blk_hi;   // visible block keys [0, blk_hi)
-  int a;
-};
-__device__ __forceinline__ RowView row_view(const FusedArgs& p, int w, int lane, int a, int s0) {
-  RowView v;
-  v.i = 16 * w + (lane >> 1);
-  v.ok = v.i < p.M;
-  const int o = v.ok ? v.i % p.B : 0;
-  v.ctx_lo = p.window > 0 ? max(s0, a + o - (p.window - 1)) : s0;
-  v.blk_hi = p.window > 0 ? o + 1 : p.B;
-  v.a = a;
-  if (!v.ok) {  // nothing visible
-    v.ctx_lo = a;
-    v.blk_hi = 0;
-  }
-  return v;
-}
-__device__ __forceinline__ bool visible(const RowView& v, bool is_blk, int j0, int c) {
-  if (is_blk) return c < v.blk_hi;
-  const int j = j0 + c;
-  return j >= v.ctx_lo && j < v.a;
-}
-
-// P = exp(S·scale - lse) for the lane's row into Ps (bf16, 0 where hidden).
-template <int HD> __device__ __forceinline__ void write_probs(const FusedArgs& p, const float* Ss, bf16* Ps,
-                                                             const RowView& v, bool is_blk, int j0, float lse2) {
-  using L = Layout<HD>;
-  const int half = threadIdx.x & 1;
-  const float* srow = Ss + v.i * L::LDS;
-  bf16* prow = Ps + v.i * L::LDP;
-#pragma unroll 8
-  for (int t = 0; t < kKeys / 2; ++t) {
-    const int c = 2 * t + half;
-    prow[c] = __float2bfloat16_rn(visible(v, is_blk, j0, c) ? exp2f(srow[c] * p.scale_log2 - lse2) : 0.f);
-  }
-}
-// dS = P (dP - D) for the lane's row: dP in Ss, P in Ps, into dSs (bf16).
-template <int HD> __device__ __forceinline__ void write_dscores(const float* Ss, const bf16* Ps, bf16* dSs,
-                                                               const RowView& v, float D) {
-  using L = Layout<HD>;
-  const int half = threadIdx.x & 1;
-  const float* srow = Ss + v.i * L::LDS;
-  const bf16* prow = Ps + v.i * L::LDP;
-  bf16* drow = dSs + v.i * L::LDP;
-#pragma unroll 8
-  for (int t = 0; t < kKeys / 2; ++t) {
-    const int c = 2 * t + half;
-    drow[c] = __float2bfloat16_rn(__bfloat162float(prow[c]) * (srow[c] - D));
-  }
 }
 
 // ---- forward ---------------------------------------------------------------------------------------------
 template <int HD> __global__ void __launch_bounds__(kThreads) fused_forward_kernel(FusedArgs p) {
   using L = Layout<HD>;
+  constexpr int LD = L::LD, KS = HD / 16, DT = HD / 8, NT = kKeys / 8;
   extern __shared__ __align__(128) unsigned char smem[];
-  bf16* Qs = reinterpret_cast<bf16*>(smem);
-  bf16* Ks = reinterpret_cast<bf16*>(smem + L::kTile);
-  bf16* Vs = reinterpret_cast<bf16*>(smem + 2 * L::kTile);
-  float* Ss = reinterpret_cast<float*>(smem + 3 * L::kTile);
-  bf16* Ps = reinterpret_cast<bf16*>(smem + 3 * L::kTile + L::kScores);
-  const int n = blockIdx.x, g = blockIdx.y, w = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  bf16* KV = reinterpret_cast<bf16*>(smem);  // stage s: K at KV + 2s·kTile, V at + kTile
+  bf16* Qs = KV + 2 * L::kTile;               // Q staged in stage 1's K until its fragments are in registers
+  const int n = p.N - 1 - int(blockIdx.x), g = blockIdx.y, w = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int a = p.anchors[n], s0 = p.seq_begin[n];
   const int lo = block_ctx_lo(p, a, s0);
   const int ntiles = (a - lo + kKeys - 1) / kKeys + 1;  // context tiles + the block's own keys
-  load_rows<HD>(Qs, [&](int i) -> const bf16* { return i < p.M ? p.q + q_offset(p, n, g, i, HD) : nullptr; });
-  const RowView v = row_view(p, w, lane, a, s0);
-  const int half = lane & 1;
+  async_query_rows<HD>(p, p.q, n, g, Qs);
+  async_key_tile<HD>(p, n, g, ntiles == 1, lo, a, KV, KV + L::kTile);
+  cp_async_commit();
+  const int r0 = 16 * w + (lane >> 2);
+  const RowView rv[2] = {row_view(p, r0, a, s0), row_view(p, r0 + 8, a, s0)};
+  const bool rows_real = r0 + 8 < p.M;
+  cp_async_wait<0>();
+  __syncthreads();
+  uint32_t qf[KS][4];
+#pragma unroll
+  for (int k = 0; k < KS; ++k) ldsm_x4(qf[k], Qs + (16 * w + a_row(lane)) * LD + 16 * k + a_col(lane));
+  __syncthreads();  // stage 1 free
 
-  // pass 1: per-row max and sum of exp2(S·scale·log2e - max)
-  float m = -INFINITY, s = 0.f;
+  float o[DT][4];
+#pragma unroll
+  for (int d = 0; d < DT; ++d) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.f;
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
   for (int t = 0; t < ntiles; ++t) {
+    if (t + 1 < ntiles) {
+      bf16* nxt = KV + ((t + 1) & 1) * 2 * L::kTile;
+      async_key_tile<HD>(p, n, g, t + 1 == ntiles - 1, lo + (t + 1) * kKeys, a, nxt, nxt + L::kTile);
+    }
+    cp_async_commit();
+    cp_async_wait<1>();
+    __syncthreads();
+    const bf16* Ks = KV + (t & 1) * 2 * L::kTile;
+    const bf16* Vs = Ks + L::kTile;
     const bool is_blk = t == ntiles - 1;
     const int j0 = lo + t * kKeys;
-    __syncthreads();  // Ks of the previous tile no longer read (and Qs written, first time)
-    load_key_tile<HD>(p, n, g, is_blk, j0, a, Ks, nullptr);
-    __syncthreads();
-    warp_scores<HD>(Ss, Qs, Ks, w);
-    __syncwarp();
-    const float* srow = Ss + v.i * L::LDS;
-    float tm = -INFINITY;
-#pragma unroll 8
-    for (int k = 0; k < kKeys / 2; ++k) {
-      const int c = 2 * k + half;
-      if (visible(v, is_blk, j0, c)) tm = fmaxf(tm, srow[c] * p.scale_log2);
-    }
-    if (tm > -INFINITY) {
-      const float mn = fmaxf(m, tm);
-      s *= exp2f(m - mn);
-#pragma unroll 8
-      for (int k = 0; k < kKeys / 2; ++k) {
-        const int c = 2 * k + half;
-        if (visible(v, is_blk, j0, c)) s += exp2f(srow[c] * p.scale_log2 - mn);
+    float s[NT][4];
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
+#pragma unroll
+    for (int k = 0; k < KS; ++k)
+#pragma unroll
+      for (int np = 0; np < NT / 2; ++np) {
+        uint32_t b[4];
+        ldsm_x4(b, Ks + (16 * np + bn_row(lane)) * LD + 16 * k + bn_col(lane));
+        mma16816(s[2 * np], qf[k], b[0], b[1]);
+        mma16816(s[2 * np + 1], qf[k], b[2], b[3]);
       }
-      m = mn;
-    }
-  }
-  {
-    const float m2 = __shfl_xor_sync(0xffffffffu, m, 1), s2 = __shfl_xor_sync(0xffffffffu, s, 1);
-    const float mn = fmaxf(m, m2);
-    if (mn > -INFINITY) {
-      s = s * exp2f(m - mn) + s2 * exp2f(m2 - mn);
-      m = mn;
-    } else {
-      m = 0.f;
-      s = 1.f;
-    }
-  }
-  const float lse2 = m + log2f(s);
-
-  // pass 2: O = sum_tiles P V with the final P
-  Acc acc[HD / 16];
+    const bool masked = is_blk || !rows_real || !ctx_tile_interior(p, a, s0, j0);
+    mask_scale(s, rv, masked, is_blk, j0, a, p.scale_log2, lane);
 #pragma unroll
-  for (int c = 0; c < HD / 16; ++c) wmma::fill_fragment(acc[c], 0.f);
-  for (int t = 0; t < ntiles; ++t) {
-    const bool is_blk = t == ntiles - 1;
-    const int j0 = lo + t * kKeys;
-    __syncthreads();
-    load_key_tile<HD>(p, n, g, is_blk, j0, a, Ks, Vs);
-    __syncthreads();
-    warp_scores<HD>(Ss, Qs, Ks, w);
-    __syncwarp();
-    write_probs<HD>(p, Ss, Ps, v, is_blk, j0, lse2);
-    __syncwarp();
-    warp_rows_mma<HD>(acc, Ps, Vs, w);
-  }
-  __syncwarp();
-  float* stage = Ss + 16 * w * L::LDS;  // this warp's score rows, free now
-  const int ri = 16 * w + (lane >> 1);
+    for (int h = 0; h < 2; ++h) {
+      float mx = -INFINITY;
 #pragma unroll
-  for (int c = 0; c < HD / 16; ++c) {
-    float val[8];
-    stage_fragment(acc[c], stage, L::LDS, 1.f, val);
-    if (ri < p.M) store_bf16x8(p.o + q_offset(p, n, g, ri, HD) + 16 * c + half * 8, val);
+      for (int nt = 0; nt < NT; ++nt) mx = fmaxf(mx, fmaxf(s[nt][2 * h], s[nt][2 * h + 1]));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      const float mn = fmaxf(m[h], mx);
+      const float base = mn == -INFINITY ? 0.f : mn;
+      const float alpha = exp2f(m[h] - base);
+      float sum = 0.f;
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+        s[nt][2 * h] = exp2f(s[nt][2 * h] - base);
+        s[nt][2 * h + 1] = exp2f(s[nt][2 * h + 1] - base);
+        sum += s[nt][2 * h] + s[nt][2 * h + 1];
+      }
+      l[h] = l[h] * alpha + sum;
+      m[h] = mn;
+#pragma unroll
+      for (int d = 0; d < DT; ++d) {
+        o[d][2 * h] *= alpha;
+        o[d][2 * h + 1] *= alpha;
+      }
+    }
+    uint32_t pf[NT / 2][4];
+    to_a_frags<NT / 2>(pf, s);
+    mma_regs_kn<NT / 2, DT, LD>(o, pf, Vs, lane);
+    __syncthreads();  // this stage is refilled by the next iteration's prefetch
   }
-  if (v.ok && half == 0) p.lse[stat_index(p, n, g, v.i)] = lse2 * kLn2;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
+    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
+    const int i = r0 + 8 * h;
+    if (i >= p.M) continue;
+    const float inv = 1.f / l[h];
+    bf16* orow = p.o + q_offset(p, n, g, i, HD) + 2 * (lane & 3);
+#pragma unroll
+    for (int d = 0; d < DT; ++d)
+      *reinterpret_cast<uint32_t*>(orow + 8 * d) = pack_bf16(o[d][2 * h] * inv, o[d][2 * h + 1] * inv);
+    if ((lane & 3) == 0) p.lse[stat_index(p, n, g, i)] = (m[h] + log2f(l[h])) * kLn2;
+  }
 }
 
 // ---- backward: dq, D, and the block's own keys ------------------------------------------------------------
 template <int HD> __global__ void __launch_bounds__(kThreads) fused_dq_kernel(FusedArgs p) {
   using L = Layout<HD>;
+  constexpr int LD = L::LD, LDP = L::LDP, KS = HD / 16, DT = HD / 8, NT = kKeys / 8;
   extern __shared__ __align__(128) unsigned char smem[];
   bf16* Qs = reinterpret_cast<bf16*>(smem);
-  bf16* dOs = reinterpret_cast<bf16*>(smem + L::kTile);
-  bf16* Ks = reinterpret_cast<bf16*>(smem + 2 * L::kTile);
-  bf16* Vs = reinterpret_cast<bf16*>(smem + 3 * L::kTile);
-  float* Ss = reinterpret_cast<float*>(smem + 4 * L::kTile);
-  bf16* Ps = reinterpret_cast<bf16*>(smem + 4 * L::kTile + L::kScores);
-  bf16* dSs = reinterpret_cast<bf16*>(smem + 4 * L::kTile + L::kScores + L::kProbs);
-  const int n = blockIdx.x, g = blockIdx.y, w = threadIdx.x >> 5, lane = threadIdx.x & 31, half = lane & 1;
+  bf16* dOs = Qs + L::kTile;
+  float* Lse2s = reinterpret_cast<float*>(dOs + L::kTile);  // [64] lse in base 2
+  float* Ds = Lse2s + kRows;                                 // [64]
+  bf16* KV = reinterpret_cast<bf16*>(Ds + kRows);            // 2 stages of kDqStage elements
+  const int n = p.N - 1 - int(blockIdx.x), g = blockIdx.y, w = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int a = p.anchors[n], s0 = p.seq_begin[n];
   const int lo = block_ctx_lo(p, a, s0);
   const int ntiles = (a - lo + kKeys - 1) / kKeys + 1;
-  load_rows<HD>(Qs, [&](int i) -> const bf16* { return i < p.M ? p.q + q_offset(p, n, g, i, HD) : nullptr; });
-  load_rows<HD>(dOs, [&](int i) -> const bf16* { return i < p.M ? p.dout + q_offset(p, n, g, i, HD) : nullptr; });
-  const RowView v = row_view(p, w, lane, a, s0);
-  // D = rowsum(dO o O) for the lane's row (the lane pair splits hd), lse in base 2
-  float D = 0.f, lse2 = 0.f;
-  if (v.ok) {
-    const bf16* orow = p.out + q_offset(p, n, g, v.i, HD);
-    const bf16* drow = p.dout + q_offset(p, n, g, v.i, HD);
-    for (int e = half; e < HD; e += 2) D += __bfloat162float(orow[e]) * __bfloat162float(drow[e]);
-    lse2 = p.lse[stat_index(p, n, g, v.i)] * kLog2e;
+  async_query_rows<HD>(p, p.q, n, g, Qs);
+  async_query_rows<HD>(p, p.dout, n, g, dOs);
+  async_key_tile<HD>(p, n, g, ntiles == 1, lo, a, KV, KV + L::kTile);
+  cp_async_commit();
+  {  // D = rowsum(dO o O), lse: thread pair per row
+    const int i = threadIdx.x >> 1, half = threadIdx.x & 1;
+    float D = 0.f;
+    if (i < p.M) {
+      const bf16* orow = p.out + q_offset(p, n, g, i, HD);
+      const bf16* drow = p.dout + q_offset(p, n, g, i, HD);
+      for (int e = 2 * half; e < HD; e += 4) {
+        const float2 x = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(orow + e));
+        const float2 y = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(drow + e));
+        D += x.x * y.x + x.y * y.y;
+      }
+    }
+    D += __shfl_xor_sync(0xffffffffu, D, 1);
+    if (half == 0) {
+      Ds[i] = D;
+      Lse2s[i] = i < p.M ? p.lse[stat_index(p, n, g, i)] * kLog2e : 0.f;
+      if (i < p.M) p.D[stat_index(p, n, g, i)] = D;
+    }
   }
-  D += __shfl_xor_sync(0xffffffffu, D, 1);
-  if (v.ok && half == 0) p.D[stat_index(p, n, g, v.i)] = D;
+  const int r0 = 16 * w + (lane >> 2);
+  const RowView rv[2] = {row_view(p, r0, a, s0), row_view(p, r0 + 8, a, s0)};
+  const bool rows_real = r0 + 8 < p.M;
+  __syncthreads();
+  const float lse2[2] = {Lse2s[r0], Lse2s[r0 + 8]};
+  const float Drow[2] = {Ds[r0], Ds[r0 + 8]};
+  const bf16* Qw = Qs + 16 * w * LD;
+  const bf16* dOw = dOs + 16 * w * LD;
 
-  Acc acc[HD / 16];
+  float dq[DT][4];
 #pragma unroll
-  for (int c = 0; c < HD / 16; ++c) wmma::fill_fragment(acc[c], 0.f);
+  for (int d = 0; d < DT; ++d) dq[d][0] = dq[d][1] = dq[d][2] = dq[d][3] = 0.f;
   for (int t = 0; t < ntiles; ++t) {
     const bool is_blk = t == ntiles - 1;
+    if (t + 1 < ntiles) {
+      bf16* nxt = KV + ((t + 1) & 1) * L::kDqStage;
+      async_key_tile<HD>(p, n, g, t + 1 == ntiles - 1, lo + (t + 1) * kKeys, a, nxt, nxt + L::kTile);
+    }
+    cp_async_commit();
+    cp_async_wait<1>();
+    __syncthreads();
+    const bf16* Ks = KV + (t & 1) * L::kDqStage;
+    const bf16* Vs = Ks + L::kTile;
     const int j0 = lo + t * kKeys;
+    float s[NT][4], dp[NT][4];
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[nt][e] = dp[nt][e] = 0.f;
+    mma_rows_nk<KS, NT, LD, LD>(s, Qw, Ks, lane);    // S = Q K^T
+    mma_rows_nk<KS, NT, LD, LD>(dp, dOw, Vs, lane);  // dP = dO V^T
+    const bool masked = is_blk || !rows_real || !ctx_tile_interior(p, a, s0, j0);
+    mask_scale(s, rv, masked, is_blk, j0, a, p.scale_log2, lane);
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int h = e >> 1;
+        s[nt][e] = exp2f(s[nt][e] - lse2[h]);     // P (0 where hidden)
+        dp[nt][e] = s[nt][e] * (dp[nt][e] - Drow[h]);  // dS
+      }
+    uint32_t dsf[NT / 2][4];
+    to_a_frags<NT / 2>(dsf, dp);
+    mma_regs_kn<NT / 2, DT, LD>(dq, dsf, Ks, lane);  // dq += dS K
+    if (is_blk) {  // stage P and dS of the block's own keys in the other (idle) stage
+      bf16* Ps = KV + ((t + 1) & 1) * L::kDqStage;
+      bf16* dSs = Ps + kRows * LDP;
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int off = (r0 + 8 * h) * LDP + 8 * nt + 2 * (lane & 3);
+          *reinterpret_cast<uint32_t*>(Ps + off) = pack_bf16(s[nt][2 * h], s[nt][2 * h + 1]);
+          *reinterpret_cast<uint32_t*>(dSs + off) = pack_bf16(dp[nt][2 * h], dp[nt][2 * h + 1]);
+        }
+    }
     __syncthreads();
-    load_key_tile<HD>(p, n, g, is_blk, j0, a, Ks, Vs);
-    __syncthreads();
-    warp_scores<HD>(Ss, Qs, Ks, w);
-    __syncwarp();
-    write_probs<HD>(p, Ss, Ps, v, is_blk, j0, lse2);
-    __syncwarp();
-    warp_scores<HD>(Ss, dOs, Vs, w);  // dP = dO V^T
-    __syncwarp();
-    write_dscores<HD>(Ss, Ps, dSs, v, D);
-    __syncwarp();
-    warp_rows_mma<HD>(acc, dSs, Ks, w);  // dq += dS K
+  }
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int i = r0 + 8 * h;
+    if (i >= p.M) continue;
+    bf16* row = p.dq + q_offset(p, n, g, i, HD) + 2 * (lane & 3);
+#pragma unroll
+    for (int d = 0; d < DT; ++d)
+      *reinterpret_cast<uint32_t*>(row + 8 * d) = pack_bf16(dq[d][2 * h] * p.scale, dq[d][2 * h + 1] * p.scale);
   }
   // The block's own keys: every row that sees them is in this CTA, so dk_blk / dv_blk are complete here.
-  __syncthreads();  // all rows' P and dS of the block tile written
-  float* stage = Ss + 16 * w * L::LDS;
-  const int ri = 16 * w + (lane >> 1);
+  // dk[key][dim] = scale · sum_rows dS[row][key] Q[row][dim]; dv likewise with P and dO. Items: 16 keys x 16 dims.
+  const bf16* Ps = KV + (ntiles & 1) * L::kDqStage;
+  const bf16* dSs = Ps + kRows * LDP;
   const int key_tiles = (p.B + 15) / 16;
-  for (int f = w; f < key_tiles * (HD / 16); f += kThreads / 32) {
-    const int kt = f / (HD / 16), c = f % (HD / 16);
-    Acc dk, dv;
-    wmma::fill_fragment(dk, 0.f);
-    wmma::fill_fragment(dv, 0.f);
+  for (int f = w; f < key_tiles * KS; f += kThreads / 32) {
+    const int kt = f / KS, c = f % KS;
+    float dk[2][4] = {}, dv[2][4] = {};
 #pragma unroll
     for (int k = 0; k < kRows / 16; ++k) {
-      FragAt x;
-      FragB y;
-      wmma::load_matrix_sync(y, Qs + 16 * k * L::LDQ + 16 * c, L::LDQ);
-      wmma::load_matrix_sync(x, dSs + 16 * k * L::LDP + 16 * kt, L::LDP);
-      wmma::mma_sync(dk, x, y, dk);
-      wmma::load_matrix_sync(y, dOs + 16 * k * L::LDQ + 16 * c, L::LDQ);
-      wmma::load_matrix_sync(x, Ps + 16 * k * L::LDP + 16 * kt, L::LDP);
-      wmma::mma_sync(dv, x, y, dv);
+      uint32_t x[4], y[4];
+      // A = dS^T [key][row] from dSs [row][key]: transposed A load
+      ldsm_x4_t(x, dSs + (16 * k + bn_row(lane)) * LDP + 16 * kt + bn_col(lane));
+      ldsm_x4_t(y, Qs + (16 * k + bt_row(lane)) * LD + 16 * c + bt_col(lane));
+      mma16816(dk[0], x, y[0], y[1]);
+      mma16816(dk[1], x, y[2], y[3]);
+      ldsm_x4_t(x, Ps + (16 * k + bn_row(lane)) * LDP + 16 * kt + bn_col(lane));
+      ldsm_x4_t(y, dOs + (16 * k + bt_row(lane)) * LD + 16 * c + bt_col(lane));
+      mma16816(dv[0], x, y[0], y[1]);
+      mma16816(dv[1], x, y[2], y[3]);
     }
-    const int b = 16 * kt + (lane >> 1);
-    const int64_t off = (int64_t(n) * p.B + b) * p.KVD + g * HD + 16 * c + half * 8;
-    float val[8];
-    stage_fragment(dk, stage, L::LDS, p.scale, val);
-    if (b < p.B) store_bf16x8(p.dkb + off, val);
-    stage_fragment(dv, stage, L::LDS, 1.f, val);
-    if (b < p.B) store_bf16x8(p.dvb + off, val);
-  }
 #pragma unroll
-  for (int c = 0; c < HD / 16; ++c) {
-    float val[8];
-    stage_fragment(acc[c], stage, L::LDS, p.scale, val);
-    if (ri < p.M) store_bf16x8(p.dq + q_offset(p, n, g, ri, HD) + 16 * c + half * 8, val);
+    for (int h = 0; h < 2; ++h) {
+      const int b = 16 * kt + (lane >> 2) + 8 * h;
+      if (b >= p.B) continue;
+#pragma unroll
+      for (int d = 0; d < 2; ++d) {
+        const int64_t off = (int64_t(n) * p.B + b) * p.KVD + g * HD + 16 * c + 8 * d + 2 * (lane & 3);
+        *reinterpret_cast<uint32_t*>(p.dkb + off) = pack_bf16(dk[d][2 * h] * p.scale, dk[d][2 * h + 1] * p.scale);
+        *reinterpret_cast<uint32_t*>(p.dvb + off) = pack_bf16(dv[d][2 * h], dv[d][2 * h + 1]);
+      }
+    }
   }
 }
 
 // ---- backward: context keys ---------------------------------------------------------------------------------
+__device__ __forceinline__ bool block_sees_tile(const FusedArgs& p, int n, int j0, int j1) {
+  const int a = p.anchors[n];
+  return a > j0 && block_ctx_lo(p, a, p.seq_begin[n]) < j1;
+}
+template <int HD> __device__ __forceinline__ void async_block_rows(const FusedArgs& p, int n, int g, bf16* Qs, bf16* dOs,
+                                                                  float* stats) {
+  async_query_rows<HD>(p, p.q, n, g, Qs);
+  async_query_rows<HD>(p, p.dout, n, g, dOs);
+  if (threadIdx.x < 2 * kRows) {  // stats[0..64) lse (natural log), stats[64..128) D
+    const int i = threadIdx.x % kRows;
+    const float* src = threadIdx.x < kRows ? p.lse : p.D;
+    cp_async4(stats + threadIdx.x, i < p.M ? src + stat_index(p, n, g, i) : src, i < p.M);
+  }
+}
+
 template <int HD> __global__ void __launch_bounds__(kThreads) fused_dkv_kernel(FusedArgs p) {
   using L = Layout<HD>;
+  constexpr int LD = L::LD, KS = HD / 16, DT = HD / 8, RT = kRowChunk / 8;
   extern __shared__ __align__(128) unsigned char smem[];
   bf16* Ks = reinterpret_cast<bf16*>(smem);
-  bf16* Vs = reinterpret_cast<bf16*>(smem + L::kTile);
-  bf16* Qs = reinterpret_cast<bf16*>(smem + 2 * L::kTile);
-  bf16* dOs = reinterpret_cast<bf16*>(smem + 3 * L::kTile);
-  float* Ss = reinterpret_cast<float*>(smem + 4 * L::kTile);
-  bf16* Ps = reinterpret_cast<bf16*>(smem + 4 * L::kTile + L::kScores);
-  bf16* dSs = reinterpret_cast<bf16*>(smem + 4 * L::kTile + L::kScores + L::kProbs);
+  bf16* Vs = Ks + L::kTile;
+  bf16* QdO = Vs + L::kTile;                                    // stage s: Q at QdO + 2s·kTile, dO at + kTile
+  float* stats = reinterpret_cast<float*>(QdO + 4 * L::kTile);  // stage s: [2][64] at stats + 128 s
   const int j0 = blockIdx.x * kKeys, j1 = min(j0 + kKeys, p.T), g = blockIdx.y;
   const int n_begin = blockIdx.z * kSplitBlocks, n_end = min(p.N, n_begin + kSplitBlocks);
   const int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  Acc dk[HD / 16], dv[HD / 16];
+  int n = n_begin;
+  while (n < n_end && !block_sees_tile(p, n, j0, j1)) ++n;
+  if (n == n_end) return;  // no block sees the tile (CTA-uniform)
+  async_key_tile<HD>(p, n, g, false, j0, j1, Ks, Vs);
+  async_block_rows<HD>(p, n, g, QdO, QdO + L::kTile, stats);
+  cp_async_commit();
+  float dk[DT][4], dv[DT][4];
 #pragma unroll
-  for (int c = 0; c < HD / 16; ++c) {
-    wmma::fill_fragment(dk[c], 0.f);
-    wmma::fill_fragment(dv[c], 0.f);
-  }
-  bool loaded = false;
-  for (int n = n_begin; n < n_end; ++n) {
-    const int a = p.anchors[n], s0 = p.seq_begin[n];
-    if (a <= j0 || block_ctx_lo(p, a, s0) >= j1) continue;  // the block sees none of the tile (CTA-uniform)
-    __syncthreads();  // previous block's tiles no longer read
-    if (!loaded) {
-      load_key_tile<HD>(p, n, g, false, j0, j1, Ks, Vs);
-      loaded = true;
+  for (int d = 0; d < DT; ++d)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) dk[d][e] = dv[d][e] = 0.f;
+  const int kw = 16 * w;                 // this warp's keys within the tile
+  const int key[2] = {j0 + kw + (lane >> 2), j0 + kw + (lane >> 2) + 8};
+  int stage = 0;
+  while (n < n_end) {
+    int nn = n + 1;
+    while (nn < n_end && !block_sees_tile(p, nn, j0, j1)) ++nn;
+    if (nn < n_end) {
+      bf16* nxt = QdO + (stage ^ 1) * 2 * L::kTile;
+      async_block_rows<HD>(p, nn, g, nxt, nxt + L::kTile, stats + (stage ^ 1) * 2 * kRows);
     }
-    load_rows<HD>(Qs, [&](int i) -> const bf16* { return i < p.M ? p.q + q_offset(p, n, g, i, HD) : nullptr; });
-    load_rows<HD>(dOs, [&](int i) -> const bf16* { return i < p.M ? p.dout + q_offset(p, n, g, i, HD) : nullptr; });
-    const RowView v = row_view(p, w, lane, a, s0);
-    const float lse2 = v.ok ? p.lse[stat_index(p, n, g, v.i)] * kLog2e : 0.f;
-    const float D = v.ok ? p.D[stat_index(p, n, g, v.i)] : 0.f;
+    cp_async_commit();
+    cp_async_wait<1>();
     __syncthreads();
-    warp_scores<HD>(Ss, Qs, Ks, w);
-    __syncwarp();
-    write_probs<HD>(p, Ss, Ps, v, false, j0, lse2);
-    __syncwarp();
-    warp_scores<HD>(Ss, dOs, Vs, w);
-    __syncwarp();
-    write_dscores<HD>(Ss, Ps, dSs, v, D);
-    __syncthreads();  // every row's P and dS written
-    keys_mma<HD>(dv, Ps, dOs, w);   // dv += P^T dO    (this warp's 16 keys)
-    keys_mma<HD>(dk, dSs, Qs, w);   // dk += dS^T Q
-  }
-  if (!loaded) return;
-  __syncthreads();  // Ss free
-  float* stage = Ss + 16 * w * L::LDS;
-  const int j = j0 + 16 * w + (lane >> 1);
-  const int half = lane & 1;
+    const bf16* Qs = QdO + stage * 2 * L::kTile;
+    const bf16* dOs = Qs + L::kTile;
+    const float* lse = stats + stage * 2 * kRows;
+    const float* Dst = lse + kRows;
+    const int a = p.anchors[n], s0 = p.seq_begin[n];
+    const bool masked = !ctx_tile_interior(p, a, s0, j0);
+    for (int rc = 0; rc < p.M; rc += kRowChunk) {
+      // S^T = K Q^T and dP^T = V dO^T for this warp's 16 keys x 32 rows
+      float st[RT][4], dpt[RT][4];
 #pragma unroll
-  for (int c = 0; c < HD / 16; ++c) {
-    const int64_t off = int64_t(j) * p.KVD + g * HD + 16 * c + half * 8;
-    float val[8];
-    stage_fragment(dk[c], stage, L::LDS, p.scale, val);
-    if (j < j1)
-      for (int e = 0; e < 8; ++e) atomicAdd(p.dk32 + off + e, val[e]);
-    stage_fragment(dv[c], stage, L::LDS, 1.f, val);
-    if (j < j1)
-      for (int e = 0; e < 8; ++e) atomicAdd(p.dv32 + off + e, val[e]);
+      for (int nt = 0; nt < RT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) st[nt][e] = dpt[nt][e] = 0.f;
+      mma_rows_nk<KS, RT, LD, LD>(st, Ks + kw * LD, Qs + rc * LD, lane);
+      mma_rows_nk<KS, RT, LD, LD>(dpt, Vs + kw * LD, dOs + rc * LD, lane);
+#pragma unroll
+      for (int nt = 0; nt < RT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int i = rc + 8 * nt + 2 * (lane & 3) + (e & 1), h = e >> 1;
+          bool vis = true;
+          if (masked) {
+            const RowView v = row_view(p, i, a, s0);
+            vis = key[h] >= v.ctx_lo && key[h] < a;
+          }
+          const float pr = vis ? exp2f(st[nt][e] * p.scale_log2 - lse[i] * kLog2e) : 0.f;
+          st[nt][e] = pr;
+          dpt[nt][e] = pr * (dpt[nt][e] - Dst[i]);
+        }
+      uint32_t pf[RT / 2][4], dsf[RT / 2][4];
+      to_a_frags<RT / 2>(pf, st);
+      to_a_frags<RT / 2>(dsf, dpt);
+      mma_regs_kn<RT / 2, DT, LD>(dv, pf, dOs + rc * LD, lane);  // dv += P^T dO
+      mma_regs_kn<RT / 2, DT, LD>(dk, dsf, Qs + rc * LD, lane);  // dk += dS^T Q
+    }
+    __syncthreads();  // this stage is refilled by the next iteration's prefetch
+    n = nn;
+    stage ^= 1;
+  }
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    if (key[h] >= j1) continue;
+#pragma unroll
+    for (int d = 0; d < DT; ++d) {
+      const int64_t off = int64_t(key[h]) * p.KVD + g * HD + 8 * d + 2 * (lane & 3);
+      atomicAdd(p.dk32 + off, dk[d][2 * h] * p.scale);
+      atomicAdd(p.dk32 + off + 1, dk[d][2 * h + 1] * p.scale);
+      atomicAdd(p.dv32 + off, dv[d][2 * h]);
+      atomicAdd(p.dv32 + off + 1, dv[d][2 * h + 1]);
+    }
   }
 }
 
@@ -512,21 +596,23 @@ FusedArgs make_args(const Tensor& q, const Tensor& k_ctx, const Tensor& anchors,
 
 template <int HD> void launch_forward(const Ctx& ctx, const FusedArgs& p) {
   using L = Layout<HD>;
-  const size_t smem = 3 * L::kTile + L::kScores + L::kProbs;
+  const size_t smem = sizeof(bf16) * 4 * L::kTile;  // 2 stages of K, V (Q staged in the second)
   DF_CUDA(cudaFuncSetAttribute(fused_forward_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
   fused_forward_kernel<HD><<<dim3(unsigned(p.N), unsigned(p.nkv)), kThreads, smem, stream_of(ctx)>>>(p);
   DF_CUDA_LAUNCH();
 }
 template <int HD> void launch_backward(const Ctx& ctx, const FusedArgs& p) {
   using L = Layout<HD>;
-  const size_t smem = 4 * L::kTile + L::kScores + 2 * L::kProbs;
-  DF_CUDA(cudaFuncSetAttribute(fused_dq_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-  DF_CUDA(cudaFuncSetAttribute(fused_dkv_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-  fused_dq_kernel<HD><<<dim3(unsigned(p.N), unsigned(p.nkv)), kThreads, smem, stream_of(ctx)>>>(p);
+  // dq: Q, dO, lse/D rows, 2 stages of (K, V | P, dS); dkv: K, V, 2 stages of (Q, dO) and (lse, D) rows
+  const size_t smem_dq = sizeof(bf16) * (2 * L::kTile + 2 * L::kDqStage) + sizeof(float) * 2 * kRows;
+  const size_t smem_dkv = sizeof(bf16) * 6 * L::kTile + sizeof(float) * 4 * kRows;
+  DF_CUDA(cudaFuncSetAttribute(fused_dq_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem_dq)));
+  DF_CUDA(cudaFuncSetAttribute(fused_dkv_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem_dkv)));
+  fused_dq_kernel<HD><<<dim3(unsigned(p.N), unsigned(p.nkv)), kThreads, smem_dq, stream_of(ctx)>>>(p);
   DF_CUDA_LAUNCH();
   const unsigned key_tiles = unsigned((p.T + kKeys - 1) / kKeys), splits = unsigned((p.N + kSplitBlocks - 1) / kSplitBlocks);
   if (key_tiles > 0) {
-    fused_dkv_kernel<HD><<<dim3(key_tiles, unsigned(p.nkv), splits), kThreads, smem, stream_of(ctx)>>>(p);
+    fused_dkv_kernel<HD><<<dim3(key_tiles, unsigned(p.nkv), splits), kThreads, smem_dkv, stream_of(ctx)>>>(p);
     DF_CUDA_LAUNCH();
   }
 }
