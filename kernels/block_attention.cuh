@@ -41,8 +41,8 @@ void block_attention_backward(const Ctx& ctx, const Tensor& dq, const Tensor& dk
 
 // Which implementation runs. Fused: the fused flash-style kernels (kernels/block_attention_fused.cu) where
 // they apply (head dim 16/32/64/128, G·B <= 64 query rows per kv head and block, 16-byte aligned tensors),
-// else the chunked path. Chunked: the chunked cuBLAS path above. Default: Chunked, because on the H200 the
-// 8b step measured 183.5 ms with it and 193.3 ms with the fused kernels (bench/README-drafter.md); the
+// else the chunked path. Chunked: the chunked cuBLAS path above. Default: Fused, because on the H200 the
+// 8b step measured 158.0 ms with it and 186.9 ms with the chunked path (bench/README-drafter.md); the
 // environment variable DFLASH_BLOCK_ATTENTION=fused|chunked overrides the default (benchmarks).
 enum class BlockAttentionImpl : int { Default, Chunked, Fused };
 void set_block_attention_impl(BlockAttentionImpl impl);
