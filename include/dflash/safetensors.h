@@ -63,6 +63,10 @@ class Checkpoint {
   void release_shard(const std::string& shard_file);
   // The shard file that holds `name` (fatal BadInput naming it when missing).
   const std::string& shard_of(const std::string& name) const;  // unmaps it: its TensorInfo pointers become invalid
+  // Checks, before any loading, that `name` exists with exactly `shape` and a floating dtype (F32, BF16,
+  // F16); fatal BadInput naming the tensor and `hint` otherwise. Returns its info.
+  const TensorInfo& expect_float(const std::string& name, const std::vector<int64_t>& shape,
+                                 const std::string& hint);
   // Checks that `name` exists with exactly `shape` (fatal BadInput naming it otherwise) and copies it,
   // converted to float32, into dst [numel].
   void load_f32(const std::string& name, const std::vector<int64_t>& shape, float* dst);

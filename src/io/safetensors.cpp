@@ -349,6 +349,23 @@ Checkpoint::Checkpoint(const std::string& dir) : dir_(dir) {
 
 bool Checkpoint::has(const std::string& name) const { return weight_map_.count(name) != 0; }
 
+const TensorInfo& Checkpoint::expect_float(const std::string& name, const std::vector<int64_t>& shape,
+                                           const std::string& hint) {
+  const TensorInfo& t = get(name);  // fatal BadInput naming the tensor when missing
+  if (t.shape != shape) {
+    std::string want = "[";
+    for (size_t i = 0; i < shape.size(); ++i) want += (i ? ", " : "") + std::to_string(shape[i]);
+    DF_FAIL(BadInput, "tensor " << name << " in " << dir_ << " has shape " << t.shape_str() << ", expected "
+                                << want << "] from config.json",
+            hint);
+  }
+  DF_CHECK_HINT(t.dtype == DType::F32 || t.dtype == DType::BF16 || t.dtype == DType::F16, BadInput,
+                "tensor " << name << " in " << dir_ << " has dtype " << dtype_name(t.dtype)
+                          << "; F32, BF16 or F16 is needed",
+                "the checkpoint holds a different kind of tensor under this name");
+  return t;
+}
+
 const std::string& Checkpoint::shard_of(const std::string& name) const {
   auto it = weight_map_.find(name);
   DF_CHECK_HINT(it != weight_map_.end(), BadInput, "missing tensor " << name << " in " << dir_,

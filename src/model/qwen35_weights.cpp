@@ -26,12 +26,6 @@ struct WeightSpec {
   int64_t heads = 0, head_dim = 0;  // SplitQueryGate
 };
 
-std::string shape_string(const std::vector<int64_t>& s) {
-  std::string r = "[";
-  for (size_t i = 0; i < s.size(); ++i) r += (i ? ", " : "") + std::to_string(s[i]);
-  return r + "]";
-}
-
 Buffer host_buffer(const std::vector<int64_t>& shape) {
   if (shape.size() == 1) return Buffer(Device::CPU, DType::F32, {shape[0]});
   DF_ASSERT(shape.size() == 2);
@@ -99,15 +93,8 @@ Qwen35Weights load_qwen35_weights(Checkpoint& ckpt, const Qwen35Config& cfg) {
   // Everything present, right shape, floating dtype: before any allocation or conversion.
   size_t staging_numel = 0;
   for (const WeightSpec& s : specs) {
-    const TensorInfo& t = ckpt.get(s.name);  // fatal BadInput naming the tensor when missing
-    DF_CHECK_HINT(t.shape == s.ckpt_shape, BadInput,
-                  "tensor " << s.name << " in " << ckpt.dir() << " has shape " << t.shape_str() << ", expected "
-                            << shape_string(s.ckpt_shape) << " from config.json",
-                  "the checkpoint does not match its config.json (Qwen3.5 hybrid layout)");
-    DF_CHECK_HINT(t.dtype == DType::F32 || t.dtype == DType::BF16 || t.dtype == DType::F16, BadInput,
-                  "tensor " << s.name << " in " << ckpt.dir() << " has dtype " << dtype_name(t.dtype)
-                            << "; F32, BF16 or F16 is needed",
-                  "the checkpoint holds a different kind of tensor under this name");
+    const TensorInfo& t = ckpt.expect_float(s.name, s.ckpt_shape,
+                                            "the checkpoint does not match its config.json (Qwen3.5 hybrid layout)");
     if (s.how == LoadAs::SplitQueryGate) staging_numel = std::max(staging_numel, t.numel());
   }
 

@@ -22,12 +22,6 @@ Buffer make_buffer(Device dev, DType dtype, const std::vector<int64_t>& shape) {
   return Buffer(dev, dtype, {shape[0], shape[1]});
 }
 
-std::string shape_string(const std::vector<int64_t>& s) {
-  std::string r = "[";
-  for (size_t i = 0; i < s.size(); ++i) r += (i ? ", " : "") + std::to_string(s[i]);
-  return r + "]";
-}
-
 std::vector<WeightSpec> weight_specs(const Qwen3Config& c, Qwen3Weights& w) {
   const int64_t V = c.vocab_size, H = c.hidden_size, I = c.intermediate_size;
   const int64_t q_dim = int64_t(c.num_attention_heads) * c.head_dim;
@@ -85,15 +79,7 @@ Qwen3Weights load_qwen3_weights(Checkpoint& ckpt, const Qwen3Config& cfg, const 
   // Everything present, right shape, floating dtype: before any allocation or conversion.
   size_t max_numel = 0;
   for (const WeightSpec& s : specs) {
-    const TensorInfo& t = ckpt.get(s.name);  // fatal BadInput naming the tensor when missing
-    DF_CHECK_HINT(t.shape == s.shape, BadInput,
-                  "tensor " << s.name << " in " << ckpt.dir() << " has shape " << t.shape_str() << ", expected "
-                            << shape_string(s.shape) << " from config.json",
-                  "the checkpoint does not match its config.json");
-    DF_CHECK_HINT(t.dtype == DType::F32 || t.dtype == DType::BF16 || t.dtype == DType::F16, BadInput,
-                  "tensor " << s.name << " in " << ckpt.dir() << " has dtype " << dtype_name(t.dtype)
-                            << "; F32, BF16 or F16 is needed",
-                  "the checkpoint holds a different kind of tensor under this name");
+    const TensorInfo& t = ckpt.expect_float(s.name, s.shape, "the checkpoint does not match its config.json");
     max_numel = std::max(max_numel, t.numel());
   }
 
