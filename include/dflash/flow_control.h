@@ -13,6 +13,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <vector>
 
 #include "dflash/data.h"  // DataPosition
@@ -45,6 +46,46 @@ class CreditLedger {
   int index(int target) const;
 };
 
+// ---- --batch-order fixed: which drafter step trains which batch ----------------------------------
+// Per node, with T targets and D drafters: global index g = n*T + i names batch n (the loader's batch
+// index, LoadedBatch::index) of node target i. Target i sends its batch n to drafter (n*T + i) mod D;
+// drafter d trains its batches in increasing g (with every target running: step s trains g = s*D + d).
+// End of data: a target announces its end index E (it has no batch n >= E). A drafter's sequence ends at
+// its first index g whose batch does not exist; the drafters stop together at that step (lockstep),
+// dropping what the others still hold (at most the other targets' last few batches of the whole run).
+// Resume: batches already trained on (the checkpoint's data points) are skipped the same way, so the
+// sequence continues where the uninterrupted run's was. Pure bookkeeping, no MPI.
+struct FixedBatchRef {
+  int target = -1;    // node target index
+  int64_t batch = 0;  // the target's loader batch index
+  int64_t g = 0;      // global index n*T + i
+};
+class FixedBatchOrder {
+ public:
+  FixedBatchOrder(int num_targets, int num_drafters, int drafter_index);
+  // Node drafter index that trains batch `batch` of node target `target`.
+  static int drafter_of(int num_targets, int num_drafters, int target, int64_t batch);
+  // Resume: the target's batches below `first` and those listed were trained on before.
+  void trained_before(int target, int64_t first, const std::vector<int64_t>& later);
+  // End of data: the target has no batch with index >= end_index.
+  void target_ended(int target, int64_t end_index);
+  // This drafter's first batch at or after global index g (nullopt: its sequence has ended).
+  std::optional<FixedBatchRef> first_at_or_after(int64_t g) const;
+  // The batch this drafter trains next; consumed() moves past it.
+  std::optional<FixedBatchRef> expected();
+  void consumed();
+  // The batch the next credit is for (credits are granted in training order); granted() moves past it.
+  std::optional<FixedBatchRef> next_to_grant();
+  void granted();
+
+ private:
+  int T_, D_, d_;
+  std::vector<int64_t> first_;              // per target: batches below were trained on before
+  std::vector<std::set<int64_t>> later_;    // per target: later batches trained on before
+  std::vector<int64_t> end_;                // per target: end index, -1 while running
+  int64_t consume_g_, grant_g_;             // cursors (global indices of this drafter's residue)
+};
+
 // ---- target side: credits held, by drafter --------------------------------------------------------
 // A target holding credits of several drafters sends to the one that granted the most (it has the most
 // free slots: it is the faster consumer), so the faster drafter takes more batches. A credit held longer
@@ -63,6 +104,9 @@ class CreditWallet {
   // Takes the oldest credit if it is older than max_age_s (at now_s), else a credit of the drafter with
   // the most credits held (ties: lowest rank); oldest first within a drafter. Requires !empty().
   Credit take(double now_s = 0, double max_age_s = -1);
+  // --batch-order fixed: the oldest credit of that drafter (granted in the order it wants the batches).
+  // Requires held_from(drafter) > 0.
+  Credit take_from(int drafter);
 
  private:
   std::map<int, std::deque<Credit>> slots_;  // drafter -> credits granted, oldest first
@@ -81,6 +125,7 @@ struct ControlMsg {
   ControlKind kind = ControlKind::Credit;
   int32_t slot = -1;
   int64_t value = 0;
+  int64_t end_index = -1;  // EndOfData: the target's loader batch index after its last batch (--batch-order fixed)
 };
 constexpr int kTagToTarget = 1;
 constexpr int kTagToDrafter = 2;

@@ -21,6 +21,13 @@ const char* backend_name(Backend b);
 enum class LongRecordPolicy : uint8_t { Error, Cut, Skip };
 const char* long_record_name(LongRecordPolicy p);
 
+// --batch-order: how a drafter picks its next batch among the targets of its node (docs/pipeline.md
+// "Order and determinism"). Arrival: whatever arrived first (the faster side takes more, best
+// throughput). Fixed: a pure function of the topology (FixedBatchOrder, flow_control.h), so the same
+// seed gives the same losses, and a resume the uninterrupted run's, with several targets per drafter.
+enum class BatchOrder : uint8_t { Arrival, Fixed };
+const char* batch_order_name(BatchOrder b);
+
 // --topology T-D: T target and D drafter ranks per node; the node's other ranks idle.
 struct TopologySpec {
   int targets_per_node = 0;
@@ -52,6 +59,7 @@ struct Options {
   int64_t token_budget = 32768;
   int prefetch_depth = 4;
   int hs_queue_depth = 4;       // receive slots (= credits) per drafter
+  BatchOrder batch_order = BatchOrder::Arrival;
   LongRecordPolicy long_record = LongRecordPolicy::Error;
   int64_t max_steps = 0;        // 0 = until the data ends
   int epochs = 1;               // 0 = forever (then --max-steps must end the run)

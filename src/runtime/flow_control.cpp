@@ -78,6 +78,71 @@ Credit CreditWallet::take(double now_s, double max_age_s) {
   return c;
 }
 
+Credit CreditWallet::take_from(int drafter) {
+  auto it = slots_.find(drafter);
+  DF_ASSERT(it != slots_.end() && !it->second.empty());
+  Credit c = it->second.front();
+  it->second.pop_front();
+  --total_;
+  return c;
+}
+
+// ---- FixedBatchOrder -----------------------------------------------------------------------------
+FixedBatchOrder::FixedBatchOrder(int num_targets, int num_drafters, int drafter_index)
+    : T_(num_targets), D_(num_drafters), d_(drafter_index), first_(num_targets, 0), later_(num_targets),
+      end_(num_targets, -1), consume_g_(drafter_index), grant_g_(drafter_index) {
+  DF_ASSERT(T_ >= 1 && D_ >= 1 && d_ >= 0 && d_ < D_);
+}
+
+int FixedBatchOrder::drafter_of(int num_targets, int num_drafters, int target, int64_t batch) {
+  return static_cast<int>((batch * num_targets + target) % num_drafters);
+}
+
+void FixedBatchOrder::trained_before(int target, int64_t first, const std::vector<int64_t>& later) {
+  first_.at(target) = first;
+  later_.at(target) = std::set<int64_t>(later.begin(), later.end());
+}
+
+void FixedBatchOrder::target_ended(int target, int64_t end_index) { end_.at(target) = end_index; }
+
+std::optional<FixedBatchRef> FixedBatchOrder::first_at_or_after(int64_t g) const {
+  g = g < d_ ? d_ : g + ((d_ - g % D_) % D_ + D_) % D_;  // round up into this drafter's residue
+  for (;; g += D_) {
+    const int i = static_cast<int>(g % T_);
+    const int64_t n = g / T_;
+    // The first batch that does not exist ends this drafter's sequence. Skipping it instead would let
+    // the drafters' sequences drift apart in g, and a target feeding several of them could then need a
+    // credit a drafter with a small --hs-queue-depth cannot grant yet (a deadlock).
+    if (end_[i] >= 0 && n >= end_[i]) return std::nullopt;
+    if (n < first_[i] || later_[i].count(n)) continue;  // trained on before the resume
+    return FixedBatchRef{i, n, g};
+  }
+}
+
+std::optional<FixedBatchRef> FixedBatchOrder::expected() {
+  auto r = first_at_or_after(consume_g_);
+  if (r) consume_g_ = r->g;
+  return r;
+}
+
+void FixedBatchOrder::consumed() {
+  auto r = expected();
+  DF_ASSERT(r.has_value());
+  consume_g_ = r->g + D_;
+}
+
+std::optional<FixedBatchRef> FixedBatchOrder::next_to_grant() {
+  auto r = first_at_or_after(std::max(grant_g_, consume_g_));
+  if (r) grant_g_ = r->g;
+  return r;
+}
+
+void FixedBatchOrder::granted() {
+  auto r = next_to_grant();
+  DF_ASSERT(r.has_value());
+  grant_g_ = r->g + D_;
+}
+
 // ---- buffers -----------------------------------------------------------------------------------------
 WireBuffers::WireBuffers(const SlotShape& s)
     : shape(s),

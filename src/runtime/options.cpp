@@ -27,6 +27,8 @@ const char* long_record_name(LongRecordPolicy p) {
   return "?";
 }
 
+const char* batch_order_name(BatchOrder b) { return b == BatchOrder::Arrival ? "arrival" : "fixed"; }
+
 std::string TopologySpec::to_string() const {
   return std::to_string(targets_per_node) + "-" + std::to_string(drafters_per_node);
 }
@@ -62,7 +64,8 @@ bool path_exists(const std::string& p) {
 }
 
 po::options_description describe(Options& o, std::string& topology, std::string& backend, std::string& loss,
-                                 std::string& long_record, std::string& export_dtype, std::string& fail_mode) {
+                                 std::string& long_record, std::string& export_dtype, std::string& fail_mode,
+                                 std::string& batch_order) {
   po::options_description job("Job");
   job.add_options()
     ("help,h", "print this help and exit")
@@ -79,6 +82,7 @@ po::options_description describe(Options& o, std::string& topology, std::string&
     ("token-budget", po::value(&o.token_budget)->default_value(32768), "max tokens per packed batch")
     ("prefetch-depth", po::value(&o.prefetch_depth)->default_value(4), "batches the loader may hold ready per target (q_pre)")
     ("hs-queue-depth", po::value(&o.hs_queue_depth)->default_value(4), "receive slots = credits per drafter (q_hs)")
+    ("batch-order", po::value(&batch_order)->default_value("arrival"), "arrival (first come, best throughput) | fixed (a pure function of the topology: same losses on every run and across a resume)")
     ("long-record", po::value(&long_record)->default_value("error"), "record longer than --token-budget: error | cut | skip")
     ("epochs", po::value(&o.epochs)->default_value(1), "passes over the data (0 = forever)")
     ("max-steps", po::value(&o.max_steps)->default_value(0), "stop after this many steps (0 = when the data ends)")
@@ -126,8 +130,8 @@ void check_range(bool ok, const char* flag, const std::string& value, const char
 ParseResult parse_options(int argc, const char* const* argv) {
   ParseResult r;
   Options& o = r.options;
-  std::string topology, backend, loss, long_record, export_dtype, fail_mode;
-  po::options_description desc = describe(o, topology, backend, loss, long_record, export_dtype, fail_mode);
+  std::string topology, backend, loss, long_record, export_dtype, fail_mode, batch_order;
+  po::options_description desc = describe(o, topology, backend, loss, long_record, export_dtype, fail_mode, batch_order);
   po::variables_map vm;
   const char* usage_hint = "dflash-train --help lists every option";
   try {
@@ -164,6 +168,9 @@ ParseResult parse_options(int argc, const char* const* argv) {
   else if (long_record == "cut") o.long_record = LongRecordPolicy::Cut;
   else if (long_record == "skip") o.long_record = LongRecordPolicy::Skip;
   else check_range(false, "long-record", long_record, "error, cut or skip");
+  if (batch_order == "arrival") o.batch_order = BatchOrder::Arrival;
+  else if (batch_order == "fixed") o.batch_order = BatchOrder::Fixed;
+  else check_range(false, "batch-order", batch_order, "arrival or fixed");
   if (export_dtype == "f32") o.export_dtype = DType::F32;
   else if (export_dtype == "bf16") o.export_dtype = DType::BF16;
   else check_range(false, "export-dtype", export_dtype, "bf16 or f32");

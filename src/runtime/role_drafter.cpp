@@ -1,5 +1,6 @@
 // Drafter rank: receive batches into credited slots -> forward/backward -> gradient allreduce among the
 // drafters -> AdamW step; the first drafter also writes metrics.h5 and exports the drafter.
+#include <algorithm>
 #include <cmath>
 #include <deque>
 #include <thread>
@@ -44,6 +45,7 @@ class DrafterRank {
     slot_owner_.assign(o_.hs_queue_depth, -1);
     slot_full_.assign(o_.hs_queue_depth, false);
     known_targets_.resize(topo_.targets.size());
+    if (o_.batch_order == BatchOrder::Fixed) init_fixed_order();
     MetricsHub hub(job_);
     // The bytes each step allreduces (dflash-report prices more drafters with it when it measured none).
     hub.set_attribute("drafter_grad_bytes", static_cast<int64_t>(trainer.grads().numel() * dtype_size(trainer.grads().dtype)));
@@ -87,6 +89,7 @@ class DrafterRank {
       // 3. forward + backward on the oldest batch
       const int slot = ready_.front();
       ready_.pop_front();
+      if (fixed_) fixed_->consumed();
       t0 = mpi::Clock::now();
       StepStats st = train_on_slot(trainer, slot);
       const BatchHeader& trained = plane_->slot_buffers(slot).header;  // read before the slot is released
@@ -194,6 +197,36 @@ class DrafterRank {
     return trainer.forward_backward(fb);
   }
 
+  // --batch-order fixed: this drafter's sequence (flow_control.h), continuing a resumed run's.
+  void init_fixed_order() {
+    const auto& nd = topo_.node_drafters;
+    const int me = static_cast<int>(std::find(nd.begin(), nd.end(), topo_.world_rank) - nd.begin());
+    fixed_.emplace(static_cast<int>(topo_.node_targets.size()), static_cast<int>(nd.size()), me);
+    if (job_.resume_dir.empty()) return;
+    for (size_t i = 0; i < topo_.node_targets.size(); ++i) {
+      const DataResumePoint p = target_resume_point(job_.resume_dir, topo_.target_index_of(topo_.node_targets[i]),
+                                                    static_cast<int>(topo_.targets.size()), o_.train.seed);
+      std::vector<int64_t> later;
+      for (const auto& [index, next] : p.done_after) later.push_back(index);
+      fixed_->trained_before(static_cast<int>(i), p.position.batches, later);
+    }
+  }
+
+  // --batch-order fixed: the batch this drafter trains next becomes ready once it is in (earlier
+  // arrivals wait in their slots).
+  void promote_expected() {
+    if (!ready_.empty()) return;
+    const std::optional<FixedBatchRef> e = fixed_->expected();
+    if (!e) return;
+    for (size_t k = 0; k < arrived_.size(); ++k) {
+      const BatchHeader& h = plane_->slot_buffers(arrived_[k]).header;
+      if (target_slot(h.report.rank) != e->target || h.batch_index != e->batch) continue;
+      ready_.push_back(arrived_[k]);
+      arrived_.erase(arrived_.begin() + static_cast<long>(k));
+      return;
+    }
+  }
+
   int target_slot(int rank) const {
     for (size_t i = 0; i < topo_.node_targets.size(); ++i)
       if (topo_.node_targets[i] == rank) return static_cast<int>(i);
@@ -202,7 +235,15 @@ class DrafterRank {
 
   // Posts the slot's receive and sends its credit to the target the ledger picks (none when all finished).
   void grant(int slot) {
-    std::optional<int> to = ledger_.next_grantee();
+    std::optional<int> to;
+    if (fixed_) {  // in training order: the target of the next batch no credit was granted for yet
+      if (std::optional<FixedBatchRef> next = fixed_->next_to_grant()) {
+        to = topo_.node_targets[next->target];
+        fixed_->granted();
+      }
+    } else {
+      to = ledger_.next_grantee();
+    }
     slot_owner_[slot] = -1;
     slot_full_[slot] = false;
     if (!to) return;
@@ -244,11 +285,18 @@ class DrafterRank {
       const TargetReport& rep = plane_->slot_buffers(s).header.report;
       if (rep.batches >= known_targets_[ti].batches) known_targets_[ti] = rep;  // slots complete in any order
       slot_full_[s] = true;
+      if (fixed_) {
+        const BatchHeader& h = plane_->slot_buffers(s).header;
+        const int me = fixed_order_drafter_index();
+        DF_CHECK(FixedBatchOrder::drafter_of(static_cast<int>(targets_.size()), static_cast<int>(topo_.node_drafters.size()),
+                                             target_slot(from), h.batch_index) == me,
+                 Internal, "batch " << h.batch_index << " of target rank " << from << " reached the wrong drafter under --batch-order fixed");
+      }
       if (draining_) release_drained(s);
       else arrived_.push_back(s);
     }
     // Each target's batches become ready in the order it sent them (slots may complete out of order).
-    for (bool moved = true; moved;) {
+    for (bool moved = !fixed_.has_value(); moved;) {
       moved = false;
       for (size_t i = 0; i < arrived_.size(); ++i) {
         const BatchHeader& h = plane_->slot_buffers(arrived_[i]).header;
@@ -266,6 +314,7 @@ class DrafterRank {
       DF_CHECK(control_in_.kind == ControlKind::EndOfData, Internal, "drafter got control message " << static_cast<int>(control_in_.kind));
       TargetState& t = targets_[target_slot(st.MPI_SOURCE)];
       t.announced = control_in_.value;
+      if (fixed_) fixed_->target_ended(target_slot(st.MPI_SOURCE), control_in_.end_index);
       t.last_heard = mpi::Clock::now();
       control_req_ = mpi::irecv(&control_in_, 1, MPI_ANY_SOURCE, kTagToDrafter, MPI_COMM_WORLD);
     }
@@ -285,6 +334,7 @@ class DrafterRank {
         else grant(s);
       }
     }
+    if (fixed_ && !draining_) promote_expected();
     while (!out_.empty() && mpi::test(out_.front().req)) out_.pop_front();
     check_liveness();
   }
@@ -316,7 +366,9 @@ class DrafterRank {
     mpi::Backoff backoff;
     for (;;) {
       pump();
-      if (!ready_.empty() || all_targets_done()) return;
+      if (!ready_.empty()) return;
+      // Fixed order: dry once this drafter's sequence has ended (targets it never hears from may run on).
+      if (fixed_ ? !fixed_->expected().has_value() : all_targets_done()) return;
       backoff.idle();
     }
   }
@@ -381,6 +433,11 @@ class DrafterRank {
   DrafterReport report_;
   PackedBatch batch_;
   bool draining_ = false;
+  std::optional<FixedBatchOrder> fixed_;  // --batch-order fixed
+  int fixed_order_drafter_index() const {
+    const auto& nd = topo_.node_drafters;
+    return static_cast<int>(std::find(nd.begin(), nd.end(), topo_.world_rank) - nd.begin());
+  }
 };
 
 }  // namespace

@@ -66,6 +66,9 @@ class TargetRank {
     // Resuming: the loader restarts where the checkpoint says; batches trained on after that are dropped.
     const DataResumePoint resume = target_resume_point(job_.resume_dir, topo_.role_index, topo_.role_count, o_.train.seed);
     Loader loader(dataset, lo, resume.position);
+    end_index_ = resume.position.batches;
+    const auto& nt = topo_.node_targets;
+    const int my_node_index = static_cast<int>(std::find(nt.begin(), nt.end(), topo_.world_rank) - nt.begin());
     control_req_ = mpi::irecv(&control_in_, 1, MPI_ANY_SOURCE, kTagToTarget, MPI_COMM_WORLD);
 
     report_.rank = topo_.world_rank;
@@ -78,6 +81,7 @@ class TargetRank {
       while (!stop_ && (got = loader.pop(lb, std::chrono::milliseconds(2))) == PopResult::Timeout) pump();
       report_.data_wait_s += mpi::seconds_since(t0);
       if (stop_ || got == PopResult::EndOfData) break;
+      end_index_ = lb.index + 1;
       if (resume.already_trained(lb.index)) continue;
       // 2. a free send buffer (its previous batch fully sent)
       const int buf = next_buf;
@@ -93,8 +97,13 @@ class TargetRank {
       report_.compute_s += mpi::seconds_since(t0);
       maybe_inject_failure(job_, report_.batches);
       // 4. a credit: a free slot of some drafter of this node
+      // --batch-order fixed: only the drafter the rule names may take this batch.
+      int fixed_to = -1;
+      if (o_.batch_order == BatchOrder::Fixed)
+        fixed_to = topo_.node_drafters[FixedBatchOrder::drafter_of(static_cast<int>(nt.size()), static_cast<int>(topo_.node_drafters.size()),
+                                                                   my_node_index, lb.index)];
       t0 = mpi::Clock::now();
-      wait_until([&] { return stop_ || !wallet_.empty(); }, [&] {
+      wait_until([&] { return stop_ || (fixed_to >= 0 ? wallet_.held_from(fixed_to) > 0 : !wallet_.empty()); }, [&] {
         std::vector<int> silent;  // drafters that granted nothing within the deadline
         for (int d : topo_.node_drafters)
           if (mpi::seconds_since(last_credit_[d]) > o_.peer_timeout_s) silent.push_back(d);
@@ -104,7 +113,7 @@ class TargetRank {
       report_.credit_wait_s += mpi::seconds_since(t0);
       if (stop_) break;  // the drafters have their steps; this batch is not needed
       // A credit unused for a quarter of the deadline goes first, whoever granted it.
-      const Credit c = wallet_.take(job_.elapsed(), o_.peer_timeout_s / 4);
+      const Credit c = fixed_to >= 0 ? wallet_.take_from(fixed_to) : wallet_.take(job_.elapsed(), o_.peer_timeout_s / 4);
       WireBuffers& b = plane_->send_buffers(buf);
       report_.batches++;
       report_.tokens += lb.batch.num_tokens();
@@ -186,7 +195,7 @@ class TargetRank {
     std::vector<MPI_Request> reqs(eod.size());
     for (size_t i = 0; i < eod.size(); ++i) {
       const int d = topo_.node_drafters[i];
-      eod[i] = ControlMsg{ControlKind::EndOfData, -1, sent_to_[d]};
+      eod[i] = ControlMsg{ControlKind::EndOfData, -1, sent_to_[d], end_index_};
       reqs[i] = mpi::isend(&eod[i], 1, d, kTagToDrafter, MPI_COMM_WORLD);
     }
     const int want = static_cast<int>(topo_.node_drafters.size());
@@ -209,6 +218,7 @@ class TargetRank {
   std::map<int, mpi::Clock::time_point> last_credit_;
   int buf_dest_[8] = {-1, -1, -1, -1, -1, -1, -1, -1};
   TargetReport report_;
+  int64_t end_index_ = 0;  // loader batch index after the last batch popped (EndOfData, --batch-order fixed)
   bool stop_ = false, finishing_ = false;
   int fins_ = 0;
 };
