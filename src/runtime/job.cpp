@@ -109,7 +109,7 @@ int run_job(const Options& given) {
   Options o = given;  // --topology auto: measured and chosen here, before any role exists
   if (o.topology_auto) o.topology = choose_topology_auto(given, MPI_COMM_WORLD, &o.auto_topology_record);
   Topology topo = create_topology(MPI_COMM_WORLD, o.topology, o.backend);
-  JobContext job{o, topo, start, gather_cards(topo, *gpu_sampler, startup_gpu)};
+  JobContext job{o, topo, start, gather_cards(topo, *gpu_sampler, startup_gpu), /*resume_dir=*/ ""};
   job.gpu_sampler = gpu_sampler.get();
   if (topo.world_rank == 0) print_startup(o, topo, job.cards);
 

@@ -22,9 +22,11 @@ std::string ranks_str(const std::vector<int>& ranks) {
   return s;
 }
 
-// Averages of one step over the drafters (summed by one allreduce, divided after).
+// One step's numbers over the drafters (summed by one allreduce, divided after). The loss is carried as
+// loss × weight sum so the reported loss, like the gradient, is one global normalisation Σw·loss / Σw over
+// every drafter's batch; the metrics are plain means.
 struct StepSums {
-  double loss = 0, acc = 0, agree = 0, streak = 0, lr = 0, noise = 0, tokens = 0, anchors = 0;
+  double weighted_loss = 0, weight_sum = 0, acc = 0, agree = 0, streak = 0, lr = 0, noise = 0, tokens = 0, anchors = 0;
 };
 
 class DrafterRank {
@@ -101,16 +103,22 @@ class DrafterRank {
       maybe_inject_failure(job_, step);
       // 4. gradient average over the drafters, AdamW
       t0 = mpi::Clock::now();
-      StepSums sums{st.loss, st.acc, st.agree, st.streak, st.lr, st.noise, static_cast<double>(st.tokens), static_cast<double>(st.anchors)};
+      StepSums sums{st.loss * st.weight_sum, st.weight_sum, st.acc, st.agree, st.streak, st.lr, st.noise,
+                    static_cast<double>(st.tokens), static_cast<double>(st.anchors)};
       if (num_drafters > 1) {
+        // Each drafter's gradient is d(Σw·loss / Σw_local): scale it back to d(Σw·loss) before summing and
+        // divide by the global Σw after, so several drafters train on one normalisation over all their batches
+        // (the DFlash objective), not on a mean of per-drafter means.
+        float* g = grads.ptr<float>();
+        const float local_weight = static_cast<float>(st.weight_sum);
+        for (size_t i = 0; i < grads.numel(); ++i) g[i] *= local_weight;
         enter_collective();
         MPI_Request rg = mpi::iallreduce(grads.ptr<float>(), grads.numel(), MPI_SUM, topo_.drafter_comm);
         MPI_Request rs = mpi::iallreduce(reinterpret_cast<double*>(&sums), sizeof(sums) / sizeof(double), MPI_SUM, topo_.drafter_comm);
         auto why = [&] { return stalled("the gradient allreduce stalled"); };
         mpi::wait(rg, o_.peer_timeout_s, why, progress);
         mpi::wait(rs, o_.peer_timeout_s, why, progress);
-        float* g = grads.ptr<float>();
-        const float inv = 1.0f / static_cast<float>(num_drafters);
+        const float inv = sums.weight_sum > 0 ? static_cast<float>(1.0 / sums.weight_sum) : 0.0f;
         for (size_t i = 0; i < grads.numel(); ++i) g[i] *= inv;
       }
       report_.allreduce_s += mpi::seconds_since(t0);
@@ -125,7 +133,7 @@ class DrafterRank {
       StepMetrics m;
       m.step = step;
       m.time_s = job_.elapsed();
-      m.loss = sums.loss / n;
+      m.loss = sums.weight_sum > 0 ? sums.weighted_loss / sums.weight_sum : st.loss;
       m.acc = sums.acc / n;
       m.agree = sums.agree / n;
       m.streak = sums.streak / n;
