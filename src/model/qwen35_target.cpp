@@ -21,6 +21,7 @@
 #include "dflash/error.h"
 #include "dflash/ops.h"
 #include "dflash/safetensors.h"
+#include "model/capture_stack.h"
 #include "model/qwen35_weights.h"
 #include "ops/gated_delta.h"
 
@@ -33,8 +34,7 @@ Tensor rows(const Buffer& b, int64_t T) { return b.t().slice_rows(0, T); }
 struct Qwen35Target::Impl {
   Ctx ctx;
   Qwen35Config cfg;
-  std::vector<int> capture_slot;               // per layer: index into features, or -1
-  std::vector<std::vector<int>> repeat_slots;  // per layer: further slots listing it (copied)
+  CapturePlan captures;
   int64_t num_captures = 0;                    // k: rows of CaptureOut.features
   int64_t max_tokens = 0;
   Qwen35Weights w;
@@ -72,21 +72,7 @@ Qwen35Target::Qwen35Target(const std::string& dir, const Ctx& ctx, const std::ve
   const Qwen3Config& c = m.cfg.text;
   const int L = c.num_hidden_layers;
   DF_CHECK(max_tokens > 0, BadOptions, "the target needs max_tokens > 0, got " << max_tokens);
-  m.capture_slot.assign(L, -1);
-  m.repeat_slots.assign(L, {});
-  for (size_t i = 0; i < capture_layers.size(); ++i) {
-    const int l = capture_layers[i];
-    DF_CHECK_HINT(l >= 0 && l < L, BadOptions,
-                  "capture layer " << l << " is out of range: the target " << dir << " has " << L
-                                   << " decoder layers (ids 0.." << L - 1 << ")",
-                  "layer id l is the output of decoder layer l (HF hidden_states[l + 1]); check the drafter's "
-                  "target_layer_ids");
-    if (m.capture_slot[l] < 0) {
-      m.capture_slot[l] = static_cast<int>(i);
-    } else {
-      m.repeat_slots[l].push_back(static_cast<int>(i));
-    }
-  }
+  m.captures = plan_captures(capture_layers, L, dir);
   m.num_captures = static_cast<int64_t>(capture_layers.size());
   m.max_tokens = max_tokens;
 
@@ -190,48 +176,16 @@ void Qwen35Target::forward(const PackedBatch& batch, const CaptureOut& out) {
   const int nseq = batch.num_seqs();
   const int64_t ncap = m.num_captures;
 
-  // The batch, checked as TargetModel checks a dense target's.
-  DF_CHECK(T > 0 && T <= m.max_tokens, BadInput,
-           "packed batch of " << T << " tokens; the target was built for 1.." << m.max_tokens);
-  DF_CHECK(nseq >= 1 && nseq <= m.max_tokens && batch.cu_seqlens.front() == 0 && batch.cu_seqlens.back() == T,
-           BadInput, "cu_seqlens must run from 0 to " << T << " over 1.." << m.max_tokens << " sequences");
-  for (int s = 0; s < nseq; ++s) {
-    const int32_t b = batch.cu_seqlens[s], e = batch.cu_seqlens[s + 1];
-    DF_CHECK(b <= e, BadInput, "cu_seqlens decreases at sequence " << s << " (" << b << " > " << e << ")");
-    for (int32_t t = b; t < e; ++t) m.pos[t] = t - b;  // positions restart at 0 per sequence
-  }
-  for (int64_t t = 0; t < T; ++t)
-    DF_CHECK_HINT(batch.tokens[t] >= 0 && batch.tokens[t] < c.vocab_size, BadInput,
-                  "token id " << batch.tokens[t] << " at position " << t << " is outside the target's vocabulary [0, "
-                              << c.vocab_size << ")",
-                  "the dataset was tokenized for a different model");
-  DF_CHECK(ncap == 0 || (out.features.ndim == 3 && out.features.shape[0] == ncap && out.features.shape[1] == T &&
-                         out.features.shape[2] == H && out.features.dtype == DType::F32 &&
-                         out.features.device == Device::CPU),
-           Internal, "CaptureOut.features is " << out.features.shape_str() << " " << dtype_name(out.features.dtype)
-                                               << ", expected [" << ncap << ", " << T << ", " << H << "] F32 on cpu");
-  DF_CHECK(out.final_norm.empty() || (out.final_norm.ndim == 2 && out.final_norm.shape[0] == T &&
-                                      out.final_norm.shape[1] == H && out.final_norm.dtype == DType::F32),
-           Internal, "CaptureOut.final_norm is " << out.final_norm.shape_str() << ", expected [" << T << ", " << H
-                                                 << "] F32");
+  check_packed_batch(batch, m.max_tokens, c.vocab_size, m.pos);
+  check_capture_out(out, ncap, T, H, DType::F32, Device::CPU);
   std::copy(batch.cu_seqlens.begin(), batch.cu_seqlens.end(), m.cu_seqlens.begin());
   const Tensor cu = cpu_view(m.cu_seqlens.data(), {static_cast<int64_t>(nseq) + 1});
 
-  Tensor in = rows(m.stream[0], T);
-  ops::embedding_forward(m.ctx, in, cpu_view(batch.tokens.data(), {T}), m.w.embed_tokens);
-  for (int l = 0; l < c.num_hidden_layers; ++l) {
-    Tensor dst;
-    if (m.capture_slot[l] >= 0) {
-      dst = out.features.slice_rows(m.capture_slot[l], m.capture_slot[l] + 1).reshape({T, H});
-    } else {
-      dst = rows(m.stream[in.data == m.stream[0].t().data ? 1 : 0], T);
-    }
-    m.layer_forward(m.w.layers[l], in, dst, T, cu);
-    for (int slot : m.repeat_slots[l])
-      copy_tensor(m.ctx, out.features.slice_rows(slot, slot + 1).reshape({T, H}), dst);
-    in = dst;
-  }
-  if (!out.final_norm.empty()) ops::rmsnorm_forward(m.ctx, out.final_norm, Tensor(), in, m.w.norm, c.rms_norm_eps);
+  ops::embedding_forward(m.ctx, rows(m.stream[0], T), cpu_view(batch.tokens.data(), {T}), m.w.embed_tokens);
+  capture_stack_forward(m.ctx, m.captures, m.stream, T, H, out, m.w.norm, c.rms_norm_eps,
+                        [&](int l, const Tensor& in, const Tensor& dst) {
+                          m.layer_forward(m.w.layers[l], in, dst, T, cu);
+                        });
 }
 
 void Qwen35Target::lm_head_forward(const Tensor& logits, const Tensor& final_norm) {

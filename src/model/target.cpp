@@ -20,6 +20,7 @@
 #include "dflash/error.h"
 #include "dflash/ops.h"
 #include "dflash/safetensors.h"
+#include "model/capture_stack.h"
 #include "model/qwen35_target.h"
 #include "model/qwen3_weights.h"
 
@@ -35,8 +36,7 @@ struct TargetModel::Impl {
   Ctx ctx;
   Qwen3Config cfg;
   std::vector<int> capture_layers;
-  std::vector<int> capture_slot;  // per layer: index into features, or -1
-  std::vector<std::vector<int>> repeat_slots;  // per layer: further slots listing the same layer (copied)
+  CapturePlan captures;
   int64_t max_tokens = 0;
   DType act = DType::F32;
   Qwen3Weights w;
@@ -73,21 +73,7 @@ TargetModel::TargetModel(const std::string& dir, const Ctx& ctx, std::vector<int
   const int L = c.num_hidden_layers;
 
   DF_CHECK(max_tokens > 0, BadOptions, "the target needs max_tokens > 0, got " << max_tokens);
-  m.capture_slot.assign(L, -1);
-  m.repeat_slots.assign(L, {});
-  for (size_t i = 0; i < capture_layers.size(); ++i) {
-    const int l = capture_layers[i];
-    DF_CHECK_HINT(l >= 0 && l < L, BadOptions,
-                  "capture layer " << l << " is out of range: the target " << dir << " has " << L
-                                   << " decoder layers (ids 0.." << L - 1 << ")",
-                  "layer id l is the output of decoder layer l (HF hidden_states[l + 1]); check the drafter's "
-                  "target_layer_ids");
-    if (m.capture_slot[l] < 0) {
-      m.capture_slot[l] = static_cast<int>(i);
-    } else {  // legal (default ids of a small target can repeat); the layer is written once, then copied
-      m.repeat_slots[l].push_back(static_cast<int>(i));
-    }
-  }
+  m.captures = plan_captures(capture_layers, L, dir);
   m.capture_layers = std::move(capture_layers);
   m.max_tokens = max_tokens;
 
@@ -158,55 +144,19 @@ void TargetModel::forward(const PackedBatch& batch, const CaptureOut& out) {
   const int nseq = batch.num_seqs();
   const int64_t k = static_cast<int64_t>(m.capture_layers.size());
 
-  // The batch: bounded, well-formed cu_seqlens, tokens inside the vocabulary (checked on the host so
-  // every backend reports the same error).
-  DF_CHECK(T > 0 && T <= m.max_tokens, BadInput,
-           "packed batch of " << T << " tokens; the target was built for 1.." << m.max_tokens);
-  DF_CHECK(nseq >= 1 && nseq <= m.max_tokens && batch.cu_seqlens.front() == 0 && batch.cu_seqlens.back() == T,
-           BadInput, "cu_seqlens must run from 0 to " << T << " over 1.." << m.max_tokens << " sequences");
-  for (int s = 0; s < nseq; ++s) {
-    const int32_t b = batch.cu_seqlens[s], e = batch.cu_seqlens[s + 1];
-    DF_CHECK(b <= e, BadInput, "cu_seqlens decreases at sequence " << s << " (" << b << " > " << e << ")");
-    for (int32_t t = b; t < e; ++t) m.pos_host[t] = t - b;  // positions restart at 0 per sequence
-  }
-  for (int64_t t = 0; t < T; ++t)
-    DF_CHECK_HINT(batch.tokens[t] >= 0 && batch.tokens[t] < c.vocab_size, BadInput,
-                  "token id " << batch.tokens[t] << " at position " << t << " is outside the target's vocabulary [0, "
-                              << c.vocab_size << ")",
-                  "the dataset was tokenized for a different model");
-
-  // The outputs: features [k, T, H], final_norm [T, H] (optional), on the backend in its dtype.
-  DF_CHECK(k == 0 || (out.features.ndim == 3 && out.features.shape[0] == k && out.features.shape[1] == T &&
-                      out.features.shape[2] == H && out.features.dtype == m.act &&
-                      out.features.device == m.ctx.device),
-           Internal, "CaptureOut.features is " << out.features.shape_str() << " " << dtype_name(out.features.dtype)
-                                               << ", expected [" << k << ", " << T << ", " << H << "] "
-                                               << dtype_name(m.act) << " on " << device_name(m.ctx.device));
-  DF_CHECK(out.final_norm.empty() || (out.final_norm.ndim == 2 && out.final_norm.shape[0] == T &&
-                                      out.final_norm.shape[1] == H && out.final_norm.dtype == m.act),
-           Internal, "CaptureOut.final_norm is " << out.final_norm.shape_str() << ", expected [" << T << ", " << H
-                                                 << "] " << dtype_name(m.act));
+  check_packed_batch(batch, m.max_tokens, c.vocab_size, m.pos_host);
+  check_capture_out(out, k, T, H, m.act, m.ctx.device);
 
   copy_tensor(m.ctx, rows(m.tokens, T), cpu_view(batch.tokens.data(), {T}));
   copy_tensor(m.ctx, rows(m.pos, T), cpu_view(m.pos_host.data(), {T}));
   copy_tensor(m.ctx, m.cu_seqlens.t().slice_rows(0, nseq + 1),
               cpu_view(batch.cu_seqlens.data(), {static_cast<int64_t>(nseq) + 1}));
 
-  Tensor in = rows(m.stream[0], T);
-  ops::embedding_forward(m.ctx, in, rows(m.tokens, T), m.w.embed_tokens);
-  for (int l = 0; l < c.num_hidden_layers; ++l) {
-    Tensor dst;
-    if (m.capture_slot[l] >= 0) {
-      dst = out.features.slice_rows(m.capture_slot[l], m.capture_slot[l] + 1).reshape({T, H});
-    } else {
-      dst = rows(m.stream[in.data == m.stream[0].t().data ? 1 : 0], T);
-    }
-    m.layer_forward(m.w.layers[l], in, dst, T, nseq);
-    for (int slot : m.repeat_slots[l])
-      copy_tensor(m.ctx, out.features.slice_rows(slot, slot + 1).reshape({T, H}), dst);
-    in = dst;
-  }
-  if (!out.final_norm.empty()) ops::rmsnorm_forward(m.ctx, out.final_norm, Tensor(), in, m.w.norm, c.rms_norm_eps);
+  ops::embedding_forward(m.ctx, rows(m.stream[0], T), rows(m.tokens, T), m.w.embed_tokens);
+  capture_stack_forward(m.ctx, m.captures, m.stream, T, H, out, m.w.norm, c.rms_norm_eps,
+                        [&](int l, const Tensor& in, const Tensor& dst) {
+                          m.layer_forward(m.w.layers[l], in, dst, T, nseq);
+                        });
 }
 
 void TargetModel::lm_head_forward(const Tensor& logits, const Tensor& final_norm) {
