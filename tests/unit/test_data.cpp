@@ -11,29 +11,13 @@
 
 #include "dflash/data.h"
 #include "dflash/error.h"
+#include "test_support.h"
 
 using namespace dflash;
 
 namespace {
 
-// Temp directories made by this file's tests, removed when the test binary exits normally.
-struct TempDirs {
-  std::vector<std::string> dirs;
-  ~TempDirs() {
-    std::error_code ec;
-    for (const auto& d : dirs) std::filesystem::remove_all(d, ec);
-  }
-};
-TempDirs g_temp_dirs;
-
-std::string make_temp_dir() {
-  char tmpl[] = "/tmp/dflash-data-test-XXXXXX";
-  char* d = mkdtemp(tmpl);
-  EXPECT_NE(d, nullptr);
-  if (!d) return "/tmp";
-  g_temp_dirs.dirs.push_back(d);
-  return d;
-}
+std::string make_temp_dir() { return test::make_temp_dir("dflash-data-test-"); }
 
 // Writes arbitrary (possibly invalid) arrays with the raw HDF5 API, bypassing write_token_dataset's checks.
 void write_raw(const std::string& path, const std::vector<int32_t>& tokens, const std::vector<int64_t>& offsets,

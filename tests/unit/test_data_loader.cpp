@@ -14,28 +14,14 @@
 
 #include "dflash/data.h"
 #include "dflash/metrics.h"
+#include "test_support.h"
 
 using namespace dflash;
 using namespace std::chrono_literals;
 
 namespace {
 
-struct TempDirs {
-  std::vector<std::string> dirs;
-  ~TempDirs() {
-    std::error_code ec;
-    for (const auto& d : dirs) std::filesystem::remove_all(d, ec);
-  }
-};
-TempDirs g_temp_dirs;
-
-std::string make_temp_dir() {
-  char tmpl[] = "/tmp/dflash-loader-test-XXXXXX";
-  char* d = mkdtemp(tmpl);
-  if (!d) return "/tmp";
-  g_temp_dirs.dirs.push_back(d);
-  return d;
-}
+std::string make_temp_dir() { return test::make_temp_dir("dflash-loader-test-"); }
 
 // Records of lengths 1..max_len (cycling), each token encoding (record, position) so a test can tell
 // which record a packed sequence came from: token = record * 1000 + position (vocab 1e6).

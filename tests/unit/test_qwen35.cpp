@@ -21,6 +21,7 @@
 #include "model/qwen3_weights.h"
 #include "ops/gated_delta.h"
 #include "ops_test_util.h"
+#include "test_support.h"
 
 namespace dflash {
 namespace {
@@ -30,58 +31,14 @@ using nlohmann::json;
 const std::string kCase = std::string(DFLASH_TEST_DATA) + "/golden/qwen35-tiny-a";
 const std::string kTargetDir = kCase + "/target";
 
-std::vector<float> read_f32(SafetensorsFile& f, const std::string& name) {
-  const TensorInfo& t = f.get(name);
-  std::vector<float> v(t.numel());
-  to_f32(v.data(), t.data, t.dtype, v.size());
-  return v;
-}
+using test::all_layers;
+using test::read_f32;
+using test::read_i32;
+using test::run_target;
+using test::RunResult;
 
-std::vector<int32_t> read_i32(SafetensorsFile& f, const std::string& name) {
-  const TensorInfo& t = f.get(name);
-  EXPECT_EQ(t.dtype, DType::I32);
-  std::vector<int32_t> v(t.numel());
-  std::memcpy(v.data(), t.data, t.nbytes);
-  return v;
-}
-
-PackedBatch golden_batch() {
-  SafetensorsFile g(kCase + "/golden.safetensors");
-  PackedBatch b;
-  b.tokens = read_i32(g, "tokens");
-  b.cu_seqlens = read_i32(g, "cu_seqlens");
-  b.loss_mask.assign(b.tokens.size(), 1);
-  return b;
-}
-
-std::vector<int> all_layers(int L) {
-  std::vector<int> v(L);
-  std::iota(v.begin(), v.end(), 0);
-  return v;
-}
-
-struct RunResult {
-  std::vector<float> features, final_norm;
-};
-RunResult run_target(TargetModel& model, const PackedBatch& batch) {
-  const int64_t T = batch.num_tokens(), H = model.config().hidden_size;
-  const int64_t k = static_cast<int64_t>(model.capture_layers().size());
-  RunResult r;
-  r.features.assign(k * T * H, NAN);
-  r.final_norm.assign(T * H, NAN);
-  CaptureOut out;
-  out.features = Tensor(r.features.data(), DType::F32, Device::CPU, {k, T, H});
-  out.final_norm = cpu_view(r.final_norm.data(), {T, H});
-  model.forward(batch, out);
-  return r;
-}
-
-std::string make_temp_dir() {
-  char tmpl[] = "/tmp/dflash_qwen35_XXXXXX";
-  char* d = ::mkdtemp(tmpl);
-  EXPECT_NE(d, nullptr);
-  return d ? std::string(d) : std::string("/tmp");
-}
+PackedBatch golden_batch() { return test::golden_batch(kCase); }
+std::string make_temp_dir() { return test::make_temp_dir("dflash_qwen35_"); }
 
 json read_json(const std::string& path) {
   std::ifstream in(path);

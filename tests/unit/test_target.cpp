@@ -14,6 +14,7 @@
 #include "dflash/safetensors.h"
 #include "dflash/target.h"
 #include "ops_test_util.h"
+#include "test_support.h"
 
 namespace dflash {
 namespace {
@@ -21,59 +22,14 @@ namespace {
 const std::string kCase = std::string(DFLASH_TEST_DATA) + "/golden/qwen3-tiny-a";
 const std::string kTargetDir = kCase + "/target";
 
-std::vector<float> read_f32(SafetensorsFile& f, const std::string& name) {
-  const TensorInfo& t = f.get(name);
-  std::vector<float> v(t.numel());
-  to_f32(v.data(), t.data, t.dtype, v.size());
-  return v;
-}
+using test::all_layers;
+using test::read_f32;
+using test::read_i32;
+using test::run_target;
+using test::RunResult;
 
-std::vector<int32_t> read_i32(SafetensorsFile& f, const std::string& name) {
-  const TensorInfo& t = f.get(name);
-  EXPECT_EQ(t.dtype, DType::I32);
-  std::vector<int32_t> v(t.numel());
-  std::memcpy(v.data(), t.data, t.nbytes);
-  return v;
-}
-
-PackedBatch golden_batch() {
-  SafetensorsFile g(kCase + "/golden.safetensors");
-  PackedBatch b;
-  b.tokens = read_i32(g, "tokens");
-  b.cu_seqlens = read_i32(g, "cu_seqlens");
-  b.loss_mask.assign(b.tokens.size(), 1);
-  return b;
-}
-
-std::vector<int> all_layers(int L) {
-  std::vector<int> v(L);
-  std::iota(v.begin(), v.end(), 0);
-  return v;
-}
-
-// Runs the target over `batch`, capturing `layers`; returns {features [k, T, H], final_norm [T, H]}.
-struct RunResult {
-  std::vector<float> features, final_norm;
-};
-RunResult run_target(TargetModel& model, const PackedBatch& batch) {
-  const int64_t T = batch.num_tokens(), H = model.config().hidden_size;
-  const int64_t k = static_cast<int64_t>(model.capture_layers().size());
-  RunResult r;
-  r.features.assign(k * T * H, NAN);
-  r.final_norm.assign(T * H, NAN);
-  CaptureOut out;
-  out.features = Tensor(r.features.data(), DType::F32, Device::CPU, {k, T, H});
-  out.final_norm = cpu_view(r.final_norm.data(), {T, H});
-  model.forward(batch, out);
-  return r;
-}
-
-std::string make_temp_dir() {
-  char tmpl[] = "/tmp/dflash_target_XXXXXX";
-  char* d = ::mkdtemp(tmpl);
-  EXPECT_NE(d, nullptr);
-  return d ? std::string(d) : std::string("/tmp");
-}
+PackedBatch golden_batch() { return test::golden_batch(kCase); }
+std::string make_temp_dir() { return test::make_temp_dir("dflash_target_"); }
 
 // Writes a copy of the golden target into dir as one model.safetensors in `dtype`; `edit` may drop or
 // reshape tensors on the way.
