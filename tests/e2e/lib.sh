@@ -78,3 +78,22 @@ f = h5py.File(sys.argv[1], 'r')
 print($2)
 " "$1"
 }
+
+# expect_resumed_like_straight STRAIGHT RESUMED N: job RESUMED, resumed from STRAIGHT's step-N/2
+# checkpoint, logged steps N/2+1..N with STRAIGHT's loss, acc, grad_norm, lr and tokens bit for bit,
+# and exported a byte-identical drafter.
+expect_resumed_like_straight() {
+  local straight=$1 resumed=$2 n=$3
+  "$PY" - "$WORK/$straight/metrics.h5" "$WORK/$resumed/metrics.h5" "$n" <<'PYEOF' || fail "$resumed losses differ from the $straight run"
+import sys, h5py, numpy as np
+a, b = h5py.File(sys.argv[1], 'r'), h5py.File(sys.argv[2], 'r')
+n = int(sys.argv[3])
+assert list(b['steps/step'][:]) == list(range(n // 2 + 1, n + 1)), b['steps/step'][:]
+for k in ('loss', 'acc', 'grad_norm', 'lr', 'tokens'):
+    x, y = a['steps/' + k][n // 2:], b['steps/' + k][:]
+    assert np.array_equal(x, y), (k, x, y)
+print('steps', n // 2 + 1, '..', n, 'identical; last loss', b['steps/loss'][-1])
+PYEOF
+  cmp -s "$WORK/$straight/drafter/model.safetensors" "$WORK/$resumed/drafter/model.safetensors" ||
+    fail "the drafter exported after resuming differs from the $straight run's"
+}
