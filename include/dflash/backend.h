@@ -18,6 +18,10 @@ Ctx make_ctx(Device device, int gpu = 0);
 // Waits until everything enqueued on ctx has finished (no-op on CPU); fatal if a kernel flagged bad input.
 void synchronize(const Ctx& ctx);
 
+// Reports (fatal BadInput) what kernels flagged in work that has finished (a token id out of range);
+// call it once an event shows the work done. No-op on CPU.
+void check_device_errors(const Ctx& ctx);
+
 // dst = src, element for element (same numel). Either side may live on the host or on ctx's device;
 // floating types (F32, BF16, F16) convert into dst's dtype, other dtypes must match. Copies into host
 // memory are complete on return; copies to the device are ordered on ctx's stream.

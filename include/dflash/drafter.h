@@ -90,6 +90,11 @@ class DrafterTrainer {
   StepStats forward_backward(const FeatureBatch& fb, const std::vector<int64_t>& anchors = {});
   // Flat fp32 gradient buffer of every trainable parameter (one bucket for one allreduce).
   Tensor grads();
+  // grads() *= s on the trainer's backend (the gradient reducer's global loss normalisation).
+  void scale_grads(float s);
+  // Sum over the master weights with position weights (i % 7 + 1), in double: drafter ranks that start
+  // from identical weights agree on it exactly.
+  double weights_checksum();
   // Clip (global norm over grads()), AdamW step, advance the schedule. Returns the pre-clip grad norm.
   double optimizer_step();
   // Forward only (evaluation, no noise): metrics and loss.

@@ -4,7 +4,7 @@
 // target of its node; a target sends a batch only into a slot it holds a credit for, so a send always
 // meets a pre-posted receive and nothing queues unbounded. When the drafter consumes a slot it re-posts
 // the receive and grants the credit again, unasked. The bookkeeping below is pure (no MPI) so it can be
-// tested alone; the roles move the messages.
+// tested alone; the endpoints (src/runtime) move the messages and a DataPlane (data_plane.h) the tensors.
 #pragma once
 #include <mpi.h>
 
@@ -16,9 +16,7 @@
 #include <set>
 #include <vector>
 
-#include "dflash/data.h"  // DataPosition
-#include "dflash/nvml.h"  // GpuReading
-#include "dflash/tensor.h"
+#include "dflash/hs_batch.h"  // the wire types the credits travel with
 
 namespace dflash {
 
@@ -112,98 +110,5 @@ class CreditWallet {
   std::map<int, std::deque<Credit>> slots_;  // drafter -> credits granted, oldest first
   int total_ = 0;
 };
-
-// ---- wire format ---------------------------------------------------------------------------------
-// Small host messages (MPI, always): drafter -> target on kTagToTarget, target -> drafter on kTagToDrafter.
-enum class ControlKind : int32_t {
-  Credit = 1,     // drafter -> target: slot `slot` is yours to fill
-  Stop = 2,       // drafter -> target: the run has its steps; send end-of-data now
-  Fin = 3,        // drafter -> target: all your batches arrived; no more messages from me
-  EndOfData = 4,  // target -> drafter: `value` = batches I sent you in total
-};
-struct ControlMsg {
-  ControlKind kind = ControlKind::Credit;
-  int32_t slot = -1;
-  int64_t value = 0;
-  int64_t end_index = -1;  // EndOfData: the target's loader batch index after its last batch (--batch-order fixed)
-};
-constexpr int kTagToTarget = 1;
-constexpr int kTagToDrafter = 2;
-
-// What a target reports about itself, cumulative since its start; carried in every batch header so the
-// metrics writer learns about every target without extra messages.
-struct TargetReport {
-  int32_t rank = -1;
-  int32_t q_pre = 0;           // loader queue depth when the batch left
-  int64_t batches = 0;         // batches sent
-  int64_t tokens = 0;
-  double compute_s = 0;        // forward
-  double credit_wait_s = 0;    // holding a batch, waiting for a credit (throttled by the drafters)
-  double data_wait_s = 0;      // waiting for the loader
-  double send_wait_s = 0;      // waiting for a send buffer to drain
-  double epoch_progress = 0;   // fractional epochs done by this target's loader
-  double time_s = 0;           // since the job started, when the report was made
-  GpuReading gpu;              // this target's GPU (NVML, at most 1 s old; valid = 0 without NVML)
-};
-
-// First message of every batch: sizes, so the receiver knows how much of each pre-posted buffer holds data.
-struct BatchHeader {
-  int64_t num_tokens = 0;      // T
-  int64_t num_seqs = 0;
-  int64_t num_layers = 0;      // k captured layers
-  int64_t hidden = 0;          // H
-  int64_t has_final_norm = 0;  // 1 when the final-norm hidden state [T, H] follows
-  int64_t batch_index = 0;     // the target's loader batch index
-  DataPosition next_position;  // the target's loader position right after this batch (checkpoints)
-  int64_t seq = 0;             // n-th batch (0-based) this target sent to this drafter: the drafter trains
-                               // each target's batches in this order even if slots complete out of order
-  TargetReport report;
-};
-
-// Sizes of one slot's buffers: the largest batch a target may send.
-struct SlotShape {
-  int64_t max_tokens = 0;
-  int64_t num_layers = 0;
-  int64_t hidden = 0;
-  bool final_norm = false;
-};
-
-// Host buffers of one receive slot / one send buffer.
-struct WireBuffers {
-  explicit WireBuffers(const SlotShape& s);
-  SlotShape shape;
-  BatchHeader header;
-  std::vector<int32_t> tokens, cu_seqlens;
-  std::vector<uint8_t> loss_mask;
-  std::vector<float> features;    // [k, max_tokens, H], used as [k, T, H]
-  std::vector<float> final_norm;  // [max_tokens, H]
-};
-
-// ---- data plane ----------------------------------------------------------------------------------
-// How batch tensors move from a target's send buffer into a drafter's slot. The CPU backend uses host
-// MPI (HostMpiDataPlane); NCCL and CUDA-aware MPI planes implement the same calls on device memory.
-class DataPlane {
- public:
-  virtual ~DataPlane() = default;
-  // Drafter: pre-posts the receives of `slot` (from whichever target holds its credit).
-  virtual void post_receive(int slot) = 0;
-  // Drafter: true once every part of the slot's batch arrived; then slot_buffers(slot) holds it.
-  virtual bool receive_done(int slot) = 0;
-  virtual void cancel_receive(int slot) = 0;
-  virtual bool receive_posted(int slot) const = 0;
-  virtual WireBuffers& slot_buffers(int slot) = 0;
-  // Target: starts sending send buffer `buf` (header filled) to `drafter`'s slot.
-  virtual void post_send(int buf, int drafter, int slot) = 0;
-  // Target: true once send buffer `buf` may be reused.
-  virtual bool send_done(int buf) = 0;
-  virtual WireBuffers& send_buffers(int buf) = 0;
-  virtual int num_send_buffers() const = 0;
-};
-
-// Host MPI: every part is a non-blocking message on comm; a slot's receives are pre-posted from any
-// source with tags unique to the slot (only the credit holder can send into it).
-constexpr int kTagSlotBase = 100;
-std::unique_ptr<DataPlane> make_host_mpi_data_plane(MPI_Comm comm, const SlotShape& shape, int num_slots,
-                                                    int num_send_buffers);
 
 }  // namespace dflash

@@ -33,6 +33,7 @@ DFLASH_MPI_DATATYPE(double, MPI_DOUBLE);
 DFLASH_MPI_DATATYPE(int32_t, MPI_INT32_T);
 DFLASH_MPI_DATATYPE(int64_t, MPI_INT64_T);
 DFLASH_MPI_DATATYPE(uint8_t, MPI_UINT8_T);
+DFLASH_MPI_DATATYPE(uint16_t, MPI_UINT16_T);  // bf16 on the wire
 DFLASH_MPI_DATATYPE(uint64_t, MPI_UINT64_T);
 DFLASH_MPI_DATATYPE(char, MPI_CHAR);
 #undef DFLASH_MPI_DATATYPE
@@ -65,6 +66,11 @@ template <class T> MPI_Request iallreduce(T* inout, size_t n, MPI_Op op, MPI_Com
   static_assert(Datatype<T>::scale == 1, "reductions need a numeric type");
   MPI_Request r;
   DF_MPI(MPI_Iallreduce(MPI_IN_PLACE, inout, count_of<T>(n), Datatype<T>::type(), op, comm, &r));
+  return r;
+}
+template <class T> MPI_Request ibcast(T* p, size_t n, int root, MPI_Comm comm) {
+  MPI_Request r;
+  DF_MPI(MPI_Ibcast(p, count_of<T>(n), Datatype<T>::type(), root, comm, &r));
   return r;
 }
 // Gathers n elements of every rank into recv (n * size elements, root only).

@@ -74,6 +74,7 @@ struct Options {
   int keep_checkpoints = 3;
   bool export_checkpoints = false;  // also export each checkpoint's drafter (release format) into it
   double power_budget_w = 0;
+  bool measure_only = false;    // --topology auto --measure-only: print the measured roles and exit
 
   // Test hooks.
   int inject_delay_target_ms = 0;

@@ -70,6 +70,13 @@ void synchronize(const Ctx& ctx) {
 #endif
 }
 
+void check_device_errors(const Ctx& ctx) {
+  if (ctx.device == Device::CPU) return;
+#ifdef DFLASH_HAVE_CUDA
+  cuda::check_device_errors(cuda::backend_of(ctx));
+#endif
+}
+
 void copy_tensor(const Ctx& ctx, const Tensor& dst, const Tensor& src) {
   DF_CHECK(dst.numel() == src.numel(), Internal,
            "copy_tensor: dst " << dst.shape_str() << " and src " << src.shape_str() << " differ in size");

@@ -8,6 +8,9 @@
 #include <thread>
 
 #include "dflash/auto_topology.h"
+#include "dflash/backend.h"
+#include "dflash/hs_batch.h"
+#include "dflash/nvml.h"
 #include "dflash/data.h"
 #include "dflash/drafter.h"
 #include "dflash/error.h"
@@ -34,14 +37,34 @@ struct RankSample {
   double drafter_s = 0;    // median drafter fwd + bwd + optimizer seconds per batch
   double tokens = 0;       // mean tokens per batch
   double allreduce_s = 0;  // fastest gradient allreduce over all ranks
+  double idle_w = 0, target_w = 0, drafter_w = 0;  // mean GPU power (0 = not measured: no NVML)
+  double power_known = 0;  // 1 when this rank read its GPU's power
 };
 
-RankSample measure_rank(const Options& o, MPI_Comm world, int world_size) {
+// Mean power of the readings taken while a role ran (NVML's reading trails by up to a second, so one
+// is taken after each timed batch; the first, warm-up batch is not counted).
+struct PowerMean {
+  double sum = 0;
+  int n = 0;
+  void add(const GpuReading& g) {
+    if (!g.valid) return;
+    sum += g.power_w;
+    ++n;
+  }
+  double mean() const { return n ? sum / n : 0; }
+};
+
+// The roles are measured one after the other, the target model released before the drafter is built,
+// so a rank never holds both (on a GPU they may not fit together). The target's captured features of
+// each measured batch are kept (on the device) for the drafter's steps.
+RankSample measure_rank(const Options& o, MPI_Comm world, int world_size, const Ctx& ctx, PowerSampler* gpu) {
   const Qwen3Config cfg = load_qwen3_config(o.target_dir + "/config.json");
   auto dataset = std::make_shared<TokenDataset>(o.data_path, cfg.vocab_size);
   const std::vector<int> layers = capture_layer_ids(o);
-  TargetModel model(o.target_dir, cpu_ctx(), layers, o.token_budget);
-  DrafterTrainer trainer(o.target_dir, o.drafter_dir, o.draft_layers, o.train, cpu_ctx(), o.token_budget);
+  RankSample s;
+  const GpuReading idle = gpu ? gpu->sample() : GpuReading{};
+  s.idle_w = idle.valid ? idle.power_w : 0;
+  s.power_known = idle.valid ? 1 : 0;
 
   // Every rank times the same first batches (epochs repeat, so a small dataset still gives enough).
   LoaderOptions lo;
@@ -52,49 +75,73 @@ RankSample measure_rank(const Options& o, MPI_Comm world, int world_size) {
   lo.long_record = o.long_record == LongRecordPolicy::Skip ? LongRecord::Skip : LongRecord::Cut;
   Loader loader(dataset, lo);
 
-  const int64_t k = static_cast<int64_t>(layers.size()), H = cfg.hidden_size;
-  const bool kl = o.train.loss == LossKind::KL;
-  std::vector<float> features(static_cast<size_t>(k * o.token_budget * H));
-  std::vector<float> final_norm(kl ? static_cast<size_t>(o.token_budget * H) : 0);
+  SlotShape shape;
+  shape.max_tokens = o.token_budget;
+  shape.num_layers = static_cast<int64_t>(layers.size());
+  shape.hidden = cfg.hidden_size;
+  shape.final_norm = o.train.loss == LossKind::KL;
+  shape.device = ctx.device;
+  shape.dtype = ctx.device == Device::CPU ? DType::F32 : DType::BF16;
+  std::vector<std::unique_ptr<HsBatch>> batches;
   std::vector<double> target_s, drafter_s;
+  PowerMean target_w, drafter_w;
   double tokens = 0;
-  for (int i = 0; i <= kMeasuredBatches; ++i) {
-    LoadedBatch lb;
-    const PopResult got = loader.pop(lb, std::chrono::milliseconds(static_cast<int64_t>(o.peer_timeout_s * 1000)));
-    DF_CHECK_HINT(got == PopResult::Batch, BadInput, "--topology auto: no batch from " << o.data_path << " to measure on",
-                  "check the dataset (dflash-prep), or give --topology T-D");
-    const int64_t T = lb.batch.num_tokens();
-    CaptureOut out;
-    out.features = Tensor(features.data(), DType::F32, Device::CPU, {k, T, H});
-    if (kl) out.final_norm = Tensor(final_norm.data(), DType::F32, Device::CPU, {T, H});
-    auto t0 = mpi::Clock::now();
-    model.forward(lb.batch, out);
-    // The test hooks slow a role down in the run; they must in the measurement too (tests pick splits with them).
-    if (o.inject_delay_target_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(o.inject_delay_target_ms));
-    const double t_target = mpi::seconds_since(t0);
-    FeatureBatch fb;
-    fb.batch = &lb.batch;
-    fb.features = out.features;
-    fb.final_norm = out.final_norm;
-    t0 = mpi::Clock::now();
-    trainer.forward_backward(fb);
-    trainer.optimizer_step();
-    if (o.inject_delay_drafter_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(o.inject_delay_drafter_ms));
-    const double t_drafter = mpi::seconds_since(t0);
-    if (i == 0) continue;  // warm-up
-    target_s.push_back(t_target);
-    drafter_s.push_back(t_drafter);
-    tokens += static_cast<double>(T);
-  }
+  {
+    auto model = std::make_unique<TargetModel>(o.target_dir, ctx, layers, o.token_budget);
+    for (int i = 0; i <= kMeasuredBatches; ++i) {
+      LoadedBatch lb;
+      const PopResult got = loader.pop(lb, std::chrono::milliseconds(static_cast<int64_t>(o.peer_timeout_s * 1000)));
+      DF_CHECK_HINT(got == PopResult::Batch, BadInput, "--topology auto: no batch from " << o.data_path << " to measure on",
+                    "check the dataset (dflash-prep), or give --topology T-D");
+      batches.push_back(std::make_unique<HsBatch>(shape));
+      HsBatch& b = *batches.back();
+      b.fill_from(lb.batch);
+      CaptureOut out;
+      out.features = b.features_view();
+      out.final_norm = b.final_norm_view();
+      const auto t0 = mpi::Clock::now();
+      model->forward(b.batch, out);
+      synchronize(ctx);
+      // The test hooks slow a role down in the run; they must in the measurement too (tests pick splits with them).
+      if (o.inject_delay_target_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(o.inject_delay_target_ms));
+      const double t = mpi::seconds_since(t0);
+      if (i == 0) continue;  // warm-up
+      target_s.push_back(t);
+      target_w.add(gpu ? gpu->sample() : GpuReading{});
+      tokens += static_cast<double>(b.num_tokens());
+    }
+  }  // the target's weights are released here
   loader.stop();
 
-  RankSample s;
+  DrafterTrainer trainer(o.target_dir, o.drafter_dir, o.draft_layers, o.train, ctx, o.token_budget);
+  for (int i = 0; i <= kMeasuredBatches; ++i) {
+    const HsBatch& b = *batches[static_cast<size_t>(i)];
+    FeatureBatch fb;
+    fb.batch = &b.batch;
+    fb.features = b.features_view();
+    fb.final_norm = b.final_norm_view();
+    const auto t0 = mpi::Clock::now();
+    trainer.forward_backward(fb);
+    trainer.optimizer_step();  // returns the gradient norm: the step has finished on the device
+    if (o.inject_delay_drafter_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(o.inject_delay_drafter_ms));
+    const double t = mpi::seconds_since(t0);
+    if (i == 0) continue;  // warm-up
+    drafter_s.push_back(t);
+    drafter_w.add(gpu ? gpu->sample() : GpuReading{});
+  }
+  batches.clear();
+
   s.target_s = median(target_s);
   s.drafter_s = median(drafter_s);
   s.tokens = tokens / kMeasuredBatches;
-  // The gradient allreduce, over every rank at once: the largest drafter group this job could form.
+  s.target_w = target_w.mean();
+  s.drafter_w = drafter_w.mean();
+  if (target_w.n == 0 || drafter_w.n == 0) s.power_known = 0;
+  // The gradient allreduce (host MPI, the fallback reducer), over every rank at once: the largest drafter
+  // group this job could form.
   Tensor grads = trainer.grads();
-  std::vector<float> buf(grads.ptr<float>(), grads.ptr<float>() + grads.numel());
+  std::vector<float> buf(grads.numel());
+  copy_tensor(ctx, cpu_view(buf.data(), {static_cast<int64_t>(buf.size())}), grads);
   s.allreduce_s = 1e30;
   for (int i = 0; i < kAllreduceRepeats && world_size > 1; ++i) {
     DF_MPI(MPI_Barrier(world));
@@ -108,23 +155,22 @@ RankSample measure_rank(const Options& o, MPI_Comm world, int world_size) {
 
 }  // namespace
 
-TopologySpec choose_topology_auto(const Options& o, MPI_Comm world, std::string* record_json) {
+TopologySpec choose_topology_auto(const Options& o, MPI_Comm world, PowerSampler* gpu, std::string* record_json) {
   int rank = 0, size = 1;
   DF_MPI(MPI_Comm_rank(world, &rank));
   DF_MPI(MPI_Comm_size(world, &size));
-  DF_CHECK_HINT(o.backend == Backend::CPU, BadOptions, "--topology auto: the CUDA pipeline is not built yet",
-                "use --backend cpu, or give --topology T-D");
   MPI_Comm node_comm;
   DF_MPI(MPI_Comm_split_type(world, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node_comm));
-  int per_node = 1;
+  int per_node = 1, local_rank = 0;
   DF_MPI(MPI_Comm_size(node_comm, &per_node));
+  DF_MPI(MPI_Comm_rank(node_comm, &local_rank));
   DF_MPI(MPI_Comm_free(&node_comm));
   int range[2] = {per_node, -per_node};
   mpi::allreduce(range, 2, MPI_MIN, world);
   DF_CHECK_HINT(range[0] == -range[1], TopologyMismatch,
                 "--topology auto: nodes run different numbers of ranks (" << range[0] << " to " << -range[1] << ")",
                 "start the same number of ranks on every node");
-  DF_CHECK_HINT(per_node >= 2, TopologyMismatch,
+  DF_CHECK_HINT(per_node >= 2 || o.measure_only, TopologyMismatch,
                 "--topology auto needs at least 2 ranks per node (a target and a drafter); this node has " << per_node,
                 "start more ranks per node (mpirun -np), or give --topology 1-1");
   check_input_paths(o);
@@ -134,9 +180,12 @@ TopologySpec choose_topology_auto(const Options& o, MPI_Comm world, std::string*
     std::fflush(stdout);
   }
 
-  const RankSample mine = measure_rank(o, world, size);
-  double sums[4] = {mine.target_s, mine.drafter_s, mine.tokens, mine.allreduce_s};
-  mpi::allreduce(sums, 4, MPI_SUM, world);
+  // The GPU this rank will bind (create_topology's rule: node-local rank % visible devices).
+  const Ctx ctx = o.backend == Backend::CUDA ? make_ctx(Device::CUDA, local_rank % std::max(1, cuda_device_count())) : cpu_ctx();
+  const RankSample mine = measure_rank(o, world, size, ctx, gpu);
+  double sums[8] = {mine.target_s, mine.drafter_s, mine.tokens, mine.allreduce_s,
+                    mine.idle_w, mine.target_w, mine.drafter_w, mine.power_known};
+  mpi::allreduce(sums, 8, MPI_SUM, world);
   RoleMeasurements m;
   m.gpus_per_node = per_node;
   m.nodes = size / per_node;
@@ -144,7 +193,12 @@ TopologySpec choose_topology_auto(const Options& o, MPI_Comm world, std::string*
   m.drafter_s_per_batch = sums[1] / size;
   m.tokens_per_batch = sums[2] / size;
   if (size > 1) m.allreduce_coeff_s = (sums[3] / size) / ring_allreduce_factor(size);
-  // No NVML readings on the CPU backend: power stays unknown (never invented).
+  // Power only when every rank read its GPU (NVML); never invented (the CPU backend has none).
+  if (sums[7] == size) {
+    m.power_idle_w = sums[4] / size;
+    m.power_target_w = sums[5] / size;
+    m.power_drafter_w = sums[6] / size;
+  }
   if (o.epochs > 0 && o.max_steps == 0) {
     const Qwen3Config cfg = load_qwen3_config(o.target_dir + "/config.json");
     m.remaining_tokens = static_cast<double>(TokenDataset(o.data_path, cfg.vocab_size).num_tokens()) * o.epochs;

@@ -5,15 +5,19 @@
 
 #include <string>
 
+#include "dflash/nvml.h"
 #include "dflash/options.h"
 
 namespace dflash {
 
-// Collective over `world`. Every rank loads the target and a throwaway drafter, times a few target
-// forwards and drafter steps (fwd + bwd + AdamW) on the first batches of --data, and one gradient-sized
-// allreduce over all ranks; the averages go through the what-if model and the fastest split (within
-// --power-budget-w when power is known) wins. Rank 0 prints the table and the choice. record_json gets
-// what metrics.h5 stores as the attribute auto_topology. Fatal TopologyMismatch with < 2 ranks per node.
-TopologySpec choose_topology_auto(const Options& o, MPI_Comm world, std::string* record_json);
+// Collective over `world`. Every rank, on its own backend (its GPU on CUDA), times a few target forwards,
+// releases the target, then times a throwaway drafter's steps (fwd + bwd + AdamW) on the captured
+// features — a rank never holds both models — and one gradient-sized allreduce over all ranks; gpu
+// (NVML, may be null) gives each role's mean power and the idle draw. The averages go through the
+// what-if model and the fastest split (within --power-budget-w when power is known) wins. Rank 0 prints
+// the table and the choice. record_json gets what metrics.h5 stores as the attribute auto_topology.
+// Fatal TopologyMismatch with < 2 ranks per node, unless o.measure_only (then any count: one rank per
+// GPU measures each role standalone).
+TopologySpec choose_topology_auto(const Options& o, MPI_Comm world, PowerSampler* gpu, std::string* record_json);
 
 }  // namespace dflash

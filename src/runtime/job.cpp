@@ -2,10 +2,12 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <sstream>
 
+#include "dflash/backend.h"
 #include "dflash/checkpoint.h"
 #include "dflash/error.h"
 #include "dflash/hf_config.h"
@@ -94,6 +96,32 @@ void print_startup(const Options& o, const Topology& t, const std::vector<RankCa
   std::fflush(stdout);
 }
 
+// The backend, chosen once here and carried down in job.ctx: the rank's GPU (its stream and handles) on
+// CUDA, the float32 reference otherwise. With it, the shape of a hidden-state batch and how batches and
+// gradients travel. Idle ranks hold no model and touch no device.
+void choose_backend_parts(JobContext& job) {
+  const Options& o = job.opt;
+  const Topology& topo = job.topo;
+  job.ctx = o.backend == Backend::CUDA ? make_ctx(Device::CUDA, topo.gpu) : cpu_ctx();
+  const Qwen3Config cfg = load_qwen3_config(o.target_dir + "/config.json");
+  job.slot_shape.max_tokens = o.token_budget;
+  job.slot_shape.num_layers = static_cast<int64_t>(capture_layer_ids(o).size());
+  job.slot_shape.hidden = cfg.hidden_size;
+  job.slot_shape.final_norm = o.train.loss == LossKind::KL;
+  job.slot_shape.device = job.ctx.device;
+  job.slot_shape.dtype = job.ctx.device == Device::CPU ? DType::F32 : DType::BF16;
+  job.data_plane = DataPlaneKind::Host;
+  if (topo.role == Role::Drafter) {
+    job.grad_reduce = choose_grad_reducer(topo.drafter_comm, job.ctx, topo.host.c_str(), topo.gpu);
+    if (topo.is_metrics_writer()) {
+      std::printf("[dflash] hidden states: %s plane, %s on the wire; gradients: %s over %zu drafter(s)\n",
+                  data_plane_name(job.data_plane), dtype_name(job.slot_shape.dtype), grad_reduce_name(job.grad_reduce),
+                  topo.drafters.size());
+      std::fflush(stdout);
+    }
+  }
+}
+
 }  // namespace
 
 void wait_all_loaded(const JobContext& job) {
@@ -104,17 +132,19 @@ int run_job(const Options& given) {
   const auto start = mpi::Clock::now();
   // This rank's GPU through NVML, read once now: its idle draw, before any model (or --topology auto's
   // measurement) occupies it. On the CPU backend it reads nothing and says why.
-  const std::unique_ptr<PowerSampler> gpu_sampler = PowerSampler::for_rank(given.backend, node_local_rank(MPI_COMM_WORLD));
+  // The device index matches the one create_topology binds (local rank % visible devices).
+  const int visible = given.backend == Backend::CUDA ? std::max(1, cuda_device_count()) : 1;
+  const std::unique_ptr<PowerSampler> gpu_sampler =
+      PowerSampler::for_rank(given.backend, node_local_rank(MPI_COMM_WORLD) % visible);
   const GpuReading startup_gpu = gpu_sampler->sample();
   Options o = given;  // --topology auto: measured and chosen here, before any role exists
-  if (o.topology_auto) o.topology = choose_topology_auto(given, MPI_COMM_WORLD, &o.auto_topology_record);
+  if (o.topology_auto) o.topology = choose_topology_auto(given, MPI_COMM_WORLD, gpu_sampler.get(), &o.auto_topology_record);
+  if (o.measure_only) return 0;  // --measure-only: the table above is the answer
   Topology topo = create_topology(MPI_COMM_WORLD, o.topology, o.backend);
-  JobContext job{o, topo, start, gather_cards(topo, *gpu_sampler, startup_gpu), /*resume_dir=*/ ""};
+  JobContext job{o, topo, start, gather_cards(topo, *gpu_sampler, startup_gpu)};
   job.gpu_sampler = gpu_sampler.get();
   if (topo.world_rank == 0) print_startup(o, topo, job.cards);
 
-  DF_CHECK_HINT(o.backend == Backend::CPU, BadOptions,
-                "--backend cuda: the pipeline's CUDA data plane (NCCL) is not built yet", "use --backend cpu");
   check_input_paths(o);
   DF_CHECK_HINT(o.inject_fail_rank < topo.world_size, BadOptions,
                 "--inject-fail-rank " << o.inject_fail_rank << " is not a rank of this " << topo.world_size << "-rank job",
@@ -127,6 +157,8 @@ int run_job(const Options& given) {
     if (topo.world_rank == 0) check_resume_compatible(saved.options, resume_invariants_of(o, topo.world_size), job.resume_dir);
     job.resume_step = saved.step;
   }
+
+  if (topo.role != Role::Idle) choose_backend_parts(job);
 
   switch (topo.role) {
     case Role::Target: run_target(job); break;

@@ -3,7 +3,9 @@
 #include <string>
 #include <vector>
 
+#include "dflash/data_plane.h"
 #include "dflash/flow_control.h"
+#include "dflash/grad_reducer.h"
 #include "dflash/mpi_typed.h"
 #include "dflash/nvml.h"
 #include "dflash/options.h"
@@ -27,6 +29,10 @@ struct JobContext {
   const Topology& topo;
   mpi::Clock::time_point start;
   std::vector<RankCard> cards;
+  Ctx ctx;                         // this rank's backend, chosen once at rank start (CPU, or its GPU's stream)
+  SlotShape slot_shape;            // one hidden-state batch: sizes, device and wire dtype (targets and drafters agree)
+  DataPlaneKind data_plane = DataPlaneKind::Host;
+  GradReduceKind grad_reduce = GradReduceKind::HostMpi;  // drafters only
   std::string resume_dir;          // checkpoint this run resumes from ("" = fresh start), same on every rank
   int64_t resume_step = 0;         // its step
   bool stop_for_requeue = false;   // a drafter checkpointed after SIGUSR1/SIGTERM: exit with ExitCode::Requeue

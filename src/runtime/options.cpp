@@ -107,7 +107,8 @@ po::options_description describe(Options& o, std::string& topology, std::string&
     ("keep-checkpoints", po::value(&o.keep_checkpoints)->default_value(3), "complete checkpoints kept (older ones are deleted)")
     ("export-checkpoints", po::bool_switch(&o.export_checkpoints), "also export each checkpoint's drafter into STEP_DIR/drafter")
     ("resume", po::value(&o.resume), "auto (the newest complete checkpoint, or a fresh start) | PATH (a checkpoint or checkpoint dir)")
-    ("power-budget-w", po::value(&o.power_budget_w)->default_value(0.0), "with --topology auto: the fastest split within this many watts (needs power readings)");
+    ("power-budget-w", po::value(&o.power_budget_w)->default_value(0.0), "with --topology auto: the fastest split within this many watts (needs power readings)")
+    ("measure-only", po::bool_switch(&o.measure_only), "with --topology auto: measure each role standalone on every rank, print the what-if table, exit (no training; any rank count)");
   po::options_description hooks("Test hooks");
   hooks.add_options()
     ("inject-delay-target-ms", po::value(&o.inject_delay_target_ms)->default_value(0), "sleep per batch on targets")
@@ -158,6 +159,8 @@ ParseResult parse_options(int argc, const char* const* argv) {
   o.topology_text = topology;
   o.topology_auto = topology == "auto";  // measured and chosen by run_job (auto_measure.h)
   if (!o.topology_auto) o.topology = parse_topology_spec(topology);
+  DF_CHECK_HINT(!o.measure_only || o.topology_auto, BadOptions, "--measure-only measures for --topology auto",
+                "add --topology auto, or drop --measure-only");
   if (backend == "cpu") o.backend = Backend::CPU;
   else if (backend == "cuda") o.backend = Backend::CUDA;
   else check_range(false, "backend", backend, "cpu or cuda");

@@ -5,8 +5,11 @@
 #include <map>
 #include <thread>
 
+#include "dflash/backend.h"
 #include "dflash/checkpoint.h"
 #include "dflash/data.h"
+#include "dflash/data_plane.h"
+#include "dflash/device_async.h"
 #include "dflash/error.h"
 #include "dflash/hf_config.h"
 #include "dflash/target.h"
@@ -49,9 +52,18 @@ class TargetRank {
     auto dataset = std::make_shared<TokenDataset>(o_.data_path, cfg.vocab_size);
     check_records_fit(o_, *dataset);
     const std::vector<int> layers = capture_layer_ids(o_);
-    TargetModel model(o_.target_dir, cpu_ctx(), layers, o_.token_budget);
-    SlotShape shape{o_.token_budget, static_cast<int64_t>(layers.size()), cfg.hidden_size, o_.train.loss == LossKind::KL};
-    plane_ = make_host_mpi_data_plane(MPI_COMM_WORLD, shape, 0, 2);
+    TargetModel model(o_.target_dir, job_.ctx, layers, o_.token_budget);
+    DataPlaneSpec ps;
+    ps.kind = job_.data_plane;
+    ps.comm = MPI_COMM_WORLD;
+    ps.ctx = job_.ctx;
+    ps.shape = job_.slot_shape;
+    ps.num_send_buffers = kSendBuffers;
+    plane_ = make_data_plane(ps);
+    for (int b = 0; b < kSendBuffers; ++b) {
+      forward_timing_[b][0] = Event(job_.ctx, /*timing=*/true);
+      forward_timing_[b][1] = Event(job_.ctx, /*timing=*/true);
+    }
     for (int d : topo_.node_drafters) last_credit_[d] = mpi::Clock::now();
 
     LoaderOptions lo;
@@ -90,11 +102,19 @@ class TargetRank {
       wait_until([&] { return plane_->send_done(buf); },
                  [&] { return "sending a batch to drafter rank " + std::to_string(buf_dest_[buf]) + " did not complete"; });
       report_.send_wait_s += mpi::seconds_since(t0);
-      // 3. forward into the buffer (the wire layout: features [k, T, H], final_norm [T, H])
-      t0 = mpi::Clock::now();
-      forward_into(model, lb, plane_->send_buffers(buf));
+      forward_finished(buf);
+      // 3. forward into the buffer (the wire layout: features [k, T, H], final_norm [T, H]). On a GPU it is
+      //    only enqueued: the plane's send waits for it by an event, the host goes on to the credits.
+      HsBatch& b = plane_->send_buffer(buf);
+      b.fill_from(lb.batch);
+      forward_timing_[buf][0].record(job_.ctx);
+      CaptureOut out;
+      out.features = b.features_view();
+      out.final_norm = b.final_norm_view();
+      model.forward(b.batch, out);
       if (o_.inject_delay_target_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(o_.inject_delay_target_ms));
-      report_.compute_s += mpi::seconds_since(t0);
+      forward_timing_[buf][1].record(job_.ctx);
+      forward_pending_[buf] = true;
       maybe_inject_failure(job_, report_.batches);
       // 4. a credit: a free slot of some drafter of this node
       // --batch-order fixed: only the drafter the rule names may take this batch.
@@ -114,7 +134,6 @@ class TargetRank {
       if (stop_) break;  // the drafters have their steps; this batch is not needed
       // A credit unused for a quarter of the deadline goes first, whoever granted it.
       const Credit c = fixed_to >= 0 ? wallet_.take_from(fixed_to) : wallet_.take(job_.elapsed(), o_.peer_timeout_s / 4);
-      WireBuffers& b = plane_->send_buffers(buf);
       report_.batches++;
       report_.tokens += lb.batch.num_tokens();
       report_.q_pre = loader.queue_depth();
@@ -125,7 +144,7 @@ class TargetRank {
       b.header.next_position = lb.next;
       b.header.report = report_;
       b.header.seq = sent_to_[c.drafter];
-      plane_->post_send(buf, c.drafter, c.slot);
+      plane_->post_send(buf, job_.ctx, c.drafter, c.slot);
       buf_dest_[buf] = c.drafter;
       sent_to_[c.drafter]++;
     }
@@ -134,24 +153,14 @@ class TargetRank {
   }
 
  private:
-  void forward_into(TargetModel& model, const LoadedBatch& lb, WireBuffers& b) {
-    const PackedBatch& pb = lb.batch;
-    const int64_t T = pb.num_tokens();
-    const int64_t k = b.shape.num_layers, H = b.shape.hidden;
-    DF_ASSERT(T > 0 && T <= b.shape.max_tokens);
-    std::copy(pb.tokens.begin(), pb.tokens.end(), b.tokens.begin());
-    std::copy(pb.cu_seqlens.begin(), pb.cu_seqlens.end(), b.cu_seqlens.begin());
-    std::copy(pb.loss_mask.begin(), pb.loss_mask.end(), b.loss_mask.begin());
-    CaptureOut out;
-    out.features = Tensor(b.features.data(), DType::F32, Device::CPU, {k, T, H});
-    if (b.shape.final_norm) out.final_norm = Tensor(b.final_norm.data(), DType::F32, Device::CPU, {T, H});
-    model.forward(pb, out);
-    BatchHeader& h = b.header;
-    h.num_tokens = T;
-    h.num_seqs = pb.num_seqs();
-    h.num_layers = k;
-    h.hidden = H;
-    h.has_final_norm = b.shape.final_norm ? 1 : 0;
+  // The forward that filled send buffer `buf` has finished (its send completed, and the send waits for it):
+  // its time counts as compute (GPU time on CUDA, measured by events), and what its kernels flagged
+  // (a token id outside the vocabulary) is reported now.
+  void forward_finished(int buf) {
+    if (!forward_pending_[buf]) return;
+    forward_pending_[buf] = false;
+    report_.compute_s += Event::elapsed_ms(forward_timing_[buf][0], forward_timing_[buf][1]) / 1000.0;
+    check_device_errors(job_.ctx);
   }
 
   // Handles every control message that has arrived (credits, stop, fin).
@@ -188,9 +197,11 @@ class TargetRank {
   // End-of-data to every drafter of the node (with the count it should have), then wait for their Fin.
   void finish() {
     finishing_ = true;
-    for (int buf = 0; buf < plane_->num_send_buffers(); ++buf)
+    for (int buf = 0; buf < plane_->num_send_buffers(); ++buf) {
       wait_until([&] { return plane_->send_done(buf); },
                  [&] { return "sending the last batches to drafter rank " + std::to_string(buf_dest_[buf]) + " did not complete"; });
+      forward_finished(buf);
+    }
     std::vector<ControlMsg> eod(topo_.node_drafters.size());
     std::vector<MPI_Request> reqs(eod.size());
     for (size_t i = 0; i < eod.size(); ++i) {
@@ -216,7 +227,10 @@ class TargetRank {
   MPI_Request control_req_ = MPI_REQUEST_NULL;
   std::map<int, int64_t> sent_to_;
   std::map<int, mpi::Clock::time_point> last_credit_;
-  int buf_dest_[8] = {-1, -1, -1, -1, -1, -1, -1, -1};
+  static constexpr int kSendBuffers = 2;  // the forward of batch n+1 overlaps the send of batch n
+  int buf_dest_[kSendBuffers] = {-1, -1};
+  Event forward_timing_[kSendBuffers][2];  // begin, end of the forward that filled each send buffer
+  bool forward_pending_[kSendBuffers] = {false, false};
   TargetReport report_;
   int64_t end_index_ = 0;  // loader batch index after the last batch popped (EndOfData, --batch-order fixed)
   bool stop_ = false, finishing_ = false;

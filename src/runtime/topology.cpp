@@ -1,5 +1,7 @@
 #include "dflash/topology.h"
 
+#include "dflash/backend.h"
+
 #include <unistd.h>
 
 #include <algorithm>
@@ -133,7 +135,16 @@ Topology create_topology(MPI_Comm world, const TopologySpec& spec, Backend backe
   char host[256] = {0};
   gethostname(host, sizeof(host) - 1);
   t.host = host;
-  t.gpu = backend == Backend::CUDA ? t.local_rank : -1;
+  // local_rank % visible devices: one GPU per rank where the launcher shows a node's GPUs to every rank,
+  // and device 0 where the scheduler shows each task its own GPU (or ranks share one, as in tests).
+  if (backend == Backend::CUDA) {
+    const int visible = cuda_device_count();
+    DF_CHECK_HINT(visible > 0, DeviceFailure, "--backend cuda, but this rank sees no CUDA device",
+                  "check CUDA_VISIBLE_DEVICES / the scheduler's GPU binding (--gpus-per-task), or use --backend cpu");
+    t.gpu = t.local_rank % visible;
+  } else {
+    t.gpu = -1;
+  }
 
   DF_MPI(MPI_Comm_split(world, t.role == Role::Drafter ? 0 : MPI_UNDEFINED, rank, &t.drafter_comm));
   id.role = role_name(t.role);

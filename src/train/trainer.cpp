@@ -272,6 +272,18 @@ StepStats DrafterTrainer::evaluate(const FeatureBatch& fb, const std::vector<int
 
 Tensor DrafterTrainer::grads() { return impl_->grads.t(); }
 
+void DrafterTrainer::scale_grads(float s) {
+  float* g = impl_->grads.ptr<float>();
+  for (size_t i = 0; i < impl_->grads.numel(); ++i) g[i] *= s;
+}
+
+double DrafterTrainer::weights_checksum() {
+  const float* p = impl_->params.ptr<float>();
+  double sum = 0;
+  for (size_t i = 0; i < impl_->params.numel(); ++i) sum += p[i] * static_cast<double>(i % 7 + 1);
+  return sum;
+}
+
 double DrafterTrainer::optimizer_step() {
   Impl& s = *impl_;
   const double lr = current_lr();

@@ -143,13 +143,4 @@ void FixedBatchOrder::granted() {
   grant_g_ = r->g + D_;
 }
 
-// ---- buffers -----------------------------------------------------------------------------------------
-WireBuffers::WireBuffers(const SlotShape& s)
-    : shape(s),
-      tokens(s.max_tokens),
-      cu_seqlens(s.max_tokens + 1),
-      loss_mask(s.max_tokens),
-      features(static_cast<size_t>(s.num_layers) * s.max_tokens * s.hidden),
-      final_norm(s.final_norm ? static_cast<size_t>(s.max_tokens) * s.hidden : 0) {}
-
 }  // namespace dflash

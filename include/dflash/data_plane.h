@@ -1,0 +1,64 @@
+// How a hidden-state batch moves from a target's send buffer into a drafter's receive slot, under the
+// credits of flow_control.h (docs/pipeline.md "Data planes"). The endpoints decide who sends what where;
+// a plane only moves the bytes, and owns the send buffers and slots it moves them between.
+//
+// A plane never blocks: every call returns at once and the owner drives transfers by polling
+// (receive_done / send_done) from its progress loop, which also drives MPI and checks deadlines.
+#pragma once
+#include <mpi.h>
+
+#include <memory>
+
+#include "dflash/hs_batch.h"
+#include "dflash/tensor.h"
+
+namespace dflash {
+
+enum class DataPlaneKind : uint8_t {
+  Host,  // host MPI; device tensors are staged through page-locked host buffers (every cluster can)
+};
+const char* data_plane_name(DataPlaneKind k);
+
+class DataPlane {
+ public:
+  virtual ~DataPlane() = default;
+  virtual DataPlaneKind kind() const = 0;
+  virtual int num_slots() const = 0;
+  virtual int num_send_buffers() const = 0;
+
+  // ---- drafter side: receive slots
+  // Posts the receive of `slot` from `sender`, the world rank that holds the slot's credit (only it may
+  // fill the slot).
+  virtual void post_receive(int slot, int sender) = 0;
+  virtual bool receive_posted(int slot) const = 0;
+  virtual int receive_sender(int slot) const = 0;  // -1 when none is posted
+  // Drives the slot's transfer; true once the whole batch is in slot(slot), its tensors on this rank's
+  // device (the receive is then no longer posted).
+  virtual bool receive_done(int slot) = 0;
+  virtual void cancel_receive(int slot) = 0;
+  virtual HsBatch& slot(int slot) = 0;
+
+  // ---- target side: send buffers
+  virtual HsBatch& send_buffer(int buf) = 0;
+  // Sends send buffer `buf` (filled, header complete) into `drafter`'s `slot`, ordered after the work
+  // enqueued on `producer` so far (the forward that wrote it) by an event: the host does not wait for it.
+  virtual void post_send(int buf, const Ctx& producer, int drafter, int slot) = 0;
+  // Drives the send; true once `buf` may be written again.
+  virtual bool send_done(int buf) = 0;
+};
+
+struct DataPlaneSpec {
+  DataPlaneKind kind = DataPlaneKind::Host;
+  MPI_Comm comm = MPI_COMM_NULL;  // the world: credits, headers and host messages address world ranks
+  Ctx ctx;                        // this rank's compute context: where the batches' tensors live
+  SlotShape shape;
+  int num_slots = 0;              // drafters: --hs-queue-depth
+  int num_send_buffers = 0;       // targets: 2, so the forward of batch n+1 overlaps the send of batch n
+};
+std::unique_ptr<DataPlane> make_data_plane(const DataPlaneSpec& spec);
+
+// Tags of the host messages of slot s: kTagSlotBase + s * kSlotTags + part (flow_control.h uses 1, 2).
+constexpr int kTagSlotBase = 100;
+constexpr int kSlotTags = 8;
+
+}  // namespace dflash

@@ -1,0 +1,218 @@
+// The host data plane: every part of a batch is a non-blocking host MPI message. On the CPU backend the
+// messages read and write the batch's own buffers; on CUDA the tensors are staged through page-locked
+// host buffers by a copy stream: send = D2H after the forward's event, then MPI; receive = MPI, then H2D.
+// bf16 on the wire. Works on every cluster (no CUDA-aware MPI, no NCCL needed), at host-link speed.
+#include <array>
+#include <deque>
+
+#include "dflash/data_plane.h"
+#include "dflash/device_async.h"
+#include "dflash/error.h"
+#include "dflash/mpi_typed.h"
+
+namespace dflash {
+namespace {
+
+// A batch is six messages; part p of slot s travels on tag kTagSlotBase + s * kSlotTags + p.
+enum Part : int { kHeader, kTokens, kCuSeqlens, kLossMask, kFeatures, kFinalNorm, kParts };
+static_assert(kParts <= kSlotTags, "a slot's messages need distinct tags");
+
+// Tensor bytes as MPI elements of the wire dtype (count and type from the element type, never bytes).
+MPI_Request isend_tensor(const void* p, DType t, size_t n, int dest, int tag, MPI_Comm comm) {
+  if (t == DType::F32) return mpi::isend(static_cast<const float*>(p), n, dest, tag, comm);
+  DF_CHECK(t == DType::BF16, Internal, "hidden states travel as F32 or BF16, not " << dtype_name(t));
+  return mpi::isend(static_cast<const uint16_t*>(p), n, dest, tag, comm);
+}
+MPI_Request irecv_tensor(void* p, DType t, size_t n, int source, int tag, MPI_Comm comm) {
+  if (t == DType::F32) return mpi::irecv(static_cast<float*>(p), n, source, tag, comm);
+  DF_CHECK(t == DType::BF16, Internal, "hidden states travel as F32 or BF16, not " << dtype_name(t));
+  return mpi::irecv(static_cast<uint16_t*>(p), n, source, tag, comm);
+}
+size_t received_elements(const MPI_Status& st, DType t) {
+  return t == DType::F32 ? mpi::received_count<float>(st) : mpi::received_count<uint16_t>(st);
+}
+
+class HostDataPlane final : public DataPlane {
+  enum class State : uint8_t { Idle, Staging, Transferring, Uploading };
+
+  struct Entry {
+    Entry(const SlotShape& s, const Ctx& ctx, bool staged)
+        : buf(s),
+          produced(ctx),
+          copied(ctx),
+          stage_features(staged ? buf.features.t().nbytes() : 0, HostMemory::Pinned),
+          stage_final_norm(staged && s.final_norm ? buf.final_norm.t().nbytes() : 0, HostMemory::Pinned) {
+      req.fill(MPI_REQUEST_NULL);
+    }
+    HsBatch buf;
+    Event produced, copied;  // the forward that wrote buf; the staging copy
+    HostBuffer stage_features, stage_final_norm;
+    std::array<MPI_Request, kParts> req;
+    State state = State::Idle;
+    int peer = -1;
+    int tag = 0;
+  };
+
+ public:
+  explicit HostDataPlane(const DataPlaneSpec& s)
+      : comm_(s.comm), ctx_(s.ctx), copy_(side_ctx(s.ctx)), staged_(s.shape.device != Device::CPU) {
+    DF_CHECK(s.shape.device == s.ctx.device, Internal, "the batches' tensors must live on the plane's device");
+    int tag_ub_flag = 0;
+    int* tag_ub = nullptr;
+    DF_MPI(MPI_Comm_get_attr(comm_, MPI_TAG_UB, &tag_ub, &tag_ub_flag));
+    DF_CHECK(!tag_ub_flag || kTagSlotBase + s.num_slots * kSlotTags <= *tag_ub, BadOptions,
+             "--hs-queue-depth " << s.num_slots << " needs more MPI tags than this MPI offers (" << *tag_ub << ")");
+    for (int i = 0; i < s.num_slots; ++i) slots_.emplace_back(s.shape, ctx_, staged_);
+    for (int i = 0; i < s.num_send_buffers; ++i) sends_.emplace_back(s.shape, ctx_, staged_);
+  }
+
+  ~HostDataPlane() override {
+    for (auto& e : slots_)
+      for (auto& r : e.req) mpi::cancel(r);
+  }
+
+  DataPlaneKind kind() const override { return DataPlaneKind::Host; }
+  int num_slots() const override { return static_cast<int>(slots_.size()); }
+  int num_send_buffers() const override { return static_cast<int>(sends_.size()); }
+  HsBatch& slot(int s) override { return slots_.at(s).buf; }
+  HsBatch& send_buffer(int b) override { return sends_.at(b).buf; }
+  bool receive_posted(int s) const override { return slots_.at(s).state != State::Idle; }
+  int receive_sender(int s) const override { return receive_posted(s) ? slots_.at(s).peer : -1; }
+
+  void post_receive(int s, int sender) override {
+    Entry& e = slots_.at(s);
+    DF_ASSERT(e.state == State::Idle);
+    HsBatch& b = e.buf;
+    b.clear();
+    const int tag = kTagSlotBase + s * kSlotTags;
+    const SlotShape& sh = b.shape;
+    void* features = staged_ ? e.stage_features.data() : b.features.t().data;
+    void* final_norm = staged_ ? e.stage_final_norm.data() : b.final_norm.t().data;
+    e.req[kHeader] = mpi::irecv(&b.header, 1, sender, tag + kHeader, comm_);
+    e.req[kTokens] = mpi::irecv(b.batch.tokens.data(), b.batch.tokens.size(), sender, tag + kTokens, comm_);
+    e.req[kCuSeqlens] = mpi::irecv(b.batch.cu_seqlens.data(), b.batch.cu_seqlens.size(), sender, tag + kCuSeqlens, comm_);
+    e.req[kLossMask] = mpi::irecv(b.batch.loss_mask.data(), b.batch.loss_mask.size(), sender, tag + kLossMask, comm_);
+    e.req[kFeatures] = irecv_tensor(features, sh.dtype, b.features.numel(), sender, tag + kFeatures, comm_);
+    e.req[kFinalNorm] = irecv_tensor(final_norm, sh.dtype, sh.final_norm ? b.final_norm.numel() : 0, sender,
+                                     tag + kFinalNorm, comm_);
+    e.peer = sender;
+    e.state = State::Transferring;
+  }
+
+  bool receive_done(int s) override {
+    Entry& e = slots_.at(s);
+    if (e.state == State::Transferring) {
+      int done = 0;
+      std::array<MPI_Status, kParts> st;
+      DF_MPI(MPI_Testall(kParts, e.req.data(), &done, st.data()));
+      if (!done) return false;
+      check_counts(s, e, st);
+      e.buf.set_filled();
+      if (!staged_) {
+        e.state = State::Idle;
+        return true;
+      }
+      copy_bytes_async(copy_, e.buf.features.t().data, e.stage_features.data(), e.buf.feature_bytes());
+      copy_bytes_async(copy_, e.buf.final_norm.t().data, e.stage_final_norm.data(), e.buf.final_norm_bytes());
+      e.copied.record(copy_);
+      e.state = State::Uploading;
+    }
+    if (e.state != State::Uploading || !e.copied.done()) return false;
+    e.state = State::Idle;
+    return true;
+  }
+
+  void cancel_receive(int s) override {
+    Entry& e = slots_.at(s);
+    for (auto& r : e.req) mpi::cancel(r);
+    // An upload in flight finishes on its own (nothing waits for it); the slot is free either way.
+    e.state = State::Idle;
+    e.peer = -1;
+  }
+
+  void post_send(int b, const Ctx& producer, int drafter, int s) override {
+    Entry& e = sends_.at(b);
+    DF_ASSERT(e.state == State::Idle);
+    const HsBatch& hb = e.buf;
+    const BatchHeader& h = hb.header;
+    DF_CHECK(h.num_tokens == hb.batch.num_tokens() && h.num_seqs == hb.batch.num_seqs(), Internal,
+             "send buffer " << b << ": header and index arrays disagree");
+    e.peer = drafter;
+    e.tag = kTagSlotBase + s * kSlotTags;
+    // The small parts go now; the drafter's receives for them are posted.
+    e.req[kHeader] = mpi::isend(&hb.header, 1, drafter, e.tag + kHeader, comm_);
+    e.req[kTokens] = mpi::isend(hb.batch.tokens.data(), hb.batch.tokens.size(), drafter, e.tag + kTokens, comm_);
+    e.req[kCuSeqlens] = mpi::isend(hb.batch.cu_seqlens.data(), hb.batch.cu_seqlens.size(), drafter, e.tag + kCuSeqlens, comm_);
+    e.req[kLossMask] = mpi::isend(hb.batch.loss_mask.data(), hb.batch.loss_mask.size(), drafter, e.tag + kLossMask, comm_);
+    if (!staged_) {
+      post_tensor_sends(e, hb.features.t().data, hb.final_norm.t().data);
+      return;
+    }
+    // D2H on the copy stream once the forward is done; the host goes on (send_done posts the tensors).
+    e.produced.record(producer);
+    e.produced.order_before(copy_);
+    copy_bytes_async(copy_, e.stage_features.data(), hb.features.t().data, hb.feature_bytes());
+    copy_bytes_async(copy_, e.stage_final_norm.data(), hb.final_norm.t().data, hb.final_norm_bytes());
+    e.copied.record(copy_);
+    e.state = State::Staging;
+  }
+
+  bool send_done(int b) override {
+    Entry& e = sends_.at(b);
+    if (e.state == State::Idle) return true;
+    if (e.state == State::Staging) {
+      if (!e.copied.done()) return false;
+      post_tensor_sends(e, e.stage_features.data(), e.stage_final_norm.data());
+    }
+    int done = 0;
+    DF_MPI(MPI_Testall(kParts, e.req.data(), &done, MPI_STATUSES_IGNORE));
+    if (done) e.state = State::Idle;
+    return done != 0;
+  }
+
+ private:
+  void post_tensor_sends(Entry& e, const void* features, const void* final_norm) {
+    const HsBatch& hb = e.buf;
+    const SlotShape& sh = hb.shape;
+    e.req[kFeatures] = isend_tensor(features, sh.dtype, hb.features_view().numel(), e.peer, e.tag + kFeatures, comm_);
+    e.req[kFinalNorm] = isend_tensor(final_norm, sh.dtype, sh.final_norm ? hb.final_norm_view().numel() : 0, e.peer,
+                                     e.tag + kFinalNorm, comm_);
+    e.state = State::Transferring;
+  }
+
+  // The header says how much of each buffer the sender filled; the messages must agree.
+  void check_counts(int s, const Entry& e, const std::array<MPI_Status, kParts>& st) const {
+    const BatchHeader& h = e.buf.header;
+    const DType t = e.buf.shape.dtype;
+    const size_t T = static_cast<size_t>(h.num_tokens), H = static_cast<size_t>(h.hidden);
+    DF_CHECK(h.num_tokens > 0 && h.num_tokens <= e.buf.shape.max_tokens && mpi::received_count<int32_t>(st[kTokens]) == T &&
+                 mpi::received_count<int32_t>(st[kCuSeqlens]) == static_cast<size_t>(h.num_seqs + 1) &&
+                 mpi::received_count<uint8_t>(st[kLossMask]) == T &&
+                 received_elements(st[kFeatures], t) == static_cast<size_t>(h.num_layers) * T * H &&
+                 received_elements(st[kFinalNorm], t) == (h.has_final_norm ? T * H : 0),
+             Internal, "batch in slot " << s << " from rank " << e.peer << " does not match its header");
+  }
+
+  MPI_Comm comm_;
+  Ctx ctx_, copy_;  // compute context (where batches live) and its copy stream
+  bool staged_;
+  std::deque<Entry> slots_, sends_;  // deque: entries never move (MPI and the copies hold pointers into them)
+};
+
+}  // namespace
+
+const char* data_plane_name(DataPlaneKind k) {
+  switch (k) {
+    case DataPlaneKind::Host: return "host";
+  }
+  return "?";
+}
+
+std::unique_ptr<DataPlane> make_data_plane(const DataPlaneSpec& spec) {
+  switch (spec.kind) {
+    case DataPlaneKind::Host: return std::make_unique<HostDataPlane>(spec);
+  }
+  DF_FAIL(Internal, "unknown data plane", "");
+}
+
+}  // namespace dflash

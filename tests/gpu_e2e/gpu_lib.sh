@@ -1,0 +1,9 @@
+# Shared by the GPU end-to-end tests (label gpu): the e2e helpers plus a GPU check. Every rank of these
+# jobs shares the machine's first GPU when it has one (local rank % visible devices), so they run on the
+# one-GPU machine; NCCL is not involved (one drafter: no gradient sum).
+source "$(dirname "$0")/../e2e/lib.sh"
+if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L 2>/dev/null | grep -q '^GPU'; then
+  echo "SKIPPED: no NVIDIA GPU visible (these tests run on the GPU machine: ctest -L gpu)"
+  exit 77
+fi
+export NCCL_NVLS_ENABLE=0
