@@ -37,10 +37,12 @@ struct RankSample {
 };
 
 RankSample measure_rank(const Options& o, MPI_Comm world, int world_size) {
-  const Qwen3Config cfg = load_qwen3_config(o.target_dir + "/config.json");
+  const TargetConfig target_cfg = load_target_config(o.target_dir);
+  const Qwen3Config& cfg = target_cfg.text;
   auto dataset = std::make_shared<TokenDataset>(o.data_path, cfg.vocab_size);
   const std::vector<int> layers = capture_layer_ids(o);
-  TargetModel model(o.target_dir, cpu_ctx(), layers, o.token_budget);
+  const std::unique_ptr<TargetModel> model =
+      make_target_model(target_cfg, o.target_dir, cpu_ctx(), layers, o.token_budget);
   DrafterTrainer trainer(o.target_dir, o.drafter_dir, o.draft_layers, o.train, cpu_ctx(), o.token_budget);
 
   // Every rank times the same first batches (epochs repeat, so a small dataset still gives enough).
@@ -68,7 +70,7 @@ RankSample measure_rank(const Options& o, MPI_Comm world, int world_size) {
     out.features = Tensor(features.data(), DType::F32, Device::CPU, {k, T, H});
     if (kl) out.final_norm = Tensor(final_norm.data(), DType::F32, Device::CPU, {T, H});
     auto t0 = mpi::Clock::now();
-    model.forward(lb.batch, out);
+    model->forward(lb.batch, out);
     // The test hooks slow a role down in the run; they must in the measurement too (tests pick splits with them).
     if (o.inject_delay_target_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(o.inject_delay_target_ms));
     const double t_target = mpi::seconds_since(t0);
@@ -146,8 +148,8 @@ TopologySpec choose_topology_auto(const Options& o, MPI_Comm world, std::string*
   if (size > 1) m.allreduce_coeff_s = (sums[3] / size) / ring_allreduce_factor(size);
   // No NVML readings on the CPU backend: power stays unknown (never invented).
   if (o.epochs > 0 && o.max_steps == 0) {
-    const Qwen3Config cfg = load_qwen3_config(o.target_dir + "/config.json");
-    m.remaining_tokens = static_cast<double>(TokenDataset(o.data_path, cfg.vocab_size).num_tokens()) * o.epochs;
+    const int vocab = load_target_config(o.target_dir).text.vocab_size;
+    m.remaining_tokens = static_cast<double>(TokenDataset(o.data_path, vocab).num_tokens()) * o.epochs;
   }
   const std::vector<SplitPrediction> preds = predict_all_splits(m);
   const bool power_known = preds.front().power_w.has_value();

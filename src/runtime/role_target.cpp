@@ -49,7 +49,7 @@ class TargetRank {
     auto dataset = std::make_shared<TokenDataset>(o_.data_path, cfg.vocab_size);
     check_records_fit(o_, *dataset);
     const std::vector<int> layers = capture_layer_ids(o_);
-    TargetModel model(o_.target_dir, cpu_ctx(), layers, o_.token_budget);
+    auto model = make_target_model(load_target_config(o_.target_dir), o_.target_dir, cpu_ctx(), layers, o_.token_budget);
     SlotShape shape{o_.token_budget, static_cast<int64_t>(layers.size()), cfg.hidden_size, o_.train.loss == LossKind::KL};
     plane_ = make_host_mpi_data_plane(MPI_COMM_WORLD, shape, 0, 2);
     for (int d : topo_.node_drafters) last_credit_[d] = mpi::Clock::now();
@@ -92,7 +92,7 @@ class TargetRank {
       report_.send_wait_s += mpi::seconds_since(t0);
       // 3. forward into the buffer (the wire layout: features [k, T, H], final_norm [T, H])
       t0 = mpi::Clock::now();
-      forward_into(model, lb, plane_->send_buffers(buf));
+      forward_into(*model, lb, plane_->send_buffers(buf));
       if (o_.inject_delay_target_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(o_.inject_delay_target_ms));
       report_.compute_s += mpi::seconds_since(t0);
       maybe_inject_failure(job_, report_.batches);
