@@ -188,7 +188,8 @@ TokenRecords sample_records(const std::string& target_dir, const TinySpec& s, do
     for (int p = 0; p < prompt_len[r]; ++p) seqs[r].push_back(rng.below(s.vocab));
   }
   const int64_t max_tokens = int64_t(R) * s.window;
-  TargetModel target(target_dir, cpu_ctx(), {}, max_tokens);
+  const std::unique_ptr<TargetModel> target =
+      make_target_model(load_target_config(target_dir), target_dir, cpu_ctx(), {}, max_tokens);
   const int64_t H = s.hidden, V = s.vocab;
   std::vector<float> final_norm(static_cast<size_t>(max_tokens * H)), last(static_cast<size_t>(R) * H);
   std::vector<float> logits(static_cast<size_t>(R) * V), probs(static_cast<size_t>(V));
@@ -212,10 +213,10 @@ TokenRecords sample_records(const std::string& target_dir, const TinySpec& s, do
     const int64_t T = b.num_tokens(), A = static_cast<int64_t>(active.size());
     CaptureOut out;
     out.final_norm = cpu_view(final_norm.data(), {T, H});
-    target.forward(b, out);
+    target->forward(b, out);
     for (int64_t a = 0; a < A; ++a)  // the last position of each sequence
       std::copy_n(final_norm.data() + (b.cu_seqlens[a + 1] - 1) * H, H, last.data() + a * H);
-    target.lm_head_forward(cpu_view(logits.data(), {A, V}), cpu_view(last.data(), {A, H}));
+    target->lm_head_forward(cpu_view(logits.data(), {A, V}), cpu_view(last.data(), {A, H}));
     for (int64_t a = 0; a < A; ++a) {
       const float* lg = logits.data() + a * V;
       const int argmax = static_cast<int>(std::max_element(lg, lg + V) - lg);

@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "dflash/target.h"
+#include "dflash/packed_batch.h"
 
 namespace dflash {
 

@@ -22,7 +22,7 @@
 #include <thread>
 #include <vector>
 
-#include "dflash/target.h"  // PackedBatch
+#include "dflash/packed_batch.h"
 
 namespace dflash {
 

@@ -6,7 +6,7 @@
 
 #include "dflash/drafter_model.h"
 #include "dflash/hf_config.h"
-#include "dflash/target.h"
+#include "dflash/packed_batch.h"
 #include "dflash/tensor.h"
 
 namespace dflash {

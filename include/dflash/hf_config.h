@@ -31,6 +31,10 @@ struct Qwen3Config {
 Qwen3Config parse_qwen3_config(const nlohmann::json& j, const std::string& source);
 Qwen3Config load_qwen3_config(const std::string& config_json_path);
 
+// A config.json read as a JSON object (fatal BadInput when it cannot be opened, parsed, or is not an
+// object): for readers that look at the file before choosing a parser (load_target_config).
+nlohmann::json read_config_json(const std::string& config_json_path);
+
 // DFlash drafter (z-lab release format): a Qwen3 stack + dflash fields.
 struct DrafterConfig {
   Qwen3Config layers;               // vocab_size = target's vocab; no embedding/lm_head of its own;

@@ -209,6 +209,8 @@ Qwen3Config load_qwen3_config(const std::string& config_json_path) {
   return parse_qwen3_config(read_json_file(config_json_path), config_json_path);
 }
 
+json read_config_json(const std::string& config_json_path) { return read_json_file(config_json_path); }
+
 DrafterConfig parse_drafter_config(const json& j, const std::string& source) {
   DF_CHECK_HINT(j.is_object(), BadInput, source << " is not a JSON object", kConfigHint);
   const char* const format_hint =

@@ -34,8 +34,8 @@ Tensor rows(const Buffer& b, int64_t T) { return b.t().slice_rows(0, T); }
 struct Qwen35Target::Impl {
   Ctx ctx;
   Qwen35Config cfg;
+  std::vector<int> capture_layers;
   CapturePlan captures;
-  int64_t num_captures = 0;                    // k: rows of CaptureOut.features
   int64_t max_tokens = 0;
   Qwen35Weights w;
 
@@ -59,21 +59,18 @@ struct Qwen35Target::Impl {
   void layer_forward(const Qwen35LayerWeights& L, const Tensor& in, const Tensor& dst, int64_t T, const Tensor& cu);
 };
 
-Qwen35Target::Qwen35Target(const std::string& dir, const Ctx& ctx, const std::vector<int>& capture_layers,
-                           int64_t max_tokens)
+Qwen35Target::Qwen35Target(const Qwen35Config& cfg, const std::string& dir, const Ctx& ctx,
+                           std::vector<int> capture_layers, int64_t max_tokens)
     : impl_(std::make_unique<Impl>()) {
+  DF_ASSERT(ctx.device == Device::CPU);  // make_target_model refuses the hybrid on any other backend
   Impl& m = *impl_;
   m.ctx = ctx;
-  m.cfg = load_qwen35_config(dir + "/config.json");
-  DF_CHECK_HINT(ctx.device == Device::CPU, BadOptions,
-                "the target " << dir << " is a Qwen3.5/3.6 hybrid (Gated DeltaNet layers); this build runs it on "
-                              << "the CPU backend only",
-                "run with --backend cpu, or use a dense Qwen3 target on CUDA");
+  m.cfg = cfg;
   const Qwen3Config& c = m.cfg.text;
   const int L = c.num_hidden_layers;
   DF_CHECK(max_tokens > 0, BadOptions, "the target needs max_tokens > 0, got " << max_tokens);
   m.captures = plan_captures(capture_layers, L, dir);
-  m.num_captures = static_cast<int64_t>(capture_layers.size());
+  m.capture_layers = std::move(capture_layers);
   m.max_tokens = max_tokens;
 
   Checkpoint ckpt(dir);
@@ -109,7 +106,9 @@ Qwen35Target::Qwen35Target(const std::string& dir, const Ctx& ctx, const std::ve
 
 Qwen35Target::~Qwen35Target() = default;
 
-const Qwen35Config& Qwen35Target::config() const { return impl_->cfg; }
+const Qwen3Config& Qwen35Target::config() const { return impl_->cfg.text; }
+const Qwen35Config& Qwen35Target::hybrid_config() const { return impl_->cfg; }
+const std::vector<int>& Qwen35Target::capture_layers() const { return impl_->capture_layers; }
 Tensor Qwen35Target::embed_tokens() const { return impl_->w.embed_tokens.t(); }
 Tensor Qwen35Target::lm_head() const { return impl_->w.lm_head_table(); }
 
@@ -174,7 +173,7 @@ void Qwen35Target::forward(const PackedBatch& batch, const CaptureOut& out) {
   const Qwen3Config& c = m.cfg.text;
   const int64_t T = batch.num_tokens(), H = c.hidden_size;
   const int nseq = batch.num_seqs();
-  const int64_t ncap = m.num_captures;
+  const int64_t ncap = static_cast<int64_t>(m.capture_layers.size());
 
   check_packed_batch(batch, m.max_tokens, c.vocab_size, m.pos);
   check_capture_out(out, ncap, T, H, DType::F32, Device::CPU);

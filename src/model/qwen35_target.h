@@ -1,5 +1,5 @@
-// The frozen Qwen3.5 / Qwen3.6 hybrid target forward (CPU backend, float32). TargetModel forwards to
-// this class when the checkpoint's config.json describes a hybrid; its interface mirrors TargetModel's.
+// The frozen Qwen3.5 / Qwen3.6 hybrid target forward (CPU backend, float32). Built through
+// make_target_model (include/dflash/target.h), which refuses the CUDA backend for it.
 #pragma once
 #include <memory>
 #include <string>
@@ -10,23 +10,24 @@
 
 namespace dflash {
 
-class Qwen35Target {
+class Qwen35Target final : public TargetModel {
  public:
-  // Loads config.json + safetensors from dir (every tensor checked before any compute). The CUDA
-  // backend is refused (BadOptions): this build runs the hybrid on the CPU only.
-  Qwen35Target(const std::string& dir, const Ctx& ctx, const std::vector<int>& capture_layers, int64_t max_tokens);
-  ~Qwen35Target();
-  Qwen35Target(const Qwen35Target&) = delete;
-  Qwen35Target& operator=(const Qwen35Target&) = delete;
+  // cfg: the checkpoint's parsed config (*load_target_config(dir).qwen35). Loads the safetensors from
+  // dir, every tensor checked before any compute. ctx must be the CPU backend.
+  Qwen35Target(const Qwen35Config& cfg, const std::string& dir, const Ctx& ctx, std::vector<int> capture_layers,
+               int64_t max_tokens);
+  ~Qwen35Target() override;
 
-  const Qwen35Config& config() const;
-  // Same contract as TargetModel::forward: features [k, T, H] (outputs of the capture layers, layer
-  // listed twice is copied), final_norm [T, H] (may be empty); each packed sequence runs from a zero
-  // conv/recurrent state and attends only to itself, positions restarting at 0.
-  void forward(const PackedBatch& batch, const CaptureOut& out);
-  void lm_head_forward(const Tensor& logits, const Tensor& final_norm);  // logits [T, V]
-  Tensor embed_tokens() const;  // [V, H]
-  Tensor lm_head() const;       // [V, H]
+  TargetFamily family() const override { return TargetFamily::Qwen35Hybrid; }
+  const Qwen3Config& config() const override;   // the text model's sizes
+  const Qwen35Config& hybrid_config() const;     // layer kinds, Gated DeltaNet heads, partial RoPE
+  const std::vector<int>& capture_layers() const override;
+  DType activation_dtype() const override { return DType::F32; }
+  // Each packed sequence runs from a zero conv/recurrent state and attends only to itself.
+  void forward(const PackedBatch& batch, const CaptureOut& out) override;
+  void lm_head_forward(const Tensor& logits, const Tensor& final_norm) override;
+  Tensor embed_tokens() const override;
+  Tensor lm_head() const override;
 
   struct Impl;
 

@@ -58,7 +58,8 @@ struct PowerMean {
 // so a rank never holds both (on a GPU they may not fit together). The target's captured features of
 // each measured batch are kept (on the device) for the drafter's steps.
 RankSample measure_rank(const Options& o, MPI_Comm world, int world_size, const Ctx& ctx, PowerSampler* gpu) {
-  const Qwen3Config cfg = load_qwen3_config(o.target_dir + "/config.json");
+  const TargetConfig target_cfg = load_target_config(o.target_dir);
+  const Qwen3Config& cfg = target_cfg.text;
   auto dataset = std::make_shared<TokenDataset>(o.data_path, cfg.vocab_size);
   const std::vector<int> layers = capture_layer_ids(o);
   RankSample s;
@@ -87,7 +88,7 @@ RankSample measure_rank(const Options& o, MPI_Comm world, int world_size, const 
   PowerMean target_w, drafter_w;
   double tokens = 0;
   {
-    auto model = std::make_unique<TargetModel>(o.target_dir, ctx, layers, o.token_budget);
+    const std::unique_ptr<TargetModel> model = make_target_model(target_cfg, o.target_dir, ctx, layers, o.token_budget);
     for (int i = 0; i <= kMeasuredBatches; ++i) {
       LoadedBatch lb;
       const PopResult got = loader.pop(lb, std::chrono::milliseconds(static_cast<int64_t>(o.peer_timeout_s * 1000)));
@@ -200,8 +201,8 @@ TopologySpec choose_topology_auto(const Options& o, MPI_Comm world, PowerSampler
     m.power_drafter_w = sums[6] / size;
   }
   if (o.epochs > 0 && o.max_steps == 0) {
-    const Qwen3Config cfg = load_qwen3_config(o.target_dir + "/config.json");
-    m.remaining_tokens = static_cast<double>(TokenDataset(o.data_path, cfg.vocab_size).num_tokens()) * o.epochs;
+    const int vocab = load_target_config(o.target_dir).text.vocab_size;
+    m.remaining_tokens = static_cast<double>(TokenDataset(o.data_path, vocab).num_tokens()) * o.epochs;
   }
   const std::vector<SplitPrediction> preds = predict_all_splits(m);
   const bool power_known = preds.front().power_w.has_value();

@@ -103,7 +103,8 @@ void choose_backend_parts(JobContext& job) {
   const Options& o = job.opt;
   const Topology& topo = job.topo;
   job.ctx = o.backend == Backend::CUDA ? make_ctx(Device::CUDA, topo.gpu) : cpu_ctx();
-  const Qwen3Config cfg = load_qwen3_config(o.target_dir + "/config.json");
+  job.target = load_target_config(o.target_dir);
+  const Qwen3Config& cfg = job.target.text;
   job.slot_shape.max_tokens = o.token_budget;
   job.slot_shape.num_layers = static_cast<int64_t>(capture_layer_ids(o).size());
   job.slot_shape.hidden = cfg.hidden_size;

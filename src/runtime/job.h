@@ -9,6 +9,7 @@
 #include "dflash/mpi_typed.h"
 #include "dflash/nvml.h"
 #include "dflash/options.h"
+#include "dflash/target.h"
 #include "dflash/topology.h"
 
 namespace dflash {
@@ -30,6 +31,7 @@ struct JobContext {
   mpi::Clock::time_point start;
   std::vector<RankCard> cards;
   Ctx ctx;                         // this rank's backend, chosen once at rank start (CPU, or its GPU's stream)
+  TargetConfig target;             // the target's config.json, parsed once (family, widths)
   SlotShape slot_shape;            // one hidden-state batch: sizes, device and wire dtype (targets and drafters agree)
   DataPlaneKind data_plane = DataPlaneKind::Host;
   GradReduceKind grad_reduce = GradReduceKind::HostMpi;  // drafters only

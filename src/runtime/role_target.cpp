@@ -48,11 +48,10 @@ class TargetRank {
   explicit TargetRank(JobContext& job) : job_(job), o_(job.opt), topo_(job.topo) {}
 
   void run() {
-    const Qwen3Config cfg = load_qwen3_config(o_.target_dir + "/config.json");
-    auto dataset = std::make_shared<TokenDataset>(o_.data_path, cfg.vocab_size);
+    auto dataset = std::make_shared<TokenDataset>(o_.data_path, job_.target.text.vocab_size);
     check_records_fit(o_, *dataset);
     const std::vector<int> layers = capture_layer_ids(o_);
-    TargetModel model(o_.target_dir, job_.ctx, layers, o_.token_budget);
+    const std::unique_ptr<TargetModel> model = make_target_model(job_.target, o_.target_dir, job_.ctx, layers, o_.token_budget);
     DataPlaneSpec ps;
     ps.kind = job_.data_plane;
     ps.comm = MPI_COMM_WORLD;
@@ -111,7 +110,7 @@ class TargetRank {
       CaptureOut out;
       out.features = b.features_view();
       out.final_norm = b.final_norm_view();
-      model.forward(b.batch, out);
+      model->forward(b.batch, out);
       if (o_.inject_delay_target_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(o_.inject_delay_target_ms));
       forward_timing_[buf][1].record(job_.ctx);
       forward_pending_[buf] = true;

@@ -55,22 +55,22 @@ int selftest_target(const std::string& case_dir, const Ctx& ctx, SelftestReport&
   DF_CHECK(T > 0, BadInput, golden.path() << ": no tokens");
 
   const std::string target_dir = case_dir + "/target";
-  Qwen3Config cfg = load_qwen3_config(target_dir + "/config.json");
-  std::vector<int> layers(cfg.num_hidden_layers);
-  for (int l = 0; l < cfg.num_hidden_layers; ++l) layers[l] = l;
-  TargetModel model(target_dir, ctx, layers, T);
-  const Qwen3Config& c = model.config();
+  const TargetConfig cfg = load_target_config(target_dir);
+  std::vector<int> layers(cfg.text.num_hidden_layers);
+  for (int l = 0; l < cfg.text.num_hidden_layers; ++l) layers[l] = l;
+  const std::unique_ptr<TargetModel> model = make_target_model(cfg, target_dir, ctx, layers, T);
+  const Qwen3Config& c = model->config();
   const int64_t L = c.num_hidden_layers, H = c.hidden_size, V = c.vocab_size;
-  report.note("target: " + target_dir + ": " + std::to_string(L) + " layers, hidden " + std::to_string(H) +
-              ", heads " + std::to_string(c.num_attention_heads) + "/" + std::to_string(c.num_key_value_heads) +
-              " x " + std::to_string(c.head_dim) + ", intermediate " + std::to_string(c.intermediate_size) +
-              ", vocab " + std::to_string(V));
+  report.note("target: " + target_dir + ": " + target_family_name(cfg.family) + ", " + std::to_string(L) +
+              " layers, hidden " + std::to_string(H) + ", heads " + std::to_string(c.num_attention_heads) + "/" +
+              std::to_string(c.num_key_value_heads) + " x " + std::to_string(c.head_dim) + ", intermediate " +
+              std::to_string(c.intermediate_size) + ", vocab " + std::to_string(V));
   report.note("batch: " + std::to_string(T) + " tokens in " + std::to_string(batch.num_seqs()) + " sequences");
 
-  const DType act = model.activation_dtype();
+  const DType act = model->activation_dtype();
   Buffer features(ctx.device, act, {L, T, H}), final_norm(ctx.device, act, {T, H}), logits(ctx.device, act, {T, V});
-  model.forward(batch, CaptureOut{features.t(), final_norm.t()});
-  model.lm_head_forward(logits, final_norm);
+  model->forward(batch, CaptureOut{features.t(), final_norm.t()});
+  model->lm_head_forward(logits, final_norm);
   synchronize(ctx);
 
   const double tol = forward_tolerance(ctx.device);

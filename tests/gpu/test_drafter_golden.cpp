@@ -53,8 +53,9 @@ TEST(GpuDrafterGolden, QwenTinyA_LossesAndGradients) {
   const std::vector<ParamSpec>& layout = tr.param_layout();
   const int64_t B = c.block_size, V = c.layers.vocab_size;
   ASSERT_EQ(c.layers.hidden_size, H);
-  TargetModel target(in.target_dir, cpu_ctx(), in.layer_ids, T);
-  const Tensor embed = target.embed_tokens(), lm_head = target.lm_head();
+  const std::unique_ptr<TargetModel> target =
+      make_target_model(load_target_config(in.target_dir), in.target_dir, cpu_ctx(), in.layer_ids, T);
+  const Tensor embed = target->embed_tokens(), lm_head = target->lm_head();
 
   // Blocks and loss rows as the trainer builds them.
   std::vector<int32_t> anchors, seq_begin, seq_end;

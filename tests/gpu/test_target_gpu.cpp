@@ -49,15 +49,16 @@ struct ForwardRun {
 // Runs the target on ctx capturing every layer; outputs go to ctx's device, then come back as float32.
 ForwardRun run_forward(const Ctx& ctx, const PackedBatch& batch) {
   const int64_t T = batch.num_tokens();
-  TargetModel model(kTargetDir, ctx, {0, 1, 2, 3, 4, 5}, T);
-  const int64_t H = model.config().hidden_size, k = 6;
-  const DType act = model.activation_dtype();
+  const std::unique_ptr<TargetModel> model =
+      make_target_model(load_target_config(kTargetDir), kTargetDir, ctx, {0, 1, 2, 3, 4, 5}, T);
+  const int64_t H = model->config().hidden_size, k = 6;
+  const DType act = model->activation_dtype();
   Buffer features(ctx.device, act, {k, T, H}), final_norm(ctx.device, act, {T, H});
   if (ctx.device == Device::CUDA) {  // NaN-poisoned: every element must be written
     cudaMemset(features.t().data, 0xff, features.t().nbytes());
     cudaMemset(final_norm.t().data, 0xff, final_norm.t().nbytes());
   }
-  model.forward(batch, CaptureOut{features, final_norm});
+  model->forward(batch, CaptureOut{features, final_norm});
   synchronize(ctx);
   ForwardRun r{std::vector<float>(k * T * H), std::vector<float>(T * H)};
   copy_tensor(ctx, Tensor(r.features.data(), DType::F32, Device::CPU, {k, T, H}), features);

@@ -28,8 +28,9 @@ TEST(DataTiny, TargetAndDatasetFitAndAreLearnable) {
                           "/log.txt 2>&1";
   ASSERT_EQ(std::system(cmd.c_str()), 0) << "see " << dir << "/log.txt";
 
-  TargetModel target(dir + "/target", cpu_ctx(), {}, 4096);
-  const Qwen3Config& c = target.config();
+  const std::unique_ptr<TargetModel> target =
+      make_target_model(load_target_config(dir + "/target"), dir + "/target", cpu_ctx(), {}, 4096);
+  const Qwen3Config& c = target->config();
   EXPECT_EQ(c.vocab_size, 512);
   EXPECT_EQ(c.num_hidden_layers, 4);
   TokenDataset ds(dir + "/data.h5", c.vocab_size);
@@ -51,8 +52,8 @@ TEST(DataTiny, TargetAndDatasetFitAndAreLearnable) {
   std::vector<float> norm(static_cast<size_t>(T * H)), logits(static_cast<size_t>(T * V));
   CaptureOut out;
   out.final_norm = cpu_view(norm.data(), {T, H});
-  target.forward(b, out);
-  target.lm_head_forward(cpu_view(logits.data(), {T, V}), cpu_view(norm.data(), {T, H}));
+  target->forward(b, out);
+  target->lm_head_forward(cpu_view(logits.data(), {T, V}), cpu_view(norm.data(), {T, H}));
   int64_t hits = 0, total = 0;
   for (size_t r = 0; r < ds.num_records(); ++r)
     for (int64_t p = rec.offsets[r]; p + 1 < rec.offsets[r + 1]; ++p) {

@@ -32,6 +32,7 @@ const std::string kCase = std::string(DFLASH_TEST_DATA) + "/golden/qwen35-tiny-a
 const std::string kTargetDir = kCase + "/target";
 
 using test::all_layers;
+using test::load_target;
 using test::read_f32;
 using test::read_i32;
 using test::run_target;
@@ -275,6 +276,30 @@ TEST(Qwen35Config, RefusesWhatThisBuildCannotRun) {
   EXPECT_EXIT(parse_qwen35_config(rot, "cfg.json"), testing::ExitedWithCode(3), "rotary dim 0");
 }
 
+TEST(Qwen35Config, TargetConfigIsTheHybridWithItsTextWidths) {
+  const TargetConfig c = load_target_config(kTargetDir);
+  EXPECT_EQ(c.family, TargetFamily::Qwen35Hybrid);
+  EXPECT_STREQ(target_family_name(c.family), "qwen3.5-hybrid");
+  ASSERT_NE(c.qwen35, nullptr);
+  EXPECT_EQ(c.text.num_hidden_layers, 4);
+  EXPECT_EQ(c.text.hidden_size, 64);
+  EXPECT_EQ(c.text.vocab_size, 512);
+  EXPECT_EQ(c.text.head_dim, 32);
+  EXPECT_EQ(c.qwen35->text.hidden_size, c.text.hidden_size);
+  EXPECT_EQ(c.qwen35->text.layer_types, c.text.layer_types);
+  EXPECT_EQ(c.qwen35->rotary_dim, 8);
+  ASSERT_EQ(c.qwen35->kinds.size(), 4u);
+}
+
+TEST(Qwen35Config, FactoryBuildsTheHybridTarget) {
+  const TargetConfig c = load_target_config(kTargetDir);
+  const std::unique_ptr<TargetModel> model = make_target_model(c, kTargetDir, cpu_ctx(), {3}, 16);
+  EXPECT_EQ(model->family(), TargetFamily::Qwen35Hybrid);
+  EXPECT_EQ(model->config().num_hidden_layers, 4);
+  EXPECT_EQ(model->capture_layers(), std::vector<int>{3});
+  EXPECT_EQ(model->lm_head().shape_str(), "[512, 64]");
+}
+
 // ---- the whole forward ----------------------------------------------------------------------------
 
 void expect_matches_golden(TargetModel& model, const char* what) {
@@ -305,9 +330,9 @@ void expect_matches_golden(TargetModel& model, const char* what) {
 }
 
 TEST(Qwen35Golden, EveryLayerFinalNormAndLogitsMatchTransformers) {
-  TargetModel model(kTargetDir, cpu_ctx(), all_layers(4), golden_batch().num_tokens());
-  EXPECT_EQ(model.activation_dtype(), DType::F32);
-  expect_matches_golden(model, "text layout");
+  auto model = load_target(kTargetDir, cpu_ctx(), all_layers(4), golden_batch().num_tokens());
+  EXPECT_EQ(model->activation_dtype(), DType::F32);
+  expect_matches_golden(*model, "text layout");
 }
 
 TEST(Qwen35Golden, PackedBatchEqualsEachSequenceAlone) {
@@ -317,15 +342,15 @@ TEST(Qwen35Golden, PackedBatchEqualsEachSequenceAlone) {
   batch.cu_seqlens.push_back(batch.cu_seqlens.back() + 1);
   const int64_t T = batch.num_tokens();
   const std::vector<int> layers = {2, 0, 3};  // out of order; linear and full-attention layers
-  TargetModel model(kTargetDir, cpu_ctx(), layers, T);
-  const int64_t H = model.config().hidden_size, k = 3;
-  RunResult packed = run_target(model, batch);
+  auto model = load_target(kTargetDir, cpu_ctx(), layers, T);
+  const int64_t H = model->config().hidden_size, k = 3;
+  RunResult packed = run_target(*model, batch);
   for (int s = 0; s < batch.num_seqs(); ++s) {
     const int32_t b = batch.cu_seqlens[s], e = batch.cu_seqlens[s + 1], S = e - b;
     PackedBatch one;
     one.tokens.assign(batch.tokens.begin() + b, batch.tokens.begin() + e);
     one.cu_seqlens = {0, S};
-    RunResult alone = run_target(model, one);
+    RunResult alone = run_target(*model, one);
     for (int64_t i = 0; i < k; ++i) {
       std::vector<float> got(packed.features.begin() + (i * T + b) * H, packed.features.begin() + (i * T + e) * H);
       std::vector<float> want(alone.features.begin() + i * S * H, alone.features.begin() + (i + 1) * S * H);
@@ -340,9 +365,9 @@ TEST(Qwen35Golden, PackedBatchEqualsEachSequenceAlone) {
 TEST(Qwen35Golden, LayerListedTwiceIsCapturedTwice) {
   const PackedBatch batch = golden_batch();
   const int64_t T = batch.num_tokens();
-  TargetModel model(kTargetDir, cpu_ctx(), {1, 3, 1}, T);
-  const int64_t H = model.config().hidden_size;
-  RunResult r = run_target(model, batch);
+  auto model = load_target(kTargetDir, cpu_ctx(), {1, 3, 1}, T);
+  const int64_t H = model->config().hidden_size;
+  RunResult r = run_target(*model, batch);
   SafetensorsFile g(kCase + "/golden.safetensors");
   const std::vector<float> hidden = read_f32(g, "target.hidden");
   const std::vector<float> want(hidden.begin() + 1 * T * H, hidden.begin() + 2 * T * H);
@@ -371,8 +396,8 @@ TEST(Qwen35Golden, VisionLanguageLayoutLoadsAndMatches) {
       [](std::vector<TensorCopy>& ts) {  // a vision tower tensor the text model must ignore
         ts.push_back({"model.visual.patch_embed.proj.weight", {16, 3}, std::vector<float>(48, 1.0f)});
       });
-  TargetModel model(dir, cpu_ctx(), all_layers(4), golden_batch().num_tokens());
-  expect_matches_golden(model, "VLM layout");
+  auto model = load_target(dir, cpu_ctx(), all_layers(4), golden_batch().num_tokens());
+  expect_matches_golden(*model, "VLM layout");
   std::filesystem::remove_all(dir);
 }
 
@@ -384,7 +409,7 @@ TEST(Qwen35Errors, WrongShapeNamesTheTensor) {
     for (TensorCopy& t : ts)
       if (t.name == "model.layers.1.linear_attn.conv1d.weight") t.shape = {t.shape[0], t.shape[2], t.shape[1]};
   });
-  EXPECT_EXIT(TargetModel(dir, cpu_ctx(), {1}, 16), testing::ExitedWithCode(3),
+  EXPECT_EXIT(load_target(dir, cpu_ctx(), {1}, 16), testing::ExitedWithCode(3),
               "model.layers.1.linear_attn.conv1d.weight");
   std::filesystem::remove_all(dir);
 }
@@ -397,19 +422,19 @@ TEST(Qwen35Errors, MissingTensorIsNamed) {
              }),
              ts.end());
   });
-  EXPECT_EXIT(TargetModel(dir, cpu_ctx(), {1}, 16), testing::ExitedWithCode(3), "model.layers.3.self_attn.q_norm");
+  EXPECT_EXIT(load_target(dir, cpu_ctx(), {1}, 16), testing::ExitedWithCode(3), "model.layers.3.self_attn.q_norm");
   std::filesystem::remove_all(dir);
 }
 
 TEST(Qwen35Errors, BadBatchIsRefused) {
-  TargetModel model(kTargetDir, cpu_ctx(), {}, 8);
+  auto model = load_target(kTargetDir, cpu_ctx(), {}, 8);
   PackedBatch b;
   b.tokens = {1, 2, 512};
   b.cu_seqlens = {0, 3};
-  EXPECT_EXIT(model.forward(b, CaptureOut{}), testing::ExitedWithCode(3), "token id 512 at position 2");
+  EXPECT_EXIT(model->forward(b, CaptureOut{}), testing::ExitedWithCode(3), "token id 512 at position 2");
   b.tokens = std::vector<int32_t>(9, 1);
   b.cu_seqlens = {0, 9};
-  EXPECT_EXIT(model.forward(b, CaptureOut{}), testing::ExitedWithCode(3), "packed batch of 9 tokens");
+  EXPECT_EXIT(model->forward(b, CaptureOut{}), testing::ExitedWithCode(3), "packed batch of 9 tokens");
 }
 
 // No CUDA twin of the hybrid's ops yet: the CUDA backend is refused before any weight is loaded or any
@@ -417,10 +442,17 @@ TEST(Qwen35Errors, BadBatchIsRefused) {
 TEST(Qwen35Errors, CudaBackendIsRefusedUpFront) {
   Ctx cuda;
   cuda.device = Device::CUDA;
-  EXPECT_EXIT(TargetModel(kTargetDir, cuda, {1}, 16), testing::ExitedWithCode(2), "CPU backend only");
+  EXPECT_EXIT(load_target(kTargetDir, cuda, {1}, 16), testing::ExitedWithCode(2), "CPU backend only");
+  // Before any weight is read: a directory with config.json alone is refused the same way (not as a
+  // missing tensor).
+  const std::string dir = make_temp_dir();
+  std::filesystem::copy_file(kTargetDir + "/config.json", dir + "/config.json");
+  EXPECT_EXIT(make_target_model(load_target_config(dir), dir, cuda, {1}, 16), testing::ExitedWithCode(2),
+              "CPU backend only");
+  std::filesystem::remove_all(dir);
 }
 
-// The dense Qwen3 loader itself still refuses hybrid layers (only TargetModel's dispatch routes them here).
+// The dense Qwen3 loader itself still refuses hybrid layers (only make_target_model's dispatch routes them here).
 TEST(Qwen35Errors, DenseLoaderRefusesLinearAttentionLayers) {
   const Qwen3Config c = load_qwen3_config(kTargetDir + "/config.json");
   EXPECT_EXIT(check_qwen3_target_config(c, "config.json"), testing::ExitedWithCode(3), "linear_attention");

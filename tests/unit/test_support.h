@@ -6,9 +6,11 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <memory>
 #include <numeric>
 #include <string>
 #include <system_error>
+#include <utility>
 #include <vector>
 
 #include "dflash/safetensors.h"
@@ -67,6 +69,12 @@ inline std::vector<int> all_layers(int L) {
   std::vector<int> v(L);
   std::iota(v.begin(), v.end(), 0);
   return v;
+}
+
+// The target at dir built as the roles build it: config read once, then the factory.
+inline std::unique_ptr<TargetModel> load_target(const std::string& dir, const Ctx& ctx, std::vector<int> capture_layers,
+                                                int64_t max_tokens) {
+  return make_target_model(load_target_config(dir), dir, ctx, std::move(capture_layers), max_tokens);
 }
 
 // Runs the target over `batch`, capturing its capture layers; returns {features [k, T, H], final_norm [T, H]}

@@ -11,6 +11,8 @@
 #include <fstream>
 #include <numeric>
 
+#include <nlohmann/json.hpp>
+
 #include "dflash/safetensors.h"
 #include "dflash/target.h"
 #include "ops_test_util.h"
@@ -23,6 +25,7 @@ const std::string kCase = std::string(DFLASH_TEST_DATA) + "/golden/qwen3-tiny-a"
 const std::string kTargetDir = kCase + "/target";
 
 using test::all_layers;
+using test::load_target;
 using test::read_f32;
 using test::read_i32;
 using test::run_target;
@@ -56,17 +59,56 @@ void write_target_copy(const std::string& dir, DType dtype,
   write_safetensors(dir + "/model.safetensors", w);
 }
 
+// ---- config and factory ----------------------------------------------------------------------------
+
+TEST(TargetConfig, DenseGoldenFamilyAndWidths) {
+  const TargetConfig c = load_target_config(kTargetDir);
+  EXPECT_EQ(c.family, TargetFamily::Qwen3);
+  EXPECT_STREQ(target_family_name(c.family), "qwen3");
+  EXPECT_EQ(c.qwen35, nullptr);
+  EXPECT_EQ(c.text.num_hidden_layers, 6);
+  EXPECT_EQ(c.text.hidden_size, 64);
+  EXPECT_EQ(c.text.vocab_size, 512);
+  EXPECT_EQ(c.text.head_dim, 24);
+  EXPECT_EQ(c.text.intermediate_size, 128);
+}
+
+TEST(TargetConfig, FactoryBuildsTheDenseTarget) {
+  const TargetConfig c = load_target_config(kTargetDir);
+  const std::unique_ptr<TargetModel> model = make_target_model(c, kTargetDir, cpu_ctx(), {0, 5}, 16);
+  EXPECT_EQ(model->family(), TargetFamily::Qwen3);
+  EXPECT_EQ(model->config().hidden_size, c.text.hidden_size);
+  EXPECT_EQ(model->capture_layers(), (std::vector<int>{0, 5}));
+  EXPECT_EQ(model->activation_dtype(), DType::F32);
+  EXPECT_EQ(model->embed_tokens().shape_str(), "[512, 64]");
+}
+
+// The dense checks run when the config is read, before any weight: a sliding-window layer is refused there.
+TEST(TargetConfig, UnrunnableDenseConfigIsRefusedWhenRead) {
+  const std::string dir = make_temp_dir();
+  std::ifstream in(kTargetDir + "/config.json");
+  nlohmann::json j = nlohmann::json::parse(in);
+  j["layer_types"] = std::vector<std::string>(6, "full_attention");
+  j["layer_types"][2] = "sliding_attention";
+  j["sliding_window"] = 8;
+  std::ofstream(dir + "/config.json") << j.dump();
+  EXPECT_EXIT(load_target_config(dir), testing::ExitedWithCode(3), "layer 2 is sliding_attention");
+  EXPECT_EXIT(load_target_config(dir + "/absent"), testing::ExitedWithCode(3), "cannot open .*absent/config.json");
+}
+
+// ---- the forward ------------------------------------------------------------------------------------
+
 TEST(TargetGolden, EveryLayerFinalNormAndLogitsMatchTransformers) {
   SafetensorsFile g(kCase + "/golden.safetensors");
   const PackedBatch batch = golden_batch();
   const int64_t T = batch.num_tokens();
-  TargetModel model(kTargetDir, cpu_ctx(), all_layers(6), T);
-  const Qwen3Config& c = model.config();
+  auto model = load_target(kTargetDir, cpu_ctx(), all_layers(6), T);
+  const Qwen3Config& c = model->config();
   ASSERT_EQ(c.num_hidden_layers, 6);
   const int64_t H = c.hidden_size, V = c.vocab_size, L = c.num_hidden_layers;
   ASSERT_EQ(g.get("target.hidden").shape, (std::vector<int64_t>{L, T, H}));
 
-  RunResult r = run_target(model, batch);
+  RunResult r = run_target(*model, batch);
   const std::vector<float> hidden = read_f32(g, "target.hidden");
   for (int64_t l = 0; l < L; ++l) {
     std::vector<float> got(r.features.begin() + l * T * H, r.features.begin() + (l + 1) * T * H);
@@ -80,7 +122,7 @@ TEST(TargetGolden, EveryLayerFinalNormAndLogitsMatchTransformers) {
   EXPECT_LT(norm_err, 1e-5);
 
   std::vector<float> logits(T * V);
-  model.lm_head_forward(cpu_view(logits.data(), {T, V}), cpu_view(r.final_norm.data(), {T, H}));
+  model->lm_head_forward(cpu_view(logits.data(), {T, V}), cpu_view(r.final_norm.data(), {T, H}));
   const double logit_err = test::rel_err(logits, read_f32(g, "target.logits"));
   std::printf("  target.logits rel err %.3g\n", logit_err);
   EXPECT_LT(logit_err, 1e-5);
@@ -90,15 +132,15 @@ TEST(TargetGolden, PackedBatchEqualsEachSequenceAlone) {
   const PackedBatch batch = golden_batch();
   const int64_t T = batch.num_tokens();
   const std::vector<int> layers = {3, 1, 5};  // out of order, and the last layer
-  TargetModel model(kTargetDir, cpu_ctx(), layers, T);
-  const int64_t H = model.config().hidden_size, k = 3;
-  RunResult packed = run_target(model, batch);
+  auto model = load_target(kTargetDir, cpu_ctx(), layers, T);
+  const int64_t H = model->config().hidden_size, k = 3;
+  RunResult packed = run_target(*model, batch);
   for (int s = 0; s < batch.num_seqs(); ++s) {
     const int32_t b = batch.cu_seqlens[s], e = batch.cu_seqlens[s + 1], S = e - b;
     PackedBatch one;
     one.tokens.assign(batch.tokens.begin() + b, batch.tokens.begin() + e);
     one.cu_seqlens = {0, S};
-    RunResult alone = run_target(model, one);
+    RunResult alone = run_target(*model, one);
     for (int64_t i = 0; i < k; ++i) {
       std::vector<float> got(packed.features.begin() + (i * T + b) * H, packed.features.begin() + (i * T + e) * H);
       std::vector<float> want(alone.features.begin() + i * S * H, alone.features.begin() + (i + 1) * S * H);
@@ -113,9 +155,9 @@ TEST(TargetGolden, PackedBatchEqualsEachSequenceAlone) {
 TEST(TargetGolden, LayerListedTwiceIsCapturedTwice) {
   const PackedBatch batch = golden_batch();
   const int64_t T = batch.num_tokens();
-  TargetModel model(kTargetDir, cpu_ctx(), {2, 4, 2}, T);
-  const int64_t H = model.config().hidden_size;
-  RunResult r = run_target(model, batch);
+  auto model = load_target(kTargetDir, cpu_ctx(), {2, 4, 2}, T);
+  const int64_t H = model->config().hidden_size;
+  RunResult r = run_target(*model, batch);
   SafetensorsFile g(kCase + "/golden.safetensors");
   const std::vector<float> hidden = read_f32(g, "target.hidden");
   const std::vector<float> want(hidden.begin() + 2 * T * H, hidden.begin() + 3 * T * H);
@@ -128,9 +170,9 @@ TEST(TargetGolden, LayerListedTwiceIsCapturedTwice) {
 TEST(TargetGolden, CapturesOnlyAndEmptyFinalNorm) {
   // No captures and no final_norm is legal (a warm-up pass); a later run with final_norm still works.
   const PackedBatch batch = golden_batch();
-  TargetModel model(kTargetDir, cpu_ctx(), {}, batch.num_tokens());
-  model.forward(batch, CaptureOut{});
-  RunResult r = run_target(model, batch);
+  auto model = load_target(kTargetDir, cpu_ctx(), {}, batch.num_tokens());
+  model->forward(batch, CaptureOut{});
+  RunResult r = run_target(*model, batch);
   SafetensorsFile g(kCase + "/golden.safetensors");
   EXPECT_LT(test::rel_err(r.final_norm, read_f32(g, "target.final_norm")), 1e-5);
 }
@@ -142,9 +184,9 @@ TEST_P(TargetHalfCheckpoint, MatchesFloat32WithinRounding) {
   const std::string dir = make_temp_dir();
   write_target_copy(dir, dtype);
   const PackedBatch batch = golden_batch();
-  TargetModel ref(kTargetDir, cpu_ctx(), {1, 3}, batch.num_tokens());
-  TargetModel half(dir, cpu_ctx(), {1, 3}, batch.num_tokens());
-  RunResult a = run_target(ref, batch), b = run_target(half, batch);
+  auto ref = load_target(kTargetDir, cpu_ctx(), {1, 3}, batch.num_tokens());
+  auto half = load_target(dir, cpu_ctx(), {1, 3}, batch.num_tokens());
+  RunResult a = run_target(*ref, batch), b = run_target(*half, batch);
   const double tol = dtype == DType::BF16 ? 2e-2 : 2e-3;
   const double feat_err = test::rel_err(b.features, a.features), norm_err = test::rel_err(b.final_norm, a.final_norm);
   std::printf("  %s weights: features rel err %.3g, final_norm rel err %.3g\n", dtype_name(dtype), feat_err, norm_err);
@@ -164,7 +206,7 @@ TEST(TargetErrors, MissingTensorIsBadInputNamingIt) {
                            [](const TensorCopy& c) { return c.name == "model.layers.4.self_attn.k_norm.weight"; }),
             t.end());
   });
-  EXPECT_EXIT(TargetModel(dir, cpu_ctx(), {1}, 16), testing::ExitedWithCode(3),
+  EXPECT_EXIT(load_target(dir, cpu_ctx(), {1}, 16), testing::ExitedWithCode(3),
               "missing tensor model.layers.4.self_attn.k_norm.weight");
   std::filesystem::remove_all(dir);
 }
@@ -175,33 +217,33 @@ TEST(TargetErrors, MisshapedTensorIsBadInputNamingIt) {
     for (TensorCopy& c : t)
       if (c.name == "model.layers.2.mlp.down_proj.weight") c.shape = {c.shape[1], c.shape[0]};  // transposed
   });
-  EXPECT_EXIT(TargetModel(dir, cpu_ctx(), {1}, 16), testing::ExitedWithCode(3),
+  EXPECT_EXIT(load_target(dir, cpu_ctx(), {1}, 16), testing::ExitedWithCode(3),
               "tensor model.layers.2.mlp.down_proj.weight in .* has shape \\[128, 64\\], expected \\[64, 128\\]");
   std::filesystem::remove_all(dir);
 }
 
 TEST(TargetErrors, CaptureLayerOutOfRangeIsBadOptions) {
-  EXPECT_EXIT(TargetModel(kTargetDir, cpu_ctx(), {1, 6}, 16), testing::ExitedWithCode(2),
+  EXPECT_EXIT(load_target(kTargetDir, cpu_ctx(), {1, 6}, 16), testing::ExitedWithCode(2),
               "capture layer 6 is out of range");
-  EXPECT_EXIT(TargetModel(kTargetDir, cpu_ctx(), {-1}, 16), testing::ExitedWithCode(2),
+  EXPECT_EXIT(load_target(kTargetDir, cpu_ctx(), {-1}, 16), testing::ExitedWithCode(2),
               "capture layer -1 is out of range");
 }
 
 TEST(TargetErrors, TokenOutsideVocabIsBadInput) {
-  TargetModel model(kTargetDir, cpu_ctx(), {}, 8);
+  auto model = load_target(kTargetDir, cpu_ctx(), {}, 8);
   PackedBatch b;
   b.tokens = {1, 2, 512};
   b.cu_seqlens = {0, 3};
-  EXPECT_EXIT(model.forward(b, CaptureOut{}), testing::ExitedWithCode(3),
+  EXPECT_EXIT(model->forward(b, CaptureOut{}), testing::ExitedWithCode(3),
               "token id 512 at position 2 is outside the target's vocabulary");
 }
 
 TEST(TargetErrors, BatchLargerThanMaxTokensIsRefused) {
-  TargetModel model(kTargetDir, cpu_ctx(), {}, 2);
+  auto model = load_target(kTargetDir, cpu_ctx(), {}, 2);
   PackedBatch b;
   b.tokens = {1, 2, 3};
   b.cu_seqlens = {0, 3};
-  EXPECT_EXIT(model.forward(b, CaptureOut{}), testing::ExitedWithCode(3), "packed batch of 3 tokens");
+  EXPECT_EXIT(model->forward(b, CaptureOut{}), testing::ExitedWithCode(3), "packed batch of 3 tokens");
 }
 
 // Qwen3.5 hybrid targets are no longer refused: tests/unit/test_qwen35.cpp covers them.

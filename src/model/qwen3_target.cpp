@@ -1,0 +1,154 @@
+// The frozen dense Qwen3 target forward (Qwen3Target) over a packed batch, written only in ops.h calls over
+// Buffers so the same code runs on the CPU (float32) and CUDA (bf16) backends.
+//
+// Per decoder layer l, with the layer input `in` and its output buffer `dst` (a different buffer):
+//   x   = input_layernorm(in)
+//   q,k,v = x Wq^T, x Wk^T, x Wv^T;  q,k = rope(head_rmsnorm(q,k))     (in place)
+//   dst = attention(q, k, v) Wo^T
+//   dst += in;  x = post_attention_layernorm(dst)                       (fused residual + norm)
+//   dst += (silu(x Wg^T) * x Wu^T) Wd^T                                  (accumulating matmul)
+// A captured layer's `dst` is its slot in CaptureOut.features, so captures cost no copy; other layers
+// alternate between two stream buffers (a layer listed twice is copied into its second slot). All
+// activations are allocated once for max_tokens.
+#include "model/qwen3_target.h"
+
+#include <algorithm>
+#include <cmath>
+#include <set>
+
+#include "dflash/backend.h"
+#include "dflash/error.h"
+#include "dflash/ops.h"
+#include "dflash/safetensors.h"
+#include "model/capture_stack.h"
+#include "model/qwen3_weights.h"
+
+namespace dflash {
+
+namespace {
+// The first T rows of an activation buffer allocated for max_tokens.
+Tensor rows(const Buffer& b, int64_t T) { return b.t().slice_rows(0, T); }
+}  // namespace
+
+struct Qwen3Target::Impl {
+  Ctx ctx;
+  Qwen3Config cfg;
+  std::vector<int> capture_layers;
+  CapturePlan captures;
+  int64_t max_tokens = 0;
+  DType act = DType::F32;
+  Qwen3Weights w;
+
+  // Activations [max_tokens, ...], reused layer to layer.
+  Buffer stream[2];      // [T, H] residual stream of layers that are not captured
+  Buffer x_norm;         // [T, H]
+  Buffer q, k, v;        // [T, nh*hd], [T, nkv*hd], [T, nkv*hd]
+  Buffer attn;           // [T, nh*hd]
+  Buffer gate, up;       // [T, I]; swiglu writes into gate
+  Buffer tokens, pos;    // [T] I32 on the device
+  Buffer cu_seqlens;     // [max_tokens + 1] I32 on the device
+  std::vector<int32_t> pos_host;  // [max_tokens]
+
+  void layer_forward(const Qwen3LayerWeights& L, const Tensor& in, const Tensor& dst, int64_t T, int nseq);
+};
+
+Qwen3Target::Qwen3Target(const Qwen3Config& cfg, const std::string& dir, const Ctx& ctx,
+                         std::vector<int> capture_layers, int64_t max_tokens)
+    : impl_(std::make_unique<Impl>()) {
+  Impl& m = *impl_;
+  m.ctx = ctx;
+  m.act = ctx.device == Device::CPU ? DType::F32 : DType::BF16;
+  m.cfg = cfg;
+  check_qwen3_target_config(m.cfg, dir + "/config.json");
+  const Qwen3Config& c = m.cfg;
+  const int L = c.num_hidden_layers;
+
+  DF_CHECK(max_tokens > 0, BadOptions, "the target needs max_tokens > 0, got " << max_tokens);
+  m.captures = plan_captures(capture_layers, L, dir);
+  m.capture_layers = std::move(capture_layers);
+  m.max_tokens = max_tokens;
+
+  Checkpoint ckpt(dir);
+  m.w = load_qwen3_weights(ckpt, c, ctx, m.act);
+
+  const int64_t T = max_tokens, H = c.hidden_size, I = c.intermediate_size;
+  const int64_t q_dim = int64_t(c.num_attention_heads) * c.head_dim;
+  const int64_t kv_dim = int64_t(c.num_key_value_heads) * c.head_dim;
+  const Device d = ctx.device;
+  for (Buffer& s : m.stream) s = Buffer(d, m.act, {T, H});
+  m.x_norm = Buffer(d, m.act, {T, H});
+  m.q = Buffer(d, m.act, {T, q_dim});
+  m.k = Buffer(d, m.act, {T, kv_dim});
+  m.v = Buffer(d, m.act, {T, kv_dim});
+  m.attn = Buffer(d, m.act, {T, q_dim});
+  m.gate = Buffer(d, m.act, {T, I});
+  m.up = Buffer(d, m.act, {T, I});
+  m.tokens = Buffer(d, DType::I32, {T});
+  m.pos = Buffer(d, DType::I32, {T});
+  m.cu_seqlens = Buffer(d, DType::I32, {T + 1});
+  m.pos_host.resize(T);
+}
+
+Qwen3Target::~Qwen3Target() = default;
+
+const Qwen3Config& Qwen3Target::config() const { return impl_->cfg; }
+const std::vector<int>& Qwen3Target::capture_layers() const { return impl_->capture_layers; }
+DType Qwen3Target::activation_dtype() const { return impl_->act; }
+Tensor Qwen3Target::embed_tokens() const { return impl_->w.embed_tokens.t(); }
+Tensor Qwen3Target::lm_head() const { return impl_->w.lm_head_table(); }
+
+void Qwen3Target::Impl::layer_forward(const Qwen3LayerWeights& L, const Tensor& in, const Tensor& dst, int64_t T,
+                                      int nseq) {
+  const Qwen3Config& c = cfg;
+  const int64_t nh = c.num_attention_heads, nkv = c.num_key_value_heads, hd = c.head_dim;
+  const float eps = c.rms_norm_eps;
+  const ops::RopeSpec rope{c.rope_theta, static_cast<int>(hd)};
+  const Tensor x = rows(x_norm, T), qt = rows(q, T), kt = rows(k, T), vt = rows(v, T), at = rows(attn, T);
+  const Tensor positions = rows(pos, T), cu = cu_seqlens.t().slice_rows(0, nseq + 1);
+
+  ops::rmsnorm_forward(ctx, x, Tensor(), in, L.input_layernorm, eps);
+  ops::matmul_forward(ctx, qt, x, L.q_proj);
+  ops::matmul_forward(ctx, kt, x, L.k_proj);
+  ops::matmul_forward(ctx, vt, x, L.v_proj);
+  const Tensor q3 = qt.reshape({T, nh, hd}), k3 = kt.reshape({T, nkv, hd});
+  ops::head_norm_rope_forward(ctx, q3, Tensor(), q3, L.q_norm, positions, rope, eps);
+  ops::head_norm_rope_forward(ctx, k3, Tensor(), k3, L.k_norm, positions, rope, eps);
+  ops::attention_varlen_causal_forward(ctx, at.reshape({T, nh, hd}), q3, k3, vt.reshape({T, nkv, hd}), cu,
+                                       1.0f / std::sqrt(static_cast<float>(hd)));
+  ops::matmul_forward(ctx, dst, at, L.o_proj);
+  ops::residual_rmsnorm_forward(ctx, dst, x, Tensor(), in, L.post_attention_layernorm, eps);
+
+  const Tensor g = rows(gate, T), u = rows(up, T);
+  ops::matmul_forward(ctx, g, x, L.gate_proj);
+  ops::matmul_forward(ctx, u, x, L.up_proj);
+  ops::swiglu_forward(ctx, g, g, u);
+  ops::matmul_forward(ctx, dst, g, L.down_proj, ops::Accumulate::Yes);
+}
+
+void Qwen3Target::forward(const PackedBatch& batch, const CaptureOut& out) {
+  Impl& m = *impl_;
+  const Qwen3Config& c = m.cfg;
+  const int64_t T = batch.num_tokens(), H = c.hidden_size;
+  const int nseq = batch.num_seqs();
+  const int64_t k = static_cast<int64_t>(m.capture_layers.size());
+
+  check_packed_batch(batch, m.max_tokens, c.vocab_size, m.pos_host);
+  check_capture_out(out, k, T, H, m.act, m.ctx.device);
+
+  copy_tensor(m.ctx, rows(m.tokens, T), cpu_view(batch.tokens.data(), {T}));
+  copy_tensor(m.ctx, rows(m.pos, T), cpu_view(m.pos_host.data(), {T}));
+  copy_tensor(m.ctx, m.cu_seqlens.t().slice_rows(0, nseq + 1),
+              cpu_view(batch.cu_seqlens.data(), {static_cast<int64_t>(nseq) + 1}));
+
+  ops::embedding_forward(m.ctx, rows(m.stream[0], T), rows(m.tokens, T), m.w.embed_tokens);
+  capture_stack_forward(m.ctx, m.captures, m.stream, T, H, out, m.w.norm, c.rms_norm_eps,
+                        [&](int l, const Tensor& in, const Tensor& dst) {
+                          m.layer_forward(m.w.layers[l], in, dst, T, nseq);
+                        });
+}
+
+void Qwen3Target::lm_head_forward(const Tensor& logits, const Tensor& final_norm) {
+  ops::matmul_forward(impl_->ctx, logits, final_norm, impl_->w.lm_head_table());
+}
+
+}  // namespace dflash
