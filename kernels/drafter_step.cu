@@ -18,6 +18,7 @@
 #include "drafter_backward.cuh"
 #include "drafter_blas.cuh"
 #include "embedding.cuh"
+#include "feature_noise.cuh"
 #include "head_norm_rope.cuh"
 #include "lm_loss.cuh"
 #include "matmul.cuh"
@@ -166,6 +167,14 @@ struct DrafterStepCuda::Impl {
 
   Tensor forward(const DrafterStepBatch& b);
   void backward(const Tensor& d_out);
+  // The loss rows of the last forward (hf) on the device, and dh_rows when grad.
+  void loss_rows(const DrafterStepBatch& b, const Tensor& hf, ops::LossObjective objective, bool grad);
+  // The per-row results and the weighted loss into res (synchronizes).
+  void download_rows(const DrafterStepBatch& b, ops::LossObjective objective, DrafterStepResult& res);
+  // d_out [NB, H] = dh_rows scattered to their block rows (zero elsewhere), then the drafter backward.
+  void backward_from_rows();
+  int64_t R = 0;              // loss rows of the last forward
+  bool have_teacher = false;  // its teacher rows are in t_rows
 };
 
 DrafterStepCuda::DrafterStepCuda(const DrafterConfig& cfg, const std::vector<ParamSpec>& layout, const Ctx& ctx,
@@ -320,6 +329,8 @@ DrafterStepCuda::~DrafterStepCuda() { delete impl_; }
 const Tensor& DrafterStepCuda::params() const { return impl_->params.t(); }
 const Tensor& DrafterStepCuda::grads() const { return impl_->grads.t(); }
 const Tensor& DrafterStepCuda::params_bf16() const { return impl_->pbf.t(); }
+const Tensor& DrafterStepCuda::adam_m() const { return impl_->m.t(); }
+const Tensor& DrafterStepCuda::adam_v() const { return impl_->v.t(); }
 Tensor DrafterStepCuda::hidden() const { return Impl::v2(impl_->h_final, impl_->NB, impl_->H); }
 
 void DrafterStepCuda::reset_from_params() {
@@ -363,6 +374,8 @@ Tensor DrafterStepCuda::Impl::forward(const DrafterStepBatch& b) {
   Tensor xc = v2(x_ctx, T, K * H), fco = v2(fc_out, T, H), thv = v2(th, T, H);
   cuda::matmul_forward(ctx, fco, xc, w.fc, ops::Accumulate::No);
   cuda::rmsnorm_forward(ctx, thv, v1(rstd_h, T), fco, w.hidden_norm, eps);
+  // Training noise on th; the backward needs no record of it (hidden_norm's backward reads fc_out).
+  if (b.noise_std > 0.f) add_feature_noise(ctx, thv, b.noise_std, b.noise_seed, b.noise_counter);
   // ---- index inputs (host-built, uploaded)
   upload_i32(pos_ctx, b.ctx_pos);
   upload_i32(anchors, b.anchors);
@@ -536,69 +549,131 @@ void DrafterStepCuda::Impl::backward(const Tensor& d_outv) {
   linear_dw(g.fc, d_fcv, v2(x_ctx, T, K * H), w.fc);
 }
 
+void DrafterStepCuda::Impl::loss_rows(const DrafterStepBatch& b, const Tensor& hf, ops::LossObjective objective,
+                                      bool grad) {
+  R = static_cast<int64_t>(b.row_block.size());
+  DF_CHECK(R <= max_R && b.row_label.size() == size_t(R) && b.row_weight.size() == size_t(R) &&
+               b.row_teacher.size() == size_t(R),
+           Internal, "drafter step (CUDA): " << R << " loss rows (capacity " << max_R << ") or ragged row vectors");
+  if (R == 0) return;
+  cudaStream_t st = stream_of(ctx);
+  mark(Phase::Loss);
+  const bool kl = objective == ops::LossObjective::KL;
+  DF_CHECK(!kl || !b.final_norm.empty(), Internal, "drafter step (CUDA): the KL objective needs final_norm");
+  have_teacher = !b.final_norm.empty();
+  upload_i32(row_idx, b.row_block);
+  upload_i32(labels, b.row_label);
+  if (grad) {
+    double wsum = 0;
+    for (float x : b.row_weight) wsum += x;
+    std::vector<float> wn(static_cast<size_t>(R));
+    for (int64_t r = 0; r < R; ++r) wn[r] = static_cast<float>(b.row_weight[r] / wsum);
+    copy_bytes(ctx, row_w.t().data, wn.data(), sizeof(float) * wn.size());
+  }
+  const int H8 = static_cast<int>(H / 8);
+  move_rows_kernel<<<grid_of(R * H8), 256, 0, st>>>(static_cast<Bf16x8*>(h_rows.t().data),
+                                                    static_cast<const Bf16x8*>(hf.data),
+                                                    static_cast<const int32_t*>(row_idx.t().data), R, H8, false);
+  DF_CUDA_LAUNCH();
+  Tensor teacher;
+  if (have_teacher) {
+    upload_i32(teacher_idx, b.row_teacher);
+    move_rows_kernel<<<grid_of(R * H8), 256, 0, st>>>(static_cast<Bf16x8*>(t_rows.t().data),
+                                                      static_cast<const Bf16x8*>(b.final_norm.data),
+                                                      static_cast<const int32_t*>(teacher_idx.t().data), R, H8, false);
+    DF_CUDA_LAUNCH();
+    teacher = v2(t_rows, R, H);
+  }
+  ops::LmLossRowsOut lo;
+  lo.ce = v1(loss_r, R);
+  lo.kl = kl ? v1(kl_r, R) : Tensor();
+  lo.argmax_q = v1(am_q, R);
+  lo.argmax_p = have_teacher ? v1(am_p, R) : Tensor();
+  cuda::lm_loss_forward(ctx, lo, v2(h_rows, R, H), lm_head, v1(labels, R), teacher,
+                        v1(workspace, static_cast<int64_t>(workspace.numel())), chunk_rows,
+                        grad ? v2(dh_rows, R, H) : Tensor(), grad ? v1(row_w, R) : Tensor(), objective);
+}
+
+void DrafterStepCuda::Impl::download_rows(const DrafterStepBatch& b, ops::LossObjective objective,
+                                          DrafterStepResult& res) {
+  if (R == 0) return;
+  res.row_loss.resize(static_cast<size_t>(R));
+  res.row_ce.resize(static_cast<size_t>(R));
+  res.argmax_q.resize(static_cast<size_t>(R));
+  res.argmax_p.resize(have_teacher ? static_cast<size_t>(R) : 0);
+  copy_bytes(ctx, res.row_ce.data(), loss_r.t().data, sizeof(float) * R);
+  if (objective == ops::LossObjective::KL)
+    copy_bytes(ctx, res.row_loss.data(), kl_r.t().data, sizeof(float) * R);
+  else
+    res.row_loss = res.row_ce;
+  copy_bytes(ctx, res.argmax_q.data(), am_q.t().data, sizeof(int32_t) * R);
+  if (have_teacher) copy_bytes(ctx, res.argmax_p.data(), am_p.t().data, sizeof(int32_t) * R);
+  double num = 0, wsum = 0;
+  for (int64_t r = 0; r < R; ++r) {
+    num += static_cast<double>(b.row_weight[r]) * res.row_loss[r];
+    wsum += b.row_weight[r];
+  }
+  res.weight_sum = wsum;
+  res.loss = num / wsum;
+}
+
+void DrafterStepCuda::Impl::backward_from_rows() {
+  cudaStream_t st = stream_of(ctx);
+  Tensor d_outv = v2(d_out, NB, H);
+  DF_CUDA(cudaMemsetAsync(d_outv.data, 0, d_outv.nbytes(), st));
+  const int H8 = static_cast<int>(H / 8);
+  move_rows_kernel<<<grid_of(R * H8), 256, 0, st>>>(static_cast<Bf16x8*>(d_outv.data),
+                                                    static_cast<const Bf16x8*>(dh_rows.t().data),
+                                                    static_cast<const int32_t*>(row_idx.t().data), R, H8, true);
+  DF_CUDA_LAUNCH();
+  backward(d_outv);
+}
+
 DrafterStepResult DrafterStepCuda::forward_backward(const DrafterStepBatch& b, ops::LossObjective objective) {
   Impl& s = *impl_;
   DF_CHECK(!s.embed.empty(), Internal, "drafter step (CUDA): set_frozen() first");
+  s.mark(Phase::Other);
+  DF_CUDA(cudaMemsetAsync(s.grads.t().data, 0, s.grads.t().nbytes(), stream_of(s.ctx)));
+  Tensor hf = s.forward(b);
+  DrafterStepResult res;
+  s.loss_rows(b, hf, objective, true);
+  if (s.R == 0) return res;
+  s.backward_from_rows();
+  s.mark(Phase::Count);  // closes the last interval
+  s.download_rows(b, objective, res);  // after the backward is enqueued: no bubble before it
+  return res;
+}
+
+DrafterStepResult DrafterStepCuda::forward_loss(const DrafterStepBatch& b, ops::LossObjective objective) {
+  Impl& s = *impl_;
+  DF_CHECK(!s.embed.empty(), Internal, "drafter step (CUDA): set_frozen() first");
+  s.mark(Phase::Other);
+  Tensor hf = s.forward(b);
+  DrafterStepResult res;
+  s.loss_rows(b, hf, objective, false);
+  s.mark(Phase::Count);
+  s.download_rows(b, objective, res);
+  return res;
+}
+
+void DrafterStepCuda::backward_rows(const std::vector<float>& row_weight, ops::LossObjective objective) {
+  Impl& s = *impl_;
+  DF_CHECK(static_cast<int64_t>(row_weight.size()) == s.R, Internal,
+           "drafter step (CUDA): " << row_weight.size() << " row weights for the last forward's " << s.R << " rows");
+  DF_CHECK(objective != ops::LossObjective::KL || s.have_teacher, Internal,
+           "drafter step (CUDA): the KL objective needs final_norm");
   cudaStream_t st = stream_of(s.ctx);
   s.mark(Phase::Other);
   DF_CUDA(cudaMemsetAsync(s.grads.t().data, 0, s.grads.t().nbytes(), st));
-  Tensor hf = s.forward(b);
-  DrafterStepResult res;
-  const int64_t R = static_cast<int64_t>(b.row_block.size());
-  DF_CHECK(R <= s.max_R && b.row_label.size() == size_t(R) && b.row_weight.size() == size_t(R) &&
-               b.row_teacher.size() == size_t(R),
-           Internal, "drafter step (CUDA): " << R << " loss rows (capacity " << s.max_R << ") or ragged row vectors");
-  if (R == 0) return res;
+  if (s.R == 0) return;
   s.mark(Phase::Loss);
-  const bool kl = objective == ops::LossObjective::KL;
-  DF_CHECK(!kl || !b.final_norm.empty(), Internal, "drafter step (CUDA): the KL objective needs final_norm");
-  double wsum = 0;
-  for (float x : b.row_weight) wsum += x;
-  std::vector<float> wn(static_cast<size_t>(R));
-  for (int64_t r = 0; r < R; ++r) wn[r] = static_cast<float>(b.row_weight[r] / wsum);
-  s.upload_i32(s.row_idx, b.row_block);
-  s.upload_i32(s.labels, b.row_label);
-  copy_bytes(s.ctx, s.row_w.t().data, wn.data(), sizeof(float) * wn.size());
-  const int H8 = static_cast<int>(s.H / 8);
-  move_rows_kernel<<<grid_of(R * H8), 256, 0, st>>>(static_cast<Bf16x8*>(s.h_rows.t().data),
-                                                    static_cast<const Bf16x8*>(hf.data),
-                                                    static_cast<const int32_t*>(s.row_idx.t().data), R, H8, false);
-  DF_CUDA_LAUNCH();
-  Tensor teacher;
-  if (kl) {
-    s.upload_i32(s.teacher_idx, b.row_teacher);
-    move_rows_kernel<<<grid_of(R * H8), 256, 0, st>>>(static_cast<Bf16x8*>(s.t_rows.t().data),
-                                                      static_cast<const Bf16x8*>(b.final_norm.data),
-                                                      static_cast<const int32_t*>(s.teacher_idx.t().data), R, H8, false);
-    DF_CUDA_LAUNCH();
-    teacher = Impl::v2(s.t_rows, R, s.H);
-  }
-  ops::LmLossRowsOut lo;
-  lo.ce = Impl::v1(s.loss_r, R);
-  lo.kl = kl ? Impl::v1(s.kl_r, R) : Tensor();
-  lo.argmax_q = Impl::v1(s.am_q, R);
-  Tensor dh = Impl::v2(s.dh_rows, R, s.H);
-  cuda::lm_loss_forward(s.ctx, lo, Impl::v2(s.h_rows, R, s.H), s.lm_head, Impl::v1(s.labels, R), teacher,
-                        Impl::v1(s.workspace, static_cast<int64_t>(s.workspace.numel())), s.chunk_rows, dh,
-                        Impl::v1(s.row_w, R), objective);
-  // d_out [NB, H]: zero except the loss rows
-  Tensor d_outv = Impl::v2(s.d_out, s.NB, s.H);
-  DF_CUDA(cudaMemsetAsync(d_outv.data, 0, d_outv.nbytes(), st));
-  move_rows_kernel<<<grid_of(R * H8), 256, 0, st>>>(static_cast<Bf16x8*>(d_outv.data),
-                                                    static_cast<const Bf16x8*>(dh.data),
-                                                    static_cast<const int32_t*>(s.row_idx.t().data), R, H8, true);
-  DF_CUDA_LAUNCH();
-  s.backward(d_outv);
-  s.mark(Phase::Count);  // closes the last interval
-  res.row_loss.resize(static_cast<size_t>(R));
-  res.argmax_q.resize(static_cast<size_t>(R));
-  copy_bytes(s.ctx, res.row_loss.data(), kl ? s.kl_r.t().data : s.loss_r.t().data, sizeof(float) * R);
-  copy_bytes(s.ctx, res.argmax_q.data(), s.am_q.t().data, sizeof(int32_t) * R);
-  double num = 0;
-  for (int64_t r = 0; r < R; ++r) num += static_cast<double>(b.row_weight[r]) * res.row_loss[r];
-  res.weight_sum = wsum;
-  res.loss = num / wsum;
-  return res;
+  copy_bytes(s.ctx, s.row_w.t().data, row_weight.data(), sizeof(float) * row_weight.size());
+  const Tensor teacher = s.have_teacher ? Impl::v2(s.t_rows, s.R, s.H) : Tensor();
+  cuda::lm_loss_backward(s.ctx, Impl::v2(s.dh_rows, s.R, s.H), Impl::v1(s.row_w, s.R), objective,
+                         Impl::v2(s.h_rows, s.R, s.H), s.lm_head, Impl::v1(s.labels, s.R), teacher,
+                         Impl::v1(s.workspace, static_cast<int64_t>(s.workspace.numel())), s.chunk_rows);
+  s.backward_from_rows();
+  s.mark(Phase::Count);
 }
 
 double DrafterStepCuda::optimizer_step(const ops::AdamWHyper& hyper, int64_t step, float clip) {

@@ -27,12 +27,17 @@ struct DrafterStepBatch {
   // token a+k-1, decay weight (not normalised).
   std::vector<int32_t> row_block, row_label, row_teacher;
   std::vector<float> row_weight;
+  // Training noise on the fused features th = hidden_norm(fc(ctx)) (feature_noise.cuh): std 0 = none.
+  float noise_std = 0.f;
+  uint64_t noise_seed = 0, noise_counter = 0;
 };
 
 struct DrafterStepResult {
   double loss = 0, weight_sum = 0;
-  std::vector<float> row_loss;     // [R] CE or KL per row
+  std::vector<float> row_loss;     // [R] CE or KL per row (the objective's)
+  std::vector<float> row_ce;       // [R] CE per row (D-PACE's acceptance estimate needs it under KL too)
   std::vector<int32_t> argmax_q;   // [R]
+  std::vector<int32_t> argmax_p;   // [R] the teacher's argmax when the batch has final_norm, else empty
 };
 
 class DrafterStepCuda {
@@ -49,13 +54,22 @@ class DrafterStepCuda {
   const Tensor& params() const;
   const Tensor& grads() const;
   const Tensor& params_bf16() const;
+  const Tensor& adam_m() const;
+  const Tensor& adam_v() const;
   // After writing params(): refresh the bf16 copy and zero the optimizer state.
   void reset_from_params();
   // The target's frozen embedding and lm_head, BF16 [V, H] on the device (not owned).
   void set_frozen(const Tensor& embed, const Tensor& lm_head);
 
   // Forward + backward: gradients of sum_r w_r loss_r / sum_r w_r left in grads() (overwritten).
+  // With final_norm in the batch the teacher logits are computed too (argmax_p; the KL objective's p).
   DrafterStepResult forward_backward(const DrafterStepBatch& b, ops::LossObjective objective);
+  // Forward and loss rows only (evaluation, or the first pass of D-PACE); grads() untouched.
+  DrafterStepResult forward_loss(const DrafterStepBatch& b, ops::LossObjective objective);
+  // After forward_loss() on a batch (its activations are still here): the gradient of
+  // sum_r row_weight[r] loss_r (row_weight [R] already normalised) with the logits recomputed chunk by
+  // chunk, then the drafter backward into grads() (overwritten). D-PACE's weights depend on the forward.
+  void backward_rows(const std::vector<float>& row_weight, ops::LossObjective objective);
   // Global-norm clip + AdamW (1-based step) + bf16 weight refresh in one pass. Returns the pre-clip norm
   // (synchronizes to read it).
   double optimizer_step(const ops::AdamWHyper& hyper, int64_t step, float clip);

@@ -48,7 +48,8 @@ struct StepStats {
   std::vector<double> per_pos_acc;  // [block_size]
 };
 
-// A feature batch as the drafter receives it (wire layout of TargetModel's CaptureOut).
+// A feature batch as the drafter receives it (wire layout of TargetModel's CaptureOut). The tensors live
+// on the trainer's backend: F32 host memory on the CPU, BF16 device memory on CUDA.
 struct FeatureBatch {
   const PackedBatch* batch = nullptr;  // tokens, cu_seqlens, loss_mask (host)
   Tensor features;    // [k, T, H]
@@ -62,6 +63,9 @@ class DrafterTrainer {
   // target config with `num_layers` layers (seeded init; num_layers is ignored when drafter_dir is given).
   // A drafter that does not fit the target is a BadInput error (exit 3). max_tokens bounds T of a batch,
   // TrainOptions::max_anchors the anchors of a batch (buffers are allocated once, here).
+  // ctx picks the backend: CPU (float32 reference) or CUDA (bf16 compute, fp32 master weights, gradients
+  // and AdamW state on the device; BadOptions in a build without CUDA). Weights are initialised or loaded
+  // on the host the same way on both; anchors, loss rows and metrics are computed the same way too.
   DrafterTrainer(const std::string& target_dir, const std::string& drafter_dir, int num_layers,
                  const TrainOptions& opt, const Ctx& ctx, int64_t max_tokens);
   ~DrafterTrainer();
@@ -86,15 +90,14 @@ class DrafterTrainer {
   //   d_k = sum_{m>=k} prod_{j<=m} c_j,  c_j = q_j(label_j) (c_j = 1 where w_j = 0),
   // so positions that currently limit acceptance carry the training signal. StepStats::loss stays the
   // decay-weighted objective (comparable with and without D-PACE).
-  // Gaussian noise (TrainOptions::hs_noise) is added to the fused features hidden_norm(fc(ctx)) in training.
+  // Gaussian noise (TrainOptions::hs_noise) is added to the fused features hidden_norm(fc(ctx)) in training
+  // (the CPU and CUDA draw different numbers of the same distribution).
   StepStats forward_backward(const FeatureBatch& fb, const std::vector<int64_t>& anchors = {});
-  // Flat fp32 gradient buffer of every trainable parameter (one bucket for one allreduce).
+  // Flat fp32 gradient buffer [P] of every trainable parameter (one bucket for one allreduce), on the
+  // trainer's backend (device memory on CUDA).
   Tensor grads();
-  // grads() *= s on the trainer's backend (the gradient reducer's global loss normalisation).
+  // grads() *= s on the trainer's backend (the global loss normalisation over drafter ranks).
   void scale_grads(float s);
-  // Sum over the master weights with position weights (i % 7 + 1), in double: drafter ranks that start
-  // from identical weights agree on it exactly.
-  double weights_checksum();
   // Clip (global norm over grads()), AdamW step, advance the schedule. Returns the pre-clip grad norm.
   double optimizer_step();
   // Forward only (evaluation, no noise): metrics and loss.
@@ -102,10 +105,17 @@ class DrafterTrainer {
 
   // Release-format I/O: config.json + model.safetensors (dtype F32 or BF16), atomic.
   void export_release(const std::string& dir, DType dtype) const;
-  // Flat fp32 master weights and optimizer state (checkpointing).
+  // Flat fp32 master weights and optimizer state [P] (checkpointing), always host memory: on the CPU the
+  // live buffers; on CUDA host mirrors refreshed from the device on each call (a download and a sync).
+  // After writing into them (a restore), call state_loaded() to make them the trainer's state.
   Tensor master_weights();
   Tensor adam_m();
   Tensor adam_v();
+  // Pushes the host mirrors back to the device and refreshes the bf16 weights (a no-op on the CPU).
+  void state_loaded();
+  // sum_i (i % 7 + 1) * w_i over the master weights, in double on the host: drafter ranks compare it to
+  // check that they start from identical weights.
+  double weights_checksum();
   int64_t step() const;
   void set_step(int64_t s);
   std::string rng_state() const;

@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "dflash/checkpoint.h"
+#include "dflash/drafter_model.h"
 #include "dflash/error.h"
 #include "dflash/mpi_typed.h"
 
@@ -40,12 +41,9 @@ std::vector<T> gather_to_first(const std::vector<T>& mine, MPI_Comm comm, int ra
   return all;
 }
 
+// The trainer's state staged in host memory (a download on CUDA; the live buffers on the CPU).
 CheckpointTensors trainer_tensors(DrafterTrainer& trainer) {
-  CheckpointTensors t{trainer.master_weights(), trainer.adam_m(), trainer.adam_v()};
-  // The CUDA trainer's state lives on the GPU: staging it to host buffers is not built yet.
-  DF_CHECK_HINT(t.master.device == Device::CPU, BadOptions, "checkpointing a CUDA drafter is not implemented yet",
-                "run without --checkpoint-every/--resume on --backend cuda");
-  return t;
+  return CheckpointTensors{trainer.master_weights(), trainer.adam_m(), trainer.adam_v()};
 }
 
 }  // namespace
@@ -106,6 +104,7 @@ int64_t DrafterCheckpointer::restore(DrafterTrainer& trainer) {
                             << " targets, this job has " << size_ << " and " << points_.size(),
                 "resume with the topology the checkpoint was made with");
   load_checkpoint_tensors(resume_dir_, trainer_tensors(trainer));
+  trainer.state_loaded();  // the staged tensors become the trainer's state (uploaded on CUDA)
   trainer.set_step(st.step);
   trainer.set_rng_state(st.rng_states[rank_]);
   points_ = st.data;
@@ -165,12 +164,15 @@ void DrafterCheckpointer::save(int64_t step, DrafterTrainer& trainer, const nloh
     }
     CheckpointSaveOptions so;
     so.keep_last = o_.keep_checkpoints;
+    // Staged here, on the thread that owns the trainer's device; the helper thread only reads host memory.
+    const CheckpointTensors tensors = trainer_tensors(trainer);
     if (o_.export_checkpoints)
-      so.also_write = [&](const std::string& step_dir) { trainer.export_release(step_dir + "/drafter", o_.export_dtype); };
+      so.also_write = [&](const std::string& step_dir) {
+        export_drafter(step_dir + "/drafter", trainer.config(), tensors.master.ptr<float>(), o_.export_dtype);
+      };
     // File I/O only on the helper thread (no MPI there); this thread keeps the targets' messages moving.
     std::atomic<bool> done{false};
     std::string written;
-    const CheckpointTensors tensors = trainer_tensors(trainer);
     std::thread writer([&] {
       written = save_checkpoint(dir_, st, tensors, so);
       done = true;

@@ -2,11 +2,14 @@
 //
 // One step: anchors -> drafter forward -> loss rows (positive weight only) -> chunked lm_head loss with
 // its gradient -> drafter backward into the flat gradient buffer. optimizer_step() clips and applies
-// AdamW on the flat buffers.
+// AdamW on the flat buffers. What must mean the same on every backend (checks, anchors, loss rows,
+// D-PACE weights, metrics, schedule, RNG) lives here; the network, loss and optimizer run in a backend
+// engine (train/trainer_engine.h).
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
-#include <limits>
+#include <string>
 
 #include "dflash/anchors.h"
 #include "dflash/drafter.h"
@@ -16,6 +19,7 @@
 #include "dflash/optim.h"
 #include "dflash/safetensors.h"
 #include "train/objective.h"
+#include "train/trainer_engine.h"
 
 namespace dflash {
 
@@ -31,26 +35,23 @@ struct DrafterTrainer::Impl {
   DrafterConfig cfg;
   std::vector<ParamSpec> layout;
   int64_t max_tokens = 0;
-  int64_t max_rows = 0;
-  int64_t chunk_rows = 0;
-  Buffer embed, lm_head;           // [V, H] frozen, from the target checkpoint
-  Buffer params, grads, m, v;      // [P] flat
-  DrafterViews w, g;
-  std::unique_ptr<DrafterNet> net;
+  std::unique_ptr<train::TrainerEngine> engine;
   AnchorSampler sampler;
   AnchorSampler eval_sampler;      // evaluation draws must not move the training stream
-  Rng noise_rng;
+  Rng noise_rng;                   // feature noise on the CPU
+  uint64_t noise_seed = 0;         // feature noise on CUDA: counter-based, (seed, noise_calls)
+  uint64_t noise_calls = 0;        // training forwards with noise so far
   int64_t step = 0;
-  // loss buffers [max_rows, ...]
-  Buffer h_rows, t_rows, dh_rows, labels, row_w, ce, kl, am_q, am_p, workspace;
   // host scratch reused across steps
   train::LossRows rows;
   DrafterStepInput in;
   std::vector<int32_t> seq_end;
   std::vector<double> dpace;
+  std::vector<float> dpace_w;
 
   Impl(const TrainOptions& o, const Ctx& c) : opt(o), ctx(c), sampler(o.seed), eval_sampler(o.seed ^ 0x5eed5eedULL),
-                                              noise_rng(o.seed * 0x9e3779b97f4a7c15ULL + 1) {}
+                                              noise_rng(o.seed * 0x9e3779b97f4a7c15ULL + 1),
+                                              noise_seed(o.seed * 0x9e3779b97f4a7c15ULL + 2) {}
 
   StepStats run(const FeatureBatch& fb, const std::vector<int64_t>& given, bool train);
 };
@@ -59,7 +60,7 @@ DrafterTrainer::DrafterTrainer(const std::string& target_dir, const std::string&
                                const TrainOptions& opt, const Ctx& ctx, int64_t max_tokens)
     : impl_(std::make_unique<Impl>(opt, ctx)) {
   Impl& s = *impl_;
-  DF_CHECK(ctx.device == Device::CPU, BadOptions, "DrafterTrainer: only the CPU backend is implemented here");
+  DF_CHECK(ctx.device == Device::CPU || ctx.device == Device::CUDA, BadOptions, "DrafterTrainer: unknown backend");
   DF_CHECK_HINT(opt.max_anchors >= 1, BadOptions, "--max-anchors must be at least 1 (got " << opt.max_anchors << ")",
                 "use e.g. --max-anchors 512");
   DF_CHECK(max_tokens >= 1, BadOptions, "drafter max_tokens " << max_tokens);
@@ -81,52 +82,42 @@ DrafterTrainer::DrafterTrainer(const std::string& target_dir, const std::string&
                   "set sliding_window in the drafter's config.json");
   s.layout = drafter_param_layout(s.cfg);
   const int64_t P = static_cast<int64_t>(drafter_param_count(s.cfg));
-  s.params = Buffer(Device::CPU, DType::F32, {P});
-  s.grads = Buffer(Device::CPU, DType::F32, {P});
-  s.m = Buffer(Device::CPU, DType::F32, {P});
-  s.v = Buffer(Device::CPU, DType::F32, {P});
-  s.grads.zero();
-  s.m.zero();
-  s.v.zero();
+  // Initial weights on the host, the same on every backend (the CUDA engine uploads them).
+  train::EngineSetup es;
+  es.params = Buffer(Device::CPU, DType::F32, {P});
   if (!drafter_dir.empty()) {
-    load_drafter_weights(drafter_dir, s.cfg, s.params.ptr<float>());
+    load_drafter_weights(drafter_dir, s.cfg, es.params.ptr<float>());
   } else {
-    init_drafter_weights(s.cfg, opt.seed, s.params.ptr<float>());
+    init_drafter_weights(s.cfg, opt.seed, es.params.ptr<float>());
   }
-  s.w = bind_drafter_views(s.cfg, s.params.ptr<float>());
-  s.g = bind_drafter_views(s.cfg, s.grads.ptr<float>());
 
   // Frozen embedding and lm_head: only these two tensors of the target are read.
   const int64_t V = s.target.vocab_size, H = s.target.hidden_size;
-  s.embed = Buffer(Device::CPU, DType::F32, {V, H});
-  s.lm_head = Buffer(Device::CPU, DType::F32, {V, H});
+  es.embed = Buffer(Device::CPU, DType::F32, {V, H});
+  es.lm_head = Buffer(Device::CPU, DType::F32, {V, H});
   {
     Checkpoint ck(target_dir);
-    ck.load_f32(s.target.weight_prefix + "embed_tokens.weight", {V, H}, s.embed.ptr<float>());
+    ck.load_f32(s.target.weight_prefix + "embed_tokens.weight", {V, H}, es.embed.ptr<float>());
     if (s.target.tie_word_embeddings && !ck.has("lm_head.weight")) {
-      std::memcpy(s.lm_head.ptr<float>(), s.embed.ptr<float>(), s.embed.t().nbytes());
+      std::memcpy(es.lm_head.ptr<float>(), es.embed.ptr<float>(), es.embed.t().nbytes());
+      es.tied = true;
     } else {
-      ck.load_f32("lm_head.weight", {V, H}, s.lm_head.ptr<float>());
+      ck.load_f32("lm_head.weight", {V, H}, es.lm_head.ptr<float>());
     }
   }
 
   const int64_t B = s.cfg.block_size;
   s.max_tokens = max_tokens;
-  s.max_rows = static_cast<int64_t>(opt.max_anchors) * (B - 1);
-  s.chunk_rows = std::max<int64_t>(1, std::min<int64_t>(s.max_rows, static_cast<int64_t>(kLogitFloatsPerChunk / V)));
-  s.net = std::make_unique<DrafterNet>(s.cfg, ctx, max_tokens, opt.max_anchors);
-  auto f = [&](int64_t rows, int64_t cols) { return Buffer(Device::CPU, DType::F32, {rows, cols}); };
-  s.h_rows = f(s.max_rows, H);
-  s.t_rows = f(s.max_rows, H);
-  s.dh_rows = f(s.max_rows, H);
-  s.labels = Buffer(Device::CPU, DType::I32, {s.max_rows});
-  s.row_w = Buffer(Device::CPU, DType::F32, {s.max_rows});
-  s.ce = Buffer(Device::CPU, DType::F32, {s.max_rows});
-  s.kl = Buffer(Device::CPU, DType::F32, {s.max_rows});
-  s.am_q = Buffer(Device::CPU, DType::I32, {s.max_rows});
-  s.am_p = Buffer(Device::CPU, DType::I32, {s.max_rows});
-  s.workspace = Buffer(Device::CPU, DType::F32,
-                       {static_cast<int64_t>(ops::lm_loss_workspace_floats(s.chunk_rows, V, true))});
+  const int64_t max_rows = static_cast<int64_t>(opt.max_anchors) * (B - 1);
+  es.chunk_rows = std::max<int64_t>(1, std::min<int64_t>(max_rows, static_cast<int64_t>(kLogitFloatsPerChunk / V)));
+  es.cfg = s.cfg;
+  es.layout = s.layout;
+  es.ctx = ctx;
+  es.loss = opt.loss;
+  es.max_tokens = max_tokens;
+  es.max_anchors = opt.max_anchors;
+  s.engine = ctx.device == Device::CPU ? train::make_cpu_trainer_engine(std::move(es))
+                                       : train::make_cuda_trainer_engine(std::move(es));
 }
 
 DrafterTrainer::~DrafterTrainer() = default;
@@ -138,21 +129,6 @@ double DrafterTrainer::current_lr() const {
   return lr_schedule(impl_->step, o.lr, o.warmup_steps, o.total_steps, o.min_lr_ratio);
 }
 
-namespace {
-
-Tensor rows_view(const Buffer& b, int64_t R) {
-  Tensor t = b.t();
-  t.shape[0] = R;
-  return t;
-}
-
-void gather_rows(float* dst, const float* src, const std::vector<int32_t>& idx, int64_t H) {
-  for (size_t r = 0; r < idx.size(); ++r)
-    std::memcpy(dst + r * H, src + static_cast<size_t>(idx[r]) * H, sizeof(float) * static_cast<size_t>(H));
-}
-
-}  // namespace
-
 StepStats DrafterTrainer::Impl::run(const FeatureBatch& fb, const std::vector<int64_t>& given, bool train) {
   DF_CHECK(fb.batch != nullptr, Internal, "FeatureBatch without its PackedBatch");
   const PackedBatch& batch = *fb.batch;
@@ -163,17 +139,22 @@ StepStats DrafterTrainer::Impl::run(const FeatureBatch& fb, const std::vector<in
   DF_CHECK(batch.loss_mask.size() == static_cast<size_t>(T), BadInput,
            "packed batch: " << batch.loss_mask.size() << " loss_mask entries for " << T << " tokens");
   DF_CHECK(T <= max_tokens, BadInput, "packed batch of " << T << " tokens exceeds the drafter's limit " << max_tokens);
-  DF_CHECK(fb.features.device == Device::CPU && fb.features.dtype == DType::F32 && fb.features.ndim == 3 &&
+  const DType fdt = engine->feature_dtype();
+  const char* where = ctx.device == Device::CPU ? "on the CPU" : "on the GPU";
+  DF_CHECK(fb.features.device == ctx.device && fb.features.dtype == fdt && fb.features.ndim == 3 &&
                fb.features.shape[0] == K && fb.features.shape[1] == T && fb.features.shape[2] == H,
-           Internal, "drafter features " << fb.features.shape_str() << ", expected F32 [" << K << ", " << T << ", " << H
-                                         << "] on the CPU");
+           Internal, "drafter features " << dtype_name(fb.features.dtype) << " " << fb.features.shape_str()
+                                         << ", expected " << dtype_name(fdt) << " [" << K << ", " << T << ", " << H
+                                         << "] " << where);
   const bool kl_loss = opt.loss == LossKind::KL;
   const bool have_teacher = !fb.final_norm.empty();
   DF_CHECK_HINT(!kl_loss || have_teacher, Internal, "the KL objective needs the target's final_norm in the batch",
                 "the target ranks must capture final_norm for --loss kl");
   if (have_teacher)
-    DF_CHECK(fb.final_norm.dtype == DType::F32 && fb.final_norm.numel() == static_cast<size_t>(T * H), Internal,
-             "final_norm " << fb.final_norm.shape_str() << ", expected [" << T << ", " << H << "]");
+    DF_CHECK(fb.final_norm.device == ctx.device && fb.final_norm.dtype == fdt &&
+                 fb.final_norm.numel() == static_cast<size_t>(T * H),
+             Internal, "final_norm " << dtype_name(fb.final_norm.dtype) << " " << fb.final_norm.shape_str()
+                                     << ", expected " << dtype_name(fdt) << " [" << T << ", " << H << "] " << where);
 
   // ---- anchors (global) and the sequence each belongs to
   std::vector<int64_t> anchors64 = given.empty() ? (train ? sampler : eval_sampler).sample(batch, opt.max_anchors)
@@ -200,65 +181,47 @@ StepStats DrafterTrainer::Impl::run(const FeatureBatch& fb, const std::vector<in
   st.lr = lr_schedule(step, opt.lr, opt.warmup_steps, opt.total_steps, opt.min_lr_ratio);
   st.noise = train ? opt.hs_noise : 0.0;
   st.per_pos_acc.assign(static_cast<size_t>(B), 0.0);
-  if (train) grads.zero();
   train::build_loss_rows(batch, in.anchors, seq_end, static_cast<int>(B), opt.gamma, rows);
   const int64_t R = static_cast<int64_t>(rows.size());
-  if (R == 0) return st;  // nothing to learn from: zero gradients, zero loss
+  if (R == 0) {  // nothing to learn from: zero gradients, zero loss
+    if (train) engine->zero_grads();
+    return st;
+  }
 
-  // ---- drafter forward
-  in.features = fb.features;
+  // ---- drafter forward and loss rows (fused with the gradient when the weights are known: no D-PACE)
   in.tokens = batch.tokens.data();
-  in.noise_std = train ? opt.hs_noise : 0.f;
-  Tensor hf = net->forward(w, embed.t(), in, &noise_rng);
-
-  // ---- loss rows
-  gather_rows(h_rows.ptr<float>(), hf.ptr<float>(), rows.block_row, H);
-  if (have_teacher) gather_rows(t_rows.ptr<float>(), fb.final_norm.ptr<float>(), rows.teacher_at, H);
-  std::memcpy(labels.ptr<int32_t>(), rows.label.data(), sizeof(int32_t) * static_cast<size_t>(R));
+  train::EngineBatch eb;
+  eb.fb = &fb;
+  eb.in = &in;
+  eb.rows = &rows;
+  eb.noise_std = train ? opt.hs_noise : 0.f;
+  eb.noise_rng = &noise_rng;
+  eb.noise_seed = noise_seed;
+  eb.noise_counter = noise_calls;
+  if (eb.noise_std > 0.f) ++noise_calls;
+  const bool fused = train && !opt.dpace;
+  const train::EngineRows out = engine->forward(eb, fused);
   double wsum = 0;
   for (float x : rows.weight) wsum += x;
-  float* rw = row_w.ptr<float>();
-  for (int64_t r = 0; r < R; ++r) rw[r] = static_cast<float>(rows.weight[r] / wsum);
-  const Tensor h = rows_view(h_rows, R), teacher = have_teacher ? rows_view(t_rows, R) : Tensor();
-  const Tensor lab = rows_view(labels, R), rwt = rows_view(row_w, R), dh = rows_view(dh_rows, R);
-  ops::LmLossRowsOut lo;
-  lo.ce = rows_view(ce, R);
-  lo.kl = kl_loss ? rows_view(kl, R) : Tensor();
-  lo.argmax_q = rows_view(am_q, R);
-  lo.argmax_p = have_teacher ? rows_view(am_p, R) : Tensor();
-  const ops::LossObjective objective = kl_loss ? ops::LossObjective::KL : ops::LossObjective::CE;
-  const bool fused = train && !opt.dpace;
-  ops::lm_loss_forward(ctx, lo, h, lm_head.t(), lab, teacher, workspace.t(), chunk_rows, fused ? dh : Tensor(),
-                       fused ? rwt : Tensor(), objective);
-  const float* loss_r = kl_loss ? kl.ptr<float>() : ce.ptr<float>();
   double num = 0;
-  for (int64_t r = 0; r < R; ++r) num += static_cast<double>(rows.weight[r]) * loss_r[r];
+  for (int64_t r = 0; r < R; ++r) num += static_cast<double>(rows.weight[r]) * out.loss[r];
   st.loss = num / wsum;
   st.weight_sum = wsum;
-  train::fill_metrics(rows, am_q.ptr<int32_t>(), have_teacher ? am_p.ptr<int32_t>() : nullptr,
+  train::fill_metrics(rows, out.argmax_q, have_teacher ? out.argmax_p : nullptr,
                       static_cast<int64_t>(in.anchors.size()), static_cast<int>(B), st);
   DF_CHECK_HINT(std::isfinite(st.loss), NonFiniteLoss, "drafter loss is " << st.loss << " at step " << step,
                 "lower --lr or check the target features for NaN/Inf");
-  if (!train) return st;
+  if (!train || fused) return st;
 
-  if (opt.dpace) {
-    // D-PACE needs this step's probabilities before the gradient: weights from the forward, then the
-    // backward recomputes the logits.
-    train::dpace_factors(rows, ce.ptr<float>(), static_cast<int>(B), dpace);
-    double dsum = 0;
-    for (int64_t r = 0; r < R; ++r) dsum += rows.weight[r] * dpace[r];
-    for (int64_t r = 0; r < R; ++r)
-      rw[r] = dsum > 0 ? static_cast<float>(rows.weight[r] * dpace[r] / dsum) : static_cast<float>(rows.weight[r] / wsum);
-    ops::lm_loss_backward(ctx, dh, rwt, objective, h, lm_head.t(), lab, teacher, workspace.t(), chunk_rows);
-  }
-  // ---- scatter the row gradients into the block stream and run the drafter backward
-  Tensor d_out = net->d_out_buffer(static_cast<int64_t>(in.anchors.size()) * B);
-  std::memset(d_out.data, 0, d_out.nbytes());
-  float* dpo = d_out.ptr<float>();
-  const float* dhr = dh_rows.ptr<float>();
+  // D-PACE needs this step's probabilities before the gradient: weights from the forward, then the
+  // backward recomputes the logits.
+  train::dpace_factors(rows, out.ce, static_cast<int>(B), dpace);
+  double dsum = 0;
+  for (int64_t r = 0; r < R; ++r) dsum += rows.weight[r] * dpace[r];
+  dpace_w.resize(static_cast<size_t>(R));
   for (int64_t r = 0; r < R; ++r)
-    std::memcpy(dpo + static_cast<size_t>(rows.block_row[r]) * H, dhr + r * H, sizeof(float) * static_cast<size_t>(H));
-  net->backward(w, g, d_out);
+    dpace_w[r] = dsum > 0 ? static_cast<float>(rows.weight[r] * dpace[r] / dsum) : static_cast<float>(rows.weight[r] / wsum);
+  engine->backward(eb, dpace_w);
   return st;
 }
 
@@ -270,60 +233,70 @@ StepStats DrafterTrainer::evaluate(const FeatureBatch& fb, const std::vector<int
   return impl_->run(fb, anchors, false);
 }
 
-Tensor DrafterTrainer::grads() { return impl_->grads.t(); }
+Tensor DrafterTrainer::grads() { return impl_->engine->grads(); }
 
-void DrafterTrainer::scale_grads(float s) {
-  float* g = impl_->grads.ptr<float>();
-  for (size_t i = 0; i < impl_->grads.numel(); ++i) g[i] *= s;
-}
-
-double DrafterTrainer::weights_checksum() {
-  const float* p = impl_->params.ptr<float>();
-  double sum = 0;
-  for (size_t i = 0; i < impl_->params.numel(); ++i) sum += p[i] * static_cast<double>(i % 7 + 1);
-  return sum;
-}
+void DrafterTrainer::scale_grads(float s) { impl_->engine->scale_grads(s); }
 
 double DrafterTrainer::optimizer_step() {
   Impl& s = *impl_;
   const double lr = current_lr();
-  const double norm = ops::clip_grad_global_norm(s.ctx, s.grads.t(), s.opt.clip);
-  DF_CHECK_HINT(std::isfinite(norm), NonFiniteLoss, "drafter gradient norm is " << norm << " at step " << s.step,
-                "lower --lr or check the target features for NaN/Inf");
   ops::AdamWHyper hp;
   hp.lr = static_cast<float>(lr);
   hp.beta1 = s.opt.beta1;
   hp.beta2 = s.opt.beta2;
   hp.eps = s.opt.eps;
   hp.weight_decay = s.opt.weight_decay;
-  ops::adamw_step(s.ctx, s.params.t(), s.grads.t(), s.m.t(), s.v.t(), hp, s.step + 1);
+  const double norm = s.engine->optimizer_step(hp, s.step + 1, s.opt.clip);
   ++s.step;
   return norm;
 }
 
 void DrafterTrainer::export_release(const std::string& dir, DType dtype) const {
-  export_drafter(dir, impl_->cfg, impl_->params.ptr<float>(), dtype);
+  export_drafter(dir, impl_->cfg, impl_->engine->master_weights().ptr<float>(), dtype);
 }
 
-Tensor DrafterTrainer::master_weights() { return impl_->params.t(); }
-Tensor DrafterTrainer::adam_m() { return impl_->m.t(); }
-Tensor DrafterTrainer::adam_v() { return impl_->v.t(); }
+Tensor DrafterTrainer::master_weights() { return impl_->engine->master_weights(); }
+Tensor DrafterTrainer::adam_m() { return impl_->engine->adam_m(); }
+Tensor DrafterTrainer::adam_v() { return impl_->engine->adam_v(); }
+void DrafterTrainer::state_loaded() { impl_->engine->state_loaded(); }
+
+double DrafterTrainer::weights_checksum() {
+  const Tensor w = impl_->engine->master_weights();
+  const float* p = w.ptr<float>();
+  double sum = 0;
+  for (size_t i = 0, n = w.numel(); i < n; ++i) sum += static_cast<double>(p[i]) * static_cast<double>(i % 7 + 1);
+  return sum;
+}
+
 int64_t DrafterTrainer::step() const { return impl_->step; }
 void DrafterTrainer::set_step(int64_t s) { impl_->step = s; }
 
-// Training anchors, evaluation anchors and feature noise, separated by '|' (the generators' text states
-// are space-separated numbers).
+// Training anchors, evaluation anchors, the CPU's feature-noise generator and the CUDA noise counter,
+// separated by '|' (the generators' text states are space-separated numbers). States written before the
+// counter existed (three fields) still load, with the counter at 0.
 std::string DrafterTrainer::rng_state() const {
-  return impl_->sampler.state() + "|" + impl_->eval_sampler.state() + "|" + impl_->noise_rng.state();
+  return impl_->sampler.state() + "|" + impl_->eval_sampler.state() + "|" + impl_->noise_rng.state() + "|" +
+         std::to_string(impl_->noise_calls);
 }
 
 void DrafterTrainer::set_rng_state(const std::string& s) {
   const size_t a = s.find('|'), b = a == std::string::npos ? a : s.find('|', a + 1);
   DF_CHECK_HINT(b != std::string::npos, BadInput, "malformed drafter rng state",
                 "the checkpoint's rng state is damaged; resume from another checkpoint");
+  const size_t c = s.find('|', b + 1);
+  uint64_t calls = 0;
+  if (c != std::string::npos) {
+    const std::string f = s.substr(c + 1);
+    char* end = nullptr;
+    calls = std::strtoull(f.c_str(), &end, 10);
+    DF_CHECK_HINT(!f.empty() && end == f.c_str() + f.size(), BadInput, "malformed drafter rng state (noise counter '"
+                                                                          << f << "')",
+                  "the checkpoint's rng state is damaged; resume from another checkpoint");
+  }
   impl_->sampler.set_state(s.substr(0, a));
   impl_->eval_sampler.set_state(s.substr(a + 1, b - a - 1));
-  impl_->noise_rng.set_state(s.substr(b + 1));
+  impl_->noise_rng.set_state(s.substr(b + 1, c == std::string::npos ? std::string::npos : c - b - 1));
+  impl_->noise_calls = calls;
 }
 
 }  // namespace dflash

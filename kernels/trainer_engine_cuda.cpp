@@ -1,0 +1,142 @@
+// The CUDA engine of DrafterTrainer (see src/train/trainer_engine.h): cuda::DrafterStepCuda with the
+// trainer's weights, the target's frozen tables in bf16 on the device, and host mirrors of the fp32 state
+// for checkpoints. Plain C++ in the CUDA library (built only with a toolkit); it links after the core
+// library, so it calls only the CUDA library and core objects every program already pulls (tensor, error).
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "adamw.cuh"
+#include "backend.cuh"
+#include "cuda_check.cuh"
+#include "drafter_step.cuh"
+#include "train/trainer_engine.h"
+
+namespace dflash::train {
+namespace {
+
+// dst (BF16 [n], device) = src (F32 [n], host), converted on the host in slices (bounded staging).
+void upload_bf16(const Ctx& ctx, const Tensor& dst, const float* src) {
+  constexpr size_t kSlice = size_t{1} << 24;
+  std::vector<uint16_t> staged(std::min(kSlice, dst.numel()));
+  uint16_t* d = static_cast<uint16_t*>(dst.data);
+  for (size_t i0 = 0, n = dst.numel(); i0 < n; i0 += kSlice) {
+    const size_t m = std::min(kSlice, n - i0);
+    for (size_t i = 0; i < m; ++i) staged[i] = f32_to_bf16(src[i0 + i]);
+    cuda::copy_bytes(ctx, d + i0, staged.data(), m * sizeof(uint16_t));
+    cuda::synchronize_stream(ctx);  // staged is reused by the next slice
+  }
+}
+
+class CudaEngine final : public TrainerEngine {
+ public:
+  explicit CudaEngine(EngineSetup s)
+      : ctx_(s.ctx), objective_(s.loss == LossKind::KL ? ops::LossObjective::KL : ops::LossObjective::CE),
+        step_(s.cfg, s.layout, s.ctx, s.max_tokens, s.max_anchors, s.chunk_rows), params_h_(std::move(s.params)) {
+    DF_CHECK(ctx_.device == Device::CUDA, Internal, "CUDA drafter engine on a non-CUDA context");
+    const int64_t H = s.cfg.layers.hidden_size, V = s.cfg.layers.vocab_size;
+    DF_CHECK(params_h_.numel() == step_.params().numel(), Internal,
+             "CUDA drafter engine: " << params_h_.numel() << " initial weights for " << step_.params().numel());
+    embed_ = Buffer(Device::CUDA, DType::BF16, {V, H});
+    upload_bf16(ctx_, embed_.t(), s.embed.ptr<float>());
+    if (!s.tied) {
+      lm_head_ = Buffer(Device::CUDA, DType::BF16, {V, H});
+      upload_bf16(ctx_, lm_head_.t(), s.lm_head.ptr<float>());
+    }
+    step_.set_frozen(embed_.t(), s.tied ? embed_.t() : lm_head_.t());
+    // Upload the master weights; reset_from_params writes the bf16 copy and zeroes m and v.
+    cuda::copy_bytes(ctx_, step_.params().data, params_h_.t().data, params_h_.t().nbytes());
+    step_.reset_from_params();
+    cuda::synchronize_stream(ctx_);
+  }
+
+  DType feature_dtype() const override { return DType::BF16; }
+
+  EngineRows forward(const EngineBatch& b, bool with_grad) override {
+    fill_batch(b);
+    res_ = with_grad ? step_.forward_backward(batch_, objective_) : step_.forward_loss(batch_, objective_);
+    EngineRows out;
+    out.loss = res_.row_loss.data();
+    out.ce = res_.row_ce.data();
+    out.argmax_q = res_.argmax_q.data();
+    out.argmax_p = res_.argmax_p.empty() ? nullptr : res_.argmax_p.data();
+    return out;
+  }
+
+  void backward(const EngineBatch&, const std::vector<float>& weight) override {
+    step_.backward_rows(weight, objective_);
+  }
+
+  void zero_grads() override {
+    const Tensor& g = step_.grads();
+    DF_CUDA(cudaMemsetAsync(g.data, 0, g.nbytes(), cuda::stream_of(ctx_)));
+  }
+  Tensor grads() override { return step_.grads(); }
+  void scale_grads(float s) override { cuda::scale_inplace(ctx_, step_.grads(), s); }
+
+  double optimizer_step(const ops::AdamWHyper& hyper, int64_t step, float clip) override {
+    // One fused pass (clip on the device); the norm is read after it, so a non-finite gradient has
+    // already reached the weights when the check fails. The run ends there either way.
+    const double norm = step_.optimizer_step(hyper, step, clip);
+    check_grad_norm(norm, step - 1);
+    return norm;
+  }
+
+  Tensor master_weights() override { return download(step_.params(), params_h_); }
+  Tensor adam_m() override { return download(step_.adam_m(), m_h_); }
+  Tensor adam_v() override { return download(step_.adam_v(), v_h_); }
+
+  void state_loaded() override {
+    // A moment never staged was not written by the caller: keep the device's (reset_from_params zeroes it).
+    if (m_h_.t().empty()) adam_m();
+    if (v_h_.t().empty()) adam_v();
+    cuda::copy_bytes(ctx_, step_.params().data, params_h_.t().data, params_h_.t().nbytes());
+    step_.reset_from_params();  // bf16 weights from the new masters; zeroes m and v, uploaded next
+    cuda::copy_bytes(ctx_, step_.adam_m().data, m_h_.t().data, m_h_.t().nbytes());
+    cuda::copy_bytes(ctx_, step_.adam_v().data, v_h_.t().data, v_h_.t().nbytes());
+    cuda::synchronize_stream(ctx_);
+  }
+
+ private:
+  // The host mirror of a device F32 [P] tensor, allocated on first use (m and v only when checkpointing).
+  Tensor download(const Tensor& dev, Buffer& host) {
+    if (host.t().empty()) host = Buffer(Device::CPU, DType::F32, {static_cast<int64_t>(dev.numel())});
+    cuda::copy_bytes(ctx_, host.t().data, dev.data, dev.nbytes());
+    return host.t();
+  }
+
+  void fill_batch(const EngineBatch& b) {
+    const DrafterStepInput& in = *b.in;
+    const LossRows& rows = *b.rows;
+    const size_t T = in.ctx_pos.size();
+    batch_.features = b.fb->features;
+    batch_.final_norm = b.fb->final_norm;
+    batch_.tokens.assign(in.tokens, in.tokens + T);
+    batch_.ctx_pos = in.ctx_pos;
+    batch_.anchors = in.anchors;
+    batch_.seq_begin = in.seq_begin;
+    batch_.row_block = rows.block_row;
+    batch_.row_label = rows.label;
+    batch_.row_teacher = rows.teacher_at;
+    batch_.row_weight = rows.weight;
+    batch_.noise_std = b.noise_std;
+    batch_.noise_seed = b.noise_seed;
+    batch_.noise_counter = b.noise_counter;
+  }
+
+  Ctx ctx_;
+  ops::LossObjective objective_;
+  cuda::DrafterStepCuda step_;
+  Buffer embed_, lm_head_;       // BF16 [V, H] on the device (lm_head_ empty when tied to embed_)
+  Buffer params_h_, m_h_, v_h_;  // F32 [P] host mirrors
+  cuda::DrafterStepBatch batch_;
+  cuda::DrafterStepResult res_;
+};
+
+}  // namespace
+
+std::unique_ptr<TrainerEngine> make_cuda_trainer_engine(EngineSetup setup) {
+  return std::make_unique<CudaEngine>(std::move(setup));
+}
+
+}  // namespace dflash::train

@@ -1,0 +1,90 @@
+// The backend half of DrafterTrainer (src/train/trainer.cpp): the drafter network, the loss rows through
+// the frozen lm_head, the gradient and optimizer state on one device. The trainer keeps everything that
+// must mean the same on every backend (batch checks, anchors, loss rows and their weights, D-PACE
+// factors, metrics, schedule, RNG state) and drives an engine:
+//   CPU  (trainer_engine_cpu.cpp): DrafterNet + ops::lm_loss + ops::adamw, float32, host buffers;
+//   CUDA (kernels/trainer_engine_cuda.cpp, CUDA builds only): cuda::DrafterStepCuda, bf16 compute with
+//        fp32 master weights, gradients and AdamW state on the device.
+#pragma once
+#include <cmath>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "dflash/anchors.h"
+#include "dflash/drafter.h"
+#include "dflash/drafter_model.h"
+#include "dflash/error.h"
+#include "dflash/optim.h"
+#include "train/objective.h"
+
+namespace dflash::train {
+
+// What an engine is built from (host side). The trainer has checked the config against the target.
+struct EngineSetup {
+  DrafterConfig cfg;
+  std::vector<ParamSpec> layout;
+  Ctx ctx;
+  LossKind loss = LossKind::CE;
+  int64_t max_tokens = 0, max_anchors = 0;
+  int64_t chunk_rows = 0;   // lm_head rows per chunk of logits
+  Buffer params;            // F32 [P] host: the initial (or loaded) master weights; the engine takes it
+  Buffer embed, lm_head;    // F32 [V, H] host: the target's frozen tables; the engine takes them
+  bool tied = false;        // lm_head is a copy of embed (tie_word_embeddings)
+};
+
+// One batch as the engine sees it: the features on the engine's device, everything else host-side.
+struct EngineBatch {
+  const FeatureBatch* fb = nullptr;
+  const DrafterStepInput* in = nullptr;  // anchors, seq_begin, ctx_pos, tokens (features unused)
+  const LossRows* rows = nullptr;        // R >= 1 rows
+  float noise_std = 0.f;                 // training noise on the fused features (0 = none)
+  Rng* noise_rng = nullptr;              // the CPU's generator
+  uint64_t noise_seed = 0, noise_counter = 0;  // the CUDA's counter-based noise (feature_noise.cuh)
+};
+
+// Per-row results of a loss pass, host memory valid until the next pass.
+struct EngineRows {
+  const float* loss = nullptr;        // [R] the objective's loss (CE or KL)
+  const float* ce = nullptr;          // [R] CE (D-PACE's acceptance estimate)
+  const int32_t* argmax_q = nullptr;  // [R]
+  const int32_t* argmax_p = nullptr;  // [R] or null without a teacher (final_norm)
+};
+
+class TrainerEngine {
+ public:
+  virtual ~TrainerEngine() = default;
+  // The dtype the features and final_norm must have on ctx's device.
+  virtual DType feature_dtype() const = 0;
+  // Forward and loss rows. with_grad: also the loss gradient with the rows' decay weights normalised by
+  // their sum, fused into the same pass, and the drafter backward: grads() overwritten.
+  virtual EngineRows forward(const EngineBatch& b, bool with_grad) = 0;
+  // After forward(b, false) on the same batch: the gradient of sum_r weight[r] loss_r (weights [R],
+  // normalised), logits recomputed, then the drafter backward: grads() overwritten.
+  virtual void backward(const EngineBatch& b, const std::vector<float>& weight) = 0;
+  virtual void zero_grads() = 0;
+  virtual Tensor grads() = 0;  // F32 [P] on ctx's device
+  virtual void scale_grads(float s) = 0;
+  // Global-norm clip + AdamW (1-based step); returns the pre-clip norm, fatal (NonFiniteLoss) when it is
+  // not finite (on the CPU before the weights move).
+  virtual double optimizer_step(const ops::AdamWHyper& hyper, int64_t step, float clip) = 0;
+  // Host F32 [P] views of the master weights and AdamW moments: the live buffers on the CPU, mirrors
+  // refreshed from the device on each call on CUDA. After writing them, state_loaded() makes them current.
+  virtual Tensor master_weights() = 0;
+  virtual Tensor adam_m() = 0;
+  virtual Tensor adam_v() = 0;
+  virtual void state_loaded() = 0;
+};
+
+// Fatal (NonFiniteLoss, with a hint) unless the gradient norm is finite. Inline: the CUDA library's
+// engine calls it and links after the core library.
+inline void check_grad_norm(double norm, int64_t step) {
+  DF_CHECK_HINT(std::isfinite(norm), NonFiniteLoss, "drafter gradient norm is " << norm << " at step " << step,
+                "lower --lr or check the target features for NaN/Inf");
+}
+
+std::unique_ptr<TrainerEngine> make_cpu_trainer_engine(EngineSetup setup);
+// Defined in the CUDA library; in a build without CUDA, a BadOptions error with a hint.
+std::unique_ptr<TrainerEngine> make_cuda_trainer_engine(EngineSetup setup);
+
+}  // namespace dflash::train

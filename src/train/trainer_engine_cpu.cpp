@@ -1,0 +1,153 @@
+// The CPU engine of DrafterTrainer (see trainer_engine.h): float32 throughout, the reference every CUDA
+// op is tested against. DrafterNet forward, the loss rows gathered and run through the chunked lm_head
+// loss (its gradient fused into the same pass when the weights are known), the row gradients scattered
+// back into the block stream, DrafterNet backward into the flat gradient buffer.
+#include <cstring>
+
+#include "dflash/drafter_ops.h"
+#include "train/trainer_engine.h"
+
+namespace dflash::train {
+namespace {
+
+Tensor rows_view(const Buffer& b, int64_t R) {
+  Tensor t = b.t();
+  t.shape[0] = R;
+  return t;
+}
+
+void gather_rows(float* dst, const float* src, const std::vector<int32_t>& idx, int64_t H) {
+  for (size_t r = 0; r < idx.size(); ++r)
+    std::memcpy(dst + r * H, src + static_cast<size_t>(idx[r]) * H, sizeof(float) * static_cast<size_t>(H));
+}
+
+class CpuEngine final : public TrainerEngine {
+ public:
+  explicit CpuEngine(EngineSetup s)
+      : ctx_(s.ctx), cfg_(s.cfg), objective_(s.loss == LossKind::KL ? ops::LossObjective::KL : ops::LossObjective::CE),
+        chunk_rows_(s.chunk_rows), embed_(std::move(s.embed)), lm_head_(std::move(s.lm_head)),
+        params_(std::move(s.params)) {
+    const int64_t P = static_cast<int64_t>(params_.numel());
+    const int64_t H = cfg_.layers.hidden_size, V = cfg_.layers.vocab_size;
+    grads_ = Buffer(Device::CPU, DType::F32, {P});
+    m_ = Buffer(Device::CPU, DType::F32, {P});
+    v_ = Buffer(Device::CPU, DType::F32, {P});
+    grads_.zero();
+    m_.zero();
+    v_.zero();
+    w_ = bind_drafter_views(cfg_, params_.ptr<float>());
+    g_ = bind_drafter_views(cfg_, grads_.ptr<float>());
+    net_ = std::make_unique<DrafterNet>(cfg_, ctx_, s.max_tokens, s.max_anchors);
+    const int64_t max_rows = s.max_anchors * (cfg_.block_size - 1);
+    auto f = [&](int64_t rows, int64_t cols) { return Buffer(Device::CPU, DType::F32, {rows, cols}); };
+    h_rows_ = f(max_rows, H);
+    t_rows_ = f(max_rows, H);
+    dh_rows_ = f(max_rows, H);
+    labels_ = Buffer(Device::CPU, DType::I32, {max_rows});
+    row_w_ = Buffer(Device::CPU, DType::F32, {max_rows});
+    ce_ = Buffer(Device::CPU, DType::F32, {max_rows});
+    kl_ = Buffer(Device::CPU, DType::F32, {max_rows});
+    am_q_ = Buffer(Device::CPU, DType::I32, {max_rows});
+    am_p_ = Buffer(Device::CPU, DType::I32, {max_rows});
+    workspace_ = Buffer(Device::CPU, DType::F32,
+                        {static_cast<int64_t>(ops::lm_loss_workspace_floats(chunk_rows_, V, true))});
+  }
+
+  DType feature_dtype() const override { return DType::F32; }
+
+  EngineRows forward(const EngineBatch& b, bool with_grad) override {
+    const FeatureBatch& fb = *b.fb;
+    const LossRows& rows = *b.rows;
+    const int64_t H = cfg_.layers.hidden_size, R = static_cast<int64_t>(rows.size());
+    const bool have_teacher = !fb.final_norm.empty(), kl_loss = objective_ == ops::LossObjective::KL;
+    if (with_grad) grads_.zero();
+    in_ = *b.in;
+    in_.features = fb.features;
+    in_.noise_std = b.noise_std;
+    Tensor hf = net_->forward(w_, embed_.t(), in_, b.noise_rng);
+    gather_rows(h_rows_.ptr<float>(), hf.ptr<float>(), rows.block_row, H);
+    if (have_teacher) gather_rows(t_rows_.ptr<float>(), fb.final_norm.ptr<float>(), rows.teacher_at, H);
+    std::memcpy(labels_.ptr<int32_t>(), rows.label.data(), sizeof(int32_t) * static_cast<size_t>(R));
+    double wsum = 0;
+    for (float x : rows.weight) wsum += x;
+    float* rw = row_w_.ptr<float>();
+    for (int64_t r = 0; r < R; ++r) rw[r] = static_cast<float>(rows.weight[r] / wsum);
+    const Tensor h = rows_view(h_rows_, R), teacher = have_teacher ? rows_view(t_rows_, R) : Tensor();
+    ops::LmLossRowsOut lo;
+    lo.ce = rows_view(ce_, R);
+    lo.kl = kl_loss ? rows_view(kl_, R) : Tensor();
+    lo.argmax_q = rows_view(am_q_, R);
+    lo.argmax_p = have_teacher ? rows_view(am_p_, R) : Tensor();
+    ops::lm_loss_forward(ctx_, lo, h, lm_head_.t(), rows_view(labels_, R), teacher, workspace_.t(), chunk_rows_,
+                         with_grad ? rows_view(dh_rows_, R) : Tensor(), with_grad ? rows_view(row_w_, R) : Tensor(),
+                         objective_);
+    if (with_grad) backward_from_rows(rows);
+    EngineRows out;
+    out.loss = kl_loss ? kl_.ptr<float>() : ce_.ptr<float>();
+    out.ce = ce_.ptr<float>();
+    out.argmax_q = am_q_.ptr<int32_t>();
+    out.argmax_p = have_teacher ? am_p_.ptr<int32_t>() : nullptr;
+    return out;
+  }
+
+  void backward(const EngineBatch& b, const std::vector<float>& weight) override {
+    const LossRows& rows = *b.rows;
+    const int64_t R = static_cast<int64_t>(rows.size());
+    DF_CHECK(weight.size() == rows.size(), Internal, "drafter engine: " << weight.size() << " weights for " << R << " rows");
+    grads_.zero();
+    std::memcpy(row_w_.ptr<float>(), weight.data(), sizeof(float) * weight.size());
+    const Tensor teacher = b.fb->final_norm.empty() ? Tensor() : rows_view(t_rows_, R);
+    ops::lm_loss_backward(ctx_, rows_view(dh_rows_, R), rows_view(row_w_, R), objective_, rows_view(h_rows_, R),
+                          lm_head_.t(), rows_view(labels_, R), teacher, workspace_.t(), chunk_rows_);
+    backward_from_rows(rows);
+  }
+
+  void zero_grads() override { grads_.zero(); }
+  Tensor grads() override { return grads_.t(); }
+  void scale_grads(float s) override { ops::scale_inplace(ctx_, grads_.t(), s); }
+
+  double optimizer_step(const ops::AdamWHyper& hyper, int64_t step, float clip) override {
+    const double norm = ops::clip_grad_global_norm(ctx_, grads_.t(), clip);
+    check_grad_norm(norm, step - 1);
+    ops::adamw_step(ctx_, params_.t(), grads_.t(), m_.t(), v_.t(), hyper, step);
+    return norm;
+  }
+
+  Tensor master_weights() override { return params_.t(); }
+  Tensor adam_m() override { return m_.t(); }
+  Tensor adam_v() override { return v_.t(); }
+  void state_loaded() override {}  // the views are the live buffers
+
+ private:
+  // The row gradients dh_rows scattered into the block stream, then the drafter backward.
+  void backward_from_rows(const LossRows& rows) {
+    const int64_t H = cfg_.layers.hidden_size, R = static_cast<int64_t>(rows.size());
+    Tensor d_out = net_->d_out_buffer(static_cast<int64_t>(in_.anchors.size()) * cfg_.block_size);
+    std::memset(d_out.data, 0, d_out.nbytes());
+    float* dpo = d_out.ptr<float>();
+    const float* dhr = dh_rows_.ptr<float>();
+    for (int64_t r = 0; r < R; ++r)
+      std::memcpy(dpo + static_cast<size_t>(rows.block_row[r]) * H, dhr + r * H, sizeof(float) * static_cast<size_t>(H));
+    net_->backward(w_, g_, d_out);
+  }
+
+  Ctx ctx_;
+  DrafterConfig cfg_;
+  ops::LossObjective objective_;
+  int64_t chunk_rows_;
+  Buffer embed_, lm_head_;       // [V, H] frozen
+  Buffer params_, grads_, m_, v_;  // [P] flat
+  DrafterViews w_, g_;
+  std::unique_ptr<DrafterNet> net_;
+  DrafterStepInput in_;
+  // loss buffers [max_rows, ...]
+  Buffer h_rows_, t_rows_, dh_rows_, labels_, row_w_, ce_, kl_, am_q_, am_p_, workspace_;
+};
+
+}  // namespace
+
+std::unique_ptr<TrainerEngine> make_cpu_trainer_engine(EngineSetup setup) {
+  return std::make_unique<CpuEngine>(std::move(setup));
+}
+
+}  // namespace dflash::train
