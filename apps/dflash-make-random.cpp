@@ -1,0 +1,375 @@
+// dflash-make-random: writes a random-weight Qwen3 target at a real model's shape (HF layout: config.json +
+// BF16 safetensors shards + index) and a dataset of uniform random tokens, for benchmarks: the numbers a
+// model of that shape costs, not anything learnable.
+//
+//   dflash-make-random OUTDIR --preset qwen3-8b|qwen3-0.6b|tiny [--hidden H --layers L --heads N
+//                      --kv-heads N --head-dim D --intermediate I --vocab V] [--seed S] [--records R]
+//                      [--min-len A] [--max-len B] [--shard-gb 4] [--threads N]
+//   -> OUTDIR/target/{config.json, model-0000i-of-0000n.safetensors, model.safetensors.index.json}
+//      OUTDIR/data.h5
+//
+// Weights are BF16, written straight from a counter-based generator (splitmix64 of the element index, so
+// threads fill disjoint ranges and the bytes do not depend on --threads); memory is one shard of BF16
+// (--shard-gb) at a time, so the 8B shape needs ~4 GB of RAM. Scales follow dflash-make-tiny (uniform
+// instead of Gaussian, same std): embeddings 1, projections 1/sqrt(fan_in), o_proj 0.3x and down_proj
+// 0.5x of that, norms 1 +- 0.1 (model.norm included).
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "dflash/data.h"
+#include "dflash/error.h"
+#include "dflash/safetensors.h"
+#include "dflash/tensor.h"
+
+using namespace dflash;
+
+namespace {
+
+const char* kUsage =
+    "usage: dflash-make-random OUTDIR --preset qwen3-8b|qwen3-0.6b|tiny\n"
+    "         [--hidden H] [--layers L] [--heads N] [--kv-heads N] [--head-dim D] [--intermediate I] [--vocab V]\n"
+    "         [--seed S] [--records R (2000)] [--min-len A (512)] [--max-len B (4096)] [--shard-gb G (4)]\n"
+    "         [--threads N (all cores)]\n"
+    "  Writes OUTDIR/target (random BF16 Qwen3 checkpoint at the preset's shape; explicit shape flags override\n"
+    "  the preset) and OUTDIR/data.h5 (R records of uniform random tokens, lengths uniform in [A, B],\n"
+    "  loss_mask 0 on the first 16 tokens of each record).\n"
+    "  presets: qwen3-8b   vocab 151936, hidden 4096, 36 layers, 32/8 heads x 128, intermediate 12288, untied\n"
+    "           qwen3-0.6b vocab 151936, hidden 1024, 28 layers, 16/8 heads x 128, intermediate 3072, tied\n"
+    "           tiny       vocab 512, hidden 64, 4 layers, 4/2 heads x 32, intermediate 192, untied\n";
+
+constexpr int kPromptTokens = 16;  // loss_mask 0 at the start of every record
+
+struct Spec {
+  std::string preset;
+  uint64_t seed = 1;
+  int vocab = 0, hidden = 0, layers = 0, heads = 0, kv_heads = 0, head_dim = 0, intermediate = 0;
+  int max_position_embeddings = 40960;
+  double rope_theta = 1000000.0, rms_norm_eps = 1e-6;
+  bool tied = false;
+  int records = 2000, min_len = 512, max_len = 4096;
+  double shard_gb = 4;
+  int threads = 0;
+};
+
+void apply_preset(Spec& s) {
+  if (s.preset == "qwen3-8b") {
+    s.vocab = 151936, s.hidden = 4096, s.layers = 36, s.heads = 32, s.kv_heads = 8, s.head_dim = 128;
+    s.intermediate = 12288, s.max_position_embeddings = 40960, s.tied = false;
+  } else if (s.preset == "qwen3-0.6b") {
+    s.vocab = 151936, s.hidden = 1024, s.layers = 28, s.heads = 16, s.kv_heads = 8, s.head_dim = 128;
+    s.intermediate = 3072, s.max_position_embeddings = 40960, s.tied = true;
+  } else if (s.preset == "tiny") {  // dflash-make-tiny's defaults
+    s.vocab = 512, s.hidden = 64, s.layers = 4, s.heads = 4, s.kv_heads = 2, s.head_dim = 32;
+    s.intermediate = 192, s.max_position_embeddings = 4096, s.tied = false;
+  } else {
+    DF_FAIL(BadOptions, "--preset must be qwen3-8b, qwen3-0.6b or tiny, got '" << s.preset << "'", kUsage);
+  }
+}
+
+// ---- the generator -----------------------------------------------------------------------------------
+
+inline uint64_t splitmix64(uint64_t x) {
+  uint64_t z = x + 0x9E3779B97F4A7C15ull;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+// Round to nearest even; the values here are finite and small.
+inline uint16_t to_bf16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  u += 0x7FFFu + ((u >> 16) & 1u);
+  return static_cast<uint16_t>(u >> 16);
+}
+
+// A sequential generator for the dataset (same bytes for a seed on every machine).
+struct Rng {
+  uint64_t s;
+  explicit Rng(uint64_t seed) : s(splitmix64(seed ^ 0xDA7A5EEDull)) {}
+  uint64_t next() { return splitmix64(s += 0x9E3779B97F4A7C15ull); }
+  int below(int n) { return static_cast<int>(((next() >> 32) * static_cast<uint64_t>(n)) >> 32); }
+};
+
+// One tensor of the checkpoint: element i = center + half_width * u(key, i), u uniform in [-1, 1).
+struct WeightSpec {
+  std::string name;
+  std::vector<int64_t> shape;
+  double center = 0, half_width = 0;
+  uint64_t key = 0;
+  uint64_t numel() const {
+    uint64_t n = 1;
+    for (int64_t d : shape) n *= static_cast<uint64_t>(d);
+    return n;
+  }
+};
+
+void fill(const WeightSpec& w, uint64_t from, uint64_t to, uint16_t* dst) {
+  const float c = static_cast<float>(w.center), a = static_cast<float>(w.half_width);
+  for (uint64_t i = from; i < to; ++i) {
+    const uint64_t r = splitmix64(w.key + i * 0x9E3779B97F4A7C15ull);
+    const float u = static_cast<float>(static_cast<int32_t>(r >> 32)) * (1.0f / 2147483648.0f);  // [-1, 1)
+    dst[i - from] = to_bf16(c + a * u);
+  }
+}
+
+std::vector<WeightSpec> make_weight_specs(const Spec& s) {
+  const int64_t V = s.vocab, H = s.hidden, I = s.intermediate;
+  const int64_t qd = int64_t(s.heads) * s.head_dim, kvd = int64_t(s.kv_heads) * s.head_dim;
+  const double in_h = 1.0 / std::sqrt(double(H)), in_q = 1.0 / std::sqrt(double(qd)), in_i = 1.0 / std::sqrt(double(I));
+  const double sqrt3 = std::sqrt(3.0);  // uniform [-a, a] has std a / sqrt(3)
+  std::vector<WeightSpec> w;
+  auto dense = [&](const std::string& name, std::vector<int64_t> shape, double std) {
+    w.push_back(WeightSpec{name, std::move(shape), 0.0, std * sqrt3, 0});
+  };
+  auto norm = [&](const std::string& name, int64_t n) { w.push_back(WeightSpec{name, {n}, 1.0, 0.1 * sqrt3, 0}); };
+  dense("model.embed_tokens.weight", {V, H}, 1.0);
+  for (int l = 0; l < s.layers; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    norm(p + "input_layernorm.weight", H);
+    dense(p + "self_attn.q_proj.weight", {qd, H}, in_h);
+    dense(p + "self_attn.k_proj.weight", {kvd, H}, in_h);
+    dense(p + "self_attn.v_proj.weight", {kvd, H}, in_h);
+    dense(p + "self_attn.o_proj.weight", {H, qd}, 0.3 * in_q);
+    norm(p + "self_attn.q_norm.weight", s.head_dim);
+    norm(p + "self_attn.k_norm.weight", s.head_dim);
+    norm(p + "post_attention_layernorm.weight", H);
+    dense(p + "mlp.gate_proj.weight", {I, H}, in_h);
+    dense(p + "mlp.up_proj.weight", {I, H}, in_h);
+    dense(p + "mlp.down_proj.weight", {H, I}, 0.5 * in_i);
+  }
+  norm("model.norm.weight", H);
+  if (!s.tied) dense("lm_head.weight", {V, H}, in_h);
+  for (size_t i = 0; i < w.size(); ++i) w[i].key = splitmix64(splitmix64(s.seed) ^ (0xC0FFEEull + i));
+  return w;
+}
+
+// Same fields as dflash-make-tiny's make_config.
+nlohmann::ordered_json make_config(const Spec& s) {
+  nlohmann::ordered_json c;
+  c["architectures"] = {"Qwen3ForCausalLM"};
+  c["model_type"] = "qwen3";
+  c["attention_bias"] = false;
+  c["attention_dropout"] = 0.0;
+  c["hidden_act"] = "silu";
+  c["vocab_size"] = s.vocab;
+  c["hidden_size"] = s.hidden;
+  c["intermediate_size"] = s.intermediate;
+  c["num_hidden_layers"] = s.layers;
+  c["num_attention_heads"] = s.heads;
+  c["num_key_value_heads"] = s.kv_heads;
+  c["head_dim"] = s.head_dim;
+  c["max_position_embeddings"] = s.max_position_embeddings;
+  c["rms_norm_eps"] = s.rms_norm_eps;
+  c["rope_theta"] = s.rope_theta;
+  c["tie_word_embeddings"] = s.tied;
+  c["use_sliding_window"] = false;
+  c["sliding_window"] = nullptr;
+  c["layer_types"] = std::vector<std::string>(static_cast<size_t>(s.layers), "full_attention");
+  c["torch_dtype"] = "bfloat16";
+  c["dflash_random"] = {{"seed", s.seed}, {"preset", s.preset}, {"generator", "dflash-make-random"}};
+  return c;
+}
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// Writes the shards one at a time: fill one BF16 buffer (all threads over the shard's elements), write it.
+uint64_t write_target(const std::string& dir, const Spec& s, std::chrono::steady_clock::time_point t0) {
+  write_file_atomic(dir + "/config.json", make_config(s).dump(2) + "\n");
+  const std::vector<WeightSpec> w = make_weight_specs(s);
+  uint64_t total_bytes = 0;
+  for (const WeightSpec& t : w) total_bytes += t.numel() * 2;
+
+  // Greedy shards of at most shard_bytes (a tensor larger than that gets a shard of its own).
+  const uint64_t shard_bytes = static_cast<uint64_t>(std::max(1.0, s.shard_gb * 1e9));
+  std::vector<std::pair<size_t, size_t>> shards;  // [begin, end) into w
+  uint64_t max_shard = 0;
+  for (size_t i = 0, cur = 0; i < w.size(); ++i) {
+    const uint64_t b = w[i].numel() * 2;
+    if (shards.empty() || (cur > 0 && cur + b > shard_bytes)) {
+      shards.push_back({i, i});
+      cur = 0;
+    }
+    shards.back().second = i + 1;
+    cur += b;
+    max_shard = std::max<uint64_t>(max_shard, cur);
+  }
+
+  struct statvfs fs {};
+  if (::statvfs(dir.c_str(), &fs) == 0) {
+    const uint64_t free_bytes = static_cast<uint64_t>(fs.f_bavail) * fs.f_frsize;
+    DF_CHECK_HINT(free_bytes >= total_bytes, SystemFailure,
+                  dir << ": " << free_bytes / 1e9 << " GB free, the checkpoint needs " << total_bytes / 1e9 << " GB",
+                  "free disk space or write somewhere else");
+  }
+  std::printf("dflash-make-random: %zu tensors, %.2f GB of BF16 in %zu shards (largest %.2f GB, held in RAM), "
+              "%d threads\n",
+              w.size(), total_bytes / 1e9, shards.size(), max_shard / 1e9, s.threads);
+  std::fflush(stdout);
+
+  // Not value-initialised: the fill threads touch (and fault in) the pages in parallel.
+  std::unique_ptr<uint16_t[]> buf(new uint16_t[static_cast<size_t>(max_shard / 2)]);
+  nlohmann::ordered_json weight_map = nlohmann::ordered_json::object();
+  uint64_t written = 0;
+  for (size_t k = 0; k < shards.size(); ++k) {
+    char name[64];
+    std::snprintf(name, sizeof(name), "model-%05zu-of-%05zu.safetensors", k + 1, shards.size());
+    const auto [b, e] = shards[k];
+    std::vector<uint64_t> start(e - b + 1, 0);  // element offset of each tensor in the shard
+    for (size_t i = b; i < e; ++i) start[i - b + 1] = start[i - b] + w[i].numel();
+    const uint64_t n = start.back();
+    const auto tf = std::chrono::steady_clock::now();
+    std::vector<std::thread> pool;
+    for (int t = 0; t < s.threads; ++t) {
+      pool.emplace_back([&, t] {
+        const uint64_t lo = n * t / s.threads, hi = n * (t + 1) / s.threads;
+        for (size_t i = b; i < e; ++i) {
+          const uint64_t ts = start[i - b], te = start[i - b + 1];
+          const uint64_t f = std::max(lo, ts), g = std::min(hi, te);
+          if (f < g) fill(w[i], f - ts, g - ts, buf.get() + f);
+        }
+      });
+    }
+    for (std::thread& th : pool) th.join();
+    const double fill_s = seconds_since(tf);
+    std::vector<TensorToWrite> part;
+    for (size_t i = b; i < e; ++i) {
+      part.push_back(TensorToWrite{w[i].name, DType::BF16, w[i].shape, nullptr, buf.get() + start[i - b]});
+      weight_map[w[i].name] = name;
+    }
+    const auto tw = std::chrono::steady_clock::now();
+    write_safetensors(dir + "/" + name, part, {{"format", "pt"}});
+    written += n * 2;
+    std::printf("  %s: tensors %zu/%zu, %.2f/%.2f GB written (fill %.1f s, write %.1f s; %.1f s total)\n", name, e,
+                w.size(), written / 1e9, total_bytes / 1e9, fill_s, seconds_since(tw), seconds_since(t0));
+    std::fflush(stdout);
+  }
+  nlohmann::ordered_json index;
+  index["metadata"] = {{"total_size", total_bytes}};
+  index["weight_map"] = weight_map;
+  write_file_atomic(dir + "/model.safetensors.index.json", index.dump(2) + "\n");
+  return total_bytes;
+}
+
+TokenRecords make_records(const Spec& s) {
+  Rng rng(s.seed);
+  TokenRecords rec;
+  std::vector<int32_t> ids;
+  std::vector<uint8_t> mask;
+  for (int r = 0; r < s.records; ++r) {
+    const int len = s.min_len + rng.below(s.max_len - s.min_len + 1);
+    ids.resize(static_cast<size_t>(len));
+    for (int32_t& t : ids) t = rng.below(s.vocab);
+    mask.assign(static_cast<size_t>(len), 1);
+    std::fill(mask.begin(), mask.begin() + std::min(len, kPromptTokens), uint8_t{0});
+    rec.add(ids, mask);
+  }
+  return rec;
+}
+
+void make_dir(const std::string& d) {
+  DF_CHECK_HINT(::mkdir(d.c_str(), 0755) == 0 || errno == EEXIST, SystemFailure, "cannot create directory " << d,
+                "check that the parent directory exists and is writable");
+}
+
+long parse_int(const std::string& flag, const std::string& v, long lo, long hi) {
+  char* end = nullptr;
+  errno = 0;
+  long n = std::strtol(v.c_str(), &end, 10);
+  DF_CHECK_HINT(end && *end == '\0' && !v.empty() && errno == 0 && n >= lo && n <= hi, BadOptions,
+                flag << ": '" << v << "' is not an integer in [" << lo << ", " << hi << "]", kUsage);
+  return n;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  process_identity().role = "tool";
+  Spec s;
+  std::string out;
+  std::vector<std::pair<std::string, std::string>> flags;  // applied after the preset, in order
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--help" || a == "-h") {
+      std::fputs(kUsage, stdout);
+      return 0;
+    }
+    if (a.rfind("--", 0) != 0) {
+      DF_CHECK_HINT(out.empty(), BadOptions, "unexpected argument " << a, kUsage);
+      out = a;
+      continue;
+    }
+    DF_CHECK_HINT(i + 1 < argc, BadOptions, a << " needs a value", kUsage);
+    const std::string v = argv[++i];
+    if (a == "--preset") {
+      DF_CHECK_HINT(s.preset.empty(), BadOptions, "--preset given twice", kUsage);
+      s.preset = v;
+    } else {
+      flags.emplace_back(a, v);
+    }
+  }
+  DF_CHECK_HINT(!out.empty(), BadOptions, "missing OUTDIR", kUsage);
+  DF_CHECK_HINT(!s.preset.empty(), BadOptions, "missing --preset", kUsage);
+  apply_preset(s);
+  for (const auto& [a, v] : flags) {
+    if (a == "--seed") s.seed = static_cast<uint64_t>(parse_int(a, v, 0, 1L << 62));
+    else if (a == "--vocab") s.vocab = static_cast<int>(parse_int(a, v, 16, 1 << 22));
+    else if (a == "--hidden") s.hidden = static_cast<int>(parse_int(a, v, 8, 1 << 16));
+    else if (a == "--layers") s.layers = static_cast<int>(parse_int(a, v, 1, 512));
+    else if (a == "--heads") s.heads = static_cast<int>(parse_int(a, v, 1, 1024));
+    else if (a == "--kv-heads") s.kv_heads = static_cast<int>(parse_int(a, v, 1, 1024));
+    else if (a == "--head-dim") s.head_dim = static_cast<int>(parse_int(a, v, 2, 1024));
+    else if (a == "--intermediate") s.intermediate = static_cast<int>(parse_int(a, v, 1, 1 << 18));
+    else if (a == "--records") s.records = static_cast<int>(parse_int(a, v, 1, 1 << 24));
+    else if (a == "--min-len") s.min_len = static_cast<int>(parse_int(a, v, kPromptTokens + 1, 1 << 22));
+    else if (a == "--max-len") s.max_len = static_cast<int>(parse_int(a, v, kPromptTokens + 1, 1 << 22));
+    else if (a == "--threads") s.threads = static_cast<int>(parse_int(a, v, 1, 4096));
+    else if (a == "--shard-gb") {
+      char* end = nullptr;
+      s.shard_gb = std::strtod(v.c_str(), &end);
+      DF_CHECK_HINT(end && *end == '\0' && !v.empty() && s.shard_gb >= 0.001 && s.shard_gb <= 1000, BadOptions,
+                    "--shard-gb: '" << v << "' is not a number in [0.001, 1000]", kUsage);
+    } else {
+      DF_FAIL(BadOptions, "unknown option " << a, kUsage);
+    }
+  }
+  if (s.threads == 0) s.threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  DF_CHECK_HINT(s.heads % s.kv_heads == 0, BadOptions,
+                "--heads " << s.heads << " must be a multiple of --kv-heads " << s.kv_heads, kUsage);
+  DF_CHECK_HINT(s.head_dim % 2 == 0, BadOptions, "--head-dim must be even (RoPE rotates pairs)", kUsage);
+  DF_CHECK_HINT(s.min_len <= s.max_len, BadOptions,
+                "--min-len " << s.min_len << " must be <= --max-len " << s.max_len, kUsage);
+  DF_CHECK_HINT(static_cast<double>(s.records) * s.max_len < 2e9, BadOptions,
+                "--records x --max-len must stay below 2e9 tokens (the dataset is built in memory)", kUsage);
+
+  const auto t0 = std::chrono::steady_clock::now();
+  make_dir(out);
+  make_dir(out + "/target");
+  const uint64_t bytes = write_target(out + "/target", s, t0);
+  const double target_s = seconds_since(t0);
+  const TokenRecords rec = make_records(s);
+  write_token_dataset(out + "/data.h5", rec, s.vocab, "dflash-random-" + std::to_string(s.seed));
+  std::printf("dflash-make-random: %s/target (%s: vocab %d, hidden %d, %d layers, %d/%d heads x %d, intermediate %d, "
+              "%s; %.2f GB in %.1f s) and %s/data.h5 (%zu records, %lld tokens) in %.1f s total\n",
+              out.c_str(), s.preset.c_str(), s.vocab, s.hidden, s.layers, s.heads, s.kv_heads, s.head_dim,
+              s.intermediate, s.tied ? "tied" : "untied", bytes / 1e9, target_s, out.c_str(), rec.num_records(),
+              static_cast<long long>(rec.num_tokens()), seconds_since(t0));
+  return 0;
+}
