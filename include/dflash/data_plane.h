@@ -45,6 +45,10 @@ class DataPlane {
   virtual void post_send(int buf, const Ctx& producer, int drafter, int slot) = 0;
   // Drives the send; true once `buf` may be written again.
   virtual bool send_done(int buf) = 0;
+
+  // A batch is moving (a send under way, or a receive whose header has arrived): the owner's progress
+  // loop should poll without sleeping, since host MPI moves a large message only inside MPI calls.
+  virtual bool transfers_in_flight() const = 0;
 };
 
 struct DataPlaneSpec {

@@ -51,6 +51,7 @@ class HostDataPlane final : public DataPlane {
     State state = State::Idle;
     int peer = -1;
     int tag = 0;
+    bool header_in = false;  // receive: the header arrived, the bulk is on its way
   };
 
  public:
@@ -96,12 +97,17 @@ class HostDataPlane final : public DataPlane {
     e.req[kFinalNorm] = irecv_tensor(final_norm, sh.dtype, sh.final_norm ? b.final_norm.numel() : 0, sender,
                                      tag + kFinalNorm, comm_);
     e.peer = sender;
+    e.header_in = false;
     e.state = State::Transferring;
   }
 
   bool receive_done(int s) override {
     Entry& e = slots_.at(s);
     if (e.state == State::Transferring) {
+      if (!e.header_in) {
+        e.header_in = mpi::test(e.req[kHeader]);
+        if (!e.header_in) return false;
+      }
       int done = 0;
       std::array<MPI_Status, kParts> st;
       DF_MPI(MPI_Testall(kParts, e.req.data(), &done, st.data()));
@@ -120,6 +126,14 @@ class HostDataPlane final : public DataPlane {
     if (e.state != State::Uploading || !e.copied.done()) return false;
     e.state = State::Idle;
     return true;
+  }
+
+  bool transfers_in_flight() const override {
+    for (const Entry& e : slots_)
+      if ((e.state == State::Transferring && e.header_in) || e.state == State::Uploading) return true;
+    for (const Entry& e : sends_)
+      if (e.state != State::Idle) return true;
+    return false;
   }
 
   void cancel_receive(int s) override {

@@ -204,6 +204,28 @@ TopologySpec choose_topology_auto(const Options& o, MPI_Comm world, PowerSampler
     const int vocab = load_target_config(o.target_dir).text.vocab_size;
     m.remaining_tokens = static_cast<double>(TokenDataset(o.data_path, vocab).num_tokens()) * o.epochs;
   }
+  auto measured_line = [&] {
+    char head[400];
+    std::snprintf(head, sizeof(head),
+                  "[dflash] --topology auto: target %.4f s/batch, drafter %.4f s/batch (fwd+bwd+AdamW), gradient "
+                  "allreduce %.4f s x 2(D-1)/D, %.0f tokens/batch, %d node(s) x %d ranks\n",
+                  m.target_s_per_batch, m.drafter_s_per_batch, m.allreduce_coeff_s.value_or(0.0), m.tokens_per_batch,
+                  m.nodes, m.gpus_per_node);
+    std::string line = head;
+    if (m.power_target_w)
+      line += "[dflash] --topology auto: power (NVML, mean over ranks) idle " + std::to_string(static_cast<int>(*m.power_idle_w)) +
+              " W, target " + std::to_string(static_cast<int>(*m.power_target_w)) + " W, drafter " +
+              std::to_string(static_cast<int>(*m.power_drafter_w)) + " W\n";
+    return line;
+  };
+  if (per_node < 2) {  // --measure-only on one rank per node: the roles' numbers, no split to predict
+    if (rank == 0) {
+      std::fputs((measured_line() + "[dflash] --measure-only: one rank per node, so no split to predict\n").c_str(), stdout);
+      std::fflush(stdout);
+    }
+    if (record_json) *record_json = "{}";
+    return TopologySpec{};
+  }
   const std::vector<SplitPrediction> preds = predict_all_splits(m);
   const bool power_known = preds.front().power_w.has_value();
   std::optional<double> budget;
@@ -231,13 +253,7 @@ TopologySpec choose_topology_auto(const Options& o, MPI_Comm world, PowerSampler
   rec["note"] = note;
   if (record_json) *record_json = rec.dump();
   if (rank == 0) {
-    char head[400];
-    std::snprintf(head, sizeof(head),
-                  "[dflash] --topology auto: target %.4f s/batch, drafter %.4f s/batch (fwd+bwd+AdamW), gradient "
-                  "allreduce %.4f s x 2(D-1)/D, %.0f tokens/batch, %d node(s) x %d ranks\n",
-                  m.target_s_per_batch, m.drafter_s_per_batch, m.allreduce_coeff_s.value_or(0.0), m.tokens_per_batch,
-                  m.nodes, m.gpus_per_node);
-    std::string out = head + format_whatif_table(preds, spec.to_string());
+    std::string out = measured_line() + format_whatif_table(preds, spec.to_string());
     out += "[dflash] --topology auto chose " + spec.to_string() + " (predicted " +
            std::to_string(best->batches_per_s).substr(0, 6) + " b/s, " + split_limit_name(best->limit) + "-bound)" +
            (note.empty() ? "" : "; " + note) + "\n";

@@ -216,6 +216,7 @@ bool DrafterEndpoint::wait_for_batch() {
     if (!ready_.empty()) return true;
     // Fixed order: dry once this drafter's sequence has ended (targets it never hears from may run on).
     if (fixed_ ? !fixed_->expected().has_value() : all_targets_done()) return false;
+    if (plane_->transfers_in_flight()) backoff.reset();  // poll without sleeping while a batch moves
     backoff.idle();
   }
 }

@@ -115,9 +115,11 @@ void choose_backend_parts(JobContext& job) {
   if (topo.role == Role::Drafter) {
     job.grad_reduce = choose_grad_reducer(topo.drafter_comm, job.ctx, topo.host.c_str(), topo.gpu);
     if (topo.is_metrics_writer()) {
-      std::printf("[dflash] hidden states: %s plane, %s on the wire; gradients: %s over %zu drafter(s)\n",
-                  data_plane_name(job.data_plane), dtype_name(job.slot_shape.dtype), grad_reduce_name(job.grad_reduce),
-                  topo.drafters.size());
+      const std::string grads = topo.drafters.size() > 1 ? std::string(grad_reduce_name(job.grad_reduce)) + " allreduce over " +
+                                                                  std::to_string(topo.drafters.size()) + " drafters"
+                                                            : std::string("one drafter, no allreduce");
+      std::printf("[dflash] hidden states: %s plane, %s on the wire; gradients: %s\n", data_plane_name(job.data_plane),
+                  dtype_name(job.slot_shape.dtype), grads.c_str());
       std::fflush(stdout);
     }
   }

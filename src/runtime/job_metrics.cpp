@@ -1,5 +1,9 @@
 #include "job_metrics.h"
 
+#include <set>
+#include <string>
+#include <utility>
+
 #include <cstdio>
 #include <filesystem>
 #include <nlohmann/json.hpp>
@@ -219,7 +223,16 @@ void MetricsHub::report(const DrafterReport& mine, const std::vector<TargetRepor
     in.tokens_per_s = drafter_tokens / rate_s;
     in.q_pre = q_pre;
     in.q_hs = q_hs;
-    if (gpu_row) in.power_w = gpu_row->total_power_w;
+    if (gpu_row) {
+      // Ranks that share a GPU read the same device: count each (host, GPU) once.
+      double total = 0;
+      std::set<std::pair<std::string, int>> seen;
+      for (size_t i = 0; i < gpu_ranks_.size(); ++i) {
+        const RankCard& c = job_.cards[static_cast<size_t>(gpu_ranks_[i])];
+        if (seen.insert({std::string(c.host), c.gpu}).second) total += gpu_row->power_w[i];
+      }
+      in.power_w = total;
+    }
     in.epoch = epoch;
     const Options& o = job_.opt;
     const double train_s = std::max(now - train_start_s_, 1e-9);

@@ -189,6 +189,7 @@ class TargetRank {
       if (deadline.expired())
         fatal(ExitCode::LostPeer, why() + " (waited " + std::to_string(static_cast<int>(deadline.elapsed())) + " s)",
               "a drafter rank died or hangs; see its own error above, or raise --peer-timeout if it is just slow");
+      if (plane_ && plane_->transfers_in_flight()) backoff.reset();  // poll without sleeping while a batch moves
       backoff.idle();
     }
   }

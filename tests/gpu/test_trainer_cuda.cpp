@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -46,15 +47,16 @@ const GoldenCase& golden() {
     GoldenCase g;
     g.in = train::load_golden_inputs(dir);
     g.T = g.in.batch.num_tokens();
-    TargetModel target(g.in.target_dir, cpu_ctx(), g.in.layer_ids, g.T);
-    g.K = static_cast<int64_t>(target.capture_layers().size());
-    g.H = target.config().hidden_size;
+    const std::unique_ptr<TargetModel> target =
+        make_target_model(load_target_config(g.in.target_dir), g.in.target_dir, cpu_ctx(), g.in.layer_ids, g.T);
+    g.K = static_cast<int64_t>(target->capture_layers().size());
+    g.H = target->config().hidden_size;
     g.features.assign(static_cast<size_t>(g.K * g.T * g.H), NAN);
     g.final_norm.assign(static_cast<size_t>(g.T * g.H), NAN);
     CaptureOut out;
     out.features = cpu_view(g.features.data(), {g.K, g.T, g.H});
     out.final_norm = cpu_view(g.final_norm.data(), {g.T, g.H});
-    target.forward(g.in.batch, out);
+    target->forward(g.in.batch, out);
     return g;
   }();
   return c;
@@ -100,8 +102,11 @@ TEST(TrainerCuda, CpuAndCudaTrackOverTwentySteps) {
     DrafterTrainer gpu_tr(c.in.target_dir, c.in.drafter_dir, 0, opt, g, c.T);
     EXPECT_EQ(cpu.weights_checksum(), gpu_tr.weights_checksum()) << "the same initial weights";
     EXPECT_EQ(gpu_tr.grads().device, Device::CUDA);
-    const double eval0_cpu = cpu.evaluate(fb.cpu, c.in.anchors).loss;
-    const double eval0_gpu = gpu_tr.evaluate(fb.cuda, c.in.anchors).loss;
+    // Evaluated on the case's first max_anchors anchors (a batch never carries more).
+    const std::vector<int64_t> probe(c.in.anchors.begin(),
+                                     c.in.anchors.begin() + std::min<size_t>(c.in.anchors.size(), opt.max_anchors));
+    const double eval0_cpu = cpu.evaluate(fb.cpu, probe).loss;
+    const double eval0_gpu = gpu_tr.evaluate(fb.cuda, probe).loss;
     EXPECT_NEAR(eval0_gpu, eval0_cpu, 1e-2 * eval0_cpu);
     for (int s = 0; s < 20; ++s) {
       const StepStats a = cpu.forward_backward(fb.cpu);
@@ -115,8 +120,8 @@ TEST(TrainerCuda, CpuAndCudaTrackOverTwentySteps) {
       EXPECT_NEAR(nb, na, 1e-1 * na) << "step " << s << ": pre-clip gradient norm";
       EXPECT_EQ(cpu.current_lr(), gpu_tr.current_lr());
     }
-    const double eval1_cpu = cpu.evaluate(fb.cpu, c.in.anchors).loss;
-    const double eval1_gpu = gpu_tr.evaluate(fb.cuda, c.in.anchors).loss;
+    const double eval1_cpu = cpu.evaluate(fb.cpu, probe).loss;
+    const double eval1_gpu = gpu_tr.evaluate(fb.cuda, probe).loss;
     EXPECT_LT(eval1_cpu, 0.95 * eval0_cpu) << "the CPU run did not learn: the comparison would be vacuous";
     EXPECT_LT(eval1_gpu, 0.95 * eval0_gpu);
     EXPECT_NEAR(eval1_gpu, eval1_cpu, 3e-2 * eval1_cpu);

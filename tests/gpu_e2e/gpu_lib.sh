@@ -7,3 +7,7 @@ if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L 2>/dev/null | grep
   exit 77
 fi
 export NCCL_NVLS_ENABLE=0
+# The GPU machine's python with h5py is the one on PATH (its /usr/bin/python3 has no h5py).
+for p in python3 /usr/bin/python3; do
+  if command -v "$p" >/dev/null && "$p" -c 'import h5py' 2>/dev/null; then PY=$(command -v "$p"); break; fi
+done

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# One device call that runs every GPU check of the GPU pipeline (GPU unit tests, the CUDA selftest, the
+# GPU end-to-end tests) from a carried build directory holding only the programs.
+# Usage (GPU machine, repository root): bench/pipeline/gpu_checks.sh BIN_DIR OUT_DIR
+set -uo pipefail
+B=$(cd "${1:?bin dir}" && pwd); OUT=${2:?out dir}
+mkdir -p "$OUT"
+export NCCL_NVLS_ENABLE=0 DFLASH_BIN="$B" DFLASH_SRC="$PWD" DFLASH_TEST_DATA="$PWD/tests/data"
+nvidia-smi --query-gpu=name,driver_version,memory.total,power.draw --format=csv
+rc=0
+step() {  # step NAME CMD...: runs it, keeps its log, records failures
+  local name=$1; shift
+  local t0=$SECONDS
+  "$@" >"$OUT/$name.log" 2>&1; local r=$?
+  printf '%-28s rc=%-3d %4ds\n' "$name" "$r" $((SECONDS - t0)) | tee -a "$OUT/summary.txt"
+  [ $r -eq 0 ] || { rc=1; tail -25 "$OUT/$name.log"; }
+}
+step gpu_unit "$B/dflash_gpu_tests" --gtest_brief=1
+step selftest_cuda "$B/dflash-selftest" tests/data/golden/qwen3-tiny-a --backend cuda
+for t in tests/gpu_e2e/test_*.sh; do step "$(basename "$t" .sh)" bash "$t"; done
+exit $rc
