@@ -158,6 +158,9 @@ class TargetRank {
   void forward_finished(int buf) {
     if (!forward_pending_[buf]) return;
     forward_pending_[buf] = false;
+    // A forward whose batch was never sent (the drafters stopped the run meanwhile) may still be running:
+    // it is this rank's own work, so waiting for it cannot hang on a peer.
+    if (!forward_timing_[buf][1].done()) synchronize(job_.ctx);
     report_.compute_s += Event::elapsed_ms(forward_timing_[buf][0], forward_timing_[buf][1]) / 1000.0;
     check_device_errors(job_.ctx);
   }
