@@ -48,7 +48,9 @@ class DataPlane {
 
   // A batch is moving (a send under way, or a receive whose header has arrived): the owner's progress
   // loop should poll without sleeping, since host MPI moves a large message only inside MPI calls.
-  virtual bool transfers_in_flight() const = 0;
+  // Drives the sends (so one that completed stops counting). A send counts from post_send until it
+  // completed, not until its buffer is next reused.
+  virtual bool transfers_in_flight() = 0;
 };
 
 struct DataPlaneSpec {

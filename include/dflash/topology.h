@@ -45,6 +45,8 @@ struct Topology {
   bool is_metrics_writer() const { return world_rank == metrics_rank(); }
   int target_index_of(int world_rank) const;   // role index of a target rank (-1 if not a target)
   int drafter_index_of(int world_rank) const;  // role index of a drafter rank (-1 if not a drafter)
+  int node_target_index_of(int world_rank) const;   // index in node_targets (fatal Internal if absent)
+  int node_drafter_index_of(int world_rank) const;  // index in node_drafters (fatal Internal if absent)
   // "drafter[1/2] world 7/8 host gpu1" (index within the role / count, world rank / size, host)
   std::string to_string() const;
 };

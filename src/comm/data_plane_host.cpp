@@ -128,12 +128,12 @@ class HostDataPlane final : public DataPlane {
     return true;
   }
 
-  bool transfers_in_flight() const override {
+  bool transfers_in_flight() override {
     for (const Entry& e : slots_)
       if ((e.state == State::Transferring && e.header_in) || e.state == State::Uploading) return true;
-    for (const Entry& e : sends_)
-      if (e.state != State::Idle) return true;
-    return false;
+    bool sending = false;
+    for (int b = 0; b < num_send_buffers(); ++b) sending = !send_done(b) || sending;
+    return sending;
   }
 
   void cancel_receive(int s) override {

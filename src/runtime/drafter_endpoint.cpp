@@ -29,21 +29,10 @@ void DrafterEndpoint::start() {
   for (int s = 0; s < plane_->num_slots(); ++s) grant(s);
 }
 
-int DrafterEndpoint::node_target_index(int rank) const {
-  for (size_t i = 0; i < topo_.node_targets.size(); ++i)
-    if (topo_.node_targets[i] == rank) return static_cast<int>(i);
-  DF_FAIL(Internal, "rank " << rank << " is not a target of this node", "");
-}
-
-int DrafterEndpoint::node_drafter_index() const {
-  const auto& nd = topo_.node_drafters;
-  return static_cast<int>(std::find(nd.begin(), nd.end(), topo_.world_rank) - nd.begin());
-}
-
 // --batch-order fixed: this drafter's sequence (flow_control.h), continuing a resumed run's.
 void DrafterEndpoint::init_fixed_order() {
   fixed_.emplace(static_cast<int>(topo_.node_targets.size()), static_cast<int>(topo_.node_drafters.size()),
-                 node_drafter_index());
+                 topo_.node_drafter_index_of(topo_.world_rank));
   if (job_.resume_dir.empty()) return;
   for (size_t i = 0; i < topo_.node_targets.size(); ++i) {
     const DataResumePoint p = target_resume_point(job_.resume_dir, topo_.target_index_of(topo_.node_targets[i]),
@@ -62,7 +51,7 @@ void DrafterEndpoint::promote_expected() {
   if (!e) return;
   for (size_t k = 0; k < arrived_.size(); ++k) {
     const BatchHeader& h = plane_->slot(arrived_[k]).header;
-    if (node_target_index(h.report.rank) != e->target || h.batch_index != e->batch) continue;
+    if (topo_.node_target_index_of(h.report.rank) != e->target || h.batch_index != e->batch) continue;
     ready_.push_back(arrived_[k]);
     arrived_.erase(arrived_.begin() + static_cast<long>(k));
     return;
@@ -87,7 +76,7 @@ void DrafterEndpoint::grant(int slot) {
   if (plane_->receive_posted(slot) && plane_->receive_sender(slot) != *to) plane_->cancel_receive(slot);
   if (!plane_->receive_posted(slot)) plane_->post_receive(slot, *to);
   // A target that held no credit had nothing to do: its silence is timed from now.
-  if (credits_held_by(*to) == 0) targets_[node_target_index(*to)].last_heard = mpi::Clock::now();
+  if (credits_held_by(*to) == 0) targets_[topo_.node_target_index_of(*to)].last_heard = mpi::Clock::now();
   ledger_.granted(*to);
   slot_owner_[slot] = *to;
   send_control(*to, ControlMsg{ControlKind::Credit, slot, 0});
@@ -125,7 +114,7 @@ void DrafterEndpoint::pump() {
     const BatchHeader& h = plane_->slot(s).header;
     const int from = h.report.rank;
     DF_CHECK(from == slot_owner_[s], Internal, "slot " << s << " filled by rank " << from << ", credited to " << slot_owner_[s]);
-    TargetState& t = targets_[node_target_index(from)];
+    TargetState& t = targets_[topo_.node_target_index_of(from)];
     t.received++;
     t.last_heard = mpi::Clock::now();
     const int ti = topo_.target_index_of(from);
@@ -133,7 +122,7 @@ void DrafterEndpoint::pump() {
     slot_full_[s] = true;
     if (fixed_)
       DF_CHECK(FixedBatchOrder::drafter_of(static_cast<int>(targets_.size()), static_cast<int>(topo_.node_drafters.size()),
-                                           node_target_index(from), h.batch_index) == node_drafter_index(),
+                                           topo_.node_target_index_of(from), h.batch_index) == topo_.node_drafter_index_of(topo_.world_rank),
                Internal, "batch " << h.batch_index << " of target rank " << from << " reached the wrong drafter under --batch-order fixed");
     if (draining_) release_drained(s);
     else arrived_.push_back(s);
@@ -143,7 +132,7 @@ void DrafterEndpoint::pump() {
     moved = false;
     for (size_t i = 0; i < arrived_.size(); ++i) {
       const BatchHeader& h = plane_->slot(arrived_[i]).header;
-      TargetState& t = targets_[node_target_index(h.report.rank)];
+      TargetState& t = targets_[topo_.node_target_index_of(h.report.rank)];
       if (h.seq != t.next_seq) continue;
       t.next_seq++;
       ready_.push_back(arrived_[i]);
@@ -155,9 +144,9 @@ void DrafterEndpoint::pump() {
   MPI_Status st;
   while (control_req_ != MPI_REQUEST_NULL && mpi::test(control_req_, &st)) {
     DF_CHECK(control_in_.kind == ControlKind::EndOfData, Internal, "drafter got control message " << static_cast<int>(control_in_.kind));
-    TargetState& t = targets_[node_target_index(st.MPI_SOURCE)];
+    TargetState& t = targets_[topo_.node_target_index_of(st.MPI_SOURCE)];
     t.announced = control_in_.value;
-    if (fixed_) fixed_->target_ended(node_target_index(st.MPI_SOURCE), control_in_.end_index);
+    if (fixed_) fixed_->target_ended(topo_.node_target_index_of(st.MPI_SOURCE), control_in_.end_index);
     t.last_heard = mpi::Clock::now();
     control_req_ = mpi::irecv(&control_in_, 1, MPI_ANY_SOURCE, kTagToDrafter, MPI_COMM_WORLD);
   }

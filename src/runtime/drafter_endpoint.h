@@ -54,8 +54,6 @@ class DrafterEndpoint {
 
   void init_fixed_order();
   void promote_expected();
-  int node_target_index(int rank) const;
-  int node_drafter_index() const;
   void grant(int slot);
   int credits_held_by(int rank) const;
   void send_control(int to, const ControlMsg& m);

@@ -136,9 +136,10 @@ int run_job(const Options& given) {
   // This rank's GPU through NVML, read once now: its idle draw, before any model (or --topology auto's
   // measurement) occupies it. On the CPU backend it reads nothing and says why.
   // The device index matches the one create_topology binds (local rank % visible devices).
-  const int visible = given.backend == Backend::CUDA ? std::max(1, cuda_device_count()) : 1;
-  const std::unique_ptr<PowerSampler> gpu_sampler =
-      PowerSampler::for_rank(given.backend, node_local_rank(MPI_COMM_WORLD) % visible);
+  // (On the CPU backend the index only matters to the NVML test hook, which maps local rank i to device i.)
+  const int local_rank = node_local_rank(MPI_COMM_WORLD);
+  const std::unique_ptr<PowerSampler> gpu_sampler = PowerSampler::for_rank(
+      given.backend, given.backend == Backend::CUDA ? local_rank % std::max(1, cuda_device_count()) : local_rank);
   const GpuReading startup_gpu = gpu_sampler->sample();
   Options o = given;  // --topology auto: measured and chosen here, before any role exists
   if (o.topology_auto) o.topology = choose_topology_auto(given, MPI_COMM_WORLD, gpu_sampler.get(), &o.auto_topology_record);

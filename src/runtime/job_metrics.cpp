@@ -229,7 +229,9 @@ void MetricsHub::report(const DrafterReport& mine, const std::vector<TargetRepor
       std::set<std::pair<std::string, int>> seen;
       for (size_t i = 0; i < gpu_ranks_.size(); ++i) {
         const RankCard& c = job_.cards[static_cast<size_t>(gpu_ranks_[i])];
-        if (seen.insert({std::string(c.host), c.gpu}).second) total += gpu_row->power_w[i];
+        // (a rank without a bound GPU, e.g. the NVML test hook on the CPU backend, is its own device)
+        const int device = c.gpu >= 0 ? c.gpu : -1 - gpu_ranks_[i];
+        if (seen.insert({std::string(c.host), device}).second) total += gpu_row->power_w[i];
       }
       in.power_w = total;
     }

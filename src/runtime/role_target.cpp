@@ -79,7 +79,7 @@ class TargetRank {
     Loader loader(dataset, lo, resume.position);
     end_index_ = resume.position.batches;
     const auto& nt = topo_.node_targets;
-    const int my_node_index = static_cast<int>(std::find(nt.begin(), nt.end(), topo_.world_rank) - nt.begin());
+    const int my_node_index = topo_.node_target_index_of(topo_.world_rank);
     control_req_ = mpi::irecv(&control_in_, 1, MPI_ANY_SOURCE, kTagToTarget, MPI_COMM_WORLD);
 
     report_.rank = topo_.world_rank;

@@ -31,6 +31,17 @@ int Topology::drafter_index_of(int r) const {
   return it == drafters.end() ? -1 : static_cast<int>(it - drafters.begin());
 }
 
+int Topology::node_target_index_of(int r) const {
+  auto it = std::find(node_targets.begin(), node_targets.end(), r);
+  DF_CHECK(it != node_targets.end(), Internal, "rank " << r << " is not a target of this node");
+  return static_cast<int>(it - node_targets.begin());
+}
+int Topology::node_drafter_index_of(int r) const {
+  auto it = std::find(node_drafters.begin(), node_drafters.end(), r);
+  DF_CHECK(it != node_drafters.end(), Internal, "rank " << r << " is not a drafter of this node");
+  return static_cast<int>(it - node_drafters.begin());
+}
+
 std::string Topology::to_string() const {
   std::string s = std::string(role_name(role)) + "[" + std::to_string(role_index) + "/" + std::to_string(role_count) +
                   "] world " + std::to_string(world_rank) + "/" + std::to_string(world_size) + " " + host;

@@ -56,6 +56,12 @@ TEST(Topology, TwoNodesTargetsFeedTheirOwnNode) {
   EXPECT_EQ(b.target_index_of(8), 6);
   EXPECT_EQ(b.drafter_index_of(15), 3);
   EXPECT_EQ(b.target_index_of(7), -1);
+  // Node-local indices (what the credits and --batch-order fixed count in), never rank arithmetic.
+  EXPECT_EQ(b.node_target_index_of(8), 0);
+  EXPECT_EQ(b.node_target_index_of(13), 5);
+  EXPECT_EQ(b.node_drafter_index_of(15), 1);
+  EXPECT_EQ(a.node_target_index_of(3), 3);
+  EXPECT_EXIT(b.node_target_index_of(3), testing::ExitedWithCode(9), "not a target of this node");
 }
 
 TEST(Topology, InterleavedPlacementUsesNodeLocalRanks) {
