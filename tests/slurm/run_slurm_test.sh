@@ -76,6 +76,9 @@ note "sent USR1 to the batch shell of job $jid after $(trained_steps) step(s)"
 
 # Requeued jobs wait out a begin time (the credential lifetime, 120 s); the test starts it at once.
 wait_for 120 "the job to be requeued" requeued
+# slurmd revoked the first run's credential when the job was requeued, to the second: a restart within that
+# same second is refused ("Job credential revoked") and the job fails. Let the clock move on first.
+sleep 2
 scontrol update JobId="$jid" StartTime=now
 wait_for 300 "the requeued job to finish" completed
 
