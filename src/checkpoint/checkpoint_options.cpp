@@ -80,7 +80,7 @@ bool option_may_change_on_resume(const std::string& name) {
       "config",           "out",              "log-every",         "metrics-flush-every",
       "checkpoint-every", "checkpoint-dir",   "keep-checkpoints",  "resume",
       "export-dtype",     "export-checkpoints", "peer-timeout",    "prefetch-depth",
-      "hs-queue-depth",   "power-budget-w",   "help",
+      "hs-queue-depth",   "power-budget-w",   "help",              "measure-only",
   };
   if (may_change.count(name)) return true;
   return name.rfind("inject-", 0) == 0;  // test hooks
