@@ -9,5 +9,7 @@ echo "# CUDA architectures for this build: ${CUDA_ARCHS:-90a} (the default build
 tools/build.sh -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCHS:-90a}" "$@"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
 cd "${BUILD_DIR:-build}"
+# The GPU-labelled tests first: where there is no GPU they are skipped (each with its reason), and the run
+# that ends this script -- its summary is the last thing a log shows -- is the suite that ran here.
+ctest --output-on-failure -L gpu
 ctest --output-on-failure -j2 -LE gpu
-ctest --output-on-failure -L gpu   # skipped (with the reason) where there is no GPU

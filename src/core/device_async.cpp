@@ -15,11 +15,7 @@
 #include <cuda_runtime.h>
 
 #include "backend.cuh"
-#define DF_CUDA_RT(call)                                                                                  \
-  do {                                                                                                    \
-    const cudaError_t e_ = (call);                                                                        \
-    if (e_ != cudaSuccess) DF_FAIL(DeviceFailure, #call << ": " << cudaGetErrorString(e_), "");          \
-  } while (0)
+#include "cuda_check.cuh"  // DF_CUDA
 #endif
 
 namespace dflash {
@@ -38,8 +34,8 @@ cudaEvent_t ev(void* p) { return static_cast<cudaEvent_t>(p); }
 Event::Event(const Ctx& ctx, bool timing) {
   if (ctx.device != Device::CUDA) return;
   cudaEvent_t e;
-  DF_CUDA_RT(cudaSetDevice(cuda::backend_of(ctx).device));
-  DF_CUDA_RT(cudaEventCreateWithFlags(&e, timing ? cudaEventDefault : cudaEventDisableTiming));
+  DF_CUDA(cudaSetDevice(cuda::backend_of(ctx).device));
+  DF_CUDA(cudaEventCreateWithFlags(&e, timing ? cudaEventDefault : cudaEventDisableTiming));
   ev_ = e;
 }
 Event::~Event() {
@@ -48,23 +44,23 @@ Event::~Event() {
 void Event::record(const Ctx& ctx) {
   host_ms_ = host_now_ms();
   if (!ev_) return;
-  DF_CUDA_RT(cudaEventRecord(ev(ev_), cuda::stream_of(ctx)));
+  DF_CUDA(cudaEventRecord(ev(ev_), cuda::stream_of(ctx)));
 }
 bool Event::done() const {
   if (!ev_) return true;
   const cudaError_t e = cudaEventQuery(ev(ev_));
   if (e == cudaErrorNotReady) return false;
-  DF_CUDA_RT(e);
+  DF_CUDA(e);  // a device error surfaces here
   return true;
 }
 void Event::order_before(const Ctx& ctx) const {
   if (!ev_) return;
-  DF_CUDA_RT(cudaStreamWaitEvent(cuda::stream_of(ctx), ev(ev_), 0));
+  DF_CUDA(cudaStreamWaitEvent(cuda::stream_of(ctx), ev(ev_), 0));
 }
 double Event::elapsed_ms(const Event& from, const Event& to) {
   if (!from.ev_ || !to.ev_) return to.host_ms_ - from.host_ms_;
   float ms = 0;
-  DF_CUDA_RT(cudaEventElapsedTime(&ms, ev(from.ev_), ev(to.ev_)));
+  DF_CUDA(cudaEventElapsedTime(&ms, ev(from.ev_), ev(to.ev_)));
   return ms;
 }
 
@@ -76,8 +72,8 @@ Ctx side_ctx(const Ctx& ctx) {
   std::lock_guard<std::mutex> lock(mu);
   cudaStream_t& s = streams[b.device];
   if (!s) {
-    DF_CUDA_RT(cudaSetDevice(b.device));
-    DF_CUDA_RT(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    DF_CUDA(cudaSetDevice(b.device));
+    DF_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   }
   Ctx side = ctx;
   side.stream = s;
@@ -90,7 +86,7 @@ void copy_bytes_async(const Ctx& ctx, void* dst, const void* src, size_t bytes) 
     std::memcpy(dst, src, bytes);
     return;
   }
-  DF_CUDA_RT(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, cuda::stream_of(ctx)));
+  DF_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, cuda::stream_of(ctx)));
 }
 
 HostBuffer::HostBuffer(size_t bytes, HostMemory kind) : bytes_(bytes), kind_(kind) {
