@@ -8,16 +8,48 @@
 #include <mpi.h>
 
 #include <memory>
+#include <string>
 
 #include "dflash/hs_batch.h"
+#include "dflash/options.h"  // DataPlaneChoice
 #include "dflash/tensor.h"
 
 namespace dflash {
 
+struct Topology;
+
 enum class DataPlaneKind : uint8_t {
-  Host,  // host MPI; device tensors are staged through page-locked host buffers (every cluster can)
+  Host,     // host MPI; device tensors are staged through page-locked host buffers (every cluster can)
+  CudaMpi,  // MPI_Isend/MPI_Irecv straight on device pointers (a CUDA-aware MPI: UCX or smcuda move them)
+  Nccl,     // headers on host MPI, tensors by ncclSend/ncclRecv on a stream per target-drafter pair
 };
 const char* data_plane_name(DataPlaneKind k);
+
+// Whether the MPI library moves device memory: the headers it was compiled against say so
+// (MPIX_CUDA_AWARE_SUPPORT) and the library loaded at run time agrees (MPIX_Query_cuda_support()).
+struct CudaAwareMpi {
+  bool compiled = false;  // mpi-ext.h: MPIX_CUDA_AWARE_SUPPORT 1
+  bool runtime = false;   // MPIX_Query_cuda_support() == 1
+  bool usable() const { return compiled && runtime; }
+  std::string describe() const;  // "compile-time yes, run-time no"
+};
+CudaAwareMpi query_cuda_aware_mpi();
+
+// The NCCL communicators of this rank's target-drafter pairs (opaque; data_plane_nccl.cpp). One per pair,
+// not one per node: NCCL serialises every operation of a communicator, so with two targets and two
+// drafters on a node, one communicator can order T1->D1 behind T1->D2 on one rank and T2->D2 behind
+// T2->D1 on another, a cycle. Pairs never wait on each other.
+class NcclPairs;
+
+// The job's plane, agreed by every rank. Collective over the world (idle ranks too: they only vote).
+struct DataPlaneSetup {
+  DataPlaneKind kind = DataPlaneKind::Host;
+  std::string why;                   // one line for the startup table: how auto chose, what was refused
+  std::shared_ptr<NcclPairs> nccl;   // the pairs' communicators (nccl only; targets and drafters)
+};
+// ctx: this rank's compute context (the CPU context on idle ranks).
+DataPlaneSetup setup_data_plane(DataPlaneChoice choice, Backend backend, const Topology& topo, const Ctx& ctx,
+                                double timeout_s);
 
 class DataPlane {
  public:
@@ -55,6 +87,7 @@ class DataPlane {
 
 struct DataPlaneSpec {
   DataPlaneKind kind = DataPlaneKind::Host;
+  NcclPairs* nccl = nullptr;      // the nccl plane's communicators (DataPlaneSetup::nccl)
   MPI_Comm comm = MPI_COMM_NULL;  // the world: credits, headers and host messages address world ranks
   Ctx ctx;                        // this rank's compute context: where the batches' tensors live
   SlotShape shape;
@@ -62,6 +95,10 @@ struct DataPlaneSpec {
   int num_send_buffers = 0;       // targets: 2, so the forward of batch n+1 overlaps the send of batch n
 };
 std::unique_ptr<DataPlane> make_data_plane(const DataPlaneSpec& spec);
+
+// The planes behind the factory (data_plane_mpi.cpp: Host and CudaMpi; cuda/data_plane_nccl.cpp).
+std::unique_ptr<DataPlane> make_mpi_data_plane(const DataPlaneSpec& spec);
+std::unique_ptr<DataPlane> make_nccl_data_plane(const DataPlaneSpec& spec);
 
 // Tags of the host messages of slot s: kTagSlotBase + s * kSlotTags + part (flow_control.h uses 1, 2).
 constexpr int kTagSlotBase = 100;

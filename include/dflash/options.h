@@ -43,6 +43,16 @@ enum class FailMode : uint8_t {
   Hang,  // SIGSTOP itself: alive but silent, so its peers' deadlines (--peer-timeout) must end the job
 };
 
+// --data-plane: how hidden-state tensors travel from targets to drafters (include/dflash/data_plane.h).
+enum class DataPlaneChoice : uint8_t {
+  Auto,     // nccl when every target-drafter pair has GPUs of its own and NCCL initialises, else cuda-mpi when
+            // the MPI library is CUDA-aware, else host
+  Nccl,     // ncclSend/ncclRecv between the pair's GPUs
+  CudaMpi,  // MPI_Isend/MPI_Irecv on device pointers (a CUDA-aware MPI only)
+  Host,     // host MPI, device tensors staged through page-locked host memory
+};
+const char* data_plane_choice_name(DataPlaneChoice c);
+
 struct Options {
   std::string config_file;
   std::string topology_text = "1-1";
@@ -59,6 +69,7 @@ struct Options {
   int64_t token_budget = 32768;
   int prefetch_depth = 4;
   int hs_queue_depth = 4;       // receive slots (= credits) per drafter
+  DataPlaneChoice data_plane = DataPlaneChoice::Auto;
   BatchOrder batch_order = BatchOrder::Arrival;
   LongRecordPolicy long_record = LongRecordPolicy::Error;
   int64_t max_steps = 0;        // 0 = until the data ends

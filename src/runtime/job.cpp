@@ -111,18 +111,24 @@ void choose_backend_parts(JobContext& job) {
   job.slot_shape.final_norm = o.train.loss == LossKind::KL;
   job.slot_shape.device = job.ctx.device;
   job.slot_shape.dtype = job.ctx.device == Device::CPU ? DType::F32 : DType::BF16;
-  job.data_plane = DataPlaneKind::Host;
-  if (topo.role == Role::Drafter) {
+  if (topo.role == Role::Drafter)
     job.grad_reduce = choose_grad_reducer(topo.drafter_comm, job.ctx, topo.host.c_str(), topo.gpu);
-    if (topo.is_metrics_writer()) {
-      const std::string grads = topo.drafters.size() > 1 ? std::string(grad_reduce_name(job.grad_reduce)) + " allreduce over " +
-                                                                  std::to_string(topo.drafters.size()) + " drafters"
-                                                            : std::string("one drafter, no allreduce");
-      std::printf("[dflash] hidden states: %s plane, %s on the wire; gradients: %s\n", data_plane_name(job.data_plane),
-                  dtype_name(job.slot_shape.dtype), grads.c_str());
-      std::fflush(stdout);
-    }
-  }
+}
+
+// How hidden states travel (--data-plane), agreed by every rank, idle ones too (they vote); the first
+// drafter says what was chosen and why.
+void choose_data_plane(JobContext& job) {
+  const Topology& topo = job.topo;
+  DataPlaneSetup planes = setup_data_plane(job.opt.data_plane, job.opt.backend, topo, job.ctx, job.opt.peer_timeout_s);
+  job.data_plane = planes.kind;
+  job.nccl_pairs = std::move(planes.nccl);
+  if (!topo.is_metrics_writer()) return;
+  const std::string grads = topo.drafters.size() > 1 ? std::string(grad_reduce_name(job.grad_reduce)) + " allreduce over " +
+                                                              std::to_string(topo.drafters.size()) + " drafters"
+                                                        : std::string("one drafter, no allreduce");
+  std::printf("[dflash] hidden states: %s plane (%s), %s on the wire; gradients: %s\n", data_plane_name(job.data_plane),
+              planes.why.c_str(), dtype_name(job.slot_shape.dtype), grads.c_str());
+  std::fflush(stdout);
 }
 
 }  // namespace
@@ -145,7 +151,7 @@ int run_job(const Options& given) {
   if (o.topology_auto) o.topology = choose_topology_auto(given, MPI_COMM_WORLD, gpu_sampler.get(), &o.auto_topology_record);
   if (o.measure_only) return 0;  // --measure-only: the table above is the answer
   Topology topo = create_topology(MPI_COMM_WORLD, o.topology, o.backend);
-  JobContext job{o, topo, start, gather_cards(topo, *gpu_sampler, startup_gpu)};
+  JobContext job(o, topo, start, gather_cards(topo, *gpu_sampler, startup_gpu));
   job.gpu_sampler = gpu_sampler.get();
   if (topo.world_rank == 0) print_startup(o, topo, job.cards);
 
@@ -163,6 +169,7 @@ int run_job(const Options& given) {
   }
 
   if (topo.role != Role::Idle) choose_backend_parts(job);
+  choose_data_plane(job);
 
   switch (topo.role) {
     case Role::Target: run_target(job); break;

@@ -1,6 +1,8 @@
 // Pieces the roles share (private to src/runtime).
 #pragma once
+#include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "dflash/data_plane.h"
@@ -26,6 +28,8 @@ struct RankCard {
 };
 
 struct JobContext {
+  JobContext(const Options& o, const Topology& t, mpi::Clock::time_point started, std::vector<RankCard> rank_cards)
+      : opt(o), topo(t), start(started), cards(std::move(rank_cards)) {}
   const Options& opt;
   const Topology& topo;
   mpi::Clock::time_point start;
@@ -33,7 +37,8 @@ struct JobContext {
   Ctx ctx;                         // this rank's backend, chosen once at rank start (CPU, or its GPU's stream)
   TargetConfig target;             // the target's config.json, parsed once (family, widths)
   SlotShape slot_shape;            // one hidden-state batch: sizes, device and wire dtype (targets and drafters agree)
-  DataPlaneKind data_plane = DataPlaneKind::Host;
+  DataPlaneKind data_plane = DataPlaneKind::Host;  // agreed by every rank (setup_data_plane)
+  std::shared_ptr<NcclPairs> nccl_pairs;           // the nccl plane's pair communicators
   GradReduceKind grad_reduce = GradReduceKind::HostMpi;  // drafters only
   std::string resume_dir;          // checkpoint this run resumes from ("" = fresh start), same on every rank
   int64_t resume_step = 0;         // its step
@@ -62,6 +67,18 @@ struct DrafterReport {
   double time_s = 0;
   GpuReading gpu;            // this rank's GPU when the report was made (valid = 0 without NVML)
 };
+
+// What a role's data plane is made of: the job's plane kind, its communicators, the world, the rank's
+// context and the batch shape (the role adds its slots or send buffers).
+inline DataPlaneSpec data_plane_spec(const JobContext& job) {
+  DataPlaneSpec ps;
+  ps.kind = job.data_plane;
+  ps.nccl = job.nccl_pairs.get();
+  ps.comm = MPI_COMM_WORLD;
+  ps.ctx = job.ctx;
+  ps.shape = job.slot_shape;
+  return ps;
+}
 
 // Node-local ranks of a world rank's role and capture layers, shared by both model roles.
 std::vector<int> capture_layer_ids(const Options& o);

@@ -17,6 +17,15 @@ namespace po = boost::program_options;
 namespace dflash {
 
 const char* backend_name(Backend b) { return b == Backend::CPU ? "cpu" : "cuda"; }
+const char* data_plane_choice_name(DataPlaneChoice c) {
+  switch (c) {
+    case DataPlaneChoice::Auto: return "auto";
+    case DataPlaneChoice::Nccl: return "nccl";
+    case DataPlaneChoice::CudaMpi: return "cuda-mpi";
+    case DataPlaneChoice::Host: return "host";
+  }
+  return "?";
+}
 
 const char* long_record_name(LongRecordPolicy p) {
   switch (p) {
@@ -65,7 +74,7 @@ bool path_exists(const std::string& p) {
 
 po::options_description describe(Options& o, std::string& topology, std::string& backend, std::string& loss,
                                  std::string& long_record, std::string& export_dtype, std::string& fail_mode,
-                                 std::string& batch_order) {
+                                 std::string& batch_order, std::string& data_plane) {
   po::options_description job("Job");
   job.add_options()
     ("help,h", "print this help and exit")
@@ -82,6 +91,7 @@ po::options_description describe(Options& o, std::string& topology, std::string&
     ("token-budget", po::value(&o.token_budget)->default_value(32768), "max tokens per packed batch")
     ("prefetch-depth", po::value(&o.prefetch_depth)->default_value(4), "batches the loader may hold ready per target (q_pre)")
     ("hs-queue-depth", po::value(&o.hs_queue_depth)->default_value(4), "receive slots = credits per drafter (q_hs)")
+    ("data-plane", po::value(&data_plane)->default_value("auto"), "how hidden states travel: auto (nccl, else cuda-mpi, else host) | nccl (GPU to GPU; a GPU per rank) | cuda-mpi (a CUDA-aware MPI) | host (through host memory; always works)")
     ("batch-order", po::value(&batch_order)->default_value("arrival"), "arrival (first come, best throughput) | fixed (a pure function of the topology: same losses on every run and across a resume)")
     ("long-record", po::value(&long_record)->default_value("error"), "record longer than --token-budget: error | cut | skip")
     ("epochs", po::value(&o.epochs)->default_value(1), "passes over the data (0 = forever)")
@@ -131,8 +141,8 @@ void check_range(bool ok, const char* flag, const std::string& value, const char
 ParseResult parse_options(int argc, const char* const* argv) {
   ParseResult r;
   Options& o = r.options;
-  std::string topology, backend, loss, long_record, export_dtype, fail_mode, batch_order;
-  po::options_description desc = describe(o, topology, backend, loss, long_record, export_dtype, fail_mode, batch_order);
+  std::string topology, backend, loss, long_record, export_dtype, fail_mode, batch_order, data_plane;
+  po::options_description desc = describe(o, topology, backend, loss, long_record, export_dtype, fail_mode, batch_order, data_plane);
   po::variables_map vm;
   const char* usage_hint = "dflash-train --help lists every option";
   try {
@@ -165,6 +175,14 @@ ParseResult parse_options(int argc, const char* const* argv) {
   else if (backend == "cuda") o.backend = Backend::CUDA;
   else check_range(false, "backend", backend, "cpu or cuda");
   if (loss == "ce") o.train.loss = LossKind::CE;
+  if (data_plane == "auto") o.data_plane = DataPlaneChoice::Auto;
+  else if (data_plane == "nccl") o.data_plane = DataPlaneChoice::Nccl;
+  else if (data_plane == "cuda-mpi") o.data_plane = DataPlaneChoice::CudaMpi;
+  else if (data_plane == "host") o.data_plane = DataPlaneChoice::Host;
+  else check_range(false, "data-plane", data_plane, "auto, nccl, cuda-mpi or host");
+  DF_CHECK_HINT(o.backend == Backend::CUDA || o.data_plane == DataPlaneChoice::Auto || o.data_plane == DataPlaneChoice::Host,
+                BadOptions, "--data-plane " << data_plane << " moves device tensors; the CPU backend has none",
+                "use --backend cuda, or --data-plane host (or auto)");
   else if (loss == "kl") o.train.loss = LossKind::KL;
   else check_range(false, "loss", loss, "ce or kl");
   if (long_record == "error") o.long_record = LongRecordPolicy::Error;

@@ -52,11 +52,7 @@ class TargetRank {
     check_records_fit(o_, *dataset);
     const std::vector<int> layers = capture_layer_ids(o_);
     const std::unique_ptr<TargetModel> model = make_target_model(job_.target, o_.target_dir, job_.ctx, layers, o_.token_budget);
-    DataPlaneSpec ps;
-    ps.kind = job_.data_plane;
-    ps.comm = MPI_COMM_WORLD;
-    ps.ctx = job_.ctx;
-    ps.shape = job_.slot_shape;
+    DataPlaneSpec ps = data_plane_spec(job_);
     ps.num_send_buffers = kSendBuffers;
     plane_ = make_data_plane(ps);
     for (int b = 0; b < kSendBuffers; ++b) {
@@ -114,7 +110,6 @@ class TargetRank {
       if (o_.inject_delay_target_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(o_.inject_delay_target_ms));
       forward_timing_[buf][1].record(job_.ctx);
       forward_pending_[buf] = true;
-      maybe_inject_failure(job_, report_.batches);
       // 4. a credit: a free slot of some drafter of this node
       // --batch-order fixed: only the drafter the rule names may take this batch.
       int fixed_to = -1;
@@ -146,6 +141,8 @@ class TargetRank {
       plane_->post_send(buf, job_.ctx, c.drafter, c.slot);
       buf_dest_[buf] = c.drafter;
       sent_to_[c.drafter]++;
+      // Test hook: fail with this batch mid-transfer (posted, not yet delivered), the worst moment.
+      maybe_inject_failure(job_, report_.batches - 1);
     }
     loader.stop();
     finish();

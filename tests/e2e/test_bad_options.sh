@@ -14,6 +14,7 @@ case_rc unknown 2 "unrecognised option '--frobnicate'" 2 --topology 1-1 --frobni
 case_rc badtopo 2 "bad --topology '2x1'" 2 --topology 2x1
 case_rc zerotopo 2 "at least one target and one drafter" 2 --topology 0-1
 case_rc badvalue 2 "--lr" 2 --topology 1-1 --lr fast
+case_rc cpuplane 2 "--data-plane nccl moves device tensors; the CPU backend has none" 2 --topology 1-1 --data-plane nccl
 case_rc toomany 4 "--topology 3-2 needs 5 ranks per node but 4 run per node" 4 --topology 3-2
 case_rc budget 2 "--token-budget 16 is smaller than record" 2 --topology 1-1 --token-budget 16
 case_rc skipall 2 "--long-record skip drops every record" 2 --topology 1-1 --token-budget 16 --long-record skip

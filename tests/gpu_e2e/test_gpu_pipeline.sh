@@ -3,15 +3,17 @@
 # target forward -> host-staged bf16 batches under credits -> CUDA drafter step). With --batch-order
 # fixed it trains on exactly the batches of the CPU backend's run, so its loss curve must track the CPU
 # one within bf16 tolerance (per step <= 6% relative, mean <= 2%), and fall. metrics.h5 must hold real
-# NVML readings of the GPU (power > 0 W) and the status line its power.
+# NVML readings of the GPU (power > 0 W) and the status line its power. The plane: DFLASH_TEST_PLANE
+# (default host; cuda-mpi under a CUDA-aware MPI).
 source "$(dirname "$0")/gpu_lib.sh"
 common=(--topology 1-1 --batch-order fixed --max-steps 40 --log-every 10 --seed 5 --lr 0.02 --warmup-steps 5 --hs-queue-depth 2)
 run_job cpu 2 300 "${common[@]}" --backend cpu
 expect_rc 0 cpu
-run_job gpu 2 300 "${common[@]}" --backend cuda
+plane=${DFLASH_TEST_PLANE:-host}
+run_job gpu 2 300 "${common[@]}" --backend cuda --data-plane "$plane"
 expect_rc 0 gpu
 expect_log gpu "backend cuda"
-expect_log gpu "hidden states: host plane, BF16 on the wire"
+expect_log gpu "hidden states: $plane plane (--data-plane $plane), BF16 on the wire"
 grep -q "pwr=" "$WORK/gpu.log" || { tail -20 "$WORK/gpu.log"; fail "gpu: the status line shows no power (pwr=)"; }
 "$PY" - "$WORK/cpu/metrics.h5" "$WORK/gpu/metrics.h5" <<'PYEOF' || fail "the GPU run's losses do not track the CPU run's"
 import sys, h5py, numpy as np

@@ -110,3 +110,15 @@ TEST(OptionsDeath, MissingInputs) {
   o.target_dir = "/nonexistent/target";
   EXPECT_EXIT(check_input_paths(o), testing::ExitedWithCode(3), "no config.json there");
 }
+TEST(Options, DataPlane) {
+  EXPECT_EQ(parse(with_required({})).options.data_plane, DataPlaneChoice::Auto);
+  const Options o = parse(with_required({"--backend", "cuda", "--data-plane", "cuda-mpi"})).options;
+  EXPECT_EQ(o.data_plane, DataPlaneChoice::CudaMpi);
+  EXPECT_EQ(resolved(o, "data-plane"), "cuda-mpi");
+  EXPECT_EQ(parse(with_required({"--data-plane", "host"})).options.data_plane, DataPlaneChoice::Host);
+}
+TEST(OptionsDeath, DataPlane) {
+  EXPECT_EXIT(parse(with_required({"--data-plane", "rdma"})), testing::ExitedWithCode(2), "--data-plane");
+  // The CPU backend's tensors are host memory: a device plane makes no sense there.
+  EXPECT_EXIT(parse(with_required({"--data-plane", "nccl"})), testing::ExitedWithCode(2), "the CPU backend has none");
+}

@@ -1,7 +1,11 @@
-// The host data plane: every part of a batch is a non-blocking host MPI message. On the CPU backend the
-// messages read and write the batch's own buffers; on CUDA the tensors are staged through page-locked
-// host buffers by a copy stream: send = D2H after the forward's event, then MPI; receive = MPI, then H2D.
-// bf16 on the wire. Works on every cluster (no CUDA-aware MPI, no NCCL needed), at host-link speed.
+// The MPI data planes: every part of a batch is a non-blocking MPI message.
+//  - host: on the CPU backend the messages read and write the batch's own buffers; on CUDA the tensors are
+//    staged through page-locked host buffers by a copy stream: send = D2H after the forward's event, then
+//    MPI; receive = MPI, then H2D. Works on every cluster (no CUDA-aware MPI, no NCCL), at host-link speed.
+//  - cuda-mpi: the tensor messages read and write device memory directly (a CUDA-aware MPI moves them by
+//    CUDA IPC or UCX); a send is posted once the forward's event says the buffer is written, since MPI
+//    knows nothing of streams.
+// bf16 on the wire on CUDA.
 #include <array>
 #include <deque>
 
@@ -32,7 +36,8 @@ size_t received_elements(const MPI_Status& st, DType t) {
   return t == DType::F32 ? mpi::received_count<float>(st) : mpi::received_count<uint16_t>(st);
 }
 
-class HostDataPlane final : public DataPlane {
+class MpiDataPlane final : public DataPlane {
+  // Staging: a send waits for its tensors (the D2H copy, or on cuda-mpi the forward itself).
   enum class State : uint8_t { Idle, Staging, Transferring, Uploading };
 
   struct Entry {
@@ -55,9 +60,15 @@ class HostDataPlane final : public DataPlane {
   };
 
  public:
-  explicit HostDataPlane(const DataPlaneSpec& s)
-      : comm_(s.comm), ctx_(s.ctx), copy_(side_ctx(s.ctx)), staged_(s.shape.device != Device::CPU) {
+  explicit MpiDataPlane(const DataPlaneSpec& s)
+      : kind_(s.kind),
+        comm_(s.comm),
+        ctx_(s.ctx),
+        copy_(side_ctx(s.ctx)),
+        staged_(s.kind == DataPlaneKind::Host && s.shape.device != Device::CPU) {
     DF_CHECK(s.shape.device == s.ctx.device, Internal, "the batches' tensors must live on the plane's device");
+    DF_CHECK(s.kind == DataPlaneKind::Host || (s.kind == DataPlaneKind::CudaMpi && s.shape.device == Device::CUDA),
+             Internal, "the MPI plane moves host tensors, or device tensors with a CUDA-aware MPI");
     int tag_ub_flag = 0;
     int* tag_ub = nullptr;
     DF_MPI(MPI_Comm_get_attr(comm_, MPI_TAG_UB, &tag_ub, &tag_ub_flag));
@@ -67,12 +78,12 @@ class HostDataPlane final : public DataPlane {
     for (int i = 0; i < s.num_send_buffers; ++i) sends_.emplace_back(s.shape, ctx_, staged_);
   }
 
-  ~HostDataPlane() override {
+  ~MpiDataPlane() override {
     for (auto& e : slots_)
       for (auto& r : e.req) mpi::cancel(r);
   }
 
-  DataPlaneKind kind() const override { return DataPlaneKind::Host; }
+  DataPlaneKind kind() const override { return kind_; }
   int num_slots() const override { return static_cast<int>(slots_.size()); }
   int num_send_buffers() const override { return static_cast<int>(sends_.size()); }
   HsBatch& slot(int s) override { return slots_.at(s).buf; }
@@ -158,25 +169,25 @@ class HostDataPlane final : public DataPlane {
     e.req[kTokens] = mpi::isend(hb.batch.tokens.data(), hb.batch.tokens.size(), drafter, e.tag + kTokens, comm_);
     e.req[kCuSeqlens] = mpi::isend(hb.batch.cu_seqlens.data(), hb.batch.cu_seqlens.size(), drafter, e.tag + kCuSeqlens, comm_);
     e.req[kLossMask] = mpi::isend(hb.batch.loss_mask.data(), hb.batch.loss_mask.size(), drafter, e.tag + kLossMask, comm_);
-    if (!staged_) {
-      post_tensor_sends(e, hb.features.t().data, hb.final_norm.t().data);
-      return;
-    }
-    // D2H on the copy stream once the forward is done; the host goes on (send_done posts the tensors).
-    e.produced.record(producer);
-    e.produced.order_before(copy_);
-    copy_bytes_async(copy_, e.stage_features.data(), hb.features.t().data, hb.feature_bytes());
-    copy_bytes_async(copy_, e.stage_final_norm.data(), hb.final_norm.t().data, hb.final_norm_bytes());
-    e.copied.record(copy_);
+    e.produced.record(producer);  // CPU: already done
     e.state = State::Staging;
+    if (staged_) {
+      // D2H on the copy stream once the forward is done; the host goes on (send_done posts the tensors).
+      e.produced.order_before(copy_);
+      copy_bytes_async(copy_, e.stage_features.data(), hb.features.t().data, hb.feature_bytes());
+      copy_bytes_async(copy_, e.stage_final_norm.data(), hb.final_norm.t().data, hb.final_norm_bytes());
+      e.copied.record(copy_);
+    }
+    send_done(b);  // posts the tensors now when they are ready (always on the CPU backend)
   }
 
   bool send_done(int b) override {
     Entry& e = sends_.at(b);
     if (e.state == State::Idle) return true;
     if (e.state == State::Staging) {
-      if (!e.copied.done()) return false;
-      post_tensor_sends(e, e.stage_features.data(), e.stage_final_norm.data());
+      if (!(staged_ ? e.copied : e.produced).done()) return false;
+      if (staged_) post_tensor_sends(e, e.stage_features.data(), e.stage_final_norm.data());
+      else post_tensor_sends(e, e.buf.features.t().data, e.buf.final_norm.t().data);
     }
     int done = 0;
     DF_MPI(MPI_Testall(kParts, e.req.data(), &done, MPI_STATUSES_IGNORE));
@@ -207,26 +218,15 @@ class HostDataPlane final : public DataPlane {
              Internal, "batch in slot " << s << " from rank " << e.peer << " does not match its header");
   }
 
+  DataPlaneKind kind_;
   MPI_Comm comm_;
   Ctx ctx_, copy_;  // compute context (where batches live) and its copy stream
-  bool staged_;
+  bool staged_;     // host plane on CUDA: tensors go through page-locked host buffers
   std::deque<Entry> slots_, sends_;  // deque: entries never move (MPI and the copies hold pointers into them)
 };
 
 }  // namespace
 
-const char* data_plane_name(DataPlaneKind k) {
-  switch (k) {
-    case DataPlaneKind::Host: return "host";
-  }
-  return "?";
-}
-
-std::unique_ptr<DataPlane> make_data_plane(const DataPlaneSpec& spec) {
-  switch (spec.kind) {
-    case DataPlaneKind::Host: return std::make_unique<HostDataPlane>(spec);
-  }
-  DF_FAIL(Internal, "unknown data plane", "");
-}
+std::unique_ptr<DataPlane> make_mpi_data_plane(const DataPlaneSpec& spec) { return std::make_unique<MpiDataPlane>(spec); }
 
 }  // namespace dflash
