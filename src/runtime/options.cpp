@@ -174,7 +174,6 @@ ParseResult parse_options(int argc, const char* const* argv) {
   if (backend == "cpu") o.backend = Backend::CPU;
   else if (backend == "cuda") o.backend = Backend::CUDA;
   else check_range(false, "backend", backend, "cpu or cuda");
-  if (loss == "ce") o.train.loss = LossKind::CE;
   if (data_plane == "auto") o.data_plane = DataPlaneChoice::Auto;
   else if (data_plane == "nccl") o.data_plane = DataPlaneChoice::Nccl;
   else if (data_plane == "cuda-mpi") o.data_plane = DataPlaneChoice::CudaMpi;
@@ -183,6 +182,7 @@ ParseResult parse_options(int argc, const char* const* argv) {
   DF_CHECK_HINT(o.backend == Backend::CUDA || o.data_plane == DataPlaneChoice::Auto || o.data_plane == DataPlaneChoice::Host,
                 BadOptions, "--data-plane " << data_plane << " moves device tensors; the CPU backend has none",
                 "use --backend cuda, or --data-plane host (or auto)");
+  if (loss == "ce") o.train.loss = LossKind::CE;
   else if (loss == "kl") o.train.loss = LossKind::KL;
   else check_range(false, "loss", loss, "ce or kl");
   if (long_record == "error") o.long_record = LongRecordPolicy::Error;

@@ -41,11 +41,7 @@ class DrafterLoop {
     check_same_init(trainer);
     DrafterCheckpointer ckpt(o_, topo_.drafter_comm, topo_.world_size, static_cast<int>(topo_.targets.size()), job_.resume_dir);
     int64_t step = ckpt.restore(trainer);  // 0 unless resuming
-    DataPlaneSpec ps;
-    ps.kind = job_.data_plane;
-    ps.comm = MPI_COMM_WORLD;
-    ps.ctx = job_.ctx;
-    ps.shape = job_.slot_shape;
+    DataPlaneSpec ps = data_plane_spec(job_);
     ps.num_slots = o_.hs_queue_depth;
     DrafterEndpoint endpoint(job_, make_data_plane(ps));
     endpoint_ = &endpoint;
