@@ -166,13 +166,20 @@ struct DrafterStepCuda::Impl {
   }
 
   Tensor forward(const DrafterStepBatch& b);
-  void backward(const Tensor& d_out);
+  // ready: see DrafterStepCuda::GradReady (may be empty).
+  void backward(const Tensor& d_out, const GradReady& ready);
+  // Reports gradient view g (a tensor of `g` below) final to ready.
+  void final(const GradReady& ready, const Tensor& gv) const {
+    if (!ready) return;
+    const size_t begin = static_cast<size_t>(static_cast<const float*>(gv.data) - static_cast<const float*>(grads.t().data));
+    ready(begin, begin + gv.numel());
+  }
   // The loss rows of the last forward (hf) on the device, and dh_rows when grad.
   void loss_rows(const DrafterStepBatch& b, const Tensor& hf, ops::LossObjective objective, bool grad);
   // The per-row results and the weighted loss into res (synchronizes).
   void download_rows(const DrafterStepBatch& b, ops::LossObjective objective, DrafterStepResult& res);
   // d_out [NB, H] = dh_rows scattered to their block rows (zero elsewhere), then the drafter backward.
-  void backward_from_rows();
+  void backward_from_rows(const GradReady& ready);
   int64_t R = 0;              // loss rows of the last forward
   bool have_teacher = false;  // its teacher rows are in t_rows
 };
@@ -454,10 +461,11 @@ Tensor DrafterStepCuda::Impl::forward(const DrafterStepBatch& b) {
   return hf;
 }
 
-void DrafterStepCuda::Impl::backward(const Tensor& d_outv) {
+void DrafterStepCuda::Impl::backward(const Tensor& d_outv, const GradReady& ready) {
   Tensor dxv = v2(dx, NB, H), dtmpv = v2(dtmp, NB, H), dxnv = v2(dxn, NB, H);
   Tensor xl = layers.empty() ? v2(x0, NB, H) : v2(x_last, NB, H);
   cuda::rmsnorm_backward(ctx, dxv, g.norm, d_outv, xl, w.norm, v1(rstd_f, NB));
+  final(ready, g.norm);
   Tensor thv = v2(th, T, H), d_thv = v2(d_th, T, H);
   bool th_written = false;
   Tensor posc = v1(pos_ctx, T), posb = v1(pos_blk, NB), an = v1(anchors, N), sb = v1(seq_begin, N);
@@ -473,6 +481,7 @@ void DrafterStepCuda::Impl::backward(const Tensor& d_outv) {
     linear_din(d_actv, dxv, lw.down_proj, false);
     mark(Phase::Gemm);
     linear_dw(lg.down_proj, dxv, act, lw.down_proj);
+    final(ready, lg.down_proj);
     mark(Phase::Other);
     cuda::swiglu_backward(ctx, dgv, duv, d_actv, gt, ut);
     mark(Phase::Gemm);
@@ -481,10 +490,13 @@ void DrafterStepCuda::Impl::backward(const Tensor& d_outv) {
     linear_din(dxnv, duv, lw.up_proj, true);
     mark(Phase::Gemm);
     linear_dw(lg.gate_proj, dgv, xn2, lw.gate_proj);
+    final(ready, lg.gate_proj);
     mark(Phase::Gemm);
     linear_dw(lg.up_proj, duv, xn2, lw.up_proj);
+    final(ready, lg.up_proj);
     mark(Phase::Other);
     cuda::rmsnorm_backward(ctx, dtmpv, lg.post_norm, dxnv, x2, lw.post_norm, v1(a.rstd2, NB));
+    final(ready, lg.post_norm);
     mark(Phase::Other);
     add(dxv, dtmpv);  // dx is now the gradient at x2
     // ---- attention
@@ -493,6 +505,7 @@ void DrafterStepCuda::Impl::backward(const Tensor& d_outv) {
     linear_din(d_attnv, dxv, lw.o_proj, false);
     mark(Phase::Gemm);
     linear_dw(lg.o_proj, dxv, v2(a.attn, NB, QD), lw.o_proj);
+    final(ready, lg.o_proj);
     Tensor q = v3(a.q, NB, nh, hd), kb = v3(a.kb, NB, nkv, hd), kc = v3(a.kc, T, nkv, hd);
     Tensor vb = v3(a.vb, NB, nkv, hd), vc = v3(a.vc, T, nkv, hd);
     Tensor dqv = v3(dq, NB, nh, hd), dkbv = v3(dkb, NB, nkv, hd), dvbv = v3(dvb, NB, nkv, hd);
@@ -505,6 +518,7 @@ void DrafterStepCuda::Impl::backward(const Tensor& d_outv) {
     mark(Phase::Other);
     cuda::head_norm_rope_backward(ctx, dq_rawv, lg.q_norm, dqv, v3(a.q_raw, NB, nh, hd), lw.q_norm,
                                   v2(a.q_rstd, NB, nh), posb, rope, eps);
+    final(ready, lg.q_norm);
     Tensor dkb_rawv = v3(dkb_raw, NB, nkv, hd);
     mark(Phase::Other);
     cuda::head_norm_rope_backward(ctx, dkb_rawv, lg.k_norm, dkbv, v3(a.kb_raw, NB, nkv, hd), lw.k_norm,
@@ -513,6 +527,7 @@ void DrafterStepCuda::Impl::backward(const Tensor& d_outv) {
     mark(Phase::Other);
     cuda::head_norm_rope_backward(ctx, dkc_rawv, lg.k_norm, dkcv, v3(a.kc_raw, T, nkv, hd), lw.k_norm,
                                   v2(a.kc_rstd, T, nkv), posc, rope, eps);
+    final(ready, lg.k_norm);
     // block side: dxn = dq_raw Wq + dkb_raw Wk + dvb Wv (accumulated by the GEMMs)
     Tensor xn = v2(a.xn, NB, H);
     mark(Phase::Gemm);
@@ -523,6 +538,7 @@ void DrafterStepCuda::Impl::backward(const Tensor& d_outv) {
     linear_din(dxnv, dvbv, lw.v_proj, true);
     mark(Phase::Gemm);
     linear_dw(lg.q_proj, dq_rawv.reshape({NB, QD}), xn, lw.q_proj);
+    final(ready, lg.q_proj);
     mark(Phase::Gemm);
     linear_dw(lg.k_proj, dkb_rawv.reshape({NB, KV}), xn, lw.k_proj);
     mark(Phase::Gemm);
@@ -537,16 +553,21 @@ void DrafterStepCuda::Impl::backward(const Tensor& d_outv) {
     linear_dw(lg.k_proj, dkc_rawv.reshape({T, KV}), thv, lw.k_proj);
     mark(Phase::Gemm);
     linear_dw(lg.v_proj, dvcv.reshape({T, KV}), thv, lw.v_proj);
+    final(ready, lg.k_proj);
+    final(ready, lg.v_proj);
     // input_layernorm; the residual carries dx through
     mark(Phase::Other);
     cuda::rmsnorm_backward(ctx, dtmpv, lg.input_norm, dxnv, v2(a.x_in, NB, H), lw.input_norm, v1(a.rstd1, NB));
+    final(ready, lg.input_norm);
     mark(Phase::Other);
     add(dxv, dtmpv);
   }
   if (!th_written) DF_CUDA(cudaMemsetAsync(d_thv.data, 0, d_thv.nbytes(), stream_of(ctx)));
   Tensor d_fcv = v2(d_fc, T, H);
   cuda::rmsnorm_backward(ctx, d_fcv, g.hidden_norm, d_thv, v2(fc_out, T, H), w.hidden_norm, v1(rstd_h, T));
+  final(ready, g.hidden_norm);
   linear_dw(g.fc, d_fcv, v2(x_ctx, T, K * H), w.fc);
+  final(ready, g.fc);
 }
 
 void DrafterStepCuda::Impl::loss_rows(const DrafterStepBatch& b, const Tensor& hf, ops::LossObjective objective,
@@ -617,7 +638,7 @@ void DrafterStepCuda::Impl::download_rows(const DrafterStepBatch& b, ops::LossOb
   res.loss = num / wsum;
 }
 
-void DrafterStepCuda::Impl::backward_from_rows() {
+void DrafterStepCuda::Impl::backward_from_rows(const GradReady& ready) {
   cudaStream_t st = stream_of(ctx);
   Tensor d_outv = v2(d_out, NB, H);
   DF_CUDA(cudaMemsetAsync(d_outv.data, 0, d_outv.nbytes(), st));
@@ -626,10 +647,11 @@ void DrafterStepCuda::Impl::backward_from_rows() {
                                                     static_cast<const Bf16x8*>(dh_rows.t().data),
                                                     static_cast<const int32_t*>(row_idx.t().data), R, H8, true);
   DF_CUDA_LAUNCH();
-  backward(d_outv);
+  backward(d_outv, ready);
 }
 
-DrafterStepResult DrafterStepCuda::forward_backward(const DrafterStepBatch& b, ops::LossObjective objective) {
+DrafterStepResult DrafterStepCuda::forward_backward(const DrafterStepBatch& b, ops::LossObjective objective,
+                                                   const GradReady& ready) {
   Impl& s = *impl_;
   DF_CHECK(!s.embed.empty(), Internal, "drafter step (CUDA): set_frozen() first");
   s.mark(Phase::Other);
@@ -638,7 +660,7 @@ DrafterStepResult DrafterStepCuda::forward_backward(const DrafterStepBatch& b, o
   DrafterStepResult res;
   s.loss_rows(b, hf, objective, true);
   if (s.R == 0) return res;
-  s.backward_from_rows();
+  s.backward_from_rows(ready);
   s.mark(Phase::Count);  // closes the last interval
   s.download_rows(b, objective, res);  // after the backward is enqueued: no bubble before it
   return res;
@@ -656,7 +678,8 @@ DrafterStepResult DrafterStepCuda::forward_loss(const DrafterStepBatch& b, ops::
   return res;
 }
 
-void DrafterStepCuda::backward_rows(const std::vector<float>& row_weight, ops::LossObjective objective) {
+void DrafterStepCuda::backward_rows(const std::vector<float>& row_weight, ops::LossObjective objective,
+                                    const GradReady& ready) {
   Impl& s = *impl_;
   DF_CHECK(static_cast<int64_t>(row_weight.size()) == s.R, Internal,
            "drafter step (CUDA): " << row_weight.size() << " row weights for the last forward's " << s.R << " rows");
@@ -672,7 +695,7 @@ void DrafterStepCuda::backward_rows(const std::vector<float>& row_weight, ops::L
   cuda::lm_loss_backward(s.ctx, Impl::v2(s.dh_rows, s.R, s.H), Impl::v1(s.row_w, s.R), objective,
                          Impl::v2(s.h_rows, s.R, s.H), s.lm_head, Impl::v1(s.labels, s.R), teacher,
                          Impl::v1(s.workspace, static_cast<int64_t>(s.workspace.numel())), s.chunk_rows);
-  s.backward_from_rows();
+  s.backward_from_rows(ready);
   s.mark(Phase::Count);
 }
 

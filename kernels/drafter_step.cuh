@@ -4,7 +4,9 @@
 // in the CUDA library; the caller supplies the parameter layout (drafter_param_layout) and the loss rows
 // (train::build_loss_rows), both host-side.
 #pragma once
+#include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "dflash/drafter_model.h"
@@ -61,15 +63,23 @@ class DrafterStepCuda {
   // The target's frozen embedding and lm_head, BF16 [V, H] on the device (not owned).
   void set_frozen(const Tensor& embed, const Tensor& lm_head);
 
+  // Called by the backward with each parameter's range [begin, end) of grads() (elements) right after the
+  // last kernel that writes it is enqueued: the range is final once the work enqueued so far on the
+  // context's stream has run (the gradient sum over drafters starts on it; grad_reducer.h). Order: norm,
+  // then each layer from the last (down_proj first, input_layernorm last), hidden_norm and fc last.
+  using GradReady = std::function<void(size_t begin, size_t end)>;
+
   // Forward + backward: gradients of sum_r w_r loss_r / sum_r w_r left in grads() (overwritten).
   // With final_norm in the batch the teacher logits are computed too (argmax_p; the KL objective's p).
-  DrafterStepResult forward_backward(const DrafterStepBatch& b, ops::LossObjective objective);
+  // A batch without loss rows leaves grads() zero and reports nothing.
+  DrafterStepResult forward_backward(const DrafterStepBatch& b, ops::LossObjective objective,
+                                     const GradReady& ready = {});
   // Forward and loss rows only (evaluation, or the first pass of D-PACE); grads() untouched.
   DrafterStepResult forward_loss(const DrafterStepBatch& b, ops::LossObjective objective);
   // After forward_loss() on a batch (its activations are still here): the gradient of
   // sum_r row_weight[r] loss_r (row_weight [R] already normalised) with the logits recomputed chunk by
   // chunk, then the drafter backward into grads() (overwritten). D-PACE's weights depend on the forward.
-  void backward_rows(const std::vector<float>& row_weight, ops::LossObjective objective);
+  void backward_rows(const std::vector<float>& row_weight, ops::LossObjective objective, const GradReady& ready = {});
   // Global-norm clip + AdamW (1-based step) + bf16 weight refresh in one pass. Returns the pre-clip norm
   // (synchronizes to read it).
   double optimizer_step(const ops::AdamWHyper& hyper, int64_t step, float clip);

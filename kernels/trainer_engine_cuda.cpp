@@ -54,7 +54,7 @@ class CudaEngine final : public TrainerEngine {
 
   EngineRows forward(const EngineBatch& b, bool with_grad) override {
     fill_batch(b);
-    res_ = with_grad ? step_.forward_backward(batch_, objective_) : step_.forward_loss(batch_, objective_);
+    res_ = with_grad ? step_.forward_backward(batch_, objective_, b.grad_ready) : step_.forward_loss(batch_, objective_);
     EngineRows out;
     out.loss = res_.row_loss.data();
     out.ce = res_.row_ce.data();
@@ -63,8 +63,8 @@ class CudaEngine final : public TrainerEngine {
     return out;
   }
 
-  void backward(const EngineBatch&, const std::vector<float>& weight) override {
-    step_.backward_rows(weight, objective_);
+  void backward(const EngineBatch& b, const std::vector<float>& weight) override {
+    step_.backward_rows(weight, objective_, b.grad_ready);
   }
 
   void zero_grads() override {

@@ -1,5 +1,7 @@
 // The DFlash drafter and its training step (what drafter ranks run).
 #pragma once
+#include <cstddef>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -56,6 +58,20 @@ struct FeatureBatch {
   Tensor final_norm;  // [T, H]; needed by LossKind::KL (and for the agree metric: NaN without it)
 };
 
+// What forward_backward tells its caller while it enqueues the backward, so that the sum of the gradients
+// over the drafters can start on the parts that are final while the rest is still being computed
+// (grad_reducer.h; the buckets of PyTorch DDP). Either may be empty.
+struct GradHooks {
+  // Once per call, before any of the step's gradient work is enqueued: the batch's loss weight sum Σw
+  // (= StepStats::weight_sum; 0 for a batch without loss rows, whose gradient is zero).
+  std::function<void(double weight_sum)> begin;
+  // [begin, end) of grads() (elements) holds its final value once the work enqueued so far on the
+  // trainer's context has run. Reported in the backward's order (the final norm and the drafter's last
+  // layer first, fc and hidden_norm last; parameter by parameter, on the CPU at the end of each layer);
+  // every element of [0, P) exactly once per call, all before forward_backward returns.
+  std::function<void(size_t begin, size_t end)> ready;
+};
+
 class DrafterTrainer {
  public:
   // `target_dir` supplies the frozen embedding and lm_head (and the target config to check against);
@@ -93,7 +109,9 @@ class DrafterTrainer {
   // Gaussian noise (TrainOptions::hs_noise) is added to the fused features hidden_norm(fc(ctx)) in training
   // (the CPU and CUDA draw different numbers of the same distribution).
   StepStats forward_backward(const FeatureBatch& fb, const std::vector<int64_t>& anchors = {});
-  // Flat fp32 gradient buffer [P] of every trainable parameter (one bucket for one allreduce), on the
+  // The same, reporting the gradient's progress to `hooks` as the backward is enqueued.
+  StepStats forward_backward(const FeatureBatch& fb, const GradHooks& hooks, const std::vector<int64_t>& anchors = {});
+  // Flat fp32 gradient buffer [P] of every trainable parameter (param_layout() places them), on the
   // trainer's backend (device memory on CUDA).
   Tensor grads();
   // grads() *= s on the trainer's backend (the global loss normalisation over drafter ranks).

@@ -9,7 +9,10 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "dflash/anchors.h"
 #include "dflash/drafter.h"
@@ -53,8 +56,48 @@ struct DrafterTrainer::Impl {
                                               noise_rng(o.seed * 0x9e3779b97f4a7c15ULL + 1),
                                               noise_seed(o.seed * 0x9e3779b97f4a7c15ULL + 2) {}
 
-  StepStats run(const FeatureBatch& fb, const std::vector<int64_t>& given, bool train);
+  StepStats run(const FeatureBatch& fb, const std::vector<int64_t>& given, bool train, const GradHooks* hooks);
 };
+
+namespace {
+
+// Passes an engine's final ranges on to GradHooks::ready and, once the engine returns, reports whatever it
+// did not (all of it for an engine that reports nothing), so the caller sees [0, P) exactly once.
+class ReadyRanges {
+ public:
+  ReadyRanges(const GradHooks* hooks, size_t P) : hooks_(hooks && hooks->ready ? hooks : nullptr), P_(P) {}
+  // The callback for EngineBatch::grad_ready (empty without a ready hook).
+  std::function<void(size_t, size_t)> callback() {
+    if (!hooks_) return {};
+    return [this](size_t b, size_t e) {
+      DF_CHECK(b <= e && e <= P_, Internal, "drafter backward reported range [" << b << ", " << e << ") of " << P_);
+      seen_.push_back({b, e});
+      hooks_->ready(b, e);
+    };
+  }
+  // Reports the rest, from the last element down (the backward's order).
+  void finish() {
+    if (!hooks_) return;
+    std::sort(seen_.begin(), seen_.end());
+    std::vector<std::pair<size_t, size_t>> gaps;
+    size_t at = 0;
+    for (const auto& [b, e] : seen_) {
+      DF_CHECK(b >= at, Internal, "drafter backward reported part of [" << b << ", " << e << ") twice");
+      if (b > at) gaps.push_back({at, b});
+      at = e;
+    }
+    if (at < P_) gaps.push_back({at, P_});
+    for (size_t i = gaps.size(); i-- > 0;) hooks_->ready(gaps[i].first, gaps[i].second);
+    seen_.clear();
+  }
+
+ private:
+  const GradHooks* hooks_;
+  size_t P_;
+  std::vector<std::pair<size_t, size_t>> seen_;
+};
+
+}  // namespace
 
 DrafterTrainer::DrafterTrainer(const std::string& target_dir, const std::string& drafter_dir, int num_layers,
                                const TrainOptions& opt, const Ctx& ctx, int64_t max_tokens)
@@ -129,7 +172,8 @@ double DrafterTrainer::current_lr() const {
   return lr_schedule(impl_->step, o.lr, o.warmup_steps, o.total_steps, o.min_lr_ratio);
 }
 
-StepStats DrafterTrainer::Impl::run(const FeatureBatch& fb, const std::vector<int64_t>& given, bool train) {
+StepStats DrafterTrainer::Impl::run(const FeatureBatch& fb, const std::vector<int64_t>& given, bool train,
+                                    const GradHooks* hooks) {
   DF_CHECK(fb.batch != nullptr, Internal, "FeatureBatch without its PackedBatch");
   const PackedBatch& batch = *fb.batch;
   const int64_t T = batch.num_tokens(), H = cfg.layers.hidden_size, B = cfg.block_size;
@@ -183,8 +227,19 @@ StepStats DrafterTrainer::Impl::run(const FeatureBatch& fb, const std::vector<in
   st.per_pos_acc.assign(static_cast<size_t>(B), 0.0);
   train::build_loss_rows(batch, in.anchors, seq_end, static_cast<int>(B), opt.gamma, rows);
   const int64_t R = static_cast<int64_t>(rows.size());
+  // The normalisation is known here, before any gradient work: GradHooks::begin gets it first.
+  double wsum = 0;
+  for (float x : rows.weight) wsum += x;
+  ReadyRanges ready(hooks, static_cast<size_t>(engine->grads().numel()));
+  auto begin_backward = [&] {
+    if (hooks && hooks->begin) hooks->begin(wsum);
+  };
   if (R == 0) {  // nothing to learn from: zero gradients, zero loss
-    if (train) engine->zero_grads();
+    if (train) {
+      begin_backward();
+      engine->zero_grads();
+      ready.finish();
+    }
     return st;
   }
 
@@ -200,9 +255,12 @@ StepStats DrafterTrainer::Impl::run(const FeatureBatch& fb, const std::vector<in
   eb.noise_counter = noise_calls;
   if (eb.noise_std > 0.f) ++noise_calls;
   const bool fused = train && !opt.dpace;
+  if (fused) {
+    begin_backward();
+    eb.grad_ready = ready.callback();
+  }
   const train::EngineRows out = engine->forward(eb, fused);
-  double wsum = 0;
-  for (float x : rows.weight) wsum += x;
+  if (fused) ready.finish();
   double num = 0;
   for (int64_t r = 0; r < R; ++r) num += static_cast<double>(rows.weight[r]) * out.loss[r];
   st.loss = num / wsum;
@@ -221,16 +279,24 @@ StepStats DrafterTrainer::Impl::run(const FeatureBatch& fb, const std::vector<in
   dpace_w.resize(static_cast<size_t>(R));
   for (int64_t r = 0; r < R; ++r)
     dpace_w[r] = dsum > 0 ? static_cast<float>(rows.weight[r] * dpace[r] / dsum) : static_cast<float>(rows.weight[r] / wsum);
+  begin_backward();
+  eb.grad_ready = ready.callback();
   engine->backward(eb, dpace_w);
+  ready.finish();
   return st;
 }
 
 StepStats DrafterTrainer::forward_backward(const FeatureBatch& fb, const std::vector<int64_t>& anchors) {
-  return impl_->run(fb, anchors, true);
+  return impl_->run(fb, anchors, true, nullptr);
+}
+
+StepStats DrafterTrainer::forward_backward(const FeatureBatch& fb, const GradHooks& hooks,
+                                           const std::vector<int64_t>& anchors) {
+  return impl_->run(fb, anchors, true, &hooks);
 }
 
 StepStats DrafterTrainer::evaluate(const FeatureBatch& fb, const std::vector<int64_t>& anchors) {
-  return impl_->run(fb, anchors, false);
+  return impl_->run(fb, anchors, false, nullptr);
 }
 
 Tensor DrafterTrainer::grads() { return impl_->engine->grads(); }

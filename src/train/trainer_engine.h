@@ -8,6 +8,7 @@
 #pragma once
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -41,6 +42,9 @@ struct EngineBatch {
   float noise_std = 0.f;                 // training noise on the fused features (0 = none)
   Rng* noise_rng = nullptr;              // the CPU's generator
   uint64_t noise_seed = 0, noise_counter = 0;  // the CUDA's counter-based noise (feature_noise.cuh)
+  // Called by the backward as ranges of grads() become final (GradHooks::ready); may be empty. An engine
+  // need not report everything: the trainer reports what is left once the engine returns.
+  std::function<void(size_t begin, size_t end)> grad_ready;
 };
 
 // Per-row results of a loss pass, host memory valid until the next pass.

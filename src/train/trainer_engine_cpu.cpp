@@ -3,6 +3,7 @@
 // loss (its gradient fused into the same pass when the weights are known), the row gradients scattered
 // back into the block stream, DrafterNet backward into the flat gradient buffer.
 #include <cstring>
+#include <functional>
 
 #include "dflash/drafter_ops.h"
 #include "train/trainer_engine.h"
@@ -81,7 +82,7 @@ class CpuEngine final : public TrainerEngine {
     ops::lm_loss_forward(ctx_, lo, h, lm_head_.t(), rows_view(labels_, R), teacher, workspace_.t(), chunk_rows_,
                          with_grad ? rows_view(dh_rows_, R) : Tensor(), with_grad ? rows_view(row_w_, R) : Tensor(),
                          objective_);
-    if (with_grad) backward_from_rows(rows);
+    if (with_grad) backward_from_rows(rows, b.grad_ready);
     EngineRows out;
     out.loss = kl_loss ? kl_.ptr<float>() : ce_.ptr<float>();
     out.ce = ce_.ptr<float>();
@@ -99,7 +100,7 @@ class CpuEngine final : public TrainerEngine {
     const Tensor teacher = b.fb->final_norm.empty() ? Tensor() : rows_view(t_rows_, R);
     ops::lm_loss_backward(ctx_, rows_view(dh_rows_, R), rows_view(row_w_, R), objective_, rows_view(h_rows_, R),
                           lm_head_.t(), rows_view(labels_, R), teacher, workspace_.t(), chunk_rows_);
-    backward_from_rows(rows);
+    backward_from_rows(rows, b.grad_ready);
   }
 
   void zero_grads() override { grads_.zero(); }
@@ -119,8 +120,9 @@ class CpuEngine final : public TrainerEngine {
   void state_loaded() override {}  // the views are the live buffers
 
  private:
-  // The row gradients dh_rows scattered into the block stream, then the drafter backward.
-  void backward_from_rows(const LossRows& rows) {
+  // The row gradients dh_rows scattered into the block stream, then the drafter backward (reporting each
+  // parameter's range of grads_ to grad_ready once the net is done with it).
+  void backward_from_rows(const LossRows& rows, const std::function<void(size_t, size_t)>& grad_ready) {
     const int64_t H = cfg_.layers.hidden_size, R = static_cast<int64_t>(rows.size());
     Tensor d_out = net_->d_out_buffer(static_cast<int64_t>(in_.anchors.size()) * cfg_.block_size);
     std::memset(d_out.data, 0, d_out.nbytes());
@@ -128,7 +130,13 @@ class CpuEngine final : public TrainerEngine {
     const float* dhr = dh_rows_.ptr<float>();
     for (int64_t r = 0; r < R; ++r)
       std::memcpy(dpo + static_cast<size_t>(rows.block_row[r]) * H, dhr + r * H, sizeof(float) * static_cast<size_t>(H));
-    net_->backward(w_, g_, d_out);
+    std::function<void(const Tensor&)> grad_final;
+    if (grad_ready)
+      grad_final = [&](const Tensor& g) {
+        const size_t begin = static_cast<size_t>(g.ptr<float>() - grads_.ptr<float>());
+        grad_ready(begin, begin + g.numel());
+      };
+    net_->backward(w_, g_, d_out, grad_final);
   }
 
   Ctx ctx_;
