@@ -77,6 +77,7 @@ struct Options {
   int log_every = 10;
   int metrics_flush_every = 10;
   double peer_timeout_s = 120;
+  double grad_bucket_mb = 25;   // gradient allreduce buckets (MiB), launched during the backward; 0 = one after it
   DType export_dtype = DType::F32;
   TrainOptions train;           // loss, dpace, gamma, max_anchors, hs_noise, lr, warmup, seed, ...
 

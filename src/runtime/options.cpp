@@ -96,7 +96,8 @@ po::options_description describe(Options& o, std::string& topology, std::string&
     ("long-record", po::value(&long_record)->default_value("error"), "record longer than --token-budget: error | cut | skip")
     ("epochs", po::value(&o.epochs)->default_value(1), "passes over the data (0 = forever)")
     ("max-steps", po::value(&o.max_steps)->default_value(0), "stop after this many steps (0 = when the data ends)")
-    ("peer-timeout", po::value(&o.peer_timeout_s)->default_value(120.0), "seconds any wait on a peer may take before the job ends with exit 7");
+    ("peer-timeout", po::value(&o.peer_timeout_s)->default_value(120.0), "seconds any wait on a peer may take before the job ends with exit 7")
+    ("grad-bucket-mb", po::value(&o.grad_bucket_mb)->default_value(25.0), "with several drafters: MiB of gradient per allreduce bucket; buckets are summed while the backward still runs (as PyTorch DDP); 0 = one allreduce after the backward");
   po::options_description train("Training");
   train.add_options()
     ("loss", po::value(&loss)->default_value("ce"), "ce | kl")
@@ -210,6 +211,7 @@ ParseResult parse_options(int argc, const char* const* argv) {
   check_range(o.log_every >= 1, "log-every", str(o.log_every), ">= 1");
   check_range(o.metrics_flush_every >= 1, "metrics-flush-every", str(o.metrics_flush_every), ">= 1");
   check_range(o.peer_timeout_s > 0 && std::isfinite(o.peer_timeout_s), "peer-timeout", str(o.peer_timeout_s), "> 0 seconds");
+  check_range(o.grad_bucket_mb >= 0 && std::isfinite(o.grad_bucket_mb), "grad-bucket-mb", str(o.grad_bucket_mb), ">= 0 MiB (0 = one bucket)");
   check_range(o.train.max_anchors >= 1, "max-anchors", str(o.train.max_anchors), ">= 1");
   check_range(o.train.gamma > 0, "gamma", str(o.train.gamma), "> 0");
   check_range(o.train.lr > 0 && std::isfinite(o.train.lr), "lr", str(o.train.lr), "> 0");

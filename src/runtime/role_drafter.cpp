@@ -3,7 +3,9 @@
 // is DrafterEndpoint's; the tensors arrive through a DataPlane; the sum goes through a GradientReducer.
 // The first drafter also writes metrics.h5 and exports the drafter.
 #include <cmath>
+#include <cstdio>
 #include <thread>
+#include <vector>
 
 #include "dflash/checkpoint.h"
 #include "dflash/drafter.h"
@@ -46,8 +48,22 @@ class DrafterLoop {
     DrafterEndpoint endpoint(job_, make_data_plane(ps));
     endpoint_ = &endpoint;
     Tensor grads = trainer.grads();
-    if (num_drafters > 1)
-      reducer_ = make_gradient_reducer(job_.grad_reduce, topo_.drafter_comm, job_.ctx, grads.numel(), o_.peer_timeout_s);
+    GradHooks hooks;  // empty with one drafter
+    if (num_drafters > 1) {
+      std::vector<GradRange> params;
+      for (const ParamSpec& p : trainer.param_layout()) params.push_back({p.offset, p.offset + p.numel()});
+      reducer_ = make_gradient_reducer(job_.grad_reduce, topo_.drafter_comm, job_.ctx,
+                                       plan_grad_buckets(params, grad_bucket_elements(o_.grad_bucket_mb)),
+                                       o_.peer_timeout_s);
+      if (topo_.is_metrics_writer()) {
+        std::printf("[dflash] gradient allreduce: %zu bucket(s) (--grad-bucket-mb %g), %s\n", reducer_->buckets().size(),
+                    o_.grad_bucket_mb, reducer_->buckets().size() > 1 ? "summed while the backward runs" : "summed after the backward");
+        std::fflush(stdout);
+      }
+      // Buckets start summing as the backward finalises them, each prescaled by this batch's weight sum.
+      hooks.begin = [&](double weight_sum) { reducer_->begin_step(trainer.grads(), static_cast<float>(weight_sum)); };
+      hooks.ready = [&](size_t begin, size_t end) { reducer_->bucket_ready(begin, end); };
+    }
     MetricsHub hub(job_);
     // The bytes each step allreduces (dflash-report prices more drafters with it when it measured none).
     hub.set_attribute("drafter_grad_bytes", static_cast<int64_t>(grads.nbytes()));
@@ -83,7 +99,7 @@ class DrafterLoop {
       fb.batch = &hb.batch;
       fb.features = hb.features_view();
       fb.final_norm = hb.final_norm_view();
-      StepStats st = trainer.forward_backward(fb);
+      StepStats st = trainer.forward_backward(fb, hooks);
       ckpt.trained_on(topo_.target_index_of(hb.header.report.rank), hb.header.batch_index, hb.header.next_position);
       if (o_.inject_delay_drafter_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(o_.inject_delay_drafter_ms));
       report_.compute_s += mpi::seconds_since(t0);
@@ -146,14 +162,15 @@ class DrafterLoop {
     DF_CHECK(sum[0] == -sum[1], Internal, "drafter ranks start from different weights");
   }
 
-  // Each drafter's gradient is d(Σw·loss / Σw_local): scaled back to d(Σw·loss) before the sum and divided
-  // by the global Σw after, so several drafters train on one normalisation over all their batches (the
-  // DFlash objective), not on a mean of per-drafter means. The gradient and the step's numbers travel
-  // together; the wait drives the endpoint and names a lost drafter at its deadline.
+  // Each drafter's gradient is d(Σw·loss / Σw_local): scaled back to d(Σw·loss) before the sum (the
+  // reducer prescales each bucket by Σw_local, given to it by GradHooks::begin before the backward) and
+  // divided by the global Σw after, so several drafters train on one normalisation over all their batches
+  // (the DFlash objective), not on a mean of per-drafter means. The buckets were launched during the
+  // backward; what is left here is the exposed part of the sum, waited for together with the step's
+  // numbers. The round is announced only now, so a drafter stuck before here (in its backward, say) is
+  // the one named; the wait drives the endpoint and names a lost drafter at its deadline.
   void reduce_gradients(DrafterTrainer& trainer, StepSums& sums, const std::function<void()>& progress) {
-    trainer.scale_grads(static_cast<float>(sums.weight_sum));
     enter_collective();
-    reducer_->start(trainer.grads());
     MPI_Request rs = mpi::iallreduce(reinterpret_cast<double*>(&sums), sizeof(sums) / sizeof(double), MPI_SUM, topo_.drafter_comm);
     mpi::Deadline deadline(o_.peer_timeout_s);
     mpi::Backoff backoff;
