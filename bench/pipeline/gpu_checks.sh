@@ -15,7 +15,13 @@ step() {  # step NAME CMD...: runs it, keeps its log, records failures
   printf '%-28s rc=%-3d %4ds\n' "$name" "$r" $((SECONDS - t0)) | tee -a "$OUT/summary.txt"
   [ $r -eq 0 ] || { rc=1; tail -25 "$OUT/$name.log"; }
 }
-step gpu_unit "$B/dflash_gpu_tests" --gtest_brief=1
-step selftest_cuda "$B/dflash-selftest" tests/data/golden/qwen3-tiny-a --backend cuda
-for t in tests/gpu_e2e/test_*.sh; do step "$(basename "$t" .sh)" bash "$t"; done
+[ -n "${SKIP_UNIT:-}" ] || step gpu_unit "$B/dflash_gpu_tests" --gtest_brief=1
+[ -n "${SKIP_UNIT:-}" ] || step selftest_cuda "$B/dflash-selftest" tests/data/golden/qwen3-tiny-a --backend cuda
+[ -n "${SKIP_UNIT:-}" ] || [ ! -x "$B/dflash_gpu_mpi_tests" ] || step gpu_mpi_np2 mpirun -np 2 --oversubscribe "$B/dflash_gpu_mpi_tests"
+# GPU_E2E="planes pipeline" runs only those (default: every tests/gpu_e2e/test_*.sh)
+for t in tests/gpu_e2e/test_*.sh; do
+  n=$(basename "$t" .sh)
+  [ -z "${GPU_E2E:-}" ] || [[ " $GPU_E2E " == *" ${n#test_gpu_} "* ]] || continue
+  step "$n" bash "$t"
+done
 exit $rc

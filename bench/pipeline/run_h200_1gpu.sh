@@ -4,6 +4,8 @@
 # standalone by the same binary (--topology auto --measure-only, one rank owning the GPU), then the 1-1
 # job with both ranks on the GPU; summarise.py compares the run with the one-GPU ceiling
 # 1/(1/target rate + 1/drafter rate) and reports the drafter's data-plane wait.
+# PLANES="host cuda-mpi" runs the 1-1 job once per data plane (default: host); cuda-mpi runs
+# BUILD_DIR/cudampi/dflash-train under the CUDA-aware Open MPI (bench/planes/cuda_mpi_env.sh).
 # Usage (GPU machine): bench/pipeline/run_h200_1gpu.sh BUILD_DIR OUT_DIR [STEPS]
 set -euo pipefail
 B=${1:?build dir}; OUT=${2:?out dir}; STEPS=${3:-60}
@@ -19,8 +21,14 @@ echo "# standalone roles: one rank, the whole GPU"
 mpirun -np 1 "$B/dflash-train" "${COMMON[@]}" --topology auto --measure-only --out "$W/measure" 2>&1 | tee "$OUT/measure.txt"
 TS=$(sed -n 's/.*auto: target \([0-9.]*\) s\/batch, drafter \([0-9.]*\) s\/batch.*/\1/p' "$OUT/measure.txt")
 DS=$(sed -n 's/.*auto: target \([0-9.]*\) s\/batch, drafter \([0-9.]*\) s\/batch.*/\2/p' "$OUT/measure.txt")
-echo "# the 1-1 pipeline, both ranks on the GPU, host-staged plane"
-rm -rf "$W/run"
-mpirun -np 2 -x NCCL_NVLS_ENABLE "$B/dflash-train" "${COMMON[@]}" --topology 1-1 --max-steps "$STEPS" --log-every 10 \
-  --hs-queue-depth 4 --out "$W/run" 2>&1 | tee "$OUT/run.txt"
-python3 "$(dirname "$0")/summarise.py" "$W/run/metrics.h5" --target-s "$TS" --drafter-s "$DS" | tee "$OUT/summary.txt"
+for plane in ${PLANES:-host}; do
+  echo "# the 1-1 pipeline, both ranks on the GPU, --data-plane $plane"
+  rm -rf "$W/run-$plane"
+  (
+    bin=$B
+    if [ "$plane" = cuda-mpi ]; then source "$(dirname "$0")/../planes/cuda_mpi_env.sh" "$B"; bin=$B/cudampi; fi
+    mpirun -np 2 -x NCCL_NVLS_ENABLE "$bin/dflash-train" "${COMMON[@]}" --topology 1-1 --max-steps "$STEPS" --log-every 10 \
+      --hs-queue-depth 4 --data-plane "$plane" --out "$W/run-$plane" 2>&1 | tee "$OUT/run-$plane.txt"
+  )
+  python3 "$(dirname "$0")/summarise.py" "$W/run-$plane/metrics.h5" --target-s "$TS" --drafter-s "$DS" | tee "$OUT/summary-$plane.txt"
+done
