@@ -22,16 +22,10 @@
 #include "dflash/error.h"
 #include "dflash/grad_reducer.h"
 #include "dflash/mpi_typed.h"
+#include "nccl_util.h"
 
 namespace dflash {
 namespace {
-
-std::string nccl_error(ncclComm_t comm, ncclResult_t r) {
-  std::string s = ncclGetErrorString(r);
-  const char* last = comm ? ncclGetLastError(comm) : nullptr;
-  if (last && *last) s += std::string(": ") + last;
-  return s;
-}
 
 class NcclReducer final : public GradientReducer {
  public:
