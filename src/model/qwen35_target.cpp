@@ -1,5 +1,6 @@
 // The Qwen3.5 / Qwen3.6 hybrid target forward over a packed batch (HF Qwen3_5ForCausalLM / the text
-// model of Qwen3_5ForConditionalGeneration), written in op calls on host float32 buffers.
+// model of Qwen3_5ForConditionalGeneration), written only in op calls over Buffers, so the same code runs on
+// the CPU (float32) and CUDA (bf16 activations; the delta rule's gates and state in float32) backends.
 //
 // Per decoder layer l, with input `in` and output buffer `dst` (a different buffer):
 //   x = input_layernorm(in)                                  (norm weights stored as 1 + w)
@@ -37,20 +38,24 @@ struct Qwen35Target::Impl {
   std::vector<int> capture_layers;
   CapturePlan captures;
   int64_t max_tokens = 0;
+  DType act = DType::F32;
   Qwen35Weights w;
 
   Buffer stream[2], x_norm;  // [T, H]
   // Gated DeltaNet layers
   Buffer qkv, conv;          // [T, 2*nk*dk + nv*dv]
   Buffer z, core;            // [T, nv*dv]
-  Buffer a, b, g, beta;      // [T, nv]
-  Buffer state;              // [nv, dk, dv]
+  Buffer a, b;               // [T, nv] projections (activation dtype)
+  Buffer g, beta;            // [T, nv] gates, float32
+  Buffer state;              // [nv, dk, dv] float32
   // Full-attention layers
   Buffer q, gate, attn;      // [T, nh*hd]
   Buffer k, v;               // [T, nkv*hd]
   // MLP
   Buffer mlp_gate, mlp_up;   // [T, I]
-  std::vector<int32_t> pos, cu_seqlens;  // [max_tokens], [max_tokens + 1]
+  Buffer tokens, pos;        // [T] I32 on the backend's device
+  Buffer cu_seqlens;         // [max_tokens + 1] I32 on the backend's device
+  std::vector<int32_t> pos_host, cu_host;  // [max_tokens], [max_tokens + 1]
 
   void linear_attn_forward(const Qwen35LinearAttnWeights& A, const Tensor& x, const Tensor& dst, int64_t T,
                            const Tensor& cu);
@@ -62,9 +67,9 @@ struct Qwen35Target::Impl {
 Qwen35Target::Qwen35Target(const Qwen35Config& cfg, const std::string& dir, const Ctx& ctx,
                            std::vector<int> capture_layers, int64_t max_tokens)
     : impl_(std::make_unique<Impl>()) {
-  DF_ASSERT(ctx.device == Device::CPU);  // make_target_model refuses the hybrid on any other backend
   Impl& m = *impl_;
   m.ctx = ctx;
+  m.act = ctx.device == Device::CPU ? DType::F32 : DType::BF16;
   m.cfg = cfg;
   const Qwen3Config& c = m.cfg.text;
   const int L = c.num_hidden_layers;
@@ -74,39 +79,44 @@ Qwen35Target::Qwen35Target(const Qwen35Config& cfg, const std::string& dir, cons
   m.max_tokens = max_tokens;
 
   Checkpoint ckpt(dir);
-  m.w = load_qwen35_weights(ckpt, m.cfg);
+  m.w = load_qwen35_weights(ckpt, m.cfg, ctx, m.act);
 
   bool any_linear = false, any_full = false;
   for (Qwen35LayerKind kind : m.cfg.kinds) (kind == Qwen35LayerKind::LinearAttention ? any_linear : any_full) = true;
   const int64_t T = max_tokens, H = c.hidden_size, I = c.intermediate_size;
-  const Device d = Device::CPU;
-  const DType f32 = DType::F32;
-  for (Buffer& s : m.stream) s = Buffer(d, f32, {T, H});
-  m.x_norm = Buffer(d, f32, {T, H});
+  const Device d = ctx.device;
+  const DType act = m.act, f32 = DType::F32;
+  for (Buffer& s : m.stream) s = Buffer(d, act, {T, H});
+  m.x_norm = Buffer(d, act, {T, H});
   if (any_linear) {
     const ops::GdnHeads gh = m.cfg.gdn_heads();
-    m.qkv = Buffer(d, f32, {T, gh.qkv_dim()});
-    m.conv = Buffer(d, f32, {T, gh.qkv_dim()});
-    m.z = Buffer(d, f32, {T, gh.value_dim()});
-    m.core = Buffer(d, f32, {T, gh.value_dim()});
-    for (Buffer* p : {&m.a, &m.b, &m.g, &m.beta}) *p = Buffer(d, f32, {T, gh.nv});
+    m.qkv = Buffer(d, act, {T, gh.qkv_dim()});
+    m.conv = Buffer(d, act, {T, gh.qkv_dim()});
+    m.z = Buffer(d, act, {T, gh.value_dim()});
+    m.core = Buffer(d, act, {T, gh.value_dim()});
+    for (Buffer* p : {&m.a, &m.b}) *p = Buffer(d, act, {T, gh.nv});
+    for (Buffer* p : {&m.g, &m.beta}) *p = Buffer(d, f32, {T, gh.nv});
     m.state = Buffer(d, f32, {gh.nv, gh.dk, gh.dv});
   }
   if (any_full) {
     const int64_t q_dim = int64_t(c.num_attention_heads) * c.head_dim;
     const int64_t kv_dim = int64_t(c.num_key_value_heads) * c.head_dim;
-    for (Buffer* p : {&m.q, &m.gate, &m.attn}) *p = Buffer(d, f32, {T, q_dim});
-    for (Buffer* p : {&m.k, &m.v}) *p = Buffer(d, f32, {T, kv_dim});
+    for (Buffer* p : {&m.q, &m.gate, &m.attn}) *p = Buffer(d, act, {T, q_dim});
+    for (Buffer* p : {&m.k, &m.v}) *p = Buffer(d, act, {T, kv_dim});
   }
-  m.mlp_gate = Buffer(d, f32, {T, I});
-  m.mlp_up = Buffer(d, f32, {T, I});
-  m.pos.resize(T);
-  m.cu_seqlens.resize(T + 1);
+  m.mlp_gate = Buffer(d, act, {T, I});
+  m.mlp_up = Buffer(d, act, {T, I});
+  m.tokens = Buffer(d, DType::I32, {T});
+  m.pos = Buffer(d, DType::I32, {T});
+  m.cu_seqlens = Buffer(d, DType::I32, {T + 1});
+  m.pos_host.resize(T);
+  m.cu_host.resize(T + 1);
 }
 
 Qwen35Target::~Qwen35Target() = default;
 
 const Qwen3Config& Qwen35Target::config() const { return impl_->cfg.text; }
+DType Qwen35Target::activation_dtype() const { return impl_->act; }
 const Qwen35Config& Qwen35Target::hybrid_config() const { return impl_->cfg; }
 const std::vector<int>& Qwen35Target::capture_layers() const { return impl_->capture_layers; }
 Tensor Qwen35Target::embed_tokens() const { return impl_->w.embed_tokens.t(); }
@@ -136,7 +146,7 @@ void Qwen35Target::Impl::full_attn_forward(const Qwen35FullAttnWeights& A, const
   const int64_t nh = c.num_attention_heads, nkv = c.num_key_value_heads, hd = c.head_dim;
   const ops::RopeSpec rope{c.rope_theta, cfg.rotary_dim};
   const Tensor qt = rows(q, T), gt = rows(gate, T), kt = rows(k, T), vt = rows(v, T), at = rows(attn, T);
-  const Tensor positions = cpu_view(pos.data(), {T});
+  const Tensor positions = rows(pos, T);
   ops::matmul_forward(ctx, qt, x, A.q_proj);
   ops::matmul_forward(ctx, gt, x, A.gate_proj);
   ops::matmul_forward(ctx, kt, x, A.k_proj);
@@ -175,12 +185,15 @@ void Qwen35Target::forward(const PackedBatch& batch, const CaptureOut& out) {
   const int nseq = batch.num_seqs();
   const int64_t ncap = static_cast<int64_t>(m.capture_layers.size());
 
-  check_packed_batch(batch, m.max_tokens, c.vocab_size, m.pos);
-  check_capture_out(out, ncap, T, H, DType::F32, Device::CPU);
-  std::copy(batch.cu_seqlens.begin(), batch.cu_seqlens.end(), m.cu_seqlens.begin());
-  const Tensor cu = cpu_view(m.cu_seqlens.data(), {static_cast<int64_t>(nseq) + 1});
+  check_packed_batch(batch, m.max_tokens, c.vocab_size, m.pos_host);
+  check_capture_out(out, ncap, T, H, m.act, m.ctx.device);
+  const Tensor cu = m.cu_seqlens.t().slice_rows(0, nseq + 1);
+  copy_tensor(m.ctx, rows(m.tokens, T), cpu_view(batch.tokens.data(), {T}));
+  copy_tensor(m.ctx, rows(m.pos, T), cpu_view(m.pos_host.data(), {T}));
+  copy_tensor(m.ctx, cu, cpu_view(batch.cu_seqlens.data(), {static_cast<int64_t>(nseq) + 1}));
+  std::copy(batch.cu_seqlens.begin(), batch.cu_seqlens.end(), m.cu_host.begin());
 
-  ops::embedding_forward(m.ctx, rows(m.stream[0], T), cpu_view(batch.tokens.data(), {T}), m.w.embed_tokens);
+  ops::embedding_forward(m.ctx, rows(m.stream[0], T), rows(m.tokens, T), m.w.embed_tokens);
   capture_stack_forward(m.ctx, m.captures, m.stream, T, H, out, m.w.norm, c.rms_norm_eps,
                         [&](int l, const Tensor& in, const Tensor& dst) {
                           m.layer_forward(m.w.layers[l], in, dst, T, cu);

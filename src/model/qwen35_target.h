@@ -13,7 +13,7 @@ namespace dflash {
 class Qwen35Target final : public TargetModel {
  public:
   // cfg: the checkpoint's parsed config (*load_target_config(dir).qwen35). Loads the safetensors from
-  // dir, every tensor checked before any compute. ctx must be the CPU backend.
+  // dir, every tensor checked before any compute; onto ctx's device (bf16 on CUDA).
   Qwen35Target(const Qwen35Config& cfg, const std::string& dir, const Ctx& ctx, std::vector<int> capture_layers,
                int64_t max_tokens);
   ~Qwen35Target() override;
@@ -22,7 +22,7 @@ class Qwen35Target final : public TargetModel {
   const Qwen3Config& config() const override;   // the text model's sizes
   const Qwen35Config& hybrid_config() const;     // layer kinds, Gated DeltaNet heads, partial RoPE
   const std::vector<int>& capture_layers() const override;
-  DType activation_dtype() const override { return DType::F32; }
+  DType activation_dtype() const override;
   // Each packed sequence runs from a zero conv/recurrent state and attends only to itself.
   void forward(const PackedBatch& batch, const CaptureOut& out) override;
   void lm_head_forward(const Tensor& logits, const Tensor& final_norm) override;

@@ -2,8 +2,10 @@
 
 #include <algorithm>
 #include <cstring>
+#include <map>
 #include <string>
 
+#include "dflash/backend.h"
 #include "dflash/error.h"
 
 namespace dflash {
@@ -24,12 +26,23 @@ struct WeightSpec {
   LoadAs how = LoadAs::Plain;
   Buffer* dst2 = nullptr;
   int64_t heads = 0, head_dim = 0;  // SplitQueryGate
+  bool keep_f32 = false;            // the decay parameters: float32 on every backend (they feed exp)
 };
 
-Buffer host_buffer(const std::vector<int64_t>& shape) {
-  if (shape.size() == 1) return Buffer(Device::CPU, DType::F32, {shape[0]});
+Buffer make_weight(const Ctx& ctx, DType dtype, const std::vector<int64_t>& shape) {
+  if (shape.size() == 1) return Buffer(ctx.device, dtype, {shape[0]});
   DF_ASSERT(shape.size() == 2);
-  return Buffer(Device::CPU, DType::F32, {shape[0], shape[1]});
+  return Buffer(ctx.device, dtype, {shape[0], shape[1]});
+}
+
+// dst (any backend) = host float32 src, converted to dst's dtype; the staging is free again on return.
+void upload(const Ctx& ctx, const Buffer& dst, const float* src) {
+  Tensor s = dst.t();
+  s.data = const_cast<float*>(src);
+  s.dtype = DType::F32;
+  s.device = Device::CPU;
+  copy_tensor(ctx, dst.t(), s);
+  synchronize(ctx);
 }
 
 std::vector<WeightSpec> weight_specs(const Qwen35Config& cfg, Qwen35Weights& w) {
@@ -55,8 +68,11 @@ std::vector<WeightSpec> weight_specs(const Qwen35Config& cfg, Qwen35Weights& w) 
       s.push_back({ap + "in_proj_b.weight", {g.nv, H}, {g.nv, H}, &A.in_proj_b});
       s.push_back({ap + "in_proj_a.weight", {g.nv, H}, {g.nv, H}, &A.in_proj_a});
       s.push_back({ap + "conv1d.weight", {C, 1, K}, {C, K}, &A.conv1d});
-      s.push_back({ap + "A_log", {g.nv}, {g.nv}, &A.A_log});
-      s.push_back({ap + "dt_bias", {g.nv}, {g.nv}, &A.dt_bias});
+      WeightSpec a_log{ap + "A_log", {g.nv}, {g.nv}, &A.A_log};
+      WeightSpec dt_bias{ap + "dt_bias", {g.nv}, {g.nv}, &A.dt_bias};
+      a_log.keep_f32 = dt_bias.keep_f32 = true;
+      s.push_back(a_log);
+      s.push_back(dt_bias);
       s.push_back({ap + "norm.weight", {g.dv}, {g.dv}, &A.norm});
       s.push_back({ap + "out_proj.weight", {H, g.value_dim()}, {H, g.value_dim()}, &A.out_proj});
     } else {
@@ -85,7 +101,7 @@ std::vector<WeightSpec> weight_specs(const Qwen35Config& cfg, Qwen35Weights& w) 
 
 }  // namespace
 
-Qwen35Weights load_qwen35_weights(Checkpoint& ckpt, const Qwen35Config& cfg) {
+Qwen35Weights load_qwen35_weights(Checkpoint& ckpt, const Qwen35Config& cfg, const Ctx& ctx, DType dtype) {
   Qwen35Weights w;
   w.layers.resize(cfg.text.num_hidden_layers);
   std::vector<WeightSpec> specs = weight_specs(cfg, w);
@@ -95,36 +111,48 @@ Qwen35Weights load_qwen35_weights(Checkpoint& ckpt, const Qwen35Config& cfg) {
   for (const WeightSpec& s : specs) {
     const TensorInfo& t = ckpt.expect_float(s.name, s.ckpt_shape,
                                             "the checkpoint does not match its config.json (Qwen3.5 hybrid layout)");
-    if (s.how == LoadAs::SplitQueryGate) staging_numel = std::max(staging_numel, t.numel());
+    staging_numel = std::max(staging_numel, t.numel());
   }
 
+  // Shard by shard, each shard's mapping released once its last tensor is in place (a 27B checkpoint is
+  // never mapped whole); every tensor goes through one host float32 staging buffer, where the load-time
+  // rewrites happen, and on to its buffer in the backend's dtype.
+  std::stable_sort(specs.begin(), specs.end(), [&](const WeightSpec& a, const WeightSpec& b) {
+    return ckpt.shard_of(a.name) < ckpt.shard_of(b.name);
+  });
+  std::map<std::string, size_t> left_in_shard;
+  for (const WeightSpec& s : specs) ++left_in_shard[ckpt.shard_of(s.name)];
   std::vector<float> staging(staging_numel);
   for (WeightSpec& s : specs) {
-    *s.dst = host_buffer(s.buf_shape);
-    float* dst = s.dst->ptr<float>();
+    const DType dt = s.keep_f32 ? DType::F32 : dtype;
+    *s.dst = make_weight(ctx, dt, s.buf_shape);
+    ckpt.load_f32(s.name, s.ckpt_shape, staging.data());
     switch (s.how) {
       case LoadAs::Plain:
-        ckpt.load_f32(s.name, s.ckpt_shape, dst);
+        upload(ctx, *s.dst, staging.data());
         break;
       case LoadAs::ZeroCentred:
-        ckpt.load_f32(s.name, s.ckpt_shape, dst);
-        for (size_t i = 0; i < s.dst->numel(); ++i) dst[i] = 1.0f + dst[i];
+        for (size_t i = 0; i < s.dst->numel(); ++i) staging[i] = 1.0f + staging[i];
+        upload(ctx, *s.dst, staging.data());
         break;
       case LoadAs::SplitQueryGate: {
-        *s.dst2 = host_buffer(s.buf_shape);
-        float* gate = s.dst2->ptr<float>();
-        ckpt.load_f32(s.name, s.ckpt_shape, staging.data());
         // Per head h: rows [2h*hd, 2h*hd + hd) are the query, the next hd rows the gate
-        // (HF: q_proj(x).view(..., nh, 2*hd).chunk(2, dim=-1)).
+        // (HF: q_proj(x).view(..., nh, 2*hd).chunk(2, dim=-1)): gathered in place, queries first.
+        *s.dst2 = make_weight(ctx, dt, s.buf_shape);
         const size_t head_rows = static_cast<size_t>(s.head_dim) * s.ckpt_shape[1];
+        std::vector<float> split(2 * s.heads * head_rows);
         for (int64_t h = 0; h < s.heads; ++h) {
           const float* src = staging.data() + 2 * h * head_rows;
-          std::memcpy(dst + h * head_rows, src, head_rows * sizeof(float));
-          std::memcpy(gate + h * head_rows, src + head_rows, head_rows * sizeof(float));
+          std::memcpy(split.data() + h * head_rows, src, head_rows * sizeof(float));
+          std::memcpy(split.data() + (s.heads + h) * head_rows, src + head_rows, head_rows * sizeof(float));
         }
+        upload(ctx, *s.dst, split.data());
+        upload(ctx, *s.dst2, split.data() + s.heads * head_rows);
         break;
       }
     }
+    const std::string& shard = ckpt.shard_of(s.name);
+    if (--left_in_shard[shard] == 0) ckpt.release_shard(shard);
   }
   for (const std::string& shard : ckpt.shard_files()) ckpt.release_shard(shard);
   return w;

@@ -1,4 +1,5 @@
-// The frozen weights of a Qwen3.5 / Qwen3.6 hybrid text model, host float32 (the CPU backend).
+// The frozen weights of a Qwen3.5 / Qwen3.6 hybrid text model, in the backend's dtype on its device (host
+// float32 on the CPU, bf16 on CUDA); the decay parameters A_log and dt_bias stay float32 everywhere.
 //
 // Two rewrites happen at load time so the forward is plain op calls:
 //   - zero-centred RMSNorm weights (input/post-attention layernorms, q_norm/k_norm, the final norm; HF
@@ -54,7 +55,7 @@ struct Qwen35Weights {
 };
 
 // Checks that every tensor the config implies is in `ckpt` with the right shape and a floating dtype,
-// before allocating anything (BadInput naming the tensor), then loads them as host float32.
-Qwen35Weights load_qwen35_weights(Checkpoint& ckpt, const Qwen35Config& cfg);
+// before allocating anything (BadInput naming the tensor), then loads them onto ctx's device as dtype.
+Qwen35Weights load_qwen35_weights(Checkpoint& ckpt, const Qwen35Config& cfg, const Ctx& ctx, DType dtype);
 
 }  // namespace dflash
