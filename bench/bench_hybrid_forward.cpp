@@ -1,0 +1,619 @@
+// Times the CUDA forward of the Qwen3.5 / Qwen3.6 hybrid target (Gated DeltaNet + gated full attention,
+// random bf16 weights) over a packed batch, the way a target rank runs it: embedding, decoder layers
+// through the op layer (include/dflash/ops.h, src/ops/gated_delta.h), captured layer outputs written
+// straight into a send buffer [k, T, H] and the final norm into its own slot.
+//
+// The weights are random (device-side fill), so no checkpoint is read: a 27B checkpoint would not fit the
+// GPU machine's disk. The shape is written as a config.json object and parsed by parse_qwen35_config, so
+// the layer kinds (full attention every full_attention_interval-th layer), the GDN head layout and the
+// partial-RoPE rotary dim come from the same code as the real target's. The op sequence is the one
+// Qwen35Target::forward (src/model/qwen35_target.cpp) runs, and the layer stack with its capture slots is
+// the model's own capture_stack_forward. Buffers are those of Qwen35Target::Impl, allocated once.
+//
+//   bench_hybrid_forward --model 27b                                  (8 x 4096, capture 1,16,31,46,61 + final)
+//   bench_hybrid_forward --model 27b --seqlens 4096,4096 --capture 1,16,31,46,61
+//   bench_hybrid_forward --model tiny-hybrid --mixed                  (smoke: every op, uneven packing)
+//   bench_hybrid_forward --model 27b --dry-run                        (no GPU: the shape and memory plan only)
+//   options: --iters N (5), --warmup N (2), --no-lm-head (skip the unused lm_head allocation)
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "dflash/backend.h"
+#include "dflash/error.h"
+#include "dflash/hf_config.h"
+#include "dflash/ops.h"
+#include "dflash/target.h"
+#include "model/capture_stack.h"
+#include "model/qwen35_config.h"
+#include "model/qwen35_weights.h"
+#include "ops/gated_delta.h"
+#include "random_fill.cuh"
+
+using namespace dflash;
+using nlohmann::json;
+
+namespace {
+
+#define BENCH_CUDA(call)                                                                        \
+  do {                                                                                          \
+    cudaError_t e_ = (call);                                                                    \
+    if (e_ != cudaSuccess) DF_FAIL(DeviceFailure, #call << ": " << cudaGetErrorString(e_), ""); \
+  } while (0)
+
+// A model shape as the text part of its config.json. layer_types is left out on purpose: the parser then
+// derives the kinds from full_attention_interval as HF does (Qwen3.6-27B: 3 linear, then 1 full, repeated).
+struct Shape {
+  const char* name;
+  json config;
+};
+
+json hybrid_config(int64_t vocab, int64_t hidden, int64_t inter, int64_t layers, int64_t nh, int64_t nkv,
+                   int64_t hd, int64_t gdn_nk, int64_t gdn_nv, int64_t gdn_d) {
+  return json{{"architectures", json::array({"Qwen3_5ForCausalLM"})},
+              {"model_type", "qwen3_5_text"},
+              {"vocab_size", vocab},
+              {"hidden_size", hidden},
+              {"intermediate_size", inter},
+              {"num_hidden_layers", layers},
+              {"num_attention_heads", nh},
+              {"num_key_value_heads", nkv},
+              {"head_dim", hd},
+              {"hidden_act", "silu"},
+              {"attn_output_gate", true},
+              {"rms_norm_eps", 1e-6},
+              {"rope_parameters", {{"rope_type", "default"}, {"rope_theta", 1e7}, {"partial_rotary_factor", 0.25}}},
+              {"full_attention_interval", 4},
+              {"linear_conv_kernel_dim", 4},
+              {"linear_num_key_heads", gdn_nk},
+              {"linear_num_value_heads", gdn_nv},
+              {"linear_key_head_dim", gdn_d},
+              {"linear_value_head_dim", gdn_d},
+              {"tie_word_embeddings", false}};
+}
+
+// Qwen3.6-27B (text): 64 layers = 48 GDN + 16 full attention. tiny-hybrid keeps the per-head sizes of
+// 27B (GDN 128, attention 256, rotary 64) so a smoke run goes through the same kernels, with few heads
+// and layers (8 = 6 GDN + 2 full).
+std::vector<Shape> shapes() {
+  return {{"27b", hybrid_config(248320, 5120, 17408, 64, 24, 4, 256, 16, 48, 128)},
+          {"tiny-hybrid", hybrid_config(4096, 512, 1024, 8, 4, 2, 256, 2, 4, 128)}};
+}
+
+// Where time goes: each op is bracketed by events when `on` is set (one instrumented pass). The parts
+// are fine-grained; the report sums them into GEMMs / GDN / attention / rest.
+enum class Part {
+  GemmGdn,       // in_proj_qkv, in_proj_z/b/a, out_proj
+  GemmAttn,      // q/gate/k/v, o_proj
+  GemmMlp,       // gate/up, down (accumulating)
+  Conv,          // causal_conv1d_silu
+  Gates,         // gdn_gates
+  DeltaRule,     // gated_delta_rule
+  GatedNorm,     // gated_rmsnorm per value head
+  HeadNormRope,  // q/k head RMSNorm + partial RoPE
+  Attention,     // attention_varlen_causal
+  SigmoidGate,   // attention output gate
+  Embedding,
+  Norms,         // input RMSNorm, residual add + post-attention RMSNorm
+  Swiglu,
+};
+
+struct Timer {
+  bool on = false;
+  cudaStream_t stream = nullptr;
+  size_t min_free = SIZE_MAX;  // lowest cudaMemGetInfo free seen after an op of the instrumented pass
+  std::vector<std::pair<Part, std::pair<cudaEvent_t, cudaEvent_t>>> marks;
+  std::vector<int> counts;  // op calls per mark
+  size_t next = 0;
+  // One bracket around `nops` op calls of part p.
+  template <class F> void run(Part p, int nops, F&& f) {
+    if (!on) return f();
+    if (next == marks.size()) {
+      cudaEvent_t a, b;
+      BENCH_CUDA(cudaEventCreate(&a));
+      BENCH_CUDA(cudaEventCreate(&b));
+      marks.push_back({p, {a, b}});
+      counts.push_back(0);
+    }
+    counts[next] = nops;
+    auto& m = marks[next++];
+    m.first = p;
+    BENCH_CUDA(cudaEventRecord(m.second.first, stream));
+    f();
+    BENCH_CUDA(cudaEventRecord(m.second.second, stream));
+    // cudaMalloc is synchronous on the host, so a buffer an op allocated and still holds shows here.
+    size_t free = 0, total = 0;
+    BENCH_CUDA(cudaMemGetInfo(&free, &total));
+    min_free = std::min(min_free, free);
+  }
+  // Per part: total ms and number of op calls.
+  std::map<Part, std::pair<double, int>> totals() {
+    std::map<Part, std::pair<double, int>> t;
+    for (size_t i = 0; i < next; ++i) {
+      float ms = 0;
+      BENCH_CUDA(cudaEventElapsedTime(&ms, marks[i].second.first, marks[i].second.second));
+      t[marks[i].first].first += ms;
+      t[marks[i].first].second += counts[i];
+    }
+    next = 0;
+    return t;
+  }
+};
+
+size_t bytes_of(DType t, std::initializer_list<int64_t> dims) {
+  size_t n = dtype_size(t);
+  for (int64_t d : dims) n *= static_cast<size_t>(d);
+  return n;
+}
+Tensor rows(const Buffer& b, int64_t T) { return b.t().slice_rows(0, T); }
+
+struct Model {
+  Qwen35Config cfg;
+  Ctx ctx;
+  Qwen35Weights w;
+  CapturePlan plan;
+  size_t weight_bytes = 0, lm_head_bytes = 0, act_bytes = 0;
+
+  // The buffers of Qwen35Target::Impl, same dtypes and shapes, for max_tokens rows.
+  Buffer stream[2], x_norm;  // [T, H]
+  Buffer qkv, conv;          // [T, 2*nk*dk + nv*dv]
+  Buffer z, core;            // [T, nv*dv]
+  Buffer a, b;               // [T, nv] bf16
+  Buffer g, beta;            // [T, nv] float32
+  Buffer state;              // [nv, dk, dv] float32
+  Buffer q, gate, attn;      // [T, nh*hd]
+  Buffer k, v;               // [T, nkv*hd]
+  Buffer mlp_gate, mlp_up;   // [T, I]
+  Buffer tokens, pos, cu;    // [T], [T], [T + 1] I32
+  int64_t T = 0, ncu = 0;
+
+  // dry: count the bytes only (no device needed), for --dry-run.
+  Model(const Qwen35Config& c, const Ctx& ctx_, const std::vector<int>& capture, int64_t max_tokens, bool lm_head,
+        bool dry)
+      : cfg(c), ctx(ctx_) {
+    const Qwen3Config& tc = cfg.text;
+    plan = plan_captures(capture, tc.num_hidden_layers, "(random weights, --model)");
+    uint64_t seed = 1;
+    auto weight = [&](std::initializer_list<int64_t> dims, float mean, float std, DType dt = DType::BF16) {
+      weight_bytes += bytes_of(dt, dims);
+      if (dry) return Buffer();
+      Buffer buf(Device::CUDA, dt, dims);
+      cuda::fill_random(ctx, buf, seed++, mean, std);
+      return buf;
+    };
+    auto activation = [&](DType dt, std::initializer_list<int64_t> dims) {
+      act_bytes += bytes_of(dt, dims);
+      return dry ? Buffer() : Buffer(Device::CUDA, dt, dims);
+    };
+    const int64_t H = tc.hidden_size, I = tc.intermediate_size, V = tc.vocab_size;
+    const int64_t nh = tc.num_attention_heads, nkv = tc.num_key_value_heads, hd = tc.head_dim;
+    const ops::GdnHeads gh = cfg.gdn_heads();
+    const int64_t K = cfg.linear_conv_kernel_dim;
+    // Norm weights near 1 (stored as 1 + w, as the loader writes them), projections at HF's init scale;
+    // A_log and dt_bias in float32 as the loader keeps them: exp(A_log) in [1, 16) like HF's init.
+    w.embed_tokens = weight({V, H}, 0.f, 0.02f);
+    w.norm = weight({H}, 1.f, 0.05f);
+    if (lm_head) {  // not used by the forward, but the real target holds it (untied in Qwen3.6-27B)
+      w.lm_head = weight({V, H}, 0.f, 0.02f);
+      lm_head_bytes = bytes_of(DType::BF16, {V, H});
+    }
+    for (int l = 0; l < tc.num_hidden_layers; ++l) {
+      Qwen35LayerWeights L;
+      L.kind = cfg.kinds[l];
+      L.input_layernorm = weight({H}, 1.f, 0.05f);
+      if (L.kind == Qwen35LayerKind::LinearAttention) {
+        Qwen35LinearAttnWeights& A = L.linear;
+        A.in_proj_qkv = weight({gh.qkv_dim(), H}, 0.f, 0.02f);
+        A.in_proj_z = weight({gh.value_dim(), H}, 0.f, 0.02f);
+        A.in_proj_b = weight({gh.nv, H}, 0.f, 0.02f);
+        A.in_proj_a = weight({gh.nv, H}, 0.f, 0.02f);
+        A.conv1d = weight({gh.qkv_dim(), K}, 0.f, 0.3f);
+        A.A_log = weight({gh.nv}, 1.4f, 0.8f, DType::F32);
+        A.dt_bias = weight({gh.nv}, 1.f, 0.3f, DType::F32);
+        A.norm = weight({gh.dv}, 1.f, 0.05f);
+        A.out_proj = weight({H, gh.value_dim()}, 0.f, 0.02f);
+      } else {
+        Qwen35FullAttnWeights& A = L.attn;
+        A.q_proj = weight({nh * hd, H}, 0.f, 0.02f);
+        A.gate_proj = weight({nh * hd, H}, 0.f, 0.02f);
+        A.k_proj = weight({nkv * hd, H}, 0.f, 0.02f);
+        A.v_proj = weight({nkv * hd, H}, 0.f, 0.02f);
+        A.o_proj = weight({H, nh * hd}, 0.f, 0.02f);
+        A.q_norm = weight({hd}, 1.f, 0.05f);
+        A.k_norm = weight({hd}, 1.f, 0.05f);
+      }
+      L.post_attention_layernorm = weight({H}, 1.f, 0.05f);
+      L.gate_proj = weight({I, H}, 0.f, 0.02f);
+      L.up_proj = weight({I, H}, 0.f, 0.02f);
+      L.down_proj = weight({H, I}, 0.f, 0.02f);
+      w.layers.push_back(std::move(L));
+    }
+
+    // Activations exactly as Qwen35Target's constructor sizes them.
+    bool any_linear = false, any_full = false;
+    for (Qwen35LayerKind kind : cfg.kinds) (kind == Qwen35LayerKind::LinearAttention ? any_linear : any_full) = true;
+    const int64_t N = max_tokens;
+    const DType act = DType::BF16, f32 = DType::F32;
+    for (Buffer& s : stream) s = activation(act, {N, H});
+    x_norm = activation(act, {N, H});
+    if (any_linear) {
+      qkv = activation(act, {N, gh.qkv_dim()});
+      conv = activation(act, {N, gh.qkv_dim()});
+      z = activation(act, {N, gh.value_dim()});
+      core = activation(act, {N, gh.value_dim()});
+      for (Buffer* p : {&a, &b}) *p = activation(act, {N, gh.nv});
+      for (Buffer* p : {&g, &beta}) *p = activation(f32, {N, gh.nv});
+      state = activation(f32, {gh.nv, gh.dk, gh.dv});
+    }
+    if (any_full) {
+      for (Buffer* p : {&q, &gate, &attn}) *p = activation(act, {N, nh * hd});
+      for (Buffer* p : {&k, &v}) *p = activation(act, {N, nkv * hd});
+    }
+    mlp_gate = activation(act, {N, I});
+    mlp_up = activation(act, {N, I});
+    tokens = activation(DType::I32, {N});
+    pos = activation(DType::I32, {N});
+    cu = activation(DType::I32, {N + 1});
+  }
+
+  // Uploads the packed batch's tokens, positions (restarting per sequence) and cu_seqlens.
+  void set_batch(const std::vector<int32_t>& tok, const std::vector<int32_t>& cu_seqlens) {
+    T = static_cast<int64_t>(tok.size());
+    std::vector<int32_t> p(T);
+    for (size_t i = 0; i + 1 < cu_seqlens.size(); ++i)
+      for (int32_t t = cu_seqlens[i]; t < cu_seqlens[i + 1]; ++t) p[t] = t - cu_seqlens[i];
+    copy_tensor(ctx, rows(tokens, T), cpu_view(tok.data(), {T}));
+    copy_tensor(ctx, rows(pos, T), cpu_view(p.data(), {T}));
+    ncu = static_cast<int64_t>(cu_seqlens.size());
+    copy_tensor(ctx, rows(cu, ncu), cpu_view(cu_seqlens.data(), {ncu}));
+  }
+
+  // Qwen35Target::Impl::linear_attn_forward, op for op.
+  void linear_attn(const Qwen35LinearAttnWeights& A, const Tensor& x, const Tensor& dst, const Tensor& tcu,
+                   Timer& tm) {
+    const ops::GdnHeads gh = cfg.gdn_heads();
+    const Tensor qkv_t = rows(qkv, T), conv_t = rows(conv, T), z_t = rows(z, T), core_t = rows(core, T);
+    const Tensor a_t = rows(a, T), b_t = rows(b, T), g_t = rows(g, T), beta_t = rows(beta, T);
+    tm.run(Part::GemmGdn, 1, [&] { ops::matmul_forward(ctx, qkv_t, x, A.in_proj_qkv); });
+    tm.run(Part::Conv, 1, [&] { ops::causal_conv1d_silu_forward(ctx, conv_t, qkv_t, A.conv1d, tcu); });
+    tm.run(Part::GemmGdn, 3, [&] {
+      ops::matmul_forward(ctx, z_t, x, A.in_proj_z);
+      ops::matmul_forward(ctx, b_t, x, A.in_proj_b);
+      ops::matmul_forward(ctx, a_t, x, A.in_proj_a);
+    });
+    tm.run(Part::Gates, 1, [&] { ops::gdn_gates_forward(ctx, g_t, beta_t, a_t, b_t, A.A_log, A.dt_bias); });
+    tm.run(Part::DeltaRule, 1,
+           [&] { ops::gated_delta_rule_forward(ctx, core_t, state, conv_t, g_t, beta_t, tcu, gh); });
+    const Tensor heads = core_t.reshape({T * gh.nv, gh.dv});
+    tm.run(Part::GatedNorm, 1, [&] {
+      ops::gated_rmsnorm_forward(ctx, heads, heads, z_t.reshape({T * gh.nv, gh.dv}), A.norm, cfg.text.rms_norm_eps);
+    });
+    tm.run(Part::GemmGdn, 1, [&] { ops::matmul_forward(ctx, dst, core_t, A.out_proj); });
+  }
+
+  // Qwen35Target::Impl::full_attn_forward, op for op.
+  void full_attn(const Qwen35FullAttnWeights& A, const Tensor& x, const Tensor& dst, const Tensor& tcu, Timer& tm) {
+    const Qwen3Config& c = cfg.text;
+    const int64_t nh = c.num_attention_heads, nkv = c.num_key_value_heads, hd = c.head_dim;
+    const ops::RopeSpec rope{c.rope_theta, cfg.rotary_dim};
+    const Tensor qt = rows(q, T), gt = rows(gate, T), kt = rows(k, T), vt = rows(v, T), at = rows(attn, T);
+    const Tensor positions = rows(pos, T);
+    tm.run(Part::GemmAttn, 4, [&] {
+      ops::matmul_forward(ctx, qt, x, A.q_proj);
+      ops::matmul_forward(ctx, gt, x, A.gate_proj);
+      ops::matmul_forward(ctx, kt, x, A.k_proj);
+      ops::matmul_forward(ctx, vt, x, A.v_proj);
+    });
+    const Tensor q3 = qt.reshape({T, nh, hd}), k3 = kt.reshape({T, nkv, hd});
+    tm.run(Part::HeadNormRope, 2, [&] {
+      ops::head_norm_rope_forward(ctx, q3, Tensor(), q3, A.q_norm, positions, rope, c.rms_norm_eps);
+      ops::head_norm_rope_forward(ctx, k3, Tensor(), k3, A.k_norm, positions, rope, c.rms_norm_eps);
+    });
+    tm.run(Part::Attention, 1, [&] {
+      ops::attention_varlen_causal_forward(ctx, at.reshape({T, nh, hd}), q3, k3, vt.reshape({T, nkv, hd}), tcu,
+                                           1.0f / std::sqrt(static_cast<float>(hd)));
+    });
+    tm.run(Part::SigmoidGate, 1, [&] { ops::sigmoid_gate_forward(ctx, at, at, gt); });
+    tm.run(Part::GemmAttn, 1, [&] { ops::matmul_forward(ctx, dst, at, A.o_proj); });
+  }
+
+  // Qwen35Target::Impl::layer_forward, op for op.
+  void layer(const Qwen35LayerWeights& L, const Tensor& in, const Tensor& dst, const Tensor& tcu, Timer& tm) {
+    const float eps = cfg.text.rms_norm_eps;
+    const Tensor x = rows(x_norm, T);
+    tm.run(Part::Norms, 1, [&] { ops::rmsnorm_forward(ctx, x, Tensor(), in, L.input_layernorm, eps); });
+    if (L.kind == Qwen35LayerKind::LinearAttention) {
+      linear_attn(L.linear, x, dst, tcu, tm);
+    } else {
+      full_attn(L.attn, x, dst, tcu, tm);
+    }
+    tm.run(Part::Norms, 1,
+           [&] { ops::residual_rmsnorm_forward(ctx, dst, x, Tensor(), in, L.post_attention_layernorm, eps); });
+    const Tensor gt = rows(mlp_gate, T), ut = rows(mlp_up, T);
+    tm.run(Part::GemmMlp, 2, [&] {
+      ops::matmul_forward(ctx, gt, x, L.gate_proj);
+      ops::matmul_forward(ctx, ut, x, L.up_proj);
+    });
+    tm.run(Part::Swiglu, 1, [&] { ops::swiglu_forward(ctx, gt, gt, ut); });
+    tm.run(Part::GemmMlp, 1, [&] { ops::matmul_forward(ctx, dst, gt, L.down_proj, ops::Accumulate::Yes); });
+  }
+
+  // Qwen35Target::forward after its host-side checks and uploads (done once in set_batch): embedding, then
+  // the model's own layer stack (captured layers into their features slot, the final norm into
+  // out.final_norm; that final norm and any repeated-capture copies are not bracketed by the timer).
+  void forward(const CaptureOut& out, Timer& tm) {
+    const Tensor tcu = rows(cu, ncu);
+    tm.run(Part::Embedding, 1,
+           [&] { ops::embedding_forward(ctx, rows(stream[0], T), rows(tokens, T), w.embed_tokens); });
+    capture_stack_forward(ctx, plan, stream, T, cfg.text.hidden_size, out, w.norm, cfg.text.rms_norm_eps,
+                          [&](int l, const Tensor& in, const Tensor& dst) { layer(w.layers[l], in, dst, tcu, tm); });
+  }
+};
+
+std::vector<int32_t> parse_ints(const std::string& s) {
+  std::vector<int32_t> v;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ',')) v.push_back(std::atoi(item.c_str()));
+  return v;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+std::string join(const std::vector<int>& v) {
+  std::string s;
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? "," : "") + std::to_string(v[i]);
+  return s;
+}
+
+constexpr double kGiB = 1073741824.0;
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string model = "27b", seqlens_arg = "4096,4096,4096,4096,4096,4096,4096,4096", capture_arg;
+  int iters = 5, warmup = 2;
+  bool lm_head = true, dry = false;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    auto next = [&]() -> std::string {
+      DF_CHECK(i + 1 < argc, BadOptions, a << " needs a value");
+      return argv[++i];
+    };
+    if (a == "--model") model = next();
+    else if (a == "--seqlens") seqlens_arg = next();
+    // A mixed-length packing of 16384 tokens: long and short documents together, down to 33 tokens.
+    else if (a == "--mixed") seqlens_arg = "3011,517,1290,4096,87,2203,740,1650,33,998,1402,357";
+    else if (a == "--capture") capture_arg = next();
+    else if (a == "--iters") iters = std::atoi(next().c_str());
+    else if (a == "--warmup") warmup = std::atoi(next().c_str());
+    else if (a == "--no-lm-head") lm_head = false;
+    else if (a == "--dry-run") dry = true;
+    else DF_FAIL(BadOptions, "unknown option " << a, "see the usage at the top of bench/bench_hybrid_forward.cpp");
+  }
+  DF_CHECK(iters >= 1 && warmup >= 0, BadOptions, "--iters must be >= 1 and --warmup >= 0");
+  const std::vector<Shape> all = shapes();
+  const Shape* shape = nullptr;
+  for (const Shape& s : all)
+    if (model == s.name) shape = &s;
+  DF_CHECK(shape, BadOptions, "unknown --model " << model << " (27b, tiny-hybrid)");
+  const Qwen35Config cfg = parse_qwen35_config(shape->config, std::string("--model ") + shape->name);
+  const Qwen3Config& tc = cfg.text;
+  const ops::GdnHeads gh = cfg.gdn_heads();
+  const int L = tc.num_hidden_layers;
+  std::vector<int> full_layers;
+  for (int l = 0; l < L; ++l)
+    if (cfg.kinds[l] == Qwen35LayerKind::FullAttention) full_layers.push_back(l);
+  const int n_full = static_cast<int>(full_layers.size()), n_gdn = L - n_full;
+
+  std::vector<int32_t> seqlens = parse_ints(seqlens_arg), cu(1, 0);
+  for (int32_t len : seqlens) {
+    DF_CHECK(len >= 1, BadOptions, "--seqlens entries must be >= 1, got " << len);
+    cu.push_back(cu.back() + len);
+  }
+  const int64_t T = cu.back();
+  // DFlash's default target layer ids for a 5-layer drafter (1,16,31,46,61 on 64 layers), as a job picks them.
+  std::vector<int> capture = capture_arg.empty() ? default_target_layer_ids(L, 5) : std::vector<int>();
+  for (int32_t c : parse_ints(capture_arg)) capture.push_back(c);
+
+  const int64_t H = tc.hidden_size, K = static_cast<int64_t>(capture.size());
+  // The shape, memory plan and method as `# ` lines (also all that --dry-run prints).
+  auto header = [&](const std::string& device_line, const Model& m) {
+    std::printf("# bench_hybrid_forward: Qwen3.5/3.6 hybrid target forward (src/model/qwen35_target.cpp op "
+                "sequence), CUDA, random bf16 weights\n");
+    std::printf("# device %s\n", device_line.c_str());
+    std::printf("# model %s: vocab %d, hidden %d, intermediate %d, %d layers = %d GDN + %d full attention "
+                "(layers %s)\n",
+                model.c_str(), tc.vocab_size, tc.hidden_size, tc.intermediate_size, L, n_gdn, n_full,
+                join(full_layers).c_str());
+    std::printf("# GDN %lld key / %lld value heads x %lld, conv %d; attention %d q / %d kv heads x %d, rotary %d, "
+                "theta %.0e, eps %.0e\n",
+                (long long)gh.nk, (long long)gh.nv, (long long)gh.dk, cfg.linear_conv_kernel_dim,
+                tc.num_attention_heads, tc.num_key_value_heads, tc.head_dim, cfg.rotary_dim, tc.rope_theta,
+                tc.rms_norm_eps);
+    std::printf("# batch %zu sequences, T = %lld tokens (seqlens %s)\n", seqlens.size(), (long long)T,
+                seqlens_arg.c_str());
+    std::printf("# capture %s + final -> send buffer [%lld, %lld, %lld] bf16 %.2f GiB, final norm %.2f GiB\n",
+                join(capture).c_str(), (long long)K, (long long)T, (long long)H,
+                bytes_of(DType::BF16, {K, T, H}) / kGiB, bytes_of(DType::BF16, {T, H}) / kGiB);
+    std::printf("# weights %.2f GiB (bf16; A_log, dt_bias float32; incl. lm_head %.2f GiB, allocated as the target "
+                "holds it, unused), activations %.2f GiB (allocated once for T)\n",
+                m.weight_bytes / kGiB, m.lm_head_bytes / kGiB, m.act_bytes / kGiB);
+    std::printf("# timing: %d warm-up + %d timed forwards (CUDA events), median; breakdown from one more forward "
+                "with events around every op\n",
+                warmup, iters);
+    std::printf("# peak device memory: total - lowest free (cudaMemGetInfo after allocation, after each forward, "
+                "after each op of the instrumented one); incl. CUDA context\n");
+    if (model == "27b")
+      std::printf("# HF transformers 5.17 + flash-linear-attention 0.6.0 on this shape (H200): 8.9 K tokens/s, "
+                  "102.6 GiB peak; goal >= 13.4 K tokens/s, < 64 GiB\n");
+    else
+      std::printf("# HF reference and goal: recorded for --model 27b only (this shape is a smoke run)\n");
+  };
+  if (dry) {
+    const Model plan(cfg, Ctx{}, capture, T, lm_head, /*dry=*/true);
+    header("none (--dry-run: shape and memory plan only)", plan);
+    std::printf("# planned allocations: %.2f GiB (weights + activations + send buffer + final norm; no CUDA context, "
+                "no cuBLASLt workspace)\n",
+                (plan.weight_bytes + plan.act_bytes + bytes_of(DType::BF16, {K, T, H}) +
+                 bytes_of(DType::BF16, {T, H})) / kGiB);
+    return 0;
+  }
+
+  DF_CHECK(cuda_device_count() > 0, DeviceFailure, "no CUDA device visible");
+  Ctx ctx = make_ctx(Device::CUDA, 0);
+  cudaDeviceProp prop{};
+  BENCH_CUDA(cudaGetDeviceProperties(&prop, 0));
+  size_t free0 = 0, total = 0;
+  BENCH_CUDA(cudaMemGetInfo(&free0, &total));
+  size_t min_free = free0;
+  auto sample_free = [&] {
+    size_t f = 0, t = 0;
+    BENCH_CUDA(cudaMemGetInfo(&f, &t));
+    min_free = std::min(min_free, f);
+  };
+
+  Model m(cfg, ctx, capture, T, lm_head, /*dry=*/false);
+  Buffer features(Device::CUDA, DType::BF16, {std::max<int64_t>(K, 1), T, H});
+  Buffer final_out(Device::CUDA, DType::BF16, {T, H});
+  const CaptureOut out{K > 0 ? features.t() : Tensor(), final_out.t()};
+  std::vector<int32_t> tokens(T);
+  for (int64_t i = 0; i < T; ++i) tokens[i] = static_cast<int32_t>((i * 2654435761ull) % tc.vocab_size);
+  m.set_batch(tokens, cu);
+  synchronize(ctx);
+  sample_free();
+  // The shape first, flushed: an op without a CUDA twin yet stops the run with a fatal error at that op.
+  header("\"" + std::string(prop.name) + "\" " + std::to_string(total >> 30) + " GiB, " +
+             std::to_string(prop.multiProcessorCount) + " SMs",
+         m);
+  std::fflush(stdout);
+
+  cudaStream_t stream = static_cast<cudaStream_t>(ctx.stream);
+  Timer off, on;
+  on.on = true;
+  on.stream = stream;
+  cudaEvent_t e0, e1;
+  BENCH_CUDA(cudaEventCreate(&e0));
+  BENCH_CUDA(cudaEventCreate(&e1));
+  for (int i = 0; i < warmup; ++i) m.forward(out, off);
+  synchronize(ctx);
+  sample_free();
+  std::vector<double> ms;
+  for (int i = 0; i < iters; ++i) {
+    BENCH_CUDA(cudaEventRecord(e0, stream));
+    m.forward(out, off);
+    BENCH_CUDA(cudaEventRecord(e1, stream));
+    synchronize(ctx);
+    sample_free();
+    float t = 0;
+    BENCH_CUDA(cudaEventElapsedTime(&t, e0, e1));
+    ms.push_back(t);
+  }
+  // The instrumented pass: events around every op; its own end-to-end time too, so what the brackets
+  // miss (the final norm, the event records themselves) shows as a row.
+  BENCH_CUDA(cudaEventRecord(e0, stream));
+  m.forward(out, on);
+  BENCH_CUDA(cudaEventRecord(e1, stream));
+  synchronize(ctx);
+  float profiled_ms = 0;
+  BENCH_CUDA(cudaEventElapsedTime(&profiled_ms, e0, e1));
+  min_free = std::min(min_free, on.min_free);
+  sample_free();
+  auto parts = on.totals();
+  auto part = [&](std::initializer_list<Part> ps) {
+    std::pair<double, int> s{0.0, 0};
+    for (Part p : ps) {
+      s.first += parts[p].first;
+      s.second += parts[p].second;
+    }
+    return s;
+  };
+
+  // Model math: 2 FLOP per weight per token for the linear layers; causal attention counts the visible
+  // (lower-triangle) scores only, 4 * nh * hd FLOP per (query, key) pair for QK^T and PV.
+  const double dH = double(H), nh = tc.num_attention_heads, nkv = tc.num_key_value_heads, hd = tc.head_dim;
+  const double gdn_params = dH * (gh.qkv_dim() + gh.value_dim() + 2.0 * gh.nv) + double(gh.value_dim()) * dH;
+  const double attn_params = dH * (2 * nh * hd + 2 * nkv * hd) + nh * hd * dH;
+  const double mlp_params = 3.0 * dH * tc.intermediate_size;
+  const double flop_gemm_gdn = 2.0 * T * gdn_params * n_gdn, flop_gemm_attn = 2.0 * T * attn_params * n_full;
+  const double flop_gemm_mlp = 2.0 * T * mlp_params * L;
+  const double flop_gemm = flop_gemm_gdn + flop_gemm_attn + flop_gemm_mlp;
+  double pairs = 0;
+  for (int32_t len : seqlens) pairs += double(len) * (len + 1) / 2;
+  const double flop_attn = 4.0 * nh * hd * pairs * n_full;
+  // The delta rule's recurrent form: per token and value head, decay, S^T k, rank-1 update, S^T q on a
+  // dk x dv state: ~8 dk dv FLOP (a chunked kernel does more, but this is the work that has to happen).
+  const double flop_delta = 8.0 * T * gh.nv * gh.dk * gh.dv * n_gdn;
+  const double t_med = median(ms) * 1e-3;
+  const double tok_s = T / t_med;
+  const double peak_gib = (total - min_free) / kGiB, growth_gib = (free0 - min_free) / kGiB;
+
+  std::printf("%-34s %12s\n", "metric", "value");
+  std::printf("%-34s %12.1f\n", "tokens_per_s", tok_s);
+  std::printf("%-34s %12.2f\n", "ms_per_forward_median", t_med * 1e3);
+  std::printf("%-34s %12.2f\n", "ms_per_forward_min", *std::min_element(ms.begin(), ms.end()));
+  std::printf("%-34s %12.2f\n", "ms_per_forward_max", *std::max_element(ms.begin(), ms.end()));
+  std::printf("%-34s %12.1f\n", "model_tflops_per_s", (flop_gemm + flop_attn + flop_delta) / t_med / 1e12);
+  std::printf("%-34s %12.2f\n", "peak_device_gib", peak_gib);
+  std::printf("%-34s %12.2f\n", "program_growth_gib", growth_gib);
+  std::printf("\n");
+
+  struct Row {
+    const char* name;
+    std::pair<double, int> t;
+    double flop;  // 0: no rate column
+    int indent;
+  };
+  const double bracketed = part({Part::GemmGdn, Part::GemmAttn, Part::GemmMlp, Part::Conv, Part::Gates,
+                                 Part::DeltaRule, Part::GatedNorm, Part::HeadNormRope, Part::Attention,
+                                 Part::SigmoidGate, Part::Embedding, Part::Norms, Part::Swiglu})
+                               .first;
+  const std::vector<Row> table = {
+      {"GEMMs", part({Part::GemmGdn, Part::GemmAttn, Part::GemmMlp}), flop_gemm, 0},
+      {"GDN projections", part({Part::GemmGdn}), flop_gemm_gdn, 1},
+      {"attention projections", part({Part::GemmAttn}), flop_gemm_attn, 1},
+      {"MLP", part({Part::GemmMlp}), flop_gemm_mlp, 1},
+      {"GDN", part({Part::Conv, Part::Gates, Part::DeltaRule, Part::GatedNorm}), 0, 0},
+      {"causal_conv1d_silu", part({Part::Conv}), 0, 1},
+      {"gdn_gates", part({Part::Gates}), 0, 1},
+      {"gated_delta_rule", part({Part::DeltaRule}), flop_delta, 1},
+      {"gated_rmsnorm", part({Part::GatedNorm}), 0, 1},
+      {"attention", part({Part::HeadNormRope, Part::Attention, Part::SigmoidGate}), 0, 0},
+      {"head_norm_rope", part({Part::HeadNormRope}), 0, 1},
+      {"attention_varlen_causal", part({Part::Attention}), flop_attn, 1},
+      {"sigmoid_gate", part({Part::SigmoidGate}), 0, 1},
+      {"rest", part({Part::Embedding, Part::Norms, Part::Swiglu}), 0, 0},
+      {"embedding", part({Part::Embedding}), 0, 1},
+      {"rmsnorm + residual_rmsnorm", part({Part::Norms}), 0, 1},
+      {"swiglu", part({Part::Swiglu}), 0, 1},
+      {"unbracketed (final norm, gaps)", {profiled_ms - bracketed, 0}, 0, 0},
+  };
+  std::printf("# breakdown: instrumented forward %.2f ms end to end (%.2f ms inside op brackets); %% of the end-to-end "
+              "time; TFLOP/s from the model math above\n",
+              profiled_ms, bracketed);
+  std::printf("%-34s %10s %7s %7s %10s\n", "phase", "ms", "%", "ops", "TFLOP/s");
+  for (const Row& r : table) {
+    std::string name = std::string(r.indent ? "  " : "") + r.name;
+    std::printf("%-34s %10.2f %6.1f%% %7d ", name.c_str(), r.t.first, 100.0 * r.t.first / profiled_ms, r.t.second);
+    if (r.flop > 0 && r.t.first > 0) std::printf("%10.1f\n", r.flop / (r.t.first * 1e-3) / 1e12);
+    else std::printf("%10s\n", "-");
+  }
+  std::printf("RESULT model=%s T=%lld nseq=%zu tokens_per_s=%.1f ms=%.2f peak_gib=%.2f gemm_ms=%.2f gdn_ms=%.2f "
+              "attention_ms=%.2f rest_ms=%.2f other_ms=%.2f\n",
+              model.c_str(), (long long)T, seqlens.size(), tok_s, t_med * 1e3, peak_gib, table[0].t.first,
+              table[4].t.first, table[9].t.first, table[13].t.first, table[17].t.first);
+  return 0;
+}
