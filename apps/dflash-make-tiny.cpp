@@ -4,7 +4,9 @@
 //
 //   dflash-make-tiny OUTDIR [--seed N] [--vocab 512] [--hidden 64] [--layers 4] [--heads 4] [--kv-heads 2]
 //                    [--head-dim 32] [--intermediate 192] [--shards 2] [--records 320] [--min-len 24]
-//                    [--max-len 96] [--temperature 0] [--window 16] [--dtype bf16|f32]
+//                    [--max-len 96] [--temperature 0] [--window 16] [--dtype bf16|f32] [--hybrid]
+//   --hybrid: a Qwen3.5/3.6-layout target (Qwen3_5ForCausalLM: Gated DeltaNet layers, every 4th layer gated
+//             full attention with partial rotary, zero-centred norms) instead of a dense Qwen3
 //   -> OUTDIR/target/{config.json, model-0000i-of-0000n.safetensors, model.safetensors.index.json}
 //      OUTDIR/data.h5
 #include <sys/stat.h>
@@ -34,7 +36,7 @@ const char* kUsage =
     "usage: dflash-make-tiny OUTDIR [--seed N] [--vocab V] [--hidden H] [--layers L] [--heads N] [--kv-heads N]\n"
     "         [--head-dim D] [--intermediate I] [--shards S] [--records R] [--min-len A] [--max-len B]\n"
     "         [--temperature T (0 = greedy)] [--window W (context tokens the sampler conditions on)]\n"
-    "         [--dtype bf16|f32]\n";
+    "         [--dtype bf16|f32] [--hybrid (a Qwen3.5/3.6 hybrid: Gated DeltaNet + gated attention)]\n";
 
 struct TinySpec {
   uint64_t seed = 1;
@@ -45,6 +47,9 @@ struct TinySpec {
   double temperature = 0;
   int window = 16;
   DType dtype = DType::BF16;
+  bool hybrid = false;             // Qwen3.5/3.6 layout (below); else dense Qwen3
+  int gdn_key_heads = 2, gdn_value_heads = 4, gdn_head_dim = 16, conv_kernel = 4;
+  bool full_attention(int layer) const { return !hybrid || (layer + 1) % 4 == 0; }
 };
 
 // A portable seeded generator (the same files on every machine for a seed).
@@ -96,6 +101,39 @@ NamedWeight near_one(Rng& rng, const std::string& name, int64_t n, double scale 
 // peak lives in model.norm, not in lm_head: the drafter shares lm_head but has its own final norm
 // (initialised to 1), so it starts from near-uniform predictions and learns the scale, instead of
 // starting overconfident (a 4x lm_head put a fresh drafter's loss at ~2x uniform for hundreds of steps).
+// The hybrid stores its RMSNorm weights zero-centred (HF multiplies by 1 + w): the same near-one scales
+// as the dense target, stored minus one. Its full-attention q_proj carries a sigmoid output gate per head
+// ([query (hd) | gate (hd)] rows per head); its Gated DeltaNet layers take HF's initialisation of the
+// decay parameters (A_log = log U(1, 16), dt_bias from a log-uniform dt in [1e-3, 1e-1]).
+NamedWeight norm_weight(Rng& rng, const TinySpec& s, const std::string& name, int64_t n, double scale = 1.0) {
+  NamedWeight w = near_one(rng, name, n, scale);
+  if (s.hybrid)
+    for (float& x : w.data) x -= 1.0f;
+  return w;
+}
+
+void add_gdn_weights(Rng& rng, const TinySpec& s, const std::string& p, std::vector<NamedWeight>& w) {
+  const int64_t H = s.hidden, nk = s.gdn_key_heads, nv = s.gdn_value_heads, d = s.gdn_head_dim;
+  const int64_t C = 2 * nk * d + nv * d, vd = nv * d;
+  const double in_h = 1.0 / std::sqrt(double(H)), in_v = 1.0 / std::sqrt(double(vd));
+  w.push_back(gaussian(rng, p + "in_proj_qkv.weight", {C, H}, in_h));
+  w.push_back(gaussian(rng, p + "in_proj_z.weight", {vd, H}, in_h));
+  w.push_back(gaussian(rng, p + "in_proj_b.weight", {nv, H}, in_h));
+  w.push_back(gaussian(rng, p + "in_proj_a.weight", {nv, H}, in_h));
+  w.push_back(gaussian(rng, p + "conv1d.weight", {C, 1, s.conv_kernel}, 1.0 / std::sqrt(double(s.conv_kernel))));
+  NamedWeight a_log{p + "A_log", {nv}, std::vector<float>(static_cast<size_t>(nv))};
+  for (float& x : a_log.data) x = static_cast<float>(std::log(1.0 + 15.0 * rng.uniform()));
+  NamedWeight dt_bias{p + "dt_bias", {nv}, std::vector<float>(static_cast<size_t>(nv))};
+  for (float& x : dt_bias.data) {  // softplus^-1(dt)
+    const double dt = std::exp(std::log(1e-3) + rng.uniform() * (std::log(1e-1) - std::log(1e-3)));
+    x = static_cast<float>(dt + std::log(-std::expm1(-dt)));
+  }
+  w.push_back(a_log);
+  w.push_back(dt_bias);
+  w.push_back(near_one(rng, p + "norm.weight", d));  // the gated output norm's weight is plain
+  w.push_back(gaussian(rng, p + "out_proj.weight", {H, vd}, 0.3 * in_v));
+}
+
 std::vector<NamedWeight> make_weights(const TinySpec& s) {
   Rng rng(s.seed);
   const int64_t V = s.vocab, H = s.hidden, I = s.intermediate;
@@ -105,19 +143,24 @@ std::vector<NamedWeight> make_weights(const TinySpec& s) {
   w.push_back(gaussian(rng, "model.embed_tokens.weight", {V, H}, 1.0));
   for (int l = 0; l < s.layers; ++l) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
-    w.push_back(near_one(rng, p + "input_layernorm.weight", H));
-    w.push_back(gaussian(rng, p + "self_attn.q_proj.weight", {qd, H}, in_h));
-    w.push_back(gaussian(rng, p + "self_attn.k_proj.weight", {kvd, H}, in_h));
-    w.push_back(gaussian(rng, p + "self_attn.v_proj.weight", {kvd, H}, in_h));
-    w.push_back(gaussian(rng, p + "self_attn.o_proj.weight", {H, qd}, 0.3 * in_q));
-    w.push_back(near_one(rng, p + "self_attn.q_norm.weight", s.head_dim));
-    w.push_back(near_one(rng, p + "self_attn.k_norm.weight", s.head_dim));
-    w.push_back(near_one(rng, p + "post_attention_layernorm.weight", H));
+    w.push_back(norm_weight(rng, s, p + "input_layernorm.weight", H));
+    if (s.full_attention(l)) {
+      // The hybrid's q_proj holds the query and its output gate per head: twice the rows.
+      w.push_back(gaussian(rng, p + "self_attn.q_proj.weight", {s.hybrid ? 2 * qd : qd, H}, in_h));
+      w.push_back(gaussian(rng, p + "self_attn.k_proj.weight", {kvd, H}, in_h));
+      w.push_back(gaussian(rng, p + "self_attn.v_proj.weight", {kvd, H}, in_h));
+      w.push_back(gaussian(rng, p + "self_attn.o_proj.weight", {H, qd}, 0.3 * in_q));
+      w.push_back(norm_weight(rng, s, p + "self_attn.q_norm.weight", s.head_dim));
+      w.push_back(norm_weight(rng, s, p + "self_attn.k_norm.weight", s.head_dim));
+    } else {
+      add_gdn_weights(rng, s, p + "linear_attn.", w);
+    }
+    w.push_back(norm_weight(rng, s, p + "post_attention_layernorm.weight", H));
     w.push_back(gaussian(rng, p + "mlp.gate_proj.weight", {I, H}, in_h));
     w.push_back(gaussian(rng, p + "mlp.up_proj.weight", {I, H}, in_h));
     w.push_back(gaussian(rng, p + "mlp.down_proj.weight", {H, I}, 0.5 * in_i));
   }
-  w.push_back(near_one(rng, "model.norm.weight", H, 4.0));
+  w.push_back(norm_weight(rng, s, "model.norm.weight", H, 4.0));
   w.push_back(gaussian(rng, "lm_head.weight", {V, H}, in_h));
   return w;
 }
@@ -142,7 +185,23 @@ nlohmann::ordered_json make_config(const TinySpec& s) {
   c["tie_word_embeddings"] = false;
   c["use_sliding_window"] = false;
   c["sliding_window"] = nullptr;
-  c["layer_types"] = std::vector<std::string>(static_cast<size_t>(s.layers), "full_attention");
+  std::vector<std::string> kinds;
+  for (int l = 0; l < s.layers; ++l) kinds.push_back(s.full_attention(l) ? "full_attention" : "linear_attention");
+  c["layer_types"] = kinds;
+  if (s.hybrid) {  // Qwen3_5ForCausalLM (the text model of Qwen3.5/3.6)
+    c["architectures"] = {"Qwen3_5ForCausalLM"};
+    c["model_type"] = "qwen3_5_text";
+    c["rope_theta"] = 10000000.0;
+    c["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 10000000.0}, {"partial_rotary_factor", 0.25}};
+    c["partial_rotary_factor"] = 0.25;
+    c["linear_conv_kernel_dim"] = s.conv_kernel;
+    c["linear_key_head_dim"] = s.gdn_head_dim;
+    c["linear_value_head_dim"] = s.gdn_head_dim;
+    c["linear_num_key_heads"] = s.gdn_key_heads;
+    c["linear_num_value_heads"] = s.gdn_value_heads;
+    c.erase("use_sliding_window");
+    c.erase("sliding_window");
+  }
   c["torch_dtype"] = s.dtype == DType::BF16 ? "bfloat16" : "float32";
   c["dflash_tiny"] = {{"seed", s.seed}, {"generator", "dflash-make-tiny"}};
   return c;
@@ -278,6 +337,10 @@ int main(int argc, char** argv) {
     if (a.rfind("--", 0) != 0) {
       DF_CHECK_HINT(out.empty(), BadOptions, "unexpected argument " << a, kUsage);
       out = a;
+      continue;
+    }
+    if (a == "--hybrid") {  // the one switch without a value
+      s.hybrid = true;
       continue;
     }
     DF_CHECK_HINT(i + 1 < argc, BadOptions, a << " needs a value", kUsage);

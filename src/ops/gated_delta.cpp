@@ -9,6 +9,10 @@
 #include <cmath>
 
 #include "ops/op_checks.h"
+#ifdef DFLASH_HAVE_CUDA
+#include "causal_conv1d.cuh"
+#include "gdn_gates.cuh"
+#endif
 
 namespace dflash::ops {
 namespace {
@@ -118,7 +122,7 @@ void causal_conv1d_silu_forward(const Ctx& ctx, const Tensor& out, const Tensor&
   DF_CHECK(out.data != in.data, Internal, op << ": out must not alias in");
   if (ctx.device == Device::CUDA) {
 #ifdef DFLASH_HAVE_CUDA
-    return detail::cuda_op_missing(op);
+    return cuda::causal_conv1d_silu_forward(ctx, out, in, w, cu_seqlens);
 #else
     return detail::no_cuda_build(op);
 #endif
@@ -144,7 +148,7 @@ void gdn_gates_forward(const Ctx& ctx, const Tensor& g, const Tensor& beta, cons
   }
   if (ctx.device == Device::CUDA) {
 #ifdef DFLASH_HAVE_CUDA
-    return detail::cuda_op_missing(op);
+    return cuda::gdn_gates_forward(ctx, g, beta, a, b, A_log, dt_bias);
 #else
     return detail::no_cuda_build(op);
 #endif

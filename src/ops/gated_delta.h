@@ -1,7 +1,9 @@
 // Ops of the Qwen3.5 / Qwen3.6 hybrid target (Gated DeltaNet linear attention and the gated full
 // attention), forward only: the target is frozen. Same conventions as dflash/ops.h (plain functions over
-// Tensor views, dispatched on ctx.device). CPU float32 implementations are the reference; there is no
-// CUDA twin yet, so each op is a fatal BadOptions error on the CUDA backend.
+// Tensor views, dispatched on ctx.device). CPU float32 implementations are the reference (every tensor F32).
+// CUDA twins (kernels/causal_conv1d, gdn_gates, gated_rmsnorm, sigmoid_gate; fp32 math, dtypes per op below)
+// exist for every op here except the gated delta rule: there is no CUDA twin of it yet, so it is a fatal
+// BadOptions error on the CUDA backend.
 //
 // Packed sequences: every op that mixes tokens takes cu_seqlens [nseq + 1] (I32, host memory on the CPU)
 // and starts each sequence from a zero state (zero conv history, zero recurrent state), which is what
@@ -31,6 +33,7 @@ void causal_conv1d_silu_forward(const Ctx& ctx, const Tensor& out, const Tensor&
 //   g[t, h] = -exp(A_log[h]) * softplus(a[t, h] + dt_bias[h])   (log-space decay, <= 0)
 //   beta[t, h] = sigmoid(b[t, h])                                (write strength)
 // g, beta, a, b [T, nv]; A_log, dt_bias [nv]. softplus as torch (linear above 20).
+// CUDA: out, in, w BF16; K <= 8; any C (16-byte vectors over channels when C % 8 == 0).
 void gdn_gates_forward(const Ctx& ctx, const Tensor& g, const Tensor& beta, const Tensor& a, const Tensor& b,
                        const Tensor& A_log, const Tensor& dt_bias);
 
@@ -38,6 +41,8 @@ void gdn_gates_forward(const Ctx& ctx, const Tensor& g, const Tensor& beta, cons
 //   q = l2norm(q_kh) * dk^-1/2, k = l2norm(k_kh)     (l2norm(x) = x / sqrt(sum x^2 + 1e-6))
 //   S = exp(g) S;  S += k (beta (v - S^T k))^T;  out = S^T q      (S [dk, dv], zero at sequence start)
 // out [T, nv*dv]; qkv [T, heads.qkv_dim()] (after the conv); g, beta [T, nv];
+// CUDA: g, beta F32 (they feed the delta rule's exp and products); a, b BF16 (the projections' dtype) or
+// F32; A_log, dt_bias F32 (as the loader keeps them) or BF16.
 // state [nv, dk, dv] is workspace (holds the last sequence's final state on return).
 void gated_delta_rule_forward(const Ctx& ctx, const Tensor& out, const Tensor& state, const Tensor& qkv,
                               const Tensor& g, const Tensor& beta, const Tensor& cu_seqlens, GdnHeads heads);
@@ -52,3 +57,5 @@ void gated_rmsnorm_forward(const Ctx& ctx, const Tensor& out, const Tensor& in, 
 void sigmoid_gate_forward(const Ctx& ctx, const Tensor& out, const Tensor& x, const Tensor& gate);
 
 }  // namespace dflash::ops
+// CUDA: out, in, z BF16; w BF16 or F32; C <= 1024.
+// CUDA: all BF16.

@@ -1,9 +1,14 @@
 // The two gates of the Qwen3.5 hybrid on the CPU (float32): the Gated DeltaNet output norm
-// (RMSNorm then * silu(z)) and the full-attention output gate (* sigmoid(gate)).
+// (RMSNorm then * silu(z)) and the full-attention output gate (* sigmoid(gate)). CUDA twins:
+// kernels/gated_rmsnorm.cu, kernels/sigmoid_gate.cu.
 #include <cmath>
 
 #include "ops/gated_delta.h"
 #include "ops/op_checks.h"
+#ifdef DFLASH_HAVE_CUDA
+#include "gated_rmsnorm.cuh"
+#include "sigmoid_gate.cuh"
+#endif
 
 namespace dflash::ops {
 namespace {
@@ -30,7 +35,7 @@ void gated_rmsnorm_forward(const Ctx& ctx, const Tensor& out, const Tensor& in, 
   detail::check_shape(op, "w", w, {C});
   if (ctx.device == Device::CUDA) {
 #ifdef DFLASH_HAVE_CUDA
-    return detail::cuda_op_missing(op);
+    return cuda::gated_rmsnorm_forward(ctx, out, in, z, w, eps);
 #else
     return detail::no_cuda_build(op);
 #endif
@@ -55,7 +60,7 @@ void sigmoid_gate_forward(const Ctx& ctx, const Tensor& out, const Tensor& x, co
   check_same_2d(op, ctx, x, {&out, &gate});
   if (ctx.device == Device::CUDA) {
 #ifdef DFLASH_HAVE_CUDA
-    return detail::cuda_op_missing(op);
+    return cuda::sigmoid_gate_forward(ctx, out, x, gate);
 #else
     return detail::no_cuda_build(op);
 #endif
