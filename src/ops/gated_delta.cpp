@@ -12,6 +12,7 @@
 #ifdef DFLASH_HAVE_CUDA
 #include "causal_conv1d.cuh"
 #include "gdn_gates.cuh"
+#include "gated_delta_rule.cuh"
 #endif
 
 namespace dflash::ops {
@@ -168,7 +169,8 @@ void gdn_gates_forward(const Ctx& ctx, const Tensor& g, const Tensor& beta, cons
 }
 
 void gated_delta_rule_forward(const Ctx& ctx, const Tensor& out, const Tensor& state, const Tensor& qkv,
-                              const Tensor& g, const Tensor& beta, const Tensor& cu_seqlens, GdnHeads heads) {
+                              const Tensor& g, const Tensor& beta, const Tensor& cu_seqlens, GdnHeads heads,
+                              const Tensor& workspace) {
   constexpr const char* op = "gated_delta_rule_forward";
   DF_CHECK(heads.nk > 0 && heads.dk > 0 && heads.nv > 0 && heads.dv > 0 && heads.nv % heads.nk == 0, Internal,
            op << ": bad heads nk=" << heads.nk << " dk=" << heads.dk << " nv=" << heads.nv << " dv=" << heads.dv
@@ -189,7 +191,7 @@ void gated_delta_rule_forward(const Ctx& ctx, const Tensor& out, const Tensor& s
   DF_CHECK(out.data != qkv.data, Internal, op << ": out must not alias qkv");
   if (ctx.device == Device::CUDA) {
 #ifdef DFLASH_HAVE_CUDA
-    return detail::cuda_op_missing(op);
+    return cuda::gated_delta_rule_forward(ctx, out, state, qkv, g, beta, cu_seqlens, heads, workspace);
 #else
     return detail::no_cuda_build(op);
 #endif

@@ -1,9 +1,8 @@
 // Ops of the Qwen3.5 / Qwen3.6 hybrid target (Gated DeltaNet linear attention and the gated full
 // attention), forward only: the target is frozen. Same conventions as dflash/ops.h (plain functions over
 // Tensor views, dispatched on ctx.device). CPU float32 implementations are the reference (every tensor F32).
-// CUDA twins (kernels/causal_conv1d, gdn_gates, gated_rmsnorm, sigmoid_gate; fp32 math, dtypes per op below)
-// exist for every op here except the gated delta rule: there is no CUDA twin of it yet, so it is a fatal
-// BadOptions error on the CUDA backend.
+// CUDA twins (kernels/causal_conv1d, gdn_gates, gated_delta_rule, gated_rmsnorm, sigmoid_gate; fp32 math,
+// dtypes per op below) exist for every op here; the gated delta rule on CUDA also needs a workspace.
 //
 // Packed sequences: every op that mixes tokens takes cu_seqlens [nseq + 1] (I32, running 0..T) and starts
 // each sequence from a zero state (zero conv history, zero recurrent state), which is what running each
@@ -51,8 +50,15 @@ void gdn_gates_forward(const Ctx& ctx, const Tensor& g, const Tensor& beta, cons
 //   S = exp(g) S;  S += k (beta (v - S^T k))^T;  out = S^T q      (S [dk, dv], zero at sequence start)
 // out [T, nv*dv]; qkv [T, heads.qkv_dim()] (after the conv); g, beta [T, nv];
 // state [nv, dk, dv] is workspace (holds the last sequence's final state on return).
+// CUDA (kernels/gated_delta_rule: chunked, UT transform, tensor cores): out, qkv BF16; g, beta F32 or BF16;
+// state F32; dk, dv multiples of 8 up to 128. `workspace` is required there: BF16 with at least
+// gated_delta_rule_workspace_elems(T, heads) elements (the per-chunk inverse of the UT system, 64 values per
+// token and value head: 201 MB at T = 32768, nv = 48), allocated once by the caller for the largest T and
+// reused by every layer. The CPU ignores it (may be empty).
 void gated_delta_rule_forward(const Ctx& ctx, const Tensor& out, const Tensor& state, const Tensor& qkv,
-                              const Tensor& g, const Tensor& beta, const Tensor& cu_seqlens, GdnHeads heads);
+                              const Tensor& g, const Tensor& beta, const Tensor& cu_seqlens, GdnHeads heads,
+                              const Tensor& workspace = Tensor());
+inline int64_t gated_delta_rule_workspace_elems(int64_t T, const GdnHeads& heads) { return T * heads.nv * 64; }
 
 // Gated RMSNorm (Qwen3_5RMSNormGated; plain weight, not zero-centred), per row of C:
 //   out = in * rsqrt(mean(in^2) + eps) * w * silu(z)

@@ -1,0 +1,21 @@
+// The gated delta rule of the Qwen3.5 / Qwen3.6 hybrid target on CUDA, chunked (UT transform), forward only.
+#pragma once
+#include "dflash/tensor.h"
+#include "ops/gated_delta.h"
+
+namespace dflash::cuda {
+
+// Same recurrence as ops::gated_delta_rule_forward (src/ops/gated_delta.h), per packed sequence and value
+// head, run in chunks of 64 tokens:
+//   out [T, nv*dv] BF16;  qkv [T, 2*nk*dk + nv*dv] BF16 (q | k | v per token, after the conv);
+//   g, beta [T, nv] F32 or BF16 (each on its own);  cu_seqlens [nseq + 1] I32 in device memory;
+//   state [nv, dk, dv] F32: on return the final state of the last sequence (zero if it is empty);
+//   workspace BF16, at least ops::gated_delta_rule_workspace_elems(T, heads) = T * nv * 64 elements: the
+//     inverse of each chunk's unit-lower-triangular system, one 64-wide row per token and value head.
+// Head dims: dk and dv multiples of 8, at most 128 (padded to 64 or 128 in shared memory); nv % nk == 0.
+// qkv, out and workspace 16-byte aligned.
+void gated_delta_rule_forward(const Ctx& ctx, const Tensor& out, const Tensor& state, const Tensor& qkv,
+                              const Tensor& g, const Tensor& beta, const Tensor& cu_seqlens, ops::GdnHeads heads,
+                              const Tensor& workspace);
+
+}  // namespace dflash::cuda
