@@ -171,6 +171,7 @@ struct Model {
   Buffer a, b;               // [T, nv] bf16
   Buffer g, beta;            // [T, nv] float32
   Buffer state;              // [nv, dk, dv] float32
+  Buffer gdn_work;           // [gated_delta_rule_workspace_elems(T)] bf16, the delta rule's per-chunk inverses
   Buffer q, gate, attn;      // [T, nh*hd]
   Buffer k, v;               // [T, nkv*hd]
   Buffer mlp_gate, mlp_up;   // [T, I]
@@ -254,6 +255,7 @@ struct Model {
       for (Buffer* p : {&a, &b}) *p = activation(act, {N, gh.nv});
       for (Buffer* p : {&g, &beta}) *p = activation(f32, {N, gh.nv});
       state = activation(f32, {gh.nv, gh.dk, gh.dv});
+      gdn_work = activation(act, {ops::gated_delta_rule_workspace_elems(N, gh)});
     }
     if (any_full) {
       for (Buffer* p : {&q, &gate, &attn}) *p = activation(act, {N, nh * hd});
@@ -293,7 +295,7 @@ struct Model {
     });
     tm.run(Part::Gates, 1, [&] { ops::gdn_gates_forward(ctx, g_t, beta_t, a_t, b_t, A.A_log, A.dt_bias); });
     tm.run(Part::DeltaRule, 1,
-           [&] { ops::gated_delta_rule_forward(ctx, core_t, state, conv_t, g_t, beta_t, tcu, gh); });
+           [&] { ops::gated_delta_rule_forward(ctx, core_t, state, conv_t, g_t, beta_t, tcu, gh, gdn_work.t()); });
     const Tensor heads = core_t.reshape({T * gh.nv, gh.dv});
     tm.run(Part::GatedNorm, 1, [&] {
       ops::gated_rmsnorm_forward(ctx, heads, heads, z_t.reshape({T * gh.nv, gh.dv}), A.norm, cfg.text.rms_norm_eps);

@@ -48,6 +48,7 @@ struct Qwen35Target::Impl {
   Buffer a, b;               // [T, nv] projections (activation dtype)
   Buffer g, beta;            // [T, nv] gates, float32
   Buffer state;              // [nv, dk, dv] float32
+  Buffer gdn_work;           // CUDA: the delta rule's per-chunk UT inverses, bf16 [T * nv * 64] (none on the CPU)
   // Full-attention layers
   Buffer q, gate, attn;      // [T, nh*hd]
   Buffer k, v;               // [T, nkv*hd]
@@ -97,6 +98,7 @@ Qwen35Target::Qwen35Target(const Qwen35Config& cfg, const std::string& dir, cons
     for (Buffer* p : {&m.a, &m.b}) *p = Buffer(d, act, {T, gh.nv});
     for (Buffer* p : {&m.g, &m.beta}) *p = Buffer(d, f32, {T, gh.nv});
     m.state = Buffer(d, f32, {gh.nv, gh.dk, gh.dv});
+    if (d == Device::CUDA) m.gdn_work = Buffer(d, act, {ops::gated_delta_rule_workspace_elems(T, gh)});
   }
   if (any_full) {
     const int64_t q_dim = int64_t(c.num_attention_heads) * c.head_dim;
@@ -133,7 +135,7 @@ void Qwen35Target::Impl::linear_attn_forward(const Qwen35LinearAttnWeights& A, c
   ops::matmul_forward(ctx, b_t, x, A.in_proj_b);
   ops::matmul_forward(ctx, a_t, x, A.in_proj_a);
   ops::gdn_gates_forward(ctx, g_t, beta_t, a_t, b_t, A.A_log, A.dt_bias);
-  ops::gated_delta_rule_forward(ctx, core_t, state, conv_t, g_t, beta_t, cu, gh);
+  ops::gated_delta_rule_forward(ctx, core_t, state, conv_t, g_t, beta_t, cu, gh, gdn_work.t());
   // The output norm runs per value head: rows of dv.
   const Tensor heads = core_t.reshape({T * gh.nv, gh.dv});
   ops::gated_rmsnorm_forward(ctx, heads, heads, z_t.reshape({T * gh.nv, gh.dv}), A.norm, cfg.text.rms_norm_eps);
