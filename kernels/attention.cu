@@ -1,10 +1,16 @@
 // FlashAttention-2 forward on mma.sync (m16n8k16 bf16 -> fp32), for packed varlen causal GQA.
 //
-// Block = 4 warps = 128 query rows of one head of one sequence; each warp owns 32 rows (two m16 tiles) so
-// every K/V fragment it reads from shared memory feeds two MMAs. K/V tiles of 64 rows are double-buffered
-// with cp.async. Shared memory rows are 128 bf16 (256 B) with 16-byte chunks XOR-swizzled by (row & 7),
-// so ldmatrix reads of 8 rows hit 8 different bank groups. Head dims below 128 are zero-padded in
-// shared memory (the golden tiny model has hd = 24); Qwen3 models use 128.
+// One kernel, templated on the tiling (see attention.cuh for the variants). A block holds the query tile
+// of one head of one sequence; each warp owns 16 * kMI query rows, so every K/V fragment it reads from
+// shared memory feeds 2 * kMI MMAs. K/V tiles are double-buffered with cp.async. Shared memory rows are
+// kD bf16 (the padded head dim: 128 or 256) with 16-byte chunks XOR-swizzled by (row & 7), so ldmatrix
+// reads of 8 rows hit 8 different bank groups. Smaller head dims are zero-padded in shared memory (the
+// golden tiny model has hd = 24); Qwen3 models use 128, the Qwen3.5/3.6 full-attention layers 256.
+//
+// Why kMI = 1 at hd 256: the output accumulator of a warp is 16 * kMI rows x kD fp32, i.e. 64 * kMI * kD / 128
+// registers per thread: 128 at (kMI 2, kD 128) and at (kMI 1, kD 256), 256 (a spill) at (2, 256). With one
+// m16 tile per warp a K/V fragment feeds 2 MMAs instead of 4, so the hd-256 kernels are bounded by shared
+// memory reads sooner; 8 warps per block share each K/V tile to halve the global traffic per query row.
 #include "attention.cuh"
 
 #include <cuda_bf16.h>
@@ -17,31 +23,39 @@
 namespace dflash::cuda {
 namespace {
 
-constexpr int kHeadDim = 128;  // padded head dim held in shared memory and registers
-constexpr int kWarps = 4;
-constexpr int kThreads = kWarps * 32;
-constexpr int kChunks = kHeadDim / 8;  // 16-byte chunks per row
-constexpr int kRowBytes = kHeadDim * 2;  // 256: a tile row
-
-// The tiling: each warp owns kMI m16 tiles of query rows (kBlockQ = 4 warps x 16 kMI rows) and K/V
-// stream through shared memory kKV rows at a time, double-buffered.
-//   Tiling<2, 64> (used): 128 x 64, 255 registers, 2 blocks (8 warps) per SM; every K/V fragment feeds
-//                 2 MMAs. Measured on an H200 against Tiling<1, 32> (64 x 32, 4 blocks = 16 warps per SM,
-//                 twice the shared-memory reads per MMA): 84 ms vs 108 ms of attention per Qwen3-8B forward
-//                 (bench/results/h200-run4-bench.txt), so the narrow variant was dropped.
-template <int kMI_, int kKV_> struct Tiling {
-  static constexpr int kMI = kMI_, kKV = kKV_;
+// The tiling: kD is the padded head dim held in shared memory and registers; each of kWarps warps owns kMI
+// m16 tiles of query rows (kBlockQ = kWarps x 16 kMI rows) and K/V stream through shared memory kKV rows
+// at a time, double-buffered.
+//   hd 128: <128, 4, 2, 64>: 128 x 64, 255 registers, 2 blocks (8 warps) per SM; every K/V fragment feeds
+//           2 MMAs. Measured on an H200 against <128, 4, 1, 32> (64 x 32, 4 blocks = 16 warps per SM,
+//           twice the shared-memory reads per MMA): 84 ms vs 108 ms of attention per Qwen3-8B forward
+//           (bench/results/h200-run4-bench.txt), so the narrow variant was dropped.
+//   hd 256: <256, 8, 1, 64> where the device holds 193 KB per block (sm_90, sm_100: 8 warps per SM, each
+//           K/V tile shared by 8 warps), else <256, 4, 1, 32> (97 KB, two blocks per SM). Measured on an H200
+//           at 8 x 4096 tokens, 24/4 heads: 6.28 ms vs 7.23 ms; <256, 8, 1, 32> (129 KB, one block per SM)
+//           took 7.48 ms and was dropped (bench/results/h200-attention-hd256.txt).
+template <int kD_, int kWarps_, int kMI_, int kKV_, int kBlocksPerSM_> struct Tiling {
+  static constexpr int kD = kD_, kWarps = kWarps_, kMI = kMI_, kKV = kKV_, kBlocksPerSM = kBlocksPerSM_;
+  static constexpr int kThreads = kWarps * 32;
+  static constexpr int kChunks = kD / 8;     // 16-byte chunks per row
+  static constexpr int kRowBytes = kD * 2;   // a tile row
   static constexpr int kBlockQ = kWarps * 16 * kMI, kWarpRows = 16 * kMI;
   static constexpr uint32_t kKVTileBytes = kKV * kRowBytes;
-  static constexpr int kBlocksPerSM = kMI == 2 ? 2 : 4;
   // Q tile + double-buffered K and V tiles, plus slack to align the base to 1 KiB: the swizzled
   // addresses below are formed with XOR on their low bits, which needs every tile on such a boundary.
   static constexpr size_t kSmemBytes = size_t(kRowBytes) * (kBlockQ + 4 * kKV) + 1024;
+  // The lane addresses XOR chunk-pair offsets (< kRowBytes) into row addresses: rows must be 256 or 512 B.
+  static_assert(kD == 128 || kD == 256, "padded head dim");
+  static_assert(kKV % 16 == 0 && kThreads % 32 == 0, "tile shape");
 };
-using WideTiling = Tiling<2, 64>;
+using Hd128Tiling = Tiling<128, 4, 2, 64, 2>;
+using Hd256Tiling = Tiling<256, 8, 1, 64, 1>;       // 193 KB
+using Hd256SmallTiling = Tiling<256, 4, 1, 32, 2>;  // 97 KB
+static_assert(Hd128Tiling::kSmemBytes <= 99 * 1024 && Hd256SmallTiling::kSmemBytes <= 99 * 1024,
+              "the fallbacks must fit sm_120's 99 KB per block");
 
-// Element offset of 16-byte chunk c of row r in a swizzled [rows][kHeadDim] tile.
-__device__ __forceinline__ int swz(int r, int c) { return r * kHeadDim + ((c ^ (r & 7)) << 3); }
+// Element offset of 16-byte chunk c of row r in a swizzled [rows][kD] tile.
+template <int kD> __device__ __forceinline__ int swz(int r, int c) { return r * kD + ((c ^ (r & 7)) << 3); }
 
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
@@ -91,16 +105,18 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
 }
 
 // Copies rows [0, kRows) of a [rows][hd] slice (global row stride `stride` elements) into the swizzled
-// tile at shared address `tile`; rows >= valid_rows and chunks beyond hd are zero-filled. The 128 threads
-// cover 8 rows x 16 chunks per step, so a thread's row & 7, and with it its swizzle, never changes.
-template <int kRows>
+// tile at shared address `tile`; rows >= valid_rows and chunks beyond hd are zero-filled. A step of the
+// threads covers kThreads / kChunks whole rows (8 at hd 128 and at hd 256 with 8 warps), so a thread's
+// chunk never changes.
+template <class Tl, int kRows>
 __device__ __forceinline__ void load_tile(uint32_t tile, const __nv_bfloat16* src, int64_t stride, int valid_rows,
                                           int hd) {
-  for (int i = threadIdx.x; i < kRows * kChunks; i += kThreads) {
+  constexpr int kChunks = Tl::kChunks;
+  for (int i = threadIdx.x; i < kRows * kChunks; i += Tl::kThreads) {
     int r = i / kChunks, c = i % kChunks;
     bool ok = r < valid_rows && c * 8 < hd;
     const __nv_bfloat16* g = ok ? src + r * stride + c * 8 : src;
-    cp_async16(tile + 2 * swz(r, c), g, ok ? 16 : 0);
+    cp_async16(tile + 2 * swz<Tl::kD>(r, c), g, ok ? 16 : 0);
   }
 }
 
@@ -147,12 +163,13 @@ __device__ bool find_tile(const int32_t* cu_seqlens, int nseq, int tile_id, int&
 }
 
 template <class Tl>
-__global__ void __launch_bounds__(kThreads, Tl::kBlocksPerSM)
+__global__ void __launch_bounds__(Tl::kThreads, Tl::kBlocksPerSM)
     flash_attention_kernel(__nv_bfloat16* __restrict__ out, const __nv_bfloat16* __restrict__ q,
                            const __nv_bfloat16* __restrict__ k, const __nv_bfloat16* __restrict__ v,
                            const int32_t* __restrict__ cu_seqlens, int nseq, int nh, int nkv, int hd,
                            float scale_log2) {
   constexpr int kMI = Tl::kMI, kBlockKV = Tl::kKV, kBlockQ = Tl::kBlockQ, kWarpRows = Tl::kWarpRows;
+  constexpr int kHeadDim = Tl::kD, kChunks = Tl::kChunks, kRowBytes = Tl::kRowBytes;
   constexpr uint32_t kKVTileBytes = Tl::kKVTileBytes;
   extern __shared__ __align__(128) unsigned char smem_raw[];
   const uint32_t raw = smem_addr(smem_raw), base = (raw + 1023u) & ~1023u;
@@ -174,9 +191,9 @@ __global__ void __launch_bounds__(kThreads, Tl::kBlocksPerSM)
   const int kv_end = q0 + q_rows;  // causal: keys [0, kv_end) are enough for every row of the block
   const int n_tiles = (kv_end + kBlockKV - 1) / kBlockKV;
 
-  load_tile<kBlockQ>(sQ_addr, q_src, q_stride, q_rows, hd);
-  load_tile<kBlockKV>(sK_addr, k_src, kv_stride, min(kBlockKV, kv_end), hd);
-  load_tile<kBlockKV>(sV_addr, v_src, kv_stride, min(kBlockKV, kv_end), hd);
+  load_tile<Tl, kBlockQ>(sQ_addr, q_src, q_stride, q_rows, hd);
+  load_tile<Tl, kBlockKV>(sK_addr, k_src, kv_stride, min(kBlockKV, kv_end), hd);
+  load_tile<Tl, kBlockKV>(sV_addr, v_src, kv_stride, min(kBlockKV, kv_end), hd);
   cp_async_commit();
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -204,9 +221,9 @@ __global__ void __launch_bounds__(kThreads, Tl::kBlocksPerSM)
     const int buf = j & 1;
     if (j + 1 < n_tiles) {
       int kv0 = (j + 1) * kBlockKV;
-      load_tile<kBlockKV>(sK_addr + (buf ^ 1) * kKVTileBytes, k_src + kv0 * kv_stride, kv_stride,
+      load_tile<Tl, kBlockKV>(sK_addr + (buf ^ 1) * kKVTileBytes, k_src + kv0 * kv_stride, kv_stride,
                           min(kBlockKV, kv_end - kv0), hd);
-      load_tile<kBlockKV>(sV_addr + (buf ^ 1) * kKVTileBytes, v_src + kv0 * kv_stride, kv_stride,
+      load_tile<Tl, kBlockKV>(sV_addr + (buf ^ 1) * kKVTileBytes, v_src + kv0 * kv_stride, kv_stride,
                           min(kBlockKV, kv_end - kv0), hd);
       cp_async_commit();
       cp_async_wait<1>();
@@ -330,7 +347,7 @@ __global__ void __launch_bounds__(kThreads, Tl::kBlocksPerSM)
 #pragma unroll
       for (int n = 0; n < kHeadDim / 8; ++n) {
         __nv_bfloat162 val = __floats2bfloat162_rn(o[mi][n][h * 2] * inv, o[mi][n][h * 2 + 1] * inv);
-        *reinterpret_cast<__nv_bfloat162*>(sQ + swz(r, n) + 2 * t) = val;
+        *reinterpret_cast<__nv_bfloat162*>(sQ + swz<kHeadDim>(r, n) + 2 * t) = val;
       }
     }
   }
@@ -339,25 +356,51 @@ __global__ void __launch_bounds__(kThreads, Tl::kBlocksPerSM)
   for (int i = lane; i < kWarpRows * kChunks; i += 32) {
     int r = warp * kWarpRows + i / kChunks, c = i % kChunks;
     if (r < q_rows && c * 8 < hd)
-      *reinterpret_cast<uint4*>(o_dst + r * q_stride + c * 8) = *reinterpret_cast<const uint4*>(sQ + swz(r, c));
+      *reinterpret_cast<uint4*>(o_dst + r * q_stride + c * 8) = *reinterpret_cast<const uint4*>(sQ + swz<kHeadDim>(r, c));
   }
 }
 
+constexpr int kMaxDevices = 64;
+
+// The device's opt-in shared memory per block (227 KB on sm_90 and sm_100, 99 KB on sm_120), once per device.
+int max_smem_per_block(int device) {
+  static int cached[kMaxDevices] = {};
+  DF_CHECK(device >= 0 && device < kMaxDevices, Internal, "attention: device " << device);
+  if (cached[device] == 0) {
+    int v = 0;
+    DF_CUDA(cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+    cached[device] = v;
+  }
+  return cached[device];
+}
+
+size_t smem_bytes(AttentionKernel kernel) {
+  switch (kernel) {
+    case AttentionKernel::Hd128: return Hd128Tiling::kSmemBytes;
+    case AttentionKernel::Hd256: return Hd256Tiling::kSmemBytes;
+    case AttentionKernel::Hd256Small: return Hd256SmallTiling::kSmemBytes;
+    case AttentionKernel::Auto: break;
+  }
+  DF_FAIL(Internal, "attention: no tiling for kernel " << static_cast<int>(kernel), "");
+}
+
+int padded_head_dim(AttentionKernel kernel) { return kernel == AttentionKernel::Hd128 ? 128 : 256; }
+
 template <class Tl>
-void launch(const Ctx& ctx, const Tensor& out, const Tensor& q, const Tensor& k, const Tensor& v,
+void launch(const Ctx& ctx, int device, const Tensor& out, const Tensor& q, const Tensor& k, const Tensor& v,
             const Tensor& cu_seqlens, int nseq, int nh, int nkv, int hd, float scale) {
   const int64_t T = q.size(0);
   // Every sequence adds at most one partial tile to the T / kBlockQ full ones.
   const int64_t max_tiles = T / Tl::kBlockQ + nseq;
   DF_CHECK(max_tiles < 65536 && nh < 65536, Internal, "attention: grid too large (T=" << T << ", nseq=" << nseq << ")");
-  static bool smem_configured = false;  // once per process: a rank drives one GPU
-  if (!smem_configured) {
+  static bool smem_configured[kMaxDevices] = {};  // the attribute is per device (context)
+  if (!smem_configured[device]) {
     DF_CUDA(cudaFuncSetAttribute(flash_attention_kernel<Tl>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                  static_cast<int>(Tl::kSmemBytes)));
-    smem_configured = true;
+    smem_configured[device] = true;
   }
   dim3 grid(static_cast<unsigned>(nh), static_cast<unsigned>(max_tiles));
-  flash_attention_kernel<Tl><<<grid, kThreads, Tl::kSmemBytes, stream_of(ctx)>>>(
+  flash_attention_kernel<Tl><<<grid, Tl::kThreads, Tl::kSmemBytes, stream_of(ctx)>>>(
       static_cast<__nv_bfloat16*>(out.data), static_cast<const __nv_bfloat16*>(q.data),
       static_cast<const __nv_bfloat16*>(k.data), static_cast<const __nv_bfloat16*>(v.data),
       static_cast<const int32_t*>(cu_seqlens.data), nseq, nh, nkv, hd, scale * 1.4426950408889634f);
@@ -366,9 +409,31 @@ void launch(const Ctx& ctx, const Tensor& out, const Tensor& q, const Tensor& k,
 
 }  // namespace
 
+const char* attention_kernel_name(AttentionKernel kernel) {
+  switch (kernel) {
+    case AttentionKernel::Auto: return "auto";
+    case AttentionKernel::Hd128: return "hd128";
+    case AttentionKernel::Hd256: return "hd256";
+    case AttentionKernel::Hd256Small: return "hd256-small";
+  }
+  return "?";
+}
+
+bool attention_kernel_fits(const Ctx& ctx, AttentionKernel kernel) {
+  if (kernel == AttentionKernel::Auto) return true;
+  // + find_tile's few bytes of static shared memory, which count against the same per-block limit
+  return smem_bytes(kernel) + 128 <= static_cast<size_t>(max_smem_per_block(backend_of(ctx).device));
+}
+
+AttentionKernel attention_kernel_for(const Ctx& ctx, int hd) {
+  if (hd <= 128) return AttentionKernel::Hd128;
+  // The wide tiling where the device holds it; Hd256Small fits every architecture this builds for.
+  return attention_kernel_fits(ctx, AttentionKernel::Hd256) ? AttentionKernel::Hd256 : AttentionKernel::Hd256Small;
+}
+
 void attention_varlen_causal_forward(const Ctx& ctx, const Tensor& out, const Tensor& q, const Tensor& k,
-                                     const Tensor& v, const Tensor& cu_seqlens, float scale) {
-  backend_of(ctx);
+                                     const Tensor& v, const Tensor& cu_seqlens, float scale, AttentionKernel kernel) {
+  const int device = backend_of(ctx).device;
   DF_CHECK(q.ndim == 3 && k.ndim == 3 && v.ndim == 3 && out.numel() == q.numel(), Internal,
            "attention: q " << q.shape_str() << ", k " << k.shape_str() << ", v " << v.shape_str() << ", out "
                            << out.shape_str() << " must be [T, heads, hd]");
@@ -381,14 +446,28 @@ void attention_varlen_causal_forward(const Ctx& ctx, const Tensor& out, const Te
                nkv > 0 && nh % nkv == 0,
            Internal, "attention: q " << q.shape_str() << ", k " << k.shape_str() << ", v " << v.shape_str());
   DF_CHECK(scale > 0.f, Internal, "attention: scale must be positive, got " << scale);
-  DF_CHECK(hd > 0 && hd <= kHeadDim && hd % 8 == 0, Internal,
-           "attention: head_dim " << hd << " unsupported (a multiple of 8, at most " << kHeadDim << ")");
+  DF_CHECK(hd > 0 && hd <= kAttentionMaxHeadDim && hd % 8 == 0, Internal,
+           "attention: head_dim " << hd << " unsupported (a multiple of 8, at most " << kAttentionMaxHeadDim << ")");
   DF_CHECK(((reinterpret_cast<uintptr_t>(q.data) | reinterpret_cast<uintptr_t>(k.data) |
              reinterpret_cast<uintptr_t>(v.data) | reinterpret_cast<uintptr_t>(out.data)) & 15) == 0,
            Internal, "attention: tensors must be 16-byte aligned");
+  if (kernel == AttentionKernel::Auto) kernel = attention_kernel_for(ctx, hd);
+  DF_CHECK(hd <= padded_head_dim(kernel) && attention_kernel_fits(ctx, kernel), Internal,
+           "attention: kernel " << attention_kernel_name(kernel) << " cannot serve head_dim " << hd << " on device "
+                                << device << " (" << smem_bytes(kernel) << " B of shared memory per block, the device allows "
+                                << max_smem_per_block(device) << ")");
   const int nseq = static_cast<int>(cu_seqlens.numel()) - 1;
   if (T == 0 || nseq <= 0) return;
-  launch<WideTiling>(ctx, out, q, k, v, cu_seqlens, nseq, nh, nkv, hd, scale);
+  switch (kernel) {
+    case AttentionKernel::Hd128:
+      return launch<Hd128Tiling>(ctx, device, out, q, k, v, cu_seqlens, nseq, nh, nkv, hd, scale);
+    case AttentionKernel::Hd256:
+      return launch<Hd256Tiling>(ctx, device, out, q, k, v, cu_seqlens, nseq, nh, nkv, hd, scale);
+    case AttentionKernel::Hd256Small:
+      return launch<Hd256SmallTiling>(ctx, device, out, q, k, v, cu_seqlens, nseq, nh, nkv, hd, scale);
+    case AttentionKernel::Auto: break;
+  }
+  DF_FAIL(Internal, "attention: unreachable kernel choice", "");
 }
 
 }  // namespace dflash::cuda

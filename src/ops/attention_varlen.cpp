@@ -2,11 +2,14 @@
 //
 // Query t of the sequence [s0, s1) attends to keys s0..t only. Keys are visited in blocks of kKeyBlock
 // with an online softmax (running max and sum, rescaled once per block), so no T x T score matrix is
-// ever stored and nothing is allocated.
+// ever stored and nothing is allocated. Also the rule of which head dims each backend serves
+// (ops/attention_head_dim.h), checked by the model loader.
 #include <algorithm>
 #include <cmath>
+#include <string>
 
 #include "dflash/ops.h"
+#include "ops/attention_head_dim.h"
 #include "ops/op_checks.h"
 #ifdef DFLASH_HAVE_CUDA
 #include "attention.cuh"
@@ -17,6 +20,12 @@ namespace {
 
 constexpr int64_t kKeyBlock = 64;
 constexpr int64_t kMaxHeadDim = 1024;
+// The CUDA kernels' rule (kernels/attention.cuh), stated here too so CPU-only builds can check a config.
+constexpr int64_t kCudaMaxHeadDim = 256;
+constexpr int64_t kCudaHeadDimStep = 8;
+#ifdef DFLASH_HAVE_CUDA
+static_assert(kCudaMaxHeadDim == cuda::kAttentionMaxHeadDim, "the loader's rule and the kernels disagree");
+#endif
 
 // Dot product with 8 independent partial sums (vectorisable without reassociating a single sum).
 inline float dot(const float* a, const float* b, int64_t n) {
@@ -73,6 +82,18 @@ void attention_varlen_causal_cpu(float* out, const float* q, const float* k, con
 
 }  // namespace
 
+bool attention_head_dim_supported(Device device, int64_t head_dim) {
+  if (device == Device::CUDA) return head_dim > 0 && head_dim <= kCudaMaxHeadDim && head_dim % kCudaHeadDimStep == 0;
+  return head_dim > 0 && head_dim <= kMaxHeadDim;
+}
+
+std::string attention_head_dims_text(Device device) {
+  if (device == Device::CUDA)
+    return "multiples of " + std::to_string(kCudaHeadDimStep) + " from " + std::to_string(kCudaHeadDimStep) + " to " +
+           std::to_string(kCudaMaxHeadDim);
+  return "1 to " + std::to_string(kMaxHeadDim);
+}
+
 void attention_varlen_causal_forward(const Ctx& ctx, const Tensor& out, const Tensor& q, const Tensor& k,
                                      const Tensor& v, const Tensor& cu_seqlens, float scale) {
   constexpr const char* op = "attention_varlen_causal_forward";
@@ -86,7 +107,9 @@ void attention_varlen_causal_forward(const Ctx& ctx, const Tensor& out, const Te
   detail::check_tensor(op, "out", out, ctx, 3);
   detail::check_shape(op, "out", out, {T, nh, hd});
   DF_CHECK(nkv > 0 && nh % nkv == 0, Internal, op << ": " << nh << " query heads for " << nkv << " kv heads");
-  DF_CHECK(hd <= kMaxHeadDim, Internal, op << ": head_dim " << hd << " above the supported " << kMaxHeadDim);
+  DF_CHECK(attention_head_dim_supported(ctx.device, hd), Internal,
+           op << ": head_dim " << hd << " unsupported on " << device_name(ctx.device) << " (supported: "
+              << attention_head_dims_text(ctx.device) << ")");
   DF_CHECK(!cu_seqlens.empty() && cu_seqlens.ndim == 1 && cu_seqlens.shape[0] >= 1 &&
                cu_seqlens.dtype == DType::I32,
            Internal, op << ": cu_seqlens must be a non-empty I32 vector, got " << cu_seqlens.shape_str());
