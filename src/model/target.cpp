@@ -8,6 +8,7 @@
 #include "model/qwen35_target.h"
 #include "model/qwen3_target.h"
 #include "model/qwen3_weights.h"
+#include "ops/attention_head_dim.h"
 
 namespace dflash {
 
@@ -38,6 +39,13 @@ TargetConfig load_target_config(const std::string& dir) {
 
 std::unique_ptr<TargetModel> make_target_model(const TargetConfig& cfg, const std::string& dir, const Ctx& ctx,
                                                std::vector<int> capture_layers, int64_t max_tokens) {
+  // The attention kernels of ctx's backend serve only some head dims (256 at most on CUDA): refused here,
+  // before any weight is read, rather than as an internal error in the first forward.
+  DF_CHECK_HINT(ops::attention_head_dim_supported(ctx.device, cfg.text.head_dim), BadOptions,
+                "the target " << dir << " has head_dim " << cfg.text.head_dim << "; attention on the "
+                              << device_name(ctx.device) << " backend supports head dims "
+                              << ops::attention_head_dims_text(ctx.device),
+                ctx.device == Device::CUDA ? "run with --backend cpu" : "check config.json");
   switch (cfg.family) {
     case TargetFamily::Qwen3:
       return std::make_unique<Qwen3Target>(cfg.text, dir, ctx, std::move(capture_layers), max_tokens);
