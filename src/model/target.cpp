@@ -6,6 +6,7 @@
 #include "dflash/error.h"
 #include "model/qwen35_config.h"
 #include "model/qwen35_target.h"
+#include "ops/gated_delta.h"
 #include "model/qwen3_target.h"
 #include "model/qwen3_weights.h"
 #include "ops/attention_head_dim.h"
@@ -51,11 +52,16 @@ std::unique_ptr<TargetModel> make_target_model(const TargetConfig& cfg, const st
       return std::make_unique<Qwen3Target>(cfg.text, dir, ctx, std::move(capture_layers), max_tokens);
     case TargetFamily::Qwen35Hybrid:
       DF_ASSERT(cfg.qwen35 != nullptr);
-      // The Gated DeltaNet ops have no CUDA twin yet: refused before any weight is loaded or CUDA is touched.
-      DF_CHECK_HINT(ctx.device == Device::CPU, BadOptions,
-                    "the target " << dir << " is a Qwen3.5/3.6 hybrid (Gated DeltaNet layers); this build runs it "
-                                  << "on the CPU backend only",
-                    "run with --backend cpu, or use a dense Qwen3 target on CUDA");
+      if (ctx.device == Device::CUDA) {
+        // The CUDA delta rule's tiles take key/value head dims that are multiples of 8 up to 128 (every
+        // released Qwen3.5/3.6 has 128): anything else is refused before a weight is read.
+        const ops::GdnHeads gh = cfg.qwen35->gdn_heads();
+        auto fits = [](int64_t d) { return d >= 8 && d <= 128 && d % 8 == 0; };
+        DF_CHECK_HINT(fits(gh.dk) && fits(gh.dv), BadOptions,
+                      "the target " << dir << " has Gated DeltaNet head dims " << gh.dk << " (key) / " << gh.dv
+                                    << " (value); the cuda backend's delta rule takes multiples of 8 up to 128",
+                      "run with --backend cpu");
+      }
       return std::make_unique<Qwen35Target>(*cfg.qwen35, dir, ctx, std::move(capture_layers), max_tokens);
   }
   DF_FAIL(Internal, "unknown target family " << static_cast<int>(cfg.family), "");

@@ -156,7 +156,7 @@ int selftest_main(int argc, char** argv) {
   SelftestReport report(std::cout);
   report.note("case: " + name + " (" + case_dir + ")");
   if (is_qwen35_hybrid(read_json(case_dir + "/target/config.json")))
-    report.note("target architecture: Qwen3.5/3.6 hybrid (Gated DeltaNet + gated attention; CPU backend only)");
+    report.note("target architecture: Qwen3.5/3.6 hybrid (Gated DeltaNet + gated attention)");
   const Device device = backend == "cuda" ? Device::CUDA : Device::CPU;
   const Ctx ctx = make_ctx(device, 0);
   report.note(std::string("backend: ") + backend + (device == Device::CPU ? " (float32)" : " (bf16)") +

@@ -437,19 +437,20 @@ TEST(Qwen35Errors, BadBatchIsRefused) {
   EXPECT_EXIT(model->forward(b, CaptureOut{}), testing::ExitedWithCode(3), "packed batch of 9 tokens");
 }
 
-// No CUDA twin of the hybrid's ops yet: the CUDA backend is refused before any weight is loaded or any
-// CUDA call is made (so this runs in CPU-only builds too).
-TEST(Qwen35Errors, CudaBackendIsRefusedUpFront) {
+// The CUDA delta rule takes Gated DeltaNet head dims that are multiples of 8 up to 128: another is refused
+// before any weight is loaded or any CUDA call is made (so this runs in CPU-only builds too).
+TEST(Qwen35Errors, CudaUnsupportedDeltaRuleHeadDimIsRefusedUpFront) {
   Ctx cuda;
   cuda.device = Device::CUDA;
-  EXPECT_EXIT(load_target(kTargetDir, cuda, {1}, 16), testing::ExitedWithCode(2), "CPU backend only");
-  // Before any weight is read: a directory with config.json alone is refused the same way (not as a
-  // missing tensor).
-  const std::string dir = make_temp_dir();
-  std::filesystem::copy_file(kTargetDir + "/config.json", dir + "/config.json");
-  EXPECT_EXIT(make_target_model(load_target_config(dir), dir, cuda, {1}, 16), testing::ExitedWithCode(2),
-              "CPU backend only");
-  std::filesystem::remove_all(dir);
+  for (const char* key : {"linear_key_head_dim", "linear_value_head_dim"}) {
+    const std::string dir = make_temp_dir();
+    nlohmann::json j = nlohmann::json::parse(std::ifstream(kTargetDir + "/config.json"));
+    j[key] = 256;
+    std::ofstream(dir + "/config.json") << j.dump(2);
+    EXPECT_EXIT(make_target_model(load_target_config(dir), dir, cuda, {1}, 16), testing::ExitedWithCode(2),
+                "delta rule takes multiples of 8 up to 128");
+    std::filesystem::remove_all(dir);
+  }
 }
 
 // The dense Qwen3 loader itself still refuses hybrid layers (only make_target_model's dispatch routes them here).
