@@ -13,12 +13,14 @@
 #include "dflash/device_async.h"
 #include "dflash/error.h"
 #include "dflash/mpi_typed.h"
+#include "comm/batch_messages.h"
 
 namespace dflash {
 namespace {
 
-// A batch is six messages; part p of slot s travels on tag kTagSlotBase + s * kSlotTags + p.
-enum Part : int { kHeader, kTokens, kCuSeqlens, kLossMask, kFeatures, kFinalNorm, kParts };
+// A batch is six messages: the four host parts (batch_messages.h), then the tensors; part p of slot s
+// travels on tag kTagSlotBase + s * kSlotTags + p.
+enum TensorPart : int { kFeatures = kHostParts, kFinalNorm, kParts };
 static_assert(kParts <= kSlotTags, "a slot's messages need distinct tags");
 
 // Tensor bytes as MPI elements of the wire dtype (count and type from the element type, never bytes).
@@ -100,10 +102,7 @@ class MpiDataPlane final : public DataPlane {
     const SlotShape& sh = b.shape;
     void* features = staged_ ? e.stage_features.data() : b.features.t().data;
     void* final_norm = staged_ ? e.stage_final_norm.data() : b.final_norm.t().data;
-    e.req[kHeader] = mpi::irecv(&b.header, 1, sender, tag + kHeader, comm_);
-    e.req[kTokens] = mpi::irecv(b.batch.tokens.data(), b.batch.tokens.size(), sender, tag + kTokens, comm_);
-    e.req[kCuSeqlens] = mpi::irecv(b.batch.cu_seqlens.data(), b.batch.cu_seqlens.size(), sender, tag + kCuSeqlens, comm_);
-    e.req[kLossMask] = mpi::irecv(b.batch.loss_mask.data(), b.batch.loss_mask.size(), sender, tag + kLossMask, comm_);
+    irecv_host_parts(b, sender, tag, comm_, e.req.data());
     e.req[kFeatures] = irecv_tensor(features, sh.dtype, b.features.numel(), sender, tag + kFeatures, comm_);
     e.req[kFinalNorm] = irecv_tensor(final_norm, sh.dtype, sh.final_norm ? b.final_norm.numel() : 0, sender,
                                      tag + kFinalNorm, comm_);
@@ -165,10 +164,7 @@ class MpiDataPlane final : public DataPlane {
     e.peer = drafter;
     e.tag = kTagSlotBase + s * kSlotTags;
     // The small parts go now; the drafter's receives for them are posted.
-    e.req[kHeader] = mpi::isend(&hb.header, 1, drafter, e.tag + kHeader, comm_);
-    e.req[kTokens] = mpi::isend(hb.batch.tokens.data(), hb.batch.tokens.size(), drafter, e.tag + kTokens, comm_);
-    e.req[kCuSeqlens] = mpi::isend(hb.batch.cu_seqlens.data(), hb.batch.cu_seqlens.size(), drafter, e.tag + kCuSeqlens, comm_);
-    e.req[kLossMask] = mpi::isend(hb.batch.loss_mask.data(), hb.batch.loss_mask.size(), drafter, e.tag + kLossMask, comm_);
+    isend_host_parts(hb, drafter, e.tag, comm_, e.req.data());
     e.produced.record(producer);  // CPU: already done
     e.state = State::Staging;
     if (staged_) {

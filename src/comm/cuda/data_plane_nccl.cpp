@@ -28,6 +28,7 @@
 #include "dflash/mpi_typed.h"
 #include "dflash/pair_order.h"
 #include "dflash/topology.h"
+#include "comm/batch_messages.h"
 #include "nccl_util.h"
 
 namespace dflash {
@@ -159,9 +160,6 @@ std::string gpu_bus_id(int device) {
 
 namespace {
 
-// The host parts of a batch travel on the MPI plane's tags (kTagSlotBase + slot * kSlotTags + part).
-enum Part : int { kHeader, kTokens, kCuSeqlens, kLossMask, kHostParts };
-
 ncclDataType_t nccl_type(DType t) {
   DF_CHECK(t == DType::BF16 || t == DType::F32, Internal, "hidden states travel as F32 or BF16, not " << dtype_name(t));
   return t == DType::BF16 ? ncclBfloat16 : ncclFloat32;
@@ -217,10 +215,7 @@ class NcclDataPlane final : public DataPlane {
     HsBatch& b = e.buf;
     b.clear();
     const int tag = kTagSlotBase + s * kSlotTags;
-    e.req[kHeader] = mpi::irecv(&b.header, 1, sender, tag + kHeader, comm_);
-    e.req[kTokens] = mpi::irecv(b.batch.tokens.data(), b.batch.tokens.size(), sender, tag + kTokens, comm_);
-    e.req[kCuSeqlens] = mpi::irecv(b.batch.cu_seqlens.data(), b.batch.cu_seqlens.size(), sender, tag + kCuSeqlens, comm_);
-    e.req[kLossMask] = mpi::irecv(b.batch.loss_mask.data(), b.batch.loss_mask.size(), sender, tag + kLossMask, comm_);
+    irecv_host_parts(b, sender, tag, comm_, e.req.data());
     e.peer = sender;
     e.state = State::AwaitHeader;
   }
@@ -267,10 +262,7 @@ class NcclDataPlane final : public DataPlane {
              "send buffer " << b << ": header and index arrays disagree");
     e.peer = drafter;
     const int tag = kTagSlotBase + s * kSlotTags;
-    e.req[kHeader] = mpi::isend(&hb.header, 1, drafter, tag + kHeader, comm_);
-    e.req[kTokens] = mpi::isend(hb.batch.tokens.data(), hb.batch.tokens.size(), drafter, tag + kTokens, comm_);
-    e.req[kCuSeqlens] = mpi::isend(hb.batch.cu_seqlens.data(), hb.batch.cu_seqlens.size(), drafter, tag + kCuSeqlens, comm_);
-    e.req[kLossMask] = mpi::isend(hb.batch.loss_mask.data(), hb.batch.loss_mask.size(), drafter, tag + kLossMask, comm_);
+    isend_host_parts(hb, drafter, tag, comm_, e.req.data());
     // The pair's stream waits for the forward that wrote the buffer; the host does not.
     Lane& lane = lane_of(drafter);
     e.produced.record(producer);
