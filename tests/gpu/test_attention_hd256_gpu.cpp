@@ -16,6 +16,8 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <ostream>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -52,6 +54,12 @@ struct AttnCase {
   std::vector<int32_t> seqlens;
   int64_t nh, nkv, hd;
 };
+void PrintTo(const AttnCase& c, std::ostream* os) {
+  *os << "seqs" << c.seqlens.size() << "_T";
+  int64_t T = 0;
+  for (int32_t l : c.seqlens) T += l;
+  *os << T << "_h" << c.nh << "kv" << c.nkv << "_hd" << c.hd;
+}
 
 class GpuAttentionHeadDims : public testing::TestWithParam<AttnCase> {};
 
@@ -134,6 +142,7 @@ struct RopeCase {
   int64_t nh, hd;
   int rotary_dim;
 };
+void PrintTo(const RopeCase& c, std::ostream* os) { *os << "h" << c.nh << "_hd" << c.hd << "_rot" << c.rotary_dim; }
 class GpuHeadNormRopeHd256 : public testing::TestWithParam<RopeCase> {};
 TEST_P(GpuHeadNormRopeHd256, MatchesCpu) {
   SKIP_WITHOUT_GPU();

@@ -3,6 +3,8 @@
 // Loss L = sum(out * G) for a random G; the op's backward gets dout = G and must return dL/d(input).
 #include <gtest/gtest.h>
 
+#include <ostream>
+
 #include <functional>
 
 #include "dflash/ops.h"
@@ -107,6 +109,9 @@ struct RopeCase {
   int rot;
   bool saved_rstd;
 };
+void PrintTo(const RopeCase& c, std::ostream* os) {
+  *os << "h" << c.nh << "_hd" << c.hd << "_rot" << c.rot << (c.saved_rstd ? "_saved_rstd" : "");
+}
 class OpsHeadNormRopeBackward : public ::testing::TestWithParam<RopeCase> {};
 
 TEST_P(OpsHeadNormRopeBackward, MatchesFiniteDifferences) {

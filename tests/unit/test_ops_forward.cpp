@@ -1,6 +1,8 @@
 // CPU op forwards against naive double-precision references on random data.
 #include <gtest/gtest.h>
 
+#include <ostream>
+
 #include "dflash/ops.h"
 #include "ops_test_util.h"
 
@@ -16,6 +18,7 @@ const Ctx kCpu = cpu_ctx();
 struct MatmulShape {
   int64_t N, I, O;
 };
+void PrintTo(const MatmulShape& c, std::ostream* os) { *os << c.N << "x" << c.I << "x" << c.O; }
 
 class OpsMatmulForward : public ::testing::TestWithParam<MatmulShape> {};
 
@@ -91,6 +94,7 @@ struct RopeCase {
   int rot;  // 0 = full
   float theta;
 };
+void PrintTo(const RopeCase& c, std::ostream* os) { *os << "h" << c.nh << "_hd" << c.hd << "_rot" << c.rot << "_theta" << c.theta; }
 class OpsHeadNormRopeForward : public ::testing::TestWithParam<RopeCase> {};
 
 TEST_P(OpsHeadNormRopeForward, MatchesReference) {
@@ -130,6 +134,7 @@ TEST(OpsForward, SwigluMatchesReference) {
 struct AttnCase {
   int64_t nh, nkv, hd;
 };
+void PrintTo(const AttnCase& c, std::ostream* os) { *os << "h" << c.nh << "kv" << c.nkv << "_hd" << c.hd; }
 class OpsAttentionForward : public ::testing::TestWithParam<AttnCase> {};
 
 TEST_P(OpsAttentionForward, CausalInsideEachSequence) {

@@ -1,6 +1,8 @@
 // The Qwen3 target forward on the CPU backend against the golden case (HF transformers in float64),
 // packing invariance, 16-bit checkpoints, and the loader's refusals.
 #include <gtest/gtest.h>
+
+#include <ostream>
 #include <unistd.h>
 
 #include <cmath>
@@ -19,6 +21,8 @@
 #include "test_support.h"
 
 namespace dflash {
+// Readable parameter values for gtest (and the ctest names made from them): "BF16", not "1-byte object <02>".
+void PrintTo(DType t, std::ostream* os) { *os << dtype_name(t); }
 namespace {
 
 const std::string kCase = std::string(DFLASH_TEST_DATA) + "/golden/qwen3-tiny-a";
