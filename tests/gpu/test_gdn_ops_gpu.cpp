@@ -10,6 +10,8 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <ostream>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -68,6 +70,7 @@ struct ConvCase {
   int64_t C, K;
   std::vector<int32_t> lens;  // packed sequence lengths (0 = an empty sequence)
 };
+void PrintTo(const ConvCase& c, std::ostream* os) { *os << "C" << c.C << "_K" << c.K << "_seqs" << c.lens.size(); }
 class GpuGdnConv : public testing::TestWithParam<ConvCase> {};
 
 TEST_P(GpuGdnConv, MatchesCpu) {
@@ -112,6 +115,9 @@ struct GatesCase {
   int64_t T, nv;
   DType ab, params;  // dtype of a/b, of A_log/dt_bias on the device
 };
+void PrintTo(const GatesCase& c, std::ostream* os) {
+  *os << "T" << c.T << "_nv" << c.nv << "_ab" << dtype_name(c.ab) << "_params" << dtype_name(c.params);
+}
 class GpuGdnGates : public testing::TestWithParam<GatesCase> {};
 
 TEST_P(GpuGdnGates, MatchesCpu) {
@@ -159,6 +165,9 @@ struct NormCase {
   DType w;
   bool in_place;  // out aliases in, as the target calls it
 };
+void PrintTo(const NormCase& c, std::ostream* os) {
+  *os << c.N << "x" << c.C << "_w" << dtype_name(c.w) << (c.in_place ? "_in_place" : "");
+}
 class GpuGatedRmsNorm : public testing::TestWithParam<NormCase> {};
 
 TEST_P(GpuGatedRmsNorm, MatchesCpu) {
@@ -203,6 +212,9 @@ struct GateCase {
   bool in_place;
   bool misaligned;  // views 2 bytes into their buffers: the scalar path
 };
+void PrintTo(const GateCase& c, std::ostream* os) {
+  *os << c.N << "x" << c.C << (c.in_place ? "_in_place" : "") << (c.misaligned ? "_misaligned" : "");
+}
 class GpuSigmoidGate : public testing::TestWithParam<GateCase> {};
 
 TEST_P(GpuSigmoidGate, MatchesCpu) {
