@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 
 #include <boost/program_options.hpp>
+#include <climits>
 #include <cmath>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -74,7 +75,7 @@ bool path_exists(const std::string& p) {
 
 po::options_description describe(Options& o, std::string& topology, std::string& backend, std::string& loss,
                                  std::string& long_record, std::string& export_dtype, std::string& fail_mode,
-                                 std::string& batch_order, std::string& data_plane) {
+                                 std::string& batch_order, std::string& data_plane, std::string& seed) {
   po::options_description job("Job");
   job.add_options()
     ("help,h", "print this help and exit")
@@ -107,7 +108,7 @@ po::options_description describe(Options& o, std::string& topology, std::string&
     ("hs-noise", po::value(&o.train.hs_noise)->default_value(0.0f), "std of Gaussian noise on target features")
     ("lr", po::value(&o.train.lr)->default_value(6e-4f), "peak learning rate (AdamW)")
     ("warmup-steps", po::value(&o.train.warmup_steps)->default_value(0), "linear warmup steps")
-    ("seed", po::value(&o.train.seed)->default_value(0), "seed of data order, init and anchors");
+    ("seed", po::value(&seed)->default_value("0"), "seed of data order, init and anchors (0 .. 2^63-1)");
   po::options_description out("Output");
   out.add_options()
     ("log-every", po::value(&o.log_every)->default_value(10), "status line and rank timings every N steps")
@@ -142,8 +143,9 @@ void check_range(bool ok, const char* flag, const std::string& value, const char
 ParseResult parse_options(int argc, const char* const* argv) {
   ParseResult r;
   Options& o = r.options;
-  std::string topology, backend, loss, long_record, export_dtype, fail_mode, batch_order, data_plane;
-  po::options_description desc = describe(o, topology, backend, loss, long_record, export_dtype, fail_mode, batch_order, data_plane);
+  std::string topology, backend, loss, long_record, export_dtype, fail_mode, batch_order, data_plane, seed;
+  po::options_description desc =
+      describe(o, topology, backend, loss, long_record, export_dtype, fail_mode, batch_order, data_plane, seed);
   po::variables_map vm;
   const char* usage_hint = "dflash-train --help lists every option";
   try {
@@ -175,6 +177,10 @@ ParseResult parse_options(int argc, const char* const* argv) {
   if (backend == "cpu") o.backend = Backend::CPU;
   else if (backend == "cuda") o.backend = Backend::CUDA;
   else check_range(false, "backend", backend, "cpu or cuda");
+  // The seed as digits only: an unsigned parse would quietly wrap "-1" to 2^64-1.
+  const bool seed_ok = !seed.empty() && seed.size() <= 19 && seed.find_first_not_of("0123456789") == std::string::npos;
+  check_range(seed_ok && std::stoull(seed) <= static_cast<uint64_t>(INT64_MAX), "seed", seed, "a whole number in [0, 2^63)");
+  o.train.seed = std::stoull(seed);
   if (data_plane == "auto") o.data_plane = DataPlaneChoice::Auto;
   else if (data_plane == "nccl") o.data_plane = DataPlaneChoice::Nccl;
   else if (data_plane == "cuda-mpi") o.data_plane = DataPlaneChoice::CudaMpi;

@@ -122,3 +122,11 @@ TEST(OptionsDeath, DataPlane) {
   // The CPU backend's tensors are host memory: a device plane makes no sense there.
   EXPECT_EXIT(parse(with_required({"--data-plane", "nccl"})), testing::ExitedWithCode(2), "the CPU backend has none");
 }
+TEST(OptionsDeath, SeedMustBeANonNegativeWholeNumber) {
+  // An unsigned parse would wrap "-1" to 2^64-1 and train on a seed nobody asked for.
+  EXPECT_EXIT(parse(with_required({"--seed", "-1"})), testing::ExitedWithCode(2), "bad value -1 for --seed");
+  EXPECT_EXIT(parse(with_required({"--seed", "1.5"})), testing::ExitedWithCode(2), "--seed");
+  EXPECT_EXIT(parse(with_required({"--seed", "9223372036854775808"})), testing::ExitedWithCode(2), "--seed");
+  EXPECT_EQ(parse(with_required({"--seed", "9223372036854775807"})).options.train.seed, 9223372036854775807ull);
+  EXPECT_EQ(resolved(parse(with_required({"--seed", "42"})).options, "seed"), "42");
+}
