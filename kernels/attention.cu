@@ -19,9 +19,11 @@
 
 #include "backend.cuh"
 #include "cuda_check.cuh"
+#include "mma_ptx.cuh"
 
 namespace dflash::cuda {
 namespace {
+using namespace ptx;  // the shared tensor-core wrappers (mma_ptx.cuh)
 
 // The tiling: kD is the padded head dim held in shared memory and registers; each of kWarps warps owns kMI
 // m16 tiles of query rows (kBlockQ = kWarps x 16 kMI rows) and K/V stream through shared memory kKV rows
@@ -57,10 +59,6 @@ static_assert(Hd128Tiling::kSmemBytes <= 99 * 1024 && Hd256SmallTiling::kSmemByt
 // Element offset of 16-byte chunk c of row r in a swizzled [rows][kD] tile.
 template <int kD> __device__ __forceinline__ int swz(int r, int c) { return r * kD + ((c ^ (r & 7)) << 3); }
 
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
 // 16-byte async copy; src_bytes = 0 zero-fills the destination without reading.
 __device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, int src_bytes) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));
@@ -70,26 +68,6 @@ template <int N> __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 }
 
-__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-
-// d += a (16x16, row) * b (16x8, col), bf16 inputs, fp32 accumulators.
-__device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
 // 2^x in one MUFU.EX2 (flushing denormal results, which a softmax weight can lose); 2^-inf = +0.
 // exp2f / non-ftz ex2 add a range fix-up of ~4 instructions per call; the ftz form makes ptxas spill a
 // few bytes here but measured 2-3% faster on the whole attention (bench/results/h200-run4-bench.txt).
@@ -97,11 +75,6 @@ __device__ __forceinline__ float fast_exp2(float x) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
   return y;
-}
-
-__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
-  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<uint32_t*>(&v);
 }
 
 // Copies rows [0, kRows) of a [rows][hd] slice (global row stride `stride` elements) into the swizzled
