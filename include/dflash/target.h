@@ -13,7 +13,7 @@ namespace dflash {
 
 // The decoder stacks this build knows. Qwen3: dense, full attention in every layer (src/model/qwen3_target.*).
 // Qwen35Hybrid: Qwen3.5/3.6, Gated DeltaNet layers between gated full-attention layers
-// (src/model/qwen35_target.*; CPU backend only).
+// (src/model/qwen35_target.*; both backends).
 enum class TargetFamily : uint8_t { Qwen3, Qwen35Hybrid };
 const char* target_family_name(TargetFamily f);  // "qwen3", "qwen3.5-hybrid"
 
