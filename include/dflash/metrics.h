@@ -138,13 +138,32 @@ struct StatusInputs {
   std::optional<double> power_w;     // total power of the job's GPUs when NVML knows it
   std::vector<int> q_pre;            // one per target
   std::vector<int> q_hs;             // one per drafter
+  int q_pre_capacity = 0;            // --prefetch-depth: q_pre=[3/4]; 0 = unknown, q_pre=[3]
+  int q_hs_capacity = 0;             // --hs-queue-depth: q_hs=[3/4]; 0 = unknown, q_hs=[3]
   double epoch = 0;                  // fractional epochs done
   std::optional<double> eta_s;       // unknown (infinite epochs, no rate yet): "ETA=?"
 };
 
 // [5m] step=58 loss=2.2577 acc=0.029 streak=0.0 lr=9.84e-06 noise=0.1000 | tgt=0.88b/s dft=0.81b/s
-// (25.1Ktok/s) | q_pre=[50, 49] q_hs=[20] | epoch~0.01 ETA=4.7d     (one line; pwr=4.2kW after the
-// throughput group when power_w is set)
+// (25.1Ktok/s) | q_pre=[50/64, 49/64] q_hs=[20/32] | epoch~0.01 ETA=4.7d     (one line; pwr=4.2kW after
+// the throughput group when power_w is set). loss, acc and streak are whatever the caller passes: the job
+// passes their means over the logging interval (per-step values are in metrics.h5).
 std::string format_status_line(const StatusInputs& in);
+
+// The status line's ETA. Progress (step, epoch) is absolute — it continues across a resume — while the
+// rate is this segment's own: steps done since it started over the time it has trained. Mixing the two
+// (absolute epochs over this segment's time) was the bug of a resumed run's ETA.
+struct EtaInputs {
+  int64_t step = 0;                // last step trained (absolute)
+  int64_t segment_first_step = 0;  // the step this segment started from (the resumed checkpoint's, or 0)
+  double segment_train_s = 0;      // seconds this segment has been training
+  int64_t max_steps = 0;           // --max-steps (0 = none)
+  int epochs = 0;                  // --epochs (0 = forever)
+  double epoch = 0;                // fractional epochs done (absolute)
+};
+// Seconds left: the nearer of the --max-steps and the --epochs ends, at this segment's steps per second
+// (steps per epoch = step / epoch, both absolute). None until this segment has trained a step, or when
+// neither end is known.
+std::optional<double> estimate_eta_s(const EtaInputs& in);
 
 }  // namespace dflash

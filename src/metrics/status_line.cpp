@@ -1,4 +1,5 @@
 // The operator's one-line status (DESIGN.md "What the operator sees"). Pure formatting, unit-tested.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <string>
@@ -29,11 +30,13 @@ std::string power(double w) {
   return printf_str("%.1fkW", w / 1000);
 }
 
-std::string int_list(const std::vector<int>& v) {
+// [3/4, 4/4] against a known capacity (a full queue reads as full at a glance), else [3, 4].
+std::string depth_list(const std::vector<int>& v, int capacity) {
   std::string s = "[";
   for (size_t i = 0; i < v.size(); ++i) {
     if (i) s += ", ";
     s += std::to_string(v[i]);
+    if (capacity > 0) s += "/" + std::to_string(capacity);
   }
   return s + "]";
 }
@@ -64,10 +67,25 @@ std::string format_status_line(const StatusInputs& in) {
   s += printf_str(" dft=%.2fb/s", in.drafter_batches_per_s);
   s += " (" + si_count(in.tokens_per_s) + "tok/s)";
   if (in.power_w) s += " pwr=" + power(*in.power_w);
-  s += " | q_pre=" + int_list(in.q_pre) + " q_hs=" + int_list(in.q_hs);
+  s += " | q_pre=" + depth_list(in.q_pre, in.q_pre_capacity) + " q_hs=" + depth_list(in.q_hs, in.q_hs_capacity);
   s += printf_str(" | epoch~%.2f", in.epoch);
   s += " ETA=" + (in.eta_s ? format_duration(*in.eta_s) : std::string("?"));
   return s;
+}
+
+std::optional<double> estimate_eta_s(const EtaInputs& in) {
+  const int64_t done = in.step - in.segment_first_step;
+  if (done <= 0 || !(in.segment_train_s > 0)) return std::nullopt;
+  const double steps_per_s = static_cast<double>(done) / in.segment_train_s;
+  std::optional<double> remaining_steps;
+  if (in.max_steps > 0) remaining_steps = static_cast<double>(std::max<int64_t>(in.max_steps - in.step, 0));
+  if (in.epochs > 0 && in.epoch > 0) {
+    const double steps_per_epoch = static_cast<double>(in.step) / in.epoch;
+    const double by_epochs = std::max(0.0, (in.epochs - in.epoch) * steps_per_epoch);
+    remaining_steps = remaining_steps ? std::min(*remaining_steps, by_epochs) : by_epochs;
+  }
+  if (!remaining_steps) return std::nullopt;
+  return *remaining_steps / steps_per_s;
 }
 
 }  // namespace dflash

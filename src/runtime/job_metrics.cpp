@@ -108,7 +108,12 @@ void MetricsHub::training_started() { last_time_s_ = train_start_s_ = job_.elaps
 
 void MetricsHub::record_step(const StepMetrics& s) {
   last_step_ = s;
-  if (writer_) writer_->append_step(s);
+  if (!writer_) return;
+  writer_->append_step(s);
+  interval_sums_.loss += s.loss;
+  interval_sums_.acc += s.acc;
+  interval_sums_.streak += s.streak;
+  ++interval_sums_.steps;
 }
 
 void MetricsHub::report(const DrafterReport& mine, const std::vector<TargetReport>& targets_seen, Rates rates,
@@ -213,9 +218,11 @@ void MetricsHub::report(const DrafterReport& mine, const std::vector<TargetRepor
     StatusInputs in;
     in.elapsed_s = now;
     in.step = last_step_.step;
-    in.loss = last_step_.loss;
-    in.acc = last_step_.acc;
-    in.streak = last_step_.streak;
+    const IntervalMeans& m = interval_sums_;
+    const double n = static_cast<double>(std::max<int64_t>(m.steps, 1));
+    in.loss = m.steps ? m.loss / n : last_step_.loss;
+    in.acc = m.steps ? m.acc / n : last_step_.acc;
+    in.streak = m.steps ? m.streak / n : last_step_.streak;
     in.lr = last_step_.lr;
     in.noise = last_step_.noise;
     in.target_batches_per_s = target_batches / rate_s;
@@ -223,6 +230,8 @@ void MetricsHub::report(const DrafterReport& mine, const std::vector<TargetRepor
     in.tokens_per_s = drafter_tokens / rate_s;
     in.q_pre = q_pre;
     in.q_hs = q_hs;
+    in.q_pre_capacity = job_.opt.prefetch_depth;
+    in.q_hs_capacity = job_.opt.hs_queue_depth;
     if (gpu_row) {
       // Ranks that share a GPU read the same device: count each (host, GPU) once.
       double total = 0;
@@ -236,17 +245,19 @@ void MetricsHub::report(const DrafterReport& mine, const std::vector<TargetRepor
       in.power_w = total;
     }
     in.epoch = epoch;
-    const Options& o = job_.opt;
-    const double train_s = std::max(now - train_start_s_, 1e-9);
-    const double steps_per_s = static_cast<double>(last_step_.step - job_.resume_step) / train_s;
-    if (o.max_steps > 0 && steps_per_s > 0)
-      in.eta_s = static_cast<double>(o.max_steps - last_step_.step) / steps_per_s;
-    else if (o.epochs > 0 && epoch > 0)
-      in.eta_s = std::max(0.0, (o.epochs - epoch) * train_s / epoch);
+    EtaInputs eta;
+    eta.step = last_step_.step;
+    eta.segment_first_step = job_.resume_step;
+    eta.segment_train_s = now - train_start_s_;
+    eta.max_steps = job_.opt.max_steps;
+    eta.epochs = job_.opt.epochs;
+    eta.epoch = epoch;
+    in.eta_s = estimate_eta_s(eta);
     std::string line = format_status_line(in) + "\n";
     std::fputs(line.c_str(), stdout);
     std::fflush(stdout);
   }
+  interval_sums_ = IntervalMeans{};
   prev_targets_ = targets;
   prev_drafters_ = drafters;
   last_time_s_ = now;

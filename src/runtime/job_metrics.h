@@ -18,7 +18,7 @@ class MetricsHub {
 
   // Training begins (every rank loaded): rates and the first interval count from here, not from the launch.
   void training_started();
-  // Every step (writer only writes; others ignore).
+  // Every step (writer only writes and averages for the status line; others ignore).
   void record_step(const StepMetrics& s);
   // A root attribute of metrics.h5 (writer only; others ignore), e.g. drafter_grad_bytes.
   void set_attribute(const std::string& name, int64_t value);
@@ -38,6 +38,12 @@ class MetricsHub {
   double last_time_s_ = 0;
   double train_start_s_ = 0;
   StepMetrics last_step_;
+  // Steps since the last status line: it prints their mean loss/acc/streak (one step's values are noise;
+  // each step's own are in metrics.h5).
+  struct IntervalMeans {
+    double loss = 0, acc = 0, streak = 0;
+    int64_t steps = 0;
+  } interval_sums_;
   std::vector<TargetReport> prev_targets_;
   std::vector<DrafterReport> prev_drafters_;
   std::vector<int> gpu_ranks_;  // world rank of each /gpus column (empty: no GPU series)

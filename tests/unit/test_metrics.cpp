@@ -244,3 +244,48 @@ TEST(Status, ExactShapeOfTheDesignExample) {
   std::string s = format_status_line(in);
   EXPECT_NE(s.find("(812tok/s) pwr=640W | q_pre=[1] q_hs=[0, 3] |"), std::string::npos) << s;
 }
+
+TEST(Status, QueueDepthsAgainstTheirCapacity) {
+  StatusInputs in;
+  in.q_pre = {3, 4};
+  in.q_hs = {0};
+  in.q_pre_capacity = 4;
+  in.q_hs_capacity = 2;
+  const std::string s = format_status_line(in);
+  EXPECT_NE(s.find("| q_pre=[3/4, 4/4] q_hs=[0/2] |"), std::string::npos) << s;
+}
+
+TEST(Status, EtaFromThisSegmentsRateAndTheAbsoluteProgress) {
+  // A fresh run: 100 steps in 50 s (2 steps/s), --max-steps 300 -> 200 steps left = 100 s.
+  EtaInputs e;
+  e.step = 100;
+  e.segment_train_s = 50;
+  e.max_steps = 300;
+  e.epochs = 0;
+  ASSERT_TRUE(estimate_eta_s(e).has_value());
+  EXPECT_DOUBLE_EQ(*estimate_eta_s(e), 100);
+  // Resumed at step 900 of 1000 steps per epoch, 1 epoch: 100 steps in this segment's 50 s, epoch 0.95 ->
+  // 50 steps left at 2 steps/s = 25 s. (Absolute epochs over this segment's time said 0.05 * 50 / 0.95 ~ 2.6 s.)
+  e = EtaInputs{};
+  e.step = 950;
+  e.segment_first_step = 850;
+  e.segment_train_s = 50;
+  e.epochs = 1;
+  e.epoch = 0.95;
+  ASSERT_TRUE(estimate_eta_s(e).has_value());
+  EXPECT_NEAR(*estimate_eta_s(e), 25, 1e-9);
+  // Both ends known: the nearer one wins (--max-steps 960 -> 10 steps = 5 s).
+  e.max_steps = 960;
+  EXPECT_NEAR(*estimate_eta_s(e), 5, 1e-9);
+  // Past the end: 0, not negative.
+  e.max_steps = 900;
+  EXPECT_DOUBLE_EQ(*estimate_eta_s(e), 0);
+  // No step in this segment yet, or no end known: unknown.
+  e.step = 850;
+  EXPECT_FALSE(estimate_eta_s(e).has_value());
+  e = EtaInputs{};
+  e.step = 10;
+  e.segment_train_s = 5;
+  e.epochs = 0;
+  EXPECT_FALSE(estimate_eta_s(e).has_value());
+}
