@@ -1,14 +1,18 @@
 // dflash-plane-bench: moves hidden-state batches from a target rank to a drafter rank through the job's
 // own data planes (data_plane.h), under credits as the job does, checks the bytes and reports the rate
-// against a device-to-device copy of the same size on the drafter's GPU (nccl-tests style: `# ` metadata,
-// a fixed-width table, exit 1 when a check fails; the drafter regenerates the expected bytes from the seed).
+// against a device-to-device copy of the same size on the drafter's GPU and, when the two ranks have a GPU
+// each, against raw ncclSend/ncclRecv of the same bytes (no credits, headers or index arrays) in the same
+// run (nccl-tests style: `# ` metadata, a fixed-width table, exit 1 when a check fails; the drafter
+// regenerates the expected bytes from the seed).
 //
 //   mpirun -np 2 dflash-plane-bench [--planes host,cuda-mpi,nccl] [--layers 5 --tokens 32768 --hidden 5120]
 //                                   [--iters 10 --warmup 3 --depth 2 --seed 1]
 // Rank 0 is the target, rank 1 the drafter (topology 1-1); both may share one GPU (host, cuda-mpi), nccl
 // needs two. A plane that cannot run here is listed with the reason and skipped, unless named with
 // --require, which makes that an error.
+#include <cuda_runtime.h>
 #include <mpi.h>
+#include <nccl.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -25,6 +29,7 @@
 #include "dflash/error.h"
 #include "dflash/mpi_typed.h"
 #include "dflash/topology.h"
+#include "backend.cuh"
 #include "random_fill.cuh"
 
 using namespace dflash;
@@ -126,6 +131,40 @@ double d2d_copy_ms(const Ctx& ctx, size_t bytes, const Args& a) {
     if (i >= a.warmup) ms.push_back(Event::elapsed_ms(t0, t1));
   }
   return median(ms);
+}
+
+// Raw ncclSend (target) / ncclRecv (drafter) of `bytes` between the two ranks' GPUs on a blocking 2-rank
+// communicator of its own: the ceiling the nccl plane is held against (issue "Two-GPU measurements":
+// the plane >= 90% of it). Each transfer starts after a barrier; the drafter times its receive with CUDA
+// events (median). Returns 0 on the target. Needs a GPU per rank (the caller checks).
+double raw_nccl_ms(const Ctx& ctx, const Topology& topo, size_t bytes, const Args& a) {
+  const bool drafter = topo.role == Role::Drafter;
+  const int peer = drafter ? topo.node_targets.at(0) : topo.node_drafters.at(0);  // = its rank in comm
+  DF_CHECK(cudaSetDevice(cuda::backend_of(ctx).device) == cudaSuccess, DeviceFailure, "cudaSetDevice");
+  ncclUniqueId id{};
+  if (topo.world_rank == 0) DF_CHECK(ncclGetUniqueId(&id) == ncclSuccess, DeviceFailure, "ncclGetUniqueId");
+  mpi::bcast(reinterpret_cast<char*>(&id), sizeof id, 0, MPI_COMM_WORLD);
+  ncclComm_t comm = nullptr;
+  const ncclResult_t init = ncclCommInitRank(&comm, 2, id, topo.world_rank);
+  DF_CHECK(init == ncclSuccess, DeviceFailure, "ncclCommInitRank: " << ncclGetErrorString(init));
+  const size_t n = bytes / 2;  // bf16 elements: NCCL counts elements, not bytes
+  Buffer buf(Device::CUDA, DType::BF16, {static_cast<int64_t>(n)});
+  cudaStream_t st = static_cast<cudaStream_t>(ctx.stream);
+  Event t0(ctx, true), t1(ctx, true);
+  std::vector<double> ms;
+  for (int i = 0; i < a.warmup + a.iters; ++i) {
+    MPI_Barrier(MPI_COMM_WORLD);
+    t0.record(ctx);
+    const ncclResult_t r = drafter ? ncclRecv(buf.t().data, n, ncclBfloat16, peer, comm, st)
+                                   : ncclSend(buf.t().data, n, ncclBfloat16, peer, comm, st);
+    DF_CHECK(r == ncclSuccess, DeviceFailure, (drafter ? "ncclRecv: " : "ncclSend: ") << ncclGetErrorString(r));
+    t1.record(ctx);
+    while (!t1.done()) {
+    }
+    if (i >= a.warmup) ms.push_back(Event::elapsed_ms(t0, t1));
+  }
+  ncclCommDestroy(comm);
+  return drafter ? median(ms) : 0;
 }
 
 // Drafter: the received batch equals what the target's buffer held (regenerated here from the seed).
@@ -238,6 +277,14 @@ int main(int argc, char** argv) {
   shape.dtype = DType::BF16;
   const size_t bytes = static_cast<size_t>(a.layers * a.tokens * a.hidden) * 2;
   const double copy_ms = drafter ? d2d_copy_ms(ctx, bytes, a) : 0;
+  const std::string no_raw = unavailable("nccl", topo);  // raw NCCL needs a GPU per rank, as the plane does
+  const double raw_ms = no_raw.empty() ? raw_nccl_ms(ctx, topo, bytes, a) : 0;
+  auto vs_raw = [&](double ms) {
+    char b[32];
+    if (raw_ms > 0) std::snprintf(b, sizeof b, "%8.0f%%", 100.0 * raw_ms / ms);
+    else std::snprintf(b, sizeof b, "%9s", "-");
+    return std::string(b);
+  };
   if (drafter) {
     std::printf("# dflash-plane-bench: target rank %d -> drafter rank %d, %s\n", topo.node_targets.at(0), topo.world_rank,
                 topo.to_string().c_str());
@@ -246,8 +293,14 @@ int main(int argc, char** argv) {
                 static_cast<long long>(a.layers), static_cast<long long>(a.tokens), static_cast<long long>(a.hidden), bytes / 1e9,
                 static_cast<long long>(a.tokens), a.warmup, a.iters, a.depth);
     std::printf("# MPI CUDA-aware: %s\n", query_cuda_aware_mpi().describe().c_str());
-    std::printf("# %-10s %10s %12s %10s %9s  %s\n", "plane", "GB", "median ms", "GB/s", "vs copy", "check");
-    std::printf("  %-10s %10.3f %12.2f %10.1f %8.0f%%  %s\n", "d2d-copy", bytes / 1e9, copy_ms, bytes / 1e6 / copy_ms, 100.0, "-");
+    std::printf("# yardsticks: d2d-copy on the drafter's GPU; nccl-raw = ncclSend/ncclRecv of the same bytes, no credits%s\n",
+                no_raw.empty() ? "" : (" (not run: " + no_raw + ")").c_str());
+    std::printf("# %-10s %10s %12s %10s %9s %9s  %s\n", "plane", "GB", "median ms", "GB/s", "vs copy", "vs raw", "check");
+    std::printf("  %-10s %10.3f %12.2f %10.1f %8.0f%% %9s  %s\n", "d2d-copy", bytes / 1e9, copy_ms, bytes / 1e6 / copy_ms, 100.0,
+                "-", "-");
+    if (raw_ms > 0)
+      std::printf("  %-10s %10.3f %12.2f %10.1f %8.0f%% %s  %s\n", "nccl-raw", bytes / 1e9, raw_ms, bytes / 1e6 / raw_ms,
+                  100.0 * copy_ms / raw_ms, vs_raw(raw_ms).c_str(), "-");
     std::fflush(stdout);
   }
   int failures = 0;
@@ -274,8 +327,8 @@ int main(int argc, char** argv) {
     MPI_Request done = mpi::iallreduce(&ok, 1, MPI_MIN, MPI_COMM_WORLD);
     mpi::wait(done, a.timeout_s, [] { return std::string("lost peer: the other rank never finished the plane"); });
     if (drafter) {
-      std::printf("  %-10s %10.3f %12.2f %10.1f %8.0f%%  %s\n", p.c_str(), bytes / 1e9, r.ms, bytes / 1e6 / r.ms,
-                  100.0 * copy_ms / r.ms, r.checked_ok ? "ok" : "FAILED");
+      std::printf("  %-10s %10.3f %12.2f %10.1f %8.0f%% %s  %s\n", p.c_str(), bytes / 1e9, r.ms, bytes / 1e6 / r.ms,
+                  100.0 * copy_ms / r.ms, vs_raw(r.ms).c_str(), r.checked_ok ? "ok" : "FAILED");
       std::fflush(stdout);
     }
     failures += r.checked_ok ? 0 : 1;
