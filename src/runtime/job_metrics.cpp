@@ -2,6 +2,7 @@
 
 #include <set>
 #include <string>
+#include <thread>
 #include <utility>
 
 #include <cstdio>
@@ -96,6 +97,10 @@ MetricsHub::MetricsHub(const JobContext& job) : job_(job) {
   if (!gpu_ranks_.empty()) writer_->set_attribute("gpu_ranks", json_int_list(gpu_ranks_));
   if (const auto idle_w = mean_startup_power_w(startup)) writer_->set_attribute("gpu_idle_power_w", *idle_w);
   if (const int64_t n = dataset_token_count(job.opt.data_path); n > 0) writer_->set_attribute("dataset_tokens", n);
+  // The writer's host's cores (nodes are alike): on the CPU backend, more busy ranks than cores share them,
+  // and dflash-report says the timings are distorted instead of recommending a split from them.
+  if (const unsigned cores = std::thread::hardware_concurrency(); cores > 0)
+    writer_->set_attribute("host_cpu_cores", static_cast<int64_t>(cores));
 }
 
 void MetricsHub::set_attribute(const std::string& name, int64_t value) {

@@ -10,6 +10,11 @@ from .load import ROLE_DRAFTER, ROLE_IDLE, ROLE_TARGET, ReportError
 
 NOISE_FRACTION = 0.03  # a predicted gain smaller than this is not worth a restart
 
+# --json's layout version: bumped when a key changes meaning or goes away (adding keys does not bump it).
+# 1: the layout before the version was written; 2: schema_version, oversubscription, whatif[].oversubscribed,
+# run.unit.
+SCHEMA_VERSION = 2
+
 
 def _ratio(a, b):
     return a / b if b else None
@@ -143,6 +148,18 @@ def power_stats(run, start_s, end_s, idle_power_w=None):
     return out
 
 
+def oversubscription(run):
+    """On the CPU backend, a node with more busy ranks (targets + drafters) than cores makes them take turns:
+    every busy time then includes waiting for a core, and a split with more busy ranks is predicted from
+    cores that do not exist. None when it does not apply (GPUs, enough cores, or cores not recorded)."""
+    cores = run.host_cpu_cores
+    if run.backend != "cpu" or not cores or run.gpus_per_node <= cores:
+        return None
+    busy = run.targets_per_node + run.drafters_per_node
+    return {"cores_per_node": cores, "ranks_per_node": run.gpus_per_node, "busy_ranks_per_node": busy,
+            "run_distorted": busy > cores}
+
+
 def _dataset_tokens(run):
     if run.attrs.get("dataset_tokens") is not None:
         return float(run.attrs["dataset_tokens"])
@@ -237,20 +254,27 @@ def analyse(run, power_budget_w=None, idle_power_w=None, allreduce_gbps=None):
     preds = model.all_splits(meas)
     own = model.predict(meas, T, D)
     base = own.batches_per_s
+    over = oversubscription(run)
+    too_many = (lambda p: p.targets + p.drafters > over["cores_per_node"]) if over else (lambda p: False)  # noqa: E731
     rows = []
     for p in preds:
         j = p.to_json()
         j["vs_run_frac"] = p.batches_per_s / base - 1.0 if base else None
         j["power_saving_w"] = (own.power_w - p.power_w) if (own.power_w is not None and p.power_w is not None) else None
+        j["oversubscribed"] = too_many(p)  # more busy ranks than the node has cores: the prediction cannot hold
         rows.append(j)
-    best = model.best_split(preds)
-    best_budget = model.best_split(preds, power_budget_w) if power_budget_w else None
+    # A split that would need more cores than the node has is not a candidate (its rate assumes a core per rank).
+    candidates = [p for p in preds if not too_many(p)] or preds
+    best = model.best_split(candidates)
+    best_budget = model.best_split(candidates, power_budget_w) if power_budget_w else None
 
     ceiling_t, ceiling_d = own.target_cap_bps, own.drafter_cap_bps
     qp = queue_pressure(run, start_s, end_s)
     out = {
+        "schema_version": SCHEMA_VERSION,
         "file": run.path,
         "run": {"topology": run.topology, "targets_per_node": T, "drafters_per_node": D, "gpus_per_node": G,
+                "unit": run.unit, "host_cpu_cores": run.host_cpu_cores,
                 "nodes": N, "backend": run.backend, "steps": int(len(st.get("step", []))),
                 "elapsed_s": float(max(end_s, float(st["time_s"].max()) if len(st.get("time_s", [])) else 0.0)),
                 "window_s": [start_s, end_s], "window": window_note,
@@ -278,6 +302,7 @@ def analyse(run, power_budget_w=None, idle_power_w=None, allreduce_gbps=None):
             if auto else None),
         "power_budget_w": power_budget_w,
         "best_within_budget": best_budget.split if best_budget else None,
+        "oversubscription": over,
     }
     out["verdict"] = verdict(out, preds, own, best, best_budget)
     return out
@@ -321,14 +346,28 @@ def verdict(out, preds, own, best, best_budget):
     if at and at.get("predicted_bps"):
         s.append(f"--topology auto chose {at['chosen']} from a start-up measurement predicting "
                  f"{at['predicted_bps']:.2f} b/s; the run itself measured {obs['batches_per_s']:.2f} b/s.")
+    over = out.get("oversubscription")
+    distorted = bool(over and over["run_distorted"])
+    if distorted:
+        s.append(f"These timings are distorted: {over['busy_ranks_per_node']} busy ranks shared "
+                 f"{over['cores_per_node']} cores (oversubscribed), so every service time includes waiting for a "
+                 "core and no prediction from them is a basis for choosing a split; measure with a core per rank "
+                 "(or on the GPUs).")
+    unit = run.get("unit", "GPU")
     if best is None or best.split == split:
-        s.append(f"Keep {split}: no other split of the {run['gpus_per_node']} GPUs is predicted faster.")
+        s.append(f"Keep {split}: no other split of the {run['gpus_per_node']} {unit}s is predicted faster.")
     elif rel(best) < NOISE_FRACTION:
         s.append(f"Keep {split}: the best alternative, {best.split}, is predicted only {100 * rel(best):+.0f}%, "
                  "within measurement noise.")
+    elif distorted:
+        s.append(f"{best.split} is predicted {100 * rel(best):+.0f}% from these distorted timings: not a "
+                 "recommendation.")
     else:
         s.append(f"Switch to {best.split}: predicted {best.batches_per_s:.2f} b/s ({100 * rel(best):+.0f}%) "
                  f"because {_why(own)}.")
+    if over and not distorted:
+        s.append(f"Splits with more than {over['cores_per_node']} busy ranks per node would share cores and are "
+                 "left out of the choice.")
     T, D = own.targets, own.drafters
     if out["measurements"]["allreduce_coeff_s"] is None and any(
             p.drafters > D and p.batches_per_s > own.batches_per_s for p in preds):
@@ -337,7 +376,9 @@ def verdict(out, preds, own, best, best_budget):
     for alt in (f"{T - 1}-{D + 1}", f"{T + 1}-{D - 1}"):
         p = by.get(alt)
         if p is not None and (best is None or alt != best.split):
-            s.append(f"{alt} would give {p.batches_per_s:.2f} b/s ({100 * rel(p):+.0f}%) because {_why(p)}.")
+            s.append(f"{alt} would give {p.batches_per_s:.2f} b/s ({100 * rel(p):+.0f}%) because {_why(p)}" +
+                     (f", but it needs {p.targets + p.drafters} busy ranks on {over['cores_per_node']} cores."
+                      if over and p.targets + p.drafters > over["cores_per_node"] else "."))
     if own.power_w is None:
         s.append(f"No power data ({out['power']['reason'] or 'idle draw unknown'}): power savings are not predicted.")
     else:

@@ -109,3 +109,7 @@ class Run:
             for r, role in zip(self.ranks["rank"], self.ranks["role"]):
                 self.role_of_rank.setdefault(int(r), int(role))
         self.backend = self.attrs.get("backend", "?")
+        # One rank per GPU on CUDA; on the CPU backend a "GPU" of the report is a rank (a process).
+        self.unit = "rank" if self.backend == "cpu" else "GPU"
+        cores = self.attrs.get("host_cpu_cores")
+        self.host_cpu_cores = int(cores) if cores else None  # None: an older file, not recorded

@@ -28,7 +28,8 @@ def text(rep):
     q = obs["queues"]
     L = []
     L.append(f"dflash-report {rep['file']}")
-    L.append(f"run: topology {run['topology']} on {run['nodes']} node(s) x {run['gpus_per_node']} GPU(s), "
+    unit = run.get("unit", "GPU")
+    L.append(f"run: topology {run['topology']} on {run['nodes']} node(s) x {run['gpus_per_node']} {unit}(s), "
              f"backend {run['backend']}, {run['steps']} steps, {_dur(run['elapsed_s'])}; "
              f"{run['tokens_per_batch'] / 1000:.1f} Ktok/batch")
     if rep.get("auto_topology"):
@@ -59,7 +60,7 @@ def text(rep):
              f"{rep['run_prediction']['batches_per_s']:.3f} b/s for {run['topology']} "
              f"({100 * rep['prediction_vs_observed_frac']:+.1f}% vs observed)")
     L.append("")
-    L.append("SERVICE RATES (batches per busy second per GPU; busy = target forward | drafter fwd+bwd+optimizer)")
+    L.append(f"SERVICE RATES (batches per busy second per {unit}; busy = target forward | drafter fwd+bwd+optimizer)")
     L.append("  role      ranks  busy     p10       p50       p90       mean      s/batch   allreduce s/batch")
     for name in ("target", "drafter"):
         s = svc[name]
@@ -77,17 +78,28 @@ def text(rep):
     else:
         L.append(f"  no power data: {pw['reason']} (power columns below are blank, not invented)")
     L.append("")
-    L.append(f"WHAT-IF (every split of the {run['gpus_per_node']} GPUs per node; predicted from service rates)")
+    L.append(f"WHAT-IF (every split of the {run['gpus_per_node']} {unit}s per node; predicted from service rates)")
+    over = rep.get("oversubscription")
+    if over and over["run_distorted"]:
+        L.append(f"  !! DISTORTED: {over['busy_ranks_per_node']} busy ranks per node shared {over['cores_per_node']} "
+                 "cores (oversubscribed): the service rates above and every row below include waiting for a core.")
+        L.append("  !! Do not choose a split from them; measure with a core per rank, or on the GPUs.")
     L.append("  split  idle  tgt cap b/s  dft cap b/s  pred b/s   Ktok/s  vs run  limit     power W  Ktok/s/kW  ETA")
     for w in rep["whatif"]:
-        mark = "*" if w["split"] == run["topology"] else " "
+        mark = "*" if w["split"] == run["topology"] else ("!" if w.get("oversubscribed") else " ")
         L.append(f" {mark}{w['split']:<6}{w['idle']:4d}  {w['target_cap_bps']:11.3f}  {w['drafter_cap_bps']:11.3f}"
                  f"  {w['batches_per_s']:8.3f} {w['ktok_per_s']:8.2f} {100 * w['vs_run_frac']:+6.1f}%  {w['limit']:<8}"
                  f"{_f(w['power_w'], '.0f', 8)}  {_f(w['ktok_per_kw'], '.2f', 9)}  {_dur(w['eta_s'])}")
+    if any(w.get("oversubscribed") for w in rep["whatif"]):
+        L.append(f"  (! = more busy ranks than the {over['cores_per_node']} cores per node: the prediction assumes "
+                 "a core per rank and cannot hold; left out of the choice)")
     L.append(f"  (* = this run; remaining tokens: "
              f"{'?' if rep['remaining_tokens'] is None else format(rep['remaining_tokens'] / 1e6, '.1f') + ' M'}"
              f" from {rep['remaining_source']})")
-    L.append(f"  best split: {rep['best']}" +
+    best = rep["best"]
+    if over and over["run_distorted"]:
+        best = f"none recommended (from these distorted timings the model would pick {rep['best']})"
+    L.append(f"  best split: {best}" +
              (f"; best within {rep['power_budget_w']:.0f} W: {rep['best_within_budget'] or 'none fits'}"
               if rep["power_budget_w"] else ""))
     L.append("")

@@ -1,0 +1,205 @@
+#!/usr/bin/env python3
+"""Unit tests of dflash-report (tools/dflash_report) on small metrics files written here with h5py in the
+layout of docs/metrics.md: the CPU wording, oversubscription, --json's schema_version, several runs side by
+side, --version, the dashboard. Run: python3 -m unittest discover -s tests/report (tests/e2e/test_report_py.sh).
+"""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import unittest
+
+import h5py
+import numpy as np
+
+SRC = os.path.realpath(os.path.join(os.path.dirname(__file__), "..", ".."))
+REPORT = os.path.join(SRC, "tools", "dflash-report")
+sys.path.insert(0, os.path.join(SRC, "tools"))
+
+from dflash_report import analysis, compare, render  # noqa: E402
+from dflash_report.load import Run  # noqa: E402
+
+
+def write_run(path, topology="2-1", backend="cpu", ranks=4, cores=None, t_s=0.5, d_s=0.25, intervals=6,
+              power=False, seed=0):
+    """A run of `intervals` report intervals of 10 s: targets busy t_s s per batch, drafters d_s, with the
+    pipeline running at the slower side's rate (a step = one batch per drafter, 500 tokens per batch); loss
+    falling, acc rising; idle ranks past T + D."""
+    rng = np.random.default_rng(seed)
+    T, D = (int(x) for x in topology.split("-"))
+    rate = min(T / t_s, D / d_s)  # batches per second of the pipeline
+    dt = 10.0
+    steps = int(round(rate * dt * intervals / D))
+    with h5py.File(path, "w") as f:
+        f.attrs["topology"] = topology
+        f.attrs["backend"] = backend
+        f.attrs["num_nodes"] = 1
+        f.attrs["gpus_per_node"] = ranks
+        f.attrs["format_version"] = 1
+        f.attrs["options"] = json.dumps({"hs-queue-depth": "4", "prefetch-depth": "4", "token-budget": "512",
+                                         "epochs": "1", "max-steps": str(steps * 2)})
+        roles = ["target"] * T + ["drafter"] * D + ["idle"] * (ranks - T - D)
+        f.attrs["ranks"] = json.dumps([{"rank": r, "role": roles[r], "host": "h", "gpu": -1, "pid": 1}
+                                       for r in range(ranks)])
+        if cores:
+            f.attrs["host_cpu_cores"] = cores
+        s = f.create_group("steps")
+        step = np.arange(1, steps + 1)
+        s["step"] = step
+        s["time_s"] = step * (dt * intervals / steps)
+        s["loss"] = 6.0 - 2.0 * step / steps + 0.3 * rng.standard_normal(steps)
+        s["acc"] = 0.02 + 0.1 * step / steps
+        s["streak"] = 0.1 + 0.5 * step / steps
+        s["tokens"] = np.full(steps, 500 * D)
+        for k in ("agree", "lr", "noise", "grad_norm", "anchors"):
+            s[k] = np.zeros(steps)
+        cols = {k: [] for k in ("interval", "time_s", "rank", "role", "batches", "busy_s", "wait_s", "compute_s",
+                                "credit_wait_s", "data_wait_s", "allreduce_s", "optimizer_s")}
+        for i in range(intervals):
+            for r in range(ranks):
+                role = {"target": 0, "drafter": 1, "idle": 2}[roles[r]]
+                n = rate * dt / (T if role == 0 else D) if role < 2 else 0
+                busy = n * (t_s if role == 0 else d_s) if role < 2 else 0.0
+                row = dict(interval=i, time_s=(i + 1) * dt, rank=r, role=role, batches=int(round(n)), busy_s=busy,
+                           wait_s=dt - busy, compute_s=busy if role == 0 else 0.8 * busy,
+                           credit_wait_s=(dt - busy) if role == 0 else 0.0,
+                           data_wait_s=(dt - busy) if role == 1 else 0.0, allreduce_s=0.0,
+                           optimizer_s=0.2 * busy if role == 1 else 0.0)
+                for k, v in row.items():
+                    cols[k].append(v)
+        g = f.create_group("ranks")
+        for k, v in cols.items():
+            g[k] = np.asarray(v)
+        q = f.create_group("queues")
+        q["time_s"] = np.arange(1, intervals + 1) * dt
+        q["q_pre"] = np.full((intervals, T), 4)
+        q["q_hs"] = np.tile(np.array([[4], [3], [0], [4], [2], [4]])[:intervals], (1, D))
+        gp = f.create_group("gpus")
+        gp.attrs["available"] = 1 if power else 0
+        if power:
+            gp["time_s"] = np.arange(1, intervals + 1) * dt
+            gp["power_w"] = np.tile(np.array([[600.0] * T + [500.0] * D]), (intervals, 1))
+            gp["util_pct"] = np.full((intervals, T + D), 90.0)
+            gp["mem_used_mib"] = np.full((intervals, T + D), 1000.0)
+            f.attrs["gpu_ranks"] = json.dumps(list(range(T + D)))
+            f.attrs["gpu_idle_power_w"] = 80.0
+        else:
+            gp.attrs["reason"] = "CPU backend: no NVML"
+    return path
+
+
+def report(*args):
+    return subprocess.run([sys.executable, REPORT, *args], capture_output=True, text=True)
+
+
+class ReportTest(unittest.TestCase):
+    def setUp(self):
+        self.tmp = tempfile.TemporaryDirectory()
+        self.dir = self.tmp.name
+
+    def tearDown(self):
+        self.tmp.cleanup()
+
+    def path(self, name):
+        return os.path.join(self.dir, name)
+
+    def test_json_has_schema_version(self):
+        p = write_run(self.path("a.h5"))
+        r = report(p, "--json")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        rep = json.loads(r.stdout)
+        self.assertEqual(rep["schema_version"], analysis.SCHEMA_VERSION)
+        self.assertGreaterEqual(rep["schema_version"], 2)
+
+    def test_cpu_backend_says_ranks_not_gpus(self):
+        rep = analysis.analyse(Run(write_run(self.path("a.h5"), cores=8)))
+        txt = render.text(rep)
+        self.assertIn("4 rank(s)", txt)
+        self.assertIn("split of the 4 ranks per node", txt)
+        self.assertIn("per busy second per rank", txt)
+        self.assertNotIn("GPU(s)", txt)
+        self.assertNotIn("GPUs per node", txt)
+        self.assertIsNone(rep["oversubscription"])  # 4 ranks on 8 cores
+
+    def test_gpu_backend_says_gpus(self):
+        rep = analysis.analyse(Run(write_run(self.path("a.h5"), topology="7-1", backend="cuda", ranks=8, power=True,
+                                             t_s=7.0, d_s=0.9)))
+        txt = render.text(rep)
+        self.assertIn("8 GPU(s)", txt)
+        self.assertIn("split of the 8 GPUs per node", txt)
+
+    def test_oversubscribed_cpu_run_is_flagged_and_not_recommended(self):
+        # 2-1 + 1 idle on 2 cores (the default job on a 2-core machine): the drafter looks slow, and the model
+        # would switch to 1-2 or 1-3; the report must say the timings are distorted instead of recommending it.
+        p = write_run(self.path("a.h5"), cores=2, t_s=0.2, d_s=1.0)
+        rep = analysis.analyse(Run(p))
+        over = rep["oversubscription"]
+        self.assertEqual(over, {"cores_per_node": 2, "ranks_per_node": 4, "busy_ranks_per_node": 3,
+                                "run_distorted": True})
+        self.assertIn("These timings are distorted: 3 busy ranks shared 2 cores", rep["verdict"])
+        self.assertNotIn("Switch to", rep["verdict"])
+        self.assertIn("1-2 would give", rep["verdict"])
+        self.assertIn("needs 3 busy ranks on 2 cores", rep["verdict"])
+        txt = render.text(rep)
+        self.assertIn("DISTORTED: 3 busy ranks per node shared 2 cores", txt)
+        self.assertIn("best split: none recommended", txt)
+        self.assertTrue(all(w["oversubscribed"] == (w["targets"] + w["drafters"] > 2) for w in rep["whatif"]))
+        # With every split within the cores as slow as the run, the model's pick is still reported as not one.
+        p = write_run(self.path("b.h5"), ranks=3, cores=2, t_s=0.2, d_s=1.0)
+        rep = analysis.analyse(Run(p), allreduce_gbps=1e9)
+        self.assertNotIn("Switch to", rep["verdict"])
+
+    def test_splits_beyond_the_cores_are_not_chosen(self):
+        # 1-1 + 2 idle on 2 cores: the run itself is fine, but 1-2, 2-1, 1-3, ... would share cores.
+        p = write_run(self.path("a.h5"), topology="1-1", cores=2, t_s=0.2, d_s=1.0)
+        rep = analysis.analyse(Run(p))
+        self.assertFalse(rep["oversubscription"]["run_distorted"])
+        self.assertEqual(rep["best"], "1-1")  # 1-2 would be faster on cores the node does not have
+        self.assertIn("left out of the choice", rep["verdict"])
+        self.assertIn("! = more busy ranks than the 2 cores", render.text(rep))
+
+    def test_unknown_cores_change_nothing(self):
+        rep = analysis.analyse(Run(write_run(self.path("a.h5"), t_s=0.2, d_s=1.0)))  # an older file
+        self.assertIsNone(rep["oversubscription"])
+        self.assertIn("Switch to", rep["verdict"])
+
+    def test_two_runs_side_by_side(self):
+        a = write_run(self.path("a.h5"), topology="7-1", backend="cuda", ranks=8, t_s=7.0, d_s=0.9, power=True)
+        b = write_run(self.path("b.h5"), topology="6-2", backend="cuda", ranks=8, t_s=7.0, d_s=0.9, power=True)
+        r = report(a, b)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("2 runs side by side", r.stdout)
+        for word in ("[1]", "[2]", "7-1", "6-2", "Ktok/s", "bottleneck", "loss (last tenth)", "VERDICT"):
+            self.assertIn(word, r.stdout)
+        r = report(a, b, "--json")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        cmp_ = json.loads(r.stdout)
+        self.assertEqual(cmp_["schema_version"], analysis.SCHEMA_VERSION)
+        self.assertEqual([c["topology"] for c in cmp_["runs"]], ["7-1", "6-2"])
+        # 7 targets at 7 s/batch = 1 b/s vs 6 targets = 0.857 b/s: 7-1 is faster by ~17%
+        self.assertEqual(cmp_["fastest"], 0)
+        self.assertRegex(cmp_["verdict"], r"7-1 .* trained fastest: .*\+1[0-9]% over 6-2")
+        self.assertAlmostEqual(cmp_["runs"][1]["vs_first_frac"], 6 / 7 - 1, delta=0.07)  # whole batches per interval
+
+    def test_comparison_summary_directly(self):
+        a = Run(write_run(self.path("a.h5"), cores=2))
+        b = Run(write_run(self.path("b.h5"), topology="1-1", cores=2))
+        cmp_ = compare.compare([(a, analysis.analyse(a)), (b, analysis.analyse(b))])
+        self.assertIn("ran oversubscribed", cmp_["verdict"])
+        self.assertTrue(cmp_["runs"][0]["distorted"])
+        self.assertIn("yes (oversubscribed)", compare.text(cmp_))
+
+    def test_png_with_several_runs_is_a_usage_error(self):
+        a = write_run(self.path("a.h5"))
+        r = report(a, a, "--png", self.path("x.png"))
+        self.assertEqual(r.returncode, 2)
+
+    def test_version(self):
+        r = report("--version")
+        self.assertEqual(r.returncode, 0)
+        self.assertRegex(r.stdout, r"^dflash-report \d+\.\d+\.\d+")
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,133 @@
+"""Several runs side by side (dflash-report A.h5 B.h5 ...): the numbers that decide between splits, one
+column per run, and which run trained fastest. The seeds compared 7-1 with 6-2 exactly this way."""
+
+import os
+
+import numpy as np
+
+from .analysis import SCHEMA_VERSION
+
+
+def _last_tenth_mean(run, key):
+    v = run.steps.get(key)
+    if v is None or len(v) == 0:
+        return None
+    n = max(1, len(v) // 10)  # single steps are noisy: the mean of the last tenth
+    return float(np.mean(v[-n:]))
+
+
+def summary(run, rep):
+    """One run's column: a flat dict of the numbers compared."""
+    obs, svc, pw, r = rep["observed"], rep["service"], rep["power"], rep["run"]
+    q = obs["queues"]
+    over = rep.get("oversubscription")
+    return {
+        "file": rep["file"], "topology": r["topology"], "backend": r["backend"], "nodes": r["nodes"],
+        "ranks_per_node": r["gpus_per_node"], "unit": r.get("unit", "GPU"), "steps": r["steps"],
+        "elapsed_s": r["elapsed_s"], "batches_per_s": obs["batches_per_s"], "ktok_per_s": obs["ktok_per_s"],
+        "target_ceiling_bps": obs["target_ceiling_bps"], "drafter_ceiling_bps": obs["drafter_ceiling_bps"],
+        "bottleneck": obs["bottleneck"],
+        "target_s_per_batch": svc["target"]["s_per_batch"], "drafter_s_per_batch": svc["drafter"]["s_per_batch"],
+        "q_hs_full_frac": q.get("q_hs_full_frac"), "q_hs_empty_frac": q.get("q_hs_empty_frac"),
+        "power_w": pw.get("total_w"),
+        "ktok_per_kw": (obs["ktok_per_s"] / (pw["total_w"] / 1000.0)) if pw.get("total_w") else None,
+        "loss_last_tenth": _last_tenth_mean(run, "loss"), "acc_last_tenth": _last_tenth_mean(run, "acc"),
+        "streak_last_tenth": _last_tenth_mean(run, "streak"),
+        "best": rep["best"], "distorted": bool(over and over["run_distorted"]),
+    }
+
+
+def compare(pairs):
+    """pairs: [(Run, report)] -> the comparison (JSON-ready): every run's column and the fastest."""
+    cols = [summary(run, rep) for run, rep in pairs]
+    base = cols[0]["batches_per_s"]
+    for c in cols:
+        c["vs_first_frac"] = c["batches_per_s"] / base - 1.0 if base else None
+    fastest = max(range(len(cols)), key=lambda i: cols[i]["ktok_per_s"])
+    return {"schema_version": SCHEMA_VERSION, "runs": cols, "fastest": fastest,
+            "verdict": verdict(cols, fastest), "reports": [rep for _, rep in pairs]}
+
+
+def verdict(cols, fastest):
+    f = cols[fastest]
+    others = [c for i, c in enumerate(cols) if i != fastest]
+    parts = [f"{f['topology']} ({_name(f['file'])}) trained fastest: {f['ktok_per_s']:.2f} Ktok/s"]
+    for c in others:
+        d = f["ktok_per_s"] / c["ktok_per_s"] - 1.0 if c["ktok_per_s"] else None
+        parts.append(f"{'?' if d is None else format(100 * d, '+.0f') + '%'} over {c['topology']} ({_name(c['file'])})")
+    s = parts[0] + (", " + ", ".join(parts[1:]) if len(parts) > 1 else "") + "."
+    if len({(c["backend"], c["ranks_per_node"], c["nodes"]) for c in cols}) > 1:
+        s += " The runs differ in backend or machine size: compare their splits with care."
+    if any(c["distorted"] for c in cols):
+        s += (" " + ", ".join(c["topology"] for c in cols if c["distorted"]) +
+              " ran oversubscribed (more busy ranks than cores): its timings are distorted.")
+    if len({c["steps"] for c in cols}) > 1:
+        s += " Loss and accuracy are over different numbers of steps."
+    return s
+
+
+def _name(path):
+    """runs/7-1/metrics.h5 -> runs/7-1 (the run directory names the run better than the file)."""
+    d, b = os.path.split(path)
+    return d if b == "metrics.h5" and d else path
+
+
+def _cell(v, fmt):
+    if v is None:
+        return "-"
+    if isinstance(v, str):
+        return v
+    return format(v, fmt)
+
+
+ROWS = [  # (label, key, format)
+    ("topology", "topology", ""),
+    ("backend", "backend", ""),
+    ("nodes x ranks", None, ""),
+    ("steps", "steps", "d"),
+    ("elapsed s", "elapsed_s", ".0f"),
+    ("trained b/s", "batches_per_s", ".3f"),
+    ("vs first run", "vs_first_frac", "+.1%"),
+    ("Ktok/s", "ktok_per_s", ".2f"),
+    ("target ceiling b/s", "target_ceiling_bps", ".3f"),
+    ("drafter ceiling b/s", "drafter_ceiling_bps", ".3f"),
+    ("bottleneck", "bottleneck", ""),
+    ("target s/batch", "target_s_per_batch", ".3f"),
+    ("drafter s/batch", "drafter_s_per_batch", ".3f"),
+    ("q_hs full", "q_hs_full_frac", ".0%"),
+    ("q_hs empty", "q_hs_empty_frac", ".0%"),
+    ("power W", "power_w", ".0f"),
+    ("Ktok/s per kW", "ktok_per_kw", ".2f"),
+    ("loss (last tenth)", "loss_last_tenth", ".4f"),
+    ("acc (last tenth)", "acc_last_tenth", ".3f"),
+    ("streak (last tenth)", "streak_last_tenth", ".2f"),
+    ("best split (model)", "best", ""),
+    ("timings distorted", "distorted", ""),
+]
+
+
+def text(cmp):
+    import textwrap
+    cols = cmp["runs"]
+    L = [f"dflash-report: {len(cols)} runs side by side"]
+    for i, c in enumerate(cols):
+        L.append(f"  [{i + 1}] {c['file']}")
+    L.append("")
+    width = max(12, max(len(_name(c["file"])) for c in cols) + 2)
+    width = min(width, 28)
+    L.append(f"  {'':<20}" + "".join(f"[{i + 1}]".rjust(width) for i in range(len(cols))))
+    for label, key, fmt in ROWS:
+        cells = []
+        for c in cols:
+            if key is None:
+                v = f"{c['nodes']} x {c['ranks_per_node']} {c['unit']}s"
+            elif key == "distorted":
+                v = "yes (oversubscribed)" if c["distorted"] else "no"
+            else:
+                v = c.get(key)
+            cells.append(_cell(v, fmt).rjust(width))
+        L.append(f"  {label:<20}" + "".join(cells))
+    L.append("")
+    L.append("VERDICT")
+    L.extend(textwrap.wrap(cmp["verdict"], width=110, initial_indent="  ", subsequent_indent="  "))
+    return "\n".join(L) + "\n"
