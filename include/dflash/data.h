@@ -83,6 +83,10 @@ class TokenDataset {
   int64_t num_tokens() const { return offsets_.back(); }
   int64_t record_length(size_t r) const { return offsets_[r + 1] - offsets_[r]; }
   int vocab_size() const { return vocab_size_; }            // the file's attribute
+  // Tokens with loss_mask 1, and anchor positions: p with loss_mask[p] and loss_mask[p + 1] inside one
+  // record (anchors.h). A dataset without an anchor position trains nothing.
+  int64_t loss_tokens() const { return loss_tokens_; }
+  int64_t anchor_positions() const { return anchor_positions_; }
   const std::string& tokenizer() const { return tokenizer_; }
   int format_version() const { return format_version_; }
 
@@ -100,6 +104,7 @@ class TokenDataset {
   int vocab_size_ = 0;
   std::string tokenizer_;
   int format_version_ = 0;
+  int64_t loss_tokens_ = 0, anchor_positions_ = 0;
 };
 
 // ---- the loader --------------------------------------------------------------------------------------

@@ -55,7 +55,8 @@ struct MetricsLayout {
 };
 
 enum class MetricsOpen {
-  Create,  // a new file; an existing one is first renamed to <path>.prev (never overwritten in place)
+  Create,  // a new file; an existing one that holds steps is first renamed to DIR/metrics.N.h5 (N = one
+           // more than the highest there), one without steps (a failed start) is replaced
   Append,  // continue an existing file (resume); its layout must match (fatal BadInput otherwise);
            // creates the file if it does not exist
 };

@@ -136,9 +136,12 @@ TokenDataset::TokenDataset(const std::string& path, int target_vocab_size) : pat
            "dataset " << path << ": offsets end at " << offsets_.back() << " but /tokens has " << n_tokens
                       << " entries (record " << n_offsets - 2 << ")");
 
-  // Scan ids and mask values chunk by chunk (bounded memory for large datasets).
+  // Scan ids and mask values chunk by chunk (bounded memory for large datasets), counting loss tokens
+  // and anchor positions (pairs of masked tokens inside one record) on the way.
   std::vector<int32_t> ids;
   std::vector<uint8_t> m;
+  size_t scan_rec = 0;       // record of the position being scanned
+  bool prev_masked = false;  // loss_mask of the previous position, when it is in the same record
   for (hsize_t begin = 0; begin < static_cast<hsize_t>(n_tokens); begin += kScanChunk) {
     hsize_t count = std::min<hsize_t>(kScanChunk, static_cast<hsize_t>(n_tokens) - begin);
     ids.resize(count);
@@ -151,6 +154,14 @@ TokenDataset::TokenDataset(const std::string& path, int target_vocab_size) : pat
     DF_H5(H5Sselect_hyperslab(ms, H5S_SELECT_SET, &begin, nullptr, &count, nullptr), "selecting loss_mask");
     DF_H5(H5Dread(mask, H5T_NATIVE_UINT8, mem, ms, H5P_DEFAULT, m.data()), "reading /loss_mask of " + path);
     for (hsize_t i = 0; i < count; ++i) {
+      const int64_t p = static_cast<int64_t>(begin + i);
+      if (p == offsets_[scan_rec + 1]) {
+        ++scan_rec;
+        prev_masked = false;
+      }
+      loss_tokens_ += m[i] == 1;
+      anchor_positions_ += prev_masked && m[i] == 1;
+      prev_masked = m[i] == 1;
       if (ids[i] >= 0 && ids[i] < vocab && m[i] <= 1) continue;
       const int64_t pos = static_cast<int64_t>(begin + i);
       const size_t rec = static_cast<size_t>(std::upper_bound(offsets_.begin(), offsets_.end(), pos) - offsets_.begin()) - 1;

@@ -2,7 +2,11 @@
 // docs/metrics.md.
 #include <sys/stat.h>
 
+#include <algorithm>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
+#include <filesystem>
 #include <map>
 #include <mutex>
 
@@ -55,6 +59,56 @@ hid_t file_type(Elem e) {
 bool file_exists(const std::string& path) {
   struct stat st;
   return ::stat(path.c_str(), &st) == 0;
+}
+
+// Rows of /steps/step in an existing metrics file; -1 when it cannot be read as one (then it is kept:
+// nobody knows what it holds). Called with hdf5_mutex() held.
+int64_t stored_steps(const std::string& path) {
+  if (H5Fis_hdf5(path.c_str()) <= 0) return -1;
+  Handle fapl(h5::fapl_no_locking(), Handle::Kind::PropList);
+  Handle file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, fapl), Handle::Kind::File);
+  if (!file.valid() || !h5::link_exists(file, "steps/step")) return -1;
+  Handle ds(H5Dopen2(file, "steps/step", H5P_DEFAULT), Handle::Kind::Dataset);
+  const std::vector<hsize_t> d = ds.valid() ? h5::dims(ds) : std::vector<hsize_t>{};
+  return d.size() == 1 ? static_cast<int64_t>(d[0]) : -1;
+}
+
+// A new run in a directory that already has `path` (DIR/metrics.h5). A file that holds steps (or
+// cannot be read) is renamed to DIR/metrics.N.h5, N one more than the highest already there, so every
+// earlier run's file survives however many runs follow, in the order they ran. A file without any step
+// (a start that failed before its first step) holds nothing worth keeping and is replaced.
+void set_aside_previous(const std::string& path) {
+  namespace fs = std::filesystem;
+  if (!file_exists(path)) return;
+  const int64_t steps = stored_steps(path);
+  if (steps == 0) {
+    DF_CHECK_HINT(std::remove(path.c_str()) == 0, SystemFailure,
+                  "cannot remove the step-less " << path << " of a failed start: " << std::strerror(errno),
+                  "check that the --out directory is writable");
+    return;
+  }
+  const fs::path p(path);
+  const std::string stem = p.stem().string(), ext = p.extension().string();  // "metrics", ".h5"
+  const fs::path dir = p.has_parent_path() ? p.parent_path() : fs::path(".");
+  int64_t highest = 0;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name.size() <= stem.size() + 1 + ext.size() || name.compare(0, stem.size() + 1, stem + ".") != 0 ||
+        name.compare(name.size() - ext.size(), ext.size(), ext) != 0)
+      continue;
+    const std::string digits = name.substr(stem.size() + 1, name.size() - stem.size() - 1 - ext.size());
+    if (digits.empty() || digits.size() > 9 || digits.find_first_not_of("0123456789") != std::string::npos) continue;
+    highest = std::max<int64_t>(highest, std::stoll(digits));
+  }
+  const std::string aside = (dir / (stem + "." + std::to_string(highest + 1) + ext)).string();
+  // No other job writes here meanwhile (the run holds the --out lock), so nothing can appear at `aside`.
+  DF_CHECK_HINT(!file_exists(aside) && std::rename(path.c_str(), aside.c_str()) == 0, SystemFailure,
+                "cannot move the previous run's " << path << " (" << (steps < 0 ? std::string("unreadable") : std::to_string(steps) + " steps")
+                                                  << ") to " << aside << ": " << std::strerror(errno),
+                "check that the --out directory is writable; the previous file is left as it was");
+  std::fprintf(stderr, "[dflash] the previous run's %s (%s) is kept as %s\n", path.c_str(),
+               steps < 0 ? "not readable as a metrics file" : (std::to_string(steps) + " steps").c_str(), aside.c_str());
 }
 
 }  // namespace
@@ -142,11 +196,7 @@ MetricsWriter::MetricsWriter(const std::string& path, const MetricsLayout& layou
     DF_CHECK_HINT(impl_->file.valid(), BadInput, "cannot open metrics file " << path << " for appending",
                   "move it away or use a new --out directory");
   } else {
-    if (file_exists(path)) {
-      const std::string prev = path + ".prev";
-      DF_CHECK(std::rename(path.c_str(), prev.c_str()) == 0, SystemFailure,
-               "cannot move the existing " << path << " to " << prev);
-    }
+    set_aside_previous(path);
     impl_->file = Handle(DF_H5(H5Fcreate(path.c_str(), H5F_ACC_EXCL, H5P_DEFAULT, fapl), "creating " + path),
                          Handle::Kind::File);
     h5::write_attr_int64(impl_->file, "format_version", kMetricsFormatVersion);

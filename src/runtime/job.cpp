@@ -103,8 +103,7 @@ void choose_backend_parts(JobContext& job) {
   const Options& o = job.opt;
   const Topology& topo = job.topo;
   job.ctx = o.backend == Backend::CUDA ? make_ctx(Device::CUDA, topo.gpu) : cpu_ctx();
-  job.target = load_target_config(o.target_dir);
-  const Qwen3Config& cfg = job.target.text;
+  const Qwen3Config& cfg = job.target.text;  // read by validate_inputs
   job.slot_shape.max_tokens = o.token_budget;
   job.slot_shape.num_layers = static_cast<int64_t>(capture_layer_ids(o).size());
   job.slot_shape.hidden = cfg.hidden_size;
@@ -155,10 +154,15 @@ int run_job(const Options& given) {
   job.gpu_sampler = gpu_sampler.get();
   if (topo.world_rank == 0) print_startup(o, topo, job.cards);
 
-  check_input_paths(o);
   DF_CHECK_HINT(o.inject_fail_rank < topo.world_size, BadOptions,
                 "--inject-fail-rank " << o.inject_fail_rank << " is not a rank of this " << topo.world_size << "-rank job",
                 "give a rank in [0, " + std::to_string(topo.world_size - 1) + "]");
+  // Inputs first, on every rank, and nobody goes on until all have passed: a bad input ends the job
+  // before --out is created, locked or written (an earlier run's metrics and checkpoints stay as they are).
+  validate_inputs(job);
+  barrier(MPI_COMM_WORLD, 10 * o.peer_timeout_s, "checking the inputs");
+  // Then --out is this job's alone (rank 0 holds the lock; the others wait for it in the resume's bcast).
+  if (topo.world_rank == 0) lock_run_dirs(o);
   // --resume: one answer for the whole job; a checkpoint of another model/topology/objective is refused
   // here, before any model loads (docs/checkpoint.md).
   job.resume_dir = resolve_resume_collective(o, MPI_COMM_WORLD);

@@ -5,6 +5,7 @@
 #include <utility>
 #include <vector>
 
+#include "dflash/data.h"
 #include "dflash/data_plane.h"
 #include "dflash/flow_control.h"
 #include "dflash/grad_reducer.h"
@@ -36,6 +37,7 @@ struct JobContext {
   std::vector<RankCard> cards;
   Ctx ctx;                         // this rank's backend, chosen once at rank start (CPU, or its GPU's stream)
   TargetConfig target;             // the target's config.json, parsed once (family, widths)
+  std::shared_ptr<const TokenDataset> dataset;  // targets: --data, opened and checked by validate_inputs
   SlotShape slot_shape;            // one hidden-state batch: sizes, device and wire dtype (targets and drafters agree)
   DataPlaneKind data_plane = DataPlaneKind::Host;  // agreed by every rank (setup_data_plane)
   std::shared_ptr<NcclPairs> nccl_pairs;           // the nccl plane's pair communicators
@@ -91,5 +93,16 @@ void run_drafter(JobContext& job);
 
 // After loading: every rank waits here until all have loaded (a long deadline: loading is slow).
 void wait_all_loaded(const JobContext& job);
+
+// Every input this rank reads, checked before anything is written (job_inputs.cpp): the paths, the
+// target's config.json (job.target), --drafter or --draft-layers against the target, and on target ranks
+// the dataset (job.dataset): its format, records against --token-budget / --long-record, and that it has
+// something to train on. Fatal (BadInput/BadOptions) on the first defect; run_job makes every rank wait
+// for every other's checks before --out is touched, so a bad input never costs an earlier run's files.
+void validate_inputs(JobContext& job);
+// World rank 0: an exclusive lock on --out (and on --checkpoint-dir when it lies outside --out) held
+// until the process ends; fatal BadOptions naming the holder (pid, host, since when) when another job
+// has it. Creates the directories.
+void lock_run_dirs(const Options& o);
 
 }  // namespace dflash

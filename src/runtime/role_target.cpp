@@ -24,32 +24,12 @@ std::string ranks_str(const std::vector<int>& ranks) {
   return s;
 }
 
-// A record longer than --token-budget: refused (Error), cut or skipped; and skipping everything is refused.
-void check_records_fit(const Options& o, const TokenDataset& ds) {
-  size_t longest = 0, fitting = 0;
-  for (size_t r = 0; r < ds.num_records(); ++r) {
-    if (ds.record_length(r) > ds.record_length(longest)) longest = r;
-    if (ds.record_length(r) <= o.token_budget) ++fitting;
-  }
-  const int64_t len = ds.record_length(longest);
-  DF_CHECK_HINT(o.long_record != LongRecordPolicy::Error || len <= o.token_budget, BadOptions,
-                "--token-budget " << o.token_budget << " is smaller than record " << longest << " of " << ds.path()
-                                  << " (" << len << " tokens), and --long-record is error",
-                "raise --token-budget to at least " + std::to_string(len) + ", or pass --long-record cut (keep the first " +
-                    std::to_string(o.token_budget) + " tokens) or --long-record skip (drop such records)");
-  DF_CHECK_HINT(o.long_record != LongRecordPolicy::Skip || fitting > 0, BadOptions,
-                "--long-record skip drops every record of " << ds.path() << ": all are longer than --token-budget "
-                                                            << o.token_budget,
-                "raise --token-budget");
-}
-
 class TargetRank {
  public:
   explicit TargetRank(JobContext& job) : job_(job), o_(job.opt), topo_(job.topo) {}
 
   void run() {
-    auto dataset = std::make_shared<TokenDataset>(o_.data_path, job_.target.text.vocab_size);
-    check_records_fit(o_, *dataset);
+    const std::shared_ptr<const TokenDataset> dataset = job_.dataset;  // opened and checked by validate_inputs
     const std::vector<int> layers = capture_layer_ids(o_);
     const std::unique_ptr<TargetModel> model = make_target_model(job_.target, o_.target_dir, job_.ctx, layers, o_.token_budget);
     DataPlaneSpec ps = data_plane_spec(job_);

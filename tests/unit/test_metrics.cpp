@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -145,12 +146,34 @@ TEST(Metrics, AppendResumesAndDropsStepsAfterCheckpoint) {
   MetricsReader r(path);
   EXPECT_EQ(r.series("steps/step"), (std::vector<double>{1, 2, 3, 4, 5, 6, 7}));
   EXPECT_EQ(r.rows("steps/anchors"), 7);
-  {
-    // Create mode keeps the previous file as .prev instead of overwriting it.
+}
+
+// A new run never overwrites a file that holds steps: it is kept as metrics.N.h5, numbered in the order
+// the runs ran; a step-less file (a start that failed before its first step) is simply replaced.
+TEST(Metrics, CreateKeepsEveryFileThatHoldsSteps) {
+  const std::string dir = make_temp_dir();
+  const std::string path = dir + "/metrics.h5";
+  auto run = [&](int64_t steps) {
     MetricsWriter w(path, cpu_layout(2, 1));
-  }
-  EXPECT_EQ(MetricsReader(path + ".prev").rows("steps/step"), 7);
+    for (int64_t i = 1; i <= steps; ++i) w.append_step(step_row(i));
+  };
+  run(7);
+  run(0);  // failed start: the 7-step file is kept
+  EXPECT_EQ(MetricsReader(dir + "/metrics.1.h5").rows("steps/step"), 7);
   EXPECT_EQ(MetricsReader(path).rows("steps/step"), 0);
+  run(0);  // another failed start: the step-less file is replaced, metrics.1.h5 untouched
+  EXPECT_FALSE(std::filesystem::exists(dir + "/metrics.2.h5"));
+  run(3);
+  run(5);
+  EXPECT_EQ(MetricsReader(dir + "/metrics.1.h5").rows("steps/step"), 7);
+  EXPECT_EQ(MetricsReader(dir + "/metrics.2.h5").rows("steps/step"), 3);
+  EXPECT_EQ(MetricsReader(path).rows("steps/step"), 5);
+  // A file that is not a metrics file is kept too (nobody knows what it holds), with the next number.
+  std::filesystem::remove(path);
+  std::ofstream(path) << "not hdf5";
+  run(1);
+  EXPECT_EQ(std::filesystem::file_size(dir + "/metrics.3.h5"), 8u);
+  EXPECT_FALSE(std::filesystem::exists(path + ".prev"));
 }
 
 TEST(MetricsDeathTest, AppendWithAnotherTopologyIsRefused) {

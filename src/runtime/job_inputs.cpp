@@ -1,0 +1,161 @@
+// Before a job writes anything: every input checked (job.h validate_inputs), and the run's directories
+// locked against a second job (lock_run_dirs).
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "dflash/checkpoint.h"
+#include "dflash/error.h"
+#include "dflash/hf_config.h"
+#include "job.h"
+
+namespace dflash {
+namespace {
+
+// A record longer than --token-budget: refused (Error), cut or skipped; and skipping everything is refused.
+void check_records_fit(const Options& o, const TokenDataset& ds) {
+  size_t longest = 0, fitting = 0;
+  for (size_t r = 0; r < ds.num_records(); ++r) {
+    if (ds.record_length(r) > ds.record_length(longest)) longest = r;
+    if (ds.record_length(r) <= o.token_budget) ++fitting;
+  }
+  const int64_t len = ds.record_length(longest);
+  DF_CHECK_HINT(o.long_record != LongRecordPolicy::Error || len <= o.token_budget, BadOptions,
+                "--token-budget " << o.token_budget << " is smaller than record " << longest << " of " << ds.path()
+                                  << " (" << len << " tokens), and --long-record is error",
+                "raise --token-budget to at least " + std::to_string(len) + ", or pass --long-record cut (keep the first " +
+                    std::to_string(o.token_budget) + " tokens) or --long-record skip (drop such records)");
+  DF_CHECK_HINT(o.long_record != LongRecordPolicy::Skip || fitting > 0, BadOptions,
+                "--long-record skip drops every record of " << ds.path() << ": all are longer than --token-budget "
+                                                            << o.token_budget,
+                "raise --token-budget");
+}
+
+// A dataset whose loss mask allows no anchor (a position p with loss_mask[p] and loss_mask[p + 1]) would
+// "train" a drafter on nothing: every loss 0, an export that learned nothing.
+void check_trainable(const TokenDataset& ds) {
+  DF_CHECK_HINT(ds.anchor_positions() > 0, BadInput,
+                "dataset " << ds.path() << " has nothing to train on: " << ds.loss_tokens() << " of " << ds.num_tokens()
+                           << " tokens have loss_mask 1, and no two consecutive ones in a record (an anchor needs "
+                              "loss_mask[p] and loss_mask[p+1])",
+                "mark the completions (the tokens the drafter should predict) with loss_mask 1 when converting "
+                "(dflash-prep: \"loss_mask\" in the JSONL, or leave it out for all 1)");
+}
+
+// --draft-layers against the target (a fresh drafter only: --drafter brings its own layers and ids).
+void check_draft_layers(const Options& o, const Qwen3Config& target, bool print_note) {
+  if (!o.drafter_dir.empty()) return;
+  const int L = target.num_hidden_layers;
+  DF_CHECK_HINT(o.draft_layers <= L, BadOptions,
+                "--draft-layers " << o.draft_layers << " is more than the target's " << L << " layers ("
+                                  << o.target_dir << "/config.json num_hidden_layers)",
+                "a drafter has fewer layers than its target (DFlash uses 5 on 28-64 layer targets): give "
+                "--draft-layers in [1, " + std::to_string(L) + "]");
+  const std::vector<int> ids = default_target_layer_ids(L, o.draft_layers);
+  bool repeats = false;
+  for (size_t i = 1; i < ids.size(); ++i) repeats = repeats || ids[i] == ids[i - 1];
+  if (!repeats || !print_note) return;
+  std::string list;
+  for (int id : ids) list += (list.empty() ? "" : ", ") + std::to_string(id);
+  std::printf("[dflash] note: --draft-layers %d on a %d-layer target: the drafter reads target layers [%s]; the "
+              "default ids round(1 + i*(L-4)/(n-1)) repeat a layer when n > L-3 (a drafter of a real target has "
+              "fewer layers than that)\n",
+              o.draft_layers, L, list.c_str());
+  std::fflush(stdout);
+}
+
+// The pid, host and start time a lock file's holder wrote into it ("" when it wrote nothing readable).
+std::string read_holder(const std::string& path) {
+  std::ifstream in(path);
+  std::string line;
+  std::getline(in, line);
+  return line;
+}
+
+// Takes an exclusive flock on DIR/.dflash.lock for the rest of the process's life (the kernel releases it
+// when the process ends, however it ends: no stale lock after a crash or kill -9). Returns false, with the
+// holder's line, when another process holds it.
+bool lock_dir(const std::string& dir, const std::string& what, std::string* holder) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  DF_CHECK_HINT(!ec && std::filesystem::is_directory(dir), SystemFailure,
+                "cannot create " << what << " " << dir << ": " << (ec ? ec.message() : "not a directory"),
+                "give a writable directory");
+  const std::string path = dir + "/.dflash.lock";
+  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  DF_CHECK_HINT(fd >= 0, SystemFailure, "cannot open the lock file " << path << ": " << std::strerror(errno),
+                "give a writable " + what);
+  if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    const int err = errno;
+    ::close(fd);
+    DF_CHECK_HINT(err == EWOULDBLOCK, SystemFailure, "cannot lock " << path << ": " << std::strerror(err),
+                  "the filesystem of " + what + " must support flock");
+    *holder = read_holder(path);
+    return false;
+  }
+  // Ours now: say who holds it, for the error of a job that finds it taken. The fd stays open (and
+  // locked) until the process exits.
+  char host[256] = {0};
+  ::gethostname(host, sizeof(host) - 1);
+  char when[32];
+  const std::time_t t = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  std::strftime(when, sizeof(when), "%Y-%m-%dT%H:%M:%SZ", &tm);
+  std::ostringstream line;
+  line << "pid " << ::getpid() << " on host " << host << ", since " << when << "\n";
+  const std::string text = line.str();
+  if (::ftruncate(fd, 0) != 0 || ::pwrite(fd, text.data(), text.size(), 0) != static_cast<ssize_t>(text.size()))
+    std::fprintf(stderr, "[dflash] warning: could not write the holder into %s: %s\n", path.c_str(), std::strerror(errno));
+  return true;
+}
+
+}  // namespace
+
+void validate_inputs(JobContext& job) {
+  const Options& o = job.opt;
+  const Topology& topo = job.topo;
+  check_input_paths(o);
+  job.target = load_target_config(o.target_dir);
+  check_draft_layers(o, job.target.text, topo.world_rank == 0);
+  capture_layer_ids(o);  // --drafter's config, or the default ids: fatal BadInput when it does not fit
+  if (topo.role != Role::Target) return;
+  // Only the targets read the data; they keep it open for the loader.
+  auto dataset = std::make_shared<TokenDataset>(o.data_path, job.target.text.vocab_size);
+  check_records_fit(o, *dataset);
+  check_trainable(*dataset);
+  job.dataset = std::move(dataset);
+}
+
+void lock_run_dirs(const Options& o) {
+  const std::string hint = "two jobs writing one --out mix their checkpoints and metrics: wait for the other job to "
+                           "end, or give this one another --out (and --checkpoint-dir)";
+  std::string holder;
+  DF_CHECK_HINT(lock_dir(o.out_dir, "--out", &holder), BadOptions,
+                "--out " << o.out_dir << " is in use by another job (" << (holder.empty() ? "holder unknown" : holder)
+                         << ")",
+                hint);
+  const std::string ckpt = checkpoint_dir_of(o);
+  auto absolute = [](const std::string& p) {
+    std::error_code ec;
+    std::string s = std::filesystem::weakly_canonical(p, ec).lexically_normal().string();
+    while (s.size() > 1 && s.back() == '/') s.pop_back();
+    return s;
+  };
+  const std::string out_abs = absolute(o.out_dir), ckpt_abs = absolute(ckpt);
+  if (ckpt_abs == out_abs || ckpt_abs.compare(0, out_abs.size() + 1, out_abs + "/") == 0) return;  // the --out lock covers it
+  DF_CHECK_HINT(lock_dir(ckpt, "--checkpoint-dir", &holder), BadOptions,
+                "--checkpoint-dir " << ckpt << " is in use by another job ("
+                                    << (holder.empty() ? "holder unknown" : holder) << ")",
+                hint);
+}
+
+}  // namespace dflash

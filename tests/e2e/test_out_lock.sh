@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Two jobs on one --out would mix their checkpoints and metrics: the second is refused (exit 2) before it
+# writes anything, naming the first (pid, host); so is a job that shares only --checkpoint-dir. The lock
+# goes with the job that held it: the next job on that --out runs.
+source "$(dirname "$0")/lib.sh"
+OUT="$WORK/run"
+# The first job: slow enough (a delayed drafter) to still be running while the others try.
+(
+  run_job first 2 120 --topology 1-1 --out "$OUT" --max-steps 20 --inject-delay-drafter-ms 200 \
+    --checkpoint-dir "$WORK/ckpt" --checkpoint-every 10
+  echo "$RC" >"$WORK/first.rc"
+) &
+first=$!
+for _ in $(seq 1 300); do
+  grep -q "hidden states:" "$WORK/first.log" 2>/dev/null && break
+  sleep 0.1
+done
+grep -q "hidden states:" "$WORK/first.log" || fail "the first job did not start (log: $(tail -5 "$WORK/first.log"))"
+holder=$(cat "$OUT/.dflash.lock")
+case "$holder" in "pid "*" on host "*) ;; *) fail "the lock file names no holder: '$holder'" ;; esac
+
+run_job second 2 60 --topology 1-1 --out "$OUT" --max-steps 3
+expect_rc 2 second
+expect_log second "--out $OUT is in use by another job (pid"
+expect_log second "$(hostname)"
+# Another --out, the same --checkpoint-dir: refused as well.
+run_job shared_ckpt 2 60 --topology 1-1 --out "$WORK/other" --max-steps 3 --checkpoint-dir "$WORK/ckpt"
+expect_rc 2 shared_ckpt
+expect_log shared_ckpt "--checkpoint-dir $WORK/ckpt is in use by another job"
+[ ! -e "$WORK/other/metrics.h5" ] || fail "the refused job wrote $WORK/other/metrics.h5"
+
+wait "$first"
+RC=$(cat "$WORK/first.rc")
+expect_rc 0 first
+h5check "$OUT/metrics.h5" "list(f['steps/step'][:]) == list(range(1, 21))"
+# Its lock ended with it.
+run_job after 2 60 --topology 1-1 --out "$OUT" --max-steps 2 --checkpoint-dir "$WORK/ckpt"
+expect_rc 0 after
+echo "PASS"

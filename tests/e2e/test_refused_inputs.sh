@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Inputs that would train the wrong thing, or nothing, are refused at startup naming the cause, before
+# --out is created: data whose loss mask allows no anchor (exit 3), --draft-layers beyond the target's
+# layers (exit 2).
+source "$(dirname "$0")/lib.sh"
+tiny=$(tiny_dir)
+case_rc() {  # case_rc NAME WANT_RC "message" [args...]
+  local name=$1 want=$2 msg=$3
+  shift 3
+  run_job "$name" 2 60 --topology 1-1 --max-steps 3 "$@"
+  expect_rc "$want" "$name"
+  expect_log "$name" "$msg"
+  [ ! -e "$WORK/$name" ] || fail "$name: the refused job created its --out ($(ls "$WORK/$name"))"
+}
+
+# Every loss_mask 0 (prompts only): a drafter "trained" on it would export with loss 0 and learn nothing.
+cp "$tiny/data.h5" "$WORK/nomask.h5"
+"$PY" -c "
+import sys, h5py
+with h5py.File(sys.argv[1], 'r+') as f:
+    f['loss_mask'][:] = 0
+" "$WORK/nomask.h5"
+case_rc nomask 3 "has nothing to train on: 0 of" --data "$WORK/nomask.h5"
+# Masks of isolated single tokens: loss tokens, but no anchor (loss_mask[p] and loss_mask[p+1]).
+cp "$tiny/data.h5" "$WORK/isolated.h5"
+"$PY" -c "
+import sys, h5py, numpy as np
+with h5py.File(sys.argv[1], 'r+') as f:
+    m = np.zeros(f['loss_mask'].shape, np.uint8); m[::2] = 1
+    f['loss_mask'][:] = m
+" "$WORK/isolated.h5"
+case_rc isolated 3 "no two consecutive ones in a record" --data "$WORK/isolated.h5"
+
+# The tiny target has 4 layers.
+case_rc deep 2 "--draft-layers 5 is more than the target's 4 layers" --draft-layers 5
+# Up to the target's depth it runs, and says where the default layer ids repeat.
+run_job repeat 2 60 --topology 1-1 --max-steps 2 --draft-layers 2
+expect_rc 0 repeat
+expect_log repeat "the drafter reads target layers [1, 1]"
+echo "PASS"
