@@ -33,6 +33,7 @@
 
 #include "dflash/data.h"
 #include "dflash/error.h"
+#include "dflash/version.h"
 #include "dflash/safetensors.h"
 #include "dflash/tensor.h"
 
@@ -45,6 +46,7 @@ const char* kUsage =
     "         [--hidden H] [--layers L] [--heads N] [--kv-heads N] [--head-dim D] [--intermediate I] [--vocab V]\n"
     "         [--seed S] [--records R (2000)] [--min-len A (512)] [--max-len B (4096)] [--shard-gb G (4)]\n"
     "         [--threads N (all cores)]\n"
+    "       dflash-make-random --help | --version\n"
     "  Writes OUTDIR/target (random BF16 Qwen3 checkpoint at the preset's shape; explicit shape flags override\n"
     "  the preset) and OUTDIR/data.h5 (R records of uniform random tokens, lengths uniform in [A, B],\n"
     "  loss_mask 0 on the first 16 tokens of each record).\n"
@@ -301,6 +303,7 @@ long parse_int(const std::string& flag, const std::string& v, long lo, long hi) 
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (dflash::print_version_if_asked(argc, argv, "dflash-make-random")) return 0;
   process_identity().role = "tool";
   Spec s;
   std::string out;

@@ -24,6 +24,7 @@
 
 #include "dflash/data.h"
 #include "dflash/error.h"
+#include "dflash/version.h"
 #include "dflash/safetensors.h"
 #include "dflash/target.h"
 #include "dflash/tensor.h"
@@ -36,7 +37,8 @@ const char* kUsage =
     "usage: dflash-make-tiny OUTDIR [--seed N] [--vocab V] [--hidden H] [--layers L] [--heads N] [--kv-heads N]\n"
     "         [--head-dim D] [--intermediate I] [--shards S] [--records R] [--min-len A] [--max-len B]\n"
     "         [--temperature T (0 = greedy)] [--window W (context tokens the sampler conditions on)]\n"
-    "         [--dtype bf16|f32] [--hybrid (a Qwen3.5/3.6 hybrid: Gated DeltaNet + gated attention)]\n";
+    "         [--dtype bf16|f32] [--hybrid (a Qwen3.5/3.6 hybrid: Gated DeltaNet + gated attention)]\n"
+    "       dflash-make-tiny --help | --version\n";
 
 struct TinySpec {
   uint64_t seed = 1;
@@ -325,6 +327,7 @@ long parse_int(const std::string& flag, const std::string& v, long lo, long hi) 
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (dflash::print_version_if_asked(argc, argv, "dflash-make-tiny")) return 0;
   process_identity().role = "tool";
   TinySpec s;
   std::string out;

@@ -7,17 +7,20 @@
 
 #include "dflash/data.h"
 #include "dflash/error.h"
+#include "dflash/version.h"
 #include "dflash/hf_config.h"
 
 using namespace dflash;
 
 static const char* kUsage =
     "usage: dflash-prep IN.jsonl OUT.h5 (--vocab-size N | --target DIR) [--tokenizer NAME]\n"
+    "       dflash-prep --help | --version\n"
     "  IN.jsonl: one record per line, {\"input_ids\": [...], \"loss_mask\": [...]} (loss_mask optional = all 1)\n"
     "  --vocab-size N  ids must be < N;  --target DIR  take N from DIR/config.json\n"
     "  --tokenizer NAME  stored as the dataset's tokenizer attribute (e.g. Qwen/Qwen3-8B)\n";
 
 int main(int argc, char** argv) {
+  if (dflash::print_version_if_asked(argc, argv, "dflash-prep")) return 0;
   process_identity().role = "tool";
   std::string in, out, target, tokenizer = "unknown";
   int vocab = 0;

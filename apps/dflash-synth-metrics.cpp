@@ -22,6 +22,7 @@
 
 #include "dflash/auto_topology.h"
 #include "dflash/error.h"
+#include "dflash/version.h"
 #include "dflash/metrics.h"
 
 using dflash::ExitCode;
@@ -237,6 +238,7 @@ int predict(const std::string& path) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (dflash::print_version_if_asked(argc, argv, "dflash-synth-metrics")) return 0;
   const std::string usage = "usage: dflash-synth-metrics SCENARIO.json OUT.h5 | dflash-synth-metrics --predict FILE.json";
   if (argc == 3 && std::string(argv[1]) == "--predict") return predict(argv[2]);
   if (argc == 3 && argv[1][0] != '-') return write_scenario(argv[1], argv[2]);

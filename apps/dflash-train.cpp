@@ -30,7 +30,7 @@ int main(int argc, char** argv) {
     MPI_Finalize();
     return 0;
   }
-  const int rc = dflash::run_job(parsed.options);
+  const int rc = parsed.options.dry_run ? dflash::dry_run(parsed.options) : dflash::run_job(parsed.options);
   MPI_Finalize();
   return rc;
 }

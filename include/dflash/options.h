@@ -1,8 +1,9 @@
 // dflash-train's command line (docs/pipeline.md "Options"): parsed once, on every rank, into Options.
 //
 // Sources: the command line, then --config FILE (key = value, the same names without "--"); the command
-// line wins because Boost.ProgramOptions keeps the first value stored. Every user error ends in
-// fatal(BadOptions) with a message naming the flag; a missing input file is BadInput.
+// line wins because Boost.ProgramOptions keeps the first value stored. Within one source a repeated option
+// resolves last-wins (as launchers and job scripts expect). Every user error ends in fatal(BadOptions) with
+// a message naming the flag; a missing input file is BadInput.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -81,12 +82,13 @@ struct Options {
   DType export_dtype = DType::F32;
   TrainOptions train;           // loss, dpace, gamma, max_anchors, hs_noise, lr, warmup, seed, ...
 
-  // Parsed for the command line's stability; the runtime refuses them until they are implemented.
+  // Checkpoints and resume (docs/checkpoint.md).
   std::string checkpoint_every, checkpoint_dir, resume;
   int keep_checkpoints = 3;
   bool export_checkpoints = false;  // also export each checkpoint's drafter (release format) into it
   double power_budget_w = 0;
   bool measure_only = false;    // --topology auto --measure-only: print the measured roles and exit
+  bool dry_run = false;         // --dry-run: print options, topology and schedule, load nothing, exit 0
 
   // Test hooks.
   int inject_delay_target_ms = 0;
@@ -101,7 +103,8 @@ struct Options {
   std::string to_json() const;
 };
 
-// Parses argv (+ --config). --help prints the usage and returns with help_requested = true.
+// Parses argv (+ --config). --help, --help-all (with the test hooks) and --version return with
+// help_requested = true and the text to print (the caller prints it once, exit 0).
 struct ParseResult {
   Options options;
   bool help_requested = false;

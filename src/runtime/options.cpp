@@ -8,6 +8,7 @@
 #include <cmath>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <sstream>
 
 #include "dflash/checkpoint.h"  // parse_checkpoint_every
@@ -73,65 +74,89 @@ bool path_exists(const std::string& p) {
   return ::stat(p.c_str(), &st) == 0;
 }
 
-po::options_description describe(Options& o, std::string& topology, std::string& backend, std::string& loss,
-                                 std::string& long_record, std::string& export_dtype, std::string& fail_mode,
-                                 std::string& batch_order, std::string& data_plane, std::string& seed) {
+// Every option with a placeholder for its value (DIR, N, T-D, ...) and its default as a person writes it
+// (6e-4, not 0.000600000028); test hooks in a group of their own, shown by --help-all only.
+struct Described {
+  po::options_description visible{"dflash-train: trains a DFlash drafter; run with mpirun, one rank per GPU.\n"
+                                  "Usage: mpirun -np N dflash-train --topology T-D --target DIR --data FILE.h5 --out DIR [options]\n"
+                                  "       dflash-train --version | --help | --help-all (also the test hooks)\n\nOptions"};
+  po::options_description hooks{"Test hooks (for the test suite; not for training runs)"};
+  po::options_description all;
+};
+
+Described describe(Options& o, std::string& topology, std::string& backend, std::string& loss,
+                   std::string& long_record, std::string& export_dtype, std::string& fail_mode,
+                   std::string& batch_order, std::string& data_plane, std::string& seed) {
+  Described d;
   po::options_description job("Job");
   job.add_options()
     ("help,h", "print this help and exit")
-    ("config", po::value(&o.config_file), "key = value file with the same option names; the command line overrides it")
-    ("topology", po::value(&topology)->default_value("1-1"), "T-D: target and drafter ranks per node (the rest idle), or auto: measure both roles, pick the fastest split")
-    ("backend", po::value(&backend)->default_value("cpu"), "cpu | cuda")
-    ("target", po::value(&o.target_dir), "Hugging Face Qwen3 checkpoint directory (config.json + safetensors)")
-    ("drafter", po::value(&o.drafter_dir), "release-format drafter to start from (default: a fresh one)")
-    ("draft-layers", po::value(&o.draft_layers)->default_value(5), "layers of a fresh drafter")
-    ("data", po::value(&o.data_path), "token dataset (HDF5, docs/data.md)")
-    ("out", po::value(&o.out_dir), "run directory: metrics.h5, drafter/ (the exported drafter)");
+    ("help-all", "print this help with the test hooks and exit")
+    ("version", "print the version and exit")
+    ("dry-run", po::bool_switch(&o.dry_run), "print the resolved options, the topology (every rank's role) and the schedule, then exit: no model or data is loaded")
+    ("config", po::value(&o.config_file)->value_name("FILE"), "key = value file with the same option names; the command line overrides it")
+    ("topology", po::value(&topology)->default_value("1-1")->value_name("T-D"), "T-D: target and drafter ranks per node (the rest idle), or auto: measure both roles, pick the fastest split")
+    ("backend", po::value(&backend)->default_value("cpu")->value_name("NAME"), "cpu | cuda")
+    ("target", po::value(&o.target_dir)->value_name("DIR"), "Hugging Face Qwen3 checkpoint directory (config.json + safetensors)")
+    ("drafter", po::value(&o.drafter_dir)->value_name("DIR"), "release-format drafter to start from (default: a fresh one)")
+    ("draft-layers", po::value(&o.draft_layers)->default_value(5)->value_name("N"), "layers of a fresh drafter")
+    ("data", po::value(&o.data_path)->value_name("FILE.h5"), "token dataset (HDF5, docs/data.md)")
+    ("out", po::value(&o.out_dir)->value_name("DIR"), "run directory: metrics.h5, drafter/ (the exported drafter)");
   po::options_description data("Data and flow");
   data.add_options()
-    ("token-budget", po::value(&o.token_budget)->default_value(32768), "max tokens per packed batch")
-    ("prefetch-depth", po::value(&o.prefetch_depth)->default_value(4), "batches the loader may hold ready per target (q_pre)")
-    ("hs-queue-depth", po::value(&o.hs_queue_depth)->default_value(4), "receive slots = credits per drafter (q_hs)")
-    ("data-plane", po::value(&data_plane)->default_value("auto"), "how hidden states travel: auto (nccl, else cuda-mpi, else host) | nccl (GPU to GPU; a GPU per rank) | cuda-mpi (a CUDA-aware MPI) | host (through host memory; always works)")
-    ("batch-order", po::value(&batch_order)->default_value("arrival"), "arrival (first come, best throughput) | fixed (a pure function of the topology: same losses on every run and across a resume)")
-    ("long-record", po::value(&long_record)->default_value("error"), "record longer than --token-budget: error | cut | skip")
-    ("epochs", po::value(&o.epochs)->default_value(1), "passes over the data (0 = forever)")
-    ("max-steps", po::value(&o.max_steps)->default_value(0), "stop after this many steps (0 = when the data ends)")
-    ("peer-timeout", po::value(&o.peer_timeout_s)->default_value(120.0), "seconds any wait on a peer may take before the job ends with exit 7")
-    ("grad-bucket-mb", po::value(&o.grad_bucket_mb)->default_value(25.0), "with several drafters: MiB of gradient per allreduce bucket; buckets are summed while the backward still runs (as PyTorch DDP); 0 = one allreduce after the backward");
+    ("token-budget", po::value(&o.token_budget)->default_value(32768)->value_name("N"), "max tokens per packed batch")
+    ("prefetch-depth", po::value(&o.prefetch_depth)->default_value(4)->value_name("N"), "batches the loader may hold ready per target (q_pre)")
+    ("hs-queue-depth", po::value(&o.hs_queue_depth)->default_value(4)->value_name("N"), "receive slots = credits per drafter (q_hs)")
+    ("data-plane", po::value(&data_plane)->default_value("auto")->value_name("NAME"), "how hidden states travel: auto (nccl, else cuda-mpi, else host) | nccl (GPU to GPU; a GPU per rank) | cuda-mpi (a CUDA-aware MPI) | host (through host memory; always works)")
+    ("batch-order", po::value(&batch_order)->default_value("arrival")->value_name("NAME"), "arrival (first come, best throughput) | fixed (a pure function of the topology: same losses on every run and across a resume)")
+    ("long-record", po::value(&long_record)->default_value("error")->value_name("NAME"), "record longer than --token-budget: error | cut | skip")
+    ("epochs", po::value(&o.epochs)->default_value(1)->value_name("N"), "passes over the data (0 = forever)")
+    ("max-steps", po::value(&o.max_steps)->default_value(0)->value_name("N"), "stop after this many steps (0 = when the data ends)")
+    ("peer-timeout", po::value(&o.peer_timeout_s)->default_value(120.0, "120")->value_name("SECONDS"), "seconds any wait on a peer may take before the job ends with exit 7")
+    ("grad-bucket-mb", po::value(&o.grad_bucket_mb)->default_value(25.0, "25")->value_name("MIB"), "with several drafters: MiB of gradient per allreduce bucket; buckets are summed while the backward still runs (as PyTorch DDP); 0 = one allreduce after the backward");
   po::options_description train("Training");
   train.add_options()
-    ("loss", po::value(&loss)->default_value("ce"), "ce | kl")
+    ("loss", po::value(&loss)->default_value("ce")->value_name("NAME"), "ce | kl")
     ("dpace", po::bool_switch(&o.train.dpace), "D-PACE position weights")
-    ("gamma", po::value(&o.train.gamma)->default_value(7.0f), "position decay exp(-(k-1)/gamma)")
-    ("max-anchors", po::value(&o.train.max_anchors)->default_value(512), "anchors per packed batch")
-    ("hs-noise", po::value(&o.train.hs_noise)->default_value(0.0f), "std of Gaussian noise on target features")
-    ("lr", po::value(&o.train.lr)->default_value(6e-4f), "peak learning rate (AdamW)")
-    ("warmup-steps", po::value(&o.train.warmup_steps)->default_value(0), "linear warmup steps")
-    ("seed", po::value(&seed)->default_value("0"), "seed of data order, init and anchors (0 .. 2^63-1)");
+    ("gamma", po::value(&o.train.gamma)->default_value(7.0f, "7")->value_name("X"), "position decay exp(-(k-1)/gamma)")
+    ("max-anchors", po::value(&o.train.max_anchors)->default_value(512)->value_name("N"), "anchors per packed batch")
+    ("hs-noise", po::value(&o.train.hs_noise)->default_value(0.0f, "0")->value_name("STD"), "std of Gaussian noise on target features")
+    ("lr", po::value(&o.train.lr)->default_value(6e-4f, "6e-4")->value_name("LR"), "peak learning rate (AdamW)")
+    ("warmup-steps", po::value(&o.train.warmup_steps)->default_value(0)->value_name("N"), "linear warmup steps")
+    ("seed", po::value(&seed)->default_value("0")->value_name("N"), "seed of data order, init and anchors (0 .. 2^63-1)");
   po::options_description out("Output");
   out.add_options()
-    ("log-every", po::value(&o.log_every)->default_value(10), "status line and rank timings every N steps")
-    ("metrics-flush-every", po::value(&o.metrics_flush_every)->default_value(10), "flush metrics.h5 after N appends")
-    ("export-dtype", po::value(&export_dtype)->default_value("bf16"), "dtype of the exported drafter: bf16 | f32")
-    ("checkpoint-every", po::value(&o.checkpoint_every), "N steps or Nm minutes (0 = only on SIGUSR1/SIGTERM)")
-    ("checkpoint-dir", po::value(&o.checkpoint_dir), "where checkpoints go (default OUT/checkpoints)")
-    ("keep-checkpoints", po::value(&o.keep_checkpoints)->default_value(3), "complete checkpoints kept (older ones are deleted)")
+    ("log-every", po::value(&o.log_every)->default_value(10)->value_name("N"), "status line and rank timings every N steps")
+    ("metrics-flush-every", po::value(&o.metrics_flush_every)->default_value(10)->value_name("N"), "flush metrics.h5 after N appends")
+    ("export-dtype", po::value(&export_dtype)->default_value("bf16")->value_name("DTYPE"), "dtype of the exported drafter: bf16 | f32")
+    ("checkpoint-every", po::value(&o.checkpoint_every)->value_name("N|Nm"), "N steps or Nm minutes (0 = only on SIGUSR1/SIGTERM)")
+    ("checkpoint-dir", po::value(&o.checkpoint_dir)->value_name("DIR"), "where checkpoints go (default OUT/checkpoints)")
+    ("keep-checkpoints", po::value(&o.keep_checkpoints)->default_value(3)->value_name("N"), "complete checkpoints kept (older ones are deleted)")
     ("export-checkpoints", po::bool_switch(&o.export_checkpoints), "also export each checkpoint's drafter into STEP_DIR/drafter")
-    ("resume", po::value(&o.resume), "auto (the newest complete checkpoint, or a fresh start) | PATH (a checkpoint or checkpoint dir)")
-    ("power-budget-w", po::value(&o.power_budget_w)->default_value(0.0), "with --topology auto: the fastest split within this many watts (needs power readings)")
+    ("resume", po::value(&o.resume)->value_name("auto|PATH"), "auto (the newest complete checkpoint, or a fresh start) | PATH (a checkpoint or checkpoint dir)")
+    ("power-budget-w", po::value(&o.power_budget_w)->default_value(0.0, "0")->value_name("W"), "with --topology auto: the fastest split within this many watts (needs power readings)")
     ("measure-only", po::bool_switch(&o.measure_only), "with --topology auto: measure each role standalone on every rank, print the what-if table, exit (no training; any rank count)");
-  po::options_description hooks("Test hooks");
-  hooks.add_options()
-    ("inject-delay-target-ms", po::value(&o.inject_delay_target_ms)->default_value(0), "sleep per batch on targets")
-    ("inject-delay-drafter-ms", po::value(&o.inject_delay_drafter_ms)->default_value(0), "sleep per step on drafters")
-    ("inject-fail-rank", po::value(&o.inject_fail_rank)->default_value(-1), "world rank that fails on purpose")
-    ("inject-fail-step", po::value(&o.inject_fail_step)->default_value(-1), "batch (target) or step (drafter) at which it fails")
-    ("inject-fail-mode", po::value(&fail_mode)->default_value("kill"), "kill (SIGKILL) | hang (SIGSTOP: silent, alive)");
-  po::options_description all("dflash-train: trains a DFlash drafter; run with mpirun, one rank per GPU.\n"
-                              "Usage: mpirun -np N dflash-train --topology T-D --target DIR --data FILE.h5 --out DIR [options]");
-  all.add(job).add(data).add(train).add(out).add(hooks);
-  return all;
+  d.hooks.add_options()
+    ("inject-delay-target-ms", po::value(&o.inject_delay_target_ms)->default_value(0)->value_name("MS"), "sleep per batch on targets")
+    ("inject-delay-drafter-ms", po::value(&o.inject_delay_drafter_ms)->default_value(0)->value_name("MS"), "sleep per step on drafters")
+    ("inject-fail-rank", po::value(&o.inject_fail_rank)->default_value(-1)->value_name("RANK"), "world rank that fails on purpose")
+    ("inject-fail-step", po::value(&o.inject_fail_step)->default_value(-1)->value_name("N"), "batch (target) or step (drafter) at which it fails")
+    ("inject-fail-mode", po::value(&fail_mode)->default_value("kill")->value_name("MODE"), "kill (SIGKILL) | hang (SIGSTOP: silent, alive)");
+  d.visible.add(job).add(data).add(train).add(out);
+  d.all.add(d.visible).add(d.hooks);
+  return d;
+}
+
+// A repeated option resolves the way launchers and job scripts expect: the last one wins. A script that
+// passes `--topology 7-1 "$@"` then takes `sbatch train-1node.sbatch --topology 6-1` (Boost would refuse
+// the second --topology as "multiple occurrences").
+void keep_last_occurrence(po::parsed_options& parsed) {
+  std::vector<po::option> kept;
+  std::set<std::string> seen;
+  for (auto it = parsed.options.rbegin(); it != parsed.options.rend(); ++it) {
+    if (it->string_key.empty() || seen.insert(it->string_key).second) kept.push_back(*it);  // (positional: keep)
+  }
+  parsed.options.assign(kept.rbegin(), kept.rend());
 }
 
 void check_range(bool ok, const char* flag, const std::string& value, const char* rule) {
@@ -144,16 +169,21 @@ ParseResult parse_options(int argc, const char* const* argv) {
   ParseResult r;
   Options& o = r.options;
   std::string topology, backend, loss, long_record, export_dtype, fail_mode, batch_order, data_plane, seed;
-  po::options_description desc =
+  const Described described =
       describe(o, topology, backend, loss, long_record, export_dtype, fail_mode, batch_order, data_plane, seed);
+  const po::options_description& desc = described.all;
   po::variables_map vm;
   const char* usage_hint = "dflash-train --help lists every option";
   try {
     // Command line first: store() keeps the first value, so flags override the file.
-    po::store(po::command_line_parser(argc, argv).options(desc).run(), vm);
-    if (vm.count("help")) {
+    po::parsed_options cli = po::command_line_parser(argc, argv).options(desc).run();
+    keep_last_occurrence(cli);
+    po::store(cli, vm);
+    if (vm.count("help") || vm.count("help-all") || vm.count("version")) {
       std::ostringstream os;
-      os << desc;
+      if (vm.count("version")) os << "dflash-train " << DFLASH_VERSION << "\n";
+      else if (vm.count("help-all")) os << described.all;
+      else os << described.visible;
       r.help_requested = true;
       r.help_text = os.str();
       return r;
@@ -162,7 +192,9 @@ ParseResult parse_options(int argc, const char* const* argv) {
       const std::string path = vm["config"].as<std::string>();
       std::ifstream in(path);
       DF_CHECK_HINT(in.good(), BadOptions, "cannot read --config " << path, "give an existing key = value file");
-      po::store(po::parse_config_file(in, desc), vm);
+      po::parsed_options file = po::parse_config_file(in, desc);
+      keep_last_occurrence(file);
+      po::store(file, vm);
     }
     po::notify(vm);
   } catch (const po::error& e) {
@@ -236,7 +268,8 @@ ParseResult parse_options(int argc, const char* const* argv) {
   // The resolved configuration: every option with the value the job will use.
   for (const auto& opt : desc.options()) {
     const std::string& name = opt->long_name();
-    if (name == "help" || !vm.count(name)) continue;
+    // (--dry-run never trains: left out, so checkpoints and their resume invariants are as before it existed)
+    if (name == "help" || name == "help-all" || name == "version" || name == "dry-run" || !vm.count(name)) continue;
     const po::variable_value& v = vm[name];
     std::string text;
     if (auto p = boost::any_cast<std::string>(&v.value())) text = *p;

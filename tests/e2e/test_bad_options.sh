@@ -41,5 +41,5 @@ RC=$?
 set -e
 expect_rc 0 help
 expect_log help "--hs-queue-depth"
-[ "$(grep -c -- '--topology arg' "$WORK/help.log")" -eq 1 ] || fail "help printed by more than one rank"
+[ "$(grep -c -- '--topology T-D (=1-1)' "$WORK/help.log")" -eq 1 ] || fail "help printed by more than one rank"
 echo "PASS"

@@ -76,6 +76,52 @@ TEST(Options, Help) {
   EXPECT_NE(r.help_text.find("--peer-timeout"), std::string::npos);
 }
 
+TEST(Options, HelpShowsPlaceholdersAndReadableDefaultsButNoTestHooks) {
+  const std::string h = parse({"--help"}).help_text;
+  EXPECT_NE(h.find("--target DIR"), std::string::npos) << h;
+  EXPECT_NE(h.find("--max-steps N (=0)"), std::string::npos) << h;
+  EXPECT_NE(h.find("--topology T-D (=1-1)"), std::string::npos) << h;
+  EXPECT_NE(h.find("--lr LR (=6e-4)"), std::string::npos) << h;  // not 0.000600000028
+  EXPECT_EQ(h.find(" arg"), std::string::npos) << h;             // every value has a placeholder
+  EXPECT_EQ(h.find("inject-fail"), std::string::npos) << h;      // test hooks only in --help-all
+  EXPECT_NE(h.find("--dry-run"), std::string::npos) << h;
+  const ParseResult all = parse({"--help-all"});
+  EXPECT_TRUE(all.help_requested);
+  EXPECT_NE(all.help_text.find("--inject-fail-rank RANK"), std::string::npos) << all.help_text;
+  // The hooks still parse without being shown.
+  EXPECT_EQ(parse(with_required({"--inject-delay-target-ms", "5"})).options.inject_delay_target_ms, 5);
+}
+
+TEST(Options, Version) {
+  const ParseResult r = parse({"--version"});
+  EXPECT_TRUE(r.help_requested);
+  EXPECT_EQ(r.help_text, std::string("dflash-train ") + DFLASH_VERSION + "\n");
+}
+
+TEST(Options, RepeatedOptionLastWins) {
+  // A job script passes its defaults first and "$@" after them: sbatch train-1node.sbatch --topology 6-1.
+  Options o = parse(with_required({"--topology", "7-1", "--lr", "1e-3", "--topology", "6-1", "--lr", "2e-3"})).options;
+  EXPECT_EQ(o.topology.to_string(), "6-1");
+  EXPECT_FLOAT_EQ(o.train.lr, 2e-3f);
+  EXPECT_EQ(resolved(o, "topology"), "6-1");
+  // Switches may repeat too; in a --config file the last line wins, and the command line still beats it.
+  const std::string path = testing::TempDir() + "/dflash_opts_twice.cfg";
+  {
+    std::ofstream f(path);
+    f << "hs-queue-depth = 2\nhs-queue-depth = 3\nlr = 0.5\n";
+  }
+  o = parse(with_required({"--dpace", "--dpace", "--config", path, "--lr", "0.25"})).options;
+  EXPECT_TRUE(o.train.dpace);
+  EXPECT_EQ(o.hs_queue_depth, 3);
+  EXPECT_FLOAT_EQ(o.train.lr, 0.25f);
+  std::remove(path.c_str());
+}
+
+TEST(Options, DryRunIsAnOption) {
+  EXPECT_FALSE(parse(with_required({})).options.dry_run);
+  EXPECT_TRUE(parse(with_required({"--dry-run"})).options.dry_run);
+}
+
 TEST(OptionsDeath, UnknownFlag) {
   EXPECT_EXIT(parse(with_required({"--no-such-flag", "1"})), testing::ExitedWithCode(2), "no-such-flag");
 }

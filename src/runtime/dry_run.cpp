@@ -1,0 +1,144 @@
+// dflash-train --dry-run: what the job would do — the resolved options, every rank's role and the
+// schedule — without loading a model or reading the dataset's tokens, so a launch line (mpirun/srun,
+// --topology, the Slurm script's arguments) can be checked in seconds before a GPU is busy for days.
+#include <mpi.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <mutex>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "data/h5_util.h"
+#include "dflash/checkpoint.h"  // parse_checkpoint_every
+#include "dflash/data.h"        // hdf5_mutex()
+#include "dflash/error.h"
+#include "dflash/mpi_typed.h"
+#include "dflash/runtime.h"
+#include "dflash/topology.h"
+
+namespace dflash {
+
+namespace {
+
+// Records and tokens of --data from the shapes of /offsets and /tokens (no data read); {-1, -1} when the
+// file does not have them (the job itself reports what is wrong with it).
+std::pair<int64_t, int64_t> dataset_shape(const std::string& path) {
+  std::lock_guard<std::mutex> lock(hdf5_mutex());
+  h5::quiet_errors();
+  h5::Handle fapl(h5::fapl_no_locking(), h5::Handle::Kind::PropList);
+  h5::Handle file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, fapl), h5::Handle::Kind::File);
+  if (!file.valid() || !h5::link_exists(file, "tokens") || !h5::link_exists(file, "offsets")) return {-1, -1};
+  h5::Handle tokens(H5Dopen2(file, "tokens", H5P_DEFAULT), h5::Handle::Kind::Dataset);
+  h5::Handle offsets(H5Dopen2(file, "offsets", H5P_DEFAULT), h5::Handle::Kind::Dataset);
+  if (!tokens.valid() || !offsets.valid()) return {-1, -1};
+  const std::vector<hsize_t> t = h5::dims(tokens), o = h5::dims(offsets);
+  if (t.size() != 1 || o.size() != 1 || o[0] < 1) return {-1, -1};
+  return {static_cast<int64_t>(o[0]) - 1, static_cast<int64_t>(t[0])};
+}
+
+std::string list(const std::vector<int>& v) {
+  std::string s = "[";
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
+  return s + "]";
+}
+
+std::string schedule(const Options& o, int num_drafters) {
+  std::ostringstream os;
+  const auto [records, tokens] = dataset_shape(o.data_path);
+  int64_t steps_per_epoch = -1;
+  if (tokens > 0) {
+    // Packing fills a batch up to --token-budget and never splits a record, so this is a lower bound.
+    const int64_t batches = (tokens + o.token_budget - 1) / o.token_budget;
+    steps_per_epoch = std::max<int64_t>(1, batches / std::max(1, num_drafters));
+    os << "[dflash] data: " << o.data_path << ": " << records << " records, " << tokens << " tokens -> at least "
+       << batches << " batches of <= " << o.token_budget << " tokens per epoch; one step = one batch on each of "
+       << num_drafters << " drafter(s): >= " << steps_per_epoch << " steps per epoch\n";
+  } else {
+    os << "[dflash] data: " << o.data_path << ": no /tokens and /offsets to size the epoch (the job will say why)\n";
+  }
+  os << "[dflash] schedule: ";
+  if (o.max_steps > 0 && o.epochs > 0)
+    os << "until step " << o.max_steps << " or the end of epoch " << o.epochs << ", whichever comes first";
+  else if (o.max_steps > 0)
+    os << o.max_steps << " steps (the data repeats: --epochs 0)";
+  else
+    os << o.epochs << " epoch(s)" << (steps_per_epoch > 0 ? " = >= " + std::to_string(steps_per_epoch * o.epochs) + " steps" : "");
+  os << "\n[dflash] lr: ";
+  char lr[32];
+  std::snprintf(lr, sizeof(lr), "%g", o.train.lr);
+  if (o.train.warmup_steps > 0) os << "linear warmup over " << o.train.warmup_steps << " steps to " << lr << ", then ";
+  else os << lr << ", ";
+  if (o.train.total_steps > o.train.warmup_steps)
+    os << "cosine decay to " << o.train.min_lr_ratio << " x lr at step " << o.train.total_steps;
+  else
+    os << "constant (the cosine decay needs --max-steps)";
+  os << "\n[dflash] output: " << o.out_dir << "/metrics.h5, a status line every " << o.log_every << " steps; checkpoints "
+     << (parse_checkpoint_every(o.checkpoint_every).unit == CheckpointUnit::Off
+             ? std::string("only on SIGUSR1/SIGTERM")
+             : "every " + parse_checkpoint_every(o.checkpoint_every).to_string())
+     << " into " << (o.checkpoint_dir.empty() ? o.out_dir + "/checkpoints" : o.checkpoint_dir) << " (keep "
+     << o.keep_checkpoints << ")" << (o.resume.empty() ? "" : "; --resume " + o.resume) << "; the drafter exported to "
+     << o.out_dir << "/drafter\n";
+  return os.str();
+}
+
+}  // namespace
+
+int dry_run(const Options& o) {
+  int rank = 0, size = 1;
+  DF_MPI(MPI_Comm_rank(MPI_COMM_WORLD, &rank));
+  DF_MPI(MPI_Comm_size(MPI_COMM_WORLD, &size));
+  if (rank == 0) check_input_paths(o);  // cheap (stat); a bad path is worth knowing before the real launch
+  std::ostringstream os;
+  os << "[dflash] dflash-train " << DFLASH_VERSION << " --dry-run: nothing is loaded, nothing is written\n[dflash] options:";
+  for (const auto& [k, v] : o.resolved) os << " --" << k << "=" << v;
+  os << "\n";
+  int num_drafters = 1;
+  if (o.topology_auto) {
+    // The split comes from timing both roles on the real model and data: exactly what a dry run skips.
+    os << "[dflash] topology: auto over " << size << " rank(s): chosen at startup by timing both roles (not in a dry run)\n";
+  } else {
+    // Where each rank sits, and what assign_roles makes of it: the same code as the real job.
+    Topology t = create_topology(MPI_COMM_WORLD, o.topology, Backend::CPU);  // CPU: no device is touched
+    struct Seat {
+      int32_t node = 0, local_rank = 0;
+      char host[64] = {0};
+    } seat;
+    seat.node = t.node;
+    seat.local_rank = t.local_rank;
+    std::snprintf(seat.host, sizeof(seat.host), "%s", t.host.c_str());
+    std::vector<Seat> seats(static_cast<size_t>(size));
+    mpi::allgather(&seat, 1, seats.data(), MPI_COMM_WORLD);
+    num_drafters = static_cast<int>(t.drafters.size());
+    os << "[dflash] topology " << o.topology.to_string() << " on " << t.num_nodes << " node(s) x " << t.ranks_per_node
+       << " rank(s), backend " << backend_name(o.backend) << ": " << t.targets.size() << " target(s), "
+       << t.drafters.size() << " drafter(s), " << (size - static_cast<int>(t.targets.size() + t.drafters.size()))
+       << " idle\n[dflash]   rank  node  local  role     host                 device\n";
+    for (int r = 0; r < size; ++r) {
+      const Seat& st = seats[static_cast<size_t>(r)];
+      const std::string dev = o.backend == Backend::CUDA ? "gpu" + std::to_string(st.local_rank) + "*" : "cpu";
+      char line[200];
+      std::snprintf(line, sizeof(line), "[dflash]   %4d  %4d  %5d  %-7s  %-20s %s\n", r, st.node, st.local_rank,
+                    role_name(t.roles[static_cast<size_t>(r)]), st.host, dev.c_str());
+      os << line;
+    }
+    if (o.backend == Backend::CUDA)
+      os << "[dflash]   (* the node-local rank modulo the GPUs each rank sees; the real job checks they exist)\n";
+    os << "[dflash] targets feed the drafters of their own node; "
+       << (t.drafters.size() > 1 ? "the " + std::to_string(t.drafters.size()) + " drafters allreduce their gradients"
+                                 : std::string("one drafter: no gradient allreduce"))
+       << "; rank " << t.metrics_rank() << " (the first drafter) writes metrics.h5\n";
+    free_topology(t);
+  }
+  os << schedule(o, num_drafters);
+  if (rank == 0) {
+    std::fputs(os.str().c_str(), stdout);
+    std::fflush(stdout);
+  }
+  return 0;
+}
+
+}  // namespace dflash
