@@ -99,6 +99,8 @@ struct CheckpointState {
   std::vector<std::string> rng_states;                    // one per drafter (drafter index order); a
                                                           // target's whole RNG state is its data position
   OptionMap options;                                      // resume_invariants() at save time
+  std::string run_id;  // the run's lineage: made at a fresh start, inherited by every resume ("" in
+                       // checkpoints of builds before run ids). A run prunes only checkpoints of its own.
 };
 
 // Flat fp32 CPU views of the drafter's trainable state, all of one length n.
@@ -119,22 +121,26 @@ struct CheckpointSaveOptions {
 std::string checkpoint_step_dir(const std::string& checkpoint_dir, int64_t step);
 
 // Writes a checkpoint of `state` (creating checkpoint_dir if needed), commits it with the manifest,
-// then deletes all but the newest keep_last complete checkpoints and any incomplete leftovers older
-// than this one. A complete checkpoint already present for this step is kept as is (the state of a
-// step is a pure function of the run). Returns the step directory. Filesystem failure: SystemFailure.
+// then deletes, among the checkpoints of state.run_id only, all but the newest keep_last complete ones
+// and its interrupted saves older than this one; another run's checkpoints and damaged ones are never
+// deleted. A complete checkpoint of this run already present for this step is kept as is (the state of
+// a step is a pure function of the run); one of another run there is set aside (renamed). Returns the
+// step directory. Filesystem failure: SystemFailure.
 std::string save_checkpoint(const std::string& checkpoint_dir, const CheckpointState& state,
                             const CheckpointTensors& tensors, const CheckpointSaveOptions& opt);
 
 // True when step_dir holds a committed checkpoint: manifest.json parses, says it is complete, and every
 // file it lists has the recorded size. `why` (optional) says what is missing otherwise.
 bool checkpoint_is_complete(const std::string& step_dir, std::string* why = nullptr);
-// The newest complete checkpoint in checkpoint_dir ("" when there is none); incomplete ones are
-// skipped with a note on stderr.
+// The newest complete checkpoint in checkpoint_dir ("" when there is none). Directories without a
+// manifest (saves interrupted before their commit) are skipped with a note on stderr; a newer one whose
+// manifest is there but damaged (not JSON, files missing or of other sizes) is a fatal BadInput.
 std::string find_latest_checkpoint(const std::string& checkpoint_dir);
 
 // --resume: "" = no resume; "auto" = the newest complete checkpoint in checkpoint_dir, or "" (start
 // fresh) when there is none; otherwise a step directory, or a checkpoint directory (its newest complete
-// one). An explicit path that is missing or incomplete is fatal BadInput. Prints what it chose.
+// one). An explicit path that is missing or incomplete, and a damaged newest checkpoint (see
+// find_latest_checkpoint), are fatal BadInput. Prints what it chose.
 std::string resolve_resume(const std::string& resume, const std::string& checkpoint_dir);
 
 // Reads and validates step_dir's manifest. Fatal BadInput naming the file on any defect.
@@ -200,6 +206,7 @@ class DrafterCheckpointer {
   MPI_Comm comm_;
   int rank_ = 0, size_ = 1;
   std::string dir_, resume_dir_;
+  std::string run_id_;  // this run's lineage (CheckpointState::run_id)
   OptionMap invariants_;
   CheckpointTimer timer_;
   std::vector<DataResumePoint> points_;      // drafter 0: resume points as of the last save

@@ -30,9 +30,12 @@ constexpr int kFormatVersion = 1;
 constexpr const char* kManifest = "manifest.json";
 constexpr const char* kStateFile = "state.safetensors";
 constexpr const char* kStepPrefix = "step-";
+// Written first into a step directory: the run (lineage) saving it, so a save interrupted before its
+// manifest can be told apart from another run's leftover.
+constexpr const char* kWriterFile = "writer.run_id";
 constexpr const char* kCorruptHint =
     "the checkpoint is damaged: resume from an older one (--resume CHECKPOINT_DIR/step-XXXXXXXX) or "
-    "delete this directory so --resume auto picks the previous one";
+    "move this directory away (mv DIR DIR.damaged) so --resume auto picks the previous one";
 
 // Tensor names inside state.safetensors.
 constexpr const char* kMaster = "drafter.master";
@@ -129,6 +132,11 @@ std::string now_utc_iso() {
   return buf;
 }
 
+bool has_manifest(const std::string& step_dir) {
+  std::error_code ec;
+  return fs::exists(fs::path(step_dir) / kManifest, ec);
+}
+
 // The parsed manifest, or a reason it is not a committed checkpoint.
 bool read_manifest(const std::string& step_dir, nlohmann::json* out, std::string* why) {
   const std::string path = (fs::path(step_dir) / kManifest).string();
@@ -175,6 +183,32 @@ bool read_manifest(const std::string& step_dir, nlohmann::json* out, std::string
     }
   }
   *out = std::move(j);
+  return true;
+}
+
+// Renames dir to dir + suffix (".2", ".3", ... appended when that exists): kept, but out of discovery's
+// way (a name that is not step-XXXXXXXX is never listed).
+void set_aside(const std::string& dir, const std::string& suffix, const std::string& why) {
+  std::error_code ec;
+  std::string aside = dir + suffix;
+  for (int n = 2; fs::exists(aside, ec); ++n) aside = dir + suffix + "." + std::to_string(n);
+  fs::rename(dir, aside, ec);
+  note("set aside " + dir + " (" + why + ") as " + aside + (ec ? ": " + ec.message() : ""));
+}
+
+// The run that wrote step_dir: the manifest's run_id when committed, else the marker a save writes first
+// ("" for checkpoints of builds before run ids). false when neither says (damaged, or not ours to judge).
+bool lineage_of(const std::string& step_dir, bool complete, std::string* run_id) {
+  if (complete) {
+    nlohmann::json m;
+    std::string why;
+    if (!read_manifest(step_dir, &m, &why)) return false;
+    *run_id = m.value("run_id", "");
+    return true;
+  }
+  std::ifstream in(fs::path(step_dir) / kWriterFile);
+  if (!in) return false;
+  std::getline(in, *run_id);
   return true;
 }
 
@@ -291,16 +325,28 @@ std::string save_checkpoint(const std::string& checkpoint_dir, const CheckpointS
   make_dirs(checkpoint_dir);
   const std::string step_dir = checkpoint_step_dir(checkpoint_dir, state.step);
 
-  std::string why;
-  if (checkpoint_is_complete(step_dir, &why)) {
+  std::string why, owner;
+  bool complete = checkpoint_is_complete(step_dir, &why);
+  std::error_code ec;
+  if (fs::exists(step_dir, ec)) {
+    // This run's own (a resumed run saving the step it resumed at, or its interrupted save) is kept or
+    // redone; anything else there is set aside, never deleted and never passed off as this run's state.
+    const bool ours = lineage_of(step_dir, complete, &owner) && owner == state.run_id;
+    if (complete && !ours) {
+      set_aside(step_dir, ".other-run", "a checkpoint of another run at this step");
+      complete = false;
+    } else if (!complete && ours) {
+      note("removing this run's incomplete " + step_dir + " (" + why + ")");
+      remove_tree(step_dir);
+    } else if (!complete) {
+      set_aside(step_dir, has_manifest(step_dir) ? ".damaged" : ".incomplete", why);
+    }
+  }
+  if (complete) {
     note("a complete checkpoint for step " + std::to_string(state.step) + " already exists; keeping " + step_dir);
   } else {
-    std::error_code ec;
-    if (fs::exists(step_dir, ec)) {
-      note("removing the incomplete " + step_dir + " (" + why + ")");
-      remove_tree(step_dir);
-    }
     make_dirs(step_dir);
+    write_file_atomic((fs::path(step_dir) / kWriterFile).string(), state.run_id + "\n");
 
     std::vector<TensorToWrite> out;
     nlohmann::json hashes = nlohmann::json::object();
@@ -330,6 +376,7 @@ std::string save_checkpoint(const std::string& checkpoint_dir, const CheckpointS
     m["data"] = data_to_json(state.data);
     m["num_rng_states"] = state.rng_states.size();
     m["num_params"] = n;
+    m["run_id"] = state.run_id;
     m["options_hash"] = options_hash(state.options);
     m["options"] = state.options;
     m["state_file"] = kStateFile;
@@ -339,22 +386,22 @@ std::string save_checkpoint(const std::string& checkpoint_dir, const CheckpointS
     write_file_atomic((fs::path(step_dir) / kManifest).string(), m.dump(2) + "\n");
   }
 
-  // Prune: keep the newest keep_last complete checkpoints up to this one. Complete ones newer than this
-  // step belong to a timeline abandoned by resuming from an older checkpoint: set aside (renamed, not
-  // deleted) so --resume auto never jumps back onto it. Incomplete leftovers older than this one go.
+  // Prune, this run's own checkpoints only (its run_id: written by it or by the earlier segments it
+  // resumed from): the newest keep_last complete ones up to this step stay, older ones and its own
+  // interrupted saves go. Another run's checkpoints, and damaged ones, are never deleted: a manifest
+  // that does not parse may still be repaired by hand. Complete ones newer than this step belong to a
+  // timeline abandoned by resuming from an older checkpoint: set aside (renamed, not deleted) so
+  // --resume auto never jumps back onto it.
   int kept = 0;
   for (const auto& [step, dir] : list_step_dirs(checkpoint_dir)) {
-    const bool complete = checkpoint_is_complete(dir);
+    const bool is_complete = checkpoint_is_complete(dir);
     if (step > state.step) {
-      if (!complete) continue;
-      const std::string aside = dir + ".superseded";
-      std::error_code ec;
-      fs::rename(dir, aside, ec);
-      note("set aside " + dir + " (newer than the resumed run's step " + std::to_string(state.step) + ") as " +
-           aside + (ec ? ": " + ec.message() : ""));
+      if (is_complete) set_aside(dir, ".superseded", "newer than the resumed run's step " + std::to_string(state.step));
       continue;
     }
-    if (complete && kept < opt.keep_last) {
+    std::string run_id;
+    if (!lineage_of(dir, is_complete, &run_id) || run_id != state.run_id) continue;
+    if (is_complete && kept < opt.keep_last) {
       ++kept;
       continue;
     }
@@ -377,6 +424,14 @@ std::string find_latest_checkpoint(const std::string& checkpoint_dir) {
   for (const auto& [step, dir] : list_step_dirs(checkpoint_dir)) {
     std::string why;
     if (checkpoint_is_complete(dir, &why)) return dir;
+    // No manifest: a save interrupted before its commit, which the protocol expects. A manifest that is
+    // there but does not vouch for the directory (not JSON, files missing or of other sizes) is damage
+    // after the commit: falling back to an older checkpoint, or to a fresh start, would silently throw
+    // away the training since, so it is refused like a corrupt state file.
+    DF_CHECK_HINT(!has_manifest(dir), BadInput,
+                  "damaged checkpoint " << dir << ": " << why << " (--resume would skip it and lose the steps since the "
+                                        << "previous checkpoint)",
+                  kCorruptHint);
     if (is_first_rank()) note("skipping " + dir + ": " + why);
   }
   return "";
@@ -419,6 +474,7 @@ CheckpointState read_checkpoint_state(const std::string& step_dir) {
                 kCorruptHint);
   CheckpointState st;
   st.step = field<int64_t>(m, "step", manifest);
+  st.run_id = m.contains("run_id") ? field<std::string>(m, "run_id", manifest) : "";
   DF_CHECK_HINT(st.step >= 0, BadInput, manifest << ": negative step " << st.step, kCorruptHint);
   st.schedule = field<nlohmann::json>(m, "schedule", manifest);
   st.data = data_from_json(field<nlohmann::json>(m, "data", manifest), manifest);

@@ -1,9 +1,12 @@
 // The runtime's side of checkpointing: resolving --resume once for the job, the drafters' agreement on
 // when to save or stop, gathering every drafter's trained batches and RNG state to the first drafter,
 // which writes the checkpoint on a helper thread while its main thread keeps MPI moving.
+#include <unistd.h>
+
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <random>
 #include <thread>
 
 #include "dflash/checkpoint.h"
@@ -39,6 +42,18 @@ std::vector<T> gather_to_first(const std::vector<T>& mine, MPI_Comm comm, int ra
                       byte_counts.data(), displs.data(), MPI_BYTE, 0, comm, &r));
   mpi::wait(r, timeout_s, why, progress);
   return all;
+}
+
+// A fresh run's lineage id: 16 hex digits, different for every start (its checkpoints carry it; a run
+// prunes only its own).
+std::string new_run_id() {
+  std::random_device rd;
+  const uint64_t r = (static_cast<uint64_t>(rd()) << 32) ^ rd() ^
+                     static_cast<uint64_t>(std::chrono::system_clock::now().time_since_epoch().count()) ^
+                     (static_cast<uint64_t>(::getpid()) << 16);
+  char buf[17];
+  std::snprintf(buf, sizeof(buf), "%016llx", static_cast<unsigned long long>(r));
+  return buf;
 }
 
 // The trainer's state staged in host memory (a download on CUDA; the live buffers on the CPU).
@@ -93,6 +108,7 @@ DrafterCheckpointer::DrafterCheckpointer(const Options& o, MPI_Comm drafter_comm
   DF_CHECK_HINT(o.keep_checkpoints >= 1, BadOptions, "bad value " << o.keep_checkpoints << " for --keep-checkpoints",
                 "--keep-checkpoints must be >= 1");
   for (int t = 0; t < num_targets; ++t) points_.push_back(target_resume_point("", t, num_targets, o.train.seed));
+  run_id_ = new_run_id();  // replaced by the checkpoint's when resuming
 }
 
 int64_t DrafterCheckpointer::restore(DrafterTrainer& trainer) {
@@ -108,6 +124,7 @@ int64_t DrafterCheckpointer::restore(DrafterTrainer& trainer) {
   trainer.set_step(st.step);
   trainer.set_rng_state(st.rng_states[rank_]);
   points_ = st.data;
+  run_id_ = st.run_id;  // the resumed run continues its lineage (and may prune its earlier checkpoints)
   timer_.saved();
   return st.step;
 }
@@ -157,6 +174,7 @@ void DrafterCheckpointer::save(int64_t step, DrafterTrainer& trainer, const nloh
     st.schedule = schedule;
     st.data = points_;
     st.options = invariants_;
+    st.run_id = run_id_;
     size_t off = 0;
     for (int64_t len : rng_len) {
       st.rng_states.emplace_back(all_rng.data() + off, static_cast<size_t>(len));

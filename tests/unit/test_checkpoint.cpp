@@ -214,17 +214,14 @@ TEST(Checkpoint, KeepsTheLastK) {
 
 TEST(Checkpoint, HalfWrittenCheckpointsAreNeverPicked) {
   const std::string dir = fresh_dir("halfwritten");
-  std::string s[5];
-  for (int i = 1; i <= 4; ++i) {
+  std::string s[4];
+  for (int i = 1; i <= 3; ++i) {
     FakeState a(256, static_cast<uint32_t>(i), 100 * i);
     s[i] = save(dir, a, /*keep=*/10);
   }
-  // Step 200: a save interrupted before its manifest (the state file is there, no manifest).
+  // Step 200 and 300: saves interrupted before their manifest (the state file is there, no manifest).
   fs::remove(s[2] + "/manifest.json");
-  // Step 300: a manifest cut mid-write (not valid JSON).
-  fs::resize_file(s[3] + "/manifest.json", fs::file_size(s[3] + "/manifest.json") / 2);
-  // Step 400: a state file truncated after the commit.
-  fs::resize_file(s[4] + "/state.safetensors", fs::file_size(s[4] + "/state.safetensors") - 100);
+  fs::remove(s[3] + "/manifest.json");
   // A stray directory name and a temp file are ignored.
   fs::create_directories(dir + "/step-abc");
   std::ofstream(dir + "/step-00000500.tmp.xyz") << "junk";
@@ -232,14 +229,72 @@ TEST(Checkpoint, HalfWrittenCheckpointsAreNeverPicked) {
   EXPECT_EQ(find_latest_checkpoint(dir), s[1]);
   EXPECT_EQ(resolve_resume("auto", dir), s[1]);
   EXPECT_EXIT(resolve_resume(s[2], dir), ExitedWithCode(3), "not a complete checkpoint");
-  EXPECT_EXIT(resolve_resume(s[4], dir), ExitedWithCode(3), "truncated");
-  EXPECT_EXIT(read_checkpoint_state(s[3]), ExitedWithCode(3), "not valid JSON");
   EXPECT_EQ(resolve_resume(dir, "/nonexistent"), s[1]);  // a checkpoint dir as PATH: its newest complete one
-  // The next save removes the incomplete leftovers older than itself.
-  FakeState b(256, 9, 450);
+  // The next save of the same run removes its own interrupted saves older than itself.
+  FakeState b(256, 9, 350);
   save(dir, b, /*keep=*/10);
-  EXPECT_FALSE(fs::exists(s[2]) || fs::exists(s[3]) || fs::exists(s[4]));
+  EXPECT_FALSE(fs::exists(s[2]) || fs::exists(s[3]));
   EXPECT_TRUE(checkpoint_is_complete(s[1]));
+}
+
+// A committed checkpoint damaged afterwards (its manifest cut, a file truncated) is refused by --resume
+// auto like a corrupt state file: skipping it would silently lose the steps since the previous one, and
+// with nothing older, start from scratch (and later delete it) with exit 0.
+TEST(Checkpoint, DamagedCheckpointsAreRefusedNotSkipped) {
+  const std::string dir = fresh_dir("damaged");
+  FakeState a(256, 1, 100);
+  const std::string s100 = save(dir, a, /*keep=*/10);
+  fs::resize_file(s100 + "/manifest.json", fs::file_size(s100 + "/manifest.json") / 2);  // not JSON
+  EXPECT_EXIT(resolve_resume("auto", dir), ExitedWithCode(3), "damaged checkpoint .*step-00000100: .* is not valid JSON");
+  EXPECT_EXIT(read_checkpoint_state(s100), ExitedWithCode(3), "not valid JSON");
+  // Newer than a good one: still refused, not skipped to the older one.
+  const std::string older = fresh_dir("damaged_older");
+  FakeState b(256, 2, 100), c(256, 3, 200);
+  save(older, b, 10);
+  const std::string s200 = save(older, c, 10);
+  fs::resize_file(s200 + "/state.safetensors", fs::file_size(s200 + "/state.safetensors") - 100);
+  EXPECT_EXIT(resolve_resume("auto", older), ExitedWithCode(3), "damaged checkpoint .*truncated");
+  EXPECT_EXIT(resolve_resume(s200, older), ExitedWithCode(3), "truncated");
+  // Moved away as the hint says, the older one is picked.
+  fs::rename(s200, s200 + ".damaged");
+  EXPECT_EQ(resolve_resume("auto", older), checkpoint_step_dir(older, 100));
+}
+
+// A run deletes only checkpoints of its own lineage (run_id: made at a fresh start, inherited on resume).
+TEST(Checkpoint, PruningNeverDeletesAnotherRunsOrDamagedCheckpoints) {
+  const std::string dir = fresh_dir("lineage");
+  for (int64_t step : {10, 20}) {
+    FakeState a(64, static_cast<uint32_t>(step), step);
+    a.st.run_id = "run-a";
+    save(dir, a, /*keep=*/1);
+  }
+  EXPECT_FALSE(fs::exists(checkpoint_step_dir(dir, 10)));  // run a pruned its own
+  const std::string a20 = checkpoint_step_dir(dir, 20);
+  // A damaged checkpoint (manifest cut) and another run's interrupted save, both older than run b's.
+  FakeState d(64, 5, 25);
+  d.st.run_id = "run-d";
+  const std::string d25 = save(dir, d, 10);
+  fs::resize_file(d25 + "/manifest.json", 10);
+  fs::create_directories(checkpoint_step_dir(dir, 27));
+  std::ofstream(checkpoint_step_dir(dir, 27) + "/state.safetensors") << "partial, writer unknown";
+  // Run b saves three times with keep 1.
+  for (int64_t step : {30, 40, 50}) {
+    FakeState b(64, static_cast<uint32_t>(step), step);
+    b.st.run_id = "run-b";
+    save(dir, b, /*keep=*/1);
+  }
+  EXPECT_TRUE(checkpoint_is_complete(a20));  // run a's: untouched
+  EXPECT_TRUE(fs::exists(d25 + "/manifest.json"));
+  EXPECT_TRUE(fs::exists(checkpoint_step_dir(dir, 27) + "/state.safetensors"));
+  EXPECT_FALSE(fs::exists(checkpoint_step_dir(dir, 30)) || fs::exists(checkpoint_step_dir(dir, 40)));
+  EXPECT_TRUE(checkpoint_is_complete(checkpoint_step_dir(dir, 50)));
+  EXPECT_EQ(read_checkpoint_state(checkpoint_step_dir(dir, 50)).run_id, "run-b");
+  // Another run reaching a step run b holds does not pass b's state off as its own: b's is set aside.
+  FakeState c(64, 99, 50);
+  c.st.run_id = "run-c";
+  save(dir, c, 10);
+  EXPECT_EQ(read_checkpoint_state(checkpoint_step_dir(dir, 50)).run_id, "run-c");
+  EXPECT_EQ(read_checkpoint_state(checkpoint_step_dir(dir, 50) + ".other-run").run_id, "run-b");
 }
 
 TEST(Checkpoint, ResumeAutoWithNothingStartsFresh) {
