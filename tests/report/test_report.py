@@ -195,6 +195,36 @@ class ReportTest(unittest.TestCase):
         r = report(a, a, "--png", self.path("x.png"))
         self.assertEqual(r.returncode, 2)
 
+    def test_dashboard_panels_follow_the_data(self):
+        from dflash_report import dashboard
+        cpu = Run(write_run(self.path("cpu.h5"), cores=2))
+        self.assertEqual(dashboard.panel_names(cpu), ["throughput", "queues", "target time split",
+                                                      "drafter time split", "what-if", "training"])  # no power panel
+        gpu = Run(write_run(self.path("gpu.h5"), topology="7-1", backend="cuda", ranks=8, power=True, t_s=7.0, d_s=0.9))
+        self.assertIn("power", dashboard.panel_names(gpu))
+        with h5py.File(self.path("cpu.h5"), "a") as f:
+            f["steps"]["acc_by_pos"] = np.tile(np.linspace(0.5, 0.1, 15), (len(f["steps"]["step"]), 1))
+        self.assertIn("accuracy per position", dashboard.panel_names(Run(self.path("cpu.h5"))))
+        for name, run in (("cpu", Run(self.path("cpu.h5"))), ("gpu", gpu)):
+            png = self.path(name + ".png")
+            dashboard.write_png(run, analysis.analyse(run), png)
+            with open(png, "rb") as f:
+                self.assertEqual(f.read(8), b"\x89PNG\r\n\x1a\n")
+
+    def test_dashboard_time_continues_across_a_resume(self):
+        from dflash_report import dashboard
+        t = dashboard.continuous_time([10, 20, 30, 5, 15])  # the second segment's clock restarts
+        self.assertEqual(list(t), [10, 20, 30, 35, 45])
+
+    def test_dashboard_whatif_bars_fastest_per_gpu_count(self):
+        from dflash_report import dashboard
+        rep = analysis.analyse(Run(write_run(self.path("a.h5"), topology="7-1", backend="cuda", ranks=8, power=True,
+                                             t_s=7.0, d_s=0.9)))
+        rows = dashboard.whatif_rows(rep)
+        self.assertEqual(len({w["targets"] + w["drafters"] for w in rows}), 7)  # 2..8 GPUs used
+        self.assertIn("7-1", [w["split"] for w in rows])
+        self.assertEqual([w["ktok_per_s"] for w in rows], sorted((w["ktok_per_s"] for w in rows), reverse=True))
+
     def test_version(self):
         r = report("--version")
         self.assertEqual(r.returncode, 0)
