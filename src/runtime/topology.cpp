@@ -149,6 +149,10 @@ Topology create_topology(MPI_Comm world, const TopologySpec& spec, Backend backe
   // local_rank % visible devices: one GPU per rank where the launcher shows a node's GPUs to every rank,
   // and device 0 where the scheduler shows each task its own GPU (or ranks share one, as in tests).
   if (backend == Backend::CUDA) {
+#ifndef DFLASH_HAVE_CUDA
+    DF_FAIL(BadOptions, "--backend cuda, but this build has no CUDA backend",
+            "rebuild with a CUDA toolkit (DFLASH_CUDA=ON, see README), or use --backend cpu");
+#endif
     const int visible = cuda_device_count();
     DF_CHECK_HINT(visible > 0, DeviceFailure, "--backend cuda, but this rank sees no CUDA device",
                   "check CUDA_VISIBLE_DEVICES / the scheduler's GPU binding (--gpus-per-task), or use --backend cpu");

@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "dflash/drafter.h"
+#include "dflash/safetensors.h"
 #include "dflash/tensor.h"
 #include "train/drafter_golden.h"
 
@@ -210,11 +211,24 @@ TEST(DrafterRelease, RejectsDrafterThatDoesNotFitTheTarget) {
   expect_rejected("mask", [](nlohmann::json& j) { j["dflash_config"]["mask_token_id"] = 512; }, "mask_token_id");
 }
 
+// The golden drafter with one tensor left out: exit 3 naming that tensor (not any failure to load).
 TEST(DrafterRelease, MissingTensorIsBadInput) {
   const std::string dir = temp_dir("missing");
   std::ofstream(dir + "/config.json") << std::ifstream(golden().drafter_dir + "/config.json").rdbuf();
+  const std::string dropped = "layers.1.mlp.down_proj.weight";
+  {
+    dflash::SafetensorsFile src(golden().drafter_dir + "/model.safetensors");
+    ASSERT_TRUE(src.has(dropped)) << "the golden drafter changed: pick another tensor to drop";
+    std::vector<dflash::TensorToWrite> keep;
+    for (const std::string& n : src.names()) {
+      if (n == dropped) continue;
+      const dflash::TensorInfo& t = src.get(n);
+      keep.push_back({n, t.dtype, t.shape, nullptr, t.data});
+    }
+    dflash::write_safetensors(dir + "/model.safetensors", keep);
+  }
   EXPECT_EXIT(DrafterTrainer(golden().target_dir, dir, 0, golden().opt, dflash::cpu_ctx(), 128),
-              testing::ExitedWithCode(3), "");
+              testing::ExitedWithCode(3), dropped);
   fs::remove_all(dir);
 }
 

@@ -1,6 +1,7 @@
 // Roles from node layouts (the pure part of the topology) and the launcher/world-size check.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <map>
 #include <string>
 
@@ -105,12 +106,16 @@ TEST(TopologySpecParseDeath, Invalid) {
     EXPECT_EXIT(parse_topology_spec(bad), testing::ExitedWithCode(2), "topology") << bad;
 }
 
-TEST(LauncherWorldSize, AgreesOrAbsent) {
+// Returning normally is the assertion: each check runs in a child that exits 0 only if the call came
+// back (a mismatch ends it through the fatal path with exit 4 instead).
+TEST(LauncherWorldSizeDeath, AgreesOrAbsent) {
   std::map<std::string, std::string> env{{"OMPI_COMM_WORLD_SIZE", "4"}, {"SLURM_NTASKS", "8"}};
   auto get = [&](const char* n) -> const char* { auto it = env.find(n); return it == env.end() ? nullptr : it->second.c_str(); };
-  check_launcher_world_size(4, get);  // mpirun's own count wins over the allocation's
+  // mpirun's own count wins over the allocation's: 4 agrees, 8 (the allocation's) does not
+  EXPECT_EXIT({ check_launcher_world_size(4, get); std::exit(0); }, testing::ExitedWithCode(0), "");
+  EXPECT_EXIT(check_launcher_world_size(8, get), testing::ExitedWithCode(4), "OMPI_COMM_WORLD_SIZE=4");
   env.clear();
-  check_launcher_world_size(3, get);  // nothing to compare with
+  EXPECT_EXIT({ check_launcher_world_size(3, get); std::exit(0); }, testing::ExitedWithCode(0), "");  // nothing to compare
 }
 
 TEST(LauncherWorldSizeDeath, SlurmSingletonsTrap) {
