@@ -132,13 +132,7 @@ void head_norm_rope_forward(const Ctx& ctx, const Tensor& out, const Tensor& rst
   rope.rotary_dim = check_args(op, ctx, in, w, rstd, pos, rope);
   detail::check_tensor(op, "out", out, ctx, 3);
   detail::check_shape(op, "out", out, {in.shape[0], in.shape[1], in.shape[2]});
-  if (ctx.device == Device::CUDA) {
-#ifdef DFLASH_HAVE_CUDA
-    return cuda::head_norm_rope_forward(ctx, out, rstd, in, w, pos, rope, eps);
-#else
-    return detail::no_cuda_build(op);
-#endif
-  }
+  DFLASH_DISPATCH_CUDA(ctx, op, cuda::head_norm_rope_forward(ctx, out, rstd, in, w, pos, rope, eps));
   detail::check_cpu_dtype(op, "out", out, DType::F32);
   head_norm_rope_forward_cpu(out.ptr<float>(), rstd.empty() ? nullptr : rstd.ptr<float>(), in.ptr<float>(),
                              w.ptr<float>(), pos.ptr<int32_t>(), in.shape[0], in.shape[1], in.shape[2], rope, eps);
@@ -160,13 +154,9 @@ void head_norm_rope_backward(const Ctx& ctx, const Tensor& din, const Tensor& dw
     detail::check_tensor(op, "dw", dw, ctx, 1);
     detail::check_shape(op, "dw", dw, {hd});
   }
-  if (ctx.device == Device::CUDA) {
-#ifdef DFLASH_HAVE_CUDA
-    return detail::cuda_op_missing(op);  // CUDA twin: return cuda::head_norm_rope_backward(ctx, din, dw, dout, in, w, rstd, pos, rope, eps);
-#else
-    return detail::no_cuda_build(op);
-#endif
-  }
+  // No CUDA twin through the op layer: the CUDA drafter step calls cuda::head_norm_rope_backward
+  // (kernels/drafter_backward.cu) itself.
+  DFLASH_DISPATCH_CUDA(ctx, op, detail::cuda_op_missing(op));
   detail::check_cpu_dtype(op, "dout", dout, DType::F32);
   if (!din.empty()) detail::check_cpu_dtype(op, "din", din, DType::F32);
   if (!dw.empty()) detail::check_cpu_dtype(op, "dw", dw, DType::F32);

@@ -179,13 +179,7 @@ void matmul_forward(const Ctx& ctx, const Tensor& out, const Tensor& in, const T
   const int64_t N = in.shape[0], I = in.shape[1], O = W.shape[0];
   detail::check_shape(op, "W", W, {O, I});
   detail::check_shape(op, "out", out, {N, O});
-  if (ctx.device == Device::CUDA) {
-#ifdef DFLASH_HAVE_CUDA
-    return cuda::matmul_forward(ctx, out, in, W, acc);
-#else
-    return detail::no_cuda_build(op);
-#endif
-  }
+  DFLASH_DISPATCH_CUDA(ctx, op, cuda::matmul_forward(ctx, out, in, W, acc));
   detail::check_cpu_dtype(op, "out", out, DType::F32);
   detail::check_cpu_dtype(op, "in", in, DType::F32);
   detail::check_cpu_dtype(op, "W", W, DType::F32);
@@ -209,13 +203,7 @@ void matmul_backward(const Ctx& ctx, const Tensor& din, const Tensor& dW, const 
     detail::check_tensor(op, "dW", dW, ctx, 2);
     detail::check_shape(op, "dW", dW, {O, I});
   }
-  if (ctx.device == Device::CUDA) {
-#ifdef DFLASH_HAVE_CUDA
-    return cuda::matmul_backward(ctx, din, dW, dout, in, W);
-#else
-    return detail::no_cuda_build(op);
-#endif
-  }
+  DFLASH_DISPATCH_CUDA(ctx, op, cuda::matmul_backward(ctx, din, dW, dout, in, W));
   detail::check_cpu_dtype(op, "dout", dout, DType::F32);
   detail::check_cpu_dtype(op, "in", in, DType::F32);
   detail::check_cpu_dtype(op, "W", W, DType::F32);

@@ -12,14 +12,8 @@
 namespace dflash::ops::detail {
 
 // Fatal errors for an op run on the CUDA backend: either this op has no CUDA twin in the build yet
-// (cuda_op_missing), or the build has no CUDA backend at all (no_cuda_build). Each op dispatches as
-//   if (ctx.device == Device::CUDA) {
-//   #ifdef DFLASH_HAVE_CUDA
-//     return detail::cuda_op_missing(op);   // replaced by: return cuda::<op>(ctx, ...);
-//   #else
-//     return detail::no_cuda_build(op);
-//   #endif
-//   }
+// (cuda_op_missing), or the build has no CUDA backend at all (no_cuda_build). Ops dispatch through
+// DFLASH_DISPATCH_CUDA (below).
 [[noreturn]] inline void cuda_op_missing(const char* op) {
   fatal(ExitCode::BadOptions, std::string(op) + ": CUDA backend not built for this op",
         "run with --backend cpu, or use a build whose kernels/ implement this op");
@@ -62,3 +56,19 @@ inline void check_cpu_dtype(const char* op, const char* arg, const Tensor& t, DT
 }
 
 }  // namespace dflash::ops::detail
+
+// The CUDA half of an op's dispatch, written once: on the CUDA backend the op returns `call` (its CUDA
+// twin, compiled only in a CUDA build: the CUDA headers are included under DFLASH_HAVE_CUDA); a build
+// without CUDA refuses it (no_cuda_build). Placed after the op's checks, before its CPU reference:
+//   DFLASH_DISPATCH_CUDA(ctx, op, cuda::swiglu_forward(ctx, out, gate, up));
+#ifdef DFLASH_HAVE_CUDA
+#define DFLASH_DISPATCH_CUDA(ctx, op, call) \
+  do {                                      \
+    if ((ctx).device == ::dflash::Device::CUDA) return call; \
+  } while (0)
+#else
+#define DFLASH_DISPATCH_CUDA(ctx, op, call) \
+  do {                                      \
+    if ((ctx).device == ::dflash::Device::CUDA) ::dflash::ops::detail::no_cuda_build(op); \
+  } while (0)
+#endif

@@ -65,13 +65,7 @@ void rmsnorm_forward(const Ctx& ctx, const Tensor& out, const Tensor& rstd, cons
     detail::check_tensor(op, "rstd", rstd, ctx, 1);
     detail::check_shape(op, "rstd", rstd, {N});
   }
-  if (ctx.device == Device::CUDA) {
-#ifdef DFLASH_HAVE_CUDA
-    return cuda::rmsnorm_forward(ctx, out, rstd, in, w, eps);
-#else
-    return detail::no_cuda_build(op);
-#endif
-  }
+  DFLASH_DISPATCH_CUDA(ctx, op, cuda::rmsnorm_forward(ctx, out, rstd, in, w, eps));
   detail::check_cpu_dtype(op, "in", in, DType::F32);
   detail::check_cpu_dtype(op, "out", out, DType::F32);
   detail::check_cpu_dtype(op, "w", w, DType::F32);
@@ -100,13 +94,9 @@ void rmsnorm_backward(const Ctx& ctx, const Tensor& din, const Tensor& dw, const
   DF_CHECK(!rstd.empty(), Internal, op << ": rstd from the forward is required");
   detail::check_tensor(op, "rstd", rstd, ctx, 1);
   detail::check_shape(op, "rstd", rstd, {N});
-  if (ctx.device == Device::CUDA) {
-#ifdef DFLASH_HAVE_CUDA
-    return detail::cuda_op_missing(op);  // CUDA twin: return cuda::rmsnorm_backward(ctx, din, dw, dout, in, w, rstd);
-#else
-    return detail::no_cuda_build(op);
-#endif
-  }
+  // No CUDA twin through the op layer: the CUDA drafter step calls cuda::rmsnorm_backward
+  // (kernels/drafter_backward.cu) itself.
+  DFLASH_DISPATCH_CUDA(ctx, op, detail::cuda_op_missing(op));
   for (const Tensor* t : {&in, &dout, &w, &rstd}) detail::check_cpu_dtype(op, "in/dout/w/rstd", *t, DType::F32);
   if (!din.empty()) detail::check_cpu_dtype(op, "din", din, DType::F32);
   if (!dw.empty()) detail::check_cpu_dtype(op, "dw", dw, DType::F32);
@@ -129,13 +119,7 @@ void residual_rmsnorm_forward(const Ctx& ctx, const Tensor& resid, const Tensor&
     detail::check_tensor(op, "rstd", rstd, ctx, 1);
     detail::check_shape(op, "rstd", rstd, {N});
   }
-  if (ctx.device == Device::CUDA) {
-#ifdef DFLASH_HAVE_CUDA
-    return cuda::residual_rmsnorm_forward(ctx, resid, out, rstd, x, w, eps);
-#else
-    return detail::no_cuda_build(op);
-#endif
-  }
+  DFLASH_DISPATCH_CUDA(ctx, op, cuda::residual_rmsnorm_forward(ctx, resid, out, rstd, x, w, eps));
   for (const Tensor* t : {&resid, &x, &out, &w}) detail::check_cpu_dtype(op, "resid/x/out/w", *t, DType::F32);
   if (!rstd.empty()) detail::check_cpu_dtype(op, "rstd", rstd, DType::F32);
   float* h = resid.ptr<float>();

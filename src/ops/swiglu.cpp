@@ -44,13 +44,7 @@ void check_same_2d(const char* op, const Ctx& ctx, const Tensor& gate, std::init
 void swiglu_forward(const Ctx& ctx, const Tensor& out, const Tensor& gate, const Tensor& up) {
   constexpr const char* op = "swiglu_forward";
   check_same_2d(op, ctx, gate, {&out, &gate, &up}, {"out", "gate", "up"});
-  if (ctx.device == Device::CUDA) {
-#ifdef DFLASH_HAVE_CUDA
-    return cuda::swiglu_forward(ctx, out, gate, up);
-#else
-    return detail::no_cuda_build(op);
-#endif
-  }
+  DFLASH_DISPATCH_CUDA(ctx, op, cuda::swiglu_forward(ctx, out, gate, up));
   swiglu_forward_cpu(out.ptr<float>(), gate.ptr<float>(), up.ptr<float>(), gate.numel());
 }
 
@@ -58,13 +52,9 @@ void swiglu_backward(const Ctx& ctx, const Tensor& dgate, const Tensor& dup, con
                      const Tensor& up) {
   constexpr const char* op = "swiglu_backward";
   check_same_2d(op, ctx, gate, {&dgate, &dup, &dout, &gate, &up}, {"dgate", "dup", "dout", "gate", "up"});
-  if (ctx.device == Device::CUDA) {
-#ifdef DFLASH_HAVE_CUDA
-    return detail::cuda_op_missing(op);  // CUDA twin: return cuda::swiglu_backward(ctx, dgate, dup, dout, gate, up);
-#else
-    return detail::no_cuda_build(op);
-#endif
-  }
+  // No CUDA twin through the op layer: the CUDA drafter step calls cuda::swiglu_backward
+  // (kernels/drafter_backward.cu) itself.
+  DFLASH_DISPATCH_CUDA(ctx, op, detail::cuda_op_missing(op));
   swiglu_backward_cpu(dgate.ptr<float>(), dup.ptr<float>(), dout.ptr<float>(), gate.ptr<float>(), up.ptr<float>(),
                       gate.numel());
 }

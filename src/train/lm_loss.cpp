@@ -56,13 +56,7 @@ void check_common(const char* op, const Ctx& ctx, const Tensor& h, const Tensor&
   DF_CHECK(workspace.numel() >= lm_loss_workspace_floats(chunk_rows, V, !teacher.empty()), Internal,
            op << ": workspace of " << workspace.numel() << " floats, needs "
               << lm_loss_workspace_floats(chunk_rows, V, !teacher.empty()));
-  if (ctx.device == Device::CUDA) {
-#ifdef DFLASH_HAVE_CUDA
-    return;  // the CUDA twin checks dtypes; labels live in device memory
-#else
-    no_cuda_build(op);
-#endif
-  }
+  DFLASH_DISPATCH_CUDA(ctx, op, void());  // the CUDA twin checks dtypes; labels live in device memory
   check_cpu_dtype(op, "labels", labels, DType::I32);
   const int32_t* lab = labels.ptr<int32_t>();
   for (int64_t r = 0; r < R; ++r)
@@ -103,10 +97,8 @@ void lm_loss_forward(const Ctx& ctx, const LmLossRowsOut& out, const Tensor& h, 
     detail::check_shape(op, "dh", dh, {R, H});
     detail::check_shape(op, "row_weight", row_weight, {R});
   }
-#ifdef DFLASH_HAVE_CUDA
-  if (ctx.device == Device::CUDA)
-    return cuda::lm_loss_forward(ctx, out, h, lm_head, labels, teacher, workspace, chunk_rows, dh, row_weight, objective);
-#endif
+  DFLASH_DISPATCH_CUDA(
+      ctx, op, cuda::lm_loss_forward(ctx, out, h, lm_head, labels, teacher, workspace, chunk_rows, dh, row_weight, objective));
   const bool with_teacher = !teacher.empty();
   float* ws = workspace.ptr<float>();
   float* ws_t = with_teacher ? ws + static_cast<size_t>(chunk_rows) * V : nullptr;
@@ -156,10 +148,8 @@ void lm_loss_backward(const Ctx& ctx, const Tensor& dh, const Tensor& row_weight
   const int64_t R = h.shape[0], H = h.shape[1], V = lm_head.shape[0];
   detail::check_shape(op, "dh", dh, {R, H});
   detail::check_shape(op, "row_weight", row_weight, {R});
-#ifdef DFLASH_HAVE_CUDA
-  if (ctx.device == Device::CUDA)
-    return cuda::lm_loss_backward(ctx, dh, row_weight, objective, h, lm_head, labels, teacher, workspace, chunk_rows);
-#endif
+  DFLASH_DISPATCH_CUDA(
+      ctx, op, cuda::lm_loss_backward(ctx, dh, row_weight, objective, h, lm_head, labels, teacher, workspace, chunk_rows));
   const bool use_teacher = objective == LossObjective::KL;
   float* ws = workspace.ptr<float>();
   float* ws_t = use_teacher ? ws + static_cast<size_t>(chunk_rows) * V : nullptr;

@@ -12,15 +12,7 @@
 namespace dflash::ops {
 namespace {
 
-void cpu_only(const char* op, const Ctx& ctx) {
-  if (ctx.device == Device::CUDA) {
-#ifdef DFLASH_HAVE_CUDA
-    detail::cuda_op_missing(op);
-#else
-    detail::no_cuda_build(op);
-#endif
-  }
-}
+void cpu_only(const char* op, const Ctx& ctx) { DFLASH_DISPATCH_CUDA(ctx, op, detail::cuda_op_missing(op)); }
 
 }  // namespace
 
