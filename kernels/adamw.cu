@@ -126,9 +126,7 @@ __global__ void scale_kernel(float* __restrict__ g, int64_t n, float f) {
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) g[i] *= f;
 }
 
-unsigned grid_for(int64_t n) {
-  return static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>((n / 4 + kThreads - 1) / kThreads, 132 * 16)));
-}
+unsigned grid_for(const Ctx& ctx, int64_t n) { return grid_stride_blocks(ctx, n / 4, kThreads, 16); }
 
 void launch_adamw(const Ctx& ctx, const Tensor& params, const Tensor& grads, const Tensor& m, const Tensor& v,
                   const ops::AdamWHyper& hp, int64_t step, float clip, const double* sumsq, const Tensor& pbf) {
@@ -150,7 +148,7 @@ void launch_adamw(const Ctx& ctx, const Tensor& params, const Tensor& grads, con
   a.inv_bc2_sqrt = static_cast<float>(1.0 / std::sqrt(bc2));
   a.clip = clip;
   a.sumsq = sumsq;
-  adamw_kernel<<<grid_for(n), kThreads, 0, stream_of(ctx)>>>(
+  adamw_kernel<<<grid_for(ctx, n), kThreads, 0, stream_of(ctx)>>>(
       static_cast<float*>(params.data), static_cast<const float*>(grads.data), static_cast<float*>(m.data),
       static_cast<float*>(v.data), pbf.empty() ? nullptr : static_cast<__nv_bfloat16*>(pbf.data), n, a);
   DF_CUDA_LAUNCH();
@@ -174,7 +172,7 @@ double grad_sumsq(const Ctx& ctx, const Tensor& grads) {
 void scale_inplace(const Ctx& ctx, const Tensor& grads, float factor) {
   DF_CHECK(grads.dtype == DType::F32, Internal, "scale_inplace (CUDA): F32");
   const int64_t n = static_cast<int64_t>(grads.numel());
-  scale_kernel<<<grid_for(4 * n), kThreads, 0, stream_of(ctx)>>>(static_cast<float*>(grads.data), n, factor);
+  scale_kernel<<<grid_for(ctx, 4 * n), kThreads, 0, stream_of(ctx)>>>(static_cast<float*>(grads.data), n, factor);
   DF_CUDA_LAUNCH();
 }
 

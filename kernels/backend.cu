@@ -20,6 +20,7 @@ std::unique_ptr<Backend> create_backend(int gpu) {
   DF_CUDA(cudaSetDevice(gpu));
   auto b = std::make_unique<Backend>();
   b->device = gpu;
+  DF_CUDA(cudaDeviceGetAttribute(&b->sm_count, cudaDevAttrMultiProcessorCount, gpu));
   DF_CUDA(cudaStreamCreateWithFlags(&b->stream, cudaStreamNonBlocking));
   DF_CUBLAS(cublasLtCreate(&b->lt));
   DF_CUDA(cudaMalloc(&b->workspace, kWorkspaceBytes));

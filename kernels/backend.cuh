@@ -21,6 +21,7 @@ using MatmulKey = std::tuple<int, int, int, int, int, int, int, int, int, int>;
 
 struct Backend {
   int device = 0;
+  int sm_count = 0;  // multiprocessors of the device (queried: 132 on an H100/H200 SXM, 188 on an RTX PRO 6000)
   cudaStream_t stream = nullptr;
   cublasLtHandle_t lt = nullptr;
   void* workspace = nullptr;  // cuBLASLt workspace, allocated once
@@ -44,5 +45,13 @@ void check_device_errors(const Backend& b);
 void copy_bytes(const Ctx& ctx, void* dst, const void* src, size_t bytes);
 void synchronize_stream(const Ctx& ctx);
 int device_count();
+
+// The grid of a grid-stride kernel over `units` units of work, `per_block` units per block: enough blocks
+// to cover the work, at most `blocks_per_sm` per SM of ctx's device, and at least 1.
+inline unsigned grid_stride_blocks(const Ctx& ctx, int64_t units, int64_t per_block, int blocks_per_sm) {
+  const int64_t need = (units + per_block - 1) / per_block;
+  const int64_t cap = static_cast<int64_t>(backend_of(ctx).sm_count) * blocks_per_sm;
+  return static_cast<unsigned>(need < 1 ? 1 : need < cap ? need : cap);
+}
 
 }  // namespace dflash::cuda

@@ -356,7 +356,7 @@ __global__ void __launch_bounds__(kRowThreads) dscores_backward_kernel(KernelArg
 
 void launch_to_bf16(const Ctx& ctx, void* dst, const float* src, int64_t n) {
   if (n <= 0) return;
-  const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((n + 255) / 256, 132 * 16));
+  const unsigned blocks = grid_stride_blocks(ctx, n, 256, 16);
   to_bf16_kernel<<<blocks, 256, 0, stream_of(ctx)>>>(static_cast<__nv_bfloat16*>(dst), src, n);
   DF_CUDA_LAUNCH();
 }

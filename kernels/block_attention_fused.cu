@@ -683,7 +683,7 @@ void block_attention_fused_backward(const Ctx& ctx, const Tensor& dq, const Tens
     dispatch_hd(q.shape[2], [&](auto hd) { launch_backward<decltype(hd)::value>(ctx, p); });
   }
   if (kv_elems > 0) {
-    const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((kv_elems + 255) / 256, 132 * 16));
+    const unsigned blocks = grid_stride_blocks(ctx, kv_elems, 256, 16);
     f32_to_bf16_kernel<<<blocks, 256, 0, st>>>(static_cast<bf16*>(dk_ctx.data), p.dk32, kv_elems);
     DF_CUDA_LAUNCH();
     f32_to_bf16_kernel<<<blocks, 256, 0, st>>>(static_cast<bf16*>(dv_ctx.data), p.dv32, kv_elems);

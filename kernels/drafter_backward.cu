@@ -221,7 +221,7 @@ void head_norm_rope_backward(const Ctx& ctx, const Tensor& din, const Tensor& dw
   DF_CHECK(hd <= kMaxHd && rot % 2 == 0 && rot <= hd, Internal, op << ": hd " << hd << " rotary_dim " << rot);
   const int64_t items = N * nh;
   if (items == 0) return;
-  const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((items + 7) / 8, 132 * 8));
+  const unsigned blocks = grid_stride_blocks(ctx, items, 8, 8);
   head_norm_rope_backward_kernel<<<blocks, kRopeThreads, 0, stream_of(ctx)>>>(
       static_cast<__nv_bfloat16*>(din.data), dw.empty() ? nullptr : static_cast<float*>(dw.data),
       static_cast<const __nv_bfloat16*>(dout.data), static_cast<const __nv_bfloat16*>(in.data),
@@ -241,7 +241,7 @@ void swiglu_backward(const Ctx& ctx, const Tensor& dgate, const Tensor& dup, con
   const auto* g = static_cast<const __nv_bfloat16*>(gate.data);
   const auto* u = static_cast<const __nv_bfloat16*>(up.data);
   if (n8 > 0) {
-    const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((n8 + 255) / 256, 132 * 16));
+    const unsigned blocks = grid_stride_blocks(ctx, n8, 256, 16);
     swiglu_backward_kernel<<<blocks, 256, 0, stream_of(ctx)>>>(dg, du, d, g, u, n8);
     DF_CUDA_LAUNCH();
   }

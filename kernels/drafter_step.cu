@@ -67,7 +67,7 @@ __global__ void f32_to_bf16_kernel(__nv_bfloat16* __restrict__ d, const float* _
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) d[i] = __float2bfloat16_rn(s[i]);
 }
 
-unsigned grid_of(int64_t n) { return static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>((n + 255) / 256, 132 * 16))); }
+unsigned grid_of(const Ctx& ctx, int64_t n) { return grid_stride_blocks(ctx, n, 256, 16); }
 
 Tensor dev(DType t, void* p, std::initializer_list<int64_t> dims) { return Tensor(p, t, Device::CUDA, dims); }
 
@@ -144,7 +144,7 @@ struct DrafterStepCuda::Impl {
   void add(const Tensor& y, const Tensor& x) {
     DF_ASSERT(y.numel() == x.numel() && y.numel() % 8 == 0);
     const int64_t n8 = static_cast<int64_t>(y.numel() / 8);
-    add_kernel<<<grid_of(n8), 256, 0, stream_of(ctx)>>>(static_cast<Bf16x8*>(y.data), static_cast<const Bf16x8*>(x.data), n8);
+    add_kernel<<<grid_of(ctx, n8), 256, 0, stream_of(ctx)>>>(static_cast<Bf16x8*>(y.data), static_cast<const Bf16x8*>(x.data), n8);
     DF_CUDA_LAUNCH();
   }
   void copy(const Tensor& dst, const Tensor& src) {
@@ -343,7 +343,7 @@ Tensor DrafterStepCuda::hidden() const { return Impl::v2(impl_->h_final, impl_->
 void DrafterStepCuda::reset_from_params() {
   Impl& s = *impl_;
   const int64_t P = static_cast<int64_t>(s.P);
-  f32_to_bf16_kernel<<<grid_of(P), 256, 0, stream_of(s.ctx)>>>(static_cast<__nv_bfloat16*>(s.pbf.t().data),
+  f32_to_bf16_kernel<<<grid_of(s.ctx, P), 256, 0, stream_of(s.ctx)>>>(static_cast<__nv_bfloat16*>(s.pbf.t().data),
                                                                 static_cast<const float*>(s.params.t().data), P);
   DF_CUDA_LAUNCH();
   DF_CUDA(cudaMemsetAsync(s.m.t().data, 0, s.m.t().nbytes(), stream_of(s.ctx)));
@@ -375,7 +375,7 @@ Tensor DrafterStepCuda::Impl::forward(const DrafterStepBatch& b) {
   mark(Phase::Other);
   // ---- context: x_ctx [T, K*H]; th = hidden_norm(fc(x_ctx))
   const int H8 = static_cast<int>(H / 8);
-  gather_features_kernel<<<grid_of(T * K * H8), 256, 0, st>>>(static_cast<Bf16x8*>(x_ctx.t().data),
+  gather_features_kernel<<<grid_of(ctx, T * K * H8), 256, 0, st>>>(static_cast<Bf16x8*>(x_ctx.t().data),
                                                                static_cast<const Bf16x8*>(b.features.data), T, int(K), H8);
   DF_CUDA_LAUNCH();
   Tensor xc = v2(x_ctx, T, K * H), fco = v2(fc_out, T, H), thv = v2(th, T, H);
@@ -592,14 +592,14 @@ void DrafterStepCuda::Impl::loss_rows(const DrafterStepBatch& b, const Tensor& h
     copy_bytes(ctx, row_w.t().data, wn.data(), sizeof(float) * wn.size());
   }
   const int H8 = static_cast<int>(H / 8);
-  move_rows_kernel<<<grid_of(R * H8), 256, 0, st>>>(static_cast<Bf16x8*>(h_rows.t().data),
+  move_rows_kernel<<<grid_of(ctx, R * H8), 256, 0, st>>>(static_cast<Bf16x8*>(h_rows.t().data),
                                                     static_cast<const Bf16x8*>(hf.data),
                                                     static_cast<const int32_t*>(row_idx.t().data), R, H8, false);
   DF_CUDA_LAUNCH();
   Tensor teacher;
   if (have_teacher) {
     upload_i32(teacher_idx, b.row_teacher);
-    move_rows_kernel<<<grid_of(R * H8), 256, 0, st>>>(static_cast<Bf16x8*>(t_rows.t().data),
+    move_rows_kernel<<<grid_of(ctx, R * H8), 256, 0, st>>>(static_cast<Bf16x8*>(t_rows.t().data),
                                                       static_cast<const Bf16x8*>(b.final_norm.data),
                                                       static_cast<const int32_t*>(teacher_idx.t().data), R, H8, false);
     DF_CUDA_LAUNCH();
@@ -643,7 +643,7 @@ void DrafterStepCuda::Impl::backward_from_rows(const GradReady& ready) {
   Tensor d_outv = v2(d_out, NB, H);
   DF_CUDA(cudaMemsetAsync(d_outv.data, 0, d_outv.nbytes(), st));
   const int H8 = static_cast<int>(H / 8);
-  move_rows_kernel<<<grid_of(R * H8), 256, 0, st>>>(static_cast<Bf16x8*>(d_outv.data),
+  move_rows_kernel<<<grid_of(ctx, R * H8), 256, 0, st>>>(static_cast<Bf16x8*>(d_outv.data),
                                                     static_cast<const Bf16x8*>(dh_rows.t().data),
                                                     static_cast<const int32_t*>(row_idx.t().data), R, H8, true);
   DF_CUDA_LAUNCH();

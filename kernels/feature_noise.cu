@@ -43,7 +43,7 @@ void add_feature_noise(const Ctx& ctx, const Tensor& x, float sigma, uint64_t se
   if (n == 0 || sigma == 0.f) return;
   // (seed, counter) -> one key; hashing each part keeps consecutive counters (and seeds) unrelated.
   const uint64_t key = mix64(mix64(seed) ^ mix64(counter ^ 0x632be59bd9b4e019ull));
-  const unsigned blocks = static_cast<unsigned>(std::min<size_t>((n + 255) / 256, 132 * 16));
+  const unsigned blocks = grid_stride_blocks(ctx, static_cast<int64_t>(n), 256, 16);
   feature_noise_kernel<<<blocks, 256, 0, stream_of(ctx)>>>(static_cast<__nv_bfloat16*>(x.data), n, key, sigma);
   DF_CUDA_LAUNCH();
 }

@@ -31,7 +31,7 @@ __global__ void gdn_gates_kernel(float* __restrict__ g, float* __restrict__ beta
 template <class TIn, class TParam>
 void launch(const Ctx& ctx, const Tensor& g, const Tensor& beta, const Tensor& a, const Tensor& b,
             const Tensor& A_log, const Tensor& dt_bias, size_t n, int nv) {
-  const unsigned blocks = static_cast<unsigned>(std::min<size_t>((n + 255) / 256, 132 * 8));
+  const unsigned blocks = grid_stride_blocks(ctx, static_cast<int64_t>(n), 256, 8);
   gdn_gates_kernel<TIn, TParam><<<blocks, 256, 0, stream_of(ctx)>>>(
       static_cast<float*>(g.data), static_cast<float*>(beta.data), static_cast<const TIn*>(a.data),
       static_cast<const TIn*>(b.data), static_cast<const TParam*>(A_log.data), static_cast<const TParam*>(dt_bias.data),

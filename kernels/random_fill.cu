@@ -34,7 +34,7 @@ void fill_random(const Ctx& ctx, const Tensor& t, uint64_t seed, float mean, flo
   size_t n = t.numel();
   if (n == 0) return;
   float half_width = stddev * 1.7320508f;  // uniform [-a, a] has std a / sqrt(3)
-  unsigned blocks = static_cast<unsigned>(std::min<size_t>((n + 255) / 256, 132 * 32));
+  unsigned blocks = grid_stride_blocks(ctx, static_cast<int64_t>(n), 256, 32);
   if (t.dtype == DType::BF16)
     fill_random_kernel<<<blocks, 256, 0, stream_of(ctx)>>>(static_cast<__nv_bfloat16*>(t.data), n, seed, mean,
                                                            half_width);

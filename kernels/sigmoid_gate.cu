@@ -43,7 +43,7 @@ void sigmoid_gate_forward(const Ctx& ctx, const Tensor& out, const Tensor& x, co
   if (n == 0) return;
   const bool vec = aligned16(out.data) && aligned16(x.data) && aligned16(gate.data);
   const size_t work = vec ? (n + 7) / 8 : n;
-  const unsigned blocks = static_cast<unsigned>(std::min<size_t>((work + 255) / 256, 132 * 16));
+  const unsigned blocks = grid_stride_blocks(ctx, static_cast<int64_t>(work), 256, 16);
   sigmoid_gate_kernel<<<blocks, 256, 0, stream_of(ctx)>>>(static_cast<__nv_bfloat16*>(out.data),
                                                           static_cast<const __nv_bfloat16*>(x.data),
                                                           static_cast<const __nv_bfloat16*>(gate.data), n, vec);

@@ -39,7 +39,7 @@ void swiglu_forward(const Ctx& ctx, const Tensor& out, const Tensor& gate, const
   size_t n = out.numel();
   if (n == 0) return;
   size_t chunks = (n + 7) / 8;
-  unsigned blocks = static_cast<unsigned>(std::min<size_t>((chunks + 255) / 256, 132 * 16));
+  unsigned blocks = grid_stride_blocks(ctx, static_cast<int64_t>(chunks), 256, 16);
   swiglu_kernel<<<blocks, 256, 0, stream_of(ctx)>>>(static_cast<__nv_bfloat16*>(out.data),
                                                     static_cast<const __nv_bfloat16*>(gate.data),
                                                     static_cast<const __nv_bfloat16*>(up.data), n);
