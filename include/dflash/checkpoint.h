@@ -191,6 +191,9 @@ class DrafterCheckpointer {
   // Resuming: checks the options, loads master weights, AdamW state, step and this drafter's RNG into
   // trainer. Returns the step to continue from (0 when starting fresh).
   int64_t restore(DrafterTrainer& trainer);
+  // Runs at the start of every save, before anything is written (the runtime flushes metrics.h5 there,
+  // so a run resumed from the checkpoint finds every row up to its step).
+  void before_save(std::function<void()> f) { before_save_ = std::move(f); }
   // A batch this drafter trained on (its header's target, batch index and next position).
   void trained_on(int target_index, int64_t batch_index, const DataPosition& next);
   // After optimizer step `step`: the drafters agree (stop signal anywhere, checkpoint due anywhere),
@@ -207,6 +210,7 @@ class DrafterCheckpointer {
   int rank_ = 0, size_ = 1;
   std::string dir_, resume_dir_;
   std::string run_id_;  // this run's lineage (CheckpointState::run_id)
+  std::function<void()> before_save_;
   OptionMap invariants_;
   CheckpointTimer timer_;
   std::vector<DataResumePoint> points_;      // drafter 0: resume points as of the last save

@@ -158,6 +158,7 @@ DrafterCheckpointer::Next DrafterCheckpointer::after_step(int64_t step, DrafterT
 void DrafterCheckpointer::save(int64_t step, DrafterTrainer& trainer, const nlohmann::json& schedule,
                                const std::function<void()>& progress) {
   const auto t0 = mpi::Clock::now();
+  if (before_save_) before_save_();
   std::vector<ConsumedBatch> consumed =
       gather_to_first(consumed_, comm_, rank_, size_, o_.peer_timeout_s, progress, "trained batches");
   consumed_.clear();

@@ -109,6 +109,10 @@ void MetricsHub::set_attribute(const std::string& name, int64_t value) {
 
 MetricsHub::~MetricsHub() { close(); }
 
+void MetricsHub::flush() {
+  if (writer_) writer_->flush();
+}
+
 void MetricsHub::training_started() { last_time_s_ = train_start_s_ = job_.elapsed(); }
 
 void MetricsHub::record_step(const StepMetrics& s) {

@@ -29,6 +29,9 @@ class MetricsHub {
   enum class Rates { Interval, WholeRun };
   void report(const DrafterReport& mine, const std::vector<TargetReport>& targets_seen, Rates rates,
               const std::function<void()>& progress);
+  // metrics.h5 to disk now (writer only; others ignore): before a checkpoint commits, so the rows up to
+  // its step survive a crash and a run resumed from it has no gap.
+  void flush();
   void close();
 
  private:

@@ -65,6 +65,7 @@ class DrafterLoop {
       hooks.ready = [&](size_t begin, size_t end) { reducer_->bucket_ready(begin, end); };
     }
     MetricsHub hub(job_);
+    ckpt.before_save([&] { hub.flush(); });  // the metrics rows up to a checkpoint are on disk before it commits
     // The bytes each step allreduces (dflash-report prices more drafters with it when it measured none).
     hub.set_attribute("drafter_grad_bytes", static_cast<int64_t>(grads.nbytes()));
     wait_all_loaded(job_);
