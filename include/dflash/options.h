@@ -97,6 +97,8 @@ struct Options {
   int64_t inject_fail_step = -1;
   FailMode inject_fail_mode = FailMode::Kill;
 
+  std::string command_line;      // argv as typed, shell-quoted where needed (metrics.h5's command_line)
+
   // "name = value" lines of every option (the resolved configuration, printed at startup and stored
   // in metrics.h5).
   std::vector<std::pair<std::string, std::string>> resolved;

@@ -111,6 +111,56 @@ void set_aside_previous(const std::string& path) {
                steps < 0 ? "not readable as a metrics file" : (std::to_string(steps) + " steps").c_str(), aside.c_str());
 }
 
+// units + description of every series, as attributes of its dataset: xarray/netCDF tools and h5py users see
+// what a column means without docs/metrics.md ([n, T] etc. name the dimensions of the 2-D series).
+struct SeriesNote {
+  const char* name;
+  const char* units;
+  const char* description;
+};
+const SeriesNote kSeriesNotes[] = {
+    {"steps/step", "1", "optimizer step, absolute (continues across resumes)"},
+    {"steps/time_s", "s", "when the step finished, seconds since this segment's job start (restarts at a resume)"},
+    {"steps/loss", "1", "training loss of the step (nats; position-weighted, over all drafters)"},
+    {"steps/acc", "1", "share of trained positions whose drafter argmax equals the label"},
+    {"steps/agree", "1", "share of trained positions whose drafter argmax equals the target's argmax"},
+    {"steps/streak", "tokens", "mean leading run of correct predictions per block (acceptance-length estimate)"},
+    {"steps/lr", "1", "learning rate of the step (AdamW)"},
+    {"steps/noise", "1", "std of the Gaussian noise added to the target features"},
+    {"steps/grad_norm", "1", "global L2 norm of the gradients"},
+    {"steps/tokens", "tokens", "tokens in the step's batches (all drafters)"},
+    {"steps/anchors", "1", "anchors (blocks) trained on in the step (all drafters)"},
+    {"ranks/interval", "1", "report interval (every --log-every steps; restarts at 0 in a resumed segment)"},
+    {"ranks/time_s", "s", "end of the interval, seconds since this segment's job start"},
+    {"ranks/rank", "1", "world rank"},
+    {"ranks/role", "1", "role of the rank: 0 target, 1 drafter, 2 idle"},
+    {"ranks/batches", "batches", "batches the rank finished in the interval"},
+    {"ranks/busy_s", "s", "time working in the interval (target: forward; drafter: forward+backward+optimizer)"},
+    {"ranks/wait_s", "s", "time blocked in the interval (credit, data, sends, allreduce)"},
+    {"ranks/compute_s", "s", "target: forward; drafter: forward+backward"},
+    {"ranks/credit_wait_s", "s", "target: waiting for a drafter's credit (a free receive slot)"},
+    {"ranks/data_wait_s", "s", "target: waiting for its loader; drafter: waiting for a batch"},
+    {"ranks/allreduce_s", "s", "drafter: gradient allreduce"},
+    {"ranks/optimizer_s", "s", "drafter: AdamW step"},
+    {"queues/time_s", "s", "sample time, seconds since this segment's job start"},
+    {"queues/q_pre", "batches", "[sample, target] batches ready in each target's prefetch queue (capacity --prefetch-depth)"},
+    {"queues/q_hs", "batches", "[sample, drafter] receive slots holding an untrained batch (capacity --hs-queue-depth)"},
+    {"gpus/time_s", "s", "sample time, seconds since this segment's job start"},
+    {"gpus/power_w", "W", "[sample, gpu] board power; column g = world rank gpu_ranks[g] (root attribute)"},
+    {"gpus/util_pct", "%", "[sample, gpu] GPU utilisation"},
+    {"gpus/mem_used_mib", "MiB", "[sample, gpu] device memory used"},
+};
+
+// Writes (or rewrites: files of earlier versions get them on a resume) the notes of the open series.
+void annotate_series(const std::map<std::string, Handle>& series) {
+  for (const SeriesNote& n : kSeriesNotes) {
+    const auto it = series.find(n.name);
+    if (it == series.end()) continue;
+    h5::write_attr_string(it->second, "units", n.units);
+    h5::write_attr_string(it->second, "description", n.description);
+  }
+}
+
 }  // namespace
 
 struct MetricsWriter::Impl {
@@ -226,6 +276,7 @@ MetricsWriter::MetricsWriter(const std::string& path, const MetricsLayout& layou
       impl_->open_series("gpus/mem_used_mib", Elem::F64, layout.num_gpus, create);
     }
   }
+  annotate_series(impl_->series);
   DF_H5(H5Fflush(impl_->file, H5F_SCOPE_GLOBAL), "flushing " + path);
 }
 

@@ -39,12 +39,6 @@ std::pair<int64_t, int64_t> dataset_shape(const std::string& path) {
   return {static_cast<int64_t>(o[0]) - 1, static_cast<int64_t>(t[0])};
 }
 
-std::string list(const std::vector<int>& v) {
-  std::string s = "[";
-  for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
-  return s + "]";
-}
-
 std::string schedule(const Options& o, int num_drafters) {
   std::ostringstream os;
   const auto [records, tokens] = dataset_shape(o.data_path);

@@ -6,6 +6,7 @@
 #include <utility>
 
 #include <cstdio>
+#include <ctime>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
@@ -13,6 +14,13 @@
 #include "dflash/data.h"  // hdf5_mutex()
 #include "dflash/error.h"
 #include "dflash/nvml.h"
+
+#if __has_include("dflash_git_commit.h")
+#include "dflash_git_commit.h"  // generated at build time (cmake/git_commit.cmake)
+#endif
+#ifndef DFLASH_GIT_COMMIT
+#define DFLASH_GIT_COMMIT "unknown"
+#endif
 
 namespace dflash {
 
@@ -29,6 +37,16 @@ int64_t dataset_token_count(const std::string& path) {
   h5::Handle tokens(H5Dopen2(file, "tokens", H5P_DEFAULT), h5::Handle::Kind::Dataset);
   const std::vector<hsize_t> d = tokens.valid() ? h5::dims(tokens) : std::vector<hsize_t>{};
   return d.size() == 1 ? static_cast<int64_t>(d[0]) : -1;
+}
+
+// "2026-12-01T10:05:00Z"
+std::string utc_now_iso8601() {
+  const std::time_t t = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof(buf), "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
 }
 
 }  // namespace
@@ -97,6 +115,12 @@ MetricsHub::MetricsHub(const JobContext& job) : job_(job) {
   if (!gpu_ranks_.empty()) writer_->set_attribute("gpu_ranks", json_int_list(gpu_ranks_));
   if (const auto idle_w = mean_startup_power_w(startup)) writer_->set_attribute("gpu_idle_power_w", *idle_w);
   if (const int64_t n = dataset_token_count(job.opt.data_path); n > 0) writer_->set_attribute("dataset_tokens", n);
+  // Run metadata: when (UTC) the run and this segment started, the build's commit, the command line.
+  const std::string now_utc = utc_now_iso8601();
+  if (!resuming) writer_->set_attribute("start_utc", now_utc);
+  writer_->set_attribute("segment_start_utc", now_utc);
+  writer_->set_attribute("git_commit", std::string(DFLASH_GIT_COMMIT));
+  writer_->set_attribute("command_line", job.opt.command_line);
   // The writer's host's cores (nodes are alike): on the CPU backend, more busy ranks than cores share them,
   // and dflash-report says the timings are distorted instead of recommending a split from them.
   if (const unsigned cores = std::thread::hardware_concurrency(); cores > 0)

@@ -159,6 +159,26 @@ void keep_last_occurrence(po::parsed_options& parsed) {
   parsed.options.assign(kept.rbegin(), kept.rend());
 }
 
+// argv joined into one line a shell would run again: arguments with anything but [A-Za-z0-9_./:=,+@%-]
+// single-quoted.
+std::string shell_line(int argc, const char* const* argv) {
+  std::string line;
+  for (int i = 0; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (i) line += ' ';
+    const bool plain = !a.empty() && a.find_first_not_of("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+                                                         "0123456789_./:=,+@%-") == std::string::npos;
+    if (plain) {
+      line += a;
+      continue;
+    }
+    line += '\'';
+    for (char c : a) line += c == '\'' ? std::string("'\\''") : std::string(1, c);
+    line += '\'';
+  }
+  return line;
+}
+
 void check_range(bool ok, const char* flag, const std::string& value, const char* rule) {
   DF_CHECK_HINT(ok, BadOptions, "bad value " << value << " for --" << flag, std::string("--") + flag + " must be " + rule);
 }
@@ -264,6 +284,7 @@ ParseResult parse_options(int argc, const char* const* argv) {
   parse_checkpoint_every(o.checkpoint_every);  // fatal BadOptions naming the flag on a bad value
   check_range(o.keep_checkpoints >= 1, "keep-checkpoints", str(o.keep_checkpoints), ">= 1");
   o.train.total_steps = o.max_steps;
+  o.command_line = shell_line(argc, argv);
 
   // The resolved configuration: every option with the value the job will use.
   for (const auto& opt : desc.options()) {

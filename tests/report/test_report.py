@@ -225,6 +225,18 @@ class ReportTest(unittest.TestCase):
         self.assertIn("7-1", [w["split"] for w in rows])
         self.assertEqual([w["ktok_per_s"] for w in rows], sorted((w["ktok_per_s"] for w in rows), reverse=True))
 
+    def test_run_metadata_is_shown_when_recorded(self):
+        p = write_run(self.path("a.h5"))
+        self.assertNotIn("built from commit", render.text(analysis.analyse(Run(p))))  # an older file: nothing
+        with h5py.File(p, "a") as f:
+            f.attrs["start_utc"] = "2026-12-01T10:05:00Z"
+            f.attrs["git_commit"] = "0123456789abcdef0123-dirty"
+            f.attrs["command_line"] = "dflash-train --topology 2-1"
+        rep = analysis.analyse(Run(p))
+        self.assertEqual(rep["run"]["command_line"], "dflash-train --topology 2-1")
+        self.assertIn("started 2026-12-01T10:05:00Z, built from commit 0123456789ab (uncommitted changes)",
+                      render.text(rep))
+
     def test_version(self):
         r = report("--version")
         self.assertEqual(r.returncode, 0)

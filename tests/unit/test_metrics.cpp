@@ -130,6 +130,35 @@ TEST(Metrics, GpuSeriesWhenAvailable) {
   EXPECT_EQ(r.attribute_number("/gpus", "available"), 1.0);
 }
 
+TEST(Metrics, EveryDatasetHasUnitsAndADescription) {
+  const std::string path = make_temp_dir() + "/metrics.h5";
+  MetricsLayout l = cpu_layout(2, 1);
+  l.gpu_available = true;
+  l.num_gpus = 3;
+  { MetricsWriter w(path, l); }
+  const MetricsReader r(path);
+  const char* groups[][14] = {
+      {"steps", "step", "time_s", "loss", "acc", "agree", "streak", "lr", "noise", "grad_norm", "tokens", "anchors"},
+      {"ranks", "interval", "time_s", "rank", "role", "batches", "busy_s", "wait_s", "compute_s", "credit_wait_s",
+       "data_wait_s", "allreduce_s", "optimizer_s"},
+      {"queues", "time_s", "q_pre", "q_hs"},
+      {"gpus", "time_s", "power_w", "util_pct", "mem_used_mib"}};
+  int checked = 0;
+  for (const auto& g : groups) {
+    for (int i = 1; i < 14 && g[i]; ++i) {
+      const std::string ds = std::string("/") + g[0] + "/" + g[i];
+      ASSERT_TRUE(r.has_attribute(ds, "units")) << ds;
+      ASSERT_TRUE(r.has_attribute(ds, "description")) << ds;
+      EXPECT_FALSE(r.attribute_string(ds, "description").empty()) << ds;
+      ++checked;
+    }
+  }
+  EXPECT_EQ(checked, 11 + 12 + 3 + 4);
+  EXPECT_EQ(r.attribute_string("/gpus/power_w", "units"), "W");
+  EXPECT_EQ(r.attribute_string("/steps/time_s", "units"), "s");
+  EXPECT_NE(r.attribute_string("/queues/q_hs", "description").find("[sample, drafter]"), std::string::npos);
+}
+
 TEST(Metrics, AppendResumesAndDropsStepsAfterCheckpoint) {
   const std::string path = make_temp_dir() + "/metrics.h5";
   {

@@ -117,6 +117,12 @@ TEST(Options, RepeatedOptionLastWins) {
   std::remove(path.c_str());
 }
 
+TEST(Options, CommandLineIsKeptShellQuoted) {
+  const Options o = parse(with_required({"--out", "my run", "--seed", "7"})).options;  // the later --out wins
+  EXPECT_EQ(o.command_line, "dflash-train --target T --data D.h5 --out O --out 'my run' --seed 7");
+  EXPECT_EQ(o.out_dir, "my run");
+}
+
 TEST(Options, DryRunIsAnOption) {
   EXPECT_FALSE(parse(with_required({})).options.dry_run);
   EXPECT_TRUE(parse(with_required({"--dry-run"})).options.dry_run);

@@ -275,6 +275,9 @@ def analyse(run, power_budget_w=None, idle_power_w=None, allreduce_gbps=None):
         "file": run.path,
         "run": {"topology": run.topology, "targets_per_node": T, "drafters_per_node": D, "gpus_per_node": G,
                 "unit": run.unit, "host_cpu_cores": run.host_cpu_cores,
+                # run metadata (None in files written before the job recorded it)
+                "start_utc": run.attrs.get("start_utc"), "git_commit": run.attrs.get("git_commit"),
+                "command_line": run.attrs.get("command_line"),
                 "nodes": N, "backend": run.backend, "steps": int(len(st.get("step", []))),
                 "elapsed_s": float(max(end_s, float(st["time_s"].max()) if len(st.get("time_s", [])) else 0.0)),
                 "window_s": [start_s, end_s], "window": window_note,

@@ -32,6 +32,10 @@ def text(rep):
     L.append(f"run: topology {run['topology']} on {run['nodes']} node(s) x {run['gpus_per_node']} {unit}(s), "
              f"backend {run['backend']}, {run['steps']} steps, {_dur(run['elapsed_s'])}; "
              f"{run['tokens_per_batch'] / 1000:.1f} Ktok/batch")
+    if run.get("start_utc") or run.get("git_commit"):
+        commit = run.get("git_commit") or "?"
+        L.append(f"started {run.get('start_utc') or '?'}, built from commit {commit[:12]}"
+                 f"{' (uncommitted changes)' if commit.endswith('-dirty') else ''}")
     if rep.get("auto_topology"):
         L.append(f"split chosen by --topology auto ({rep['auto_topology']['chosen']}, predicted at start-up: "
                  f"{rep['auto_topology']['predicted_bps'] or 0:.3f} b/s)")
