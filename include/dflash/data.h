@@ -91,7 +91,9 @@ class TokenDataset {
   int format_version() const { return format_version_; }
 
   // Appends the first min(record_length(r), max_tokens) tokens and mask entries of record r
-  // (max_tokens < 0: the whole record). Thread-safe (takes hdf5_mutex()).
+  // (max_tokens < 0: the whole record). Thread-safe (takes hdf5_mutex()). A file truncated, rewritten or
+  // replaced since it was opened (its size, modification time or inode changed) is a fatal BadInput:
+  // HDF5 would read zeros past the end, and the drafter would train on them.
   void read_record(size_t r, std::vector<int32_t>& tokens, std::vector<uint8_t>& loss_mask,
                    int64_t max_tokens = -1) const;
   // Reads everything into memory (tests, small tools).
@@ -105,6 +107,12 @@ class TokenDataset {
   std::string tokenizer_;
   int format_version_ = 0;
   int64_t loss_tokens_ = 0, anchor_positions_ = 0;
+  // The file as opened: what read_record compares against.
+  struct FileStamp {
+    uint64_t dev = 0, ino = 0;
+    int64_t size = 0, mtime_ns = 0;
+  } stamp_;
+  void check_unchanged() const;
 };
 
 // ---- the loader --------------------------------------------------------------------------------------

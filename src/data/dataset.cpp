@@ -1,10 +1,14 @@
 // Token dataset: writing (atomic) and opening with full validation. Layout: include/dflash/data.h,
 // docs/data.md.
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <mutex>
+#include <sstream>
 
 #include "data/h5_util.h"
 #include "dflash/data.h"
@@ -85,6 +89,17 @@ Handle open_1d(hid_t file, const char* name, H5T_class_t cls, const std::string&
 
 constexpr hsize_t kScanChunk = 1 << 20;  // tokens read at once while validating
 
+// Identity, size and modification time of the file at `path` (false when it cannot be stat'ed).
+bool stat_file(const std::string& path, uint64_t* dev, uint64_t* ino, int64_t* size, int64_t* mtime_ns) {
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0) return false;
+  *dev = static_cast<uint64_t>(st.st_dev);
+  *ino = static_cast<uint64_t>(st.st_ino);
+  *size = static_cast<int64_t>(st.st_size);
+  *mtime_ns = static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
+  return true;
+}
+
 }  // namespace
 
 TokenDataset::TokenDataset(const std::string& path, int target_vocab_size) : path_(path) {
@@ -94,6 +109,9 @@ TokenDataset::TokenDataset(const std::string& path, int target_vocab_size) : pat
                 "check --data; convert JSONL with dflash-prep");
   DF_CHECK_HINT(H5Fis_hdf5(path.c_str()) > 0, BadInput, "dataset " << path << " is not an HDF5 file",
                 "convert JSONL records with dflash-prep IN.jsonl OUT.h5 (docs/data.md)");
+  // Stamped before it is opened: a change during the validation below is caught by the first read.
+  DF_CHECK_HINT(stat_file(path, &stamp_.dev, &stamp_.ino, &stamp_.size, &stamp_.mtime_ns), BadInput,
+                "cannot stat dataset " << path << ": " << std::strerror(errno), "check --data");
   Handle fapl(h5::fapl_no_locking(), Handle::Kind::PropList);
   Handle file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, fapl), Handle::Kind::File);
   DF_CHECK(file.valid(), BadInput, "cannot open dataset " << path << " (corrupt HDF5 file?)");
@@ -205,6 +223,24 @@ void TokenDataset::read_record(size_t r, std::vector<int32_t>& tokens, std::vect
   DF_H5(H5Sselect_hyperslab(ms, H5S_SELECT_SET, &begin, nullptr, &count, nullptr), "selecting a record");
   DF_H5(H5Dread(mask_ds_, H5T_NATIVE_UINT8, mem, ms, H5P_DEFAULT, loss_mask.data() + at),
         "reading record " + std::to_string(r) + " of " + path_);
+  // After the read: a change before or during it is caught here, before the record is used.
+  check_unchanged();
+}
+
+void TokenDataset::check_unchanged() const {
+  FileStamp now;
+  const bool readable = stat_file(path_, &now.dev, &now.ino, &now.size, &now.mtime_ns);
+  if (readable && now.dev == stamp_.dev && now.ino == stamp_.ino && now.size == stamp_.size &&
+      now.mtime_ns == stamp_.mtime_ns)
+    return;
+  std::ostringstream what;
+  if (!readable) what << "was removed";
+  else if (now.dev != stamp_.dev || now.ino != stamp_.ino) what << "was replaced by another file";
+  else if (now.size != stamp_.size) what << "changed size from " << stamp_.size << " to " << now.size << " bytes";
+  else what << "was rewritten (its modification time changed)";
+  DF_FAIL(BadInput, "dataset " << path_ << " " << what.str() << " while this job reads it",
+          "never rewrite or truncate a dataset a job is reading: write a new file, and start a new run on it (or "
+          "resume this one on the original)");
 }
 
 TokenRecords TokenDataset::read_all() const {
