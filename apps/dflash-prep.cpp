@@ -1,6 +1,6 @@
 // dflash-prep: converts pre-tokenized JSONL records into a dflash token dataset (docs/data.md).
 //
-//   dflash-prep IN.jsonl OUT.h5 (--vocab-size N | --target DIR) [--tokenizer NAME]
+//   dflash-prep IN.jsonl OUT.h5 (--vocab-size N | --target DIR) [--tokenizer NAME] [--require-mask]
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -9,21 +9,27 @@
 #include "dflash/error.h"
 #include "dflash/version.h"
 #include "dflash/hf_config.h"
+#include "dflash/jsonl_prep.h"
 
 using namespace dflash;
 
 static const char* kUsage =
-    "usage: dflash-prep IN.jsonl OUT.h5 (--vocab-size N | --target DIR) [--tokenizer NAME]\n"
+    "usage: dflash-prep IN.jsonl OUT.h5 (--vocab-size N | --target DIR) [--tokenizer NAME] [--require-mask]\n"
     "       dflash-prep --help | --version\n"
-    "  IN.jsonl: one record per line, {\"input_ids\": [...], \"loss_mask\": [...]} (loss_mask optional = all 1)\n"
+    "  IN.jsonl: one record per line, {\"input_ids\": [...], \"loss_mask\": [...]} or {\"input_ids\": [...],\n"
+    "            \"labels\": [...]} (Hugging Face labels: -100 = no loss, else the input id); with neither, every\n"
+    "            token is trained on; other fields are reported once each, and not used\n"
     "  --vocab-size N  ids must be < N;  --target DIR  take N from DIR/config.json\n"
-    "  --tokenizer NAME  stored as the dataset's tokenizer attribute (e.g. Qwen/Qwen3-8B)\n";
+    "  --tokenizer NAME  stored as the dataset's tokenizer attribute (e.g. Qwen/Qwen3-8B)\n"
+    "  --require-mask    a record with neither loss_mask nor labels is an error (exit 3) instead of all 1\n";
 
 int main(int argc, char** argv) {
   if (dflash::print_version_if_asked(argc, argv, "dflash-prep")) return 0;
   process_identity().role = "tool";
   std::string in, out, target, tokenizer = "unknown";
   int vocab = 0;
+  JsonlPrepOptions options;
+  options.progress = Progress::Stderr;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto value = [&](const char* flag) -> std::string {
@@ -44,6 +50,8 @@ int main(int argc, char** argv) {
       target = value("--target");
     } else if (a == "--tokenizer") {
       tokenizer = value("--tokenizer");
+    } else if (a == "--require-mask") {
+      options.require_mask = true;
     } else if (!a.empty() && a[0] == '-') {
       DF_FAIL(BadOptions, "unknown option " << a, kUsage);
     } else if (in.empty()) {
@@ -58,9 +66,18 @@ int main(int argc, char** argv) {
   DF_CHECK_HINT((vocab > 0) != !target.empty(), BadOptions, "give exactly one of --vocab-size and --target", kUsage);
   if (!target.empty()) vocab = load_qwen3_config(target + "/config.json").vocab_size;
 
-  PrepResult r = convert_jsonl_to_dataset(in, out, vocab, tokenizer, Progress::Stderr);
+  JsonlPrepStats stats;
+  PrepResult r = convert_jsonl_to_dataset(in, out, vocab, tokenizer, options, &stats);
   std::printf("dflash-prep: wrote %s: %lld records, %lld tokens (%lld with loss), vocab %d\n", out.c_str(),
               static_cast<long long>(r.records), static_cast<long long>(r.tokens), static_cast<long long>(r.loss_tokens),
               vocab);
+  std::printf("dflash-prep: records with loss_mask %lld, with labels %lld, with neither (all tokens trained) %lld\n",
+              static_cast<long long>(stats.records_with_loss_mask), static_cast<long long>(stats.records_with_labels),
+              static_cast<long long>(stats.records_without_mask));
+  if (!stats.unused_fields.empty()) {
+    std::string names;
+    for (const std::string& f : stats.unused_fields) names += (names.empty() ? "" : ", ") + f;
+    std::printf("dflash-prep: fields not used: %s\n", names.c_str());
+  }
   return 0;
 }
