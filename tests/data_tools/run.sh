@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# tests/data_tools/run.sh tokenize|regenerate: runs test_NAME.py (unittest) with a python3 that has what it
+# needs; exit 77 (skipped, with the reason) when none has. regenerate also needs torch, which tools/setup.sh
+# installs only with DFLASH_TORCH=1 (PyPI's torch wheel brings ~5 GB of CUDA libraries).
+set -euo pipefail
+HERE=$(cd "$(dirname "$0")" && pwd)
+source "$HERE/lib.sh"
+venv_hint=${DFLASH_VENV:-$HOME/.local/share/dflash-train/venv}
+case "$1" in
+  tokenize) PY=$(find_py tokenizers transformers jinja2 h5py numpy) ;;
+  regenerate) PY=$(SKIP_HINT="DFLASH_TORCH=1 tools/setup.sh adds torch to $venv_hint: PyPI's wheel brings ~5 GB of CUDA \
+libraries, so plain setup leaves it out" find_py tokenizers transformers jinja2 h5py numpy torch) ;;
+  *) echo "usage: run.sh tokenize|regenerate" >&2; exit 2 ;;
+esac
+echo "# $($PY --version) at $PY"
+export DFLASH_SRC=${DFLASH_SRC:-$(cd "$HERE/../.." && pwd)}
+exec "$PY" -m unittest discover -v -s "$HERE" -p "test_$1.py" 2>&1

@@ -1,0 +1,193 @@
+"""tools/dflash-tokenize: chat JSONL -> the target's chat template -> assistant-only loss mask -> dataset.
+
+Every test makes its own tokenizer (tests/data_tools/make_tiny_tokenizer.py: a BPE trained here, saved with a
+chat template); nothing is downloaded."""
+import json
+import os
+import unittest
+
+from common import (BIN, TOKENIZE, TempDir, make_tokenizer, masked_runs, read_h5, records, run, write_jsonl)
+
+OPENAI = {"messages": [
+    {"role": "system", "content": "You are a helpful assistant."},
+    {"role": "user", "content": "What is the capital of France?"},
+    {"role": "assistant", "content": "The capital of France is Paris."},
+    {"role": "user", "content": "And two plus two?"},
+    {"role": "assistant", "content": "Two plus two is four."}]}
+SHAREGPT = {"id": "s1", "conversations": [
+    {"from": "system", "value": "Answer the question briefly."},
+    {"from": "human", "value": "Tell me a story about a dragon."},
+    {"from": "gpt", "value": "Sure, here is a story: the dragon jumps over the lazy dog."}]}
+EXPECT_CHATML = [["The capital of France is Paris.<|im_end|>\n", "Two plus two is four.<|im_end|>\n"],
+                 ["Sure, here is a story: the dragon jumps over the lazy dog.<|im_end|>\n"]]
+
+
+class Tokenize(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        from transformers import AutoTokenizer
+        cls.d = TempDir()
+        cls.tok = {}
+        for t in ("chatml", "qwen3", "generation"):
+            make_tokenizer(cls.d("tok-" + t), t)
+            cls.tok[t] = AutoTokenizer.from_pretrained(cls.d("tok-" + t), local_files_only=True)
+        cls.chat = write_jsonl(cls.d("chat.jsonl"), [OPENAI, "", SHAREGPT])
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.d.cleanup()
+
+    def tokenize(self, template, inp, out, *args, expect=0):
+        rc, so, se = run(TOKENIZE, self.d("tok-" + template), inp, out, *args)
+        self.assertEqual(rc, expect, f"exit {rc}\n{so}\n{se}")
+        return so, se
+
+    def test_openai_and_sharegpt_mask_only_assistant_turns(self):
+        out = self.d("chatml.h5")
+        so, _ = self.tokenize("chatml", self.chat, out)
+        data, attrs, dtypes = read_h5(out)
+        # exactly the layout dflash-train reads (docs/data.md)
+        self.assertEqual(dtypes, {"tokens": "<i4", "offsets": "<i8", "loss_mask": "|u1"})
+        self.assertEqual(attrs["format_version"], 1)
+        self.assertEqual(attrs["vocab_size"], 400)  # no config.json: the tokenizer's size
+        self.assertEqual(attrs["tokenizer"], os.path.abspath(self.d("tok-chatml")))
+        recs = records(out)
+        self.assertEqual(len(recs), 2)
+        tok = self.tok["chatml"]
+        for (ids, mask), want, conv in zip(recs, EXPECT_CHATML, [OPENAI, SHAREGPT]):
+            self.assertEqual(masked_runs(tok, ids, mask), want)
+        # the ids are what the template + tokenizer give (transformers' own tokenize=True path)
+        ids = tok.apply_chat_template(OPENAI["messages"], tokenize=True, return_dict=True)["input_ids"]
+        self.assertEqual(recs[0][0], list(ids))
+        self.assertIn("2 records", so)
+        self.assertIn("loss mask by prefix", so)
+
+    def test_vocab_from_config_json(self):
+        import shutil
+        model = self.d("model-with-config")
+        shutil.copytree(self.d("tok-chatml"), model)
+        with open(os.path.join(model, "config.json"), "w") as f:
+            json.dump({"architectures": ["Qwen3ForCausalLM"], "vocab_size": 512}, f)
+        rc, so, se = run(TOKENIZE, model, self.chat, self.d("cfg.h5"))
+        self.assertEqual(rc, 0, se)
+        self.assertEqual(read_h5(self.d("cfg.h5"))[1]["vocab_size"], 512)
+        with open(os.path.join(model, "config.json"), "w") as f:
+            json.dump({"vocab_size": 100}, f)  # the tokenizer's ids do not fit this target
+        rc, so, se = run(TOKENIZE, model, self.chat, self.d("cfg2.h5"))
+        self.assertEqual(rc, 3, se)
+        self.assertIn("outside the target's vocabulary 100", se)
+
+    def test_generation_tags_agree_with_prefix_rendering(self):
+        a, b = self.d("gen-auto.h5"), self.d("gen-prefix.h5")
+        so, _ = self.tokenize("generation", self.chat, a)
+        self.assertIn("loss mask by generation", so)
+        self.tokenize("generation", self.chat, b, "--mask", "prefix")
+        self.assertEqual(records(a), records(b))
+        self.assertEqual([masked_runs(self.tok["generation"], *r) for r in records(a)], EXPECT_CHATML)
+        _, se = self.tokenize("chatml", self.chat, self.d("x.h5"), "--mask", "generation", expect=2)
+        self.assertIn("no {% generation %} tags", se)
+
+    def test_qwen3_template_thinking_choice(self):
+        # Qwen3's template is not prefix-stable (the empty think block is written on the last assistant turn
+        # only); the mask must still cover each assistant turn, and the think block follows enable_thinking.
+        tok = self.tok["qwen3"]
+        on, off = self.d("q-on.h5"), self.d("q-off.h5")
+        self.tokenize("qwen3", self.chat, on)
+        so, _ = self.tokenize("qwen3", self.chat, off, "--no-enable-thinking")
+        self.assertIn("enable_thinking=false", so)
+        runs_on = [masked_runs(tok, *r) for r in records(on)]
+        runs_off = [masked_runs(tok, *r) for r in records(off)]
+        self.assertEqual(runs_on, [
+            ["The capital of France is Paris.<|im_end|>\n", "<think>\n\n</think>\n\nTwo plus two is four.<|im_end|>\n"],
+            ["<think>\n\n</think>\n\nSure, here is a story: the dragon jumps over the lazy dog.<|im_end|>\n"]])
+        # thinking off: the empty think block is part of the generation prompt, not of the answer
+        self.assertEqual(runs_off, EXPECT_CHATML)
+        for (ids, _), conv in zip(records(off), [OPENAI["messages"], None]):
+            if conv:
+                want = tok.apply_chat_template(conv, tokenize=True, return_dict=True, enable_thinking=False)
+                self.assertEqual(ids, list(want["input_ids"]))
+        # reasoning kept on the last turn, dropped from earlier ones by the template: still masked right
+        conv = {"messages": [{"role": "user", "content": "Two plus two?"},
+                             {"role": "assistant", "content": "<think>\nadd them\n</think>\n\nFour."},
+                             {"role": "user", "content": "Three times three?"},
+                             {"role": "assistant", "content": "<think>\nmultiply\n</think>\n\nNine."}]}
+        p = write_jsonl(self.d("think.jsonl"), [conv])
+        self.tokenize("qwen3", p, self.d("think.h5"))
+        self.assertEqual(masked_runs(tok, *records(self.d("think.h5"))[0]),
+                         ["Four.<|im_end|>\n", "<think>\nmultiply\n</think>\n\nNine.<|im_end|>\n"])
+
+    def test_max_length_cut_skip_error(self):
+        long_conv = {"messages": [{"role": "user", "content": "hi " * 10},
+                                  {"role": "assistant", "content": "Sure, here is a list: apples, oranges. " * 6}]}
+        p = write_jsonl(self.d("long.jsonl"), [OPENAI, long_conv])
+        full = records(self.tokenize("chatml", p, self.d("full.h5")) and self.d("full.h5"))
+        n = len(full[1][0]) - 10
+        self.assertGreater(n, len(full[0][0]))
+        so, _ = self.tokenize("chatml", p, self.d("cut.h5"), "--max-length", n)
+        cut = records(self.d("cut.h5"))
+        self.assertEqual(cut[1], (full[1][0][:n], full[1][1][:n]))
+        self.assertIn("cut to --max-length %d: 1 records (10 tokens dropped)" % n, so)
+        so, _ = self.tokenize("chatml", p, self.d("skip.h5"), "--max-length", n, "--long-record", "skip")
+        self.assertEqual(len(records(self.d("skip.h5"))), 1)
+        self.assertIn("longer than --max-length %d: 1 (line 2)" % n, so)
+        _, se = self.tokenize("chatml", p, self.d("err.h5"), "--max-length", n, "--long-record", "error", expect=3)
+        self.assertIn("long.jsonl:2: %d tokens, longer than --max-length %d" % (len(full[1][0]), n), se)
+        self.assertFalse(os.path.exists(self.d("err.h5")))
+        # cut inside the prompt: nothing to learn is left, the record is dropped and said so
+        _, se = self.tokenize("chatml", p, self.d("short.h5"), "--max-length", 12, expect=3)
+        self.assertIn("no records left (2 lines read, 2 dropped: no assistant token within --max-length 12: 2)", se)
+
+    def test_bad_lines_fail_or_skip_with_line_numbers(self):
+        p = write_jsonl(self.d("bad.jsonl"), [
+            OPENAI, "not json", {"messages": [{"role": "alien", "content": "x"}]},
+            {"messages": [{"role": "user", "content": "only a question"}]},
+            {"conversations": [{"from": "human", "value": 5}]}, dict(SHAREGPT, note="kept?")])
+        _, se = self.tokenize("chatml", p, self.d("bad.h5"), expect=3)
+        self.assertIn("bad.jsonl:2: not valid JSON", se)
+        self.assertFalse(os.path.exists(self.d("bad.h5")))
+        so, se = self.tokenize("chatml", p, self.d("bad.h5"), "--on-bad-line", "skip")
+        self.assertIn("bad.jsonl:3: message 0: unknown role \"alien\"", se)
+        self.assertIn("bad.jsonl:5: message 0: \"value\" must be a string", se)
+        self.assertEqual(se.count("field \"note\" is not used"), 1)
+        self.assertIn("2 records", so)
+        self.assertIn("dropped 4 records: bad line: 3 (lines 2, 3, 5); no assistant turn: 1 (line 4)", so)
+
+    def test_nothing_to_train_on_is_exit_3(self):
+        p = write_jsonl(self.d("none.jsonl"), [{"messages": [{"role": "user", "content": "q"}]}])
+        _, se = self.tokenize("chatml", p, self.d("none.h5"), expect=3)
+        self.assertIn("no records left", se)
+
+    def test_bad_options_exit_2(self):
+        for args in (["--max-length", "-1"], ["--bogus"], ["--on-bad-line", "maybe"], ["--workers", "0"]):
+            rc, _, se = run(TOKENIZE, self.d("tok-chatml"), self.chat, self.d("o.h5"), *args)
+            self.assertEqual(rc, 2, (args, se))
+        rc, _, se = run(TOKENIZE, self.d("tok-chatml"), self.chat, self.d("o.txt"))
+        self.assertEqual(rc, 2, se)
+        rc, _, se = run(TOKENIZE, self.d("no-such-model"), self.chat, self.d("o.h5"))
+        self.assertEqual(rc, 3, se)
+        rc, _, se = run(TOKENIZE, self.d("tok-chatml"), self.d("no-such.jsonl"), self.d("o.h5"))
+        self.assertEqual(rc, 3, se)
+        rc, so, _ = run(TOKENIZE, "--version")
+        self.assertEqual(rc, 0)
+        self.assertRegex(so, r"^dflash-tokenize \d+\.\d+")
+
+    def test_workers_and_jsonl_output_through_dflash_prep(self):
+        many = write_jsonl(self.d("many.jsonl"), [OPENAI, SHAREGPT] * 20)
+        self.tokenize("qwen3", many, self.d("w1.h5"))
+        self.tokenize("qwen3", many, self.d("w2.h5"), "--workers", "2")
+        self.assertEqual(records(self.d("w1.h5")), records(self.d("w2.h5")))
+        self.tokenize("qwen3", many, self.d("w1.jsonl"))
+        with open(self.d("w1.jsonl")) as f:
+            lines = [json.loads(x) for x in f]
+        self.assertEqual([(r["input_ids"], r["loss_mask"]) for r in lines], records(self.d("w1.h5")))
+        prep = os.path.join(BIN, "dflash-prep")
+        if not os.path.exists(prep):
+            self.skipTest(f"no {prep}: build dflash-prep (DFLASH_BIN) for the hand-off check")
+        import subprocess
+        subprocess.run([prep, self.d("w1.jsonl"), self.d("prep.h5"), "--vocab-size", "400", "--require-mask"],
+                       check=True, capture_output=True)
+        self.assertEqual(records(self.d("prep.h5")), records(self.d("w1.h5")))
+
+
+if __name__ == "__main__":
+    unittest.main()
