@@ -1,13 +1,23 @@
 #!/usr/bin/env bash
-# Installs what dflash-train needs to build and test on Debian 12 / Ubuntu 22.04+ (idempotent).
-# Usage: tools/setup.sh            (as root, or with sudo available)
+# Installs what dflash-train needs to build and run on Debian 12 / Ubuntu 22.04+ (idempotent); with --tests
+# also what only the test suite needs (tools/test.sh passes it).
+# Usage: tools/setup.sh [--tests]    (as root, or with sudo available)
 set -euo pipefail
+tests=0
+case "${1:-}" in
+  "") ;;
+  --tests) tests=1 ;;
+  *) echo "usage: tools/setup.sh [--tests]" >&2; exit 2 ;;
+esac
+# Building (GoogleTest too: the default build has the tests; -DDFLASH_BUILD_TESTS=OFF builds without it),
+# running (mpirun) and dflash-report (python3-numpy/h5py/matplotlib = requirements.txt).
 PKGS=(build-essential cmake ninja-build pkg-config
       libopenmpi-dev openmpi-bin
       libhdf5-dev hdf5-tools
       libboost-program-options-dev nlohmann-json3-dev libgtest-dev
-      python3 python3-numpy python3-h5py python3-matplotlib python3-venv
-      slurm-wlm munge)  # slurm-wlm, munge: the local Slurm cluster of tests/slurm (docs/checkpoint.md)
+      python3 python3-numpy python3-h5py python3-matplotlib)
+# The tests' local Slurm cluster (tests/slurm, docs/checkpoint.md): daemons a user's machine does not need.
+if [ $tests -eq 1 ]; then PKGS+=(slurm-wlm munge); fi
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -18,29 +28,5 @@ if [ ${#missing[@]} -gt 0 ]; then
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
 else
-  echo "# all build/test packages present"
-fi
-
-# Python packages of the data tools (tools/dflash-tokenize, tools/dflash-regenerate; requirements-data.txt) in a
-# venv over Debian's python3 (whose h5py/numpy it sees): $DFLASH_VENV, default ~/.local/share/dflash-train/venv;
-# the tools re-run themselves under it when the python3 on PATH lacks the packages. DFLASH_TORCH=1 adds torch
-# for dflash-regenerate's transformers backend (PyPI's wheel brings ~5 GB of CUDA libraries; ~4 min here).
-VENV=${DFLASH_VENV:-$HOME/.local/share/dflash-train/venv}
-ROOT=$(cd "$(dirname "$0")/.." && pwd)
-want=(-r "$ROOT/requirements-data.txt")
-check="import transformers, tokenizers, jinja2, h5py"
-if [ "${DFLASH_TORCH:-0}" = 1 ]; then want+=(torch); check+=", torch"; fi
-if [ -x "$VENV/bin/python3" ] && "$VENV/bin/python3" -c "$check" 2>/dev/null; then
-  echo "# data tools' Python packages present in $VENV"
-else
-  t0=$SECONDS
-  echo "# installing the data tools' Python packages into $VENV: ${want[*]}"
-  if { [ -x "$VENV/bin/python3" ] || /usr/bin/python3 -m venv --system-site-packages "$VENV"; } &&
-     "$VENV/bin/python3" -m pip install -q --disable-pip-version-check "${want[@]}"; then
-    echo "# installed in $((SECONDS - t0))s"
-  elif [ "${CI:-}" = true ]; then
-    echo "# FAILED to install the data tools' Python packages" >&2; exit 1
-  else
-    echo "# WARNING: could not install the data tools' Python packages: their tests will be skipped" >&2
-  fi
+  echo "# all packages present$([ $tests -eq 1 ] && echo " (the tests' included)")"
 fi

@@ -2,7 +2,7 @@
 # Sets up, builds and runs the test suite (the README's second command; CI runs this).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-tools/setup.sh
+tools/setup.sh --tests
 # One CUDA architecture keeps CI's build time down (the default build covers 90a;100;120); the tests
 # that run here are CPU tests anyway. Override with CUDA_ARCHS.
 echo "# CUDA architectures for this build: ${CUDA_ARCHS:-90a} (the default build: 90a;100;120)"
