@@ -15,7 +15,7 @@ PKGS=(build-essential cmake ninja-build pkg-config
       libopenmpi-dev openmpi-bin
       libhdf5-dev hdf5-tools
       libboost-program-options-dev nlohmann-json3-dev libgtest-dev
-      python3 python3-numpy python3-h5py python3-matplotlib)
+      python3 python3-numpy python3-h5py python3-matplotlib python3-venv)
 # The tests' local Slurm cluster (tests/slurm, docs/checkpoint.md): daemons a user's machine does not need.
 if [ $tests -eq 1 ]; then PKGS+=(slurm-wlm munge); fi
 missing=()
@@ -29,4 +29,28 @@ if [ ${#missing[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
 else
   echo "# all packages present$([ $tests -eq 1 ] && echo " (the tests' included)")"
+fi
+
+# Python packages of the data tools (tools/dflash-tokenize, tools/dflash-regenerate; requirements-data.txt) in a
+# venv over Debian's python3 (whose h5py/numpy it sees): $DFLASH_VENV, default ~/.local/share/dflash-train/venv;
+# the tools re-run themselves under it when the python3 on PATH lacks the packages. DFLASH_TORCH=1 adds torch
+# for dflash-regenerate's transformers backend (PyPI's wheel brings ~5 GB of CUDA libraries; ~4 min here).
+VENV=${DFLASH_VENV:-$HOME/.local/share/dflash-train/venv}
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+want=(-r "$ROOT/requirements-data.txt")
+check="import transformers, tokenizers, jinja2, h5py"
+if [ "${DFLASH_TORCH:-0}" = 1 ]; then want+=(torch); check+=", torch"; fi
+if [ -x "$VENV/bin/python3" ] && "$VENV/bin/python3" -c "$check" 2>/dev/null; then
+  echo "# data tools' Python packages present in $VENV"
+else
+  t0=$SECONDS
+  echo "# installing the data tools' Python packages into $VENV: ${want[*]}"
+  if { [ -x "$VENV/bin/python3" ] || /usr/bin/python3 -m venv --system-site-packages "$VENV"; } &&
+     "$VENV/bin/python3" -m pip install -q --disable-pip-version-check "${want[@]}"; then
+    echo "# installed in $((SECONDS - t0))s"
+  elif [ "${CI:-}" = true ]; then
+    echo "# FAILED to install the data tools' Python packages" >&2; exit 1
+  else
+    echo "# WARNING: could not install the data tools' Python packages: their tests will be skipped" >&2
+  fi
 fi
