@@ -18,6 +18,8 @@ CONVS = [
     {"conversations": [{"from": "human", "value": "Tell me a story about a dragon."},
                        {"from": "gpt", "value": "old story"}]},
     {"messages": [{"role": "user", "content": "Please write a short poem about the sea."}]},  # prompt only
+    {"conversations": [{"from": "gpt", "value": "Hello! How can I help?"},  # a greeting before any prompt: kept
+                       {"from": "human", "value": "Two plus two?"}, {"from": "gpt", "value": "old four"}]},
 ]
 
 
@@ -64,10 +66,12 @@ class Regenerate(unittest.TestCase):
     def test_regenerates_every_assistant_turn_greedily(self):
         out = self.d("out.jsonl")
         so, se = self.regen(out, "--batch-size", 2, "--on-bad-line", "skip")
-        self.assertIn("in.jsonl:4: not valid JSON (Expecting value) (skipped)", se)
-        self.assertIn("3 conversations, 4 responses", so)
+        self.assertIn("in.jsonl:5: not valid JSON (Expecting value) (skipped)", se)
+        self.assertIn("4 conversations, 5 responses", so)
         got = self.load(out)
-        self.assertEqual(len(got), 3)
+        self.assertEqual(len(got), 4)
+        self.assertEqual(got[3]["messages"][0], {"role": "assistant", "content": "Hello! How can I help?"})
+        self.assertEqual(got[3]["finish_reasons"][0], "kept")
         self.assertEqual(got[0]["id"], "a")
         for g, c in zip(got, CONVS):
             src = c.get("messages") or [{"role": {"human": "user", "gpt": "assistant"}[m["from"]], "content": m["value"]}
@@ -92,7 +96,7 @@ class Regenerate(unittest.TestCase):
         self.regen(self.d("lim.jsonl"), "--limit", 1)
         self.assertEqual(len(self.load(self.d("lim.jsonl"))), 1)
         _, se = self.regen(self.d("bad.jsonl"), expect=3)
-        self.assertIn("in.jsonl:4: not valid JSON", se)
+        self.assertIn("in.jsonl:5: not valid JSON", se)
         self.assertFalse(os.path.exists(self.d("bad.jsonl")))
         self.regen(self.d("x.jsonl"), "--max-new-tokens", 0, expect=2)
         try:
@@ -106,7 +110,7 @@ class Regenerate(unittest.TestCase):
         self.regen(out, "--on-bad-line", "skip", "--no-enable-thinking")
         rc, so, se = run(TOKENIZE, self.d("model"), out, self.d("regen.h5"), "--no-enable-thinking")
         self.assertEqual(rc, 0, se)
-        self.assertEqual(len(records(self.d("regen.h5"))), 3)
+        self.assertEqual(len(records(self.d("regen.h5"))), 4)
         self.assertNotIn("is not used", se)  # finish_reasons and id are known fields
 
 

@@ -62,6 +62,14 @@ class Tokenize(unittest.TestCase):
         self.assertIn("2 records", so)
         self.assertIn("loss mask by prefix", so)
 
+    def test_greeting_before_any_prompt_is_context(self):
+        conv = {"conversations": [{"from": "gpt", "value": "Hello! How can I help?"},
+                                  {"from": "human", "value": "Two plus two?"}, {"from": "gpt", "value": "Four."}]}
+        p = write_jsonl(self.d("greet.jsonl"), [conv])
+        for t in ("chatml", "qwen3"):
+            self.tokenize(t, p, self.d(f"greet-{t}.h5"), "--no-enable-thinking")
+            self.assertEqual(masked_runs(self.tok[t], *records(self.d(f"greet-{t}.h5"))[0]), ["Four.<|im_end|>\n"])
+
     def test_vocab_from_config_json(self):
         import shutil
         model = self.d("model-with-config")

@@ -32,7 +32,7 @@ def venv_dir():
                                                          "venv")
 
 
-def reexec_in_venv_or_exit(tool, modules, script):
+def reexec_in_venv_or_exit(tool, modules, script, hint=None):
     """Called when importing `modules` failed: re-runs `script` under the project's venv python if that is not
     the running interpreter and exists, else exits 2 naming what is missing and how to install it."""
     py = os.path.join(venv_dir(), "bin", "python3")
@@ -40,8 +40,9 @@ def reexec_in_venv_or_exit(tool, modules, script):
             not os.environ.get("DFLASH_NO_REEXEC"):
         os.environ["DFLASH_NO_REEXEC"] = "1"  # once: a venv without the packages must not loop
         os.execv(py, [py, os.path.realpath(script)] + sys.argv[1:])
-    sys.stderr.write(f"{tool}: needs the Python packages {', '.join(modules)} (tools/setup.sh installs them into "
-                     f"{venv_dir()}; or: pip install -r requirements-data.txt)\n")
+    sys.stderr.write(f"{tool}: needs the Python packages {', '.join(modules)} ("
+                     + (hint or f"tools/setup.sh installs them into {venv_dir()}; or: pip install -r "
+                        "requirements-data.txt") + ")\n")
     sys.exit(EXIT_BAD_OPTIONS)
 
 

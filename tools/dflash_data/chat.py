@@ -89,7 +89,8 @@ class Renderer:
     <|im_end|>, included). Templates that rewrite earlier turns once later ones exist (Qwen3 drops the empty
     <think></think> block of every assistant turn but the last) fail that prefix test; the turn's end is then
     found by locating its content in the full text and extending over the end-of-turn text the template
-    writes after it. Tokens whose first character lies in a span get mask 1 (offsets of a fast tokenizer).
+    writes after it. Tokens whose first character lies in a span get mask 1 (offsets of a fast tokenizer). An
+    assistant turn before any user or tool message (a greeting) answers nothing: it stays context (mask 0).
     method "generation": transformers' return_assistant_tokens_mask, for templates with {% generation %}."""
 
     def __init__(self, tokenizer, method="auto", template_kwargs=None):
@@ -132,6 +133,8 @@ class Renderer:
         for i, m in enumerate(messages):
             if m["role"] != "assistant":
                 continue
+            if not any(p["role"] in ("user", "tool") for p in messages[:i]):
+                continue  # before any prompt (a greeting): context, not an answer the target gives
             before = self._render(messages[:i], tools, True)
             start = _common_prefix(before, full)
             upto = self._render(messages[:i + 1], tools, False)
