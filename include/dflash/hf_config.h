@@ -31,6 +31,12 @@ struct Qwen3Config {
 Qwen3Config parse_qwen3_config(const nlohmann::json& j, const std::string& source);
 Qwen3Config load_qwen3_config(const std::string& config_json_path);
 
+// Refuses (fatal BadInput naming the field) a target config.json that describes a model this build does
+// not implement, which would otherwise load and train silently wrong: a model_type or architectures
+// entry of another family or an MoE (hybrid: whether it is a Qwen3.5/3.6 hybrid, is_qwen35_config),
+// attention_bias or mlp_bias true, hidden_act other than silu, a quantization_config. Absent fields pass.
+void check_target_config_supported(const nlohmann::json& root, const std::string& source, bool hybrid);
+
 // A config.json read as a JSON object (fatal BadInput when it cannot be opened, parsed, or is not an
 // object): for readers that look at the file before choosing a parser (load_target_config).
 nlohmann::json read_config_json(const std::string& config_json_path);

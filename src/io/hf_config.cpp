@@ -205,6 +205,72 @@ Qwen3Config parse_qwen3_config(const json& root, const std::string& source) {
   return c;
 }
 
+namespace {
+
+bool is_one_of(const json& v, std::initializer_list<const char*> names) {
+  for (const char* n : names)
+    if (v == n) return true;
+  return false;
+}
+
+// Fields whose other values describe math this build does not run (shared by targets and drafters):
+// biases in attention or MLP, an activation other than SiLU, quantized weights.
+void check_supported_math(const json& j, const std::string& where, const std::string& source) {
+  auto at = [&](const char* key) { return "'" + where + key + "' in " + source; };
+  for (const char* key : {"attention_bias", "mlp_bias"})
+    DF_CHECK_HINT(!j.contains(key) || j[key].is_null() || j[key] == false, BadInput,
+                  "field " << at(key) << " is " << j[key].dump() << ": this build's Qwen layers have no biases",
+                  "the model is not a Qwen3-family model this build implements (Qwen3, Qwen3.5/3.6 have no biases)");
+  DF_CHECK_HINT(!j.contains("hidden_act") || j["hidden_act"].is_null() || j["hidden_act"] == "silu", BadInput,
+                "field " << at("hidden_act") << " is " << j["hidden_act"].dump() << ": this build's MLP is SwiGLU (silu)",
+                "the model is not a Qwen3-family model this build implements");
+  DF_CHECK_HINT(!j.contains("quantization_config") || j["quantization_config"].is_null(), BadInput,
+                "field " << at("quantization_config") << " is set ("
+                         << (j["quantization_config"].is_object() && j["quantization_config"].contains("quant_method")
+                                 ? "quant_method " + j["quantization_config"]["quant_method"].dump()
+                                 : j["quantization_config"].dump().substr(0, 80))
+                         << "): quantized weights would be read as plain floats",
+                "use the unquantized (bf16) checkpoint of the model");
+}
+
+}  // namespace
+
+void check_target_config_supported(const json& root, const std::string& source, bool hybrid) {
+  DF_CHECK_HINT(root.is_object(), BadInput, source << " is not a JSON object", kConfigHint);
+  const bool nested = root.contains("text_config") && root["text_config"].is_object();
+  check_supported_math(root, "", source);
+  if (nested) check_supported_math(root["text_config"], "text_config.", source);
+  const char* const hint = hybrid ? "this build runs dense Qwen3.5/3.6 hybrids (Qwen3_5ForCausalLM, "
+                                    "Qwen3_5ForConditionalGeneration)"
+                                  : "this build runs dense Qwen3 targets (Qwen3ForCausalLM, model_type qwen3) and "
+                                    "Qwen3.5/3.6 hybrids; MoE and other families are not implemented";
+  // model_type at the top and in text_config, and every architecture, when present.
+  for (int level = 0; level < (nested ? 2 : 1); ++level) {
+    const json& j = level == 0 ? root : root["text_config"];
+    const std::string where = level == 0 ? "" : "text_config.";
+    if (!j.contains("model_type") || j["model_type"].is_null()) continue;
+    const json& mt = j["model_type"];
+    const bool ok = mt.is_string() &&
+                    (hybrid ? mt.get<std::string>().rfind("qwen3_5", 0) == 0 && mt.get<std::string>().find("moe") == std::string::npos
+                            : is_one_of(mt, {"qwen3", "qwen3_vl", "qwen3_vl_text"}));
+    DF_CHECK_HINT(ok, BadInput, "field '" << where << "model_type' in " << source << " is " << mt.dump()
+                                          << ", a model this build does not implement",
+                  hint);
+  }
+  if (root.contains("architectures") && !root["architectures"].is_null()) {
+    const json& arch = root["architectures"];
+    DF_CHECK_HINT(arch.is_array(), BadInput, "field 'architectures' in " << source << " must be a list", kConfigHint);
+    for (const json& a : arch) {
+      const bool ok = a.is_string() &&
+                      (hybrid ? a.get<std::string>().rfind("Qwen3_5", 0) == 0 && a.get<std::string>().find("Moe") == std::string::npos
+                              : is_one_of(a, {"Qwen3ForCausalLM", "Qwen3Model", "Qwen3VLForConditionalGeneration"}));
+      DF_CHECK_HINT(ok, BadInput, "field 'architectures' in " << source << " names " << a.dump()
+                                                              << ", a model this build does not implement",
+                    hint);
+    }
+  }
+}
+
 Qwen3Config load_qwen3_config(const std::string& config_json_path) {
   return parse_qwen3_config(read_json_file(config_json_path), config_json_path);
 }
@@ -226,6 +292,7 @@ DrafterConfig parse_drafter_config(const json& j, const std::string& source) {
   DF_CHECK_HINT(!j.contains("text_config"), BadInput, source << ": a DFlash drafter config has no text_config",
                 format_hint);
 
+  check_supported_math(j, "", source);
   DrafterConfig d;
   d.layers = parse_qwen3_config(j, source);
   d.layers.weight_prefix = "";  // drafter keys are "layers.N.*", "fc.weight", "norm.weight"

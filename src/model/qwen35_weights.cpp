@@ -7,6 +7,7 @@
 
 #include "dflash/backend.h"
 #include "dflash/error.h"
+#include "model/qwen3_weights.h"  // check_no_layers_beyond_config
 
 namespace dflash {
 namespace {
@@ -102,6 +103,7 @@ std::vector<WeightSpec> weight_specs(const Qwen35Config& cfg, Qwen35Weights& w) 
 }  // namespace
 
 Qwen35Weights load_qwen35_weights(Checkpoint& ckpt, const Qwen35Config& cfg, const Ctx& ctx, DType dtype) {
+  check_no_layers_beyond_config(ckpt, cfg.text);
   Qwen35Weights w;
   w.layers.resize(cfg.text.num_hidden_layers);
   std::vector<WeightSpec> specs = weight_specs(cfg, w);

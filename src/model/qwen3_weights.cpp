@@ -70,8 +70,24 @@ void check_qwen3_target_config(const Qwen3Config& c, const std::string& source) 
                       : "sliding-window target layers are not supported by this build");
 }
 
+void check_no_layers_beyond_config(const Checkpoint& ckpt, const Qwen3Config& cfg) {
+  const std::string layers = cfg.weight_prefix + "layers.";
+  for (const std::string& name : ckpt.names()) {
+    if (name.compare(0, layers.size(), layers) != 0) continue;
+    const size_t dot = name.find('.', layers.size());
+    const std::string index = name.substr(layers.size(), dot == std::string::npos ? std::string::npos : dot - layers.size());
+    if (index.empty() || index.size() > 6 || index.find_first_not_of("0123456789") != std::string::npos) continue;
+    DF_CHECK_HINT(std::stoi(index) < cfg.num_hidden_layers, BadInput,
+                  ckpt.dir() << " holds " << name << " (decoder layer " << index << "), but its config.json has "
+                             << "num_hidden_layers = " << cfg.num_hidden_layers
+                             << ": the weights are of a deeper model than the config describes",
+                  "use the config.json that came with these weights (its num_hidden_layers counts every layer)");
+  }
+}
+
 Qwen3Weights load_qwen3_weights(Checkpoint& ckpt, const Qwen3Config& cfg, const Ctx& ctx, DType dtype) {
   check_qwen3_target_config(cfg, ckpt.dir() + "/config.json");
+  check_no_layers_beyond_config(ckpt, cfg);
   Qwen3Weights w;
   w.layers.resize(cfg.num_hidden_layers);
   std::vector<WeightSpec> specs = weight_specs(cfg, w);

@@ -36,4 +36,9 @@ Qwen3Weights load_qwen3_weights(Checkpoint& ckpt, const Qwen3Config& cfg, const 
 // The config checks alone (also used before building anything that depends on the shapes).
 void check_qwen3_target_config(const Qwen3Config& cfg, const std::string& source);
 
+// A checkpoint with decoder layers beyond config.json's num_hidden_layers (a tensor PREFIX.layers.N.* with
+// N >= num_hidden_layers) describes another model than the one the config makes us run: fatal BadInput
+// naming the tensor and the field. Shared by the Qwen3 and Qwen3.5/3.6 loaders.
+void check_no_layers_beyond_config(const Checkpoint& ckpt, const Qwen3Config& cfg);
+
 }  // namespace dflash

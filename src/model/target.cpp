@@ -24,6 +24,7 @@ const char* target_family_name(TargetFamily f) {
 TargetConfig load_target_config(const std::string& dir) {
   const std::string path = dir + "/config.json";
   const nlohmann::json j = read_config_json(path);
+  check_target_config_supported(j, path, is_qwen35_config(j));  // another family, biases, quantized: refused
   TargetConfig c;
   if (is_qwen35_config(j)) {
     auto hybrid = std::make_shared<Qwen35Config>(parse_qwen35_config(j, path));
