@@ -4,7 +4,9 @@
 #include <sys/file.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <climits>
 #include <cstdio>
 #include <cstring>
 #include <ctime>
@@ -72,6 +74,53 @@ void check_draft_layers(const Options& o, const Qwen3Config& target, bool print_
   std::fflush(stdout);
 }
 
+// --token-budget against this rank's memory: the hidden-state buffers alone — a drafter's
+// --hs-queue-depth receive slots, a target's two send buffers, each [T, H] per captured layer (+ the final
+// norm for --loss kl) in the wire dtype — are a lower bound of what the rank allocates. A budget whose
+// buffers do not fit even that is an option out of range (exit 2), not an out-of-memory failure (exit 8)
+// after the models loaded. Memory: the node's RAM shared by its ranks (CPU backend), the GPU's (CUDA,
+// when NVML read it at startup).
+void check_token_budget_fits(const JobContext& job, int64_t capture_layers) {
+  const Options& o = job.opt;
+  const Topology& topo = job.topo;
+  DF_CHECK_HINT(o.token_budget <= INT32_MAX, BadOptions,
+                "bad value " << o.token_budget << " for --token-budget: out of range (packed batches index tokens "
+                             << "with 32-bit offsets)",
+                "give --token-budget in [2, 2147483647]; 32768 is the DFlash recipe's");
+  if (topo.role != Role::Target && topo.role != Role::Drafter) return;
+  const double per_token = static_cast<double>(job.target.text.hidden_size) *
+                           static_cast<double>(capture_layers + (o.train.loss == LossKind::KL ? 1 : 0)) *
+                           (o.backend == Backend::CUDA ? 2.0 : 4.0);
+  const int buffers = topo.role == Role::Drafter ? o.hs_queue_depth : 2;
+  const double need = per_token * static_cast<double>(o.token_budget) * buffers;
+  double have = 0;
+  std::string what;
+  if (o.backend == Backend::CUDA) {
+    const GpuReading& g = job.cards[topo.world_rank].startup_gpu;
+    if (!g.valid || g.mem_total_mib <= 0) return;  // unknown: the allocation will say
+    have = g.mem_total_mib * 1048576.0;
+    what = "its GPU's " + std::to_string(static_cast<int64_t>(g.mem_total_mib / 1024)) + " GiB";
+  } else {
+    const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGE_SIZE);
+    if (pages <= 0 || page <= 0) return;
+    have = static_cast<double>(pages) * static_cast<double>(page) / std::max(1, topo.ranks_per_node);
+    what = "its share of the node's RAM (" + std::to_string(static_cast<int64_t>(have / 1073741824.0)) + " GiB of " +
+           std::to_string(static_cast<int64_t>(static_cast<double>(pages) * page / 1073741824.0)) + " GiB over " +
+           std::to_string(topo.ranks_per_node) + " ranks)";
+  }
+  if (need <= have) return;
+  const int64_t fit = static_cast<int64_t>(have / (per_token * buffers));
+  char need_gib[32];
+  std::snprintf(need_gib, sizeof(need_gib), "%.1f", need / 1073741824.0);
+  DF_FAIL(BadOptions,
+          "--token-budget " << o.token_budget << " is out of range for this machine: a " << role_name(topo.role)
+                            << " rank's " << buffers << " hidden-state buffers alone need " << need_gib
+                            << " GiB, more than " << what,
+          "give --token-budget below " + std::to_string(fit) +
+              (topo.role == Role::Drafter ? " (or a smaller --hs-queue-depth)" : std::string()) +
+              "; the DFlash recipe uses 32768");
+}
+
 // The pid, host and start time a lock file's holder wrote into it ("" when it wrote nothing readable).
 std::string read_holder(const std::string& path) {
   std::ifstream in(path);
@@ -126,7 +175,9 @@ void validate_inputs(JobContext& job) {
   check_input_paths(o);
   job.target = load_target_config(o.target_dir);
   check_draft_layers(o, job.target.text, topo.world_rank == 0);
-  capture_layer_ids(o);  // --drafter's config, or the default ids: fatal BadInput when it does not fit
+  // --drafter's config, or the default ids: fatal BadInput when it does not fit.
+  const int64_t capture_layers = static_cast<int64_t>(capture_layer_ids(o).size());
+  check_token_budget_fits(job, capture_layers);
   if (topo.role != Role::Target) return;
   // Only the targets read the data; they keep it open for the loader.
   auto dataset = std::make_shared<TokenDataset>(o.data_path, job.target.text.vocab_size);

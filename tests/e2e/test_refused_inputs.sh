@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Inputs that would train the wrong thing, or nothing, are refused at startup naming the cause, before
 # --out is created: data whose loss mask allows no anchor (exit 3), --draft-layers beyond the target's
-# layers (exit 2).
+# layers (exit 2), a --token-budget whose buffers cannot fit (exit 2).
 source "$(dirname "$0")/lib.sh"
 tiny=$(tiny_dir)
 case_rc() {  # case_rc NAME WANT_RC "message" [args...]
@@ -30,6 +30,12 @@ with h5py.File(sys.argv[1], 'r+') as f:
     f['loss_mask'][:] = m
 " "$WORK/isolated.h5"
 case_rc isolated 3 "no two consecutive ones in a record" --data "$WORK/isolated.h5"
+
+# A --token-budget whose hidden-state buffers cannot fit is a range error (exit 2) before any model loads,
+# not an out-of-memory failure (exit 8) after; beyond 32-bit offsets it is out of range on any machine.
+case_rc hugebudget 2 "--token-budget 2000000000 is out of range for this machine" --token-budget 2000000000 --long-record cut
+expect_log hugebudget "HINT: give --token-budget below"
+case_rc int32budget 2 "bad value 3000000000 for --token-budget: out of range" --token-budget 3000000000 --long-record cut
 
 # The tiny target has 4 layers.
 case_rc deep 2 "--draft-layers 5 is more than the target's 4 layers" --draft-layers 5
