@@ -141,7 +141,8 @@ DrafterTrainer::DrafterTrainer(const std::string& target_dir, const std::string&
   {
     Checkpoint ck(target_dir);
     ck.load_f32(s.target.weight_prefix + "embed_tokens.weight", {V, H}, es.embed.ptr<float>());
-    if (s.target.tie_word_embeddings && !ck.has("lm_head.weight")) {
+    // Tied as Hugging Face ties them: embed_tokens is the head, whatever lm_head.weight the files hold.
+    if (s.target.tie_word_embeddings) {
       std::memcpy(es.lm_head.ptr<float>(), es.embed.ptr<float>(), es.embed.t().nbytes());
       es.tied = true;
     } else {
