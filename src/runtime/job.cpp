@@ -9,6 +9,8 @@
 
 #include "dflash/backend.h"
 #include "dflash/checkpoint.h"
+#include "dflash/drafter.h"
+#include "dflash/drafter_model.h"
 #include "dflash/error.h"
 #include "dflash/hf_config.h"
 #include "dflash/metrics.h"
@@ -162,7 +164,13 @@ int run_job(const Options& given) {
   validate_inputs(job);
   barrier(MPI_COMM_WORLD, 10 * o.peer_timeout_s, "checking the inputs");
   // Then --out is this job's alone (rank 0 holds the lock; the others wait for it in the resume's bcast).
-  if (topo.world_rank == 0) lock_run_dirs(o);
+  if (topo.world_rank == 0) {
+    lock_run_dirs(o);
+    const DrafterConfig drafter = o.drafter_dir.empty()
+                                      ? fresh_drafter_config(job.target.text, o.draft_layers, o.train.block_size, o.train.mask_token_id)
+                                      : load_drafter_config(o.drafter_dir + "/config.json");
+    check_disk_space(o, disk_need(drafter_param_count(drafter), o));
+  }
   // --resume: one answer for the whole job; a checkpoint of another model/topology/objective is refused
   // here, before any model loads (docs/checkpoint.md).
   job.resume_dir = resolve_resume_collective(o, MPI_COMM_WORLD);

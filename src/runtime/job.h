@@ -105,4 +105,16 @@ void validate_inputs(JobContext& job);
 // has it. Creates the directories.
 void lock_run_dirs(const Options& o);
 
+// What a run writes that a full disk would cost: the final export, one checkpoint, and how many
+// checkpoints exist at once (1 without periodic checkpoints: a stop signal still writes one).
+struct DiskNeed {
+  double export_bytes = 0, checkpoint_bytes = 0;
+  int checkpoints_kept = 1;
+};
+DiskNeed disk_need(size_t drafter_params, const Options& o);
+// World rank 0, after lock_run_dirs: fatal SystemFailure when the filesystem of --out cannot hold the
+// final export (and one checkpoint when they share it), or that of --checkpoint-dir one checkpoint;
+// a warning when all the checkpoints --keep-checkpoints keeps may not fit.
+void check_disk_space(const Options& o, const DiskNeed& need);
+
 }  // namespace dflash

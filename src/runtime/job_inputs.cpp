@@ -2,6 +2,8 @@
 // locked against a second job (lock_run_dirs).
 #include <fcntl.h>
 #include <sys/file.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -167,7 +169,77 @@ bool lock_dir(const std::string& dir, const std::string& what, std::string* hold
   return true;
 }
 
+// Free bytes for an unprivileged writer on the filesystem of `dir`, and its device (to tell whether two
+// directories share one). False when statvfs fails.
+bool free_space(const std::string& dir, double* bytes, uint64_t* device) {
+  struct statvfs vfs;
+  struct stat st;
+  if (::statvfs(dir.c_str(), &vfs) != 0 || ::stat(dir.c_str(), &st) != 0) return false;
+  *bytes = static_cast<double>(vfs.f_bavail) * static_cast<double>(vfs.f_frsize);
+  *device = static_cast<uint64_t>(st.st_dev);
+  return true;
+}
+
+std::string mib(double bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), bytes < 1073741824.0 ? "%.1f MiB" : "%.2f GiB",
+                bytes < 1073741824.0 ? bytes / 1048576.0 : bytes / 1073741824.0);
+  return buf;
+}
+
 }  // namespace
+
+DiskNeed disk_need(size_t drafter_params, const Options& o) {
+  const double p = static_cast<double>(drafter_params);
+  const double export_bytes = p * (o.export_dtype == DType::BF16 ? 2.0 : 4.0);
+  DiskNeed n;
+  n.export_bytes = export_bytes + 65536;  // + config.json and the safetensors header
+  // fp32 master weights and both AdamW moments, the RNG states and manifest, the optional export.
+  n.checkpoint_bytes = 3.0 * p * 4.0 + 65536 + (o.export_checkpoints ? n.export_bytes : 0.0);
+  // With periodic checkpoints, keep_last complete ones plus the one being written before the oldest goes.
+  n.checkpoints_kept = parse_checkpoint_every(o.checkpoint_every).unit == CheckpointUnit::Off ? 1 : o.keep_checkpoints + 1;
+  return n;
+}
+
+void check_disk_space(const Options& o, const DiskNeed& need) {
+  const std::string ckpt = checkpoint_dir_of(o);
+  double out_free = 0, ckpt_free = 0;
+  uint64_t out_dev = 0, ckpt_dev = 1;
+  if (!free_space(o.out_dir, &out_free, &out_dev)) return;  // unknown: nothing to say
+  std::error_code ec;
+  // The checkpoint directory may not exist yet (OUT/checkpoints before the first save): its parent's
+  // filesystem is the one it will be made on.
+  std::string probe = ckpt;
+  while (!std::filesystem::exists(probe, ec) && std::filesystem::path(probe).has_parent_path())
+    probe = std::filesystem::path(probe).parent_path().string();
+  if (!free_space(probe, &ckpt_free, &ckpt_dev)) return;
+  const bool shared = out_dev == ckpt_dev;
+  // At least: the final export, and one checkpoint (a stop signal always writes one).
+  const double out_min = need.export_bytes + (shared ? need.checkpoint_bytes : 0.0);
+  const double ckpt_min = need.checkpoint_bytes + (shared ? need.export_bytes : 0.0);
+  const std::string where = shared ? "--out " + o.out_dir + " (checkpoints in " + ckpt + " on the same filesystem)"
+                                   : "--out " + o.out_dir;
+  DF_CHECK_HINT(out_free >= out_min, SystemFailure,
+                "not enough free space on " << where << ": " << mib(out_free) << " free, the final drafter export needs "
+                                            << mib(need.export_bytes)
+                                            << (shared ? " and one checkpoint " + mib(need.checkpoint_bytes) : std::string())
+                                            << "; the run would train and then lose its weights when the disk is full",
+                "free space there, or give --out (and --checkpoint-dir) on a filesystem with room");
+  DF_CHECK_HINT(shared || ckpt_free >= ckpt_min, SystemFailure,
+                "not enough free space on --checkpoint-dir " << ckpt << ": " << mib(ckpt_free) << " free, one checkpoint needs "
+                                                             << mib(need.checkpoint_bytes),
+                "free space there, or give --checkpoint-dir on a filesystem with room");
+  const double all = need.checkpoint_bytes * need.checkpoints_kept + (shared ? need.export_bytes : 0.0);
+  const double free_for_ckpt = shared ? out_free : ckpt_free;
+  if (free_for_ckpt < all) {
+    std::printf("[dflash] warning: %s free on the checkpoint filesystem (%s); --keep-checkpoints %d keeps up to %d "
+                "checkpoints of %s each%s = %s: the disk may fill before the run ends (lower --keep-checkpoints, or "
+                "free space)\n",
+                mib(free_for_ckpt).c_str(), ckpt.c_str(), o.keep_checkpoints, need.checkpoints_kept,
+                mib(need.checkpoint_bytes).c_str(), shared ? " plus the export" : "", mib(all).c_str());
+    std::fflush(stdout);
+  }
+}
 
 void validate_inputs(JobContext& job) {
   const Options& o = job.opt;
