@@ -7,6 +7,7 @@
 //   drafter_bench --model 8b  --objective kl
 //   drafter_bench --model 27b --context 4096 --anchors 512                    (4 sliding(2048) + 1 full)
 //   drafter_bench --gemm-peak
+//   drafter_bench --model 8b --deterministic                                 (the cost of --deterministic)
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -42,6 +43,7 @@ struct Args {
   int warmup = 2, steps = 10;
   bool gemm_peak = false;
   bool attention_probe = false;
+  bool deterministic = false;  // fixed-order sums instead of atomics, untimed GEMM choice (--deterministic)
 };
 
 Args parse(int argc, char** argv) {
@@ -61,6 +63,7 @@ Args parse(int argc, char** argv) {
     else if (k == "--steps") a.steps = std::stoi(val());
     else if (k == "--gemm-peak") a.gemm_peak = true;
     else if (k == "--attention-probe") a.attention_probe = true;
+    else if (k == "--deterministic") a.deterministic = true;
     else fatal(ExitCode::BadOptions, "unknown option " + k, "see the usage lines at the top of bench/drafter_bench.cpp");
   }
   return a;
@@ -200,6 +203,7 @@ void attention_probe(const Ctx& ctx) {
 int main(int argc, char** argv) {
   const Args args = parse(argc, argv);
   DF_CHECK(cuda_device_count() > 0, DeviceFailure, "no CUDA device visible");
+  set_deterministic_kernels(args.deterministic);  // before the context: it sizes the mode's scratch
   Ctx ctx = make_ctx(Device::CUDA, 0);
   const size_t base_used = used_bytes();
   if (args.attention_probe) {
@@ -316,7 +320,8 @@ int main(int argc, char** argv) {
               head_flops / (ph[2] * 1e-3) / 1e12);
   std::printf("  attention work ~%.2f TFLOP (visible keys only) -> %.0f TFLOP/s in the attention phase\n",
               attn_flops_full / 1e12, attn_flops_full / (ph[1] * 1e-3) / 1e12);
-  std::printf("RESULT model=%s objective=%s step_ms=%.1f mem_gib=%.2f\n", args.model.c_str(), args.objective.c_str(),
+  std::printf("RESULT model=%s objective=%s deterministic=%d step_ms=%.1f mem_gib=%.2f\n", args.model.c_str(),
+              args.objective.c_str(), args.deterministic ? 1 : 0,
               step_ms, used);
   return 0;
 }

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One call on the GPU machine: the drafter GPU tests, then our step and the PyTorch reference side by side.
 #   bash bench/drafter_run.sh <dir with dflash_gpu_tests and drafter_bench> <out dir> [what...]
-# what: tests peak probe 8b-ce 8b-kl 27b (default: all but probe)
+# what: tests peak probe 8b-ce 8b-kl 27b 8b-det (default: all but probe and 8b-det)
+# 8b-det: our 8B CE step with and without --deterministic, one after the other (the mode's cost)
 set -u
 BIN=$1; OUT=$2; shift 2
 WHAT=${*:-tests peak 8b-ce 8b-kl 27b}
@@ -17,6 +18,8 @@ for w in $WHAT; do
            python3 "$here/ref_drafter_step.py" --model 8b --objective ce 2>&1 | tee -a "$OUT/bench.txt" ;;
     8b-kl) "$BIN/drafter_bench" --model 8b --objective kl 2>&1 | tee -a "$OUT/bench.txt"
            python3 "$here/ref_drafter_step.py" --model 8b --objective kl 2>&1 | tee -a "$OUT/bench.txt" ;;
+    8b-det) "$BIN/drafter_bench" --model 8b --objective ce 2>&1 | tee -a "$OUT/bench.txt"
+            "$BIN/drafter_bench" --model 8b --objective ce --deterministic 2>&1 | tee -a "$OUT/bench.txt" ;;
     27b) "$BIN/drafter_bench" --model 27b --context 4096 2>&1 | tee -a "$OUT/bench.txt"
          python3 "$here/ref_drafter_step.py" --model 27b --context 4096 2>&1 | tee -a "$OUT/bench.txt" ;;
   esac

@@ -1,5 +1,6 @@
 #include "backend.cuh"
 
+#include <atomic>
 #include <memory>
 #include <mutex>
 #include <vector>
@@ -11,6 +12,15 @@ namespace dflash::cuda {
 namespace {
 // 32 MiB: what cuBLASLt's Hopper kernels ask for at most on large bf16 GEMMs.
 constexpr size_t kWorkspaceBytes = size_t(32) << 20;
+
+std::atomic<bool> g_deterministic{false};
+
+void allocate_det_scratch(Backend& b) {
+  if (b.det_scratch) return;
+  b.det_scratch_floats = size_t(kDetScratchBlocksPerSm) * size_t(b.sm_count) * kDetScratchCols;
+  DF_CUDA(cudaSetDevice(b.device));
+  DF_CUDA(cudaMalloc(&b.det_scratch, b.det_scratch_floats * sizeof(float)));
+}
 
 std::unique_ptr<Backend> create_backend(int gpu) {
   int count = device_count();
@@ -28,6 +38,7 @@ std::unique_ptr<Backend> create_backend(int gpu) {
   DF_CUDA(cudaHostAlloc(reinterpret_cast<void**>(&b->error_flags_host), sizeof(int), cudaHostAllocMapped));
   *b->error_flags_host = 0;
   DF_CUDA(cudaHostGetDevicePointer(reinterpret_cast<void**>(&b->error_flags_dev), b->error_flags_host, 0));
+  if (deterministic()) allocate_det_scratch(*b);
   return b;
 }
 }  // namespace
@@ -41,16 +52,29 @@ int device_count() {
   return n;
 }
 
+namespace {
+std::mutex g_backends_mu;
+std::vector<std::unique_ptr<Backend>> g_backends;  // never destroyed: lives as long as the process
+}  // namespace
+
 Backend& backend_for_device(int gpu) {
-  static std::mutex mu;
-  static std::vector<std::unique_ptr<Backend>> backends;  // never destroyed: lives as long as the process
-  std::lock_guard<std::mutex> lock(mu);
-  if (gpu >= 0 && static_cast<size_t>(gpu) < backends.size() && backends[gpu]) return *backends[gpu];
+  std::lock_guard<std::mutex> lock(g_backends_mu);
+  if (gpu >= 0 && static_cast<size_t>(gpu) < g_backends.size() && g_backends[gpu]) return *g_backends[gpu];
   auto b = create_backend(gpu);
-  if (backends.size() <= static_cast<size_t>(gpu)) backends.resize(gpu + 1);
-  backends[gpu] = std::move(b);
-  return *backends[gpu];
+  if (g_backends.size() <= static_cast<size_t>(gpu)) g_backends.resize(gpu + 1);
+  g_backends[gpu] = std::move(b);
+  return *g_backends[gpu];
 }
+
+void set_deterministic(bool on) {
+  std::lock_guard<std::mutex> lock(g_backends_mu);
+  g_deterministic = on;
+  if (on)
+    for (auto& b : g_backends)
+      if (b) allocate_det_scratch(*b);
+}
+
+bool deterministic() { return g_deterministic; }
 
 Backend& backend_of(const Ctx& ctx) {
   DF_CHECK(ctx.device == Device::CUDA && ctx.backend != nullptr, Internal,

@@ -29,7 +29,17 @@ struct Backend {
   int* error_flags_host = nullptr;  // pinned, mapped
   int* error_flags_dev = nullptr;   // device alias of error_flags_host
   std::map<MatmulKey, MatmulPlan*> matmul_plans;
+  // Deterministic mode (set_deterministic): per-block partial sums, summed in block order afterwards.
+  // Allocated with the backend when the mode is on: kDetScratchBlocksPerSm * sm_count * kDetScratchCols.
+  float* det_scratch = nullptr;
+  size_t det_scratch_floats = 0;
 };
+constexpr int kDetScratchBlocksPerSm = 4;  // the most partial-sum blocks a deterministic reduction uses, per SM
+constexpr int kDetScratchCols = 8192;      // the widest row it reduces (RMSNorm C <= 8192)
+
+// Deterministic kernels (dflash::set_deterministic_kernels): a process-wide switch, read by launchers.
+void set_deterministic(bool on);
+bool deterministic();
 
 // One backend per device, created on first use and kept for the process's lifetime.
 Backend& backend_for_device(int gpu);

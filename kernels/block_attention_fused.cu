@@ -17,7 +17,8 @@
 //   dkv kernel, per (context key tile of 64, kv head, split of kSplitBlocks blocks): warp w owns keys
 //     [16w, 16w + 16) and computes S^T = K Q^T in registers for the blocks that see the tile (Q, dO of the
 //     next visible block prefetched with cp.async), dk += dS^T Q, dv += P^T dO accumulated in registers,
-//     then fp32 atomics into a [T, nkv·hd] buffer, converted to bf16 at the end.
+//     then fp32 atomics into a [T, nkv·hd] buffer, converted to bf16 at the end. Deterministic mode
+//     (set_deterministic) makes one split of all N blocks: each element is then added exactly once.
 #include <cuda_bf16.h>
 
 #include <algorithm>
@@ -50,6 +51,8 @@ struct FusedArgs {
   float *dk32, *dv32;  // [T, nkv·hd]
   const int32_t *anchors, *seq_begin;
   int N, B, nh, nkv, G, M, window, T;
+  int split_blocks;  // blocks per dkv CTA: kSplitBlocks, or N in deterministic mode (one CTA per key tile
+                     // and head, so each dK/dV element gets exactly one atomic add: no order to vary)
   int64_t QD, KVD;
   float scale, scale_log2;  // scale, scale·log2(e)
 };
@@ -487,7 +490,7 @@ template <int HD> __global__ void __launch_bounds__(kThreads) fused_dkv_kernel(F
   bf16* QdO = Vs + L::kTile;                                    // stage s: Q at QdO + 2s·kTile, dO at + kTile
   float* stats = reinterpret_cast<float*>(QdO + 4 * L::kTile);  // stage s: [2][64] at stats + 128 s
   const int j0 = blockIdx.x * kKeys, j1 = min(j0 + kKeys, p.T), g = blockIdx.y;
-  const int n_begin = blockIdx.z * kSplitBlocks, n_end = min(p.N, n_begin + kSplitBlocks);
+  const int n_begin = blockIdx.z * p.split_blocks, n_end = min(p.N, n_begin + p.split_blocks);
   const int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
   int n = n_begin;
   while (n < n_end && !block_sees_tile(p, n, j0, j1)) ++n;
@@ -578,6 +581,7 @@ FusedArgs make_args(const Tensor& q, const Tensor& k_ctx, const Tensor& anchors,
                     const ops::BlockAttnSpec& spec) {
   FusedArgs p{};
   p.N = static_cast<int>(anchors.shape[0]);
+  p.split_blocks = deterministic() ? std::max(p.N, 1) : kSplitBlocks;
   p.B = spec.block_size;
   p.nh = static_cast<int>(q.shape[1]);
   p.nkv = static_cast<int>(k_ctx.shape[1]);
@@ -610,7 +614,7 @@ template <int HD> void launch_backward(const Ctx& ctx, const FusedArgs& p) {
   DF_CUDA(cudaFuncSetAttribute(fused_dkv_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem_dkv)));
   fused_dq_kernel<HD><<<dim3(unsigned(p.N), unsigned(p.nkv)), kThreads, smem_dq, stream_of(ctx)>>>(p);
   DF_CUDA_LAUNCH();
-  const unsigned key_tiles = unsigned((p.T + kKeys - 1) / kKeys), splits = unsigned((p.N + kSplitBlocks - 1) / kSplitBlocks);
+  const unsigned key_tiles = unsigned((p.T + kKeys - 1) / kKeys), splits = unsigned((p.N + p.split_blocks - 1) / p.split_blocks);
   if (key_tiles > 0) {
     fused_dkv_kernel<HD><<<dim3(key_tiles, unsigned(p.nkv), splits), kThreads, smem_dkv, stream_of(ctx)>>>(p);
     DF_CUDA_LAUNCH();

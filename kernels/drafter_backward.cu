@@ -1,7 +1,9 @@
 // RMSNorm / QK-norm+RoPE / SwiGLU backward on CUDA; see drafter_backward.cuh.
 //
 // Weight gradients are sums over many rows: each CTA sums its rows in registers and adds its partial to
-// dw with one atomic per column, so atomics scale with CTAs, not rows.
+// dw with one atomic per column, so atomics scale with CTAs, not rows. In deterministic mode
+// (set_deterministic) each CTA stores its partial in the backend's scratch instead, and one more kernel
+// adds the partials to dw in CTA order: the same sum every run.
 #include "drafter_backward.cuh"
 
 #include <cuda_bf16.h>
@@ -35,7 +37,7 @@ __device__ __forceinline__ float cta_sum(float v, float* red) {
 __global__ void __launch_bounds__(kNormThreads) rmsnorm_backward_kernel(
     __nv_bfloat16* __restrict__ din, float* __restrict__ dw, const __nv_bfloat16* __restrict__ dout,
     const __nv_bfloat16* __restrict__ in, const __nv_bfloat16* __restrict__ w, const float* __restrict__ rstd,
-    int64_t N, int C) {
+    int64_t N, int C, int rows_per_cta, float* __restrict__ dw_partial) {
   __shared__ float red[kNormThreads / 32];
   const int chunks = C / 8;
   float wv[kNormChunks][8], dwacc[kNormChunks][8];
@@ -46,8 +48,8 @@ __global__ void __launch_bounds__(kNormThreads) rmsnorm_backward_kernel(
     for (int e = 0; e < 8; ++e) dwacc[k][e] = 0.f;
     if (c < chunks) unpack8(reinterpret_cast<const Bf16x8*>(w)[c], wv[k]);
   }
-  const int64_t r0 = int64_t(blockIdx.x) * kNormRowsPerCta;
-  for (int64_t row = r0; row < min(N, r0 + kNormRowsPerCta); ++row) {
+  const int64_t r0 = int64_t(blockIdx.x) * rows_per_cta;
+  for (int64_t row = r0; row < min(N, r0 + rows_per_cta); ++row) {
     const float r = rstd[row];
     float x[kNormChunks][8], g[kNormChunks][8];
     float dot = 0.f;
@@ -83,7 +85,10 @@ __global__ void __launch_bounds__(kNormThreads) rmsnorm_backward_kernel(
       const int c = threadIdx.x + k * kNormThreads;
       if (c < chunks)
 #pragma unroll
-        for (int e = 0; e < 8; ++e) atomicAdd(dw + c * 8 + e, dwacc[k][e]);
+        for (int e = 0; e < 8; ++e) {
+          if (dw_partial) dw_partial[int64_t(blockIdx.x) * C + c * 8 + e] = dwacc[k][e];
+          else atomicAdd(dw + c * 8 + e, dwacc[k][e]);
+        }
     }
   }
 }
@@ -95,7 +100,7 @@ constexpr int kMaxHd = 256;
 __global__ void __launch_bounds__(kRopeThreads) head_norm_rope_backward_kernel(
     __nv_bfloat16* din, float* __restrict__ dw, const __nv_bfloat16* dout, const __nv_bfloat16* __restrict__ in,
     const __nv_bfloat16* __restrict__ w, const float* __restrict__ rstd, const int32_t* __restrict__ pos,
-    int64_t N, int nh, int hd, int rot, float theta) {
+    int64_t N, int nh, int hd, int rot, float theta, float* __restrict__ dw_partial) {
   __shared__ float gs[kRopeThreads / 32][kMaxHd];
   __shared__ float dws[kRopeThreads / 32][kMaxHd];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, half = rot / 2;
@@ -148,8 +153,32 @@ __global__ void __launch_bounds__(kRopeThreads) head_norm_rope_backward_kernel(
     for (int c = threadIdx.x; c < hd; c += kRopeThreads) {
       float s = 0.f;
       for (int k = 0; k < kRopeThreads / 32; ++k) s += dws[k][c];
-      atomicAdd(dw + c, s);
+      if (dw_partial) dw_partial[int64_t(blockIdx.x) * hd + c] = s;
+      else atomicAdd(dw + c, s);
     }
+}
+
+// dw[c] += sum over b = 0, 1, ... of partial[b][c], in that order (deterministic mode).
+__global__ void add_partials_kernel(float* __restrict__ dw, const float* __restrict__ partial, int blocks, int C) {
+  for (int c = blockIdx.x * blockDim.x + threadIdx.x; c < C; c += gridDim.x * blockDim.x) {
+    float s = 0.f;
+    for (int b = 0; b < blocks; ++b) s += partial[int64_t(b) * C + c];
+    dw[c] += s;
+  }
+}
+
+// The deterministic-mode scratch for `blocks` partials of C floats (the backend allocated it).
+float* partial_scratch(const Ctx& ctx, int64_t blocks, int C, const char* op) {
+  const Backend& b = backend_of(ctx);
+  DF_CHECK(b.det_scratch && size_t(blocks) * size_t(C) <= b.det_scratch_floats, Internal,
+           op << ": deterministic mode without its scratch (" << blocks << " x " << C << " floats, have "
+              << b.det_scratch_floats << "): set_deterministic(true) before the first CUDA context");
+  return b.det_scratch;
+}
+
+void add_partials(const Ctx& ctx, float* dw, const float* partial, int blocks, int C) {
+  add_partials_kernel<<<unsigned((C + 255) / 256), 256, 0, stream_of(ctx)>>>(dw, partial, blocks, C);
+  DF_CUDA_LAUNCH();
 }
 
 // ---- SwiGLU -------------------------------------------------------------------------------------
@@ -201,11 +230,21 @@ void rmsnorm_backward(const Ctx& ctx, const Tensor& din, const Tensor& dw, const
   const int64_t N = static_cast<int64_t>(in.numel()) / C;
   DF_CHECK(C % 8 == 0 && C <= kNormThreads * kNormChunks * 8, Internal, op << ": C = " << C);
   if (N == 0) return;
-  rmsnorm_backward_kernel<<<unsigned((N + kNormRowsPerCta - 1) / kNormRowsPerCta), kNormThreads, 0, stream_of(ctx)>>>(
+  // Deterministic: at most kDetScratchBlocksPerSm CTAs per SM, each with its partial in the scratch.
+  const bool det = deterministic() && !dw.empty();
+  int rows = kNormRowsPerCta;
+  if (det) {
+    const int64_t max_ctas = int64_t(kDetScratchBlocksPerSm) * backend_of(ctx).sm_count;
+    rows = static_cast<int>(std::max<int64_t>(kNormRowsPerCta, (N + max_ctas - 1) / max_ctas));
+  }
+  const int64_t ctas = (N + rows - 1) / rows;
+  float* partial = det ? partial_scratch(ctx, ctas, C, op) : nullptr;
+  rmsnorm_backward_kernel<<<unsigned(ctas), kNormThreads, 0, stream_of(ctx)>>>(
       static_cast<__nv_bfloat16*>(din.data), dw.empty() ? nullptr : static_cast<float*>(dw.data),
       static_cast<const __nv_bfloat16*>(dout.data), static_cast<const __nv_bfloat16*>(in.data),
-      static_cast<const __nv_bfloat16*>(w.data), static_cast<const float*>(rstd.data), N, C);
+      static_cast<const __nv_bfloat16*>(w.data), static_cast<const float*>(rstd.data), N, C, rows, partial);
   DF_CUDA_LAUNCH();
+  if (det) add_partials(ctx, static_cast<float*>(dw.data), partial, static_cast<int>(ctas), C);
 }
 
 void head_norm_rope_backward(const Ctx& ctx, const Tensor& din, const Tensor& dw, const Tensor& dout,
@@ -222,12 +261,15 @@ void head_norm_rope_backward(const Ctx& ctx, const Tensor& din, const Tensor& dw
   const int64_t items = N * nh;
   if (items == 0) return;
   const unsigned blocks = grid_stride_blocks(ctx, items, 8, 8);
+  const bool det = deterministic() && !dw.empty();
+  float* partial = det ? partial_scratch(ctx, blocks, hd, op) : nullptr;
   head_norm_rope_backward_kernel<<<blocks, kRopeThreads, 0, stream_of(ctx)>>>(
       static_cast<__nv_bfloat16*>(din.data), dw.empty() ? nullptr : static_cast<float*>(dw.data),
       static_cast<const __nv_bfloat16*>(dout.data), static_cast<const __nv_bfloat16*>(in.data),
       static_cast<const __nv_bfloat16*>(w.data), static_cast<const float*>(rstd.data),
-      static_cast<const int32_t*>(pos.data), N, nh, hd, rot, rope.theta);
+      static_cast<const int32_t*>(pos.data), N, nh, hd, rot, rope.theta, partial);
   DF_CUDA_LAUNCH();
+  if (det) add_partials(ctx, static_cast<float*>(dw.data), partial, static_cast<int>(blocks), hd);
 }
 
 void swiglu_backward(const Ctx& ctx, const Tensor& dgate, const Tensor& dup, const Tensor& dout, const Tensor& gate,

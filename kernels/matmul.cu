@@ -117,7 +117,8 @@ void gemm(Backend& be, cudaStream_t stream, bool trans_a, bool trans_b, int m, i
     DF_CHECK(found > 0, DeviceFailure,
              "cuBLASLt found no algorithm for a bf16 GEMM m=" << m << " n=" << n << " k=" << k);
     p->algo = results[0].algo;
-    if (found > 1 && autotune_enabled() && double(m) * n * k >= kAutotuneMinWork)
+    // Deterministic mode keeps the heuristic's choice: a timing may pick another algorithm next run.
+    if (found > 1 && autotune_enabled() && !deterministic() && double(m) * n * k >= kAutotuneMinWork)
       p->algo = results[fastest_candidate(be, stream, *p, results, found, m, n, A, B, d_type)].algo;
     plan = p;
   }

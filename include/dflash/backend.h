@@ -22,6 +22,15 @@ void synchronize(const Ctx& ctx);
 // call it once an event shows the work done. No-op on CPU.
 void check_device_errors(const Ctx& ctx);
 
+// Deterministic kernels (--deterministic): when on, every CUDA kernel whose result depended on the order
+// in which blocks finished (atomic float adds of partial sums: the block attention's dK/dV over anchor
+// splits, the norms' weight gradients) sums in a fixed order instead, and GEMM algorithms are the
+// heuristic's first choice rather than timed (a timing can pick differently run to run). The same inputs
+// then give bit-identical results on the same GPU model. Set it before the first CUDA context is made
+// (it sizes a scratch buffer per device). No-op on the CPU backend, which is deterministic anyway.
+void set_deterministic_kernels(bool on);
+bool deterministic_kernels();
+
 // dst = src, element for element (same numel). Either side may live on the host or on ctx's device;
 // floating types (F32, BF16, F16) convert into dst's dtype, other dtypes must match. Copies into host
 // memory are complete on return; copies to the device are ordered on ctx's stream.

@@ -47,6 +47,25 @@ int cuda_device_count() {
 #endif
 }
 
+namespace {
+bool g_deterministic_cpu_side = false;  // what deterministic_kernels() reports in a build without CUDA
+}  // namespace
+
+void set_deterministic_kernels(bool on) {
+#ifdef DFLASH_HAVE_CUDA
+  cuda::set_deterministic(on);
+#endif
+  g_deterministic_cpu_side = on;
+}
+
+bool deterministic_kernels() {
+#ifdef DFLASH_HAVE_CUDA
+  return cuda::deterministic();
+#else
+  return g_deterministic_cpu_side;
+#endif
+}
+
 Ctx make_ctx(Device device, int gpu) {
   if (device == Device::CPU) return cpu_ctx();
 #ifdef DFLASH_HAVE_CUDA
