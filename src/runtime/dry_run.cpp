@@ -96,13 +96,15 @@ int dry_run(const Options& o) {
     os << "[dflash] topology: auto over " << size << " rank(s): chosen at startup by timing both roles (not in a dry run)\n";
   } else {
     // Where each rank sits, and what assign_roles makes of it: the same code as the real job.
-    Topology t = create_topology(MPI_COMM_WORLD, o.topology, Backend::CPU);  // CPU: no device is touched
+    // With --backend cuda this checks the build and counts the visible devices (no context, no model).
+    Topology t = create_topology(MPI_COMM_WORLD, o.topology, o.backend);
     struct Seat {
-      int32_t node = 0, local_rank = 0;
+      int32_t node = 0, local_rank = 0, gpu = -1;
       char host[64] = {0};
     } seat;
     seat.node = t.node;
     seat.local_rank = t.local_rank;
+    seat.gpu = t.gpu;
     std::snprintf(seat.host, sizeof(seat.host), "%s", t.host.c_str());
     std::vector<Seat> seats(static_cast<size_t>(size));
     mpi::allgather(&seat, 1, seats.data(), MPI_COMM_WORLD);
@@ -113,14 +115,12 @@ int dry_run(const Options& o) {
        << " idle\n[dflash]   rank  node  local  role     host                 device\n";
     for (int r = 0; r < size; ++r) {
       const Seat& st = seats[static_cast<size_t>(r)];
-      const std::string dev = o.backend == Backend::CUDA ? "gpu" + std::to_string(st.local_rank) + "*" : "cpu";
+      const std::string dev = st.gpu >= 0 ? "gpu" + std::to_string(st.gpu) : "cpu";
       char line[200];
       std::snprintf(line, sizeof(line), "[dflash]   %4d  %4d  %5d  %-7s  %-20s %s\n", r, st.node, st.local_rank,
                     role_name(t.roles[static_cast<size_t>(r)]), st.host, dev.c_str());
       os << line;
     }
-    if (o.backend == Backend::CUDA)
-      os << "[dflash]   (* the node-local rank modulo the GPUs each rank sees; the real job checks they exist)\n";
     os << "[dflash] targets feed the drafters of their own node; "
        << (t.drafters.size() > 1 ? "the " + std::to_string(t.drafters.size()) + " drafters allreduce their gradients"
                                  : std::string("one drafter: no gradient allreduce"))
