@@ -80,7 +80,10 @@ std::vector<RankCard> gather_cards(const Topology& t, const PowerSampler& gpu, c
 void print_startup(const Options& o, const Topology& t, const std::vector<RankCard>& cards) {
   std::ostringstream os;
   os << "[dflash] dflash-train " << DFLASH_VERSION << ": topology " << o.topology.to_string() << " on " << t.num_nodes
-     << " node(s) x " << t.ranks_per_node << " rank(s), backend " << backend_name(o.backend) << "\n";
+     << " node(s) x " << t.ranks_per_node << " rank(s), backend " << backend_name(o.backend)
+     << (o.backend == Backend::CUDA ? (o.deterministic ? " (deterministic kernels)" : " (fastest kernels, not bit-reproducible)")
+                                    : "")
+     << "\n";
   os << "[dflash]   rank  role     host                 device  pid       power\n";
   for (const RankCard& c : cards) {
     char line[200];
@@ -104,6 +107,7 @@ void print_startup(const Options& o, const Topology& t, const std::vector<RankCa
 void choose_backend_parts(JobContext& job) {
   const Options& o = job.opt;
   const Topology& topo = job.topo;
+  set_deterministic_kernels(o.deterministic);  // before the first CUDA context: it sizes the mode's scratch
   job.ctx = o.backend == Backend::CUDA ? make_ctx(Device::CUDA, topo.gpu) : cpu_ctx();
   const Qwen3Config& cfg = job.target.text;  // read by validate_inputs
   job.slot_shape.max_tokens = o.token_budget;

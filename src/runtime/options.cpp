@@ -86,7 +86,8 @@ struct Described {
 
 Described describe(Options& o, std::string& topology, std::string& backend, std::string& loss,
                    std::string& long_record, std::string& export_dtype, std::string& fail_mode,
-                   std::string& batch_order, std::string& data_plane, std::string& seed) {
+                   std::string& batch_order, std::string& data_plane, std::string& seed,
+                   std::string& deterministic) {
   Described d;
   po::options_description job("Job");
   job.add_options()
@@ -109,6 +110,7 @@ Described describe(Options& o, std::string& topology, std::string& backend, std:
     ("hs-queue-depth", po::value(&o.hs_queue_depth)->default_value(4)->value_name("N"), "receive slots = credits per drafter (q_hs)")
     ("data-plane", po::value(&data_plane)->default_value("auto")->value_name("NAME"), "how hidden states travel: auto (nccl, else cuda-mpi, else host) | nccl (GPU to GPU; a GPU per rank) | cuda-mpi (a CUDA-aware MPI) | host (through host memory; always works)")
     ("batch-order", po::value(&batch_order)->default_value("arrival")->value_name("NAME"), "arrival (first come, best throughput) | fixed (a pure function of the topology: same losses on every run and across a resume)")
+    ("deterministic", po::value(&deterministic)->default_value("auto")->value_name("WHEN"), "auto (on with --batch-order fixed) | on | off: CUDA kernels that sum in a fixed order, so the same inputs give bit-identical steps and a resume reproduces the straight run (about 6% slower)")
     ("long-record", po::value(&long_record)->default_value("error")->value_name("NAME"), "record longer than --token-budget: error | cut | skip")
     ("epochs", po::value(&o.epochs)->default_value(1)->value_name("N"), "passes over the data (0 = forever)")
     ("max-steps", po::value(&o.max_steps)->default_value(0)->value_name("N"), "stop after this many steps (0 = when the data ends)")
@@ -188,9 +190,10 @@ void check_range(bool ok, const char* flag, const std::string& value, const char
 ParseResult parse_options(int argc, const char* const* argv) {
   ParseResult r;
   Options& o = r.options;
-  std::string topology, backend, loss, long_record, export_dtype, fail_mode, batch_order, data_plane, seed;
-  const Described described =
-      describe(o, topology, backend, loss, long_record, export_dtype, fail_mode, batch_order, data_plane, seed);
+  std::string topology, backend, loss, long_record, export_dtype, fail_mode, batch_order, data_plane, seed,
+      deterministic;
+  const Described described = describe(o, topology, backend, loss, long_record, export_dtype, fail_mode, batch_order,
+                                       data_plane, seed, deterministic);
   const po::options_description& desc = described.all;
   po::variables_map vm;
   const char* usage_hint = "dflash-train --help lists every option";
@@ -251,6 +254,10 @@ ParseResult parse_options(int argc, const char* const* argv) {
   if (batch_order == "arrival") o.batch_order = BatchOrder::Arrival;
   else if (batch_order == "fixed") o.batch_order = BatchOrder::Fixed;
   else check_range(false, "batch-order", batch_order, "arrival or fixed");
+  if (deterministic == "auto") o.deterministic = o.batch_order == BatchOrder::Fixed;
+  else if (deterministic == "on") o.deterministic = true;
+  else if (deterministic == "off") o.deterministic = false;
+  else check_range(false, "deterministic", deterministic, "auto, on or off");
   if (export_dtype == "f32") o.export_dtype = DType::F32;
   else if (export_dtype == "bf16") o.export_dtype = DType::BF16;
   else check_range(false, "export-dtype", export_dtype, "bf16 or f32");
