@@ -60,6 +60,7 @@ class Tokenize(unittest.TestCase):
         ids = tok.apply_chat_template(OPENAI["messages"], tokenize=True, return_dict=True)["input_ids"]
         self.assertEqual(recs[0][0], list(ids))
         self.assertIn("2 records", so)
+        self.assertIn("longest record %d tokens" % max(len(r[0]) for r in recs), so)
         self.assertIn("loss mask by prefix", so)
 
     def test_greeting_before_any_prompt_is_context(self):
