@@ -6,25 +6,61 @@ import os
 import tempfile
 
 FORMAT_VERSION = 1
+BLOCK = 1 << 24  # tokens copied per step into the HDF5 file
 
 
 class Records:
-    """Records accumulated in memory: int32 ids and uint8 masks, one numpy array per record."""
+    """Records spooled to two temp files beside the output (int32 ids, uint8 masks) and their lengths in
+    memory, so a dataset of billions of tokens needs no more RAM than its offsets. close() removes them."""
 
-    def __init__(self):
-        self.ids, self.masks = [], []
+    def __init__(self, directory):
+        self.dir = tempfile.mkdtemp(prefix=".dflash-tokenize.", dir=directory)
+        self._ids = open(os.path.join(self.dir, "ids.bin"), "wb")
+        self._mask = open(os.path.join(self.dir, "mask.bin"), "wb")
+        self.lengths = []
         self.tokens = self.loss_tokens = 0
 
     def add(self, ids, mask):
         import numpy as np
-        a, m = np.asarray(ids, dtype=np.int32), np.asarray(mask, dtype=np.uint8)
-        self.ids.append(a)
-        self.masks.append(m)
+        a, m = np.asarray(ids, dtype="<i4"), np.asarray(mask, dtype="u1")
+        self._ids.write(a.tobytes())
+        self._mask.write(m.tobytes())
+        self.lengths.append(len(a))
         self.tokens += len(a)
         self.loss_tokens += int(m.sum())
 
     def __len__(self):
-        return len(self.ids)
+        return len(self.lengths)
+
+    def arrays(self):
+        """(ids, mask, offsets): memory-mapped ids and masks, offsets int64 [n+1]."""
+        import numpy as np
+        self._ids.flush()
+        self._mask.flush()
+        ids = np.memmap(self._ids.name, dtype="<i4", mode="r", shape=(self.tokens,))
+        mask = np.memmap(self._mask.name, dtype="u1", mode="r", shape=(self.tokens,))
+        offsets = np.zeros(len(self.lengths) + 1, dtype="<i8")
+        np.cumsum(np.asarray(self.lengths, dtype=np.int64), out=offsets[1:])
+        return ids, mask, offsets
+
+    def close(self):
+        import shutil
+        for f in (self._ids, self._mask):
+            f.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def _atomic(path, write):
+    d = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=os.path.basename(path) + ".", suffix=".tmp", dir=d)
+    os.close(fd)
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
 
 
 def write_h5(path, records, vocab_size, tokenizer_name):
@@ -33,37 +69,29 @@ def write_h5(path, records, vocab_size, tokenizer_name):
     in the same directory, renamed over `path`, so an existing dataset is never left half-written."""
     import h5py
     import numpy as np
-    lengths = np.fromiter((len(a) for a in records.ids), dtype=np.int64, count=len(records.ids))
-    offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
-    np.cumsum(lengths, out=offsets[1:])
-    d = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=os.path.basename(path) + ".", suffix=".tmp", dir=d)
-    os.close(fd)
-    try:
+    ids, mask, offsets = records.arrays()
+
+    def write(tmp):
         with h5py.File(tmp, "w") as f:
-            f.create_dataset("tokens", data=np.concatenate(records.ids).astype("<i4"), dtype="<i4")
-            f.create_dataset("offsets", data=offsets.astype("<i8"), dtype="<i8")
-            f.create_dataset("loss_mask", data=np.concatenate(records.masks).astype("u1"), dtype="u1")
+            t = f.create_dataset("tokens", shape=(len(ids),), dtype="<i4")
+            f.create_dataset("offsets", data=offsets, dtype="<i8")
+            m = f.create_dataset("loss_mask", shape=(len(mask),), dtype="u1")
+            for a in range(0, len(ids), BLOCK):
+                t[a:a + BLOCK] = ids[a:a + BLOCK]
+                m[a:a + BLOCK] = mask[a:a + BLOCK]
             f.attrs["vocab_size"] = np.int64(vocab_size)
             f.attrs["tokenizer"] = str(tokenizer_name)
             f.attrs["format_version"] = np.int64(FORMAT_VERSION)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    _atomic(path, write)
 
 
 def write_jsonl(path, records):
     """One {"input_ids": [...], "loss_mask": [...]} per line: dflash-prep's input."""
-    d = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=os.path.basename(path) + ".", suffix=".tmp", dir=d)
-    try:
-        with os.fdopen(fd, "w") as f:
-            for ids, mask in zip(records.ids, records.masks):
-                f.write(json.dumps({"input_ids": ids.tolist(), "loss_mask": mask.tolist()}) + "\n")
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    ids, mask, offsets = records.arrays()
+
+    def write(tmp):
+        with open(tmp, "w") as f:
+            for r in range(len(offsets) - 1):
+                a, b = int(offsets[r]), int(offsets[r + 1])
+                f.write(json.dumps({"input_ids": ids[a:b].tolist(), "loss_mask": mask[a:b].tolist()}) + "\n")
+    _atomic(path, write)
