@@ -35,7 +35,7 @@ fi
 # venv over Debian's python3 (whose h5py/numpy it sees): $DFLASH_VENV, default ~/.local/share/dflash-train/venv;
 # the tools re-run themselves under it when the python3 on PATH lacks the packages. DFLASH_TORCH=1 adds torch
 # for dflash-regenerate's transformers backend (PyPI's wheel brings ~5 GB of CUDA libraries; ~4 min here).
-VENV=${DFLASH_VENV:-$HOME/.local/share/dflash-train/venv}
+VENV=${DFLASH_VENV:-${HOME:-$(getent passwd "$(id -u)" | cut -d: -f6)}/.local/share/dflash-train/venv}  # HOME may be unset (CI)
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 want=(-r "$ROOT/requirements-data.txt")
 check="import transformers, tokenizers, jinja2, h5py"

@@ -5,10 +5,9 @@
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 source "$HERE/lib.sh"
-venv_hint=${DFLASH_VENV:-$HOME/.local/share/dflash-train/venv}
 case "$1" in
   tokenize) PY=$(find_py tokenizers transformers jinja2 h5py numpy) ;;
-  regenerate) PY=$(SKIP_HINT="DFLASH_TORCH=1 tools/setup.sh adds torch to $venv_hint: PyPI's wheel brings ~5 GB of CUDA \
+  regenerate) PY=$(SKIP_HINT="DFLASH_TORCH=1 tools/setup.sh adds torch to $DATA_TOOLS_VENV: PyPI's wheel brings ~5 GB of CUDA \
 libraries, so plain setup leaves it out" find_py tokenizers transformers jinja2 h5py numpy torch) ;;
   *) echo "usage: run.sh tokenize|regenerate" >&2; exit 2 ;;
 esac
