@@ -15,13 +15,15 @@ for w in $WHAT; do
     peak) "$BIN/drafter_bench" --gemm-peak 2>&1 | tee -a "$OUT/bench.txt" ;;
     probe) "$BIN/drafter_bench" --attention-probe 2>&1 | tee -a "$OUT/bench.txt" ;;
     8b-ce) "$BIN/drafter_bench" --model 8b --objective ce 2>&1 | tee -a "$OUT/bench.txt"
-           python3 "$here/ref_drafter_step.py" --model 8b --objective ce 2>&1 | tee -a "$OUT/bench.txt" ;;
+           python3 "$here/ref_drafter_step.py" --model 8b --objective ce 2>&1 | tee -a "$OUT/bench.txt"
+           python3 "$here/ref_drafter_step.py" --model 8b --objective ce --attention flex 2>&1 | tee -a "$OUT/bench.txt" ;;
     8b-kl) "$BIN/drafter_bench" --model 8b --objective kl 2>&1 | tee -a "$OUT/bench.txt"
            python3 "$here/ref_drafter_step.py" --model 8b --objective kl 2>&1 | tee -a "$OUT/bench.txt" ;;
     8b-det) "$BIN/drafter_bench" --model 8b --objective ce 2>&1 | tee -a "$OUT/bench.txt"
             "$BIN/drafter_bench" --model 8b --objective ce --deterministic 2>&1 | tee -a "$OUT/bench.txt" ;;
     27b) "$BIN/drafter_bench" --model 27b --context 4096 2>&1 | tee -a "$OUT/bench.txt"
-         python3 "$here/ref_drafter_step.py" --model 27b --context 4096 2>&1 | tee -a "$OUT/bench.txt" ;;
+         python3 "$here/ref_drafter_step.py" --model 27b --context 4096 2>&1 | tee -a "$OUT/bench.txt"
+         python3 "$here/ref_drafter_step.py" --model 27b --context 4096 --attention flex 2>&1 | tee -a "$OUT/bench.txt" ;;
   esac
 done
 grep RESULT "$OUT/bench.txt"

@@ -4,15 +4,19 @@
 The step follows the recipe of /work/shared/golden/README.md (the one gen_golden.py ran through z-lab's
 DFlashDraftModel): context features hidden_norm(fc(concat(target layers))) as extra keys/values of every
 layer, blocks [anchor, MASK x (B-1)] embedded with the frozen target embedding, q/k norms, neox RoPE
-(context positions 0..T-1, block n at a_n..a_n+B-1), GQA attention through SDPA with a dense boolean mask
-(context j < anchor, own block bidirectional; sliding layers: j >= a + k - (W-1) and block offsets <= k),
+(context positions 0..T-1, block n at a_n..a_n+B-1), GQA attention with the DFlash anchor mask (context
+j < anchor, own block bidirectional; sliding layers: j >= a + k - (W-1) and block offsets <= k; each layer
+its own type's mask) through one of two paths (--attention):
+  sdpa  F.scaled_dot_product_attention with a dense boolean mask (kv heads repeated);
+  flex  torch.nn.attention.flex_attention, compiled, with a create_block_mask block mask built from the same
+        rule (enable_gqa: kv heads not repeated) -- the strongest PyTorch path for this sparse mask;
 SwiGLU MLP, final norm, frozen lm_head. Loss: CE (or KL against softmax(lm_head(final_norm[a+k-1]))) with
 weights exp(-(k-1)/gamma) over positions k >= 1, lm_head + loss in chunks of 128 blocks under activation
 checkpointing (logits never exist for more than one chunk), global normalisation, clip_grad_norm_(1.0),
 torch.optim.AdamW(fused=True). Mixed precision: fp32 parameters and AdamW state, bf16 autocast compute,
 fp32 RMSNorm (as HF Qwen3RMSNorm). Random weights and features; one packed sequence of T tokens.
 
-  python3 bench/ref_drafter_step.py --model 8b --objective ce
+  python3 bench/ref_drafter_step.py --model 8b --objective ce [--attention flex]
   python3 bench/ref_drafter_step.py --model 27b --context 4096
 Prints a RESULT line: step_ms (median of --steps after --warmup, CUDA events) and peak_gib
 (torch.cuda.max_memory_allocated over the whole run, optimizer state included).
@@ -68,7 +72,7 @@ class Layer(nn.Module):
         self.up_proj = nn.Linear(H, I, bias=False)
         self.down_proj = nn.Linear(I, H, bias=False)
 
-    def forward(self, x, th, rq, rc, mask):
+    def forward(self, x, th, rq, rc, mask, attention="sdpa"):
         NB, T = x.shape[0], th.shape[0]
         xn = self.input_layernorm(x)
         q = rope(self.q_norm(self.q_proj(xn).view(NB, self.nh, self.hd)), *rq)
@@ -76,10 +80,14 @@ class Layer(nn.Module):
         kc = rope(self.k_norm(self.k_proj(th).view(T, self.nkv, self.hd)), *rc)
         k = torch.cat([kc, kb], 0)
         v = torch.cat([self.v_proj(th), self.v_proj(xn)], 0).view(T + NB, self.nkv, self.hd)
-        rep = self.nh // self.nkv
-        k = k.repeat_interleave(rep, dim=1).transpose(0, 1)[None]
-        v = v.repeat_interleave(rep, dim=1).transpose(0, 1)[None]
-        o = F.scaled_dot_product_attention(q.transpose(0, 1)[None], k, v, attn_mask=mask)
+        if attention == "flex":
+            o = flex_attention_compiled()(q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
+                                          block_mask=mask, enable_gqa=True)
+        else:
+            rep = self.nh // self.nkv
+            k = k.repeat_interleave(rep, dim=1).transpose(0, 1)[None]
+            v = v.repeat_interleave(rep, dim=1).transpose(0, 1)[None]
+            o = F.scaled_dot_product_attention(q.transpose(0, 1)[None], k, v, attn_mask=mask)
         x = x + self.o_proj(o[0].transpose(0, 1).reshape(NB, self.nh * self.hd))
         h = self.post_attention_layernorm(x)
         return x + self.down_proj(F.silu(self.gate_proj(h)) * self.up_proj(h))
@@ -119,6 +127,37 @@ def dense_mask(anchors, T, B, W, dev):
     return torch.cat([ctx, blk], 1)
 
 
+_FLEX = None
+
+
+def flex_attention_compiled():
+    global _FLEX
+    if _FLEX is None:
+        from torch.nn.attention.flex_attention import flex_attention
+        _FLEX = torch.compile(flex_attention)
+    return _FLEX
+
+
+def flex_block_mask(anchors, T, B, W, dev):
+    """The dense_mask rule as a flex_attention BlockMask over [N*B queries, T + N*B keys]."""
+    from torch.nn.attention.flex_attention import create_block_mask
+    N = anchors.shape[0]
+
+    def mask_mod(b, h, q, kv):
+        n, ko = q // B, q % B
+        a = anchors[n]
+        ctx = kv < a
+        if W > 0:
+            ctx = ctx & (kv >= a + ko - (W - 1))
+        jb = kv - T
+        blk = (kv >= T) & (jb // B == n)
+        if W > 0:
+            blk = blk & (jb % B <= ko)
+        return ctx | blk
+
+    return create_block_mask(mask_mod, None, None, N * B, T + N * B, device=dev)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="8b", choices=sorted(SHAPES))
@@ -128,6 +167,7 @@ def main():
     ap.add_argument("--chunk-blocks", type=int, default=128)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--attention", default="sdpa", choices=["sdpa", "flex"])
     args = ap.parse_args()
     s = SHAPES[args.model]
     dev = torch.device("cuda")
@@ -152,7 +192,9 @@ def main():
     pos_blk = (anchors[:, None] + k[None]).reshape(-1)
     rq = rope_tables(pos_blk, s["hd"])
     rc = rope_tables(torch.arange(T, device=dev), s["hd"])
-    mask = dense_mask(anchors, T, B, W, dev)
+    make_mask = flex_block_mask if args.attention == "flex" else dense_mask
+    masks = {"full": make_mask(anchors, T, B, 0, dev)}
+    masks["sliding"] = make_mask(anchors, T, B, W, dev) if W > 0 else masks["full"]
     ids = torch.full((N, B), 151669 if V == 151936 else 248070, device=dev)
     ids[:, 0] = tokens[anchors]
     lab_pos = anchors[:, None] + k[None]                    # [N, B]
@@ -179,8 +221,8 @@ def main():
             x_ctx = features.permute(1, 0, 2).reshape(T, K * H)
             th = model.hidden_norm(model.fc(x_ctx))
             x = embed[ids.reshape(-1)]
-            for layer in model.layers:
-                x = layer(x, th, rq, rc, mask)
+            for layer, kind in zip(model.layers, s["types"]):
+                x = layer(x, th, rq, rc, masks[kind], args.attention)
             h = model.norm(x)[row_idx]
             t_rows = final_norm[teacher_at]
             loss = 0.0
@@ -208,11 +250,11 @@ def main():
             loss0 = loss.item()
     times.sort()
     peak = torch.cuda.max_memory_allocated() / 2**30
-    print(f"pytorch drafter step {args.model} objective={args.objective} context={T} anchors={N} rows={row_idx.numel()} "
+    print(f"pytorch drafter step {args.model} objective={args.objective} attention={args.attention} context={T} anchors={N} rows={row_idx.numel()} "
           f"params={sum(p.numel() for p in model.parameters()) / 1e9:.2f}B torch {torch.__version__}")
     print(f"  step: median {times[len(times) // 2]:.1f} ms over {len(times)} steps (min {times[0]:.1f}, max {times[-1]:.1f});"
           f" loss {loss0:.4f} -> {loss.item():.4f}; grad norm {norm.item():.3f}; peak {peak:.2f} GiB")
-    print(f"RESULT ref model={args.model} objective={args.objective} step_ms={times[len(times) // 2]:.1f} peak_gib={peak:.2f}")
+    print(f"RESULT ref model={args.model} objective={args.objective} attention={args.attention} step_ms={times[len(times) // 2]:.1f} peak_gib={peak:.2f}")
 
 
 if __name__ == "__main__":

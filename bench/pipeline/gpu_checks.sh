@@ -6,14 +6,16 @@ set -uo pipefail
 B=$(cd "${1:?bin dir}" && pwd); OUT=${2:?out dir}
 mkdir -p "$OUT"
 export NCCL_NVLS_ENABLE=0 DFLASH_BIN="$B" DFLASH_SRC="$PWD" DFLASH_TEST_DATA="$PWD/tests/data"
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
 nvidia-smi --query-gpu=name,driver_version,memory.total,power.draw --format=csv
 rc=0
-step() {  # step NAME CMD...: runs it, keeps its log, records failures
+step() {  # step NAME CMD...: runs it, keeps its log, records failures (77 = skipped, with its reason)
   local name=$1; shift
   local t0=$SECONDS
   "$@" >"$OUT/$name.log" 2>&1; local r=$?
-  printf '%-28s rc=%-3d %4ds\n' "$name" "$r" $((SECONDS - t0)) | tee -a "$OUT/summary.txt"
-  [ $r -eq 0 ] || { rc=1; tail -25 "$OUT/$name.log"; }
+  local why=""; [ $r -eq 77 ] && why="skipped: $(grep -m1 SKIPPED "$OUT/$name.log")"
+  printf '%-28s rc=%-3d %4ds %s\n' "$name" "$r" $((SECONDS - t0)) "$why" | tee -a "$OUT/summary.txt"
+  [ $r -eq 0 ] || [ $r -eq 77 ] || { rc=1; tail -25 "$OUT/$name.log"; }
 }
 [ -n "${SKIP_UNIT:-}" ] || step gpu_unit "$B/dflash_gpu_tests" --gtest_brief=1
 [ -n "${SKIP_UNIT:-}" ] || step selftest_cuda "$B/dflash-selftest" tests/data/golden/qwen3-tiny-a --backend cuda
