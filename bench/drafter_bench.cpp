@@ -254,7 +254,9 @@ int main(int argc, char** argv) {
   train::LossRows rows;
   train::build_loss_rows(batch, b.anchors, seq_end, static_cast<int>(B), 7.0f, rows);
   b.features = features;
-  b.final_norm = final_norm;
+  // The job sends the target's final norm only for KL (slot_shape.final_norm): with CE the step gets none
+  // and skips the teacher logits that only the "agree" metric would use (an extra lm_head GEMM).
+  if (objective == ops::LossObjective::KL) b.final_norm = final_norm;
   b.tokens = batch.tokens;
   b.ctx_pos.resize(static_cast<size_t>(T));
   for (int64_t t = 0; t < T; ++t) b.ctx_pos[t] = static_cast<int32_t>(t);

@@ -72,7 +72,7 @@ struct Options {
   int hs_queue_depth = 4;       // receive slots (= credits) per drafter
   DataPlaneChoice data_plane = DataPlaneChoice::Auto;
   BatchOrder batch_order = BatchOrder::Arrival;
-  // CUDA kernels that sum in a fixed order (set_deterministic_kernels, about 6% of the 8B step): identical
+  // CUDA kernels that sum in a fixed order (set_deterministic_kernels, about 4% of the 8B step): identical
   // inputs give bit-identical steps, so a resumed run reproduces the straight run bit for bit.
   // --deterministic auto (the default) turns it on with --batch-order fixed, the resume-exact mode.
   bool deterministic = false;

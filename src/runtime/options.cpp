@@ -110,7 +110,7 @@ Described describe(Options& o, std::string& topology, std::string& backend, std:
     ("hs-queue-depth", po::value(&o.hs_queue_depth)->default_value(4)->value_name("N"), "receive slots = credits per drafter (q_hs)")
     ("data-plane", po::value(&data_plane)->default_value("auto")->value_name("NAME"), "how hidden states travel: auto (nccl, else cuda-mpi, else host) | nccl (GPU to GPU; a GPU per rank) | cuda-mpi (a CUDA-aware MPI) | host (through host memory; always works)")
     ("batch-order", po::value(&batch_order)->default_value("arrival")->value_name("NAME"), "arrival (first come, best throughput) | fixed (a pure function of the topology: same losses on every run and across a resume)")
-    ("deterministic", po::value(&deterministic)->default_value("auto")->value_name("WHEN"), "auto (on with --batch-order fixed) | on | off: CUDA kernels that sum in a fixed order, so the same inputs give bit-identical steps and a resume reproduces the straight run (about 6% slower)")
+    ("deterministic", po::value(&deterministic)->default_value("auto")->value_name("WHEN"), "auto (on with --batch-order fixed) | on | off: CUDA kernels that sum in a fixed order, so the same inputs give bit-identical steps and a resume reproduces the straight run (about 4% slower)")
     ("long-record", po::value(&long_record)->default_value("error")->value_name("NAME"), "record longer than --token-budget: error | cut | skip")
     ("epochs", po::value(&o.epochs)->default_value(1)->value_name("N"), "passes over the data (0 = forever)")
     ("max-steps", po::value(&o.max_steps)->default_value(0)->value_name("N"), "stop after this many steps (0 = when the data ends)")
