@@ -91,11 +91,15 @@ class TokenDataset {
   int format_version() const { return format_version_; }
 
   // Appends the first min(record_length(r), max_tokens) tokens and mask entries of record r
-  // (max_tokens < 0: the whole record). Thread-safe (takes hdf5_mutex()). A file truncated, rewritten or
-  // replaced since it was opened (its size, modification time or inode changed) is a fatal BadInput:
-  // HDF5 would read zeros past the end, and the drafter would train on them.
+  // (max_tokens < 0: the whole record). Thread-safe (takes hdf5_mutex()). Then, unless check_file is
+  // false (the loader checks once per batch instead: a stat per record is costly on network filesystems),
+  // check_unchanged().
   void read_record(size_t r, std::vector<int32_t>& tokens, std::vector<uint8_t>& loss_mask,
-                   int64_t max_tokens = -1) const;
+                   int64_t max_tokens = -1, bool check_file = true) const;
+  // A file truncated, rewritten or replaced since it was opened (its size, modification time or inode
+  // changed) is a fatal BadInput: HDF5 would read zeros past the end, and the drafter would train on
+  // them. Call after reading and before using what was read.
+  void check_unchanged() const;
   // Reads everything into memory (tests, small tools).
   TokenRecords read_all() const;
 
@@ -112,7 +116,6 @@ class TokenDataset {
     uint64_t dev = 0, ino = 0;
     int64_t size = 0, mtime_ns = 0;
   } stamp_;
-  void check_unchanged() const;
 };
 
 // ---- the loader --------------------------------------------------------------------------------------

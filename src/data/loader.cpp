@@ -180,7 +180,7 @@ void Loader::run() {
       }
       const int64_t take = too_long ? budget : len;
       if (b.num_tokens() + take > budget) break;  // whole records only: this one starts the next batch
-      dataset_->read_record(r, b.tokens, b.loss_mask, take);
+      dataset_->read_record(r, b.tokens, b.loss_mask, take, /*check_file=*/false);  // checked per batch below
       b.cu_seqlens.push_back(static_cast<int32_t>(b.tokens.size()));
       if (too_long) {
         delta.records_cut++;
@@ -190,6 +190,8 @@ void Loader::run() {
       delta.tokens += take;
       cursor++;
     }
+    // The file as it was opened, or the batch is not used (one stat per batch, not per record).
+    if (b.num_seqs() > 0) dataset_->check_unchanged();
     DataPosition next = pos;
     next.cursor = cursor;
     if (cursor >= static_cast<int64_t>(order.size())) {
