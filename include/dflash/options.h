@@ -76,6 +76,8 @@ struct Options {
   // inputs give bit-identical steps, so a resumed run reproduces the straight run bit for bit.
   // --deterministic auto (the default) turns it on with --batch-order fixed, the resume-exact mode.
   bool deterministic = false;
+  // --warmup-ratio: the warmup as a fraction of the run's planned steps (0 = --warmup-steps decides).
+  double warmup_ratio = 0;
   LongRecordPolicy long_record = LongRecordPolicy::Error;
   int64_t max_steps = 0;        // 0 = until the data ends
   int epochs = 1;               // 0 = forever (then --max-steps must end the run)

@@ -63,12 +63,16 @@ std::string schedule(const Options& o, int num_drafters) {
   os << "\n[dflash] lr: ";
   char lr[32];
   std::snprintf(lr, sizeof(lr), "%g", o.train.lr);
-  if (o.train.warmup_steps > 0) os << "linear warmup over " << o.train.warmup_steps << " steps to " << lr << ", then ";
+  if (o.warmup_ratio > 0) os << "linear warmup over " << o.warmup_ratio << " of the steps to " << lr << ", then ";
+  else if (o.train.warmup_steps > 0) os << "linear warmup over " << o.train.warmup_steps << " steps to " << lr << ", then ";
   else os << lr << ", ";
-  if (o.train.total_steps > o.train.warmup_steps)
-    os << "cosine decay to " << o.train.min_lr_ratio << " x lr at step " << o.train.total_steps;
+  if (o.epochs > 0)  // the job counts the packed batches when it starts (include/dflash/schedule.h)
+    os << "cosine decay to " << o.train.min_lr_ratio << " x lr at the run's last step (the data's last batch"
+       << (o.max_steps > 0 ? ", or --max-steps if sooner" : "") << "; counted exactly when the job starts)";
+  else if (o.max_steps > 0)
+    os << "cosine decay to " << o.train.min_lr_ratio << " x lr at step " << o.max_steps;
   else
-    os << "constant (the cosine decay needs --max-steps)";
+    os << "constant (--epochs 0 without --max-steps: the run has no end to decay to)";
   os << "\n[dflash] output: " << o.out_dir << "/metrics.h5, a status line every " << o.log_every << " steps; checkpoints "
      << (parse_checkpoint_every(o.checkpoint_every).unit == CheckpointUnit::Off
              ? std::string("only on SIGUSR1/SIGTERM")

@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "dflash/backend.h"
+#include "dflash/schedule.h"
 #include "dflash/checkpoint.h"
 #include "dflash/drafter.h"
 #include "dflash/drafter_model.h"
@@ -138,6 +139,36 @@ void choose_data_plane(JobContext& job) {
 
 }  // namespace
 
+// The learning-rate schedule (include/dflash/schedule.h): cosine to the run's end, known before it starts
+// from the data, --epochs, --token-budget and the numbers of targets and drafters (or --max-steps when that
+// ends the run sooner). Only targets open the data: the first one plans, prints, and tells every rank.
+void plan_lr_schedule(Options& o, const JobContext& job) {
+  const int planner = job.topo.targets.front();
+  int64_t plan[2] = {0, 0};  // total steps, warmup steps
+  if (job.topo.world_rank == planner) {
+    LoaderOptions lo;
+    lo.token_budget = o.token_budget;
+    lo.seed = o.train.seed;
+    lo.long_record = o.long_record == LongRecordPolicy::Skip ? LongRecord::Skip : LongRecord::Cut;
+    const PlannedSchedule s = plan_schedule(*job.dataset, lo, static_cast<int>(job.topo.targets.size()),
+                                            static_cast<int>(job.topo.drafters.size()), o.epochs, o.max_steps,
+                                            o.train.warmup_steps, o.warmup_ratio);
+    plan[0] = s.total_steps;
+    plan[1] = s.warmup_steps;
+    std::printf("[dflash] lr schedule: peak %g, warmup %d step(s), ", o.train.lr, s.warmup_steps);
+    if (s.total_steps > s.warmup_steps)
+      std::printf("cosine to %g at step %lld (%s)\n", o.train.lr * o.train.min_lr_ratio,
+                  static_cast<long long>(s.total_steps), s.why.c_str());
+    else
+      std::printf("then constant (%s)\n", s.why.c_str());
+    std::fflush(stdout);
+  }
+  MPI_Request r = mpi::ibcast(plan, 2, planner, MPI_COMM_WORLD);
+  mpi::wait(r, o.peer_timeout_s, [&] { return "lost peer: target rank " + std::to_string(planner) + " never sent the lr schedule"; });
+  o.train.total_steps = plan[0];
+  o.train.warmup_steps = static_cast<int>(plan[1]);
+}
+
 void wait_all_loaded(const JobContext& job) {
   barrier(MPI_COMM_WORLD, 10 * job.opt.peer_timeout_s, "waiting for every rank to load its model");
 }
@@ -167,6 +198,7 @@ int run_job(const Options& given) {
   // before --out is created, locked or written (an earlier run's metrics and checkpoints stay as they are).
   validate_inputs(job);
   barrier(MPI_COMM_WORLD, 10 * o.peer_timeout_s, "checking the inputs");
+  plan_lr_schedule(o, job);
   // Then --out is this job's alone (rank 0 holds the lock; the others wait for it in the resume's bcast).
   if (topo.world_rank == 0) {
     lock_run_dirs(o);

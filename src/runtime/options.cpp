@@ -125,6 +125,7 @@ Described describe(Options& o, std::string& topology, std::string& backend, std:
     ("hs-noise", po::value(&o.train.hs_noise)->default_value(0.0f, "0")->value_name("STD"), "std of Gaussian noise on target features")
     ("lr", po::value(&o.train.lr)->default_value(6e-4f, "6e-4")->value_name("LR"), "peak learning rate (AdamW)")
     ("warmup-steps", po::value(&o.train.warmup_steps)->default_value(0)->value_name("N"), "linear warmup steps")
+    ("warmup-ratio", po::value(&o.warmup_ratio)->default_value(0.0, "0")->value_name("X"), "linear warmup over this fraction of the run's planned steps (instead of --warmup-steps); the lr then decays by cosine to 0.1 x --lr at the run's end: the data's last batch, or --max-steps")
     ("seed", po::value(&seed)->default_value("0")->value_name("N"), "seed of data order, init and anchors (0 .. 2^63-1)");
   po::options_description out("Output");
   out.add_options()
@@ -281,6 +282,9 @@ ParseResult parse_options(int argc, const char* const* argv) {
   check_range(o.train.gamma > 0, "gamma", str(o.train.gamma), "> 0");
   check_range(o.train.lr > 0 && std::isfinite(o.train.lr), "lr", str(o.train.lr), "> 0");
   check_range(o.train.warmup_steps >= 0, "warmup-steps", str(o.train.warmup_steps), ">= 0");
+  check_range(o.warmup_ratio >= 0 && o.warmup_ratio < 1, "warmup-ratio", str(o.warmup_ratio), "in [0, 1)");
+  DF_CHECK_HINT(o.warmup_ratio == 0 || o.train.warmup_steps == 0, BadOptions,
+                "--warmup-ratio and --warmup-steps both set the warmup", "give one of them");
   check_range(o.train.hs_noise >= 0, "hs-noise", str(o.train.hs_noise), ">= 0");
   check_range(o.inject_delay_target_ms >= 0, "inject-delay-target-ms", str(o.inject_delay_target_ms), ">= 0");
   check_range(o.inject_delay_drafter_ms >= 0, "inject-delay-drafter-ms", str(o.inject_delay_drafter_ms), ">= 0");

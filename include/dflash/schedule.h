@@ -1,0 +1,33 @@
+// The learning-rate schedule's length: how many drafter steps a run will take, known before it starts.
+//
+// The loader's packing is a pure function of the record lengths and the options (each shard's records in
+// the seeded order of the epoch, whole records up to --token-budget, longer ones cut or skipped:
+// src/data/loader.cpp), so the batches of every shard and epoch can be counted without reading a token.
+// Each drafter step trains one batch per drafter and the run stops when the first drafter runs dry, so a
+// run of E epochs takes floor(sum of batches / drafters) steps (--max-steps caps it). With it the cosine
+// decays to its floor at the run's real end instead of never (total_steps 0: constant after warmup).
+#pragma once
+#include <cstdint>
+#include <string>
+
+#include "dflash/data.h"
+
+namespace dflash {
+
+// Batches the loader packs from shard opts.shard_index / opts.num_shards in `epoch` (0-based), exactly as
+// Loader::run does: empty batches (only skipped records left) are not batches.
+int64_t count_epoch_batches(const TokenDataset& ds, const LoaderOptions& opts, int64_t epoch);
+
+struct PlannedSchedule {
+  int64_t total_steps = 0;    // cosine reaches min_lr_ratio * lr here (0: no decay)
+  int warmup_steps = 0;
+  int64_t data_batches = 0;   // batches of all shards over all epochs (0 when --epochs 0)
+  std::string why;            // how total_steps was chosen, for the startup line
+};
+
+// epochs 0 (forever) with max_steps 0: no end, so no decay (total 0). warmup_ratio > 0 sets the warmup to
+// that fraction of total_steps (rounded); otherwise warmup_steps is kept.
+PlannedSchedule plan_schedule(const TokenDataset& ds, const LoaderOptions& base, int num_targets, int num_drafters,
+                              int epochs, int64_t max_steps, int warmup_steps, double warmup_ratio);
+
+}  // namespace dflash

@@ -1,0 +1,62 @@
+// See include/dflash/schedule.h.
+#include "dflash/schedule.h"
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "dflash/error.h"
+
+namespace dflash {
+
+int64_t count_epoch_batches(const TokenDataset& ds, const LoaderOptions& opts, int64_t epoch) {
+  const int64_t budget = opts.token_budget;
+  DF_CHECK(budget > 0, BadOptions, "--token-budget must be positive (got " << budget << ")");
+  const std::vector<int64_t> order = Loader::shard_order(ds.num_records(), opts.seed, epoch, opts.shard_index, opts.num_shards);
+  int64_t batches = 0, in_batch = 0;  // tokens in the batch being packed
+  int records = 0;                    // records in it
+  for (int64_t r : order) {
+    const int64_t len = ds.record_length(static_cast<size_t>(r));
+    if (len > budget && opts.long_record == LongRecord::Skip) continue;
+    const int64_t take = std::min(len, budget);
+    if (in_batch + take > budget) {  // whole records only: this one starts the next batch
+      ++batches;
+      in_batch = 0;
+      records = 0;
+    }
+    in_batch += take;
+    ++records;
+  }
+  return batches + (records > 0 ? 1 : 0);
+}
+
+PlannedSchedule plan_schedule(const TokenDataset& ds, const LoaderOptions& base, int num_targets, int num_drafters,
+                              int epochs, int64_t max_steps, int warmup_steps, double warmup_ratio) {
+  DF_CHECK(num_targets > 0 && num_drafters > 0, Internal, "plan_schedule: " << num_targets << " targets, " << num_drafters << " drafters");
+  PlannedSchedule s;
+  if (epochs > 0) {
+    for (int e = 0; e < epochs; ++e)
+      for (int t = 0; t < num_targets; ++t) {
+        LoaderOptions o = base;
+        o.shard_index = t;
+        o.num_shards = num_targets;
+        s.data_batches += count_epoch_batches(ds, o, e);
+      }
+  }
+  const int64_t data_steps = s.data_batches / num_drafters;
+  if (epochs > 0 && (max_steps == 0 || data_steps <= max_steps)) {
+    s.total_steps = data_steps;
+    s.why = std::to_string(s.data_batches) + " batches over " + std::to_string(epochs) + " epoch(s) / " +
+            std::to_string(num_drafters) + " drafter(s)";
+  } else if (max_steps > 0) {
+    s.total_steps = max_steps;
+    s.why = "--max-steps";
+  } else {
+    s.why = "--epochs 0 and no --max-steps: no end, no decay";
+  }
+  s.warmup_steps = warmup_ratio > 0 ? static_cast<int>(std::lround(warmup_ratio * static_cast<double>(s.total_steps)))
+                                    : warmup_steps;
+  return s;
+}
+
+}  // namespace dflash
