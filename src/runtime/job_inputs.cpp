@@ -147,8 +147,15 @@ bool lock_dir(const std::string& dir, const std::string& what, std::string* hold
   if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
     const int err = errno;
     ::close(fd);
+    // A filesystem without locks (NFS mounted nolock, some FUSE): the job runs, unguarded, and says so.
+    if (err == ENOLCK || err == EOPNOTSUPP || err == ENOSYS) {
+      std::printf("[dflash] warning: %s cannot be locked (%s): a second job on this %s would not be refused\n",
+                  path.c_str(), std::strerror(err), what.c_str());
+      std::fflush(stdout);
+      return true;
+    }
     DF_CHECK_HINT(err == EWOULDBLOCK, SystemFailure, "cannot lock " << path << ": " << std::strerror(err),
-                  "the filesystem of " + what + " must support flock");
+                  "check the permissions of " + what);
     *holder = read_holder(path);
     return false;
   }
