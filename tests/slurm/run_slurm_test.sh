@@ -5,6 +5,8 @@
 # resumed (--resume auto) and finished with the losses of an uninterrupted run, bit for bit.
 #
 #   tests/slurm/run_slurm_test.sh [BUILD_DIR]      (env DFLASH_BIN works too; default ./build)
+# DFLASH_SBATCH picks the job script (default train-1node.sbatch, mpirun; train-1node-srun.sbatch: srun
+# --mpi=pmix, which test_slurm_requeue_srun.sh runs).
 #
 # Needs root (it installs slurm-wlm + munge with apt-get when missing and runs the daemons as root);
 # otherwise it exits 77 (skipped). The daemons are stopped by their pid files on every exit path.
@@ -50,7 +52,7 @@ timeout -k 5 300 mpirun -np 2 --bind-to none "$BIN/dflash-train" "${ARGS[@]}" --
 # ---- the Slurm job: slowed down (a test hook that changes no number) so the signal lands mid-run --------
 jid=$(DFLASH_HOME="$SRC" DFLASH_TRAIN="$BIN/dflash-train" DFLASH_BACKEND=cpu DFLASH_TOPOLOGY=1-1 \
   sbatch --parsable --ntasks-per-node=2 --gpus-per-node=0 --cpus-per-task=1 --time=15 \
-  --output="$WORK/job.out" "$SRC/jobs/slurm/train-1node.sbatch" \
+  --output="$WORK/job.out" "$SRC/jobs/slurm/${DFLASH_SBATCH:-train-1node.sbatch}" \
   "${ARGS[@]}" --out "$WORK/run" --inject-delay-drafter-ms 150)
 note "submitted job $jid"
 
@@ -65,7 +67,11 @@ wait_for() {  # wait_for SECONDS DESCRIPTION COMMAND... (COMMAND re-run every se
 }
 job_state() { scontrol show job "$jid" 2>/dev/null | sed -n 's/.*JobState=\([A-Z_]*\).*/\1/p'; }
 job_restarts() { scontrol show job "$jid" 2>/dev/null | sed -n 's/.*Restarts=\([0-9]*\).*/\1/p'; }
-trained_steps() { grep -c '^\[[0-9.smhd]*\] step=' "$WORK/job.out" 2>/dev/null || true; }
+trained_steps() {  # 0 before the job's log exists (grep -c prints nothing for a missing file)
+  local n
+  n=$(grep -c '^\[[0-9.smhd]*\] step=' "$WORK/job.out" 2>/dev/null)
+  echo "${n:-0}"
+}
 trained_3_steps() { [ "$(trained_steps)" -ge 3 ]; }
 requeued() { [ "$(job_restarts)" = 1 ] && [ "$(job_state)" = PENDING ]; }
 completed() { [ "$(job_state)" = COMPLETED ]; }
