@@ -11,13 +11,19 @@
 #include <string>
 #include <vector>
 
+#include <filesystem>
+
 #include "data/h5_util.h"
+#include "dflash/drafter.h"     // fresh_drafter_config
+#include "dflash/hf_config.h"   // load_drafter_config
+#include "dflash/target.h"      // load_target_config
 #include "dflash/checkpoint.h"  // parse_checkpoint_every
 #include "dflash/data.h"        // hdf5_mutex()
 #include "dflash/error.h"
 #include "dflash/mpi_typed.h"
 #include "dflash/runtime.h"
 #include "dflash/topology.h"
+#include "job.h"  // capture_layer_ids
 
 namespace dflash {
 
@@ -83,6 +89,50 @@ std::string schedule(const Options& o, int num_drafters) {
   return os.str();
 }
 
+std::string gib(double bytes) {  // GiB, or MiB below one GiB
+  char b[32];
+  if (bytes >= double(1ull << 30)) std::snprintf(b, sizeof b, "%.1f GiB", bytes / double(1ull << 30));
+  else std::snprintf(b, sizeof b, "%.1f MiB", bytes / double(1ull << 20));
+  return b;
+}
+
+// The fixed memory of each role: what is allocated once at startup, sized by the model, --token-budget and
+// the queue depths (activations and library workspaces come on top; the target's run with its layer
+// activations, the drafter's with its attention/loss scratch). From config.json and the sizes of the
+// checkpoint's files only: nothing is loaded.
+std::string memory_per_rank(const Options& o) {
+  std::ostringstream os;
+  const TargetConfig tc = load_target_config(o.target_dir);  // reads config.json only
+  const Qwen3Config& t = tc.text;
+  const bool cuda = o.backend == Backend::CUDA;
+  const double act = cuda ? 2 : 4;  // bytes per activation / weight element: bf16 on CUDA, float32 on the CPU
+  double files = 0;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(o.target_dir, ec))
+    if (e.path().extension() == ".safetensors") files += static_cast<double>(e.file_size(ec));
+  // A bf16 checkpoint's bytes are its weights' bytes on CUDA, and half of them in float32 on the CPU.
+  const double weights = cuda ? files : 2 * files;
+  const double k = static_cast<double>(capture_layer_ids(o).size()), T = static_cast<double>(o.token_budget),
+               H = t.hidden_size;
+  const double batch = (k + (o.train.loss == LossKind::KL ? 1 : 0)) * T * H * act;  // features (+ final norm)
+  const double target = weights + 2 * batch;  // two send buffers: the next forward fills one while one moves
+  const DrafterConfig d = o.drafter_dir.empty()
+                              ? fresh_drafter_config(t, o.draft_layers, o.train.block_size, o.train.mask_token_id)
+                              : load_drafter_config(o.drafter_dir + "/config.json");
+  const double P = static_cast<double>(drafter_param_count(d));
+  // fp32 master weights, AdamW m and v, gradients (+ a bf16 copy for the CUDA step), frozen embedding + lm_head
+  const double state = P * (16 + (cuda ? 2 : 0)), frozen = 2.0 * t.vocab_size * H * act;
+  const double slots = o.hs_queue_depth * batch;
+  const double drafter = state + frozen + slots;
+  os << "[dflash] memory per rank, fixed part (" << (cuda ? "bf16 on the GPU" : "float32 in host memory")
+     << "; activations come on top): target " << gib(target) << " (weights " << gib(weights) << " from "
+     << gib(files) << " of safetensors, 2 send buffers of " << gib(batch) << "); drafter " << gib(drafter) << " ("
+     << static_cast<long long>(P) << " parameters x " << (cuda ? 18 : 16) << " B of state " << gib(state)
+     << ", frozen embedding + lm_head " << gib(frozen) << ", " << o.hs_queue_depth << " slots " << gib(slots)
+     << ")\n";
+  return os.str();
+}
+
 }  // namespace
 
 int dry_run(const Options& o) {
@@ -132,6 +182,7 @@ int dry_run(const Options& o) {
     free_topology(t);
   }
   os << schedule(o, num_drafters);
+  if (rank == 0) os << memory_per_rank(o);
   if (rank == 0) {
     std::fputs(os.str().c_str(), stdout);
     std::fflush(stdout);
