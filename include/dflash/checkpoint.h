@@ -169,6 +169,15 @@ enum StepDecision : int32_t {
 // Collective over comm: bitwise OR of every member's `local` decision.
 int32_t agree_step_decision(MPI_Comm comm, int32_t local);
 
+// A stop signal that reached a target or an idle rank only (a scheduler signalling one task, a container
+// stop of one process) would be lost: only the drafters decide when to stop. Those ranks call
+// forward_stop_signal(first drafter) while they wait or work; the first time it sees the flag it sends the
+// signal's number to that drafter (once, non-blocking). The drafters' step decision counts
+// peer_stop_signal() (0, or the first number a peer passed on) as a signal of their own.
+constexpr int kTagStopSignal = 5;  // a target or idle rank -> the first drafter: the stop signal it received
+void forward_stop_signal(int first_drafter);
+int peer_stop_signal();
+
 // ---- the runtime's side (src/checkpoint/drafter_checkpoint.cpp) ------------------------------------
 
 // Collective over `world`: world rank 0 resolves --resume (resolve_resume with --checkpoint-dir, default

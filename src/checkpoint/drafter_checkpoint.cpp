@@ -137,7 +137,7 @@ DrafterCheckpointer::Next DrafterCheckpointer::after_step(int64_t step, DrafterT
                                                           const nlohmann::json& schedule,
                                                           const std::function<void()>& progress) {
   int32_t decision = kStepContinue;
-  if (stop_signal_received() != 0) decision |= kStepStop;
+  if (stop_signal_received() != 0 || peer_stop_signal() != 0) decision |= kStepStop;
   if (timer_.due(step)) decision |= kStepCheckpoint;
   if (size_ > 1) {
     MPI_Request r = mpi::iallreduce(&decision, 1, MPI_BOR, comm_);
@@ -149,7 +149,8 @@ DrafterCheckpointer::Next DrafterCheckpointer::after_step(int64_t step, DrafterT
   if (!(decision & kStepStop)) return Next::Continue;
   if (rank_ == 0) {
     std::printf("[dflash] stop signal (%d) received: checkpointed at step %lld, exiting with code %d for a requeue\n",
-                stop_signal_received(), static_cast<long long>(step), static_cast<int>(ExitCode::Requeue));
+                stop_signal_received() ? stop_signal_received() : peer_stop_signal(), static_cast<long long>(step),
+                static_cast<int>(ExitCode::Requeue));
     std::fflush(stdout);
   }
   return Next::StopForRequeue;

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <sstream>
 
 #include "dflash/backend.h"
@@ -39,12 +40,14 @@ void maybe_inject_failure(const JobContext& job, int64_t step) {
 
 namespace {
 
-// Ibarrier polled with sleeps: an idle rank waiting for the end of the run costs no CPU.
-void barrier(MPI_Comm comm, double timeout_s, const std::string& what) {
+// Ibarrier polled with sleeps: an idle rank waiting for the end of the run costs no CPU. poll (optional)
+// runs at every wake-up.
+void barrier(MPI_Comm comm, double timeout_s, const std::string& what, const std::function<void()>& poll = {}) {
   MPI_Request r;
   DF_MPI(MPI_Ibarrier(comm, &r));
   mpi::Deadline deadline(timeout_s);
   while (!mpi::test(r)) {
+    if (poll) poll();
     if (timeout_s > 0 && deadline.expired())
       fatal(ExitCode::LostPeer, what + ": not every rank arrived within " + std::to_string(static_cast<int>(timeout_s)) + " s",
             "a peer rank died or hangs; see its own error above");
@@ -226,7 +229,10 @@ int run_job(const Options& given) {
   }
   // Idle ranks wait for the whole run (no deadline: the run's length is unbounded); the others only
   // for the drafters' export, which the deadline bounds.
-  barrier(MPI_COMM_WORLD, topo.role == Role::Idle ? 0 : 10 * o.peer_timeout_s, "shutdown");
+  // An idle rank waits out the whole run here: a stop signal sent to it alone goes on to the drafters.
+  const int first_drafter = topo.drafters.front();
+  barrier(MPI_COMM_WORLD, topo.role == Role::Idle ? 0 : 10 * o.peer_timeout_s, "shutdown",
+          [&] { if (topo.role == Role::Idle) forward_stop_signal(first_drafter); });
   int32_t requeue = job.stop_for_requeue ? 1 : 0;  // only drafters know: every rank exits with the same code
   mpi::allreduce(&requeue, 1, MPI_MAX, MPI_COMM_WORLD);
   if (topo.world_rank == 0) {

@@ -144,6 +144,7 @@ class TargetRank {
 
   // Handles every control message that has arrived (credits, stop, fin).
   void pump() {
+    forward_stop_signal(topo_.drafters.front());  // a signal sent to this rank alone still stops the job
     MPI_Status st;
     while (control_req_ != MPI_REQUEST_NULL && mpi::test(control_req_, &st)) {
       const int from = st.MPI_SOURCE;
