@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "dflash/anchors.h"
+#include "dflash/backend.h"
 #include "dflash/drafter.h"
 #include "dflash/drafter_model.h"
 #include "dflash/drafter_ops.h"
@@ -173,6 +174,35 @@ double DrafterTrainer::current_lr() const {
   return lr_schedule(impl_->step, o.lr, o.warmup_steps, o.total_steps, o.min_lr_ratio);
 }
 
+namespace {
+// A non-finite drafter loss: say whose problem it is. Non-finite values already in the target's features
+// (or its final norm) come from the target -- its weights or its forward -- and no drafter setting fixes
+// them; only a loss that went non-finite on clean inputs points at the drafter's training. Checked only
+// here, on the way to the fatal error (a copy of the batch to the host).
+[[noreturn]] void fail_non_finite_loss(const Ctx& ctx, const FeatureBatch& fb, double loss, int64_t step) {
+  for (const auto& [name, t] : {std::pair<const char*, const Tensor*>{"features", &fb.features},
+                                std::pair<const char*, const Tensor*>{"final norm", &fb.final_norm}}) {
+    if (t->empty()) continue;
+    std::vector<float> host(t->numel());
+    copy_tensor(ctx, cpu_view(host.data(), {static_cast<int64_t>(host.size())}), *t);
+    size_t bad = 0, first = 0;
+    for (size_t i = 0; i < host.size(); ++i)
+      if (!std::isfinite(host[i]) && bad++ == 0) first = i;
+    if (bad == 0) continue;
+    const int64_t row = static_cast<int64_t>(first) / t->shape[t->ndim - 1];
+    fatal(ExitCode::NonFiniteLoss,
+          "step " + std::to_string(step) + ": the target's " + name + " for this batch hold " + std::to_string(bad) +
+              " non-finite value(s) (the first in row " + std::to_string(row) + " of " + t->shape_str() +
+              "): the drafter's loss is " + std::to_string(loss) + " because its input is",
+          "a target problem, not a drafter setting: check the target checkpoint (dflash-selftest on a golden case, "
+          "its dtype) and its forward on --backend; lowering --lr will not help");
+  }
+  fatal(ExitCode::NonFiniteLoss, "drafter loss is " + std::to_string(loss) + " at step " + std::to_string(step) +
+                                     " (the target's features are finite)",
+        "lower --lr or add --warmup-steps; check the dataset for broken records");
+}
+}  // namespace
+
 StepStats DrafterTrainer::Impl::run(const FeatureBatch& fb, const std::vector<int64_t>& given, bool train,
                                     const GradHooks* hooks) {
   DF_CHECK(fb.batch != nullptr, Internal, "FeatureBatch without its PackedBatch");
@@ -268,8 +298,7 @@ StepStats DrafterTrainer::Impl::run(const FeatureBatch& fb, const std::vector<in
   st.weight_sum = wsum;
   train::fill_metrics(rows, out.argmax_q, have_teacher ? out.argmax_p : nullptr,
                       static_cast<int64_t>(in.anchors.size()), static_cast<int>(B), st);
-  DF_CHECK_HINT(std::isfinite(st.loss), NonFiniteLoss, "drafter loss is " << st.loss << " at step " << step,
-                "lower --lr or check the target features for NaN/Inf");
+  if (!std::isfinite(st.loss)) fail_non_finite_loss(ctx, fb, st.loss, step);
   if (!train || fused) return st;
 
   // D-PACE needs this step's probabilities before the gradient: weights from the forward, then the

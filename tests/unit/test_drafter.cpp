@@ -283,3 +283,15 @@ TEST(DrafterTraining, SampledAnchorsAndDpace) {
 }
 
 }  // namespace
+
+// A non-finite loss caused by the target's features names the target (exit 6, a target problem), not the
+// drafter's learning rate; one on clean features keeps the --lr hint.
+TEST(DrafterTrainingDeath, NonFiniteFeaturesAreATargetProblem) {
+  GoldenInputs g = golden();
+  const int64_t T = g.batch.num_tokens();
+  g.features[g.features.size() / 2] = NAN;  // one value of one captured layer
+  const dflash::FeatureBatch fb = g.feature_batch();
+  DrafterTrainer tr(g.target_dir, g.drafter_dir, 0, g.opt, dflash::cpu_ctx(), T);
+  EXPECT_EXIT(tr.forward_backward(fb, g.anchors), testing::ExitedWithCode(6),
+              "the target's features for this batch hold 1 non-finite value.*a target problem");
+}
