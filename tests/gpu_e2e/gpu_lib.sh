@@ -1,6 +1,7 @@
-# Shared by the GPU end-to-end tests (label gpu): the e2e helpers plus a GPU check. Every rank of these
-# jobs shares the machine's first GPU when it has one (local rank % visible devices), so they run on the
-# one-GPU machine; NCCL is not involved (one drafter: no gradient sum).
+# Shared by the GPU end-to-end tests (label gpu): the e2e helpers plus a GPU check. Each rank binds GPU
+# local rank % visible devices: on the one-GPU machine every rank shares it (host or cuda-mpi planes,
+# host-MPI gradient sums); on two GPUs a target and a drafter get one each and NCCL comes in
+# (test_gpu_two_gpus.sh needs that and skips, with its reason, on one GPU).
 source "$(dirname "$0")/../e2e/lib.sh"
 if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L 2>/dev/null | grep -q '^GPU'; then
   echo "SKIPPED: no NVIDIA GPU visible (these tests run on the GPU machine: ctest -L gpu)"
