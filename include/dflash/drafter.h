@@ -48,6 +48,11 @@ struct StepStats {
   double lr = 0, noise = 0;
   int64_t tokens = 0, anchors = 0;
   std::vector<double> per_pos_acc;  // [block_size]
+  // The counts behind acc, streak and per_pos_acc, so batches (and drafters) can be summed exactly
+  // (evaluation, --eval-data): loss rows and correct rows per block position [block_size], and the sum
+  // over blocks of the leading correct run (streak = streak_sum / anchors).
+  std::vector<double> per_pos_rows, per_pos_correct;
+  double streak_sum = 0;
 };
 
 // A feature batch as the drafter receives it (wire layout of TargetModel's CaptureOut). The tensors live

@@ -7,6 +7,7 @@
 #pragma once
 #include <mpi.h>
 
+#include <cstdint>
 #include <functional>
 #include <string>
 #include <vector>
@@ -16,6 +17,13 @@
 namespace dflash {
 
 enum class Role : uint8_t { Target, Drafter, Idle };
+
+// --eval-data: one eval batch's way from the target that forwards it to the drafter that keeps it.
+struct EvalRoute {
+  int64_t batch = 0;  // index in the packed eval set
+  int drafter = -1;   // world rank
+  int target = -1;    // world rank, a target of the drafter's node
+};
 const char* role_name(Role r);
 
 // Where one world rank sits: its node and node-local rank (gathered from every rank).
@@ -47,6 +55,11 @@ struct Topology {
   int drafter_index_of(int world_rank) const;  // role index of a drafter rank (-1 if not a drafter)
   int node_target_index_of(int world_rank) const;   // index in node_targets (fatal Internal if absent)
   int node_drafter_index_of(int world_rank) const;  // index in node_drafters (fatal Internal if absent)
+  // --eval-data: the routes of this node's eval batches, in batch order. Batch i belongs to drafter
+  // drafters[i % D]; that drafter's j-th batch comes from node target (j * Dn + dn) % Tn (dn: its index among
+  // the node's Dn drafters, Tn node targets), so the node's targets share the forwards evenly (on one node:
+  // batch i from target i % T). Batches of other nodes' drafters are left out (targets feed their own node).
+  std::vector<EvalRoute> eval_routes(int64_t num_batches) const;
   // "drafter[1/2] world 7/8 host gpu1" (index within the role / count, world rank / size, host)
   std::string to_string() const;
 };

@@ -73,6 +73,16 @@ std::string format_status_line(const StatusInputs& in) {
   return s;
 }
 
+std::string format_eval_line(const EvalMetrics& m) {
+  std::string s = "[eval] step=" + std::to_string(m.step);
+  s += printf_str(" loss=%.4f", m.loss);
+  s += printf_str(" acc=%.3f", m.acc);
+  s += printf_str(" streak=%.2f", m.streak);
+  s += " (" + std::to_string(m.seqs) + " seqs, " + si_count(static_cast<double>(m.tokens)) + " tok";
+  s += printf_str(", %.1f s)", m.seconds);
+  return s;
+}
+
 std::optional<double> estimate_eta_s(const EtaInputs& in) {
   const int64_t done = in.step - in.segment_first_step;
   if (done <= 0 || !(in.segment_train_s > 0)) return std::nullopt;

@@ -42,6 +42,21 @@ int Topology::node_drafter_index_of(int r) const {
   return static_cast<int>(it - node_drafters.begin());
 }
 
+std::vector<EvalRoute> Topology::eval_routes(int64_t num_batches) const {
+  std::vector<EvalRoute> routes;
+  const int64_t D = static_cast<int64_t>(drafters.size());
+  const int64_t Dn = static_cast<int64_t>(node_drafters.size()), Tn = static_cast<int64_t>(node_targets.size());
+  if (D == 0 || Dn == 0 || Tn == 0) return routes;
+  for (int64_t i = 0; i < num_batches; ++i) {
+    const int d = drafters[static_cast<size_t>(i % D)];
+    const auto it = std::find(node_drafters.begin(), node_drafters.end(), d);
+    if (it == node_drafters.end()) continue;
+    const int64_t dn = it - node_drafters.begin(), j = i / D;
+    routes.push_back(EvalRoute{i, d, node_targets[static_cast<size_t>((j * Dn + dn) % Tn)]});
+  }
+  return routes;
+}
+
 std::string Topology::to_string() const {
   std::string s = std::string(role_name(role)) + "[" + std::to_string(role_index) + "/" + std::to_string(role_count) +
                   "] world " + std::to_string(world_rank) + "/" + std::to_string(world_size) + " " + host;

@@ -90,6 +90,9 @@ void fill_metrics(const LossRows& rows, const int32_t* argmax_q, const int32_t* 
   st.streak = num_blocks > 0 ? streak / static_cast<double>(num_blocks) : 0.0;
   st.per_pos_acc.assign(static_cast<size_t>(block_size), 0.0);
   for (int k = 0; k < block_size; ++k) st.per_pos_acc[k] = pos_ok[k] / std::max(1.0, pos_n[k]);
+  st.per_pos_rows = pos_n;
+  st.per_pos_correct = pos_ok;
+  st.streak_sum = streak;
 }
 
 }  // namespace dflash::train

@@ -256,6 +256,8 @@ StepStats DrafterTrainer::Impl::run(const FeatureBatch& fb, const std::vector<in
   st.lr = lr_schedule(step, opt.lr, opt.warmup_steps, opt.total_steps, opt.min_lr_ratio);
   st.noise = train ? opt.hs_noise : 0.0;
   st.per_pos_acc.assign(static_cast<size_t>(B), 0.0);
+  st.per_pos_rows.assign(static_cast<size_t>(B), 0.0);
+  st.per_pos_correct.assign(static_cast<size_t>(B), 0.0);
   train::build_loss_rows(batch, in.anchors, seq_end, static_cast<int>(B), opt.gamma, rows);
   const int64_t R = static_cast<int64_t>(rows.size());
   // The normalisation is known here, before any gradient work: GradHooks::begin gets it first.
