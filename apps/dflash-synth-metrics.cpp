@@ -177,6 +177,8 @@ int write_scenario(const std::string& spec_path, const std::string& out_path) {
       m.grad_norm = 1.0;
       m.tokens = static_cast<int64_t>(tokens_per_batch) * D * N;
       m.anchors = 512 * D * N;
+      // Accuracy falls along the block (a later position needs every earlier guess right to matter).
+      for (int k = 1; k < layout.block_size; ++k) m.acc_by_pos.push_back(m.acc * std::pow(0.85, k - 1));
       w.append_step(m);
     }
     for (int i = 0; i < q_samples; ++i, ++qs) {

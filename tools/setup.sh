@@ -54,3 +54,23 @@ else
     echo "# WARNING: could not install the data tools' Python packages: their tests will be skipped" >&2
   fi
 fi
+
+# The tests' optional Python packages (requirements-tests.txt: xarray + h5netcdf, for
+# tests/e2e/test_metrics_xarray.sh) into the same venv, numpy held where it is: pip would otherwise bring
+# numpy 2, which Debian's python3-h5py (seen through the venv) cannot load. A failure only skips that test.
+if [ $tests -eq 1 ] && [ -x "$VENV/bin/python3" ]; then
+  if "$VENV/bin/python3" -c "import xarray, h5netcdf" 2>/dev/null; then
+    echo "# the tests' Python packages present in $VENV"
+  else
+    t0=$SECONDS
+    hold=$(mktemp)
+    "$VENV/bin/python3" -c "import numpy; print('numpy==' + numpy.__version__)" >"$hold" 2>/dev/null || : >"$hold"
+    echo "# installing the tests' Python packages into $VENV: -r requirements-tests.txt ($(cat "$hold"))"
+    if "$VENV/bin/python3" -m pip install -q --disable-pip-version-check -r "$ROOT/requirements-tests.txt" -c "$hold"; then
+      echo "# installed in $((SECONDS - t0))s"
+    else
+      echo "# WARNING: could not install the tests' Python packages: test_metrics_xarray will be skipped" >&2
+    fi
+    rm -f "$hold"
+  fi
+fi

@@ -1,15 +1,19 @@
-// metrics.h5 (one writer rank) and the operator's status line. Layout and h5py snippet: docs/metrics.md.
+// metrics.h5 (one writer rank) and the operator's status line. Layout and h5py/xarray snippets: docs/metrics.md.
 //
-//   /steps/{step, time_s, loss, acc, agree, streak, lr, noise, grad_norm, tokens, anchors}   1-D, one row per step
+//   /steps/{step, time_s, loss, acc, agree, streak, lr, noise, grad_norm, tokens, anchors, epoch}  [step]
+//   /steps/acc_by_pos [step, block_position], /steps/block_position = 1 .. block_size-1     one row per step
 //   /ranks/{interval, time_s, rank, role, batches, busy_s, wait_s, compute_s, credit_wait_s,
-//           data_wait_s, allreduce_s, optimizer_s}                                        1-D, one row per (interval, rank)
-//   /queues/{time_s [n], q_pre [n, T], q_hs [n, D]}
-//   /gpus/{time_s [n], power_w [n, G], util_pct [n, G], mem_used_mib [n, G]}  + attributes available, reason
-//   attributes of /: whatever the job sets (options, topology, hosts, versions, ...) + format_version
+//           data_wait_s, allreduce_s, optimizer_s}                                  [row], one per (interval, rank)
+//   /queues/{time_s [sample], q_pre [sample, target], q_hs [sample, drafter]}
+//   /gpus/{time_s [sample], power_w, util_pct, mem_used_mib [sample, gpu]}  + attributes available, reason
+//   attributes of /: whatever the job sets (options, topology, hosts, versions, ...) + format_version;
+//   /options: one typed attribute per option
 //
-// Every series is an extendible chunked dataset (H5S_UNLIMITED, grown with H5Dset_extent). No SWMR: the
-// file is flushed (H5Fflush) every flush_every appends and at close, so a killed job leaves a file that
-// h5py opens as usual, holding everything up to the last flush (docs/metrics.md says why not SWMR).
+// Every series is an extendible chunked dataset (H5S_UNLIMITED, grown with H5Dset_extent) whose axes carry
+// netCDF-4 dimension scales ([step], [sample, target], ...: xarray names its dimensions after them); the
+// role is the HDF5 enum /ranks/role_t. No SWMR: the file is flushed (H5Fflush) every flush_every appends
+// and at close, so a killed job leaves a file that h5py opens as usual, holding everything up to the last
+// flush (docs/metrics.md says why not SWMR).
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -26,9 +30,14 @@ struct StepMetrics {
   double loss = 0, acc = 0, agree = 0, streak = 0, lr = 0, noise = 0, grad_norm = 0;
   int64_t tokens = 0;    // tokens in the step's batch(es)
   int64_t anchors = 0;   // anchors trained on
+  double epoch = 0;      // fractional epochs done (the status line's epoch~), absolute across resumes
+  // Accuracy at block positions 1 .. block_size-1 (position 0 is the anchor, never predicted); empty:
+  // not known (stored as NaN).
+  std::vector<double> acc_by_pos;
 };
 
-enum class MetricsRole : int { Target = 0, Drafter = 1, Idle = 2 };  // stored as int, legend in an attribute
+// Stored as the HDF5 enum /ranks/role_t (int8 base: target 0, drafter 1, idle 2).
+enum class MetricsRole : int { Target = 0, Drafter = 1, Idle = 2 };
 const char* metrics_role_name(MetricsRole r);
 
 // One rank's time split over one report interval. Fields that do not apply to the role are 0:
@@ -52,6 +61,7 @@ struct MetricsLayout {
   bool gpu_available = false;          // NVML readings will be appended
   std::string gpu_unavailable_reason;  // e.g. "CPU backend: no NVML" (stored when !gpu_available)
   int flush_every = 10;   // H5Fflush after this many appends (any series); --metrics-flush-every
+  int block_size = 16;    // the drafter's: /steps/acc_by_pos has block_size - 1 columns (at least 2)
 };
 
 enum class MetricsOpen {
@@ -81,6 +91,10 @@ class MetricsWriter {
   void set_attribute(const std::string& name, const std::string& value);
   void set_attribute(const std::string& name, double value);
   void set_attribute(const std::string& name, int64_t value);
+  // Attributes of the group /`group` (created when missing), typed as given: /options holds one per option.
+  void set_group_attribute(const std::string& group, const std::string& name, const std::string& value);
+  void set_group_attribute(const std::string& group, const std::string& name, double value);
+  void set_group_attribute(const std::string& group, const std::string& name, int64_t value);
 
   // Resume: drops /steps rows whose step > last_step (they were written after the checkpoint the job
   // resumed from and will be written again).
@@ -110,10 +124,13 @@ class MetricsReader {
   MetricsReader& operator=(const MetricsReader&) = delete;
 
   bool has(const std::string& series) const;                 // "steps/loss", "gpus", ...
-  std::vector<double> series(const std::string& name) const;  // a 1-D series, converted to double
+  std::vector<double> series(const std::string& name) const;  // a 1-D series, converted to double (enums too)
   // A 2-D series as rows x cols (row-major); cols is set.
   std::vector<double> matrix(const std::string& name, int64_t* cols) const;
   int64_t rows(const std::string& name) const;
+  // The dimension of each axis of a series, as xarray names it: the attached scale dataset's name
+  // ("step", "sample", "target"); "" for an axis without one (a file of format_version 1).
+  std::vector<std::string> dimensions(const std::string& name) const;
   bool has_attribute(const std::string& object, const std::string& name) const;  // object: "/" or "/gpus"
   std::string attribute_string(const std::string& object, const std::string& name) const;
   double attribute_number(const std::string& object, const std::string& name) const;
@@ -123,26 +140,6 @@ class MetricsReader {
   std::string path_;
   int64_t file_ = -1;  // hid_t
 };
-
-// ---- held-out evaluation (--eval-data) ------------------------------------------------------------
-
-// One evaluation of the fixed eval set (every --eval-every steps and at the end): sums over every drafter's
-// share, so the numbers are those of one drafter evaluating the whole set. /eval, one row each.
-struct EvalMetrics {
-  int64_t step = 0;       // optimizer steps done when it ran
-  double time_s = 0;      // since the job started
-  double loss = 0;        // position-weighted loss over every loss row of the set (nats)
-  double acc = 0;         // share of loss rows whose drafter argmax equals the label
-  double streak = 0;      // mean leading run of correct predictions per block
-  // Accuracy at block positions 1 .. block_size-1 (position 0 is the anchor, never predicted); NaN where the
-  // set has no row at that position.
-  std::vector<double> acc_by_pos;
-  int64_t tokens = 0, anchors = 0, seqs = 0;
-  double seconds = 0;     // wall time the evaluation took (the first drafter's, which waits for the others)
-};
-
-// [eval] step=200 loss=4.1234 acc=0.123 streak=0.45 (12 seqs, 3.1K tok, 0.4 s)
-std::string format_eval_line(const EvalMetrics& m);
 
 // ---- the status line -------------------------------------------------------------------------------
 

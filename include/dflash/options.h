@@ -6,6 +6,7 @@
 // a message naming the flag; a missing input file is BadInput.
 #pragma once
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -108,7 +109,11 @@ struct Options {
   // "name = value" lines of every option (the resolved configuration, printed at startup and stored
   // in metrics.h5).
   std::vector<std::pair<std::string, std::string>> resolved;
-  std::string to_json() const;
+  // The type the parser holds each resolved option's value in (absent: Text): to_json() and metrics.h5's
+  // /options attributes keep it (numbers as numbers, flags as true/false).
+  enum class ValueKind { Text, Integer, Real, Flag };
+  std::map<std::string, ValueKind> resolved_kind;
+  std::string to_json() const;  // {"lr": 0.0006, "topology": "1-1", "dpace": false, ...}
 };
 
 // Parses argv (+ --config). --help, --help-all (with the test hooks) and --version return with

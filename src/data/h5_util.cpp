@@ -1,5 +1,8 @@
 #include "data/h5_util.h"
 
+#include <hdf5_hl.h>
+
+#include <cstring>
 #include <mutex>
 
 #include "dflash/data.h"
@@ -149,6 +152,38 @@ bool read_attr_number(hid_t obj, const std::string& name, double* value) {
   Handle space(H5Aget_space(attr), Handle::Kind::Dataspace);
   if (H5Sget_simple_extent_npoints(space) != 1) return false;
   return H5Aread(attr, H5T_NATIVE_DOUBLE, value) >= 0;
+}
+
+void make_coordinate_scale(hid_t ds) {
+  if (H5DSis_scale(ds) > 0) return;
+  char name[256] = {};
+  DF_H5(H5Iget_name(ds, name, sizeof(name)), "naming a dimension scale");
+  const char* base = std::strrchr(name, '/');
+  DF_H5(H5DSset_scale(ds, base ? base + 1 : name), std::string("making ") + name + " a dimension scale");
+}
+
+Handle dimension_only_scale(hid_t group, const std::string& name, int64_t size) {
+  if (link_exists(group, name))
+    return Handle(DF_H5(H5Dopen2(group, name.c_str(), H5P_DEFAULT), "opening dimension " + name), Handle::Kind::Dataset);
+  const bool unlimited = size == kUnlimitedDimension;
+  const hsize_t dim = unlimited ? 0 : static_cast<hsize_t>(size), maxdim = unlimited ? H5S_UNLIMITED : dim;
+  Handle space(DF_H5(H5Screate_simple(1, &dim, &maxdim), "dataspace of dimension " + name), Handle::Kind::Dataspace);
+  Handle dcpl(DF_H5(H5Pcreate(H5P_DATASET_CREATE), "dataset properties"), Handle::Kind::PropList);
+  if (unlimited) {
+    const hsize_t chunk = 1024;
+    DF_H5(H5Pset_chunk(dcpl, 1, &chunk), "chunking dimension " + name);
+  }
+  Handle ds(DF_H5(H5Dcreate2(group, name.c_str(), H5T_IEEE_F32BE, space, H5P_DEFAULT, dcpl, H5P_DEFAULT),
+                  "creating dimension " + name),
+            Handle::Kind::Dataset);
+  // The words netCDF-4 writes (and h5netcdf looks for) on a dimension that is not also a variable.
+  DF_H5(H5DSset_scale(ds, "This is a netCDF dimension but not a netCDF variable."), "making " + name + " a dimension");
+  return ds;
+}
+
+void attach_scale(hid_t ds, hid_t scale, unsigned axis) {
+  if (DF_H5(H5DSis_attached(ds, scale, axis), "checking a dimension scale") > 0) return;
+  DF_H5(H5DSattach_scale(ds, scale, axis), "attaching a dimension scale");
 }
 
 }  // namespace h5

@@ -50,4 +50,20 @@ bool read_attr_string(hid_t obj, const std::string& name, std::string* value);
 // Reads a numeric attribute as double. False if absent or not numeric.
 bool read_attr_number(hid_t obj, const std::string& name, double* value);
 
+// ---- dimension scales (hdf5_hl's H5DS), as netCDF-4 lays them out --------------------------------
+// xarray (h5netcdf, netCDF4) names a dataset's axes after the dimension scales attached to them, the
+// dimension's name being the scale dataset's own name; an axis without one becomes phony_dim_N.
+//
+// A coordinate: `ds` (e.g. /steps/step) becomes the scale of the dimension of its own name and holds
+// its values. Idempotent.
+void make_coordinate_scale(hid_t ds);
+// A dimension without values: the dataset group/name, created when missing as netCDF-4 creates one
+// (float32, never written, NAME = "This is a netCDF dimension but not a netCDF variable."). Length
+// `size`, or unlimited (length 0: readers take the longest attached axis) with kUnlimitedDimension.
+constexpr int64_t kUnlimitedDimension = -1;
+Handle dimension_only_scale(hid_t group, const std::string& name, int64_t size);
+// Attaches `scale` to axis `axis` of `ds` unless it already is. Every axis of a dataset needs one: a
+// dataset with some axes named and others not is refused by h5netcdf.
+void attach_scale(hid_t ds, hid_t scale, unsigned axis);
+
 }  // namespace dflash::h5

@@ -1,6 +1,9 @@
 // Reads metrics.h5 series and attributes back (tests, dflash-report).
+#include <hdf5_hl.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cstring>
 #include <mutex>
 
 #include "data/h5_util.h"
@@ -62,8 +65,53 @@ std::vector<double> MetricsReader::series(const std::string& name) const {
   std::vector<hsize_t> d = h5::dims(ds);
   DF_CHECK(d.size() == 1, BadInput, "metrics file " << path_ << ": /" << name << " is not 1-D");
   std::vector<double> out(d[0]);
-  if (d[0] > 0)
-    DF_H5(H5Dread(ds, H5T_NATIVE_DOUBLE, H5S_ALL, H5S_ALL, H5P_DEFAULT, out.data()), "reading " + name + " of " + path_);
+  if (d[0] == 0) return out;
+  Handle type(DF_H5(H5Dget_type(ds), "type of " + name), Handle::Kind::Datatype);
+  if (H5Tget_class(type) == H5T_ENUM) {
+    // HDF5 converts an enum only to an enum: read the values as the same enum over int64.
+    Handle mem(DF_H5(H5Tenum_create(H5T_NATIVE_INT64), "enum type"), Handle::Kind::Datatype);
+    const int members = DF_H5(H5Tget_nmembers(type), "enum members of " + name);
+    Handle base(DF_H5(H5Tget_super(type), "enum base of " + name), Handle::Kind::Datatype);
+    for (int i = 0; i < members; ++i) {
+      char* member = H5Tget_member_name(type, static_cast<unsigned>(i));
+      int64_t v = 0;
+      std::vector<unsigned char> raw(std::max<size_t>(H5Tget_size(base), sizeof(v)));
+      DF_H5(H5Tget_member_value(type, static_cast<unsigned>(i), raw.data()), "enum value of " + name);
+      DF_H5(H5Tconvert(base, H5T_NATIVE_INT64, 1, raw.data(), nullptr, H5P_DEFAULT), "enum value of " + name);
+      std::memcpy(&v, raw.data(), sizeof(v));
+      DF_H5(H5Tenum_insert(mem, member, &v), "enum member of " + name);
+      H5free_memory(member);
+    }
+    std::vector<int64_t> values(d[0]);
+    DF_H5(H5Dread(ds, mem, H5S_ALL, H5S_ALL, H5P_DEFAULT, values.data()), "reading " + name + " of " + path_);
+    for (size_t i = 0; i < values.size(); ++i) out[i] = static_cast<double>(values[i]);
+    return out;
+  }
+  DF_H5(H5Dread(ds, H5T_NATIVE_DOUBLE, H5S_ALL, H5S_ALL, H5P_DEFAULT, out.data()), "reading " + name + " of " + path_);
+  return out;
+}
+
+std::vector<std::string> MetricsReader::dimensions(const std::string& name) const {
+  std::lock_guard<std::mutex> lock(hdf5_mutex());
+  Handle ds = open_dataset(file_, name, path_);
+  const size_t rank = h5::dims(ds).size();
+  std::vector<std::string> out(rank);
+  for (size_t axis = 0; axis < rank; ++axis) {
+    if (H5DSis_scale(ds) > 0) {  // a coordinate: its own dimension
+      out[axis] = name.substr(name.rfind('/') + 1);
+      continue;
+    }
+    auto scale_name = [](hid_t, unsigned, hid_t scale, void* op_data) -> herr_t {
+      char full[256] = {};
+      if (H5Iget_name(scale, full, sizeof(full)) < 0) return -1;
+      const char* base = std::strrchr(full, '/');
+      *static_cast<std::string*>(op_data) = base ? base + 1 : full;
+      return 0;  // on: the last one attached names the dimension (as netCDF-C and h5netcdf take it)
+    };
+    if (H5DSget_num_scales(ds, static_cast<unsigned>(axis)) > 0)
+      DF_H5(H5DSiterate_scales(ds, static_cast<unsigned>(axis), nullptr, scale_name, &out[axis]),
+            "dimension scales of " + name);
+  }
   return out;
 }
 

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -19,7 +20,9 @@ namespace dflash {
 
 using h5::Handle;
 
-constexpr int kMetricsFormatVersion = 1;
+// 1: the first layout; 2: dimension scales, /ranks/role an enum, /steps/epoch and /steps/acc_by_pos,
+// /options. A resume of a format-1 file adds what 2 has (NaN over the rows written before).
+constexpr int kMetricsFormatVersion = 2;
 
 const char* metrics_role_name(MetricsRole r) {
   switch (r) {
@@ -32,19 +35,20 @@ const char* metrics_role_name(MetricsRole r) {
 
 namespace {
 
-enum class Elem { I64, F64, I32 };
+enum class Elem { I64, F64, I32, Role };  // Role: the enum /ranks/role_t
 struct SeriesSpec {
   const char* name;
   Elem elem;
 };
 
 // Column order of each group (one 1-D dataset per entry).
+// Format 1's /steps (a resumed format-1 file has them; epoch and acc_by_pos are added to it).
 const SeriesSpec kStepSeries[] = {{"step", Elem::I64},   {"time_s", Elem::F64}, {"loss", Elem::F64},
                                   {"acc", Elem::F64},    {"agree", Elem::F64},  {"streak", Elem::F64},
                                   {"lr", Elem::F64},     {"noise", Elem::F64},  {"grad_norm", Elem::F64},
                                   {"tokens", Elem::I64}, {"anchors", Elem::I64}};
 const SeriesSpec kRankSeries[] = {{"interval", Elem::I64},  {"time_s", Elem::F64},        {"rank", Elem::I64},
-                                  {"role", Elem::I64},      {"batches", Elem::I64},       {"busy_s", Elem::F64},
+                                  {"role", Elem::Role},     {"batches", Elem::I64},       {"busy_s", Elem::F64},
                                   {"wait_s", Elem::F64},    {"compute_s", Elem::F64},     {"credit_wait_s", Elem::F64},
                                   {"data_wait_s", Elem::F64}, {"allreduce_s", Elem::F64}, {"optimizer_s", Elem::F64}};
 
@@ -53,8 +57,20 @@ hid_t file_type(Elem e) {
     case Elem::I64: return H5T_STD_I64LE;
     case Elem::I32: return H5T_STD_I32LE;
     case Elem::F64: return H5T_IEEE_F64LE;
+    case Elem::Role: break;  // the committed enum (MetricsWriter::Impl::role_type)
   }
   return H5T_IEEE_F64LE;
+}
+
+// The role enum over a one-byte signed integer: H5T_STD_I8LE in the file, H5T_NATIVE_INT8 in memory
+// (one byte: the same value bytes in both; HDF5 converts between the two enums by member name).
+Handle role_enum(hid_t base) {
+  Handle t(DF_H5(H5Tenum_create(base), "creating the role enum"), Handle::Kind::Datatype);
+  for (MetricsRole r : {MetricsRole::Target, MetricsRole::Drafter, MetricsRole::Idle}) {
+    const int8_t v = static_cast<int8_t>(r);
+    DF_H5(H5Tenum_insert(t, metrics_role_name(r), &v), "role enum member");
+  }
+  return t;
 }
 bool file_exists(const std::string& path) {
   struct stat st;
@@ -130,10 +146,13 @@ const SeriesNote kSeriesNotes[] = {
     {"steps/grad_norm", "1", "global L2 norm of the gradients"},
     {"steps/tokens", "tokens", "tokens in the step's batches (all drafters)"},
     {"steps/anchors", "1", "anchors (blocks) trained on in the step (all drafters)"},
+    {"steps/epoch", "1", "fractional epochs done after the step (mean over the targets' loaders, as the status line's epoch~)"},
+    {"steps/acc_by_pos", "1", "[step, block_position] share of trained positions at each block position whose drafter argmax equals the label (mean over drafters)"},
+    {"steps/block_position", "1", "position in the block: 1 = the token right after the anchor"},
     {"ranks/interval", "1", "report interval (every --log-every steps; restarts at 0 in a resumed segment)"},
     {"ranks/time_s", "s", "end of the interval, seconds since this segment's job start"},
     {"ranks/rank", "1", "world rank"},
-    {"ranks/role", "1", "role of the rank: 0 target, 1 drafter, 2 idle"},
+    {"ranks/role", "1", "role of the rank (enum role_t: target 0, drafter 1, idle 2)"},
     {"ranks/batches", "batches", "batches the rank finished in the interval"},
     {"ranks/busy_s", "s", "time working in the interval (target: forward; drafter: forward+backward+optimizer)"},
     {"ranks/wait_s", "s", "time blocked in the interval (credit, data, sends, allreduce)"},
@@ -151,7 +170,7 @@ const SeriesNote kSeriesNotes[] = {
     {"gpus/mem_used_mib", "MiB", "[sample, gpu] device memory used"},
 };
 
-// Writes (or rewrites: files of earlier versions get them on a resume) the notes of the open series.
+// Writes (or rewrites: files of earlier versions get them on a resume) the notes of the open datasets.
 void annotate_series(const std::map<std::string, Handle>& series) {
   for (const SeriesNote& n : kSeriesNotes) {
     const auto it = series.find(n.name);
@@ -161,12 +180,23 @@ void annotate_series(const std::map<std::string, Handle>& series) {
   }
 }
 
+// The dimension of axis 0 of a group's series: what one row is.
+const char* row_dimension(const std::string& group) {
+  if (group == "steps") return "steps/step";  // a coordinate: the step numbers themselves
+  if (group == "ranks") return "ranks/row";   // (interval, rank)
+  return nullptr;                             // queues, gpus: GROUP/sample
+}
+
 }  // namespace
 
 struct MetricsWriter::Impl {
   std::string path;
   Handle file;
-  std::map<std::string, Handle> series;  // "steps/loss" -> dataset
+  std::map<std::string, Handle> series;  // "steps/loss" -> dataset: the row-indexed series
+  std::map<std::string, Handle> dims;    // "queues/target" -> its dimension scale (coordinates too)
+  Handle role_type;                      // the committed /ranks/role_t (file type of /ranks/role)
+  Handle role_mem = role_enum(H5T_NATIVE_INT8);
+  bool role_is_enum = true;              // false in a resumed format-1 file (int64 roles)
 
   Handle group(const std::string& name, bool create) {
     if (h5::link_exists(file, name)) {
@@ -179,8 +209,9 @@ struct MetricsWriter::Impl {
                   Handle::Kind::Group);
   }
 
-  // Opens or creates an extendible dataset [0 (x cols)], chunked along the row dimension.
-  void open_series(const std::string& name, Elem e, int cols, bool create) {
+  // Opens or creates an extendible dataset [rows (x cols)], chunked along the row dimension. A new one
+  // starts with `rows` rows of its fill value (NaN for floats): a series a resumed older file lacks.
+  void open_series(const std::string& name, Elem e, int cols, bool create, hsize_t rows = 0) {
     const int rank = cols > 0 ? 2 : 1;
     if (h5::link_exists(file, name)) {
       Handle ds(DF_H5(H5Dopen2(file, name.c_str(), H5P_DEFAULT), "opening " + name + " in " + path),
@@ -190,11 +221,15 @@ struct MetricsWriter::Impl {
                     "metrics file " << path << ": /" << name << " does not match this run's layout (expected "
                                     << (rank == 1 ? std::string("1-D") : std::to_string(cols) + " columns") << ")",
                     "the topology changed since the file was written: use a new --out directory");
+      if (e == Elem::Role) {
+        Handle t(DF_H5(H5Dget_type(ds), "type of " + name), Handle::Kind::Datatype);
+        role_is_enum = H5Tget_class(t) == H5T_ENUM;
+      }
       series[name] = std::move(ds);
       return;
     }
     DF_CHECK(create, BadInput, "metrics file " << path << " has no series /" << name);
-    hsize_t dims[2] = {0, static_cast<hsize_t>(cols)};
+    hsize_t dims[2] = {rows, static_cast<hsize_t>(cols)};
     hsize_t maxdims[2] = {H5S_UNLIMITED, static_cast<hsize_t>(cols)};
     // ~8 KiB chunks: a few hundred rows per chunk for scalars, fewer for wide rows.
     hsize_t chunk[2] = {rank == 1 ? 1024 : std::max<hsize_t>(16, 1024 / std::max(cols, 1)),
@@ -202,10 +237,107 @@ struct MetricsWriter::Impl {
     Handle space(DF_H5(H5Screate_simple(rank, dims, maxdims), "dataspace for " + name), Handle::Kind::Dataspace);
     Handle dcpl(DF_H5(H5Pcreate(H5P_DATASET_CREATE), "dataset properties"), Handle::Kind::PropList);
     DF_H5(H5Pset_chunk(dcpl, rank, chunk), "chunking " + name);
-    Handle ds(DF_H5(H5Dcreate2(file, name.c_str(), file_type(e), space, H5P_DEFAULT, dcpl, H5P_DEFAULT),
+    if (e == Elem::F64) {
+      const double nan = std::nan("");
+      DF_H5(H5Pset_fill_value(dcpl, H5T_NATIVE_DOUBLE, &nan), "fill value of " + name);
+    }
+    const hid_t type = e == Elem::Role ? role_type.get() : file_type(e);
+    Handle ds(DF_H5(H5Dcreate2(file, name.c_str(), type, space, H5P_DEFAULT, dcpl, H5P_DEFAULT),
                     "creating " + name + " in " + path),
               Handle::Kind::Dataset);
     series[name] = std::move(ds);
+  }
+
+  // ---- dimensions (netCDF-4 dimension scales; xarray's dimension names) ----------------------------
+  // A group's series each name their axes with name_axes(series, {dim of axis 0, dim of axis 1}); a
+  // dimension is a coordinate series (its own values, e.g. steps/step) or one made by dimension_only().
+  // All are idempotent, so a resume names the axes of an older file too. A new group does the same:
+  // coordinate("eval/step"), then name_axes("eval/loss", {"eval/step"}) for each of its series.
+  void coordinate(const std::string& name) {
+    const auto it = series.find(name);
+    hid_t ds = it != series.end() ? it->second.get() : dims.at(name).get();
+    h5::make_coordinate_scale(ds);
+    if (it != series.end() && !dims.count(name))
+      dims[name] = Handle(DF_H5(H5Dopen2(file, name.c_str(), H5P_DEFAULT), "opening " + name), Handle::Kind::Dataset);
+  }
+  void dimension_only(const std::string& name, int64_t size) {
+    const size_t slash = name.rfind('/');
+    Handle g = group(name.substr(0, slash), true);
+    Handle d = h5::dimension_only_scale(g, name.substr(slash + 1), size);
+    if (size != h5::kUnlimitedDimension) {
+      const std::vector<hsize_t> have = h5::dims(d);
+      DF_CHECK_HINT(have.size() == 1 && have[0] == static_cast<hsize_t>(size), BadInput,
+                    "metrics file " << path << ": dimension /" << name << " has another length than this run's " << size,
+                    "the topology changed since the file was written: use a new --out directory");
+    }
+    dims[name] = std::move(d);
+  }
+  void name_axes(const std::string& name, const std::vector<std::string>& axis_dims) {
+    hid_t ds = series.at(name);
+    for (size_t axis = 0; axis < axis_dims.size(); ++axis)
+      if (axis_dims[axis] != name) h5::attach_scale(ds, dims.at(axis_dims[axis]), static_cast<unsigned>(axis));
+  }
+
+  // Every series of the file gets its dimensions: [step (, block_position)], [row], [sample (, target |
+  // drafter | gpu)].
+  void name_all_axes(const MetricsLayout& layout) {
+    coordinate("steps/step");
+    coordinate("steps/block_position");
+    dimension_only("ranks/row", h5::kUnlimitedDimension);
+    dimension_only("queues/sample", h5::kUnlimitedDimension);
+    dimension_only("queues/target", layout.num_targets);
+    dimension_only("queues/drafter", layout.num_drafters);
+    const bool gpus = series.count("gpus/time_s") > 0;
+    if (gpus) {
+      dimension_only("gpus/sample", h5::kUnlimitedDimension);
+      dimension_only("gpus/gpu", layout.num_gpus);
+    }
+    for (const auto& [name, ds] : series) {
+      const std::string grp = name.substr(0, name.find('/'));
+      const char* row = row_dimension(grp);
+      std::vector<std::string> axes{row ? std::string(row) : grp + "/sample"};
+      if (name == "steps/acc_by_pos") axes.push_back("steps/block_position");
+      if (name == "queues/q_pre") axes.push_back("queues/target");
+      if (name == "queues/q_hs") axes.push_back("queues/drafter");
+      if (grp == "gpus" && name != "gpus/time_s") axes.push_back("gpus/gpu");
+      name_axes(name, axes);
+    }
+  }
+
+  // /steps/block_position: the coordinate 1 .. block_size-1 of acc_by_pos's columns (made once).
+  void block_positions(int block_size) {
+    const std::string name = "steps/block_position";
+    const int n = block_size - 1;
+    if (h5::link_exists(file, name)) {
+      Handle ds(DF_H5(H5Dopen2(file, name.c_str(), H5P_DEFAULT), "opening " + name), Handle::Kind::Dataset);
+      const std::vector<hsize_t> d = h5::dims(ds);
+      DF_CHECK_HINT(d.size() == 1 && d[0] == static_cast<hsize_t>(n), BadInput,
+                    "metrics file " << path << ": /" << name << " does not match this run's block size " << block_size,
+                    "the drafter changed since the file was written: use a new --out directory");
+      dims[name] = std::move(ds);
+      return;
+    }
+    const hsize_t len = static_cast<hsize_t>(n);
+    Handle space(DF_H5(H5Screate_simple(1, &len, nullptr), "dataspace for " + name), Handle::Kind::Dataspace);
+    Handle ds(DF_H5(H5Dcreate2(file, name.c_str(), H5T_STD_I32LE, space, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT),
+                    "creating " + name + " in " + path),
+              Handle::Kind::Dataset);
+    std::vector<int32_t> k(static_cast<size_t>(n));
+    for (int i = 0; i < n; ++i) k[static_cast<size_t>(i)] = i + 1;
+    DF_H5(H5Dwrite(ds, H5T_NATIVE_INT32, H5S_ALL, H5S_ALL, H5P_DEFAULT, k.data()), "writing " + name);
+    dims[name] = std::move(ds);
+  }
+
+  // /ranks/role_t, committed so that netCDF readers (h5netcdf's EnumType) find it by name.
+  void open_role_type(hid_t ranks) {
+    if (h5::link_exists(ranks, "role_t")) {
+      role_type = Handle(DF_H5(H5Topen2(ranks, "role_t", H5P_DEFAULT), "opening /ranks/role_t in " + path),
+                         Handle::Kind::Datatype);
+      return;
+    }
+    role_type = role_enum(H5T_STD_I8LE);
+    DF_H5(H5Tcommit2(ranks, "role_t", role_type, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT),
+          "committing /ranks/role_t in " + path);
   }
 
   // Appends one row (cols values; cols = 0 for a scalar) to series `name`.
@@ -232,6 +364,7 @@ MetricsWriter::MetricsWriter(const std::string& path, const MetricsLayout& layou
     : path_(path), layout_(layout), impl_(std::make_unique<Impl>()) {
   DF_CHECK(layout.num_targets >= 0 && layout.num_drafters >= 0 && layout.num_gpus >= 0, Internal,
            "negative metrics layout for " << path);
+  DF_CHECK(layout.block_size >= 2, Internal, "metrics layout for " << path << ": block size " << layout.block_size);
   DF_CHECK(layout.flush_every >= 1, BadOptions,
            "--metrics-flush-every must be at least 1 (got " << layout.flush_every << ")");
   h5::quiet_errors();
@@ -249,14 +382,23 @@ MetricsWriter::MetricsWriter(const std::string& path, const MetricsLayout& layou
     set_aside_previous(path);
     impl_->file = Handle(DF_H5(H5Fcreate(path.c_str(), H5F_ACC_EXCL, H5P_DEFAULT, fapl), "creating " + path),
                          Handle::Kind::File);
-    h5::write_attr_int64(impl_->file, "format_version", kMetricsFormatVersion);
   }
+  // A resumed file of an earlier format is brought up to this one (what it lacks is added).
+  h5::write_attr_int64(impl_->file, "format_version", kMetricsFormatVersion);
   const bool create = !append;
   impl_->group("steps", create);
   for (const SeriesSpec& s : kStepSeries) impl_->open_series(std::string("steps/") + s.name, s.elem, 0, create);
   {
+    // Added in format 2: NaN over the rows of a resumed format-1 file.
+    const hsize_t rows = h5::dims(impl_->series.at("steps/step"))[0];
+    impl_->open_series("steps/epoch", Elem::F64, 0, true, rows);
+    impl_->block_positions(layout.block_size);  // first: another block size is named as such
+    impl_->open_series("steps/acc_by_pos", Elem::F64, layout.block_size - 1, true, rows);
+  }
+  {
     Handle ranks = impl_->group("ranks", create);
     if (create) h5::write_attr_string(ranks, "role_legend", "0=target 1=drafter 2=idle");
+    impl_->open_role_type(ranks);
     for (const SeriesSpec& s : kRankSeries) impl_->open_series(std::string("ranks/") + s.name, s.elem, 0, create);
   }
   impl_->group("queues", create);
@@ -276,7 +418,9 @@ MetricsWriter::MetricsWriter(const std::string& path, const MetricsLayout& layou
       impl_->open_series("gpus/mem_used_mib", Elem::F64, layout.num_gpus, create);
     }
   }
+  impl_->name_all_axes(layout_);
   annotate_series(impl_->series);
+  annotate_series(impl_->dims);
   DF_H5(H5Fflush(impl_->file, H5F_SCOPE_GLOBAL), "flushing " + path);
 }
 
@@ -303,6 +447,12 @@ void MetricsWriter::append_step(const StepMetrics& s) {
   impl_->append("steps/grad_norm", H5T_NATIVE_DOUBLE, &s.grad_norm, 0);
   impl_->append("steps/tokens", H5T_NATIVE_INT64, &s.tokens, 0);
   impl_->append("steps/anchors", H5T_NATIVE_INT64, &s.anchors, 0);
+  impl_->append("steps/epoch", H5T_NATIVE_DOUBLE, &s.epoch, 0);
+  const int positions = layout_.block_size - 1;
+  DF_CHECK(s.acc_by_pos.empty() || static_cast<int>(s.acc_by_pos.size()) == positions, Internal,
+           "append_step: " << s.acc_by_pos.size() << " block positions for a layout of " << positions);
+  const std::vector<double> acc = s.acc_by_pos.empty() ? std::vector<double>(positions, std::nan("")) : s.acc_by_pos;
+  impl_->append("steps/acc_by_pos", H5T_NATIVE_DOUBLE, acc.data(), positions);
   count_append();
 }
 
@@ -310,10 +460,12 @@ void MetricsWriter::append_rank_timing(const RankTiming& r) {
   std::lock_guard<std::mutex> lock(hdf5_mutex());
   DF_ASSERT(impl_->file.valid());
   const int64_t rank = r.rank, role = static_cast<int64_t>(r.role);
+  const int8_t role8 = static_cast<int8_t>(r.role);
   impl_->append("ranks/interval", H5T_NATIVE_INT64, &r.interval, 0);
   impl_->append("ranks/time_s", H5T_NATIVE_DOUBLE, &r.time_s, 0);
   impl_->append("ranks/rank", H5T_NATIVE_INT64, &rank, 0);
-  impl_->append("ranks/role", H5T_NATIVE_INT64, &role, 0);
+  if (impl_->role_is_enum) impl_->append("ranks/role", impl_->role_mem, &role8, 0);
+  else impl_->append("ranks/role", H5T_NATIVE_INT64, &role, 0);  // a resumed format-1 file
   impl_->append("ranks/batches", H5T_NATIVE_INT64, &r.batches, 0);
   impl_->append("ranks/busy_s", H5T_NATIVE_DOUBLE, &r.busy_s, 0);
   impl_->append("ranks/wait_s", H5T_NATIVE_DOUBLE, &r.wait_s, 0);
@@ -353,6 +505,34 @@ void MetricsWriter::append_gpus(double time_s, const std::vector<double>& power_
   count_append();
 }
 
+namespace {
+// The group for set_group_attribute (created when missing). Called with hdf5_mutex() held.
+Handle attribute_group(hid_t file, const std::string& group, const std::string& path) {
+  if (h5::link_exists(file, group))
+    return Handle(DF_H5(H5Gopen2(file, group.c_str(), H5P_DEFAULT), "opening group " + group + " in " + path),
+                  Handle::Kind::Group);
+  return Handle(DF_H5(H5Gcreate2(file, group.c_str(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT),
+                      "creating group " + group + " in " + path),
+                Handle::Kind::Group);
+}
+}  // namespace
+
+void MetricsWriter::set_group_attribute(const std::string& group, const std::string& name, const std::string& value) {
+  std::lock_guard<std::mutex> lock(hdf5_mutex());
+  DF_ASSERT(impl_->file.valid());
+  h5::write_attr_string(attribute_group(impl_->file, group, path_), name, value);
+}
+void MetricsWriter::set_group_attribute(const std::string& group, const std::string& name, double value) {
+  std::lock_guard<std::mutex> lock(hdf5_mutex());
+  DF_ASSERT(impl_->file.valid());
+  h5::write_attr_double(attribute_group(impl_->file, group, path_), name, value);
+}
+void MetricsWriter::set_group_attribute(const std::string& group, const std::string& name, int64_t value) {
+  std::lock_guard<std::mutex> lock(hdf5_mutex());
+  DF_ASSERT(impl_->file.valid());
+  h5::write_attr_int64(attribute_group(impl_->file, group, path_), name, value);
+}
+
 void MetricsWriter::set_attribute(const std::string& name, const std::string& value) {
   std::lock_guard<std::mutex> lock(hdf5_mutex());
   DF_ASSERT(impl_->file.valid());
@@ -384,9 +564,11 @@ void MetricsWriter::drop_steps_after(int64_t last_step) {
   hsize_t keep = 0;
   while (keep < n && steps[keep] <= last_step) ++keep;
   if (keep == n) return;
-  for (const SeriesSpec& s : kStepSeries) {
-    hsize_t d = keep;
-    DF_H5(H5Dset_extent(impl_->series.at(std::string("steps/") + s.name), &d), "shrinking steps in " + path_);
+  for (const auto& [name, ds] : impl_->series) {
+    if (name.compare(0, 6, "steps/") != 0) continue;
+    std::vector<hsize_t> d = h5::dims(ds);
+    d[0] = keep;
+    DF_H5(H5Dset_extent(ds, d.data()), "shrinking steps in " + path_);
   }
   DF_H5(H5Fflush(impl_->file, H5F_SCOPE_GLOBAL), "flushing " + path_);
 }
@@ -403,6 +585,8 @@ void MetricsWriter::close() {
   if (!impl_ || !impl_->file.valid()) return;
   DF_H5(H5Fflush(impl_->file, H5F_SCOPE_GLOBAL), "flushing " + path_);
   impl_->series.clear();
+  impl_->dims.clear();
+  impl_->role_type.reset();
   impl_->file.reset();
 }
 

@@ -49,9 +49,36 @@ std::string utc_now_iso8601() {
   return buf;
 }
 
+// Each target's newer report of the two (a target's counters only grow).
+std::vector<TargetReport> newest_reports(const std::vector<TargetReport>& a, const std::vector<TargetReport>& b) {
+  std::vector<TargetReport> out = a;
+  for (size_t i = 0; i < out.size() && i < b.size(); ++i)
+    if (b[i].rank >= 0 && b[i].batches >= out[i].batches) out[i] = b[i];
+  return out;
+}
+
+// Fractional epochs done: the mean of the targets' loaders' progress (the status line's epoch~).
+double mean_epoch(const std::vector<TargetReport>& targets) {
+  double epoch = 0;
+  for (const TargetReport& a : targets) epoch += a.epoch_progress / static_cast<double>(targets.size());
+  return epoch;
+}
+
+// metrics.h5's /options: one attribute per option, typed as the parser holds it (Options::to_json): an
+// integer as int64, a real as float64, a flag as int64 0/1 (netCDF has no boolean), a text as a string.
+void write_typed_options(MetricsWriter& w, const Options& o) {
+  const nlohmann::json j = nlohmann::json::parse(o.to_json());
+  for (const auto& [name, v] : j.items()) {
+    if (v.is_number_integer()) w.set_group_attribute("options", name, v.get<int64_t>());
+    else if (v.is_number()) w.set_group_attribute("options", name, v.get<double>());
+    else if (v.is_boolean()) w.set_group_attribute("options", name, static_cast<int64_t>(v.get<bool>() ? 1 : 0));
+    else w.set_group_attribute("options", name, v.is_string() ? v.get<std::string>() : v.dump());
+  }
+}
+
 }  // namespace
 
-MetricsHub::MetricsHub(const JobContext& job) : job_(job) {
+MetricsHub::MetricsHub(const JobContext& job, int block_size) : job_(job) {
   const Topology& t = job.topo;
   prev_targets_.resize(t.targets.size());
   prev_drafters_.resize(t.drafters.size());
@@ -75,6 +102,7 @@ MetricsHub::MetricsHub(const JobContext& job) : job_(job) {
   layout.gpu_available = cols.available;
   layout.gpu_unavailable_reason = cols.reason;
   layout.flush_every = job.opt.metrics_flush_every;
+  layout.block_size = block_size;
   std::error_code ec;
   std::filesystem::create_directories(job.opt.out_dir, ec);
   DF_CHECK_HINT(!ec, SystemFailure, "cannot create --out " << job.opt.out_dir << ": " << ec.message(),
@@ -105,6 +133,7 @@ MetricsHub::MetricsHub(const JobContext& job) : job_(job) {
     }
   }
   writer_->set_attribute("options", job.opt.to_json());
+  write_typed_options(*writer_, job.opt);
   writer_->set_attribute("topology", job.opt.topology.to_string());
   writer_->set_attribute("num_nodes", static_cast<int64_t>(t.num_nodes));
   writer_->set_attribute("gpus_per_node", static_cast<int64_t>(t.ranks_per_node));  // what dflash-report splits
@@ -139,9 +168,10 @@ void MetricsHub::flush() {
 
 void MetricsHub::training_started() { last_time_s_ = train_start_s_ = job_.elapsed(); }
 
-void MetricsHub::record_step(const StepMetrics& s) {
-  last_step_ = s;
+void MetricsHub::record_step(StepMetrics s, const std::vector<TargetReport>& targets_seen) {
   if (!writer_) return;
+  s.epoch = mean_epoch(newest_reports(prev_targets_, targets_seen));
+  last_step_ = s;
   writer_->append_step(s);
   interval_sums_.loss += s.loss;
   interval_sums_.acc += s.acc;
@@ -194,8 +224,8 @@ void MetricsHub::report(const DrafterReport& mine, const std::vector<TargetRepor
     writer_->append_rank_timing(rt);
     target_batches += static_cast<double>(rt.batches);
     q_pre[i] = a.q_pre;
-    epoch += a.epoch_progress / static_cast<double>(T);
   }
+  epoch = mean_epoch(targets);
   for (size_t d = 0; d < D; ++d) {
     const DrafterReport &a = drafters[d], &p = prev_drafters_[d];
     RankTiming rt;

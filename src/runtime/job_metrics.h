@@ -12,14 +12,17 @@ namespace dflash {
 
 class MetricsHub {
  public:
-  // Collective over the drafters. The writer creates OUT/metrics.h5 and stores the run's attributes.
-  explicit MetricsHub(const JobContext& job);
+  // Collective over the drafters. The writer creates OUT/metrics.h5 (/steps/acc_by_pos for the drafter's
+  // block_size) and stores the run's attributes.
+  MetricsHub(const JobContext& job, int block_size);
   ~MetricsHub();
 
   // Training begins (every rank loaded): rates and the first interval count from here, not from the launch.
   void training_started();
-  // Every step (writer only writes and averages for the status line; others ignore).
-  void record_step(const StepMetrics& s);
+  // Every step (writer only writes and averages for the status line; others ignore). The hub fills in
+  // s.epoch from the target reports this rank has seen (targets_seen, one per target) and the last
+  // interval's: the status line's epoch.
+  void record_step(StepMetrics s, const std::vector<TargetReport>& targets_seen);
   // A root attribute of metrics.h5 (writer only; others ignore), e.g. drafter_grad_bytes.
   void set_attribute(const std::string& name, int64_t value);
   // Collective over the drafters: gathers every drafter's counters and the target reports it has seen,

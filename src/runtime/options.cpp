@@ -304,21 +304,33 @@ ParseResult parse_options(int argc, const char* const* argv) {
     if (name == "help" || name == "help-all" || name == "version" || name == "dry-run" || !vm.count(name)) continue;
     const po::variable_value& v = vm[name];
     std::string text;
+    using Kind = Options::ValueKind;
+    Kind kind = Kind::Text;
     if (auto p = boost::any_cast<std::string>(&v.value())) text = *p;
-    else if (auto p = boost::any_cast<int>(&v.value())) text = str(*p);
-    else if (auto p = boost::any_cast<int64_t>(&v.value())) text = str(*p);
-    else if (auto p = boost::any_cast<uint64_t>(&v.value())) text = str(*p);
-    else if (auto p = boost::any_cast<float>(&v.value())) text = str(*p);
-    else if (auto p = boost::any_cast<double>(&v.value())) text = str(*p);
-    else if (auto p = boost::any_cast<bool>(&v.value())) text = *p ? "true" : "false";
+    else if (auto p = boost::any_cast<int>(&v.value())) text = str(*p), kind = Kind::Integer;
+    else if (auto p = boost::any_cast<int64_t>(&v.value())) text = str(*p), kind = Kind::Integer;
+    else if (auto p = boost::any_cast<uint64_t>(&v.value())) text = str(*p), kind = Kind::Integer;
+    else if (auto p = boost::any_cast<float>(&v.value())) text = str(*p), kind = Kind::Real;
+    else if (auto p = boost::any_cast<double>(&v.value())) text = str(*p), kind = Kind::Real;
+    else if (auto p = boost::any_cast<bool>(&v.value())) text = *p ? "true" : "false", kind = Kind::Flag;
     o.resolved.emplace_back(name, text);
+    if (kind != Kind::Text) o.resolved_kind[name] = kind;
   }
   return r;
 }
 
 std::string Options::to_json() const {
   nlohmann::json j = nlohmann::json::object();
-  for (const auto& [k, v] : resolved) j[k] = v;
+  for (const auto& [k, v] : resolved) {
+    const auto kind = resolved_kind.find(k);
+    switch (kind == resolved_kind.end() ? ValueKind::Text : kind->second) {
+      case ValueKind::Text: j[k] = v; break;
+      // (the texts are the parser's own printing of its numbers: they parse back)
+      case ValueKind::Integer: j[k] = v.size() && v[0] == '-' ? nlohmann::json(std::stoll(v)) : nlohmann::json(std::stoull(v)); break;
+      case ValueKind::Real: j[k] = std::stod(v); break;
+      case ValueKind::Flag: j[k] = v == "true"; break;
+    }
+  }
   return j.dump();
 }
 

@@ -2,6 +2,7 @@
 // (one global loss normalisation) -> AdamW. The protocol (slots, credits, drain, the targets' liveness)
 // is DrafterEndpoint's; the tensors arrive through a DataPlane; the sum goes through a GradientReducer.
 // The first drafter also writes metrics.h5 and exports the drafter.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <thread>
@@ -64,7 +65,7 @@ class DrafterLoop {
       hooks.begin = [&](double weight_sum) { reducer_->begin_step(trainer.grads(), static_cast<float>(weight_sum)); };
       hooks.ready = [&](size_t begin, size_t end) { reducer_->bucket_ready(begin, end); };
     }
-    MetricsHub hub(job_);
+    MetricsHub hub(job_, trainer.config().block_size);
     ckpt.before_save([&] { hub.flush(); });  // the metrics rows up to a checkpoint are on disk before it commits
     // The bytes each step allreduces (dflash-report prices more drafters with it when it measured none).
     hub.set_attribute("drafter_grad_bytes", static_cast<int64_t>(grads.nbytes()));
@@ -111,7 +112,8 @@ class DrafterLoop {
       t0 = mpi::Clock::now();
       StepSums sums{st.loss * st.weight_sum, st.weight_sum, st.acc, st.agree, st.streak, st.lr, st.noise,
                     static_cast<double>(st.tokens), static_cast<double>(st.anchors)};
-      if (num_drafters > 1) reduce_gradients(trainer, sums, progress);
+      std::vector<double> acc_by_pos = positions_after_anchor(st.per_pos_acc, trainer.config().block_size);
+      if (num_drafters > 1) reduce_gradients(trainer, sums, acc_by_pos, progress);
       report_.allreduce_s += mpi::seconds_since(t0);
       t0 = mpi::Clock::now();
       const double grad_norm = trainer.optimizer_step();
@@ -119,7 +121,7 @@ class DrafterLoop {
       ++step;
       report_.batches++;
       report_.tokens += st.tokens;
-      record_step(hub, step, st, sums, grad_norm, num_drafters);
+      record_step(hub, step, st, sums, acc_by_pos, grad_norm, num_drafters);
       if (step % o_.log_every == 0) {
         enter_collective();
         report(hub, MetricsHub::Rates::Interval, progress);
@@ -170,16 +172,20 @@ class DrafterLoop {
   // backward; what is left here is the exposed part of the sum, waited for together with the step's
   // numbers. The round is announced only now, so a drafter stuck before here (in its backward, say) is
   // the one named; the wait drives the endpoint and names a lost drafter at its deadline.
-  void reduce_gradients(DrafterTrainer& trainer, StepSums& sums, const std::function<void()>& progress) {
+  // acc_by_pos (accuracy per block position) is summed with the step's other numbers.
+  void reduce_gradients(DrafterTrainer& trainer, StepSums& sums, std::vector<double>& acc_by_pos,
+                        const std::function<void()>& progress) {
     enter_collective();
     MPI_Request rs = mpi::iallreduce(reinterpret_cast<double*>(&sums), sizeof(sums) / sizeof(double), MPI_SUM, topo_.drafter_comm);
+    MPI_Request rp = mpi::iallreduce(acc_by_pos.data(), acc_by_pos.size(), MPI_SUM, topo_.drafter_comm);
     mpi::Deadline deadline(o_.peer_timeout_s);
     mpi::Backoff backoff;
-    bool grads_done = false, sums_done = false;
+    bool grads_done = false, sums_done = false, pos_done = false;
     for (;;) {
       grads_done = grads_done || reducer_->done();
       sums_done = sums_done || mpi::test(rs);
-      if (grads_done && sums_done) break;
+      pos_done = pos_done || mpi::test(rp);
+      if (grads_done && sums_done && pos_done) break;
       progress();
       if (deadline.expired()) {
         reducer_->abort();
@@ -192,7 +198,15 @@ class DrafterLoop {
     trainer.scale_grads(sums.weight_sum > 0 ? static_cast<float>(1.0 / sums.weight_sum) : 0.0f);
   }
 
-  void record_step(MetricsHub& hub, int64_t step, const StepStats& st, const StepSums& sums, double grad_norm, int num_drafters) {
+  // Positions 1 .. block_size-1 of StepStats::per_pos_acc (0 is the anchor, never predicted).
+  static std::vector<double> positions_after_anchor(const std::vector<double>& per_pos_acc, int block_size) {
+    std::vector<double> out(static_cast<size_t>(std::max(block_size - 1, 1)), 0.0);
+    for (size_t k = 1; k < per_pos_acc.size() && k - 1 < out.size(); ++k) out[k - 1] = per_pos_acc[k];
+    return out;
+  }
+
+  void record_step(MetricsHub& hub, int64_t step, const StepStats& st, const StepSums& sums,
+                   const std::vector<double>& acc_by_pos, double grad_norm, int num_drafters) {
     const double n = num_drafters;
     StepMetrics m;
     m.step = step;
@@ -206,10 +220,11 @@ class DrafterLoop {
     m.grad_norm = grad_norm;
     m.tokens = static_cast<int64_t>(sums.tokens);
     m.anchors = static_cast<int64_t>(sums.anchors);
+    for (double a : acc_by_pos) m.acc_by_pos.push_back(a / n);  // the mean over the drafters, as acc
     DF_CHECK_HINT(std::isfinite(m.loss) && std::isfinite(grad_norm), NonFiniteLoss,
                   "step " << step << ": loss " << m.loss << ", grad norm " << grad_norm,
                   "lower --lr or add --warmup-steps; check the dataset for broken records");
-    hub.record_step(m);
+    hub.record_step(m, endpoint_->known_targets());
   }
 
   void report(MetricsHub& hub, MetricsHub::Rates rates, const std::function<void()>& progress) {

@@ -89,6 +89,46 @@ def write_run(path, topology="2-1", backend="cpu", ranks=4, cores=None, t_s=0.5,
     return path
 
 
+def to_format2(path, block_size=4):
+    """What format 2 adds to a write_run file, as the writer lays it out: the committed role enum, netCDF-4
+    dimension scales (coordinates and value-less dimensions), /steps/epoch and acc_by_pos (NaN rows first,
+    as in a resumed format-1 file), /options."""
+    with h5py.File(path, "a") as f:
+        f.attrs["format_version"] = 2
+        r = f["ranks"]
+        r["role_t"] = h5py.enum_dtype({"target": 0, "drafter": 1, "idle": 2}, basetype="i1")
+        roles = r["role"][()]
+        del r["role"]
+        r.create_dataset("role", data=roles.astype("i1"), dtype=r["role_t"], maxshape=(None,))
+        not_a_variable = "This is a netCDF dimension but not a netCDF variable."
+        r.create_dataset("row", shape=(0,), maxshape=(None,), dtype=">f4").make_scale(not_a_variable)
+        for k in r:
+            if isinstance(r[k], h5py.Dataset) and k != "row":
+                r[k].dims[0].attach_scale(r["row"])
+        s = f["steps"]
+        n = len(s["step"])
+        s["epoch"] = np.linspace(0.0, 1.0, n)
+        acc = np.tile(np.linspace(0.5, 0.1, block_size - 1), (n, 1))
+        acc[: n // 2] = np.nan
+        s["acc_by_pos"] = acc
+        s["block_position"] = np.arange(1, block_size, dtype=np.int32)
+        s["step"].make_scale("step")
+        s["block_position"].make_scale("block_position")
+        s["acc_by_pos"].dims[1].attach_scale(s["block_position"])
+        for k in s:
+            if k not in ("step", "block_position"):
+                s[k].dims[0].attach_scale(s["step"])
+        q = f["queues"]
+        q.create_dataset("sample", shape=(0,), maxshape=(None,), dtype=">f4").make_scale(not_a_variable)
+        q.create_dataset("drafter", shape=(q["q_hs"].shape[1],), dtype=">f4").make_scale(not_a_variable)
+        q["q_hs"].dims[0].attach_scale(q["sample"])
+        q["q_hs"].dims[1].attach_scale(q["drafter"])
+        o = f.create_group("options")
+        o.attrs["hs-queue-depth"] = np.int64(4)
+        o.attrs["lr"] = 6e-4
+    return path
+
+
 def report(*args):
     return subprocess.run([sys.executable, REPORT, *args], capture_output=True, text=True)
 
@@ -210,6 +250,41 @@ class ReportTest(unittest.TestCase):
             dashboard.write_png(run, analysis.analyse(run), png)
             with open(png, "rb") as f:
                 self.assertEqual(f.read(8), b"\x89PNG\r\n\x1a\n")
+
+    def test_format2_file(self):
+        # The role enum's committed type and the value-less dimensions are not series; roles read as ints;
+        # acc_by_pos's NaN rows (before a resume of a format-1 file) are left out of the per-position panel.
+        from dflash_report import dashboard
+        run = Run(to_format2(write_run(self.path("a.h5"), cores=8)))
+        self.assertEqual(run.format_version, 2)
+        self.assertNotIn("role_t", run.ranks)
+        self.assertNotIn("row", run.ranks)
+        self.assertNotIn("sample", run.queues)
+        self.assertEqual(sorted(set(int(x) for x in run.ranks["role"])), [0, 1, 2])
+        self.assertIn("accuracy per position", dashboard.panel_names(run))
+        rep = analysis.analyse(run)
+        self.assertEqual(rep["run"]["metrics_format_version"], 2)
+        self.assertEqual(rep["run"]["topology"], "2-1")
+        png = self.path("a.png")
+        dashboard.write_png(run, rep, png)
+        with open(png, "rb") as f:
+            self.assertEqual(f.read(8), b"\x89PNG\r\n\x1a\n")
+        # Only NaN rows: no panel drawn empty.
+        with h5py.File(self.path("a.h5"), "a") as f:
+            f["steps"]["acc_by_pos"][...] = np.nan
+        self.assertNotIn("accuracy per position", dashboard.panel_names(Run(self.path("a.h5"))))
+
+    def test_older_and_newer_formats(self):
+        p = write_run(self.path("a.h5"))
+        self.assertEqual(Run(p).format_version, 1)
+        with h5py.File(p, "a") as f:
+            del f.attrs["format_version"]  # the first files had none
+        self.assertEqual(Run(p).format_version, 1)
+        with h5py.File(p, "a") as f:
+            f.attrs["format_version"] = 3
+        r = report(p)
+        self.assertEqual(r.returncode, 3, r.stderr)
+        self.assertIn("format_version 3, this dflash-report reads 1, 2", r.stderr)
 
     def test_dashboard_time_continues_across_a_resume(self):
         from dflash_report import dashboard

@@ -11,6 +11,9 @@
 #include <string>
 #include <vector>
 
+#include <hdf5.h>
+
+#include "data/h5_util.h"
 #include "dflash/metrics.h"
 #include "test_support.h"
 
@@ -137,15 +140,16 @@ TEST(Metrics, EveryDatasetHasUnitsAndADescription) {
   l.num_gpus = 3;
   { MetricsWriter w(path, l); }
   const MetricsReader r(path);
-  const char* groups[][14] = {
-      {"steps", "step", "time_s", "loss", "acc", "agree", "streak", "lr", "noise", "grad_norm", "tokens", "anchors"},
+  const char* groups[][16] = {
+      {"steps", "step", "time_s", "loss", "acc", "agree", "streak", "lr", "noise", "grad_norm", "tokens", "anchors",
+       "epoch", "acc_by_pos", "block_position"},
       {"ranks", "interval", "time_s", "rank", "role", "batches", "busy_s", "wait_s", "compute_s", "credit_wait_s",
        "data_wait_s", "allreduce_s", "optimizer_s"},
       {"queues", "time_s", "q_pre", "q_hs"},
       {"gpus", "time_s", "power_w", "util_pct", "mem_used_mib"}};
   int checked = 0;
   for (const auto& g : groups) {
-    for (int i = 1; i < 14 && g[i]; ++i) {
+    for (int i = 1; i < 16 && g[i]; ++i) {
       const std::string ds = std::string("/") + g[0] + "/" + g[i];
       ASSERT_TRUE(r.has_attribute(ds, "units")) << ds;
       ASSERT_TRUE(r.has_attribute(ds, "description")) << ds;
@@ -153,10 +157,210 @@ TEST(Metrics, EveryDatasetHasUnitsAndADescription) {
       ++checked;
     }
   }
-  EXPECT_EQ(checked, 11 + 12 + 3 + 4);
+  EXPECT_EQ(checked, 14 + 12 + 3 + 4);
   EXPECT_EQ(r.attribute_string("/gpus/power_w", "units"), "W");
   EXPECT_EQ(r.attribute_string("/steps/time_s", "units"), "s");
   EXPECT_NE(r.attribute_string("/queues/q_hs", "description").find("[sample, drafter]"), std::string::npos);
+}
+
+// xarray (h5netcdf, netCDF4) names a dataset's axes after its netCDF-4 dimension scales: every axis has
+// one, so no phony_dim_N.
+TEST(Metrics, DimensionScalesNameEveryAxis) {
+  const std::string path = make_temp_dir() + "/metrics.h5";
+  MetricsLayout l = cpu_layout(3, 2);
+  l.gpu_available = true;
+  l.num_gpus = 5;
+  l.block_size = 4;
+  {
+    MetricsWriter w(path, l);
+    w.append_step(step_row(1));
+    w.append_queues(1.0, {1, 2, 3}, {0, 1});
+  }
+  const MetricsReader r(path);
+  using Dims = std::vector<std::string>;
+  for (const char* s : {"step", "time_s", "loss", "acc", "agree", "streak", "lr", "noise", "grad_norm", "tokens", "anchors", "epoch"})
+    EXPECT_EQ(r.dimensions(std::string("steps/") + s), Dims{"step"}) << s;
+  EXPECT_EQ(r.dimensions("steps/acc_by_pos"), (Dims{"step", "block_position"}));
+  EXPECT_EQ(r.dimensions("steps/block_position"), Dims{"block_position"});
+  EXPECT_EQ(r.series("steps/block_position"), (std::vector<double>{1, 2, 3}));  // the anchor (0) is never predicted
+  for (const char* s : {"interval", "time_s", "rank", "role", "busy_s", "optimizer_s"})
+    EXPECT_EQ(r.dimensions(std::string("ranks/") + s), Dims{"row"}) << s;
+  EXPECT_EQ(r.dimensions("queues/time_s"), Dims{"sample"});
+  EXPECT_EQ(r.dimensions("queues/q_pre"), (Dims{"sample", "target"}));
+  EXPECT_EQ(r.dimensions("queues/q_hs"), (Dims{"sample", "drafter"}));
+  EXPECT_EQ(r.rows("queues/target"), 3);
+  EXPECT_EQ(r.rows("queues/drafter"), 2);
+  EXPECT_EQ(r.dimensions("gpus/time_s"), Dims{"sample"});
+  for (const char* s : {"power_w", "util_pct", "mem_used_mib"})
+    EXPECT_EQ(r.dimensions(std::string("gpus/") + s), (Dims{"sample", "gpu"})) << s;
+  EXPECT_EQ(r.rows("gpus/gpu"), 5);
+  EXPECT_EQ(r.attribute_number("/", "format_version"), 2.0);
+}
+
+// The role is the committed HDF5 enum /ranks/role_t (netCDF-4's enum type: h5netcdf's EnumType).
+TEST(Metrics, RoleIsACommittedEnum) {
+  const std::string path = make_temp_dir() + "/metrics.h5";
+  {
+    MetricsWriter w(path, cpu_layout(1, 1));
+    RankTiming t;
+    for (MetricsRole role : {MetricsRole::Target, MetricsRole::Drafter, MetricsRole::Idle}) {
+      t.role = role;
+      w.append_rank_timing(t);
+    }
+  }
+  EXPECT_EQ(MetricsReader(path).series("ranks/role"), (std::vector<double>{0, 1, 2}));
+  h5::Handle file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), h5::Handle::Kind::File);
+  ASSERT_TRUE(file.valid());
+  h5::Handle ds(H5Dopen2(file, "ranks/role", H5P_DEFAULT), h5::Handle::Kind::Dataset);
+  h5::Handle type(H5Dget_type(ds), h5::Handle::Kind::Datatype);
+  ASSERT_EQ(H5Tget_class(type), H5T_ENUM);
+  EXPECT_GT(H5Tcommitted(type), 0);
+  EXPECT_EQ(H5Tget_size(type), 1u);
+  ASSERT_EQ(H5Tget_nmembers(type), 3);
+  for (int8_t v = 0; v < 3; ++v) {
+    char name[16] = {};
+    ASSERT_GE(H5Tenum_nameof(type, &v, name, sizeof(name)), 0);
+    EXPECT_STREQ(name, metrics_role_name(static_cast<MetricsRole>(v)));
+  }
+  EXPECT_GT(H5Lexists(file, "ranks/role_t", H5P_DEFAULT), 0);
+}
+
+TEST(Metrics, EpochAndAccuracyByBlockPosition) {
+  const std::string path = make_temp_dir() + "/metrics.h5";
+  MetricsLayout l = cpu_layout(1, 1);
+  l.block_size = 4;
+  {
+    MetricsWriter w(path, l);
+    StepMetrics s = step_row(1);
+    s.epoch = 0.25;
+    s.acc_by_pos = {0.75, 0.5, 0.125};
+    w.append_step(s);
+    s = step_row(2);
+    s.epoch = 0.5;  // no acc_by_pos: stored as NaN
+    w.append_step(s);
+  }
+  const MetricsReader r(path);
+  EXPECT_EQ(r.series("steps/epoch"), (std::vector<double>{0.25, 0.5}));
+  int64_t cols = 0;
+  const std::vector<double> acc = r.matrix("steps/acc_by_pos", &cols);
+  ASSERT_EQ(cols, 3);
+  ASSERT_EQ(acc.size(), 6u);
+  EXPECT_EQ(std::vector<double>(acc.begin(), acc.begin() + 3), (std::vector<double>{0.75, 0.5, 0.125}));
+  for (int k = 3; k < 6; ++k) EXPECT_TRUE(std::isnan(acc[k])) << k;
+}
+
+TEST(MetricsDeathTest, AccByPosOfAnotherBlockSizeIsRefused) {
+  const std::string path = make_temp_dir() + "/metrics.h5";
+  MetricsLayout l = cpu_layout(1, 1);
+  l.block_size = 4;
+  MetricsWriter w(path, l);
+  StepMetrics s = step_row(1);
+  s.acc_by_pos = {0.5, 0.5};
+  EXPECT_EXIT(w.append_step(s), testing::ExitedWithCode(9), "2 block positions for a layout of 3");
+  l.block_size = 8;
+  w.close();
+  EXPECT_EXIT(MetricsWriter(path, l, MetricsOpen::Append), testing::ExitedWithCode(3), "block size 8");
+}
+
+// Run metadata with its types: an int as int64, a real as float64, a text as a string (xarray attrs).
+TEST(Metrics, GroupAttributesAreTyped) {
+  const std::string path = make_temp_dir() + "/metrics.h5";
+  {
+    MetricsWriter w(path, cpu_layout(1, 1));
+    w.set_group_attribute("options", "max-steps", int64_t{50});
+    w.set_group_attribute("options", "lr", 6e-4);
+    w.set_group_attribute("options", "topology", std::string("1-1"));
+    w.set_group_attribute("options", "max-steps", int64_t{60});  // overwritten
+  }
+  {
+    const MetricsReader r(path);
+    EXPECT_EQ(r.attribute_number("/options", "max-steps"), 60.0);
+    EXPECT_DOUBLE_EQ(r.attribute_number("/options", "lr"), 6e-4);
+    EXPECT_EQ(r.attribute_string("/options", "topology"), "1-1");
+  }
+  h5::Handle file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), h5::Handle::Kind::File);
+  h5::Handle group(H5Gopen2(file, "options", H5P_DEFAULT), h5::Handle::Kind::Group);
+  auto type_class = [&](const char* name) {
+    h5::Handle a(H5Aopen(group, name, H5P_DEFAULT), h5::Handle::Kind::Attribute);
+    h5::Handle t(H5Aget_type(a), h5::Handle::Kind::Datatype);
+    return H5Tget_class(t);
+  };
+  EXPECT_EQ(type_class("max-steps"), H5T_INTEGER);
+  EXPECT_EQ(type_class("lr"), H5T_FLOAT);
+  EXPECT_EQ(type_class("topology"), H5T_STRING);
+}
+
+namespace {
+// A metrics.h5 as format 1 wrote it (no dimension scales, int64 roles, no epoch or acc_by_pos), `steps` rows.
+void write_format1_file(const std::string& path, int steps) {
+  h5::Handle file(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT), h5::Handle::Kind::File);
+  h5::write_attr_int64(file, "format_version", 1);
+  auto series = [&](const std::string& name, hid_t type, hsize_t rows, hsize_t cols, const void* data) {
+    const int rank = cols ? 2 : 1;
+    hsize_t dims[2] = {rows, cols}, maxdims[2] = {H5S_UNLIMITED, cols}, chunk[2] = {64, cols ? cols : 1};
+    h5::Handle space(H5Screate_simple(rank, dims, maxdims), h5::Handle::Kind::Dataspace);
+    h5::Handle dcpl(H5Pcreate(H5P_DATASET_CREATE), h5::Handle::Kind::PropList);
+    H5Pset_chunk(dcpl, rank, chunk);
+    h5::Handle ds(H5Dcreate2(file, name.c_str(), type, space, H5P_DEFAULT, dcpl, H5P_DEFAULT), h5::Handle::Kind::Dataset);
+    if (rows) H5Dwrite(ds, type == H5T_IEEE_F64LE ? H5T_NATIVE_DOUBLE : type == H5T_STD_I32LE ? H5T_NATIVE_INT32 : H5T_NATIVE_INT64,
+                       H5S_ALL, H5S_ALL, H5P_DEFAULT, data);
+  };
+  for (const char* g : {"steps", "ranks", "queues", "gpus"})
+    h5::Handle(H5Gcreate2(file, g, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), h5::Handle::Kind::Group);
+  std::vector<int64_t> ints(steps);
+  std::vector<double> reals(steps);
+  for (int i = 0; i < steps; ++i) ints[i] = i + 1, reals[i] = 0.5 * (i + 1);
+  for (const char* s : {"step", "tokens", "anchors"}) series(std::string("steps/") + s, H5T_STD_I64LE, steps, 0, ints.data());
+  for (const char* s : {"time_s", "loss", "acc", "agree", "streak", "lr", "noise", "grad_norm"})
+    series(std::string("steps/") + s, H5T_IEEE_F64LE, steps, 0, reals.data());
+  const int64_t role = 1;
+  for (const char* s : {"interval", "rank", "role", "batches"}) series(std::string("ranks/") + s, H5T_STD_I64LE, 1, 0, &role);
+  const double zero = 0;
+  for (const char* s : {"time_s", "busy_s", "wait_s", "compute_s", "credit_wait_s", "data_wait_s", "allreduce_s", "optimizer_s"})
+    series(std::string("ranks/") + s, H5T_IEEE_F64LE, 1, 0, &zero);
+  series("queues/time_s", H5T_IEEE_F64LE, 0, 0, nullptr);
+  series("queues/q_pre", H5T_STD_I32LE, 0, 2, nullptr);
+  series("queues/q_hs", H5T_STD_I32LE, 0, 1, nullptr);
+  h5::Handle gpus(H5Gopen2(file, "gpus", H5P_DEFAULT), h5::Handle::Kind::Group);
+  h5::write_attr_int64(gpus, "available", 0);
+}
+}  // namespace
+
+// A run resumed on a file of format 1 keeps its rows and gets what format 2 has: epoch and acc_by_pos
+// (NaN over the earlier rows), dimension scales on every axis; its int64 roles stay int64.
+TEST(Metrics, ResumingAFormat1FileBringsItToFormat2) {
+  const std::string path = make_temp_dir() + "/metrics.h5";
+  write_format1_file(path, 3);
+  MetricsLayout l = cpu_layout(2, 1);
+  l.block_size = 3;
+  {
+    MetricsWriter w(path, l, MetricsOpen::Append);
+    StepMetrics s = step_row(4);
+    s.epoch = 0.75;
+    s.acc_by_pos = {0.5, 0.25};
+    w.append_step(s);
+    RankTiming t;
+    t.role = MetricsRole::Target;
+    w.append_rank_timing(t);
+  }
+  const MetricsReader r(path);
+  EXPECT_EQ(r.series("steps/step"), (std::vector<double>{1, 2, 3, 4}));
+  const std::vector<double> epoch = r.series("steps/epoch");
+  ASSERT_EQ(epoch.size(), 4u);
+  for (int i = 0; i < 3; ++i) EXPECT_TRUE(std::isnan(epoch[i])) << i;
+  EXPECT_EQ(epoch[3], 0.75);
+  int64_t cols = 0;
+  const std::vector<double> acc = r.matrix("steps/acc_by_pos", &cols);
+  ASSERT_EQ(cols, 2);
+  ASSERT_EQ(acc.size(), 8u);
+  EXPECT_TRUE(std::isnan(acc[0]));
+  EXPECT_EQ(acc[6], 0.5);
+  EXPECT_EQ(r.series("ranks/role"), (std::vector<double>{1, 0}));
+  EXPECT_EQ(r.dimensions("steps/loss"), std::vector<std::string>{"step"});
+  EXPECT_EQ(r.dimensions("ranks/role"), std::vector<std::string>{"row"});
+  EXPECT_EQ(r.dimensions("queues/q_pre"), (std::vector<std::string>{"sample", "target"}));
+  EXPECT_EQ(r.attribute_number("/", "format_version"), 2.0);
+  EXPECT_NE(r.attribute_string("/steps/epoch", "description").find("epoch"), std::string::npos);
 }
 
 TEST(Metrics, AppendResumesAndDropsStepsAfterCheckpoint) {
@@ -175,6 +379,8 @@ TEST(Metrics, AppendResumesAndDropsStepsAfterCheckpoint) {
   MetricsReader r(path);
   EXPECT_EQ(r.series("steps/step"), (std::vector<double>{1, 2, 3, 4, 5, 6, 7}));
   EXPECT_EQ(r.rows("steps/anchors"), 7);
+  EXPECT_EQ(r.rows("steps/epoch"), 7);
+  EXPECT_EQ(r.rows("steps/acc_by_pos"), 7);
 }
 
 // A new run never overwrites a file that holds steps: it is kept as metrics.N.h5, numbered in the order

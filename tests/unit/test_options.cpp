@@ -55,6 +55,17 @@ TEST(Options, DefaultsAndValues) {
   EXPECT_NE(o.to_json().find("\"topology\":\"6-2\""), std::string::npos);
 }
 
+// to_json (metrics.h5's options attribute and its typed /options group) keeps the parser's types.
+TEST(Options, ToJsonKeepsTheTypes) {
+  const Options o = parse(with_required({"--lr", "1e-3", "--dpace", "--hs-queue-depth", "8", "--max-steps", "50"})).options;
+  const std::string j = o.to_json();
+  for (const char* want : {"\"hs-queue-depth\":8", "\"max-steps\":50", "\"dpace\":true", "\"export-checkpoints\":false",
+                           "\"topology\":\"1-1\"", "\"lr\":0.001"})
+    EXPECT_NE(j.find(want), std::string::npos) << want << " in " << j;
+  EXPECT_EQ(o.resolved_kind.at("lr"), Options::ValueKind::Real);
+  EXPECT_EQ(o.resolved_kind.count("topology"), 0u);  // a text
+}
+
 TEST(Options, CommandLineOverridesConfigFile) {
   const std::string path = testing::TempDir() + "/dflash_opts.cfg";
   {

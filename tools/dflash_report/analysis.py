@@ -274,7 +274,7 @@ def analyse(run, power_budget_w=None, idle_power_w=None, allreduce_gbps=None):
         "schema_version": SCHEMA_VERSION,
         "file": run.path,
         "run": {"topology": run.topology, "targets_per_node": T, "drafters_per_node": D, "gpus_per_node": G,
-                "unit": run.unit, "host_cpu_cores": run.host_cpu_cores,
+                "unit": run.unit, "host_cpu_cores": run.host_cpu_cores, "metrics_format_version": run.format_version,
                 # run metadata (None in files written before the job recorded it)
                 "start_utc": run.attrs.get("start_utc"), "git_commit": run.attrs.get("git_commit"),
                 "command_line": run.attrs.get("command_line"),

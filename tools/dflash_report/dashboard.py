@@ -254,8 +254,17 @@ def _training(a, run):
     a.set_xlabel("step")
 
 
+def _acc_by_pos_rows(run):
+    """/steps/acc_by_pos's rows that hold numbers (a resumed format-1 file has NaN rows before the resume)."""
+    acc = run.steps.get("acc_by_pos")
+    if acc is None or np.ndim(acc) != 2:
+        return np.zeros((0, 0))
+    acc = np.asarray(acc, dtype=float)
+    return acc[np.isfinite(acc).any(axis=1)]
+
+
 def _per_position(a, run):
-    acc = np.asarray(run.steps["acc_by_pos"], dtype=float)  # [steps, block positions]
+    acc = _acc_by_pos_rows(run)  # [steps, block positions 1 .. block_size-1]
     n = max(1, acc.shape[0] // 10)
     k = np.arange(1, acc.shape[1] + 1)
     a.plot(k, np.nanmean(acc[:n], axis=0), marker="o", ms=3, c="0.6", label=f"first {n} steps")
@@ -282,8 +291,7 @@ def _power(a, run):
 def panel_names(run):
     """The panels this file has data for, in drawing order (no panel is drawn empty)."""
     names = ["throughput", "queues", "target time split", "drafter time split", "what-if", "training"]
-    acc_pos = run.steps.get("acc_by_pos")
-    if acc_pos is not None and np.ndim(acc_pos) == 2 and len(acc_pos):
+    if len(_acc_by_pos_rows(run)):
         names.append("accuracy per position")
     if run.gpu_available:
         names.append("power")

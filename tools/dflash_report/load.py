@@ -10,6 +10,12 @@ import numpy as np  # noqa: E402
 
 ROLE_TARGET, ROLE_DRAFTER, ROLE_IDLE = 0, 1, 2
 
+# metrics.h5's format_version this reader knows (docs/metrics.md): 1 (no version attribute either), 2
+# (dimension scales, the role enum, /steps/epoch and acc_by_pos, /options). A newer file is refused.
+FORMAT_VERSIONS = (1, 2)
+# The NAME netCDF-4 gives a dimension scale that holds no values (/ranks/row, /queues/sample, ...).
+_DIMENSION_ONLY = b"This is a netCDF dimension but not a netCDF variable"
+
 
 class ReportError(Exception):
     """A problem with the input the operator can fix (printed without a traceback, exit 3)."""
@@ -26,6 +32,19 @@ def _attr(obj, name, default=None):
     if isinstance(v, np.generic):
         return v.item()
     return v
+
+
+def _series(group):
+    """The group's datasets as arrays: not its committed types (/ranks/role_t) nor its value-less dimensions."""
+    out = {}
+    for k, v in group.items():
+        if not isinstance(v, h5py.Dataset):
+            continue
+        name = v.attrs.get("NAME", b"")
+        if _DIMENSION_ONLY in (name.encode() if isinstance(name, str) else bytes(name)):
+            continue
+        out[k] = np.asarray(v[()])
+    return out
 
 
 def _json_attr(f, name, default):
@@ -50,18 +69,23 @@ class Run:
         except OSError as e:
             raise ReportError(f"{path}: not a readable HDF5 metrics file ({e})")
         with f:
+            self.format_version = int(_attr(f, "format_version", 1))
+            if self.format_version not in FORMAT_VERSIONS:
+                raise ReportError(f"{path}: metrics format_version {self.format_version}, this dflash-report reads "
+                                  f"{', '.join(map(str, FORMAT_VERSIONS))}: use the dflash-report of the dflash-train "
+                                  "that wrote it")
             for group in ("steps", "ranks", "queues"):
                 if group not in f:
                     raise ReportError(f"{path}: no /{group} group: not a dflash-train metrics.h5")
-            self.steps = {k: np.asarray(f["steps"][k][()]) for k in f["steps"]}
-            self.ranks = {k: np.asarray(f["ranks"][k][()]) for k in f["ranks"]}
-            self.queues = {k: np.asarray(f["queues"][k][()]) for k in f["queues"]}
+            self.steps = _series(f["steps"])
+            self.ranks = _series(f["ranks"])
+            self.queues = _series(f["queues"])
             g = f["gpus"] if "gpus" in f else None
             self.gpu_available = bool(g is not None and _attr(g, "available", 0) and "power_w" in g
                                       and g["power_w"].shape[0] > 0)
             self.gpu_reason = (_attr(g, "reason", "") if g is not None else "") or ""
             if self.gpu_available:
-                self.gpus = {k: np.asarray(g[k][()]) for k in g}
+                self.gpus = _series(g)
             else:
                 self.gpus = {}
                 if not self.gpu_reason:
