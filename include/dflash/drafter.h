@@ -125,6 +125,12 @@ class DrafterTrainer {
   double optimizer_step();
   // Forward only (evaluation, no noise): metrics and loss.
   StepStats evaluate(const FeatureBatch& fb, const std::vector<int64_t>& anchors = {});
+  // Speculative decoding's draft (spec_decode.h): the drafter's greedy guesses (argmax over the lm_head)
+  // for positions 1..B-1 of the block anchored at `anchor` (global token index in fb's batch), conditioned,
+  // as DFlash's inference is, on the features of the anchor's sequence strictly before it. The batch
+  // must hold the whole block inside the anchor's sequence with loss_mask 1 after the anchor (the ids
+  // there are not read as inputs). Returns B-1 token ids. Forward only: no noise, no gradient.
+  std::vector<int32_t> draft_block(const FeatureBatch& fb, int64_t anchor);
 
   // Release-format I/O: config.json + model.safetensors (dtype F32 or BF16), atomic.
   void export_release(const std::string& dir, DType dtype) const;

@@ -348,7 +348,7 @@ json drafter_config_to_json(const DrafterConfig& c) {
   j["architectures"] = {"DFlashDraftModel"};
   j["attention_bias"] = false;
   j["attention_dropout"] = 0.0;
-  j["auto_map"] = {{"AutoModel", "dflash.DFlashDraftModel"}};
+  // No auto_map: the releases' names their own dflash.py, which is not shipped here (docs/serving.md).
   j["block_size"] = c.block_size;
   j["bos_token_id"] = nullptr;
   j["dflash_config"] = {{"mask_token_id", c.mask_token_id}, {"target_layer_ids", c.target_layer_ids}};

@@ -52,6 +52,7 @@ struct DrafterTrainer::Impl {
   std::vector<int32_t> seq_end;
   std::vector<double> dpace;
   std::vector<float> dpace_w;
+  std::vector<int32_t> eval_argmax;  // argmax_q per row of the last forward-only run (draft_block)
 
   Impl(const TrainOptions& o, const Ctx& c) : opt(o), ctx(c), sampler(o.seed), eval_sampler(o.seed ^ 0x5eed5eedULL),
                                               noise_rng(o.seed * 0x9e3779b97f4a7c15ULL + 1),
@@ -236,6 +237,7 @@ StepStats DrafterTrainer::Impl::run(const FeatureBatch& fb, const std::vector<in
                                                  : given;
   DF_CHECK(static_cast<int64_t>(anchors64.size()) <= opt.max_anchors, Internal,
            anchors64.size() << " anchors exceed max_anchors " << opt.max_anchors);
+  if (!train) eval_argmax.clear();
   in.anchors.clear();
   in.seq_begin.clear();
   seq_end.clear();
@@ -301,6 +303,7 @@ StepStats DrafterTrainer::Impl::run(const FeatureBatch& fb, const std::vector<in
   train::fill_metrics(rows, out.argmax_q, have_teacher ? out.argmax_p : nullptr,
                       static_cast<int64_t>(in.anchors.size()), static_cast<int>(B), st);
   if (!std::isfinite(st.loss)) fail_non_finite_loss(ctx, fb, st.loss, step);
+  if (!train) eval_argmax.assign(out.argmax_q, out.argmax_q + R);
   if (!train || fused) return st;
 
   // D-PACE needs this step's probabilities before the gradient: weights from the forward, then the
@@ -329,6 +332,18 @@ StepStats DrafterTrainer::forward_backward(const FeatureBatch& fb, const GradHoo
 
 StepStats DrafterTrainer::evaluate(const FeatureBatch& fb, const std::vector<int64_t>& anchors) {
   return impl_->run(fb, anchors, false, nullptr);
+}
+
+std::vector<int32_t> DrafterTrainer::draft_block(const FeatureBatch& fb, int64_t anchor) {
+  Impl& s = *impl_;
+  s.run(fb, {anchor}, false, nullptr);
+  const int B = s.cfg.block_size;
+  DF_CHECK(static_cast<int>(s.eval_argmax.size()) == B - 1 && static_cast<int>(s.rows.size()) == B - 1, Internal,
+           "draft_block at " << anchor << ": " << s.rows.size() << " block positions with loss_mask 1, expected "
+                             << B - 1);
+  std::vector<int32_t> out(static_cast<size_t>(B - 1));
+  for (int r = 0; r < B - 1; ++r) out[static_cast<size_t>(s.rows.offset[r] - 1)] = s.eval_argmax[r];
+  return out;
 }
 
 Tensor DrafterTrainer::grads() { return impl_->engine->grads(); }

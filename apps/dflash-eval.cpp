@@ -1,0 +1,256 @@
+// dflash-eval: a drafter's acceptance length tau with its target, by DFlash's own greedy speculative
+// decoding (include/dflash/spec_decode.h), on either backend.
+//
+//   dflash-eval --target DIR (--drafter DIR | --fresh-drafter) --prompts DATA.h5 [options]
+//
+// Prompts come from a token dataset (docs/data.md): each record's tokens before its first loss_mask = 1
+// position (what dflash-tokenize writes for a conversation: the chat up to the assistant's answer).
+// tau is reported as the reference benchmark does: the mean over prompts of each prompt's mean
+// acceptance length (accepted drafts + 1 per target verification).
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "dflash/backend.h"
+#include "dflash/data.h"
+#include "dflash/drafter.h"
+#include "dflash/error.h"
+#include "dflash/hf_config.h"
+#include "dflash/spec_decode.h"
+#include "dflash/target.h"
+#include "dflash/version.h"
+
+using namespace dflash;
+
+namespace {
+
+const char* kUsage =
+    "usage: dflash-eval --target DIR (--drafter DIR | --fresh-drafter) --prompts DATA.h5 [options]\n"
+    "       dflash-eval --help | --version\n"
+    "  --target DIR          the target checkpoint (config.json + safetensors)\n"
+    "  --drafter DIR         a drafter in the release format (what dflash-train exports)\n"
+    "  --fresh-drafter       an untrained drafter instead (the baseline: tau 1.0), with\n"
+    "    --draft-layers N    its layers (default 1)   --seed N  its init seed (default 0)\n"
+    "  --prompts DATA.h5     token dataset; a record's prompt = its tokens before the first loss_mask 1\n"
+    "  --max-prompts N       the first N usable records (default 32)\n"
+    "  --max-prompt-length N longer prompts are skipped and counted (default 2048)\n"
+    "  --max-new-tokens N    tokens generated per prompt (default 128)\n"
+    "  --stop-token ID       stop after this id (repeatable; default: eos_token_id of the target's\n"
+    "                        config.json and generation_config.json)   --no-stop  never stop early\n"
+    "  --backend cpu|cuda    float32 reference or bf16 GPU (default cpu)   --gpu N  CUDA device (default 0)\n"
+    "  --check-greedy        also decode each prompt with the target alone and require the same tokens\n"
+    "                        (speculative decoding is lossless; exit 9 if not)\n"
+    "  --json PATH           write every number (per prompt and overall) as JSON\n";
+
+struct EvalArgs {
+  std::string target, drafter, prompts, json, backend = "cpu";
+  bool fresh = false, check_greedy = false, no_stop = false;
+  int draft_layers = 1, max_prompts = 32, max_prompt_length = 2048, max_new_tokens = 128, gpu = 0;
+  uint64_t seed = 0;
+  std::vector<int32_t> stop;
+};
+
+long parse_int(const std::string& flag, const std::string& v, long lo, long hi) {
+  char* end = nullptr;
+  const long n = std::strtol(v.c_str(), &end, 10);
+  DF_CHECK_HINT(!v.empty() && end && *end == '\0' && n >= lo && n <= hi, BadOptions,
+                flag << ": '" << v << "' is not an integer in [" << lo << ", " << hi << "]", kUsage);
+  return n;
+}
+
+EvalArgs parse_args(int argc, char** argv) {
+  EvalArgs a;
+  for (int i = 1; i < argc; ++i) {
+    const std::string f = argv[i];
+    auto value = [&]() -> std::string {
+      DF_CHECK_HINT(i + 1 < argc, BadOptions, f << " needs a value", kUsage);
+      return argv[++i];
+    };
+    if (f == "--help" || f == "-h") {
+      std::fputs(kUsage, stdout);
+      std::exit(0);
+    } else if (f == "--target") a.target = value();
+    else if (f == "--drafter") a.drafter = value();
+    else if (f == "--fresh-drafter") a.fresh = true;
+    else if (f == "--draft-layers") a.draft_layers = static_cast<int>(parse_int(f, value(), 1, 256));
+    else if (f == "--seed") a.seed = static_cast<uint64_t>(parse_int(f, value(), 0, (1L << 62)));
+    else if (f == "--prompts") a.prompts = value();
+    else if (f == "--max-prompts") a.max_prompts = static_cast<int>(parse_int(f, value(), 1, 1 << 30));
+    else if (f == "--max-prompt-length") a.max_prompt_length = static_cast<int>(parse_int(f, value(), 1, 1 << 24));
+    else if (f == "--max-new-tokens") a.max_new_tokens = static_cast<int>(parse_int(f, value(), 1, 1 << 20));
+    else if (f == "--stop-token") a.stop.push_back(static_cast<int32_t>(parse_int(f, value(), 0, (1L << 31) - 1)));
+    else if (f == "--no-stop") a.no_stop = true;
+    else if (f == "--backend") a.backend = value();
+    else if (f == "--gpu") a.gpu = static_cast<int>(parse_int(f, value(), 0, 1023));
+    else if (f == "--check-greedy") a.check_greedy = true;
+    else if (f == "--json") a.json = value();
+    else DF_FAIL(BadOptions, "unknown option " << f, kUsage);
+  }
+  DF_CHECK_HINT(!a.target.empty() && !a.prompts.empty(), BadOptions, "--target and --prompts are required", kUsage);
+  DF_CHECK_HINT(a.fresh != !a.drafter.empty(), BadOptions, "give exactly one of --drafter DIR and --fresh-drafter",
+                kUsage);
+  DF_CHECK_HINT(a.backend == "cpu" || a.backend == "cuda", BadOptions, "--backend must be cpu or cuda", kUsage);
+  DF_CHECK_HINT(!(a.no_stop && !a.stop.empty()), BadOptions, "--no-stop and --stop-token contradict", kUsage);
+  return a;
+}
+
+// eos_token_id of config.json and generation_config.json (an int or a list), when present.
+std::vector<int32_t> default_stop_ids(const std::string& dir) {
+  std::vector<int32_t> ids;
+  for (const char* name : {"config.json", "generation_config.json"}) {
+    std::ifstream in(dir + "/" + name);
+    if (!in) continue;
+    const nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+    if (!j.is_object() || !j.contains("eos_token_id")) continue;
+    const nlohmann::json& e = j["eos_token_id"];
+    auto add = [&](const nlohmann::json& v) {
+      if (v.is_number_integer() && std::find(ids.begin(), ids.end(), v.get<int32_t>()) == ids.end())
+        ids.push_back(v.get<int32_t>());
+    };
+    if (e.is_array())
+      for (const auto& v : e) add(v);
+    else
+      add(e);
+  }
+  return ids;
+}
+
+struct Prompts {
+  std::vector<std::vector<int32_t>> ids;
+  std::vector<size_t> record;
+  size_t no_prompt = 0, too_long = 0;
+};
+
+Prompts load_prompts(const TokenDataset& ds, int max_prompts, int max_len) {
+  Prompts p;
+  std::vector<int32_t> tok;
+  std::vector<uint8_t> mask;
+  for (size_t r = 0; r < ds.num_records() && static_cast<int>(p.ids.size()) < max_prompts; ++r) {
+    tok.clear();
+    mask.clear();
+    ds.read_record(r, tok, mask);
+    const size_t first = static_cast<size_t>(std::find(mask.begin(), mask.end(), uint8_t{1}) - mask.begin());
+    if (first == 0) {
+      ++p.no_prompt;
+    } else if (first > static_cast<size_t>(max_len)) {
+      ++p.too_long;
+    } else {
+      p.ids.emplace_back(tok.begin(), tok.begin() + static_cast<std::ptrdiff_t>(first));
+      p.record.push_back(r);
+    }
+  }
+  DF_CHECK_HINT(!p.ids.empty(), BadInput,
+                ds.path() << ": no usable prompt (" << p.no_prompt << " records train from their first token, "
+                          << p.too_long << " prompts longer than --max-prompt-length " << max_len << ")",
+                "prompts are the tokens before a record's first loss_mask 1: tokenize chats with dflash-tokenize");
+  return p;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (print_version_if_asked(argc, argv, "dflash-eval")) return 0;
+  process_identity().role = "tool";
+  const EvalArgs a = parse_args(argc, argv);
+  const Device device = a.backend == "cuda" ? Device::CUDA : Device::CPU;
+  if (device == Device::CUDA) process_identity().gpu = a.gpu;
+  const Ctx ctx = make_ctx(device, a.gpu);
+
+  const TargetConfig tcfg = load_target_config(a.target);
+  TrainOptions topt;
+  topt.max_anchors = 1;
+  topt.seed = a.seed;
+  const TokenDataset ds(a.prompts, tcfg.text.vocab_size);
+  const Prompts prompts = load_prompts(ds, a.max_prompts, a.max_prompt_length);
+  size_t longest = 0;
+  for (const auto& p : prompts.ids) longest = std::max(longest, p.size());
+
+  // The drafter first (its config names the layers the target must capture), then the target.
+  const int64_t max_tokens_guess = static_cast<int64_t>(longest) + a.max_new_tokens + 256;
+  DrafterTrainer drafter(a.target, a.fresh ? "" : a.drafter, a.draft_layers, topt, ctx, max_tokens_guess);
+  const DrafterConfig& dc = drafter.config();
+  const int64_t max_tokens = static_cast<int64_t>(longest) + a.max_new_tokens + dc.block_size;
+  DF_CHECK(max_tokens <= max_tokens_guess, Internal, "block size " << dc.block_size << " above 256");
+  auto target = make_target_model(tcfg, a.target, ctx, dc.target_layer_ids, max_tokens);
+  SpecDecoder dec(*target, drafter, ctx, max_tokens);
+  const std::vector<int32_t> stop = a.no_stop ? std::vector<int32_t>{} : a.stop.empty() ? default_stop_ids(a.target) : a.stop;
+
+  std::printf("# dflash-eval %s\n", DFLASH_VERSION);
+  std::printf("# target   %s (%s, %d layers, vocab %d)\n", a.target.c_str(), target_family_name(tcfg.family),
+              tcfg.text.num_hidden_layers, tcfg.text.vocab_size);
+  std::printf("# drafter  %s (%d layers, block %d, mask token %d, target layers", a.fresh ? "fresh, untrained" : a.drafter.c_str(),
+              dc.layers.num_hidden_layers, dc.block_size, dc.mask_token_id);
+  for (int l : dc.target_layer_ids) std::printf(" %d", l);
+  std::printf(")\n# backend  %s (%s)\n", a.backend.c_str(), device == Device::CPU ? "float32" : "bf16");
+  std::printf("# prompts  %zu from %s (skipped: %zu with no prompt, %zu longer than %d); %d new tokens each; stop ids",
+              prompts.ids.size(), a.prompts.c_str(), prompts.no_prompt, prompts.too_long, a.max_prompt_length,
+              a.max_new_tokens);
+  for (int32_t s : stop) std::printf(" %d", s);
+  std::printf("%s\n", stop.empty() ? " none" : "");
+  std::printf("%8s %8s %8s %8s %8s %8s %10s%s\n", "prompt", "record", "prompt", "new", "steps", "tau", "tok/s",
+              a.check_greedy ? "  greedy" : "");
+  std::printf("%8s %8s %8s %8s %8s %8s %10s%s\n", "", "", "tokens", "tokens", "", "", "", a.check_greedy ? "  check" : "");
+
+  nlohmann::json jp = nlohmann::json::array();
+  std::map<int, int64_t> hist;
+  double tau_sum = 0, seconds = 0;
+  int64_t new_tokens = 0, steps = 0, accepted = 0;
+  int mismatches = 0;
+  for (size_t i = 0; i < prompts.ids.size(); ++i) {
+    const SpecDecodeResult r = dec.generate(prompts.ids[i], a.max_new_tokens, stop);
+    std::string check;
+    if (a.check_greedy) {
+      const bool same = dec.greedy(prompts.ids[i], a.max_new_tokens, stop) == r.tokens;
+      check = same ? "  same" : "  DIFFERENT";
+      mismatches += same ? 0 : 1;
+    }
+    for (int x : r.acceptance) {
+      ++hist[x];
+      accepted += x;
+    }
+    tau_sum += r.tau();
+    seconds += r.seconds;
+    new_tokens += static_cast<int64_t>(r.tokens.size());
+    steps += static_cast<int64_t>(r.acceptance.size());
+    std::printf("%8zu %8zu %8zu %8zu %8zu %8.3f %10.1f%s\n", i, prompts.record[i], prompts.ids[i].size(),
+                r.tokens.size(), r.acceptance.size(), r.tau(), r.tokens.size() / std::max(r.seconds, 1e-9),
+                check.c_str());
+    std::fflush(stdout);
+    jp.push_back({{"record", prompts.record[i]}, {"prompt_tokens", prompts.ids[i].size()},
+                  {"new_tokens", r.tokens.size()}, {"tau", r.tau()}, {"acceptance", r.acceptance},
+                  {"seconds", r.seconds}, {"tokens", r.tokens}});
+  }
+  const double tau = tau_sum / static_cast<double>(prompts.ids.size());
+  std::printf("tau %.3f  (mean over %zu prompts of each prompt's mean acceptance length; over all %lld steps %.3f)\n",
+              tau, prompts.ids.size(), static_cast<long long>(steps),
+              steps ? static_cast<double>(accepted) / static_cast<double>(steps) : 0.0);
+  std::printf("acceptance length histogram:");
+  for (const auto& [len, count] : hist) std::printf(" %d:%.1f%%", len, 100.0 * count / static_cast<double>(steps));
+  std::printf("\ntokens/s %.1f  (%lld tokens in %.2f s; no KV cache: this tool's speed, not a serving engine's)\n",
+              new_tokens / std::max(seconds, 1e-9), static_cast<long long>(new_tokens), seconds);
+  if (a.check_greedy)
+    std::printf("greedy check: %d of %zu prompts differ from the target's own greedy decoding\n", mismatches,
+                prompts.ids.size());
+  if (!a.json.empty()) {
+    nlohmann::json j = {{"tau", tau}, {"prompts", jp}, {"steps", steps}, {"new_tokens", new_tokens},
+                        {"seconds", seconds}, {"backend", a.backend}, {"block_size", dc.block_size},
+                        {"target", a.target}, {"drafter", a.fresh ? "" : a.drafter}, {"stop", stop},
+                        {"greedy_mismatches", a.check_greedy ? nlohmann::json(mismatches) : nlohmann::json()}};
+    std::ofstream out(a.json + ".tmp");
+    out << j.dump(1) << "\n";
+    out.close();
+    DF_CHECK(out.good() && std::rename((a.json + ".tmp").c_str(), a.json.c_str()) == 0, SystemFailure,
+             "cannot write " << a.json);
+  }
+  if (mismatches > 0)
+    fatal(ExitCode::Internal, std::to_string(mismatches) + " prompts decoded differently from the target's greedy",
+          "speculative decoding must be lossless: report this with the command line");
+  return 0;
+}

@@ -1,0 +1,74 @@
+// DFlash speculative decoding, greedy, as the reference inference (z-lab dflash `dflash_generate`) runs
+// it: what dflash-eval measures a drafter's acceptance length tau with.
+//
+// One decode step with the accepted sequence x[0..n] (x[n], the target's latest token, has no features yet):
+//   1. draft:  the drafter gets the block [x[n], mask, ..., mask] (B tokens at positions n..n+B-1) and the
+//              target's captured features of positions 0..n-1, and guesses d[1..B-1] (argmax of lm_head);
+//   2. verify: the target runs over x[0..n] d[1..B-1]; its greedy choice p[j] at position n+j;
+//   3. accept: a = the leading run of d[j+1] == p[j]; x gains d[1..a] and p[a] (the target's own token
+//              comes free), so a step yields a + 1 tokens: that is the step's acceptance length.
+// The output equals the target's plain greedy decoding token for token (generate() vs greedy()).
+//
+// No KV cache: every step recomputes the target and the drafter over the whole sequence (simple and
+// exact; the cost is quadratic in the length). tau does not depend on it; tokens/s is this tool's own speed,
+// not a serving engine's.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "dflash/drafter.h"
+#include "dflash/target.h"
+#include "dflash/tensor.h"
+
+namespace dflash {
+
+// Leading drafts the target confirms: the largest a <= n with draft[j] == posterior[j] for all j < a.
+int accepted_prefix(const int32_t* draft, const int32_t* posterior, int n);
+
+struct SpecDecodeResult {
+  std::vector<int32_t> tokens;   // generated after the prompt; cut after the first stop token
+  std::vector<int> acceptance;   // per verification step: accepted drafts + 1 (1..B)
+  double seconds = 0;            // wall time of prefill + decode
+  double tau() const;            // mean of acceptance (0 without a step)
+};
+
+class SpecDecoder {
+ public:
+  // target must capture drafter.config().target_layer_ids (in that order). max_tokens bounds prompt +
+  // max_new_tokens + block size; buffers for it are allocated here, once.
+  SpecDecoder(TargetModel& target, DrafterTrainer& drafter, const Ctx& ctx, int64_t max_tokens);
+  ~SpecDecoder();
+  SpecDecoder(const SpecDecoder&) = delete;
+  SpecDecoder& operator=(const SpecDecoder&) = delete;
+
+  int block_size() const { return block_; }
+  int64_t max_tokens() const { return max_tokens_; }
+
+  // Speculative decoding of up to max_new_tokens after prompt (stops after a token in stop).
+  SpecDecodeResult generate(const std::vector<int32_t>& prompt, int max_new_tokens,
+                            const std::vector<int32_t>& stop);
+  // The target alone, greedy, one token per forward: what generate() must reproduce.
+  std::vector<int32_t> greedy(const std::vector<int32_t>& prompt, int max_new_tokens,
+                              const std::vector<int32_t>& stop);
+
+ private:
+  // Target forward over seq (one sequence); features and final_norm land in the target buffers.
+  void target_forward(const std::vector<int32_t>& seq);
+  // Greedy tokens at positions [first, first + count) of the last target_forward.
+  void target_argmax(int64_t first, int count, std::vector<int32_t>& out);
+  // The drafter's B-1 guesses for the block anchored at x.size()-1, from the target features of the
+  // positions before it (of the last target_forward over seq_len tokens).
+  void draft(const std::vector<int32_t>& x, int64_t seq_len, std::vector<int32_t>& out);
+
+  TargetModel& target_;
+  DrafterTrainer& drafter_;
+  Ctx ctx_;
+  int block_ = 0, k_ = 0;
+  int64_t hidden_ = 0, vocab_ = 0, max_tokens_ = 0;
+  int32_t mask_token_ = 0;
+  Buffer tgt_features_, tgt_final_norm_, drf_features_, logits_;
+  std::vector<float> host_logits_;
+  PackedBatch batch_;
+};
+
+}  // namespace dflash
