@@ -49,5 +49,8 @@ int64_t max_share_tokens(const std::vector<int64_t>& batch_tokens, int num_draft
 std::string eval_share_summary(const std::vector<int64_t>& batch_tokens, int num_drafters);
 // Shares held on a drafter's host are refused above this (exit 2): the eval set is a sample, not a dataset.
 constexpr int64_t kEvalShareLimitBytes = int64_t{2} << 30;
+// Fatal BadOptions (with a HINT: how many tokens fit) when a drafter's share of `e` would hold more than
+// kEvalShareLimitBytes at bytes_per_token (captured layers (+ final norm) x hidden x wire dtype size).
+void check_eval_share_fits(const EvalSet& e, int num_drafters, double bytes_per_token);
 
 }  // namespace dflash

@@ -100,4 +100,18 @@ std::string eval_share_summary(const std::vector<int64_t>& batch_tokens, int num
   return batches + " batch(es) per drafter, at most " + tok + " tokens";
 }
 
+void check_eval_share_fits(const EvalSet& e, int num_drafters, double bytes_per_token) {
+  const int64_t tokens = max_share_tokens(e.batch_tokens(), num_drafters);
+  const double bytes = bytes_per_token * static_cast<double>(tokens);
+  if (bytes <= static_cast<double>(kEvalShareLimitBytes)) return;
+  const int64_t fit = static_cast<int64_t>(static_cast<double>(kEvalShareLimitBytes) / bytes_per_token) * num_drafters;
+  char gib[32];
+  std::snprintf(gib, sizeof(gib), "%.1f", bytes / 1073741824.0);
+  DF_FAIL(BadOptions,
+          "--eval-data " << e.path << " is too large: a drafter's share (" << tokens << " tokens) would hold " << gib
+                         << " GiB of target features on its host, more than the " << (kEvalShareLimitBytes >> 30) << " GiB allowed",
+          "use fewer records for the held-out set: about " + std::to_string(fit) + " tokens fit over " +
+              std::to_string(num_drafters) + " drafter(s) (a few hundred sequences measure the loss well)");
+}
+
 }  // namespace dflash

@@ -48,6 +48,20 @@ TEST(EvalSet, SharesSplitTheBatchesRoundRobinAndBoundTheHostBytes) {
   EXPECT_EQ(eval_share_summary({1000, 1000}, 1), "2 batch(es), 2.0K tokens on the drafter");
 }
 
+TEST(EvalSetDeath, AShareTooLargeForADraftersHostIsRefusedWithAHint) {
+  EvalSet e;
+  e.path = "eval.h5";
+  PackedBatch b;
+  b.tokens.assign(1000, 1);
+  b.cu_seqlens = {0, 1000};
+  b.loss_mask.assign(1000, 1);
+  e.batches.push_back(b);
+  e.batches.push_back(b);
+  check_eval_share_fits(e, 2, 1 << 20);  // 1000 tokens x 1 MiB per drafter: fits 2 GiB
+  EXPECT_EXIT(check_eval_share_fits(e, 1, 2 << 20), testing::ExitedWithCode(2),
+              "eval.h5 is too large: a drafter's share \\(2000 tokens\\)(.|\n)*HINT: use fewer records.*about 1024 tokens fit over 1");
+}
+
 TEST(EvalSet, RoutesGiveEachBatchToItsDrafterThroughATargetOfItsNode) {
   // one node, 2-2: batch i -> drafter i % 2, target i % 2
   std::vector<RankSlot> one = {{0, 0}, {0, 1}, {0, 2}, {0, 3}};
