@@ -48,6 +48,10 @@ struct TargetReport {
   GpuReading gpu;              // this target's GPU (NVML, at most 1 s old; valid = 0 without NVML)
 };
 
+// What a batch is for. Eval batches (--eval-data) travel once, before training, on the same plane and
+// credits; the drafter keeps their features (docs/pipeline.md "Evaluation").
+enum class BatchKind : int64_t { Train = 0, Eval = 1 };
+
 // First message of every batch: sizes, so the receiver knows how much of each pre-posted buffer holds data.
 struct BatchHeader {
   int64_t num_tokens = 0;      // T
@@ -55,10 +59,12 @@ struct BatchHeader {
   int64_t num_layers = 0;      // k captured layers
   int64_t hidden = 0;          // H
   int64_t has_final_norm = 0;  // 1 when the final-norm hidden state [T, H] follows
-  int64_t batch_index = 0;     // the target's loader batch index
+  int64_t batch_index = 0;     // the target's loader batch index (Eval: the index in the packed eval set)
+  BatchKind kind = BatchKind::Train;
   DataPosition next_position;  // the target's loader position right after this batch (checkpoints)
   int64_t seq = 0;             // n-th batch (0-based) this target sent to this drafter: the drafter trains
                                // each target's batches in this order even if slots complete out of order
+                               // (eval batches count too: they are the first ones)
   TargetReport report;
 };
 

@@ -71,6 +71,8 @@ enum class MetricsOpen {
            // creates the file if it does not exist
 };
 
+struct EvalMetrics;
+
 class MetricsWriter {
  public:
   MetricsWriter(const std::string& path, const MetricsLayout& layout, MetricsOpen mode = MetricsOpen::Create);
@@ -99,6 +101,10 @@ class MetricsWriter {
   // Resume: drops /steps rows whose step > last_step (they were written after the checkpoint the job
   // resumed from and will be written again).
   void drop_steps_after(int64_t last_step);
+  // --eval-data: one /eval row (the group is made by the first; acc_by_pos has one column per position
+  // 1 .. block_size-1). Flushed at once: evaluations are rare. drop_eval_after: as drop_steps_after.
+  void append_eval(const EvalMetrics& m);
+  void drop_eval_after(int64_t last_step);
 
   int64_t num_steps() const;
   const std::string& path() const { return path_; }
@@ -140,6 +146,26 @@ class MetricsReader {
   std::string path_;
   int64_t file_ = -1;  // hid_t
 };
+
+// ---- held-out evaluation (--eval-data) ------------------------------------------------------------
+
+// One evaluation of the fixed eval set (every --eval-every steps and at the end): sums over every drafter's
+// share, so the numbers are those of one drafter evaluating the whole set. /eval, one row each.
+struct EvalMetrics {
+  int64_t step = 0;       // optimizer steps done when it ran
+  double time_s = 0;      // since the job started
+  double loss = 0;        // position-weighted loss over every loss row of the set (nats)
+  double acc = 0;         // share of loss rows whose drafter argmax equals the label
+  double streak = 0;      // mean leading run of correct predictions per block
+  // Accuracy at block positions 1 .. block_size-1 (position 0 is the anchor, never predicted); NaN where the
+  // set has no row at that position.
+  std::vector<double> acc_by_pos;
+  int64_t tokens = 0, anchors = 0, seqs = 0;
+  double seconds = 0;     // wall time the evaluation took (the first drafter's, which waits for the others)
+};
+
+// [eval] step=200 loss=4.1234 acc=0.123 streak=0.45 (12 seqs, 3.1K tok, 0.4 s)
+std::string format_eval_line(const EvalMetrics& m);
 
 // ---- the status line -------------------------------------------------------------------------------
 

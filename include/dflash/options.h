@@ -66,6 +66,9 @@ struct Options {
   std::string drafter_dir;      // release-format drafter to start from; empty = fresh
   int draft_layers = 5;
   std::string data_path;        // token dataset (.h5)
+  std::string eval_data;        // --eval-data: held-out token dataset (.h5); empty = no evaluation
+  int64_t eval_every = -1;      // --eval-every: steps between evaluations (0 = only at the end; -1 = not given:
+                                // resolve_eval_every picks it once the run's length is planned)
   std::string out_dir;          // run directory: metrics.h5, drafter/
 
   int64_t token_budget = 32768;

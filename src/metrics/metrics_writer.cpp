@@ -573,6 +573,85 @@ void MetricsWriter::drop_steps_after(int64_t last_step) {
   DF_H5(H5Fflush(impl_->file, H5F_SCOPE_GLOBAL), "flushing " + path_);
 }
 
+// ---- /eval (--eval-data): one row per evaluation of the held-out set ------------------------------
+namespace {
+const SeriesSpec kEvalSeries[] = {{"step", Elem::I64},   {"time_s", Elem::F64},  {"loss", Elem::F64},
+                                  {"acc", Elem::F64},    {"streak", Elem::F64},  {"tokens", Elem::I64},
+                                  {"anchors", Elem::I64}, {"seqs", Elem::I64},   {"seconds", Elem::F64}};
+const SeriesNote kEvalNotes[] = {
+    {"eval/step", "1", "optimizer steps done when the eval set was evaluated (every --eval-every steps and after the last)"},
+    {"eval/time_s", "s", "when the evaluation finished, seconds since this segment's job start"},
+    {"eval/loss", "1", "held-out loss over the whole eval set (nats; position-weighted as the training loss)"},
+    {"eval/acc", "1", "share of the eval set's loss positions whose drafter argmax equals the label"},
+    {"eval/streak", "tokens", "mean leading run of correct predictions per block on the eval set (acceptance-length estimate)"},
+    {"eval/acc_by_pos", "1", "[step, block_position] accuracy at each block position on the eval set (NaN: no position there)"},
+    {"eval/tokens", "tokens", "tokens of the eval set"},
+    {"eval/anchors", "1", "blocks evaluated (fixed anchors: the same every evaluation)"},
+    {"eval/seqs", "1", "sequences of the eval set"},
+    {"eval/seconds", "s", "wall time of the evaluation"},
+};
+}  // namespace
+
+void MetricsWriter::append_eval(const EvalMetrics& m) {
+  std::lock_guard<std::mutex> lock(hdf5_mutex());
+  DF_ASSERT(impl_->file.valid());
+  const int positions = static_cast<int>(m.acc_by_pos.size());
+  DF_CHECK(positions >= 1, Internal, "append_eval: no block positions");
+  if (!impl_->series.count("eval/step")) {  // the first evaluation of this segment: make or open /eval
+    impl_->group("eval", true);
+    for (const SeriesSpec& s : kEvalSeries) impl_->open_series(std::string("eval/") + s.name, s.elem, 0, true);
+    impl_->open_series("eval/acc_by_pos", Elem::F64, positions, true);
+    impl_->coordinate("eval/step");  // like /steps/step: the rows' step numbers name the dimension
+    for (const SeriesSpec& s : kEvalSeries)
+      if (std::string(s.name) != "step") impl_->name_axes(std::string("eval/") + s.name, {"eval/step"});
+    if (positions == layout_.block_size - 1 && impl_->dims.count("steps/block_position"))
+      impl_->name_axes("eval/acc_by_pos", {"eval/step", "steps/block_position"});
+    else
+      impl_->name_axes("eval/acc_by_pos", {"eval/step"});
+    for (const SeriesNote& n : kEvalNotes) {
+      h5::write_attr_string(impl_->series.at(n.name), "units", n.units);
+      h5::write_attr_string(impl_->series.at(n.name), "description", n.description);
+    }
+  }
+  impl_->append("eval/step", H5T_NATIVE_INT64, &m.step, 0);
+  impl_->append("eval/time_s", H5T_NATIVE_DOUBLE, &m.time_s, 0);
+  impl_->append("eval/loss", H5T_NATIVE_DOUBLE, &m.loss, 0);
+  impl_->append("eval/acc", H5T_NATIVE_DOUBLE, &m.acc, 0);
+  impl_->append("eval/streak", H5T_NATIVE_DOUBLE, &m.streak, 0);
+  impl_->append("eval/tokens", H5T_NATIVE_INT64, &m.tokens, 0);
+  impl_->append("eval/anchors", H5T_NATIVE_INT64, &m.anchors, 0);
+  impl_->append("eval/seqs", H5T_NATIVE_INT64, &m.seqs, 0);
+  impl_->append("eval/seconds", H5T_NATIVE_DOUBLE, &m.seconds, 0);
+  impl_->append("eval/acc_by_pos", H5T_NATIVE_DOUBLE, m.acc_by_pos.data(), positions);
+  DF_H5(H5Fflush(impl_->file, H5F_SCOPE_GLOBAL), "flushing " + path_);
+  appends_since_flush_ = 0;
+}
+
+void MetricsWriter::drop_eval_after(int64_t last_step) {
+  std::lock_guard<std::mutex> lock(hdf5_mutex());
+  if (!h5::link_exists(impl_->file, "eval/step")) return;
+  std::vector<std::string> names;
+  for (const SeriesSpec& s : kEvalSeries) names.push_back(std::string("eval/") + s.name);
+  names.push_back("eval/acc_by_pos");
+  std::vector<Handle> ds;
+  for (const std::string& n : names) {
+    if (!h5::link_exists(impl_->file, n)) continue;
+    ds.emplace_back(DF_H5(H5Dopen2(impl_->file, n.c_str(), H5P_DEFAULT), "opening " + n + " in " + path_), Handle::Kind::Dataset);
+  }
+  const hsize_t n = h5::dims(ds.front())[0];  // eval/step
+  std::vector<int64_t> steps(n);
+  if (n > 0) DF_H5(H5Dread(ds.front(), H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, steps.data()), "reading eval/step");
+  hsize_t keep = 0;  // rows are appended in step order
+  while (keep < n && steps[keep] <= last_step) ++keep;
+  if (keep == n) return;
+  for (const Handle& d : ds) {
+    std::vector<hsize_t> dims = h5::dims(d);
+    dims[0] = keep;
+    DF_H5(H5Dset_extent(d, dims.data()), "shrinking eval in " + path_);
+  }
+  DF_H5(H5Fflush(impl_->file, H5F_SCOPE_GLOBAL), "flushing " + path_);
+}
+
 void MetricsWriter::flush() {
   std::lock_guard<std::mutex> lock(hdf5_mutex());
   if (!impl_->file.valid()) return;

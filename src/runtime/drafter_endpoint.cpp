@@ -29,6 +29,43 @@ void DrafterEndpoint::start() {
   for (int s = 0; s < plane_->num_slots(); ++s) grant(s);
 }
 
+void DrafterEndpoint::receive_eval(const std::vector<int>& senders, const std::function<void(const HsBatch&)>& keep) {
+  DF_CHECK(!eval_phase_ && control_req_ == MPI_REQUEST_NULL, Internal, "receive_eval called twice, or after start()");
+  std::vector<int64_t> owed(targets_.size(), 0);
+  for (int i : senders) {
+    DF_CHECK(i >= 0 && i < static_cast<int>(targets_.size()), Internal, "eval batch from node target " << i);
+    owed[static_cast<size_t>(i)]++;
+  }
+  const size_t want = senders.size();
+  size_t got = 0;
+  eval_phase_ = true;
+  eval_senders_ = senders;
+  eval_granted_ = 0;
+  for (auto& t : targets_) t.last_heard = mpi::Clock::now();
+  for (int s = 0; s < plane_->num_slots(); ++s) grant(s);
+  mpi::Backoff backoff;
+  while (got < want) {
+    pump();  // check_liveness: a target that holds a credit and stays silent past --peer-timeout is fatal
+    if (eval_ready_.empty()) {
+      if (plane_->transfers_in_flight()) backoff.reset();
+      backoff.idle();
+      continue;
+    }
+    const int slot = eval_ready_.front();
+    eval_ready_.pop_front();
+    keep(plane_->slot(slot));
+    ++got;
+    release(slot);  // granted to the sender of the next batch, or left free for start()
+    backoff.reset();
+  }
+  for (size_t i = 0; i < targets_.size(); ++i)
+    DF_CHECK(targets_[i].next_seq == owed[i], Internal,
+             "target rank " << topo_.node_targets[i] << " sent " << targets_[i].next_seq << " eval batches, owed " << owed[i]);
+  for (int s = 0; s < plane_->num_slots(); ++s)
+    DF_CHECK(slot_owner_[s] < 0 && !plane_->receive_posted(s), Internal, "slot " << s << " still granted after the eval batches");
+  eval_phase_ = false;
+}
+
 // --batch-order fixed: this drafter's sequence (flow_control.h), continuing a resumed run's.
 void DrafterEndpoint::init_fixed_order() {
   fixed_.emplace(static_cast<int>(topo_.node_targets.size()), static_cast<int>(topo_.node_drafters.size()),
@@ -62,7 +99,9 @@ void DrafterEndpoint::promote_expected() {
 // finished). A receive still posted for a target that has since finished is re-posted for the new one.
 void DrafterEndpoint::grant(int slot) {
   std::optional<int> to;
-  if (fixed_) {  // in training order: the target of the next batch no credit was granted for yet
+  if (eval_phase_) {  // the sender of the share's next batch no credit was granted for yet
+    if (eval_granted_ < eval_senders_.size()) to = topo_.node_targets[static_cast<size_t>(eval_senders_[eval_granted_++])];
+  } else if (fixed_) {  // in training order: the target of the next batch no credit was granted for yet
     if (std::optional<FixedBatchRef> next = fixed_->next_to_grant()) {
       to = topo_.node_targets[next->target];
       fixed_->granted();
@@ -77,7 +116,7 @@ void DrafterEndpoint::grant(int slot) {
   if (!plane_->receive_posted(slot)) plane_->post_receive(slot, *to);
   // A target that held no credit had nothing to do: its silence is timed from now.
   if (credits_held_by(*to) == 0) targets_[topo_.node_target_index_of(*to)].last_heard = mpi::Clock::now();
-  ledger_.granted(*to);
+  if (!eval_phase_) ledger_.granted(*to);  // the eval credits are outside the training's ledger
   slot_owner_[slot] = *to;
   send_control(*to, ControlMsg{ControlKind::Credit, slot, 0});
 }
@@ -91,7 +130,7 @@ int DrafterEndpoint::take_ready() {
 }
 
 void DrafterEndpoint::release(int slot) {
-  ledger_.consumed(slot_owner_[slot]);
+  if (!eval_phase_) ledger_.consumed(slot_owner_[slot]);
   grant(slot);
 }
 
@@ -117,9 +156,19 @@ void DrafterEndpoint::pump() {
     TargetState& t = targets_[topo_.node_target_index_of(from)];
     t.received++;
     t.last_heard = mpi::Clock::now();
+    slot_full_[s] = true;
+    // Eval batches come only in receive_eval (training credits are granted after it) and lead the
+    // target's sequence, whatever order their slots complete in.
+    DF_CHECK((h.kind == BatchKind::Eval) == eval_phase_, Internal,
+             (h.kind == BatchKind::Eval ? "an eval batch" : "a training batch") << " from rank " << from << " arrived "
+                                                                                 << (eval_phase_ ? "during" : "after") << " the eval phase");
+    if (eval_phase_) {
+      t.next_seq++;
+      eval_ready_.push_back(s);
+      continue;
+    }
     const int ti = topo_.target_index_of(from);
     if (h.report.batches >= known_targets_[ti].batches) known_targets_[ti] = h.report;  // slots complete in any order
-    slot_full_[s] = true;
     if (fixed_)
       DF_CHECK(FixedBatchOrder::drafter_of(static_cast<int>(targets_.size()), static_cast<int>(topo_.node_drafters.size()),
                                            topo_.node_target_index_of(from), h.batch_index) == topo_.node_drafter_index_of(topo_.world_rank),

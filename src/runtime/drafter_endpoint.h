@@ -4,6 +4,7 @@
 // (role_drafter.cpp) asks it for the next ready batch and hands the slot back when done.
 #pragma once
 #include <deque>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <vector>
@@ -20,6 +21,13 @@ class DrafterEndpoint {
   DrafterEndpoint(JobContext& job, std::unique_ptr<DataPlane> plane);
   ~DrafterEndpoint();
 
+  // --eval-data, before start(): receives this drafter's share of the eval set. senders[n] = node target
+  // index of the one that forwards the share's n-th batch (in eval batch order, the order every target
+  // sends its own in). Credits are granted in that order, one per batch, so none is left over when it
+  // returns, and the batch with the smallest index not yet sent always gets one (no target waits on a
+  // drafter whose slots wait on it). Each batch is handed to `keep` (which copies what it needs) and its
+  // slot is free again. The eval batches lead each target's sequence (BatchHeader::seq).
+  void receive_eval(const std::vector<int>& senders, const std::function<void(const HsBatch&)>& keep);
   // Grants every slot (training begins).
   void start();
   // Drives every transfer and control message; checks the targets' liveness (fatal LostPeer).
@@ -76,6 +84,11 @@ class DrafterEndpoint {
   MPI_Request control_req_ = MPI_REQUEST_NULL;
   std::vector<TargetReport> known_targets_;
   bool draining_ = false;
+  // receive_eval: the senders of the share's batches in order, how many got a credit, slots holding one.
+  bool eval_phase_ = false;
+  std::vector<int> eval_senders_;
+  size_t eval_granted_ = 0;
+  std::deque<int> eval_ready_;
   std::optional<FixedBatchOrder> fixed_;  // --batch-order fixed
 };
 

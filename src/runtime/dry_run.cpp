@@ -20,6 +20,7 @@
 #include "dflash/checkpoint.h"  // parse_checkpoint_every
 #include "dflash/data.h"        // hdf5_mutex()
 #include "dflash/error.h"
+#include "dflash/eval_set.h"
 #include "dflash/mpi_typed.h"
 #include "dflash/runtime.h"
 #include "dflash/topology.h"
@@ -43,6 +44,52 @@ std::pair<int64_t, int64_t> dataset_shape(const std::string& path) {
   const std::vector<hsize_t> t = h5::dims(tokens), o = h5::dims(offsets);
   if (t.size() != 1 || o.size() != 1 || o[0] < 1) return {-1, -1};
   return {static_cast<int64_t>(o[0]) - 1, static_cast<int64_t>(t[0])};
+}
+
+// --eval-data from its /offsets alone (no token read): records, tokens, and the batches it packs into, per
+// drafter (include/dflash/eval_set.h). The job checks the rest of the file when it starts.
+std::string eval_summary(const Options& o, int num_drafters) {
+  if (o.eval_data.empty()) return "";
+  std::vector<int64_t> offsets;
+  {
+    std::lock_guard<std::mutex> lock(hdf5_mutex());
+    h5::quiet_errors();
+    h5::Handle fapl(h5::fapl_no_locking(), h5::Handle::Kind::PropList);
+    h5::Handle file(H5Fopen(o.eval_data.c_str(), H5F_ACC_RDONLY, fapl), h5::Handle::Kind::File);
+    if (file.valid() && h5::link_exists(file, "offsets")) {
+      h5::Handle ds(H5Dopen2(file, "offsets", H5P_DEFAULT), h5::Handle::Kind::Dataset);
+      const std::vector<hsize_t> d = ds.valid() ? h5::dims(ds) : std::vector<hsize_t>{};
+      if (d.size() == 1 && d[0] >= 2) {
+        offsets.resize(d[0]);
+        if (H5Dread(ds, H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, offsets.data()) < 0) offsets.clear();
+      }
+    }
+  }
+  std::ostringstream os;
+  if (offsets.empty()) {
+    os << "[dflash] eval: " << o.eval_data << ": no /offsets to size it (the job will say why)\n";
+    return os.str();
+  }
+  std::vector<int64_t> lengths;
+  for (size_t r = 0; r + 1 < offsets.size(); ++r) lengths.push_back(offsets[r + 1] - offsets[r]);
+  const auto plan = plan_eval_batches(lengths, o.token_budget, o.long_record == LongRecordPolicy::Skip ? LongRecord::Skip : LongRecord::Cut);
+  std::vector<int64_t> batch_tokens;
+  int64_t tokens = 0;
+  for (const auto& b : plan) {
+    int64_t t = 0;
+    for (const EvalPiece& p : b) t += p.take;
+    batch_tokens.push_back(t);
+    tokens += t;
+  }
+  os << "[dflash] eval: " << o.eval_data << ": " << lengths.size() << " records, " << tokens << " tokens in "
+     << plan.size() << " batch(es) of <= " << o.token_budget << " tokens (" << eval_share_summary(batch_tokens, num_drafters)
+     << "); features computed once at startup; evaluated ";
+  if (o.eval_every > 0) os << "every " << o.eval_every << " step(s) and after the last\n";
+  else if (o.eval_every == 0) os << "after the last step only\n";
+  else if (parse_checkpoint_every(o.checkpoint_every).unit == CheckpointUnit::Steps)
+    os << "every " << parse_checkpoint_every(o.checkpoint_every).steps << " step(s) (the --checkpoint-every interval) and after the last\n";
+  else os << "every tenth of the planned steps (counted when the job starts) and after the last\n";
+  return os.str();
 }
 
 std::string schedule(const Options& o, int num_drafters) {
@@ -182,6 +229,7 @@ int dry_run(const Options& o) {
     free_topology(t);
   }
   os << schedule(o, num_drafters);
+  os << eval_summary(o, num_drafters);
   if (rank == 0) os << memory_per_rank(o);
   if (rank == 0) {
     std::fputs(os.str().c_str(), stdout);

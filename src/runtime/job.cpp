@@ -14,6 +14,7 @@
 #include "dflash/drafter.h"
 #include "dflash/drafter_model.h"
 #include "dflash/error.h"
+#include "dflash/eval_stats.h"
 #include "dflash/hf_config.h"
 #include "dflash/metrics.h"
 #include "dflash/runtime.h"
@@ -176,6 +177,34 @@ void wait_all_loaded(const JobContext& job) {
   barrier(MPI_COMM_WORLD, 10 * job.opt.peer_timeout_s, "waiting for every rank to load its model");
 }
 
+void wait_eval_features(const JobContext& job, const std::function<void()>& poll) {
+  if (job.opt.eval_data.empty()) return;
+  barrier(MPI_COMM_WORLD, 10 * job.opt.peer_timeout_s, "computing the eval set's features (--eval-data)", poll);
+}
+
+namespace {
+
+// --eval-every resolved against the planned run (include/dflash/eval_stats.h), and the eval set said once.
+void plan_eval(Options& o, const JobContext& job) {
+  if (o.eval_data.empty()) return;
+  const CheckpointEvery ck = parse_checkpoint_every(o.checkpoint_every);
+  o.eval_every = resolve_eval_every(o.eval_every, ck.unit == CheckpointUnit::Steps ? ck.steps : 0, o.train.total_steps);
+  if (job.topo.world_rank != 0 || !job.eval) return;  // rank 0 is a target: it packed the set
+  const EvalSet& e = *job.eval;
+  std::string long_records;
+  if (e.records_cut) long_records = ", " + std::to_string(e.records_cut) + " cut to --token-budget";
+  if (e.records_skipped) long_records = ", " + std::to_string(e.records_skipped) + " longer than --token-budget left out";
+  const std::string when = o.eval_every > 0 ? "every " + std::to_string(o.eval_every) + " step(s) and after the last"
+                                            : std::string("only after the last step (--eval-every 0)");
+  std::printf("[dflash] eval: %s: %lld records%s, %lld tokens in %zu batch(es) (%s); features computed once now; %s\n",
+              e.path.c_str(), static_cast<long long>(e.records), long_records.c_str(), static_cast<long long>(e.tokens),
+              e.batches.size(), eval_share_summary(e.batch_tokens(), static_cast<int>(job.topo.drafters.size())).c_str(),
+              when.c_str());
+  std::fflush(stdout);
+}
+
+}  // namespace
+
 int run_job(const Options& given) {
   const auto start = mpi::Clock::now();
   // This rank's GPU through NVML, read once now: its idle draw, before any model (or --topology auto's
@@ -202,6 +231,7 @@ int run_job(const Options& given) {
   validate_inputs(job);
   barrier(MPI_COMM_WORLD, 10 * o.peer_timeout_s, "checking the inputs");
   plan_lr_schedule(o, job);
+  plan_eval(o, job);
   // Then --out is this job's alone (rank 0 holds the lock; the others wait for it in the resume's bcast).
   if (topo.world_rank == 0) {
     lock_run_dirs(o);
@@ -225,7 +255,10 @@ int run_job(const Options& given) {
   switch (topo.role) {
     case Role::Target: run_target(job); break;
     case Role::Drafter: run_drafter(job); break;
-    case Role::Idle: wait_all_loaded(job); break;
+    case Role::Idle:
+      wait_all_loaded(job);
+      wait_eval_features(job);
+      break;
   }
   // Idle ranks wait for the whole run (no deadline: the run's length is unbounded); the others only
   // for the drafters' export, which the deadline bounds.

@@ -1,5 +1,6 @@
 // Pieces the roles share (private to src/runtime).
 #pragma once
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -7,6 +8,7 @@
 
 #include "dflash/data.h"
 #include "dflash/data_plane.h"
+#include "dflash/eval_set.h"
 #include "dflash/flow_control.h"
 #include "dflash/grad_reducer.h"
 #include "dflash/mpi_typed.h"
@@ -38,6 +40,7 @@ struct JobContext {
   Ctx ctx;                         // this rank's backend, chosen once at rank start (CPU, or its GPU's stream)
   TargetConfig target;             // the target's config.json, parsed once (family, widths)
   std::shared_ptr<const TokenDataset> dataset;  // targets: --data, opened and checked by validate_inputs
+  std::shared_ptr<const EvalSet> eval;  // targets and drafters: --eval-data packed (validate_inputs); null without it
   SlotShape slot_shape;            // one hidden-state batch: sizes, device and wire dtype (targets and drafters agree)
   DataPlaneKind data_plane = DataPlaneKind::Host;  // agreed by every rank (setup_data_plane)
   std::shared_ptr<NcclPairs> nccl_pairs;           // the nccl plane's pair communicators
@@ -93,6 +96,10 @@ void run_drafter(JobContext& job);
 
 // After loading: every rank waits here until all have loaded (a long deadline: loading is slow).
 void wait_all_loaded(const JobContext& job);
+// --eval-data: every rank (idle ones too) waits here until the targets have sent every eval batch and the
+// drafters hold their shares, so training starts together (a deadline like loading's: the forwards of the
+// whole eval set come first). poll keeps the caller's messages moving. No-op without --eval-data.
+void wait_eval_features(const JobContext& job, const std::function<void()>& poll = {});
 
 // Every input this rank reads, checked before anything is written (job_inputs.cpp): the paths, the
 // target's config.json (job.target), --drafter or --draft-layers against the target, and on target ranks

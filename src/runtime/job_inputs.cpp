@@ -248,6 +248,30 @@ void check_disk_space(const Options& o, const DiskNeed& need) {
   }
 }
 
+namespace {
+
+// --eval-data on the ranks that use it (targets forward it, drafters keep its features): a valid dataset
+// of the target's vocabulary, records that fit --token-budget (or the --long-record policy), something to
+// evaluate, and a share per drafter its host can hold. Packed here, once (include/dflash/eval_set.h).
+void load_eval_data(JobContext& job, int64_t capture_layers) {
+  const Options& o = job.opt;
+  const TokenDataset ds(o.eval_data, job.target.text.vocab_size);  // fatal BadInput naming the file
+  check_records_fit(o, ds);
+  DF_CHECK_HINT(ds.anchor_positions() > 0, BadInput,
+                "--eval-data " << ds.path() << " has nothing to evaluate: " << ds.loss_tokens() << " of " << ds.num_tokens()
+                               << " tokens have loss_mask 1, and no two consecutive ones in a record",
+                "mark the completions with loss_mask 1 (as in --data), or give another held-out file");
+  auto eval = std::make_shared<EvalSet>(load_eval_set(ds, o.token_budget, o.long_record == LongRecordPolicy::Skip ? LongRecord::Skip : LongRecord::Cut));
+  // What a drafter's host keeps: its share's features (+ final norm for --loss kl) in the wire dtype.
+  const double per_token = static_cast<double>(job.target.text.hidden_size) *
+                           static_cast<double>(capture_layers + (o.train.loss == LossKind::KL ? 1 : 0)) *
+                           (o.backend == Backend::CUDA ? 2.0 : 4.0);
+  check_eval_share_fits(*eval, static_cast<int>(job.topo.drafters.size()), per_token);
+  job.eval = std::move(eval);
+}
+
+}  // namespace
+
 void validate_inputs(JobContext& job) {
   const Options& o = job.opt;
   const Topology& topo = job.topo;
@@ -257,6 +281,7 @@ void validate_inputs(JobContext& job) {
   // --drafter's config, or the default ids: fatal BadInput when it does not fit.
   const int64_t capture_layers = static_cast<int64_t>(capture_layer_ids(o).size());
   check_token_budget_fits(job, capture_layers);
+  if (!o.eval_data.empty() && topo.role != Role::Idle) load_eval_data(job, capture_layers);
   if (topo.role != Role::Target) return;
   // Only the targets read the data; they keep it open for the loader.
   auto dataset = std::make_shared<TokenDataset>(o.data_path, job.target.text.vocab_size);

@@ -123,6 +123,7 @@ MetricsHub::MetricsHub(const JobContext& job, int block_size) : job_(job) {
   }
   writer_ = std::make_unique<MetricsWriter>(path, layout, resuming ? MetricsOpen::Append : MetricsOpen::Create);
   if (resuming) writer_->drop_steps_after(job.resume_step);
+  if (resuming) writer_->drop_eval_after(job.resume_step);  // evaluated after the checkpoint: again on schedule
   nlohmann::json ranks = nlohmann::json::array();
   for (const RankCard& c : job.cards) {
     ranks.push_back({{"rank", c.rank}, {"role", role_name(static_cast<Role>(c.role))}, {"host", c.host},
@@ -177,6 +178,15 @@ void MetricsHub::record_step(StepMetrics s, const std::vector<TargetReport>& tar
   interval_sums_.acc += s.acc;
   interval_sums_.streak += s.streak;
   ++interval_sums_.steps;
+}
+
+void MetricsHub::record_eval(const EvalMetrics& m) {
+  if (!writer_) return;
+  writer_->append_eval(m);
+  writer_->flush();  // an evaluation is rare and worth keeping at once
+  std::string line = format_eval_line(m) + "\n";
+  std::fputs(line.c_str(), stdout);
+  std::fflush(stdout);
 }
 
 void MetricsHub::report(const DrafterReport& mine, const std::vector<TargetReport>& targets_seen, Rates rates,

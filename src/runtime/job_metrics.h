@@ -23,6 +23,8 @@ class MetricsHub {
   // s.epoch from the target reports this rank has seen (targets_seen, one per target) and the last
   // interval's: the status line's epoch.
   void record_step(StepMetrics s, const std::vector<TargetReport>& targets_seen);
+  // One evaluation of --eval-data (writer only: an /eval row and the [eval] line; others ignore).
+  void record_eval(const EvalMetrics& m);
   // A root attribute of metrics.h5 (writer only; others ignore), e.g. drafter_grad_bytes.
   void set_attribute(const std::string& name, int64_t value);
   // Collective over the drafters: gathers every drafter's counters and the target reports it has seen,

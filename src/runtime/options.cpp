@@ -126,7 +126,9 @@ Described describe(Options& o, std::string& topology, std::string& backend, std:
     ("lr", po::value(&o.train.lr)->default_value(6e-4f, "6e-4")->value_name("LR"), "peak learning rate (AdamW)")
     ("warmup-steps", po::value(&o.train.warmup_steps)->default_value(0)->value_name("N"), "linear warmup steps")
     ("warmup-ratio", po::value(&o.warmup_ratio)->default_value(0.0, "0")->value_name("X"), "linear warmup over this fraction of the run's planned steps (instead of --warmup-steps); the lr then decays by cosine to 0.1 x --lr at the run's end: the data's last batch, or --max-steps")
-    ("seed", po::value(&seed)->default_value("0")->value_name("N"), "seed of data order, init and anchors (0 .. 2^63-1)");
+    ("seed", po::value(&seed)->default_value("0")->value_name("N"), "seed of data order, init and anchors (0 .. 2^63-1)")
+    ("eval-data", po::value(&o.eval_data)->value_name("FILE.h5"), "held-out token dataset (the --data format): loss, acc, acc by block position and streak on it, written to metrics.h5 /eval; its features are computed once at startup")
+    ("eval-every", po::value(&o.eval_every)->value_name("N"), "with --eval-data: evaluate every N steps and after the last (0 = only after the last; default: the --checkpoint-every step interval, else a tenth of the planned steps)");
   po::options_description out("Output");
   out.add_options()
     ("log-every", po::value(&o.log_every)->default_value(10)->value_name("N"), "status line and rank timings every N steps")
@@ -293,6 +295,9 @@ ParseResult parse_options(int argc, const char* const* argv) {
   DF_CHECK_HINT(o.target_dir.size() && o.data_path.size() && o.out_dir.size(), BadOptions,
                 "--target, --data and --out are required", usage_hint);
   parse_checkpoint_every(o.checkpoint_every);  // fatal BadOptions naming the flag on a bad value
+  if (vm.count("eval-every")) check_range(o.eval_every >= 0, "eval-every", str(o.eval_every), ">= 0 (0 = only after the last step)");
+  DF_CHECK_HINT(!vm.count("eval-every") || !o.eval_data.empty(), BadOptions, "--eval-every without --eval-data: there is nothing to evaluate",
+                "give --eval-data FILE.h5 (a held-out dataset), or drop --eval-every");
   check_range(o.keep_checkpoints >= 1, "keep-checkpoints", str(o.keep_checkpoints), ">= 1");
   o.train.total_steps = o.max_steps;
   o.command_line = shell_line(argc, argv);
@@ -339,6 +344,9 @@ void check_input_paths(const Options& o) {
                 "--target " << o.target_dir << ": no config.json there", "point --target at a Hugging Face checkpoint directory");
   DF_CHECK_HINT(path_exists(o.data_path), BadInput, "--data " << o.data_path << ": no such file",
                 "make one with dflash-make-tiny or dflash-prep");
+  if (!o.eval_data.empty())
+    DF_CHECK_HINT(path_exists(o.eval_data), BadInput, "--eval-data " << o.eval_data << ": no such file",
+                  "make a held-out dataset with dflash-prep or dflash-tokenize (the --data format)");
   if (!o.drafter_dir.empty())
     DF_CHECK_HINT(path_exists(o.drafter_dir + "/config.json"), BadInput,
                   "--drafter " << o.drafter_dir << ": no config.json there", "point --drafter at a release-format drafter (config.json + model.safetensors)");

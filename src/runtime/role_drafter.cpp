@@ -13,6 +13,7 @@
 #include "dflash/error.h"
 #include "dflash/grad_reducer.h"
 #include "drafter_endpoint.h"
+#include "drafter_eval.h"
 #include "drafter_presence.h"
 #include "job.h"
 #include "job_metrics.h"
@@ -69,14 +70,22 @@ class DrafterLoop {
     ckpt.before_save([&] { hub.flush(); });  // the metrics rows up to a checkpoint are on disk before it commits
     // The bytes each step allreduces (dflash-report prices more drafters with it when it measured none).
     hub.set_attribute("drafter_grad_bytes", static_cast<int64_t>(grads.nbytes()));
-    wait_all_loaded(job_);
-    hub.training_started();
-    endpoint.start();
-
     auto progress = [&] {
       endpoint.pump();
       presence_.poll();
     };
+    wait_all_loaded(job_);
+    // --eval-data: this drafter's share of the eval set arrives first, on the same plane and credits.
+    std::unique_ptr<DrafterEval> eval;
+    if (job_.eval) {
+      eval = std::make_unique<DrafterEval>(job_, trainer.config().block_size);
+      endpoint.receive_eval(eval->senders(), [&](const HsBatch& b) { eval->keep(b); });
+    }
+    wait_eval_features(job_, progress);
+    int64_t last_eval = -1;  // step of the last evaluation
+    hub.training_started();
+    endpoint.start();
+
     for (;;) {
       if (o_.max_steps > 0 && step >= o_.max_steps) break;  // resumed at the end
       enter_collective();
@@ -126,6 +135,8 @@ class DrafterLoop {
         enter_collective();
         report(hub, MetricsHub::Rates::Interval, progress);
       }
+      // Before the checkpoint: its flush then holds this step's /eval row too.
+      if (eval && eval_due(step, o_.eval_every)) last_eval = evaluate(hub, *eval, trainer, step, progress);
       nlohmann::json schedule = {{"next_lr", trainer.current_lr()}, {"epoch_progress", nlohmann::json::array()}};
       for (const TargetReport& t : endpoint.known_targets()) schedule["epoch_progress"].push_back(t.epoch_progress);
       enter_collective();
@@ -136,6 +147,8 @@ class DrafterLoop {
       if (o_.max_steps > 0 && step >= o_.max_steps) break;
     }
     endpoint.drain();
+    // The end of training (not a stop for requeue: the resumed run goes on and evaluates on schedule).
+    if (eval && !job_.stop_for_requeue && step != last_eval) evaluate(hub, *eval, trainer, step, progress);
     presence_.finish(round_);
     if (step % o_.log_every != 0) report(hub, MetricsHub::Rates::WholeRun, progress);
     if (topo_.is_metrics_writer() && !job_.stop_for_requeue) {
@@ -196,6 +209,26 @@ class DrafterLoop {
       backoff.idle();
     }
     trainer.scale_grads(sums.weight_sum > 0 ? static_cast<float>(1.0 / sums.weight_sum) : 0.0f);
+  }
+
+  // Every drafter evaluates its share of the eval set; the sums over the drafters (one allreduce, counts
+  // and weighted sums: the numbers of one drafter evaluating it all) make the /eval row and the [eval]
+  // line. Collective over the drafters, at the same step on each (lockstep). Returns `step`.
+  int64_t evaluate(MetricsHub& hub, DrafterEval& eval, DrafterTrainer& trainer, int64_t step, const std::function<void()>& progress) {
+    const auto t0 = mpi::Clock::now();
+    std::vector<double> sums = eval.evaluate(trainer).pack();
+    endpoint_->pump();  // batches that arrived meanwhile complete (the targets go on while this runs)
+    if (topo_.drafters.size() > 1) {
+      enter_collective();
+      MPI_Request r = mpi::iallreduce(sums.data(), sums.size(), MPI_SUM, topo_.drafter_comm);
+      mpi::wait(r, o_.peer_timeout_s, [&] { return stalled("summing the eval results stalled"); }, progress);
+    }
+    EvalMetrics m = EvalSums::unpack(sums, trainer.config().block_size).metrics();
+    m.step = step;
+    m.time_s = job_.elapsed();
+    m.seconds = mpi::seconds_since(t0);
+    hub.record_eval(m);
+    return step;
   }
 
   // Positions 1 .. block_size-1 of StepStats::per_pos_acc (0 is the anchor, never predicted).

@@ -11,6 +11,7 @@
 #include "dflash/data_plane.h"
 #include "dflash/device_async.h"
 #include "dflash/error.h"
+#include "dflash/eval_set.h"
 #include "dflash/hf_config.h"
 #include "dflash/target.h"
 #include "job.h"
@@ -31,7 +32,7 @@ class TargetRank {
   void run() {
     const std::shared_ptr<const TokenDataset> dataset = job_.dataset;  // opened and checked by validate_inputs
     const std::vector<int> layers = capture_layer_ids(o_);
-    const std::unique_ptr<TargetModel> model = make_target_model(job_.target, o_.target_dir, job_.ctx, layers, o_.token_budget);
+    model_ = make_target_model(job_.target, o_.target_dir, job_.ctx, layers, o_.token_budget);
     DataPlaneSpec ps = data_plane_spec(job_);
     ps.num_send_buffers = kSendBuffers;
     plane_ = make_data_plane(ps);
@@ -58,8 +59,13 @@ class TargetRank {
     const int my_node_index = topo_.node_target_index_of(topo_.world_rank);
     control_req_ = mpi::irecv(&control_in_, 1, MPI_ANY_SOURCE, kTagToTarget, MPI_COMM_WORLD);
 
+    // --eval-data: this target's eval forwards go out first (the loader prefetches meanwhile), then every
+    // rank waits until every drafter holds its share: training starts together.
+    report_.rank = topo_.world_rank;  // the headers name their sender
+    if (job_.eval) send_eval_batches();
+    wait_eval_features(job_, [&] { pump(); });
+    report_ = TargetReport{};  // the eval forwards are not training work
     report_.rank = topo_.world_rank;
-    int next_buf = 0;
     LoadedBatch lb;
     while (!stop_) {
       // 1. the next packed batch from the loader thread
@@ -71,25 +77,10 @@ class TargetRank {
       end_index_ = lb.index + 1;
       if (resume.already_trained(lb.index)) continue;
       // 2. a free send buffer (its previous batch fully sent)
-      const int buf = next_buf;
-      next_buf = (next_buf + 1) % plane_->num_send_buffers();
-      t0 = mpi::Clock::now();
-      wait_until([&] { return plane_->send_done(buf); },
-                 [&] { return "sending a batch to drafter rank " + std::to_string(buf_dest_[buf]) + " did not complete"; });
-      report_.send_wait_s += mpi::seconds_since(t0);
-      forward_finished(buf);
+      const int buf = next_send_buffer();
       // 3. forward into the buffer (the wire layout: features [k, T, H], final_norm [T, H]). On a GPU it is
       //    only enqueued: the plane's send waits for it by an event, the host goes on to the credits.
-      HsBatch& b = plane_->send_buffer(buf);
-      b.fill_from(lb.batch);
-      forward_timing_[buf][0].record(job_.ctx);
-      CaptureOut out;
-      out.features = b.features_view();
-      out.final_norm = b.final_norm_view();
-      model->forward(b.batch, out);
-      if (o_.inject_delay_target_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(o_.inject_delay_target_ms));
-      forward_timing_[buf][1].record(job_.ctx);
-      forward_pending_[buf] = true;
+      HsBatch& b = forward_into(buf, lb.batch);
       // 4. a credit: a free slot of some drafter of this node
       // --batch-order fixed: only the drafter the rule names may take this batch.
       int fixed_to = -1;
@@ -115,6 +106,7 @@ class TargetRank {
       report_.time_s = job_.elapsed();
       report_.gpu = sample_gpu(job_, 1.0);
       b.header.batch_index = lb.index;
+      b.header.kind = BatchKind::Train;
       b.header.next_position = lb.next;
       b.header.report = report_;
       b.header.seq = sent_to_[c.drafter];
@@ -129,6 +121,63 @@ class TargetRank {
   }
 
  private:
+  // The next send buffer, once its previous batch is fully sent (that wait counts as send_wait_s).
+  int next_send_buffer() {
+    const int buf = next_buf_;
+    next_buf_ = (next_buf_ + 1) % plane_->num_send_buffers();
+    const auto t0 = mpi::Clock::now();
+    wait_until([&] { return plane_->send_done(buf); },
+               [&] { return "sending a batch to drafter rank " + std::to_string(buf_dest_[buf]) + " did not complete"; });
+    report_.send_wait_s += mpi::seconds_since(t0);
+    forward_finished(buf);
+    return buf;
+  }
+
+  // Enqueues the forward of `batch` into send buffer `buf` (header sizes filled; the caller completes it).
+  HsBatch& forward_into(int buf, const PackedBatch& batch) {
+    HsBatch& b = plane_->send_buffer(buf);
+    b.fill_from(batch);
+    forward_timing_[buf][0].record(job_.ctx);
+    CaptureOut out;
+    out.features = b.features_view();
+    out.final_norm = b.final_norm_view();
+    model_->forward(b.batch, out);
+    if (o_.inject_delay_target_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(o_.inject_delay_target_ms));
+    forward_timing_[buf][1].record(job_.ctx);
+    forward_pending_[buf] = true;
+    return b;
+  }
+
+  // --eval-data: forwards the eval batches Topology::eval_routes gives this target, in batch order, each
+  // sent to its drafter against a credit of that drafter (DrafterEndpoint::receive_eval grants one per
+  // batch, in batch order, so the oldest credit of that drafter is this batch's). Same wire layout as a
+  // training batch; the header says Eval and carries the eval batch index.
+  void send_eval_batches() {
+    const EvalSet& eval = *job_.eval;
+    for (const EvalRoute& r : topo_.eval_routes(static_cast<int64_t>(eval.batches.size()))) {
+      if (r.target != topo_.world_rank) continue;
+      const int buf = next_send_buffer();
+      HsBatch& b = forward_into(buf, eval.batches[static_cast<size_t>(r.batch)]);
+      wait_until([&] { return wallet_.held_from(r.drafter) > 0; }, [&] {
+        return "lost peer: no credit from drafter rank " + std::to_string(r.drafter) + " for eval batch " + std::to_string(r.batch);
+      }, 1.5 * o_.peer_timeout_s);
+      const Credit c = wallet_.take_from(r.drafter);
+      b.header.batch_index = r.batch;
+      b.header.kind = BatchKind::Eval;
+      b.header.next_position = DataPosition{};
+      b.header.report = report_;
+      b.header.seq = sent_to_[c.drafter];
+      plane_->post_send(buf, job_.ctx, c.drafter, c.slot);
+      buf_dest_[buf] = c.drafter;
+      sent_to_[c.drafter]++;
+    }
+    for (int buf = 0; buf < plane_->num_send_buffers(); ++buf) {
+      wait_until([&] { return plane_->send_done(buf); },
+                 [&] { return "sending eval batches to drafter rank " + std::to_string(buf_dest_[buf]) + " did not complete"; });
+      forward_finished(buf);
+    }
+  }
+
   // The forward that filled send buffer `buf` has finished (its send completed, and the send waits for it):
   // its time counts as compute (GPU time on CUDA, measured by events), and what its kernels flagged
   // (a token id outside the vocabulary) is reported now.
@@ -202,7 +251,9 @@ class TargetRank {
   JobContext& job_;
   const Options& o_;
   const Topology& topo_;
+  std::unique_ptr<TargetModel> model_;
   std::unique_ptr<DataPlane> plane_;
+  int next_buf_ = 0;  // send buffers are used in turn
   CreditWallet wallet_;
   ControlMsg control_in_;
   MPI_Request control_req_ = MPI_REQUEST_NULL;

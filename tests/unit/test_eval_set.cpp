@@ -181,3 +181,45 @@ TEST(EvalStats, StatusLine) {
   m.seconds = 0.42;
   EXPECT_EQ(format_eval_line(m), "[eval] step=200 loss=4.1234 acc=0.123 streak=0.45 (12 seqs, 3.1K tok, 0.4 s)");
 }
+
+TEST(EvalMetricsFile, EvalRowsAppendAndAResumeDropsThoseAfterItsCheckpoint) {
+  const std::string path = test::make_temp_dir("dflash-eval-metrics-") + "/metrics.h5";
+  MetricsLayout layout;
+  layout.block_size = 4;
+  auto row = [](int64_t step, double loss) {
+    EvalMetrics m;
+    m.step = step;
+    m.loss = loss;
+    m.acc = 0.5;
+    m.acc_by_pos = {0.25, 0.5, std::nan("")};
+    m.tokens = 100;
+    m.seqs = 3;
+    return m;
+  };
+  {
+    MetricsWriter w(path, layout);
+    w.drop_eval_after(0);  // no /eval yet: nothing to do
+    w.append_eval(row(10, 3.0));
+    w.append_eval(row(20, 2.5));
+    w.append_eval(row(30, 2.0));
+  }
+  {
+    const MetricsReader r(path);
+    EXPECT_EQ(r.series("eval/step"), (std::vector<double>{10, 20, 30}));
+    EXPECT_EQ(r.series("eval/loss"), (std::vector<double>{3.0, 2.5, 2.0}));
+    int64_t cols = 0;
+    const std::vector<double> acc = r.matrix("eval/acc_by_pos", &cols);
+    EXPECT_EQ(cols, 3);
+    EXPECT_EQ(acc[3], 0.25);
+    EXPECT_TRUE(std::isnan(acc[5]));
+  }
+  {
+    MetricsWriter w(path, layout, MetricsOpen::Append);  // resumed from the step-20 checkpoint
+    w.drop_eval_after(20);
+    w.append_eval(row(30, 1.5));
+  }
+  const MetricsReader r(path);
+  EXPECT_EQ(r.series("eval/step"), (std::vector<double>{10, 20, 30}));
+  EXPECT_EQ(r.series("eval/loss"), (std::vector<double>{3.0, 2.5, 1.5}));
+  EXPECT_EQ(r.rows("eval/acc_by_pos"), 3);
+}

@@ -306,9 +306,24 @@ def analyse(run, power_budget_w=None, idle_power_w=None, allreduce_gbps=None):
         "power_budget_w": power_budget_w,
         "best_within_budget": best_budget.split if best_budget else None,
         "oversubscription": over,
+        "eval": held_out(run),
     }
     out["verdict"] = verdict(out, preds, own, best, best_budget)
     return out
+
+
+def held_out(run):
+    """The first and last /eval rows (--eval-data), or None when the run has none."""
+    ev = getattr(run, "eval", {}) or {}
+    if not len(ev.get("step", [])):
+        return None
+
+    def row(i):
+        return {"step": int(ev["step"][i]), "loss": float(ev["loss"][i]), "acc": float(ev["acc"][i]),
+                "streak": float(ev["streak"][i])}
+    return {"evaluations": int(len(ev["step"])), "first": row(0), "last": row(-1),
+            "seqs": int(ev["seqs"][-1]) if "seqs" in ev else None,
+            "tokens": int(ev["tokens"][-1]) if "tokens" in ev else None}
 
 
 # ---- the verdict -----------------------------------------------------------------------------------

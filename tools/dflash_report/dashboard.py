@@ -236,6 +236,9 @@ def _training(a, run):
     n = max(1, len(x) // 25)  # ~25 windows over the run
     a.plot(x, st["loss"], lw=0.5, c="C0", alpha=0.3)
     a.plot(x, _smooth(st["loss"], n), lw=1.6, c="C0", label=f"loss ({n}-step mean)")
+    ev = getattr(run, "eval", {}) or {}
+    if len(ev.get("step", [])):  # --eval-data: the held-out loss curve
+        a.plot(ev["step"], ev["loss"], marker="o", ms=3, lw=1.2, c="C3", label="held-out loss")
     a.set_ylabel("loss")
     b = a.twinx()
     for key, c in (("acc", "C1"), ("streak", "C2")):

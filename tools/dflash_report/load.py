@@ -94,6 +94,9 @@ class Run:
             self.options = _json_attr(f, "options", {})
             self.rank_cards = _json_attr(f, "ranks", [])
             self.auto_topology = _json_attr(f, "auto_topology", None)  # --topology auto's measurement + choice
+            # --eval-data's held-out rows (docs/metrics.md "/eval"); {} in runs without it
+            self.eval = ({k: np.asarray(v[()]) for k, v in f["eval"].items() if isinstance(v, h5py.Dataset)}
+                         if "eval" in f else {})
         self._derive_layout()
 
     def option(self, name, default=None, cast=float):

@@ -40,6 +40,12 @@ def text(rep):
         L.append(f"split chosen by --topology auto ({rep['auto_topology']['chosen']}, predicted at start-up: "
                  f"{rep['auto_topology']['predicted_bps'] or 0:.3f} b/s)")
     L.append(f"steady window: {run['window_s'][0]:.1f} s .. {run['window_s'][1]:.1f} s, {run['window']}")
+    ev = rep.get("eval")
+    if ev:
+        last, first = ev["last"], ev["first"]
+        L.append(f"held-out eval ({ev['seqs']} seqs, {ev['evaluations']} evaluations): step {last['step']} loss "
+                 f"{last['loss']:.4f} acc {last['acc']:.3f} streak {last['streak']:.2f}"
+                 + (f" (step {first['step']}: loss {first['loss']:.4f})" if ev["evaluations"] > 1 else ""))
     L.append("")
     L.append("OBSERVED PIPELINE")
     L.append(f"  trained (drafters)   {obs['batches_per_s']:8.3f} b/s   {obs['ktok_per_s']:8.2f} Ktok/s")
