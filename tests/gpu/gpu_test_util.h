@@ -10,6 +10,7 @@
 
 #include "dflash/backend.h"
 #include "dflash/tensor.h"
+#include "tolerances.h"  // every tolerance of the GPU tests (tol::kOp, ...)
 
 namespace dflash::test {
 
@@ -61,7 +62,5 @@ inline double rel_err(const std::vector<float>& a, const std::vector<float>& b) 
   }
   return std::sqrt(num / (den > 0 ? den : 1));
 }
-
-constexpr double kOpTol = 1e-2;
 
 }  // namespace dflash::test

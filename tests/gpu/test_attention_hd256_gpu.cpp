@@ -4,9 +4,9 @@
 //   attention: head dims 256 (Qwen3.5/3.6 full attention: 24 query heads, 4 KV heads, GQA 6), 128 (Qwen3,
 //   regression), and the padded ones 64, 80, 96, 200, 8; packed sequences of uneven lengths incl. 1 and a
 //   few hundred. Every kernel variant that can serve the head dim on this device runs, not only the one
-//   the op picks. Tolerance: relative L2 error <= 1e-2 (test::kOpTol: bf16 inputs/outputs and bf16
+//   the op picks. Tolerance: relative L2 error <= 1e-2 (tol::kOp: bf16 inputs/outputs and bf16
 //   probabilities in the P V product) and max |error| <= 4e-2 (outputs are convex mixtures of N(0, 1)
-//   values: |out| < 5, bf16 keeps 8 bits).
+//   values: |out| < 5, bf16 keeps 8 bits: tol::kAttentionMaxAbs).
 //   head_norm_rope: hd 256 with rotary_dim 64 (the last 192 dims normalized and passed through), 24 and
 //   4 heads, in place too; relative L2 error <= 1e-2, rstd <= 1e-3.
 //
@@ -39,7 +39,6 @@ using test::to_host;
 using cuda::AttentionKernel;
 const Ctx kCpu = cpu_ctx();
 
-constexpr double kMaxAbsTol = 4e-2;
 
 double max_abs_err(const std::vector<float>& a, const std::vector<float>& b) {
   double m = 0;
@@ -100,8 +99,8 @@ TEST_P(GpuAttentionHeadDims, EveryKernelMatchesCpu) {
     std::printf("[attention] hd %3lld nh %2lld nkv %lld T %4lld kernel %-11s (%s): rel %.2e max|err| %.2e\n",
                 static_cast<long long>(c.hd), static_cast<long long>(c.nh), static_cast<long long>(c.nkv),
                 static_cast<long long>(T), cuda::attention_kernel_name(kn), cuda::attention_kernel_name(ran), rel, mx);
-    EXPECT_LT(rel, test::kOpTol) << cuda::attention_kernel_name(kn);
-    EXPECT_LT(mx, kMaxAbsTol) << cuda::attention_kernel_name(kn);
+    EXPECT_LT(rel, test::tol::kOp) << cuda::attention_kernel_name(kn);
+    EXPECT_LT(mx, test::tol::kAttentionMaxAbs) << cuda::attention_kernel_name(kn);
   }
 }
 
@@ -163,8 +162,8 @@ TEST_P(GpuHeadNormRopeHd256, MatchesCpu) {
   Buffer d_rstd(Device::CUDA, DType::F32, {N, c.nh});
   ops::head_norm_rope_forward(g, d_out, d_rstd, d_in, d_w, d_pos, rope, 1e-6f);
   const std::vector<float> got = to_host(g, d_out);
-  EXPECT_LT(rel_err(got, out), test::kOpTol);
-  EXPECT_LT(rel_err(to_host(g, d_rstd), rstd), 1e-3);
+  EXPECT_LT(rel_err(got, out), test::tol::kOp);
+  EXPECT_LT(rel_err(to_host(g, d_rstd), rstd), test::tol::kF32Output);
   // The pass-through dims alone (past rotary_dim): normalized, not rotated.
   if (c.rotary_dim < c.hd) {
     std::vector<float> got_tail, want_tail;
@@ -173,12 +172,12 @@ TEST_P(GpuHeadNormRopeHd256, MatchesCpu) {
         got_tail.push_back(got[r * c.hd + d]);
         want_tail.push_back(out[r * c.hd + d]);
       }
-    EXPECT_LT(rel_err(got_tail, want_tail), test::kOpTol);
+    EXPECT_LT(rel_err(got_tail, want_tail), test::tol::kOp);
   }
   std::printf("[head_norm_rope] nh %lld hd %lld rotary %d: rel %.2e\n", static_cast<long long>(c.nh),
               static_cast<long long>(c.hd), c.rotary_dim, rel_err(got, out));
   ops::head_norm_rope_forward(g, d_in, Tensor(), d_in, d_w, d_pos, rope, 1e-6f);  // in place, as the target runs it
-  EXPECT_LT(rel_err(to_host(g, d_in), out), test::kOpTol);
+  EXPECT_LT(rel_err(to_host(g, d_in), out), test::tol::kOp);
 }
 INSTANTIATE_TEST_SUITE_P(Shapes, GpuHeadNormRopeHd256,
                          testing::Values(RopeCase{24, 256, 64}, RopeCase{4, 256, 64}, RopeCase{3, 256, 256},

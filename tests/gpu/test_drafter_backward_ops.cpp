@@ -41,8 +41,8 @@ TEST(GpuDrafterBackwardOps, RmsNorm) {
     Buffer d_in = to_device(g, in, {N, C}), d_w = to_device(g, w, {C}), d_dout = to_device(g, dout, {N, C});
     Buffer d_din = to_device(g, {}, {N, C}), d_dw = f32_device(g, dw0), d_rstd = f32_device(g, rstd);
     cuda::rmsnorm_backward(g, d_din, d_dw, d_dout, d_in, d_w, d_rstd);
-    EXPECT_LT(rel_err(to_host(g, d_din), din), test::kOpTol) << "C=" << C;
-    EXPECT_LT(rel_err(to_host(g, d_dw), dw), 1e-3) << "C=" << C;
+    EXPECT_LT(rel_err(to_host(g, d_din), din), test::tol::kOp) << "C=" << C;
+    EXPECT_LT(rel_err(to_host(g, d_dw), dw), test::tol::kF32Output) << "C=" << C;
   }
 }
 
@@ -72,8 +72,8 @@ TEST(GpuDrafterBackwardOps, HeadNormRope) {
     Buffer d_rstd(Device::CUDA, DType::F32, {N, nh});
     copy_tensor(g, d_rstd, cpu_view(rstd.data(), {N, nh}));
     cuda::head_norm_rope_backward(g, d_din, d_dw, d_dout, d_in, d_w, d_rstd, d_pos, rope, 1e-6f);
-    EXPECT_LT(rel_err(to_host(g, d_din), din), test::kOpTol) << "rotary_dim=" << rot;
-    EXPECT_LT(rel_err(to_host(g, d_dw), dw), 1e-3) << "rotary_dim=" << rot;
+    EXPECT_LT(rel_err(to_host(g, d_din), din), test::tol::kOp) << "rotary_dim=" << rot;
+    EXPECT_LT(rel_err(to_host(g, d_dw), dw), test::tol::kF32Output) << "rotary_dim=" << rot;
   }
 }
 
@@ -90,8 +90,8 @@ TEST(GpuDrafterBackwardOps, SwiGlu) {
   Buffer d_gate = to_device(g, gate, {N, I}), d_up = to_device(g, up, {N, I}), d_dout = to_device(g, dout, {N, I});
   Buffer d_dg = to_device(g, {}, {N, I}), d_du = to_device(g, {}, {N, I});
   cuda::swiglu_backward(g, d_dg, d_du, d_dout, d_gate, d_up);
-  EXPECT_LT(rel_err(to_host(g, d_dg), dg), test::kOpTol);
-  EXPECT_LT(rel_err(to_host(g, d_du), du), test::kOpTol);
+  EXPECT_LT(rel_err(to_host(g, d_dg), dg), test::tol::kOp);
+  EXPECT_LT(rel_err(to_host(g, d_du), du), test::tol::kOp);
 }
 
 }  // namespace

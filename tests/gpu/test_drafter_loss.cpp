@@ -82,20 +82,20 @@ void run_case(int64_t R, int64_t H, int64_t V, int64_t chunk, uint32_t seed) {
       cudaMemset(d_ce.t().data, 0xff, d_ce.t().nbytes());
       cudaMemset(d_kl.t().data, 0xff, d_kl.t().nbytes());
       ops::lm_loss_forward(g, out_g, d_h, d_W, d_lab, d_t, d_ws, chunk, d_dh, d_w, run.obj);
-      EXPECT_LT(rel_err(to_host(g, d_ce), ce), 1e-3) << "ce " << run.name << " " << what;
-      EXPECT_LT(rel_err(to_host(g, d_kl), kl), 2e-2) << "kl " << run.name << " " << what;
-      EXPECT_LE(mismatches(to_host_i32(g, d_amq), amq), 1) << "argmax q " << what;
-      EXPECT_LE(mismatches(to_host_i32(g, d_amp), amp), 1) << "argmax p " << what;
+      EXPECT_LT(rel_err(to_host(g, d_ce), ce), test::tol::kF32Output) << "ce " << run.name << " " << what;
+      EXPECT_LT(rel_err(to_host(g, d_kl), kl), test::tol::kKlRows) << "kl " << run.name << " " << what;
+      EXPECT_LE(mismatches(to_host_i32(g, d_amq), amq), test::tol::kArgmaxMismatches) << "argmax q " << what;
+      EXPECT_LE(mismatches(to_host_i32(g, d_amp), amp), test::tol::kArgmaxMismatches) << "argmax p " << what;
     } else {
       ops::lm_loss_backward(g, d_dh, d_w, run.obj, d_h, d_W, d_lab,
                             run.obj == ops::LossObjective::KL ? d_t.t() : Tensor(), d_ws, chunk);
     }
-    EXPECT_LT(rel_err(to_host(g, d_dh), *run.want), test::kOpTol) << "dh " << run.name << " " << what;
+    EXPECT_LT(rel_err(to_host(g, d_dh), *run.want), test::tol::kOp) << "dh " << run.name << " " << what;
   }
   // Losses without a teacher or a gradient (evaluation path).
   ops::LmLossRowsOut ce_only{d_ce, Tensor(), d_amq, Tensor()};
   ops::lm_loss_forward(g, ce_only, d_h, d_W, d_lab, Tensor(), d_ws, chunk);
-  EXPECT_LT(rel_err(to_host(g, d_ce), ce), 1e-3) << "ce (no teacher) " << what;
+  EXPECT_LT(rel_err(to_host(g, d_ce), ce), test::tol::kF32Output) << "ce (no teacher) " << what;
 }
 
 TEST(GpuDrafterLoss, SeveralChunksPartialLast) {

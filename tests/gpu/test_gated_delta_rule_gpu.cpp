@@ -4,8 +4,8 @@
 //
 // Tolerance: qkv is bf16 on both sides (rounded first), the GPU multiplies bf16 operands (raw q/k, the
 // bf16 copy of the state, the inverse X, R, v_new, the masked Q K^T) with fp32 accumulation and writes bf16,
-// so we ask max |gpu - cpu| <= 2e-2 max|cpu| and mean |gpu - cpu| <= 1e-2 mean|cpu|, for the output and for
-// the final state; the measured errors are printed.
+// so we ask max |gpu - cpu| <= 2e-2 max|cpu| and mean |gpu - cpu| <= 1e-2 mean|cpu| (tol::kDeltaRuleMax,
+// kDeltaRuleMean), for the output and for the final state; the measured errors are printed.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -28,7 +28,6 @@ using test::gpu;
 using test::to_host;
 const Ctx kCpu = cpu_ctx();
 
-constexpr double kMaxTol = 2e-2, kMeanTol = 1e-2;
 
 struct Err {
   double max_err = 0, mean_err = 0, max_ref = 0, mean_ref = 0;
@@ -57,8 +56,8 @@ void expect_close(const char* what, const std::vector<float>& got, const std::ve
               what, e.max_err, e.max_err / std::max(e.max_ref, 1e-30), e.max_ref, e.worst / row, e.worst % row,
               e.mean_err, e.mean_err / std::max(e.mean_ref, 1e-30), e.mean_ref);
   EXPECT_TRUE(e.finite) << what << ": non-finite values (an element left unwritten?)";
-  EXPECT_LE(e.max_err, kMaxTol * e.max_ref) << what;
-  EXPECT_LE(e.mean_err, kMeanTol * e.mean_ref) << what;
+  EXPECT_LE(e.max_err, test::tol::kDeltaRuleMax * e.max_ref) << what;
+  EXPECT_LE(e.mean_err, test::tol::kDeltaRuleMean * e.mean_ref) << what;
 }
 
 float bf16_round(float x) { return bf16_to_f32(f32_to_bf16(x)); }

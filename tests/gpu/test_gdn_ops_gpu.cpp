@@ -5,8 +5,9 @@
 // Tolerances, per element (so one wrong row, e.g. a missed sequence start, cannot hide in a norm):
 //   bf16 outputs: |gpu - cpu| <= 1e-2 |cpu| + 1e-3. The GPU rounds its fp32 result to bf16 once (at most
 //     2^-8 relative), so 1e-2 leaves 2.5x headroom; 1e-3 absolute covers results near zero. The whole
-//     tensor must also meet the suite's ||gpu - cpu|| / ||cpu|| <= 1e-2 (test::kOpTol).
+//     tensor must also meet the suite's ||gpu - cpu|| / ||cpu|| <= 1e-2 (tol::kOp).
 //   F32 gates (g, beta): |gpu - cpu| <= 1e-5 |cpu| + 1e-7 (fp32 on both sides, a few ulp of exp/log1p).
+// (tests/gpu/tolerances.h: kBf16ElementRtol/Atol, kF32ElementRtol/Atol.)
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -34,8 +35,8 @@ using test::to_device;
 using test::to_host;
 const Ctx kCpu = cpu_ctx();
 
-constexpr double kBf16Rtol = 1e-2, kBf16Atol = 1e-3;
-constexpr double kF32Rtol = 1e-5, kF32Atol = 1e-7;
+constexpr double kBf16Rtol = test::tol::kBf16ElementRtol, kBf16Atol = test::tol::kBf16ElementAtol;
+constexpr double kF32Rtol = test::tol::kF32ElementRtol, kF32Atol = test::tol::kF32ElementAtol;
 
 // Empty when every |got - want| <= rtol |want| + atol, else the first offending element (NaN fails).
 std::string elementwise_mismatch(const std::vector<float>& got, const std::vector<float>& want, double rtol,
@@ -88,7 +89,7 @@ TEST_P(GpuGdnConv, MatchesCpu) {
   ops::causal_conv1d_silu_forward(g, d_out, d_in, d_w, d_cu);
   const auto got = to_host(g, d_out);
   EXPECT_EQ(elementwise_mismatch(got, want, kBf16Rtol, kBf16Atol, C), "");
-  EXPECT_LT(rel_err(got, want), test::kOpTol);
+  EXPECT_LT(rel_err(got, want), test::tol::kOp);
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -186,7 +187,7 @@ TEST_P(GpuGatedRmsNorm, MatchesCpu) {
   ops::gated_rmsnorm_forward(g, out, d_in, d_z, d_w, eps);
   const auto got = to_host(g, out);
   EXPECT_EQ(elementwise_mismatch(got, want, kBf16Rtol, kBf16Atol, C), "");
-  EXPECT_LT(rel_err(got, want), test::kOpTol);
+  EXPECT_LT(rel_err(got, want), test::tol::kOp);
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, GpuGatedRmsNorm,
@@ -237,7 +238,7 @@ TEST_P(GpuSigmoidGate, MatchesCpu) {
   ops::sigmoid_gate_forward(g, vo, vx, vg);
   const auto got = to_host(g, vo);
   EXPECT_EQ(elementwise_mismatch(got, want, kBf16Rtol, kBf16Atol, C), "");
-  EXPECT_LT(rel_err(got, want), test::kOpTol);
+  EXPECT_LT(rel_err(got, want), test::tol::kOp);
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, GpuSigmoidGate,

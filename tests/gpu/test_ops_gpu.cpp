@@ -1,4 +1,4 @@
-// Every CUDA op against its float32 CPU twin on random data (relative error <= 1e-2).
+// Every CUDA op against its float32 CPU twin on random data (relative error <= 1e-2: tol::kOp).
 // Inputs are rounded to bf16 first so both backends see the same numbers; the rest is bf16 storage.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
@@ -33,7 +33,7 @@ TEST(GpuOps, MatmulForwardAndAccumulate) {
     Buffer d_in = to_device(g, in, {N, I}), d_W = to_device(g, W, {O, I});
     Buffer d_out = to_device(g, acc == ops::Accumulate::Yes ? prior : std::vector<float>{}, {N, O});
     ops::matmul_forward(g, d_out, d_in, d_W, acc);
-    EXPECT_LT(rel_err(to_host(g, d_out), want), test::kOpTol) << "accumulate=" << int(acc);
+    EXPECT_LT(rel_err(to_host(g, d_out), want), test::tol::kOp) << "accumulate=" << int(acc);
   }
 }
 
@@ -51,8 +51,8 @@ TEST(GpuOps, MatmulBackward) {
   Buffer d_dW(Device::CUDA, DType::F32, {O, I});  // fp32 gradient accumulation, as a trainer keeps it
   copy_tensor(g, d_dW, cpu_view(prior.data(), {O, I}));
   ops::matmul_backward(g, d_din, d_dW, d_dout, d_in, d_W);
-  EXPECT_LT(rel_err(to_host(g, d_din), din), test::kOpTol);
-  EXPECT_LT(rel_err(to_host(g, d_dW), dW), test::kOpTol);
+  EXPECT_LT(rel_err(to_host(g, d_din), din), test::tol::kOp);
+  EXPECT_LT(rel_err(to_host(g, d_dW), dW), test::tol::kOp);
 }
 
 TEST(GpuOps, Embedding) {
@@ -101,8 +101,8 @@ TEST_P(GpuRmsNorm, PlainAndResidualMatchCpu) {
   Buffer d_in = to_device(g, in, {N, C}), d_w = to_device(g, w, {C}), d_out = to_device(g, {}, {N, C});
   Buffer d_rstd(Device::CUDA, DType::F32, {N});
   ops::rmsnorm_forward(g, d_out, d_rstd, d_in, d_w, eps);
-  EXPECT_LT(rel_err(to_host(g, d_out), out), test::kOpTol);
-  EXPECT_LT(rel_err(to_host(g, d_rstd), rstd), 1e-3);
+  EXPECT_LT(rel_err(to_host(g, d_out), out), test::tol::kOp);
+  EXPECT_LT(rel_err(to_host(g, d_rstd), rstd), test::tol::kF32Output);
   // residual add + norm: resid = in + x, out = norm(resid)
   std::vector<float> resid = in, out2(N * C), rstd2(N);
   ops::residual_rmsnorm_forward(kCpu, cpu_view(resid.data(), {N, C}), cpu_view(out2.data(), {N, C}),
@@ -110,8 +110,8 @@ TEST_P(GpuRmsNorm, PlainAndResidualMatchCpu) {
                                 eps);
   Buffer d_x = to_device(g, x, {N, C}), d_out2 = to_device(g, {}, {N, C});
   ops::residual_rmsnorm_forward(g, d_in, d_out2, Tensor(), d_x, d_w, eps);  // rstd empty: inference
-  EXPECT_LT(rel_err(to_host(g, d_in), resid), test::kOpTol);
-  EXPECT_LT(rel_err(to_host(g, d_out2), out2), test::kOpTol);
+  EXPECT_LT(rel_err(to_host(g, d_in), resid), test::tol::kOp);
+  EXPECT_LT(rel_err(to_host(g, d_out2), out2), test::tol::kOp);
 }
 INSTANTIATE_TEST_SUITE_P(Widths, GpuRmsNorm, testing::Values<int64_t>(64, 4096, 5120));
 
@@ -138,10 +138,10 @@ TEST_P(GpuHeadNormRope, MatchesCpu) {
   Buffer d_out = to_device(g, {}, {N, c.nh, c.hd}), d_pos = test::to_device_i32(g, pos);
   Buffer d_rstd(Device::CUDA, DType::F32, {N, c.nh});
   ops::head_norm_rope_forward(g, d_out, d_rstd, d_in, d_w, d_pos, rope, 1e-6f);
-  EXPECT_LT(rel_err(to_host(g, d_out), out), test::kOpTol);
-  EXPECT_LT(rel_err(to_host(g, d_rstd), rstd), 1e-3);
+  EXPECT_LT(rel_err(to_host(g, d_out), out), test::tol::kOp);
+  EXPECT_LT(rel_err(to_host(g, d_rstd), rstd), test::tol::kF32Output);
   ops::head_norm_rope_forward(g, d_in, Tensor(), d_in, d_w, d_pos, rope, 1e-6f);  // in place, as the target runs it
-  EXPECT_LT(rel_err(to_host(g, d_in), out), test::kOpTol);
+  EXPECT_LT(rel_err(to_host(g, d_in), out), test::tol::kOp);
 }
 INSTANTIATE_TEST_SUITE_P(Shapes, GpuHeadNormRope,
                          testing::Values(RopeCase{32, 128, 0}, RopeCase{4, 24, 0}, RopeCase{3, 128, 64}));
@@ -155,7 +155,7 @@ TEST(GpuOps, SwiGLU) {
   ops::swiglu_forward(kCpu, cpu_view(out.data(), {N, I}), cpu_view(gate.data(), {N, I}), cpu_view(up.data(), {N, I}));
   Buffer d_g = to_device(g, gate, {N, I}), d_u = to_device(g, up, {N, I}), d_out = to_device(g, {}, {N, I});
   ops::swiglu_forward(g, d_out, d_g, d_u);
-  EXPECT_LT(rel_err(to_host(g, d_out), out), test::kOpTol);
+  EXPECT_LT(rel_err(to_host(g, d_out), out), test::tol::kOp);
 }
 
 struct AttnCase {
@@ -187,7 +187,7 @@ TEST_P(GpuAttention, MatchesCpu) {
          d_v = to_device(g, v, {T, c.nkv, c.hd}), d_out = to_device(g, {}, {T, c.nh, c.hd});
   Buffer d_cu = test::to_device_i32(g, cu);
   ops::attention_varlen_causal_forward(g, d_out, d_q, d_k, d_v, d_cu, scale);
-  EXPECT_LT(rel_err(to_host(g, d_out), out), test::kOpTol);
+  EXPECT_LT(rel_err(to_host(g, d_out), out), test::tol::kOp);
 }
 INSTANTIATE_TEST_SUITE_P(
     Packings, GpuAttention,

@@ -25,7 +25,7 @@ const std::string kCase = std::string(std::getenv("DFLASH_TEST_DATA") ? std::get
                           "/golden/qwen3-tiny-a";
 const std::string kTargetDir = kCase + "/target";
 // Six bf16-rounded layers: each rounding of the residual stream adds ~2^-9 relative error.
-constexpr double kForwardTol = 2e-2;
+constexpr double kForwardTol = test::tol::kTargetForward;
 
 std::vector<float> read_f32(SafetensorsFile& f, const std::string& name) {
   const TensorInfo& t = f.get(name);

@@ -1,6 +1,6 @@
 // DrafterTrainer on a CUDA context against the same trainer on the CPU (the float32 reference), on the
 // golden case tests/data/golden/qwen3-tiny-a: the target's features come from the CPU target forward and
-// are converted to BF16 on the device. Tolerances (bf16 compute, fp32 master weights):
+// are converted to BF16 on the device. Tolerances (bf16 compute, fp32 master weights; tests/gpu/tolerances.h):
 //   per-step losses over 20 training steps: 3e-2 relative (the two runs see the same anchors; the bf16
 //     forward and the diverging weights both add up; GpuDrafterStep allows 5e-2 over 50 steps), the
 //     pre-clip gradient norms 1e-1, and the loss on the case's anchors must fall by 5% on both;
@@ -107,24 +107,24 @@ TEST(TrainerCuda, CpuAndCudaTrackOverTwentySteps) {
                                      c.in.anchors.begin() + std::min<size_t>(c.in.anchors.size(), opt.max_anchors));
     const double eval0_cpu = cpu.evaluate(fb.cpu, probe).loss;
     const double eval0_gpu = gpu_tr.evaluate(fb.cuda, probe).loss;
-    EXPECT_NEAR(eval0_gpu, eval0_cpu, 1e-2 * eval0_cpu);
+    EXPECT_NEAR(eval0_gpu, eval0_cpu, test::tol::kStepLoss * eval0_cpu);
     for (int s = 0; s < 20; ++s) {
       const StepStats a = cpu.forward_backward(fb.cpu);
       const StepStats b = gpu_tr.forward_backward(fb.cuda);
       ASSERT_EQ(a.anchors, b.anchors) << "step " << s;
       EXPECT_EQ(a.weight_sum, b.weight_sum) << "step " << s << ": not the same anchors";
-      EXPECT_NEAR(b.loss, a.loss, 3e-2 * a.loss) << "step " << s;
+      EXPECT_NEAR(b.loss, a.loss, test::tol::kTrainerLoss * a.loss) << "step " << s;
       EXPECT_TRUE(std::isfinite(b.agree)) << "step " << s << ": no teacher argmax on CUDA";
-      EXPECT_NEAR(b.acc, a.acc, 0.25) << "step " << s;
+      EXPECT_NEAR(b.acc, a.acc, test::tol::kTrainerAcc) << "step " << s;
       const double na = cpu.optimizer_step(), nb = gpu_tr.optimizer_step();
-      EXPECT_NEAR(nb, na, 1e-1 * na) << "step " << s << ": pre-clip gradient norm";
+      EXPECT_NEAR(nb, na, test::tol::kTrainerGradNorm * na) << "step " << s << ": pre-clip gradient norm";
       EXPECT_EQ(cpu.current_lr(), gpu_tr.current_lr());
     }
     const double eval1_cpu = cpu.evaluate(fb.cpu, probe).loss;
     const double eval1_gpu = gpu_tr.evaluate(fb.cuda, probe).loss;
     EXPECT_LT(eval1_cpu, 0.95 * eval0_cpu) << "the CPU run did not learn: the comparison would be vacuous";
     EXPECT_LT(eval1_gpu, 0.95 * eval0_gpu);
-    EXPECT_NEAR(eval1_gpu, eval1_cpu, 3e-2 * eval1_cpu);
+    EXPECT_NEAR(eval1_gpu, eval1_cpu, test::tol::kTrainerLoss * eval1_cpu);
   }
 }
 
@@ -147,8 +147,8 @@ TEST(TrainerCuda, FeatureNoiseStatisticsAndReproducibility) {
     sq += double(v) * v;
   }
   const double mean = sum / n, sd = std::sqrt(sq / n - mean * mean);
-  EXPECT_LT(std::fabs(mean), 5.0 * sigma / std::sqrt(double(n))) << "mean " << mean;
-  EXPECT_NEAR(sd, sigma, 0.02 * sigma) << "std";
+  EXPECT_LT(std::fabs(mean), test::tol::kNoiseMeanStdErrs * sigma / std::sqrt(double(n))) << "mean " << mean;
+  EXPECT_NEAR(sd, sigma, test::tol::kNoiseStd * sigma) << "std";
   EXPECT_EQ(0, std::memcmp(a.data(), again.data(), a.size() * sizeof(float))) << "same seed and counter";
   size_t same = 0, same_seed = 0;
   for (int64_t i = 0; i < n; ++i) {
@@ -177,7 +177,7 @@ TEST(TrainerCuda, FeatureNoiseStatisticsAndReproducibility) {
   tr.set_rng_state(state);
   const StepStats s3 = tr.forward_backward(fb.cuda, c.in.anchors);
   EXPECT_EQ(s3.loss, s1.loss) << "same noise again after restoring the rng state";
-  EXPECT_LT(rel_err(to_host(g, tr.grads()), g1), 1e-6);
+  EXPECT_LT(rel_err(to_host(g, tr.grads()), g1), test::tol::kSameComputation);
   // A state written before the noise counter existed (three fields) still loads.
   const std::string old = state.substr(0, state.rfind('|'));
   tr.set_rng_state(old);
@@ -201,15 +201,15 @@ TEST(TrainerCuda, DpaceLossAndGradientsMatchCpu) {
     const StepStats a = cpu.forward_backward(fb.cpu, c.in.anchors);
     const StepStats b = gpu_tr.forward_backward(fb.cuda, c.in.anchors);
     const StepStats p = plain.forward_backward(fb.cuda, c.in.anchors);
-    EXPECT_NEAR(b.loss, a.loss, 1e-2 * a.loss) << "the decay-weighted objective";
-    EXPECT_NEAR(b.loss, p.loss, 1e-6 * p.loss) << "D-PACE must not change StepStats::loss";
+    EXPECT_NEAR(b.loss, a.loss, test::tol::kStepLoss * a.loss) << "the decay-weighted objective";
+    EXPECT_NEAR(b.loss, p.loss, test::tol::kSameComputation * p.loss) << "D-PACE must not change StepStats::loss";
     const std::vector<float> ga = host_copy(cpu.grads()), gb = to_host(g, gpu_tr.grads());
     const std::vector<float> gp = to_host(g, plain.grads());
-    EXPECT_LT(rel_err(gb, ga), 3e-2) << "all gradients";
+    EXPECT_LT(rel_err(gb, ga), test::tol::kStepGrads) << "all gradients";
     for (const ParamSpec& ps : cpu.param_layout()) {
       const std::vector<float> x(gb.begin() + ps.offset, gb.begin() + ps.offset + ps.numel());
       const std::vector<float> r(ga.begin() + ps.offset, ga.begin() + ps.offset + ps.numel());
-      EXPECT_LT(rel_err(x, r), 6e-2) << ps.name;
+      EXPECT_LT(rel_err(x, r), test::tol::kStepGradsPerTensor) << ps.name;
     }
     EXPECT_GT(rel_err(gp, gb), 0.1) << "the D-PACE weights did not reach the gradient";
   }
@@ -247,10 +247,10 @@ TEST(TrainerCuda, StateRoundTripContinuesIdentically) {
   EXPECT_EQ(0, std::memcmp(host_copy(b.adam_v()).data(), v.data(), v.size() * sizeof(float)));
   for (int s = 0; s < 3; ++s) {
     const StepStats sa = a.forward_backward(fb.cuda), sb = b.forward_backward(fb.cuda);
-    EXPECT_NEAR(sb.loss, sa.loss, 1e-6 * std::fabs(sa.loss)) << "step " << s;
+    EXPECT_NEAR(sb.loss, sa.loss, test::tol::kSameComputation * std::fabs(sa.loss)) << "step " << s;
     EXPECT_EQ(sb.lr, sa.lr);
     const double na = a.optimizer_step(), nb = b.optimizer_step();
-    EXPECT_NEAR(nb, na, 1e-6 * na) << "step " << s;
+    EXPECT_NEAR(nb, na, test::tol::kSameComputation * na) << "step " << s;
   }
 
   // Export works from the device weights: a CPU trainer loading the F32 export has them exactly.

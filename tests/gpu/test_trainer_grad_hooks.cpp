@@ -103,7 +103,7 @@ TEST(TrainerGradHooksCuda, ReportsEveryParameterOnceAlreadyFinal) {
           << "range [" << r.first << ", " << r.second << ") changed after it was reported final";
     // The hooks change nothing (the same step again, without them).
     tr.forward_backward(fb, g.anchors);
-    EXPECT_LE(test::rel_err(download(ctx, grads), final_grads), 1e-6);
+    EXPECT_LE(test::rel_err(download(ctx, grads), final_grads), test::tol::kSameComputation);
   }
 }
 
