@@ -1,4 +1,4 @@
-// AdamW and global-norm clipping on CUDA (the twins of src/train/optim.cpp), over the trainer's flat
+// AdamW and global-norm clipping on CUDA (the twins of src/ops/optim.cpp), over the trainer's flat
 // fp32 buffers: params, grads, m and v are each ONE contiguous tensor, so the "multi-tensor" step is a
 // single vectorised pass.
 #pragma once

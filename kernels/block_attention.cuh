@@ -1,4 +1,4 @@
-// Block-prefix attention of DFlash training on CUDA (the twin of src/train/block_attention.cpp).
+// Block-prefix attention of DFlash training on CUDA (the twin of src/ops/block_attention.cpp).
 #pragma once
 #include <cstdint>
 #include <initializer_list>

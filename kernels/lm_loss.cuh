@@ -1,4 +1,4 @@
-// lm_head + softmax + CE/KL loss over chunks of rows on CUDA (the twin of src/train/lm_loss.cpp).
+// lm_head + softmax + CE/KL loss over chunks of rows on CUDA (the twin of src/ops/lm_loss.cpp).
 #pragma once
 #include "dflash/drafter_ops.h"
 

@@ -1,7 +1,7 @@
 // Drafter-specific ops: block-prefix attention and the chunked lm_head loss.
 //
 // Same conventions as dflash/ops.h: plain forward/backward functions over Tensor views, dispatched on
-// ctx.device; the CPU float32 versions (src/train/block_attention.cpp, src/train/lm_loss.cpp) are the
+// ctx.device; the CPU float32 versions (src/ops/block_attention.cpp, src/ops/lm_loss.cpp) are the
 // reference a CUDA twin is tested against.
 #pragma once
 #include "dflash/tensor.h"

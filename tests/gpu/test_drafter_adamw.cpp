@@ -1,4 +1,4 @@
-// AdamW + global-norm clipping on CUDA against the CPU twin (src/train/optim.cpp): the op-by-op path
+// AdamW + global-norm clipping on CUDA against the CPU twin (src/ops/optim.cpp): the op-by-op path
 // (grad_sumsq, clip, adamw_step) and the fused clip_adamw_step with its bf16 weight copy, over three steps
 // on a buffer whose length is not a multiple of 4 (vector body + scalar tail).
 #include <gtest/gtest.h>

@@ -1,4 +1,4 @@
-// Block-prefix attention on CUDA against its float32 CPU twin (src/train/block_attention.cpp) on random
+// Block-prefix attention on CUDA against its float32 CPU twin (src/ops/block_attention.cpp) on random
 // data: several packed sequences, GQA groups of 1, 2, 3, 4 and 6, full and sliding-window layers, a block
 // whose own keys run past its sequence's end, a block with no context; both implementations (the fused
 // kernels where they apply, and the chunked cuBLAS path with one chunk and many chunks), relative error

@@ -1,4 +1,4 @@
-// Chunked lm_head + softmax + CE/KL loss on CUDA against its float32 CPU twin (src/train/lm_loss.cpp):
+// Chunked lm_head + softmax + CE/KL loss on CUDA against its float32 CPU twin (src/ops/lm_loss.cpp):
 // per-row CE and KL, argmaxes, the fused forward gradient and the recomputing backward, for both
 // objectives, with several chunks and a partial last chunk.
 #include <gtest/gtest.h>

@@ -1,4 +1,5 @@
-// AdamW, clipping and the lr schedule, CPU float32 (see include/dflash/optim.h).
+// AdamW and global-norm clipping, CPU float32 (see include/dflash/optim.h; the lr schedule is in
+// src/train/lr_schedule.cpp).
 #include "dflash/optim.h"
 
 #include <algorithm>
@@ -82,16 +83,3 @@ double clip_grad_global_norm(const Ctx& ctx, const Tensor& grads, float clip) {
 }
 
 }  // namespace dflash::ops
-
-namespace dflash {
-
-double lr_schedule(int64_t step, double lr, int warmup_steps, int64_t total_steps, double min_lr_ratio) {
-  if (warmup_steps > 0 && step < warmup_steps) return lr * static_cast<double>(step + 1) / warmup_steps;
-  if (total_steps <= warmup_steps) return lr;
-  const double progress =
-      std::min(1.0, static_cast<double>(step - warmup_steps) / static_cast<double>(total_steps - warmup_steps));
-  const double cosine = 0.5 * (1.0 + std::cos(M_PI * progress));
-  return lr * (min_lr_ratio + (1.0 - min_lr_ratio) * cosine);
-}
-
-}  // namespace dflash
