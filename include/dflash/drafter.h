@@ -34,11 +34,20 @@ struct TrainOptions {
   // Qwen3 vocab 151936 -> 151669, Qwen3.5/3.6 vocab 248320 -> 248070, otherwise vocab_size - 1).
   int block_size = 16;
   int mask_token_id = -1;
+  // The rest of a fresh drafter's shape (dflash-train's --target-layers, --draft-layer-types,
+  // --draft-sliding-window; the Qwen3.6-27B recipe: 4 sliding layers of 2048 keys + 1 full):
+  // empty / 0 = DFlash's defaults, the layer-id rule and full attention in every layer.
+  std::vector<int> target_layer_ids;
+  std::vector<std::string> layer_types;  // "full_attention" | "sliding_attention", one per drafter layer
+  int sliding_window = 0;
 };
 
 // The config of a fresh drafter for `target`: num_layers Qwen3 layers with the target's widths, full
 // attention, default target_layer_ids, the given block size and mask token (-1 = see TrainOptions).
 DrafterConfig fresh_drafter_config(const Qwen3Config& target, int num_layers, int block_size, int mask_token_id);
+// The same with every fresh-drafter field of opt (block size, mask token, target layer ids, layer types,
+// sliding window); a shape that cannot be built is a BadOptions error naming the option.
+DrafterConfig fresh_drafter_config(const Qwen3Config& target, int num_layers, const TrainOptions& opt);
 
 // Per-step numbers (one drafter's batch).
 struct StepStats {

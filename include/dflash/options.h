@@ -91,6 +91,10 @@ struct Options {
   double grad_bucket_mb = 25;   // gradient allreduce buckets (MiB), launched during the backward; 0 = one after it
   DType export_dtype = DType::F32;
   TrainOptions train;           // loss, dpace, gamma, max_anchors, hs_noise, lr, warmup, seed, ...
+  // A fresh drafter's recipe as typed (parse_options resolves them into train): --mask-token auto | ID |
+  // TOKEN (looked up in the target's tokenizer.json), --target-layers "1,16,31,46,61",
+  // --draft-layer-types "sliding,sliding,sliding,sliding,full".
+  std::string mask_token = "auto", target_layers, draft_layer_types;
 
   // Checkpoints and resume (docs/checkpoint.md).
   std::string checkpoint_every, checkpoint_dir, resume;
@@ -131,5 +135,10 @@ ParseResult parse_options(int argc, const char* const* argv);
 // Checks that the files the job needs exist (target config.json, dataset, drafter dir when given):
 // fatal BadInput naming the path otherwise. Cheap, done before any model loads.
 void check_input_paths(const Options& o);
+
+// parse_options' last step for a fresh drafter's recipe (src/runtime/drafter_recipe.cpp): --mask-token,
+// --target-layers and --draft-layer-types into o.train. `given` names the recipe options set explicitly;
+// with --drafter DIR (which brings its own config) any of them is a BadOptions error.
+void resolve_drafter_recipe(Options& o, const std::vector<std::string>& given);
 
 }  // namespace dflash

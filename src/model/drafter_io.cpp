@@ -1,4 +1,5 @@
 // Drafter release-format I/O and fresh initialisation (see include/dflash/drafter_model.h).
+#include <algorithm>
 #include <filesystem>
 
 #include "dflash/anchors.h"
@@ -31,6 +32,31 @@ DrafterConfig fresh_drafter_config(const Qwen3Config& target, int num_layers, in
   } else {
     d.mask_token_id = target.vocab_size - 1;
   }
+  return d;
+}
+
+DrafterConfig fresh_drafter_config(const Qwen3Config& target, int num_layers, const TrainOptions& opt) {
+  DrafterConfig d = fresh_drafter_config(target, num_layers, opt.block_size, opt.mask_token_id);
+  DF_CHECK_HINT(opt.block_size >= 2, BadOptions, "--block-size " << opt.block_size << ": a block is the anchor and at least one guess",
+                "DFlash drafters use 16");
+  if (!opt.target_layer_ids.empty()) d.target_layer_ids = opt.target_layer_ids;
+  for (int l : d.target_layer_ids)
+    DF_CHECK_HINT(l >= 0 && l < target.num_hidden_layers, BadOptions,
+                  "--target-layers: layer " << l << " is not one of the target's " << target.num_hidden_layers << " layers",
+                  "layer l is the output of decoder layer l, 0 .. " + std::to_string(target.num_hidden_layers - 1));
+  if (!opt.layer_types.empty()) {
+    DF_CHECK_HINT(static_cast<int>(opt.layer_types.size()) == num_layers, BadOptions,
+                  "--draft-layer-types names " << opt.layer_types.size() << " layers for a drafter of " << num_layers,
+                  "give one type per --draft-layers layer, e.g. sliding,sliding,sliding,sliding,full");
+    d.layers.layer_types = opt.layer_types;
+  }
+  const bool any_sliding = std::count(d.layers.layer_types.begin(), d.layers.layer_types.end(), "sliding_attention") > 0;
+  DF_CHECK_HINT(!any_sliding || opt.sliding_window > 0, BadOptions, "sliding drafter layers need --draft-sliding-window",
+                "the Qwen3.6-27B recipe uses --draft-sliding-window 2048");
+  DF_CHECK_HINT(any_sliding || opt.sliding_window == 0, BadOptions,
+                "--draft-sliding-window " << opt.sliding_window << " without a sliding layer does nothing",
+                "name the sliding layers with --draft-layer-types, or drop --draft-sliding-window");
+  d.layers.sliding_window = any_sliding ? opt.sliding_window : 0;
   return d;
 }
 

@@ -164,7 +164,7 @@ std::string memory_per_rank(const Options& o) {
   const double batch = (k + (o.train.loss == LossKind::KL ? 1 : 0)) * T * H * act;  // features (+ final norm)
   const double target = weights + 2 * batch;  // two send buffers: the next forward fills one while one moves
   const DrafterConfig d = o.drafter_dir.empty()
-                              ? fresh_drafter_config(t, o.draft_layers, o.train.block_size, o.train.mask_token_id)
+                              ? fresh_drafter_config(t, o.draft_layers, o.train)
                               : load_drafter_config(o.drafter_dir + "/config.json");
   const double P = static_cast<double>(drafter_param_count(d));
   // fp32 master weights, AdamW m and v, gradients (+ a bf16 copy for the CUDA step), frozen embedding + lm_head

@@ -26,7 +26,7 @@ namespace dflash {
 std::vector<int> capture_layer_ids(const Options& o) {
   if (!o.drafter_dir.empty()) return load_drafter_config(o.drafter_dir + "/config.json").target_layer_ids;
   const Qwen3Config t = load_qwen3_config(o.target_dir + "/config.json");
-  return default_target_layer_ids(t.num_hidden_layers, o.draft_layers);
+  return fresh_drafter_config(t, o.draft_layers, o.train).target_layer_ids;  // --target-layers, else the rule
 }
 
 void maybe_inject_failure(const JobContext& job, int64_t step) {
@@ -236,7 +236,7 @@ int run_job(const Options& given) {
   if (topo.world_rank == 0) {
     lock_run_dirs(o);
     const DrafterConfig drafter = o.drafter_dir.empty()
-                                      ? fresh_drafter_config(job.target.text, o.draft_layers, o.train.block_size, o.train.mask_token_id)
+                                      ? fresh_drafter_config(job.target.text, o.draft_layers, o.train)
                                       : load_drafter_config(o.drafter_dir + "/config.json");
     check_disk_space(o, disk_need(drafter_param_count(drafter), o));
   }

@@ -58,6 +58,7 @@ void check_trainable(const TokenDataset& ds) {
 void check_draft_layers(const Options& o, const Qwen3Config& target, bool print_note) {
   if (!o.drafter_dir.empty()) return;
   const int L = target.num_hidden_layers;
+  fresh_drafter_config(target, o.draft_layers, o.train);  // the recipe options fit the target (BadOptions)
   DF_CHECK_HINT(o.draft_layers <= L, BadOptions,
                 "--draft-layers " << o.draft_layers << " is more than the target's " << L << " layers ("
                                   << o.target_dir << "/config.json num_hidden_layers)",
@@ -65,6 +66,7 @@ void check_draft_layers(const Options& o, const Qwen3Config& target, bool print_
                 "--draft-layers in [1, " + std::to_string(L) + "]");
   const std::vector<int> ids = default_target_layer_ids(L, o.draft_layers);
   bool repeats = false;
+  if (!o.train.target_layer_ids.empty()) return;  // chosen with --target-layers
   for (size_t i = 1; i < ids.size(); ++i) repeats = repeats || ids[i] == ids[i - 1];
   if (!repeats || !print_note) return;
   std::string list;

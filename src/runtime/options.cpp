@@ -101,6 +101,11 @@ Described describe(Options& o, std::string& topology, std::string& backend, std:
     ("target", po::value(&o.target_dir)->value_name("DIR"), "Hugging Face Qwen3 checkpoint directory (config.json + safetensors)")
     ("drafter", po::value(&o.drafter_dir)->value_name("DIR"), "release-format drafter to start from (default: a fresh one)")
     ("draft-layers", po::value(&o.draft_layers)->default_value(5)->value_name("N"), "layers of a fresh drafter")
+    ("block-size", po::value(&o.train.block_size)->default_value(16)->value_name("N"), "a fresh drafter's block: the anchor and N-1 tokens guessed at once")
+    ("mask-token", po::value(&o.mask_token)->default_value("auto")->value_name("ID|TOKEN"), "a fresh drafter's mask token: auto (an unused id of the target family: Qwen3 151669, Qwen3.5/3.6 248070, else vocab-1), an id, or a token looked up in the target's tokenizer.json")
+    ("target-layers", po::value(&o.target_layers)->value_name("L1,L2,..."), "target layers a fresh drafter reads (l = output of decoder layer l; default: DFlash's rule, round(1 + i(L-4)/(n-1)) for n = --draft-layers)")
+    ("draft-layer-types", po::value(&o.draft_layer_types)->value_name("T1,T2,..."), "a fresh drafter's attention, one per layer: full | sliding (default: all full; the Qwen3.6-27B recipe: sliding,sliding,sliding,sliding,full)")
+    ("draft-sliding-window", po::value(&o.train.sliding_window)->default_value(0)->value_name("N"), "keys a sliding drafter layer sees (the Qwen3.6-27B recipe: 2048)")
     ("data", po::value(&o.data_path)->value_name("FILE.h5"), "token dataset (HDF5, docs/data.md)")
     ("out", po::value(&o.out_dir)->value_name("DIR"), "run directory: metrics.h5, drafter/ (the exported drafter)");
   po::options_description data("Data and flow");
@@ -288,6 +293,10 @@ ParseResult parse_options(int argc, const char* const* argv) {
   DF_CHECK_HINT(o.warmup_ratio == 0 || o.train.warmup_steps == 0, BadOptions,
                 "--warmup-ratio and --warmup-steps both set the warmup", "give one of them");
   check_range(o.train.hs_noise >= 0, "hs-noise", str(o.train.hs_noise), ">= 0");
+  std::vector<std::string> recipe_given;  // the fresh-drafter options given explicitly
+  for (const char* n : {"block-size", "mask-token", "target-layers", "draft-layer-types", "draft-sliding-window"})
+    if (vm.count(n) && !vm[n].defaulted()) recipe_given.push_back(n);
+  resolve_drafter_recipe(o, recipe_given);
   check_range(o.inject_delay_target_ms >= 0, "inject-delay-target-ms", str(o.inject_delay_target_ms), ">= 0");
   check_range(o.inject_delay_drafter_ms >= 0, "inject-delay-drafter-ms", str(o.inject_delay_drafter_ms), ">= 0");
   DF_CHECK_HINT((o.inject_fail_rank >= 0) == (o.inject_fail_step >= 0), BadOptions,

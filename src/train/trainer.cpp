@@ -114,7 +114,7 @@ DrafterTrainer::DrafterTrainer(const std::string& target_dir, const std::string&
   if (!drafter_dir.empty()) {
     s.cfg = load_drafter_config(drafter_dir + "/config.json");
   } else {
-    s.cfg = fresh_drafter_config(s.target, num_layers, opt.block_size, opt.mask_token_id);
+    s.cfg = fresh_drafter_config(s.target, num_layers, opt);
   }
   check_drafter_fits_target(s.cfg, s.target);
   for (const std::string& t : s.cfg.layers.layer_types)
