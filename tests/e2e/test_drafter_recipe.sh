@@ -26,4 +26,23 @@ grep -q "greedy check: 0 of 2 prompts differ" "$WORK/eval.log" || fail "greedy c
 run_job clash 2 60 --drafter "$WORK/recipe/drafter" --block-size 16 --max-steps 2
 expect_rc 2 clash
 expect_log clash "--block-size describes a fresh drafter"
+# The recipe files (jobs/recipes/*.cfg) parse and resolve: the 8B one on the tiny target (the CPU backend and
+# the tiny shapes on the command line win), and the 27B one is applied far enough to be refused for its
+# target layers, which the 4-layer tiny target does not have.
+recipe_dry() {  # recipe_dry NAME CFG
+  set +e
+  timeout -k 5 60 mpirun -np 2 --oversubscribe "$TRAIN" --config "$DFLASH_SRC/jobs/recipes/$2" --backend cpu \
+    --topology 1-1 --target "$tiny/target" --data "$tiny/data.h5" --out "$WORK/$1" --token-budget 512 \
+    --draft-layers "$3" --dry-run >"$WORK/$1.log" 2>&1
+  RC=$?
+  set -e
+}
+recipe_dry r8b qwen3-8b.cfg 5
+expect_rc 0 r8b
+for kv in --lr=0.0006 --warmup-ratio=0.04 --epochs=6 --block-size=16 --max-anchors=512 --gamma=7 --draft-sliding-window=0; do
+  expect_log r8b "$kv"
+done
+recipe_dry r27b qwen36-27b.cfg 5
+expect_rc 2 r27b
+expect_log r27b "--target-layers: layer 16 is not one of the target's 4 layers"
 echo "PASS"
