@@ -2,7 +2,8 @@
 # From chat data to a trained drafter on tiny parts, through real mpirun: chat JSONL (OpenAI + ShareGPT) ->
 # [dflash-regenerate with the tiny target itself, when torch is installed] -> dflash-tokenize with a tokenizer
 # made here (ids < 400 fit the tiny target's 512) -> dataset -> dflash-train (CPU, 1-1) trains on it and
-# exports a drafter. Each hand-off is checked. Exit 77 (skipped) without transformers/tokenizers.
+# exports a drafter -> dflash-eval decodes the chats' prompts with it (tau, lossless against greedy). Each
+# hand-off is checked. Exit 77 (skipped) without transformers/tokenizers.
 source "$(dirname "$0")/../e2e/lib.sh"
 source "$DFLASH_SRC/tests/data_tools/lib.sh"
 TPY=$(find_py tokenizers transformers jinja2 h5py numpy)
@@ -56,4 +57,23 @@ expect_log chat "step=12 "
 expect_log chat "drafter exported to"
 h5check "$WORK/chat/metrics.h5" "len(f['steps/step']) == 12 and np.all(np.isfinite(f['steps/loss'][:]))"
 [ -s "$WORK/chat/drafter/model.safetensors" ] || fail "no exported drafter"
+
+# The exported drafter decodes with its target on the chats' own prompts (each record's tokens before its
+# first assistant token): DFlash's speculative decoding, lossless against the target's greedy output.
+"$DFLASH_BIN/dflash-eval" --target "$target" --drafter "$WORK/chat/drafter" --prompts "$WORK/chat.h5" --max-prompts 6 \
+  --max-new-tokens 16 --check-greedy --json "$WORK/tau.json" >"$WORK/eval.log" 2>&1 || { cat "$WORK/eval.log"; fail "dflash-eval"; }
+cat "$WORK/eval.log"
+grep -q "greedy check: 0 of 6 prompts differ" "$WORK/eval.log" || fail "dflash-eval: greedy check"
+"$TPY" - "$WORK/tau.json" "$WORK/chat.h5" <<'PYEOF' || fail "dflash-eval: prompts or tau"
+import json, sys, h5py, numpy as np
+j = json.load(open(sys.argv[1]))
+with h5py.File(sys.argv[2], "r") as f:
+    off, mask = f["offsets"][:], f["loss_mask"][:]
+for p in j["prompts"]:
+    r = p["record"]
+    m = mask[off[r]:off[r + 1]]
+    assert p["prompt_tokens"] == int(np.argmax(m == 1)), (r, p["prompt_tokens"])  # the chat up to the answer
+    assert 1.0 <= p["tau"] <= j["block_size"] and 1 <= p["new_tokens"] <= 16
+assert 1.0 <= j["tau"] <= j["block_size"]
+PYEOF
 echo "PASS"
