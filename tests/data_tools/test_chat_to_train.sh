@@ -58,6 +58,16 @@ expect_log chat "drafter exported to"
 h5check "$WORK/chat/metrics.h5" "len(f['steps/step']) == 12 and np.all(np.isfinite(f['steps/loss'][:]))"
 [ -s "$WORK/chat/drafter/model.safetensors" ] || fail "no exported drafter"
 
+# The export's config loads in transformers as the releases' does (trust_remote_code; no auto_map naming a
+# modeling file the export does not ship).
+"$TPY" - "$WORK/chat/drafter" <<'PYEOF' || fail "the exported config does not load in transformers"
+import sys
+from transformers import AutoConfig
+c = AutoConfig.from_pretrained(sys.argv[1], trust_remote_code=True)
+assert c.model_type == "qwen3" and c.architectures == ["DFlashDraftModel"], (c.model_type, c.architectures)
+assert c.block_size == 16 and c.dflash_config["target_layer_ids"] and not hasattr(c, "auto_map")
+PYEOF
+
 # The exported drafter decodes with its target on the chats' own prompts (each record's tokens before its
 # first assistant token): DFlash's speculative decoding, lossless against the target's greedy output.
 "$DFLASH_BIN/dflash-eval" --target "$target" --drafter "$WORK/chat/drafter" --prompts "$WORK/chat.h5" --max-prompts 6 \
