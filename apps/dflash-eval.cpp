@@ -26,6 +26,7 @@
 #include "dflash/spec_decode.h"
 #include "dflash/target.h"
 #include "dflash/version.h"
+#include "io/json_file.h"
 
 using namespace dflash;
 
@@ -105,10 +106,9 @@ EvalArgs parse_args(int argc, char** argv) {
 std::vector<int32_t> default_stop_ids(const std::string& dir) {
   std::vector<int32_t> ids;
   for (const char* name : {"config.json", "generation_config.json"}) {
-    std::ifstream in(dir + "/" + name);
-    if (!in) continue;
-    const nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
-    if (!j.is_object() || !j.contains("eos_token_id")) continue;
+    const JsonFile f = try_read_json_file(dir + "/" + name);  // either may be missing (or not JSON): no ids from it
+    if (!f.ok() || !f.value.contains("eos_token_id")) continue;
+    const nlohmann::json& j = f.value;
     const nlohmann::json& e = j["eos_token_id"];
     auto add = [&](const nlohmann::json& v) {
       if (v.is_number_integer() && std::find(ids.begin(), ids.end(), v.get<int32_t>()) == ids.end())

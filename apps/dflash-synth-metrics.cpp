@@ -24,6 +24,7 @@
 #include "dflash/error.h"
 #include "dflash/version.h"
 #include "dflash/metrics.h"
+#include "io/json_file.h"
 
 using dflash::ExitCode;
 using nlohmann::json;
@@ -31,11 +32,7 @@ using nlohmann::json;
 namespace {
 
 json read_json(const std::string& path) {
-  std::ifstream in(path);
-  DF_CHECK(in.good(), BadInput, "cannot read " << path);
-  json j = json::parse(in, nullptr, false);
-  DF_CHECK(!j.is_discarded(), BadInput, path << " is not valid JSON");
-  return j;
+  return dflash::read_json_file(path, "give a JSON object: a scenario (tests/report/*.json) or measurements");
 }
 
 double num(const json& j, const char* key, double def) { return j.contains(key) && j[key].is_number() ? j[key].get<double>() : def; }

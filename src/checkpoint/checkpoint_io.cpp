@@ -19,6 +19,7 @@
 #include "dflash/checkpoint.h"
 #include "dflash/error.h"
 #include "dflash/safetensors.h"
+#include "io/json_file.h"
 
 namespace fs = std::filesystem;
 
@@ -140,18 +141,16 @@ bool has_manifest(const std::string& step_dir) {
 // The parsed manifest, or a reason it is not a committed checkpoint.
 bool read_manifest(const std::string& step_dir, nlohmann::json* out, std::string* why) {
   const std::string path = (fs::path(step_dir) / kManifest).string();
-  std::ifstream in(path);
-  if (!in) {
+  JsonFile manifest = try_read_json_file(path);
+  if (manifest.status == JsonFileStatus::Missing || manifest.status == JsonFileStatus::Unreadable) {
     *why = "no " + std::string(kManifest) + " (never committed: interrupted while saving)";
     return false;
   }
-  std::stringstream ss;
-  ss << in.rdbuf();
-  nlohmann::json j = nlohmann::json::parse(ss.str(), nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded() || !j.is_object()) {
+  if (!manifest.ok()) {
     *why = path + " is not valid JSON";
     return false;
   }
+  nlohmann::json& j = manifest.value;
   if (j.value("format", "") != kFormat || j.value("format_version", 0) != kFormatVersion) {
     *why = path + " is not a " + std::string(kFormat) + " v" + std::to_string(kFormatVersion) + " manifest";
     return false;

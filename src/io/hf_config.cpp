@@ -9,11 +9,11 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <fstream>
 #include <limits>
 #include <sstream>
 
 #include "dflash/error.h"
+#include "io/json_file.h"
 
 namespace dflash {
 namespace {
@@ -84,23 +84,8 @@ void check_rope_type(const Fields& f, const std::string& key) {
   }
 }
 
-std::string read_text_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  DF_CHECK_HINT(in.is_open(), BadInput, "cannot open " << path,
-                "check the path: a Hugging Face checkpoint directory holds config.json");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  DF_CHECK_HINT(!in.bad(), BadInput, "cannot read " << path, "check its permissions");
-  return ss.str();
-}
-
-json read_json_file(const std::string& path) {
-  json j = json::parse(read_text_file(path), nullptr, /*allow_exceptions=*/false);
-  DF_CHECK_HINT(!j.is_discarded(), BadInput, path << " is not valid JSON",
-                "config.json must be a JSON file as written by transformers' save_pretrained");
-  DF_CHECK_HINT(j.is_object(), BadInput, path << " is not a JSON object", "config.json must hold a JSON object");
-  return j;
-}
+constexpr const char* kConfigJsonHint =
+    "a Hugging Face checkpoint directory holds config.json, a JSON object as transformers' save_pretrained writes it";
 
 // The shortest decimal that reads back as `f`: config.json gets 1e-06, not 9.999999974752427e-07.
 double float_for_json(float f) {
@@ -272,10 +257,10 @@ void check_target_config_supported(const json& root, const std::string& source, 
 }
 
 Qwen3Config load_qwen3_config(const std::string& config_json_path) {
-  return parse_qwen3_config(read_json_file(config_json_path), config_json_path);
+  return parse_qwen3_config(read_json_file(config_json_path, kConfigJsonHint), config_json_path);
 }
 
-json read_config_json(const std::string& config_json_path) { return read_json_file(config_json_path); }
+json read_config_json(const std::string& config_json_path) { return read_json_file(config_json_path, kConfigJsonHint); }
 
 DrafterConfig parse_drafter_config(const json& j, const std::string& source) {
   DF_CHECK_HINT(j.is_object(), BadInput, source << " is not a JSON object", kConfigHint);
@@ -329,7 +314,7 @@ DrafterConfig parse_drafter_config(const json& j, const std::string& source) {
 }
 
 DrafterConfig load_drafter_config(const std::string& config_json_path) {
-  return parse_drafter_config(read_json_file(config_json_path), config_json_path);
+  return parse_drafter_config(read_json_file(config_json_path, kConfigJsonHint), config_json_path);
 }
 
 json drafter_config_to_json(const DrafterConfig& c) {

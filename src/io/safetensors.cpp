@@ -21,6 +21,7 @@
 #include <nlohmann/json.hpp>
 
 #include "dflash/error.h"
+#include "io/json_file.h"
 
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "safetensors data is little-endian; this reader maps it in place and needs a little-endian host"
@@ -306,13 +307,7 @@ Checkpoint::Checkpoint(const std::string& dir) : dir_(dir) {
   const std::string index_path = join_path(dir, "model.safetensors.index.json");
   const std::string single_path = join_path(dir, "model.safetensors");
   if (file_exists(index_path)) {
-    std::ifstream in(index_path, std::ios::binary);
-    std::stringstream ss;
-    ss << in.rdbuf();
-    DF_CHECK_HINT(in.good() || in.eof(), BadInput, "cannot read " << index_path, "check its permissions");
-    nlohmann::json index = nlohmann::json::parse(ss.str(), nullptr, /*allow_exceptions=*/false);
-    DF_CHECK_HINT(!index.is_discarded() && index.is_object(), BadInput,
-                  index_path << " is not a valid JSON object", "re-download the checkpoint's index file");
+    nlohmann::json index = read_json_file(index_path, "re-download the checkpoint's index file");
     DF_CHECK_HINT(index.contains("weight_map") && index["weight_map"].is_object(), BadInput,
                   index_path << " has no 'weight_map' object (tensor name -> shard file)",
                   "re-download the checkpoint's index file");

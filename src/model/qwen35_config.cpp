@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "dflash/error.h"
+#include "io/json_file.h"
 
 namespace dflash {
 namespace {
@@ -36,17 +37,6 @@ bool is_qwen35_object(const json& j) {
   return false;
 }
 
-json read_json(const std::string& path, bool* ok) {
-  std::ifstream in(path, std::ios::binary);
-  *ok = in.is_open();
-  if (!*ok) return json();
-  std::stringstream ss;
-  ss << in.rdbuf();
-  json j = json::parse(ss.str(), nullptr, /*allow_exceptions=*/false);
-  *ok = !j.is_discarded() && j.is_object();
-  return j;
-}
-
 // An optional positive integer field (HF's default when absent).
 int optional_positive_int(const json& j, const std::string& key, int dflt, const std::string& where) {
   if (!j.contains(key) || j[key].is_null()) return dflt;
@@ -64,9 +54,8 @@ bool is_qwen35_config(const json& j) {
 }
 
 bool is_qwen35_checkpoint(const std::string& dir) {
-  bool ok = false;
-  const json j = read_json(dir + "/config.json", &ok);
-  return ok && is_qwen35_config(j);
+  const JsonFile f = try_read_json_file(dir + "/config.json");
+  return f.ok() && is_qwen35_config(f.value);
 }
 
 Qwen35Config parse_qwen35_config(const json& root, const std::string& source) {
@@ -138,10 +127,8 @@ Qwen35Config parse_qwen35_config(const json& root, const std::string& source) {
 }
 
 Qwen35Config load_qwen35_config(const std::string& config_json_path) {
-  bool ok = false;
-  const json j = read_json(config_json_path, &ok);
-  DF_CHECK_HINT(ok, BadInput, "cannot read " << config_json_path << " as a JSON object",
-                "a Hugging Face checkpoint directory holds config.json as written by save_pretrained");
+  const json j = read_json_file(config_json_path,
+                                "a Hugging Face checkpoint directory holds config.json as written by save_pretrained");
   return parse_qwen35_config(j, config_json_path);
 }
 

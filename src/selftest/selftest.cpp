@@ -11,6 +11,7 @@
 
 #include "dflash/backend.h"
 #include "dflash/error.h"
+#include "io/json_file.h"
 
 namespace dflash {
 
@@ -28,11 +29,7 @@ bool path_exists(const std::string& p) {
 }
 
 nlohmann::json read_json(const std::string& path) {
-  std::ifstream in(path);
-  DF_CHECK_HINT(in.good(), BadInput, "cannot read " << path, "a case directory holds target/config.json");
-  nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
-  DF_CHECK(!j.is_discarded(), BadInput, path << " is not valid JSON");
-  return j;
+  return read_json_file(path, "a case directory holds target/config.json", JsonExpect::Any);
 }
 
 // Qwen3.5/3.6 hybrids (Gated DeltaNet + gated attention) say so in architectures / model_type /

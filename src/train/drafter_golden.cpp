@@ -12,6 +12,7 @@
 #include "dflash/drafter.h"
 #include "dflash/error.h"
 #include "dflash/safetensors.h"
+#include "io/json_file.h"
 
 namespace dflash::train {
 namespace {
@@ -67,11 +68,7 @@ template <class T> std::vector<T> read_ints(SafetensorsFile& f, const std::strin
 }
 
 json read_json(const std::string& path) {
-  std::ifstream in(path);
-  DF_CHECK(in.good(), BadInput, "cannot read " << path);
-  json j = json::parse(in, nullptr, false);
-  DF_CHECK(!j.is_discarded(), BadInput, path << " is not valid JSON");
-  return j;
+  return read_json_file(path, "a golden case directory holds case.json (tests/data/golden/README.md)", JsonExpect::Any);
 }
 
 }  // namespace

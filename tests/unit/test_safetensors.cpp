@@ -362,7 +362,9 @@ TEST_F(SafetensorsBad, CheckpointMissingIndexAndModelFile) {
 
 TEST_F(SafetensorsBad, CheckpointBadIndex) {
   file("model.safetensors.index.json", "{\"weight_map\": ");
-  EXPECT_EXIT(Checkpoint ck(dir_), testing::ExitedWithCode(kBadInput), "index.json is not a valid JSON object");
+  EXPECT_EXIT(Checkpoint ck(dir_), testing::ExitedWithCode(kBadInput), "index.json is not valid JSON(.|\n)*HINT: re-download");
+  file("model.safetensors.index.json", "[]");
+  EXPECT_EXIT(Checkpoint ck(dir_), testing::ExitedWithCode(kBadInput), "index.json is not a JSON object");
 }
 
 TEST_F(SafetensorsBad, CheckpointMissingTensorAndWrongShape) {
