@@ -265,7 +265,7 @@ int main(int argc, char** argv) {
   MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
   const Args a = parse(argc, argv);
   DF_CHECK(cuda_device_count() > 0, DeviceFailure, "no CUDA device visible");
-  Topology topo = create_topology(MPI_COMM_WORLD, TopologySpec{1, 1}, Backend::CUDA);
+  Topology topo = create_topology(MPI_COMM_WORLD, TopologySpec{1, 1}, Device::CUDA);
   DF_CHECK_HINT(topo.world_size == 2, BadOptions, "dflash-plane-bench runs on 2 ranks", "mpirun -np 2 dflash-plane-bench ...");
   const Ctx ctx = make_ctx(Device::CUDA, topo.gpu);
   const bool drafter = topo.role == Role::Drafter;
@@ -312,7 +312,7 @@ int main(int argc, char** argv) {
       failures += required ? 1 : 0;
       continue;
     }
-    DataPlaneSetup setup = setup_data_plane(choice_of(p), Backend::CUDA, topo, ctx, a.timeout_s);
+    DataPlaneSetup setup = setup_data_plane(choice_of(p), Device::CUDA, topo, ctx, a.timeout_s);
     DataPlaneSpec ps;
     ps.kind = setup.kind;
     ps.nccl = setup.nccl.get();

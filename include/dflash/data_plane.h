@@ -48,7 +48,7 @@ struct DataPlaneSetup {
   std::shared_ptr<NcclPairs> nccl;   // the pairs' communicators (nccl only; targets and drafters)
 };
 // ctx: this rank's compute context (the CPU context on idle ranks).
-DataPlaneSetup setup_data_plane(DataPlaneChoice choice, Backend backend, const Topology& topo, const Ctx& ctx,
+DataPlaneSetup setup_data_plane(DataPlaneChoice choice, Device backend, const Topology& topo, const Ctx& ctx,
                                 double timeout_s);
 
 class DataPlane {

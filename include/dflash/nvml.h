@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "dflash/options.h"  // Backend
+#include "dflash/tensor.h"  // Device (the --backend)
 
 namespace dflash {
 
@@ -32,11 +32,11 @@ constexpr const char* kNvmlLibrary = "libnvidia-ml.so.1";
 // Reads one GPU through NVML. Not thread-safe (one per rank, used from its main thread).
 class PowerSampler {
  public:
-  // Backend::CPU: unavailable, reason "CPU backend: no NVML" (no library is touched).
-  // Backend::CUDA: opens `library`, nvmlInit_v2, finds the NVML device of CUDA device `cuda_device`
+  // Device::CPU: unavailable, reason "CPU backend: no NVML" (no library is touched).
+  // Device::CUDA: opens `library`, nvmlInit_v2, finds the NVML device of CUDA device `cuda_device`
   // (by PCI bus id when the CUDA backend is built in, else by index) and takes one probe reading:
   // any failure leaves the sampler unavailable with the reason ("libnvidia-ml.so.1 not found: ...").
-  PowerSampler(Backend backend, int cuda_device, const std::string& library = kNvmlLibrary);
+  PowerSampler(Device backend, int cuda_device, const std::string& library = kNvmlLibrary);
   ~PowerSampler();  // nvmlShutdown + dlclose
   PowerSampler(const PowerSampler&) = delete;
   PowerSampler& operator=(const PowerSampler&) = delete;
@@ -44,7 +44,7 @@ class PowerSampler {
   // The sampler of a rank: its backend's GPU `local_rank` (the device the rank binds). Test hook: with
   // DFLASH_TEST_NVML_LIBRARY=path set, that library is read as device `local_rank` even on the CPU
   // backend (the e2e test drives the whole GPU-metrics path with tests/support/fake_nvml.cpp).
-  static std::unique_ptr<PowerSampler> for_rank(Backend backend, int local_rank);
+  static std::unique_ptr<PowerSampler> for_rank(Device backend, int local_rank);
 
   bool available() const { return available_; }
   const std::string& reason() const { return reason_; }  // why unavailable ("" when available)

@@ -11,12 +11,9 @@
 #include <vector>
 
 #include "dflash/drafter.h"  // TrainOptions, LossKind
-#include "dflash/tensor.h"   // DType
+#include "dflash/tensor.h"   // DType, Device (--backend is a Device: one enum for both)
 
 namespace dflash {
-
-enum class Backend : uint8_t { CPU, CUDA };
-const char* backend_name(Backend b);
 
 // What happens to a record longer than --token-budget. Error (the default) refuses to start, naming the
 // record, so nothing is silently cut or dropped; Cut and Skip map onto the loader's LongRecord.
@@ -61,7 +58,7 @@ struct Options {
   TopologySpec topology;        // with --topology auto: {0, 0} until run_job has measured and chosen
   bool topology_auto = false;   // --topology auto (src/runtime/auto_measure.h)
   std::string auto_topology_record;  // JSON of the measurement, what-if table and choice (metrics.h5 attribute)
-  Backend backend = Backend::CPU;
+  Device backend = Device::CPU;  // --backend: where the job's tensors live (device_name() spells it)
   std::string target_dir;       // HF Qwen3 checkpoint (config.json + safetensors)
   std::string drafter_dir;      // release-format drafter to start from; empty = fresh
   int draft_layers = 5;

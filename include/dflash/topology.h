@@ -75,7 +75,7 @@ void check_launcher_world_size(int world_size, const std::function<const char*(c
 
 // The collective part (every rank of world calls it): gathers slots, assigns roles, splits the drafter
 // communicator, fills process_identity().
-Topology create_topology(MPI_Comm world, const TopologySpec& spec, Backend backend);
+Topology create_topology(MPI_Comm world, const TopologySpec& spec, Device backend);
 void free_topology(Topology& t);
 
 }  // namespace dflash

@@ -87,10 +87,10 @@ CudaAwareMpi query_cuda_aware_mpi() {
   return a;
 }
 
-DataPlaneSetup setup_data_plane(DataPlaneChoice choice, Backend backend, const Topology& topo, const Ctx& ctx, double timeout_s) {
+DataPlaneSetup setup_data_plane(DataPlaneChoice choice, Device backend, const Topology& topo, const Ctx& ctx, double timeout_s) {
   DataPlaneSetup s;
-  if (backend == Backend::CPU || choice == DataPlaneChoice::Host) {
-    s.why = backend == Backend::CPU ? "the CPU backend's tensors are host memory" : "--data-plane host";
+  if (backend == Device::CPU || choice == DataPlaneChoice::Host) {
+    s.why = backend == Device::CPU ? "the CPU backend's tensors are host memory" : "--data-plane host";
     return s;
   }
   std::string refused;  // why auto passed over nccl

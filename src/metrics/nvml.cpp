@@ -60,8 +60,8 @@ struct PowerSampler::Api {
   }
 };
 
-PowerSampler::PowerSampler(Backend backend, int cuda_device, const std::string& library) {
-  if (backend == Backend::CPU) {
+PowerSampler::PowerSampler(Device backend, int cuda_device, const std::string& library) {
+  if (backend == Device::CPU) {
     reason_ = "CPU backend: no NVML";
     return;
   }
@@ -133,14 +133,14 @@ PowerSampler::PowerSampler(Backend backend, int cuda_device, const std::string& 
   if (!probe.valid) fail("first reading failed: " + last_error_);
 }
 
-std::unique_ptr<PowerSampler> PowerSampler::for_rank(Backend backend, int local_rank) {
+std::unique_ptr<PowerSampler> PowerSampler::for_rank(Device backend, int local_rank) {
   const char* test_library = std::getenv("DFLASH_TEST_NVML_LIBRARY");
   if (test_library && *test_library) {
     std::fprintf(stderr, "[dflash] DFLASH_TEST_NVML_LIBRARY=%s: GPU readings come from this library (a test hook)\n",
                  test_library);
-    return std::make_unique<PowerSampler>(Backend::CUDA, local_rank, test_library);
+    return std::make_unique<PowerSampler>(Device::CUDA, local_rank, test_library);
   }
-  return std::make_unique<PowerSampler>(backend, backend == Backend::CUDA ? local_rank : -1);
+  return std::make_unique<PowerSampler>(backend, backend == Device::CUDA ? local_rank : -1);
 }
 
 PowerSampler::~PowerSampler() {

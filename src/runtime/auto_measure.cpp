@@ -183,7 +183,7 @@ TopologySpec choose_topology_auto(const Options& o, MPI_Comm world, PowerSampler
 
   // The GPU this rank will bind (create_topology's rule: node-local rank % visible devices).
   set_deterministic_kernels(o.deterministic);
-  const Ctx ctx = o.backend == Backend::CUDA ? make_ctx(Device::CUDA, local_rank % std::max(1, cuda_device_count())) : cpu_ctx();
+  const Ctx ctx = o.backend == Device::CUDA ? make_ctx(Device::CUDA, local_rank % std::max(1, cuda_device_count())) : cpu_ctx();
   const RankSample mine = measure_rank(o, world, size, ctx, gpu);
   double sums[8] = {mine.target_s, mine.drafter_s, mine.tokens, mine.allreduce_s,
                     mine.idle_w, mine.target_w, mine.drafter_w, mine.power_known};

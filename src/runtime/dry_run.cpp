@@ -151,7 +151,7 @@ std::string memory_per_rank(const Options& o) {
   std::ostringstream os;
   const TargetConfig tc = load_target_config(o.target_dir);  // reads config.json only
   const Qwen3Config& t = tc.text;
-  const bool cuda = o.backend == Backend::CUDA;
+  const bool cuda = o.backend == Device::CUDA;
   const double act = cuda ? 2 : 4;  // bytes per activation / weight element: bf16 on CUDA, float32 on the CPU
   double files = 0;
   std::error_code ec;
@@ -211,7 +211,7 @@ int dry_run(const Options& o) {
     mpi::allgather(&seat, 1, seats.data(), MPI_COMM_WORLD);
     num_drafters = static_cast<int>(t.drafters.size());
     os << "[dflash] topology " << o.topology.to_string() << " on " << t.num_nodes << " node(s) x " << t.ranks_per_node
-       << " rank(s), backend " << backend_name(o.backend) << ": " << t.targets.size() << " target(s), "
+       << " rank(s), backend " << device_name(o.backend) << ": " << t.targets.size() << " target(s), "
        << t.drafters.size() << " drafter(s), " << (size - static_cast<int>(t.targets.size() + t.drafters.size()))
        << " idle\n[dflash]   rank  node  local  role     host                 device\n";
     for (int r = 0; r < size; ++r) {

@@ -85,8 +85,8 @@ std::vector<RankCard> gather_cards(const Topology& t, const PowerSampler& gpu, c
 void print_startup(const Options& o, const Topology& t, const std::vector<RankCard>& cards) {
   std::ostringstream os;
   os << "[dflash] dflash-train " << DFLASH_VERSION << ": topology " << o.topology.to_string() << " on " << t.num_nodes
-     << " node(s) x " << t.ranks_per_node << " rank(s), backend " << backend_name(o.backend)
-     << (o.backend == Backend::CUDA ? (o.deterministic ? " (deterministic kernels)" : " (fastest kernels, not bit-reproducible)")
+     << " node(s) x " << t.ranks_per_node << " rank(s), backend " << device_name(o.backend)
+     << (o.backend == Device::CUDA ? (o.deterministic ? " (deterministic kernels)" : " (fastest kernels, not bit-reproducible)")
                                     : "")
      << "\n";
   os << "[dflash]   rank  role     host                 device  pid       power\n";
@@ -113,7 +113,7 @@ void choose_backend_parts(JobContext& job) {
   const Options& o = job.opt;
   const Topology& topo = job.topo;
   set_deterministic_kernels(o.deterministic);  // before the first CUDA context: it sizes the mode's scratch
-  job.ctx = o.backend == Backend::CUDA ? make_ctx(Device::CUDA, topo.gpu) : cpu_ctx();
+  job.ctx = o.backend == Device::CUDA ? make_ctx(Device::CUDA, topo.gpu) : cpu_ctx();
   const Qwen3Config& cfg = job.target.text;  // read by validate_inputs
   job.slot_shape.max_tokens = o.token_budget;
   job.slot_shape.num_layers = static_cast<int64_t>(capture_layer_ids(o).size());
@@ -213,7 +213,7 @@ int run_job(const Options& given) {
   // (On the CPU backend the index only matters to the NVML test hook, which maps local rank i to device i.)
   const int local_rank = node_local_rank(MPI_COMM_WORLD);
   const std::unique_ptr<PowerSampler> gpu_sampler = PowerSampler::for_rank(
-      given.backend, given.backend == Backend::CUDA ? local_rank % std::max(1, cuda_device_count()) : local_rank);
+      given.backend, given.backend == Device::CUDA ? local_rank % std::max(1, cuda_device_count()) : local_rank);
   const GpuReading startup_gpu = gpu_sampler->sample();
   Options o = given;  // --topology auto: measured and chosen here, before any role exists
   if (o.topology_auto) o.topology = choose_topology_auto(given, MPI_COMM_WORLD, gpu_sampler.get(), &o.auto_topology_record);

@@ -94,12 +94,12 @@ void check_token_budget_fits(const JobContext& job, int64_t capture_layers) {
   if (topo.role != Role::Target && topo.role != Role::Drafter) return;
   const double per_token = static_cast<double>(job.target.text.hidden_size) *
                            static_cast<double>(capture_layers + (o.train.loss == LossKind::KL ? 1 : 0)) *
-                           (o.backend == Backend::CUDA ? 2.0 : 4.0);
+                           (o.backend == Device::CUDA ? 2.0 : 4.0);
   const int buffers = topo.role == Role::Drafter ? o.hs_queue_depth : 2;
   const double need = per_token * static_cast<double>(o.token_budget) * buffers;
   double have = 0;
   std::string what;
-  if (o.backend == Backend::CUDA) {
+  if (o.backend == Device::CUDA) {
     const GpuReading& g = job.cards[topo.world_rank].startup_gpu;
     if (!g.valid || g.mem_total_mib <= 0) return;  // unknown: the allocation will say
     have = g.mem_total_mib * 1048576.0;
@@ -267,7 +267,7 @@ void load_eval_data(JobContext& job, int64_t capture_layers) {
   // What a drafter's host keeps: its share's features (+ final norm for --loss kl) in the wire dtype.
   const double per_token = static_cast<double>(job.target.text.hidden_size) *
                            static_cast<double>(capture_layers + (o.train.loss == LossKind::KL ? 1 : 0)) *
-                           (o.backend == Backend::CUDA ? 2.0 : 4.0);
+                           (o.backend == Device::CUDA ? 2.0 : 4.0);
   check_eval_share_fits(*eval, static_cast<int>(job.topo.drafters.size()), per_token);
   job.eval = std::move(eval);
 }

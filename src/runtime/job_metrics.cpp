@@ -140,7 +140,7 @@ MetricsHub::MetricsHub(const JobContext& job, int block_size) : job_(job) {
   writer_->set_attribute("gpus_per_node", static_cast<int64_t>(t.ranks_per_node));  // what dflash-report splits
   if (!job.opt.auto_topology_record.empty()) writer_->set_attribute("auto_topology", job.opt.auto_topology_record);
   writer_->set_attribute("ranks", ranks.dump());
-  writer_->set_attribute("backend", std::string(backend_name(job.opt.backend)));
+  writer_->set_attribute("backend", std::string(device_name(job.opt.backend)));
   writer_->set_attribute("version", std::string(DFLASH_VERSION));
   if (!gpu_ranks_.empty()) writer_->set_attribute("gpu_ranks", json_int_list(gpu_ranks_));
   if (const auto idle_w = mean_startup_power_w(startup)) writer_->set_attribute("gpu_idle_power_w", *idle_w);

@@ -18,7 +18,6 @@ namespace po = boost::program_options;
 
 namespace dflash {
 
-const char* backend_name(Backend b) { return b == Backend::CPU ? "cpu" : "cuda"; }
 const char* data_plane_choice_name(DataPlaneChoice c) {
   switch (c) {
     case DataPlaneChoice::Auto: return "auto";
@@ -237,8 +236,8 @@ ParseResult parse_options(int argc, const char* const* argv) {
   if (!o.topology_auto) o.topology = parse_topology_spec(topology);
   DF_CHECK_HINT(!o.measure_only || o.topology_auto, BadOptions, "--measure-only measures for --topology auto",
                 "add --topology auto, or drop --measure-only");
-  if (backend == "cpu") o.backend = Backend::CPU;
-  else if (backend == "cuda") o.backend = Backend::CUDA;
+  if (backend == "cpu") o.backend = Device::CPU;
+  else if (backend == "cuda") o.backend = Device::CUDA;
   else check_range(false, "backend", backend, "cpu or cuda");
   // The seed as digits only: an unsigned parse would quietly wrap "-1" to 2^64-1.
   const bool seed_ok = !seed.empty() && seed.size() <= 19 && seed.find_first_not_of("0123456789") == std::string::npos;
@@ -249,7 +248,7 @@ ParseResult parse_options(int argc, const char* const* argv) {
   else if (data_plane == "cuda-mpi") o.data_plane = DataPlaneChoice::CudaMpi;
   else if (data_plane == "host") o.data_plane = DataPlaneChoice::Host;
   else check_range(false, "data-plane", data_plane, "auto, nccl, cuda-mpi or host");
-  DF_CHECK_HINT(o.backend == Backend::CUDA || o.data_plane == DataPlaneChoice::Auto || o.data_plane == DataPlaneChoice::Host,
+  DF_CHECK_HINT(o.backend == Device::CUDA || o.data_plane == DataPlaneChoice::Auto || o.data_plane == DataPlaneChoice::Host,
                 BadOptions, "--data-plane " << data_plane << " moves device tensors; the CPU backend has none",
                 "use --backend cuda, or --data-plane host (or auto)");
   if (loss == "ce") o.train.loss = LossKind::CE;

@@ -130,7 +130,7 @@ void check_launcher_world_size(int world_size, const std::function<const char*(c
   }
 }
 
-Topology create_topology(MPI_Comm world, const TopologySpec& spec, Backend backend) {
+Topology create_topology(MPI_Comm world, const TopologySpec& spec, Device backend) {
   int rank = 0, size = 1;
   DF_MPI(MPI_Comm_rank(world, &rank));
   DF_MPI(MPI_Comm_size(world, &size));
@@ -163,7 +163,7 @@ Topology create_topology(MPI_Comm world, const TopologySpec& spec, Backend backe
   t.host = host;
   // local_rank % visible devices: one GPU per rank where the launcher shows a node's GPUs to every rank,
   // and device 0 where the scheduler shows each task its own GPU (or ranks share one, as in tests).
-  if (backend == Backend::CUDA) {
+  if (backend == Device::CUDA) {
 #ifndef DFLASH_HAVE_CUDA
     DF_FAIL(BadOptions, "--backend cuda, but this build has no CUDA backend",
             "rebuild with a CUDA toolkit (DFLASH_CUDA=ON, see README), or use --backend cpu");

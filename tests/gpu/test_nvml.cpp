@@ -17,7 +17,7 @@ TEST(GpuNvml, ReadsPowerAndMemoryOfEveryVisibleGpu) {
   SKIP_WITHOUT_GPU();
   std::set<std::string> buses;
   for (int d = 0; d < cuda_device_count(); ++d) {
-    PowerSampler s(Backend::CUDA, d);
+    PowerSampler s(Device::CUDA, d);
     ASSERT_TRUE(s.available()) << "device " << d << ": " << s.reason();
     const GpuReading g = s.sample();
     ASSERT_EQ(g.valid, 1) << s.last_error();

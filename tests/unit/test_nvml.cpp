@@ -51,7 +51,7 @@ class FakeNvml : public ::testing::Test {
 }  // namespace
 
 TEST(Nvml, CpuBackendSaysNoNvmlAndReadsNothing) {
-  PowerSampler s(Backend::CPU, -1);
+  PowerSampler s(Device::CPU, -1);
   EXPECT_FALSE(s.available());
   EXPECT_EQ(s.reason(), "CPU backend: no NVML");
   EXPECT_EQ(s.sample().valid, 0);
@@ -59,7 +59,7 @@ TEST(Nvml, CpuBackendSaysNoNvmlAndReadsNothing) {
 }
 
 TEST(Nvml, TheDriversLibraryOnThisMachine) {
-  PowerSampler s(Backend::CUDA, 0);
+  PowerSampler s(Device::CUDA, 0);
   if (library_loads(kNvmlLibrary)) {
     // A machine with a driver: either a reading or a reason (tests/gpu/test_nvml.cpp checks values).
     if (s.available()) EXPECT_EQ(s.sample().valid, 1);
@@ -74,26 +74,26 @@ TEST(Nvml, TheDriversLibraryOnThisMachine) {
 }
 
 TEST(Nvml, MissingLibraryIsNamed) {
-  PowerSampler s(Backend::CUDA, 0, "libdflash-no-such-nvml.so.1");
+  PowerSampler s(Device::CUDA, 0, "libdflash-no-such-nvml.so.1");
   EXPECT_FALSE(s.available());
   EXPECT_NE(s.reason().find("libdflash-no-such-nvml.so.1 not found"), std::string::npos) << s.reason();
 }
 
 TEST(Nvml, LibraryWithoutNvmlIsRefused) {
-  PowerSampler s(Backend::CUDA, 0, "libm.so.6");
+  PowerSampler s(Device::CUDA, 0, "libm.so.6");
   EXPECT_FALSE(s.available());
   EXPECT_NE(s.reason().find("lacks nvmlInit_v2"), std::string::npos) << s.reason();
   EXPECT_EQ(s.sample().valid, 0);
 }
 
 TEST(Nvml, NoDeviceBound) {
-  PowerSampler s(Backend::CUDA, -1);
+  PowerSampler s(Device::CUDA, -1);
   EXPECT_FALSE(s.available());
   EXPECT_FALSE(s.reason().empty());
 }
 
 TEST_F(FakeNvml, ReadsWattsPercentAndMebibytes) {
-  PowerSampler s(Backend::CUDA, 1, DFLASH_FAKE_NVML);
+  PowerSampler s(Device::CUDA, 1, DFLASH_FAKE_NVML);
   ASSERT_TRUE(s.available()) << s.reason();
   EXPECT_EQ(s.reason(), "");
   const GpuReading g = s.sample();
@@ -109,13 +109,13 @@ TEST_F(FakeNvml, ReadsWattsPercentAndMebibytes) {
 
 TEST_F(FakeNvml, ShutsNvmlDownOnDestruction) {
   const int inits = counter(0), shutdowns = counter(1);
-  { PowerSampler s(Backend::CUDA, 0, DFLASH_FAKE_NVML); }
+  { PowerSampler s(Device::CUDA, 0, DFLASH_FAKE_NVML); }
   EXPECT_EQ(counter(0), inits + 1);
   EXPECT_EQ(counter(1), shutdowns + 1);
 }
 
 TEST_F(FakeNvml, ReusesAReadingOnlyWhileYoung) {
-  PowerSampler s(Backend::CUDA, 0, DFLASH_FAKE_NVML);
+  PowerSampler s(Device::CUDA, 0, DFLASH_FAKE_NVML);
   ASSERT_TRUE(s.available()) << s.reason();
   EXPECT_NEAR(s.sample().power_w, 412.345, 1e-3);
   configure_(0, 2, 0, 100000, 5, 80 * kGiB, 2 * kGiB);
@@ -126,7 +126,7 @@ TEST_F(FakeNvml, ReusesAReadingOnlyWhileYoung) {
 
 TEST_F(FakeNvml, DriverNotLoadedIsTheReason) {
   configure_(9, 2, 0, 1000, 0, kGiB, 0);
-  PowerSampler s(Backend::CUDA, 0, DFLASH_FAKE_NVML);
+  PowerSampler s(Device::CUDA, 0, DFLASH_FAKE_NVML);
   EXPECT_FALSE(s.available());
   EXPECT_NE(s.reason().find("nvmlInit_v2 failed"), std::string::npos) << s.reason();
   EXPECT_NE(s.reason().find("Driver Not Loaded"), std::string::npos) << s.reason();
@@ -135,14 +135,14 @@ TEST_F(FakeNvml, DriverNotLoadedIsTheReason) {
 
 TEST_F(FakeNvml, PowerNotSupportedMeansNoColumn) {
   configure_(0, 2, 3, 0, 50, kGiB, 0);
-  PowerSampler s(Backend::CUDA, 0, DFLASH_FAKE_NVML);
+  PowerSampler s(Device::CUDA, 0, DFLASH_FAKE_NVML);
   EXPECT_FALSE(s.available());
   EXPECT_NE(s.reason().find("first reading failed"), std::string::npos) << s.reason();
   EXPECT_NE(s.reason().find("Not Supported"), std::string::npos) << s.reason();
 }
 
 TEST_F(FakeNvml, FailedQueryLaterGivesAnInvalidReading) {
-  PowerSampler s(Backend::CUDA, 0, DFLASH_FAKE_NVML);
+  PowerSampler s(Device::CUDA, 0, DFLASH_FAKE_NVML);
   ASSERT_TRUE(s.available()) << s.reason();
   configure_(0, 2, 3, 0, 50, kGiB, 0);
   EXPECT_EQ(s.sample().valid, 0);
@@ -152,7 +152,7 @@ TEST_F(FakeNvml, FailedQueryLaterGivesAnInvalidReading) {
 
 #ifndef DFLASH_HAVE_CUDA
 TEST_F(FakeNvml, DeviceBeyondTheDriversCountIsNamed) {
-  PowerSampler s(Backend::CUDA, 5, DFLASH_FAKE_NVML);
+  PowerSampler s(Device::CUDA, 5, DFLASH_FAKE_NVML);
   EXPECT_FALSE(s.available());
   EXPECT_NE(s.reason().find("nvmlDeviceGetHandleByIndex_v2(5)"), std::string::npos) << s.reason();
 }
@@ -173,7 +173,7 @@ GpuReading reading(float w, float util = 50, float used = 1000) {
 }  // namespace
 
 TEST(GpuColumns, CpuBackendHasNoColumnsAndSaysSoInItsOwnWords) {
-  const std::string cpu = PowerSampler(Backend::CPU, -1).reason();
+  const std::string cpu = PowerSampler(Device::CPU, -1).reason();
   const GpuColumns c = plan_gpu_columns({GpuReading{}, GpuReading{}, GpuReading{}}, {cpu, cpu, cpu}, {true, true, false});
   EXPECT_FALSE(c.available);
   EXPECT_EQ(c.reason, "CPU backend: no NVML");
