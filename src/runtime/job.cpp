@@ -37,6 +37,9 @@ void maybe_inject_failure(const JobContext& job, int64_t step) {
                hang ? "stopping myself (SIGSTOP, silent)" : "killing myself (SIGKILL)");
   std::fflush(stderr);
   ::raise(hang ? SIGSTOP : SIGKILL);
+  // Continued (mpirun sends SIGCONT before its SIGTERM and SIGKILL when it ends the job): a hung process
+  // stays hung -- it does not wake up and talk to peers that are being torn down.
+  for (;;) ::pause();
 }
 
 namespace {
@@ -260,21 +263,18 @@ int run_job(const Options& given) {
       wait_eval_features(job);
       break;
   }
-  // Idle ranks wait for the whole run (no deadline: the run's length is unbounded); the others only
-  // for the drafters' export, which the deadline bounds.
-  // An idle rank waits out the whole run here: a stop signal sent to it alone goes on to the drafters.
-  const int first_drafter = topo.drafters.front();
-  barrier(MPI_COMM_WORLD, topo.role == Role::Idle ? 0 : 10 * o.peer_timeout_s, "shutdown",
-          [&] { if (topo.role == Role::Idle) forward_stop_signal(first_drafter); });
-  int32_t requeue = job.stop_for_requeue ? 1 : 0;  // only drafters know: every rank exits with the same code
-  mpi::allreduce(&requeue, 1, MPI_MAX, MPI_COMM_WORLD);
+  // Every rank reports to rank 0, which names whoever does not (src/runtime/shutdown.cpp): an idle rank waits
+  // out the whole run there (a stop signal sent to it alone goes on to the drafters); a hung idle rank does
+  // not turn a finished run into exit 7.
+  const int code = end_of_run(job);
+  const bool requeue = code == static_cast<int>(ExitCode::Requeue);
   if (topo.world_rank == 0) {
     std::printf("[dflash] done in %s%s\n", format_duration(job.elapsed()).c_str(),
                 requeue ? " (checkpointed after a stop signal: exit 75 for a requeue)" : "");
     std::fflush(stdout);
   }
   free_topology(topo);
-  return requeue ? static_cast<int>(ExitCode::Requeue) : 0;
+  return code;
 }
 
 }  // namespace dflash

@@ -101,6 +101,12 @@ void wait_all_loaded(const JobContext& job);
 // whole eval set come first). poll keeps the caller's messages moving. No-op without --eval-data.
 void wait_eval_features(const JobContext& job, const std::function<void()>& poll = {});
 
+// The end of the job (shutdown.cpp), on every rank once its role is done: the job's exit code (0, or 75
+// after a stop signal). Working ranks not done within 10 x --peer-timeout: fatal LostPeer naming them;
+// an idle rank that does not answer within --peer-timeout: a warning naming it, and every rank ends with
+// the run's code through MPI_Abort (never returns).
+int end_of_run(const JobContext& job);
+
 // Every input this rank reads, checked before anything is written (job_inputs.cpp): the paths, the
 // target's config.json (job.target), --drafter or --draft-layers against the target, and on target ranks
 // the dataset (job.dataset): its format, records against --token-budget / --long-record, and that it has
