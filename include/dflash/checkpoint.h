@@ -210,6 +210,11 @@ class DrafterCheckpointer {
   enum class Next { Continue, StopForRequeue };
   Next after_step(int64_t step, DrafterTrainer& trainer, const nlohmann::json& schedule,
                   const std::function<void()>& progress);
+  // The end of training, before the export: a checkpoint of the final state (unless the last save, or the
+  // checkpoint resumed from, is already of `step`; none at step 0), so the trained weights survive an
+  // export that fails. Collective over the drafters. Returns the checkpoint's step directory ("" if none).
+  std::string save_final(int64_t step, DrafterTrainer& trainer, const nlohmann::json& schedule,
+                         const std::function<void()>& progress);
 
  private:
   void save(int64_t step, DrafterTrainer& trainer, const nlohmann::json& schedule,
@@ -219,6 +224,7 @@ class DrafterCheckpointer {
   int rank_ = 0, size_ = 1;
   std::string dir_, resume_dir_;
   std::string run_id_;  // this run's lineage (CheckpointState::run_id)
+  int64_t saved_step_ = -1;  // step of the last checkpoint written or resumed from (-1: none)
   std::function<void()> before_save_;
   OptionMap invariants_;
   CheckpointTimer timer_;

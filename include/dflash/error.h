@@ -39,6 +39,17 @@ ProcessIdentity& process_identity();
 // Prints the failure and ends the job. Never returns.
 [[noreturn]] void fatal(ExitCode code, const std::string& what, const std::string& hint = "");
 
+// While one lives, every fatal error raised on this thread prints `note` as one more HINT line: what the
+// failure costs and how to recover, known to the caller but not to the code that fails (e.g. where the
+// trained weights are safe when the export that follows fails).
+class FatalHintNote {
+ public:
+  explicit FatalHintNote(std::string note);
+  ~FatalHintNote();
+  FatalHintNote(const FatalHintNote&) = delete;
+  FatalHintNote& operator=(const FatalHintNote&) = delete;
+};
+
 }  // namespace dflash
 
 // ---- check macros ------------------------------------------------------------------------------

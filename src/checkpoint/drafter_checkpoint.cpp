@@ -126,6 +126,7 @@ int64_t DrafterCheckpointer::restore(DrafterTrainer& trainer) {
   points_ = st.data;
   run_id_ = st.run_id;  // the resumed run continues its lineage (and may prune its earlier checkpoints)
   timer_.saved();
+  saved_step_ = st.step;
   return st.step;
 }
 
@@ -213,6 +214,13 @@ void DrafterCheckpointer::save(int64_t step, DrafterTrainer& trainer, const nloh
   mpi::wait(r, 10 * o_.peer_timeout_s,
             [] { return std::string("the first drafter did not finish writing the checkpoint in time"); }, progress);
   timer_.saved();
+  saved_step_ = step;
+}
+
+std::string DrafterCheckpointer::save_final(int64_t step, DrafterTrainer& trainer, const nlohmann::json& schedule,
+                                            const std::function<void()>& progress) {
+  if (step > 0 && step != saved_step_) save(step, trainer, schedule, progress);
+  return step > 0 ? checkpoint_step_dir(dir_, step) : std::string();
 }
 
 }  // namespace dflash

@@ -6,6 +6,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <vector>
 
 namespace dflash {
 
@@ -35,6 +36,13 @@ ProcessIdentity& process_identity() {
   return id;
 }
 
+namespace {
+thread_local std::vector<std::string> t_hint_notes;  // FatalHintNote's, innermost last
+}  // namespace
+
+FatalHintNote::FatalHintNote(std::string note) { t_hint_notes.push_back(std::move(note)); }
+FatalHintNote::~FatalHintNote() { t_hint_notes.pop_back(); }
+
 void fatal(ExitCode code, const std::string& what, const std::string& hint) {
   const ProcessIdentity& id = process_identity();
   std::string who = "[dflash FATAL] ";
@@ -43,6 +51,7 @@ void fatal(ExitCode code, const std::string& what, const std::string& hint) {
   who += "role=" + id.role + " host=" + id.host + " gpu=" + (id.gpu >= 0 ? std::to_string(id.gpu) : "cpu");
   std::string text = who + ": " + what + "\n";
   if (!hint.empty()) text += "  HINT: " + hint + "\n";
+  for (auto it = t_hint_notes.rbegin(); it != t_hint_notes.rend(); ++it) text += "  HINT: " + *it + "\n";
   text += "  (exit code " + std::to_string(static_cast<int>(code)) + ": " + exit_code_name(code) + ")\n";
   // One write so lines of several ranks do not interleave.
   ssize_t ignored = ::write(STDERR_FILENO, text.data(), text.size());

@@ -137,10 +137,8 @@ class DrafterLoop {
       }
       // Before the checkpoint: its flush then holds this step's /eval row too.
       if (eval && eval_due(step, o_.eval_every)) last_eval = evaluate(hub, *eval, trainer, step, progress);
-      nlohmann::json schedule = {{"next_lr", trainer.current_lr()}, {"epoch_progress", nlohmann::json::array()}};
-      for (const TargetReport& t : endpoint.known_targets()) schedule["epoch_progress"].push_back(t.epoch_progress);
       enter_collective();
-      if (ckpt.after_step(step, trainer, schedule, progress) == DrafterCheckpointer::Next::StopForRequeue) {
+      if (ckpt.after_step(step, trainer, schedule_of(trainer), progress) == DrafterCheckpointer::Next::StopForRequeue) {
         job_.stop_for_requeue = true;
         break;
       }
@@ -149,9 +147,20 @@ class DrafterLoop {
     endpoint.drain();
     // The end of training (not a stop for requeue: the resumed run goes on and evaluates on schedule).
     if (eval && !job_.stop_for_requeue && step != last_eval) evaluate(hub, *eval, trainer, step, progress);
+    // The final state is checkpointed before the export: an export that fails (a full disk) does not lose
+    // the trained drafter, and --resume auto from that checkpoint exports it without training again.
+    std::string final_checkpoint;
+    if (!job_.stop_for_requeue) {
+      enter_collective();
+      final_checkpoint = ckpt.save_final(step, trainer, schedule_of(trainer), progress);
+    }
     presence_.finish(round_);
     if (step % o_.log_every != 0) report(hub, MetricsHub::Rates::WholeRun, progress);
     if (topo_.is_metrics_writer() && !job_.stop_for_requeue) {
+      const FatalHintNote where(final_checkpoint.empty() ? std::string("nothing was trained: nothing is lost")
+                                                         : "the trained drafter is safe in the checkpoint " + final_checkpoint +
+                                                               ": fix the cause, then run the same command with --resume auto "
+                                                               "to export it without training again");
       trainer.export_release(o_.out_dir + "/drafter", o_.export_dtype);
       std::printf("[dflash] %lld steps; drafter exported to %s/drafter\n", static_cast<long long>(step), o_.out_dir.c_str());
       std::fflush(stdout);
@@ -161,6 +170,13 @@ class DrafterLoop {
   }
 
  private:
+  // What a checkpoint records of the schedule: the next learning rate and every target's epoch progress.
+  nlohmann::json schedule_of(const DrafterTrainer& trainer) const {
+    nlohmann::json schedule = {{"next_lr", trainer.current_lr()}, {"epoch_progress", nlohmann::json::array()}};
+    for (const TargetReport& t : endpoint_->known_targets()) schedule["epoch_progress"].push_back(t.epoch_progress);
+    return schedule;
+  }
+
   // Every drafter runs the same collectives in the same order; before each it announces a new round,
   // so a stalled one names the drafters that never reached it (else all of them).
   void enter_collective() { presence_.announce(++round_); }
