@@ -15,6 +15,7 @@
 #include "dflash/data.h"  // hdf5_mutex()
 #include "dflash/error.h"
 #include "dflash/metrics.h"
+#include "disk_reserve.h"
 
 namespace dflash {
 
@@ -197,6 +198,47 @@ struct MetricsWriter::Impl {
   Handle role_type;                      // the committed /ranks/role_t (file type of /ranks/role)
   Handle role_mem = role_enum(H5T_NATIVE_INT8);
   bool role_is_enum = true;              // false in a resumed format-1 file (int64 roles)
+  DiskReserve reserve;                   // room for a flush to complete on a full disk (disk_reserve.h)
+
+  std::string dir() const {
+    const size_t slash = path.find_last_of('/');
+    return slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
+  }
+
+  // Sized for what one flush can write: a new chunk (<= 8 KiB) per series for every 16 rows appended,
+  // plus metadata; at most 64 MiB.
+  size_t reserve_bytes(int flush_every) const {
+    const size_t chunks = static_cast<size_t>(std::max<int>(flush_every, 1)) / 16 + 1;
+    return std::min<size_t>(64u << 20, (512u << 10) + std::max<size_t>(series.size(), 40) * (8u << 10) * chunks);
+  }
+
+  // H5Fflush that does not run out of space half-way (disk_reserve.h): with less than two reserves free,
+  // the flush writes into the reserve's room and the reserve is allocated again after it; when that
+  // fails, the file just flushed is whole: it is closed and the job stops, naming the cause.
+  void flush_or_stop(const std::string& when) {
+    const double free = free_bytes(dir());
+    const bool low = free >= 0 && free < 2.0 * static_cast<double>(reserve.bytes());
+    if (low) reserve.release();
+    if (H5Fflush(file, H5F_SCOPE_GLOBAL) < 0) {
+      const int err = hdf5_failure_errno();
+      stop(when, err, "; the file may be incomplete");
+    }
+    if (!low) return;
+    const int err = reserve.restore();
+    if (err != 0)
+      stop(when, err, ": too little room left to keep the next flush safe; this flush completed: every row "
+                      "recorded so far is in the file, which is closed and readable");
+  }
+  [[noreturn]] void stop(const std::string& when, int err, const std::string& state) {
+    series.clear();
+    dims.clear();
+    role_type.reset();
+    file.reset();
+    reserve.release();
+    fatal(ExitCode::SystemFailure,
+          "cannot write " + path + " (" + when + "): " + (err ? std::strerror(err) : "HDF5 flush failed") + state,
+          io_failure_hint(err, dir()));
+  }
 
   Handle group(const std::string& name, bool create) {
     if (h5::link_exists(file, name)) {
@@ -371,6 +413,13 @@ MetricsWriter::MetricsWriter(const std::string& path, const MetricsLayout& layou
   std::lock_guard<std::mutex> lock(hdf5_mutex());
   impl_->path = path;
   const bool append = mode == MetricsOpen::Append && file_exists(path);
+  // The reserve first: a disk too full for it is reported before metrics.h5 is touched.
+  const std::string reserve_path = impl_->dir() + "/." + std::filesystem::path(path).filename().string() + ".reserve";
+  const int reserve_err = impl_->reserve.create(reserve_path, impl_->reserve_bytes(layout.flush_every));
+  DF_CHECK_HINT(reserve_err == 0, SystemFailure,
+                "cannot reserve " << (impl_->reserve_bytes(layout.flush_every) >> 10) << " KiB for " << path << " ("
+                                  << reserve_path << "): " << std::strerror(reserve_err),
+                io_failure_hint(reserve_err, impl_->dir()));
   Handle fapl(h5::fapl_no_locking(), Handle::Kind::PropList);
   if (append) {
     DF_CHECK_HINT(H5Fis_hdf5(path.c_str()) > 0, BadInput, "metrics file " << path << " is not an HDF5 file",
@@ -380,8 +429,12 @@ MetricsWriter::MetricsWriter(const std::string& path, const MetricsLayout& layou
                   "move it away or use a new --out directory");
   } else {
     set_aside_previous(path);
-    impl_->file = Handle(DF_H5(H5Fcreate(path.c_str(), H5F_ACC_EXCL, H5P_DEFAULT, fapl), "creating " + path),
-                         Handle::Kind::File);
+    impl_->file = Handle(H5Fcreate(path.c_str(), H5F_ACC_EXCL, H5P_DEFAULT, fapl), Handle::Kind::File);
+    if (!impl_->file.valid()) {
+      const int err = hdf5_failure_errno();
+      fatal(ExitCode::SystemFailure, "cannot create " + path + (err ? std::string(": ") + std::strerror(err) : ""),
+            io_failure_hint(err, impl_->dir()));
+    }
   }
   // A resumed file of an earlier format is brought up to this one (what it lacks is added).
   h5::write_attr_int64(impl_->file, "format_version", kMetricsFormatVersion);
@@ -421,14 +474,15 @@ MetricsWriter::MetricsWriter(const std::string& path, const MetricsLayout& layou
   impl_->name_all_axes(layout_);
   annotate_series(impl_->series);
   annotate_series(impl_->dims);
-  DF_H5(H5Fflush(impl_->file, H5F_SCOPE_GLOBAL), "flushing " + path);
+  // The whole structure is on disk before the first row: a later failure cannot make the file unreadable.
+  impl_->flush_or_stop("writing its structure");
 }
 
 MetricsWriter::~MetricsWriter() { close(); }
 
 void MetricsWriter::count_append() {
   if (++appends_since_flush_ >= layout_.flush_every) {
-    DF_H5(H5Fflush(impl_->file, H5F_SCOPE_GLOBAL), "flushing " + path_);
+    impl_->flush_or_stop("flushing");
     appends_since_flush_ = 0;
   }
 }
@@ -570,7 +624,7 @@ void MetricsWriter::drop_steps_after(int64_t last_step) {
     d[0] = keep;
     DF_H5(H5Dset_extent(ds, d.data()), "shrinking steps in " + path_);
   }
-  DF_H5(H5Fflush(impl_->file, H5F_SCOPE_GLOBAL), "flushing " + path_);
+  impl_->flush_or_stop("flushing");
 }
 
 // ---- /eval (--eval-data): one row per evaluation of the held-out set ------------------------------
@@ -623,7 +677,7 @@ void MetricsWriter::append_eval(const EvalMetrics& m) {
   impl_->append("eval/seqs", H5T_NATIVE_INT64, &m.seqs, 0);
   impl_->append("eval/seconds", H5T_NATIVE_DOUBLE, &m.seconds, 0);
   impl_->append("eval/acc_by_pos", H5T_NATIVE_DOUBLE, m.acc_by_pos.data(), positions);
-  DF_H5(H5Fflush(impl_->file, H5F_SCOPE_GLOBAL), "flushing " + path_);
+  impl_->flush_or_stop("flushing");
   appends_since_flush_ = 0;
 }
 
@@ -649,24 +703,25 @@ void MetricsWriter::drop_eval_after(int64_t last_step) {
     dims[0] = keep;
     DF_H5(H5Dset_extent(d, dims.data()), "shrinking eval in " + path_);
   }
-  DF_H5(H5Fflush(impl_->file, H5F_SCOPE_GLOBAL), "flushing " + path_);
+  impl_->flush_or_stop("flushing");
 }
 
 void MetricsWriter::flush() {
   std::lock_guard<std::mutex> lock(hdf5_mutex());
   if (!impl_->file.valid()) return;
-  DF_H5(H5Fflush(impl_->file, H5F_SCOPE_GLOBAL), "flushing " + path_);
+  impl_->flush_or_stop("flushing");
   appends_since_flush_ = 0;
 }
 
 void MetricsWriter::close() {
   std::lock_guard<std::mutex> lock(hdf5_mutex());
   if (!impl_ || !impl_->file.valid()) return;
-  DF_H5(H5Fflush(impl_->file, H5F_SCOPE_GLOBAL), "flushing " + path_);
+  impl_->flush_or_stop("closing");
   impl_->series.clear();
   impl_->dims.clear();
   impl_->role_type.reset();
   impl_->file.reset();
+  impl_->reserve.release();
 }
 
 }  // namespace dflash

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# A full disk does not leave an unreadable metrics.h5 and a HINT about permissions: the writer keeps a
+# reserve of allocated space next to the file (OUT/.metrics.h5.reserve, about 0.8 MiB), flushes into its
+# room when the disk is low, and stops with exit 8 naming the cause (errno: "No space left on device",
+# "the disk is full: N KiB free on the filesystem of OUT") once it cannot allocate the reserve again; the
+# file on disk is whole. Before, the first periodic flush on a full disk left a file h5py could not open
+# ("addr overflow") and said "check that the path is writable". --out on a small tmpfs (root; skipped,
+# exit 77, otherwise), checkpoints elsewhere so the startup space check passes.
+source "$(dirname "$0")/lib.sh"
+SMALL="$WORK/small"
+mkdir -p "$SMALL"
+mount -t tmpfs -o size=232k tmpfs "$SMALL" 2>/dev/null || { echo "SKIPPED: cannot mount a tmpfs (needs root)"; exit 77; }
+trap 'umount "$SMALL" 2>/dev/null || true; [ -n "${KEEP_WORK:-}" ] || rm -rf "$WORK"' EXIT
+ARGS=(--topology 1-1 --max-steps 20 --metrics-flush-every 3 --log-every 1 --checkpoint-dir "$WORK/ckpt")
+
+# 232 KiB: room for the final export (the startup check) but not for the metrics file and its reserve.
+run_job tiny 2 90 "${ARGS[@]}" --out "$SMALL/run"
+expect_rc 8 tiny
+expect_log tiny "No space left on device"
+expect_log tiny "HINT: the disk is full: "
+expect_log tiny "free on the filesystem of $SMALL/run now; free space there"
+if grep -q "check that the path is writable" "$WORK/tiny.log"; then fail "tiny: a permissions hint for a full disk"; fi
+if [ -e "$SMALL/run/metrics.h5" ]; then h5check "$SMALL/run/metrics.h5" "'steps/step' in f"; fi
+
+# 900 KiB: the file and its reserve fit; the first flushes with rows use up the room, the reserve cannot be
+# allocated again: exit 8 with every row so far in a readable file, and no reserve left behind.
+umount "$SMALL"
+mount -t tmpfs -o size=900k tmpfs "$SMALL"
+run_job low 2 90 "${ARGS[@]}" --out "$SMALL/run"
+expect_rc 8 low
+expect_log low "cannot write $SMALL/run/metrics.h5 (flushing): No space left on device"
+expect_log low "every row recorded so far is in the file, which is closed and readable"
+expect_log low "HINT: the disk is full: "
+h5check "$SMALL/run/metrics.h5" "len(f['steps/step']) >= 1 and list(f['steps/step'][:]) == list(range(1, len(f['steps/step']) + 1))"
+h5check "$SMALL/run/metrics.h5" "np.all(np.isfinite(f['steps/loss'][:]))"
+[ ! -e "$SMALL/run/.metrics.h5.reserve" ] || fail "low: the reserve is left behind"
+echo "PASS"
