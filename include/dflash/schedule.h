@@ -22,6 +22,10 @@ struct PlannedSchedule {
   int64_t total_steps = 0;    // cosine reaches min_lr_ratio * lr here (0: no decay)
   int warmup_steps = 0;
   int64_t data_batches = 0;   // batches of all shards over all epochs (0 when --epochs 0)
+  // Records longer than --token-budget, and the tokens the loader drops from them, in every epoch (each
+  // record is read once per epoch by one shard): cut to the budget, or left out whole with LongRecord::Skip.
+  int64_t long_records = 0;
+  int64_t long_tokens_dropped = 0;
   std::string why;            // how total_steps was chosen, for the startup line
 };
 

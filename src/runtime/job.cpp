@@ -151,7 +151,7 @@ void choose_data_plane(JobContext& job) {
 // ends the run sooner). Only targets open the data: the first one plans, prints, and tells every rank.
 void plan_lr_schedule(Options& o, const JobContext& job) {
   const int planner = job.topo.targets.front();
-  int64_t plan[2] = {0, 0};  // total steps, warmup steps
+  int64_t plan[4] = {0, 0, 0, 0};  // total steps, warmup steps, long records and their dropped tokens per epoch
   if (job.topo.world_rank == planner) {
     LoaderOptions lo;
     lo.token_budget = o.token_budget;
@@ -162,6 +162,15 @@ void plan_lr_schedule(Options& o, const JobContext& job) {
                                             o.train.warmup_steps, o.warmup_ratio);
     plan[0] = s.total_steps;
     plan[1] = s.warmup_steps;
+    plan[2] = s.long_records;
+    plan[3] = s.long_tokens_dropped;
+    if (s.long_records > 0)
+      std::printf("[dflash] data: %lld record(s) longer than --token-budget %lld, every epoch: %s (%lld tokens dropped "
+                  "per epoch)\n",
+                  static_cast<long long>(s.long_records), static_cast<long long>(o.token_budget),
+                  o.long_record == LongRecordPolicy::Skip ? "left out (--long-record skip)"
+                                                          : "cut to their first --token-budget tokens (--long-record cut)",
+                  static_cast<long long>(s.long_tokens_dropped));
     std::printf("[dflash] lr schedule: peak %g, warmup %d step(s), ", o.train.lr, s.warmup_steps);
     if (s.total_steps > s.warmup_steps)
       std::printf("cosine to %g at step %lld (%s)\n", o.train.lr * o.train.min_lr_ratio,
@@ -170,10 +179,12 @@ void plan_lr_schedule(Options& o, const JobContext& job) {
       std::printf("then constant (%s)\n", s.why.c_str());
     std::fflush(stdout);
   }
-  MPI_Request r = mpi::ibcast(plan, 2, planner, MPI_COMM_WORLD);
+  MPI_Request r = mpi::ibcast(plan, 4, planner, MPI_COMM_WORLD);
   mpi::wait(r, o.peer_timeout_s, [&] { return "lost peer: target rank " + std::to_string(planner) + " never sent the lr schedule"; });
   o.train.total_steps = plan[0];
   o.train.warmup_steps = static_cast<int>(plan[1]);
+  o.long_records_per_epoch = plan[2];
+  o.long_tokens_dropped_per_epoch = plan[3];
 }
 
 void wait_all_loaded(const JobContext& job) {

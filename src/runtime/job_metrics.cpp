@@ -145,6 +145,8 @@ MetricsHub::MetricsHub(const JobContext& job, int block_size) : job_(job) {
   if (!gpu_ranks_.empty()) writer_->set_attribute("gpu_ranks", json_int_list(gpu_ranks_));
   if (const auto idle_w = mean_startup_power_w(startup)) writer_->set_attribute("gpu_idle_power_w", *idle_w);
   if (const int64_t n = dataset_token_count(job.opt.data_path); n > 0) writer_->set_attribute("dataset_tokens", n);
+  writer_->set_attribute("long_records_per_epoch", job.opt.long_records_per_epoch);
+  writer_->set_attribute("long_record_tokens_dropped_per_epoch", job.opt.long_tokens_dropped_per_epoch);
   // Run metadata: when (UTC) the run and this segment started, the build's commit, the command line.
   const std::string now_utc = utc_now_iso8601();
   if (!resuming) writer_->set_attribute("start_utc", now_utc);

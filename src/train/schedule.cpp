@@ -43,6 +43,12 @@ PlannedSchedule plan_schedule(const TokenDataset& ds, const LoaderOptions& base,
         s.data_batches += count_epoch_batches(ds, o, e);
       }
   }
+  for (size_t r = 0; r < ds.num_records(); ++r) {
+    const int64_t len = ds.record_length(r);
+    if (len <= base.token_budget) continue;
+    ++s.long_records;
+    s.long_tokens_dropped += base.long_record == LongRecord::Skip ? len : len - base.token_budget;
+  }
   const int64_t data_steps = s.data_batches / num_drafters;
   if (epochs > 0 && (max_steps == 0 || data_steps <= max_steps)) {
     s.total_steps = data_steps;
