@@ -6,7 +6,7 @@
 # fit --topology fails the dry run as it would the job (exit 4).
 source "$(dirname "$0")/lib.sh"
 
-for prog in dflash-train dflash-prep dflash-make-tiny dflash-make-random dflash-selftest dflash-synth-metrics; do
+for prog in dflash-train dflash-prep dflash-make-tiny dflash-make-random dflash-selftest dflash-synth-metrics dflash-eval; do
   [ -x "$DFLASH_BIN/$prog" ] || { note "$prog not built: skipped"; continue; }
   out=$("$DFLASH_BIN/$prog" --version 2>&1) || fail "$prog --version exited $?: $out"
   [[ "$out" =~ ^$prog\ [0-9]+\.[0-9]+\.[0-9]+$ ]] || fail "$prog --version printed '$out'"
