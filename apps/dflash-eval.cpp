@@ -52,7 +52,7 @@ const char* kUsage =
 
 struct EvalArgs {
   std::string target, drafter, prompts, json, backend = "cpu";
-  bool fresh = false, check_greedy = false, no_stop = false;
+  bool fresh = false, check_greedy = false, no_stop = false, help = false;
   int draft_layers = 1, max_prompts = 32, max_prompt_length = 2048, max_new_tokens = 128, gpu = 0;
   uint64_t seed = 0;
   std::vector<int32_t> stop;
@@ -75,8 +75,8 @@ EvalArgs parse_args(int argc, char** argv) {
       return argv[++i];
     };
     if (f == "--help" || f == "-h") {
-      std::fputs(kUsage, stdout);
-      std::exit(0);
+      a.help = true;
+      return a;
     } else if (f == "--target") a.target = value();
     else if (f == "--drafter") a.drafter = value();
     else if (f == "--fresh-drafter") a.fresh = true;
@@ -159,6 +159,10 @@ int main(int argc, char** argv) {
   if (print_version_if_asked(argc, argv, "dflash-eval")) return 0;
   process_identity().role = "tool";
   const EvalArgs a = parse_args(argc, argv);
+  if (a.help) {
+    std::fputs(kUsage, stdout);
+    return 0;
+  }
   const Device device = a.backend == "cuda" ? Device::CUDA : Device::CPU;
   if (device == Device::CUDA) process_identity().gpu = a.gpu;
   const Ctx ctx = make_ctx(device, a.gpu);
