@@ -25,6 +25,7 @@
 #include "dflash/hf_config.h"
 #include "dflash/spec_decode.h"
 #include "dflash/target.h"
+#include "dflash/tool_args.h"
 #include "dflash/version.h"
 #include "io/json_file.h"
 
@@ -58,41 +59,29 @@ struct EvalArgs {
   std::vector<int32_t> stop;
 };
 
-long parse_int(const std::string& flag, const std::string& v, long lo, long hi) {
-  char* end = nullptr;
-  const long n = std::strtol(v.c_str(), &end, 10);
-  DF_CHECK_HINT(!v.empty() && end && *end == '\0' && n >= lo && n <= hi, BadOptions,
-                flag << ": '" << v << "' is not an integer in [" << lo << ", " << hi << "]", kUsage);
-  return n;
-}
-
 EvalArgs parse_args(int argc, char** argv) {
   EvalArgs a;
-  for (int i = 1; i < argc; ++i) {
-    const std::string f = argv[i];
-    auto value = [&]() -> std::string {
-      DF_CHECK_HINT(i + 1 < argc, BadOptions, f << " needs a value", kUsage);
-      return argv[++i];
-    };
-    if (f == "--help" || f == "-h") {
+  ToolArgs args(argc, argv, kUsage);
+  while (args.next()) {
+    if (args.help()) {
       a.help = true;
       return a;
-    } else if (f == "--target") a.target = value();
-    else if (f == "--drafter") a.drafter = value();
-    else if (f == "--fresh-drafter") a.fresh = true;
-    else if (f == "--draft-layers") a.draft_layers = static_cast<int>(parse_int(f, value(), 1, 256));
-    else if (f == "--seed") a.seed = static_cast<uint64_t>(parse_int(f, value(), 0, (1L << 62)));
-    else if (f == "--prompts") a.prompts = value();
-    else if (f == "--max-prompts") a.max_prompts = static_cast<int>(parse_int(f, value(), 1, 1 << 30));
-    else if (f == "--max-prompt-length") a.max_prompt_length = static_cast<int>(parse_int(f, value(), 1, 1 << 24));
-    else if (f == "--max-new-tokens") a.max_new_tokens = static_cast<int>(parse_int(f, value(), 1, 1 << 20));
-    else if (f == "--stop-token") a.stop.push_back(static_cast<int32_t>(parse_int(f, value(), 0, (1L << 31) - 1)));
-    else if (f == "--no-stop") a.no_stop = true;
-    else if (f == "--backend") a.backend = value();
-    else if (f == "--gpu") a.gpu = static_cast<int>(parse_int(f, value(), 0, 1023));
-    else if (f == "--check-greedy") a.check_greedy = true;
-    else if (f == "--json") a.json = value();
-    else DF_FAIL(BadOptions, "unknown option " << f, kUsage);
+    } else if (args.is("--target")) a.target = args.value();
+    else if (args.is("--drafter")) a.drafter = args.value();
+    else if (args.is("--fresh-drafter")) args.no_value(), a.fresh = true;
+    else if (args.is("--draft-layers")) a.draft_layers = static_cast<int>(args.integer(1, 256));
+    else if (args.is("--seed")) a.seed = static_cast<uint64_t>(args.integer(0, 1LL << 62));
+    else if (args.is("--prompts")) a.prompts = args.value();
+    else if (args.is("--max-prompts")) a.max_prompts = static_cast<int>(args.integer(1, 1 << 30));
+    else if (args.is("--max-prompt-length")) a.max_prompt_length = static_cast<int>(args.integer(1, 1 << 24));
+    else if (args.is("--max-new-tokens")) a.max_new_tokens = static_cast<int>(args.integer(1, 1 << 20));
+    else if (args.is("--stop-token")) a.stop.push_back(static_cast<int32_t>(args.integer(0, (1LL << 31) - 1)));
+    else if (args.is("--no-stop")) args.no_value(), a.no_stop = true;
+    else if (args.is("--backend")) a.backend = args.value();
+    else if (args.is("--gpu")) a.gpu = static_cast<int>(args.integer(0, 1023));
+    else if (args.is("--check-greedy")) args.no_value(), a.check_greedy = true;
+    else if (args.is("--json")) a.json = args.value();
+    else args.unknown();
   }
   DF_CHECK_HINT(!a.target.empty() && !a.prompts.empty(), BadOptions, "--target and --prompts are required", kUsage);
   DF_CHECK_HINT(a.fresh != !a.drafter.empty(), BadOptions, "give exactly one of --drafter DIR and --fresh-drafter",

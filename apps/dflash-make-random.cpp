@@ -33,6 +33,7 @@
 
 #include "dflash/data.h"
 #include "dflash/error.h"
+#include "dflash/tool_args.h"
 #include "dflash/version.h"
 #include "dflash/safetensors.h"
 #include "dflash/tensor.h"
@@ -291,14 +292,6 @@ void make_dir(const std::string& d) {
                 "check that the parent directory exists and is writable");
 }
 
-long parse_int(const std::string& flag, const std::string& v, long lo, long hi) {
-  char* end = nullptr;
-  errno = 0;
-  long n = std::strtol(v.c_str(), &end, 10);
-  DF_CHECK_HINT(end && *end == '\0' && !v.empty() && errno == 0 && n >= lo && n <= hi, BadOptions,
-                flag << ": '" << v << "' is not an integer in [" << lo << ", " << hi << "]", kUsage);
-  return n;
-}
 
 }  // namespace
 
@@ -307,51 +300,41 @@ int main(int argc, char** argv) {
   process_identity().role = "tool";
   Spec s;
   std::string out;
-  std::vector<std::pair<std::string, std::string>> flags;  // applied after the preset, in order
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "--help" || a == "-h") {
+  // Two passes: the preset first (the last --preset wins), then every other flag over it, in order.
+  for (ToolArgs args(argc, argv, kUsage); args.next();) {
+    if (args.help()) {
       std::fputs(kUsage, stdout);
       return 0;
     }
-    if (a.rfind("--", 0) != 0) {
-      DF_CHECK_HINT(out.empty(), BadOptions, "unexpected argument " << a, kUsage);
-      out = a;
-      continue;
-    }
-    DF_CHECK_HINT(i + 1 < argc, BadOptions, a << " needs a value", kUsage);
-    const std::string v = argv[++i];
-    if (a == "--preset") {
-      DF_CHECK_HINT(s.preset.empty(), BadOptions, "--preset given twice", kUsage);
-      s.preset = v;
+    if (args.positional()) {
+      DF_CHECK_HINT(out.empty(), BadOptions, "unexpected argument " << args.arg(), kUsage);
+      out = args.arg();
+    } else if (args.is("--preset")) {
+      s.preset = args.value();
     } else {
-      flags.emplace_back(a, v);
+      args.value();  // every other flag takes a value: read in the second pass
     }
   }
   DF_CHECK_HINT(!out.empty(), BadOptions, "missing OUTDIR", kUsage);
   DF_CHECK_HINT(!s.preset.empty(), BadOptions, "missing --preset", kUsage);
   apply_preset(s);
-  for (const auto& [a, v] : flags) {
-    if (a == "--seed") s.seed = static_cast<uint64_t>(parse_int(a, v, 0, 1L << 62));
-    else if (a == "--vocab") s.vocab = static_cast<int>(parse_int(a, v, 16, 1 << 22));
-    else if (a == "--hidden") s.hidden = static_cast<int>(parse_int(a, v, 8, 1 << 16));
-    else if (a == "--layers") s.layers = static_cast<int>(parse_int(a, v, 1, 512));
-    else if (a == "--heads") s.heads = static_cast<int>(parse_int(a, v, 1, 1024));
-    else if (a == "--kv-heads") s.kv_heads = static_cast<int>(parse_int(a, v, 1, 1024));
-    else if (a == "--head-dim") s.head_dim = static_cast<int>(parse_int(a, v, 2, 1024));
-    else if (a == "--intermediate") s.intermediate = static_cast<int>(parse_int(a, v, 1, 1 << 18));
-    else if (a == "--records") s.records = static_cast<int>(parse_int(a, v, 1, 1 << 24));
-    else if (a == "--min-len") s.min_len = static_cast<int>(parse_int(a, v, kPromptTokens + 1, 1 << 22));
-    else if (a == "--max-len") s.max_len = static_cast<int>(parse_int(a, v, kPromptTokens + 1, 1 << 22));
-    else if (a == "--threads") s.threads = static_cast<int>(parse_int(a, v, 1, 4096));
-    else if (a == "--shard-gb") {
-      char* end = nullptr;
-      s.shard_gb = std::strtod(v.c_str(), &end);
-      DF_CHECK_HINT(end && *end == '\0' && !v.empty() && s.shard_gb >= 0.001 && s.shard_gb <= 1000, BadOptions,
-                    "--shard-gb: '" << v << "' is not a number in [0.001, 1000]", kUsage);
-    } else {
-      DF_FAIL(BadOptions, "unknown option " << a, kUsage);
-    }
+  for (ToolArgs args(argc, argv, kUsage); args.next();) {
+    if (args.positional()) continue;
+    if (args.is("--preset")) args.value();
+    else if (args.is("--seed")) s.seed = static_cast<uint64_t>(args.integer(0, 1LL << 62));
+    else if (args.is("--vocab")) s.vocab = static_cast<int>(args.integer(16, 1 << 22));
+    else if (args.is("--hidden")) s.hidden = static_cast<int>(args.integer(8, 1 << 16));
+    else if (args.is("--layers")) s.layers = static_cast<int>(args.integer(1, 512));
+    else if (args.is("--heads")) s.heads = static_cast<int>(args.integer(1, 1024));
+    else if (args.is("--kv-heads")) s.kv_heads = static_cast<int>(args.integer(1, 1024));
+    else if (args.is("--head-dim")) s.head_dim = static_cast<int>(args.integer(2, 1024));
+    else if (args.is("--intermediate")) s.intermediate = static_cast<int>(args.integer(1, 1 << 18));
+    else if (args.is("--records")) s.records = static_cast<int>(args.integer(1, 1 << 24));
+    else if (args.is("--min-len")) s.min_len = static_cast<int>(args.integer(kPromptTokens + 1, 1 << 22));
+    else if (args.is("--max-len")) s.max_len = static_cast<int>(args.integer(kPromptTokens + 1, 1 << 22));
+    else if (args.is("--threads")) s.threads = static_cast<int>(args.integer(1, 4096));
+    else if (args.is("--shard-gb")) s.shard_gb = args.real(0.001, 1000);
+    else args.unknown();
   }
   if (s.threads == 0) s.threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
   DF_CHECK_HINT(s.heads % s.kv_heads == 0, BadOptions,

@@ -24,6 +24,7 @@
 
 #include "dflash/data.h"
 #include "dflash/error.h"
+#include "dflash/tool_args.h"
 #include "dflash/version.h"
 #include "dflash/safetensors.h"
 #include "dflash/target.h"
@@ -316,13 +317,6 @@ void make_dir(const std::string& d) {
                 "check that the parent directory exists and is writable");
 }
 
-long parse_int(const std::string& flag, const std::string& v, long lo, long hi) {
-  char* end = nullptr;
-  long n = std::strtol(v.c_str(), &end, 10);
-  DF_CHECK_HINT(end && *end == '\0' && !v.empty() && n >= lo && n <= hi, BadOptions,
-                flag << ": '" << v << "' is not an integer in [" << lo << ", " << hi << "]", kUsage);
-  return n;
-}
 
 }  // namespace
 
@@ -331,46 +325,38 @@ int main(int argc, char** argv) {
   process_identity().role = "tool";
   TinySpec s;
   std::string out;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "--help" || a == "-h") {
+  ToolArgs args(argc, argv, kUsage);
+  while (args.next()) {
+    if (args.help()) {
       std::fputs(kUsage, stdout);
       return 0;
     }
-    if (a.rfind("--", 0) != 0) {
-      DF_CHECK_HINT(out.empty(), BadOptions, "unexpected argument " << a, kUsage);
-      out = a;
-      continue;
-    }
-    if (a == "--hybrid") {  // the one switch without a value
+    if (args.positional()) {
+      DF_CHECK_HINT(out.empty(), BadOptions, "unexpected argument " << args.arg(), kUsage);
+      out = args.arg();
+    } else if (args.is("--hybrid")) {  // the one switch without a value
+      args.no_value();
       s.hybrid = true;
-      continue;
-    }
-    DF_CHECK_HINT(i + 1 < argc, BadOptions, a << " needs a value", kUsage);
-    const std::string v = argv[++i];
-    if (a == "--seed") s.seed = static_cast<uint64_t>(parse_int(a, v, 0, 1L << 62));
-    else if (a == "--vocab") s.vocab = static_cast<int>(parse_int(a, v, 16, 1 << 20));
-    else if (a == "--hidden") s.hidden = static_cast<int>(parse_int(a, v, 8, 8192));
-    else if (a == "--layers") s.layers = static_cast<int>(parse_int(a, v, 1, 256));
-    else if (a == "--heads") s.heads = static_cast<int>(parse_int(a, v, 1, 256));
-    else if (a == "--kv-heads") s.kv_heads = static_cast<int>(parse_int(a, v, 1, 256));
-    else if (a == "--head-dim") s.head_dim = static_cast<int>(parse_int(a, v, 2, 1024));
-    else if (a == "--intermediate") s.intermediate = static_cast<int>(parse_int(a, v, 1, 1 << 16));
-    else if (a == "--shards") s.shards = static_cast<int>(parse_int(a, v, 1, 1000));
-    else if (a == "--records") s.records = static_cast<int>(parse_int(a, v, 1, 1 << 20));
-    else if (a == "--min-len") s.min_len = static_cast<int>(parse_int(a, v, 2, 1 << 20));
-    else if (a == "--max-len") s.max_len = static_cast<int>(parse_int(a, v, 2, 1 << 20));
-    else if (a == "--window") s.window = static_cast<int>(parse_int(a, v, 1, 1 << 16));
-    else if (a == "--temperature") {
-      char* end = nullptr;
-      s.temperature = std::strtod(v.c_str(), &end);
-      DF_CHECK_HINT(end && *end == '\0' && s.temperature >= 0 && s.temperature <= 10, BadOptions,
-                    "--temperature: bad value '" << v << "'", kUsage);
-    } else if (a == "--dtype") {
+    } else if (args.is("--seed")) s.seed = static_cast<uint64_t>(args.integer(0, 1LL << 62));
+    else if (args.is("--vocab")) s.vocab = static_cast<int>(args.integer(16, 1 << 20));
+    else if (args.is("--hidden")) s.hidden = static_cast<int>(args.integer(8, 8192));
+    else if (args.is("--layers")) s.layers = static_cast<int>(args.integer(1, 256));
+    else if (args.is("--heads")) s.heads = static_cast<int>(args.integer(1, 256));
+    else if (args.is("--kv-heads")) s.kv_heads = static_cast<int>(args.integer(1, 256));
+    else if (args.is("--head-dim")) s.head_dim = static_cast<int>(args.integer(2, 1024));
+    else if (args.is("--intermediate")) s.intermediate = static_cast<int>(args.integer(1, 1 << 16));
+    else if (args.is("--shards")) s.shards = static_cast<int>(args.integer(1, 1000));
+    else if (args.is("--records")) s.records = static_cast<int>(args.integer(1, 1 << 20));
+    else if (args.is("--min-len")) s.min_len = static_cast<int>(args.integer(2, 1 << 20));
+    else if (args.is("--max-len")) s.max_len = static_cast<int>(args.integer(2, 1 << 20));
+    else if (args.is("--window")) s.window = static_cast<int>(args.integer(1, 1 << 16));
+    else if (args.is("--temperature")) s.temperature = args.real(0, 10);
+    else if (args.is("--dtype")) {
+      const std::string v = args.value();
       DF_CHECK_HINT(v == "bf16" || v == "f32", BadOptions, "--dtype must be bf16 or f32, got " << v, kUsage);
       s.dtype = v == "bf16" ? DType::BF16 : DType::F32;
     } else {
-      DF_FAIL(BadOptions, "unknown option " << a, kUsage);
+      args.unknown();
     }
   }
   DF_CHECK_HINT(!out.empty(), BadOptions, "missing OUTDIR", kUsage);

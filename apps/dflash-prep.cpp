@@ -7,6 +7,7 @@
 
 #include "dflash/data.h"
 #include "dflash/error.h"
+#include "dflash/tool_args.h"
 #include "dflash/version.h"
 #include "dflash/hf_config.h"
 #include "dflash/jsonl_prep.h"
@@ -30,36 +31,26 @@ int main(int argc, char** argv) {
   int vocab = 0;
   JsonlPrepOptions options;
   options.progress = Progress::Stderr;
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    auto value = [&](const char* flag) -> std::string {
-      DF_CHECK_HINT(i + 1 < argc, BadOptions, flag << " needs a value", kUsage);
-      return argv[++i];
-    };
-    if (a == "--help" || a == "-h") {
+  ToolArgs args(argc, argv, kUsage);
+  while (args.next()) {
+    if (args.help()) {
       std::fputs(kUsage, stdout);
       return 0;
-    } else if (a == "--vocab-size") {
-      std::string v = value("--vocab-size");
-      char* end = nullptr;
-      long n = std::strtol(v.c_str(), &end, 10);
-      DF_CHECK_HINT(end && *end == '\0' && n > 0 && n < (1L << 31), BadOptions, "--vocab-size: bad value '" << v << "'",
-                    kUsage);
-      vocab = static_cast<int>(n);
-    } else if (a == "--target") {
-      target = value("--target");
-    } else if (a == "--tokenizer") {
-      tokenizer = value("--tokenizer");
-    } else if (a == "--require-mask") {
+    } else if (args.is("--vocab-size")) {
+      vocab = static_cast<int>(args.integer(1, (1LL << 31) - 1));
+    } else if (args.is("--target")) {
+      target = args.value();
+    } else if (args.is("--tokenizer")) {
+      tokenizer = args.value();
+    } else if (args.is("--require-mask")) {
+      args.no_value();
       options.require_mask = true;
-    } else if (!a.empty() && a[0] == '-') {
-      DF_FAIL(BadOptions, "unknown option " << a, kUsage);
-    } else if (in.empty()) {
-      in = a;
-    } else if (out.empty()) {
-      out = a;
+    } else if (args.positional() && in.empty()) {
+      in = args.arg();
+    } else if (args.positional() && out.empty()) {
+      out = args.arg();
     } else {
-      DF_FAIL(BadOptions, "unexpected argument " << a, kUsage);
+      args.unknown();
     }
   }
   DF_CHECK_HINT(!in.empty() && !out.empty(), BadOptions, "need IN.jsonl and OUT.h5", kUsage);

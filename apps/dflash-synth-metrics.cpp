@@ -22,6 +22,7 @@
 
 #include "dflash/auto_topology.h"
 #include "dflash/error.h"
+#include "dflash/tool_args.h"
 #include "dflash/version.h"
 #include "dflash/metrics.h"
 #include "io/json_file.h"
@@ -238,8 +239,24 @@ int predict(const std::string& path) {
 
 int main(int argc, char** argv) {
   if (dflash::print_version_if_asked(argc, argv, "dflash-synth-metrics")) return 0;
-  const std::string usage = "usage: dflash-synth-metrics SCENARIO.json OUT.h5 | dflash-synth-metrics --predict FILE.json";
-  if (argc == 3 && std::string(argv[1]) == "--predict") return predict(argv[2]);
-  if (argc == 3 && argv[1][0] != '-') return write_scenario(argv[1], argv[2]);
-  dflash::fatal(ExitCode::BadOptions, usage, "see docs/report.md");
+  const char* usage = "usage: dflash-synth-metrics SCENARIO.json OUT.h5 | dflash-synth-metrics --predict FILE.json\n"
+                      "  (docs/report.md: a scenario's metrics.h5 for the report tests, or the C++ what-if prediction)\n";
+  std::string predict_file;
+  std::vector<std::string> positional;
+  dflash::ToolArgs args(argc, argv, usage);
+  while (args.next()) {
+    if (args.help()) {
+      std::fputs(usage, stdout);
+      return 0;
+    } else if (args.is("--predict")) {
+      predict_file = args.value();
+    } else if (args.positional()) {
+      positional.push_back(args.arg());
+    } else {
+      args.unknown();
+    }
+  }
+  if (!predict_file.empty() && positional.empty()) return predict(predict_file);
+  if (predict_file.empty() && positional.size() == 2) return write_scenario(positional[0], positional[1]);
+  dflash::fatal(ExitCode::BadOptions, "give SCENARIO.json OUT.h5, or --predict FILE.json", usage);
 }

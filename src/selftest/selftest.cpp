@@ -11,6 +11,7 @@
 
 #include "dflash/backend.h"
 #include "dflash/error.h"
+#include "dflash/tool_args.h"
 #include "io/json_file.h"
 
 namespace dflash {
@@ -51,9 +52,9 @@ bool is_qwen35_hybrid(const nlohmann::json& cfg) {
   return check(cfg) || (cfg.contains("text_config") && check(cfg["text_config"]));
 }
 
-[[noreturn]] void usage_error(const std::string& what) {
-  fatal(ExitCode::BadOptions, what, "usage: dflash-selftest CASE_DIR [--backend cpu|cuda]");
-}
+const char* kUsage = "usage: dflash-selftest CASE_DIR [--backend cpu|cuda]\n";
+
+[[noreturn]] void usage_error(const std::string& what) { fatal(ExitCode::BadOptions, what, kUsage); }
 
 }  // namespace
 
@@ -120,23 +121,20 @@ double forward_tolerance(Device device) { return device == Device::CPU ? 1e-5 : 
 int selftest_main(int argc, char** argv) {
   process_identity().role = "tool";
   std::string case_dir, backend = "cpu";
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "-h" || a == "--help") {
-      std::cout << "usage: dflash-selftest CASE_DIR [--backend cpu|cuda]\n"
-                   "Runs a reference case (target/, optional drafter_init/, golden.safetensors, case.json) and\n"
-                   "prints one row per compared tensor; exits 1 if any row fails.\n";
+  ToolArgs args(argc, argv, kUsage);
+  while (args.next()) {
+    if (args.help()) {
+      std::cout << kUsage << "Runs a reference case (target/, optional drafter_init/, golden.safetensors, case.json) and\n"
+                             "prints one row per compared tensor; exits 1 if any row fails.\n";
       return 0;
-    } else if (a == "--backend" && i + 1 < argc) {
-      backend = argv[++i];
-    } else if (a.rfind("--backend=", 0) == 0) {
-      backend = a.substr(10);
-    } else if (!a.empty() && a[0] == '-') {
-      usage_error("unknown option '" + a + "'");
-    } else if (case_dir.empty()) {
-      case_dir = a;
+    } else if (args.is("--backend")) {
+      backend = args.value();
+    } else if (args.positional() && case_dir.empty()) {
+      case_dir = args.arg();
+    } else if (args.positional()) {
+      usage_error("more than one CASE_DIR given ('" + case_dir + "', '" + args.arg() + "')");
     } else {
-      usage_error("more than one CASE_DIR given ('" + case_dir + "', '" + a + "')");
+      args.unknown();
     }
   }
   if (case_dir.empty()) usage_error("no CASE_DIR given");
