@@ -1,7 +1,6 @@
 // A fresh drafter's recipe from dflash-train's options (include/dflash/options.h): what the DFlash
 // releases differ in besides their layer count -- block size, mask token, the target layers read, sliding
 // layers -- so that e.g. the Qwen3.6-27B drafter is made from options, without a hand-written directory.
-#include <fstream>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -10,6 +9,7 @@
 
 #include "dflash/error.h"
 #include "dflash/options.h"
+#include "io/json_file.h"
 
 namespace dflash {
 
@@ -35,11 +35,12 @@ bool parse_nonneg_int(const std::string& s, int& out) {
 // The id of `token` in the target's tokenizer.json: its added tokens first, then the model's vocabulary.
 int token_id_from_tokenizer(const std::string& target_dir, const std::string& token) {
   const std::string path = target_dir + "/tokenizer.json";
-  std::ifstream in(path);
-  DF_CHECK_HINT(in.good(), BadOptions, "--mask-token " << token << ": no " << path << " to look the token up in",
+  const JsonFile f = try_read_json_file(path);
+  DF_CHECK_HINT(f.status != JsonFileStatus::Missing, BadOptions,
+                "--mask-token " << token << ": no " << path << " to look the token up in",
                 "give the mask token's id instead (--mask-token ID), or auto");
-  const nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
-  DF_CHECK_HINT(j.is_object(), BadInput, path << " is not a JSON object", "the target's tokenizer.json is damaged");
+  DF_CHECK_HINT(f.ok(), BadInput, f.error, "the target's tokenizer.json is damaged");
+  const nlohmann::json& j = f.value;
   if (j.contains("added_tokens") && j["added_tokens"].is_array())
     for (const auto& t : j["added_tokens"])
       if (t.is_object() && t.value("content", std::string()) == token && t.contains("id") && t["id"].is_number_integer())

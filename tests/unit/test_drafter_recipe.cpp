@@ -70,6 +70,8 @@ TEST(DrafterRecipe, MaskTokenFromTheTargetsTokenizer) {
   EXPECT_EQ(parse({"--mask-token", "auto"}, dir).train.mask_token_id, -1);
   EXPECT_EXIT(parse({"--mask-token", "<|nope|>"}, dir), testing::ExitedWithCode(2), "not a token of");
   EXPECT_EXIT(parse({"--mask-token", "<|mask|>"}), testing::ExitedWithCode(2), "no .*tokenizer.json");
+  std::ofstream(dir + "/tokenizer.json") << "{broken";
+  EXPECT_EXIT(parse({"--mask-token", "<|mask|>"}, dir), testing::ExitedWithCode(3), "tokenizer.json is not valid JSON");
 }
 
 TEST(DrafterRecipeDeath, ImpossibleRecipesAreRefused) {
