@@ -13,9 +13,13 @@
 // memory reads sooner; 8 warps per block share each K/V tile to halve the global traffic per query row.
 #include "attention.cuh"
 
+#include "attention_cudnn.cuh"
+
 #include <cuda_bf16.h>
 
 #include <cmath>
+#include <cstdlib>
+#include <string>
 
 #include "backend.cuh"
 #include "cuda_check.cuh"
@@ -352,12 +356,28 @@ size_t smem_bytes(AttentionKernel kernel) {
     case AttentionKernel::Hd128: return Hd128Tiling::kSmemBytes;
     case AttentionKernel::Hd256: return Hd256Tiling::kSmemBytes;
     case AttentionKernel::Hd256Small: return Hd256SmallTiling::kSmemBytes;
+    case AttentionKernel::Cudnn: return 0;  // cuDNN checks its own limits
     case AttentionKernel::Auto: break;
   }
   DF_FAIL(Internal, "attention: no tiling for kernel " << static_cast<int>(kernel), "");
 }
 
 int padded_head_dim(AttentionKernel kernel) { return kernel == AttentionKernel::Hd128 ? 128 : 256; }
+
+// DFLASH_ATTENTION: "own" (Auto never tries cuDNN), "cudnn" (a shape cuDNN refuses is fatal), else auto.
+enum class CudnnPolicy { Prefer, Never, Require };
+CudnnPolicy cudnn_policy() {
+  static const CudnnPolicy policy = [] {
+    const char* e = std::getenv("DFLASH_ATTENTION");
+    const std::string v = e ? e : "";
+    if (v == "own") return CudnnPolicy::Never;
+    if (v == "cudnn") return CudnnPolicy::Require;
+    DF_CHECK_HINT(v.empty() || v == "auto", BadOptions, "DFLASH_ATTENTION=" << v << " is not auto, own or cudnn",
+                  "unset it, or set auto|own|cudnn");
+    return CudnnPolicy::Prefer;
+  }();
+  return policy;
+}
 
 template <class Tl>
 void launch(const Ctx& ctx, int device, const Tensor& out, const Tensor& q, const Tensor& k, const Tensor& v,
@@ -388,12 +408,14 @@ const char* attention_kernel_name(AttentionKernel kernel) {
     case AttentionKernel::Hd128: return "hd128";
     case AttentionKernel::Hd256: return "hd256";
     case AttentionKernel::Hd256Small: return "hd256-small";
+    case AttentionKernel::Cudnn: return "cudnn";
   }
   return "?";
 }
 
 bool attention_kernel_fits(const Ctx& ctx, AttentionKernel kernel) {
   if (kernel == AttentionKernel::Auto) return true;
+  if (kernel == AttentionKernel::Cudnn) return attention_cudnn_compiled();
   // + find_tile's few bytes of static shared memory, which count against the same per-block limit
   return smem_bytes(kernel) + 128 <= static_cast<size_t>(max_smem_per_block(backend_of(ctx).device));
 }
@@ -404,8 +426,9 @@ AttentionKernel attention_kernel_for(const Ctx& ctx, int hd) {
   return attention_kernel_fits(ctx, AttentionKernel::Hd256) ? AttentionKernel::Hd256 : AttentionKernel::Hd256Small;
 }
 
-void attention_varlen_causal_forward(const Ctx& ctx, const Tensor& out, const Tensor& q, const Tensor& k,
-                                     const Tensor& v, const Tensor& cu_seqlens, float scale, AttentionKernel kernel) {
+AttentionKernel attention_varlen_causal_forward(const Ctx& ctx, const Tensor& out, const Tensor& q, const Tensor& k,
+                                                const Tensor& v, const Tensor& cu_seqlens, float scale,
+                                                AttentionKernel kernel, int64_t max_seqlen) {
   const int device = backend_of(ctx).device;
   DF_CHECK(q.ndim == 3 && k.ndim == 3 && v.ndim == 3 && out.numel() == q.numel(), Internal,
            "attention: q " << q.shape_str() << ", k " << k.shape_str() << ", v " << v.shape_str() << ", out "
@@ -424,20 +447,32 @@ void attention_varlen_causal_forward(const Ctx& ctx, const Tensor& out, const Te
   DF_CHECK(((reinterpret_cast<uintptr_t>(q.data) | reinterpret_cast<uintptr_t>(k.data) |
              reinterpret_cast<uintptr_t>(v.data) | reinterpret_cast<uintptr_t>(out.data)) & 15) == 0,
            Internal, "attention: tensors must be 16-byte aligned");
+  const int nseq = static_cast<int>(cu_seqlens.numel()) - 1;
+  if (T == 0 || nseq <= 0) return kernel;
+  const CudnnPolicy policy = cudnn_policy();
+  if (kernel == AttentionKernel::Cudnn || (kernel == AttentionKernel::Auto && policy != CudnnPolicy::Never)) {
+    if (attention_cudnn_forward(ctx, out, q, k, v, cu_seqlens, scale, max_seqlen)) return AttentionKernel::Cudnn;
+    DF_CHECK_HINT(kernel == AttentionKernel::Auto && policy != CudnnPolicy::Require, BadOptions,
+                  "attention: cuDNN cannot serve " << nh << "/" << nkv << " heads x head_dim " << hd
+                                                   << (attention_cudnn_compiled() ? " on this device" : " (this build has no cuDNN path)"),
+                  "unset DFLASH_ATTENTION (the project's kernel then serves it)");
+  }
   if (kernel == AttentionKernel::Auto) kernel = attention_kernel_for(ctx, hd);
   DF_CHECK(hd <= padded_head_dim(kernel) && attention_kernel_fits(ctx, kernel), Internal,
            "attention: kernel " << attention_kernel_name(kernel) << " cannot serve head_dim " << hd << " on device "
                                 << device << " (" << smem_bytes(kernel) << " B of shared memory per block, the device allows "
                                 << max_smem_per_block(device) << ")");
-  const int nseq = static_cast<int>(cu_seqlens.numel()) - 1;
-  if (T == 0 || nseq <= 0) return;
   switch (kernel) {
     case AttentionKernel::Hd128:
-      return launch<Hd128Tiling>(ctx, device, out, q, k, v, cu_seqlens, nseq, nh, nkv, hd, scale);
+      launch<Hd128Tiling>(ctx, device, out, q, k, v, cu_seqlens, nseq, nh, nkv, hd, scale);
+      return kernel;
     case AttentionKernel::Hd256:
-      return launch<Hd256Tiling>(ctx, device, out, q, k, v, cu_seqlens, nseq, nh, nkv, hd, scale);
+      launch<Hd256Tiling>(ctx, device, out, q, k, v, cu_seqlens, nseq, nh, nkv, hd, scale);
+      return kernel;
     case AttentionKernel::Hd256Small:
-      return launch<Hd256SmallTiling>(ctx, device, out, q, k, v, cu_seqlens, nseq, nh, nkv, hd, scale);
+      launch<Hd256SmallTiling>(ctx, device, out, q, k, v, cu_seqlens, nseq, nh, nkv, hd, scale);
+      return kernel;
+    case AttentionKernel::Cudnn:
     case AttentionKernel::Auto: break;
   }
   DF_FAIL(Internal, "attention: unreachable kernel choice", "");

@@ -31,12 +31,48 @@ else
   echo "# all packages present$([ $tests -eq 1 ] && echo " (the tests' included)")"
 fi
 
+# cuDNN's C++ frontend (header-only; PyPI's nvidia-cudnn-frontend wheel carries the headers) for the CUDA
+# backend's cuDNN attention path (kernels/attention_cudnn.cpp), where a CUDA toolkit is present. The headers go
+# to third_party/ (ignored by git); CMake finds them there. Without them the build still works: the project's
+# own attention kernel then serves every call (a configure message says so).
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+CFE_VERSION=1.16.0
+CFE_DIR="$ROOT/third_party/cudnn-frontend-$CFE_VERSION"
+if [ -x /usr/local/cuda/bin/nvcc ] || command -v nvcc >/dev/null 2>&1; then
+  if [ -f "$CFE_DIR/include/cudnn_frontend.h" ]; then
+    echo "# cuDNN frontend $CFE_VERSION headers present in $CFE_DIR"
+  else
+    tmp=$(mktemp -d)
+    # The wheel is built per Python version, but its include/ is the same in every one: fetch the cp311 one
+    # whatever python3 runs pip here.
+    if python3 -m pip --version >/dev/null 2>&1 || { SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo";
+         DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends python3-pip; }; then
+      if python3 -m pip download -q --disable-pip-version-check --no-deps --only-binary=:all: \
+           --python-version 3.11 --platform manylinux_2_28_x86_64 "nvidia-cudnn-frontend==$CFE_VERSION" -d "$tmp" &&
+         python3 - "$tmp" "$CFE_DIR" <<'PY'
+import glob, os, sys, zipfile
+src, dst = sys.argv[1], sys.argv[2]
+(whl,) = glob.glob(os.path.join(src, "*.whl"))
+with zipfile.ZipFile(whl) as z:
+    names = [n for n in z.namelist() if n.startswith("include/")]
+    z.extractall(dst + ".part", names)
+os.rename(dst + ".part", dst)
+PY
+      then
+        echo "# cuDNN frontend $CFE_VERSION headers installed in $CFE_DIR"
+      else
+        echo "# WARNING: could not fetch the cuDNN frontend headers: the CUDA build will use its own attention kernel only" >&2
+      fi
+    fi
+    rm -rf "$tmp"
+  fi
+fi
+
 # Python packages of the data tools (tools/dflash-tokenize, tools/dflash-regenerate; requirements-data.txt) in a
 # venv over Debian's python3 (whose h5py/numpy it sees): $DFLASH_VENV, default ~/.local/share/dflash-train/venv;
 # the tools re-run themselves under it when the python3 on PATH lacks the packages. DFLASH_TORCH=1 adds torch
 # for dflash-regenerate's transformers backend (PyPI's wheel brings ~5 GB of CUDA libraries; ~4 min here).
 VENV=${DFLASH_VENV:-${HOME:-$(getent passwd "$(id -u)" | cut -d: -f6)}/.local/share/dflash-train/venv}  # HOME may be unset (CI)
-ROOT=$(cd "$(dirname "$0")/.." && pwd)
 want=(-r "$ROOT/requirements-data.txt")
 check="import transformers, tokenizers, jinja2, h5py"
 if [ "${DFLASH_TORCH:-0}" = 1 ]; then want+=(torch); check+=", torch"; fi

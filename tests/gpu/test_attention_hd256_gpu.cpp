@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "attention.cuh"
+#include "attention_cudnn.cuh"
 #include "dflash/ops.h"
 #include "gpu_test_util.h"
 #include "random_fill.cuh"
@@ -87,20 +88,41 @@ TEST_P(GpuAttentionHeadDims, EveryKernelMatchesCpu) {
   if (c.hd <= 128) kernels.push_back(AttentionKernel::Hd128);
   for (AttentionKernel kn : {AttentionKernel::Hd256, AttentionKernel::Hd256Small})
     if (cuda::attention_kernel_fits(g, kn)) kernels.push_back(kn);
+  // cuDNN, where this build has it and cuDNN serves the shape here (it says why on stderr when not; on the
+  // H200 every case below runs), both with the S bound from T and with the longest sequence given.
+  const int64_t longest = *std::max_element(c.seqlens.begin(), c.seqlens.end());
   for (AttentionKernel kn : kernels) {
     Buffer d_out = to_device(g, {}, {T, c.nh, c.hd});  // NaN: an unwritten element fails
-    if (kn == AttentionKernel::Auto)
+    AttentionKernel ran = kn;
+    if (kn == AttentionKernel::Auto) {
       ops::attention_varlen_causal_forward(g, d_out, d_q, d_k, d_v, d_cu, scale);
-    else
+      ran = cuda::attention_varlen_causal_forward(g, d_out, d_q, d_k, d_v, d_cu, scale);  // same again: which ran
+    } else {
       cuda::attention_varlen_causal_forward(g, d_out, d_q, d_k, d_v, d_cu, scale, kn);
+    }
     const std::vector<float> got = to_host(g, d_out);
     const double rel = rel_err(got, want), mx = max_abs_err(got, want);
-    const AttentionKernel ran = kn == AttentionKernel::Auto ? cuda::attention_kernel_for(g, static_cast<int>(c.hd)) : kn;
     std::printf("[attention] hd %3lld nh %2lld nkv %lld T %4lld kernel %-11s (%s): rel %.2e max|err| %.2e\n",
                 static_cast<long long>(c.hd), static_cast<long long>(c.nh), static_cast<long long>(c.nkv),
                 static_cast<long long>(T), cuda::attention_kernel_name(kn), cuda::attention_kernel_name(ran), rel, mx);
     EXPECT_LT(rel, test::tol::kOp) << cuda::attention_kernel_name(kn);
     EXPECT_LT(mx, test::tol::kAttentionMaxAbs) << cuda::attention_kernel_name(kn);
+  }
+  for (const int64_t max_seqlen : {int64_t(0), longest}) {
+    if (!cuda::attention_cudnn_compiled()) break;
+    Buffer d_out = to_device(g, {}, {T, c.nh, c.hd});
+    if (!cuda::attention_cudnn_forward(g, d_out, d_q, d_k, d_v, d_cu, scale, max_seqlen)) {
+      std::printf("[attention] hd %3lld: cuDNN does not serve this shape here (reason above)\n",
+                  static_cast<long long>(c.hd));
+      break;
+    }
+    const std::vector<float> got = to_host(g, d_out);
+    const double rel = rel_err(got, want), mx = max_abs_err(got, want);
+    std::printf("[attention] hd %3lld nh %2lld nkv %lld T %4lld kernel cudnn (max_seqlen %lld): rel %.2e max|err| %.2e\n",
+                static_cast<long long>(c.hd), static_cast<long long>(c.nh), static_cast<long long>(c.nkv),
+                static_cast<long long>(T), static_cast<long long>(max_seqlen), rel, mx);
+    EXPECT_LT(rel, test::tol::kOp) << "cudnn";
+    EXPECT_LT(mx, test::tol::kAttentionMaxAbs) << "cudnn";
   }
 }
 
@@ -190,7 +212,7 @@ struct BenchShape {
   int nseq, len, nh, nkv, hd;
 };
 
-double time_attention(const Ctx& g, const BenchShape& s, AttentionKernel kn, double* tflops) {
+double time_attention(const Ctx& g, const BenchShape& s, AttentionKernel kn, int64_t max_seqlen, double* tflops) {
   const int64_t T = int64_t(s.nseq) * s.len;
   Buffer q(Device::CUDA, DType::BF16, {T, s.nh, s.hd}), k(Device::CUDA, DType::BF16, {T, s.nkv, s.hd}),
       v(Device::CUDA, DType::BF16, {T, s.nkv, s.hd}), out(Device::CUDA, DType::BF16, {T, s.nh, s.hd});
@@ -208,7 +230,7 @@ double time_attention(const Ctx& g, const BenchShape& s, AttentionKernel kn, dou
   std::vector<float> ms;
   for (int it = 0; it < 13; ++it) {
     cudaEventRecord(a, st);
-    cuda::attention_varlen_causal_forward(g, out, q, k, v, d_cu, scale, kn);
+    cuda::attention_varlen_causal_forward(g, out, q, k, v, d_cu, scale, kn, max_seqlen);
     cudaEventRecord(b, st);
     cudaEventSynchronize(b);
     float m = 0;
@@ -229,13 +251,17 @@ TEST(GpuAttentionBench, DISABLED_TargetShapes) {
   Ctx g = gpu();
   const BenchShape qwen36{"qwen3.6-27b", 8, 4096, 24, 4, 256}, qwen3{"qwen3-8b", 8, 4096, 32, 8, 128};
   for (const auto& [shape, kn] : std::vector<std::pair<BenchShape, AttentionKernel>>{
-           {qwen36, AttentionKernel::Hd256}, {qwen36, AttentionKernel::Hd256Small},
-           {qwen3, AttentionKernel::Hd128}, {qwen3, AttentionKernel::Hd256Small}}) {
+           {qwen36, AttentionKernel::Hd256}, {qwen36, AttentionKernel::Hd256Small}, {qwen36, AttentionKernel::Cudnn},
+           {qwen3, AttentionKernel::Hd128}, {qwen3, AttentionKernel::Hd256Small}, {qwen3, AttentionKernel::Cudnn}}) {
     if (!cuda::attention_kernel_fits(g, kn)) continue;
-    double tf = 0;
-    const double ms = time_attention(g, shape, kn, &tf);
-    std::printf("[bench] %-12s %d x %d tokens, %d/%d heads, hd %d, kernel %-11s: %8.3f ms  %6.1f TFLOP/s\n", shape.name,
-                shape.nseq, shape.len, shape.nh, shape.nkv, shape.hd, cuda::attention_kernel_name(kn), ms, tf);
+    // cuDNN twice: S bounded by T (what the op does without the longest length), and S = the length.
+    for (const int64_t max_seqlen : kn == AttentionKernel::Cudnn ? std::vector<int64_t>{0, shape.len} : std::vector<int64_t>{0}) {
+      double tf = 0;
+      const double ms = time_attention(g, shape, kn, max_seqlen, &tf);
+      std::printf("[bench] %-12s %d x %d tokens, %d/%d heads, hd %d, kernel %-11s max_seqlen %5lld: %8.3f ms  %6.1f TFLOP/s\n",
+                  shape.name, shape.nseq, shape.len, shape.nh, shape.nkv, shape.hd, cuda::attention_kernel_name(kn),
+                  static_cast<long long>(max_seqlen), ms, tf);
+    }
   }
   std::fflush(stdout);
 }
