@@ -66,12 +66,21 @@ std::map<int, DeviceState> g_devices;
               "check that libcudnn.so.9 on this machine matches the toolkit; DFLASH_ATTENTION=own avoids cuDNN"); \
   } while (0)
 
-// S: a power of two >= the longest sequence (so a training run's varying batches share a few graphs),
-// at least 64.
+// S: a power of two >= the longest sequence, at least 64. b: the sequence count rounded up (powers of two
+// to 16, then multiples of 16); the extra entries are empty sequences (length 0, offsets at the end). Both
+// let a training run's varying batches share a few graphs: a new graph costs a build (cuDNN compiles its
+// kernel at run time), while the padded entries and tiles past a sequence's end cost almost nothing
+// (tests/gpu/test_attention_hd256_gpu.cpp times both).
 int64_t s_bucket(int64_t longest) {
   int64_t s = 64;
   while (s < longest) s *= 2;
   return s;
+}
+int b_bucket(int nseq) {
+  if (nseq > 16) return (nseq + 15) / 16 * 16;
+  int b = 1;
+  while (b < nseq) b *= 2;
+  return b;
 }
 
 void build(SdpaGraph& sg, cudnnHandle_t handle, int b, int64_t S, int nh, int nkv, int hd, float scale,
@@ -147,17 +156,18 @@ bool attention_cudnn_forward(const Ctx& ctx, const Tensor& out, const Tensor& q,
   std::lock_guard<std::mutex> lock(g_mutex);
   DeviceState& ds = g_devices[device];
   if (!ds.handle) DF_CUDNN(cudnnCreate(&ds.handle));
-  const GraphKey key{nseq, S, nh, nkv, hd, scale_bits};
+  const int b = b_bucket(nseq);
+  const GraphKey key{b, S, nh, nkv, hd, scale_bits};
   auto it = ds.graphs.find(key);
   if (it == ds.graphs.end()) {
     auto sg = std::make_unique<SdpaGraph>();
     std::string why;
-    build(*sg, ds.handle, nseq, S, nh, nkv, hd, scale, &why);
+    build(*sg, ds.handle, b, S, nh, nkv, hd, scale, &why);
     if (!sg->ok)
       std::fprintf(stderr,
-                   "[attention] cuDNN cannot run %d sequences (S %lld) x %d/%d heads x hd %d on device %d (cuDNN %zu): "
+                   "[attention] cuDNN cannot run %d sequences (b %d, S %lld) x %d/%d heads x hd %d on device %d (cuDNN %zu): "
                    "%s; the project's own kernel runs this shape\n",
-                   nseq, static_cast<long long>(S), nh, nkv, hd, device, cudnnGetVersion(), why.c_str());
+                   nseq, b, static_cast<long long>(S), nh, nkv, hd, device, cudnnGetVersion(), why.c_str());
     if (sg->ok && sg->workspace_bytes > ds.workspace_bytes) {
       // Grows only when a new shape needs more (graph build time, never per call).
       if (ds.workspace) {
@@ -173,9 +183,9 @@ bool attention_cudnn_forward(const Ctx& ctx, const Tensor& out, const Tensor& q,
   if (!sg.ok) return false;
 
   int32_t* seq_len = sg.ints;
-  int32_t* q_off = seq_len + nseq;
-  int32_t* kv_off = q_off + nseq + 1;
-  attention_cudnn_ragged(ctx, static_cast<const int32_t*>(cu_seqlens.data), nseq, nh * hd, nkv * hd, seq_len, q_off,
+  int32_t* q_off = seq_len + b;
+  int32_t* kv_off = q_off + b + 1;
+  attention_cudnn_ragged(ctx, static_cast<const int32_t*>(cu_seqlens.data), nseq, b, nh * hd, nkv * hd, seq_len, q_off,
                          kv_off);
   std::unordered_map<int64_t, void*> pack = {
       {kQ, q.data},       {kK, k.data},          {kV, v.data},      {kO, out.data},    {kSeqQ, seq_len},

@@ -19,6 +19,7 @@
 #include <ostream>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <vector>
@@ -157,6 +158,35 @@ TEST(GpuAttentionHeadDimsAuto, PicksByHeadDimAndDevice) {
   cudaGetDevice(&dev);
   cudaDeviceGetAttribute(&smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
   std::printf("[attention] device shared memory per block %d B: hd 256 runs %s\n", smem, cuda::attention_kernel_name(k256));
+}
+
+// What a new cuDNN graph costs (the first batch of a new sequence-count or length bucket builds one) and that
+// a batch of the same buckets reuses it: host wall time of the op's first call for 3 sequences (bucket 4),
+// then for 4 sequences of other lengths in the same buckets, each followed by a stream sync.
+TEST(GpuAttentionCudnn, GraphBuiltOncePerBucket) {
+  SKIP_WITHOUT_GPU();
+  if (!cuda::attention_cudnn_compiled()) GTEST_SKIP() << "this build has no cuDNN path (tools/setup.sh fetches its headers)";
+  Ctx g = gpu();
+  const int64_t nh = 16, nkv = 4, hd = 128, T = 900;
+  Buffer q(Device::CUDA, DType::BF16, {T, nh, hd}), k(Device::CUDA, DType::BF16, {T, nkv, hd}),
+      v(Device::CUDA, DType::BF16, {T, nkv, hd}), out(Device::CUDA, DType::BF16, {T, nh, hd});
+  cuda::fill_random(g, q, 1, 0.f, 1.f);
+  cuda::fill_random(g, k, 2, 0.f, 1.f);
+  cuda::fill_random(g, v, 3, 0.f, 1.f);
+  auto timed = [&](const std::vector<int32_t>& cu) {
+    Buffer d_cu = test::to_device_i32(g, cu);
+    cudaStreamSynchronize(static_cast<cudaStream_t>(g.stream));
+    const auto t0 = std::chrono::steady_clock::now();
+    const bool ok = cuda::attention_cudnn_forward(g, out, q, k, v, d_cu, 0.088f, 0);
+    cudaStreamSynchronize(static_cast<cudaStream_t>(g.stream));
+    EXPECT_TRUE(ok);
+    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  };
+  const double first = timed({0, 100, 600, 900}), again = timed({0, 300, 500, 700, 900}),
+               same = timed({0, 100, 600, 900});
+  std::printf("[attention] cuDNN graph: first call of a bucket %.1f ms (build), another batch in it %.2f ms, "
+              "the first batch again %.2f ms\n", first, again, same);
+  EXPECT_LT(again, first);
 }
 
 struct RopeCase {
