@@ -7,6 +7,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <tuple>
 #include <unordered_map>
@@ -163,7 +164,9 @@ bool attention_cudnn_forward(const Ctx& ctx, const Tensor& out, const Tensor& q,
     auto sg = std::make_unique<SdpaGraph>();
     std::string why;
     build(*sg, ds.handle, b, S, nh, nkv, hd, scale, &why);
-    if (!sg->ok)
+    // One line per (device, heads, hd): a GPU or cuDNN that refuses a head layout refuses every bucket of it.
+    static std::set<std::tuple<int, int, int, int>> reported;
+    if (!sg->ok && reported.insert({device, nh, nkv, hd}).second)
       std::fprintf(stderr,
                    "[attention] cuDNN cannot run %d sequences (b %d, S %lld) x %d/%d heads x hd %d on device %d (cuDNN %zu): "
                    "%s; the project's own kernel runs this shape\n",
