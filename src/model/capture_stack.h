@@ -37,9 +37,10 @@ void check_capture_out(const CaptureOut& out, int64_t num_captures, int64_t T, i
 // One decoder layer: dst [T, H] = layer(in [T, H]); in and dst are different buffers.
 using LayerForward = std::function<void(int layer, const Tensor& in, const Tensor& dst)>;
 
-// Runs every decoder layer over the embedded tokens in rows [0, T) of stream[0]: captured layers write
+// Runs the decoder layers over the embedded tokens in rows [0, T) of stream[0]: captured layers write
 // into their features slot, the others alternate between the two stream buffers. Then
-// out.final_norm = rmsnorm(last layer's output) * final_norm_weight, unless out.final_norm is empty.
+// out.final_norm = rmsnorm(last layer's output) * final_norm_weight; when out.final_norm is empty, the
+// layers after the last captured one are not run at all (nothing would read them).
 void capture_stack_forward(const Ctx& ctx, const CapturePlan& plan,
                            const Buffer (&stream)[2],  // [max_tokens, H] each
                            int64_t T, int64_t H, const CaptureOut& out,

@@ -17,6 +17,7 @@
 
 #include "dflash/safetensors.h"
 #include "dflash/target.h"
+#include "model/capture_stack.h"
 #include "ops_test_util.h"
 #include "test_support.h"
 
@@ -179,6 +180,52 @@ TEST(TargetGolden, CapturesOnlyAndEmptyFinalNorm) {
   RunResult r = run_target(*model, batch);
   SafetensorsFile g(kCase + "/golden.safetensors");
   EXPECT_LT(test::rel_err(r.final_norm, read_f32(g, "target.final_norm")), 1e-5);
+}
+
+TEST(TargetGolden, WithoutFinalNormTheCapturesStillMatch) {
+  // A CE job asks for no final norm: the forward stops after the last captured layer (3 of the golden 6),
+  // and the captured layers are those of the full run.
+  const PackedBatch batch = golden_batch();
+  const int64_t T = batch.num_tokens();
+  auto model = load_target(kTargetDir, cpu_ctx(), {1, 3}, T);
+  const int64_t H = model->config().hidden_size;
+  std::vector<float> features(2 * T * H, NAN);
+  CaptureOut out;
+  out.features = Tensor(features.data(), DType::F32, Device::CPU, {2, T, H});
+  model->forward(batch, out);
+  SafetensorsFile g(kCase + "/golden.safetensors");
+  const std::vector<float> hidden = read_f32(g, "target.hidden");
+  for (int slot = 0; slot < 2; ++slot) {
+    const int layer = slot == 0 ? 1 : 3;
+    const std::vector<float> want(hidden.begin() + layer * T * H, hidden.begin() + (layer + 1) * T * H);
+    const std::vector<float> got(features.begin() + slot * T * H, features.begin() + (slot + 1) * T * H);
+    EXPECT_LT(test::rel_err(got, want), 1e-5) << "layer " << layer;
+  }
+}
+
+TEST(CaptureStack, StopsAfterTheLastCaptureWithoutFinalNorm) {
+  // Six layers, captures {3, 1}: with a final norm every layer runs; without one, layers 0..3 only.
+  const int64_t T = 2, H = 4;
+  const CapturePlan plan = plan_captures({3, 1}, 6, "test");
+  Buffer stream[2] = {Buffer(Device::CPU, DType::F32, {T, H}), Buffer(Device::CPU, DType::F32, {T, H})};
+  std::vector<float> features(2 * T * H), final_norm(T * H), weight(H, 1.f);
+  std::fill(static_cast<float*>(stream[0].t().data), static_cast<float*>(stream[0].t().data) + T * H, 1.f);
+  std::vector<int> ran;
+  const LayerForward layer = [&](int l, const Tensor& in, const Tensor& dst) {
+    ran.push_back(l);
+    for (int64_t i = 0; i < T * H; ++i) static_cast<float*>(dst.data)[i] = static_cast<const float*>(in.data)[i] + 1.f;
+  };
+  CaptureOut out;
+  out.features = Tensor(features.data(), DType::F32, Device::CPU, {2, T, H});
+  capture_stack_forward(cpu_ctx(), plan, stream, T, H, out, Tensor(), 1e-6f, layer);
+  EXPECT_EQ(ran, (std::vector<int>{0, 1, 2, 3}));
+  EXPECT_EQ(features[0], 5.f);      // slot 0 = layer 3: 1 + 4 layers
+  EXPECT_EQ(features[T * H], 3.f);  // slot 1 = layer 1
+  ran.clear();
+  std::fill(static_cast<float*>(stream[0].t().data), static_cast<float*>(stream[0].t().data) + T * H, 1.f);
+  out.final_norm = cpu_view(final_norm.data(), {T, H});
+  capture_stack_forward(cpu_ctx(), plan, stream, T, H, out, cpu_view(weight.data(), {H}), 1e-6f, layer);
+  EXPECT_EQ(ran, (std::vector<int>{0, 1, 2, 3, 4, 5}));
 }
 
 class TargetHalfCheckpoint : public ::testing::TestWithParam<DType> {};
