@@ -7,6 +7,7 @@
 //   drafter_bench --model 8b  --objective kl
 //   drafter_bench --model 27b --context 4096 --anchors 512                    (4 sliding(2048) + 1 full)
 //   drafter_bench --gemm-peak
+//   drafter_bench --attention-probe [--model 27b --context 4096]              (one layer's block attention)
 //   drafter_bench --model 8b --deterministic                                 (the cost of --deterministic)
 #include <cuda_runtime.h>
 
@@ -139,11 +140,16 @@ double gemm_tflops(const Ctx& ctx, int64_t M, int64_t N, int64_t K) {
   return 2.0 * M * N * K / (median(t) * 1e-3) / 1e12;
 }
 
-// Block attention alone on the 8b shape (N=512 sorted anchors x 16, T=3072, 32/8 heads of 128): GPU time
-// (events) against the host time spent enqueuing, for two chunk budgets. Host time close to GPU time means
-// the op is launch-bound (many cuBLAS calls per chunk), not bandwidth- or math-bound.
-void attention_probe(const Ctx& ctx) {
-  const int64_t N = 512, B = 16, T = 3072, nh = 32, nkv = 8, hd = 128, NB = N * B;
+// Block attention alone on one layer's shape: 8b (N=512 sorted anchors x 16, T=3072, 32/8 heads of 128,
+// full; three chunk budgets) or 27b (N=512 x 16, T=--context, 24/4 heads of 256, sliding window 2048 and
+// full; the default budget): GPU time (events) against the host time spent enqueuing. Host time close to
+// GPU time means the op is launch-bound (many cuBLAS calls per chunk), not bandwidth- or math-bound.
+// TFLOP/s counts the visible-key work only, as the step's breakdown does: 4·hd flops per (query row, head,
+// visible key) forward (2 products), 2.5 times that backward (5 products: S recomputed, dP, dq, dk, dv).
+void attention_probe(const Ctx& ctx, const Args& args) {
+  const bool big = args.model == "27b";
+  const int64_t N = 512, B = 16, T = big ? args.context : 3072, nh = big ? 24 : 32, nkv = big ? 4 : 8,
+                hd = big ? 256 : 128, NB = N * B;
   auto bf = [&](std::initializer_list<int64_t> d, uint64_t seed) {
     Buffer b(Device::CUDA, DType::BF16, d);
     cuda::fill_random(ctx, b, seed, 0.f, 1.f);
@@ -162,38 +168,55 @@ void attention_probe(const Ctx& ctx) {
   Buffer d_an(Device::CUDA, DType::I32, {N}), d_sb(Device::CUDA, DType::I32, {N});
   copy_tensor(ctx, d_an, cpu_view(an.data(), {N}));
   copy_tensor(ctx, d_sb, cpu_view(sb.data(), {N}));
-  ops::BlockAttnSpec spec;
-  spec.scale = 1.f / std::sqrt(float(hd));
+  const bool fused = cuda::block_attention_fused_supported(nh, nkv, hd, B) &&
+                     !(std::getenv("DFLASH_BLOCK_ATTENTION") && std::string(std::getenv("DFLASH_BLOCK_ATTENTION")) == "chunked");
   cudaStream_t st = static_cast<cudaStream_t>(ctx.stream);
   cudaEvent_t a, b, c;
   cudaEventCreate(&a);
   cudaEventCreate(&b);
   cudaEventCreate(&c);
-  for (int64_t budget : {int64_t(96) << 20, int64_t(192) << 20, int64_t(384) << 20}) {
-    cuda::set_block_attention_score_budget(budget);
-    std::vector<double> fwd, bwd, host;
-    for (int it = 0; it < 6; ++it) {
-      synchronize(ctx);
-      const auto h0 = std::chrono::steady_clock::now();
-      cudaEventRecord(a, st);
-      cuda::block_attention_forward(ctx, out, lse, q, kc, vc, kb, vb, d_an, d_sb, an, sb, spec);
-      cudaEventRecord(b, st);
-      cuda::block_attention_backward(ctx, dq, dkc, dvc, dkb, dvb, dout, out, lse, q, kc, vc, kb, vb, d_an, d_sb, an, sb,
-                                     spec);
-      cudaEventRecord(c, st);
-      const auto h1 = std::chrono::steady_clock::now();
-      cudaEventSynchronize(c);
-      float f = 0, g = 0;
-      cudaEventElapsedTime(&f, a, b);
-      cudaEventElapsedTime(&g, b, c);
-      if (it > 0) {
-        fwd.push_back(f);
-        bwd.push_back(g);
-        host.push_back(std::chrono::duration<double, std::milli>(h1 - h0).count());
+  const std::vector<int64_t> budgets = big ? std::vector<int64_t>{int64_t(192) << 20}
+                                           : std::vector<int64_t>{int64_t(96) << 20, int64_t(192) << 20, int64_t(384) << 20};
+  for (int window : big ? std::vector<int>{2048, 0} : std::vector<int>{0}) {
+    ops::BlockAttnSpec spec;
+    spec.scale = 1.f / std::sqrt(float(hd));
+    spec.window = window;
+    double visible = 0;  // sum over query rows of visible keys (context + own block), per head
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t o = 0; o < B; ++o) {
+        const int64_t lo = window > 0 ? std::max<int64_t>(sb[n], an[n] + o - (window - 1)) : sb[n];
+        visible += double(std::max<int64_t>(0, an[n] - lo)) + double(window > 0 ? o + 1 : B);
       }
+    const double fwd_flop = 4.0 * double(hd) * double(nh) * visible;
+    for (int64_t budget : budgets) {
+      cuda::set_block_attention_score_budget(budget);
+      std::vector<double> fwd, bwd, host;
+      for (int it = 0; it < 6; ++it) {
+        synchronize(ctx);
+        const auto h0 = std::chrono::steady_clock::now();
+        cudaEventRecord(a, st);
+        cuda::block_attention_forward(ctx, out, lse, q, kc, vc, kb, vb, d_an, d_sb, an, sb, spec);
+        cudaEventRecord(b, st);
+        cuda::block_attention_backward(ctx, dq, dkc, dvc, dkb, dvb, dout, out, lse, q, kc, vc, kb, vb, d_an, d_sb, an,
+                                       sb, spec);
+        cudaEventRecord(c, st);
+        const auto h1 = std::chrono::steady_clock::now();
+        cudaEventSynchronize(c);
+        float f = 0, g = 0;
+        cudaEventElapsedTime(&f, a, b);
+        cudaEventElapsedTime(&g, b, c);
+        if (it > 0) {
+          fwd.push_back(f);
+          bwd.push_back(g);
+          host.push_back(std::chrono::duration<double, std::milli>(h1 - h0).count());
+        }
+      }
+      const double mf = median(fwd), mb = median(bwd);
+      std::printf("attention probe (%s layer, %s, window %d, budget %lld Mi scores): fwd %.2f ms (%.0f TFLOP/s), "
+                  "bwd %.2f ms (%.0f TFLOP/s) on the GPU; host enqueue %.2f ms\n",
+                  big ? "27b" : "8b", fused ? "fused" : "chunked", window, (long long)(budget >> 20), mf,
+                  fwd_flop / (mf * 1e9), mb, 2.5 * fwd_flop / (mb * 1e9), median(host));
     }
-    std::printf("attention probe (8b layer, budget %lld Mi scores): fwd %.2f ms, bwd %.2f ms on the GPU; host enqueue %.2f ms\n",
-                (long long)(budget >> 20), median(fwd), median(bwd), median(host));
   }
   cuda::set_block_attention_score_budget(0);
 }
@@ -207,7 +230,7 @@ int main(int argc, char** argv) {
   Ctx ctx = make_ctx(Device::CUDA, 0);
   const size_t base_used = used_bytes();
   if (args.attention_probe) {
-    attention_probe(ctx);
+    attention_probe(ctx, args);
     return 0;
   }
   if (args.gemm_peak) {

@@ -40,13 +40,16 @@ void block_attention_backward(const Ctx& ctx, const Tensor& dq, const Tensor& dk
                               const std::vector<int32_t>& seq_begin_host, const ops::BlockAttnSpec& spec);
 
 // Which implementation runs. Fused: the fused flash-style kernels (kernels/block_attention_fused.cu) where
-// they apply (head dim 16/32/64/128, G·B <= 64 query rows per kv head and block, 16-byte aligned tensors),
-// else the chunked path. Chunked: the chunked cuBLAS path above. Default: Fused, because on the H200 the
-// 8b step measured 158.0 ms with it and 186.9 ms with the chunked path (bench/README-drafter.md); the
-// environment variable DFLASH_BLOCK_ATTENTION=fused|chunked overrides the default (benchmarks).
+// they apply (head dim 16/32/64/128 with G·B <= 64 query rows per kv head and block; head dim 256 with
+// G·B <= 96 and B <= 32, the Qwen3.6-27B drafter's 24/4 heads x 256 with B 16; the current device's opt-in
+// shared memory per block large enough for the kernels' tiles, which sm_90/sm_100 (227 KB) are and sm_120
+// (99 KB) is not for head dims 128 and 256; 16-byte aligned tensors), else the chunked path. Chunked: the
+// chunked cuBLAS path above. Default: Fused, because on the H200 the 8b step measured 158.0 ms with it and
+// 186.9 ms with the chunked path (bench/README-drafter.md); the environment variable
+// DFLASH_BLOCK_ATTENTION=fused|chunked overrides the default (benchmarks).
 enum class BlockAttentionImpl : int { Default, Chunked, Fused };
 void set_block_attention_impl(BlockAttentionImpl impl);
-// Whether Fused runs the fused kernels for this shape (alignment aside).
+// Whether Fused runs the fused kernels for this shape on the current device (alignment aside).
 bool block_attention_fused_supported(int64_t nh, int64_t nkv, int64_t hd, int64_t block_size);
 
 // The fused kernels themselves (same contract; callers go through the functions above).

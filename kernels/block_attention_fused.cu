@@ -2,26 +2,43 @@
 //
 // FlashAttention-2 layout with mma.sync m16n8k16 (bf16 in, fp32 accumulate) and ldmatrix fragments:
 // scores and probabilities never leave registers (the S accumulator fragments of two 8-key n-tiles are
-// exactly the A fragment of P for the next product).
+// exactly the A fragment of P for the next product). Shapes: head dim 16/32/64/128 with G·B <= 64 query
+// rows per kv head and block ("narrow", Plan<HD>::kRows = 64, 4 warps), and head dim 256 with G·B <= 96,
+// B <= 32 ("wide", kRows = 96, 6 warps: the Qwen3.6-27B drafter, 24/4 heads x 256, B 16).
 //
-// Forward, one CTA of 4 warps per (block n, kv head g): the G query heads sharing kv head g times the
-// block's B rows (row i: head-in-group r = i / B, block offset o = i % B), padded to kRows = 64 with rows
-// that see nothing and are never written. Warp w owns rows [16w, 16w + 16). Keys stream in tiles of
-// kKeys = 64 through a two-stage cp.async pipeline (tile t + 1 loads while tile t is computed): the
-// context tiles of the block's visible range, then one tile of the block's own B keys. One pass, online
-// softmax. Blocks are taken in reverse order so the longest (latest anchors, when sorted) start first.
+// Forward, one CTA of kRows / 16 warps per (block n, kv head g): the G query heads sharing kv head g times
+// the block's B rows (row i: head-in-group r = i / B, block offset o = i % B), padded to kRows with rows
+// that see nothing and are never written (warps whose 16 rows are all padding skip the math). Warp w owns
+// rows [16w, 16w + 16). Keys stream in tiles of 64 through a two-stage cp.async pipeline (tile t + 1 loads
+// while tile t is computed): the context tiles of the block's visible range, then one tile of the block's
+// own B keys. One pass, online softmax. Narrow: Q staged in the idle stage, then held in registers. Wide:
+// the O accumulator alone is 128 fp32 registers per thread (16 rows x 256), so Q stays in shared memory
+// and its A fragments are re-read per key tile (ldmatrix; 1 extra ldmatrix per 4). Blocks are taken in
+// reverse order so the longest (latest anchors, when sorted) start first.
 // Backward (scores recomputed):
 //   dq kernel, per (block, kv head), same row layout: D = rowsum(dO o O) (saved), dq = scale · sum dS K,
 //     and for the block's own keys (seen by this CTA's rows only, P and dS staged once in shared memory)
-//     dk_blk = scale · dS^T Q, dv_blk = P^T dO, complete.
-//   dkv kernel, per (context key tile of 64, kv head, split of kSplitBlocks blocks): warp w owns keys
-//     [16w, 16w + 16) and computes S^T = K Q^T in registers for the blocks that see the tile (Q, dO of the
-//     next visible block prefetched with cp.async), dk += dS^T Q, dv += P^T dO accumulated in registers,
-//     then fp32 atomics into a [T, nkv·hd] buffer, converted to bf16 at the end. Deterministic mode
-//     (set_deterministic) makes one split of all N blocks: each element is then added exactly once.
+//     dk_blk = scale · dS^T Q, dv_blk = P^T dO, complete. Wide: key tiles of 32 (Q and dO of 96 rows take
+//     99 KB of shared memory; S and dP of 32 keys are 32 registers next to dq's 128).
+//   dkv kernel, per (context key tile of 64, kv head, split of kSplitBlocks blocks), dk += dS^T Q,
+//     dv += P^T dO accumulated in registers across the blocks that see the tile, then fp32 atomics into a
+//     [T, nkv·hd] buffer, converted to bf16 at the end. Narrow: 4 warps, warp w owns keys [16w, 16w + 16)
+//     and both its dk and dv; S^T = K Q^T and dP^T = V dO^T over 32-row chunks; Q, dO, lse, D of the next
+//     visible block prefetched with cp.async. Wide: dk and dv of 16 keys x 256 would be 256 registers per
+//     thread, so 8 warps pair up on 16 keys each: the even warp computes S^T = K Q^T, hands P to its partner
+//     through shared memory and owns dv (+= P^T dO); the odd warp computes dP^T = V dO^T and owns dk
+//     (+= dS^T Q). Each warp does two of the four products (no recomputation), 128 accumulator registers.
+//     Query rows stream in units of 32 rows of one block (Q, dO, lse, D), double-buffered with cp.async
+//     (whole 96-row blocks, two stages, would not fit next to K and V).
+//   Deterministic mode (set_deterministic) makes one split of all N blocks: each dk/dv element is then
+//   added exactly once (one warp owns it), so there is no order to vary.
+// Shared memory (bytes): narrow hd 128 fwd 69632, dq 104960, dkv 105472; wide fwd 185856, dq 169728,
+// dkv 143872. Devices whose opt-in limit is smaller (sm_120: 99 KB) are refused by
+// block_attention_fused_supported, so the chunked path runs there instead of a failed launch.
 #include <cuda_bf16.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <type_traits>
 
@@ -35,11 +52,9 @@ namespace {
 
 using bf16 = __nv_bfloat16;
 
-constexpr int kRows = 64;         // query rows per CTA (G·B padded)
-constexpr int kKeys = 64;         // keys per tile
-constexpr int kThreads = 128;     // 4 warps
 constexpr int kSplitBlocks = 64;  // blocks per dkv CTA
-constexpr int kRowChunk = 32;     // query rows per step of the dkv kernel (bounds its registers)
+constexpr int kRowChunk = 32;     // query rows per step of the dkv kernels (bounds their registers)
+constexpr int kDkvKeys = 64;      // context keys per dkv CTA
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
@@ -57,14 +72,35 @@ struct FusedArgs {
   float scale, scale_log2;  // scale, scale·log2(e)
 };
 
-template <int HD> struct Layout {
-  static constexpr int LD = HD + 8;       // bf16 row stride of [64][HD] tiles (16-byte pad: ldmatrix conflict-free)
-  static constexpr int LDP = kKeys + 8;   // bf16 row stride of the staged [64 rows][64 keys] P / dS
-  static constexpr int kTile = kRows * LD;  // elements of one [64][HD] tile
+// Tiles and shared memory per head dim (see the header comment).
+template <int HD> struct Plan {
+  static constexpr bool kWide = HD > 128;
+  static constexpr int kRows = kWide ? 96 : 64;  // query rows per forward / dq CTA (G·B padded)
+  static constexpr int kWarps = kRows / 16;
+  static constexpr int kThreads = 32 * kWarps;
+  static constexpr int kFwdKeys = 64;
+  static constexpr int kDqKeys = kWide ? 32 : 64;
+  static constexpr int kMaxB = kDqKeys;           // the block's own keys fit one dq key tile
+  static constexpr bool kQInRegs = !kWide;        // forward: Q fragments held in registers
+  static constexpr int LD = HD + 8;               // bf16 row stride of [rows][HD] tiles (16-byte pad: ldmatrix conflict-free)
+  static constexpr int kRowTile = kRows * LD;
+  static constexpr int kFwdKeyTile = kFwdKeys * LD;
+  static constexpr int kDqKeyTile = kDqKeys * LD;
+  static constexpr int LDP = kDqKeys + 8;         // bf16 row stride of the staged [rows][keys] P / dS
   // dq kernel stage: K and V of one tile, or (after the loop) P and dS of the block's own keys
-  static constexpr int kDqStage = 2 * kTile > 2 * kRows * LDP ? 2 * kTile : 2 * kRows * LDP;
+  static constexpr int kDqStage = 2 * kDqKeyTile > 2 * kRows * LDP ? 2 * kDqKeyTile : 2 * kRows * LDP;
+  static_assert(!kQInRegs || kRows <= 2 * kFwdKeys, "Q is staged in the second K/V stage");
+  // Narrow dkv: K, V, 2 stages of (Q, dO) of kRows rows and (lse, D). Wide dkv: K, V, 2 stages of (Q, dO)
+  // of kRowChunk rows and (lse, D), and one P hand-over buffer per warp pair ([16 keys x 32 rows] fp32).
+  static constexpr int kDkvThreads = kWide ? 256 : 128;
+  static constexpr size_t kSmemFwd = sizeof(bf16) * (4 * kFwdKeyTile + (kQInRegs ? 0 : kRowTile));
+  static constexpr size_t kSmemDq = sizeof(bf16) * (2 * kRowTile + 2 * kDqStage) + sizeof(float) * 2 * kRows;
+  static constexpr size_t kSmemDkv =
+      kWide ? sizeof(bf16) * (2 * kDkvKeys * LD + 4 * kRowChunk * LD) + sizeof(float) * (4 * kRowChunk + (kDkvThreads / 64) * 16 * kRowChunk)
+            : sizeof(bf16) * (2 * kDkvKeys * LD + 4 * kRows * LD) + sizeof(float) * 4 * kRows;
+  static constexpr size_t kSmemMax = kSmemFwd > kSmemDq ? (kSmemFwd > kSmemDkv ? kSmemFwd : kSmemDkv)
+                                                        : (kSmemDq > kSmemDkv ? kSmemDq : kSmemDkv);
 };
-static_assert(kRows == kKeys, "query and key tiles share one layout");
 
 // ---- PTX wrappers -----------------------------------------------------------------------------------------
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
@@ -153,6 +189,12 @@ template <int KS> __device__ __forceinline__ void to_a_frags(uint32_t (&f)[KS][4
   }
 }
 
+// Named barrier of the two warps of pair `pair` (ids 1..4; 0 is __syncthreads). bar.sync orders the shared
+// memory accesses of the participating threads.
+__device__ __forceinline__ void pair_barrier(int pair) {
+  asm volatile("bar.sync %0, 64;\n" ::"r"(1 + pair) : "memory");
+}
+
 // ---- geometry ----------------------------------------------------------------------------------------------
 // Context keys the block's widest row sees: [lo, a).
 __device__ __forceinline__ int block_ctx_lo(const FusedArgs& p, int a, int s0) {
@@ -179,45 +221,51 @@ __device__ __forceinline__ RowView row_view(const FusedArgs& p, int i, int a, in
   if (p.window > 0) return {max(s0, a + o - (p.window - 1)), o + 1};
   return {s0, p.B};
 }
-// Whether every real row sees all of context tile [j0, j0 + 64) (CTA-uniform; then no masking).
-__device__ __forceinline__ bool ctx_tile_interior(const FusedArgs& p, int a, int s0, int j0) {
-  if (j0 + kKeys > a || p.M < kRows) return false;
+// Whether every real row sees all of context tile [j0, j0 + KEYS) (CTA-uniform). Callers add their own
+// padding-row condition (padding rows must be masked: they see nothing).
+template <int KEYS> __device__ __forceinline__ bool ctx_tile_interior(const FusedArgs& p, int a, int s0, int j0) {
+  if (j0 + KEYS > a) return false;
   const int widest_lo = p.window > 0 ? max(s0, a + (p.B - 1) - (p.window - 1)) : s0;
   return j0 >= widest_lo;
 }
 
-// 64 rows of HD bf16 into shared memory (stride LD) with cp.async; row_ptr(i) == nullptr: zero row.
-template <int HD, class RowPtr> __device__ __forceinline__ void async_rows(bf16* dst, const bf16* any, RowPtr row_ptr) {
+// ROWS rows of HD bf16 into shared memory (stride HD + 8) with cp.async by TH threads; row_ptr(i) ==
+// nullptr: zero row.
+template <int HD, int ROWS, int TH, class RowPtr>
+__device__ __forceinline__ void async_rows(bf16* dst, const bf16* any, RowPtr row_ptr) {
   constexpr int V = HD / 8;
 #pragma unroll
-  for (int idx = threadIdx.x; idx < kRows * V; idx += kThreads) {
+  for (int idx = threadIdx.x; idx < ROWS * V; idx += TH) {
     const int i = idx / V, v = idx % V;
     const bf16* src = row_ptr(i);
-    cp_async16(dst + i * Layout<HD>::LD + v * 8, src != nullptr ? src + v * 8 : any, src != nullptr);
+    cp_async16(dst + i * (HD + 8) + v * 8, src != nullptr ? src + v * 8 : any, src != nullptr);
   }
 }
-// K (and V) of key tile [j0, j1) of the context, or of block n's own keys.
-template <int HD> __device__ __forceinline__ void async_key_tile(const FusedArgs& p, int n, int g, bool is_blk, int j0,
-                                                                int j1, bf16* Ks, bf16* Vs) {
+// K (and V) of key tile [j0, j1) of the context (KEYS rows), or of block n's own keys (B <= KEYS rows).
+template <int HD, int KEYS, int TH>
+__device__ __forceinline__ void async_key_tile(const FusedArgs& p, int n, int g, bool is_blk, int j0, int j1, bf16* Ks,
+                                               bf16* Vs) {
   if (is_blk) {
-    async_rows<HD>(Ks, p.kb, [&](int i) -> const bf16* { return i < p.B ? p.kb + (int64_t(n) * p.B + i) * p.KVD + g * HD : nullptr; });
-    async_rows<HD>(Vs, p.vb, [&](int i) -> const bf16* { return i < p.B ? p.vb + (int64_t(n) * p.B + i) * p.KVD + g * HD : nullptr; });
+    async_rows<HD, KEYS, TH>(Ks, p.kb, [&](int i) -> const bf16* { return i < p.B ? p.kb + (int64_t(n) * p.B + i) * p.KVD + g * HD : nullptr; });
+    async_rows<HD, KEYS, TH>(Vs, p.vb, [&](int i) -> const bf16* { return i < p.B ? p.vb + (int64_t(n) * p.B + i) * p.KVD + g * HD : nullptr; });
   } else {
-    async_rows<HD>(Ks, p.kc, [&](int i) -> const bf16* { return j0 + i < j1 ? p.kc + int64_t(j0 + i) * p.KVD + g * HD : nullptr; });
-    async_rows<HD>(Vs, p.vc, [&](int i) -> const bf16* { return j0 + i < j1 ? p.vc + int64_t(j0 + i) * p.KVD + g * HD : nullptr; });
+    async_rows<HD, KEYS, TH>(Ks, p.kc, [&](int i) -> const bf16* { return j0 + i < j1 ? p.kc + int64_t(j0 + i) * p.KVD + g * HD : nullptr; });
+    async_rows<HD, KEYS, TH>(Vs, p.vc, [&](int i) -> const bf16* { return j0 + i < j1 ? p.vc + int64_t(j0 + i) * p.KVD + g * HD : nullptr; });
   }
 }
-template <int HD> __device__ __forceinline__ void async_query_rows(const FusedArgs& p, const bf16* base, int n, int g,
-                                                                  bf16* dst) {
-  async_rows<HD>(dst, base, [&](int i) -> const bf16* { return i < p.M ? base + q_offset(p, n, g, i, HD) : nullptr; });
+// Query rows [r0, r0 + ROWS) of (block n, kv head g) from base (q, dout); rows >= M are zero.
+template <int HD, int ROWS, int TH>
+__device__ __forceinline__ void async_query_rows(const FusedArgs& p, const bf16* base, int n, int g, bf16* dst, int r0 = 0) {
+  async_rows<HD, ROWS, TH>(dst, base, [&](int i) -> const bf16* { return r0 + i < p.M ? base + q_offset(p, n, g, r0 + i, HD) : nullptr; });
 }
 
-// Scores of a warp's rows (acc [8 n-tiles][4], lane rows lane/4 and lane/4 + 8, columns 8·nt + 2·(lane%4) + e)
+// Scores of a warp's rows (acc [NT n-tiles][4], lane rows lane/4 and lane/4 + 8, columns 8·nt + 2·(lane%4) + e)
 // times scale·log2(e), -inf where hidden.
-__device__ __forceinline__ void mask_scale(float (&s)[kKeys / 8][4], const RowView (&rv)[2], bool masked, bool is_blk,
-                                           int j0, int a, float scale_log2, int lane) {
+template <int NT>
+__device__ __forceinline__ void mask_scale(float (&s)[NT][4], const RowView (&rv)[2], bool masked, bool is_blk, int j0,
+                                           int a, float scale_log2, int lane) {
 #pragma unroll
-  for (int nt = 0; nt < kKeys / 8; ++nt)
+  for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int h = e >> 1, c = 8 * nt + 2 * (lane & 3) + (e & 1);
@@ -228,28 +276,33 @@ __device__ __forceinline__ void mask_scale(float (&s)[kKeys / 8][4], const RowVi
 }
 
 // ---- forward ---------------------------------------------------------------------------------------------
-template <int HD> __global__ void __launch_bounds__(kThreads) fused_forward_kernel(FusedArgs p) {
-  using L = Layout<HD>;
-  constexpr int LD = L::LD, KS = HD / 16, DT = HD / 8, NT = kKeys / 8;
+template <int HD> __global__ void __launch_bounds__(Plan<HD>::kThreads) fused_forward_kernel(FusedArgs p) {
+  using P = Plan<HD>;
+  constexpr int LD = P::LD, KS = HD / 16, DT = HD / 8, KEYS = P::kFwdKeys, NT = KEYS / 8, TH = P::kThreads;
+  constexpr int kKeyTile = P::kFwdKeyTile;
   extern __shared__ __align__(128) unsigned char smem[];
-  bf16* KV = reinterpret_cast<bf16*>(smem);  // stage s: K at KV + 2s·kTile, V at + kTile
-  bf16* Qs = KV + 2 * L::kTile;               // Q staged in stage 1's K until its fragments are in registers
+  bf16* KV = reinterpret_cast<bf16*>(smem);  // stage s: K at KV + 2s·kKeyTile, V at + kKeyTile
+  // narrow: Q staged in stage 1's K until its fragments are in registers; wide: Q after the two stages
+  bf16* Qs = KV + (P::kQInRegs ? 2 : 4) * kKeyTile;
   const int n = p.N - 1 - int(blockIdx.x), g = blockIdx.y, w = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int a = p.anchors[n], s0 = p.seq_begin[n];
   const int lo = block_ctx_lo(p, a, s0);
-  const int ntiles = (a - lo + kKeys - 1) / kKeys + 1;  // context tiles + the block's own keys
-  async_query_rows<HD>(p, p.q, n, g, Qs);
-  async_key_tile<HD>(p, n, g, ntiles == 1, lo, a, KV, KV + L::kTile);
+  const int ntiles = (a - lo + KEYS - 1) / KEYS + 1;  // context tiles + the block's own keys
+  async_query_rows<HD, P::kRows, TH>(p, p.q, n, g, Qs);
+  async_key_tile<HD, KEYS, TH>(p, n, g, ntiles == 1, lo, a, KV, KV + kKeyTile);
   cp_async_commit();
   const int r0 = 16 * w + (lane >> 2);
   const RowView rv[2] = {row_view(p, r0, a, s0), row_view(p, r0 + 8, a, s0)};
   const bool rows_real = r0 + 8 < p.M;
-  cp_async_wait<0>();
-  __syncthreads();
-  uint32_t qf[KS][4];
+  const bool warp_live = 16 * w < p.M;  // warp-uniform: a warp of padding rows only keeps the barriers
+  uint32_t qf[P::kQInRegs ? KS : 1][4];
+  if constexpr (P::kQInRegs) {
+    cp_async_wait<0>();
+    __syncthreads();
 #pragma unroll
-  for (int k = 0; k < KS; ++k) ldsm_x4(qf[k], Qs + (16 * w + a_row(lane)) * LD + 16 * k + a_col(lane));
-  __syncthreads();  // stage 1 free
+    for (int k = 0; k < KS; ++k) ldsm_x4(qf[k], Qs + (16 * w + a_row(lane)) * LD + 16 * k + a_col(lane));
+    __syncthreads();  // stage 1 free
+  }
 
   float o[DT][4];
 #pragma unroll
@@ -257,60 +310,67 @@ template <int HD> __global__ void __launch_bounds__(kThreads) fused_forward_kern
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
   for (int t = 0; t < ntiles; ++t) {
     if (t + 1 < ntiles) {
-      bf16* nxt = KV + ((t + 1) & 1) * 2 * L::kTile;
-      async_key_tile<HD>(p, n, g, t + 1 == ntiles - 1, lo + (t + 1) * kKeys, a, nxt, nxt + L::kTile);
+      bf16* nxt = KV + ((t + 1) & 1) * 2 * kKeyTile;
+      async_key_tile<HD, KEYS, TH>(p, n, g, t + 1 == ntiles - 1, lo + (t + 1) * KEYS, a, nxt, nxt + kKeyTile);
     }
     cp_async_commit();
     cp_async_wait<1>();
     __syncthreads();
-    const bf16* Ks = KV + (t & 1) * 2 * L::kTile;
-    const bf16* Vs = Ks + L::kTile;
-    const bool is_blk = t == ntiles - 1;
-    const int j0 = lo + t * kKeys;
-    float s[NT][4];
+    if (warp_live) {
+      const bf16* Ks = KV + (t & 1) * 2 * kKeyTile;
+      const bf16* Vs = Ks + kKeyTile;
+      const bool is_blk = t == ntiles - 1;
+      const int j0 = lo + t * KEYS;
+      float s[NT][4];
 #pragma unroll
-    for (int nt = 0; nt < NT; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
+      for (int nt = 0; nt < NT; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
+      if constexpr (P::kQInRegs) {
 #pragma unroll
-    for (int k = 0; k < KS; ++k)
+        for (int k = 0; k < KS; ++k)
 #pragma unroll
-      for (int np = 0; np < NT / 2; ++np) {
-        uint32_t b[4];
-        ldsm_x4(b, Ks + (16 * np + bn_row(lane)) * LD + 16 * k + bn_col(lane));
-        mma16816(s[2 * np], qf[k], b[0], b[1]);
-        mma16816(s[2 * np + 1], qf[k], b[2], b[3]);
+          for (int np = 0; np < NT / 2; ++np) {
+            uint32_t b[4];
+            ldsm_x4(b, Ks + (16 * np + bn_row(lane)) * LD + 16 * k + bn_col(lane));
+            mma16816(s[2 * np], qf[k], b[0], b[1]);
+            mma16816(s[2 * np + 1], qf[k], b[2], b[3]);
+          }
+      } else {
+        mma_rows_nk<KS, NT, LD, LD>(s, Qs + 16 * w * LD, Ks, lane);  // S = Q K^T, Q re-read from shared memory
       }
-    const bool masked = is_blk || !rows_real || !ctx_tile_interior(p, a, s0, j0);
-    mask_scale(s, rv, masked, is_blk, j0, a, p.scale_log2, lane);
+      const bool masked = is_blk || !rows_real || !ctx_tile_interior<KEYS>(p, a, s0, j0);
+      mask_scale<NT>(s, rv, masked, is_blk, j0, a, p.scale_log2, lane);
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      float mx = -INFINITY;
+      for (int h = 0; h < 2; ++h) {
+        float mx = -INFINITY;
 #pragma unroll
-      for (int nt = 0; nt < NT; ++nt) mx = fmaxf(mx, fmaxf(s[nt][2 * h], s[nt][2 * h + 1]));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      const float mn = fmaxf(m[h], mx);
-      const float base = mn == -INFINITY ? 0.f : mn;
-      const float alpha = exp2f(m[h] - base);
-      float sum = 0.f;
+        for (int nt = 0; nt < NT; ++nt) mx = fmaxf(mx, fmaxf(s[nt][2 * h], s[nt][2 * h + 1]));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        const float mn = fmaxf(m[h], mx);
+        const float base = mn == -INFINITY ? 0.f : mn;
+        const float alpha = exp2f(m[h] - base);
+        float sum = 0.f;
 #pragma unroll
-      for (int nt = 0; nt < NT; ++nt) {
-        s[nt][2 * h] = exp2f(s[nt][2 * h] - base);
-        s[nt][2 * h + 1] = exp2f(s[nt][2 * h + 1] - base);
-        sum += s[nt][2 * h] + s[nt][2 * h + 1];
+        for (int nt = 0; nt < NT; ++nt) {
+          s[nt][2 * h] = exp2f(s[nt][2 * h] - base);
+          s[nt][2 * h + 1] = exp2f(s[nt][2 * h + 1] - base);
+          sum += s[nt][2 * h] + s[nt][2 * h + 1];
+        }
+        l[h] = l[h] * alpha + sum;
+        m[h] = mn;
+#pragma unroll
+        for (int d = 0; d < DT; ++d) {
+          o[d][2 * h] *= alpha;
+          o[d][2 * h + 1] *= alpha;
+        }
       }
-      l[h] = l[h] * alpha + sum;
-      m[h] = mn;
-#pragma unroll
-      for (int d = 0; d < DT; ++d) {
-        o[d][2 * h] *= alpha;
-        o[d][2 * h + 1] *= alpha;
-      }
+      uint32_t pf[NT / 2][4];
+      to_a_frags<NT / 2>(pf, s);
+      mma_regs_kn<NT / 2, DT, LD>(o, pf, Vs, lane);
     }
-    uint32_t pf[NT / 2][4];
-    to_a_frags<NT / 2>(pf, s);
-    mma_regs_kn<NT / 2, DT, LD>(o, pf, Vs, lane);
     __syncthreads();  // this stage is refilled by the next iteration's prefetch
   }
+  if (!warp_live) return;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
@@ -327,22 +387,24 @@ template <int HD> __global__ void __launch_bounds__(kThreads) fused_forward_kern
 }
 
 // ---- backward: dq, D, and the block's own keys ------------------------------------------------------------
-template <int HD> __global__ void __launch_bounds__(kThreads) fused_dq_kernel(FusedArgs p) {
-  using L = Layout<HD>;
-  constexpr int LD = L::LD, LDP = L::LDP, KS = HD / 16, DT = HD / 8, NT = kKeys / 8;
+template <int HD> __global__ void __launch_bounds__(Plan<HD>::kThreads) fused_dq_kernel(FusedArgs p) {
+  using P = Plan<HD>;
+  constexpr int LD = P::LD, LDP = P::LDP, KS = HD / 16, DT = HD / 8, KEYS = P::kDqKeys, NT = KEYS / 8;
+  constexpr int ROWS = P::kRows, TH = P::kThreads, kKeyTile = P::kDqKeyTile;
+  static_assert(TH == 2 * ROWS, "D is computed by a thread pair per row");
   extern __shared__ __align__(128) unsigned char smem[];
   bf16* Qs = reinterpret_cast<bf16*>(smem);
-  bf16* dOs = Qs + L::kTile;
-  float* Lse2s = reinterpret_cast<float*>(dOs + L::kTile);  // [64] lse in base 2
-  float* Ds = Lse2s + kRows;                                 // [64]
-  bf16* KV = reinterpret_cast<bf16*>(Ds + kRows);            // 2 stages of kDqStage elements
+  bf16* dOs = Qs + P::kRowTile;
+  float* Lse2s = reinterpret_cast<float*>(dOs + P::kRowTile);  // [ROWS] lse in base 2
+  float* Ds = Lse2s + ROWS;                                     // [ROWS]
+  bf16* KV = reinterpret_cast<bf16*>(Ds + ROWS);                // 2 stages of kDqStage elements
   const int n = p.N - 1 - int(blockIdx.x), g = blockIdx.y, w = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int a = p.anchors[n], s0 = p.seq_begin[n];
   const int lo = block_ctx_lo(p, a, s0);
-  const int ntiles = (a - lo + kKeys - 1) / kKeys + 1;
-  async_query_rows<HD>(p, p.q, n, g, Qs);
-  async_query_rows<HD>(p, p.dout, n, g, dOs);
-  async_key_tile<HD>(p, n, g, ntiles == 1, lo, a, KV, KV + L::kTile);
+  const int ntiles = (a - lo + KEYS - 1) / KEYS + 1;
+  async_query_rows<HD, ROWS, TH>(p, p.q, n, g, Qs);
+  async_query_rows<HD, ROWS, TH>(p, p.dout, n, g, dOs);
+  async_key_tile<HD, KEYS, TH>(p, n, g, ntiles == 1, lo, a, KV, KV + kKeyTile);
   cp_async_commit();
   {  // D = rowsum(dO o O), lse: thread pair per row
     const int i = threadIdx.x >> 1, half = threadIdx.x & 1;
@@ -366,6 +428,7 @@ template <int HD> __global__ void __launch_bounds__(kThreads) fused_dq_kernel(Fu
   const int r0 = 16 * w + (lane >> 2);
   const RowView rv[2] = {row_view(p, r0, a, s0), row_view(p, r0 + 8, a, s0)};
   const bool rows_real = r0 + 8 < p.M;
+  const bool warp_live = 16 * w < p.M;  // warp-uniform: a warp of padding rows only keeps the barriers
   __syncthreads();
   const float lse2[2] = {Lse2s[r0], Lse2s[r0 + 8]};
   const float Drow[2] = {Ds[r0], Ds[r0 + 8]};
@@ -378,68 +441,74 @@ template <int HD> __global__ void __launch_bounds__(kThreads) fused_dq_kernel(Fu
   for (int t = 0; t < ntiles; ++t) {
     const bool is_blk = t == ntiles - 1;
     if (t + 1 < ntiles) {
-      bf16* nxt = KV + ((t + 1) & 1) * L::kDqStage;
-      async_key_tile<HD>(p, n, g, t + 1 == ntiles - 1, lo + (t + 1) * kKeys, a, nxt, nxt + L::kTile);
+      bf16* nxt = KV + ((t + 1) & 1) * P::kDqStage;
+      async_key_tile<HD, KEYS, TH>(p, n, g, t + 1 == ntiles - 1, lo + (t + 1) * KEYS, a, nxt, nxt + kKeyTile);
     }
     cp_async_commit();
     cp_async_wait<1>();
     __syncthreads();
-    const bf16* Ks = KV + (t & 1) * L::kDqStage;
-    const bf16* Vs = Ks + L::kTile;
-    const int j0 = lo + t * kKeys;
-    float s[NT][4], dp[NT][4];
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) s[nt][e] = dp[nt][e] = 0.f;
-    mma_rows_nk<KS, NT, LD, LD>(s, Qw, Ks, lane);    // S = Q K^T
-    mma_rows_nk<KS, NT, LD, LD>(dp, dOw, Vs, lane);  // dP = dO V^T
-    const bool masked = is_blk || !rows_real || !ctx_tile_interior(p, a, s0, j0);
-    mask_scale(s, rv, masked, is_blk, j0, a, p.scale_log2, lane);
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int h = e >> 1;
-        s[nt][e] = exp2f(s[nt][e] - lse2[h]);     // P (0 where hidden)
-        dp[nt][e] = s[nt][e] * (dp[nt][e] - Drow[h]);  // dS
-      }
-    uint32_t dsf[NT / 2][4];
-    to_a_frags<NT / 2>(dsf, dp);
-    mma_regs_kn<NT / 2, DT, LD>(dq, dsf, Ks, lane);  // dq += dS K
-    if (is_blk) {  // stage P and dS of the block's own keys in the other (idle) stage
-      bf16* Ps = KV + ((t + 1) & 1) * L::kDqStage;
-      bf16* dSs = Ps + kRows * LDP;
+    if (warp_live) {
+      const bf16* Ks = KV + (t & 1) * P::kDqStage;
+      const bf16* Vs = Ks + kKeyTile;
+      const int j0 = lo + t * KEYS;
+      float s[NT][4], dp[NT][4];
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int off = (r0 + 8 * h) * LDP + 8 * nt + 2 * (lane & 3);
-          *reinterpret_cast<uint32_t*>(Ps + off) = pack_bf16(s[nt][2 * h], s[nt][2 * h + 1]);
-          *reinterpret_cast<uint32_t*>(dSs + off) = pack_bf16(dp[nt][2 * h], dp[nt][2 * h + 1]);
+        for (int e = 0; e < 4; ++e) s[nt][e] = dp[nt][e] = 0.f;
+      mma_rows_nk<KS, NT, LD, LD>(s, Qw, Ks, lane);    // S = Q K^T
+      mma_rows_nk<KS, NT, LD, LD>(dp, dOw, Vs, lane);  // dP = dO V^T
+      const bool masked = is_blk || !rows_real || !ctx_tile_interior<KEYS>(p, a, s0, j0);
+      mask_scale<NT>(s, rv, masked, is_blk, j0, a, p.scale_log2, lane);
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int h = e >> 1;
+          s[nt][e] = exp2f(s[nt][e] - lse2[h]);          // P (0 where hidden)
+          dp[nt][e] = s[nt][e] * (dp[nt][e] - Drow[h]);  // dS
         }
+      uint32_t dsf[NT / 2][4];
+      to_a_frags<NT / 2>(dsf, dp);
+      mma_regs_kn<NT / 2, DT, LD>(dq, dsf, Ks, lane);  // dq += dS K
+      if (is_blk) {  // stage P and dS of the block's own keys in the other (idle) stage
+        bf16* Ps = KV + ((t + 1) & 1) * P::kDqStage;
+        bf16* dSs = Ps + ROWS * LDP;
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const int off = (r0 + 8 * h) * LDP + 8 * nt + 2 * (lane & 3);
+            *reinterpret_cast<uint32_t*>(Ps + off) = pack_bf16(s[nt][2 * h], s[nt][2 * h + 1]);
+            *reinterpret_cast<uint32_t*>(dSs + off) = pack_bf16(dp[nt][2 * h], dp[nt][2 * h + 1]);
+          }
+      }
     }
     __syncthreads();
   }
+  if (warp_live) {
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int i = r0 + 8 * h;
-    if (i >= p.M) continue;
-    bf16* row = p.dq + q_offset(p, n, g, i, HD) + 2 * (lane & 3);
+    for (int h = 0; h < 2; ++h) {
+      const int i = r0 + 8 * h;
+      if (i >= p.M) continue;
+      bf16* row = p.dq + q_offset(p, n, g, i, HD) + 2 * (lane & 3);
 #pragma unroll
-    for (int d = 0; d < DT; ++d)
-      *reinterpret_cast<uint32_t*>(row + 8 * d) = pack_bf16(dq[d][2 * h] * p.scale, dq[d][2 * h + 1] * p.scale);
+      for (int d = 0; d < DT; ++d)
+        *reinterpret_cast<uint32_t*>(row + 8 * d) = pack_bf16(dq[d][2 * h] * p.scale, dq[d][2 * h + 1] * p.scale);
+    }
   }
   // The block's own keys: every row that sees them is in this CTA, so dk_blk / dv_blk are complete here.
-  // dk[key][dim] = scale · sum_rows dS[row][key] Q[row][dim]; dv likewise with P and dO. Items: 16 keys x 16 dims.
-  const bf16* Ps = KV + (ntiles & 1) * L::kDqStage;
-  const bf16* dSs = Ps + kRows * LDP;
+  // dk[key][dim] = scale · sum_rows dS[row][key] Q[row][dim]; dv likewise with P and dO. Items: 16 keys x 16
+  // dims, summed over the row tiles of live warps (the staged P / dS rows of padding warps are not written).
+  const bf16* Ps = KV + (ntiles & 1) * P::kDqStage;
+  const bf16* dSs = Ps + ROWS * LDP;
   const int key_tiles = (p.B + 15) / 16;
-  for (int f = w; f < key_tiles * KS; f += kThreads / 32) {
+  for (int f = w; f < key_tiles * KS; f += P::kWarps) {
     const int kt = f / KS, c = f % KS;
     float dk[2][4] = {}, dv[2][4] = {};
 #pragma unroll
-    for (int k = 0; k < kRows / 16; ++k) {
+    for (int k = 0; k < ROWS / 16; ++k) {
+      if (16 * k >= p.M) break;
       uint32_t x[4], y[4];
       // A = dS^T [key][row] from dSs [row][key]: transposed A load
       ldsm_x4_t(x, dSs + (16 * k + bn_row(lane)) * LDP + 16 * kt + bn_col(lane));
@@ -470,59 +539,67 @@ __device__ __forceinline__ bool block_sees_tile(const FusedArgs& p, int n, int j
   const int a = p.anchors[n];
   return a > j0 && block_ctx_lo(p, a, p.seq_begin[n]) < j1;
 }
-template <int HD> __device__ __forceinline__ void async_block_rows(const FusedArgs& p, int n, int g, bf16* Qs, bf16* dOs,
-                                                                  float* stats) {
-  async_query_rows<HD>(p, p.q, n, g, Qs);
-  async_query_rows<HD>(p, p.dout, n, g, dOs);
-  if (threadIdx.x < 2 * kRows) {  // stats[0..64) lse (natural log), stats[64..128) D
-    const int i = threadIdx.x % kRows;
-    const float* src = threadIdx.x < kRows ? p.lse : p.D;
+// Q, dO of query rows [r0, r0 + ROWS) of block n into Qs, dOs; their lse (natural log) and D into
+// stats[0, ROWS) and stats[ROWS, 2·ROWS) (zeros for rows >= M).
+template <int HD, int ROWS, int TH>
+__device__ __forceinline__ void async_block_rows(const FusedArgs& p, int n, int g, int r0, bf16* Qs, bf16* dOs,
+                                                 float* stats) {
+  static_assert(TH >= 2 * ROWS, "one thread per statistic");
+  async_query_rows<HD, ROWS, TH>(p, p.q, n, g, Qs, r0);
+  async_query_rows<HD, ROWS, TH>(p, p.dout, n, g, dOs, r0);
+  if (threadIdx.x < 2 * ROWS) {
+    const int i = r0 + int(threadIdx.x) % ROWS;
+    const float* src = int(threadIdx.x) < ROWS ? p.lse : p.D;
     cp_async4(stats + threadIdx.x, i < p.M ? src + stat_index(p, n, g, i) : src, i < p.M);
   }
 }
 
-template <int HD> __global__ void __launch_bounds__(kThreads) fused_dkv_kernel(FusedArgs p) {
-  using L = Layout<HD>;
-  constexpr int LD = L::LD, KS = HD / 16, DT = HD / 8, RT = kRowChunk / 8;
+// Narrow head dims (<= 128): 4 warps, each owning 16 keys' dk and dv; whole blocks (64 rows) per stage.
+template <int HD> __global__ void __launch_bounds__(128) fused_dkv_kernel(FusedArgs p) {
+  using P = Plan<HD>;
+  static_assert(!P::kWide && P::kRows == 2 * kRowChunk, "whole-block stages of 64 rows, 4 warps x 16 keys");
+  constexpr int LD = P::LD, KS = HD / 16, DT = HD / 8, RT = kRowChunk / 8, ROWS = P::kRows, TH = 128;
+  constexpr int kKeyTile = kDkvKeys * LD;
   extern __shared__ __align__(128) unsigned char smem[];
   bf16* Ks = reinterpret_cast<bf16*>(smem);
-  bf16* Vs = Ks + L::kTile;
-  bf16* QdO = Vs + L::kTile;                                    // stage s: Q at QdO + 2s·kTile, dO at + kTile
-  float* stats = reinterpret_cast<float*>(QdO + 4 * L::kTile);  // stage s: [2][64] at stats + 128 s
-  const int j0 = blockIdx.x * kKeys, j1 = min(j0 + kKeys, p.T), g = blockIdx.y;
+  bf16* Vs = Ks + kKeyTile;
+  bf16* QdO = Vs + kKeyTile;                                       // stage s: Q at QdO + 2s·kRowTile, dO at + kRowTile
+  float* stats = reinterpret_cast<float*>(QdO + 4 * P::kRowTile);  // stage s: [2][ROWS] at stats + 2·ROWS·s
+  const int j0 = blockIdx.x * kDkvKeys, j1 = min(j0 + kDkvKeys, p.T), g = blockIdx.y;
   const int n_begin = blockIdx.z * p.split_blocks, n_end = min(p.N, n_begin + p.split_blocks);
   const int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
   int n = n_begin;
   while (n < n_end && !block_sees_tile(p, n, j0, j1)) ++n;
   if (n == n_end) return;  // no block sees the tile (CTA-uniform)
-  async_key_tile<HD>(p, n, g, false, j0, j1, Ks, Vs);
-  async_block_rows<HD>(p, n, g, QdO, QdO + L::kTile, stats);
+  async_key_tile<HD, kDkvKeys, TH>(p, n, g, false, j0, j1, Ks, Vs);
+  async_block_rows<HD, ROWS, TH>(p, n, g, 0, QdO, QdO + P::kRowTile, stats);
   cp_async_commit();
   float dk[DT][4], dv[DT][4];
 #pragma unroll
   for (int d = 0; d < DT; ++d)
 #pragma unroll
     for (int e = 0; e < 4; ++e) dk[d][e] = dv[d][e] = 0.f;
-  const int kw = 16 * w;                 // this warp's keys within the tile
+  const int kw = 16 * w;  // this warp's keys within the tile
   const int key[2] = {j0 + kw + (lane >> 2), j0 + kw + (lane >> 2) + 8};
   int stage = 0;
   while (n < n_end) {
     int nn = n + 1;
     while (nn < n_end && !block_sees_tile(p, nn, j0, j1)) ++nn;
     if (nn < n_end) {
-      bf16* nxt = QdO + (stage ^ 1) * 2 * L::kTile;
-      async_block_rows<HD>(p, nn, g, nxt, nxt + L::kTile, stats + (stage ^ 1) * 2 * kRows);
+      bf16* nxt = QdO + (stage ^ 1) * 2 * P::kRowTile;
+      async_block_rows<HD, ROWS, TH>(p, nn, g, 0, nxt, nxt + P::kRowTile, stats + (stage ^ 1) * 2 * ROWS);
     }
     cp_async_commit();
     cp_async_wait<1>();
     __syncthreads();
-    const bf16* Qs = QdO + stage * 2 * L::kTile;
-    const bf16* dOs = Qs + L::kTile;
-    const float* lse = stats + stage * 2 * kRows;
-    const float* Dst = lse + kRows;
+    const bf16* Qs = QdO + stage * 2 * P::kRowTile;
+    const bf16* dOs = Qs + P::kRowTile;
+    const float* lse = stats + stage * 2 * ROWS;
+    const float* Dst = lse + ROWS;
     const int a = p.anchors[n], s0 = p.seq_begin[n];
-    const bool masked = !ctx_tile_interior(p, a, s0, j0);
+    const bool interior = ctx_tile_interior<kDkvKeys>(p, a, s0, j0);
     for (int rc = 0; rc < p.M; rc += kRowChunk) {
+      const bool masked = !interior || rc + kRowChunk > p.M;
       // S^T = K Q^T and dP^T = V dO^T for this warp's 16 keys x 32 rows
       float st[RT][4], dpt[RT][4];
 #pragma unroll
@@ -569,6 +646,109 @@ template <int HD> __global__ void __launch_bounds__(kThreads) fused_dkv_kernel(F
   }
 }
 
+// Wide head dims (256): 8 warps in 4 pairs, pair q owning keys [16q, 16q + 16) of the tile; the even warp
+// of a pair computes P and owns dv, the odd one dS and dk (see the header comment). The pipeline unit is 32
+// query rows of one block: (n, rc) -> (n, rc + 32) while rc + 32 < M, else the next block that sees the tile.
+template <int HD> __global__ void __launch_bounds__(256, 1) fused_dkv_pair_kernel(FusedArgs p) {
+  using P = Plan<HD>;
+  static_assert(P::kWide && P::kDkvThreads == 256, "8 warps: 4 pairs x 16 keys = the 64-key tile");
+  constexpr int LD = P::LD, KS = HD / 16, DT = HD / 8, RC = kRowChunk, RT = RC / 8, TH = 256;
+  constexpr int kKeyTile = kDkvKeys * LD, kUnit = RC * LD;
+  extern __shared__ __align__(128) unsigned char smem[];
+  bf16* Ks = reinterpret_cast<bf16*>(smem);
+  bf16* Vs = Ks + kKeyTile;
+  bf16* QdO = Vs + kKeyTile;                                   // stage s: Q at QdO + 2s·kUnit, dO at + kUnit
+  float* stats = reinterpret_cast<float*>(QdO + 4 * kUnit);    // stage s: [2][RC] at stats + 2·RC·s
+  float* handover = stats + 4 * RC;                            // pair q: [RT·4][32 lanes] fp32 P at + q·RT·4·32
+  const int j0 = blockIdx.x * kDkvKeys, j1 = min(j0 + kDkvKeys, p.T), g = blockIdx.y;
+  const int n_begin = blockIdx.z * p.split_blocks, n_end = min(p.N, n_begin + p.split_blocks);
+  const int w = threadIdx.x >> 5, lane = threadIdx.x & 31, pair = w >> 1;
+  const bool owns_dk = (w & 1) != 0;  // warp-uniform role
+  int n = n_begin;
+  while (n < n_end && !block_sees_tile(p, n, j0, j1)) ++n;
+  if (n == n_end) return;  // no block sees the tile (CTA-uniform)
+  async_key_tile<HD, kDkvKeys, TH>(p, n, g, false, j0, j1, Ks, Vs);
+  async_block_rows<HD, RC, TH>(p, n, g, 0, QdO, QdO + kUnit, stats);
+  cp_async_commit();
+  float acc[DT][4];  // dv (even warp) or dk (odd warp) of the pair's 16 keys x HD
+#pragma unroll
+  for (int d = 0; d < DT; ++d) acc[d][0] = acc[d][1] = acc[d][2] = acc[d][3] = 0.f;
+  const int kw = 16 * pair;  // this pair's keys within the tile
+  const int key[2] = {j0 + kw + (lane >> 2), j0 + kw + (lane >> 2) + 8};
+  float* hand = handover + pair * RT * 4 * 32;
+  int rc = 0, stage = 0;
+  while (n < n_end) {
+    int nn = n, nrc = rc + RC;
+    if (nrc >= p.M) {
+      nrc = 0;
+      ++nn;
+      while (nn < n_end && !block_sees_tile(p, nn, j0, j1)) ++nn;
+    }
+    if (nn < n_end) {
+      bf16* nxt = QdO + (stage ^ 1) * 2 * kUnit;
+      async_block_rows<HD, RC, TH>(p, nn, g, nrc, nxt, nxt + kUnit, stats + (stage ^ 1) * 2 * RC);
+    }
+    cp_async_commit();
+    cp_async_wait<1>();
+    __syncthreads();
+    const bf16* Qs = QdO + stage * 2 * kUnit;
+    const bf16* dOs = Qs + kUnit;
+    const float* lse = stats + stage * 2 * RC;
+    const float* Dst = lse + RC;
+    const int a = p.anchors[n], s0 = p.seq_begin[n];
+    const bool masked = !ctx_tile_interior<kDkvKeys>(p, a, s0, j0) || rc + RC > p.M;
+    // even: S^T = K Q^T; odd: dP^T = V dO^T (this pair's 16 keys x 32 rows)
+    float t[RT][4];
+#pragma unroll
+    for (int nt = 0; nt < RT; ++nt) t[nt][0] = t[nt][1] = t[nt][2] = t[nt][3] = 0.f;
+    mma_rows_nk<KS, RT, LD, LD>(t, (owns_dk ? Vs : Ks) + kw * LD, owns_dk ? dOs : Qs, lane);
+    if (!owns_dk) {
+#pragma unroll
+      for (int nt = 0; nt < RT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int i = 8 * nt + 2 * (lane & 3) + (e & 1), h = e >> 1;
+          bool vis = true;
+          if (masked) {
+            const RowView v = row_view(p, rc + i, a, s0);
+            vis = key[h] >= v.ctx_lo && key[h] < a;
+          }
+          t[nt][e] = vis ? exp2f(t[nt][e] * p.scale_log2 - lse[i] * kLog2e) : 0.f;  // P
+          hand[(4 * nt + e) * 32 + lane] = t[nt][e];
+        }
+    }
+    pair_barrier(pair);  // P of this unit handed over (the buffer is rewritten only after the __syncthreads below)
+    if (owns_dk) {
+#pragma unroll
+      for (int nt = 0; nt < RT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int i = 8 * nt + 2 * (lane & 3) + (e & 1);
+          t[nt][e] = hand[(4 * nt + e) * 32 + lane] * (t[nt][e] - Dst[i]);  // dS = P (dP - D)
+        }
+    }
+    uint32_t f[RT / 2][4];
+    to_a_frags<RT / 2>(f, t);
+    mma_regs_kn<RT / 2, DT, LD>(acc, f, owns_dk ? Qs : dOs, lane);  // dk += dS^T Q, or dv += P^T dO
+    __syncthreads();  // this stage (and the hand-over buffer) is refilled by the next iteration
+    n = nn;
+    rc = nrc;
+    stage ^= 1;
+  }
+  float* dst = owns_dk ? p.dk32 : p.dv32;
+  const float mul = owns_dk ? p.scale : 1.f;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    if (key[h] >= j1) continue;
+#pragma unroll
+    for (int d = 0; d < DT; ++d) {
+      const int64_t off = int64_t(key[h]) * p.KVD + g * HD + 8 * d + 2 * (lane & 3);
+      atomicAdd(dst + off, acc[d][2 * h] * mul);
+      atomicAdd(dst + off + 1, acc[d][2 * h + 1] * mul);
+    }
+  }
+}
+
 __global__ void f32_to_bf16_kernel(bf16* __restrict__ dst, const float* __restrict__ src, int64_t n) {
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
@@ -598,27 +778,33 @@ FusedArgs make_args(const Tensor& q, const Tensor& k_ctx, const Tensor& anchors,
   return p;
 }
 
+// Shapes the kernels of head dim HD take (device limits aside): G·B <= kRows, B <= kMaxB.
+template <int HD> bool rows_fit(const FusedArgs& p) { return p.M <= Plan<HD>::kRows && p.B >= 1 && p.B <= Plan<HD>::kMaxB; }
+
 template <int HD> void launch_forward(const Ctx& ctx, const FusedArgs& p) {
-  using L = Layout<HD>;
-  const size_t smem = sizeof(bf16) * 4 * L::kTile;  // 2 stages of K, V (Q staged in the second)
-  DF_CUDA(cudaFuncSetAttribute(fused_forward_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-  fused_forward_kernel<HD><<<dim3(unsigned(p.N), unsigned(p.nkv)), kThreads, smem, stream_of(ctx)>>>(p);
+  using P = Plan<HD>;
+  DF_CHECK(rows_fit<HD>(p), Internal, "block attention (fused): G·B " << p.M << ", B " << p.B << " at head dim " << HD);
+  DF_CUDA(cudaFuncSetAttribute(fused_forward_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(P::kSmemFwd)));
+  fused_forward_kernel<HD><<<dim3(unsigned(p.N), unsigned(p.nkv)), P::kThreads, P::kSmemFwd, stream_of(ctx)>>>(p);
   DF_CUDA_LAUNCH();
 }
 template <int HD> void launch_backward(const Ctx& ctx, const FusedArgs& p) {
-  using L = Layout<HD>;
-  // dq: Q, dO, lse/D rows, 2 stages of (K, V | P, dS); dkv: K, V, 2 stages of (Q, dO) and (lse, D) rows
-  const size_t smem_dq = sizeof(bf16) * (2 * L::kTile + 2 * L::kDqStage) + sizeof(float) * 2 * kRows;
-  const size_t smem_dkv = sizeof(bf16) * 6 * L::kTile + sizeof(float) * 4 * kRows;
-  DF_CUDA(cudaFuncSetAttribute(fused_dq_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem_dq)));
-  DF_CUDA(cudaFuncSetAttribute(fused_dkv_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem_dkv)));
-  fused_dq_kernel<HD><<<dim3(unsigned(p.N), unsigned(p.nkv)), kThreads, smem_dq, stream_of(ctx)>>>(p);
+  using P = Plan<HD>;
+  DF_CHECK(rows_fit<HD>(p), Internal, "block attention (fused): G·B " << p.M << ", B " << p.B << " at head dim " << HD);
+  DF_CUDA(cudaFuncSetAttribute(fused_dq_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(P::kSmemDq)));
+  fused_dq_kernel<HD><<<dim3(unsigned(p.N), unsigned(p.nkv)), P::kThreads, P::kSmemDq, stream_of(ctx)>>>(p);
   DF_CUDA_LAUNCH();
-  const unsigned key_tiles = unsigned((p.T + kKeys - 1) / kKeys), splits = unsigned((p.N + p.split_blocks - 1) / p.split_blocks);
-  if (key_tiles > 0) {
-    fused_dkv_kernel<HD><<<dim3(key_tiles, unsigned(p.nkv), splits), kThreads, smem_dkv, stream_of(ctx)>>>(p);
-    DF_CUDA_LAUNCH();
+  const unsigned key_tiles = unsigned((p.T + kDkvKeys - 1) / kDkvKeys), splits = unsigned((p.N + p.split_blocks - 1) / p.split_blocks);
+  if (key_tiles == 0) return;
+  const dim3 grid(key_tiles, unsigned(p.nkv), splits);
+  if constexpr (P::kWide) {
+    DF_CUDA(cudaFuncSetAttribute(fused_dkv_pair_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(P::kSmemDkv)));
+    fused_dkv_pair_kernel<HD><<<grid, P::kDkvThreads, P::kSmemDkv, stream_of(ctx)>>>(p);
+  } else {
+    DF_CUDA(cudaFuncSetAttribute(fused_dkv_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(P::kSmemDkv)));
+    fused_dkv_kernel<HD><<<grid, P::kDkvThreads, P::kSmemDkv, stream_of(ctx)>>>(p);
   }
+  DF_CUDA_LAUNCH();
 }
 
 template <class F> void dispatch_hd(int64_t hd, F&& f) {
@@ -627,15 +813,49 @@ template <class F> void dispatch_hd(int64_t hd, F&& f) {
     case 32: f(std::integral_constant<int, 32>{}); break;
     case 64: f(std::integral_constant<int, 64>{}); break;
     case 128: f(std::integral_constant<int, 128>{}); break;
+    case 256: f(std::integral_constant<int, 256>{}); break;
     default: DF_CHECK(false, Internal, "block attention (fused): head dim " << hd << " not supported");
   }
+}
+
+// The current device's opt-in shared memory per block (227 KB on sm_90 / sm_100, 99 KB on sm_120), once
+// per device; 0 when it cannot be read (then the fused path is refused).
+size_t device_smem_optin() {
+  constexpr int kMaxDevices = 64;
+  static std::atomic<int> cached[kMaxDevices] = {};
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= kMaxDevices) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  int v = cached[dev].load(std::memory_order_relaxed);
+  if (v == 0) {
+    if (cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return 0;
+    }
+    cached[dev].store(v, std::memory_order_relaxed);
+  }
+  return static_cast<size_t>(v);
 }
 
 }  // namespace
 
 bool block_attention_fused_supported(int64_t nh, int64_t nkv, int64_t hd, int64_t block_size) {
-  return (hd == 16 || hd == 32 || hd == 64 || hd == 128) && nkv > 0 && nh % nkv == 0 &&
-         (nh / nkv) * block_size <= kRows && block_size >= 1;
+  if (nkv <= 0 || nh % nkv != 0 || block_size < 1) return false;
+  FusedArgs p{};
+  p.M = static_cast<int>(std::min<int64_t>((nh / nkv) * block_size, 1 << 20));
+  p.B = static_cast<int>(std::min<int64_t>(block_size, 1 << 20));
+  bool ok = false;
+  size_t smem = 0;
+  if (hd == 16 || hd == 32 || hd == 64 || hd == 128 || hd == 256) {
+    dispatch_hd(hd, [&](auto h) {
+      constexpr int HD = decltype(h)::value;
+      ok = rows_fit<HD>(p);
+      smem = Plan<HD>::kSmemMax;
+    });
+  }
+  return ok && smem <= device_smem_optin();
 }
 
 bool block_attention_fused_usable(std::initializer_list<const Tensor*> tensors) {

@@ -2,7 +2,8 @@
 // sums used to depend on which block finished first give bit-identical results on identical inputs, and
 // stay within the usual tolerance of the atomic (default) path:
 //   RMSNorm and QK-norm + RoPE weight gradients (per-block partials summed in block order), on many rows
-//   so that many blocks add to every column; the block attention's dK/dV (one dkv CTA per key tile);
+//   so that many blocks add to every column; the block attention's dK/dV (one dkv CTA per key tile; head
+//   dims 128 and 256, full and sliding window);
 //   and the CUDA DrafterTrainer: three steps from the same init on the same batches and anchors, twice,
 //   give bit-identical master weights (this covers the GEMMs, whose timed algorithm choice is off too).
 #include <gtest/gtest.h>
@@ -90,11 +91,10 @@ TEST(GpuDeterministic, HeadNormRopeWeightGradient) {
   EXPECT_LT(rel_err(a, atomic), test::tol::kF32SumOrder);
 }
 
-TEST(GpuDeterministic, BlockAttentionKeyValueGradients) {
-  SKIP_WITHOUT_GPU();
+// 256 anchors x 16 (4 dkv splits of 64 blocks on the default path), 2048 context keys, nh/nkv heads of hd.
+void check_block_attention_dkv(int64_t nh, int64_t nkv, int64_t hd, int window) {
   const Ctx g = gpu();
-  // 256 anchors x 16 (4 dkv splits of 64 blocks on the default path), 2048 context keys, 16/4 heads of 128.
-  const int64_t N = 256, B = 16, T = 2048, nh = 16, nkv = 4, hd = 128, NB = N * B;
+  const int64_t N = 256, B = 16, T = 2048, NB = N * B;
   std::mt19937 rng(7);
   std::vector<int32_t> all(T - 1);
   for (int64_t t = 0; t + 1 < T; ++t) all[t] = static_cast<int32_t>(t);
@@ -108,6 +108,7 @@ TEST(GpuDeterministic, BlockAttentionKeyValueGradients) {
   Buffer d_an = test::to_device_i32(g, an), d_sb = test::to_device_i32(g, sb);
   ops::BlockAttnSpec spec;
   spec.scale = 1.f / std::sqrt(float(hd));
+  spec.window = window;
   cuda::block_attention_forward(g, out, lse, q, kc, vc, kb, vb, d_an, d_sb, an, sb, spec);
   auto run = [&](bool det) {
     DeterministicScope scope(det);
@@ -119,8 +120,20 @@ TEST(GpuDeterministic, BlockAttentionKeyValueGradients) {
     return k;
   };
   const std::vector<float> a = run(true), b = run(true), atomic = run(false);
-  EXPECT_TRUE(bit_equal(a, b)) << "deterministic dK/dV differ between two runs";
-  EXPECT_LT(rel_err(a, atomic), test::tol::kOp) << "bf16 outputs of two summation orders";
+  EXPECT_TRUE(bit_equal(a, b)) << "deterministic dK/dV differ between two runs (hd " << hd << ", window " << window << ")";
+  EXPECT_LT(rel_err(a, atomic), test::tol::kOp) << "bf16 outputs of two summation orders (hd " << hd << ")";
+}
+
+TEST(GpuDeterministic, BlockAttentionKeyValueGradients) {
+  SKIP_WITHOUT_GPU();
+  check_block_attention_dkv(16, 4, 128, 0);
+}
+// The 27B drafter's heads (24/4 x 256: the fused paired dkv kernel where the device has the shared memory
+// for it), full and sliding window.
+TEST(GpuDeterministic, BlockAttentionKeyValueGradientsHd256) {
+  SKIP_WITHOUT_GPU();
+  check_block_attention_dkv(24, 4, 256, 0);
+  check_block_attention_dkv(24, 4, 256, 700);
 }
 
 TEST(GpuDeterministic, TrainerStepsAreBitIdentical) {

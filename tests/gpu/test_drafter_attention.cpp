@@ -1,12 +1,14 @@
 // Block-prefix attention on CUDA against its float32 CPU twin (src/ops/block_attention.cpp) on random
-// data: several packed sequences, GQA groups of 1, 2, 3, 4 and 6, full and sliding-window layers, a block
-// whose own keys run past its sequence's end, a block with no context; both implementations (the fused
-// kernels where they apply, and the chunked cuBLAS path with one chunk and many chunks), relative error
-// <= 1e-2 (tol::kOp) on every output and gradient.
+// data: several packed sequences, GQA groups of 1 to 12, head dims 16 to 256, full and sliding-window
+// layers, a block whose own keys run past its sequence's end, a block with no context; both implementations
+// (the fused kernels where they apply, and the chunked cuBLAS path with one chunk and many chunks), relative
+// error <= 1e-2 (tol::kOp) on every output and gradient.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <random>
+
+#include <cuda_runtime.h>
 
 #include "block_attention.cuh"
 #include "dflash/drafter_ops.h"
@@ -135,10 +137,49 @@ TEST(GpuDrafterAttention, SlidingWindowNoGqaManyChunks) {
   SKIP_WITHOUT_GPU();
   run_both({4, 4, 128, 16, 33, 4 * 16 * 30}, 14);
 }
-TEST(GpuDrafterAttention, HeadDim256Gqa6) {  // the Qwen3.6-27B head layout (24/4 heads of 256): chunked only
+// Whether the device has the shared memory the fused head-dim-256 kernels need (the H100/H200's 227 KB per
+// block; sm_120's 99 KB does not, and there the fused path must refuse the shape so the chunked path runs).
+bool big_shared_memory() {
+  int dev = 0, smem = 0;
+  cudaGetDevice(&dev);
+  cudaDeviceGetAttribute(&smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
+  return smem >= 200 * 1024;
+}
+// Checks that the fused path takes (or, on a small-shared-memory device, refuses) the case, then runs both.
+void run_both_hd256(const AttnCase& c, uint32_t seed) {
+  EXPECT_EQ(cuda::block_attention_fused_supported(c.nh, c.nkv, c.hd, c.B), big_shared_memory())
+      << c.nh << "/" << c.nkv << " heads of " << c.hd << ", B " << c.B;
+  run_both(c, seed);
+}
+
+TEST(GpuDrafterAttention, HeadDim256Gqa6) {  // the Qwen3.6-27B head layout (24/4 heads of 256): G·B = 96 rows
   SKIP_WITHOUT_GPU();
-  EXPECT_FALSE(cuda::block_attention_fused_supported(6, 1, 256, 16));
-  run_both({6, 1, 256, 16, 0, 0}, 15);
+  run_both_hd256({6, 1, 256, 16, 0, 0}, 15);
+}
+// Head dim 256 through the fused kernels (96-row CTAs, the paired dkv kernel) on many blocks and keys:
+// G·B = 96 with B 16 (the 27B layout, full and sliding window, two kv heads), B 32 (the whole 32-key own
+// tile of the dq kernel) and B 8 (G 12); G·B = 80 (a partial 32-row unit and a half-padded warp) and 64
+// (two warps of padding rows); a window shorter than one key tile.
+TEST(GpuDrafterAttention, HeadDim256ManyBlocks) {
+  SKIP_WITHOUT_GPU();
+  const std::vector<AttnCase> cases = {
+      {12, 2, 256, 16, 0, 0}, {12, 2, 256, 16, 100, 0}, {3, 1, 256, 32, 0, 0}, {12, 1, 256, 8, 40, 0},
+      {10, 2, 256, 16, 0, 0}, {8, 2, 256, 16, 130, 0},  {6, 1, 256, 16, 20, 0},
+  };
+  uint32_t seed = 40;
+  for (AttnCase c : cases) {
+    c.lens = {300, 170, 260};
+    c.per_seq = 25;
+    run_both_hd256(c, seed++);
+  }
+}
+TEST(GpuDrafterAttention, FusedRefusesShapesBeyondItsTiles) {
+  SKIP_WITHOUT_GPU();
+  EXPECT_FALSE(cuda::block_attention_fused_supported(8, 1, 256, 16));   // G·B = 128 > 96
+  EXPECT_FALSE(cuda::block_attention_fused_supported(1, 1, 256, 64));   // B 64 > the 32-key own tile
+  EXPECT_FALSE(cuda::block_attention_fused_supported(6, 1, 128, 16));   // G·B = 96 > 64 at head dim 128
+  EXPECT_FALSE(cuda::block_attention_fused_supported(4, 1, 96, 16));    // head dim 96: no kernels
+  EXPECT_FALSE(cuda::block_attention_fused_supported(6, 4, 256, 16));   // nh not a multiple of nkv
 }
 // The 8b drafter's head layout (32/8 x 128, B 16) scaled down to 4/1, with GQA ratios 1, 2, 4 and enough
 // blocks (> 64 per split of the fused context-key kernel) and keys (several 64-key tiles per block).
