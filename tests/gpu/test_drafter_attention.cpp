@@ -158,7 +158,7 @@ TEST(GpuDrafterAttention, HeadDim256Gqa6) {  // the Qwen3.6-27B head layout (24/
 }
 // Head dim 256 through the fused kernels (96-row CTAs, the paired dkv kernel) on many blocks and keys:
 // G·B = 96 with B 16 (the 27B layout, full and sliding window, two kv heads), B 32 (the whole 32-key own
-// tile of the dq kernel) and B 8 (G 12); G·B = 80 (a partial 32-row unit and a half-padded warp) and 64
+// tile of the dq kernel) and B 8 (G 12); G·B = 80 (a half-empty 32-row unit, one warp of padding rows) and 64
 // (two warps of padding rows); a window shorter than one key tile.
 TEST(GpuDrafterAttention, HeadDim256ManyBlocks) {
   SKIP_WITHOUT_GPU();
