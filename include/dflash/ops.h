@@ -54,10 +54,21 @@ void head_norm_rope_forward(const Ctx& ctx, const Tensor& out, const Tensor& rst
 void head_norm_rope_backward(const Ctx& ctx, const Tensor& din, const Tensor& dw, const Tensor& dout,
                              const Tensor& in, const Tensor& w, const Tensor& rstd, const Tensor& pos,
                              RopeSpec rope, float eps);
+// The target's attention input in one pass over one fused q|k|v GEMM's output (forward only):
+//   qkv [T, (nh + 2 nkv) * hd], per token nh query heads, then nkv key heads, then nkv value heads;
+//   q [T, nh, hd]  = head_norm_rope(query heads, q_norm [hd]);   k [T, nkv, hd] = head_norm_rope(key heads, k_norm [hd]);
+//   v [T, nkv, hd] = the value heads, copied.
+// nh, nkv, hd are read from q and k; pos [T] (I32), rope and eps as head_norm_rope_forward, which computes
+// the same values (on the CPU bit for bit). q, k, v are contiguous and must not overlap qkv.
+void qkv_norm_rope_forward(const Ctx& ctx, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& qkv,
+                           const Tensor& q_norm, const Tensor& k_norm, const Tensor& pos, RopeSpec rope, float eps);
 
 // ---- SwiGLU ------------------------------------------------------------------------------------
 // out [N, I] = silu(gate [N, I]) * up [N, I]  (out may alias gate or up)
 void swiglu_forward(const Ctx& ctx, const Tensor& out, const Tensor& gate, const Tensor& up);
+// The same over one fused gate|up GEMM's output: out [N, I] = silu(gate_up[:, :I]) * gate_up[:, I:],
+// gate_up [N, 2I] (per row the I gate values, then the I up values). out must not overlap gate_up.
+void swiglu_fused_forward(const Ctx& ctx, const Tensor& out, const Tensor& gate_up);
 // dgate, dup [N, I] (overwritten)
 void swiglu_backward(const Ctx& ctx, const Tensor& dgate, const Tensor& dup, const Tensor& dout,
                      const Tensor& gate, const Tensor& up);

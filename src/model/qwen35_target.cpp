@@ -10,7 +10,8 @@
 //   full_attention (gated):
 //     q, gate = x Wq^T, x Wgate^T;  k, v = x Wk^T, x Wv^T;  q, k = partial_rope(head_rmsnorm(q, k))
 //     dst = (attention(q, k, v) * sigmoid(gate)) Wo^T
-//   dst += in;  x = post_attention_layernorm(dst);  dst += (silu(x Wg^T) * x Wu^T) Wd^T
+//   dst += in;  x = post_attention_layernorm(dst);  gu = x [Wg; Wu]^T  (one GEMM)
+//   dst += (silu(gu[:, :I]) * gu[:, I:]) Wd^T
 // Captured layers write straight into their CaptureOut slot; the others alternate between two buffers.
 // All activations are allocated once for max_tokens.
 #include "model/qwen35_target.h"
@@ -53,7 +54,8 @@ struct Qwen35Target::Impl {
   Buffer q, gate, attn;      // [T, nh*hd]
   Buffer k, v;               // [T, nkv*hd]
   // MLP
-  Buffer mlp_gate, mlp_up;   // [T, I]
+  Buffer mlp_gate_up;        // [T, 2I] the fused gate|up GEMM's output
+  Buffer mlp_act;            // [T, I] silu(gate) * up
   Buffer tokens, pos;        // [T] I32 on the backend's device
   Buffer cu_seqlens;         // [max_tokens + 1] I32 on the backend's device
   std::vector<int32_t> pos_host, cu_host;  // [max_tokens], [max_tokens + 1]
@@ -106,8 +108,8 @@ Qwen35Target::Qwen35Target(const Qwen35Config& cfg, const std::string& dir, cons
     for (Buffer* p : {&m.q, &m.gate, &m.attn}) *p = Buffer(d, act, {T, q_dim});
     for (Buffer* p : {&m.k, &m.v}) *p = Buffer(d, act, {T, kv_dim});
   }
-  m.mlp_gate = Buffer(d, act, {T, I});
-  m.mlp_up = Buffer(d, act, {T, I});
+  m.mlp_gate_up = Buffer(d, act, {T, 2 * I});
+  m.mlp_act = Buffer(d, act, {T, I});
   m.tokens = Buffer(d, DType::I32, {T});
   m.pos = Buffer(d, DType::I32, {T});
   m.cu_seqlens = Buffer(d, DType::I32, {T + 1});
@@ -173,11 +175,10 @@ void Qwen35Target::Impl::layer_forward(const Qwen35LayerWeights& L, const Tensor
     full_attn_forward(L.attn, x, dst, T, cu);
   }
   ops::residual_rmsnorm_forward(ctx, dst, x, Tensor(), in, L.post_attention_layernorm, eps);
-  const Tensor gt = rows(mlp_gate, T), ut = rows(mlp_up, T);
-  ops::matmul_forward(ctx, gt, x, L.gate_proj);
-  ops::matmul_forward(ctx, ut, x, L.up_proj);
-  ops::swiglu_forward(ctx, gt, gt, ut);
-  ops::matmul_forward(ctx, dst, gt, L.down_proj, ops::Accumulate::Yes);
+  const Tensor gu = rows(mlp_gate_up, T), at = rows(mlp_act, T);
+  ops::matmul_forward(ctx, gu, x, L.gate_up_proj);
+  ops::swiglu_fused_forward(ctx, at, gu);
+  ops::matmul_forward(ctx, dst, at, L.down_proj, ops::Accumulate::Yes);
 }
 
 void Qwen35Target::forward(const PackedBatch& batch, const CaptureOut& out) {

@@ -28,6 +28,9 @@ struct WeightSpec {
   Buffer* dst2 = nullptr;
   int64_t heads = 0, head_dim = 0;  // SplitQueryGate
   bool keep_f32 = false;            // the decay parameters: float32 on every backend (they feed exp)
+  // A part of a fused projection (Plain only): the tensor goes to rows [row0, row0 + buf_shape[0]) of
+  // *dst, which holds fused_rows rows in all (allocated by whichever part loads first).
+  int64_t row0 = 0, fused_rows = 0;
 };
 
 Buffer make_weight(const Ctx& ctx, DType dtype, const std::vector<int64_t>& shape) {
@@ -37,12 +40,12 @@ Buffer make_weight(const Ctx& ctx, DType dtype, const std::vector<int64_t>& shap
 }
 
 // dst (any backend) = host float32 src, converted to dst's dtype; the staging is free again on return.
-void upload(const Ctx& ctx, const Buffer& dst, const float* src) {
-  Tensor s = dst.t();
+void upload(const Ctx& ctx, const Tensor& dst, const float* src) {
+  Tensor s = dst;
   s.data = const_cast<float*>(src);
   s.dtype = DType::F32;
   s.device = Device::CPU;
-  copy_tensor(ctx, dst.t(), s);
+  copy_tensor(ctx, dst, s);
   synchronize(ctx);
 }
 
@@ -91,8 +94,12 @@ std::vector<WeightSpec> weight_specs(const Qwen35Config& cfg, Qwen35Weights& w) 
       s.push_back({ap + "k_norm.weight", {hd}, {hd}, &A.k_norm, LoadAs::ZeroCentred});
     }
     s.push_back({lp + "post_attention_layernorm.weight", {H}, {H}, &L.post_attention_layernorm, LoadAs::ZeroCentred});
-    s.push_back({lp + "mlp.gate_proj.weight", {I, H}, {I, H}, &L.gate_proj});
-    s.push_back({lp + "mlp.up_proj.weight", {I, H}, {I, H}, &L.up_proj});
+    WeightSpec gate{lp + "mlp.gate_proj.weight", {I, H}, {I, H}, &L.gate_up_proj};
+    WeightSpec up{lp + "mlp.up_proj.weight", {I, H}, {I, H}, &L.gate_up_proj};
+    gate.fused_rows = up.fused_rows = 2 * I;
+    up.row0 = I;
+    s.push_back(gate);
+    s.push_back(up);
     s.push_back({lp + "mlp.down_proj.weight", {H, I}, {H, I}, &L.down_proj});
   }
   s.push_back({p + "norm.weight", {H}, {H}, &w.norm, LoadAs::ZeroCentred});
@@ -127,11 +134,16 @@ Qwen35Weights load_qwen35_weights(Checkpoint& ckpt, const Qwen35Config& cfg, con
   std::vector<float> staging(staging_numel);
   for (WeightSpec& s : specs) {
     const DType dt = s.keep_f32 ? DType::F32 : dtype;
-    *s.dst = make_weight(ctx, dt, s.buf_shape);
+    if (s.fused_rows == 0) {
+      *s.dst = make_weight(ctx, dt, s.buf_shape);
+    } else if (s.dst->t().empty()) {
+      *s.dst = make_weight(ctx, dt, {s.fused_rows, s.buf_shape[1]});
+    }
     ckpt.load_f32(s.name, s.ckpt_shape, staging.data());
     switch (s.how) {
       case LoadAs::Plain:
-        upload(ctx, *s.dst, staging.data());
+        upload(ctx, s.fused_rows == 0 ? s.dst->t() : s.dst->t().slice_rows(s.row0, s.row0 + s.buf_shape[0]),
+               staging.data());
         break;
       case LoadAs::ZeroCentred:
         for (size_t i = 0; i < s.dst->numel(); ++i) staging[i] = 1.0f + staging[i];
@@ -157,6 +169,11 @@ Qwen35Weights load_qwen35_weights(Checkpoint& ckpt, const Qwen35Config& cfg, con
     if (--left_in_shard[shard] == 0) ckpt.release_shard(shard);
   }
   for (const std::string& shard : ckpt.shard_files()) ckpt.release_shard(shard);
+  const int64_t I = cfg.text.intermediate_size;
+  for (Qwen35LayerWeights& L : w.layers) {
+    L.gate_proj = L.gate_up_proj.t().slice_rows(0, I);
+    L.up_proj = L.gate_up_proj.t().slice_rows(I, 2 * I);
+  }
   return w;
 }
 

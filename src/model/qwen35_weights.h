@@ -6,6 +6,8 @@
 //     multiplies by 1 + w) are stored as 1 + w; the Gated DeltaNet output norm is a plain weight;
 //   - the full-attention q_proj [nh * 2hd, H], per head [query (hd) | gate (hd)] rows, is split into
 //     q_proj [nh*hd, H] and gate_proj [nh*hd, H].
+// And the MLP's gate_proj and up_proj [I, H] are loaded into the two row halves of one gate_up_proj
+// [2I, H], so the forward runs them as one GEMM (the originals stay available as row-slice views).
 #pragma once
 #include <vector>
 
@@ -42,7 +44,8 @@ struct Qwen35LayerWeights {
   Qwen35FullAttnWeights attn;      // allocated for FullAttention layers
   Buffer input_layernorm;           // [H], 1 + w
   Buffer post_attention_layernorm;  // [H], 1 + w
-  Buffer gate_proj, up_proj;        // [I, H]
+  Buffer gate_up_proj;              // [2I, H]: the checkpoint's gate_proj | up_proj rows, one GEMM
+  Tensor gate_proj, up_proj;        // views of gate_up_proj: [I, H] each
   Buffer down_proj;                 // [H, I]
 };
 

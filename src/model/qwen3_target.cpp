@@ -3,10 +3,10 @@
 //
 // Per decoder layer l, with the layer input `in` and its output buffer `dst` (a different buffer):
 //   x   = input_layernorm(in)
-//   q,k,v = x Wq^T, x Wk^T, x Wv^T;  q,k = rope(head_rmsnorm(q,k))     (in place)
+//   qkv = x [Wq; Wk; Wv]^T;  q,k = rope(head_rmsnorm(q,k)), v copied    (one GEMM, one pass: qkv_norm_rope)
 //   dst = attention(q, k, v) Wo^T
 //   dst += in;  x = post_attention_layernorm(dst)                       (fused residual + norm)
-//   dst += (silu(x Wg^T) * x Wu^T) Wd^T                                  (accumulating matmul)
+//   gu  = x [Wg; Wu]^T;  dst += (silu(gu[:, :I]) * gu[:, I:]) Wd^T      (one GEMM; accumulating matmul)
 // A captured layer's `dst` is its slot in CaptureOut.features, so captures cost no copy; other layers
 // alternate between two stream buffers (a layer listed twice is copied into its second slot). All
 // activations are allocated once for max_tokens.
@@ -26,8 +26,31 @@
 namespace dflash {
 
 namespace {
-// The first T rows of an activation buffer allocated for max_tokens.
-Tensor rows(const Buffer& b, int64_t T) { return b.t().slice_rows(0, T); }
+// The first T rows of an activation buffer (or a view of one) allocated for max_tokens.
+Tensor rows(const Tensor& b, int64_t T) { return b.slice_rows(0, T); }
+
+// Consecutive [rows, cols] views carved out of one buffer; each starts on a 256-byte boundary (what the
+// vectorised kernels and cuBLASLt want).
+class Carver {
+ public:
+  Carver(const Ctx& ctx, DType dtype, int64_t rows) : ctx_(ctx), dtype_(dtype), rows_(rows) {}
+  // Reserves a region; views come from take() once the buffer exists.
+  size_t reserve(int64_t cols) {
+    const size_t at = end_;
+    end_ += (static_cast<size_t>(rows_) * cols * dtype_size(dtype_) + 255) / 256 * 256;
+    return at;
+  }
+  size_t bytes() const { return end_; }
+  Tensor take(const Buffer& b, size_t at, int64_t cols) const {
+    return Tensor(static_cast<char*>(b.t().data) + at, dtype_, ctx_.device, {rows_, cols});
+  }
+
+ private:
+  Ctx ctx_;
+  DType dtype_;
+  int64_t rows_;
+  size_t end_ = 0;
+};
 }  // namespace
 
 struct Qwen3Target::Impl {
@@ -42,9 +65,17 @@ struct Qwen3Target::Impl {
   // Activations [max_tokens, ...], reused layer to layer.
   Buffer stream[2];      // [T, H] residual stream of layers that are not captured
   Buffer x_norm;         // [T, H]
-  Buffer q, k, v;        // [T, nh*hd], [T, nkv*hd], [T, nkv*hd]
-  Buffer attn;           // [T, nh*hd]
-  Buffer gate, up;       // [T, I]; swiglu writes into gate
+  // One allocation for the two halves of a layer, which are never live at once: the attention half's
+  // views (dead once o_proj has read attn) share its bytes with the MLP half's. Sized for the larger half
+  // (3I values per token for the MLP, 2 (nh + 2nkv) hd + nh hd for the attention), the fused projections'
+  // extra outputs (qkv beside q/k/v, mlp_act beside gate_up) cost little: on the 8B shape 36864 values per
+  // token against 34816 for separate q, k, v, attn, gate, up buffers.
+  Buffer work;
+  Tensor qkv;            // [T, (nh + 2nkv) hd] the fused q|k|v GEMM's output      (attention half)
+  Tensor q, k, v;        // [T, nh*hd], [T, nkv*hd], [T, nkv*hd] its normed/rotated/copied heads
+  Tensor attn;           // [T, nh*hd]
+  Tensor gate_up;        // [T, 2I] the fused gate|up GEMM's output                   (MLP half)
+  Tensor mlp_act;        // [T, I] silu(gate) * up
   Buffer tokens, pos;    // [T] I32 on the device
   Buffer cu_seqlens;     // [max_tokens + 1] I32 on the device
   std::vector<int32_t> pos_host;  // [max_tokens]
@@ -77,12 +108,21 @@ Qwen3Target::Qwen3Target(const Qwen3Config& cfg, const std::string& dir, const C
   const Device d = ctx.device;
   for (Buffer& s : m.stream) s = Buffer(d, m.act, {T, H});
   m.x_norm = Buffer(d, m.act, {T, H});
-  m.q = Buffer(d, m.act, {T, q_dim});
-  m.k = Buffer(d, m.act, {T, kv_dim});
-  m.v = Buffer(d, m.act, {T, kv_dim});
-  m.attn = Buffer(d, m.act, {T, q_dim});
-  m.gate = Buffer(d, m.act, {T, I});
-  m.up = Buffer(d, m.act, {T, I});
+  const int64_t qkv_dim = q_dim + 2 * kv_dim;
+  Carver attn_half(ctx, m.act, T), mlp_half(ctx, m.act, T);
+  const size_t at_qkv = attn_half.reserve(qkv_dim), at_q = attn_half.reserve(q_dim),
+               at_k = attn_half.reserve(kv_dim), at_v = attn_half.reserve(kv_dim),
+               at_attn = attn_half.reserve(q_dim);
+  const size_t at_gate_up = mlp_half.reserve(2 * I), at_act = mlp_half.reserve(I);
+  const size_t work_bytes = std::max(attn_half.bytes(), mlp_half.bytes());
+  m.work = Buffer(d, DType::U8, {static_cast<int64_t>(work_bytes)});
+  m.qkv = attn_half.take(m.work, at_qkv, qkv_dim);
+  m.q = attn_half.take(m.work, at_q, q_dim);
+  m.k = attn_half.take(m.work, at_k, kv_dim);
+  m.v = attn_half.take(m.work, at_v, kv_dim);
+  m.attn = attn_half.take(m.work, at_attn, q_dim);
+  m.gate_up = mlp_half.take(m.work, at_gate_up, 2 * I);
+  m.mlp_act = mlp_half.take(m.work, at_act, I);
   m.tokens = Buffer(d, DType::I32, {T});
   m.pos = Buffer(d, DType::I32, {T});
   m.cu_seqlens = Buffer(d, DType::I32, {T + 1});
@@ -107,22 +147,19 @@ void Qwen3Target::Impl::layer_forward(const Qwen3LayerWeights& L, const Tensor& 
   const Tensor positions = rows(pos, T), cu = cu_seqlens.t().slice_rows(0, nseq + 1);
 
   ops::rmsnorm_forward(ctx, x, Tensor(), in, L.input_layernorm, eps);
-  ops::matmul_forward(ctx, qt, x, L.q_proj);
-  ops::matmul_forward(ctx, kt, x, L.k_proj);
-  ops::matmul_forward(ctx, vt, x, L.v_proj);
+  const Tensor qkvt = rows(qkv, T);
+  ops::matmul_forward(ctx, qkvt, x, L.qkv_proj);
   const Tensor q3 = qt.reshape({T, nh, hd}), k3 = kt.reshape({T, nkv, hd});
-  ops::head_norm_rope_forward(ctx, q3, Tensor(), q3, L.q_norm, positions, rope, eps);
-  ops::head_norm_rope_forward(ctx, k3, Tensor(), k3, L.k_norm, positions, rope, eps);
+  ops::qkv_norm_rope_forward(ctx, q3, k3, vt.reshape({T, nkv, hd}), qkvt, L.q_norm, L.k_norm, positions, rope, eps);
   ops::attention_varlen_causal_forward(ctx, at.reshape({T, nh, hd}), q3, k3, vt.reshape({T, nkv, hd}), cu,
                                        1.0f / std::sqrt(static_cast<float>(hd)));
   ops::matmul_forward(ctx, dst, at, L.o_proj);
   ops::residual_rmsnorm_forward(ctx, dst, x, Tensor(), in, L.post_attention_layernorm, eps);
 
-  const Tensor g = rows(gate, T), u = rows(up, T);
-  ops::matmul_forward(ctx, g, x, L.gate_proj);
-  ops::matmul_forward(ctx, u, x, L.up_proj);
-  ops::swiglu_forward(ctx, g, g, u);
-  ops::matmul_forward(ctx, dst, g, L.down_proj, ops::Accumulate::Yes);
+  const Tensor gu = rows(gate_up, T), a = rows(mlp_act, T);
+  ops::matmul_forward(ctx, gu, x, L.gate_up_proj);
+  ops::swiglu_fused_forward(ctx, a, gu);
+  ops::matmul_forward(ctx, dst, a, L.down_proj, ops::Accumulate::Yes);
 }
 
 void Qwen3Target::forward(const PackedBatch& batch, const CaptureOut& out) {

@@ -12,8 +12,11 @@ namespace {
 
 struct WeightSpec {
   std::string name;
-  std::vector<int64_t> shape;
+  std::vector<int64_t> shape;  // as in the checkpoint
   Buffer* dst;
+  // A part of a fused projection: the tensor goes to rows [row0, row0 + shape[0]) of *dst, which holds
+  // fused_rows rows in all (allocated by whichever part loads first). fused_rows = 0: dst is the tensor.
+  int64_t row0 = 0, fused_rows = 0;
 };
 
 Buffer make_buffer(Device dev, DType dtype, const std::vector<int64_t>& shape) {
@@ -33,15 +36,16 @@ std::vector<WeightSpec> weight_specs(const Qwen3Config& c, Qwen3Weights& w) {
     Qwen3LayerWeights& L = w.layers[l];
     const std::string lp = p + "layers." + std::to_string(l) + ".";
     s.push_back({lp + "input_layernorm.weight", {H}, &L.input_layernorm});
-    s.push_back({lp + "self_attn.q_proj.weight", {q_dim, H}, &L.q_proj});
-    s.push_back({lp + "self_attn.k_proj.weight", {kv_dim, H}, &L.k_proj});
-    s.push_back({lp + "self_attn.v_proj.weight", {kv_dim, H}, &L.v_proj});
+    const int64_t qkv_rows = q_dim + 2 * kv_dim;
+    s.push_back({lp + "self_attn.q_proj.weight", {q_dim, H}, &L.qkv_proj, 0, qkv_rows});
+    s.push_back({lp + "self_attn.k_proj.weight", {kv_dim, H}, &L.qkv_proj, q_dim, qkv_rows});
+    s.push_back({lp + "self_attn.v_proj.weight", {kv_dim, H}, &L.qkv_proj, q_dim + kv_dim, qkv_rows});
     s.push_back({lp + "self_attn.o_proj.weight", {H, q_dim}, &L.o_proj});
     s.push_back({lp + "self_attn.q_norm.weight", {c.head_dim}, &L.q_norm});
     s.push_back({lp + "self_attn.k_norm.weight", {c.head_dim}, &L.k_norm});
     s.push_back({lp + "post_attention_layernorm.weight", {H}, &L.post_attention_layernorm});
-    s.push_back({lp + "mlp.gate_proj.weight", {I, H}, &L.gate_proj});
-    s.push_back({lp + "mlp.up_proj.weight", {I, H}, &L.up_proj});
+    s.push_back({lp + "mlp.gate_proj.weight", {I, H}, &L.gate_up_proj, 0, 2 * I});
+    s.push_back({lp + "mlp.up_proj.weight", {I, H}, &L.gate_up_proj, I, 2 * I});
     s.push_back({lp + "mlp.down_proj.weight", {H, I}, &L.down_proj});
   }
   s.push_back({p + "norm.weight", {H}, &w.norm});
@@ -110,22 +114,39 @@ Qwen3Weights load_qwen3_weights(Checkpoint& ckpt, const Qwen3Config& cfg, const 
   const bool direct = ctx.device == Device::CPU && dtype == DType::F32;
   std::vector<float> staging(direct ? 0 : max_numel);
   for (WeightSpec& s : specs) {
-    *s.dst = make_buffer(ctx.device, dtype, s.shape);
+    if (s.fused_rows == 0) {
+      *s.dst = make_buffer(ctx.device, dtype, s.shape);
+    } else if (s.dst->t().empty()) {
+      *s.dst = make_buffer(ctx.device, dtype, {s.fused_rows, s.shape[1]});
+    }
+    const Tensor dst = s.fused_rows == 0 ? s.dst->t() : s.dst->t().slice_rows(s.row0, s.row0 + s.shape[0]);
     if (direct) {
-      ckpt.load_f32(s.name, s.shape, s.dst->ptr<float>());
+      ckpt.load_f32(s.name, s.shape, dst.ptr<float>());
     } else {
       ckpt.load_f32(s.name, s.shape, staging.data());
-      Tensor src = s.dst->t();
+      Tensor src = dst;
       src.data = staging.data();
       src.dtype = DType::F32;
       src.device = Device::CPU;
-      copy_tensor(ctx, s.dst->t(), src);
+      copy_tensor(ctx, dst, src);
       synchronize(ctx);  // the staging buffer is reused by the next tensor
     }
     const std::string& shard = ckpt.shard_of(s.name);
     if (--left_in_shard[shard] == 0) ckpt.release_shard(shard);
   }
   for (const std::string& shard : ckpt.shard_files()) ckpt.release_shard(shard);
+
+  // The original projections as row slices of the fused buffers (the order weight_specs loads them in).
+  const int64_t I = cfg.intermediate_size;
+  const int64_t q_dim = int64_t(cfg.num_attention_heads) * cfg.head_dim;
+  const int64_t kv_dim = int64_t(cfg.num_key_value_heads) * cfg.head_dim;
+  for (Qwen3LayerWeights& L : w.layers) {
+    L.q_proj = L.qkv_proj.t().slice_rows(0, q_dim);
+    L.k_proj = L.qkv_proj.t().slice_rows(q_dim, q_dim + kv_dim);
+    L.v_proj = L.qkv_proj.t().slice_rows(q_dim + kv_dim, q_dim + 2 * kv_dim);
+    L.gate_proj = L.gate_up_proj.t().slice_rows(0, I);
+    L.up_proj = L.gate_up_proj.t().slice_rows(I, 2 * I);
+  }
   return w;
 }
 

@@ -9,13 +9,20 @@
 namespace dflash {
 
 // One decoder layer, torch layout (Linear W [out, in]).
+// The projections that read the same input are stored fused, so the forward runs one GEMM for each group
+// (wider N: the [nkv*hd, H] k and v GEMMs alone are the least efficient of the layer): the checkpoint's
+// q/k/v rows are loaded straight into row ranges of qkv_proj and gate/up into gate_up_proj. Rows of a
+// row-major [out, in] matrix are contiguous, so each original projection stays available as a row-slice
+// view of its fused buffer.
 struct Qwen3LayerWeights {
   Buffer input_layernorm;           // [H]
-  Buffer q_proj, k_proj, v_proj;    // [nh*hd, H], [nkv*hd, H], [nkv*hd, H]
+  Buffer qkv_proj;                  // [(nh + 2 nkv) hd, H]: q_proj | k_proj | v_proj rows
+  Tensor q_proj, k_proj, v_proj;    // views of qkv_proj: [nh*hd, H], [nkv*hd, H], [nkv*hd, H]
   Buffer q_norm, k_norm;            // [hd] each, shared by the heads
   Buffer o_proj;                    // [H, nh*hd]
   Buffer post_attention_layernorm;  // [H]
-  Buffer gate_proj, up_proj;        // [I, H]
+  Buffer gate_up_proj;              // [2I, H]: gate_proj | up_proj rows
+  Tensor gate_proj, up_proj;        // views of gate_up_proj: [I, H] each
   Buffer down_proj;                 // [H, I]
 };
 

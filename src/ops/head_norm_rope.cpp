@@ -1,11 +1,10 @@
 // Qwen3 QK-norm (RMSNorm over head_dim, weight shared by the heads) followed by neox-style RoPE.
-//
-// RoPE follows Hugging Face exactly: inv_freq[i] = 1 / theta^(2i/rotary_dim) in float32, angle =
-// float32(pos) * inv_freq[i] in float32, then cos/sin; pairs (i, i + rotary_dim/2) rotate, dims at or
-// beyond rotary_dim pass through (partial RoPE).
+// The per-head arithmetic (and how RoPE follows Hugging Face) is in ops/norm_rope_cpu.h, shared with
+// qkv_norm_rope_forward.
 #include <cmath>
 
 #include "dflash/ops.h"
+#include "ops/norm_rope_cpu.h"
 #include "ops/op_checks.h"
 #ifdef DFLASH_HAVE_CUDA
 #include "head_norm_rope.cuh"
@@ -14,53 +13,23 @@
 namespace dflash::ops {
 namespace {
 
-constexpr int64_t kMaxHeadDim = 1024;
+using detail::head_rstd;
+using detail::norm_rope_head;
+using detail::rope_tables;
+using detail::RopeTables;
+constexpr int64_t kMaxHeadDim = detail::kCpuMaxHeadDim;
 
-struct RopeTables {
-  float cos[kMaxHeadDim / 2];
-  float sin[kMaxHeadDim / 2];
-};
-
-inline float inv_freq(int i, int rot, float theta) {
-  const float e = static_cast<float>(2 * i) / static_cast<float>(rot);
-  const float p = static_cast<float>(std::pow(static_cast<double>(theta), static_cast<double>(e)));
-  return 1.0f / p;
-}
-
-inline void rope_tables(RopeTables& tab, int32_t pos, int half, int rot, float theta) {
-  for (int i = 0; i < half; ++i) {
-    const float angle = static_cast<float>(pos) * inv_freq(i, rot, theta);
-    tab.cos[i] = static_cast<float>(std::cos(static_cast<double>(angle)));
-    tab.sin[i] = static_cast<float>(std::sin(static_cast<double>(angle)));
-  }
-}
-
-inline float head_rstd(const float* x, int64_t hd, float eps) {
-  double ss = 0.0;
-  for (int64_t c = 0; c < hd; ++c) ss += static_cast<double>(x[c]) * x[c];
-  return static_cast<float>(1.0 / std::sqrt(ss / static_cast<double>(hd) + eps));
-}
-
-// out may alias in (the head is staged in y first).
+// out may alias in (norm_rope_head stages each head first).
 void head_norm_rope_forward_cpu(float* out, float* rstd, const float* in, const float* w, const int32_t* pos,
                                 int64_t N, int64_t nh, int64_t hd, RopeSpec rope, float eps) {
   const int rot = rope.rotary_dim, half = rot / 2;
   RopeTables tab;
-  float y[kMaxHeadDim];
   for (int64_t n = 0; n < N; ++n) {
     rope_tables(tab, pos[n], half, rot, rope.theta);
     for (int64_t h = 0; h < nh; ++h) {
       const size_t off = (static_cast<size_t>(n) * nh + h) * hd;
-      const float* x = in + off;
-      const float r = head_rstd(x, hd, eps);
+      const float r = norm_rope_head(out + off, in + off, w, tab, hd, rot, eps);
       if (rstd) rstd[n * nh + h] = r;
-      for (int64_t c = 0; c < hd; ++c) y[c] = (x[c] * r) * w[c];
-      float* o = out + off;
-      for (int i = 0; i < half; ++i) {
-        o[i] = y[i] * tab.cos[i] - y[i + half] * tab.sin[i];
-        o[i + half] = y[i + half] * tab.cos[i] + y[i] * tab.sin[i];
-      }
-      for (int64_t c = rot; c < hd; ++c) o[c] = y[c];
     }
   }
 }

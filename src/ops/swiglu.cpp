@@ -1,4 +1,5 @@
-// SwiGLU activation: out = silu(gate) * up, silu(g) = g * sigmoid(g).
+// SwiGLU activation: out = silu(gate) * up, silu(g) = g * sigmoid(g); swiglu_fused_forward reads gate and
+// up as the two column halves of one fused gate|up GEMM's output.
 #include <cmath>
 
 #include "dflash/ops.h"
@@ -14,6 +15,14 @@ inline float sigmoid(float g) { return 1.0f / (1.0f + std::exp(-g)); }
 
 void swiglu_forward_cpu(float* out, const float* gate, const float* up, size_t n) {
   for (size_t i = 0; i < n; ++i) out[i] = gate[i] * sigmoid(gate[i]) * up[i];
+}
+
+// gate_up [N, 2I] -> out [N, I], row by row with the same arithmetic as swiglu_forward_cpu.
+void swiglu_fused_forward_cpu(float* out, const float* gate_up, int64_t N, int64_t I) {
+  for (int64_t n = 0; n < N; ++n) {
+    const float* g = gate_up + static_cast<size_t>(n) * 2 * I;
+    swiglu_forward_cpu(out + static_cast<size_t>(n) * I, g, g + I, static_cast<size_t>(I));
+  }
 }
 
 // d/dg [g s(g)] = s (1 + g (1 - s))
@@ -46,6 +55,21 @@ void swiglu_forward(const Ctx& ctx, const Tensor& out, const Tensor& gate, const
   check_same_2d(op, ctx, gate, {&out, &gate, &up}, {"out", "gate", "up"});
   DFLASH_DISPATCH_CUDA(ctx, op, cuda::swiglu_forward(ctx, out, gate, up));
   swiglu_forward_cpu(out.ptr<float>(), gate.ptr<float>(), up.ptr<float>(), gate.numel());
+}
+
+void swiglu_fused_forward(const Ctx& ctx, const Tensor& out, const Tensor& gate_up) {
+  constexpr const char* op = "swiglu_fused_forward";
+  detail::check_tensor(op, "out", out, ctx, 2);
+  const int64_t N = out.shape[0], I = out.shape[1];
+  detail::check_tensor(op, "gate_up", gate_up, ctx, 2);
+  detail::check_shape(op, "gate_up", gate_up, {N, 2 * I});
+  // A row of out is written while later rows of gate_up are still to be read.
+  const char *o = static_cast<const char*>(out.data), *g = static_cast<const char*>(gate_up.data);
+  DF_CHECK(o + out.nbytes() <= g || g + gate_up.nbytes() <= o, Internal, op << ": out must not overlap gate_up");
+  DFLASH_DISPATCH_CUDA(ctx, op, cuda::swiglu_fused_forward(ctx, out, gate_up));
+  detail::check_cpu_dtype(op, "out", out, DType::F32);
+  detail::check_cpu_dtype(op, "gate_up", gate_up, DType::F32);
+  swiglu_fused_forward_cpu(out.ptr<float>(), gate_up.ptr<float>(), N, I);
 }
 
 void swiglu_backward(const Ctx& ctx, const Tensor& dgate, const Tensor& dup, const Tensor& dout, const Tensor& gate,

@@ -1,0 +1,14 @@
+// The target's attention input from one fused q|k|v GEMM: QK-norm + neox RoPE on the q and k heads, v copied.
+#pragma once
+#include "dflash/ops.h"
+
+namespace dflash::cuda {
+
+// qkv [T, (nh + 2 nkv) * hd] (BF16) -> q [T, nh, hd], k [T, nkv, hd] (normed and rotated), v [T, nkv, hd]
+// (copied), all BF16 and not overlapping qkv; q_norm, k_norm [hd] (BF16), pos [T] (I32, device memory).
+// hd <= 256, rotary_dim (resolved, not 0) even and <= hd.
+void qkv_norm_rope_forward(const Ctx& ctx, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& qkv,
+                           const Tensor& q_norm, const Tensor& k_norm, const Tensor& pos, ops::RopeSpec rope,
+                           float eps);
+
+}  // namespace dflash::cuda

@@ -1,0 +1,130 @@
+// The target's fused-projection ops on CUDA against their float32 CPU twins on random data (relative L2
+// error <= 1e-2: tol::kOp), at every kernel path:
+//   qkv_norm_rope_forward: the register paths (hd = rotary_dim = 64, 128, 256: 2, 4, 8 values a lane), the
+//     shared-memory path (partial RoPE, hd 24 and 80), and hd 128 through misaligned views (which must take
+//     the shared-memory path too). At the Qwen3 shape it must also equal, bit for bit, the unfused CUDA
+//     path it replaces in the target (head_norm_rope_forward on the q and k slices: the same arithmetic).
+//   swiglu_fused_forward: 16-byte vectors (I % 8 == 0), the scalar path (I odd; a misaligned view), and
+//     the 8B shape's I = 12288 (several blocks per row).
+// Outputs start as NaN (to_device with no data), so an element the kernel skips fails the comparison.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <ostream>
+#include <vector>
+
+#include "dflash/ops.h"
+#include "gpu_test_util.h"
+
+namespace dflash {
+namespace {
+
+using test::gpu;
+using test::random_bf16;
+using test::rel_err;
+using test::to_device;
+using test::to_host;
+const Ctx kCpu = cpu_ctx();
+
+// A view of `dims` starting `offset` elements into b (b holds at least offset + the view's elements).
+Tensor view_at(const Buffer& b, int64_t offset, std::initializer_list<int64_t> dims) {
+  return Tensor(static_cast<char*>(b.t().data) + offset * dtype_size(b.t().dtype), b.t().dtype, Device::CUDA, dims);
+}
+
+struct QkvCase {
+  int64_t nh, nkv, hd;
+  int rotary_dim;  // 0 = hd
+  int64_t offset;  // elements every device tensor is shifted by (1: misaligned for the register paths)
+};
+void PrintTo(const QkvCase& c, std::ostream* os) {
+  *os << "h" << c.nh << "kv" << c.nkv << "_hd" << c.hd << "_rot" << c.rotary_dim << "_off" << c.offset;
+}
+class GpuQkvNormRope : public testing::TestWithParam<QkvCase> {};
+TEST_P(GpuQkvNormRope, MatchesCpu) {
+  SKIP_WITHOUT_GPU();
+  Ctx g = gpu();
+  const QkvCase c = GetParam();
+  const int64_t T = 77, nh = c.nh, nkv = c.nkv, hd = c.hd, width = (nh + 2 * nkv) * hd, off = c.offset;
+  const ops::RopeSpec rope{1e6f, c.rotary_dim};
+  const float eps = 1e-6f;
+  auto qkv = random_bf16(T * width, 31, 2.f), q_norm = random_bf16(hd, 32), k_norm = random_bf16(hd, 33);
+  std::vector<int32_t> pos(T);
+  for (int64_t i = 0; i < T; ++i) pos[i] = static_cast<int32_t>((i * 53) % 4096);  // large angles too
+  std::vector<float> q(T * nh * hd), k(T * nkv * hd), v(T * nkv * hd);
+  ops::qkv_norm_rope_forward(kCpu, cpu_view(q.data(), {T, nh, hd}), cpu_view(k.data(), {T, nkv, hd}),
+                             cpu_view(v.data(), {T, nkv, hd}), cpu_view(qkv.data(), {T, width}),
+                             cpu_view(q_norm.data(), {hd}), cpu_view(k_norm.data(), {hd}), cpu_view(pos.data(), {T}),
+                             rope, eps);
+
+  // Device copies, each `off` elements into its buffer.
+  auto shifted = [&](const std::vector<float>& host, int64_t n) {
+    std::vector<float> h(off + n, 0.f);
+    if (host.empty()) {
+      for (float& x : h) x = NAN;
+    } else {
+      std::memcpy(h.data() + off, host.data(), n * sizeof(float));
+    }
+    return to_device(g, h, {off + n});
+  };
+  Buffer b_qkv = shifted(qkv, T * width), b_qn = shifted(q_norm, hd), b_kn = shifted(k_norm, hd);
+  Buffer b_q = shifted({}, T * nh * hd), b_k = shifted({}, T * nkv * hd), b_v = shifted({}, T * nkv * hd);
+  Buffer d_pos = test::to_device_i32(g, pos);
+  const Tensor d_q = view_at(b_q, off, {T, nh, hd}), d_k = view_at(b_k, off, {T, nkv, hd}),
+               d_v = view_at(b_v, off, {T, nkv, hd}), d_qkv = view_at(b_qkv, off, {T, width});
+  ops::qkv_norm_rope_forward(g, d_q, d_k, d_v, d_qkv, view_at(b_qn, off, {hd}), view_at(b_kn, off, {hd}), d_pos,
+                             rope, eps);
+  const std::vector<float> got_q = to_host(g, d_q), got_k = to_host(g, d_k), got_v = to_host(g, d_v);
+  EXPECT_LT(rel_err(got_q, q), test::tol::kOp);
+  EXPECT_LT(rel_err(got_k, k), test::tol::kOp);
+  EXPECT_EQ(rel_err(got_v, v), 0.0);  // a copy is exact
+
+  if (hd == 128 && (c.rotary_dim == 0 || c.rotary_dim == 128) && off == 0) {
+    // The unfused path of the target before: q and k GEMM outputs (here: the same slices of qkv) normed and
+    // rotated in place by head_norm_rope_forward.
+    std::vector<float> q_in(T * nh * hd), k_in(T * nkv * hd);
+    for (int64_t n = 0; n < T; ++n) {
+      std::memcpy(&q_in[n * nh * hd], &qkv[n * width], nh * hd * sizeof(float));
+      std::memcpy(&k_in[n * nkv * hd], &qkv[n * width + nh * hd], nkv * hd * sizeof(float));
+    }
+    Buffer u_q = to_device(g, q_in, {T, nh, hd}), u_k = to_device(g, k_in, {T, nkv, hd});
+    ops::head_norm_rope_forward(g, u_q, Tensor(), u_q, view_at(b_qn, 0, {hd}), d_pos, rope, eps);
+    ops::head_norm_rope_forward(g, u_k, Tensor(), u_k, view_at(b_kn, 0, {hd}), d_pos, rope, eps);
+    EXPECT_EQ(to_host(g, u_q), got_q);
+    EXPECT_EQ(to_host(g, u_k), got_k);
+  }
+}
+INSTANTIATE_TEST_SUITE_P(Shapes, GpuQkvNormRope,
+                         testing::Values(QkvCase{32, 8, 128, 0, 0},   // Qwen3-8B: register path, 4 a lane
+                                         QkvCase{32, 8, 128, 0, 1},   // misaligned: shared-memory path
+                                         QkvCase{8, 2, 64, 0, 0},     // register path, 2 a lane
+                                         QkvCase{6, 1, 256, 0, 0},    // register path, 8 a lane
+                                         QkvCase{6, 1, 256, 64, 0},   // Qwen3.5 partial RoPE
+                                         QkvCase{4, 4, 80, 0, 0},     // hd 80 (attention pads it to 128)
+                                         QkvCase{3, 1, 24, 8, 1}));   // small, partial, misaligned
+
+struct SwigluCase {
+  int64_t N, I, offset;
+};
+void PrintTo(const SwigluCase& c, std::ostream* os) { *os << "N" << c.N << "_I" << c.I << "_off" << c.offset; }
+class GpuSwigluFused : public testing::TestWithParam<SwigluCase> {};
+TEST_P(GpuSwigluFused, MatchesCpu) {
+  SKIP_WITHOUT_GPU();
+  Ctx g = gpu();
+  const auto [N, I, off] = GetParam();
+  auto gate_up = random_bf16(N * 2 * I, 34, 3.f);
+  std::vector<float> out(N * I);
+  ops::swiglu_fused_forward(kCpu, cpu_view(out.data(), {N, I}), cpu_view(gate_up.data(), {N, 2 * I}));
+  std::vector<float> shifted(off + N * 2 * I, 0.f);
+  std::memcpy(shifted.data() + off, gate_up.data(), gate_up.size() * sizeof(float));
+  Buffer b_in = to_device(g, shifted, {off + N * 2 * I}), b_out = to_device(g, {}, {off + N * I});
+  const Tensor d_out = view_at(b_out, off, {N, I});
+  ops::swiglu_fused_forward(g, d_out, view_at(b_in, off, {N, 2 * I}));
+  EXPECT_LT(rel_err(to_host(g, d_out), out), test::tol::kOp);
+}
+INSTANTIATE_TEST_SUITE_P(Shapes, GpuSwigluFused,
+                         testing::Values(SwigluCase{37, 1000, 0}, SwigluCase{37, 1001, 0}, SwigluCase{19, 1000, 1},
+                                         SwigluCase{5, 12288, 0}, SwigluCase{1, 8, 0}));
+
+}  // namespace
+}  // namespace dflash
