@@ -45,8 +45,9 @@ const Shape kShapes[] = {
     if (e_ != cudaSuccess) DF_FAIL(DeviceFailure, #call << ": " << cudaGetErrorString(e_), ""); \
   } while (0)
 
+// The fused projections of src/model/qwen3_weights.h: qkv [(nh + 2nkv) hd, H], gate_up [2I, H].
 struct Layer {
-  Buffer in_norm, q, k, v, o, q_norm, k_norm, post_norm, gate, up, down;
+  Buffer in_norm, qkv, o, q_norm, k_norm, post_norm, gate_up, down;
 };
 
 // Where time goes: each op is bracketed by events when `timed` is set (one instrumented pass).
@@ -88,7 +89,12 @@ struct Model {
   Buffer embed, final_norm;
   std::vector<Layer> layers;
   // activations, allocated once for max_tokens
-  Buffer resid, h, q, k, v, attn, proj, gate, up;  // resid, proj: the two stream buffers
+  Buffer resid, h, proj;  // resid, proj: the two stream buffers
+  // As in Qwen3Target: the attention half (qkv, q, k, v, attn) and the MLP half (gate_up, act) of a layer
+  // share one allocation, `work`, sized for the larger half.
+  Buffer work;
+  Tensor qkv, q, k, v, attn, gate_up, act;
+  size_t attn_half_bytes = 0, mlp_half_bytes = 0;
   Buffer tokens, pos, cu;
   int64_t T = 0;
 
@@ -105,28 +111,40 @@ struct Model {
     for (int64_t l = 0; l < s.layers; ++l) {
       Layer L;
       L.in_norm = weight({H}, 1.f, 0.05f);
-      L.q = weight({QD, H}, 0.f, 0.02f);
-      L.k = weight({KD, H}, 0.f, 0.02f);
-      L.v = weight({KD, H}, 0.f, 0.02f);
+      L.qkv = weight({QD + 2 * KD, H}, 0.f, 0.02f);
       L.o = weight({H, QD}, 0.f, 0.02f);
       L.q_norm = weight({s.hd}, 1.f, 0.05f);
       L.k_norm = weight({s.hd}, 1.f, 0.05f);
       L.post_norm = weight({H}, 1.f, 0.05f);
-      L.gate = weight({I, H}, 0.f, 0.02f);
-      L.up = weight({I, H}, 0.f, 0.02f);
+      L.gate_up = weight({2 * I, H}, 0.f, 0.02f);
       L.down = weight({H, I}, 0.f, 0.02f);
       layers.push_back(std::move(L));
     }
     const int64_t N = max_tokens;
     resid = Buffer(Device::CUDA, DType::BF16, {N, H});
     h = Buffer(Device::CUDA, DType::BF16, {N, H});
-    q = Buffer(Device::CUDA, DType::BF16, {N, s.nh, s.hd});
-    k = Buffer(Device::CUDA, DType::BF16, {N, s.nkv, s.hd});
-    v = Buffer(Device::CUDA, DType::BF16, {N, s.nkv, s.hd});
-    attn = Buffer(Device::CUDA, DType::BF16, {N, QD});
     proj = Buffer(Device::CUDA, DType::BF16, {N, H});
-    gate = Buffer(Device::CUDA, DType::BF16, {N, I});
-    up = Buffer(Device::CUDA, DType::BF16, {N, I});
+    // Regions of N rows each, on 256-byte boundaries (Qwen3Target's Carver).
+    auto region = [&](size_t& end, int64_t cols) {
+      const size_t at = end;
+      end += (static_cast<size_t>(N) * cols * 2 + 255) / 256 * 256;
+      return at;
+    };
+    const size_t at_qkv = region(attn_half_bytes, QD + 2 * KD), at_q = region(attn_half_bytes, QD),
+                 at_k = region(attn_half_bytes, KD), at_v = region(attn_half_bytes, KD),
+                 at_attn = region(attn_half_bytes, QD);
+    const size_t at_gate_up = region(mlp_half_bytes, 2 * I), at_act = region(mlp_half_bytes, I);
+    work = Buffer(Device::CUDA, DType::U8, {static_cast<int64_t>(std::max(attn_half_bytes, mlp_half_bytes))});
+    auto view = [&](size_t at, std::initializer_list<int64_t> dims) {
+      return Tensor(static_cast<char*>(work.t().data) + at, DType::BF16, Device::CUDA, dims);
+    };
+    qkv = view(at_qkv, {N, QD + 2 * KD});
+    q = view(at_q, {N, s.nh, s.hd});
+    k = view(at_k, {N, s.nkv, s.hd});
+    v = view(at_v, {N, s.nkv, s.hd});
+    attn = view(at_attn, {N, QD});
+    gate_up = view(at_gate_up, {N, 2 * I});
+    act = view(at_act, {N, I});
     tokens = Buffer(Device::CUDA, DType::I32, {N});
     pos = Buffer(Device::CUDA, DType::I32, {N});
     cu = Buffer(Device::CUDA, DType::I32, {N + 1});
@@ -154,10 +172,10 @@ struct Model {
     const float eps = 1e-6f, scale = 1.f / std::sqrt(static_cast<float>(s.hd));
     const ops::RopeSpec rope{1e6f, static_cast<int>(s.hd)};
     Tensor x = h.t().slice_rows(0, T);
-    Tensor tq = q.t().slice_rows(0, T), tk = k.t().slice_rows(0, T), tv = v.t().slice_rows(0, T);
-    Tensor ta = attn.t().slice_rows(0, T), tg = gate.t().slice_rows(0, T), tu = up.t().slice_rows(0, T);
+    Tensor tq = q.slice_rows(0, T), tk = k.slice_rows(0, T), tv = v.slice_rows(0, T);
+    Tensor ta = attn.slice_rows(0, T), tqkv = qkv.slice_rows(0, T);
+    Tensor tgu = gate_up.slice_rows(0, T), tact = act.slice_rows(0, T);
     Tensor tpos = pos.t().slice_rows(0, T), tcu = cu.t().slice_rows(0, ncu);
-    Tensor q2 = tq.reshape({T, s.nh * s.hd}), k2 = tk.reshape({T, s.nkv * s.hd}), v2 = tv.reshape({T, s.nkv * s.hd});
     Tensor stream[2] = {resid.t().slice_rows(0, T), proj.t().slice_rows(0, T)};
     Tensor in = stream[0];
     tm.run(Part::Rest, [&] { ops::embedding_forward(ctx, in, tokens.t().slice_rows(0, T), embed); });
@@ -172,26 +190,18 @@ struct Model {
         dst = in.data == stream[0].data ? stream[1] : stream[0];
       }
       tm.run(Part::Rest, [&] { ops::rmsnorm_forward(ctx, x, Tensor(), in, L.in_norm, eps); });
-      tm.run(Part::Gemm, [&] {
-        ops::matmul_forward(ctx, q2, x, L.q);
-        ops::matmul_forward(ctx, k2, x, L.k);
-        ops::matmul_forward(ctx, v2, x, L.v);
-      });
+      tm.run(Part::Gemm, [&] { ops::matmul_forward(ctx, tqkv, x, L.qkv); });
       tm.run(Part::Rest, [&] {
-        ops::head_norm_rope_forward(ctx, tq, Tensor(), tq, L.q_norm, tpos, rope, eps);
-        ops::head_norm_rope_forward(ctx, tk, Tensor(), tk, L.k_norm, tpos, rope, eps);
+        ops::qkv_norm_rope_forward(ctx, tq, tk, tv, tqkv, L.q_norm, L.k_norm, tpos, rope, eps);
       });
       tm.run(Part::Attention, [&] {
         ops::attention_varlen_causal_forward(ctx, ta.reshape({T, s.nh, s.hd}), tq, tk, tv, tcu, scale);
       });
       tm.run(Part::Gemm, [&] { ops::matmul_forward(ctx, dst, ta, L.o); });
       tm.run(Part::Rest, [&] { ops::residual_rmsnorm_forward(ctx, dst, x, Tensor(), in, L.post_norm, eps); });
-      tm.run(Part::Gemm, [&] {
-        ops::matmul_forward(ctx, tg, x, L.gate);
-        ops::matmul_forward(ctx, tu, x, L.up);
-      });
-      tm.run(Part::Rest, [&] { ops::swiglu_forward(ctx, tg, tg, tu); });
-      tm.run(Part::Gemm, [&] { ops::matmul_forward(ctx, dst, tg, L.down, ops::Accumulate::Yes); });
+      tm.run(Part::Gemm, [&] { ops::matmul_forward(ctx, tgu, x, L.gate_up); });
+      tm.run(Part::Rest, [&] { ops::swiglu_fused_forward(ctx, tact, tgu); });
+      tm.run(Part::Gemm, [&] { ops::matmul_forward(ctx, dst, tact, L.down, ops::Accumulate::Yes); });
       in = dst;
     }
     tm.run(Part::Rest, [&] { ops::rmsnorm_forward(ctx, final_out, Tensor(), in, final_norm, eps); });
@@ -335,12 +345,15 @@ int main(int argc, char** argv) {
               (gemm_flop + attn_flop) / t_med / 1e12);
   std::printf("  device memory in use: %.2f GiB (process incl. context: total - free), this program's growth %.2f GiB\n",
               (total - free1) / 1073741824.0, (free0 - free1) / 1073741824.0);
+  std::printf("  layer scratch (one buffer for max_tokens=%lld): attention half %.2f GiB, MLP half %.2f GiB -> %.2f GiB\n",
+              (long long)T, m.attn_half_bytes / 1073741824.0, m.mlp_half_bytes / 1073741824.0,
+              std::max(m.attn_half_bytes, m.mlp_half_bytes) / 1073741824.0);
   std::printf("  where time goes (instrumented pass, %.2f ms):\n", total_parts);
   std::printf("    %-10s %9.2f ms %5.1f%%  %.1f TFLOP/s\n", "GEMMs", parts[Part::Gemm],
               100 * parts[Part::Gemm] / total_parts, gemm_flop / (parts[Part::Gemm] * 1e-3) / 1e12);
   std::printf("    %-10s %9.2f ms %5.1f%%  %.1f TFLOP/s\n", "attention", parts[Part::Attention],
               100 * parts[Part::Attention] / total_parts, attn_flop / (parts[Part::Attention] * 1e-3) / 1e12);
-  std::printf("    %-10s %9.2f ms %5.1f%%  (embedding, norms, QK-norm+RoPE, SwiGLU)\n", "rest",
+  std::printf("    %-10s %9.2f ms %5.1f%%  (embedding, norms, qkv_norm_rope, fused SwiGLU)\n", "rest",
               parts[Part::Rest], 100 * parts[Part::Rest] / total_parts);
   return 0;
 }
