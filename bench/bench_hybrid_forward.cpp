@@ -25,6 +25,7 @@
 #include <map>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -37,6 +38,7 @@
 #include "model/capture_stack.h"
 #include "model/qwen35_config.h"
 #include "model/qwen35_weights.h"
+#include "model/scratch_plan.h"
 #include "ops/gated_delta.h"
 #include "random_fill.cuh"
 
@@ -155,7 +157,7 @@ size_t bytes_of(DType t, std::initializer_list<int64_t> dims) {
   for (int64_t d : dims) n *= static_cast<size_t>(d);
   return n;
 }
-Tensor rows(const Buffer& b, int64_t T) { return b.t().slice_rows(0, T); }
+Tensor rows(const Tensor& b, int64_t T) { return b.slice_rows(0, T); }
 
 struct Model {
   Qwen35Config cfg;
@@ -166,16 +168,17 @@ struct Model {
 
   // The buffers of Qwen35Target::Impl, same dtypes and shapes, for max_tokens rows.
   Buffer stream[2], x_norm;  // [T, H]
-  Buffer qkv, conv;          // [T, 2*nk*dk + nv*dv]
-  Buffer z, core;            // [T, nv*dv]
-  Buffer a, b;               // [T, nv] bf16
-  Buffer g, beta;            // [T, nv] float32
+  Buffer work;               // the three phases' per-token activations below share it (model/scratch_plan.h)
+  Tensor qkv, conv;          // [T, 2*nk*dk + nv*dv]
+  Tensor z, core;            // [T, nv*dv]
+  Tensor a, b;               // [T, nv] bf16
+  Tensor g, beta;            // [T, nv] float32
   Buffer state;              // [nv, dk, dv] float32
   Buffer gdn_work;           // [gated_delta_rule_workspace_elems(T)] bf16, the delta rule's per-chunk inverses
-  Buffer q, gate, attn;      // [T, nh*hd]
-  Buffer k, v;               // [T, nkv*hd]
-  Buffer mlp_gate_up;        // [T, 2I] the fused gate|up GEMM's output
-  Buffer mlp_act;            // [T, I] silu(gate) * up
+  Tensor q, gate, attn;      // [T, nh*hd]
+  Tensor k, v;               // [T, nkv*hd]
+  Tensor mlp_gate_up;        // [T, 2I] the fused gate|up GEMM's output
+  Tensor mlp_act;            // [T, I] silu(gate) * up
   Buffer tokens, pos, cu;    // [T], [T], [T + 1] I32
   int64_t T = 0, ncu = 0;
 
@@ -247,22 +250,28 @@ struct Model {
     const DType act = DType::BF16, f32 = DType::F32;
     for (Buffer& s : stream) s = activation(act, {N, H});
     x_norm = activation(act, {N, H});
+    ScratchPlan scratch(N);
+    std::vector<std::pair<Tensor*, int>> views;
+    auto reserve = [&](Tensor* t, DType dt, int64_t cols) { views.push_back({t, scratch.reserve(dt, cols)}); };
     if (any_linear) {
-      qkv = activation(act, {N, gh.qkv_dim()});
-      conv = activation(act, {N, gh.qkv_dim()});
-      z = activation(act, {N, gh.value_dim()});
-      core = activation(act, {N, gh.value_dim()});
-      for (Buffer* p : {&a, &b}) *p = activation(act, {N, gh.nv});
-      for (Buffer* p : {&g, &beta}) *p = activation(f32, {N, gh.nv});
+      for (Tensor* p : {&qkv, &conv}) reserve(p, act, gh.qkv_dim());
+      for (Tensor* p : {&z, &core}) reserve(p, act, gh.value_dim());
+      for (Tensor* p : {&a, &b}) reserve(p, act, gh.nv);
+      for (Tensor* p : {&g, &beta}) reserve(p, f32, gh.nv);
       state = activation(f32, {gh.nv, gh.dk, gh.dv});
       gdn_work = activation(act, {ops::gated_delta_rule_workspace_elems(N, gh)});
     }
     if (any_full) {
-      for (Buffer* p : {&q, &gate, &attn}) *p = activation(act, {N, nh * hd});
-      for (Buffer* p : {&k, &v}) *p = activation(act, {N, nkv * hd});
+      scratch.new_phase();
+      for (Tensor* p : {&q, &gate, &attn}) reserve(p, act, nh * hd);
+      for (Tensor* p : {&k, &v}) reserve(p, act, nkv * hd);
     }
-    mlp_gate_up = activation(act, {N, 2 * I});
-    mlp_act = activation(act, {N, I});
+    scratch.new_phase();
+    reserve(&mlp_gate_up, act, 2 * I);
+    reserve(&mlp_act, act, I);
+    work = activation(DType::U8, {static_cast<int64_t>(scratch.bytes())});
+    if (!dry)
+      for (const auto& [t, id] : views) *t = scratch.view(work, id);
     tokens = activation(DType::I32, {N});
     pos = activation(DType::I32, {N});
     cu = activation(DType::I32, {N + 1});

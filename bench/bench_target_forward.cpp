@@ -24,6 +24,7 @@
 #include "dflash/backend.h"
 #include "dflash/error.h"
 #include "dflash/ops.h"
+#include "model/scratch_plan.h"
 #include "random_fill.cuh"
 
 using namespace dflash;
@@ -124,27 +125,23 @@ struct Model {
     resid = Buffer(Device::CUDA, DType::BF16, {N, H});
     h = Buffer(Device::CUDA, DType::BF16, {N, H});
     proj = Buffer(Device::CUDA, DType::BF16, {N, H});
-    // Regions of N rows each, on 256-byte boundaries (Qwen3Target's Carver).
-    auto region = [&](size_t& end, int64_t cols) {
-      const size_t at = end;
-      end += (static_cast<size_t>(N) * cols * 2 + 255) / 256 * 256;
-      return at;
-    };
-    const size_t at_qkv = region(attn_half_bytes, QD + 2 * KD), at_q = region(attn_half_bytes, QD),
-                 at_k = region(attn_half_bytes, KD), at_v = region(attn_half_bytes, KD),
-                 at_attn = region(attn_half_bytes, QD);
-    const size_t at_gate_up = region(mlp_half_bytes, 2 * I), at_act = region(mlp_half_bytes, I);
-    work = Buffer(Device::CUDA, DType::U8, {static_cast<int64_t>(std::max(attn_half_bytes, mlp_half_bytes))});
-    auto view = [&](size_t at, std::initializer_list<int64_t> dims) {
-      return Tensor(static_cast<char*>(work.t().data) + at, DType::BF16, Device::CUDA, dims);
-    };
-    qkv = view(at_qkv, {N, QD + 2 * KD});
-    q = view(at_q, {N, s.nh, s.hd});
-    k = view(at_k, {N, s.nkv, s.hd});
-    v = view(at_v, {N, s.nkv, s.hd});
-    attn = view(at_attn, {N, QD});
-    gate_up = view(at_gate_up, {N, 2 * I});
-    act = view(at_act, {N, I});
+    // The plan of Qwen3Target's constructor.
+    const DType bf16 = DType::BF16;
+    ScratchPlan plan(N);
+    const int r_qkv = plan.reserve(bf16, QD + 2 * KD), r_q = plan.reserve(bf16, QD), r_k = plan.reserve(bf16, KD),
+              r_v = plan.reserve(bf16, KD), r_attn = plan.reserve(bf16, QD);
+    attn_half_bytes = plan.phase_bytes();
+    plan.new_phase();
+    const int r_gate_up = plan.reserve(bf16, 2 * I), r_act = plan.reserve(bf16, I);
+    mlp_half_bytes = plan.phase_bytes();
+    work = Buffer(Device::CUDA, DType::U8, {static_cast<int64_t>(plan.bytes())});
+    qkv = plan.view(work, r_qkv);
+    q = plan.view(work, r_q).reshape({N, s.nh, s.hd});
+    k = plan.view(work, r_k).reshape({N, s.nkv, s.hd});
+    v = plan.view(work, r_v).reshape({N, s.nkv, s.hd});
+    attn = plan.view(work, r_attn);
+    gate_up = plan.view(work, r_gate_up);
+    act = plan.view(work, r_act);
     tokens = Buffer(Device::CUDA, DType::I32, {N});
     pos = Buffer(Device::CUDA, DType::I32, {N});
     cu = Buffer(Device::CUDA, DType::I32, {N + 1});

@@ -18,6 +18,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <utility>
+#include <vector>
 
 #include "dflash/backend.h"
 #include "dflash/error.h"
@@ -25,12 +27,13 @@
 #include "dflash/safetensors.h"
 #include "model/capture_stack.h"
 #include "model/qwen35_weights.h"
+#include "model/scratch_plan.h"
 #include "ops/gated_delta.h"
 
 namespace dflash {
 
 namespace {
-Tensor rows(const Buffer& b, int64_t T) { return b.t().slice_rows(0, T); }
+Tensor rows(const Tensor& b, int64_t T) { return b.slice_rows(0, T); }
 }  // namespace
 
 struct Qwen35Target::Impl {
@@ -43,19 +46,24 @@ struct Qwen35Target::Impl {
   Qwen35Weights w;
 
   Buffer stream[2], x_norm;  // [T, H]
+  // The per-token activations of a layer's three phases -- a Gated DeltaNet or a full-attention mixer, then
+  // the MLP -- are views of one allocation (model/scratch_plan.h): a phase's views are dead once its output
+  // GEMM has run, so the phases share bytes and `work` is the largest phase (the MLP's 3I values per token
+  // on the 27B shape) rather than their sum.
+  Buffer work;
   // Gated DeltaNet layers
-  Buffer qkv, conv;          // [T, 2*nk*dk + nv*dv]
-  Buffer z, core;            // [T, nv*dv]
-  Buffer a, b;               // [T, nv] projections (activation dtype)
-  Buffer g, beta;            // [T, nv] gates, float32
+  Tensor qkv, conv;          // [T, 2*nk*dk + nv*dv]
+  Tensor z, core;            // [T, nv*dv]
+  Tensor a, b;               // [T, nv] projections (activation dtype)
+  Tensor g, beta;            // [T, nv] gates, float32
   Buffer state;              // [nv, dk, dv] float32
   Buffer gdn_work;           // CUDA: the delta rule's per-chunk UT inverses, bf16 [T * nv * 64] (none on the CPU)
   // Full-attention layers
-  Buffer q, gate, attn;      // [T, nh*hd]
-  Buffer k, v;               // [T, nkv*hd]
+  Tensor q, gate, attn;      // [T, nh*hd]
+  Tensor k, v;               // [T, nkv*hd]
   // MLP
-  Buffer mlp_gate_up;        // [T, 2I] the fused gate|up GEMM's output
-  Buffer mlp_act;            // [T, I] silu(gate) * up
+  Tensor mlp_gate_up;        // [T, 2I] the fused gate|up GEMM's output
+  Tensor mlp_act;            // [T, I] silu(gate) * up
   Buffer tokens, pos;        // [T] I32 on the backend's device
   Buffer cu_seqlens;         // [max_tokens + 1] I32 on the backend's device
   std::vector<int32_t> pos_host, cu_host;  // [max_tokens], [max_tokens + 1]
@@ -91,25 +99,30 @@ Qwen35Target::Qwen35Target(const Qwen35Config& cfg, const std::string& dir, cons
   const DType act = m.act, f32 = DType::F32;
   for (Buffer& s : m.stream) s = Buffer(d, act, {T, H});
   m.x_norm = Buffer(d, act, {T, H});
+  ScratchPlan plan(T);
+  std::vector<std::pair<Tensor*, int>> views;  // filled in once `work` exists
+  auto reserve = [&](Tensor* t, DType dtype, int64_t cols) { views.push_back({t, plan.reserve(dtype, cols)}); };
   if (any_linear) {
     const ops::GdnHeads gh = m.cfg.gdn_heads();
-    m.qkv = Buffer(d, act, {T, gh.qkv_dim()});
-    m.conv = Buffer(d, act, {T, gh.qkv_dim()});
-    m.z = Buffer(d, act, {T, gh.value_dim()});
-    m.core = Buffer(d, act, {T, gh.value_dim()});
-    for (Buffer* p : {&m.a, &m.b}) *p = Buffer(d, act, {T, gh.nv});
-    for (Buffer* p : {&m.g, &m.beta}) *p = Buffer(d, f32, {T, gh.nv});
+    for (Tensor* p : {&m.qkv, &m.conv}) reserve(p, act, gh.qkv_dim());
+    for (Tensor* p : {&m.z, &m.core}) reserve(p, act, gh.value_dim());
+    for (Tensor* p : {&m.a, &m.b}) reserve(p, act, gh.nv);
+    for (Tensor* p : {&m.g, &m.beta}) reserve(p, f32, gh.nv);
     m.state = Buffer(d, f32, {gh.nv, gh.dk, gh.dv});
     if (d == Device::CUDA) m.gdn_work = Buffer(d, act, {ops::gated_delta_rule_workspace_elems(T, gh)});
   }
   if (any_full) {
+    plan.new_phase();
     const int64_t q_dim = int64_t(c.num_attention_heads) * c.head_dim;
     const int64_t kv_dim = int64_t(c.num_key_value_heads) * c.head_dim;
-    for (Buffer* p : {&m.q, &m.gate, &m.attn}) *p = Buffer(d, act, {T, q_dim});
-    for (Buffer* p : {&m.k, &m.v}) *p = Buffer(d, act, {T, kv_dim});
+    for (Tensor* p : {&m.q, &m.gate, &m.attn}) reserve(p, act, q_dim);
+    for (Tensor* p : {&m.k, &m.v}) reserve(p, act, kv_dim);
   }
-  m.mlp_gate_up = Buffer(d, act, {T, 2 * I});
-  m.mlp_act = Buffer(d, act, {T, I});
+  plan.new_phase();
+  reserve(&m.mlp_gate_up, act, 2 * I);
+  reserve(&m.mlp_act, act, I);
+  m.work = Buffer(d, DType::U8, {static_cast<int64_t>(plan.bytes())});
+  for (const auto& [t, id] : views) *t = plan.view(m.work, id);
   m.tokens = Buffer(d, DType::I32, {T});
   m.pos = Buffer(d, DType::I32, {T});
   m.cu_seqlens = Buffer(d, DType::I32, {T + 1});

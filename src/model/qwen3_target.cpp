@@ -22,35 +22,13 @@
 #include "dflash/safetensors.h"
 #include "model/capture_stack.h"
 #include "model/qwen3_weights.h"
+#include "model/scratch_plan.h"
 
 namespace dflash {
 
 namespace {
 // The first T rows of an activation buffer (or a view of one) allocated for max_tokens.
 Tensor rows(const Tensor& b, int64_t T) { return b.slice_rows(0, T); }
-
-// Consecutive [rows, cols] views carved out of one buffer; each starts on a 256-byte boundary (what the
-// vectorised kernels and cuBLASLt want).
-class Carver {
- public:
-  Carver(const Ctx& ctx, DType dtype, int64_t rows) : ctx_(ctx), dtype_(dtype), rows_(rows) {}
-  // Reserves a region; views come from take() once the buffer exists.
-  size_t reserve(int64_t cols) {
-    const size_t at = end_;
-    end_ += (static_cast<size_t>(rows_) * cols * dtype_size(dtype_) + 255) / 256 * 256;
-    return at;
-  }
-  size_t bytes() const { return end_; }
-  Tensor take(const Buffer& b, size_t at, int64_t cols) const {
-    return Tensor(static_cast<char*>(b.t().data) + at, dtype_, ctx_.device, {rows_, cols});
-  }
-
- private:
-  Ctx ctx_;
-  DType dtype_;
-  int64_t rows_;
-  size_t end_ = 0;
-};
 }  // namespace
 
 struct Qwen3Target::Impl {
@@ -65,11 +43,11 @@ struct Qwen3Target::Impl {
   // Activations [max_tokens, ...], reused layer to layer.
   Buffer stream[2];      // [T, H] residual stream of layers that are not captured
   Buffer x_norm;         // [T, H]
-  // One allocation for the two halves of a layer, which are never live at once: the attention half's
-  // views (dead once o_proj has read attn) share its bytes with the MLP half's. Sized for the larger half
-  // (3I values per token for the MLP, 2 (nh + 2nkv) hd + nh hd for the attention), the fused projections'
-  // extra outputs (qkv beside q/k/v, mlp_act beside gate_up) cost little: on the 8B shape 36864 values per
-  // token against 34816 for separate q, k, v, attn, gate, up buffers.
+  // One allocation for the two halves of a layer, which are never live at once (model/scratch_plan.h):
+  // the attention half's views (dead once o_proj has read attn) share its bytes with the MLP half's. Sized
+  // for the larger half (3I values per token for the MLP, 2 (nh + 2nkv) hd + nh hd for the attention), the
+  // fused projections' extra outputs (qkv beside q/k/v, mlp_act beside gate_up) cost little: on the 8B
+  // shape 36864 values per token against 34816 for separate q, k, v, attn, gate, up buffers.
   Buffer work;
   Tensor qkv;            // [T, (nh + 2nkv) hd] the fused q|k|v GEMM's output      (attention half)
   Tensor q, k, v;        // [T, nh*hd], [T, nkv*hd], [T, nkv*hd] its normed/rotated/copied heads
@@ -108,21 +86,19 @@ Qwen3Target::Qwen3Target(const Qwen3Config& cfg, const std::string& dir, const C
   const Device d = ctx.device;
   for (Buffer& s : m.stream) s = Buffer(d, m.act, {T, H});
   m.x_norm = Buffer(d, m.act, {T, H});
-  const int64_t qkv_dim = q_dim + 2 * kv_dim;
-  Carver attn_half(ctx, m.act, T), mlp_half(ctx, m.act, T);
-  const size_t at_qkv = attn_half.reserve(qkv_dim), at_q = attn_half.reserve(q_dim),
-               at_k = attn_half.reserve(kv_dim), at_v = attn_half.reserve(kv_dim),
-               at_attn = attn_half.reserve(q_dim);
-  const size_t at_gate_up = mlp_half.reserve(2 * I), at_act = mlp_half.reserve(I);
-  const size_t work_bytes = std::max(attn_half.bytes(), mlp_half.bytes());
-  m.work = Buffer(d, DType::U8, {static_cast<int64_t>(work_bytes)});
-  m.qkv = attn_half.take(m.work, at_qkv, qkv_dim);
-  m.q = attn_half.take(m.work, at_q, q_dim);
-  m.k = attn_half.take(m.work, at_k, kv_dim);
-  m.v = attn_half.take(m.work, at_v, kv_dim);
-  m.attn = attn_half.take(m.work, at_attn, q_dim);
-  m.gate_up = mlp_half.take(m.work, at_gate_up, 2 * I);
-  m.mlp_act = mlp_half.take(m.work, at_act, I);
+  ScratchPlan plan(T);
+  const int r_qkv = plan.reserve(m.act, q_dim + 2 * kv_dim), r_q = plan.reserve(m.act, q_dim),
+            r_k = plan.reserve(m.act, kv_dim), r_v = plan.reserve(m.act, kv_dim), r_attn = plan.reserve(m.act, q_dim);
+  plan.new_phase();
+  const int r_gate_up = plan.reserve(m.act, 2 * I), r_mlp_act = plan.reserve(m.act, I);
+  m.work = Buffer(d, DType::U8, {static_cast<int64_t>(plan.bytes())});
+  m.qkv = plan.view(m.work, r_qkv);
+  m.q = plan.view(m.work, r_q);
+  m.k = plan.view(m.work, r_k);
+  m.v = plan.view(m.work, r_v);
+  m.attn = plan.view(m.work, r_attn);
+  m.gate_up = plan.view(m.work, r_gate_up);
+  m.mlp_act = plan.view(m.work, r_mlp_act);
   m.tokens = Buffer(d, DType::I32, {T});
   m.pos = Buffer(d, DType::I32, {T});
   m.cu_seqlens = Buffer(d, DType::I32, {T + 1});
