@@ -52,7 +52,8 @@ struct Layer {
 };
 
 // Where time goes: each op is bracketed by events when `timed` is set (one instrumented pass).
-enum class Part { Gemm, Attention, Rest };
+// NormRope and Swiglu are the two fused elementwise ops, reported inside "rest".
+enum class Part { Gemm, Attention, Rest, NormRope, Swiglu };
 struct Timer {
   bool on = false;
   cudaStream_t stream = nullptr;
@@ -188,7 +189,7 @@ struct Model {
       }
       tm.run(Part::Rest, [&] { ops::rmsnorm_forward(ctx, x, Tensor(), in, L.in_norm, eps); });
       tm.run(Part::Gemm, [&] { ops::matmul_forward(ctx, tqkv, x, L.qkv); });
-      tm.run(Part::Rest, [&] {
+      tm.run(Part::NormRope, [&] {
         ops::qkv_norm_rope_forward(ctx, tq, tk, tv, tqkv, L.q_norm, L.k_norm, tpos, rope, eps);
       });
       tm.run(Part::Attention, [&] {
@@ -197,7 +198,7 @@ struct Model {
       tm.run(Part::Gemm, [&] { ops::matmul_forward(ctx, dst, ta, L.o); });
       tm.run(Part::Rest, [&] { ops::residual_rmsnorm_forward(ctx, dst, x, Tensor(), in, L.post_norm, eps); });
       tm.run(Part::Gemm, [&] { ops::matmul_forward(ctx, tgu, x, L.gate_up); });
-      tm.run(Part::Rest, [&] { ops::swiglu_fused_forward(ctx, tact, tgu); });
+      tm.run(Part::Swiglu, [&] { ops::swiglu_fused_forward(ctx, tact, tgu); });
       tm.run(Part::Gemm, [&] { ops::matmul_forward(ctx, dst, tact, L.down, ops::Accumulate::Yes); });
       in = dst;
     }
@@ -333,7 +334,12 @@ int main(int argc, char** argv) {
   for (int32_t len : seqlens) pairs += double(len) * (len + 1) / 2;
   const double gemm_flop = 2.0 * linear_params * T, attn_flop = 4.0 * s.nh * s.hd * pairs * s.layers;
   const double t_med = median(ms) * 1e-3;
-  const double total_parts = parts[Part::Gemm] + parts[Part::Attention] + parts[Part::Rest];
+  const double rest = parts[Part::Rest] + parts[Part::NormRope] + parts[Part::Swiglu];
+  const double total_parts = parts[Part::Gemm] + parts[Part::Attention] + rest;
+  // Bytes the two fused elementwise ops move over all layers (bf16 read + write): qkv_norm_rope reads the
+  // fused row and writes q, k, v (as many values); swiglu_fused reads 2I and writes I values per token.
+  const double norm_rope_bytes = 2.0 * 2 * T * double(s.nh + 2 * s.nkv) * s.hd * s.layers;
+  const double swiglu_bytes = 2.0 * 3 * T * double(s.inter) * s.layers;
   std::printf("model=%s layers=%lld T=%lld nseq=%zu capture=", s.name, (long long)s.layers, (long long)T, seqlens.size());
   for (size_t i = 0; i < capture.size(); ++i) std::printf("%s%d", i ? "," : "", capture[i]);
   std::printf("+final\n");
@@ -350,7 +356,11 @@ int main(int argc, char** argv) {
               100 * parts[Part::Gemm] / total_parts, gemm_flop / (parts[Part::Gemm] * 1e-3) / 1e12);
   std::printf("    %-10s %9.2f ms %5.1f%%  %.1f TFLOP/s\n", "attention", parts[Part::Attention],
               100 * parts[Part::Attention] / total_parts, attn_flop / (parts[Part::Attention] * 1e-3) / 1e12);
-  std::printf("    %-10s %9.2f ms %5.1f%%  (embedding, norms, qkv_norm_rope, fused SwiGLU)\n", "rest",
-              parts[Part::Rest], 100 * parts[Part::Rest] / total_parts);
+  std::printf("    %-10s %9.2f ms %5.1f%%  (embedding, norms, qkv_norm_rope, fused SwiGLU)\n", "rest", rest,
+              100 * rest / total_parts);
+  std::printf("      %-14s %9.2f ms %5.1f%%  %.0f GB/s\n", "qkv_norm_rope", parts[Part::NormRope],
+              100 * parts[Part::NormRope] / total_parts, norm_rope_bytes / (parts[Part::NormRope] * 1e-3) / 1e9);
+  std::printf("      %-14s %9.2f ms %5.1f%%  %.0f GB/s\n", "swiglu_fused", parts[Part::Swiglu],
+              100 * parts[Part::Swiglu] / total_parts, swiglu_bytes / (parts[Part::Swiglu] * 1e-3) / 1e9);
   return 0;
 }
