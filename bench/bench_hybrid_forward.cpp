@@ -14,7 +14,8 @@
 //   bench_hybrid_forward --model 27b --seqlens 4096,4096 --capture 1,16,31,46,61
 //   bench_hybrid_forward --model tiny-hybrid --mixed                  (smoke: every op, uneven packing)
 //   bench_hybrid_forward --model 27b --dry-run                        (no GPU: the shape and memory plan only)
-//   options: --iters N (5), --warmup N (2), --no-lm-head (skip the unused lm_head allocation)
+//   options: --iters N (5), --warmup N (2), --no-lm-head (skip the unused lm_head allocation),
+//            --no-final-norm (a CE job's forward: stops after the last capture)
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -394,7 +395,7 @@ constexpr double kGiB = 1073741824.0;
 int main(int argc, char** argv) {
   std::string model = "27b", seqlens_arg = "4096,4096,4096,4096,4096,4096,4096,4096", capture_arg;
   int iters = 5, warmup = 2;
-  bool lm_head = true, dry = false;
+  bool lm_head = true, dry = false, no_final_norm = false;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto next = [&]() -> std::string {
@@ -409,6 +410,8 @@ int main(int argc, char** argv) {
     else if (a == "--iters") iters = std::atoi(next().c_str());
     else if (a == "--warmup") warmup = std::atoi(next().c_str());
     else if (a == "--no-lm-head") lm_head = false;
+    // A CE job's target forward: no final norm, so the layers after the last capture are not run.
+    else if (a == "--no-final-norm") no_final_norm = true;
     else if (a == "--dry-run") dry = true;
     else DF_FAIL(BadOptions, "unknown option " << a, "see the usage at the top of bench/bench_hybrid_forward.cpp");
   }
@@ -497,7 +500,7 @@ int main(int argc, char** argv) {
   Model m(cfg, ctx, capture, T, lm_head, /*dry=*/false);
   Buffer features(Device::CUDA, DType::BF16, {std::max<int64_t>(K, 1), T, H});
   Buffer final_out(Device::CUDA, DType::BF16, {T, H});
-  const CaptureOut out{K > 0 ? features.t() : Tensor(), final_out.t()};
+  const CaptureOut out{K > 0 ? features.t() : Tensor(), no_final_norm ? Tensor() : final_out.t()};
   std::vector<int32_t> tokens(T);
   for (int64_t i = 0; i < T; ++i) tokens[i] = static_cast<int32_t>((i * 2654435761ull) % tc.vocab_size);
   m.set_batch(tokens, cu);
@@ -556,15 +559,21 @@ int main(int argc, char** argv) {
   const double gdn_params = dH * (gh.qkv_dim() + gh.value_dim() + 2.0 * gh.nv) + double(gh.value_dim()) * dH;
   const double attn_params = dH * (2 * nh * hd + 2 * nkv * hd) + nh * hd * dH;
   const double mlp_params = 3.0 * dH * tc.intermediate_size;
-  const double flop_gemm_gdn = 2.0 * T * gdn_params * n_gdn, flop_gemm_attn = 2.0 * T * attn_params * n_full;
-  const double flop_gemm_mlp = 2.0 * T * mlp_params * L;
+  // The layers that run: all, or up to the last capture without a final norm (capture_stack_forward).
+  const int layers_run = no_final_norm && K > 0 ? *std::max_element(capture.begin(), capture.end()) + 1 : L;
+  const int full_run = static_cast<int>(std::count_if(full_layers.begin(), full_layers.end(),
+                                                      [&](int l) { return l < layers_run; }));
+  const int gdn_run = layers_run - full_run;
+  if (no_final_norm) std::printf("# no final norm (a CE job): layers 0..%d of %d run\n", layers_run - 1, L);
+  const double flop_gemm_gdn = 2.0 * T * gdn_params * gdn_run, flop_gemm_attn = 2.0 * T * attn_params * full_run;
+  const double flop_gemm_mlp = 2.0 * T * mlp_params * layers_run;
   const double flop_gemm = flop_gemm_gdn + flop_gemm_attn + flop_gemm_mlp;
   double pairs = 0;
   for (int32_t len : seqlens) pairs += double(len) * (len + 1) / 2;
-  const double flop_attn = 4.0 * nh * hd * pairs * n_full;
+  const double flop_attn = 4.0 * nh * hd * pairs * full_run;
   // The delta rule's recurrent form: per token and value head, decay, S^T k, rank-1 update, S^T q on a
   // dk x dv state: ~8 dk dv FLOP (a chunked kernel does more, but this is the work that has to happen).
-  const double flop_delta = 8.0 * T * gh.nv * gh.dk * gh.dv * n_gdn;
+  const double flop_delta = 8.0 * T * gh.nv * gh.dk * gh.dv * gdn_run;
   const double t_med = median(ms) * 1e-3;
   const double tok_s = T / t_med;
   const double peak_gib = (total - min_free) / kGiB, growth_gib = (free0 - min_free) / kGiB;

@@ -7,6 +7,7 @@
 //
 //   bench_target_forward --model 8b --seqlens 4096,4096,4096,4096 --capture 1,9,17,25,33
 //   bench_target_forward --model 32b --mixed
+//   bench_target_forward --model 8b --no-final-norm     (a CE job's forward: stops after the last capture)
 //   bench_target_forward --gemm-peak
 #include <cuda_runtime.h>
 
@@ -165,6 +166,7 @@ struct Model {
   // features [k, T, H]: outputs of the capture layers; final [T, H]: final norm of the last layer.
   // The op sequence of Qwen3Target::forward (src/model/qwen3_target.cpp): a captured layer writes its output
   // straight into its feature slot, other layers alternate between two stream buffers.
+  // final_out empty: a CE job's forward (src/model/capture_stack.cpp), which stops after the last capture.
   void forward(const std::vector<int>& capture, const Tensor& features, const Tensor& final_out, Timer& tm) {
     const int64_t H = s.hidden;
     const float eps = 1e-6f, scale = 1.f / std::sqrt(static_cast<float>(s.hd));
@@ -178,7 +180,8 @@ struct Model {
     Tensor in = stream[0];
     tm.run(Part::Rest, [&] { ops::embedding_forward(ctx, in, tokens.t().slice_rows(0, T), embed); });
     size_t slot = 0;
-    for (int64_t l = 0; l < s.layers; ++l) {
+    const int64_t layers_run = final_out.empty() ? capture.back() + 1 : s.layers;
+    for (int64_t l = 0; l < layers_run; ++l) {
       const Layer& L = layers[l];
       Tensor dst;
       if (slot < capture.size() && capture[slot] == l) {
@@ -202,7 +205,8 @@ struct Model {
       tm.run(Part::Gemm, [&] { ops::matmul_forward(ctx, dst, tact, L.down, ops::Accumulate::Yes); });
       in = dst;
     }
-    tm.run(Part::Rest, [&] { ops::rmsnorm_forward(ctx, final_out, Tensor(), in, final_norm, eps); });
+    if (!final_out.empty())
+      tm.run(Part::Rest, [&] { ops::rmsnorm_forward(ctx, final_out, Tensor(), in, final_norm, eps); });
   }
 };
 
@@ -249,7 +253,7 @@ double gemm_peak_tflops(const Ctx& ctx) {
 int main(int argc, char** argv) {
   std::string model = "8b", seqlens_arg = "4096,4096,4096,4096", capture_arg;
   int iters = 5, warmup = 2;
-  bool gemm_peak = false;
+  bool gemm_peak = false, no_final_norm = false;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto next = [&]() -> std::string {
@@ -264,6 +268,8 @@ int main(int argc, char** argv) {
     else if (a == "--iters") iters = std::atoi(next().c_str());
     else if (a == "--warmup") warmup = std::atoi(next().c_str());
     else if (a == "--gemm-peak") gemm_peak = true;
+    // A CE job's target forward: no final norm, so the layers after the last capture are not run.
+    else if (a == "--no-final-norm") no_final_norm = true;
     else DF_FAIL(BadOptions, "unknown option " << a, "see the usage at the top of bench/bench_target_forward.cpp");
   }
   DF_CHECK(cuda_device_count() > 0, DeviceFailure, "no CUDA device visible");
@@ -295,7 +301,9 @@ int main(int argc, char** argv) {
   BENCH_CUDA(cudaMemGetInfo(&free0, &total));
   Model m(s, ctx, T);
   const int64_t H = s.hidden, K = static_cast<int64_t>(capture.size());
-  Buffer features(Device::CUDA, DType::BF16, {K, T, H}), final_out(Device::CUDA, DType::BF16, {T, H});
+  Buffer features(Device::CUDA, DType::BF16, {K, T, H}), final_buf(Device::CUDA, DType::BF16, {T, H});
+  const Tensor final_out = no_final_norm ? Tensor() : final_buf.t();
+  const int64_t layers_run = no_final_norm ? capture.back() + 1 : s.layers;
   std::vector<int32_t> tokens(T);
   for (int64_t i = 0; i < T; ++i) tokens[i] = static_cast<int32_t>((i * 2654435761ull) % s.vocab);
   m.set_batch(tokens, cu);
@@ -328,21 +336,24 @@ int main(int argc, char** argv) {
 
   // Model math: 2 FLOPs per weight per token for the linear layers, and causal attention counting only
   // the visible (lower-triangle) scores: 4 * nh * hd per (query, key) pair for QK^T and PV.
-  const double linear_params = double(s.layers) * (double(H) * s.nh * s.hd * 2 + double(H) * s.nkv * s.hd * 2 +
+  const double linear_params = double(layers_run) * (double(H) * s.nh * s.hd * 2 + double(H) * s.nkv * s.hd * 2 +
                                                     3.0 * H * s.inter);
   double pairs = 0;
   for (int32_t len : seqlens) pairs += double(len) * (len + 1) / 2;
-  const double gemm_flop = 2.0 * linear_params * T, attn_flop = 4.0 * s.nh * s.hd * pairs * s.layers;
+  const double gemm_flop = 2.0 * linear_params * T, attn_flop = 4.0 * s.nh * s.hd * pairs * layers_run;
   const double t_med = median(ms) * 1e-3;
   const double rest = parts[Part::Rest] + parts[Part::NormRope] + parts[Part::Swiglu];
   const double total_parts = parts[Part::Gemm] + parts[Part::Attention] + rest;
   // Bytes the two fused elementwise ops move over all layers (bf16 read + write): qkv_norm_rope reads the
   // fused row and writes q, k, v (as many values); swiglu_fused reads 2I and writes I values per token.
-  const double norm_rope_bytes = 2.0 * 2 * T * double(s.nh + 2 * s.nkv) * s.hd * s.layers;
-  const double swiglu_bytes = 2.0 * 3 * T * double(s.inter) * s.layers;
+  const double norm_rope_bytes = 2.0 * 2 * T * double(s.nh + 2 * s.nkv) * s.hd * layers_run;
+  const double swiglu_bytes = 2.0 * 3 * T * double(s.inter) * layers_run;
   std::printf("model=%s layers=%lld T=%lld nseq=%zu capture=", s.name, (long long)s.layers, (long long)T, seqlens.size());
   for (size_t i = 0; i < capture.size(); ++i) std::printf("%s%d", i ? "," : "", capture[i]);
-  std::printf("+final\n");
+  if (no_final_norm)
+    std::printf(", no final norm (CE job: layers 0..%lld of %lld run)\n", (long long)layers_run - 1, (long long)s.layers);
+  else
+    std::printf("+final\n");
   std::printf("  forward median %.2f ms (min %.2f, %d iters) -> %.1f K tokens/s, %.1f TFLOP/s model math\n",
               t_med * 1e3, *std::min_element(ms.begin(), ms.end()), iters, T / t_med / 1e3,
               (gemm_flop + attn_flop) / t_med / 1e12);
