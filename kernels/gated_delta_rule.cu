@@ -26,24 +26,38 @@
 //   the state slice S [dk, 64] lives in fp32 accumulator registers (a bf16 copy in shared memory feeds the
 //   MMAs, as FLA's chunk_delta_h casts h for its dots); per chunk: K S and Q S, R, Q K^T masked, X R,
 //   the output, the state update. Value columns are independent in the recurrence, so dv = 128 splits into
-//   two blocks per (sequence, head): 768 blocks for 8 sequences x 48 heads.
+//   two blocks per (sequence, head): 768 blocks for 8 sequences x 48 heads. Two versions:
+//   - gdr_chunk_scan_pipelined (sm_90 / sm_100, and sm_120 when dk, dv <= 64): the next chunk's tiles come
+//     in by cp.async while the current chunk computes. Q and X rows are private to the warp that owns
+//     them (A operands), so each warp copies its own next rows as soon as it is done with them; V goes in
+//     after the barrier that ends X R; K, read by every warp up to the state update, has two stages; the
+//     gates go through warp 0's registers. The q/k row norms come from shared memory after arrival (each
+//     warp its own 16 rows; rk_j moves from the masked Q K^T into v_new so that every norm is used by its
+//     own row's warp). 3 barriers per chunk; 106.5 KB of shared memory per block, still 2 blocks per SM;
+//     255 registers, no spills;
+//   - gdr_chunk_scan (sm_120 at dk or dv > 64, its 99 KB per block; or DFLASH_GDR_SCAN=sync): each chunk's
+//     tiles loaded synchronously (plain 16-byte loads, row norms reduced on the fly), 4 barriers, 89 KB.
 //
 // Measured on one H200 (tests/gpu/test_gated_delta_rule_gpu.cpp, GpuGatedDeltaRuleTiming; CUDA events, median
-// of 20 after 3 warm-ups), Qwen3.6-27B heads (nk 16, dk 128, nv 48, dv 128), T = 32768, both kernels:
-//   8 x 4096 tokens 3.19 ms;  32 x 1024 tokens 3.27 ms;  1 x 32768 tokens 6.36 ms (96 scan blocks on 132 SMs).
+// of 20 after 3 warm-ups), Qwen3.6-27B heads (nk 16, dk 128, nv 48, dv 128), T = 32768, both kernels,
+// synchronous -> pipelined scan (same call, 2026-12-01):
+//   8 x 4096 tokens 3.04 -> 2.39 ms;  32 x 1024 tokens 3.09 -> 2.41 ms;  1 x 32768 tokens 6.09 -> 4.21 ms
+//   (96 scan blocks on 132 SMs). In the 27B forward (bench_hybrid_forward --model 27b, 48 layers):
+//   192.5 -> 155.7 ms.
 // 8 x 4096 and 32 x 1024 cost the same although their chunk chains differ 4x: the scan is limited by how
-// fast each block gets through a chunk (latency: loads, 4 barriers, 4 warps), not by the chain length.
+// fast each block gets through a chunk (latency), not by the chain length.
 // Where the time goes, and what is next:
-//   - kernel 2 loads each chunk's tiles synchronously (plain 16-byte loads, row norms reduced on the fly)
-//     and only 2 blocks (8 warps) share an SM: double-buffering the next chunk with cp.async (TMA on sm_90)
-//     is the next step; it fits in 227 KB on sm_90/sm_100, not in the 99 KB of sm_120 (keep this path there);
-//   - both slices of a head recompute Q K^T and load Q, K, X: precomputing the masked Q K^T in kernel 1
-//     (another T * nv * 64 bf16) or one block per head with 8 warps would remove that;
+//   - both slices of a head recompute Q K^T (a fifth of the slowest warp's MMAs) and load Q, K, X:
+//     precomputing the masked Q K^T in kernel 1 (another T * nv * 64 bf16) or one block per head with
+//     8 warps would remove that;
 //   - kernel 1's solve runs on CUDA cores with ~7 block barriers; the value heads of one key head share
 //     K K^T (nv / nk = 3 of them here), so one block per (chunk, key head) would compute it once.
 #include "gated_delta_rule.cuh"
 
 #include <cuda_bf16.h>
+
+#include <cstdlib>
+#include <cstring>
 
 #include "backend.cuh"
 #include "bf16_util.cuh"
@@ -64,6 +78,31 @@ constexpr int kMaxDevices = 64;
 
 __device__ __forceinline__ void store_bf16x2(__nv_bfloat16* p, float lo, float hi) {
   *reinterpret_cast<__nv_bfloat162*>(p) = __floats2bfloat162_rn(lo, hi);
+}
+
+// 16-byte async copy; src_bytes = 0 zero-fills the destination without reading.
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N> __device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+// Issues cp.async copies of rows [r0, r0 + kRows) of a W-wide bf16 tile (global row stride ld, shared row
+// stride W + 8) by kThr threads (index t); rows >= valid_rows and columns >= valid_cols (a multiple of 8)
+// are zero-filled. The caller commits the group.
+template <int W, int kRows, int kThr>
+__device__ __forceinline__ void async_rows(__nv_bfloat16* tile, const __nv_bfloat16* __restrict__ src, int64_t ld,
+                                           int r0, int valid_rows, int valid_cols, int t) {
+  constexpr int kCpr = W / 8;
+  static_assert(kRows * kCpr % kThr == 0, "whole passes");
+#pragma unroll
+  for (int i = 0; i < kRows * kCpr / kThr; ++i) {
+    const int e = t + i * kThr, r = r0 + e / kCpr, c = e % kCpr;
+    const bool ok = r < valid_rows && c * 8 < valid_cols;
+    cp_async16(smem_addr(tile + r * (W + 8) + c * 8), ok ? src + r * ld + c * 8 : src, ok ? 16 : 0);
+  }
 }
 
 // Lane addresses of the ldmatrix x4 forms used below (tile row stride `stride` elements). With the mma
@@ -123,24 +162,39 @@ __device__ __forceinline__ void load_tile(__nv_bfloat16* tile, const __nv_bfloat
   }
 }
 
-// Warp 0: sG = inclusive cumsum of g over the chunk's rows, sBeta = beta; rows >= L get g = beta = 0.
-__device__ __forceinline__ void load_gates(float* sG, float* sBeta, const void* g, const void* beta, bool g_bf16,
-                                           bool b_bf16, int64_t t0, int L, int nv, int h) {
-  const int lane = threadIdx.x;
+// A chunk's raw gates in warp 0's registers: lane l holds rows 2l and 2l + 1; rows >= L get g = beta = 0.
+struct GateRegs {
+  float g0, g1, b0, b1;
+};
+__device__ __forceinline__ GateRegs fetch_gates(const void* g, const void* beta, bool g_bf16, bool b_bf16, int64_t t0,
+                                                int L, int nv, int h) {
+  const int r0 = 2 * (threadIdx.x % 32), r1 = r0 + 1;
+  GateRegs v;
+  v.g0 = r0 < L ? load_gate(g, g_bf16, (t0 + r0) * nv + h) : 0.f;
+  v.g1 = r1 < L ? load_gate(g, g_bf16, (t0 + r1) * nv + h) : 0.f;
+  v.b0 = r0 < L ? load_gate(beta, b_bf16, (t0 + r0) * nv + h) : 0.f;
+  v.b1 = r1 < L ? load_gate(beta, b_bf16, (t0 + r1) * nv + h) : 0.f;
+  return v;
+}
+// Warp 0: sG = inclusive cumsum of g over the chunk's rows, sBeta = beta.
+__device__ __forceinline__ void store_gates(float* sG, float* sBeta, const GateRegs& v) {
+  const int lane = threadIdx.x % 32;
   const int r0 = 2 * lane, r1 = r0 + 1;
-  const float g0 = r0 < L ? load_gate(g, g_bf16, (t0 + r0) * nv + h) : 0.f;
-  const float g1 = r1 < L ? load_gate(g, g_bf16, (t0 + r1) * nv + h) : 0.f;
-  sBeta[r0] = r0 < L ? load_gate(beta, b_bf16, (t0 + r0) * nv + h) : 0.f;
-  sBeta[r1] = r1 < L ? load_gate(beta, b_bf16, (t0 + r1) * nv + h) : 0.f;
-  const float pair = g0 + g1;
+  sBeta[r0] = v.b0;
+  sBeta[r1] = v.b1;
+  const float pair = v.g0 + v.g1;
   float incl = pair;
 #pragma unroll
   for (int o = 1; o < 32; o <<= 1) {
     const float n = __shfl_up_sync(0xffffffffu, incl, o);
     if (lane >= o) incl += n;
   }
-  sG[r0] = incl - pair + g0;
+  sG[r0] = incl - pair + v.g0;
   sG[r1] = incl;
+}
+__device__ __forceinline__ void load_gates(float* sG, float* sBeta, const void* g, const void* beta, bool g_bf16,
+                                           bool b_bf16, int64_t t0, int L, int nv, int h) {
+  store_gates(sG, sBeta, fetch_gates(g, beta, g_bf16, b_bf16, t0, L, nv, h));
 }
 
 // Chunk id -> (first token t0, length L). Sequence s owns the ids [base(s), base(s) + ceil(len_s / 64)),
@@ -541,6 +595,330 @@ __global__ void __launch_bounds__(kThreads, 2)
     }
 }
 
+template <int P> struct PipeSmem {
+  static constexpr size_t kQK = size_t(kChunk) * (P + 8) * 2;  // sQ, and each of the two sK stages
+  static constexpr size_t k64 = size_t(kChunk) * kStride64 * 2;  // one of sX, sV, sVn, sVs
+  static constexpr size_t kS = size_t(P) * kStride64 * 2;
+  static constexpr size_t kBytes = 3 * kQK + 4 * k64 + kS + 6 * kChunk * 4;  // + sG, sBeta x 2 stages, sRq, sRk
+};
+
+// gdr_chunk_scan_kernel with the next chunk's tiles loaded by cp.async while the current one computes.
+// Which warps read what decides where each load can go:
+//   - Q rows [16 w, 16 w + 16) and X rows of the same range are read only by warp w (A operands of (1), (2)
+//     and (3)): warp w copies its own rows of the next chunk as soon as it has done with them (Q after (2),
+//     X after (3)), no block barrier needed, and waits for them with cp.async.wait_group + __syncwarp;
+//   - V rows of warp w are read by warp w (R, in place) and then, as R, by every warp at or below it in (3):
+//     the next V goes in after the barrier that ends (3), by the owning warp;
+//   - K is read by every warp up to (5): two stages, the next chunk's K issued at the top of the chunk;
+//   - the gates of the next chunk are loaded into warp 0's registers at the top and scanned into the other
+//     stage of sG / sBeta at the end.
+// The row norms of q and k come from shared memory after arrival: warp w reduces its own 16 rows, and every
+// use of a norm is by its own row's warp once rk_j moves from the masked Q K^T (2) into v_new (sVn holds
+// rk_j v_new[j]). Barriers per chunk: 3 (tiles + state, R complete, v_new complete).
+// Groups, per thread, committed in this order each chunk: K(next) at the top, Q(next) after (2), X(next)
+// after (3), V(next) after the v_new barrier (empty groups past the last chunk). At the top of a chunk
+// wait_group 2 leaves the X and V of that chunk in flight; before R wait_group 1 leaves only K(next).
+template <int P>
+__global__ void __launch_bounds__(kThreads, 2)
+    gdr_chunk_scan_pipelined_kernel(__nv_bfloat16* __restrict__ out, float* __restrict__ state,
+                                    const __nv_bfloat16* __restrict__ qkv, const __nv_bfloat16* __restrict__ xw,
+                                    const void* g, const void* beta, bool g_bf16, bool b_bf16,
+                                    const int32_t* __restrict__ cu, int nseq, int nk, int dk, int nv, int dv,
+                                    int slices, int64_t row, float q_scale) {
+  constexpr int kRow = P + 8;
+  constexpr int kMT = P / 64;
+  extern __shared__ __align__(16) unsigned char smem[];
+  __nv_bfloat16* sQ = reinterpret_cast<__nv_bfloat16*>(smem);  // [64][P + 8] raw q
+  __nv_bfloat16* sKb = sQ + kChunk * kRow;                     // 2 x [64][P + 8] raw k
+  __nv_bfloat16* sX = sKb + 2 * kChunk * kRow;                 // [64][72] X
+  __nv_bfloat16* sV = sX + kChunk * kStride64;                 // [64][72] v, then R in place
+  __nv_bfloat16* sVn = sV + kChunk * kStride64;                // [64][72] rk v_new
+  __nv_bfloat16* sVs = sVn + kChunk * kStride64;               // [64][72] rk e^{G_last-G} v_new
+  __nv_bfloat16* sS = sVs + kChunk * kStride64;                // [P][72] bf16 state
+  float* sGb = reinterpret_cast<float*>(sS + P * kStride64);   // 2 x [64]
+  float* sBb = sGb + 2 * kChunk;                               // 2 x [64]
+  float* sRq = sBb + 2 * kChunk;
+  float* sRk = sRq + kChunk;
+
+  const int s = blockIdx.x, h = blockIdx.y / slices, slice = blockIdx.y % slices, kh = h / (nv / nk);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gr = lane / 4, t4 = lane % 4;
+  const int col0 = slice * kBV, vcols = min(kBV, dv - col0);
+  const int64_t seq0 = cu[s];
+  const int len = cu[s + 1] - cu[s];
+  const int64_t ldx = int64_t(nv) * kChunk;
+  const __nv_bfloat16* qsrc = qkv + int64_t(kh) * dk;
+  const __nv_bfloat16* ksrc = qkv + int64_t(nk + kh) * dk;
+  const __nv_bfloat16* vsrc = qkv + int64_t(2 * nk) * dk + int64_t(h) * dv + col0;
+  const __nv_bfloat16* xsrc = xw + int64_t(h) * kChunk;
+  const int w0 = 16 * warp;  // this warp's rows of the chunk
+
+  float S[kMT][8][4];
+#pragma unroll
+  for (int mi = 0; mi < kMT; ++mi)
+#pragma unroll
+    for (int n = 0; n < 8; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) S[mi][n][e] = 0.f;
+  for (int e = threadIdx.x; e < P * kStride64 / 8; e += kThreads)
+    reinterpret_cast<uint4*>(sS)[e] = make_uint4(0u, 0u, 0u, 0u);
+
+  if (len > 0) {  // the first chunk's groups: K, Q, X, V; its gates
+    const int L = min(kChunk, len);
+    async_rows<P, kChunk, kThreads>(sKb, ksrc + seq0 * row, row, 0, L, dk, threadIdx.x);
+    cp_async_commit();
+    async_rows<P, 16, 32>(sQ, qsrc + seq0 * row, row, w0, L, dk, lane);
+    cp_async_commit();
+    async_rows<kChunk, 16, 32>(sX, xsrc + seq0 * ldx, ldx, w0, L, kChunk, lane);
+    cp_async_commit();
+    async_rows<kChunk, 16, 32>(sV, vsrc + seq0 * row, row, w0, L, vcols, lane);
+    cp_async_commit();
+    if (warp == 0) store_gates(sGb, sBb, fetch_gates(g, beta, g_bf16, b_bf16, seq0, L, nv, h));
+  }
+
+  const int r_lo = w0 + gr;  // this thread's rows of the chunk: r_lo and r_lo + 8
+  for (int c0 = 0, it = 0; c0 < len; c0 += kChunk, ++it) {
+    const int L = min(kChunk, len - c0);
+    const int64_t t0 = seq0 + c0, t1 = t0 + kChunk;
+    const int L1 = min(kChunk, len - c0 - kChunk);  // the next chunk's length, <= 0 past the last
+    const int p = it & 1;
+    const __nv_bfloat16* sK = sKb + p * kChunk * kRow;
+    const float* sG = sGb + p * kChunk;
+    const float* sBeta = sBb + p * kChunk;
+
+    cp_async_wait<2>();  // this chunk's K and this warp's Q rows have landed
+    __syncthreads();     // K, gates and sS visible to all; every read of the other K stage is done
+    if (L1 > 0) async_rows<P, kChunk, kThreads>(sKb + (p ^ 1) * kChunk * kRow, ksrc + t1 * row, row, 0, L1, dk, threadIdx.x);
+    cp_async_commit();
+    GateRegs ng{};
+    if (warp == 0 && L1 > 0) ng = fetch_gates(g, beta, g_bf16, b_bf16, t1, L1, nv, h);
+
+    // Row norms of this warp's 16 rows of q and k: lane l sums half a row (row l % 16, half l / 16).
+    {
+      const int r = w0 + (lane & 15), c = (lane >> 4) * (P / 2);
+      float sq = 0.f, sk = 0.f;
+#pragma unroll
+      for (int i = 0; i < P / 16; ++i) {
+        float f[8];
+        unpack8(*reinterpret_cast<const Bf16x8*>(sQ + r * kRow + c + 8 * i), f);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) sq += f[e] * f[e];
+        unpack8(*reinterpret_cast<const Bf16x8*>(sK + r * kRow + c + 8 * i), f);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) sk += f[e] * f[e];
+      }
+      sq += __shfl_xor_sync(0xffffffffu, sq, 16);
+      sk += __shfl_xor_sync(0xffffffffu, sk, 16);
+      if (lane < 16) {
+        sRq[r] = q_scale * rsqrtf(sq + 1e-6f);
+        sRk[r] = rsqrtf(sk + 1e-6f);
+      }
+    }
+
+    // (1) K S and Q S for this warp's 16 rows (64 columns of the slice); the B fragments of S serve both.
+    float ks[8][4], qs[8][4];
+#pragma unroll
+    for (int n = 0; n < 8; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) ks[n][e] = qs[n][e] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < P / 16; ++kk) {
+      uint32_t ak[4], aq[4];
+      ldmatrix_x4(ak, a_rowmajor(sK, kRow, w0, 16 * kk, lane));
+      ldmatrix_x4(aq, a_rowmajor(sQ, kRow, w0, 16 * kk, lane));
+#pragma unroll
+      for (int np = 0; np < 4; ++np) {
+        uint32_t b[4];
+        ldmatrix_x4_trans(b, b_kn(sS, kStride64, 16 * kk, 16 * np, lane));
+        mma_bf16(ks[2 * np], ak, b[0], b[1]);
+        mma_bf16(ks[2 * np + 1], ak, b[2], b[3]);
+        mma_bf16(qs[2 * np], aq, b[0], b[1]);
+        mma_bf16(qs[2 * np + 1], aq, b[2], b[3]);
+      }
+    }
+    cp_async_wait<1>();  // this warp's X and V rows have landed (only K(next) may be in flight)
+    __syncwarp();        // ... for every lane of the warp, as have the norms
+    // R = beta (v - e^G rk K S) over v in place; qs becomes the output accumulator e^G rq Q S.
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      const int r = r_lo + 8 * hh;
+      const float eg = __expf(sG[r]), fk = eg * sRk[r], fq = eg * sRq[r], b = sBeta[r];
+#pragma unroll
+      for (int n = 0; n < 8; ++n) {
+        __nv_bfloat16* pv = sV + r * kStride64 + 8 * n + 2 * t4;
+        const float2 v = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(pv));
+        store_bf16x2(pv, b * (v.x - fk * ks[n][2 * hh]), b * (v.y - fk * ks[n][2 * hh + 1]));
+        qs[n][2 * hh] *= fq;
+        qs[n][2 * hh + 1] *= fq;
+      }
+    }
+
+    // (2) rq_r e^{G_r - G_j} (q_r . k_j) for j <= r (rk_j is in sVn), as bf16 A fragments for (4).
+    uint32_t pa[4][4];
+    {
+      float pm[8][4];
+#pragma unroll
+      for (int n = 0; n < 8; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) pm[n][e] = 0.f;
+#pragma unroll
+      for (int kk = 0; kk < P / 16; ++kk) {
+        uint32_t aq[4];
+        ldmatrix_x4(aq, a_rowmajor(sQ, kRow, w0, 16 * kk, lane));
+#pragma unroll
+        for (int np = 0; np < 4; ++np) {
+          if (np > warp) break;
+          uint32_t b[4];
+          ldmatrix_x4(b, b_nk(sK, kRow, 16 * np, 16 * kk, lane));
+          mma_bf16(pm[2 * np], aq, b[0], b[1]);
+          mma_bf16(pm[2 * np + 1], aq, b[2], b[3]);
+        }
+      }
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const int r = r_lo + 8 * hh;
+        const float fr = sRq[r], Gr = sG[r];
+#pragma unroll
+        for (int n = 0; n < 8; ++n)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int j = 8 * n + 2 * t4 + e;
+            pm[n][2 * hh + e] = j <= r ? fr * __expf(Gr - sG[j]) * pm[n][2 * hh + e] : 0.f;
+          }
+      }
+#pragma unroll
+      for (int kc = 0; kc < 4; ++kc) {
+        pa[kc][0] = pack_bf16(pm[2 * kc][0], pm[2 * kc][1]);
+        pa[kc][1] = pack_bf16(pm[2 * kc][2], pm[2 * kc][3]);
+        pa[kc][2] = pack_bf16(pm[2 * kc + 1][0], pm[2 * kc + 1][1]);
+        pa[kc][3] = pack_bf16(pm[2 * kc + 1][2], pm[2 * kc + 1][3]);
+      }
+    }
+    __syncwarp();  // every lane's reads of this warp's Q rows are done: the next chunk's go in
+    if (L1 > 0) async_rows<P, 16, 32>(sQ, qsrc + t1 * row, row, w0, L1, dk, lane);
+    cp_async_commit();
+    __syncthreads();  // R complete
+
+    // (3) v_new = X R for this warp's rows (X is lower triangular: only R rows up to this warp's last).
+    {
+      float vn[8][4];
+#pragma unroll
+      for (int n = 0; n < 8; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) vn[n][e] = 0.f;
+#pragma unroll
+      for (int kc = 0; kc < 4; ++kc) {
+        if (kc > warp) break;
+        uint32_t a[4];
+        ldmatrix_x4(a, a_rowmajor(sX, kStride64, w0, 16 * kc, lane));
+#pragma unroll
+        for (int np = 0; np < 4; ++np) {
+          uint32_t b[4];
+          ldmatrix_x4_trans(b, b_kn(sV, kStride64, 16 * kc, 16 * np, lane));
+          mma_bf16(vn[2 * np], a, b[0], b[1]);
+          mma_bf16(vn[2 * np + 1], a, b[2], b[3]);
+        }
+      }
+      __syncwarp();  // this warp's X rows are read: the next chunk's go in
+      if (L1 > 0) async_rows<kChunk, 16, 32>(sX, xsrc + t1 * ldx, ldx, w0, L1, kChunk, lane);
+      cp_async_commit();
+      const float G_last = sG[kChunk - 1];
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const int r = r_lo + 8 * hh;
+        const float fn = sRk[r], fs = fn * __expf(G_last - sG[r]);
+#pragma unroll
+        for (int n = 0; n < 8; ++n) {
+          const int o = r * kStride64 + 8 * n + 2 * t4;
+          store_bf16x2(sVn + o, fn * vn[n][2 * hh], fn * vn[n][2 * hh + 1]);
+          store_bf16x2(sVs + o, fs * vn[n][2 * hh], fs * vn[n][2 * hh + 1]);
+        }
+      }
+    }
+    __syncthreads();  // v_new complete; every read of R (sV) done
+    if (L1 > 0) async_rows<kChunk, 16, 32>(sV, vsrc + t1 * row, row, w0, L1, vcols, lane);
+    cp_async_commit();
+
+    // (4) out = e^G rq Q S + P (rk v_new), rows r < L and columns inside dv.
+#pragma unroll
+    for (int kc = 0; kc < 4; ++kc) {
+      if (kc > warp) break;
+#pragma unroll
+      for (int np = 0; np < 4; ++np) {
+        uint32_t b[4];
+        ldmatrix_x4_trans(b, b_kn(sVn, kStride64, 16 * kc, 16 * np, lane));
+        mma_bf16(qs[2 * np], pa[kc], b[0], b[1]);
+        mma_bf16(qs[2 * np + 1], pa[kc], b[2], b[3]);
+      }
+    }
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      const int r = r_lo + 8 * hh;
+      if (r >= L) continue;
+      __nv_bfloat16* po = out + (t0 + r) * int64_t(nv) * dv + int64_t(h) * dv + col0;
+#pragma unroll
+      for (int n = 0; n < 8; ++n) {
+        const int c = 8 * n + 2 * t4;
+        if (c < vcols) store_bf16x2(po + c, qs[n][2 * hh], qs[n][2 * hh + 1]);
+      }
+    }
+
+    // (5) S = e^{G_last} S + K^T (rk e^{G_last - G} v_new) for this warp's dk rows; then its bf16 copy
+    // (every warp finished reading sS in (1), before the barrier after (2)).
+    const float decay = __expf(sG[kChunk - 1]);
+#pragma unroll
+    for (int mi = 0; mi < kMT; ++mi)
+#pragma unroll
+      for (int n = 0; n < 8; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) S[mi][n][e] *= decay;
+#pragma unroll
+    for (int kc = 0; kc < 4; ++kc) {
+      uint32_t a[kMT][4];
+#pragma unroll
+      for (int mi = 0; mi < kMT; ++mi)
+        ldmatrix_x4_trans(a[mi], a_km(sK, kRow, 16 * kc, 16 * (warp * kMT + mi), lane));
+#pragma unroll
+      for (int np = 0; np < 4; ++np) {
+        uint32_t b[4];
+        ldmatrix_x4_trans(b, b_kn(sVs, kStride64, 16 * kc, 16 * np, lane));
+#pragma unroll
+        for (int mi = 0; mi < kMT; ++mi) {
+          mma_bf16(S[mi][2 * np], a[mi], b[0], b[1]);
+          mma_bf16(S[mi][2 * np + 1], a[mi], b[2], b[3]);
+        }
+      }
+    }
+#pragma unroll
+    for (int mi = 0; mi < kMT; ++mi)
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const int r = 16 * (warp * kMT + mi) + gr + 8 * hh;
+#pragma unroll
+        for (int n = 0; n < 8; ++n)
+          store_bf16x2(sS + r * kStride64 + 8 * n + 2 * t4, S[mi][n][2 * hh], S[mi][n][2 * hh + 1]);
+      }
+    if (warp == 0 && L1 > 0) store_gates(sGb + (p ^ 1) * kChunk, sBb + (p ^ 1) * kChunk, ng);
+  }
+
+  if (s != nseq - 1) return;
+  // The last sequence leaves its final state in `state` (zero when the sequence is empty), as the CPU does.
+#pragma unroll
+  for (int mi = 0; mi < kMT; ++mi)
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      const int r = 16 * (warp * kMT + mi) + gr + 8 * hh;
+      if (r >= dk) continue;
+      float* ps = state + (int64_t(h) * dk + r) * dv + col0;
+#pragma unroll
+      for (int n = 0; n < 8; ++n)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int c = 8 * n + 2 * t4 + e;
+          if (c < vcols) ps[c] = S[mi][n][2 * hh + e];
+        }
+    }
+}
+
 // The device's opt-in shared memory per block (227 KB on sm_90 and sm_100, 99 KB on sm_120), once per device.
 int max_smem_per_block(int device) {
   static int cached[kMaxDevices] = {};
@@ -552,20 +930,37 @@ int max_smem_per_block(int device) {
   return cached[device];
 }
 
+// -1: not chosen yet (DFLASH_GDR_SCAN decides at the first call), else a GdrScan.
+int g_scan_choice = -1;
+
+GdrScan scan_choice() {
+  if (g_scan_choice < 0) {
+    const char* e = std::getenv("DFLASH_GDR_SCAN");
+    g_scan_choice = static_cast<int>(e && std::strcmp(e, "sync") == 0 ? GdrScan::kSync : GdrScan::kAuto);
+  }
+  return static_cast<GdrScan>(g_scan_choice);
+}
+
 template <int P>
 void launch(const Ctx& ctx, int device, const Tensor& out, const Tensor& state, const Tensor& qkv, const Tensor& g,
             const Tensor& beta, const Tensor& cu_seqlens, const Tensor& workspace, const ops::GdnHeads& hd, int nseq) {
-  constexpr size_t kPrep = PrepSmem<P>::kBytes, kScan = ScanSmem<P>::kBytes;
+  constexpr size_t kPrep = PrepSmem<P>::kBytes, kScan = ScanSmem<P>::kBytes, kPipe = PipeSmem<P>::kBytes;
   static_assert(kScan <= 99 * 1024 && kPrep <= 99 * 1024, "shared memory must fit sm_120's 99 KB per block");
-  DF_CHECK(static_cast<size_t>(max_smem_per_block(device)) >= kScan, Internal,
-           "gated_delta_rule_forward: the device offers " << max_smem_per_block(device) << " B of shared memory per block, "
-                                                         << kScan << " needed");
+  static_assert(2 * (kPipe + 1024) <= 228 * 1024, "the pipelined scan keeps 2 blocks per SM on sm_90 / sm_100");
+  const size_t smem = static_cast<size_t>(max_smem_per_block(device));
+  DF_CHECK(smem >= kScan, Internal,
+           "gated_delta_rule_forward: the device offers " << smem << " B of shared memory per block, " << kScan
+                                                          << " needed");
+  const bool pipelined = smem >= kPipe && scan_choice() == GdrScan::kAuto;
   static bool configured[kMaxDevices] = {};  // the attribute is per device (context)
   if (!configured[device]) {
     DF_CUDA(cudaFuncSetAttribute(gdr_prepare_kernel<P>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                  static_cast<int>(kPrep)));
     DF_CUDA(cudaFuncSetAttribute(gdr_chunk_scan_kernel<P>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                  static_cast<int>(kScan)));
+    if (smem >= kPipe)
+      DF_CUDA(cudaFuncSetAttribute(gdr_chunk_scan_pipelined_kernel<P>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                   static_cast<int>(kPipe)));
     configured[device] = true;
   }
   const int64_t T = qkv.size(0), row = qkv.size(1);
@@ -583,13 +978,28 @@ void launch(const Ctx& ctx, int device, const Tensor& out, const Tensor& state, 
   DF_CUDA_LAUNCH();
   const int slices = (dv + kBV - 1) / kBV;
   const float q_scale = 1.f / sqrtf(static_cast<float>(dk));
-  gdr_chunk_scan_kernel<P><<<dim3(static_cast<unsigned>(nseq), static_cast<unsigned>(nv * slices)), kThreads, kScan, st>>>(
-      static_cast<__nv_bfloat16*>(out.data), static_cast<float*>(state.data), x, xw, g.data, beta.data, g_bf16, b_bf16,
-      cu, nseq, nk, dk, nv, dv, slices, row, q_scale);
+  const dim3 grid(static_cast<unsigned>(nseq), static_cast<unsigned>(nv * slices));
+  auto* o = static_cast<__nv_bfloat16*>(out.data);
+  auto* sp = static_cast<float*>(state.data);
+  if (pipelined) {
+    gdr_chunk_scan_pipelined_kernel<P><<<grid, kThreads, kPipe, st>>>(o, sp, x, xw, g.data, beta.data, g_bf16, b_bf16,
+                                                                      cu, nseq, nk, dk, nv, dv, slices, row, q_scale);
+  } else {
+    gdr_chunk_scan_kernel<P><<<grid, kThreads, kScan, st>>>(o, sp, x, xw, g.data, beta.data, g_bf16, b_bf16, cu, nseq,
+                                                            nk, dk, nv, dv, slices, row, q_scale);
+  }
   DF_CUDA_LAUNCH();
 }
 
 }  // namespace
+
+void set_gated_delta_rule_scan(GdrScan scan) { g_scan_choice = static_cast<int>(scan); }
+
+bool gated_delta_rule_scan_is_pipelined(const Ctx& ctx, ops::GdnHeads hd) {
+  const int device = backend_of(ctx).device;
+  const size_t need = hd.dk <= 64 && hd.dv <= 64 ? PipeSmem<64>::kBytes : PipeSmem<128>::kBytes;
+  return scan_choice() == GdrScan::kAuto && static_cast<size_t>(max_smem_per_block(device)) >= need;
+}
 
 void gated_delta_rule_forward(const Ctx& ctx, const Tensor& out, const Tensor& state, const Tensor& qkv,
                               const Tensor& g, const Tensor& beta, const Tensor& cu_seqlens, ops::GdnHeads hd,

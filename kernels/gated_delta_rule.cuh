@@ -18,4 +18,14 @@ void gated_delta_rule_forward(const Ctx& ctx, const Tensor& out, const Tensor& s
                               const Tensor& g, const Tensor& beta, const Tensor& cu_seqlens, ops::GdnHeads heads,
                               const Tensor& workspace);
 
+// Which chunk-scan kernel runs. kAuto: the pipelined one (the next chunk's tiles copied by cp.async during
+// the current one; 106.5 KB of shared memory per block at dk or dv > 64, 73.5 KB below) where the device
+// offers that much per block (sm_90, sm_100), else the synchronous one (89 KB: sm_120's 99 KB). kSync: the synchronous one everywhere (tests
+// and benchmarks compare the two). The environment variable DFLASH_GDR_SCAN=sync chooses kSync at the first
+// call unless this was called before. Not thread-safe: set it before the forwards run.
+enum class GdrScan { kAuto, kSync };
+void set_gated_delta_rule_scan(GdrScan scan);
+// Whether gated_delta_rule_forward on ctx's device runs the pipelined scan for these heads now.
+bool gated_delta_rule_scan_is_pipelined(const Ctx& ctx, ops::GdnHeads heads);
+
 }  // namespace dflash::cuda

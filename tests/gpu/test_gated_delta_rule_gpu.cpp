@@ -1,6 +1,7 @@
 // The chunked CUDA gated delta rule (kernels/gated_delta_rule.cu) against the CPU recurrence
 // (ops::gated_delta_rule_forward on the CPU, float32) on random data, plus a timing of the Qwen3.6-27B
-// shape (nk = 16, dk = 128, nv = 48, dv = 128; 8 x 4096 tokens).
+// shape (nk = 16, dk = 128, nv = 48, dv = 128; 8 x 4096 tokens). Every case runs both chunk-scan kernels
+// where the device has both (the pipelined one needs 107 KB of shared memory per block: sm_90 / sm_100).
 //
 // Tolerance: qkv is bf16 on both sides (rounded first), the GPU multiplies bf16 operands (raw q/k, the
 // bf16 copy of the state, the inverse X, R, v_new, the masked Q K^T) with fp32 accumulation and writes bf16,
@@ -13,10 +14,12 @@
 #include <cmath>
 #include <cstdio>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "dflash/backend.h"
 #include "dflash/error.h"
+#include "gated_delta_rule.cuh"
 #include "gpu_test_util.h"
 #include "ops/gated_delta.h"
 #include "random_fill.cuh"
@@ -132,19 +135,28 @@ TEST_P(GpuGatedDeltaRule, MatchesCpuRecurrence) {
                                 cpu_view(in.beta.data(), {T, hd.nv}), cpu_view(cu.data(), {nseq + 1}), hd);
 
   const DType gdt = c.bf16_gates ? DType::BF16 : DType::F32;
-  Buffer d_qkv = test::to_device(gctx, in.qkv, {T, hd.qkv_dim()}), d_out = test::to_device(gctx, {}, {T, hd.value_dim()});
+  Buffer d_qkv = test::to_device(gctx, in.qkv, {T, hd.qkv_dim()});
   Buffer d_g = to_device_dtype(gctx, in.g, gdt, {T, hd.nv}), d_beta = to_device_dtype(gctx, in.beta, gdt, {T, hd.nv});
   Buffer d_cu = test::to_device_i32(gctx, cu);
-  Buffer d_state(Device::CUDA, DType::F32, {hd.nv, hd.dk, hd.dv});
-  cudaMemset(d_state.t().data, 0xff, d_state.t().nbytes());  // NaN: the final state must be written
-  Buffer d_ws(Device::CUDA, DType::BF16, {std::max<int64_t>(1, ops::gated_delta_rule_workspace_elems(T, hd))});
-  ops::gated_delta_rule_forward(gctx, d_out, d_state, d_qkv, d_g, d_beta, d_cu, hd, d_ws);
-  synchronize(gctx);
-  std::printf("[gdr] T=%lld nseq=%lld nk=%lld dk=%lld nv=%lld dv=%lld gates %s\n", static_cast<long long>(T),
-              static_cast<long long>(nseq), static_cast<long long>(c.nk), static_cast<long long>(c.dk),
-              static_cast<long long>(c.nv), static_cast<long long>(c.dv), c.bf16_gates ? "BF16" : "F32");
-  expect_close("out", to_host(gctx, d_out), out, static_cast<size_t>(hd.value_dim()));
-  expect_close("state", to_host(gctx, d_state), state, static_cast<size_t>(hd.dv));
+  for (cuda::GdrScan scan : {cuda::GdrScan::kSync, cuda::GdrScan::kAuto}) {
+    cuda::set_gated_delta_rule_scan(scan);
+    const bool pipelined = cuda::gated_delta_rule_scan_is_pipelined(gctx, hd);
+    if (scan == cuda::GdrScan::kAuto && !pipelined) continue;  // the device runs the synchronous scan only
+    Buffer d_out = test::to_device(gctx, {}, {T, hd.value_dim()});
+    Buffer d_state(Device::CUDA, DType::F32, {hd.nv, hd.dk, hd.dv});
+    cudaMemset(d_out.t().data, 0xff, d_out.t().nbytes());      // NaN: every output must be written
+    cudaMemset(d_state.t().data, 0xff, d_state.t().nbytes());  // NaN: the final state must be written
+    Buffer d_ws(Device::CUDA, DType::BF16, {std::max<int64_t>(1, ops::gated_delta_rule_workspace_elems(T, hd))});
+    ops::gated_delta_rule_forward(gctx, d_out, d_state, d_qkv, d_g, d_beta, d_cu, hd, d_ws);
+    synchronize(gctx);
+    std::printf("[gdr] T=%lld nseq=%lld nk=%lld dk=%lld nv=%lld dv=%lld gates %s, %s scan\n", static_cast<long long>(T),
+                static_cast<long long>(nseq), static_cast<long long>(c.nk), static_cast<long long>(c.dk),
+                static_cast<long long>(c.nv), static_cast<long long>(c.dv), c.bf16_gates ? "BF16" : "F32",
+                pipelined ? "pipelined" : "synchronous");
+    expect_close("out", to_host(gctx, d_out), out, static_cast<size_t>(hd.value_dim()));
+    expect_close("state", to_host(gctx, d_state), state, static_cast<size_t>(hd.dv));
+  }
+  cuda::set_gated_delta_rule_scan(cuda::GdrScan::kAuto);
 }
 INSTANTIATE_TEST_SUITE_P(
     Shapes, GpuGatedDeltaRule,
@@ -199,7 +211,13 @@ TEST(GpuGatedDeltaRuleTiming, Qwen36_27B_T32768) {
   cudaEvent_t e0, e1;
   cudaEventCreate(&e0);
   cudaEventCreate(&e1);
-  for (int nseq : {8, 1, 32}) {
+  using cuda::GdrScan;
+  const std::pair<int, GdrScan> runs[] = {{8, GdrScan::kSync}, {8, GdrScan::kAuto}, {1, GdrScan::kSync},
+                                          {1, GdrScan::kAuto}, {32, GdrScan::kSync}, {32, GdrScan::kAuto}};
+  for (const auto& [nseq, scan] : runs) {
+    cuda::set_gated_delta_rule_scan(scan);
+    const bool pipelined = cuda::gated_delta_rule_scan_is_pipelined(gctx, hd);
+    if (scan == cuda::GdrScan::kAuto && !pipelined) continue;
     std::vector<int32_t> cu(nseq + 1);
     for (int s = 0; s <= nseq; ++s) cu[s] = static_cast<int32_t>(T / nseq * s);
     Buffer d_cu = test::to_device_i32(gctx, cu);
@@ -217,9 +235,10 @@ TEST(GpuGatedDeltaRuleTiming, Qwen36_27B_T32768) {
     }
     synchronize(gctx);
     std::sort(ms.begin(), ms.end());
-    std::printf("[gdr timing] T=%lld as %d x %lld tokens, nk=16 dk=128 nv=48 dv=128: median %.3f ms (min %.3f, max %.3f)\n",
-                static_cast<long long>(T), nseq, static_cast<long long>(T / nseq), ms[ms.size() / 2], ms.front(),
-                ms.back());
+    std::printf("[gdr timing] T=%lld as %d x %lld tokens, nk=16 dk=128 nv=48 dv=128, %s scan: median %.3f ms "
+                "(min %.3f, max %.3f)\n",
+                static_cast<long long>(T), nseq, static_cast<long long>(T / nseq),
+                pipelined ? "pipelined" : "synchronous", ms[ms.size() / 2], ms.front(), ms.back());
     if (nseq == 8) {  // check the head of sequence 0 against the CPU
       const int64_t Tc = 512;
       std::vector<float> h_qkv = to_host(gctx, qkv.t().slice_rows(0, Tc)), h_g = to_host(gctx, g.t().slice_rows(0, Tc)),
@@ -230,10 +249,12 @@ TEST(GpuGatedDeltaRuleTiming, Qwen36_27B_T32768) {
                                     cpu_view(st_cpu.data(), {hd.nv, hd.dk, hd.dv}), cpu_view(h_qkv.data(), {Tc, hd.qkv_dim()}),
                                     cpu_view(h_g.data(), {Tc, hd.nv}), cpu_view(h_beta.data(), {Tc, hd.nv}),
                                     cpu_view(cu_c.data(), {2}), hd);
-      std::printf("[gdr] real shape, first %lld tokens of sequence 0:\n", static_cast<long long>(Tc));
+      std::printf("[gdr] real shape, first %lld tokens of sequence 0 (%s scan):\n", static_cast<long long>(Tc),
+                  pipelined ? "pipelined" : "synchronous");
       expect_close("out", h_out, want, static_cast<size_t>(hd.value_dim()));
     }
   }
+  cuda::set_gated_delta_rule_scan(cuda::GdrScan::kAuto);
   cudaEventDestroy(e0);
   cudaEventDestroy(e1);
 }
