@@ -200,9 +200,8 @@ __device__ __forceinline__ void load_gates(float* sG, float* sBeta, const void* 
 // Chunk id -> (first token t0, length L). Sequence s owns the ids [base(s), base(s) + ceil(len_s / 64)),
 // base(s) = cu[s] / 64 + s: strictly increasing in s, with room for every chunk (a sequence starting
 // mid-64 needs at most one more than floor), and base(nseq) = T / 64 + nseq ids in all. Some ids are
-// unused: false.
-__device__ bool find_chunk(const int32_t* __restrict__ cu, int nseq, int id, int64_t& t0, int& L) {
-  __shared__ int found[2];
+// unused: false. found: two ints of shared memory, dead once this returns.
+__device__ bool find_chunk(const int32_t* __restrict__ cu, int nseq, int id, int64_t& t0, int& L, int* found) {
   if (threadIdx.x == 0) {
     int lo = 0, hi = nseq - 1;  // the largest s with base(s) <= id (base(0) = 0)
     while (lo < hi) {
@@ -222,7 +221,7 @@ __device__ bool find_chunk(const int32_t* __restrict__ cu, int nseq, int id, int
 // X = (I + A)^-1 for the strictly lower 64 x 64 fp32 A (row stride kFStride); writes all of sX. Diagonal
 // 16 x 16 blocks by forward substitution (one thread per column), then block (i, j), i > j, by distance
 // d = i - j: X_ij = -X_ii sum_{j <= m < i} A_im X_mj, which reads only blocks of smaller distance.
-__device__ void invert_unit_lower(const float* sA, float* sX, float* sT /* [3][16][17] */) {
+__device__ void invert_unit_lower(const float* sA, float* sX, float* sT /* [3][16][16] */) {
   const int tid = threadIdx.x;
   for (int e = tid; e < kChunk * kChunk; e += kThreads) {
     const int r = e / kChunk, c = e % kChunk;
@@ -250,7 +249,7 @@ __device__ void invert_unit_lower(const float* sA, float* sX, float* sT /* [3][1
       const float* Arow = sA + (16 * i + r) * kFStride;
       float acc = 0.f;
       for (int m = 16 * j; m < 16 * i; ++m) acc += Arow[m] * sX[m * kFStride + 16 * j + c];
-      sT[p * 272 + r * 17 + c] = acc;
+      sT[p * 256 + r * 16 + c] = acc;
     }
     __syncthreads();
     for (int e = tid; e < n; e += kThreads) {
@@ -258,19 +257,24 @@ __device__ void invert_unit_lower(const float* sA, float* sX, float* sT /* [3][1
       const float* Xrow = sX + (16 * i + r) * kFStride + 16 * i;
       float acc = 0.f;
 #pragma unroll
-      for (int x = 0; x < 16; ++x) acc += Xrow[x] * sT[p * 272 + x * 17 + c];
+      for (int x = 0; x < 16; ++x) acc += Xrow[x] * sT[p * 256 + x * 16 + c];
       sX[(16 * i + r) * kFStride + 16 * j + c] = -acc;
     }
     __syncthreads();
   }
 }
 
+// sX shares its bytes with sK (K is dead once K K^T is in registers): 37888 B at P = 128, so that 6 blocks
+// fill sm_90's 228 KB per SM (1 KB reserved per block) where 4 did with separate tiles and a 17-float sT
+// stride; find_chunk's two ints sit in the unused padding of sK's row 0 (no static shared memory).
 template <int P> struct PrepSmem {
   static constexpr size_t kK = size_t(kChunk) * (P + 8) * 2;
   static constexpr size_t kMat = size_t(kChunk) * kFStride * 4;
-  static constexpr size_t kT = 3 * 16 * 17 * 4;
-  static constexpr size_t kBytes = kK + 2 * kMat + kT + 3 * kChunk * 4;
+  static constexpr size_t kKX = kK > kMat ? kK : kMat;  // sK, later sX
+  static constexpr size_t kT = 3 * 16 * 16 * 4;
+  static constexpr size_t kBytes = kKX + kMat + kT + 3 * kChunk * 4;
 };
+static_assert(6 * (PrepSmem<128>::kBytes + 1024) <= 228 * 1024, "gdr_prepare: 6 blocks per SM on sm_90");
 
 // One block per (chunk id, value head): X of that chunk into xw [T, nv, 64] (rows of the chunk's tokens).
 template <int P>
@@ -279,22 +283,24 @@ __global__ void __launch_bounds__(kThreads)
                        const void* beta, bool g_bf16, bool b_bf16, const int32_t* __restrict__ cu, int nseq, int nk,
                        int dk, int nv, int64_t row) {
   extern __shared__ __align__(16) unsigned char smem[];
-  __nv_bfloat16* sK = reinterpret_cast<__nv_bfloat16*>(smem);  // [64][P + 8]
-  float* sA = reinterpret_cast<float*>(smem + PrepSmem<P>::kK);  // [64][65]
-  float* sX = sA + kChunk * kFStride;                             // [64][65]
-  float* sT = sX + kChunk * kFStride;                             // [3][16][17]
-  float* sG = sT + 3 * 16 * 17;
+  __nv_bfloat16* sK = reinterpret_cast<__nv_bfloat16*>(smem);    // [64][P + 8]
+  float* sX = reinterpret_cast<float*>(smem);                      // [64][65], over sK after K K^T
+  float* sA = reinterpret_cast<float*>(smem + PrepSmem<P>::kKX);  // [64][65]
+  float* sT = sA + kChunk * kFStride;                              // [3][16][16]
+  float* sG = sT + 3 * 16 * 16;
   float* sBeta = sG + kChunk;
   float* sRk = sBeta + kChunk;
 
   int64_t t0;
   int L;
-  if (!find_chunk(cu, nseq, blockIdx.x, t0, L)) return;
+  if (!find_chunk(cu, nseq, blockIdx.x, t0, L, reinterpret_cast<int*>(sK + P))) return;
   const int h = blockIdx.y, kh = h / (nv / nk);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gr = lane / 4, t4 = lane % 4;
 
+  GateRegs gv{};  // the gate loads in flight with the key tile's
+  if (warp == 0) gv = fetch_gates(g, beta, g_bf16, b_bf16, t0, L, nv, h);
   load_tile<P>(sK, qkv + t0 * row + int64_t(nk + kh) * dk, row, L, dk, sRk, 1.f);
-  if (warp == 0) load_gates(sG, sBeta, g, beta, g_bf16, b_bf16, t0, L, nv, h);
+  if (warp == 0) store_gates(sG, sBeta, gv);
   __syncthreads();
 
   // K K^T for this warp's 16 rows against the key tiles at or left of them (the rest of A is zero).
