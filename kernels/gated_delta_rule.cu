@@ -21,7 +21,8 @@
 //
 // Kernel 1 (gdr_prepare, one block per (chunk, value head), all chunks in parallel): K K^T on the tensor
 //   cores, A in fp32, X by blocked forward substitution in fp32 (16 x 16 diagonal blocks, then the
-//   off-diagonal blocks by distance), X stored as bf16 (as FLA's solve_tril stores it).
+//   off-diagonal blocks by distance), X stored as bf16 (as FLA's solve_tril stores it). The fp32 X
+//   reuses the key tile's bytes: 37 KB per block, 6 blocks per SM on sm_90.
 // Kernel 2 (gdr_chunk_scan, one block per (sequence, value head, 64-column slice of dv), chunks in order):
 //   the state slice S [dk, 64] lives in fp32 accumulator registers (a bf16 copy in shared memory feeds the
 //   MMAs, as FLA's chunk_delta_h casts h for its dots); per chunk: K S and Q S, R, Q K^T masked, X R,
@@ -39,19 +40,25 @@
 //     tiles loaded synchronously (plain 16-byte loads, row norms reduced on the fly), 4 barriers, 89 KB.
 //
 // Measured on one H200 (tests/gpu/test_gated_delta_rule_gpu.cpp, GpuGatedDeltaRuleTiming; CUDA events, median
-// of 20 after 3 warm-ups), Qwen3.6-27B heads (nk 16, dk 128, nv 48, dv 128), T = 32768, both kernels,
-// synchronous -> pipelined scan (same call, 2026-12-01):
-//   8 x 4096 tokens 3.04 -> 2.39 ms;  32 x 1024 tokens 3.09 -> 2.41 ms;  1 x 32768 tokens 6.09 -> 4.21 ms
-//   (96 scan blocks on 132 SMs). In the 27B forward (bench_hybrid_forward --model 27b, 48 layers):
-//   192.5 -> 155.7 ms.
+// of 20 after 3 warm-ups), Qwen3.6-27B heads (nk 16, dk 128, nv 48, dv 128), T = 32768, both kernels
+// (2026-12-01, one call; bench/results/hybrid/gdr-pipelined/): the kernels before this pipelined scan and
+// the 6-blocks-per-SM gdr_prepare -> now:
+//   8 x 4096 tokens 3.04 -> 2.33 ms;  32 x 1024 tokens 3.09 -> 2.32 ms;  1 x 32768 tokens 6.09 -> 4.12 ms
+//   (96 scan blocks on 132 SMs). Of that, the pipelined scan gave 3.04 -> 2.39 ms at 8 x 4096 and
+//   gdr_prepare's occupancy (4 -> 6 blocks per SM) 2.39 -> 2.33. In the 27B forward (bench_hybrid_forward
+//   --model 27b, 48 layers, same call): 190.3 -> 150.8 ms.
 // 8 x 4096 and 32 x 1024 cost the same although their chunk chains differ 4x: the scan is limited by how
 // fast each block gets through a chunk (latency), not by the chain length.
-// Where the time goes, and what is next:
+// Where the time goes, and what is next (the 1 x 32768 case, 96 blocks alone on their SMs, still takes
+// 6-8 us per chunk, 4.12 ms less kernel 1 over 512 chunks, for ~320 MMAs on the slowest warp: with the
+// loads in flight behind the compute, what is left is latency of dependent MMA chains, 3 barriers and
+// 4 warps per block):
 //   - both slices of a head recompute Q K^T (a fifth of the slowest warp's MMAs) and load Q, K, X:
 //     precomputing the masked Q K^T in kernel 1 (another T * nv * 64 bf16) or one block per head with
 //     8 warps would remove that;
-//   - kernel 1's solve runs on CUDA cores with ~7 block barriers; the value heads of one key head share
-//     K K^T (nv / nk = 3 of them here), so one block per (chunk, key head) would compute it once.
+//   - kernel 1's solve runs on CUDA cores with ~7 block barriers (6 blocks per SM hide some of it); the
+//     value heads of one key head share K K^T (nv / nk = 3 of them here), so one block per (chunk, key
+//     head) would compute it once (its split of the 2.33 ms is not measured: no profiler on the machine).
 #include "gated_delta_rule.cuh"
 
 #include <cuda_bf16.h>
