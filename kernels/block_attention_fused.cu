@@ -22,24 +22,33 @@
 //     99 KB of shared memory; S and dP of 32 keys are 32 registers next to dq's 128).
 //   dkv kernel, per (context key tile of 64, kv head, split of kSplitBlocks blocks), dk += dS^T Q,
 //     dv += P^T dO accumulated in registers across the blocks that see the tile, then fp32 atomics into a
-//     [T, nkv·hd] buffer, converted to bf16 at the end. Narrow: 4 warps, warp w owns keys [16w, 16w + 16)
-//     and both its dk and dv; S^T = K Q^T and dP^T = V dO^T over 32-row chunks; Q, dO, lse, D of the next
-//     visible block prefetched with cp.async. Wide: dk and dv of 16 keys x 256 would be 256 registers per
-//     thread, so 8 warps pair up on 16 keys each: the even warp computes S^T = K Q^T, hands P to its partner
-//     through shared memory and owns dv (+= P^T dO); the odd warp computes dP^T = V dO^T and owns dk
-//     (+= dS^T Q). Each warp does two of the four products (no recomputation), 128 accumulator registers.
-//     Query rows stream in units of 32 rows of one block (Q, dO, lse, D), double-buffered with cp.async
-//     (whole 96-row blocks, two stages, would not fit next to K and V).
+//     [T, nkv·hd] buffer, converted to bf16 at the end. Query rows stream in units of 32 rows of one block
+//     (Q, dO, lse, D) through a ring of three cp.async stages with one __syncthreads per unit, and the
+//     unit's score products (S^T = K Q^T, dP^T = V dO^T: chains of hd / 16 dependent mma) run in the same
+//     k loop as the previous unit's accumulating products (independent mma), so every warp has two mma
+//     streams in flight; the previous unit's Q and dO stay in their stage meanwhile (stages: loading u + 1,
+//     multiplying u, accumulating u - 1). Row offsets come from per-CTA tables (no division by B in the
+//     loop). Narrow: 4 warps, warp w owns keys [16w, 16w + 16) and both its dk and dv (P and dS of the
+//     previous unit held as bf16 fragments). Wide: dk and dv of 16 keys x 256 would be 256 registers per
+//     thread, so 8 warps pair up on 16 keys each: the even warp computes S^T, owns dv and hands P over
+//     through shared memory (two parities); the odd warp computes dP^T, owns dk, and forms dS of the
+//     previous unit from the P handed over one unit earlier, so the pair never waits for each other (the
+//     unit's barrier orders the hand-over). Each warp does two of the four products (no recomputation).
 //   Deterministic mode (set_deterministic) makes one split of all N blocks: each dk/dv element is then
 //   added exactly once (one warp owns it), so there is no order to vary.
-// Shared memory (bytes): narrow hd 128 fwd 69632, dq 104960, dkv 105472; wide fwd 185856, dq 169728,
-// dkv 143872. Devices whose opt-in limit is smaller (sm_120: 99 KB) are refused by
+// Shared memory (bytes): narrow hd 128 fwd 69632, dq 104960, dkv 88576; wide fwd 185856, dq 169728,
+// dkv 187264. Devices whose opt-in limit is smaller (sm_120: 99 KB) are refused by
 // block_attention_fused_supported, so the chunked path runs there instead of a failed launch.
-// Measured (H200, one 27B layer, 512 blocks, T 4096, window 2048; ncu): fwd 1.97 ms, dq 2.80 ms, dkv 6.40 ms,
+// Measured (H200, one 27B layer, 512 blocks, T 4096, window 2048; ncu, before the dkv change below): fwd 1.97 ms, dq 2.80 ms, dkv 6.40 ms,
 // each at 6-8 warps per SM (registers: 1 CTA per SM) and latency-bound (8.5 cycles per issued instruction
-// in dkv). Three-stage cp.async pipelines for the wide dq and dkv kernels (they fit: 203 / 178 KB) measured
-// no gain (backward 9.31 vs 9.24 ms), so both keep two stages. Interleaving S and dP in the dq kernel
+// in dkv). Three-stage cp.async pipelines alone for the wide dq and (previous) dkv kernels (203 / 178 KB)
+// measured no gain (backward 9.31 vs 9.24 ms), so the dq kernel keeps two stages. Interleaving S and dP in the dq kernel
 // (mma_rows_nk2) took the 8b layer's backward from 5.49 to 5.29 ms (27b: unchanged).
+// 2026-12-01, the dkv kernels above (three stages, one barrier per 32-row unit, the previous unit's dK / dV
+// products in the score products' k loop, no pair barrier, row tables), against the previous dkv kernels
+// in one H200 call (probe backward, one layer): 8b 5.26 -> 4.12 ms, 27b window 9.20 -> 6.98 ms, 27b full
+// 11.43 -> 8.74 ms; steps 8b CE 156.6 -> 150.5 ms, 27b 281.4 -> 269.1 ms. Registers (ptxas, sm_90a, no
+// spills): dkv hd 128 248 (was 242; still 2 CTAs per SM), hd 256 pair 246 (was 234).
 #include <cuda_bf16.h>
 
 #include <algorithm>
@@ -60,6 +69,8 @@ using bf16 = __nv_bfloat16;
 constexpr int kSplitBlocks = 64;  // blocks per dkv CTA
 constexpr int kRowChunk = 32;     // query rows per step of the dkv kernels (bounds their registers)
 constexpr int kDkvKeys = 64;      // context keys per dkv CTA
+constexpr int kDkvStages = 3;     // (Q, dO) stages of the dkv kernels: the unit being loaded, the unit being
+                                  // multiplied, and the previous unit (its dK / dV products are still running)
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
@@ -100,9 +111,13 @@ template <int HD> struct Plan {
   static constexpr int kDkvThreads = kWide ? 256 : 128;
   static constexpr size_t kSmemFwd = sizeof(bf16) * (4 * kFwdKeyTile + (kQInRegs ? 0 : kRowTile));
   static constexpr size_t kSmemDq = sizeof(bf16) * (2 * kRowTile + 2 * kDqStage) + sizeof(float) * 2 * kRows;
-  static constexpr size_t kSmemDkv =
-      kWide ? sizeof(bf16) * (2 * kDkvKeys * LD + 4 * kRowChunk * LD) + sizeof(float) * (4 * kRowChunk + (kDkvThreads / 64) * 16 * kRowChunk)
-            : sizeof(bf16) * (2 * kDkvKeys * LD + 4 * kRows * LD) + sizeof(float) * 4 * kRows;
+  // dkv (both kinds): K, V of the key tile, kDkvStages stages of (Q, dO) of kRowChunk rows and their
+  // (lse, D), row tables (3 ints per row), and for the paired kernel two P hand-over buffers per pair
+  // ([16 keys x kRowChunk rows] fp32).
+  static constexpr size_t kSmemDkv = sizeof(bf16) * (2 * kDkvKeys * LD + kDkvStages * 2 * kRowChunk * LD) +
+                                     sizeof(float) * kDkvStages * 2 * kRowChunk +
+                                     (kWide ? sizeof(float) * 2 * (kDkvThreads / 64) * 16 * kRowChunk : 0) +
+                                     sizeof(int) * 3 * kRows;
   static constexpr size_t kSmemMax = kSmemFwd > kSmemDq ? (kSmemFwd > kSmemDkv ? kSmemFwd : kSmemDkv)
                                                         : (kSmemDq > kSmemDkv ? kSmemDq : kSmemDkv);
 };
@@ -214,12 +229,6 @@ template <int KS> __device__ __forceinline__ void to_a_frags(uint32_t (&f)[KS][4
     f[k][2] = pack_bf16(acc[2 * k + 1][0], acc[2 * k + 1][1]);
     f[k][3] = pack_bf16(acc[2 * k + 1][2], acc[2 * k + 1][3]);
   }
-}
-
-// Named barrier of the two warps of pair `pair` (ids 1..4; 0 is __syncthreads). bar.sync orders the shared
-// memory accesses of the participating threads.
-__device__ __forceinline__ void pair_barrier(int pair) {
-  asm volatile("bar.sync %0, 64;\n" ::"r"(1 + pair) : "memory");
 }
 
 // ---- geometry ----------------------------------------------------------------------------------------------
@@ -565,40 +574,178 @@ __device__ __forceinline__ bool block_sees_tile(const FusedArgs& p, int n, int j
   const int a = p.anchors[n];
   return a > j0 && block_ctx_lo(p, a, p.seq_begin[n]) < j1;
 }
-// Q, dO of query rows [r0, r0 + ROWS) of block n into Qs, dOs; their lse (natural log) and D into
-// stats[0, ROWS) and stats[ROWS, 2·ROWS) (zeros for rows >= M).
-template <int HD, int ROWS, int TH>
-__device__ __forceinline__ void async_block_rows(const FusedArgs& p, int n, int g, int r0, bf16* Qs, bf16* dOs,
-                                                 float* stats) {
-  static_assert(TH >= 2 * ROWS, "one thread per statistic");
-  async_query_rows<HD, ROWS, TH>(p, p.q, n, g, Qs, r0);
-  async_query_rows<HD, ROWS, TH>(p, p.dout, n, g, dOs, r0);
-  if (threadIdx.x < 2 * ROWS) {
-    const int i = r0 + int(threadIdx.x) % ROWS;
-    const float* src = int(threadIdx.x) < ROWS ? p.lse : p.D;
-    cp_async4(stats + threadIdx.x, i < p.M ? src + stat_index(p, n, g, i) : src, i < p.M);
+// ---- dkv kernels (both kinds): a ring of kDkvStages stages of 32-row units, one barrier per unit ---------
+// The unit u's score products (S^T = K Q^T, dP^T = V dO^T: chains of HD / 16 dependent mma per accumulator)
+// run in the same k loop as the previous unit's dK / dV products (dv += P^T dO, dk += dS^T Q: independent
+// mma), so each warp always has two independent streams of mma in flight; unit u - 1's Q and dO stay in
+// their stage meanwhile (hence three stages: loading u + 1, multiplying u, accumulating u - 1).
+
+// Per-CTA row tables for the kv head g (rows [0, kRows)): qoff[i] = element offset of query row i within a
+// block's rows of q / dout (-1 for rows >= M), soff[i] = the same for lse / D, rowo[i] = the row's block
+// offset i % B (-1 for rows >= M). They replace the divisions by B of q_offset / stat_index in the loop.
+template <int ROWS, int TH>
+__device__ __forceinline__ void build_row_tables(const FusedArgs& p, int g, int HD, int* qoff, int* soff, int* rowo) {
+  for (int i = threadIdx.x; i < ROWS; i += TH) {
+    if (i < p.M) {
+      const int r = i / p.B, o = i % p.B;
+      qoff[i] = int(o * p.QD) + (g * p.G + r) * HD;
+      soff[i] = o * p.nh + g * p.G + r;
+      rowo[i] = o;
+    } else {
+      qoff[i] = soff[i] = rowo[i] = -1;
+    }
+  }
+}
+// Q, dO of rows [r0, r0 + kRowChunk) of block n into Qs, dOs (zero rows past M); lse (natural log) and D into
+// stats[0, kRowChunk) and stats[kRowChunk, 2·kRowChunk).
+template <int HD, int TH>
+__device__ __forceinline__ void async_unit_rows(const FusedArgs& p, int n, int r0, bf16* Qs, bf16* dOs, float* stats,
+                                                const int* qoff, const int* soff) {
+  constexpr int V = HD / 8, RC = kRowChunk;
+  static_assert(TH >= 2 * RC, "one thread per statistic");
+  const int64_t qbase = int64_t(n) * p.B * p.QD;
+#pragma unroll
+  for (int idx = threadIdx.x; idx < RC * V; idx += TH) {
+    const int i = idx / V, v = idx % V, off = qoff[r0 + i];
+    const bool ok = off >= 0;
+    const int64_t src = ok ? qbase + off + v * 8 : 0;
+    cp_async16(Qs + i * (HD + 8) + v * 8, p.q + src, ok);
+    cp_async16(dOs + i * (HD + 8) + v * 8, p.dout + src, ok);
+  }
+  if (threadIdx.x < 2 * RC) {
+    const int so = soff[r0 + int(threadIdx.x) % RC];
+    const float* src = int(threadIdx.x) < RC ? p.lse : p.D;
+    cp_async4(stats + threadIdx.x, so >= 0 ? src + int64_t(n) * p.B * p.nh + so : src, so >= 0);
+  }
+}
+// Whether context key `key` is visible to unit row `row` of a block anchored at a (row tables as above).
+__device__ __forceinline__ bool key_visible(const FusedArgs& p, const int* rowo, int row, int key, int a, int s0) {
+  const int o = rowo[row];
+  if (o < 0) return false;
+  const int lo = p.window > 0 ? max(s0, a + o - (p.window - 1)) : s0;
+  return key >= lo && key < a;
+}
+
+// s += A · B^T (as mma_rows_nk: A [16 x 16·KS] at As, B [8·NT][16·KS] at Bs) and, when ACC,
+// acc += F · C (as mma_regs_kn: F in registers [16 x 16·KA], C [16·KA][8·DT] at Cs), in one k loop: the
+// independent mma of the second product fill the latency of the first one's chains.
+template <int KS, int NT, int KA, int DT, int LD, bool ACC>
+__device__ __forceinline__ void mma_nk_with_kn(float (&s)[NT][4], const bf16* As, const bf16* Bs, float (&acc)[DT][4],
+                                               const uint32_t (&F)[KA][4], const bf16* Cs, int lane) {
+  constexpr int ITEMS = KA * (DT / 2), PER = (ITEMS + KS - 1) / KS;
+#pragma unroll
+  for (int k = 0; k < KS; ++k) {
+    uint32_t a[4];
+    ldsm_x4(a, As + a_row(lane) * LD + 16 * k + a_col(lane));
+#pragma unroll
+    for (int np = 0; np < NT / 2; ++np) {
+      uint32_t b[4];
+      ldsm_x4(b, Bs + (16 * np + bn_row(lane)) * LD + 16 * k + bn_col(lane));
+      mma16816(s[2 * np], a, b[0], b[1]);
+      mma16816(s[2 * np + 1], a, b[2], b[3]);
+    }
+    if constexpr (ACC) {
+#pragma unroll
+      for (int j = k * PER; j < (k + 1) * PER; ++j) {
+        if (j >= ITEMS) break;
+        const int ka = j / (DT / 2), np = j % (DT / 2);
+        uint32_t c[4];
+        ldsm_x4_t(c, Cs + (16 * ka + bt_row(lane)) * LD + 16 * np + bt_col(lane));
+        mma16816(acc[2 * np], F[ka], c[0], c[1]);
+        mma16816(acc[2 * np + 1], F[ka], c[2], c[3]);
+      }
+    }
+  }
+}
+// The same for two pairs of products at once (the narrow kernel: S^T and dP^T, with dv and dk).
+template <int KS, int NT, int KA, int DT, int LD, bool ACC>
+__device__ __forceinline__ void mma_nk2_with_kn2(float (&s0)[NT][4], const bf16* A0, const bf16* B0, float (&s1)[NT][4],
+                                                 const bf16* A1, const bf16* B1, float (&acc0)[DT][4],
+                                                 const uint32_t (&F0)[KA][4], const bf16* C0, float (&acc1)[DT][4],
+                                                 const uint32_t (&F1)[KA][4], const bf16* C1, int lane) {
+  constexpr int ITEMS = KA * (DT / 2), PER = (ITEMS + KS - 1) / KS;
+#pragma unroll
+  for (int k = 0; k < KS; ++k) {
+    uint32_t a0[4], a1[4];
+    ldsm_x4(a0, A0 + a_row(lane) * LD + 16 * k + a_col(lane));
+    ldsm_x4(a1, A1 + a_row(lane) * LD + 16 * k + a_col(lane));
+#pragma unroll
+    for (int np = 0; np < NT / 2; ++np) {
+      uint32_t b0[4], b1[4];
+      ldsm_x4(b0, B0 + (16 * np + bn_row(lane)) * LD + 16 * k + bn_col(lane));
+      ldsm_x4(b1, B1 + (16 * np + bn_row(lane)) * LD + 16 * k + bn_col(lane));
+      mma16816(s0[2 * np], a0, b0[0], b0[1]);
+      mma16816(s1[2 * np], a1, b1[0], b1[1]);
+      mma16816(s0[2 * np + 1], a0, b0[2], b0[3]);
+      mma16816(s1[2 * np + 1], a1, b1[2], b1[3]);
+    }
+    if constexpr (ACC) {
+#pragma unroll
+      for (int j = k * PER; j < (k + 1) * PER; ++j) {
+        if (j >= ITEMS) break;
+        const int ka = j / (DT / 2), np = j % (DT / 2);
+        uint32_t c0[4], c1[4];
+        ldsm_x4_t(c0, C0 + (16 * ka + bt_row(lane)) * LD + 16 * np + bt_col(lane));
+        ldsm_x4_t(c1, C1 + (16 * ka + bt_row(lane)) * LD + 16 * np + bt_col(lane));
+        mma16816(acc0[2 * np], F0[ka], c0[0], c0[1]);
+        mma16816(acc1[2 * np], F1[ka], c1[0], c1[1]);
+        mma16816(acc0[2 * np + 1], F0[ka], c0[2], c0[3]);
+        mma16816(acc1[2 * np + 1], F1[ka], c1[2], c1[3]);
+      }
+    }
   }
 }
 
-// Narrow head dims (<= 128): 4 warps, each owning 16 keys' dk and dv; whole blocks (64 rows) per stage.
+// Shared memory of the dkv kernels (see Plan::kSmemDkv).
+template <int HD> struct DkvSmem {
+  static constexpr int LD = HD + 8, RC = kRowChunk, kUnit = RC * LD, kKeyTile = kDkvKeys * LD;
+  bf16 *Ks, *Vs, *QdO;  // stage s: Q at QdO + 2s·kUnit, dO at + kUnit
+  float* stats;         // stage s: lse at stats + 2·RC·s, D at + RC
+  float* hand;          // paired kernel: [2 parities][4 pairs][RT n-tiles][32 lanes] float4
+  int *qoff, *soff, *rowo;
+  __device__ explicit DkvSmem(unsigned char* smem) {
+    Ks = reinterpret_cast<bf16*>(smem);
+    Vs = Ks + kKeyTile;
+    QdO = Vs + kKeyTile;
+    stats = reinterpret_cast<float*>(QdO + kDkvStages * 2 * kUnit);
+    hand = stats + kDkvStages * 2 * RC;
+    qoff = reinterpret_cast<int*>(hand + (Plan<HD>::kWide ? 2 * (Plan<HD>::kDkvThreads / 64) * 16 * RC : 0));
+    soff = qoff + Plan<HD>::kRows;
+    rowo = soff + Plan<HD>::kRows;
+  }
+};
+// The unit after (n, rc) in CTA order: (n, rc + 32) while rc + 32 < M, else row 0 of the next block in
+// [n + 1, n_end) that sees key tile [j0, j1) (n_end when none).
+__device__ __forceinline__ void next_unit(const FusedArgs& p, int n, int rc, int n_end, int j0, int j1, int& nn, int& nrc) {
+  nn = n;
+  nrc = rc + kRowChunk;
+  if (nrc >= p.M) {
+    nrc = 0;
+    ++nn;
+    while (nn < n_end && !block_sees_tile(p, nn, j0, j1)) ++nn;
+  }
+}
+
+// Narrow head dims (<= 128): 4 warps, warp w owns keys [16w, 16w + 16) of the tile and both their dk and dv.
+// Per unit u: S^T, dP^T of u interleaved with dv += P^T dO, dk += dS^T Q of u - 1 (P, dS of u - 1 held as
+// bf16 A fragments across the barrier).
 template <int HD> __global__ void __launch_bounds__(128) fused_dkv_kernel(FusedArgs p) {
   using P = Plan<HD>;
-  static_assert(!P::kWide && P::kRows == 2 * kRowChunk, "whole-block stages of 64 rows, 4 warps x 16 keys");
-  constexpr int LD = P::LD, KS = HD / 16, DT = HD / 8, RT = kRowChunk / 8, ROWS = P::kRows, TH = 128;
-  constexpr int kKeyTile = kDkvKeys * LD;
+  static_assert(!P::kWide && P::kDkvThreads == 128, "4 warps x 16 keys = the 64-key tile");
+  constexpr int LD = P::LD, KS = HD / 16, DT = HD / 8, RC = kRowChunk, RT = RC / 8, TH = 128, NS = kDkvStages;
+  constexpr int kUnit = RC * LD;
   extern __shared__ __align__(128) unsigned char smem[];
-  bf16* Ks = reinterpret_cast<bf16*>(smem);
-  bf16* Vs = Ks + kKeyTile;
-  bf16* QdO = Vs + kKeyTile;                                       // stage s: Q at QdO + 2s·kRowTile, dO at + kRowTile
-  float* stats = reinterpret_cast<float*>(QdO + 4 * P::kRowTile);  // stage s: [2][ROWS] at stats + 2·ROWS·s
+  const DkvSmem<HD> sm(smem);
   const int j0 = blockIdx.x * kDkvKeys, j1 = min(j0 + kDkvKeys, p.T), g = blockIdx.y;
   const int n_begin = blockIdx.z * p.split_blocks, n_end = min(p.N, n_begin + p.split_blocks);
   const int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
   int n = n_begin;
   while (n < n_end && !block_sees_tile(p, n, j0, j1)) ++n;
   if (n == n_end) return;  // no block sees the tile (CTA-uniform)
-  async_key_tile<HD, kDkvKeys, TH>(p, n, g, false, j0, j1, Ks, Vs);
-  async_block_rows<HD, ROWS, TH>(p, n, g, 0, QdO, QdO + P::kRowTile, stats);
+  build_row_tables<P::kRows, TH>(p, g, HD, sm.qoff, sm.soff, sm.rowo);
+  __syncthreads();
+  async_key_tile<HD, kDkvKeys, TH>(p, n, g, false, j0, j1, sm.Ks, sm.Vs);
+  async_unit_rows<HD, TH>(p, n, 0, sm.QdO, sm.QdO + kUnit, sm.stats, sm.qoff, sm.soff);
   cp_async_commit();
   float dk[DT][4], dv[DT][4];
 #pragma unroll
@@ -607,56 +754,60 @@ template <int HD> __global__ void __launch_bounds__(128) fused_dkv_kernel(FusedA
     for (int e = 0; e < 4; ++e) dk[d][e] = dv[d][e] = 0.f;
   const int kw = 16 * w;  // this warp's keys within the tile
   const int key[2] = {j0 + kw + (lane >> 2), j0 + kw + (lane >> 2) + 8};
-  int stage = 0;
+  const bf16* Kw = sm.Ks + kw * LD;
+  const bf16* Vw = sm.Vs + kw * LD;
+  uint32_t pf[RT / 2][4], dsf[RT / 2][4];  // P and dS of the previous unit (A fragments of dv / dk)
+  int rc = 0, stage = 0, pstage = 0;
+  bool have_prev = false;
   while (n < n_end) {
-    int nn = n + 1;
-    while (nn < n_end && !block_sees_tile(p, nn, j0, j1)) ++nn;
-    if (nn < n_end) {
-      bf16* nxt = QdO + (stage ^ 1) * 2 * P::kRowTile;
-      async_block_rows<HD, ROWS, TH>(p, nn, g, 0, nxt, nxt + P::kRowTile, stats + (stage ^ 1) * 2 * ROWS);
-    }
+    int nn, nrc;
+    next_unit(p, n, rc, n_end, j0, j1, nn, nrc);
+    cp_async_wait<0>();
+    __syncthreads();  // unit u landed; every warp is done with unit u - 2's stage, which the prefetch refills
+    const int nstage = stage + 1 == NS ? 0 : stage + 1;
+    if (nn < n_end)
+      async_unit_rows<HD, TH>(p, nn, nrc, sm.QdO + nstage * 2 * kUnit, sm.QdO + nstage * 2 * kUnit + kUnit,
+                              sm.stats + nstage * 2 * RC, sm.qoff, sm.soff);
     cp_async_commit();
-    cp_async_wait<1>();
-    __syncthreads();
-    const bf16* Qs = QdO + stage * 2 * P::kRowTile;
-    const bf16* dOs = Qs + P::kRowTile;
-    const float* lse = stats + stage * 2 * ROWS;
-    const float* Dst = lse + ROWS;
+    const bf16* Qs = sm.QdO + stage * 2 * kUnit;
+    const bf16* dOs = Qs + kUnit;
+    const float* lse = sm.stats + stage * 2 * RC;
+    const float* Dst = lse + RC;
+    const bf16* Qp = sm.QdO + pstage * 2 * kUnit;
+    const bf16* dOp = Qp + kUnit;
+    float st[RT][4], dpt[RT][4];
+#pragma unroll
+    for (int nt = 0; nt < RT; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) st[nt][e] = dpt[nt][e] = 0.f;
+    if (have_prev)
+      mma_nk2_with_kn2<KS, RT, RT / 2, DT, LD, true>(st, Kw, Qs, dpt, Vw, dOs, dv, pf, dOp, dk, dsf, Qp, lane);
+    else
+      mma_nk2_with_kn2<KS, RT, RT / 2, DT, LD, false>(st, Kw, Qs, dpt, Vw, dOs, dv, pf, dOp, dk, dsf, Qp, lane);
     const int a = p.anchors[n], s0 = p.seq_begin[n];
-    const bool interior = ctx_tile_interior<kDkvKeys>(p, a, s0, j0);
-    for (int rc = 0; rc < p.M; rc += kRowChunk) {
-      const bool masked = !interior || rc + kRowChunk > p.M;
-      // S^T = K Q^T and dP^T = V dO^T for this warp's 16 keys x 32 rows
-      float st[RT][4], dpt[RT][4];
+    const bool masked = !ctx_tile_interior<kDkvKeys>(p, a, s0, j0) || rc + RC > p.M;
 #pragma unroll
-      for (int nt = 0; nt < RT; ++nt)
+    for (int nt = 0; nt < RT; ++nt)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) st[nt][e] = dpt[nt][e] = 0.f;
-      mma_rows_nk<KS, RT, LD, LD>(st, Ks + kw * LD, Qs + rc * LD, lane);
-      mma_rows_nk<KS, RT, LD, LD>(dpt, Vs + kw * LD, dOs + rc * LD, lane);
-#pragma unroll
-      for (int nt = 0; nt < RT; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int i = rc + 8 * nt + 2 * (lane & 3) + (e & 1), h = e >> 1;
-          bool vis = true;
-          if (masked) {
-            const RowView v = row_view(p, i, a, s0);
-            vis = key[h] >= v.ctx_lo && key[h] < a;
-          }
-          const float pr = vis ? exp2f(st[nt][e] * p.scale_log2 - lse[i] * kLog2e) : 0.f;
-          st[nt][e] = pr;
-          dpt[nt][e] = pr * (dpt[nt][e] - Dst[i]);
-        }
-      uint32_t pf[RT / 2][4], dsf[RT / 2][4];
-      to_a_frags<RT / 2>(pf, st);
-      to_a_frags<RT / 2>(dsf, dpt);
-      mma_regs_kn<RT / 2, DT, LD>(dv, pf, dOs + rc * LD, lane);  // dv += P^T dO
-      mma_regs_kn<RT / 2, DT, LD>(dk, dsf, Qs + rc * LD, lane);  // dk += dS^T Q
-    }
-    __syncthreads();  // this stage is refilled by the next iteration's prefetch
+      for (int e = 0; e < 4; ++e) {
+        const int i = 8 * nt + 2 * (lane & 3) + (e & 1), h = e >> 1;
+        const bool vis = !masked || key_visible(p, sm.rowo, rc + i, key[h], a, s0);
+        const float pr = vis ? exp2f(st[nt][e] * p.scale_log2 - lse[i] * kLog2e) : 0.f;
+        st[nt][e] = pr;
+        dpt[nt][e] = pr * (dpt[nt][e] - Dst[i]);
+      }
+    to_a_frags<RT / 2>(pf, st);
+    to_a_frags<RT / 2>(dsf, dpt);
+    have_prev = true;
+    pstage = stage;
+    stage = nstage;
     n = nn;
-    stage ^= 1;
+    rc = nrc;
+  }
+  {  // the last unit's products (its stage is not refilled)
+    const bf16* Qp = sm.QdO + pstage * 2 * kUnit;
+    mma_regs_kn<RT / 2, DT, LD>(dv, pf, Qp + kUnit, lane);
+    mma_regs_kn<RT / 2, DT, LD>(dk, dsf, Qp, lane);
   }
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
@@ -673,19 +824,17 @@ template <int HD> __global__ void __launch_bounds__(128) fused_dkv_kernel(FusedA
 }
 
 // Wide head dims (256): 8 warps in 4 pairs, pair q owning keys [16q, 16q + 16) of the tile; the even warp
-// of a pair computes P and owns dv, the odd one dS and dk (see the header comment). The pipeline unit is 32
-// query rows of one block: (n, rc) -> (n, rc + 32) while rc + 32 < M, else the next block that sees the tile.
+// of a pair computes P and owns dv, the odd one dP / dS and dk. Per unit u: the even warp computes S^T of u
+// with dv += P^T dO of u - 1 in the same k loop and hands P of u over (fp32, shared memory, two parities);
+// the odd warp computes dP^T of u with dk += dS^T Q of u - 1, dS of u - 1 from the P handed over one unit
+// earlier (so the pair never waits for each other: the unit's one __syncthreads orders the hand-over).
 template <int HD> __global__ void __launch_bounds__(256, 1) fused_dkv_pair_kernel(FusedArgs p) {
   using P = Plan<HD>;
   static_assert(P::kWide && P::kDkvThreads == 256, "8 warps: 4 pairs x 16 keys = the 64-key tile");
-  constexpr int LD = P::LD, KS = HD / 16, DT = HD / 8, RC = kRowChunk, RT = RC / 8, TH = 256;
-  constexpr int kKeyTile = kDkvKeys * LD, kUnit = RC * LD;
+  constexpr int LD = P::LD, KS = HD / 16, DT = HD / 8, RC = kRowChunk, RT = RC / 8, TH = 256, NS = kDkvStages;
+  constexpr int kUnit = RC * LD;
   extern __shared__ __align__(128) unsigned char smem[];
-  bf16* Ks = reinterpret_cast<bf16*>(smem);
-  bf16* Vs = Ks + kKeyTile;
-  bf16* QdO = Vs + kKeyTile;                                   // stage s: Q at QdO + 2s·kUnit, dO at + kUnit
-  float* stats = reinterpret_cast<float*>(QdO + 4 * kUnit);    // stage s: [2][RC] at stats + 2·RC·s
-  float* handover = stats + 4 * RC;                            // pair q: [RT·4][32 lanes] fp32 P at + q·RT·4·32
+  const DkvSmem<HD> sm(smem);
   const int j0 = blockIdx.x * kDkvKeys, j1 = min(j0 + kDkvKeys, p.T), g = blockIdx.y;
   const int n_begin = blockIdx.z * p.split_blocks, n_end = min(p.N, n_begin + p.split_blocks);
   const int w = threadIdx.x >> 5, lane = threadIdx.x & 31, pair = w >> 1;
@@ -693,73 +842,100 @@ template <int HD> __global__ void __launch_bounds__(256, 1) fused_dkv_pair_kerne
   int n = n_begin;
   while (n < n_end && !block_sees_tile(p, n, j0, j1)) ++n;
   if (n == n_end) return;  // no block sees the tile (CTA-uniform)
-  async_key_tile<HD, kDkvKeys, TH>(p, n, g, false, j0, j1, Ks, Vs);
-  async_block_rows<HD, RC, TH>(p, n, g, 0, QdO, QdO + kUnit, stats);
+  build_row_tables<P::kRows, TH>(p, g, HD, sm.qoff, sm.soff, sm.rowo);
+  __syncthreads();
+  async_key_tile<HD, kDkvKeys, TH>(p, n, g, false, j0, j1, sm.Ks, sm.Vs);
+  async_unit_rows<HD, TH>(p, n, 0, sm.QdO, sm.QdO + kUnit, sm.stats, sm.qoff, sm.soff);
   cp_async_commit();
   float acc[DT][4];  // dv (even warp) or dk (odd warp) of the pair's 16 keys x HD
 #pragma unroll
   for (int d = 0; d < DT; ++d) acc[d][0] = acc[d][1] = acc[d][2] = acc[d][3] = 0.f;
   const int kw = 16 * pair;  // this pair's keys within the tile
   const int key[2] = {j0 + kw + (lane >> 2), j0 + kw + (lane >> 2) + 8};
-  float* hand = handover + pair * RT * 4 * 32;
-  int rc = 0, stage = 0;
+  const bf16* Aw = (owns_dk ? sm.Vs : sm.Ks) + kw * LD;
+  float4* hand = reinterpret_cast<float4*>(sm.hand) + pair * RT * 32 + lane;  // parity q at + q·4·RT·32
+  constexpr int kParity = 4 * RT * 32;
+  uint32_t f[RT / 2][4];  // even: P of the previous unit; odd: dS of the previous unit (A fragments)
+  float dprev[RT][4];     // odd: dP - D of the previous unit
+  int rc = 0, stage = 0, pstage = 0, parity = 0;
+  bool have_prev = false;
   while (n < n_end) {
-    int nn = n, nrc = rc + RC;
-    if (nrc >= p.M) {
-      nrc = 0;
-      ++nn;
-      while (nn < n_end && !block_sees_tile(p, nn, j0, j1)) ++nn;
-    }
-    if (nn < n_end) {
-      bf16* nxt = QdO + (stage ^ 1) * 2 * kUnit;
-      async_block_rows<HD, RC, TH>(p, nn, g, nrc, nxt, nxt + kUnit, stats + (stage ^ 1) * 2 * RC);
-    }
+    int nn, nrc;
+    next_unit(p, n, rc, n_end, j0, j1, nn, nrc);
+    cp_async_wait<0>();
+    __syncthreads();  // unit u landed, P of u - 1 handed over; unit u - 2's stage and hand-over buffer are free
+    const int nstage = stage + 1 == NS ? 0 : stage + 1;
+    if (nn < n_end)
+      async_unit_rows<HD, TH>(p, nn, nrc, sm.QdO + nstage * 2 * kUnit, sm.QdO + nstage * 2 * kUnit + kUnit,
+                              sm.stats + nstage * 2 * RC, sm.qoff, sm.soff);
     cp_async_commit();
-    cp_async_wait<1>();
-    __syncthreads();
-    const bf16* Qs = QdO + stage * 2 * kUnit;
+    const bf16* Qs = sm.QdO + stage * 2 * kUnit;
     const bf16* dOs = Qs + kUnit;
-    const float* lse = stats + stage * 2 * RC;
+    const float* lse = sm.stats + stage * 2 * RC;
     const float* Dst = lse + RC;
-    const int a = p.anchors[n], s0 = p.seq_begin[n];
-    const bool masked = !ctx_tile_interior<kDkvKeys>(p, a, s0, j0) || rc + RC > p.M;
-    // even: S^T = K Q^T; odd: dP^T = V dO^T (this pair's 16 keys x 32 rows)
+    const bf16* Qp = sm.QdO + pstage * 2 * kUnit;
+    const bf16* dOp = Qp + kUnit;
+    if (owns_dk && have_prev) {  // dS of u - 1 = P (dP - D)
+#pragma unroll
+      for (int nt = 0; nt < RT; ++nt) {
+        const float4 pr = hand[(parity ^ 1) * kParity + nt * 32];
+        dprev[nt][0] *= pr.x;
+        dprev[nt][1] *= pr.y;
+        dprev[nt][2] *= pr.z;
+        dprev[nt][3] *= pr.w;
+      }
+      to_a_frags<RT / 2>(f, dprev);
+    }
+    // even: S^T = K Q^T, dv += P^T dO (u - 1); odd: dP^T = V dO^T, dk += dS^T Q (u - 1)
     float t[RT][4];
 #pragma unroll
     for (int nt = 0; nt < RT; ++nt) t[nt][0] = t[nt][1] = t[nt][2] = t[nt][3] = 0.f;
-    mma_rows_nk<KS, RT, LD, LD>(t, (owns_dk ? Vs : Ks) + kw * LD, owns_dk ? dOs : Qs, lane);
+    if (have_prev)
+      mma_nk_with_kn<KS, RT, RT / 2, DT, LD, true>(t, Aw, owns_dk ? dOs : Qs, acc, f, owns_dk ? Qp : dOp, lane);
+    else
+      mma_nk_with_kn<KS, RT, RT / 2, DT, LD, false>(t, Aw, owns_dk ? dOs : Qs, acc, f, owns_dk ? Qp : dOp, lane);
     if (!owns_dk) {
+      const int a = p.anchors[n], s0 = p.seq_begin[n];
+      const bool masked = !ctx_tile_interior<kDkvKeys>(p, a, s0, j0) || rc + RC > p.M;
 #pragma unroll
-      for (int nt = 0; nt < RT; ++nt)
+      for (int nt = 0; nt < RT; ++nt) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int i = 8 * nt + 2 * (lane & 3) + (e & 1), h = e >> 1;
-          bool vis = true;
-          if (masked) {
-            const RowView v = row_view(p, rc + i, a, s0);
-            vis = key[h] >= v.ctx_lo && key[h] < a;
-          }
+          const bool vis = !masked || key_visible(p, sm.rowo, rc + i, key[h], a, s0);
           t[nt][e] = vis ? exp2f(t[nt][e] * p.scale_log2 - lse[i] * kLog2e) : 0.f;  // P
-          hand[(4 * nt + e) * 32 + lane] = t[nt][e];
         }
-    }
-    pair_barrier(pair);  // P of this unit handed over (the buffer is rewritten only after the __syncthreads below)
-    if (owns_dk) {
+        hand[parity * kParity + nt * 32] = make_float4(t[nt][0], t[nt][1], t[nt][2], t[nt][3]);
+      }
+      to_a_frags<RT / 2>(f, t);
+    } else {
 #pragma unroll
       for (int nt = 0; nt < RT; ++nt)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int i = 8 * nt + 2 * (lane & 3) + (e & 1);
-          t[nt][e] = hand[(4 * nt + e) * 32 + lane] * (t[nt][e] - Dst[i]);  // dS = P (dP - D)
-        }
+        for (int e = 0; e < 4; ++e) dprev[nt][e] = t[nt][e] - Dst[8 * nt + 2 * (lane & 3) + (e & 1)];
     }
-    uint32_t f[RT / 2][4];
-    to_a_frags<RT / 2>(f, t);
-    mma_regs_kn<RT / 2, DT, LD>(acc, f, owns_dk ? Qs : dOs, lane);  // dk += dS^T Q, or dv += P^T dO
-    __syncthreads();  // this stage (and the hand-over buffer) is refilled by the next iteration
+    have_prev = true;
+    pstage = stage;
+    stage = nstage;
+    parity ^= 1;
     n = nn;
     rc = nrc;
-    stage ^= 1;
+  }
+  __syncthreads();  // P of the last unit handed over
+  if (owns_dk) {
+#pragma unroll
+    for (int nt = 0; nt < RT; ++nt) {
+      const float4 pr = hand[(parity ^ 1) * kParity + nt * 32];
+      dprev[nt][0] *= pr.x;
+      dprev[nt][1] *= pr.y;
+      dprev[nt][2] *= pr.z;
+      dprev[nt][3] *= pr.w;
+    }
+    to_a_frags<RT / 2>(f, dprev);
+  }
+  {
+    const bf16* Qp = sm.QdO + pstage * 2 * kUnit;
+    mma_regs_kn<RT / 2, DT, LD>(acc, f, owns_dk ? Qp : Qp + kUnit, lane);  // the last unit's dk or dv
   }
   float* dst = owns_dk ? p.dk32 : p.dv32;
   const float mul = owns_dk ? p.scale : 1.f;
