@@ -50,6 +50,7 @@ struct SdpaGraph {
 
 struct DeviceState {
   cudnnHandle_t handle = nullptr;
+  bool unusable = false;  // cudnnCreate failed here (e.g. a libcudnn that does not match the driver)
   std::map<GraphKey, std::unique_ptr<SdpaGraph>> graphs;
   void* workspace = nullptr;  // shared by the graphs of this device (one stream): the largest any needs
   int64_t workspace_bytes = 0;
@@ -156,7 +157,18 @@ bool attention_cudnn_forward(const Ctx& ctx, const Tensor& out, const Tensor& q,
 
   std::lock_guard<std::mutex> lock(g_mutex);
   DeviceState& ds = g_devices[device];
-  if (!ds.handle) DF_CUDNN(cudnnCreate(&ds.handle));
+  if (ds.unusable) return false;
+  if (!ds.handle) {
+    // A cuDNN that cannot start on this device is not fatal: the project's kernel serves every call then.
+    const cudnnStatus_t st = cudnnCreate(&ds.handle);
+    if (st != CUDNN_STATUS_SUCCESS) {
+      ds.handle = nullptr;
+      ds.unusable = true;
+      std::fprintf(stderr, "[attention] cuDNN does not start on device %d (cudnnCreate: %s); the project's own kernel "
+                           "runs every attention call\n", device, cudnnGetErrorString(st));
+      return false;
+    }
+  }
   const int b = b_bucket(nseq);
   const GraphKey key{b, S, nh, nkv, hd, scale_bits};
   auto it = ds.graphs.find(key);
