@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "dflash/error.h"
 #include "dflash/tensor.h"
 
 namespace dflash {
@@ -36,6 +37,7 @@ class ScratchPlan {
 
   // Region `id` of `work` (a buffer of at least bytes()), [rows, cols].
   Tensor view(const Buffer& work, int id) const {
+    DF_ASSERT(id >= 0 && static_cast<size_t>(id) < regions_.size() && work.t().nbytes() >= bytes_);
     const Region& r = regions_[static_cast<size_t>(id)];
     return Tensor(static_cast<char*>(work.t().data) + r.offset, r.dtype, work.t().device, {rows_, r.cols});
   }

@@ -1,4 +1,4 @@
-// Which head dims attention_varlen_causal_forward (and the target's head_norm_rope_forward) serve on each
+// Which head dims attention_varlen_causal_forward (and the targets' qkv_norm_rope_forward / head_norm_rope_forward) serve on each
 // backend: the rule the model loader checks against config.json before any weight is read, so an
 // unsupported target stops at startup (BadOptions) instead of deep in the first forward (Internal).
 //

@@ -48,6 +48,12 @@ inline void check_shape(const char* op, const char* arg, const Tensor& t, std::i
                             << "]");
 }
 
+// Whether the byte ranges of a and b intersect (ops that write an output while still reading an input).
+inline bool overlaps(const Tensor& a, const Tensor& b) {
+  const char *pa = static_cast<const char*>(a.data), *pb = static_cast<const char*>(b.data);
+  return pa < pb + b.nbytes() && pb < pa + a.nbytes();
+}
+
 // On the CPU backend activations and weights are float32; index tensors are int32.
 inline void check_cpu_dtype(const char* op, const char* arg, const Tensor& t, DType want) {
   DF_CHECK(t.dtype == want, Internal,

@@ -34,12 +34,6 @@ void qkv_norm_rope_forward_cpu(float* q, float* k, float* v, const float* qkv, c
   }
 }
 
-// Byte ranges [a, a + na) and [b, b + nb) intersect.
-bool overlap(const Tensor& a, const Tensor& b) {
-  const char *pa = static_cast<const char*>(a.data), *pb = static_cast<const char*>(b.data);
-  return pa < pb + b.nbytes() && pb < pa + a.nbytes();
-}
-
 }  // namespace
 
 void qkv_norm_rope_forward(const Ctx& ctx, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& qkv,
@@ -67,7 +61,7 @@ void qkv_norm_rope_forward(const Ctx& ctx, const Tensor& q, const Tensor& k, con
   DF_CHECK(hd <= detail::kCpuMaxHeadDim, Internal,
            op << ": head_dim " << hd << " above the supported " << detail::kCpuMaxHeadDim);
   // Every output is written while other heads of the same token are still to be read.
-  DF_CHECK(!overlap(q, qkv) && !overlap(k, qkv) && !overlap(v, qkv), Internal,
+  DF_CHECK(!detail::overlaps(q, qkv) && !detail::overlaps(k, qkv) && !detail::overlaps(v, qkv), Internal,
            op << ": q, k, v must not overlap qkv");
   DFLASH_DISPATCH_CUDA(ctx, op, cuda::qkv_norm_rope_forward(ctx, q, k, v, qkv, q_norm, k_norm, pos, rope, eps));
   detail::check_cpu_dtype(op, "q", q, DType::F32);

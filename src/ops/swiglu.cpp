@@ -64,8 +64,7 @@ void swiglu_fused_forward(const Ctx& ctx, const Tensor& out, const Tensor& gate_
   detail::check_tensor(op, "gate_up", gate_up, ctx, 2);
   detail::check_shape(op, "gate_up", gate_up, {N, 2 * I});
   // A row of out is written while later rows of gate_up are still to be read.
-  const char *o = static_cast<const char*>(out.data), *g = static_cast<const char*>(gate_up.data);
-  DF_CHECK(o + out.nbytes() <= g || g + gate_up.nbytes() <= o, Internal, op << ": out must not overlap gate_up");
+  DF_CHECK(!detail::overlaps(out, gate_up), Internal, op << ": out must not overlap gate_up");
   DFLASH_DISPATCH_CUDA(ctx, op, cuda::swiglu_fused_forward(ctx, out, gate_up));
   detail::check_cpu_dtype(op, "out", out, DType::F32);
   detail::check_cpu_dtype(op, "gate_up", gate_up, DType::F32);

@@ -173,7 +173,8 @@ TEST(TargetGolden, LayerListedTwiceIsCapturedTwice) {
 }
 
 TEST(TargetGolden, CapturesOnlyAndEmptyFinalNorm) {
-  // No captures and no final_norm is legal (a warm-up pass); a later run with final_norm still works.
+  // No captures and no final_norm is legal (it runs no decoder layer: nothing would read them); a later run
+  // with final_norm still works.
   const PackedBatch batch = golden_batch();
   auto model = load_target(kTargetDir, cpu_ctx(), {}, batch.num_tokens());
   model->forward(batch, CaptureOut{});
