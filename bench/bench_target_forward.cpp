@@ -198,8 +198,8 @@ struct Model {
       tm.run(Part::Attention, [&] {
         ops::attention_varlen_causal_forward(ctx, ta.reshape({T, s.nh, s.hd}), tq, tk, tv, tcu, scale);
       });
-      tm.run(Part::Gemm, [&] { ops::matmul_forward(ctx, dst, ta, L.o); });
-      tm.run(Part::Rest, [&] { ops::residual_rmsnorm_forward(ctx, dst, x, Tensor(), in, L.post_norm, eps); });
+      tm.run(Part::Gemm, [&] { ops::matmul_residual_forward(ctx, dst, ta, L.o, in); });
+      tm.run(Part::Rest, [&] { ops::rmsnorm_forward(ctx, x, Tensor(), dst, L.post_norm, eps); });
       tm.run(Part::Gemm, [&] { ops::matmul_forward(ctx, tgu, x, L.gate_up); });
       tm.run(Part::Swiglu, [&] { ops::swiglu_fused_forward(ctx, tact, tgu); });
       tm.run(Part::Gemm, [&] { ops::matmul_forward(ctx, dst, tact, L.down, ops::Accumulate::Yes); });

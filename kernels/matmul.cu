@@ -3,6 +3,7 @@
 // layout cuBLASLt's fastest Hopper kernels take).
 #include "matmul.cuh"
 
+#include <algorithm>
 #include <cstdlib>
 #include <string>
 
@@ -81,11 +82,13 @@ int fastest_candidate(Backend& be, cudaStream_t stream, const MatmulPlan& p,
   return best;
 }
 
-// D [m, n] (column-major, ld ldd, in place with C) = op(A) [m, k] · op(B) [k, n] + beta · D.
-// A and B are bf16; D is bf16 or fp32.
+// D [m, n] (column-major, ld ldd) = op(A) [m, k] · op(B) [k, n] + beta · C, C of D's type and layout: D
+// itself (in place) when C is null. A and B are bf16; D is bf16 or fp32.
 void gemm(Backend& be, cudaStream_t stream, bool trans_a, bool trans_b, int m, int n, int k, const void* A,
-          int lda, const void* B, int ldb, void* D, DType d_type, int ldd, float beta) {
-  int align_a = alignment_of(A), align_b = alignment_of(B), align_d = alignment_of(D);
+          int lda, const void* B, int ldb, void* D, DType d_type, int ldd, float beta, const void* C = nullptr) {
+  if (!C) C = D;
+  // C and D share one layout and one alignment preference: the smaller of the two.
+  int align_a = alignment_of(A), align_b = alignment_of(B), align_d = std::min(alignment_of(D), alignment_of(C));
   MatmulKey key{trans_a, trans_b, m, n, k, lda, ldb, ldd, static_cast<int>(d_type) * 2 + (beta != 0.f),
                 align_a * 1000000 + align_b * 1000 + align_d};
   MatmulPlan*& plan = be.matmul_plans[key];
@@ -123,7 +126,7 @@ void gemm(Backend& be, cudaStream_t stream, bool trans_a, bool trans_b, int m, i
     plan = p;
   }
   float alpha = 1.f;
-  DF_CUBLAS(cublasLtMatmul(be.lt, plan->desc, &alpha, A, plan->a, B, plan->b, &beta, D, plan->c, D, plan->c,
+  DF_CUBLAS(cublasLtMatmul(be.lt, plan->desc, &alpha, A, plan->a, B, plan->b, &beta, C, plan->c, D, plan->c,
                            &plan->algo, be.workspace, be.workspace_bytes, stream));
 }
 
@@ -146,6 +149,22 @@ void matmul_forward(const Ctx& ctx, const Tensor& out, const Tensor& in, const T
            "matmul_forward: out " << out.shape_str() << " = in " << in.shape_str() << " · W^T " << W.shape_str());
   float beta = acc == ops::Accumulate::Yes ? 1.f : 0.f;
   gemm(be, stream_of(ctx), true, false, O, N, I, W.data, I, in.data, I, out.data, out.dtype, O, beta);
+}
+
+void matmul_residual_forward(const Ctx& ctx, const Tensor& out, const Tensor& in, const Tensor& W,
+                             const Tensor& residual) {
+  Backend& be = backend_of(ctx);
+  DF_CHECK(in.dtype == DType::BF16 && W.dtype == DType::BF16 && out.dtype == DType::BF16 &&
+               residual.dtype == DType::BF16,
+           Internal, "matmul_residual_forward: out, in, W and residual must be BF16");
+  int N = as_int(rows_of(in), "N"), I = as_int(cols_of(in), "I"), O = as_int(W.size(0), "O");
+  DF_CHECK(W.ndim == 2 && W.size(1) == I && rows_of(out) == N && cols_of(out) == O && rows_of(residual) == N &&
+               cols_of(residual) == O,
+           Internal,
+           "matmul_residual_forward: out " << out.shape_str() << " = residual " << residual.shape_str() << " + in "
+                                           << in.shape_str() << " · W^T " << W.shape_str());
+  gemm(be, stream_of(ctx), true, false, O, N, I, W.data, I, in.data, I, out.data, out.dtype, O, 1.f,
+       residual.data);
 }
 
 void matmul_backward(const Ctx& ctx, const Tensor& din, const Tensor& dW, const Tensor& dout, const Tensor& in,

@@ -23,14 +23,13 @@ __device__ __forceinline__ float block_sum(float v, float* scratch /* [32] */) {
   return warp_sum(v);
 }
 
-// x may be null (plain RMSNorm); otherwise resid += x is written back first. C % 8 == 0, 16-byte aligned.
-__global__ void residual_rmsnorm_kernel(__nv_bfloat16* __restrict__ out, float* __restrict__ rstd,
-                                        __nv_bfloat16* __restrict__ resid, const __nv_bfloat16* __restrict__ x,
-                                        const __nv_bfloat16* __restrict__ w, int C, float eps) {
+// C % 8 == 0, rows 16-byte aligned.
+__global__ void rmsnorm_kernel(__nv_bfloat16* __restrict__ out, float* __restrict__ rstd,
+                               const __nv_bfloat16* __restrict__ in, const __nv_bfloat16* __restrict__ w, int C,
+                               float eps) {
   __shared__ float scratch[32];
   const int64_t row = blockIdx.x;
-  Bf16x8* r = reinterpret_cast<Bf16x8*>(resid + row * C);
-  const Bf16x8* xr = x ? reinterpret_cast<const Bf16x8*>(x + row * C) : nullptr;
+  const Bf16x8* r = reinterpret_cast<const Bf16x8*>(in + row * C);
   const int chunks = C / 8;
   Bf16x8 held[kMaxChunks];
   float ss = 0.f;
@@ -39,16 +38,6 @@ __global__ void residual_rmsnorm_kernel(__nv_bfloat16* __restrict__ out, float* 
     const int c = threadIdx.x + i * blockDim.x;
     if (c < chunks) {
       held[i] = r[c];
-      if (xr) {
-        const Bf16x8 xa = xr[c];
-        float v[8], a[8];
-        unpack8(held[i], v);
-        unpack8(xa, a);
-#pragma unroll
-        for (int e = 0; e < 8; ++e) v[e] += a[e];
-        held[i] = pack8(v);  // the norm sees the rounded residual, as the next layer will
-        r[c] = held[i];
-      }
       float v[8];
       unpack8(held[i], v);
 #pragma unroll
@@ -74,22 +63,23 @@ __global__ void residual_rmsnorm_kernel(__nv_bfloat16* __restrict__ out, float* 
   }
 }
 
-void launch(const Ctx& ctx, const char* op, const Tensor& out, const Tensor& rstd, const Tensor& resid,
-            const Tensor& x, const Tensor& w, float eps) {
+}  // namespace
+
+void rmsnorm_forward(const Ctx& ctx, const Tensor& out, const Tensor& rstd, const Tensor& in, const Tensor& w,
+                     float eps) {
+  constexpr const char* op = "rmsnorm_forward";
   backend_of(ctx);
   int C = static_cast<int>(w.numel());
-  int64_t rows = static_cast<int64_t>(resid.numel() / (C ? C : 1));
-  DF_CHECK(out.dtype == DType::BF16 && resid.dtype == DType::BF16 && w.dtype == DType::BF16 &&
-               (x.empty() || x.dtype == DType::BF16),
-           Internal, op << ": tensors must be BF16 on the CUDA backend");
-  DF_CHECK(C > 0 && C % 8 == 0 && C <= kMaxThreads * kMaxChunks * 8 && resid.size(-1) == C && out.numel() == resid.numel() &&
-               (x.empty() || x.numel() == resid.numel()),
-           Internal, op << ": shapes out " << out.shape_str() << " in " << resid.shape_str() << " w " << w.shape_str()
+  int64_t rows = static_cast<int64_t>(in.numel() / (C ? C : 1));
+  DF_CHECK(out.dtype == DType::BF16 && in.dtype == DType::BF16 && w.dtype == DType::BF16, Internal,
+           op << ": tensors must be BF16 on the CUDA backend");
+  DF_CHECK(C > 0 && C % 8 == 0 && C <= kMaxThreads * kMaxChunks * 8 && in.size(-1) == C && out.numel() == in.numel(),
+           Internal, op << ": shapes out " << out.shape_str() << " in " << in.shape_str() << " w " << w.shape_str()
                         << " (C must be a multiple of 8, at most 32768)");
   DF_CHECK(rstd.empty() || (rstd.dtype == DType::F32 && static_cast<int64_t>(rstd.numel()) == rows), Internal,
            op << ": rstd must be F32 [" << rows << "], got " << rstd.shape_str());
-  DF_CHECK(aligned16(out.data) && aligned16(resid.data) && aligned16(w.data) && (x.empty() || aligned16(x.data)),
-           Internal, op << ": tensors must be 16-byte aligned");
+  DF_CHECK(aligned16(out.data) && aligned16(in.data) && aligned16(w.data), Internal,
+           op << ": tensors must be 16-byte aligned");
   if (rows == 0) return;
   DF_CHECK(rows < (int64_t(1) << 31), Internal, op << ": too many rows (" << rows << ")");
   // The fewest threads (whole warps) that cover the row with kMaxChunks chunks each, at least 4 warps
@@ -97,25 +87,10 @@ void launch(const Ctx& ctx, const char* op, const Tensor& out, const Tensor& rst
   const int chunks = C / 8;
   int threads = (chunks + kMaxChunks - 1) / kMaxChunks;
   threads = std::max(32, std::min(kMaxThreads, (threads + 31) / 32 * 32));
-  residual_rmsnorm_kernel<<<static_cast<unsigned>(rows), threads, 0, stream_of(ctx)>>>(
+  rmsnorm_kernel<<<static_cast<unsigned>(rows), threads, 0, stream_of(ctx)>>>(
       static_cast<__nv_bfloat16*>(out.data), rstd.empty() ? nullptr : static_cast<float*>(rstd.data),
-      static_cast<__nv_bfloat16*>(resid.data), x.empty() ? nullptr : static_cast<const __nv_bfloat16*>(x.data),
-      static_cast<const __nv_bfloat16*>(w.data), C, eps);
+      static_cast<const __nv_bfloat16*>(in.data), static_cast<const __nv_bfloat16*>(w.data), C, eps);
   DF_CUDA_LAUNCH();
-}
-
-}  // namespace
-
-void rmsnorm_forward(const Ctx& ctx, const Tensor& out, const Tensor& rstd, const Tensor& in, const Tensor& w,
-                     float eps) {
-  // With x empty the kernel only reads `in` (passed in the resid slot).
-  launch(ctx, "rmsnorm_forward", out, rstd, in, Tensor(), w, eps);
-}
-
-void residual_rmsnorm_forward(const Ctx& ctx, const Tensor& resid, const Tensor& out, const Tensor& rstd,
-                              const Tensor& x, const Tensor& w, float eps) {
-  DF_CHECK(!x.empty(), Internal, "residual_rmsnorm_forward: x is empty");
-  launch(ctx, "residual_rmsnorm_forward", out, rstd, resid, x, w, eps);
 }
 
 }  // namespace dflash::cuda

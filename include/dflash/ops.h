@@ -17,6 +17,11 @@ namespace dflash::ops {
 enum class Accumulate : uint8_t { No, Yes };
 void matmul_forward(const Ctx& ctx, const Tensor& out, const Tensor& in, const Tensor& W,
                     Accumulate acc = Accumulate::No);
+// out [N, O] = residual [N, O] + in [N, I] · W[O, I]^T, residual either out itself or not overlapping it.
+// A decoder layer's output projection: on CUDA the add happens in the GEMM's fp32 epilogue (one bf16
+// rounding, no separate pass over the residual stream).
+void matmul_residual_forward(const Ctx& ctx, const Tensor& out, const Tensor& in, const Tensor& W,
+                             const Tensor& residual);
 // din [N, I] = dout [N, O] · W [O, I]      (overwritten; skipped when din is empty)
 // dW  [O, I] += dout^T [O, N] · in [N, I]  (accumulated; skipped when dW is empty)
 void matmul_backward(const Ctx& ctx, const Tensor& din, const Tensor& dW, const Tensor& dout, const Tensor& in,
@@ -33,10 +38,6 @@ void rmsnorm_forward(const Ctx& ctx, const Tensor& out, const Tensor& rstd, cons
 // din [N, C] (overwritten), dw [C] (accumulated)
 void rmsnorm_backward(const Ctx& ctx, const Tensor& din, const Tensor& dw, const Tensor& dout, const Tensor& in,
                       const Tensor& w, const Tensor& rstd);
-// Fused residual add + norm (target forward): resid [N, C] += x [N, C]; out = rmsnorm(resid).
-// rstd [N] may be empty (inference).
-void residual_rmsnorm_forward(const Ctx& ctx, const Tensor& resid, const Tensor& out, const Tensor& rstd,
-                              const Tensor& x, const Tensor& w, float eps);
 
 // ---- per-head norm + rotary embedding -----------------------------------------------------------
 // Qwen3 QK-norm then neox RoPE, per head:

@@ -6,11 +6,12 @@
 //   x = input_layernorm(in)                                  (norm weights stored as 1 + w)
 //   linear_attention (Gated DeltaNet):
 //     qkv = silu(causal_conv1d(x Wqkv^T));  z = x Wz^T;  g, beta = gates(x Wa^T, x Wb^T)
-//     core = gated_delta_rule(l2norm(q), l2norm(k), v, g, beta);  dst = gated_rmsnorm(core, z) Wout^T
+//     core = gated_delta_rule(l2norm(q), l2norm(k), v, g, beta);  dst = in + gated_rmsnorm(core, z) Wout^T
 //   full_attention (gated):
 //     q, gate = x Wq^T, x Wgate^T;  k, v = x Wk^T, x Wv^T;  q, k = partial_rope(head_rmsnorm(q, k))
-//     dst = (attention(q, k, v) * sigmoid(gate)) Wo^T
-//   dst += in;  x = post_attention_layernorm(dst);  gu = x [Wg; Wu]^T  (one GEMM)
+//     dst = in + (attention(q, k, v) * sigmoid(gate)) Wo^T
+//   (the residual add in the output projection's epilogue);  x = post_attention_layernorm(dst);
+//   gu = x [Wg; Wu]^T  (one GEMM)
 //   dst += (silu(gu[:, :I]) * gu[:, I:]) Wd^T
 // Captured layers write straight into their CaptureOut slot; the others alternate between two buffers.
 // All activations are allocated once for max_tokens.
@@ -68,10 +69,11 @@ struct Qwen35Target::Impl {
   Buffer cu_seqlens;         // [max_tokens + 1] I32 on the backend's device
   std::vector<int32_t> pos_host, cu_host;  // [max_tokens], [max_tokens + 1]
 
-  void linear_attn_forward(const Qwen35LinearAttnWeights& A, const Tensor& x, const Tensor& dst, int64_t T,
-                           const Tensor& cu);
-  void full_attn_forward(const Qwen35FullAttnWeights& A, const Tensor& x, const Tensor& dst, int64_t T,
-                         const Tensor& cu);
+  // dst = residual + the mixer's output (the add in the output projection's epilogue).
+  void linear_attn_forward(const Qwen35LinearAttnWeights& A, const Tensor& x, const Tensor& residual,
+                           const Tensor& dst, int64_t T, const Tensor& cu);
+  void full_attn_forward(const Qwen35FullAttnWeights& A, const Tensor& x, const Tensor& residual, const Tensor& dst,
+                         int64_t T, const Tensor& cu);
   void layer_forward(const Qwen35LayerWeights& L, const Tensor& in, const Tensor& dst, int64_t T, const Tensor& cu);
 };
 
@@ -139,8 +141,9 @@ const std::vector<int>& Qwen35Target::capture_layers() const { return impl_->cap
 Tensor Qwen35Target::embed_tokens() const { return impl_->w.embed_tokens.t(); }
 Tensor Qwen35Target::lm_head() const { return impl_->w.lm_head_table(); }
 
-void Qwen35Target::Impl::linear_attn_forward(const Qwen35LinearAttnWeights& A, const Tensor& x, const Tensor& dst,
-                                             int64_t T, const Tensor& cu) {
+void Qwen35Target::Impl::linear_attn_forward(const Qwen35LinearAttnWeights& A, const Tensor& x,
+                                             const Tensor& residual, const Tensor& dst, int64_t T,
+                                             const Tensor& cu) {
   const ops::GdnHeads gh = cfg.gdn_heads();
   const Tensor qkv_t = rows(qkv, T), conv_t = rows(conv, T), z_t = rows(z, T), core_t = rows(core, T);
   const Tensor a_t = rows(a, T), b_t = rows(b, T), g_t = rows(g, T), beta_t = rows(beta, T);
@@ -154,11 +157,11 @@ void Qwen35Target::Impl::linear_attn_forward(const Qwen35LinearAttnWeights& A, c
   // The output norm runs per value head: rows of dv.
   const Tensor heads = core_t.reshape({T * gh.nv, gh.dv});
   ops::gated_rmsnorm_forward(ctx, heads, heads, z_t.reshape({T * gh.nv, gh.dv}), A.norm, cfg.text.rms_norm_eps);
-  ops::matmul_forward(ctx, dst, core_t, A.out_proj);
+  ops::matmul_residual_forward(ctx, dst, core_t, A.out_proj, residual);
 }
 
-void Qwen35Target::Impl::full_attn_forward(const Qwen35FullAttnWeights& A, const Tensor& x, const Tensor& dst,
-                                           int64_t T, const Tensor& cu) {
+void Qwen35Target::Impl::full_attn_forward(const Qwen35FullAttnWeights& A, const Tensor& x, const Tensor& residual,
+                                           const Tensor& dst, int64_t T, const Tensor& cu) {
   const Qwen3Config& c = cfg.text;
   const int64_t nh = c.num_attention_heads, nkv = c.num_key_value_heads, hd = c.head_dim;
   const ops::RopeSpec rope{c.rope_theta, cfg.rotary_dim};
@@ -174,7 +177,7 @@ void Qwen35Target::Impl::full_attn_forward(const Qwen35FullAttnWeights& A, const
   ops::attention_varlen_causal_forward(ctx, at.reshape({T, nh, hd}), q3, k3, vt.reshape({T, nkv, hd}), cu,
                                        1.0f / std::sqrt(static_cast<float>(hd)));
   ops::sigmoid_gate_forward(ctx, at, at, gt);
-  ops::matmul_forward(ctx, dst, at, A.o_proj);
+  ops::matmul_residual_forward(ctx, dst, at, A.o_proj, residual);
 }
 
 void Qwen35Target::Impl::layer_forward(const Qwen35LayerWeights& L, const Tensor& in, const Tensor& dst, int64_t T,
@@ -183,11 +186,11 @@ void Qwen35Target::Impl::layer_forward(const Qwen35LayerWeights& L, const Tensor
   const Tensor x = rows(x_norm, T);
   ops::rmsnorm_forward(ctx, x, Tensor(), in, L.input_layernorm, eps);
   if (L.kind == Qwen35LayerKind::LinearAttention) {
-    linear_attn_forward(L.linear, x, dst, T, cu);
+    linear_attn_forward(L.linear, x, in, dst, T, cu);
   } else {
-    full_attn_forward(L.attn, x, dst, T, cu);
+    full_attn_forward(L.attn, x, in, dst, T, cu);
   }
-  ops::residual_rmsnorm_forward(ctx, dst, x, Tensor(), in, L.post_attention_layernorm, eps);
+  ops::rmsnorm_forward(ctx, x, Tensor(), dst, L.post_attention_layernorm, eps);
   const Tensor gu = rows(mlp_gate_up, T), at = rows(mlp_act, T);
   ops::matmul_forward(ctx, gu, x, L.gate_up_proj);
   ops::swiglu_fused_forward(ctx, at, gu);

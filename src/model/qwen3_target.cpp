@@ -4,8 +4,7 @@
 // Per decoder layer l, with the layer input `in` and its output buffer `dst` (a different buffer):
 //   x   = input_layernorm(in)
 //   qkv = x [Wq; Wk; Wv]^T;  q,k = rope(head_rmsnorm(q,k)), v copied    (one GEMM, one pass: qkv_norm_rope)
-//   dst = attention(q, k, v) Wo^T
-//   dst += in;  x = post_attention_layernorm(dst)                       (fused residual + norm)
+//   dst = in + attention(q, k, v) Wo^T;  x = post_attention_layernorm(dst)   (the add in o_proj's epilogue)
 //   gu  = x [Wg; Wu]^T;  dst += (silu(gu[:, :I]) * gu[:, I:]) Wd^T      (one GEMM; accumulating matmul)
 // A captured layer's `dst` is its slot in CaptureOut.features, so captures cost no copy; other layers
 // alternate between two stream buffers (a layer listed twice is copied into its second slot). All
@@ -129,8 +128,8 @@ void Qwen3Target::Impl::layer_forward(const Qwen3LayerWeights& L, const Tensor& 
   ops::qkv_norm_rope_forward(ctx, q3, k3, vt.reshape({T, nkv, hd}), qkvt, L.q_norm, L.k_norm, positions, rope, eps);
   ops::attention_varlen_causal_forward(ctx, at.reshape({T, nh, hd}), q3, k3, vt.reshape({T, nkv, hd}), cu,
                                        1.0f / std::sqrt(static_cast<float>(hd)));
-  ops::matmul_forward(ctx, dst, at, L.o_proj);
-  ops::residual_rmsnorm_forward(ctx, dst, x, Tensor(), in, L.post_attention_layernorm, eps);
+  ops::matmul_residual_forward(ctx, dst, at, L.o_proj, in);
+  ops::rmsnorm_forward(ctx, x, Tensor(), dst, L.post_attention_layernorm, eps);
 
   const Tensor gu = rows(gate_up, T), a = rows(mlp_act, T);
   ops::matmul_forward(ctx, gu, x, L.gate_up_proj);

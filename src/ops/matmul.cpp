@@ -186,6 +186,26 @@ void matmul_forward(const Ctx& ctx, const Tensor& out, const Tensor& in, const T
   matmul_forward_cpu(out.ptr<float>(), in.ptr<float>(), W.ptr<float>(), N, I, O, acc);
 }
 
+void matmul_residual_forward(const Ctx& ctx, const Tensor& out, const Tensor& in, const Tensor& W,
+                             const Tensor& residual) {
+  constexpr const char* op = "matmul_residual_forward";
+  detail::check_tensor(op, "out", out, ctx, 2);
+  detail::check_tensor(op, "in", in, ctx, 2);
+  detail::check_tensor(op, "W", W, ctx, 2);
+  detail::check_tensor(op, "residual", residual, ctx, 2);
+  const int64_t N = in.shape[0], I = in.shape[1], O = W.shape[0];
+  detail::check_shape(op, "W", W, {O, I});
+  detail::check_shape(op, "out", out, {N, O});
+  detail::check_shape(op, "residual", residual, {N, O});
+  DF_CHECK(residual.data == out.data || !detail::overlaps(residual, out), Internal,
+           op << ": residual must be out itself or not overlap it");
+  DF_CHECK(!detail::overlaps(in, out), Internal, op << ": in must not overlap out");
+  DFLASH_DISPATCH_CUDA(ctx, op, cuda::matmul_residual_forward(ctx, out, in, W, residual));
+  for (const Tensor* t : {&out, &in, &W, &residual}) detail::check_cpu_dtype(op, "out/in/W/residual", *t, DType::F32);
+  if (residual.data != out.data) std::memcpy(out.data, residual.data, out.nbytes());
+  matmul_forward_cpu(out.ptr<float>(), in.ptr<float>(), W.ptr<float>(), N, I, O, Accumulate::Yes);
+}
+
 void matmul_backward(const Ctx& ctx, const Tensor& din, const Tensor& dW, const Tensor& dout, const Tensor& in,
                      const Tensor& W) {
   constexpr const char* op = "matmul_backward";

@@ -1,4 +1,4 @@
-// RMSNorm (Qwen3: y = x * rstd * w, statistics in float32) and the fused residual-add + RMSNorm.
+// RMSNorm (Qwen3: y = x * rstd * w, statistics in float32).
 #include <cmath>
 
 #include "dflash/ops.h"
@@ -102,37 +102,6 @@ void rmsnorm_backward(const Ctx& ctx, const Tensor& din, const Tensor& dw, const
   if (!dw.empty()) detail::check_cpu_dtype(op, "dw", dw, DType::F32);
   rmsnorm_backward_cpu(din.empty() ? nullptr : din.ptr<float>(), dw.empty() ? nullptr : dw.ptr<float>(),
                        dout.ptr<float>(), in.ptr<float>(), w.ptr<float>(), rstd.ptr<float>(), N, C);
-}
-
-void residual_rmsnorm_forward(const Ctx& ctx, const Tensor& resid, const Tensor& out, const Tensor& rstd,
-                              const Tensor& x, const Tensor& w, float eps) {
-  constexpr const char* op = "residual_rmsnorm_forward";
-  detail::check_tensor(op, "resid", resid, ctx, 2);
-  const int64_t N = resid.shape[0], C = resid.shape[1];
-  detail::check_tensor(op, "x", x, ctx, 2);
-  detail::check_shape(op, "x", x, {N, C});
-  detail::check_tensor(op, "out", out, ctx, 2);
-  detail::check_shape(op, "out", out, {N, C});
-  detail::check_tensor(op, "w", w, ctx, 1);
-  detail::check_shape(op, "w", w, {C});
-  if (!rstd.empty()) {
-    detail::check_tensor(op, "rstd", rstd, ctx, 1);
-    detail::check_shape(op, "rstd", rstd, {N});
-  }
-  DFLASH_DISPATCH_CUDA(ctx, op, cuda::residual_rmsnorm_forward(ctx, resid, out, rstd, x, w, eps));
-  for (const Tensor* t : {&resid, &x, &out, &w}) detail::check_cpu_dtype(op, "resid/x/out/w", *t, DType::F32);
-  if (!rstd.empty()) detail::check_cpu_dtype(op, "rstd", rstd, DType::F32);
-  float* h = resid.ptr<float>();
-  const float* dx = x.ptr<float>();
-  float* y = out.ptr<float>();
-  float* r = rstd.empty() ? nullptr : rstd.ptr<float>();
-  const float* wp = w.ptr<float>();
-  for (int64_t n = 0; n < N; ++n) {
-    const size_t row = static_cast<size_t>(n) * C;
-    for (int64_t c = 0; c < C; ++c) h[row + c] += dx[row + c];
-    const float rs = rmsnorm_row(y + row, h + row, wp, C, eps);
-    if (r) r[n] = rs;
-  }
 }
 
 }  // namespace dflash::ops

@@ -77,16 +77,28 @@ TEST(OpsForward, RmsnormMatchesReference) {
   }
 }
 
-TEST(OpsForward, ResidualRmsnormAddsThenNormalises) {
-  const int64_t N = 7, C = 24;
-  auto resid = random_vec(N * C, 7), x = random_vec(N * C, 8), w = random_vec(C, 9, 0.2f, 1.0f);
-  std::vector<double> sum(N * C);
-  for (size_t i = 0; i < sum.size(); ++i) sum[i] = double(resid[i]) + x[i];
-  std::vector<float> out(N * C);
-  ops::residual_rmsnorm_forward(kCpu, cpu_view(resid.data(), {N, C}), cpu_view(out.data(), {N, C}), Tensor(),
-                                cpu_view(x.data(), {N, C}), cpu_view(w.data(), {C}), 1e-6f);
-  EXPECT_LT(rel_err(resid, sum), 1e-7);
-  EXPECT_LT(rel_err(out, test::ref::rmsnorm(sum, to_double(w), N, C, 1e-6)), 1e-6);
+// out = residual + in W^T, with residual a separate buffer (left unchanged) or out itself.
+TEST(OpsForward, MatmulResidualAddsTheResidual) {
+  const int64_t N = 37, I = 600, O = 29;  // two inner blocks: the add must survive the blocked accumulation
+  auto in = random_vec(N * I, 7), W = random_vec(O * I, 8), residual = random_vec(N * O, 9);
+  auto want = test::ref::matmul(to_double(in), to_double(W), N, I, O);
+  for (size_t i = 0; i < want.size(); ++i) want[i] += residual[i];
+  const std::vector<float> residual_before = residual;
+  std::vector<float> out(N * O, 123.0f);  // garbage the op must overwrite
+  ops::matmul_residual_forward(kCpu, cpu_view(out.data(), {N, O}), cpu_view(in.data(), {N, I}),
+                               cpu_view(W.data(), {O, I}), cpu_view(residual.data(), {N, O}));
+  EXPECT_LT(rel_err(out, want), 1e-6);
+  EXPECT_EQ(residual, residual_before);
+  ops::matmul_residual_forward(kCpu, cpu_view(residual.data(), {N, O}), cpu_view(in.data(), {N, I}),
+                               cpu_view(W.data(), {O, I}), cpu_view(residual.data(), {N, O}));  // in place
+  EXPECT_LT(rel_err(residual, want), 1e-6);
+}
+
+TEST(OpsForward, MatmulResidualRefusesAPartialOverlap) {
+  std::vector<float> in(3 * 4), W(5 * 4), buf(3 * 5 + 5);
+  EXPECT_EXIT(ops::matmul_residual_forward(kCpu, cpu_view(buf.data(), {3, 5}), cpu_view(in.data(), {3, 4}),
+                                           cpu_view(W.data(), {5, 4}), cpu_view(buf.data() + 5, {3, 5})),
+              testing::ExitedWithCode(9), "residual must be out itself or not overlap it");
 }
 
 struct RopeCase {
