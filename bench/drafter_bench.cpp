@@ -9,6 +9,7 @@
 //   drafter_bench --gemm-peak
 //   drafter_bench --attention-probe [--model 27b --context 4096]              (one layer's block attention)
 //   drafter_bench --model 8b --deterministic                                 (the cost of --deterministic)
+//   drafter_bench --model 8b --chunk-blocks 7      (loss chunks of 7 x 15 rows instead of the trainer's rule)
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -31,6 +32,7 @@
 #include "drafter_blas.cuh"
 #include "drafter_step.cuh"
 #include "random_fill.cuh"
+#include "train/loss_chunk.h"
 #include "train/objective.h"
 
 using namespace dflash;
@@ -40,7 +42,8 @@ namespace {
 struct Args {
   std::string model = "8b";
   std::string objective = "ce";
-  int64_t context = 3072, anchors = 512, chunk_blocks = 128;
+  int64_t context = 3072, anchors = 512;
+  int64_t chunk_blocks = 0;  // 0: the trainer's rule (train::loss_chunk_rows); else blocks of B - 1 rows
   int warmup = 2, steps = 10;
   bool gemm_peak = false;
   bool attention_probe = false;
@@ -244,7 +247,8 @@ int main(int argc, char** argv) {
   const int64_t T = args.context, N = args.anchors, B = c.block_size, H = c.layers.hidden_size, V = c.layers.vocab_size;
   const int64_t K = static_cast<int64_t>(c.target_layer_ids.size());
   const std::vector<ParamSpec> layout = drafter_param_layout(c);
-  const int64_t chunk_rows = args.chunk_blocks * (B - 1);
+  const int64_t chunk_rows = args.chunk_blocks > 0 ? args.chunk_blocks * (B - 1)
+                                                  : train::loss_chunk_rows(Device::CUDA, V, N * (B - 1));
   cuda::DrafterStepCuda step(c, layout, ctx, T, N, chunk_rows);
   // random weights: linear ~ U with std 0.02, norms 1 (as init_drafter_weights), fp32 master then bf16 copy
   for (size_t i = 0; i < layout.size(); ++i) {
@@ -327,8 +331,9 @@ int main(int argc, char** argv) {
   const double step_ms = median(times);
   const char* phase_names[] = {"GEMMs (cuBLAS, linear + lm_head)", "block attention fwd+bwd", "lm_head GEMMs + loss kernels",
                                "clip + AdamW", "norms/RoPE/SwiGLU/copies"};
-  std::printf("drafter step %s objective=%s context=%lld anchors=%lld (rows %lld) params=%.2fB\n", args.model.c_str(),
-              args.objective.c_str(), (long long)T, (long long)N, (long long)rows.size(),
+  std::printf("drafter step %s objective=%s context=%lld anchors=%lld (rows %lld, loss chunks of %lld rows%s) params=%.2fB\n",
+              args.model.c_str(), args.objective.c_str(), (long long)T, (long long)N, (long long)rows.size(),
+              (long long)chunk_rows, args.chunk_blocks > 0 ? ", --chunk-blocks" : " as the trainer",
               double(step.params().numel()) / 1e9);
   std::printf("  step: median %.1f ms over %d steps (min %.1f, max %.1f); loss %.4f -> %.4f; grad norm %.3f\n", step_ms,
               args.steps, *std::min_element(times.begin(), times.end()), *std::max_element(times.begin(), times.end()),

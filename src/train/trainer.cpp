@@ -22,15 +22,11 @@
 #include "dflash/error.h"
 #include "dflash/optim.h"
 #include "dflash/safetensors.h"
+#include "train/loss_chunk.h"
 #include "train/objective.h"
 #include "train/trainer_engine.h"
 
 namespace dflash {
-
-namespace {
-// Logits held at once: about 16M floats (64 MB) per [rows, V] block.
-constexpr size_t kLogitFloatsPerChunk = size_t{1} << 24;
-}  // namespace
 
 struct DrafterTrainer::Impl {
   TrainOptions opt;
@@ -155,7 +151,7 @@ DrafterTrainer::DrafterTrainer(const std::string& target_dir, const std::string&
   const int64_t B = s.cfg.block_size;
   s.max_tokens = max_tokens;
   const int64_t max_rows = static_cast<int64_t>(opt.max_anchors) * (B - 1);
-  es.chunk_rows = std::max<int64_t>(1, std::min<int64_t>(max_rows, static_cast<int64_t>(kLogitFloatsPerChunk / V)));
+  es.chunk_rows = train::loss_chunk_rows(ctx.device, V, max_rows);
   es.cfg = s.cfg;
   es.layout = s.layout;
   es.ctx = ctx;
