@@ -24,6 +24,7 @@
 #include "dflash/backend.h"
 #include "gpu_test_util.h"
 #include "ops/gated_delta.h"
+#include "random_fill.cuh"
 
 namespace dflash {
 namespace {
@@ -90,6 +91,19 @@ TEST_P(GpuGdnConv, MatchesCpu) {
   const auto got = to_host(g, d_out);
   EXPECT_EQ(elementwise_mismatch(got, want, kBf16Rtol, kBf16Atol, C), "");
   EXPECT_LT(rel_err(got, want), test::tol::kOp);
+  if (C % 8 != 0) return;  // the scalar path already
+  // The same tensors viewed 2 bytes into buffers one element longer take the scalar path, which sums the
+  // taps with the same fma chain and the same SiLU: bit for bit the vector path's output.
+  Buffer b_in = to_device(g, {}, {T * C + 1}), b_out = to_device(g, {}, {T * C + 1});
+  auto view = [&](const Buffer& b) {
+    return Tensor(static_cast<uint16_t*>(b.t().data) + 1, DType::BF16, Device::CUDA, {T, C});
+  };
+  copy_tensor(g, view(b_in), cpu_view(in.data(), {T, C}));
+  ops::causal_conv1d_silu_forward(g, view(b_out), view(b_in), d_w, d_cu);
+  const auto got_scalar = to_host(g, view(b_out));
+  EXPECT_TRUE(std::equal(got.begin(), got.end(), got_scalar.begin(),
+                         [](float a, float b) { return a == b || (std::isnan(a) && std::isnan(b)); }))
+      << "the scalar path differs from the vector path";
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -104,11 +118,67 @@ INSTANTIATE_TEST_SUITE_P(
         // kernel sizes at the ends of the supported range
         ConvCase{48, 1, {3, 12, 1}}, ConvCase{200, 8, {11, 1, 7, 40}},
         // one sequence, one token
-        ConvCase{16, 4, {1}}),
+        ConvCase{16, 4, {1}},
+        // the 27B target's batch: 8 x 4096 tokens at the full width
+        ConvCase{10240, 4, {4096, 4096, 4096, 4096, 4096, 4096, 4096, 4096}},
+        // many short sequences and empty ones inside one block's token run, every K
+        ConvCase{1024, 2, {7, 0, 0, 1, 65, 3, 130, 1, 1, 200}}, ConvCase{1024, 3, {7, 0, 0, 1, 65, 3, 130, 1, 1, 200}},
+        ConvCase{1024, 5, {7, 0, 0, 1, 65, 3, 130, 1, 1, 200}}, ConvCase{1024, 6, {7, 0, 0, 1, 65, 3, 130, 1, 1, 200}},
+        ConvCase{1024, 7, {7, 0, 0, 1, 65, 3, 130, 1, 1, 200}}, ConvCase{1032, 8, {7, 0, 0, 1, 65, 3, 130, 1, 1, 200}},
+        ConvCase{24, 1, {1, 2, 3, 300}}),
     [](const testing::TestParamInfo<ConvCase>& i) {
       return "C" + std::to_string(i.param.C) + "_K" + std::to_string(i.param.K) + "_S" +
              std::to_string(i.param.lens.size());
     });
+
+// The 27B target's shape (bench_hybrid_forward --model 27b): times the op (CUDA events, 3 warm-ups, median
+// of 20) on [32768, 10240], K = 4, as 8 x 4096 tokens, and checks the first two sequences against the CPU.
+TEST(GpuCausalConv1dTiming, Qwen36_27B_T32768) {
+  SKIP_WITHOUT_GPU();
+  Ctx g = gpu();
+  const int64_t T = 32768, C = 10240, K = 4, nseq = 8;
+  Buffer in(Device::CUDA, DType::BF16, {T, C}), out(Device::CUDA, DType::BF16, {T, C});
+  Buffer w(Device::CUDA, DType::BF16, {C, K});
+  cuda::fill_random(g, in, 41, 0.f, 1.f);
+  cuda::fill_random(g, w, 42, 0.f, 0.5f);
+  std::vector<int32_t> cu(nseq + 1);
+  for (int64_t s = 0; s <= nseq; ++s) cu[s] = static_cast<int32_t>(T / nseq * s);
+  Buffer d_cu = test::to_device_i32(g, cu);
+  auto run = [&] { ops::causal_conv1d_silu_forward(g, out, in, w, d_cu); };
+  for (int i = 0; i < 3; ++i) run();
+  cudaStream_t st = static_cast<cudaStream_t>(g.stream);
+  cudaEvent_t e0, e1;
+  cudaEventCreate(&e0);
+  cudaEventCreate(&e1);
+  std::vector<float> ms;
+  for (int i = 0; i < 20; ++i) {
+    cudaEventRecord(e0, st);
+    run();
+    cudaEventRecord(e1, st);
+    cudaEventSynchronize(e1);
+    float m = 0;
+    cudaEventElapsedTime(&m, e0, e1);
+    ms.push_back(m);
+  }
+  synchronize(g);
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  std::sort(ms.begin(), ms.end());
+  const double gb = 2.0 * T * C * 2 / 1e9;  // in + out, bf16
+  std::printf("[conv timing] T=%lld as %lld x %lld tokens, C=%lld K=%lld: median %.3f ms (min %.3f, max %.3f), "
+              "%.0f GB/s\n",
+              (long long)T, (long long)nseq, (long long)(T / nseq), (long long)C, (long long)K, ms[ms.size() / 2],
+              ms.front(), ms.back(), gb / (ms[ms.size() / 2] * 1e-3));
+  const int64_t Tc = 2 * T / nseq;  // sequences 0 and 1: the CPU sees the same packing up to token Tc
+  const std::vector<float> h_in = to_host(g, in.t().slice_rows(0, Tc)), h_w = to_host(g, w),
+                           got = to_host(g, out.t().slice_rows(0, Tc));
+  std::vector<float> want(static_cast<size_t>(Tc * C));
+  const std::vector<int32_t> cu_c(cu.begin(), cu.begin() + 3);
+  ops::causal_conv1d_silu_forward(kCpu, cpu_view(want.data(), {Tc, C}), cpu_view(h_in.data(), {Tc, C}),
+                                  cpu_view(h_w.data(), {C, K}), cpu_view(cu_c.data(), {3}));
+  EXPECT_EQ(elementwise_mismatch(got, want, kBf16Rtol, kBf16Atol, C), "");
+  EXPECT_LT(rel_err(got, want), test::tol::kOp);
+}
 
 // ---- gdn_gates_forward ----------------------------------------------------------------------------
 
