@@ -1,4 +1,5 @@
-// Small device helpers shared by the elementwise kernels: 16-byte bf16 vectors and warp reductions.
+// Small device helpers shared by the elementwise kernels: 16-byte bf16 vectors, warp reductions, a sigmoid
+// without a divide.
 #pragma once
 #include <cuda_bf16.h>
 #include <cstdint>
@@ -23,6 +24,35 @@ __device__ __forceinline__ Bf16x8 pack8(const float (&f)[8]) {
 #pragma unroll
   for (int i = 0; i < 4; ++i) v.h[i] = __floats2bfloat162_rn(f[2 * i], f[2 * i + 1]);
   return v;
+}
+
+// The same 8 bf16 as a uint4 (what a 16-byte load or four 32-bit shuffles move): a bf16 is the top half of
+// its float, so unpacking is one shift or mask per element (exact, as __bfloat1622float2).
+__device__ __forceinline__ void unpack8(const uint4& v, float (&f)[8]) {
+  const uint32_t u[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    f[2 * i] = __uint_as_float(u[i] << 16);
+    f[2 * i + 1] = __uint_as_float(u[i] & 0xffff0000u);
+  }
+}
+__device__ __forceinline__ uint4 pack8_u4(const float (&f)[8]) {
+  uint32_t u[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const __nv_bfloat162 h = __floats2bfloat162_rn(f[2 * i], f[2 * i + 1]);
+    u[i] = *reinterpret_cast<const uint32_t*>(&h);
+  }
+  return uint4{u[0], u[1], u[2], u[3]};
+}
+
+// 1 / (1 + e^-x) as one MUFU.EX2 and one MUFU.RCP (no IEEE divide; a few ulp, as __expf). e^-x = inf gives 0,
+// where the CPU's float gives a denormal or 0; an e^-x small enough to flush vanishes in 1 + e^-x.
+__device__ __forceinline__ float fast_sigmoid(float x) {
+  float e, r;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(e) : "f"(-1.4426950408889634f * x));
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(1.f + e));
+  return r;
 }
 
 __device__ __forceinline__ float warp_sum(float v) {

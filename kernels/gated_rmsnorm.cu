@@ -4,6 +4,13 @@
 // registers, the group sums squares in fp32 with xor shuffles that stay inside the group, then each lane
 // scales what it holds: the row is read once and written once, and out may alias in (a lane writes only
 // the elements it read).
+//
+// Rows of at most 32 chunks (C <= 256, the head dims) on the vector path take gated_rmsnorm_rows_kernel: one
+// chunk per lane and kRowsPerLane rows per lane, whose in and z loads are all issued before any use, SiLU
+// without an IEEE divide. Measured on the H200 in place on [32768 * 48, 128] (GpuGatedRmsNormTiming, median
+// of 20): 0.282-0.286 ms (4.2-4.3 TB/s for 1.21 GB) against 0.377 ms (3.2 TB/s) for the general kernel below
+// (one row per lane group, z loaded only after the reduction: 16 bytes in flight per lane, and
+// z / (1 + e^-z) as an IEEE divide); 1, 4 or 8 rows per lane measured 0.287-0.291 ms.
 #include "gated_rmsnorm.cuh"
 
 #include <algorithm>
@@ -101,6 +108,70 @@ void launch(const Ctx& ctx, const Tensor& out, const Tensor& in, const Tensor& z
   DF_CUDA_LAUNCH();
 }
 
+
+// Rows of at most 32 chunks (C <= 256, C % 8 == 0, 16-byte aligned: the head dims), one chunk per lane:
+// `group` lanes per row, 32 / group rows per warp slot, kRows slots per warp. Every slot's in and z loads
+// are issued before any use (2 * kRows 16-byte loads in flight per lane); the lane's w chunk is the same
+// for all its rows, loaded once. SiLU as z * fast_sigmoid(z) (no IEEE divide).
+constexpr int kRowsPerLane = 2;
+template <int kRows, class TW>
+__global__ void __launch_bounds__(kThreads) gated_rmsnorm_rows_kernel(uint4* out, const uint4* in,
+                                                                      const uint4* __restrict__ z,
+                                                                      const TW* __restrict__ w, int64_t rows, int C,
+                                                                      int lg, float eps) {
+  const int group = 1 << lg, lane = threadIdx.x & 31, sub = lane & (group - 1), chunks = C / 8;
+  const int per_slot = 32 >> lg;
+  const int64_t warp = (static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x) >> 5;
+  const int64_t first = warp * kRows * per_slot + (lane >> lg);
+  const bool lane_on = sub < chunks;
+  uint4 xv[kRows], zv[kRows];
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+    const int64_t row = first + r * per_slot;
+    xv[r] = zv[r] = uint4{0, 0, 0, 0};
+    if (lane_on && row < rows) {
+      const size_t at = static_cast<size_t>(row) * chunks + sub;
+      xv[r] = in[at];
+      zv[r] = z[at];
+    }
+  }
+  float wf[8];
+  if (lane_on) load<8>(w + sub * 8, wf);
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+    float v[8];
+    unpack8(xv[r], v);
+    float ss = 0.f;
+#pragma unroll
+    for (int e = 0; e < 8; ++e) ss += v[e] * v[e];
+    for (int o = group / 2; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+    const int64_t row = first + r * per_slot;
+    if (lane_on && row < rows) {
+      const float rs = rsqrtf(ss / C + eps);
+      float zf[8];
+      unpack8(zv[r], zf);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) v[e] = (v[e] * rs) * wf[e] * (zf[e] * fast_sigmoid(zf[e]));
+      out[static_cast<size_t>(row) * chunks + sub] = pack8_u4(v);
+    }
+  }
+}
+
+template <int kRows, class TW>
+void launch_rows(const Ctx& ctx, const Tensor& out, const Tensor& in, const Tensor& z, const Tensor& w, int64_t rows,
+                 int C, float eps) {
+  const int chunks = C / 8;
+  int lg = 0;
+  while ((1 << lg) < chunks) ++lg;
+  const int64_t rows_per_block = static_cast<int64_t>(kThreads / 32) * kRows * (32 >> lg);
+  const int64_t blocks = (rows + rows_per_block - 1) / rows_per_block;
+  DF_CHECK(blocks < (int64_t(1) << 31), Internal, "gated_rmsnorm_forward: too many rows (" << rows << ")");
+  gated_rmsnorm_rows_kernel<kRows, TW><<<static_cast<unsigned>(blocks), kThreads, 0, stream_of(ctx)>>>(
+      static_cast<uint4*>(out.data), static_cast<const uint4*>(in.data), static_cast<const uint4*>(z.data),
+      static_cast<const TW*>(w.data), rows, C, lg, eps);
+  DF_CUDA_LAUNCH();
+}
+
 }  // namespace
 
 void gated_rmsnorm_forward(const Ctx& ctx, const Tensor& out, const Tensor& in, const Tensor& z, const Tensor& w,
@@ -120,12 +191,9 @@ void gated_rmsnorm_forward(const Ctx& ctx, const Tensor& out, const Tensor& in, 
   const bool vec = C % 8 == 0 && aligned16(out.data) && aligned16(in.data) && aligned16(z.data) && aligned16(w.data);
   const bool w32 = w.dtype == DType::F32;
   constexpr int kVecPerLane = kMaxC / (8 * 32), kScalarPerLane = kMaxC / 32;
-  // Rows of at most 32 chunks (C <= 256, the head dims) hold one chunk per lane: fewer registers, more
-  // warps in flight for a kernel that only streams memory.
-  const bool one_chunk = C <= 8 * 32;
-  if (vec && one_chunk) {
-    if (w32) return launch<8, 1, float>(ctx, out, in, z, w, rows, c, eps);
-    return launch<8, 1, __nv_bfloat16>(ctx, out, in, z, w, rows, c, eps);
+  if (vec && C <= 8 * 32) {  // the head dims: one chunk per lane, kRowsPerLane rows
+    if (w32) return launch_rows<kRowsPerLane, float>(ctx, out, in, z, w, rows, c, eps);
+    return launch_rows<kRowsPerLane, __nv_bfloat16>(ctx, out, in, z, w, rows, c, eps);
   }
   if (vec && w32) return launch<8, kVecPerLane, float>(ctx, out, in, z, w, rows, c, eps);
   if (vec) return launch<8, kVecPerLane, __nv_bfloat16>(ctx, out, in, z, w, rows, c, eps);

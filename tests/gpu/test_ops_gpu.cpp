@@ -124,7 +124,9 @@ TEST_P(GpuRmsNorm, MatchesCpu) {
   ops::rmsnorm_forward(g, d_out2, Tensor(), d_in, d_w, eps);  // rstd empty: inference
   EXPECT_LT(rel_err(to_host(g, d_out2), out), test::tol::kOp);
 }
-INSTANTIATE_TEST_SUITE_P(Widths, GpuRmsNorm, testing::Values<int64_t>(64, 4096, 5120));
+// 64: 8 lanes per row, 4 rows per warp; 2560: 80 chunks, ragged over a warp's 32 lanes; 4096, 5120, 8192:
+// whole warps of 16, 20, 32 chunks per lane; 16384: one block per row.
+INSTANTIATE_TEST_SUITE_P(Widths, GpuRmsNorm, testing::Values<int64_t>(64, 2560, 4096, 5120, 8192, 16384));
 
 struct RopeCase {
   int64_t nh, hd;
@@ -155,7 +157,9 @@ TEST_P(GpuHeadNormRope, MatchesCpu) {
   EXPECT_LT(rel_err(to_host(g, d_in), out), test::tol::kOp);
 }
 INSTANTIATE_TEST_SUITE_P(Shapes, GpuHeadNormRope,
-                         testing::Values(RopeCase{32, 128, 0}, RopeCase{4, 24, 0}, RopeCase{3, 128, 64}));
+                         testing::Values(RopeCase{32, 128, 0}, RopeCase{4, 24, 0}, RopeCase{3, 128, 64},
+                                         RopeCase{6, 64, 32},     // 8 lanes per head, 4 heads per warp slot
+                                         RopeCase{5, 96, 48}));   // 12 chunks over 16 lanes
 
 TEST(GpuOps, SwiGLU) {
   SKIP_WITHOUT_GPU();
