@@ -129,6 +129,36 @@ __device__ __forceinline__ uint32_t a_km(const __nv_bfloat16* tile, int stride, 
   return smem_addr(tile + (k0 + (lane & 7) + (lane >> 4) * 8) * stride + m0 + ((lane >> 3) & 1) * 8);
 }
 
+// Zeroes an accumulator of N n-tiles (16 x 8 fp32 fragments).
+template <int N> __device__ __forceinline__ void zero_acc(float (&acc)[N][4]) {
+#pragma unroll
+  for (int n = 0; n < N; ++n)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc[n][e] = 0.f;
+}
+
+// acc = A B^T for the 16 rows [16 w, 16 w + 16) of A against the column tiles at or left of them (the rest
+// stays zero): the causal products K K^T (gdr_prepare) and Q K^T (the scans), whose upper part is masked.
+// A and B are [64][P + 8] bf16 tiles.
+template <int P>
+__device__ __forceinline__ void causal_rows_nk(float (&acc)[8][4], const __nv_bfloat16* sA, const __nv_bfloat16* sB,
+                                               int warp, int lane) {
+  zero_acc(acc);
+#pragma unroll
+  for (int kk = 0; kk < P / 16; ++kk) {
+    uint32_t a[4];
+    ldmatrix_x4(a, a_rowmajor(sA, P + 8, 16 * warp, 16 * kk, lane));
+#pragma unroll
+    for (int np = 0; np < 4; ++np) {
+      if (np > warp) break;
+      uint32_t b[4];
+      ldmatrix_x4(b, b_nk(sB, P + 8, 16 * np, 16 * kk, lane));
+      mma_bf16(acc[2 * np], a, b[0], b[1]);
+      mma_bf16(acc[2 * np + 1], a, b[2], b[3]);
+    }
+  }
+}
+
 __device__ __forceinline__ float load_gate(const void* p, bool bf16, int64_t i) {
   return bf16 ? __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]) : static_cast<const float*>(p)[i];
 }
@@ -312,23 +342,7 @@ __global__ void __launch_bounds__(kThreads)
 
   // K K^T for this warp's 16 rows against the key tiles at or left of them (the rest of A is zero).
   float acc[8][4];
-#pragma unroll
-  for (int n = 0; n < 8; ++n)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) acc[n][e] = 0.f;
-#pragma unroll
-  for (int kk = 0; kk < P / 16; ++kk) {
-    uint32_t a[4];
-    ldmatrix_x4(a, a_rowmajor(sK, P + 8, 16 * warp, 16 * kk, lane));
-#pragma unroll
-    for (int np = 0; np < 4; ++np) {
-      if (np > warp) break;
-      uint32_t b[4];
-      ldmatrix_x4(b, b_nk(sK, P + 8, 16 * np, 16 * kk, lane));
-      mma_bf16(acc[2 * np], a, b[0], b[1]);
-      mma_bf16(acc[2 * np + 1], a, b[2], b[3]);
-    }
-  }
+  causal_rows_nk<P>(acc, sK, sK, warp, lane);
 #pragma unroll
   for (int hh = 0; hh < 2; ++hh) {
     const int r = 16 * warp + gr + 8 * hh;
@@ -354,243 +368,236 @@ __global__ void __launch_bounds__(kThreads)
     *reinterpret_cast<Bf16x8*>(xw + ((t0 + r) * nv + h) * kChunk + c) = pack8(v);
   }
 }
-
-template <int P> struct ScanSmem {
-  static constexpr size_t kQK = size_t(kChunk) * (P + 8) * 2;  // one of sQ, sK
+// Shared memory of a scan block: sQ and kKStages x sK ([64][P + 8] bf16), sX, sV, sVn, sVs ([64][72] bf16),
+// the bf16 state sS ([P][72]), kKStages x (sG, sBeta) and sRq, sRk (64 fp32 each). The synchronous scan
+// has one stage; the pipelined one two of K and of the gates (the next chunk's land in the other).
+template <int P, int kKStages> struct ScanSmem {
+  static constexpr size_t kQK = size_t(kChunk) * (P + 8) * 2;    // sQ, and each sK stage
   static constexpr size_t k64 = size_t(kChunk) * kStride64 * 2;  // one of sX, sV, sVn, sVs
   static constexpr size_t kS = size_t(P) * kStride64 * 2;
-  static constexpr size_t kBytes = 2 * kQK + 4 * k64 + kS + 4 * kChunk * 4;
+  static constexpr size_t kBytes = (1 + kKStages) * kQK + 4 * k64 + kS + (2 * kKStages + 2) * kChunk * 4;
 };
+template <int P> using SyncSmem = ScanSmem<P, 1>;
+template <int P> using PipeSmem = ScanSmem<P, 2>;
 
-// One block per (sequence, value head, 64-column slice of dv): the chunks of the sequence in order.
-template <int P>
-__global__ void __launch_bounds__(kThreads, 2)
-    gdr_chunk_scan_kernel(__nv_bfloat16* __restrict__ out, float* __restrict__ state,
-                          const __nv_bfloat16* __restrict__ qkv, const __nv_bfloat16* __restrict__ xw, const void* g,
-                          const void* beta, bool g_bf16, bool b_bf16, const int32_t* __restrict__ cu, int nseq,
-                          int nk, int dk, int nv, int dv, int slices, int64_t row, float q_scale) {
-  constexpr int kRow = P + 8;
-  constexpr int kMT = P / 64;  // 16-row m-tiles of the state per warp: warp w owns dk rows [P/4 w, P/4 (w+1))
-  extern __shared__ __align__(16) unsigned char smem[];
-  __nv_bfloat16* sQ = reinterpret_cast<__nv_bfloat16*>(smem);                   // [64][P + 8] raw q
-  __nv_bfloat16* sK = sQ + kChunk * kRow;                                         // [64][P + 8] raw k
-  __nv_bfloat16* sX = sK + kChunk * kRow;                                         // [64][72] X
-  __nv_bfloat16* sV = sX + kChunk * kStride64;                                    // [64][72] v, then R in place
-  __nv_bfloat16* sVn = sV + kChunk * kStride64;                                   // [64][72] v_new
-  __nv_bfloat16* sVs = sVn + kChunk * kStride64;                                  // [64][72] rk e^{G_last-G} v_new
-  __nv_bfloat16* sS = sVs + kChunk * kStride64;                                   // [P][72] bf16 state
-  float* sG = reinterpret_cast<float*>(sS + P * kStride64);
-  float* sBeta = sG + kChunk;
-  float* sRq = sBeta + kChunk;
-  float* sRk = sRq + kChunk;
-
+// A scan block's work: sequence s (tokens [seq0, seq0 + len)), value head h (key head kh) and its
+// 64-column slice [col0, col0 + vcols) of dv.
+struct ScanBlock {
+  int s, h, kh, col0, vcols;
+  int64_t seq0;
+  int len;
+};
+__device__ __forceinline__ ScanBlock scan_block(const int32_t* __restrict__ cu, int nk, int nv, int dv, int slices) {
   const int s = blockIdx.x, h = blockIdx.y / slices, slice = blockIdx.y % slices, kh = h / (nv / nk);
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gr = lane / 4, t4 = lane % 4;
   const int col0 = slice * kBV, vcols = min(kBV, dv - col0);
-  const int64_t seq0 = cu[s];
-  const int len = cu[s + 1] - cu[s];
+  return {s, h, kh, col0, vcols, cu[s], cu[s + 1] - cu[s]};
+}
 
-  float S[kMT][8][4];
+// ---- the phases of a scan chunk, shared by both scan kernels ---------------------------------------------
+// Each is force-inlined into the kernel and takes the fragments by reference, so they stay in the kernel's
+// registers. A thread's place in the fragments: warp w owns chunk rows [16 w, 16 w + 16) and dk rows
+// [P/4 w, P/4 (w + 1)) of the state; the thread's chunk rows are r_lo = 16 w + gr and r_lo + 8 (gr =
+// lane / 4), its columns 8 n + 2 t4 + {0, 1} (t4 = lane % 4). The kernel computes warp, lane, gr, t4 and
+// r_lo once and hands them in as plain ints. Both kernels compile to the SASS they had with the phases
+// written out (cuobjdump, sm_90a: the synchronous scan identical, the pipelined one up to 6 instructions
+// in another order; same registers, no stack). That holds only as written: helpers that derived r_lo
+// themselves, or took these in a struct, and r_lo declared above the pipelined scan's first-chunk loads,
+// each gave that kernel at P = 128 (255 registers) a 64-byte stack frame.
+
+// The state slice S [P][64] (fp32 fragments, P / 64 m-tiles per warp) and its bf16 copy sS, zeroed.
+template <int P>
+__device__ __forceinline__ void zero_state(float (&S)[P / 64][8][4], __nv_bfloat16* sS) {
+#pragma unroll
+  for (int mi = 0; mi < P / 64; ++mi) zero_acc(S[mi]);
+  for (int e = threadIdx.x; e < P * kStride64 / 8; e += kThreads)
+    reinterpret_cast<uint4*>(sS)[e] = make_uint4(0u, 0u, 0u, 0u);
+}
+
+// (1) K S and Q S for the warp's 16 rows (64 columns of the slice); the B fragments of S serve both.
+template <int P>
+__device__ __forceinline__ void state_products(float (&ks)[8][4], float (&qs)[8][4], const __nv_bfloat16* sQ,
+                                               const __nv_bfloat16* sK, const __nv_bfloat16* sS, int warp, int lane) {
+  zero_acc(ks);
+  zero_acc(qs);
+#pragma unroll
+  for (int kk = 0; kk < P / 16; ++kk) {
+    uint32_t ak[4], aq[4];
+    ldmatrix_x4(ak, a_rowmajor(sK, P + 8, 16 * warp, 16 * kk, lane));
+    ldmatrix_x4(aq, a_rowmajor(sQ, P + 8, 16 * warp, 16 * kk, lane));
+#pragma unroll
+    for (int np = 0; np < 4; ++np) {
+      uint32_t b[4];
+      ldmatrix_x4_trans(b, b_kn(sS, kStride64, 16 * kk, 16 * np, lane));
+      mma_bf16(ks[2 * np], ak, b[0], b[1]);
+      mma_bf16(ks[2 * np + 1], ak, b[2], b[3]);
+      mma_bf16(qs[2 * np], aq, b[0], b[1]);
+      mma_bf16(qs[2 * np + 1], aq, b[2], b[3]);
+    }
+  }
+}
+
+// R = beta (v - e^G rk K S) over v in place (each thread rewrites the elements it read); qs becomes the
+// output accumulator e^G rq Q S.
+__device__ __forceinline__ void residual_in_place(__nv_bfloat16* sV, const float (&ks)[8][4], float (&qs)[8][4],
+                                                  const float* sG, const float* sBeta, const float* sRq,
+                                                  const float* sRk, int r_lo, int t4) {
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    const int r = r_lo + 8 * hh;
+    const float eg = __expf(sG[r]), fk = eg * sRk[r], fq = eg * sRq[r], b = sBeta[r];
+#pragma unroll
+    for (int n = 0; n < 8; ++n) {
+      __nv_bfloat16* pv = sV + r * kStride64 + 8 * n + 2 * t4;
+      const float2 v = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(pv));
+      store_bf16x2(pv, b * (v.x - fk * ks[n][2 * hh]), b * (v.y - fk * ks[n][2 * hh + 1]));
+      qs[n][2 * hh] *= fq;
+      qs[n][2 * hh + 1] *= fq;
+    }
+  }
+}
+
+// (2) P[r][j] = rq_r [rk_j] e^{G_r - G_j} (q_r . k_j) for j <= r (the causal mask with the decay), from
+// p = Q K^T (causal_rows_nk) to the bf16 A fragments of (4). kRkJ: rk_j is applied here (the synchronous
+// scan); the pipelined scan moves it into v_new (sVn holds rk_j v_new[j]) so that every norm is read by
+// its own row's warp.
+template <bool kRkJ>
+__device__ __forceinline__ void mask_qk(uint32_t (&pa)[4][4], float (&p)[8][4], const float* sG, const float* sRq,
+                                        const float* sRk, int r_lo, int t4) {
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    const int r = r_lo + 8 * hh;
+    const float fr = sRq[r], Gr = sG[r];
+#pragma unroll
+    for (int n = 0; n < 8; ++n)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int j = 8 * n + 2 * t4 + e;
+        p[n][2 * hh + e] = j <= r ? (kRkJ ? fr * sRk[j] : fr) * __expf(Gr - sG[j]) * p[n][2 * hh + e] : 0.f;
+      }
+  }
+#pragma unroll
+  for (int kc = 0; kc < 4; ++kc) {
+    pa[kc][0] = pack_bf16(p[2 * kc][0], p[2 * kc][1]);
+    pa[kc][1] = pack_bf16(p[2 * kc][2], p[2 * kc][3]);
+    pa[kc][2] = pack_bf16(p[2 * kc + 1][0], p[2 * kc + 1][1]);
+    pa[kc][3] = pack_bf16(p[2 * kc + 1][2], p[2 * kc + 1][3]);
+  }
+}
+
+// (3) v_new = X R for the warp's rows (X is lower triangular: only R rows up to the warp's last).
+__device__ __forceinline__ void x_times_r(float (&vn)[8][4], const __nv_bfloat16* sX, const __nv_bfloat16* sV,
+                                          int warp, int lane) {
+  zero_acc(vn);
+#pragma unroll
+  for (int kc = 0; kc < 4; ++kc) {
+    if (kc > warp) break;
+    uint32_t a[4];
+    ldmatrix_x4(a, a_rowmajor(sX, kStride64, 16 * warp, 16 * kc, lane));
+#pragma unroll
+    for (int np = 0; np < 4; ++np) {
+      uint32_t b[4];
+      ldmatrix_x4_trans(b, b_kn(sV, kStride64, 16 * kc, 16 * np, lane));
+      mma_bf16(vn[2 * np], a, b[0], b[1]);
+      mma_bf16(vn[2 * np + 1], a, b[2], b[3]);
+    }
+  }
+}
+// v_new of the warp's rows into sVn, the B operand of (4) (kRkVn: times rk, see mask_qk), and
+// rk e^{G_last - G} v_new into sVs, the B operand of (5).
+template <bool kRkVn>
+__device__ __forceinline__ void store_v_new(__nv_bfloat16* sVn, __nv_bfloat16* sVs, const float (&vn)[8][4],
+                                            const float* sG, const float* sRk, int r_lo, int t4) {
+  const float G_last = sG[kChunk - 1];
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    const int r = r_lo + 8 * hh;
+    const float fn = sRk[r], fs = fn * __expf(G_last - sG[r]);
+#pragma unroll
+    for (int n = 0; n < 8; ++n) {
+      const int o = r * kStride64 + 8 * n + 2 * t4;
+      if constexpr (kRkVn) store_bf16x2(sVn + o, fn * vn[n][2 * hh], fn * vn[n][2 * hh + 1]);
+      else store_bf16x2(sVn + o, vn[n][2 * hh], vn[n][2 * hh + 1]);
+      store_bf16x2(sVs + o, fs * vn[n][2 * hh], fs * vn[n][2 * hh + 1]);
+    }
+  }
+}
+
+// (4) out = e^G rq Q S + P v_new (qs holds the first term on entry), rows r < L and columns inside dv.
+__device__ __forceinline__ void store_output(__nv_bfloat16* __restrict__ out, float (&qs)[8][4],
+                                             const uint32_t (&pa)[4][4], const __nv_bfloat16* sVn, int64_t t0, int L,
+                                             int nv, int dv, int h, int col0, int vcols, int warp, int lane,
+                                             int r_lo, int t4) {
+#pragma unroll
+  for (int kc = 0; kc < 4; ++kc) {
+    if (kc > warp) break;
+#pragma unroll
+    for (int np = 0; np < 4; ++np) {
+      uint32_t b[4];
+      ldmatrix_x4_trans(b, b_kn(sVn, kStride64, 16 * kc, 16 * np, lane));
+      mma_bf16(qs[2 * np], pa[kc], b[0], b[1]);
+      mma_bf16(qs[2 * np + 1], pa[kc], b[2], b[3]);
+    }
+  }
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    const int r = r_lo + 8 * hh;
+    if (r >= L) continue;
+    __nv_bfloat16* po = out + (t0 + r) * int64_t(nv) * dv + int64_t(h) * dv + col0;
+#pragma unroll
+    for (int n = 0; n < 8; ++n) {
+      const int c = 8 * n + 2 * t4;
+      if (c < vcols) store_bf16x2(po + c, qs[n][2 * hh], qs[n][2 * hh + 1]);
+    }
+  }
+}
+
+// (5) S = e^{G_last} S + K^T (rk e^{G_last - G} v_new) for the warp's dk rows; then its bf16 copy (every
+// warp finished reading sS in (1), before the barrier after (2)).
+template <int P>
+__device__ __forceinline__ void update_state(float (&S)[P / 64][8][4], __nv_bfloat16* sS, const __nv_bfloat16* sK,
+                                             const __nv_bfloat16* sVs, const float* sG, int warp, int lane, int gr,
+                                             int t4) {
+  constexpr int kMT = P / 64;
+  const float decay = __expf(sG[kChunk - 1]);
 #pragma unroll
   for (int mi = 0; mi < kMT; ++mi)
 #pragma unroll
     for (int n = 0; n < 8; ++n)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) S[mi][n][e] = 0.f;
-  for (int e = threadIdx.x; e < P * kStride64 / 8; e += kThreads)
-    reinterpret_cast<uint4*>(sS)[e] = make_uint4(0u, 0u, 0u, 0u);
-
-  const int r_lo = 16 * warp + gr;  // this thread's rows of the chunk: r_lo and r_lo + 8
-  for (int c0 = 0; c0 < len; c0 += kChunk) {
-    const int L = min(kChunk, len - c0);
-    const int64_t t0 = seq0 + c0;
-    const __nv_bfloat16* src = qkv + t0 * row;
-    load_tile<P>(sQ, src + int64_t(kh) * dk, row, L, dk, sRq, q_scale);
-    load_tile<P>(sK, src + int64_t(nk + kh) * dk, row, L, dk, sRk, 1.f);
-    load_tile<kChunk>(sX, xw + (t0 * nv + h) * kChunk, int64_t(nv) * kChunk, L, kChunk, nullptr, 0.f);
-    load_tile<kChunk>(sV, src + int64_t(2 * nk) * dk + int64_t(h) * dv + col0, row, L, vcols, nullptr, 0.f);
-    if (warp == 0) load_gates(sG, sBeta, g, beta, g_bf16, b_bf16, t0, L, nv, h);
-    __syncthreads();  // tiles, norms, gates, and sS from the previous chunk
-
-    // (1) K S and Q S for this warp's 16 rows (64 columns of the slice); the B fragments of S serve both.
-    float ks[8][4], qs[8][4];
+      for (int e = 0; e < 4; ++e) S[mi][n][e] *= decay;
 #pragma unroll
-    for (int n = 0; n < 8; ++n)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) ks[n][e] = qs[n][e] = 0.f;
-#pragma unroll
-    for (int kk = 0; kk < P / 16; ++kk) {
-      uint32_t ak[4], aq[4];
-      ldmatrix_x4(ak, a_rowmajor(sK, kRow, 16 * warp, 16 * kk, lane));
-      ldmatrix_x4(aq, a_rowmajor(sQ, kRow, 16 * warp, 16 * kk, lane));
-#pragma unroll
-      for (int np = 0; np < 4; ++np) {
-        uint32_t b[4];
-        ldmatrix_x4_trans(b, b_kn(sS, kStride64, 16 * kk, 16 * np, lane));
-        mma_bf16(ks[2 * np], ak, b[0], b[1]);
-        mma_bf16(ks[2 * np + 1], ak, b[2], b[3]);
-        mma_bf16(qs[2 * np], aq, b[0], b[1]);
-        mma_bf16(qs[2 * np + 1], aq, b[2], b[3]);
-      }
-    }
-    // R = beta (v - e^G rk K S) over v in place (each thread rewrites the elements it read); qs becomes the
-    // output accumulator e^G rq Q S.
-#pragma unroll
-    for (int hh = 0; hh < 2; ++hh) {
-      const int r = r_lo + 8 * hh;
-      const float eg = __expf(sG[r]), fk = eg * sRk[r], fq = eg * sRq[r], b = sBeta[r];
-#pragma unroll
-      for (int n = 0; n < 8; ++n) {
-        __nv_bfloat16* pv = sV + r * kStride64 + 8 * n + 2 * t4;
-        const float2 v = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(pv));
-        store_bf16x2(pv, b * (v.x - fk * ks[n][2 * hh]), b * (v.y - fk * ks[n][2 * hh + 1]));
-        qs[n][2 * hh] *= fq;
-        qs[n][2 * hh + 1] *= fq;
-      }
-    }
-
-    // (2) P = Q K^T with the decay and the causal mask (j <= r), as bf16 A fragments for (4).
-    uint32_t pa[4][4];
-    {
-      float p[8][4];
-#pragma unroll
-      for (int n = 0; n < 8; ++n)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) p[n][e] = 0.f;
-#pragma unroll
-      for (int kk = 0; kk < P / 16; ++kk) {
-        uint32_t aq[4];
-        ldmatrix_x4(aq, a_rowmajor(sQ, kRow, 16 * warp, 16 * kk, lane));
-#pragma unroll
-        for (int np = 0; np < 4; ++np) {
-          if (np > warp) break;
-          uint32_t b[4];
-          ldmatrix_x4(b, b_nk(sK, kRow, 16 * np, 16 * kk, lane));
-          mma_bf16(p[2 * np], aq, b[0], b[1]);
-          mma_bf16(p[2 * np + 1], aq, b[2], b[3]);
-        }
-      }
-#pragma unroll
-      for (int hh = 0; hh < 2; ++hh) {
-        const int r = r_lo + 8 * hh;
-        const float fr = sRq[r], Gr = sG[r];
-#pragma unroll
-        for (int n = 0; n < 8; ++n)
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const int j = 8 * n + 2 * t4 + e;
-            p[n][2 * hh + e] = j <= r ? fr * sRk[j] * __expf(Gr - sG[j]) * p[n][2 * hh + e] : 0.f;
-          }
-      }
-#pragma unroll
-      for (int kc = 0; kc < 4; ++kc) {
-        pa[kc][0] = pack_bf16(p[2 * kc][0], p[2 * kc][1]);
-        pa[kc][1] = pack_bf16(p[2 * kc][2], p[2 * kc][3]);
-        pa[kc][2] = pack_bf16(p[2 * kc + 1][0], p[2 * kc + 1][1]);
-        pa[kc][3] = pack_bf16(p[2 * kc + 1][2], p[2 * kc + 1][3]);
-      }
-    }
-    __syncthreads();  // R complete
-
-    // (3) v_new = X R for this warp's rows (X is lower triangular: only R rows up to this warp's last).
-    {
-      float vn[8][4];
-#pragma unroll
-      for (int n = 0; n < 8; ++n)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) vn[n][e] = 0.f;
-#pragma unroll
-      for (int kc = 0; kc < 4; ++kc) {
-        if (kc > warp) break;
-        uint32_t a[4];
-        ldmatrix_x4(a, a_rowmajor(sX, kStride64, 16 * warp, 16 * kc, lane));
-#pragma unroll
-        for (int np = 0; np < 4; ++np) {
-          uint32_t b[4];
-          ldmatrix_x4_trans(b, b_kn(sV, kStride64, 16 * kc, 16 * np, lane));
-          mma_bf16(vn[2 * np], a, b[0], b[1]);
-          mma_bf16(vn[2 * np + 1], a, b[2], b[3]);
-        }
-      }
-      const float G_last = sG[kChunk - 1];
-#pragma unroll
-      for (int hh = 0; hh < 2; ++hh) {
-        const int r = r_lo + 8 * hh;
-        const float fs = sRk[r] * __expf(G_last - sG[r]);
-#pragma unroll
-        for (int n = 0; n < 8; ++n) {
-          const int o = r * kStride64 + 8 * n + 2 * t4;
-          store_bf16x2(sVn + o, vn[n][2 * hh], vn[n][2 * hh + 1]);
-          store_bf16x2(sVs + o, fs * vn[n][2 * hh], fs * vn[n][2 * hh + 1]);
-        }
-      }
-    }
-    __syncthreads();  // v_new complete
-
-    // (4) out = e^G rq Q S + P v_new, rows r < L and columns inside dv.
-#pragma unroll
-    for (int kc = 0; kc < 4; ++kc) {
-      if (kc > warp) break;
-#pragma unroll
-      for (int np = 0; np < 4; ++np) {
-        uint32_t b[4];
-        ldmatrix_x4_trans(b, b_kn(sVn, kStride64, 16 * kc, 16 * np, lane));
-        mma_bf16(qs[2 * np], pa[kc], b[0], b[1]);
-        mma_bf16(qs[2 * np + 1], pa[kc], b[2], b[3]);
-      }
-    }
-#pragma unroll
-    for (int hh = 0; hh < 2; ++hh) {
-      const int r = r_lo + 8 * hh;
-      if (r >= L) continue;
-      __nv_bfloat16* po = out + (t0 + r) * int64_t(nv) * dv + int64_t(h) * dv + col0;
-#pragma unroll
-      for (int n = 0; n < 8; ++n) {
-        const int c = 8 * n + 2 * t4;
-        if (c < vcols) store_bf16x2(po + c, qs[n][2 * hh], qs[n][2 * hh + 1]);
-      }
-    }
-
-    // (5) S = e^{G_last} S + K^T (rk e^{G_last - G} v_new) for this warp's dk rows; then its bf16 copy
-    // (every warp finished reading sS in (1), before the barrier after (2)).
-    const float decay = __expf(sG[kChunk - 1]);
+  for (int kc = 0; kc < 4; ++kc) {
+    uint32_t a[kMT][4];
 #pragma unroll
     for (int mi = 0; mi < kMT; ++mi)
+      ldmatrix_x4_trans(a[mi], a_km(sK, P + 8, 16 * kc, 16 * (warp * kMT + mi), lane));
 #pragma unroll
-      for (int n = 0; n < 8; ++n)
+    for (int np = 0; np < 4; ++np) {
+      uint32_t b[4];
+      ldmatrix_x4_trans(b, b_kn(sVs, kStride64, 16 * kc, 16 * np, lane));
 #pragma unroll
-        for (int e = 0; e < 4; ++e) S[mi][n][e] *= decay;
-#pragma unroll
-    for (int kc = 0; kc < 4; ++kc) {
-      uint32_t a[kMT][4];
-#pragma unroll
-      for (int mi = 0; mi < kMT; ++mi)
-        ldmatrix_x4_trans(a[mi], a_km(sK, kRow, 16 * kc, 16 * (warp * kMT + mi), lane));
-#pragma unroll
-      for (int np = 0; np < 4; ++np) {
-        uint32_t b[4];
-        ldmatrix_x4_trans(b, b_kn(sVs, kStride64, 16 * kc, 16 * np, lane));
-#pragma unroll
-        for (int mi = 0; mi < kMT; ++mi) {
-          mma_bf16(S[mi][2 * np], a[mi], b[0], b[1]);
-          mma_bf16(S[mi][2 * np + 1], a[mi], b[2], b[3]);
-        }
+      for (int mi = 0; mi < kMT; ++mi) {
+        mma_bf16(S[mi][2 * np], a[mi], b[0], b[1]);
+        mma_bf16(S[mi][2 * np + 1], a[mi], b[2], b[3]);
       }
     }
-#pragma unroll
-    for (int mi = 0; mi < kMT; ++mi)
-#pragma unroll
-      for (int hh = 0; hh < 2; ++hh) {
-        const int r = 16 * (warp * kMT + mi) + gr + 8 * hh;
-#pragma unroll
-        for (int n = 0; n < 8; ++n)
-          store_bf16x2(sS + r * kStride64 + 8 * n + 2 * t4, S[mi][n][2 * hh], S[mi][n][2 * hh + 1]);
-      }
-    __syncthreads();  // sS written; every tile read before the next chunk's loads overwrite it
   }
+#pragma unroll
+  for (int mi = 0; mi < kMT; ++mi)
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      const int r = 16 * (warp * kMT + mi) + gr + 8 * hh;
+#pragma unroll
+      for (int n = 0; n < 8; ++n)
+        store_bf16x2(sS + r * kStride64 + 8 * n + 2 * t4, S[mi][n][2 * hh], S[mi][n][2 * hh + 1]);
+    }
+}
 
-  if (s != nseq - 1) return;
-  // The last sequence leaves its final state in `state` (zero when the sequence is empty), as the CPU does.
+// The final state of the last sequence into `state` (zero when the sequence is empty), as the CPU leaves it.
+template <int P>
+__device__ __forceinline__ void store_final_state(float* __restrict__ state, const float (&S)[P / 64][8][4], int h,
+                                                  int dk, int dv, int col0, int vcols, int warp, int gr, int t4) {
+  constexpr int kMT = P / 64;
 #pragma unroll
   for (int mi = 0; mi < kMT; ++mi)
 #pragma unroll
@@ -608,12 +615,69 @@ __global__ void __launch_bounds__(kThreads, 2)
     }
 }
 
-template <int P> struct PipeSmem {
-  static constexpr size_t kQK = size_t(kChunk) * (P + 8) * 2;  // sQ, and each of the two sK stages
-  static constexpr size_t k64 = size_t(kChunk) * kStride64 * 2;  // one of sX, sV, sVn, sVs
-  static constexpr size_t kS = size_t(P) * kStride64 * 2;
-  static constexpr size_t kBytes = 3 * kQK + 4 * k64 + kS + 6 * kChunk * 4;  // + sG, sBeta x 2 stages, sRq, sRk
-};
+// One block per (sequence, value head, 64-column slice of dv): the chunks of the sequence in order, each
+// chunk's tiles loaded synchronously (the row norms reduced on the way in), 4 barriers per chunk.
+template <int P>
+__global__ void __launch_bounds__(kThreads, 2)
+    gdr_chunk_scan_kernel(__nv_bfloat16* __restrict__ out, float* __restrict__ state,
+                          const __nv_bfloat16* __restrict__ qkv, const __nv_bfloat16* __restrict__ xw, const void* g,
+                          const void* beta, bool g_bf16, bool b_bf16, const int32_t* __restrict__ cu, int nseq,
+                          int nk, int dk, int nv, int dv, int slices, int64_t row, float q_scale) {
+  constexpr int kRow = P + 8;
+  extern __shared__ __align__(16) unsigned char smem[];
+  __nv_bfloat16* sQ = reinterpret_cast<__nv_bfloat16*>(smem);  // [64][P + 8] raw q
+  __nv_bfloat16* sK = sQ + kChunk * kRow;                      // [64][P + 8] raw k
+  __nv_bfloat16* sX = sK + kChunk * kRow;                      // [64][72] X
+  __nv_bfloat16* sV = sX + kChunk * kStride64;                 // [64][72] v, then R in place
+  __nv_bfloat16* sVn = sV + kChunk * kStride64;                // [64][72] v_new
+  __nv_bfloat16* sVs = sVn + kChunk * kStride64;               // [64][72] rk e^{G_last-G} v_new
+  __nv_bfloat16* sS = sVs + kChunk * kStride64;                // [P][72] bf16 state
+  float* sG = reinterpret_cast<float*>(sS + P * kStride64);
+  float* sBeta = sG + kChunk;
+  float* sRq = sBeta + kChunk;
+  float* sRk = sRq + kChunk;
+
+  const auto [s, h, kh, col0, vcols, seq0, len] = scan_block(cu, nk, nv, dv, slices);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gr = lane / 4, t4 = lane % 4;
+
+  float S[P / 64][8][4];
+  zero_state<P>(S, sS);
+  const int r_lo = 16 * warp + gr;  // this thread's rows of the chunk: r_lo and r_lo + 8
+  for (int c0 = 0; c0 < len; c0 += kChunk) {
+    const int L = min(kChunk, len - c0);
+    const int64_t t0 = seq0 + c0;
+    const __nv_bfloat16* src = qkv + t0 * row;
+    load_tile<P>(sQ, src + int64_t(kh) * dk, row, L, dk, sRq, q_scale);
+    load_tile<P>(sK, src + int64_t(nk + kh) * dk, row, L, dk, sRk, 1.f);
+    load_tile<kChunk>(sX, xw + (t0 * nv + h) * kChunk, int64_t(nv) * kChunk, L, kChunk, nullptr, 0.f);
+    load_tile<kChunk>(sV, src + int64_t(2 * nk) * dk + int64_t(h) * dv + col0, row, L, vcols, nullptr, 0.f);
+    if (warp == 0) load_gates(sG, sBeta, g, beta, g_bf16, b_bf16, t0, L, nv, h);
+    __syncthreads();  // tiles, norms, gates, and sS from the previous chunk
+
+    float ks[8][4], qs[8][4];
+    state_products<P>(ks, qs, sQ, sK, sS, warp, lane);  // (1)
+    residual_in_place(sV, ks, qs, sG, sBeta, sRq, sRk, r_lo, t4);
+    uint32_t pa[4][4];
+    {  // (2)
+      float p[8][4];
+      causal_rows_nk<P>(p, sQ, sK, warp, lane);
+      mask_qk<true>(pa, p, sG, sRq, sRk, r_lo, t4);
+    }
+    __syncthreads();  // R complete
+
+    {  // (3)
+      float vn[8][4];
+      x_times_r(vn, sX, sV, warp, lane);
+      store_v_new<false>(sVn, sVs, vn, sG, sRk, r_lo, t4);
+    }
+    __syncthreads();  // v_new complete
+
+    store_output(out, qs, pa, sVn, t0, L, nv, dv, h, col0, vcols, warp, lane, r_lo, t4);  // (4)
+    update_state<P>(S, sS, sK, sVs, sG, warp, lane, gr, t4);                            // (5)
+    __syncthreads();  // sS written; every tile read before the next chunk's loads overwrite it
+  }
+  if (s == nseq - 1) store_final_state<P>(state, S, h, dk, dv, col0, vcols, warp, gr, t4);
+}
 
 // gdr_chunk_scan_kernel with the next chunk's tiles loaded by cp.async while the current one computes.
 // Which warps read what decides where each load can go:
@@ -639,7 +703,6 @@ __global__ void __launch_bounds__(kThreads, 2)
                                     const int32_t* __restrict__ cu, int nseq, int nk, int dk, int nv, int dv,
                                     int slices, int64_t row, float q_scale) {
   constexpr int kRow = P + 8;
-  constexpr int kMT = P / 64;
   extern __shared__ __align__(16) unsigned char smem[];
   __nv_bfloat16* sQ = reinterpret_cast<__nv_bfloat16*>(smem);  // [64][P + 8] raw q
   __nv_bfloat16* sKb = sQ + kChunk * kRow;                     // 2 x [64][P + 8] raw k
@@ -653,11 +716,8 @@ __global__ void __launch_bounds__(kThreads, 2)
   float* sRq = sBb + 2 * kChunk;
   float* sRk = sRq + kChunk;
 
-  const int s = blockIdx.x, h = blockIdx.y / slices, slice = blockIdx.y % slices, kh = h / (nv / nk);
+  const auto [s, h, kh, col0, vcols, seq0, len] = scan_block(cu, nk, nv, dv, slices);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gr = lane / 4, t4 = lane % 4;
-  const int col0 = slice * kBV, vcols = min(kBV, dv - col0);
-  const int64_t seq0 = cu[s];
-  const int len = cu[s + 1] - cu[s];
   const int64_t ldx = int64_t(nv) * kChunk;
   const __nv_bfloat16* qsrc = qkv + int64_t(kh) * dk;
   const __nv_bfloat16* ksrc = qkv + int64_t(nk + kh) * dk;
@@ -665,16 +725,8 @@ __global__ void __launch_bounds__(kThreads, 2)
   const __nv_bfloat16* xsrc = xw + int64_t(h) * kChunk;
   const int w0 = 16 * warp;  // this warp's rows of the chunk
 
-  float S[kMT][8][4];
-#pragma unroll
-  for (int mi = 0; mi < kMT; ++mi)
-#pragma unroll
-    for (int n = 0; n < 8; ++n)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) S[mi][n][e] = 0.f;
-  for (int e = threadIdx.x; e < P * kStride64 / 8; e += kThreads)
-    reinterpret_cast<uint4*>(sS)[e] = make_uint4(0u, 0u, 0u, 0u);
-
+  float S[P / 64][8][4];
+  zero_state<P>(S, sS);
   if (len > 0) {  // the first chunk's groups: K, Q, X, V; its gates
     const int L = min(kChunk, len);
     async_rows<P, kChunk, kThreads>(sKb, ksrc + seq0 * row, row, 0, L, dk, threadIdx.x);
@@ -688,7 +740,9 @@ __global__ void __launch_bounds__(kThreads, 2)
     if (warp == 0) store_gates(sGb, sBb, fetch_gates(g, beta, g_bf16, b_bf16, seq0, L, nv, h));
   }
 
-  const int r_lo = w0 + gr;  // this thread's rows of the chunk: r_lo and r_lo + 8
+  // This thread's rows of the chunk: r_lo and r_lo + 8. Declared after the first chunk's loads: above
+  // them, ptxas gives this kernel a 64-byte stack frame at P = 128 (see the phases' comment).
+  const int r_lo = w0 + gr;
   for (int c0 = 0, it = 0; c0 < len; c0 += kChunk, ++it) {
     const int L = min(kChunk, len - c0);
     const int64_t t0 = seq0 + c0, t1 = t0 + kChunk;
@@ -727,209 +781,39 @@ __global__ void __launch_bounds__(kThreads, 2)
       }
     }
 
-    // (1) K S and Q S for this warp's 16 rows (64 columns of the slice); the B fragments of S serve both.
     float ks[8][4], qs[8][4];
-#pragma unroll
-    for (int n = 0; n < 8; ++n)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) ks[n][e] = qs[n][e] = 0.f;
-#pragma unroll
-    for (int kk = 0; kk < P / 16; ++kk) {
-      uint32_t ak[4], aq[4];
-      ldmatrix_x4(ak, a_rowmajor(sK, kRow, w0, 16 * kk, lane));
-      ldmatrix_x4(aq, a_rowmajor(sQ, kRow, w0, 16 * kk, lane));
-#pragma unroll
-      for (int np = 0; np < 4; ++np) {
-        uint32_t b[4];
-        ldmatrix_x4_trans(b, b_kn(sS, kStride64, 16 * kk, 16 * np, lane));
-        mma_bf16(ks[2 * np], ak, b[0], b[1]);
-        mma_bf16(ks[2 * np + 1], ak, b[2], b[3]);
-        mma_bf16(qs[2 * np], aq, b[0], b[1]);
-        mma_bf16(qs[2 * np + 1], aq, b[2], b[3]);
-      }
-    }
+    state_products<P>(ks, qs, sQ, sK, sS, warp, lane);  // (1)
     cp_async_wait<1>();  // this warp's X and V rows have landed (only K(next) may be in flight)
     __syncwarp();        // ... for every lane of the warp, as have the norms
-    // R = beta (v - e^G rk K S) over v in place; qs becomes the output accumulator e^G rq Q S.
-#pragma unroll
-    for (int hh = 0; hh < 2; ++hh) {
-      const int r = r_lo + 8 * hh;
-      const float eg = __expf(sG[r]), fk = eg * sRk[r], fq = eg * sRq[r], b = sBeta[r];
-#pragma unroll
-      for (int n = 0; n < 8; ++n) {
-        __nv_bfloat16* pv = sV + r * kStride64 + 8 * n + 2 * t4;
-        const float2 v = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(pv));
-        store_bf16x2(pv, b * (v.x - fk * ks[n][2 * hh]), b * (v.y - fk * ks[n][2 * hh + 1]));
-        qs[n][2 * hh] *= fq;
-        qs[n][2 * hh + 1] *= fq;
-      }
-    }
-
-    // (2) rq_r e^{G_r - G_j} (q_r . k_j) for j <= r (rk_j is in sVn), as bf16 A fragments for (4).
+    residual_in_place(sV, ks, qs, sG, sBeta, sRq, sRk, r_lo, t4);
     uint32_t pa[4][4];
-    {
-      float pm[8][4];
-#pragma unroll
-      for (int n = 0; n < 8; ++n)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) pm[n][e] = 0.f;
-#pragma unroll
-      for (int kk = 0; kk < P / 16; ++kk) {
-        uint32_t aq[4];
-        ldmatrix_x4(aq, a_rowmajor(sQ, kRow, w0, 16 * kk, lane));
-#pragma unroll
-        for (int np = 0; np < 4; ++np) {
-          if (np > warp) break;
-          uint32_t b[4];
-          ldmatrix_x4(b, b_nk(sK, kRow, 16 * np, 16 * kk, lane));
-          mma_bf16(pm[2 * np], aq, b[0], b[1]);
-          mma_bf16(pm[2 * np + 1], aq, b[2], b[3]);
-        }
-      }
-#pragma unroll
-      for (int hh = 0; hh < 2; ++hh) {
-        const int r = r_lo + 8 * hh;
-        const float fr = sRq[r], Gr = sG[r];
-#pragma unroll
-        for (int n = 0; n < 8; ++n)
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const int j = 8 * n + 2 * t4 + e;
-            pm[n][2 * hh + e] = j <= r ? fr * __expf(Gr - sG[j]) * pm[n][2 * hh + e] : 0.f;
-          }
-      }
-#pragma unroll
-      for (int kc = 0; kc < 4; ++kc) {
-        pa[kc][0] = pack_bf16(pm[2 * kc][0], pm[2 * kc][1]);
-        pa[kc][1] = pack_bf16(pm[2 * kc][2], pm[2 * kc][3]);
-        pa[kc][2] = pack_bf16(pm[2 * kc + 1][0], pm[2 * kc + 1][1]);
-        pa[kc][3] = pack_bf16(pm[2 * kc + 1][2], pm[2 * kc + 1][3]);
-      }
+    {  // (2), rk_j left to sVn
+      float p[8][4];
+      causal_rows_nk<P>(p, sQ, sK, warp, lane);
+      mask_qk<false>(pa, p, sG, sRq, sRk, r_lo, t4);
     }
     __syncwarp();  // every lane's reads of this warp's Q rows are done: the next chunk's go in
     if (L1 > 0) async_rows<P, 16, 32>(sQ, qsrc + t1 * row, row, w0, L1, dk, lane);
     cp_async_commit();
     __syncthreads();  // R complete
 
-    // (3) v_new = X R for this warp's rows (X is lower triangular: only R rows up to this warp's last).
-    {
+    {  // (3)
       float vn[8][4];
-#pragma unroll
-      for (int n = 0; n < 8; ++n)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) vn[n][e] = 0.f;
-#pragma unroll
-      for (int kc = 0; kc < 4; ++kc) {
-        if (kc > warp) break;
-        uint32_t a[4];
-        ldmatrix_x4(a, a_rowmajor(sX, kStride64, w0, 16 * kc, lane));
-#pragma unroll
-        for (int np = 0; np < 4; ++np) {
-          uint32_t b[4];
-          ldmatrix_x4_trans(b, b_kn(sV, kStride64, 16 * kc, 16 * np, lane));
-          mma_bf16(vn[2 * np], a, b[0], b[1]);
-          mma_bf16(vn[2 * np + 1], a, b[2], b[3]);
-        }
-      }
+      x_times_r(vn, sX, sV, warp, lane);
       __syncwarp();  // this warp's X rows are read: the next chunk's go in
       if (L1 > 0) async_rows<kChunk, 16, 32>(sX, xsrc + t1 * ldx, ldx, w0, L1, kChunk, lane);
       cp_async_commit();
-      const float G_last = sG[kChunk - 1];
-#pragma unroll
-      for (int hh = 0; hh < 2; ++hh) {
-        const int r = r_lo + 8 * hh;
-        const float fn = sRk[r], fs = fn * __expf(G_last - sG[r]);
-#pragma unroll
-        for (int n = 0; n < 8; ++n) {
-          const int o = r * kStride64 + 8 * n + 2 * t4;
-          store_bf16x2(sVn + o, fn * vn[n][2 * hh], fn * vn[n][2 * hh + 1]);
-          store_bf16x2(sVs + o, fs * vn[n][2 * hh], fs * vn[n][2 * hh + 1]);
-        }
-      }
+      store_v_new<true>(sVn, sVs, vn, sG, sRk, r_lo, t4);
     }
     __syncthreads();  // v_new complete; every read of R (sV) done
     if (L1 > 0) async_rows<kChunk, 16, 32>(sV, vsrc + t1 * row, row, w0, L1, vcols, lane);
     cp_async_commit();
 
-    // (4) out = e^G rq Q S + P (rk v_new), rows r < L and columns inside dv.
-#pragma unroll
-    for (int kc = 0; kc < 4; ++kc) {
-      if (kc > warp) break;
-#pragma unroll
-      for (int np = 0; np < 4; ++np) {
-        uint32_t b[4];
-        ldmatrix_x4_trans(b, b_kn(sVn, kStride64, 16 * kc, 16 * np, lane));
-        mma_bf16(qs[2 * np], pa[kc], b[0], b[1]);
-        mma_bf16(qs[2 * np + 1], pa[kc], b[2], b[3]);
-      }
-    }
-#pragma unroll
-    for (int hh = 0; hh < 2; ++hh) {
-      const int r = r_lo + 8 * hh;
-      if (r >= L) continue;
-      __nv_bfloat16* po = out + (t0 + r) * int64_t(nv) * dv + int64_t(h) * dv + col0;
-#pragma unroll
-      for (int n = 0; n < 8; ++n) {
-        const int c = 8 * n + 2 * t4;
-        if (c < vcols) store_bf16x2(po + c, qs[n][2 * hh], qs[n][2 * hh + 1]);
-      }
-    }
-
-    // (5) S = e^{G_last} S + K^T (rk e^{G_last - G} v_new) for this warp's dk rows; then its bf16 copy
-    // (every warp finished reading sS in (1), before the barrier after (2)).
-    const float decay = __expf(sG[kChunk - 1]);
-#pragma unroll
-    for (int mi = 0; mi < kMT; ++mi)
-#pragma unroll
-      for (int n = 0; n < 8; ++n)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) S[mi][n][e] *= decay;
-#pragma unroll
-    for (int kc = 0; kc < 4; ++kc) {
-      uint32_t a[kMT][4];
-#pragma unroll
-      for (int mi = 0; mi < kMT; ++mi)
-        ldmatrix_x4_trans(a[mi], a_km(sK, kRow, 16 * kc, 16 * (warp * kMT + mi), lane));
-#pragma unroll
-      for (int np = 0; np < 4; ++np) {
-        uint32_t b[4];
-        ldmatrix_x4_trans(b, b_kn(sVs, kStride64, 16 * kc, 16 * np, lane));
-#pragma unroll
-        for (int mi = 0; mi < kMT; ++mi) {
-          mma_bf16(S[mi][2 * np], a[mi], b[0], b[1]);
-          mma_bf16(S[mi][2 * np + 1], a[mi], b[2], b[3]);
-        }
-      }
-    }
-#pragma unroll
-    for (int mi = 0; mi < kMT; ++mi)
-#pragma unroll
-      for (int hh = 0; hh < 2; ++hh) {
-        const int r = 16 * (warp * kMT + mi) + gr + 8 * hh;
-#pragma unroll
-        for (int n = 0; n < 8; ++n)
-          store_bf16x2(sS + r * kStride64 + 8 * n + 2 * t4, S[mi][n][2 * hh], S[mi][n][2 * hh + 1]);
-      }
+    store_output(out, qs, pa, sVn, t0, L, nv, dv, h, col0, vcols, warp, lane, r_lo, t4);  // (4), P (rk v_new)
+    update_state<P>(S, sS, sK, sVs, sG, warp, lane, gr, t4);                            // (5)
     if (warp == 0 && L1 > 0) store_gates(sGb + (p ^ 1) * kChunk, sBb + (p ^ 1) * kChunk, ng);
   }
-
-  if (s != nseq - 1) return;
-  // The last sequence leaves its final state in `state` (zero when the sequence is empty), as the CPU does.
-#pragma unroll
-  for (int mi = 0; mi < kMT; ++mi)
-#pragma unroll
-    for (int hh = 0; hh < 2; ++hh) {
-      const int r = 16 * (warp * kMT + mi) + gr + 8 * hh;
-      if (r >= dk) continue;
-      float* ps = state + (int64_t(h) * dk + r) * dv + col0;
-#pragma unroll
-      for (int n = 0; n < 8; ++n)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int c = 8 * n + 2 * t4 + e;
-          if (c < vcols) ps[c] = S[mi][n][2 * hh + e];
-        }
-    }
+  if (s == nseq - 1) store_final_state<P>(state, S, h, dk, dv, col0, vcols, warp, gr, t4);
 }
 
 // The device's opt-in shared memory per block (227 KB on sm_90 and sm_100, 99 KB on sm_120), once per device.
@@ -957,7 +841,7 @@ GdrScan scan_choice() {
 template <int P>
 void launch(const Ctx& ctx, int device, const Tensor& out, const Tensor& state, const Tensor& qkv, const Tensor& g,
             const Tensor& beta, const Tensor& cu_seqlens, const Tensor& workspace, const ops::GdnHeads& hd, int nseq) {
-  constexpr size_t kPrep = PrepSmem<P>::kBytes, kScan = ScanSmem<P>::kBytes, kPipe = PipeSmem<P>::kBytes;
+  constexpr size_t kPrep = PrepSmem<P>::kBytes, kScan = SyncSmem<P>::kBytes, kPipe = PipeSmem<P>::kBytes;
   static_assert(kScan <= 99 * 1024 && kPrep <= 99 * 1024, "shared memory must fit sm_120's 99 KB per block");
   static_assert(2 * (kPipe + 1024) <= 228 * 1024, "the pipelined scan keeps 2 blocks per SM on sm_90 / sm_100");
   const size_t smem = static_cast<size_t>(max_smem_per_block(device));
