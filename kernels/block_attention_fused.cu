@@ -168,21 +168,75 @@ __device__ __forceinline__ int bn_col(int l) { return ((l >> 3) & 1) << 3; }
 __device__ __forceinline__ int bt_row(int l) { return (l & 7) + (((l >> 3) & 1) << 3); }
 __device__ __forceinline__ int bt_col(int l) { return (l >> 4) << 3; }
 
+// The k-steps the products below are made of (k: a 16-wide step of the reduced dimension). The products
+// interleave them differently, so they are built from these rather than from each other.
+// acc[0..NT) += a · Bs^T over k-step k: a the A fragment [16 x 16], Bs [n][k] row-major (n = 8·NT rows,
+// row stride LDB).
+template <int NT, int LDB>
+__device__ __forceinline__ void mma_step_nk(float (&acc)[NT][4], const uint32_t (&a)[4], const bf16* Bs, int k,
+                                            int lane) {
+#pragma unroll
+  for (int np = 0; np < NT / 2; ++np) {
+    uint32_t b[4];
+    ldsm_x4(b, Bs + (16 * np + bn_row(lane)) * LDB + 16 * k + bn_col(lane));
+    mma16816(acc[2 * np], a, b[0], b[1]);
+    mma16816(acc[2 * np + 1], a, b[2], b[3]);
+  }
+}
+// The same with A [16 rows x 16·KS] from row-major [m][k] storage at As (row stride LDA).
+template <int NT, int LDA, int LDB>
+__device__ __forceinline__ void mma_step_nk(float (&acc)[NT][4], const bf16* As, const bf16* Bs, int k, int lane) {
+  uint32_t a[4];
+  ldsm_x4(a, As + a_row(lane) * LDA + 16 * k + a_col(lane));
+  mma_step_nk<NT, LDB>(acc, a, Bs, k, lane);
+}
+// acc0 += A0 · B0^T and acc1 += A1 · B1^T over k-step k (all [..][k] row-major, row stride LD), their mma
+// interleaved.
+template <int NT, int LD>
+__device__ __forceinline__ void mma_step_nk2(float (&acc0)[NT][4], float (&acc1)[NT][4], const bf16* A0, const bf16* B0,
+                                             const bf16* A1, const bf16* B1, int k, int lane) {
+  uint32_t a0[4], a1[4];
+  ldsm_x4(a0, A0 + a_row(lane) * LD + 16 * k + a_col(lane));
+  ldsm_x4(a1, A1 + a_row(lane) * LD + 16 * k + a_col(lane));
+#pragma unroll
+  for (int np = 0; np < NT / 2; ++np) {
+    uint32_t b0[4], b1[4];
+    ldsm_x4(b0, B0 + (16 * np + bn_row(lane)) * LD + 16 * k + bn_col(lane));
+    ldsm_x4(b1, B1 + (16 * np + bn_row(lane)) * LD + 16 * k + bn_col(lane));
+    mma16816(acc0[2 * np], a0, b0[0], b0[1]);
+    mma16816(acc1[2 * np], a1, b1[0], b1[1]);
+    mma16816(acc0[2 * np + 1], a0, b0[2], b0[3]);
+    mma16816(acc1[2 * np + 1], a1, b1[2], b1[3]);
+  }
+}
+// acc n-tiles 2·np, 2·np + 1 += f · Cs over k-step k, Cs [k][n] row-major (row stride LDC).
+template <int LDC, int DT>
+__device__ __forceinline__ void mma_step_kn(float (&acc)[DT][4], const uint32_t (&f)[4], const bf16* Cs, int k, int np,
+                                            int lane) {
+  uint32_t c[4];
+  ldsm_x4_t(c, Cs + (16 * k + bt_row(lane)) * LDC + 16 * np + bt_col(lane));
+  mma16816(acc[2 * np], f, c[0], c[1]);
+  mma16816(acc[2 * np + 1], f, c[2], c[3]);
+}
+// The same for two products at once, their mma interleaved.
+template <int LDC, int DT>
+__device__ __forceinline__ void mma_step_kn2(float (&acc0)[DT][4], const uint32_t (&f0)[4], const bf16* C0,
+                                             float (&acc1)[DT][4], const uint32_t (&f1)[4], const bf16* C1, int k,
+                                             int np, int lane) {
+  uint32_t c0[4], c1[4];
+  ldsm_x4_t(c0, C0 + (16 * k + bt_row(lane)) * LDC + 16 * np + bt_col(lane));
+  ldsm_x4_t(c1, C1 + (16 * k + bt_row(lane)) * LDC + 16 * np + bt_col(lane));
+  mma16816(acc0[2 * np], f0, c0[0], c0[1]);
+  mma16816(acc1[2 * np], f1, c1[0], c1[1]);
+  mma16816(acc0[2 * np + 1], f0, c0[2], c0[3]);
+  mma16816(acc1[2 * np + 1], f1, c1[2], c1[3]);
+}
+
 // acc[0..NT) (n-tiles of 8 columns) += A[16 rows at As, K=16·KS] · Bs^T where Bs is [n][k] row-major (n = 8·NT rows)
 template <int KS, int NT, int LDA, int LDB>
 __device__ __forceinline__ void mma_rows_nk(float (&acc)[NT][4], const bf16* As, const bf16* Bs, int lane) {
 #pragma unroll
-  for (int k = 0; k < KS; ++k) {
-    uint32_t a[4];
-    ldsm_x4(a, As + a_row(lane) * LDA + 16 * k + a_col(lane));
-#pragma unroll
-    for (int np = 0; np < NT / 2; ++np) {
-      uint32_t b[4];
-      ldsm_x4(b, Bs + (16 * np + bn_row(lane)) * LDB + 16 * k + bn_col(lane));
-      mma16816(acc[2 * np], a, b[0], b[1]);
-      mma16816(acc[2 * np + 1], a, b[2], b[3]);
-    }
-  }
+  for (int k = 0; k < KS; ++k) mma_step_nk<NT, LDA, LDB>(acc, As, Bs, k, lane);
 }
 // acc0 += A0 · B0^T and acc1 += A1 · B1^T (layouts as mma_rows_nk) in one k loop: the two products' mma
 // chains interleave, twice the independent accumulators per k-step of two mma_rows_nk calls.
@@ -190,35 +244,15 @@ template <int KS, int NT, int LD>
 __device__ __forceinline__ void mma_rows_nk2(float (&acc0)[NT][4], float (&acc1)[NT][4], const bf16* A0, const bf16* B0,
                                              const bf16* A1, const bf16* B1, int lane) {
 #pragma unroll
-  for (int k = 0; k < KS; ++k) {
-    uint32_t a0[4], a1[4];
-    ldsm_x4(a0, A0 + a_row(lane) * LD + 16 * k + a_col(lane));
-    ldsm_x4(a1, A1 + a_row(lane) * LD + 16 * k + a_col(lane));
-#pragma unroll
-    for (int np = 0; np < NT / 2; ++np) {
-      uint32_t b0[4], b1[4];
-      ldsm_x4(b0, B0 + (16 * np + bn_row(lane)) * LD + 16 * k + bn_col(lane));
-      ldsm_x4(b1, B1 + (16 * np + bn_row(lane)) * LD + 16 * k + bn_col(lane));
-      mma16816(acc0[2 * np], a0, b0[0], b0[1]);
-      mma16816(acc1[2 * np], a1, b1[0], b1[1]);
-      mma16816(acc0[2 * np + 1], a0, b0[2], b0[3]);
-      mma16816(acc1[2 * np + 1], a1, b1[2], b1[3]);
-    }
-  }
+  for (int k = 0; k < KS; ++k) mma_step_nk2<NT, LD>(acc0, acc1, A0, B0, A1, B1, k, lane);
 }
 // acc[0..NT) += Pf (A fragments over K = 16·KS, in registers) · Bs where Bs is [k][n] row-major
 template <int KS, int NT, int LDB>
 __device__ __forceinline__ void mma_regs_kn(float (&acc)[NT][4], const uint32_t (&Pf)[KS][4], const bf16* Bs, int lane) {
 #pragma unroll
-  for (int k = 0; k < KS; ++k) {
+  for (int k = 0; k < KS; ++k)
 #pragma unroll
-    for (int np = 0; np < NT / 2; ++np) {
-      uint32_t b[4];
-      ldsm_x4_t(b, Bs + (16 * k + bt_row(lane)) * LDB + 16 * np + bt_col(lane));
-      mma16816(acc[2 * np], Pf[k], b[0], b[1]);
-      mma16816(acc[2 * np + 1], Pf[k], b[2], b[3]);
-    }
-  }
+    for (int np = 0; np < NT / 2; ++np) mma_step_kn<LDB>(acc, Pf[k], Bs, k, np, lane);
 }
 // Accumulators of 2·KS n-tiles (16 x 8 each, fp32) as the bf16 A fragments of KS k-steps.
 template <int KS> __device__ __forceinline__ void to_a_frags(uint32_t (&f)[KS][4], const float (&acc)[2 * KS][4]) {
@@ -362,14 +396,7 @@ template <int HD> __global__ void __launch_bounds__(Plan<HD>::kThreads) fused_fo
       for (int nt = 0; nt < NT; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
       if constexpr (P::kQInRegs) {
 #pragma unroll
-        for (int k = 0; k < KS; ++k)
-#pragma unroll
-          for (int np = 0; np < NT / 2; ++np) {
-            uint32_t b[4];
-            ldsm_x4(b, Ks + (16 * np + bn_row(lane)) * LD + 16 * k + bn_col(lane));
-            mma16816(s[2 * np], qf[k], b[0], b[1]);
-            mma16816(s[2 * np + 1], qf[k], b[2], b[3]);
-          }
+        for (int k = 0; k < KS; ++k) mma_step_nk<NT, LD>(s, qf[k], Ks, k, lane);  // S = Q K^T, Q in registers
       } else {
         mma_rows_nk<KS, NT, LD, LD>(s, Qs + 16 * w * LD, Ks, lane);  // S = Q K^T, Q re-read from shared memory
       }
@@ -632,28 +659,14 @@ __device__ __forceinline__ bool key_visible(const FusedArgs& p, const int* rowo,
 template <int KS, int NT, int KA, int DT, int LD, bool ACC>
 __device__ __forceinline__ void mma_nk_with_kn(float (&s)[NT][4], const bf16* As, const bf16* Bs, float (&acc)[DT][4],
                                                const uint32_t (&F)[KA][4], const bf16* Cs, int lane) {
-  constexpr int ITEMS = KA * (DT / 2), PER = (ITEMS + KS - 1) / KS;
+  constexpr int ITEMS = KA * (DT / 2), PER = (ITEMS + KS - 1) / KS;  // (k-step, n-tile pair) items of F · C
 #pragma unroll
   for (int k = 0; k < KS; ++k) {
-    uint32_t a[4];
-    ldsm_x4(a, As + a_row(lane) * LD + 16 * k + a_col(lane));
-#pragma unroll
-    for (int np = 0; np < NT / 2; ++np) {
-      uint32_t b[4];
-      ldsm_x4(b, Bs + (16 * np + bn_row(lane)) * LD + 16 * k + bn_col(lane));
-      mma16816(s[2 * np], a, b[0], b[1]);
-      mma16816(s[2 * np + 1], a, b[2], b[3]);
-    }
+    mma_step_nk<NT, LD, LD>(s, As, Bs, k, lane);
     if constexpr (ACC) {
 #pragma unroll
-      for (int j = k * PER; j < (k + 1) * PER; ++j) {
-        if (j >= ITEMS) break;
-        const int ka = j / (DT / 2), np = j % (DT / 2);
-        uint32_t c[4];
-        ldsm_x4_t(c, Cs + (16 * ka + bt_row(lane)) * LD + 16 * np + bt_col(lane));
-        mma16816(acc[2 * np], F[ka], c[0], c[1]);
-        mma16816(acc[2 * np + 1], F[ka], c[2], c[3]);
-      }
+      for (int j = k * PER; j < (k + 1) * PER && j < ITEMS; ++j)
+        mma_step_kn<LD>(acc, F[j / (DT / 2)], Cs, j / (DT / 2), j % (DT / 2), lane);
     }
   }
 }
@@ -666,32 +679,11 @@ __device__ __forceinline__ void mma_nk2_with_kn2(float (&s0)[NT][4], const bf16*
   constexpr int ITEMS = KA * (DT / 2), PER = (ITEMS + KS - 1) / KS;
 #pragma unroll
   for (int k = 0; k < KS; ++k) {
-    uint32_t a0[4], a1[4];
-    ldsm_x4(a0, A0 + a_row(lane) * LD + 16 * k + a_col(lane));
-    ldsm_x4(a1, A1 + a_row(lane) * LD + 16 * k + a_col(lane));
-#pragma unroll
-    for (int np = 0; np < NT / 2; ++np) {
-      uint32_t b0[4], b1[4];
-      ldsm_x4(b0, B0 + (16 * np + bn_row(lane)) * LD + 16 * k + bn_col(lane));
-      ldsm_x4(b1, B1 + (16 * np + bn_row(lane)) * LD + 16 * k + bn_col(lane));
-      mma16816(s0[2 * np], a0, b0[0], b0[1]);
-      mma16816(s1[2 * np], a1, b1[0], b1[1]);
-      mma16816(s0[2 * np + 1], a0, b0[2], b0[3]);
-      mma16816(s1[2 * np + 1], a1, b1[2], b1[3]);
-    }
+    mma_step_nk2<NT, LD>(s0, s1, A0, B0, A1, B1, k, lane);
     if constexpr (ACC) {
 #pragma unroll
-      for (int j = k * PER; j < (k + 1) * PER; ++j) {
-        if (j >= ITEMS) break;
-        const int ka = j / (DT / 2), np = j % (DT / 2);
-        uint32_t c0[4], c1[4];
-        ldsm_x4_t(c0, C0 + (16 * ka + bt_row(lane)) * LD + 16 * np + bt_col(lane));
-        ldsm_x4_t(c1, C1 + (16 * ka + bt_row(lane)) * LD + 16 * np + bt_col(lane));
-        mma16816(acc0[2 * np], F0[ka], c0[0], c0[1]);
-        mma16816(acc1[2 * np], F1[ka], c1[0], c1[1]);
-        mma16816(acc0[2 * np + 1], F0[ka], c0[2], c0[3]);
-        mma16816(acc1[2 * np + 1], F1[ka], c1[2], c1[3]);
-      }
+      for (int j = k * PER; j < (k + 1) * PER && j < ITEMS; ++j)
+        mma_step_kn2<LD>(acc0, F0[j / (DT / 2)], C0, acc1, F1[j / (DT / 2)], C1, j / (DT / 2), j % (DT / 2), lane);
     }
   }
 }
@@ -713,6 +705,11 @@ template <int HD> struct DkvSmem {
     soff = qoff + Plan<HD>::kRows;
     rowo = soff + Plan<HD>::kRows;
   }
+  // Stage s of the ring: Q, dO, lse, D of one unit.
+  __device__ __forceinline__ bf16* q(int s) const { return QdO + s * 2 * kUnit; }
+  __device__ __forceinline__ bf16* dout(int s) const { return QdO + s * 2 * kUnit + kUnit; }
+  __device__ __forceinline__ float* lse(int s) const { return stats + s * 2 * RC; }
+  __device__ __forceinline__ float* D(int s) const { return stats + s * 2 * RC + RC; }
 };
 // The unit after (n, rc) in CTA order: (n, rc + 32) while rc + 32 < M, else row 0 of the next block in
 // [n + 1, n_end) that sees key tile [j0, j1) (n_end when none).
@@ -726,66 +723,103 @@ __device__ __forceinline__ void next_unit(const FusedArgs& p, int n, int rc, int
   }
 }
 
+// What a dkv CTA does: context key tile [j0, j1) of kv head g, for the blocks [n, n_end) of its split, n
+// advanced to the first block that sees the tile (n == n_end: none does, nothing to do; CTA-uniform).
+struct DkvWork {
+  int j0, j1, g, n, n_end;
+};
+__device__ __forceinline__ DkvWork dkv_work(const FusedArgs& p) {
+  const int j0 = blockIdx.x * kDkvKeys, j1 = min(j0 + kDkvKeys, p.T), g = blockIdx.y;
+  const int n_begin = blockIdx.z * p.split_blocks, n_end = min(p.N, n_begin + p.split_blocks);
+  int n = n_begin;
+  while (n < n_end && !block_sees_tile(p, n, j0, j1)) ++n;
+  return {j0, j1, g, n, n_end};
+}
+// The row tables, then one group: K and V of the key tile and the first unit (block n, rows [0, 32)) in
+// stage 0.
+template <int HD, int TH>
+__device__ __forceinline__ void dkv_first_unit(const FusedArgs& p, const DkvSmem<HD>& sm, const DkvWork& wk) {
+  build_row_tables<Plan<HD>::kRows, TH>(p, wk.g, HD, sm.qoff, sm.soff, sm.rowo);
+  __syncthreads();
+  async_key_tile<HD, kDkvKeys, TH>(p, wk.n, wk.g, false, wk.j0, wk.j1, sm.Ks, sm.Vs);
+  async_unit_rows<HD, TH>(p, wk.n, 0, sm.q(0), sm.dout(0), sm.lse(0), sm.qoff, sm.soff);
+  cp_async_commit();
+}
+// The top of unit u = (n, rc), in `stage`: the unit after it (nn, nrc), the wait for u's group, one
+// barrier (after it every warp is done with the stage of unit u - 2), and u + 1's group into the stage
+// after (an empty group past the last unit). Returns that stage.
+template <int HD, int TH>
+__device__ __forceinline__ int dkv_unit_top(const FusedArgs& p, const DkvSmem<HD>& sm, const DkvWork& wk, int n, int rc,
+                                            int stage, int& nn, int& nrc) {
+  next_unit(p, n, rc, wk.n_end, wk.j0, wk.j1, nn, nrc);
+  cp_async_wait<0>();
+  __syncthreads();
+  const int nstage = stage + 1 == kDkvStages ? 0 : stage + 1;
+  if (nn < wk.n_end)
+    async_unit_rows<HD, TH>(p, nn, nrc, sm.q(nstage), sm.dout(nstage), sm.lse(nstage), sm.qoff, sm.soff);
+  cp_async_commit();
+  return nstage;
+}
+// acc (this warp's 16 keys key[0] + {0..7}, key[1] + {0..7} as fragment rows, HD columns) times mul into
+// dst ([T, nkv·HD] fp32) by atomics, keys < j1.
+template <int HD>
+__device__ __forceinline__ void atomic_add_keys(float* dst, const float (&acc)[HD / 8][4], float mul,
+                                                const int (&key)[2], int j1, const FusedArgs& p, int g, int lane) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    if (key[h] >= j1) continue;
+#pragma unroll
+    for (int d = 0; d < HD / 8; ++d) {
+      const int64_t off = int64_t(key[h]) * p.KVD + g * HD + 8 * d + 2 * (lane & 3);
+      atomicAdd(dst + off, acc[d][2 * h] * mul);
+      atomicAdd(dst + off + 1, acc[d][2 * h + 1] * mul);
+    }
+  }
+}
+
 // Narrow head dims (<= 128): 4 warps, warp w owns keys [16w, 16w + 16) of the tile and both their dk and dv.
 // Per unit u: S^T, dP^T of u interleaved with dv += P^T dO, dk += dS^T Q of u - 1 (P, dS of u - 1 held as
 // bf16 A fragments across the barrier).
 template <int HD> __global__ void __launch_bounds__(128) fused_dkv_kernel(FusedArgs p) {
   using P = Plan<HD>;
   static_assert(!P::kWide && P::kDkvThreads == 128, "4 warps x 16 keys = the 64-key tile");
-  constexpr int LD = P::LD, KS = HD / 16, DT = HD / 8, RC = kRowChunk, RT = RC / 8, TH = 128, NS = kDkvStages;
-  constexpr int kUnit = RC * LD;
+  constexpr int LD = P::LD, KS = HD / 16, DT = HD / 8, RC = kRowChunk, RT = RC / 8, TH = 128;
   extern __shared__ __align__(128) unsigned char smem[];
   const DkvSmem<HD> sm(smem);
-  const int j0 = blockIdx.x * kDkvKeys, j1 = min(j0 + kDkvKeys, p.T), g = blockIdx.y;
-  const int n_begin = blockIdx.z * p.split_blocks, n_end = min(p.N, n_begin + p.split_blocks);
+  const DkvWork wk = dkv_work(p);
+  if (wk.n == wk.n_end) return;
   const int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  int n = n_begin;
-  while (n < n_end && !block_sees_tile(p, n, j0, j1)) ++n;
-  if (n == n_end) return;  // no block sees the tile (CTA-uniform)
-  build_row_tables<P::kRows, TH>(p, g, HD, sm.qoff, sm.soff, sm.rowo);
-  __syncthreads();
-  async_key_tile<HD, kDkvKeys, TH>(p, n, g, false, j0, j1, sm.Ks, sm.Vs);
-  async_unit_rows<HD, TH>(p, n, 0, sm.QdO, sm.QdO + kUnit, sm.stats, sm.qoff, sm.soff);
-  cp_async_commit();
+  dkv_first_unit<HD, TH>(p, sm, wk);
   float dk[DT][4], dv[DT][4];
 #pragma unroll
   for (int d = 0; d < DT; ++d)
 #pragma unroll
     for (int e = 0; e < 4; ++e) dk[d][e] = dv[d][e] = 0.f;
   const int kw = 16 * w;  // this warp's keys within the tile
-  const int key[2] = {j0 + kw + (lane >> 2), j0 + kw + (lane >> 2) + 8};
+  const int key[2] = {wk.j0 + kw + (lane >> 2), wk.j0 + kw + (lane >> 2) + 8};
   const bf16* Kw = sm.Ks + kw * LD;
   const bf16* Vw = sm.Vs + kw * LD;
   uint32_t pf[RT / 2][4], dsf[RT / 2][4];  // P and dS of the previous unit (A fragments of dv / dk)
-  int rc = 0, stage = 0, pstage = 0;
+  int n = wk.n, rc = 0, stage = 0, pstage = 0;
   bool have_prev = false;
-  while (n < n_end) {
+  while (n < wk.n_end) {
     int nn, nrc;
-    next_unit(p, n, rc, n_end, j0, j1, nn, nrc);
-    cp_async_wait<0>();
-    __syncthreads();  // unit u landed; every warp is done with unit u - 2's stage, which the prefetch refills
-    const int nstage = stage + 1 == NS ? 0 : stage + 1;
-    if (nn < n_end)
-      async_unit_rows<HD, TH>(p, nn, nrc, sm.QdO + nstage * 2 * kUnit, sm.QdO + nstage * 2 * kUnit + kUnit,
-                              sm.stats + nstage * 2 * RC, sm.qoff, sm.soff);
-    cp_async_commit();
-    const bf16* Qs = sm.QdO + stage * 2 * kUnit;
-    const bf16* dOs = Qs + kUnit;
-    const float* lse = sm.stats + stage * 2 * RC;
-    const float* Dst = lse + RC;
-    const bf16* Qp = sm.QdO + pstage * 2 * kUnit;
-    const bf16* dOp = Qp + kUnit;
+    const int nstage = dkv_unit_top<HD, TH>(p, sm, wk, n, rc, stage, nn, nrc);
     float st[RT][4], dpt[RT][4];
 #pragma unroll
     for (int nt = 0; nt < RT; ++nt)
 #pragma unroll
       for (int e = 0; e < 4; ++e) st[nt][e] = dpt[nt][e] = 0.f;
     if (have_prev)
-      mma_nk2_with_kn2<KS, RT, RT / 2, DT, LD, true>(st, Kw, Qs, dpt, Vw, dOs, dv, pf, dOp, dk, dsf, Qp, lane);
+      mma_nk2_with_kn2<KS, RT, RT / 2, DT, LD, true>(st, Kw, sm.q(stage), dpt, Vw, sm.dout(stage), dv, pf,
+                                                      sm.dout(pstage), dk, dsf, sm.q(pstage), lane);
     else
-      mma_nk2_with_kn2<KS, RT, RT / 2, DT, LD, false>(st, Kw, Qs, dpt, Vw, dOs, dv, pf, dOp, dk, dsf, Qp, lane);
+      mma_nk2_with_kn2<KS, RT, RT / 2, DT, LD, false>(st, Kw, sm.q(stage), dpt, Vw, sm.dout(stage), dv, pf,
+                                                       sm.dout(pstage), dk, dsf, sm.q(pstage), lane);
+    const float* lse = sm.lse(stage);
+    const float* Dst = sm.D(stage);
     const int a = p.anchors[n], s0 = p.seq_begin[n];
-    const bool masked = !ctx_tile_interior<kDkvKeys>(p, a, s0, j0) || rc + RC > p.M;
+    const bool masked = !ctx_tile_interior<kDkvKeys>(p, a, s0, wk.j0) || rc + RC > p.M;
 #pragma unroll
     for (int nt = 0; nt < RT; ++nt)
 #pragma unroll
@@ -804,23 +838,26 @@ template <int HD> __global__ void __launch_bounds__(128) fused_dkv_kernel(FusedA
     n = nn;
     rc = nrc;
   }
-  {  // the last unit's products (its stage is not refilled)
-    const bf16* Qp = sm.QdO + pstage * 2 * kUnit;
-    mma_regs_kn<RT / 2, DT, LD>(dv, pf, Qp + kUnit, lane);
-    mma_regs_kn<RT / 2, DT, LD>(dk, dsf, Qp, lane);
-  }
+  // the last unit's products (its stage is not refilled)
+  mma_regs_kn<RT / 2, DT, LD>(dv, pf, sm.dout(pstage), lane);
+  mma_regs_kn<RT / 2, DT, LD>(dk, dsf, sm.q(pstage), lane);
+  atomic_add_keys<HD>(p.dk32, dk, p.scale, key, wk.j1, p, wk.g, lane);
+  atomic_add_keys<HD>(p.dv32, dv, 1.f, key, wk.j1, p, wk.g, lane);
+}
+
+// dS of the previous unit = P (handed over by the pair's even warp: hand, this lane's n-tiles) · (dP - D)
+// (dprev, in place), as A fragments.
+template <int RT>
+__device__ __forceinline__ void ds_from_hand_over(uint32_t (&f)[RT / 2][4], float (&dprev)[RT][4], const float4* hand) {
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    if (key[h] >= j1) continue;
-#pragma unroll
-    for (int d = 0; d < DT; ++d) {
-      const int64_t off = int64_t(key[h]) * p.KVD + g * HD + 8 * d + 2 * (lane & 3);
-      atomicAdd(p.dk32 + off, dk[d][2 * h] * p.scale);
-      atomicAdd(p.dk32 + off + 1, dk[d][2 * h + 1] * p.scale);
-      atomicAdd(p.dv32 + off, dv[d][2 * h]);
-      atomicAdd(p.dv32 + off + 1, dv[d][2 * h + 1]);
-    }
+  for (int nt = 0; nt < RT; ++nt) {
+    const float4 pr = hand[nt * 32];
+    dprev[nt][0] *= pr.x;
+    dprev[nt][1] *= pr.y;
+    dprev[nt][2] *= pr.z;
+    dprev[nt][3] *= pr.w;
   }
+  to_a_frags<RT / 2>(f, dprev);
 }
 
 // Wide head dims (256): 8 warps in 4 pairs, pair q owning keys [16q, 16q + 16) of the tile; the even warp
@@ -831,61 +868,35 @@ template <int HD> __global__ void __launch_bounds__(128) fused_dkv_kernel(FusedA
 template <int HD> __global__ void __launch_bounds__(256, 1) fused_dkv_pair_kernel(FusedArgs p) {
   using P = Plan<HD>;
   static_assert(P::kWide && P::kDkvThreads == 256, "8 warps: 4 pairs x 16 keys = the 64-key tile");
-  constexpr int LD = P::LD, KS = HD / 16, DT = HD / 8, RC = kRowChunk, RT = RC / 8, TH = 256, NS = kDkvStages;
-  constexpr int kUnit = RC * LD;
+  constexpr int LD = P::LD, KS = HD / 16, DT = HD / 8, RC = kRowChunk, RT = RC / 8, TH = 256;
   extern __shared__ __align__(128) unsigned char smem[];
   const DkvSmem<HD> sm(smem);
-  const int j0 = blockIdx.x * kDkvKeys, j1 = min(j0 + kDkvKeys, p.T), g = blockIdx.y;
-  const int n_begin = blockIdx.z * p.split_blocks, n_end = min(p.N, n_begin + p.split_blocks);
+  const DkvWork wk = dkv_work(p);
+  if (wk.n == wk.n_end) return;
   const int w = threadIdx.x >> 5, lane = threadIdx.x & 31, pair = w >> 1;
   const bool owns_dk = (w & 1) != 0;  // warp-uniform role
-  int n = n_begin;
-  while (n < n_end && !block_sees_tile(p, n, j0, j1)) ++n;
-  if (n == n_end) return;  // no block sees the tile (CTA-uniform)
-  build_row_tables<P::kRows, TH>(p, g, HD, sm.qoff, sm.soff, sm.rowo);
-  __syncthreads();
-  async_key_tile<HD, kDkvKeys, TH>(p, n, g, false, j0, j1, sm.Ks, sm.Vs);
-  async_unit_rows<HD, TH>(p, n, 0, sm.QdO, sm.QdO + kUnit, sm.stats, sm.qoff, sm.soff);
-  cp_async_commit();
+  dkv_first_unit<HD, TH>(p, sm, wk);
   float acc[DT][4];  // dv (even warp) or dk (odd warp) of the pair's 16 keys x HD
 #pragma unroll
   for (int d = 0; d < DT; ++d) acc[d][0] = acc[d][1] = acc[d][2] = acc[d][3] = 0.f;
   const int kw = 16 * pair;  // this pair's keys within the tile
-  const int key[2] = {j0 + kw + (lane >> 2), j0 + kw + (lane >> 2) + 8};
+  const int key[2] = {wk.j0 + kw + (lane >> 2), wk.j0 + kw + (lane >> 2) + 8};
   const bf16* Aw = (owns_dk ? sm.Vs : sm.Ks) + kw * LD;
   float4* hand = reinterpret_cast<float4*>(sm.hand) + pair * RT * 32 + lane;  // parity q at + q·4·RT·32
   constexpr int kParity = 4 * RT * 32;
   uint32_t f[RT / 2][4];  // even: P of the previous unit; odd: dS of the previous unit (A fragments)
   float dprev[RT][4];     // odd: dP - D of the previous unit
-  int rc = 0, stage = 0, pstage = 0, parity = 0;
+  int n = wk.n, rc = 0, stage = 0, pstage = 0, parity = 0;
   bool have_prev = false;
-  while (n < n_end) {
+  while (n < wk.n_end) {
     int nn, nrc;
-    next_unit(p, n, rc, n_end, j0, j1, nn, nrc);
-    cp_async_wait<0>();
-    __syncthreads();  // unit u landed, P of u - 1 handed over; unit u - 2's stage and hand-over buffer are free
-    const int nstage = stage + 1 == NS ? 0 : stage + 1;
-    if (nn < n_end)
-      async_unit_rows<HD, TH>(p, nn, nrc, sm.QdO + nstage * 2 * kUnit, sm.QdO + nstage * 2 * kUnit + kUnit,
-                              sm.stats + nstage * 2 * RC, sm.qoff, sm.soff);
-    cp_async_commit();
-    const bf16* Qs = sm.QdO + stage * 2 * kUnit;
-    const bf16* dOs = Qs + kUnit;
-    const float* lse = sm.stats + stage * 2 * RC;
-    const float* Dst = lse + RC;
-    const bf16* Qp = sm.QdO + pstage * 2 * kUnit;
-    const bf16* dOp = Qp + kUnit;
-    if (owns_dk && have_prev) {  // dS of u - 1 = P (dP - D)
-#pragma unroll
-      for (int nt = 0; nt < RT; ++nt) {
-        const float4 pr = hand[(parity ^ 1) * kParity + nt * 32];
-        dprev[nt][0] *= pr.x;
-        dprev[nt][1] *= pr.y;
-        dprev[nt][2] *= pr.z;
-        dprev[nt][3] *= pr.w;
-      }
-      to_a_frags<RT / 2>(f, dprev);
-    }
+    // the barrier also orders the hand-over: P of u - 1 is in, and u - 2's hand-over buffer is free
+    const int nstage = dkv_unit_top<HD, TH>(p, sm, wk, n, rc, stage, nn, nrc);
+    const bf16* Qs = sm.q(stage);
+    const bf16* dOs = sm.dout(stage);
+    const bf16* Qp = sm.q(pstage);
+    const bf16* dOp = sm.dout(pstage);
+    if (owns_dk && have_prev) ds_from_hand_over<RT>(f, dprev, hand + (parity ^ 1) * kParity);
     // even: S^T = K Q^T, dv += P^T dO (u - 1); odd: dP^T = V dO^T, dk += dS^T Q (u - 1)
     float t[RT][4];
 #pragma unroll
@@ -895,8 +906,9 @@ template <int HD> __global__ void __launch_bounds__(256, 1) fused_dkv_pair_kerne
     else
       mma_nk_with_kn<KS, RT, RT / 2, DT, LD, false>(t, Aw, owns_dk ? dOs : Qs, acc, f, owns_dk ? Qp : dOp, lane);
     if (!owns_dk) {
+      const float* lse = sm.lse(stage);
       const int a = p.anchors[n], s0 = p.seq_begin[n];
-      const bool masked = !ctx_tile_interior<kDkvKeys>(p, a, s0, j0) || rc + RC > p.M;
+      const bool masked = !ctx_tile_interior<kDkvKeys>(p, a, s0, wk.j0) || rc + RC > p.M;
 #pragma unroll
       for (int nt = 0; nt < RT; ++nt) {
 #pragma unroll
@@ -909,6 +921,7 @@ template <int HD> __global__ void __launch_bounds__(256, 1) fused_dkv_pair_kerne
       }
       to_a_frags<RT / 2>(f, t);
     } else {
+      const float* Dst = sm.D(stage);
 #pragma unroll
       for (int nt = 0; nt < RT; ++nt)
 #pragma unroll
@@ -922,33 +935,9 @@ template <int HD> __global__ void __launch_bounds__(256, 1) fused_dkv_pair_kerne
     rc = nrc;
   }
   __syncthreads();  // P of the last unit handed over
-  if (owns_dk) {
-#pragma unroll
-    for (int nt = 0; nt < RT; ++nt) {
-      const float4 pr = hand[(parity ^ 1) * kParity + nt * 32];
-      dprev[nt][0] *= pr.x;
-      dprev[nt][1] *= pr.y;
-      dprev[nt][2] *= pr.z;
-      dprev[nt][3] *= pr.w;
-    }
-    to_a_frags<RT / 2>(f, dprev);
-  }
-  {
-    const bf16* Qp = sm.QdO + pstage * 2 * kUnit;
-    mma_regs_kn<RT / 2, DT, LD>(acc, f, owns_dk ? Qp : Qp + kUnit, lane);  // the last unit's dk or dv
-  }
-  float* dst = owns_dk ? p.dk32 : p.dv32;
-  const float mul = owns_dk ? p.scale : 1.f;
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    if (key[h] >= j1) continue;
-#pragma unroll
-    for (int d = 0; d < DT; ++d) {
-      const int64_t off = int64_t(key[h]) * p.KVD + g * HD + 8 * d + 2 * (lane & 3);
-      atomicAdd(dst + off, acc[d][2 * h] * mul);
-      atomicAdd(dst + off + 1, acc[d][2 * h + 1] * mul);
-    }
-  }
+  if (owns_dk) ds_from_hand_over<RT>(f, dprev, hand + (parity ^ 1) * kParity);
+  mma_regs_kn<RT / 2, DT, LD>(acc, f, owns_dk ? sm.q(pstage) : sm.dout(pstage), lane);  // the last unit's dk or dv
+  atomic_add_keys<HD>(owns_dk ? p.dk32 : p.dv32, acc, owns_dk ? p.scale : 1.f, key, wk.j1, p, wk.g, lane);
 }
 
 __global__ void f32_to_bf16_kernel(bf16* __restrict__ dst, const float* __restrict__ src, int64_t n) {
@@ -959,8 +948,9 @@ __global__ void f32_to_bf16_kernel(bf16* __restrict__ dst, const float* __restri
 
 bool aligned16(const Tensor& t) { return (reinterpret_cast<uintptr_t>(t.data) & 15u) == 0; }
 
-FusedArgs make_args(const Tensor& q, const Tensor& k_ctx, const Tensor& anchors, const Tensor& seq_begin,
-                    const ops::BlockAttnSpec& spec) {
+// The shapes and the inputs both directions read; each direction adds its own outputs (and dO, O).
+FusedArgs make_args(const Tensor& q, const Tensor& k_ctx, const Tensor& v_ctx, const Tensor& k_blk, const Tensor& v_blk,
+                    const Tensor& lse, const Tensor& anchors, const Tensor& seq_begin, const ops::BlockAttnSpec& spec) {
   FusedArgs p{};
   p.N = static_cast<int>(anchors.shape[0]);
   p.split_blocks = deterministic() ? std::max(p.N, 1) : kSplitBlocks;
@@ -977,36 +967,42 @@ FusedArgs make_args(const Tensor& q, const Tensor& k_ctx, const Tensor& anchors,
   p.scale_log2 = spec.scale * kLog2e;
   p.anchors = static_cast<const int32_t*>(anchors.data);
   p.seq_begin = static_cast<const int32_t*>(seq_begin.data);
+  p.q = static_cast<const bf16*>(q.data);
+  p.kc = static_cast<const bf16*>(k_ctx.data);
+  p.vc = static_cast<const bf16*>(v_ctx.data);
+  p.kb = static_cast<const bf16*>(k_blk.data);
+  p.vb = static_cast<const bf16*>(v_blk.data);
+  p.lse = static_cast<float*>(lse.data);
   return p;
 }
 
 // Shapes the kernels of head dim HD take (device limits aside): G·B <= kRows, B <= kMaxB.
 template <int HD> bool rows_fit(const FusedArgs& p) { return p.M <= Plan<HD>::kRows && p.B >= 1 && p.B <= Plan<HD>::kMaxB; }
 
+// One fused kernel launch with its dynamic shared memory (the opt-in attribute is set at every launch).
+void launch_kernel(void (*kernel)(FusedArgs), dim3 grid, int threads, size_t smem, const Ctx& ctx, const FusedArgs& p) {
+  DF_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  kernel<<<grid, threads, smem, stream_of(ctx)>>>(p);
+  DF_CUDA_LAUNCH();
+}
+template <int HD> void check_rows_fit(const FusedArgs& p) {
+  DF_CHECK(rows_fit<HD>(p), Internal, "block attention (fused): G·B " << p.M << ", B " << p.B << " at head dim " << HD);
+}
+
 template <int HD> void launch_forward(const Ctx& ctx, const FusedArgs& p) {
   using P = Plan<HD>;
-  DF_CHECK(rows_fit<HD>(p), Internal, "block attention (fused): G·B " << p.M << ", B " << p.B << " at head dim " << HD);
-  DF_CUDA(cudaFuncSetAttribute(fused_forward_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(P::kSmemFwd)));
-  fused_forward_kernel<HD><<<dim3(unsigned(p.N), unsigned(p.nkv)), P::kThreads, P::kSmemFwd, stream_of(ctx)>>>(p);
-  DF_CUDA_LAUNCH();
+  check_rows_fit<HD>(p);
+  launch_kernel(fused_forward_kernel<HD>, dim3(unsigned(p.N), unsigned(p.nkv)), P::kThreads, P::kSmemFwd, ctx, p);
 }
 template <int HD> void launch_backward(const Ctx& ctx, const FusedArgs& p) {
   using P = Plan<HD>;
-  DF_CHECK(rows_fit<HD>(p), Internal, "block attention (fused): G·B " << p.M << ", B " << p.B << " at head dim " << HD);
-  DF_CUDA(cudaFuncSetAttribute(fused_dq_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(P::kSmemDq)));
-  fused_dq_kernel<HD><<<dim3(unsigned(p.N), unsigned(p.nkv)), P::kThreads, P::kSmemDq, stream_of(ctx)>>>(p);
-  DF_CUDA_LAUNCH();
+  check_rows_fit<HD>(p);
+  launch_kernel(fused_dq_kernel<HD>, dim3(unsigned(p.N), unsigned(p.nkv)), P::kThreads, P::kSmemDq, ctx, p);
   const unsigned key_tiles = unsigned((p.T + kDkvKeys - 1) / kDkvKeys), splits = unsigned((p.N + p.split_blocks - 1) / p.split_blocks);
   if (key_tiles == 0) return;
   const dim3 grid(key_tiles, unsigned(p.nkv), splits);
-  if constexpr (P::kWide) {
-    DF_CUDA(cudaFuncSetAttribute(fused_dkv_pair_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(P::kSmemDkv)));
-    fused_dkv_pair_kernel<HD><<<grid, P::kDkvThreads, P::kSmemDkv, stream_of(ctx)>>>(p);
-  } else {
-    DF_CUDA(cudaFuncSetAttribute(fused_dkv_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(P::kSmemDkv)));
-    fused_dkv_kernel<HD><<<grid, P::kDkvThreads, P::kSmemDkv, stream_of(ctx)>>>(p);
-  }
-  DF_CUDA_LAUNCH();
+  if constexpr (P::kWide) launch_kernel(fused_dkv_pair_kernel<HD>, grid, P::kDkvThreads, P::kSmemDkv, ctx, p);
+  else launch_kernel(fused_dkv_kernel<HD>, grid, P::kDkvThreads, P::kSmemDkv, ctx, p);
 }
 
 template <class F> void dispatch_hd(int64_t hd, F&& f) {
@@ -1069,15 +1065,9 @@ bool block_attention_fused_usable(std::initializer_list<const Tensor*> tensors) 
 void block_attention_fused_forward(const Ctx& ctx, const Tensor& out, const Tensor& lse, const Tensor& q,
                                    const Tensor& k_ctx, const Tensor& v_ctx, const Tensor& k_blk, const Tensor& v_blk,
                                    const Tensor& anchors, const Tensor& seq_begin, const ops::BlockAttnSpec& spec) {
-  FusedArgs p = make_args(q, k_ctx, anchors, seq_begin, spec);
+  FusedArgs p = make_args(q, k_ctx, v_ctx, k_blk, v_blk, lse, anchors, seq_begin, spec);
   if (p.N == 0) return;
-  p.q = static_cast<const bf16*>(q.data);
-  p.kc = static_cast<const bf16*>(k_ctx.data);
-  p.vc = static_cast<const bf16*>(v_ctx.data);
-  p.kb = static_cast<const bf16*>(k_blk.data);
-  p.vb = static_cast<const bf16*>(v_blk.data);
   p.o = static_cast<bf16*>(out.data);
-  p.lse = static_cast<float*>(lse.data);
   dispatch_hd(q.shape[2], [&](auto hd) { launch_forward<decltype(hd)::value>(ctx, p); });
 }
 
@@ -1086,7 +1076,7 @@ void block_attention_fused_backward(const Ctx& ctx, const Tensor& dq, const Tens
                                     const Tensor& lse, const Tensor& q, const Tensor& k_ctx, const Tensor& v_ctx,
                                     const Tensor& k_blk, const Tensor& v_blk, const Tensor& anchors,
                                     const Tensor& seq_begin, const ops::BlockAttnSpec& spec) {
-  FusedArgs p = make_args(q, k_ctx, anchors, seq_begin, spec);
+  FusedArgs p = make_args(q, k_ctx, v_ctx, k_blk, v_blk, lse, anchors, seq_begin, spec);
   cudaStream_t st = stream_of(ctx);
   const int64_t kv_elems = int64_t(p.T) * p.KVD;
   float* dkv32 = static_cast<float*>(scratch(ctx, ScratchSlot::AttnDkv32, sizeof(float) * 2 * std::max<int64_t>(1, kv_elems)));
@@ -1095,14 +1085,8 @@ void block_attention_fused_backward(const Ctx& ctx, const Tensor& dq, const Tens
   DF_CUDA(cudaMemsetAsync(dkv32, 0, sizeof(float) * 2 * kv_elems, st));
   if (p.N > 0) {
     p.D = static_cast<float*>(scratch(ctx, ScratchSlot::AttnRowStats, sizeof(float) * size_t(p.N) * p.B * p.nh));
-    p.q = static_cast<const bf16*>(q.data);
-    p.kc = static_cast<const bf16*>(k_ctx.data);
-    p.vc = static_cast<const bf16*>(v_ctx.data);
-    p.kb = static_cast<const bf16*>(k_blk.data);
-    p.vb = static_cast<const bf16*>(v_blk.data);
     p.out = static_cast<const bf16*>(out.data);
     p.dout = static_cast<const bf16*>(dout.data);
-    p.lse = static_cast<float*>(lse.data);
     p.dq = static_cast<bf16*>(dq.data);
     p.dkb = static_cast<bf16*>(dk_blk.data);
     p.dvb = static_cast<bf16*>(dv_blk.data);
