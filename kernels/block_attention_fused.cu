@@ -190,6 +190,17 @@ __device__ __forceinline__ void mma_step_nk(float (&acc)[NT][4], const bf16* As,
   ldsm_x4(a, As + a_row(lane) * LDA + 16 * k + a_col(lane));
   mma_step_nk<NT, LDB>(acc, a, Bs, k, lane);
 }
+// n-tiles 2·np, 2·np + 1 of acc0 += a0 · b0 and of acc1 += a1 · b1 (b: the B fragments of two n-tiles), the
+// two products' mma interleaved (independent accumulators back to back).
+template <int NT>
+__device__ __forceinline__ void mma_pair2(float (&acc0)[NT][4], float (&acc1)[NT][4], const uint32_t (&a0)[4],
+                                          const uint32_t (&a1)[4], const uint32_t (&b0)[4], const uint32_t (&b1)[4],
+                                          int np) {
+  mma16816(acc0[2 * np], a0, b0[0], b0[1]);
+  mma16816(acc1[2 * np], a1, b1[0], b1[1]);
+  mma16816(acc0[2 * np + 1], a0, b0[2], b0[3]);
+  mma16816(acc1[2 * np + 1], a1, b1[2], b1[3]);
+}
 // acc0 += A0 · B0^T and acc1 += A1 · B1^T over k-step k (all [..][k] row-major, row stride LD), their mma
 // interleaved.
 template <int NT, int LD>
@@ -203,10 +214,7 @@ __device__ __forceinline__ void mma_step_nk2(float (&acc0)[NT][4], float (&acc1)
     uint32_t b0[4], b1[4];
     ldsm_x4(b0, B0 + (16 * np + bn_row(lane)) * LD + 16 * k + bn_col(lane));
     ldsm_x4(b1, B1 + (16 * np + bn_row(lane)) * LD + 16 * k + bn_col(lane));
-    mma16816(acc0[2 * np], a0, b0[0], b0[1]);
-    mma16816(acc1[2 * np], a1, b1[0], b1[1]);
-    mma16816(acc0[2 * np + 1], a0, b0[2], b0[3]);
-    mma16816(acc1[2 * np + 1], a1, b1[2], b1[3]);
+    mma_pair2(acc0, acc1, a0, a1, b0, b1, np);
   }
 }
 // acc n-tiles 2·np, 2·np + 1 += f · Cs over k-step k, Cs [k][n] row-major (row stride LDC).
@@ -226,10 +234,7 @@ __device__ __forceinline__ void mma_step_kn2(float (&acc0)[DT][4], const uint32_
   uint32_t c0[4], c1[4];
   ldsm_x4_t(c0, C0 + (16 * k + bt_row(lane)) * LDC + 16 * np + bt_col(lane));
   ldsm_x4_t(c1, C1 + (16 * k + bt_row(lane)) * LDC + 16 * np + bt_col(lane));
-  mma16816(acc0[2 * np], f0, c0[0], c0[1]);
-  mma16816(acc1[2 * np], f1, c1[0], c1[1]);
-  mma16816(acc0[2 * np + 1], f0, c0[2], c0[3]);
-  mma16816(acc1[2 * np + 1], f1, c1[2], c1[3]);
+  mma_pair2(acc0, acc1, f0, f1, c0, c1, np);
 }
 
 // acc[0..NT) (n-tiles of 8 columns) += A[16 rows at As, K=16·KS] · Bs^T where Bs is [n][k] row-major (n = 8·NT rows)

@@ -484,6 +484,19 @@ __device__ __forceinline__ void mask_qk(uint32_t (&pa)[4][4], float (&p)[8][4], 
   }
 }
 
+// acc += a · B over k-step kc (16 rows of a [64][72] tile, all 64 columns): the products with the X R
+// shape, (3) and (4).
+__device__ __forceinline__ void mma_step_kn(float (&acc)[8][4], const uint32_t (&a)[4], const __nv_bfloat16* sB,
+                                            int kc, int lane) {
+#pragma unroll
+  for (int np = 0; np < 4; ++np) {
+    uint32_t b[4];
+    ldmatrix_x4_trans(b, b_kn(sB, kStride64, 16 * kc, 16 * np, lane));
+    mma_bf16(acc[2 * np], a, b[0], b[1]);
+    mma_bf16(acc[2 * np + 1], a, b[2], b[3]);
+  }
+}
+
 // (3) v_new = X R for the warp's rows (X is lower triangular: only R rows up to the warp's last).
 __device__ __forceinline__ void x_times_r(float (&vn)[8][4], const __nv_bfloat16* sX, const __nv_bfloat16* sV,
                                           int warp, int lane) {
@@ -493,13 +506,7 @@ __device__ __forceinline__ void x_times_r(float (&vn)[8][4], const __nv_bfloat16
     if (kc > warp) break;
     uint32_t a[4];
     ldmatrix_x4(a, a_rowmajor(sX, kStride64, 16 * warp, 16 * kc, lane));
-#pragma unroll
-    for (int np = 0; np < 4; ++np) {
-      uint32_t b[4];
-      ldmatrix_x4_trans(b, b_kn(sV, kStride64, 16 * kc, 16 * np, lane));
-      mma_bf16(vn[2 * np], a, b[0], b[1]);
-      mma_bf16(vn[2 * np + 1], a, b[2], b[3]);
-    }
+    mma_step_kn(vn, a, sV, kc, lane);
   }
 }
 // v_new of the warp's rows into sVn, the B operand of (4) (kRkVn: times rk, see mask_qk), and
@@ -530,13 +537,7 @@ __device__ __forceinline__ void store_output(__nv_bfloat16* __restrict__ out, fl
 #pragma unroll
   for (int kc = 0; kc < 4; ++kc) {
     if (kc > warp) break;
-#pragma unroll
-    for (int np = 0; np < 4; ++np) {
-      uint32_t b[4];
-      ldmatrix_x4_trans(b, b_kn(sVn, kStride64, 16 * kc, 16 * np, lane));
-      mma_bf16(qs[2 * np], pa[kc], b[0], b[1]);
-      mma_bf16(qs[2 * np + 1], pa[kc], b[2], b[3]);
-    }
+    mma_step_kn(qs, pa[kc], sVn, kc, lane);
   }
 #pragma unroll
   for (int hh = 0; hh < 2; ++hh) {
