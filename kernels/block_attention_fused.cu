@@ -846,6 +846,7 @@ template <int HD> __global__ void __launch_bounds__(128) fused_dkv_kernel(FusedA
   // the last unit's products (its stage is not refilled)
   mma_regs_kn<RT / 2, DT, LD>(dv, pf, sm.dout(pstage), lane);
   mma_regs_kn<RT / 2, DT, LD>(dk, dsf, sm.q(pstage), lane);
+  // dk, then dv (one pass each: 88 more SASS instructions at hd 128 than one loop over both, once per CTA)
   atomic_add_keys<HD>(p.dk32, dk, p.scale, key, wk.j1, p, wk.g, lane);
   atomic_add_keys<HD>(p.dv32, dv, 1.f, key, wk.j1, p, wk.g, lane);
 }
