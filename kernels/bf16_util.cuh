@@ -60,6 +60,12 @@ __device__ __forceinline__ float warp_sum(float v) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   return v;
 }
+// The sum over each aligned group of `group` lanes (a power of two <= 32) that holds one row; every lane of
+// the warp must call it.
+__device__ __forceinline__ float group_sum(float v, int group) {
+  for (int o = group / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
 
 __host__ __device__ __forceinline__ bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
 

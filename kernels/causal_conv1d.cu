@@ -36,14 +36,10 @@ constexpr int kRun = 32;        // vector path: consecutive tokens per thread
 constexpr int kStages = 16;     // vector path: ring rows per thread (power of two, >= kMaxK)
 constexpr int kScalarTile = 16; // scalar path: consecutive tokens per thread
 
-// silu(x) = x * 1 / (1 + e^-x) as 2^(-x log2 e): one MUFU.EX2 and one MUFU.RCP. ftz changes nothing: an e^-x
-// small enough to flush vanishes in 1 + e^-x; e^-x = inf gives x * 0 = -0 where the CPU gives -tiny.
-__device__ __forceinline__ float silu(float x) {
-  float e, r;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(e) : "f"(-1.4426950408889634f * x));
-  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(1.f + e));
-  return x * r;
-}
+// silu(x) = x * sigmoid(x) with bf16_util's fast_sigmoid: one MUFU.EX2 and one MUFU.RCP. ftz changes
+// nothing: an e^-x small enough to flush vanishes in 1 + e^-x; e^-x = inf gives x * 0 = -0 where the CPU
+// gives -tiny.
+__device__ __forceinline__ float silu(float x) { return x * fast_sigmoid(x); }
 
 // Index s of the sequence holding token t: the largest s with cu[s] <= t. Empty sequences repeat a
 // boundary; every equal entry gives the same start. Every thread of a block has the same t, so the loads
@@ -58,20 +54,6 @@ __device__ __forceinline__ int seq_index(const int32_t* __restrict__ cu, int nse
       hi = mid - 1;
   }
   return lo;
-}
-
-// The 8 bf16 of a 16-byte row piece as floats (a bf16 is the top half of its float: one shift or mask each).
-__device__ __forceinline__ void unpack_u4(const uint4& v, float (&f)[8]) {
-  const uint32_t u[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    f[2 * i] = __uint_as_float(u[i] << 16);
-    f[2 * i + 1] = __uint_as_float(u[i] & 0xffff0000u);
-  }
-}
-__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
-  const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<const uint32_t*>(&h);
 }
 
 // One thread's ring of kStages 16-byte slots; ring index i lives in slot i % kStages. Slots of one stage are
@@ -135,7 +117,7 @@ __global__ void __launch_bounds__(kThreads) conv_silu_vec_kernel(uint4* __restri
 #pragma unroll
   for (int i = 0; i < kK; ++i) {
     float f[8];
-    unpack_u4(__ldg(wr + i), f);
+    unpack8(__ldg(wr + i), f);
 #pragma unroll
     for (int k = 0; k < 8; ++k) wf[(i * 8 + k) / kK][(i * 8 + k) % kK] = f[k];
   }
@@ -162,7 +144,7 @@ __global__ void __launch_bounds__(kThreads) conv_silu_vec_kernel(uint4* __restri
     const uint4 xv = ring.get(j);
     const int u = h0 + j + kStages - 1;  // >= t0 >= lo: kStages >= K
     ring.issue(j + kStages - 1, u < t1 ? src + static_cast<size_t>(u) * lanes : src, u < t1);
-    unpack_u4(xv, hist[j]);
+    unpack8(xv, hist[j]);
   }
 
   const uint4* ld = src + static_cast<size_t>(t0 + kStages - 1) * lanes;  // the next row to issue
@@ -176,7 +158,7 @@ __global__ void __launch_bounds__(kThreads) conv_silu_vec_kernel(uint4* __restri
     ring.issue(i + kStages - 1, v ? ld : src, v);
     ld += lanes;
     float x[8];
-    unpack_u4(xv, x);
+    unpack8(xv, x);
     float y[8];
 #pragma unroll
     for (int e = 0; e < 8; ++e) {
@@ -185,7 +167,7 @@ __global__ void __launch_bounds__(kThreads) conv_silu_vec_kernel(uint4* __restri
       for (int j = 0; j < kK - 1; ++j) a = fmaf(wf[e][j], hist[j][e], a);
       y[e] = silu(fmaf(wf[e][kK - 1], x[e], a));
     }
-    *st = uint4{pack2(y[0], y[1]), pack2(y[2], y[3]), pack2(y[4], y[5]), pack2(y[6], y[7])};
+    *st = pack8_u4(y);
     st += lanes;
     ++t;
 #pragma unroll

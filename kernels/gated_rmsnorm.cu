@@ -77,7 +77,7 @@ __global__ void gated_rmsnorm_kernel(__nv_bfloat16* out, const __nv_bfloat16* in
       for (int e = 0; e < kVec; ++e) ss += held[i][e] * held[i][e];
     }
   }
-  for (int o = group / 2; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+  ss = group_sum(ss, group);
   const float rs = rsqrtf(ss / C + eps);
 #pragma unroll
   for (int i = 0; i < kPerLane; ++i) {
@@ -144,7 +144,7 @@ __global__ void __launch_bounds__(kThreads) gated_rmsnorm_rows_kernel(uint4* out
     float ss = 0.f;
 #pragma unroll
     for (int e = 0; e < 8; ++e) ss += v[e] * v[e];
-    for (int o = group / 2; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+    ss = group_sum(ss, group);
     const int64_t row = first + r * per_slot;
     if (lane_on && row < rows) {
       const float rs = rsqrtf(ss / C + eps);

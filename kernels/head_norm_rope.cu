@@ -155,7 +155,7 @@ __global__ void __launch_bounds__(kVecWarps * 32) head_norm_rope_vec_kernel(
     float ss = 0.f;
 #pragma unroll
     for (int e = 0; e < 8; ++e) ss += v[e] * v[e];
-    for (int o = group / 2; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+    ss = group_sum(ss, group);
     uint4 pv;
     pv.x = __shfl_sync(0xffffffffu, xv[s].x, src);
     pv.y = __shfl_sync(0xffffffffu, xv[s].y, src);

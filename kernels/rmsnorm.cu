@@ -109,7 +109,7 @@ __global__ void __launch_bounds__(kWarpThreads, kMinBlocks)
 #pragma unroll
     for (int e = 0; e < 8; ++e) ss += v[e] * v[e];
   }
-  for (int o = group / 2; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+  ss = group_sum(ss, group);
   if (!on) return;
   const float rs = rsqrtf(ss / C + eps);
   if (rstd && sub == 0) rstd[row] = rs;

@@ -207,10 +207,6 @@ TEST(GpuGatedDeltaRuleTiming, Qwen36_27B_T32768) {
   cuda::fill_random(gctx, qkv, 1, 0.3f, 1.f);   // post-SiLU-like activations
   cuda::fill_random(gctx, g, 2, -0.6f, 0.3f);   // decays in ~[e^-1.1, e^-0.08] per token
   cuda::fill_random(gctx, beta, 3, 0.5f, 0.2f);  // in ~[0.15, 0.85]
-  cudaStream_t st = static_cast<cudaStream_t>(gctx.stream);
-  cudaEvent_t e0, e1;
-  cudaEventCreate(&e0);
-  cudaEventCreate(&e1);
   using cuda::GdrScan;
   const std::pair<int, GdrScan> runs[] = {{8, GdrScan::kSync}, {8, GdrScan::kAuto}, {1, GdrScan::kSync},
                                           {1, GdrScan::kAuto}, {32, GdrScan::kSync}, {32, GdrScan::kAuto}};
@@ -221,24 +217,12 @@ TEST(GpuGatedDeltaRuleTiming, Qwen36_27B_T32768) {
     std::vector<int32_t> cu(nseq + 1);
     for (int s = 0; s <= nseq; ++s) cu[s] = static_cast<int32_t>(T / nseq * s);
     Buffer d_cu = test::to_device_i32(gctx, cu);
-    auto run = [&] { ops::gated_delta_rule_forward(gctx, out, state, qkv, g, beta, d_cu, hd, ws); };
-    for (int i = 0; i < 3; ++i) run();
-    std::vector<float> ms;
-    for (int i = 0; i < 20; ++i) {
-      cudaEventRecord(e0, st);
-      run();
-      cudaEventRecord(e1, st);
-      cudaEventSynchronize(e1);
-      float m = 0;
-      cudaEventElapsedTime(&m, e0, e1);
-      ms.push_back(m);
-    }
-    synchronize(gctx);
-    std::sort(ms.begin(), ms.end());
+    const test::Timing t =
+        test::time_calls(gctx, [&] { ops::gated_delta_rule_forward(gctx, out, state, qkv, g, beta, d_cu, hd, ws); });
     std::printf("[gdr timing] T=%lld as %d x %lld tokens, nk=16 dk=128 nv=48 dv=128, %s scan: median %.3f ms "
                 "(min %.3f, max %.3f)\n",
                 static_cast<long long>(T), nseq, static_cast<long long>(T / nseq),
-                pipelined ? "pipelined" : "synchronous", ms[ms.size() / 2], ms.front(), ms.back());
+                pipelined ? "pipelined" : "synchronous", t.median, t.min, t.max);
     if (nseq == 8) {  // check the head of sequence 0 against the CPU
       const int64_t Tc = 512;
       std::vector<float> h_qkv = to_host(gctx, qkv.t().slice_rows(0, Tc)), h_g = to_host(gctx, g.t().slice_rows(0, Tc)),
@@ -255,8 +239,6 @@ TEST(GpuGatedDeltaRuleTiming, Qwen36_27B_T32768) {
     }
   }
   cuda::set_gated_delta_rule_scan(cuda::GdrScan::kAuto);
-  cudaEventDestroy(e0);
-  cudaEventDestroy(e1);
 }
 
 }  // namespace

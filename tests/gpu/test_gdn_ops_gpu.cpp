@@ -33,6 +33,8 @@ namespace {
 using test::gpu;
 using test::random_bf16;
 using test::rel_err;
+using test::time_calls;
+using test::Timing;
 using test::to_device;
 using test::to_host;
 const Ctx kCpu = cpu_ctx();
@@ -145,31 +147,12 @@ TEST(GpuCausalConv1dTiming, Qwen36_27B_T32768) {
   std::vector<int32_t> cu(nseq + 1);
   for (int64_t s = 0; s <= nseq; ++s) cu[s] = static_cast<int32_t>(T / nseq * s);
   Buffer d_cu = test::to_device_i32(g, cu);
-  auto run = [&] { ops::causal_conv1d_silu_forward(g, out, in, w, d_cu); };
-  for (int i = 0; i < 3; ++i) run();
-  cudaStream_t st = static_cast<cudaStream_t>(g.stream);
-  cudaEvent_t e0, e1;
-  cudaEventCreate(&e0);
-  cudaEventCreate(&e1);
-  std::vector<float> ms;
-  for (int i = 0; i < 20; ++i) {
-    cudaEventRecord(e0, st);
-    run();
-    cudaEventRecord(e1, st);
-    cudaEventSynchronize(e1);
-    float m = 0;
-    cudaEventElapsedTime(&m, e0, e1);
-    ms.push_back(m);
-  }
-  synchronize(g);
-  cudaEventDestroy(e0);
-  cudaEventDestroy(e1);
-  std::sort(ms.begin(), ms.end());
+  const Timing t = time_calls(g, [&] { ops::causal_conv1d_silu_forward(g, out, in, w, d_cu); });
   const double gb = 2.0 * T * C * 2 / 1e9;  // in + out, bf16
   std::printf("[conv timing] T=%lld as %lld x %lld tokens, C=%lld K=%lld: median %.3f ms (min %.3f, max %.3f), "
               "%.0f GB/s\n",
-              (long long)T, (long long)nseq, (long long)(T / nseq), (long long)C, (long long)K, ms[ms.size() / 2],
-              ms.front(), ms.back(), gb / (ms[ms.size() / 2] * 1e-3));
+              (long long)T, (long long)nseq, (long long)(T / nseq), (long long)C, (long long)K, t.median, t.min,
+              t.max, gb / (t.median * 1e-3));
   const int64_t Tc = 2 * T / nseq;  // sequences 0 and 1: the CPU sees the same packing up to token Tc
   const std::vector<float> h_in = to_host(g, in.t().slice_rows(0, Tc)), h_w = to_host(g, w),
                            got = to_host(g, out.t().slice_rows(0, Tc));
@@ -329,32 +312,6 @@ INSTANTIATE_TEST_SUITE_P(Shapes, GpuSigmoidGate,
 // Each test times the op as the target calls it (CUDA events around each call after 3 warm-ups, median of
 // 20; bytes = what the op must read and write once) and checks a slice of its output against the CPU twin.
 
-struct Timing {
-  double median, min, max;
-};
-template <class Fn>
-Timing time_calls(const Ctx& g, Fn fn) {
-  for (int i = 0; i < 3; ++i) fn();
-  cudaStream_t st = static_cast<cudaStream_t>(g.stream);
-  cudaEvent_t e0, e1;
-  cudaEventCreate(&e0);
-  cudaEventCreate(&e1);
-  std::vector<float> ms;
-  for (int i = 0; i < 20; ++i) {
-    cudaEventRecord(e0, st);
-    fn();
-    cudaEventRecord(e1, st);
-    cudaEventSynchronize(e1);
-    float m = 0;
-    cudaEventElapsedTime(&m, e0, e1);
-    ms.push_back(m);
-  }
-  synchronize(g);
-  cudaEventDestroy(e0);
-  cudaEventDestroy(e1);
-  std::sort(ms.begin(), ms.end());
-  return {ms[ms.size() / 2], ms.front(), ms.back()};
-}
 void print_timing(const char* what, const Timing& t, double bytes) {
   std::printf("[%s timing] median %.4f ms (min %.4f, max %.4f), %.0f GB/s\n", what, t.median, t.min, t.max,
               bytes / 1e9 / (t.median * 1e-3));
