@@ -2,14 +2,16 @@
 // error <= 1e-2: tol::kOp), at every kernel path:
 //   qkv_norm_rope_forward: the register paths (hd = rotary_dim = 64, 128, 256: 2, 4, 8 values a lane), the
 //     shared-memory path (partial RoPE, hd 24 and 80), and hd 128 through misaligned views (which must take
-//     the shared-memory path too). At the Qwen3 shape it must also equal, bit for bit, the unfused CUDA
-//     path it replaces in the target (head_norm_rope_forward on the q and k slices: the same arithmetic).
+//     the shared-memory path too). At the Qwen3 shape it must also agree with the unfused CUDA path it
+//     replaced in the target (head_norm_rope_forward on the q and k slices) to one bf16 rounding step per
+//     element: the two kernels compute the same math but sum the squares in different orders.
 //   swiglu_fused_forward: 16-byte vectors (I % 8 == 0), the scalar path (I odd; a misaligned view), and
 //     the 8B shape's I = 12288 (several blocks per row).
 // Outputs start as NaN (to_device with no data), so an element the kernel skips fails the comparison.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
 #include <ostream>
 #include <vector>
@@ -90,8 +92,17 @@ TEST_P(GpuQkvNormRope, MatchesCpu) {
     Buffer u_q = to_device(g, q_in, {T, nh, hd}), u_k = to_device(g, k_in, {T, nkv, hd});
     ops::head_norm_rope_forward(g, u_q, Tensor(), u_q, view_at(b_qn, 0, {hd}), d_pos, rope, eps);
     ops::head_norm_rope_forward(g, u_k, Tensor(), u_k, view_at(b_kn, 0, {hd}), d_pos, rope, eps);
-    EXPECT_EQ(to_host(g, u_q), got_q);
-    EXPECT_EQ(to_host(g, u_k), got_k);
+    // One bf16 rounding step: |a - b| <= 2^-8 (|a| + |b|) covers a flip of the last bit of either result.
+    auto within_one_rounding = [](const std::vector<float>& a, const std::vector<float>& b) {
+      size_t bad = 0;
+      for (size_t i = 0; i < a.size(); ++i)
+        bad += !(std::fabs(a[i] - b[i]) <= std::ldexp(std::fabs(a[i]) + std::fabs(b[i]), -8));
+      return bad;
+    };
+    EXPECT_EQ(within_one_rounding(to_host(g, u_q), got_q), 0u);
+    EXPECT_EQ(within_one_rounding(to_host(g, u_k), got_k), 0u);
+    EXPECT_LT(rel_err(to_host(g, u_q), got_q), 1e-3);
+    EXPECT_LT(rel_err(to_host(g, u_k), got_k), 1e-3);
   }
 }
 INSTANTIATE_TEST_SUITE_P(Shapes, GpuQkvNormRope,
