@@ -12,12 +12,14 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <ostream>
 #include <vector>
 
 #include "dflash/ops.h"
 #include "gpu_test_util.h"
+#include "random_fill.cuh"
 
 namespace dflash {
 namespace {
@@ -135,7 +137,27 @@ TEST_P(GpuSwigluFused, MatchesCpu) {
 }
 INSTANTIATE_TEST_SUITE_P(Shapes, GpuSwigluFused,
                          testing::Values(SwigluCase{37, 1000, 0}, SwigluCase{37, 1001, 0}, SwigluCase{19, 1000, 1},
-                                         SwigluCase{5, 12288, 0}, SwigluCase{1, 8, 0}));
+                                         SwigluCase{5, 12288, 0}, SwigluCase{1, 8, 0}, SwigluCase{2, 16, 0},
+                                         SwigluCase{3, 16, 0}));
+
+// The 27B target's MLP (bench_hybrid_forward --model 27b: 64 calls a forward): times the op (test::time_calls)
+// on gate_up [32768, 2 x 17408] and checks the first 256 rows against the CPU twin.
+TEST(GpuSwigluFusedTiming, Qwen36_27B_T32768) {
+  SKIP_WITHOUT_GPU();
+  Ctx g = gpu();
+  const int64_t N = 32768, I = 17408;
+  Buffer gu(Device::CUDA, DType::BF16, {N, 2 * I}), out(Device::CUDA, DType::BF16, {N, I});
+  cuda::fill_random(g, gu, 51, 0.f, 2.f);
+  const test::Timing t = test::time_calls(g, [&] { ops::swiglu_fused_forward(g, out, gu); });
+  const double bytes = 3.0 * N * I * 2;  // gate + up read, out written, bf16
+  std::printf("[swiglu_fused timing] N=%lld I=%lld: median %.4f ms (min %.4f, max %.4f), %.0f GB/s\n",
+              (long long)N, (long long)I, t.median, t.min, t.max, bytes / 1e9 / (t.median * 1e-3));
+  const int64_t Nc = 256;
+  const std::vector<float> h_gu = to_host(g, gu.t().slice_rows(0, Nc)), got = to_host(g, out.t().slice_rows(0, Nc));
+  std::vector<float> want(static_cast<size_t>(Nc * I));
+  ops::swiglu_fused_forward(kCpu, cpu_view(want.data(), {Nc, I}), cpu_view(h_gu.data(), {Nc, 2 * I}));
+  EXPECT_LT(rel_err(got, want), test::tol::kOp);
+}
 
 }  // namespace
 }  // namespace dflash
