@@ -21,6 +21,7 @@
 #include "model/qwen3_weights.h"
 #include "ops/gated_delta.h"
 #include "ops_test_util.h"
+#include "target_golden.h"
 #include "test_support.h"
 
 namespace dflash {
@@ -37,6 +38,7 @@ using test::read_f32;
 using test::read_i32;
 using test::run_target;
 using test::RunResult;
+using test::TensorCopy;
 
 PackedBatch golden_batch() { return test::golden_batch(kCase); }
 std::string make_temp_dir() { return test::make_temp_dir("dflash_qwen35_"); }
@@ -48,27 +50,11 @@ json read_json(const std::string& path) {
 
 // Writes a copy of the golden target into dir (one model.safetensors, float32): config from
 // `config`, every tensor name passed through `rename`, tensors edited by `edit` on the way.
-struct TensorCopy {
-  std::string name;
-  std::vector<int64_t> shape;
-  std::vector<float> data;
-};
 void write_target_copy(const std::string& dir, const json& config,
                        const std::function<std::string(const std::string&)>& rename = nullptr,
                        const std::function<void(std::vector<TensorCopy>&)>& edit = nullptr) {
   std::ofstream(dir + "/config.json") << config.dump(2);
-  Checkpoint src(kTargetDir);
-  std::vector<TensorCopy> tensors;
-  for (const std::string& name : src.names()) {
-    const TensorInfo& t = src.get(name);
-    TensorCopy c{rename ? rename(name) : name, t.shape, std::vector<float>(t.numel())};
-    src.load_f32(name, t.shape, c.data.data());
-    tensors.push_back(std::move(c));
-  }
-  if (edit) edit(tensors);
-  std::vector<TensorToWrite> w;
-  for (const TensorCopy& c : tensors) w.push_back({c.name, DType::F32, c.shape, c.data.data(), nullptr});
-  write_safetensors(dir + "/model.safetensors", w);
+  test::write_checkpoint_copy(kTargetDir, dir, DType::F32, rename, edit);
 }
 
 // ---- ops ------------------------------------------------------------------------------------------
@@ -302,37 +288,10 @@ TEST(Qwen35Config, FactoryBuildsTheHybridTarget) {
 
 // ---- the whole forward ----------------------------------------------------------------------------
 
-void expect_matches_golden(TargetModel& model, const char* what) {
-  SafetensorsFile g(kCase + "/golden.safetensors");
-  const PackedBatch batch = golden_batch();
-  const int64_t T = batch.num_tokens();
-  const Qwen3Config& c = model.config();
-  const int64_t H = c.hidden_size, V = c.vocab_size, L = c.num_hidden_layers;
-  ASSERT_EQ(g.get("target.hidden").shape, (std::vector<int64_t>{L, T, H}));
-  RunResult r = run_target(model, batch);
-  const std::vector<float> hidden = read_f32(g, "target.hidden");
-  for (int64_t l = 0; l < L; ++l) {
-    std::vector<float> got(r.features.begin() + l * T * H, r.features.begin() + (l + 1) * T * H);
-    std::vector<float> want(hidden.begin() + l * T * H, hidden.begin() + (l + 1) * T * H);
-    const double err = test::rel_err(got, want);
-    std::printf("  %s: target.hidden[%d] (%s) rel err %.3g\n", what, static_cast<int>(l), c.layer_types[l].c_str(),
-                err);
-    EXPECT_LT(err, 1e-5) << what << ": decoder layer " << l;
-  }
-  const double norm_err = test::rel_err(r.final_norm, read_f32(g, "target.final_norm"));
-  std::printf("  %s: target.final_norm rel err %.3g\n", what, norm_err);
-  EXPECT_LT(norm_err, 1e-5) << what;
-  std::vector<float> logits(T * V);
-  model.lm_head_forward(cpu_view(logits.data(), {T, V}), cpu_view(r.final_norm.data(), {T, H}));
-  const double logit_err = test::rel_err(logits, read_f32(g, "target.logits"));
-  std::printf("  %s: target.logits rel err %.3g\n", what, logit_err);
-  EXPECT_LT(logit_err, 1e-5) << what;
-}
-
 TEST(Qwen35Golden, EveryLayerFinalNormAndLogitsMatchTransformers) {
   auto model = load_target(kTargetDir, cpu_ctx(), all_layers(4), golden_batch().num_tokens());
   EXPECT_EQ(model->activation_dtype(), DType::F32);
-  expect_matches_golden(*model, "text layout");
+  test::expect_matches_golden(*model, kCase, "text layout");
 }
 
 TEST(Qwen35Golden, PackedBatchEqualsEachSequenceAlone) {
@@ -340,41 +299,17 @@ TEST(Qwen35Golden, PackedBatchEqualsEachSequenceAlone) {
   // A third, one-token sequence: the conv and recurrent state must restart for it too.
   batch.tokens.push_back(7);
   batch.cu_seqlens.push_back(batch.cu_seqlens.back() + 1);
-  const int64_t T = batch.num_tokens();
   const std::vector<int> layers = {2, 0, 3};  // out of order; linear and full-attention layers
-  auto model = load_target(kTargetDir, cpu_ctx(), layers, T);
-  const int64_t H = model->config().hidden_size, k = 3;
-  RunResult packed = run_target(*model, batch);
-  for (int s = 0; s < batch.num_seqs(); ++s) {
-    const int32_t b = batch.cu_seqlens[s], e = batch.cu_seqlens[s + 1], S = e - b;
-    PackedBatch one;
-    one.tokens.assign(batch.tokens.begin() + b, batch.tokens.begin() + e);
-    one.cu_seqlens = {0, S};
-    RunResult alone = run_target(*model, one);
-    for (int64_t i = 0; i < k; ++i) {
-      std::vector<float> got(packed.features.begin() + (i * T + b) * H, packed.features.begin() + (i * T + e) * H);
-      std::vector<float> want(alone.features.begin() + i * S * H, alone.features.begin() + (i + 1) * S * H);
-      EXPECT_LT(test::rel_err(got, want), 1e-6) << "sequence " << s << ", layer " << layers[i];
-    }
-    std::vector<float> got(packed.final_norm.begin() + b * H, packed.final_norm.begin() + e * H);
-    std::vector<float> want(alone.final_norm.begin(), alone.final_norm.begin() + S * H);
-    EXPECT_LT(test::rel_err(got, want), 1e-6) << "sequence " << s;
-  }
+  auto model = load_target(kTargetDir, cpu_ctx(), layers, batch.num_tokens());
+  test::expect_packed_equals_each_alone(*model, batch);
 }
 
 TEST(Qwen35Golden, LayerListedTwiceIsCapturedTwice) {
   const PackedBatch batch = golden_batch();
   const int64_t T = batch.num_tokens();
   auto model = load_target(kTargetDir, cpu_ctx(), {1, 3, 1}, T);
-  const int64_t H = model->config().hidden_size;
   RunResult r = run_target(*model, batch);
-  SafetensorsFile g(kCase + "/golden.safetensors");
-  const std::vector<float> hidden = read_f32(g, "target.hidden");
-  const std::vector<float> want(hidden.begin() + 1 * T * H, hidden.begin() + 2 * T * H);
-  for (int slot : {0, 2}) {
-    const std::vector<float> got(r.features.begin() + slot * T * H, r.features.begin() + (slot + 1) * T * H);
-    EXPECT_LT(test::rel_err(got, want), 1e-5) << "slot " << slot;
-  }
+  test::expect_slots_match_golden(r.features, {0, 2}, 1, kCase, T, model->config().hidden_size);
 }
 
 // The released checkpoints' layout: a Qwen3_5ForConditionalGeneration config with the text fields under
@@ -397,7 +332,7 @@ TEST(Qwen35Golden, VisionLanguageLayoutLoadsAndMatches) {
         ts.push_back({"model.visual.patch_embed.proj.weight", {16, 3}, std::vector<float>(48, 1.0f)});
       });
   auto model = load_target(dir, cpu_ctx(), all_layers(4), golden_batch().num_tokens());
-  expect_matches_golden(*model, "VLM layout");
+  test::expect_matches_golden(*model, kCase, "VLM layout");
   std::filesystem::remove_all(dir);
 }
 

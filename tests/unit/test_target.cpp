@@ -19,6 +19,7 @@
 #include "dflash/target.h"
 #include "model/capture_stack.h"
 #include "ops_test_util.h"
+#include "target_golden.h"
 #include "test_support.h"
 
 namespace dflash {
@@ -35,33 +36,18 @@ using test::read_f32;
 using test::read_i32;
 using test::run_target;
 using test::RunResult;
+using test::TensorCopy;
 
 PackedBatch golden_batch() { return test::golden_batch(kCase); }
 std::string make_temp_dir() { return test::make_temp_dir("dflash_target_"); }
 
 // Writes a copy of the golden target into dir as one model.safetensors in `dtype`; `edit` may drop or
 // reshape tensors on the way.
-struct TensorCopy {
-  std::string name;
-  std::vector<int64_t> shape;
-  std::vector<float> data;
-};
 void write_target_copy(const std::string& dir, DType dtype,
                        const std::function<void(std::vector<TensorCopy>&)>& edit = nullptr) {
   std::filesystem::copy_file(kTargetDir + "/config.json", dir + "/config.json",
                              std::filesystem::copy_options::overwrite_existing);
-  Checkpoint src(kTargetDir);
-  std::vector<TensorCopy> tensors;
-  for (const std::string& name : src.names()) {
-    const TensorInfo& t = src.get(name);
-    TensorCopy c{name, t.shape, std::vector<float>(t.numel())};
-    src.load_f32(name, t.shape, c.data.data());
-    tensors.push_back(std::move(c));
-  }
-  if (edit) edit(tensors);
-  std::vector<TensorToWrite> w;
-  for (const TensorCopy& c : tensors) w.push_back({c.name, dtype, c.shape, c.data.data(), nullptr});
-  write_safetensors(dir + "/model.safetensors", w);
+  test::write_checkpoint_copy(kTargetDir, dir, dtype, nullptr, edit);
 }
 
 // ---- config and factory ----------------------------------------------------------------------------
@@ -104,72 +90,24 @@ TEST(TargetConfig, UnrunnableDenseConfigIsRefusedWhenRead) {
 // ---- the forward ------------------------------------------------------------------------------------
 
 TEST(TargetGolden, EveryLayerFinalNormAndLogitsMatchTransformers) {
-  SafetensorsFile g(kCase + "/golden.safetensors");
-  const PackedBatch batch = golden_batch();
-  const int64_t T = batch.num_tokens();
-  auto model = load_target(kTargetDir, cpu_ctx(), all_layers(6), T);
-  const Qwen3Config& c = model->config();
-  ASSERT_EQ(c.num_hidden_layers, 6);
-  const int64_t H = c.hidden_size, V = c.vocab_size, L = c.num_hidden_layers;
-  ASSERT_EQ(g.get("target.hidden").shape, (std::vector<int64_t>{L, T, H}));
-
-  RunResult r = run_target(*model, batch);
-  const std::vector<float> hidden = read_f32(g, "target.hidden");
-  for (int64_t l = 0; l < L; ++l) {
-    std::vector<float> got(r.features.begin() + l * T * H, r.features.begin() + (l + 1) * T * H);
-    std::vector<float> want(hidden.begin() + l * T * H, hidden.begin() + (l + 1) * T * H);
-    const double err = test::rel_err(got, want);
-    std::printf("  target.hidden[%d] rel err %.3g\n", static_cast<int>(l), err);
-    EXPECT_LT(err, 1e-5) << "decoder layer " << l;
-  }
-  const double norm_err = test::rel_err(r.final_norm, read_f32(g, "target.final_norm"));
-  std::printf("  target.final_norm rel err %.3g\n", norm_err);
-  EXPECT_LT(norm_err, 1e-5);
-
-  std::vector<float> logits(T * V);
-  model->lm_head_forward(cpu_view(logits.data(), {T, V}), cpu_view(r.final_norm.data(), {T, H}));
-  const double logit_err = test::rel_err(logits, read_f32(g, "target.logits"));
-  std::printf("  target.logits rel err %.3g\n", logit_err);
-  EXPECT_LT(logit_err, 1e-5);
+  auto model = load_target(kTargetDir, cpu_ctx(), all_layers(6), golden_batch().num_tokens());
+  ASSERT_EQ(model->config().num_hidden_layers, 6);
+  test::expect_matches_golden(*model, kCase, "dense");
 }
 
 TEST(TargetGolden, PackedBatchEqualsEachSequenceAlone) {
   const PackedBatch batch = golden_batch();
-  const int64_t T = batch.num_tokens();
   const std::vector<int> layers = {3, 1, 5};  // out of order, and the last layer
-  auto model = load_target(kTargetDir, cpu_ctx(), layers, T);
-  const int64_t H = model->config().hidden_size, k = 3;
-  RunResult packed = run_target(*model, batch);
-  for (int s = 0; s < batch.num_seqs(); ++s) {
-    const int32_t b = batch.cu_seqlens[s], e = batch.cu_seqlens[s + 1], S = e - b;
-    PackedBatch one;
-    one.tokens.assign(batch.tokens.begin() + b, batch.tokens.begin() + e);
-    one.cu_seqlens = {0, S};
-    RunResult alone = run_target(*model, one);
-    for (int64_t i = 0; i < k; ++i) {
-      std::vector<float> got(packed.features.begin() + (i * T + b) * H, packed.features.begin() + (i * T + e) * H);
-      std::vector<float> want(alone.features.begin() + i * S * H, alone.features.begin() + (i + 1) * S * H);
-      EXPECT_LT(test::rel_err(got, want), 1e-6) << "sequence " << s << ", layer " << layers[i];
-    }
-    std::vector<float> got(packed.final_norm.begin() + b * H, packed.final_norm.begin() + e * H);
-    std::vector<float> want(alone.final_norm.begin(), alone.final_norm.begin() + S * H);
-    EXPECT_LT(test::rel_err(got, want), 1e-6) << "sequence " << s;
-  }
+  auto model = load_target(kTargetDir, cpu_ctx(), layers, batch.num_tokens());
+  test::expect_packed_equals_each_alone(*model, batch);
 }
 
 TEST(TargetGolden, LayerListedTwiceIsCapturedTwice) {
   const PackedBatch batch = golden_batch();
   const int64_t T = batch.num_tokens();
   auto model = load_target(kTargetDir, cpu_ctx(), {2, 4, 2}, T);
-  const int64_t H = model->config().hidden_size;
   RunResult r = run_target(*model, batch);
-  SafetensorsFile g(kCase + "/golden.safetensors");
-  const std::vector<float> hidden = read_f32(g, "target.hidden");
-  const std::vector<float> want(hidden.begin() + 2 * T * H, hidden.begin() + 3 * T * H);
-  for (int slot : {0, 2}) {
-    const std::vector<float> got(r.features.begin() + slot * T * H, r.features.begin() + (slot + 1) * T * H);
-    EXPECT_LT(test::rel_err(got, want), 1e-5) << "slot " << slot;
-  }
+  test::expect_slots_match_golden(r.features, {0, 2}, 2, kCase, T, model->config().hidden_size);
 }
 
 TEST(TargetGolden, CapturesOnlyAndEmptyFinalNorm) {
@@ -194,14 +132,8 @@ TEST(TargetGolden, WithoutFinalNormTheCapturesStillMatch) {
   CaptureOut out;
   out.features = Tensor(features.data(), DType::F32, Device::CPU, {2, T, H});
   model->forward(batch, out);
-  SafetensorsFile g(kCase + "/golden.safetensors");
-  const std::vector<float> hidden = read_f32(g, "target.hidden");
-  for (int slot = 0; slot < 2; ++slot) {
-    const int layer = slot == 0 ? 1 : 3;
-    const std::vector<float> want(hidden.begin() + layer * T * H, hidden.begin() + (layer + 1) * T * H);
-    const std::vector<float> got(features.begin() + slot * T * H, features.begin() + (slot + 1) * T * H);
-    EXPECT_LT(test::rel_err(got, want), 1e-5) << "layer " << layer;
-  }
+  test::expect_slots_match_golden(features, {0}, 1, kCase, T, H);
+  test::expect_slots_match_golden(features, {1}, 3, kCase, T, H);
 }
 
 TEST(CaptureStack, StopsAfterTheLastCaptureWithoutFinalNorm) {
