@@ -13,7 +13,6 @@
 // (--shard-gb) at a time, so the 8B shape needs ~4 GB of RAM. Scales follow dflash-make-tiny (uniform
 // instead of Gaussian, same std): embeddings 1, projections 1/sqrt(fan_in), o_proj 0.3x and down_proj
 // 0.5x of that, norms 1 +- 0.1 (model.norm included).
-#include <sys/stat.h>
 #include <sys/statvfs.h>
 
 #include <algorithm>
@@ -37,6 +36,7 @@
 #include "dflash/version.h"
 #include "dflash/safetensors.h"
 #include "dflash/tensor.h"
+#include "make_target_common.h"
 
 using namespace dflash;
 
@@ -57,13 +57,10 @@ const char* kUsage =
 
 constexpr int kPromptTokens = 16;  // loss_mask 0 at the start of every record
 
-struct Spec {
+struct Spec : Qwen3Shape {  // the shape from --preset, then the shape flags
+  Spec() { max_position_embeddings = 40960; }
   std::string preset;
   uint64_t seed = 1;
-  int vocab = 0, hidden = 0, layers = 0, heads = 0, kv_heads = 0, head_dim = 0, intermediate = 0;
-  int max_position_embeddings = 40960;
-  double rope_theta = 1000000.0, rms_norm_eps = 1e-6;
-  bool tied = false;
   int records = 2000, min_len = 512, max_len = 4096;
   double shard_gb = 4;
   int threads = 0;
@@ -162,28 +159,8 @@ std::vector<WeightSpec> make_weight_specs(const Spec& s) {
   return w;
 }
 
-// Same fields as dflash-make-tiny's make_config.
 nlohmann::ordered_json make_config(const Spec& s) {
-  nlohmann::ordered_json c;
-  c["architectures"] = {"Qwen3ForCausalLM"};
-  c["model_type"] = "qwen3";
-  c["attention_bias"] = false;
-  c["attention_dropout"] = 0.0;
-  c["hidden_act"] = "silu";
-  c["vocab_size"] = s.vocab;
-  c["hidden_size"] = s.hidden;
-  c["intermediate_size"] = s.intermediate;
-  c["num_hidden_layers"] = s.layers;
-  c["num_attention_heads"] = s.heads;
-  c["num_key_value_heads"] = s.kv_heads;
-  c["head_dim"] = s.head_dim;
-  c["max_position_embeddings"] = s.max_position_embeddings;
-  c["rms_norm_eps"] = s.rms_norm_eps;
-  c["rope_theta"] = s.rope_theta;
-  c["tie_word_embeddings"] = s.tied;
-  c["use_sliding_window"] = false;
-  c["sliding_window"] = nullptr;
-  c["layer_types"] = std::vector<std::string>(static_cast<size_t>(s.layers), "full_attention");
+  nlohmann::ordered_json c = qwen3_config_json(s);
   c["torch_dtype"] = "bfloat16";
   c["dflash_random"] = {{"seed", s.seed}, {"preset", s.preset}, {"generator", "dflash-make-random"}};
   return c;
@@ -287,12 +264,6 @@ TokenRecords make_records(const Spec& s) {
   return rec;
 }
 
-void make_dir(const std::string& d) {
-  DF_CHECK_HINT(::mkdir(d.c_str(), 0755) == 0 || errno == EEXIST, SystemFailure, "cannot create directory " << d,
-                "check that the parent directory exists and is writable");
-}
-
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -337,9 +308,7 @@ int main(int argc, char** argv) {
     else args.unknown();
   }
   if (s.threads == 0) s.threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
-  DF_CHECK_HINT(s.heads % s.kv_heads == 0, BadOptions,
-                "--heads " << s.heads << " must be a multiple of --kv-heads " << s.kv_heads, kUsage);
-  DF_CHECK_HINT(s.head_dim % 2 == 0, BadOptions, "--head-dim must be even (RoPE rotates pairs)", kUsage);
+  check_qwen3_shape(s, kUsage);
   DF_CHECK_HINT(s.min_len <= s.max_len, BadOptions,
                 "--min-len " << s.min_len << " must be <= --max-len " << s.max_len, kUsage);
   DF_CHECK_HINT(static_cast<double>(s.records) * s.max_len < 2e9, BadOptions,

@@ -9,8 +9,6 @@
 //             full attention with partial rotary, zero-centred norms) instead of a dense Qwen3
 //   -> OUTDIR/target/{config.json, model-0000i-of-0000n.safetensors, model.safetensors.index.json}
 //      OUTDIR/data.h5
-#include <sys/stat.h>
-
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -29,6 +27,7 @@
 #include "dflash/safetensors.h"
 #include "dflash/target.h"
 #include "dflash/tensor.h"
+#include "make_target_common.h"
 
 using namespace dflash;
 
@@ -41,9 +40,9 @@ const char* kUsage =
     "         [--dtype bf16|f32] [--hybrid (a Qwen3.5/3.6 hybrid: Gated DeltaNet + gated attention)]\n"
     "       dflash-make-tiny --help | --version\n";
 
-struct TinySpec {
+struct TinySpec : Qwen3Shape {
+  TinySpec() { vocab = 512, hidden = 64, layers = 4, heads = 4, kv_heads = 2, head_dim = 32, intermediate = 192; }
   uint64_t seed = 1;
-  int vocab = 512, hidden = 64, layers = 4, heads = 4, kv_heads = 2, head_dim = 32, intermediate = 192;
   int shards = 2;
   int records = 320, min_len = 24, max_len = 96;
   int prompt_min = 4, prompt_max = 8;  // random prompt tokens, loss_mask 0
@@ -169,25 +168,7 @@ std::vector<NamedWeight> make_weights(const TinySpec& s) {
 }
 
 nlohmann::ordered_json make_config(const TinySpec& s) {
-  nlohmann::ordered_json c;
-  c["architectures"] = {"Qwen3ForCausalLM"};
-  c["model_type"] = "qwen3";
-  c["attention_bias"] = false;
-  c["attention_dropout"] = 0.0;
-  c["hidden_act"] = "silu";
-  c["vocab_size"] = s.vocab;
-  c["hidden_size"] = s.hidden;
-  c["intermediate_size"] = s.intermediate;
-  c["num_hidden_layers"] = s.layers;
-  c["num_attention_heads"] = s.heads;
-  c["num_key_value_heads"] = s.kv_heads;
-  c["head_dim"] = s.head_dim;
-  c["max_position_embeddings"] = 4096;
-  c["rms_norm_eps"] = 1e-6;
-  c["rope_theta"] = 1000000.0;
-  c["tie_word_embeddings"] = false;
-  c["use_sliding_window"] = false;
-  c["sliding_window"] = nullptr;
+  nlohmann::ordered_json c = qwen3_config_json(s);
   std::vector<std::string> kinds;
   for (int l = 0; l < s.layers; ++l) kinds.push_back(s.full_attention(l) ? "full_attention" : "linear_attention");
   c["layer_types"] = kinds;
@@ -312,12 +293,6 @@ TokenRecords sample_records(const std::string& target_dir, const TinySpec& s, do
   return rec;
 }
 
-void make_dir(const std::string& d) {
-  DF_CHECK_HINT(::mkdir(d.c_str(), 0755) == 0 || errno == EEXIST, SystemFailure, "cannot create directory " << d,
-                "check that the parent directory exists and is writable");
-}
-
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -360,9 +335,7 @@ int main(int argc, char** argv) {
     }
   }
   DF_CHECK_HINT(!out.empty(), BadOptions, "missing OUTDIR", kUsage);
-  DF_CHECK_HINT(s.heads % s.kv_heads == 0, BadOptions,
-                "--heads " << s.heads << " must be a multiple of --kv-heads " << s.kv_heads, kUsage);
-  DF_CHECK_HINT(s.head_dim % 2 == 0, BadOptions, "--head-dim must be even (RoPE rotates pairs)", kUsage);
+  check_qwen3_shape(s, kUsage);
   DF_CHECK_HINT(s.min_len <= s.max_len && s.min_len > s.prompt_max, BadOptions,
                 "need " << s.prompt_max << " < --min-len <= --max-len", kUsage);
 
