@@ -79,6 +79,26 @@ print($2)
 " "$1"
 }
 
+# split_eval_set SRC TRAIN EVAL N: a held-out split of the token dataset SRC for --eval-data: its last N
+# records go to EVAL, the others to TRAIN, both with SRC's attributes (vocab size, tokenizer).
+split_eval_set() {
+  "$PY" - "$@" <<'PYEOF'
+import sys, h5py, numpy as np
+src = h5py.File(sys.argv[1], 'r')
+tok, off, mask = src['tokens'][:], src['offsets'][:], src['loss_mask'][:]
+def write(path, recs):
+    with h5py.File(path, 'w') as f:
+        f['tokens'] = np.concatenate([tok[off[r]:off[r + 1]] for r in recs]).astype(np.int32)
+        f['loss_mask'] = np.concatenate([mask[off[r]:off[r + 1]] for r in recs]).astype(np.uint8)
+        f['offsets'] = np.concatenate([[0], np.cumsum([off[r + 1] - off[r] for r in recs])]).astype(np.int64)
+        for k, v in src.attrs.items():
+            f.attrs[k] = v
+n, held_out = len(off) - 1, int(sys.argv[4])
+write(sys.argv[2], range(0, n - held_out))
+write(sys.argv[3], range(n - held_out, n))
+PYEOF
+}
+
 # expect_resumed_like_straight STRAIGHT RESUMED N: job RESUMED, resumed from STRAIGHT's step-N/2
 # checkpoint, logged steps N/2+1..N with STRAIGHT's loss, acc, grad_norm, lr and tokens bit for bit,
 # and exported a byte-identical drafter.

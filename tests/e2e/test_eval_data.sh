@@ -13,21 +13,7 @@
 source "$(dirname "$0")/lib.sh"
 tiny=$(tiny_dir)
 # A held-out split of the tiny dataset: the last 40 records evaluate, the others train.
-"$PY" - "$tiny/data.h5" "$WORK/train.h5" "$WORK/eval.h5" <<'PYEOF'
-import sys, h5py, numpy as np
-src = h5py.File(sys.argv[1], 'r')
-tok, off, mask = src['tokens'][:], src['offsets'][:], src['loss_mask'][:]
-def write(path, recs):
-    with h5py.File(path, 'w') as f:
-        f['tokens'] = np.concatenate([tok[off[r]:off[r + 1]] for r in recs]).astype(np.int32)
-        f['loss_mask'] = np.concatenate([mask[off[r]:off[r + 1]] for r in recs]).astype(np.uint8)
-        f['offsets'] = np.concatenate([[0], np.cumsum([off[r + 1] - off[r] for r in recs])]).astype(np.int64)
-        for k, v in src.attrs.items():
-            f.attrs[k] = v
-n = len(off) - 1
-write(sys.argv[2], range(0, n - 40))
-write(sys.argv[3], range(n - 40, n))
-PYEOF
+split_eval_set "$tiny/data.h5" "$WORK/train.h5" "$WORK/eval.h5" 40
 DATA=(--data "$WORK/train.h5" --eval-data "$WORK/eval.h5")
 
 # ---- 1-2: every 5 steps and after the last -----------------------------------------------------------
