@@ -47,6 +47,23 @@ void check_packed_batch(const PackedBatch& batch, int64_t max_tokens, int64_t vo
                   "the dataset was tokenized for a different model");
 }
 
+DeviceBatch::DeviceBatch(Device device, int64_t max_tokens_)
+    : tokens(device, DType::I32, {max_tokens_}),
+      pos(device, DType::I32, {max_tokens_}),
+      cu_seqlens(device, DType::I32, {max_tokens_ + 1}),
+      pos_host(static_cast<size_t>(max_tokens_)),
+      max_tokens(max_tokens_) {}
+
+Tensor DeviceBatch::upload(const Ctx& ctx, const PackedBatch& batch, int64_t vocab_size) {
+  check_packed_batch(batch, max_tokens, vocab_size, pos_host);
+  const int64_t T = batch.num_tokens(), ncu = static_cast<int64_t>(batch.num_seqs()) + 1;
+  const Tensor cu = cu_seqlens.t().slice_rows(0, ncu);
+  copy_tensor(ctx, tokens.t().slice_rows(0, T), cpu_view(batch.tokens.data(), {T}));
+  copy_tensor(ctx, pos.t().slice_rows(0, T), cpu_view(pos_host.data(), {T}));
+  copy_tensor(ctx, cu, cpu_view(batch.cu_seqlens.data(), {ncu}));
+  return cu;
+}
+
 void check_capture_out(const CaptureOut& out, int64_t num_captures, int64_t T, int64_t H, DType act, Device device) {
   const int64_t k = num_captures;
   DF_CHECK(k == 0 || (out.features.ndim == 3 && out.features.shape[0] == k && out.features.shape[1] == T &&

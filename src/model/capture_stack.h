@@ -1,7 +1,7 @@
 // The parts of a target forward that do not depend on the decoder layer's kind, shared by Qwen3Target
 // (dense Qwen3, src/model/qwen3_target.cpp) and Qwen35Target (Qwen3.5/3.6 hybrid, src/model/qwen35_target.cpp):
-// which CaptureOut.features slot each layer writes, the checks on a packed batch and on CaptureOut, and
-// the layer stack itself.
+// which CaptureOut.features slot each layer writes, the checks on a packed batch and its upload, the checks
+// on CaptureOut, and the layer stack itself.
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -29,6 +29,21 @@ CapturePlan plan_captures(const std::vector<int>& capture_layers, int num_layers
 // position, restarting at 0 per sequence, into positions[0..T).
 void check_packed_batch(const PackedBatch& batch, int64_t max_tokens, int64_t vocab_size,
                         std::vector<int32_t>& positions);  // positions [>= T]
+
+// The packed batch as the embedding and the attention read it on the backend's device, allocated once for
+// max_tokens by each target.
+struct DeviceBatch {
+  Buffer tokens, pos;             // [max_tokens] I32: token ids, positions restarting per sequence
+  Buffer cu_seqlens;              // [max_tokens + 1] I32
+  std::vector<int32_t> pos_host;  // [max_tokens]
+  int64_t max_tokens = 0;
+
+  DeviceBatch() = default;
+  DeviceBatch(Device device, int64_t max_tokens);
+  // check_packed_batch (BadInput for a bad batch), then tokens, positions and cu_seqlens to the device.
+  // Returns the cu_seqlens rows in use, [num_seqs + 1].
+  Tensor upload(const Ctx& ctx, const PackedBatch& batch, int64_t vocab_size);
+};
 
 // Checks the forward's outputs (Internal: the caller allocates them): features [num_captures, T, H] of
 // dtype act on device (unchecked when nothing is captured), final_norm [T, H] of dtype act or empty.

@@ -42,7 +42,6 @@ struct Qwen35Target::Impl {
   Qwen35Config cfg;
   std::vector<int> capture_layers;
   CapturePlan captures;
-  int64_t max_tokens = 0;
   DType act = DType::F32;
   Qwen35Weights w;
 
@@ -65,9 +64,7 @@ struct Qwen35Target::Impl {
   // MLP
   Tensor mlp_gate_up;        // [T, 2I] the fused gate|up GEMM's output
   Tensor mlp_act;            // [T, I] silu(gate) * up
-  Buffer tokens, pos;        // [T] I32 on the backend's device
-  Buffer cu_seqlens;         // [max_tokens + 1] I32 on the backend's device
-  std::vector<int32_t> pos_host, cu_host;  // [max_tokens], [max_tokens + 1]
+  DeviceBatch inputs;        // tokens, positions, cu_seqlens
 
   // dst = residual + the mixer's output (the add in the output projection's epilogue).
   void linear_attn_forward(const Qwen35LinearAttnWeights& A, const Tensor& x, const Tensor& residual,
@@ -89,7 +86,6 @@ Qwen35Target::Qwen35Target(const Qwen35Config& cfg, const std::string& dir, cons
   DF_CHECK(max_tokens > 0, BadOptions, "the target needs max_tokens > 0, got " << max_tokens);
   m.captures = plan_captures(capture_layers, L, dir);
   m.capture_layers = std::move(capture_layers);
-  m.max_tokens = max_tokens;
 
   Checkpoint ckpt(dir);
   m.w = load_qwen35_weights(ckpt, m.cfg, ctx, m.act);
@@ -125,11 +121,7 @@ Qwen35Target::Qwen35Target(const Qwen35Config& cfg, const std::string& dir, cons
   reserve(&m.mlp_act, act, I);
   m.work = Buffer(d, DType::U8, {static_cast<int64_t>(plan.bytes())});
   for (const auto& [t, id] : views) *t = plan.view(m.work, id);
-  m.tokens = Buffer(d, DType::I32, {T});
-  m.pos = Buffer(d, DType::I32, {T});
-  m.cu_seqlens = Buffer(d, DType::I32, {T + 1});
-  m.pos_host.resize(T);
-  m.cu_host.resize(T + 1);
+  m.inputs = DeviceBatch(d, T);
 }
 
 Qwen35Target::~Qwen35Target() = default;
@@ -166,7 +158,7 @@ void Qwen35Target::Impl::full_attn_forward(const Qwen35FullAttnWeights& A, const
   const int64_t nh = c.num_attention_heads, nkv = c.num_key_value_heads, hd = c.head_dim;
   const ops::RopeSpec rope{c.rope_theta, cfg.rotary_dim};
   const Tensor qt = rows(q, T), gt = rows(gate, T), kt = rows(k, T), vt = rows(v, T), at = rows(attn, T);
-  const Tensor positions = rows(pos, T);
+  const Tensor positions = rows(inputs.pos, T);
   ops::matmul_forward(ctx, qt, x, A.q_proj);
   ops::matmul_forward(ctx, gt, x, A.gate_proj);
   ops::matmul_forward(ctx, kt, x, A.k_proj);
@@ -201,18 +193,12 @@ void Qwen35Target::forward(const PackedBatch& batch, const CaptureOut& out) {
   Impl& m = *impl_;
   const Qwen3Config& c = m.cfg.text;
   const int64_t T = batch.num_tokens(), H = c.hidden_size;
-  const int nseq = batch.num_seqs();
   const int64_t ncap = static_cast<int64_t>(m.capture_layers.size());
 
-  check_packed_batch(batch, m.max_tokens, c.vocab_size, m.pos_host);
+  const Tensor cu = m.inputs.upload(m.ctx, batch, c.vocab_size);
   check_capture_out(out, ncap, T, H, m.act, m.ctx.device);
-  const Tensor cu = m.cu_seqlens.t().slice_rows(0, nseq + 1);
-  copy_tensor(m.ctx, rows(m.tokens, T), cpu_view(batch.tokens.data(), {T}));
-  copy_tensor(m.ctx, rows(m.pos, T), cpu_view(m.pos_host.data(), {T}));
-  copy_tensor(m.ctx, cu, cpu_view(batch.cu_seqlens.data(), {static_cast<int64_t>(nseq) + 1}));
-  std::copy(batch.cu_seqlens.begin(), batch.cu_seqlens.end(), m.cu_host.begin());
 
-  ops::embedding_forward(m.ctx, rows(m.stream[0], T), rows(m.tokens, T), m.w.embed_tokens);
+  ops::embedding_forward(m.ctx, rows(m.stream[0], T), rows(m.inputs.tokens, T), m.w.embed_tokens);
   capture_stack_forward(m.ctx, m.captures, m.stream, T, H, out, m.w.norm, c.rms_norm_eps,
                         [&](int l, const Tensor& in, const Tensor& dst) {
                           m.layer_forward(m.w.layers[l], in, dst, T, cu);

@@ -35,7 +35,6 @@ struct Qwen3Target::Impl {
   Qwen3Config cfg;
   std::vector<int> capture_layers;
   CapturePlan captures;
-  int64_t max_tokens = 0;
   DType act = DType::F32;
   Qwen3Weights w;
 
@@ -53,11 +52,9 @@ struct Qwen3Target::Impl {
   Tensor attn;           // [T, nh*hd]
   Tensor gate_up;        // [T, 2I] the fused gate|up GEMM's output                   (MLP half)
   Tensor mlp_act;        // [T, I] silu(gate) * up
-  Buffer tokens, pos;    // [T] I32 on the device
-  Buffer cu_seqlens;     // [max_tokens + 1] I32 on the device
-  std::vector<int32_t> pos_host;  // [max_tokens]
+  DeviceBatch inputs;    // tokens, positions, cu_seqlens
 
-  void layer_forward(const Qwen3LayerWeights& L, const Tensor& in, const Tensor& dst, int64_t T, int nseq);
+  void layer_forward(const Qwen3LayerWeights& L, const Tensor& in, const Tensor& dst, int64_t T, const Tensor& cu);
 };
 
 Qwen3Target::Qwen3Target(const Qwen3Config& cfg, const std::string& dir, const Ctx& ctx,
@@ -74,7 +71,6 @@ Qwen3Target::Qwen3Target(const Qwen3Config& cfg, const std::string& dir, const C
   DF_CHECK(max_tokens > 0, BadOptions, "the target needs max_tokens > 0, got " << max_tokens);
   m.captures = plan_captures(capture_layers, L, dir);
   m.capture_layers = std::move(capture_layers);
-  m.max_tokens = max_tokens;
 
   Checkpoint ckpt(dir);
   m.w = load_qwen3_weights(ckpt, c, ctx, m.act);
@@ -98,10 +94,7 @@ Qwen3Target::Qwen3Target(const Qwen3Config& cfg, const std::string& dir, const C
   m.attn = plan.view(m.work, r_attn);
   m.gate_up = plan.view(m.work, r_gate_up);
   m.mlp_act = plan.view(m.work, r_mlp_act);
-  m.tokens = Buffer(d, DType::I32, {T});
-  m.pos = Buffer(d, DType::I32, {T});
-  m.cu_seqlens = Buffer(d, DType::I32, {T + 1});
-  m.pos_host.resize(T);
+  m.inputs = DeviceBatch(d, T);
 }
 
 Qwen3Target::~Qwen3Target() = default;
@@ -113,13 +106,13 @@ Tensor Qwen3Target::embed_tokens() const { return impl_->w.embed_tokens.t(); }
 Tensor Qwen3Target::lm_head() const { return impl_->w.lm_head_table(); }
 
 void Qwen3Target::Impl::layer_forward(const Qwen3LayerWeights& L, const Tensor& in, const Tensor& dst, int64_t T,
-                                      int nseq) {
+                                      const Tensor& cu) {
   const Qwen3Config& c = cfg;
   const int64_t nh = c.num_attention_heads, nkv = c.num_key_value_heads, hd = c.head_dim;
   const float eps = c.rms_norm_eps;
   const ops::RopeSpec rope{c.rope_theta, static_cast<int>(hd)};
   const Tensor x = rows(x_norm, T), qt = rows(q, T), kt = rows(k, T), vt = rows(v, T), at = rows(attn, T);
-  const Tensor positions = rows(pos, T), cu = cu_seqlens.t().slice_rows(0, nseq + 1);
+  const Tensor positions = rows(inputs.pos, T);
 
   ops::rmsnorm_forward(ctx, x, Tensor(), in, L.input_layernorm, eps);
   const Tensor qkvt = rows(qkv, T);
@@ -141,21 +134,15 @@ void Qwen3Target::forward(const PackedBatch& batch, const CaptureOut& out) {
   Impl& m = *impl_;
   const Qwen3Config& c = m.cfg;
   const int64_t T = batch.num_tokens(), H = c.hidden_size;
-  const int nseq = batch.num_seqs();
   const int64_t k = static_cast<int64_t>(m.capture_layers.size());
 
-  check_packed_batch(batch, m.max_tokens, c.vocab_size, m.pos_host);
+  const Tensor cu = m.inputs.upload(m.ctx, batch, c.vocab_size);
   check_capture_out(out, k, T, H, m.act, m.ctx.device);
 
-  copy_tensor(m.ctx, rows(m.tokens, T), cpu_view(batch.tokens.data(), {T}));
-  copy_tensor(m.ctx, rows(m.pos, T), cpu_view(m.pos_host.data(), {T}));
-  copy_tensor(m.ctx, m.cu_seqlens.t().slice_rows(0, nseq + 1),
-              cpu_view(batch.cu_seqlens.data(), {static_cast<int64_t>(nseq) + 1}));
-
-  ops::embedding_forward(m.ctx, rows(m.stream[0], T), rows(m.tokens, T), m.w.embed_tokens);
+  ops::embedding_forward(m.ctx, rows(m.stream[0], T), rows(m.inputs.tokens, T), m.w.embed_tokens);
   capture_stack_forward(m.ctx, m.captures, m.stream, T, H, out, m.w.norm, c.rms_norm_eps,
                         [&](int l, const Tensor& in, const Tensor& dst) {
-                          m.layer_forward(m.w.layers[l], in, dst, T, nseq);
+                          m.layer_forward(m.w.layers[l], in, dst, T, cu);
                         });
 }
 
