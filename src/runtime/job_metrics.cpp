@@ -220,13 +220,18 @@ void MetricsHub::report(const DrafterReport& mine, const std::vector<TargetRepor
   const double dt = std::max(now - last_time_s_, 1e-9);
   double target_batches = 0, drafter_batches = 0, drafter_tokens = 0, epoch = 0;
   std::vector<int> q_pre(T), q_hs(D);
-  for (size_t i = 0; i < T; ++i) {
-    const TargetReport &a = targets[i], &p = prev_targets_[i];
+  // A /ranks row of this interval for `rank`; the caller adds what the rank reported.
+  auto timing_row = [&](int rank, MetricsRole role) {
     RankTiming rt;
     rt.interval = interval_;
     rt.time_s = now;
-    rt.rank = a.rank;
-    rt.role = MetricsRole::Target;
+    rt.rank = rank;
+    rt.role = role;
+    return rt;
+  };
+  for (size_t i = 0; i < T; ++i) {
+    const TargetReport &a = targets[i], &p = prev_targets_[i];
+    RankTiming rt = timing_row(a.rank, MetricsRole::Target);
     rt.batches = a.batches - p.batches;
     rt.compute_s = a.compute_s - p.compute_s;
     rt.credit_wait_s = a.credit_wait_s - p.credit_wait_s;
@@ -240,11 +245,7 @@ void MetricsHub::report(const DrafterReport& mine, const std::vector<TargetRepor
   epoch = mean_epoch(targets);
   for (size_t d = 0; d < D; ++d) {
     const DrafterReport &a = drafters[d], &p = prev_drafters_[d];
-    RankTiming rt;
-    rt.interval = interval_;
-    rt.time_s = now;
-    rt.rank = a.rank;
-    rt.role = MetricsRole::Drafter;
+    RankTiming rt = timing_row(a.rank, MetricsRole::Drafter);
     rt.batches = a.batches - p.batches;
     rt.data_wait_s = a.data_wait_s - p.data_wait_s;
     rt.compute_s = a.compute_s - p.compute_s;
@@ -259,11 +260,7 @@ void MetricsHub::report(const DrafterReport& mine, const std::vector<TargetRepor
   }
   for (int r = 0; r < t.world_size; ++r) {
     if (t.roles[r] != Role::Idle) continue;
-    RankTiming rt;
-    rt.interval = interval_;
-    rt.time_s = now;
-    rt.rank = r;
-    rt.role = MetricsRole::Idle;
+    RankTiming rt = timing_row(r, MetricsRole::Idle);
     rt.wait_s = dt;  // an idle rank only waits for the end of the run
     writer_->append_rank_timing(rt);
   }
