@@ -31,6 +31,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "bench_common.h"
 #include "dflash/backend.h"
 #include "dflash/error.h"
 #include "dflash/hf_config.h"
@@ -44,15 +45,11 @@
 #include "random_fill.cuh"
 
 using namespace dflash;
+using bench::median;
+using bench::parse_ints;
 using nlohmann::json;
 
 namespace {
-
-#define BENCH_CUDA(call)                                                                        \
-  do {                                                                                          \
-    cudaError_t e_ = (call);                                                                    \
-    if (e_ != cudaSuccess) DF_FAIL(DeviceFailure, #call << ": " << cudaGetErrorString(e_), ""); \
-  } while (0)
 
 // A model shape as the text part of its config.json. layer_types is left out on purpose: the parser then
 // derives the kinds from full_attention_interval as HF does (Qwen3.6-27B: 3 linear, then 1 full, repeated).
@@ -281,13 +278,7 @@ struct Model {
   // Uploads the packed batch's tokens, positions (restarting per sequence) and cu_seqlens.
   void set_batch(const std::vector<int32_t>& tok, const std::vector<int32_t>& cu_seqlens) {
     T = static_cast<int64_t>(tok.size());
-    std::vector<int32_t> p(T);
-    for (size_t i = 0; i + 1 < cu_seqlens.size(); ++i)
-      for (int32_t t = cu_seqlens[i]; t < cu_seqlens[i + 1]; ++t) p[t] = t - cu_seqlens[i];
-    copy_tensor(ctx, rows(tokens, T), cpu_view(tok.data(), {T}));
-    copy_tensor(ctx, rows(pos, T), cpu_view(p.data(), {T}));
-    ncu = static_cast<int64_t>(cu_seqlens.size());
-    copy_tensor(ctx, rows(cu, ncu), cpu_view(cu_seqlens.data(), {ncu}));
+    ncu = bench::upload_packed_batch(ctx, tokens, pos, cu, tok, cu_seqlens);
   }
 
   // Qwen35Target::Impl::linear_attn_forward, op for op.
@@ -369,19 +360,6 @@ struct Model {
   }
 };
 
-std::vector<int32_t> parse_ints(const std::string& s) {
-  std::vector<int32_t> v;
-  std::stringstream ss(s);
-  std::string item;
-  while (std::getline(ss, item, ',')) v.push_back(std::atoi(item.c_str()));
-  return v;
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
 std::string join(const std::vector<int>& v) {
   std::string s;
   for (size_t i = 0; i < v.size(); ++i) s += (i ? "," : "") + std::to_string(v[i]);
@@ -393,28 +371,19 @@ constexpr double kGiB = 1073741824.0;
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string model = "27b", seqlens_arg = "4096,4096,4096,4096,4096,4096,4096,4096", capture_arg;
-  int iters = 5, warmup = 2;
-  bool lm_head = true, dry = false, no_final_norm = false;
+  bench::ForwardOptions opt;
+  opt.model = "27b";
+  opt.seqlens = "4096,4096,4096,4096,4096,4096,4096,4096";
+  bool lm_head = true, dry = false;
   for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    auto next = [&]() -> std::string {
-      DF_CHECK(i + 1 < argc, BadOptions, a << " needs a value");
-      return argv[++i];
-    };
-    if (a == "--model") model = next();
-    else if (a == "--seqlens") seqlens_arg = next();
-    // A mixed-length packing of 16384 tokens: long and short documents together, down to 33 tokens.
-    else if (a == "--mixed") seqlens_arg = "3011,517,1290,4096,87,2203,740,1650,33,998,1402,357";
-    else if (a == "--capture") capture_arg = next();
-    else if (a == "--iters") iters = std::atoi(next().c_str());
-    else if (a == "--warmup") warmup = std::atoi(next().c_str());
-    else if (a == "--no-lm-head") lm_head = false;
-    // A CE job's target forward: no final norm, so the layers after the last capture are not run.
-    else if (a == "--no-final-norm") no_final_norm = true;
+    if (bench::parse_forward_option(argc, argv, i, opt)) continue;
+    const std::string a = argv[i];
+    if (a == "--no-lm-head") lm_head = false;
     else if (a == "--dry-run") dry = true;
     else DF_FAIL(BadOptions, "unknown option " << a, "see the usage at the top of bench/bench_hybrid_forward.cpp");
   }
+  const std::string& model = opt.model;
+  const int iters = opt.iters, warmup = opt.warmup;
   DF_CHECK(iters >= 1 && warmup >= 0, BadOptions, "--iters must be >= 1 and --warmup >= 0");
   const std::vector<Shape> all = shapes();
   const Shape* shape = nullptr;
@@ -430,15 +399,15 @@ int main(int argc, char** argv) {
     if (cfg.kinds[l] == Qwen35LayerKind::FullAttention) full_layers.push_back(l);
   const int n_full = static_cast<int>(full_layers.size()), n_gdn = L - n_full;
 
-  std::vector<int32_t> seqlens = parse_ints(seqlens_arg), cu(1, 0);
+  std::vector<int32_t> seqlens = parse_ints(opt.seqlens), cu(1, 0);
   for (int32_t len : seqlens) {
     DF_CHECK(len >= 1, BadOptions, "--seqlens entries must be >= 1, got " << len);
     cu.push_back(cu.back() + len);
   }
   const int64_t T = cu.back();
   // DFlash's default target layer ids for a 5-layer drafter (1,16,31,46,61 on 64 layers), as a job picks them.
-  std::vector<int> capture = capture_arg.empty() ? default_target_layer_ids(L, 5) : std::vector<int>();
-  for (int32_t c : parse_ints(capture_arg)) capture.push_back(c);
+  std::vector<int> capture = opt.capture.empty() ? default_target_layer_ids(L, 5) : std::vector<int>();
+  for (int32_t c : parse_ints(opt.capture)) capture.push_back(c);
 
   const int64_t H = tc.hidden_size, K = static_cast<int64_t>(capture.size());
   // The shape, memory plan and method as `# ` lines (also all that --dry-run prints).
@@ -456,7 +425,7 @@ int main(int argc, char** argv) {
                 tc.num_attention_heads, tc.num_key_value_heads, tc.head_dim, cfg.rotary_dim, tc.rope_theta,
                 tc.rms_norm_eps);
     std::printf("# batch %zu sequences, T = %lld tokens (seqlens %s)\n", seqlens.size(), (long long)T,
-                seqlens_arg.c_str());
+                opt.seqlens.c_str());
     std::printf("# capture %s + final -> send buffer [%lld, %lld, %lld] bf16 %.2f GiB, final norm %.2f GiB\n",
                 join(capture).c_str(), (long long)K, (long long)T, (long long)H,
                 bytes_of(DType::BF16, {K, T, H}) / kGiB, bytes_of(DType::BF16, {T, H}) / kGiB);
@@ -500,7 +469,7 @@ int main(int argc, char** argv) {
   Model m(cfg, ctx, capture, T, lm_head, /*dry=*/false);
   Buffer features(Device::CUDA, DType::BF16, {std::max<int64_t>(K, 1), T, H});
   Buffer final_out(Device::CUDA, DType::BF16, {T, H});
-  const CaptureOut out{K > 0 ? features.t() : Tensor(), no_final_norm ? Tensor() : final_out.t()};
+  const CaptureOut out{K > 0 ? features.t() : Tensor(), opt.no_final_norm ? Tensor() : final_out.t()};
   std::vector<int32_t> tokens(T);
   for (int64_t i = 0; i < T; ++i) tokens[i] = static_cast<int32_t>((i * 2654435761ull) % tc.vocab_size);
   m.set_batch(tokens, cu);
@@ -516,23 +485,10 @@ int main(int argc, char** argv) {
   Timer off, on;
   on.on = true;
   on.stream = stream;
+  const std::vector<double> ms = bench::time_calls(ctx, warmup, iters, [&] { m.forward(out, off); }, sample_free);
   cudaEvent_t e0, e1;
   BENCH_CUDA(cudaEventCreate(&e0));
   BENCH_CUDA(cudaEventCreate(&e1));
-  for (int i = 0; i < warmup; ++i) m.forward(out, off);
-  synchronize(ctx);
-  sample_free();
-  std::vector<double> ms;
-  for (int i = 0; i < iters; ++i) {
-    BENCH_CUDA(cudaEventRecord(e0, stream));
-    m.forward(out, off);
-    BENCH_CUDA(cudaEventRecord(e1, stream));
-    synchronize(ctx);
-    sample_free();
-    float t = 0;
-    BENCH_CUDA(cudaEventElapsedTime(&t, e0, e1));
-    ms.push_back(t);
-  }
   // The instrumented pass: events around every op; its own end-to-end time too, so what the brackets
   // miss (the final norm, the event records themselves) shows as a row.
   BENCH_CUDA(cudaEventRecord(e0, stream));
@@ -560,11 +516,11 @@ int main(int argc, char** argv) {
   const double attn_params = dH * (2 * nh * hd + 2 * nkv * hd) + nh * hd * dH;
   const double mlp_params = 3.0 * dH * tc.intermediate_size;
   // The layers that run: all, or up to the last capture without a final norm (capture_stack_forward).
-  const int layers_run = no_final_norm && K > 0 ? *std::max_element(capture.begin(), capture.end()) + 1 : L;
+  const int layers_run = opt.no_final_norm && K > 0 ? *std::max_element(capture.begin(), capture.end()) + 1 : L;
   const int full_run = static_cast<int>(std::count_if(full_layers.begin(), full_layers.end(),
                                                       [&](int l) { return l < layers_run; }));
   const int gdn_run = layers_run - full_run;
-  if (no_final_norm) std::printf("# no final norm (a CE job): layers 0..%d of %d run\n", layers_run - 1, L);
+  if (opt.no_final_norm) std::printf("# no final norm (a CE job): layers 0..%d of %d run\n", layers_run - 1, L);
   const double flop_gemm_gdn = 2.0 * T * gdn_params * gdn_run, flop_gemm_attn = 2.0 * T * attn_params * full_run;
   const double flop_gemm_mlp = 2.0 * T * mlp_params * layers_run;
   const double flop_gemm = flop_gemm_gdn + flop_gemm_attn + flop_gemm_mlp;

@@ -25,10 +25,13 @@
 #include "dflash/backend.h"
 #include "dflash/error.h"
 #include "dflash/ops.h"
+#include "bench_common.h"
 #include "model/scratch_plan.h"
 #include "random_fill.cuh"
 
 using namespace dflash;
+using bench::median;
+using bench::parse_ints;
 
 namespace {
 
@@ -40,12 +43,6 @@ const Shape kShapes[] = {
     {"8b", 151936, 4096, 12288, 36, 32, 8, 128},
     {"32b", 151936, 5120, 25600, 64, 64, 8, 128},
 };
-
-#define BENCH_CUDA(call)                                                                   \
-  do {                                                                                     \
-    cudaError_t e_ = (call);                                                               \
-    if (e_ != cudaSuccess) DF_FAIL(DeviceFailure, #call << ": " << cudaGetErrorString(e_), ""); \
-  } while (0)
 
 // The fused projections of src/model/qwen3_weights.h: qkv [(nh + 2nkv) hd, H], gate_up [2I, H].
 struct Layer {
@@ -152,14 +149,7 @@ struct Model {
   // Uploads the packed batch's tokens, positions (restarting per sequence) and cu_seqlens.
   void set_batch(const std::vector<int32_t>& tok, const std::vector<int32_t>& cu_seqlens) {
     T = static_cast<int64_t>(tok.size());
-    std::vector<int32_t> p(T);
-    for (size_t i = 0; i + 1 < cu_seqlens.size(); ++i)
-      for (int32_t t = cu_seqlens[i]; t < cu_seqlens[i + 1]; ++t) p[t] = t - cu_seqlens[i];
-    copy_tensor(ctx, tokens.t().slice_rows(0, T), cpu_view(tok.data(), {T}));
-    copy_tensor(ctx, pos.t().slice_rows(0, T), cpu_view(p.data(), {T}));
-    int64_t n = static_cast<int64_t>(cu_seqlens.size());
-    copy_tensor(ctx, cu.t().slice_rows(0, n), cpu_view(cu_seqlens.data(), {n}));
-    ncu = n;
+    ncu = bench::upload_packed_batch(ctx, tokens, pos, cu, tok, cu_seqlens);
   }
   int64_t ncu = 0;
 
@@ -214,19 +204,6 @@ struct Model {
 
 namespace {
 
-std::vector<int32_t> parse_ints(const std::string& s) {
-  std::vector<int32_t> v;
-  std::stringstream ss(s);
-  std::string item;
-  while (std::getline(ss, item, ',')) v.push_back(std::atoi(item.c_str()));
-  return v;
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
 double gemm_peak_tflops(const Ctx& ctx) {
   const int64_t n = 8192;
   Buffer a(Device::CUDA, DType::BF16, {n, n}), b(Device::CUDA, DType::BF16, {n, n}), c(Device::CUDA, DType::BF16, {n, n});
@@ -251,25 +228,14 @@ double gemm_peak_tflops(const Ctx& ctx) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string model = "8b", seqlens_arg = "4096,4096,4096,4096", capture_arg;
-  int iters = 5, warmup = 2;
-  bool gemm_peak = false, no_final_norm = false;
+  bench::ForwardOptions opt;
+  opt.model = "8b";
+  opt.seqlens = "4096,4096,4096,4096";
+  bool gemm_peak = false;
   for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    auto next = [&]() -> std::string {
-      DF_CHECK(i + 1 < argc, BadOptions, a << " needs a value");
-      return argv[++i];
-    };
-    if (a == "--model") model = next();
-    else if (a == "--seqlens") seqlens_arg = next();
-    // A mixed-length packing of 16384 tokens: long and short documents together.
-    else if (a == "--mixed") seqlens_arg = "3011,517,1290,4096,87,2203,740,1650,33,998,1402,357";
-    else if (a == "--capture") capture_arg = next();
-    else if (a == "--iters") iters = std::atoi(next().c_str());
-    else if (a == "--warmup") warmup = std::atoi(next().c_str());
-    else if (a == "--gemm-peak") gemm_peak = true;
-    // A CE job's target forward: no final norm, so the layers after the last capture are not run.
-    else if (a == "--no-final-norm") no_final_norm = true;
+    if (bench::parse_forward_option(argc, argv, i, opt)) continue;
+    const std::string a = argv[i];
+    if (a == "--gemm-peak") gemm_peak = true;
     else DF_FAIL(BadOptions, "unknown option " << a, "see the usage at the top of bench/bench_target_forward.cpp");
   }
   DF_CHECK(cuda_device_count() > 0, DeviceFailure, "no CUDA device visible");
@@ -282,18 +248,18 @@ int main(int argc, char** argv) {
   }
   const Shape* shape = nullptr;
   for (const Shape& s : kShapes)
-    if (model == s.name) shape = &s;
-  DF_CHECK(shape, BadOptions, "unknown --model " << model << " (8b, 32b)");
+    if (opt.model == s.name) shape = &s;
+  DF_CHECK(shape, BadOptions, "unknown --model " << opt.model << " (8b, 32b)");
   const Shape& s = *shape;
 
-  std::vector<int32_t> seqlens = parse_ints(seqlens_arg), cu(1, 0);
+  std::vector<int32_t> seqlens = parse_ints(opt.seqlens), cu(1, 0);
   for (int32_t len : seqlens) cu.push_back(cu.back() + len);
   const int64_t T = cu.back();
   std::vector<int> capture;
-  if (capture_arg.empty()) {  // DFlash default target layer ids for a 5-layer drafter: round(1 + i(L-4)/4)
+  if (opt.capture.empty()) {  // DFlash default target layer ids for a 5-layer drafter: round(1 + i(L-4)/4)
     for (int i = 0; i < 5; ++i) capture.push_back(static_cast<int>(std::lround(1 + i * (s.layers - 4) / 4.0)));
   } else {
-    for (int32_t c : parse_ints(capture_arg)) capture.push_back(c);
+    for (int32_t c : parse_ints(opt.capture)) capture.push_back(c);
   }
   std::sort(capture.begin(), capture.end());
 
@@ -302,8 +268,8 @@ int main(int argc, char** argv) {
   Model m(s, ctx, T);
   const int64_t H = s.hidden, K = static_cast<int64_t>(capture.size());
   Buffer features(Device::CUDA, DType::BF16, {K, T, H}), final_buf(Device::CUDA, DType::BF16, {T, H});
-  const Tensor final_out = no_final_norm ? Tensor() : final_buf.t();
-  const int64_t layers_run = no_final_norm ? capture.back() + 1 : s.layers;
+  const Tensor final_out = opt.no_final_norm ? Tensor() : final_buf.t();
+  const int64_t layers_run = opt.no_final_norm ? capture.back() + 1 : s.layers;
   std::vector<int32_t> tokens(T);
   for (int64_t i = 0; i < T; ++i) tokens[i] = static_cast<int32_t>((i * 2654435761ull) % s.vocab);
   m.set_batch(tokens, cu);
@@ -313,21 +279,8 @@ int main(int argc, char** argv) {
   Timer off, on;
   on.on = true;
   on.stream = stream;
-  cudaEvent_t e0, e1;
-  BENCH_CUDA(cudaEventCreate(&e0));
-  BENCH_CUDA(cudaEventCreate(&e1));
-  for (int i = 0; i < warmup; ++i) m.forward(capture, features, final_out, off);
-  synchronize(ctx);
-  std::vector<double> ms;
-  for (int i = 0; i < iters; ++i) {
-    BENCH_CUDA(cudaEventRecord(e0, stream));
-    m.forward(capture, features, final_out, off);
-    BENCH_CUDA(cudaEventRecord(e1, stream));
-    synchronize(ctx);
-    float t = 0;
-    BENCH_CUDA(cudaEventElapsedTime(&t, e0, e1));
-    ms.push_back(t);
-  }
+  const std::vector<double> ms = bench::time_calls(
+      ctx, opt.warmup, opt.iters, [&] { m.forward(capture, features, final_out, off); }, [] {});
   m.forward(capture, features, final_out, on);
   synchronize(ctx);
   auto parts = on.totals_ms();
@@ -350,12 +303,12 @@ int main(int argc, char** argv) {
   const double swiglu_bytes = 2.0 * 3 * T * double(s.inter) * layers_run;
   std::printf("model=%s layers=%lld T=%lld nseq=%zu capture=", s.name, (long long)s.layers, (long long)T, seqlens.size());
   for (size_t i = 0; i < capture.size(); ++i) std::printf("%s%d", i ? "," : "", capture[i]);
-  if (no_final_norm)
+  if (opt.no_final_norm)
     std::printf(", no final norm (CE job: layers 0..%lld of %lld run)\n", (long long)layers_run - 1, (long long)s.layers);
   else
     std::printf("+final\n");
   std::printf("  forward median %.2f ms (min %.2f, %d iters) -> %.1f K tokens/s, %.1f TFLOP/s model math\n",
-              t_med * 1e3, *std::min_element(ms.begin(), ms.end()), iters, T / t_med / 1e3,
+              t_med * 1e3, *std::min_element(ms.begin(), ms.end()), opt.iters, T / t_med / 1e3,
               (gemm_flop + attn_flop) / t_med / 1e12);
   std::printf("  device memory in use: %.2f GiB (process incl. context: total - free), this program's growth %.2f GiB\n",
               (total - free1) / 1073741824.0, (free0 - free1) / 1073741824.0);
