@@ -36,6 +36,16 @@ slurm_cluster_start() {
     --pid-file="$dir/munge/munged.pid" --log-file="$dir/munge/munged.log" --seed-file="$dir/munge/munged.seed" \
     || { echo "slurm_cluster: munged failed to start (see $dir/munge/munged.log)" >&2; return 1; }
 
+  # Two free ports unless the environment names them: with fixed ports, two checkouts testing on one machine
+  # (a CI run beside a developer's ctest) reach each other's slurmctld and the second node never turns idle.
+  local ports ctld_port slurmd_port
+  ports=$(python3 -c 'import socket
+s = [socket.socket() for _ in range(2)]
+for x in s: x.bind(("", 0))
+print(*(x.getsockname()[1] for x in s))' 2>/dev/null) || ports="16817 16818"
+  ctld_port=${SLURM_TEST_CTLD_PORT:-${ports% *}}
+  slurmd_port=${SLURM_TEST_SLURMD_PORT:-${ports#* }}
+
   cat > "$dir/slurm.conf" <<CONF
 ClusterName=dflashtest
 SlurmctldHost=$host
@@ -60,8 +70,8 @@ SlurmctldPidFile=$dir/slurmctld.pid
 SlurmdPidFile=$dir/slurmd.pid
 SlurmctldLogFile=$dir/slurmctld.log
 SlurmdLogFile=$dir/slurmd.log
-SlurmctldPort=${SLURM_TEST_CTLD_PORT:-16817}
-SlurmdPort=${SLURM_TEST_SLURMD_PORT:-16818}
+SlurmctldPort=$ctld_port
+SlurmdPort=$slurmd_port
 NodeName=$host CPUs=$cpus RealMemory=$mem_mb State=UNKNOWN
 PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE:4
 CONF
