@@ -25,6 +25,7 @@
 #include "dflash/runtime.h"
 #include "dflash/topology.h"
 #include "job.h"  // capture_layer_ids
+#include "train/loss_chunk.h"
 
 namespace dflash {
 
@@ -143,9 +144,9 @@ std::string gib(double bytes) {  // GiB, or MiB below one GiB
   return b;
 }
 
-// The fixed memory of each role: what is allocated once at startup, sized by the model, --token-budget and
-// the queue depths (activations and library workspaces come on top; the target's run with its layer
-// activations, the drafter's with its attention/loss scratch). From config.json and the sizes of the
+// The fixed memory of each role: what is allocated once at startup, sized by the model, --token-budget,
+// --max-anchors and the queue depths (activations and library workspaces come on top; the target's run with
+// its layer activations, the drafter's with its layer and attention scratch). From config.json and the sizes of the
 // checkpoint's files only: nothing is loaded.
 std::string memory_per_rank(const Options& o) {
   std::ostringstream os;
@@ -170,13 +171,18 @@ std::string memory_per_rank(const Options& o) {
   // fp32 master weights, AdamW m and v, gradients (+ a bf16 copy for the CUDA step), frozen embedding + lm_head
   const double state = P * (16 + (cuda ? 2 : 0)), frozen = 2.0 * t.vocab_size * H * act;
   const double slots = o.hs_queue_depth * batch;
-  const double drafter = state + frozen + slots;
+  // The lm_head loss's float32 logits workspace: a chunk of rows, twice (the KL teacher's half is kept either
+  // way), sized by the same rule as the trainer (train/loss_chunk.h).
+  const int64_t loss_rows = train::loss_chunk_rows(o.backend, t.vocab_size,
+                                                   static_cast<int64_t>(o.train.max_anchors) * (d.block_size - 1));
+  const double loss_ws = 2.0 * static_cast<double>(loss_rows) * t.vocab_size * 4;
+  const double drafter = state + frozen + slots + loss_ws;
   os << "[dflash] memory per rank, fixed part (" << (cuda ? "bf16 on the GPU" : "float32 in host memory")
      << "; activations come on top): target " << gib(target) << " (weights " << gib(weights) << " from "
      << gib(files) << " of safetensors, 2 send buffers of " << gib(batch) << "); drafter " << gib(drafter) << " ("
      << static_cast<long long>(P) << " parameters x " << (cuda ? 18 : 16) << " B of state " << gib(state)
      << ", frozen embedding + lm_head " << gib(frozen) << ", " << o.hs_queue_depth << " slots " << gib(slots)
-     << ")\n";
+     << ", loss logits for " << loss_rows << " rows " << gib(loss_ws) << ")\n";
   return os.str();
 }
 
