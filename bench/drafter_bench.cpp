@@ -62,7 +62,10 @@ Args parse(int argc, char** argv) {
     else if (k == "--objective") a.objective = val();
     else if (k == "--context") a.context = std::stoll(val());
     else if (k == "--anchors") a.anchors = std::stoll(val());
-    else if (k == "--chunk-blocks") a.chunk_blocks = std::stoll(val());
+    else if (k == "--chunk-blocks") {
+      a.chunk_blocks = std::stoll(val());
+      if (a.chunk_blocks < 1) fatal(ExitCode::BadOptions, "--chunk-blocks must be >= 1 (leave it out for the trainer's rule)");
+    }
     else if (k == "--warmup") a.warmup = std::stoi(val());
     else if (k == "--steps") a.steps = std::stoi(val());
     else if (k == "--gemm-peak") a.gemm_peak = true;

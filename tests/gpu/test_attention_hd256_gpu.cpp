@@ -12,7 +12,7 @@
 //
 // DISABLED_ benchmark (--gtest_also_run_disabled_tests): the 27B attention shape (8 x 4096 tokens, 24 q
 // heads, 4 kv heads, hd 256) per hd-256 variant and the Qwen3-8B shape (32 / 8 heads, hd 128): CUDA
-// events, 3 warm-ups, median of 10; TFLOP/s counts the causal half: 2 * 2 * L^2 / 2 * hd * heads per sequence.
+// events, 3 warm-ups, median of 20 (test::time_calls); TFLOP/s counts the causal half: 2 * 2 * L^2 / 2 * hd * heads per sequence.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -253,24 +253,9 @@ double time_attention(const Ctx& g, const BenchShape& s, AttentionKernel kn, int
   for (int i = 0; i <= s.nseq; ++i) cu[i] = i * s.len;
   Buffer d_cu = test::to_device_i32(g, cu);
   const float scale = 1.f / std::sqrt(static_cast<float>(s.hd));
-  cudaStream_t st = static_cast<cudaStream_t>(g.stream);
-  cudaEvent_t a, b;
-  cudaEventCreate(&a);
-  cudaEventCreate(&b);
-  std::vector<float> ms;
-  for (int it = 0; it < 13; ++it) {
-    cudaEventRecord(a, st);
-    cuda::attention_varlen_causal_forward(g, out, q, k, v, d_cu, scale, kn, max_seqlen);
-    cudaEventRecord(b, st);
-    cudaEventSynchronize(b);
-    float m = 0;
-    cudaEventElapsedTime(&m, a, b);
-    if (it >= 3) ms.push_back(m);  // 3 warm-ups
-  }
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
-  std::sort(ms.begin(), ms.end());
-  const double med = ms[ms.size() / 2];
+  const test::Timing t = test::time_calls(
+      g, [&] { cuda::attention_varlen_causal_forward(g, out, q, k, v, d_cu, scale, kn, max_seqlen); });
+  const double med = t.median;
   const double flop = double(s.nseq) * 2.0 * 2.0 * double(s.len) * double(s.len) / 2.0 * s.hd * s.nh;
   *tflops = flop / (med * 1e-3) / 1e12;
   return med;
