@@ -6,7 +6,8 @@
 #
 #   tests/slurm/run_slurm_test.sh [BUILD_DIR]      (env DFLASH_BIN works too; default ./build)
 # DFLASH_SBATCH picks the job script (default train-1node.sbatch, mpirun; train-1node-srun.sbatch: srun
-# --mpi=pmix, which test_slurm_requeue_srun.sh runs).
+# --mpi=pmix, which test_slurm_requeue_srun.sh runs); DFLASH_SLURM_EXPECT_LAUNCH_RETRY=1 also checks that the
+# job script retried a failed srun launch (test_slurm_requeue_srun.sh injects one).
 #
 # Needs root (it installs slurm-wlm + munge with apt-get when missing and runs the daemons as root);
 # otherwise it exits 77 (skipped). The daemons are stopped by their pid files on every exit path.
@@ -82,8 +83,12 @@ note "sent USR1 to the batch shell of job $jid after $(trained_steps) step(s)"
 
 # Requeued jobs wait out a begin time (the credential lifetime, 120 s); the test starts it at once.
 wait_for 120 "the job to be requeued" requeued
-# slurmd revoked the first run's credential when the job was requeued, to the second: a restart within that
-# same second is refused ("Job credential revoked") and the job fails. Let the clock move on first.
+# slurmd revokes the first run's credential, to the second, when it has ended that run's steps: a restart
+# within that same second is refused ("Job credential revoked"; under srun a step that never launches). The
+# node is idle once slurmd is done with the old run (under load that can be seconds after the requeue); then
+# let the clock move on.
+node_idle() { [ "$(sinfo -h -N -o %t 2>/dev/null | head -1)" = idle ]; }
+wait_for 120 "the node to finish the first run's cleanup" node_idle
 sleep 2
 scontrol update JobId="$jid" StartTime=now
 wait_for 300 "the requeued job to finish" completed
@@ -93,6 +98,11 @@ grep -q "status=requeued rc=75" "$WORK/job.out" || fail "the first run did not e
 grep -q "restart=1 status=completed" "$WORK/job.out" || fail "the requeued run did not complete"
 grep -q "stop signal (10) received: checkpointed at step" "$WORK/job.out" || fail "no checkpoint on SIGUSR1"
 grep -q -- "--resume auto: resuming from" "$WORK/job.out" || fail "the requeued run did not resume"
+if [ "${DFLASH_SLURM_EXPECT_LAUNCH_RETRY:-0}" = 1 ]; then
+  grep -q "srun could not start the tasks (rc=0); trying once more" "$WORK/job.out" ||
+    fail "the job script did not notice the injected launch failure"
+  note "the injected launch failure was retried"
+fi
 saved=$(sed -n 's/.*checkpointed at step \([0-9]*\).*/\1/p' "$WORK/job.out" | head -1)
 [ "$saved" -lt $STEPS ] || fail "the checkpoint was at step $saved: the signal came after the run ended"
 note "checkpointed at step $saved, requeued, resumed, completed"
