@@ -1,4 +1,4 @@
-// The chunked CUDA gated delta rule (kernels/gated_delta_rule.cu) against the CPU recurrence
+// The chunked CUDA gated delta rule (kernels/gated_delta_rule*.cu) against the CPU recurrence
 // (ops::gated_delta_rule_forward on the CPU, float32) on random data, plus a timing of the Qwen3.6-27B
 // shape (nk = 16, dk = 128, nv = 48, dv = 128; 8 x 4096 tokens). Every case runs both chunk-scan kernels
 // where the device has both (the pipelined one needs 107 KB of shared memory per block: sm_90 / sm_100).
