@@ -11,7 +11,8 @@ namespace dflash::cuda {
 // Same contract as ops::block_attention_forward/backward (include/dflash/drafter_ops.h), with
 // q/k/v/out/dout and every gradient BF16, lse F32, anchors/seq_begin I32 in device memory.
 //
-// How (fused path, the default where it applies): see block_attention_fused.cu.
+// How (fused path, the default where it applies): see block_attention_fused_common.cuh (the design, and
+// which file holds which kernel).
 // How (chunked path): blocks are cut into chunks whose context key range [min visible start, max anchor) and row count
 // keep the score matrix under a fixed budget; per chunk and head the context part is a dense product
 // through cuBLAS (scores in fp32, probabilities in bf16, masked to each query's visible range by a
@@ -39,7 +40,7 @@ void block_attention_backward(const Ctx& ctx, const Tensor& dq, const Tensor& dk
                               const Tensor& seq_begin, const std::vector<int32_t>& anchors_host,
                               const std::vector<int32_t>& seq_begin_host, const ops::BlockAttnSpec& spec);
 
-// Which implementation runs. Fused: the fused flash-style kernels (kernels/block_attention_fused.cu) where
+// Which implementation runs. Fused: the fused flash-style kernels (kernels/block_attention_fused_*.cu) where
 // they apply (head dim 16/32/64/128 with G·B <= 64 query rows per kv head and block; head dim 256 with
 // G·B <= 96 and B <= 32, the Qwen3.6-27B drafter's 24/4 heads x 256 with B 16; the current device's opt-in
 // shared memory per block large enough for the kernels' tiles, which sm_90/sm_100 (227 KB) are and sm_120
