@@ -27,7 +27,7 @@
 
 namespace dflash::cuda {
 namespace {
-using namespace ptx;  // the shared tensor-core wrappers (mma_ptx.cuh)
+using namespace ptx;  // the shared PTX wrappers (mma_ptx.cuh)
 
 // The tiling: kD is the padded head dim held in shared memory and registers; each of kWarps warps owns kMI
 // m16 tiles of query rows (kBlockQ = kWarps x 16 kMI rows) and K/V stream through shared memory kKV rows
@@ -62,15 +62,6 @@ static_assert(Hd128Tiling::kSmemBytes <= 99 * 1024 && Hd256SmallTiling::kSmemByt
 
 // Element offset of 16-byte chunk c of row r in a swizzled [rows][kD] tile.
 template <int kD> __device__ __forceinline__ int swz(int r, int c) { return r * kD + ((c ^ (r & 7)) << 3); }
-
-// 16-byte async copy; src_bytes = 0 zero-fills the destination without reading.
-__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, int src_bytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N> __device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
 
 // 2^x in one MUFU.EX2 (flushing denormal results, which a softmax weight can lose); 2^-inf = +0.
 // exp2f / non-ftz ex2 add a range fix-up of ~4 instructions per call; the ftz form makes ptxas spill a

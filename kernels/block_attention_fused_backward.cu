@@ -146,14 +146,14 @@ template <int HD> __global__ void __launch_bounds__(Plan<HD>::kThreads) fused_dq
       if (16 * k >= p.M) break;
       uint32_t x[4], y[4];
       // A = dS^T [key][row] from dSs [row][key]: transposed A load
-      ldsm_x4_t(x, dSs + (16 * k + bn_row(lane)) * LDP + 16 * kt + bn_col(lane));
-      ldsm_x4_t(y, Qs + (16 * k + bt_row(lane)) * LD + 16 * c + bt_col(lane));
-      mma16816(dk[0], x, y[0], y[1]);
-      mma16816(dk[1], x, y[2], y[3]);
-      ldsm_x4_t(x, Ps + (16 * k + bn_row(lane)) * LDP + 16 * kt + bn_col(lane));
-      ldsm_x4_t(y, dOs + (16 * k + bt_row(lane)) * LD + 16 * c + bt_col(lane));
-      mma16816(dv[0], x, y[0], y[1]);
-      mma16816(dv[1], x, y[2], y[3]);
+      ldmatrix_x4_trans(x, smem_addr(dSs + (16 * k + bn_row(lane)) * LDP + 16 * kt + bn_col(lane)));
+      ldmatrix_x4_trans(y, smem_addr(Qs + (16 * k + bt_row(lane)) * LD + 16 * c + bt_col(lane)));
+      mma_bf16(dk[0], x, y[0], y[1]);
+      mma_bf16(dk[1], x, y[2], y[3]);
+      ldmatrix_x4_trans(x, smem_addr(Ps + (16 * k + bn_row(lane)) * LDP + 16 * kt + bn_col(lane)));
+      ldmatrix_x4_trans(y, smem_addr(dOs + (16 * k + bt_row(lane)) * LD + 16 * c + bt_col(lane)));
+      mma_bf16(dv[0], x, y[0], y[1]);
+      mma_bf16(dv[1], x, y[2], y[3]);
     }
 #pragma unroll
     for (int h = 0; h < 2; ++h) {

@@ -1,6 +1,6 @@
 // Block-prefix attention (DFlash training) on CUDA, fused flash-style kernels; see block_attention.cuh.
-// Internal to those kernels, not an API: what their files share (arguments, tiling plan, PTX wrappers and
-// fragment products, geometry, loads, host-side launch helpers).
+// Internal to those kernels, not an API: what their files share (arguments, tiling plan, fragment products,
+// geometry, loads, host-side launch helpers; the PTX wrappers are mma_ptx.cuh's).
 //   block_attention_fused_forward.cu   the forward kernel; supported / usable / forward entry points
 //   block_attention_fused_backward.cu  the dq kernel (dq, D, the block's own dk / dv); backward entry point
 //   block_attention_fused_dkv.cu       the dkv kernels (dk / dv of the context keys)
@@ -29,8 +29,10 @@
 #include "backend.cuh"
 #include "block_attention.cuh"
 #include "cuda_check.cuh"
+#include "mma_ptx.cuh"
 
 namespace dflash::cuda::fused_attn {
+using namespace ptx;  // the shared PTX wrappers (mma_ptx.cuh)
 
 using bf16 = __nv_bfloat16;
 
@@ -90,41 +92,6 @@ template <int HD> struct Plan {
                                                         : (kSmemDq > kSmemDkv ? kSmemDq : kSmemDkv);
 };
 
-// ---- PTX wrappers -----------------------------------------------------------------------------------------
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-// 16 bytes global -> shared, zero-filled when !valid (src is then not read).
-__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(valid ? 16 : 0));
-}
-__device__ __forceinline__ void cp_async4(void* dst, const void* src, bool valid) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(valid ? 4 : 0));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N> __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
-
-__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const bf16* p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_addr(p)));
-}
-__device__ __forceinline__ void ldsm_x4_t(uint32_t (&r)[4], const bf16* p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_addr(p)));
-}
-// d[16x8] += a[16x16] · b[16x8]
-__device__ __forceinline__ void mma16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
-  __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<uint32_t*>(&h);
-}
-
 // Fragment addressing (lane l). A [16 x 16] from row-major [m][k] storage: row l % 16, col (l / 16)·8.
 // B of two 8-wide n-tiles from [n][k] storage (non-transposed): row (l % 8) + (l / 16)·8, col ((l / 8) % 2)·8.
 // B of two 8-wide n-tiles from [k][n] storage (.trans): row (l % 8) + ((l / 8) % 2)·8, col (l / 16)·8.
@@ -146,16 +113,16 @@ __device__ __forceinline__ void mma_step_nk(float (&acc)[NT][4], const uint32_t 
 #pragma unroll
   for (int np = 0; np < NT / 2; ++np) {
     uint32_t b[4];
-    ldsm_x4(b, Bs + (16 * np + bn_row(lane)) * LDB + 16 * k + bn_col(lane));
-    mma16816(acc[2 * np], a, b[0], b[1]);
-    mma16816(acc[2 * np + 1], a, b[2], b[3]);
+    ldmatrix_x4(b, smem_addr(Bs + (16 * np + bn_row(lane)) * LDB + 16 * k + bn_col(lane)));
+    mma_bf16(acc[2 * np], a, b[0], b[1]);
+    mma_bf16(acc[2 * np + 1], a, b[2], b[3]);
   }
 }
 // The same with A [16 rows x 16·KS] from row-major [m][k] storage at As (row stride LDA).
 template <int NT, int LDA, int LDB>
 __device__ __forceinline__ void mma_step_nk(float (&acc)[NT][4], const bf16* As, const bf16* Bs, int k, int lane) {
   uint32_t a[4];
-  ldsm_x4(a, As + a_row(lane) * LDA + 16 * k + a_col(lane));
+  ldmatrix_x4(a, smem_addr(As + a_row(lane) * LDA + 16 * k + a_col(lane)));
   mma_step_nk<NT, LDB>(acc, a, Bs, k, lane);
 }
 // n-tiles 2·np, 2·np + 1 of acc0 += a0 · b0 and of acc1 += a1 · b1 (b: the B fragments of two n-tiles), the
@@ -164,10 +131,10 @@ template <int NT>
 __device__ __forceinline__ void mma_pair2(float (&acc0)[NT][4], float (&acc1)[NT][4], const uint32_t (&a0)[4],
                                           const uint32_t (&a1)[4], const uint32_t (&b0)[4], const uint32_t (&b1)[4],
                                           int np) {
-  mma16816(acc0[2 * np], a0, b0[0], b0[1]);
-  mma16816(acc1[2 * np], a1, b1[0], b1[1]);
-  mma16816(acc0[2 * np + 1], a0, b0[2], b0[3]);
-  mma16816(acc1[2 * np + 1], a1, b1[2], b1[3]);
+  mma_bf16(acc0[2 * np], a0, b0[0], b0[1]);
+  mma_bf16(acc1[2 * np], a1, b1[0], b1[1]);
+  mma_bf16(acc0[2 * np + 1], a0, b0[2], b0[3]);
+  mma_bf16(acc1[2 * np + 1], a1, b1[2], b1[3]);
 }
 // acc0 += A0 · B0^T and acc1 += A1 · B1^T over k-step k (all [..][k] row-major, row stride LD), their mma
 // interleaved.
@@ -175,13 +142,13 @@ template <int NT, int LD>
 __device__ __forceinline__ void mma_step_nk2(float (&acc0)[NT][4], float (&acc1)[NT][4], const bf16* A0, const bf16* B0,
                                              const bf16* A1, const bf16* B1, int k, int lane) {
   uint32_t a0[4], a1[4];
-  ldsm_x4(a0, A0 + a_row(lane) * LD + 16 * k + a_col(lane));
-  ldsm_x4(a1, A1 + a_row(lane) * LD + 16 * k + a_col(lane));
+  ldmatrix_x4(a0, smem_addr(A0 + a_row(lane) * LD + 16 * k + a_col(lane)));
+  ldmatrix_x4(a1, smem_addr(A1 + a_row(lane) * LD + 16 * k + a_col(lane)));
 #pragma unroll
   for (int np = 0; np < NT / 2; ++np) {
     uint32_t b0[4], b1[4];
-    ldsm_x4(b0, B0 + (16 * np + bn_row(lane)) * LD + 16 * k + bn_col(lane));
-    ldsm_x4(b1, B1 + (16 * np + bn_row(lane)) * LD + 16 * k + bn_col(lane));
+    ldmatrix_x4(b0, smem_addr(B0 + (16 * np + bn_row(lane)) * LD + 16 * k + bn_col(lane)));
+    ldmatrix_x4(b1, smem_addr(B1 + (16 * np + bn_row(lane)) * LD + 16 * k + bn_col(lane)));
     mma_pair2(acc0, acc1, a0, a1, b0, b1, np);
   }
 }
@@ -190,9 +157,9 @@ template <int LDC, int DT>
 __device__ __forceinline__ void mma_step_kn(float (&acc)[DT][4], const uint32_t (&f)[4], const bf16* Cs, int k, int np,
                                             int lane) {
   uint32_t c[4];
-  ldsm_x4_t(c, Cs + (16 * k + bt_row(lane)) * LDC + 16 * np + bt_col(lane));
-  mma16816(acc[2 * np], f, c[0], c[1]);
-  mma16816(acc[2 * np + 1], f, c[2], c[3]);
+  ldmatrix_x4_trans(c, smem_addr(Cs + (16 * k + bt_row(lane)) * LDC + 16 * np + bt_col(lane)));
+  mma_bf16(acc[2 * np], f, c[0], c[1]);
+  mma_bf16(acc[2 * np + 1], f, c[2], c[3]);
 }
 // The same for two products at once, their mma interleaved.
 template <int LDC, int DT>
@@ -200,8 +167,8 @@ __device__ __forceinline__ void mma_step_kn2(float (&acc0)[DT][4], const uint32_
                                              float (&acc1)[DT][4], const uint32_t (&f1)[4], const bf16* C1, int k,
                                              int np, int lane) {
   uint32_t c0[4], c1[4];
-  ldsm_x4_t(c0, C0 + (16 * k + bt_row(lane)) * LDC + 16 * np + bt_col(lane));
-  ldsm_x4_t(c1, C1 + (16 * k + bt_row(lane)) * LDC + 16 * np + bt_col(lane));
+  ldmatrix_x4_trans(c0, smem_addr(C0 + (16 * k + bt_row(lane)) * LDC + 16 * np + bt_col(lane)));
+  ldmatrix_x4_trans(c1, smem_addr(C1 + (16 * k + bt_row(lane)) * LDC + 16 * np + bt_col(lane)));
   mma_pair2(acc0, acc1, f0, f1, c0, c1, np);
 }
 
@@ -281,7 +248,7 @@ __device__ __forceinline__ void async_rows(bf16* dst, const bf16* any, RowPtr ro
   for (int idx = threadIdx.x; idx < ROWS * V; idx += TH) {
     const int i = idx / V, v = idx % V;
     const bf16* src = row_ptr(i);
-    cp_async16(dst + i * (HD + 8) + v * 8, src != nullptr ? src + v * 8 : any, src != nullptr);
+    cp_async16(smem_addr(dst + i * (HD + 8) + v * 8), src != nullptr ? src + v * 8 : any, src != nullptr ? 16 : 0);
   }
 }
 // K (and V) of key tile [j0, j1) of the context (KEYS rows), or of block n's own keys (B <= KEYS rows).

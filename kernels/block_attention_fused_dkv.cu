@@ -70,13 +70,13 @@ __device__ __forceinline__ void async_unit_rows(const FusedArgs& p, int n, int r
     const int i = idx / V, v = idx % V, off = qoff[r0 + i];
     const bool ok = off >= 0;
     const int64_t src = ok ? qbase + off + v * 8 : 0;
-    cp_async16(Qs + i * (HD + 8) + v * 8, p.q + src, ok);
-    cp_async16(dOs + i * (HD + 8) + v * 8, p.dout + src, ok);
+    cp_async16(smem_addr(Qs + i * (HD + 8) + v * 8), p.q + src, ok ? 16 : 0);
+    cp_async16(smem_addr(dOs + i * (HD + 8) + v * 8), p.dout + src, ok ? 16 : 0);
   }
   if (threadIdx.x < 2 * RC) {
     const int so = soff[r0 + int(threadIdx.x) % RC];
     const float* src = int(threadIdx.x) < RC ? p.lse : p.D;
-    cp_async4(stats + threadIdx.x, so >= 0 ? src + int64_t(n) * p.B * p.nh + so : src, so >= 0);
+    cp_async4(smem_addr(stats + threadIdx.x), so >= 0 ? src + int64_t(n) * p.B * p.nh + so : src, so >= 0 ? 4 : 0);
   }
 }
 // Whether context key `key` is visible to unit row `row` of a block anchored at a (row tables as above).

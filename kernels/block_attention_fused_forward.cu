@@ -46,7 +46,8 @@ template <int HD> __global__ void __launch_bounds__(Plan<HD>::kThreads) fused_fo
     cp_async_wait<0>();
     __syncthreads();
 #pragma unroll
-    for (int k = 0; k < KS; ++k) ldsm_x4(qf[k], Qs + (16 * w + a_row(lane)) * LD + 16 * k + a_col(lane));
+    for (int k = 0; k < KS; ++k)
+      ldmatrix_x4(qf[k], smem_addr(Qs + (16 * w + a_row(lane)) * LD + 16 * k + a_col(lane)));
     __syncthreads();  // stage 1 free
   }
 

@@ -26,6 +26,7 @@
 #include "backend.cuh"
 #include "bf16_util.cuh"
 #include "cuda_check.cuh"
+#include "mma_ptx.cuh"
 
 namespace dflash::cuda {
 namespace {
@@ -69,11 +70,8 @@ struct Ring {
   // src_bytes 0 fills the slot with zeros and reads nothing: history before the sequence start, rows past
   // the run.
   __device__ __forceinline__ void issue(int i, const uint4* g, bool valid) const {
-    asm volatile(
-        "cp.async.cg.shared.global [%0], [%1], 16, %2;\n"
-        "cp.async.commit_group;\n" ::"r"(addr(i)),
-        "l"(g), "r"(valid ? 16 : 0)
-        : "memory");
+    ptx::cp_async16_clobber(addr(i), g, valid ? 16 : 0);
+    ptx::cp_async_commit_clobber();
   }
   __device__ __forceinline__ uint4 get(int i) const {
     uint4 v;
@@ -129,7 +127,7 @@ __global__ void __launch_bounds__(kThreads) conv_silu_vec_kernel(uint4* __restri
   int next = s < nseq ? __ldg(cu + s + 1) : INT_MAX;
 
   // Ring index i holds row h0 + i: first the K - 1 history rows, then the run's tokens.
-  const Ring ring{static_cast<uint32_t>(__cvta_generic_to_shared(&slots[0][threadIdx.x]))};
+  const Ring ring{ptx::smem_addr(&slots[0][threadIdx.x])};
   const uint4* src = in + lane;
   const int h0 = t0 - (kK - 1);
 #pragma unroll

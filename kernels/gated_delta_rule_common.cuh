@@ -15,7 +15,7 @@
 #include "mma_ptx.cuh"
 
 namespace dflash::cuda::gdr {
-using namespace ptx;  // the shared tensor-core wrappers (mma_ptx.cuh)
+using namespace ptx;  // the shared PTX wrappers (mma_ptx.cuh)
 
 constexpr int kChunk = 64;                // tokens per chunk (FLA's BT)
 constexpr int kWarps = 4;                 // warp w owns chunk rows [16 w, 16 w + 16)

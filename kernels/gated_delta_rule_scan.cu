@@ -30,15 +30,6 @@ __device__ __forceinline__ void store_bf16x2(__nv_bfloat16* p, float lo, float h
   *reinterpret_cast<__nv_bfloat162*>(p) = __floats2bfloat162_rn(lo, hi);
 }
 
-// 16-byte async copy; src_bytes = 0 zero-fills the destination without reading.
-__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, int src_bytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int N> __device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
-
 // Issues cp.async copies of rows [r0, r0 + kRows) of a W-wide bf16 tile (global row stride ld, shared row
 // stride W + 8) by kThr threads (index t); rows >= valid_rows and columns >= valid_cols (a multiple of 8)
 // are zero-filled. The caller commits the group.
@@ -51,7 +42,7 @@ __device__ __forceinline__ void async_rows(__nv_bfloat16* tile, const __nv_bfloa
   for (int i = 0; i < kRows * kCpr / kThr; ++i) {
     const int e = t + i * kThr, r = r0 + e / kCpr, c = e % kCpr;
     const bool ok = r < valid_rows && c * 8 < valid_cols;
-    cp_async16(smem_addr(tile + r * (W + 8) + c * 8), ok ? src + r * ld + c * 8 : src, ok ? 16 : 0);
+    cp_async16_clobber(smem_addr(tile + r * (W + 8) + c * 8), ok ? src + r * ld + c * 8 : src, ok ? 16 : 0);
   }
 }
 
@@ -406,13 +397,13 @@ __global__ void __launch_bounds__(kThreads, 2)
   if (len > 0) {  // the first chunk's groups: K, Q, X, V; its gates
     const int L = min(kChunk, len);
     async_rows<P, kChunk, kThreads>(sKb, ksrc + seq0 * row, row, 0, L, dk, threadIdx.x);
-    cp_async_commit();
+    cp_async_commit_clobber();
     async_rows<P, 16, 32>(sQ, qsrc + seq0 * row, row, w0, L, dk, lane);
-    cp_async_commit();
+    cp_async_commit_clobber();
     async_rows<kChunk, 16, 32>(sX, xsrc + seq0 * ldx, ldx, w0, L, kChunk, lane);
-    cp_async_commit();
+    cp_async_commit_clobber();
     async_rows<kChunk, 16, 32>(sV, vsrc + seq0 * row, row, w0, L, vcols, lane);
-    cp_async_commit();
+    cp_async_commit_clobber();
     if (warp == 0) store_gates(sGb, sBb, fetch_gates(g, beta, g_bf16, b_bf16, seq0, L, nv, h));
   }
 
@@ -428,10 +419,10 @@ __global__ void __launch_bounds__(kThreads, 2)
     const float* sG = sGb + p * kChunk;
     const float* sBeta = sBb + p * kChunk;
 
-    cp_async_wait<2>();  // this chunk's K and this warp's Q rows have landed
-    __syncthreads();     // K, gates and sS visible to all; every read of the other K stage is done
+    cp_async_wait_clobber<2>();  // this chunk's K and this warp's Q rows have landed
+    __syncthreads();             // K, gates and sS visible to all; every read of the other K stage is done
     if (L1 > 0) async_rows<P, kChunk, kThreads>(sKb + (p ^ 1) * kChunk * kRow, ksrc + t1 * row, row, 0, L1, dk, threadIdx.x);
-    cp_async_commit();
+    cp_async_commit_clobber();
     GateRegs ng{};
     if (warp == 0 && L1 > 0) ng = fetch_gates(g, beta, g_bf16, b_bf16, t1, L1, nv, h);
 
@@ -459,8 +450,8 @@ __global__ void __launch_bounds__(kThreads, 2)
 
     float ks[8][4], qs[8][4];
     state_products<P>(ks, qs, sQ, sK, sS, warp, lane);  // (1)
-    cp_async_wait<1>();  // this warp's X and V rows have landed (only K(next) may be in flight)
-    __syncwarp();        // ... for every lane of the warp, as have the norms
+    cp_async_wait_clobber<1>();  // this warp's X and V rows have landed (only K(next) may be in flight)
+    __syncwarp();                // ... for every lane of the warp, as have the norms
     residual_in_place(sV, ks, qs, sG, sBeta, sRq, sRk, r_lo, t4);
     uint32_t pa[4][4];
     {  // (2), rk_j left to sVn
@@ -470,7 +461,7 @@ __global__ void __launch_bounds__(kThreads, 2)
     }
     __syncwarp();  // every lane's reads of this warp's Q rows are done: the next chunk's go in
     if (L1 > 0) async_rows<P, 16, 32>(sQ, qsrc + t1 * row, row, w0, L1, dk, lane);
-    cp_async_commit();
+    cp_async_commit_clobber();
     __syncthreads();  // R complete
 
     {  // (3)
@@ -478,12 +469,12 @@ __global__ void __launch_bounds__(kThreads, 2)
       x_times_r(vn, sX, sV, warp, lane);
       __syncwarp();  // this warp's X rows are read: the next chunk's go in
       if (L1 > 0) async_rows<kChunk, 16, 32>(sX, xsrc + t1 * ldx, ldx, w0, L1, kChunk, lane);
-      cp_async_commit();
+      cp_async_commit_clobber();
       store_v_new<true>(sVn, sVs, vn, sG, sRk, r_lo, t4);
     }
     __syncthreads();  // v_new complete; every read of R (sV) done
     if (L1 > 0) async_rows<kChunk, 16, 32>(sV, vsrc + t1 * row, row, w0, L1, vcols, lane);
-    cp_async_commit();
+    cp_async_commit_clobber();
 
     store_output(out, qs, pa, sVn, t0, L, nv, dv, h, col0, vcols, warp, lane, r_lo, t4);  // (4), P (rk v_new)
     update_state<P>(S, sS, sK, sVs, sG, warp, lane, gr, t4);                            // (5)

@@ -1,5 +1,7 @@
-// The tensor-core PTX wrappers the hand-written kernels share (sm_80+ forms, valid on sm_90, sm_100, sm_120):
-// shared-memory addresses, ldmatrix x4 loads and the bf16 m16n8k16 mma with fp32 accumulators.
+// The PTX wrappers the hand-written kernels share (sm_80+ forms, valid on sm_90, sm_100, sm_120): shared-memory
+// addresses, cp.async copies global -> shared (with commit / wait), ldmatrix x4 loads and the bf16 m16n8k16
+// mma with fp32 accumulators. The only definitions of these: a kernel file uses them (using namespace ptx)
+// rather than its own asm copy.
 #pragma once
 #include <cuda_bf16.h>
 
@@ -10,6 +12,34 @@ namespace dflash::cuda::ptx {
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
+
+// cp.async, global -> shared address dst (smem_addr). src_bytes below the copy size zero-fills the rest:
+// src_bytes 0 writes zeros and src is not read. 16 bytes bypass L1 (.cg), 4 bytes go through it (.ca, the
+// only form for 4). These and commit / wait carry no "memory" clobber (attention.cu and the fused block
+// attention put a __syncthreads between a wait and the reads of what landed).
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));
+}
+__device__ __forceinline__ void cp_async4(uint32_t dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));
+}
+// Closes the group of this thread's cp.async issued since the last commit.
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+// Waits until at most N of this thread's committed groups are still pending.
+template <int N> __device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+// The same three with a "memory" clobber (a compiler barrier: no memory access is moved across them or kept
+// in a register over them), as the gated delta rule scan and causal_conv1d's ring were written. Not merged
+// with the forms above: the clobber can change the generated code.
+__device__ __forceinline__ void cp_async16_clobber(uint32_t dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit_clobber() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N> __device__ __forceinline__ void cp_async_wait_clobber() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
 // Four 8x8 b16 matrices from shared memory (lane i gives the address of row i % 8 of matrix i / 8).
 __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
