@@ -1,4 +1,4 @@
-// Times the DFlash drafter's training step on CUDA (kernels/drafter_step.cu): forward, backward, fused
+// Times the DFlash drafter's training step on CUDA (kernels/drafter_step*.cu): forward, backward, fused
 // lm_head loss, clip + AdamW, on random weights and features of a real drafter shape, and prints the time
 // per step (CUDA events, warm-up, median), the device memory the step holds, a breakdown by phase and the
 // bf16 GEMM ceiling measured on the same GPU.

@@ -1,4 +1,4 @@
-// The whole CUDA drafter step (kernels/drafter_step.cu) against the golden reference case
+// The whole CUDA drafter step (kernels/drafter_step*.cu) against the golden reference case
 // tests/data/golden/qwen3-tiny-a (official DFlashDraftModel in float64): the case's anchors, target hidden
 // states and final_norm, the drafter_init weights. CE and KL losses to 1e-2 relative, the gradients to 3e-2
 // relative over all parameters and 6e-2 per parameter tensor (tol::kStepLoss, kStepGrads, kStepGradsPerTensor:

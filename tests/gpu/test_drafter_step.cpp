@@ -1,4 +1,4 @@
-// The whole drafter training step on CUDA (kernels/drafter_step.cu: bf16 activations, fp32 master weights)
+// The whole drafter training step on CUDA (kernels/drafter_step*.cu: bf16 activations, fp32 master weights)
 // against the float32 CPU path (DrafterNet + lm_loss + AdamW, as DrafterTrainer runs them) on a small
 // random drafter with one sliding-window and one full-attention layer: loss, every parameter gradient,
 // then 50 optimizer steps whose loss curves must track each other.

@@ -1,0 +1,139 @@
+// Internal to the drafter step's CUDA files, not an API (that is drafter_step.cuh): DrafterStepCuda::Impl,
+// the step's state (bf16 weight / fp32 gradient views, the activations the backward reads, the loss rows,
+// the backward's scratch, the profiling events) and the helpers its parts share. Included by
+//   drafter_step.cu           construction (every buffer, once), the public entry points, profiling
+//   drafter_step_forward.cu   the network forward (context, index inputs, layers)
+//   drafter_step_backward.cu  the network backward (layers in reverse; each gradient reported when final)
+//   drafter_step_loss.cu      the loss rows: gather, fused lm_head + loss, download, their gradient scattered
+// Everything here is a type or inline, so each .cu can include it; the small __global__ kernels stay in
+// anonymous namespaces of the .cu that launches them.
+// Shapes: T context tokens, N blocks of B rows (NB = N*B), H hidden, K target layers, nh/nkv heads of hd,
+// QD = nh*hd, KV = nkv*hd, I intermediate, R loss rows, V vocabulary.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <initializer_list>
+#include <vector>
+
+#include "backend.cuh"
+#include "cuda_check.cuh"
+#include "dflash/ops.h"
+#include "drafter_step.cuh"
+
+namespace dflash::cuda::drafter_step {
+
+// Grid of the small grid-stride kernels (256 threads).
+inline unsigned grid_of(const Ctx& ctx, int64_t n) { return grid_stride_blocks(ctx, n, 256, 16); }
+
+// One layer's tensors by name: views over the flat bf16 weights (w) or fp32 gradients (g) of Impl.
+struct LayerW {
+  Tensor input_norm, q_proj, k_proj, v_proj, o_proj, q_norm, k_norm, post_norm, gate_proj, up_proj, down_proj;
+};
+struct NetW {
+  Tensor fc, hidden_norm, norm;
+  std::vector<LayerW> layers;
+};
+
+// What one layer's forward keeps for its backward (kc*, vc: the context side [T, ...]; the rest [NB, ...]).
+struct LayerActs {
+  Buffer kc_raw, kc, kc_rstd, vc, x_in, xn, rstd1, q_raw, q, q_rstd, kb_raw, kb, kb_rstd, vb, attn, lse, x2, xn2,
+      rstd2, g, u, act;
+};
+
+}  // namespace dflash::cuda::drafter_step
+
+namespace dflash::cuda {
+
+struct DrafterStepCuda::Impl {
+  DrafterConfig c;
+  Ctx ctx;
+  int64_t max_T, max_N, max_NB, max_R, chunk_rows;
+  int64_t H, K, nh, nkv, hd, QD, KV, I, B, V = 0;
+  ops::RopeSpec rope;
+  float eps;
+  size_t P = 0;
+  Buffer params, grads, m, v, pbf;
+  drafter_step::NetW w, g;  // bf16 weights / fp32 gradients
+  Tensor embed, lm_head;
+  // context / block inputs
+  Buffer x_ctx, fc_out, th, rstd_h, pos_ctx, block_ids, pos_blk, anchors, seq_begin, x0;
+  std::vector<drafter_step::LayerActs> layers;
+  Buffer x_last, h_final, rstd_f;
+  // loss
+  Buffer h_rows, t_rows, dh_rows, row_idx, teacher_idx, labels, row_w, loss_r, kl_r, am_q, am_p, workspace;
+  // backward scratch
+  Buffer dx, dtmp, dxn, d_act, dg, du, d_attn, dq, dq_raw, dkb, dvb, dkb_raw, dkc, dvc, dkc_raw, d_th, d_fc, d_out;
+  int64_t T = 0, N = 0, NB = 0;
+  std::vector<int32_t> anchors_host, seq_begin_host;  // the batch's, for the attention chunk plans
+  // profiling: events[i] opens an interval of phase phases[i] that events[i + 1] closes
+  bool profiling = false;
+  std::vector<cudaEvent_t> event_pool;
+  std::vector<int> phases;
+  std::vector<double> phase_sum = std::vector<double>(static_cast<size_t>(Phase::Count), 0.0);
+  using Phase = DrafterStepCuda::Phase;
+  void mark(Phase ph) {
+    if (!profiling) return;
+    const size_t i = phases.size();
+    if (i == event_pool.size()) {
+      cudaEvent_t e;
+      DF_CUDA(cudaEventCreate(&e));
+      event_pool.push_back(e);
+    }
+    DF_CUDA(cudaEventRecord(event_pool[i], stream_of(ctx)));
+    phases.push_back(static_cast<int>(ph));
+  }
+
+  Buffer bf(int64_t rows, int64_t cols) { return Buffer(Device::CUDA, DType::BF16, {std::max<int64_t>(rows * cols, 8)}); }
+  Buffer f32(int64_t n) { return Buffer(Device::CUDA, DType::F32, {std::max<int64_t>(n, 4)}); }
+  Buffer i32(int64_t n) { return Buffer(Device::CUDA, DType::I32, {std::max<int64_t>(n, 4)}); }
+  static Tensor dev(DType t, void* p, std::initializer_list<int64_t> dims) { return Tensor(p, t, Device::CUDA, dims); }
+  static Tensor v2(const Buffer& b, int64_t r, int64_t c) { return dev(b.t().dtype, b.t().data, {r, c}); }
+  static Tensor v3(const Buffer& b, int64_t r, int64_t h, int64_t d) { return dev(b.t().dtype, b.t().data, {r, h, d}); }
+  static Tensor v1(const Buffer& b, int64_t n) { return dev(b.t().dtype, b.t().data, {n}); }
+
+  ops::BlockAttnSpec attn_spec(size_t layer) const {
+    ops::BlockAttnSpec s;
+    s.block_size = static_cast<int>(B);
+    s.scale = 1.0f / std::sqrt(static_cast<float>(hd));
+    const auto& types = c.layers.layer_types;
+    if (layer < types.size() && types[layer] == "sliding_attention") s.window = c.layers.sliding_window;
+    return s;
+  }
+
+  // y += x (bf16, numel % 8 == 0)
+  void add(const Tensor& y, const Tensor& x);
+  void copy(const Tensor& dst, const Tensor& src) {
+    DF_CUDA(cudaMemcpyAsync(dst.data, src.data, src.nbytes(), cudaMemcpyDeviceToDevice, stream_of(ctx)));
+  }
+  // din [N, I] (=, or += when accumulate) dout [N, O] · W [O, I]
+  void linear_din(const Tensor& din, const Tensor& dout, const Tensor& W, bool accumulate);
+  // dW [O, I] (fp32) += dout^T · in
+  void linear_dw(const Tensor& dW, const Tensor& dout, const Tensor& in, const Tensor& W);
+  void upload_i32(const Buffer& dst, const std::vector<int32_t>& src) {
+    DF_ASSERT(src.size() <= dst.numel());
+    copy_bytes(ctx, dst.t().data, src.data(), sizeof(int32_t) * src.size());
+  }
+
+  Tensor forward(const DrafterStepBatch& b);
+  // ready: see DrafterStepCuda::GradReady (may be empty).
+  void backward(const Tensor& d_out, const GradReady& ready);
+  // Reports gradient view g (a tensor of `g` below) final to ready.
+  void final(const GradReady& ready, const Tensor& gv) const {
+    if (!ready) return;
+    const size_t begin = static_cast<size_t>(static_cast<const float*>(gv.data) - static_cast<const float*>(grads.t().data));
+    ready(begin, begin + gv.numel());
+  }
+  // The loss rows of the last forward (hf) on the device, and dh_rows when grad.
+  void loss_rows(const DrafterStepBatch& b, const Tensor& hf, ops::LossObjective objective, bool grad);
+  // The per-row results and the weighted loss into res (synchronizes).
+  void download_rows(const DrafterStepBatch& b, ops::LossObjective objective, DrafterStepResult& res);
+  // d_out [NB, H] = dh_rows scattered to their block rows (zero elsewhere), then the drafter backward.
+  void backward_from_rows(const GradReady& ready);
+  int64_t R = 0;              // loss rows of the last forward
+  bool have_teacher = false;  // its teacher rows are in t_rows
+};
+
+}  // namespace dflash::cuda
