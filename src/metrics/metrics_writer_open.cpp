@@ -1,0 +1,225 @@
+// Opening metrics.h5: the constructor of MetricsWriter lays out the file's groups and series (a new file),
+// brings a resumed file of an earlier format up to this one, and keeps a previous run's file aside.
+// Layout: include/dflash/metrics.h, docs/metrics.md; the members of Impl it calls: metrics_writer_impl.h.
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <mutex>
+
+#include "data/h5_util.h"
+#include "dflash/data.h"  // hdf5_mutex()
+#include "dflash/error.h"
+#include "dflash/metrics.h"
+#include "disk_reserve.h"
+#include "metrics_writer_impl.h"
+
+namespace dflash {
+
+using h5::Handle;
+using metrics_detail::Elem;
+using metrics_detail::SeriesNote;
+using metrics_detail::SeriesSpec;
+
+// 1: the first layout; 2: dimension scales, /ranks/role an enum, /steps/epoch and /steps/acc_by_pos,
+// /options. A resume of a format-1 file adds what 2 has (NaN over the rows written before).
+constexpr int kMetricsFormatVersion = 2;
+
+namespace {
+
+// Column order of each group (one 1-D dataset per entry).
+// Format 1's /steps (a resumed format-1 file has them; epoch and acc_by_pos are added to it).
+const SeriesSpec kStepSeries[] = {{"step", Elem::I64},   {"time_s", Elem::F64}, {"loss", Elem::F64},
+                                  {"acc", Elem::F64},    {"agree", Elem::F64},  {"streak", Elem::F64},
+                                  {"lr", Elem::F64},     {"noise", Elem::F64},  {"grad_norm", Elem::F64},
+                                  {"tokens", Elem::I64}, {"anchors", Elem::I64}};
+const SeriesSpec kRankSeries[] = {{"interval", Elem::I64},  {"time_s", Elem::F64},        {"rank", Elem::I64},
+                                  {"role", Elem::Role},     {"batches", Elem::I64},       {"busy_s", Elem::F64},
+                                  {"wait_s", Elem::F64},    {"compute_s", Elem::F64},     {"credit_wait_s", Elem::F64},
+                                  {"data_wait_s", Elem::F64}, {"allreduce_s", Elem::F64}, {"optimizer_s", Elem::F64}};
+
+bool file_exists(const std::string& path) {
+  struct stat st;
+  return ::stat(path.c_str(), &st) == 0;
+}
+
+// Rows of /steps/step in an existing metrics file; -1 when it cannot be read as one (then it is kept:
+// nobody knows what it holds). Called with hdf5_mutex() held.
+int64_t stored_steps(const std::string& path) {
+  if (H5Fis_hdf5(path.c_str()) <= 0) return -1;
+  Handle fapl(h5::fapl_no_locking(), Handle::Kind::PropList);
+  Handle file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, fapl), Handle::Kind::File);
+  if (!file.valid() || !h5::link_exists(file, "steps/step")) return -1;
+  Handle ds(H5Dopen2(file, "steps/step", H5P_DEFAULT), Handle::Kind::Dataset);
+  const std::vector<hsize_t> d = ds.valid() ? h5::dims(ds) : std::vector<hsize_t>{};
+  return d.size() == 1 ? static_cast<int64_t>(d[0]) : -1;
+}
+
+// A new run in a directory that already has `path` (DIR/metrics.h5). A file that holds steps (or
+// cannot be read) is renamed to DIR/metrics.N.h5, N one more than the highest already there, so every
+// earlier run's file survives however many runs follow, in the order they ran. A file without any step
+// (a start that failed before its first step) holds nothing worth keeping and is replaced.
+void set_aside_previous(const std::string& path) {
+  namespace fs = std::filesystem;
+  if (!file_exists(path)) return;
+  const int64_t steps = stored_steps(path);
+  if (steps == 0) {
+    DF_CHECK_HINT(std::remove(path.c_str()) == 0, SystemFailure,
+                  "cannot remove the step-less " << path << " of a failed start: " << std::strerror(errno),
+                  "check that the --out directory is writable");
+    return;
+  }
+  const fs::path p(path);
+  const std::string stem = p.stem().string(), ext = p.extension().string();  // "metrics", ".h5"
+  const fs::path dir = p.has_parent_path() ? p.parent_path() : fs::path(".");
+  int64_t highest = 0;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name.size() <= stem.size() + 1 + ext.size() || name.compare(0, stem.size() + 1, stem + ".") != 0 ||
+        name.compare(name.size() - ext.size(), ext.size(), ext) != 0)
+      continue;
+    const std::string digits = name.substr(stem.size() + 1, name.size() - stem.size() - 1 - ext.size());
+    if (digits.empty() || digits.size() > 9 || digits.find_first_not_of("0123456789") != std::string::npos) continue;
+    highest = std::max<int64_t>(highest, std::stoll(digits));
+  }
+  const std::string aside = (dir / (stem + "." + std::to_string(highest + 1) + ext)).string();
+  // No other job writes here meanwhile (the run holds the --out lock), so nothing can appear at `aside`.
+  DF_CHECK_HINT(!file_exists(aside) && std::rename(path.c_str(), aside.c_str()) == 0, SystemFailure,
+                "cannot move the previous run's " << path << " (" << (steps < 0 ? std::string("unreadable") : std::to_string(steps) + " steps")
+                                                  << ") to " << aside << ": " << std::strerror(errno),
+                "check that the --out directory is writable; the previous file is left as it was");
+  std::fprintf(stderr, "[dflash] the previous run's %s (%s) is kept as %s\n", path.c_str(),
+               steps < 0 ? "not readable as a metrics file" : (std::to_string(steps) + " steps").c_str(), aside.c_str());
+}
+
+// The notes (metrics_detail::SeriesNote) of the series every file has; /eval's are in metrics_writer.cpp.
+const SeriesNote kSeriesNotes[] = {
+    {"steps/step", "1", "optimizer step, absolute (continues across resumes)"},
+    {"steps/time_s", "s", "when the step finished, seconds since this segment's job start (restarts at a resume)"},
+    {"steps/loss", "1", "training loss of the step (nats; position-weighted, over all drafters)"},
+    {"steps/acc", "1", "share of trained positions whose drafter argmax equals the label"},
+    {"steps/agree", "1", "share of trained positions whose drafter argmax equals the target's argmax"},
+    {"steps/streak", "tokens", "mean leading run of correct predictions per block (acceptance-length estimate)"},
+    {"steps/lr", "1", "learning rate of the step (AdamW)"},
+    {"steps/noise", "1", "std of the Gaussian noise added to the target features"},
+    {"steps/grad_norm", "1", "global L2 norm of the gradients"},
+    {"steps/tokens", "tokens", "tokens in the step's batches (all drafters)"},
+    {"steps/anchors", "1", "anchors (blocks) trained on in the step (all drafters)"},
+    {"steps/epoch", "1", "fractional epochs done after the step (mean over the targets' loaders, as the status line's epoch~)"},
+    {"steps/acc_by_pos", "1", "[step, block_position] share of trained positions at each block position whose drafter argmax equals the label (mean over drafters)"},
+    {"steps/block_position", "1", "position in the block: 1 = the token right after the anchor"},
+    {"ranks/interval", "1", "report interval (every --log-every steps; restarts at 0 in a resumed segment)"},
+    {"ranks/time_s", "s", "end of the interval, seconds since this segment's job start"},
+    {"ranks/rank", "1", "world rank"},
+    {"ranks/role", "1", "role of the rank (enum role_t: target 0, drafter 1, idle 2)"},
+    {"ranks/batches", "batches", "batches the rank finished in the interval"},
+    {"ranks/busy_s", "s", "time working in the interval (target: forward; drafter: forward+backward+optimizer)"},
+    {"ranks/wait_s", "s", "time blocked in the interval (credit, data, sends, allreduce)"},
+    {"ranks/compute_s", "s", "target: forward; drafter: forward+backward"},
+    {"ranks/credit_wait_s", "s", "target: waiting for a drafter's credit (a free receive slot)"},
+    {"ranks/data_wait_s", "s", "target: waiting for its loader; drafter: waiting for a batch"},
+    {"ranks/allreduce_s", "s", "drafter: gradient allreduce"},
+    {"ranks/optimizer_s", "s", "drafter: AdamW step"},
+    {"queues/time_s", "s", "sample time, seconds since this segment's job start"},
+    {"queues/q_pre", "batches", "[sample, target] batches ready in each target's prefetch queue (capacity --prefetch-depth)"},
+    {"queues/q_hs", "batches", "[sample, drafter] receive slots holding an untrained batch (capacity --hs-queue-depth)"},
+    {"gpus/time_s", "s", "sample time, seconds since this segment's job start"},
+    {"gpus/power_w", "W", "[sample, gpu] board power; column g = world rank gpu_ranks[g] (root attribute)"},
+    {"gpus/util_pct", "%", "[sample, gpu] GPU utilisation"},
+    {"gpus/mem_used_mib", "MiB", "[sample, gpu] device memory used"},
+};
+
+// Writes (or rewrites: files of earlier versions get them on a resume) the notes of the open datasets.
+void annotate_series(const std::map<std::string, Handle>& series) {
+  for (const SeriesNote& n : kSeriesNotes) {
+    const auto it = series.find(n.name);
+    if (it == series.end()) continue;
+    h5::write_attr_string(it->second, "units", n.units);
+    h5::write_attr_string(it->second, "description", n.description);
+  }
+}
+
+}  // namespace
+
+MetricsWriter::MetricsWriter(const std::string& path, const MetricsLayout& layout, MetricsOpen mode)
+    : path_(path), layout_(layout), impl_(std::make_unique<Impl>()) {
+  DF_CHECK(layout.num_targets >= 0 && layout.num_drafters >= 0 && layout.num_gpus >= 0, Internal,
+           "negative metrics layout for " << path);
+  DF_CHECK(layout.block_size >= 2, Internal, "metrics layout for " << path << ": block size " << layout.block_size);
+  DF_CHECK(layout.flush_every >= 1, BadOptions,
+           "--metrics-flush-every must be at least 1 (got " << layout.flush_every << ")");
+  h5::quiet_errors();
+  std::lock_guard<std::mutex> lock(hdf5_mutex());
+  impl_->path = path;
+  const bool append = mode == MetricsOpen::Append && file_exists(path);
+  // The reserve first: a disk too full for it is reported before metrics.h5 is touched.
+  const std::string reserve_path = impl_->dir() + "/." + std::filesystem::path(path).filename().string() + ".reserve";
+  const int reserve_err = impl_->reserve.create(reserve_path, impl_->reserve_bytes(layout.flush_every));
+  DF_CHECK_HINT(reserve_err == 0, SystemFailure,
+                "cannot reserve " << (impl_->reserve_bytes(layout.flush_every) >> 10) << " KiB for " << path << " ("
+                                  << reserve_path << "): " << std::strerror(reserve_err),
+                io_failure_hint(reserve_err, impl_->dir()));
+  Handle fapl(h5::fapl_no_locking(), Handle::Kind::PropList);
+  if (append) {
+    DF_CHECK_HINT(H5Fis_hdf5(path.c_str()) > 0, BadInput, "metrics file " << path << " is not an HDF5 file",
+                  "move it away or use a new --out directory");
+    impl_->file = Handle(H5Fopen(path.c_str(), H5F_ACC_RDWR, fapl), Handle::Kind::File);
+    DF_CHECK_HINT(impl_->file.valid(), BadInput, "cannot open metrics file " << path << " for appending",
+                  "move it away or use a new --out directory");
+  } else {
+    set_aside_previous(path);
+    impl_->file = Handle(H5Fcreate(path.c_str(), H5F_ACC_EXCL, H5P_DEFAULT, fapl), Handle::Kind::File);
+    if (!impl_->file.valid()) {
+      const int err = hdf5_failure_errno();
+      fatal(ExitCode::SystemFailure, "cannot create " + path + (err ? std::string(": ") + std::strerror(err) : ""),
+            io_failure_hint(err, impl_->dir()));
+    }
+  }
+  // A resumed file of an earlier format is brought up to this one (what it lacks is added).
+  h5::write_attr_int64(impl_->file, "format_version", kMetricsFormatVersion);
+  const bool create = !append;
+  impl_->group("steps", create);
+  for (const SeriesSpec& s : kStepSeries) impl_->open_series(std::string("steps/") + s.name, s.elem, 0, create);
+  {
+    // Added in format 2: NaN over the rows of a resumed format-1 file.
+    const hsize_t rows = h5::dims(impl_->series.at("steps/step"))[0];
+    impl_->open_series("steps/epoch", Elem::F64, 0, true, rows);
+    impl_->block_positions(layout.block_size);  // first: another block size is named as such
+    impl_->open_series("steps/acc_by_pos", Elem::F64, layout.block_size - 1, true, rows);
+  }
+  {
+    Handle ranks = impl_->group("ranks", create);
+    if (create) h5::write_attr_string(ranks, "role_legend", "0=target 1=drafter 2=idle");
+    impl_->open_role_type(ranks);
+    for (const SeriesSpec& s : kRankSeries) impl_->open_series(std::string("ranks/") + s.name, s.elem, 0, create);
+  }
+  impl_->group("queues", create);
+  impl_->open_series("queues/time_s", Elem::F64, 0, create);
+  impl_->open_series("queues/q_pre", Elem::I32, layout.num_targets, create);
+  impl_->open_series("queues/q_hs", Elem::I32, layout.num_drafters, create);
+  {
+    Handle gpus = impl_->group("gpus", create);
+    if (create) {
+      h5::write_attr_int64(gpus, "available", layout.gpu_available ? 1 : 0);
+      h5::write_attr_string(gpus, "reason", layout.gpu_available ? "" : layout.gpu_unavailable_reason);
+    }
+    if (create ? layout.gpu_available : h5::link_exists(impl_->file, "gpus/time_s")) {
+      impl_->open_series("gpus/time_s", Elem::F64, 0, create);
+      impl_->open_series("gpus/power_w", Elem::F64, layout.num_gpus, create);
+      impl_->open_series("gpus/util_pct", Elem::F64, layout.num_gpus, create);
+      impl_->open_series("gpus/mem_used_mib", Elem::F64, layout.num_gpus, create);
+    }
+  }
+  impl_->name_all_axes(layout_);
+  annotate_series(impl_->series);
+  annotate_series(impl_->dims);
+  // The whole structure is on disk before the first row: a later failure cannot make the file unreadable.
+  impl_->flush_or_stop("writing its structure");
+}
+
+}  // namespace dflash
