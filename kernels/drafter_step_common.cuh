@@ -94,14 +94,7 @@ struct DrafterStepCuda::Impl {
   static Tensor v3(const Buffer& b, int64_t r, int64_t h, int64_t d) { return dev(b.t().dtype, b.t().data, {r, h, d}); }
   static Tensor v1(const Buffer& b, int64_t n) { return dev(b.t().dtype, b.t().data, {n}); }
 
-  ops::BlockAttnSpec attn_spec(size_t layer) const {
-    ops::BlockAttnSpec s;
-    s.block_size = static_cast<int>(B);
-    s.scale = 1.0f / std::sqrt(static_cast<float>(hd));
-    const auto& types = c.layers.layer_types;
-    if (layer < types.size() && types[layer] == "sliding_attention") s.window = c.layers.sliding_window;
-    return s;
-  }
+  ops::BlockAttnSpec attn_spec(size_t layer) const { return ops::drafter_attn_spec(c, layer); }
 
   // y += x (bf16, numel % 8 == 0)
   void add(const Tensor& y, const Tensor& x);

@@ -4,6 +4,9 @@
 // ctx.device; the CPU float32 versions (src/ops/block_attention.cpp, src/ops/lm_loss.cpp) are the
 // reference a CUDA twin is tested against.
 #pragma once
+#include <cmath>
+
+#include "dflash/hf_config.h"
 #include "dflash/tensor.h"
 
 namespace dflash::ops {
@@ -20,6 +23,17 @@ struct BlockAttnSpec {
   int window = 0;       // sliding window W; 0 = full attention
   float scale = 1.0f;   // usually head_dim^-0.5
 };
+// The spec of drafter layer `layer`: the config's block size, head_dim^-0.5, and its sliding window when
+// layer_types names that layer "sliding_attention". One rule for the CPU net and the CUDA step (inline: the
+// CUDA library links without the core's ops).
+inline BlockAttnSpec drafter_attn_spec(const DrafterConfig& c, size_t layer) {
+  BlockAttnSpec s;
+  s.block_size = c.block_size;
+  s.scale = 1.0f / std::sqrt(static_cast<float>(c.layers.head_dim));
+  const auto& types = c.layers.layer_types;
+  if (layer < types.size() && types[layer] == "sliding_attention") s.window = c.layers.sliding_window;
+  return s;
+}
 // out [N*B, nh, hd]; lse [N*B, nh] (log-sum-exp of the scaled scores, saved for backward);
 // q [N*B, nh, hd]; k_ctx, v_ctx [T, nkv, hd] (context keys/values of the whole packed batch);
 // k_blk, v_blk [N*B, nkv, hd]; anchors, seq_begin [N] (I32, host memory on CPU).

@@ -147,14 +147,7 @@ struct DrafterNet::Impl {
     DF_ASSERT(static_cast<size_t>(n) <= a.buf.numel());
     return Tensor(a.buf.t().data, DType::I32, a.buf.t().device, {n});
   }
-  ops::BlockAttnSpec attn_spec(size_t layer) const {
-    ops::BlockAttnSpec s;
-    s.block_size = static_cast<int>(B);
-    s.scale = 1.0f / std::sqrt(static_cast<float>(hd));
-    const auto& types = c.layers.layer_types;
-    if (layer < types.size() && types[layer] == "sliding_attention") s.window = c.layers.sliding_window;
-    return s;
-  }
+  ops::BlockAttnSpec attn_spec(size_t layer) const { return ops::drafter_attn_spec(c, layer); }
 };
 
 DrafterNet::DrafterNet(const DrafterConfig& c, const Ctx& ctx, int64_t max_tokens, int64_t max_blocks)

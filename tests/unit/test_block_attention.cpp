@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "dflash/drafter_ops.h"
+#include "dflash/hf_config.h"
 
 namespace {
 
@@ -167,6 +168,24 @@ Case base_case(int nh, int nkv, int window) {
   c.hd = 8;
   c.window = window;
   return c;
+}
+
+// The per-layer spec both drafter implementations take: block size, head_dim^-0.5, and the window only on
+// layers typed "sliding_attention" (a layer past layer_types is full attention).
+TEST(BlockAttention, DrafterAttnSpecPerLayer) {
+  dflash::DrafterConfig c;
+  c.block_size = 12;
+  c.layers.head_dim = 256;
+  c.layers.sliding_window = 2048;
+  c.layers.layer_types = {"sliding_attention", "full_attention"};
+  const BlockAttnSpec s0 = dflash::ops::drafter_attn_spec(c, 0), s1 = dflash::ops::drafter_attn_spec(c, 1),
+                     s2 = dflash::ops::drafter_attn_spec(c, 2);
+  EXPECT_EQ(s0.block_size, 12);
+  EXPECT_FLOAT_EQ(s0.scale, 1.0f / 16.0f);
+  EXPECT_EQ(s0.window, 2048);
+  EXPECT_EQ(s1.window, 0);
+  EXPECT_EQ(s2.window, 0);
+  EXPECT_EQ(s2.block_size, 12);
 }
 
 TEST(BlockAttention, FullAttentionGqa1) { run_case(base_case(2, 2, 0), 1); }
