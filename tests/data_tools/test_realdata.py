@@ -191,6 +191,13 @@ class ShareGPT(unittest.TestCase):
         rc, _, err = run(SHAREGPT, self.d("t.jsonl"), "--input", src, "--eval-out", self.d("e.jsonl"),
                          "--eval-records", 1)
         self.assertEqual((rc, self.read(self.d("t.jsonl"))), (0, first))
+        rc, _, err = run(SHAREGPT, self.d("t4.jsonl"), "--input", src, "--eval-out", self.d("e4.jsonl"),
+                         "--eval-records", 4, "--eval-first-exchange")
+        self.assertEqual(rc, 0, err)
+        self.assertEqual([r["conversations"] for r in self.lines(self.d("e4.jsonl"))][0],
+                         [{"from": "system", "value": "s"}, {"from": "human", "value": "q"},
+                          {"from": "gpt", "value": "a"}])
+        self.assertEqual(len(self.lines(self.d("t4.jsonl"))), 1)  # a_0 (the held-out are e_0, f_0, g_0, g_1)
         rc, out, err = run(SHAREGPT, self.d("t2.jsonl"), "--input", src, "--skip", 1, "--limit", 2)
         self.assertEqual(rc, 0, err)
         self.assertEqual([r["id"] for r in self.lines(self.d("t2.jsonl"))], ["e_0", "f_0"])
@@ -203,6 +210,7 @@ class ShareGPT(unittest.TestCase):
     def test_refusals(self):
         src = self.small()
         for args in (["--eval-records", 2], ["--eval-out", self.d("e.jsonl")], ["--limit", -1],
+                     ["--eval-first-exchange"],
                      ["--eval-out", self.d("t.jsonl"), "--eval-records", 1]):
             rc, _, err = run(SHAREGPT, self.d("t.jsonl"), "--input", src, *args)
             self.assertEqual(rc, 2, (args, err))

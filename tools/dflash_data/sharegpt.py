@@ -76,3 +76,13 @@ def conversation_of(rec):
         return None
     base, sep, tail = rid.rpartition("_")
     return base if sep and tail.isdigit() else rid
+
+
+def first_exchange(rec):
+    """The record cut after its first answer: (system turns,) the first human turn(s) and the gpt turn that
+    answers them. Rendered by Qwen3's template, the answer is then the conversation's last turn, so the
+    prompt before it ends with the generation prompt a server sends (the empty think block included when
+    thinking is off)."""
+    turns = rec["conversations"]
+    k = next(k for k, t in enumerate(turns) if t["from"] == "gpt" and t["value"].strip())
+    return {**rec, "conversations": turns[:k + 1]}
