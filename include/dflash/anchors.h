@@ -48,8 +48,9 @@ class AnchorSampler {
  private:
   Rng rng_;
   std::vector<int64_t> valid_;  // reused between calls
-  // Uniform sample without replacement of k of v[b, e): moved to v[b, b + k) (partial Fisher-Yates).
-  void take(std::vector<int64_t>& v, size_t b, size_t e, size_t k);
+  // A uniform sample without replacement of k of v's entries, moved to its front (partial Fisher-Yates;
+  // no draw when k >= v.size()).
+  void take(std::vector<int64_t>& v, size_t k);
 };
 
 // The reference trainers' density (SpecForge, speculators, Model-Optimizer, TorchSpec): up to 512 anchors

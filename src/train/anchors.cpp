@@ -61,24 +61,32 @@ std::string anchor_rule_summary(int max_anchors, int per_record) {
   return os.str();
 }
 
-void valid_anchor_positions(const PackedBatch& batch, std::vector<int64_t>& out) {
-  out.clear();
+namespace {
+void check_mask(const PackedBatch& batch) {
   DF_CHECK(batch.loss_mask.size() == batch.tokens.size(), BadInput,
            "loss_mask has " << batch.loss_mask.size() << " entries for " << batch.tokens.size() << " tokens");
-  for (int s = 0; s < batch.num_seqs(); ++s) {
-    const int64_t b = batch.cu_seqlens[s], e = batch.cu_seqlens[s + 1];
-    for (int64_t p = b; p + 1 < e; ++p)
-      if (batch.loss_mask[p] && batch.loss_mask[p + 1]) out.push_back(p);
-  }
+}
+// The validity rule, in one place: appends record s's valid positions to out.
+void append_valid_positions(const PackedBatch& batch, int s, std::vector<int64_t>& out) {
+  const int64_t b = batch.cu_seqlens[s], e = batch.cu_seqlens[s + 1];
+  for (int64_t p = b; p + 1 < e; ++p)
+    if (batch.loss_mask[p] && batch.loss_mask[p + 1]) out.push_back(p);
+}
+}  // namespace
+
+void valid_anchor_positions(const PackedBatch& batch, std::vector<int64_t>& out) {
+  out.clear();
+  check_mask(batch);
+  for (int s = 0; s < batch.num_seqs(); ++s) append_valid_positions(batch, s, out);
 }
 
-void AnchorSampler::take(std::vector<int64_t>& v, size_t b, size_t e, size_t k) {
-  const size_t n = e - b;
+void AnchorSampler::take(std::vector<int64_t>& v, size_t k) {
+  const size_t n = v.size();
   if (k >= n) return;  // all of them: no draw
   // Partial Fisher-Yates: the first k entries become a uniform sample without replacement.
   for (size_t i = 0; i < k; ++i) {
     const size_t j = i + static_cast<size_t>(rng_.below(n - i));
-    std::swap(v[b + i], v[b + j]);
+    std::swap(v[i], v[j]);
   }
 }
 
@@ -88,22 +96,19 @@ std::vector<int64_t> AnchorSampler::sample(const PackedBatch& batch, int max_anc
   if (per_record <= 0) {
     valid_anchor_positions(batch, valid_);
     const size_t k = std::min(valid_.size(), cap);
-    take(valid_, 0, valid_.size(), k);
+    take(valid_, k);
     anchors.assign(valid_.begin(), valid_.begin() + static_cast<std::ptrdiff_t>(k));
   } else {
-    DF_CHECK(batch.loss_mask.size() == batch.tokens.size(), BadInput,
-             "loss_mask has " << batch.loss_mask.size() << " entries for " << batch.tokens.size() << " tokens");
+    check_mask(batch);
     for (int s = 0; s < batch.num_seqs(); ++s) {  // record by record, in order
-      const int64_t b = batch.cu_seqlens[s], e = batch.cu_seqlens[s + 1];
       valid_.clear();
-      for (int64_t p = b; p + 1 < e; ++p)
-        if (batch.loss_mask[p] && batch.loss_mask[p + 1]) valid_.push_back(p);
+      append_valid_positions(batch, s, valid_);
       const size_t k = std::min(valid_.size(), static_cast<size_t>(per_record));
-      take(valid_, 0, valid_.size(), k);
+      take(valid_, k);
       anchors.insert(anchors.end(), valid_.begin(), valid_.begin() + static_cast<std::ptrdiff_t>(k));
     }
     const size_t k = std::min(anchors.size(), cap);
-    take(anchors, 0, anchors.size(), k);
+    take(anchors, k);
     anchors.resize(k);
   }
   std::sort(anchors.begin(), anchors.end());

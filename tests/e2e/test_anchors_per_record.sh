@@ -7,6 +7,7 @@
 #  - without --max-anchors the cap is the reference's density, N per 3072 tokens of --token-budget, in the
 #    resolved options and the [dflash] anchors line (the job's and --dry-run's); the dry run's drafter memory
 #    grows with it;
+#  - dflash-report's what-if over the anchors reads the run's rule;
 #  - a resume continues the anchor draws: the resumed steps are the straight run's bit for bit.
 source "$(dirname "$0")/lib.sh"
 tiny=$(tiny_dir)
@@ -26,6 +27,13 @@ h5check "$WORK/perrec/metrics.h5" "len(f['steps/anchors']) == $N and all(f['step
 # never more than 4 per record: at most 4 x (the records a 512-token batch of records >= 24 tokens can hold)
 h5check "$WORK/perrec/metrics.h5" "all(f['steps/anchors'][:] <= 4 * (512 // 24))"
 
+if $PY -c "import h5py, numpy, matplotlib" 2>/dev/null; then  # dflash-report prices more or fewer anchors
+  "$DFLASH_SRC/tools/dflash-report" "$WORK/perrec/metrics.h5" >"$WORK/perrec.txt" || fail "dflash-report on perrec"
+  grep -q "^ANCHORS WHAT-IF" "$WORK/perrec.txt" || fail "dflash-report: no anchors what-if"
+  grep -q "up to 4 per record, at most 4096 per batch" "$WORK/perrec.txt" || fail "dflash-report: not the run's anchor rule"
+  grep -q "Anchors: " "$WORK/perrec.txt" || fail "dflash-report: the verdict says nothing of the anchors"
+fi
+
 run_job capped 2 120 "${COMMON[@]}" --anchors-per-record 4 --max-anchors 6
 expect_rc 0 capped
 h5check "$WORK/capped/metrics.h5" "all(f['steps/anchors'][:] == 6)"
@@ -35,15 +43,17 @@ run_job defcap 2 120 "${COMMON[@]}" --anchors-per-record 4 --token-budget 6144 -
 expect_rc 0 defcap
 expect_log defcap "--max-anchors=8"
 expect_log defcap "[dflash] anchors: up to 4 per record (--anchors-per-record), at most 8 per packed batch"
-dry() {  # dry NAME ARGS...: the block-activation bytes of the dry run's memory line
+dry() {  # dry NAME ARGS...: a dry run; prints the cap and the block-activation MiB of its memory line
   local name=$1
   shift
-  run_job "$name" 2 60 --topology 1-1 --dry-run "$@"
+  run_job "$name" 2 60 --topology 1-1 --dry-run "$@" >/dev/null
   expect_rc 0 "$name"
   sed -n 's/.*block activations for --max-anchors \([0-9]*\) x 16 rows \([0-9.]*\) MiB = .*/\1 \2/p' "$WORK/$name.log"
 }
-read -r cap1 mib1 < <(dry dry1 --anchors-per-record 512 --token-budget 3072)
-read -r cap2 mib2 < <(dry dry2 --anchors-per-record 512 --token-budget 6144)
+dry1=$(dry dry1 --anchors-per-record 512 --token-budget 3072)
+dry2=$(dry dry2 --anchors-per-record 512 --token-budget 6144)
+read -r cap1 mib1 <<<"$dry1"
+read -r cap2 mib2 <<<"$dry2"
 [ "$cap1" = 512 ] && [ "$cap2" = 1024 ] || fail "dry runs: default caps $cap1 and $cap2, expected 512 and 1024"
 expect_log dry2 "--max-anchors=1024"
 expect_log dry2 "[dflash] anchors: up to 512 per record (--anchors-per-record), at most 1024 per packed batch"

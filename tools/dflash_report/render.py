@@ -130,7 +130,7 @@ def text(rep):
             L.append(f" {mark}{w['anchors_per_batch']:12d}  {w['drafter_s_per_batch']:11.4f}  {w['drafter_cap_bps']:11.3f}"
                      f"  {w['batches_per_s']:8.3f} {w['ktok_per_s']:8.2f}  {w['kblocks_per_s']:9.3f} "
                      f"{100 * w['vs_run_frac']:+6.1f}%  {w['limit']}")
-        L.append("  (* = this run; = = the most anchors the drafter side trains at this run's throughput)")
+        L.append("  (* = this run; = = the most anchors per batch at which the drafters still keep up with the targets)")
     L.append("")
     L.append("VERDICT")
     L.extend(textwrap.wrap(rep["verdict"], width=110, initial_indent="  ", subsequent_indent="  "))
