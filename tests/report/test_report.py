@@ -375,6 +375,16 @@ class ReportTest(unittest.TestCase):
         half = next(w for w in rep["anchors"]["rows"] if w["anchors_per_batch"] == 32)
         self.assertGreater(half["vs_run_frac"], 0.3)  # fewer anchors: faster steps
 
+    def test_side_by_side_shows_the_blocks_trained(self):
+        a = write_run(self.path("a.h5"), t_s=0.5, d_s=0.1, anchors=100)
+        b = write_run(self.path("b.h5"), t_s=0.5, d_s=0.2, anchors=400)
+        r = report(a, b, "--json")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        cols = json.loads(r.stdout)["runs"]
+        self.assertEqual([c["anchors_per_batch"] for c in cols], [100, 400])
+        self.assertAlmostEqual(cols[1]["kblocks_per_s"], cols[1]["batches_per_s"] * 0.4)
+        self.assertIn("Kblocks/s", report(a, b).stdout)
+
     def test_no_anchors_recorded_no_anchor_section(self):
         rep = analysis.analyse(Run(write_run(self.path("a.h5"))))
         self.assertIsNone(rep["anchors"])
