@@ -66,7 +66,7 @@ def training_seconds(st, pause_after):
 def cmd_rate(a):
     st, _, _ = read_steps(a.metrics)
     n = len(st["step"])
-    if n < 5:
+    if n < 3:
         sys.exit(f"{a.metrics}: only {n} steps, too few to time")
     i0 = n // 5
     dt = float(st["time_s"][-1] - st["time_s"][i0])

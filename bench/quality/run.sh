@@ -33,11 +33,13 @@ SHAREGPT_ARGS=${SHAREGPT_ARGS:-}
 WORK=${WORK:-$ROOT/runs/quality}
 PY=${PY:-python3}
 BIN=${BIN:-$ROOT/build-gpu}
+BACKEND=${BACKEND:-cuda}                   # cpu: the tiny end-to-end test (tests/data_tools/test_quality_bench.py)
 SEED=${SEED:-0}
 BUDGETS=${BUDGETS:-60,120,240}             # GPU seconds of drafter training
 HIDDEN=${HIDDEN:-2048}                     # the target's (and so the drafter's) width: 2048 or 4096
 TARGET_LAYERS=${TARGET_LAYERS:-6}
 TARGET_SECONDS=${TARGET_SECONDS:-120}
+TARGET_ARGS=${TARGET_ARGS:-}               # extra train_target.py options
 DRAFT_LAYERS=${DRAFT_LAYERS:-2}
 MAX_LEN=${MAX_LEN:-1024}                   # record length (dflash-tokenize --max-length; the reference's max_length)
 HELDOUT=${HELDOUT:-500}                    # conversations held out (the last ones)
@@ -84,8 +86,9 @@ stage_target() {
   if done_mark target; then say "target: done earlier ($T)"; return; fi
   [ -f "$WORK/data.done" ] || stage_data
   rm -rf "$T"
+  # shellcheck disable=SC2086
   "$PY" "$Q/train_target.py" --data "$D/train.h5" --eval-data "$D/heldout.h5" --out "$T" --hidden "$HIDDEN" \
-    --layers "$TARGET_LAYERS" --seconds "$TARGET_SECONDS" --seed "$SEED" --tokenizer-dir "$WORK/tokenizer"
+    --layers "$TARGET_LAYERS" --seconds "$TARGET_SECONDS" --seed "$SEED" --tokenizer-dir "$WORK/tokenizer" $TARGET_ARGS
   rm -f "$WORK"/ref.done "$WORK"/ours-a.done "$WORK"/ours-b.done  # drafters of another target are stale
   touch "$WORK/target.done"
 }
@@ -111,7 +114,7 @@ train_ours() {  # OUT_DIR MAX_STEPS CKPT_EVERY RECIPE_ARGS...
   local out=$1 steps=$2 every=$3; shift 3
   rm -rf "$out"
   # shellcheck disable=SC2086
-  mpirun -np 2 -x NCCL_NVLS_ENABLE "$BIN/dflash-train" --backend cuda --topology 1-1 --data-plane host \
+  mpirun -np 2 -x NCCL_NVLS_ENABLE "$BIN/dflash-train" --backend "$BACKEND" --topology 1-1 --data-plane host \
     --target "$T" --data "$D/train.h5" --out "$out" --draft-layers "$DRAFT_LAYERS" --target-layers "$(layer_ids)" \
     --block-size 16 --mask-token "$MASK_TOKEN" --token-budget "$TOKEN_BUDGET" --long-record cut --epochs 0 \
     --seed "$SEED" --max-steps "$steps" --checkpoint-every "$every" --log-every 50 --peer-timeout 300 \
@@ -149,7 +152,7 @@ stage_eval() {
       if [ "$FORCE" != 1 ] && [ -s "$E/$name" ]; then continue; fi
       say "eval: $name ($dir)"
       # shellcheck disable=SC2086
-      "$BIN/dflash-eval" --backend cuda --target "$T" --drafter "$dir" --prompts "$D/heldout.h5" \
+      "$BIN/dflash-eval" --backend "$BACKEND" --target "$T" --drafter "$dir" --prompts "$D/heldout.h5" \
         --max-prompts "$EVAL_PROMPTS" --max-new-tokens "$EVAL_NEW" $EVAL_ARGS --json "$E/$name.tmp" | tail -n 3
       mv "$E/$name.tmp" "$E/$name"
     done < <("$PY" "$Q/collect.py" list "$run")
