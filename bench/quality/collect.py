@@ -84,7 +84,7 @@ def cmd_plan(a):
     for x in b[1:]:  # the budgets' common interval (whole seconds)
         g = math.gcd(int(round(g)), int(round(x)))
     every = max(1, int(round(a.rate * g)))
-    max_steps = max(every, int(round(a.rate * b[-1])))
+    max_steps = every * int(round(b[-1] / g))  # the last budget is a checkpoint too: no extra final one
     print(f"{max_steps} {every}")
 
 

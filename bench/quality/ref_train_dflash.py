@@ -145,6 +145,14 @@ def main():
     args = ap.parse_args()
 
     dev = torch.device(args.device)
+    if args.attention == "flex":
+        # Records and anchor counts vary, so flex_attention sees new shapes: after the first recompile dynamo marks
+        # them dynamic; a larger recompile budget keeps a rare extra shape from falling back to the unfused eager
+        # path (SpecForge keeps torch's default, so this can only help the reference).
+        import torch._dynamo as dynamo
+        for name in ("cache_size_limit", "recompile_limit"):
+            if hasattr(dynamo.config, name):
+                setattr(dynamo.config, name, max(64, getattr(dynamo.config, name)))
     budgets = sorted(float(b) for b in args.budgets.split(",") if b.strip())
     torch.manual_seed(args.seed)  # accelerate's set_seed, as SpecForge's script
     if dev.type == "cuda":
@@ -186,7 +194,7 @@ def main():
         loss, acc, st = m(input_ids, hs, loss_mask)
         loss.backward()
         norm = opt.step(lr)
-        return loss, acc, st, int(att.sum().item()), int(att.numel())
+        return loss, acc, norm, st, int(att.sum().item()), int(att.numel())
 
     # ---- calibration: the step time on a throw-away copy, to plan the schedule's steps ---------------------
     calib = []
@@ -248,7 +256,6 @@ def main():
         snaps.append(dict(st, dir=d))
         print(f"[ref] saved {d}: {step} steps, {seconds:.1f} s, {tokens} tokens, {anchors} anchors", flush=True)
 
-    bi_next = 0
     while budgets and step < total_steps:
         recs = next(it, None)
         if recs is None:
@@ -260,7 +267,7 @@ def main():
         lr = R.lr_at(step, args.lr, total_steps, warmup)
         sync(dev)
         t0 = time.perf_counter()
-        loss, acc, st, ntok, npad = run_step(model, opt, recs, lr)
+        loss, acc, norm, st, ntok, npad = run_step(model, opt, recs, lr)
         sync(dev)
         dt = time.perf_counter() - t0
         seconds += dt
@@ -269,12 +276,12 @@ def main():
         tokens += ntok
         padded += npad
         anchors += st["anchors"]
-        lv, av = float(loss.item()), float(acc.item())
+        lv, av, gn = float(loss.item()), float(acc.item()), float(norm.item())
         recent = (recent + [(lv, av)])[-50:]
-        steps_log.write(f"{step},{seconds:.4f},{lv:.5f},{av:.5f},{lr:.6e},0,{ntok},{npad},{st['anchors']},{st['blocks']}\n")
+        steps_log.write(f"{step},{seconds:.4f},{lv:.5f},{av:.5f},{lr:.6e},{gn:.4f},{ntok},{npad},{st['anchors']},{st['blocks']}\n")
         if step % args.log_every == 0 or step == 1:
             print(f"[ref] step {step}/{total_steps} {seconds:.1f}s loss {lv:.4f} acc {av:.3f} lr {lr:.2e} "
-                  f"({dt * 1e3:.0f} ms, {st['anchors']} anchors, {ntok} tokens)", flush=True)
+                  f"grad_norm {gn:.3f} ({dt * 1e3:.0f} ms, {st['anchors']} anchors, {ntok} tokens)", flush=True)
         while budgets and seconds >= budgets[0]:
             snapshot(budgets.pop(0))
     while budgets:  # total_steps came first: the remaining budgets get the final drafter

