@@ -210,6 +210,71 @@ def synthetic_dataset(path, n, seed):
 @unittest.skipUnless(all(os.path.exists(os.path.join(os.environ.get("DFLASH_BIN", ""), b))
                          for b in ("dflash-train", "dflash-eval")), "needs DFLASH_BIN with dflash-train and dflash-eval")
 class RunSh(unittest.TestCase):
+    def test_reference_loss_equals_dflash_train_eval_loss(self):
+        """One drafter (large random weights, so the loss depends on every detail), saved by the reference in the
+        release format: the reference's loss over every anchor of a small set equals dflash-train's --eval-data
+        loss of the same drafter (CPU, float32, after one step at lr 1e-30): same features, mask, RoPE, weights,
+        labels and normalisation on both sides."""
+        from safetensors.torch import load_file
+        from transformers import Qwen3ForCausalLM
+        import h5py
+        import train_target
+        with tempfile.TemporaryDirectory() as tmp:
+            torch.manual_seed(0)
+            tcfg = train_target.model_config(64, 6, 151936, 4096, "yes")
+            tm = Qwen3ForCausalLM(tcfg)
+            with torch.no_grad():  # unit-sized embeddings: the tied lm_head gives peaked logits
+                tm.model.embed_tokens.weight.normal_(0.0, 1.0)
+            tm.to(torch.bfloat16).save_pretrained(os.path.join(tmp, "target"))
+            with open(os.path.join(tmp, "target", "config.json")) as f:
+                cfg = R.drafter_config(json.load(f), 2)
+            d = R.DFlashDrafter(cfg)
+            with torch.no_grad():
+                for n, p in d.named_parameters():
+                    p.copy_(torch.rand_like(p) + 0.5 if "norm" in n else torch.randn_like(p) * 0.3)
+            R.save_drafter(d, os.path.join(tmp, "drafter"))
+            rng = np.random.default_rng(5)
+            ids = [rng.integers(0, 3000, int(n)).tolist() for n in (40, 33, 47, 28)]
+            masks = [[0] * 12 + [1] * (len(x) - 12) for x in ids]
+            data = os.path.join(tmp, "data.h5")
+            with h5py.File(data, "w") as f:
+                f["tokens"] = np.concatenate(ids).astype(np.int32)
+                f["offsets"] = np.cumsum([0] + [len(x) for x in ids]).astype(np.int64)
+                f["loss_mask"] = np.concatenate(masks).astype(np.uint8)
+                f.attrs["vocab_size"] = 151936
+                f.attrs["tokenizer"] = "synthetic"
+                f.attrs["format_version"] = 1
+            # the reference's side
+            target = Qwen3ForCausalLM.from_pretrained(os.path.join(tmp, "target"), dtype=torch.float32).eval()
+            ref = R.DFlashDrafter(cfg)
+            ref.load_state_dict({k: v.float() for k, v in load_file(os.path.join(tmp, "drafter", "model.safetensors")).items()})
+            m = R.OnlineDFlash(ref, target.model.embed_tokens, target.lm_head, num_anchors=10 ** 6, gamma=7.0,
+                               attention="sdpa")
+            S = max(len(x) for x in ids)
+            x = torch.zeros(4, S, dtype=torch.long)
+            lm = torch.zeros(4, S)
+            att = torch.zeros(4, S, dtype=torch.long)
+            for i, (a, b) in enumerate(zip(ids, masks)):
+                x[i, :len(a)], lm[i, :len(a)], att[i, :len(a)] = torch.tensor(a), torch.tensor(b, dtype=torch.float32), 1
+            with torch.no_grad():
+                loss, _, st = m(x, R.TargetFeatures(target, cfg["dflash_config"]["target_layer_ids"])(x, att), lm)
+            # dflash-train's side
+            env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+                       OMPI_MCA_rmaps_base_oversubscribe="1")
+            r = subprocess.run(["mpirun", "-np", "2", os.path.join(os.environ["DFLASH_BIN"], "dflash-train"), "--backend", "cpu",
+                                "--topology", "1-1", "--target", os.path.join(tmp, "target"), "--drafter",
+                                os.path.join(tmp, "drafter"), "--data", data, "--eval-data", data, "--eval-every", "0",
+                                "--max-steps", "1", "--lr", "1e-30", "--max-anchors", "1024", "--token-budget", "512",
+                                "--out", os.path.join(tmp, "run")], env=env, capture_output=True, text=True)
+            self.assertEqual(r.returncode, 0, r.stdout[-3000:] + r.stderr[-3000:])
+            with h5py.File(os.path.join(tmp, "run", "metrics.h5"), "r") as f:
+                theirs = float(f["eval/loss"][-1])
+                blocks = int(f["eval/anchors"][-1])
+            print(f"reference loss {float(loss):.5f}, dflash-train eval loss {theirs:.5f}, {blocks} blocks")
+            self.assertEqual(blocks, st["anchors"])
+            self.assertGreater(abs(float(loss) - math.log(151936)), 1.0)  # far from uniform: the check can fail
+            self.assertAlmostEqual(float(loss), theirs, delta=2e-3 * theirs)
+
     def test_stages_end_to_end(self):
         """run.sh's target, ref, ours-a, eval and table stages on the CPU (data made here; ours-b needs options
         of later builds)."""
