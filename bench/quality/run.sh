@@ -146,7 +146,7 @@ stage_ours() {  # LABEL RATE_OVERRIDE RECIPE_ARGS
   local steps=${plan% *} every=${plan#* }
   say "$label: $rate steps/s -> --max-steps $steps, a drafter every $every steps"
   # shellcheck disable=SC2086
-  train_ours "$WORK/$label" "$steps" "$every" $args --export-checkpoints --keep-checkpoints 1000
+  train_ours "$WORK/$label" "$steps" "$every" $args --export-checkpoints --keep-checkpoints $((steps / every + 1))
   "$PY" "$Q/collect.py" ours "$WORK/$label" --budgets "$BUDGETS" --label "$label" --out "$R/$label.json" \
     --target "$T" --command "dflash-train ... $args (max-steps $steps, checkpoint-every $every)"
   rm -f "$WORK/$label"/checkpoints/*/state.safetensors  # optimizer state, 12 bytes per parameter: not measured
