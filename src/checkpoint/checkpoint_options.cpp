@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <map>
 #include <set>
 #include <sstream>
 
@@ -109,6 +110,19 @@ std::string options_hash(const OptionMap& invariants) {
   return hex;
 }
 
+// Options added after checkpoints were already being written, with the value that means what a checkpoint
+// made before the option existed was trained with: such a checkpoint lacks the option, and resuming it with
+// that value changes nothing (any other value is refused as a change).
+bool option_absent_means(const std::string& name, const std::string& value) {
+  static const std::map<std::string, std::string> before_it_existed = {
+      {"anchors-per-record", "0"},   // anchors per packed batch only
+      {"grad-accum", "1"},           // one packed batch per optimizer step
+      {"global-batch-tokens", "0"},  // --grad-accum decides
+  };
+  const auto it = before_it_existed.find(name);
+  return it != before_it_existed.end() && it->second == value;
+}
+
 void check_resume_compatible(const OptionMap& saved, const OptionMap& now, const std::string& checkpoint) {
   std::vector<std::string> changes;
   for (const auto& [k, v] : saved) {
@@ -119,7 +133,7 @@ void check_resume_compatible(const OptionMap& saved, const OptionMap& now, const
       changes.push_back("--" + k + ": saved '" + v + "', now '" + it->second + "'");
   }
   for (const auto& [k, v] : now)
-    if (!saved.count(k)) changes.push_back("--" + k + ": not in the checkpoint, now '" + v + "'");
+    if (!saved.count(k) && !option_absent_means(k, v)) changes.push_back("--" + k + ": not in the checkpoint, now '" + v + "'");
   if (changes.empty()) return;
   std::string list;
   for (const std::string& c : changes) list += "\n    " + c;

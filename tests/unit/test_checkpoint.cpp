@@ -153,6 +153,23 @@ TEST(ResumeInvariants, ChangedObjectiveOrTopologyIsRefusedNamingIt) {
   EXPECT_EXIT(check_resume_compatible(saved, now, "ckpt"), ExitedWithCode(2), "2 option");
 }
 
+// A checkpoint written before an option existed lacks it: resuming with the value that means what it was
+// trained with is accepted, any other value is refused as a change.
+TEST(ResumeInvariants, OptionNewerThanTheCheckpointAtItsOldMeaningIsAccepted) {
+  const OptionMap saved = {{"loss", "ce"}, {"topology", "7-1"}};
+  OptionMap now = saved;
+  now["anchors-per-record"] = "0";
+  now["grad-accum"] = "1";
+  now["global-batch-tokens"] = "0";
+  check_resume_compatible(saved, now, "ckpt");  // returns: accepted
+  now["grad-accum"] = "2";
+  EXPECT_EXIT(check_resume_compatible(saved, now, "ckpt"), ExitedWithCode(2),
+              "--grad-accum: not in the checkpoint, now '2'");
+  now = saved;
+  now["draft-layers"] = "5";  // not an option added later: a change
+  EXPECT_EXIT(check_resume_compatible(saved, now, "ckpt"), ExitedWithCode(2), "--draft-layers: not in the checkpoint");
+}
+
 // ---- save / load -------------------------------------------------------------------------------
 
 TEST(Checkpoint, RoundTripIsBitExact) {
