@@ -90,6 +90,12 @@ std::string eval_summary(const Options& o, int num_drafters) {
   else if (parse_checkpoint_every(o.checkpoint_every).unit == CheckpointUnit::Steps)
     os << "every " << parse_checkpoint_every(o.checkpoint_every).steps << " step(s) (the --checkpoint-every interval) and after the last\n";
   else os << "every tenth of the planned steps (counted when the job starts) and after the last\n";
+  if (o.eval_tau_every > 0)
+    os << "[dflash] eval tau: the first " << o.eval_tau_prompts << " prompts, " << o.eval_tau_max_new_tokens
+       << " new tokens each, every " << o.eval_tau_every << " step(s) and after the last (with the loss); each drafter "
+       << "rank loads the target too; the best drafter is kept in " << o.out_dir << "/drafter-best\n";
+  else
+    os << "[dflash] the best drafter by eval loss is kept in " << o.out_dir << "/drafter-best\n";
   return os.str();
 }
 
@@ -176,13 +182,16 @@ std::string memory_per_rank(const Options& o) {
   const int64_t loss_rows = train::loss_chunk_rows(o.backend, t.vocab_size,
                                                    static_cast<int64_t>(o.train.max_anchors) * (d.block_size - 1));
   const double loss_ws = 2.0 * static_cast<double>(loss_rows) * t.vocab_size * 4;
-  const double drafter = state + frozen + slots + loss_ws;
+  // --eval-tau-every: each drafter rank also holds a copy of the target's weights (src/runtime/drafter_tau.h)
+  const double tau_target = o.eval_tau_every > 0 && !o.eval_data.empty() ? weights : 0.0;
+  const double drafter = state + frozen + slots + loss_ws + tau_target;
   os << "[dflash] memory per rank, fixed part (" << (cuda ? "bf16 on the GPU" : "float32 in host memory")
      << "; activations come on top): target " << gib(target) << " (weights " << gib(weights) << " from "
      << gib(files) << " of safetensors, 2 send buffers of " << gib(batch) << "); drafter " << gib(drafter) << " ("
      << static_cast<long long>(P) << " parameters x " << (cuda ? 18 : 16) << " B of state " << gib(state)
      << ", frozen embedding + lm_head " << gib(frozen) << ", " << o.hs_queue_depth << " slots " << gib(slots)
-     << ", loss logits for " << loss_rows << " rows " << gib(loss_ws) << ")\n";
+     << ", loss logits for " << loss_rows << " rows " << gib(loss_ws)
+     << (tau_target > 0 ? ", the target's weights for --eval-tau-every " + gib(tau_target) : std::string()) << ")\n";
   return os.str();
 }
 

@@ -19,6 +19,7 @@
 #include "dflash/checkpoint.h"
 #include "dflash/error.h"
 #include "dflash/hf_config.h"
+#include "drafter_tau.h"
 #include "job.h"
 
 namespace dflash {
@@ -270,6 +271,8 @@ void load_eval_data(JobContext& job, int64_t capture_layers) {
                            (o.backend == Device::CUDA ? 2.0 : 4.0);
   check_eval_share_fits(*eval, static_cast<int>(job.topo.drafters.size()), per_token);
   job.eval = std::move(eval);
+  // --eval-tau-every: the drafters decode the set's prompts (src/runtime/drafter_tau.h)
+  if (o.eval_tau_every > 0 && job.topo.role == Role::Drafter) job.tau_prompts = load_tau_prompts(o, ds);
 }
 
 }  // namespace
