@@ -66,10 +66,20 @@ DrafterTau::DrafterTau(const JobContext& job, DrafterTrainer& trainer) : job_(jo
 DrafterTau::~DrafterTau() = default;
 
 TauSums DrafterTau::measure(const std::function<void()>& progress) {
+  const auto t0 = mpi::Clock::now();
   TauSums sums;
   for (size_t i : mine_) {
     sums.add(decoder_->generate(job_.tau_prompts->ids[i], job_.opt.eval_tau_max_new_tokens, stop_));
     if (progress) progress();
+  }
+  // The targets wait for credits meanwhile, against --peer-timeout: say so well before it bites.
+  const double took = mpi::seconds_since(t0), limit = job_.opt.peer_timeout_s;
+  if (took > 0.5 * limit) {
+    std::fprintf(stderr,
+                 "[dflash] warning: rank %d measured tau in %.0f s, over half of --peer-timeout %.0f s (the targets wait "
+                 "for credits meanwhile): raise --peer-timeout, or lower --eval-tau-prompts / --eval-tau-max-new-tokens\n",
+                 job_.topo.world_rank, took, limit);
+    std::fflush(stderr);
   }
   return sums;
 }

@@ -302,7 +302,7 @@ def _tau(a, rep):
     verdict = {None: "too early to tell", True: "STOPPED RISING", False: "still rising"}[tau["stopped_rising"]]
     a.set_title(f"acceptance length tau ({tau['prompts']} prompts): {verdict}", fontsize=10,
                 color="C3" if tau["stopped_rising"] else "k")
-    a.legend(fontsize=7, loc="lower right", title=tau["rule"].replace(" = ", ":\n"), title_fontsize=6)
+    a.legend(fontsize=7, loc="best", title=tau["rule"].replace(" = ", ":\n"), title_fontsize=6)
 
 
 def panel_names(run, rep=None):
