@@ -351,6 +351,11 @@ class ReportTest(unittest.TestCase):
         dashboard.write_png(Run(p), rep, png)
         with open(png, "rb") as f:
             self.assertEqual(f.read(8), b"\x89PNG\r\n\x1a\n")
+        # side by side: the best tau of each run ("-" for a run without it)
+        cmp_ = compare.compare([(Run(p), rep), (Run(self.path("up.h5")), analysis.analyse(Run(self.path("up.h5")))),
+                                (Run(write_run(self.path("plain.h5"))), analysis.analyse(Run(self.path("plain.h5"))))])
+        self.assertEqual([c["tau_best"] for c in cmp_["runs"]], [1.605, 1.5, None])
+        self.assertRegex(compare.text(cmp_), r"tau \(best\) +1\.605 +1\.500 +-")
         # too few evaluations to tell; the JSON says so (null), the text too
         p = self.add_eval_tau(write_run(self.path("few.h5")), [1.0, 1.1, 1.1])
         r = report(p, "--json")
