@@ -185,7 +185,7 @@ const SeriesSpec kEvalSeries[] = {{"step", Elem::I64},   {"time_s", Elem::F64}, 
                                   {"tau", Elem::F64},    {"tau_prompts", Elem::I64}, {"tau_new_tokens", Elem::I64},
                                   {"tau_steps", Elem::I64}, {"tau_seconds", Elem::F64}};
 const SeriesNote kEvalNotes[] = {
-    {"eval/step", "1", "optimizer steps done when the eval set was evaluated (every --eval-every steps and after the last)"},
+    {"eval/step", "1", "optimizer steps done when the eval set was evaluated (every --eval-every and --eval-tau-every steps and after the last)"},
     {"eval/time_s", "s", "when the evaluation finished, seconds since this segment's job start"},
     {"eval/loss", "1", "held-out loss over the whole eval set (nats; position-weighted as the training loss)"},
     {"eval/acc", "1", "share of the eval set's loss positions whose drafter argmax equals the label"},
