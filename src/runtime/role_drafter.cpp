@@ -173,6 +173,7 @@ class DrafterLoop {
       std::fflush(stdout);
     }
     hub.close();
+    tau_.reset();  // its decoder refers to this trainer
     endpoint_ = nullptr;
   }
 
