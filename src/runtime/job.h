@@ -121,9 +121,10 @@ void validate_inputs(JobContext& job);
 void lock_run_dirs(const Options& o);
 
 // What a run writes that a full disk would cost: the final export, one checkpoint, and how many
-// checkpoints exist at once (1 without periodic checkpoints: a stop signal still writes one).
+// checkpoints exist at once (1 without periodic checkpoints: a stop signal still writes one); with
+// --eval-data, OUT/drafter-best too (two exports while a better one replaces it: drafter_best.h).
 struct DiskNeed {
-  double export_bytes = 0, checkpoint_bytes = 0;
+  double export_bytes = 0, checkpoint_bytes = 0, best_bytes = 0;
   int checkpoints_kept = 1;
 };
 DiskNeed disk_need(size_t drafter_params, const Options& o);
