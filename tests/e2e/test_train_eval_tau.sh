@@ -8,6 +8,7 @@
 #    best.json records, the best of /eval/tau;
 #  - a resume (--batch-order fixed: the straight run's numbers) remembers the best from its checkpoint:
 #    the same /eval rows and the same OUT/drafter-best as the straight run;
+#  - without --eval-tau-every the best is by eval loss, and a better one replaces the last (the swap);
 #  - refusals: --eval-tau-every without --eval-data (exit 2); the dry run counts the target on the drafters.
 source "$(dirname "$0")/lib.sh"
 EVAL="$DFLASH_BIN/dflash-eval"
@@ -81,6 +82,22 @@ assert json.load(open(sys.argv[3])) == json.load(open(sys.argv[4]))
 PYEOF
 cmp -s "$WORK/tau/drafter-best/model.safetensors" "$WORK/resumed/drafter-best/model.safetensors" ||
   fail "the resumed run's drafter-best differs from the straight run's"
+
+# Without --eval-tau-every the best is by eval loss; each better one replaces the last (the rename swap).
+run_job byloss 2 200 --topology 1-1 --data "$WORK/train.h5" --eval-data "$WORK/eval.h5" --eval-every 4 --max-steps 12 \
+  --epochs 0 --lr 0.02 --warmup-steps 2 --export-dtype f32
+expect_rc 0 byloss
+n=$(grep -c "best drafter so far (by eval loss)" "$WORK/byloss.log" || true)
+[ "$n" -ge 2 ] || fail "byloss: $n best drafters written, expected the first and at least one replacement"
+$PY - "$WORK/byloss/metrics.h5" "$WORK/byloss/drafter-best/best.json" <<'PYEOF' || fail "byloss: drafter-best is not the lowest eval loss's"
+import json, sys, h5py, numpy as np
+f = h5py.File(sys.argv[1], 'r')
+rec = json.load(open(sys.argv[2]))
+b = int(np.argmin(f['eval/loss'][:]))
+assert rec['by'] == 'loss' and rec['step'] == f['eval/step'][b] and rec['tau'] is None, rec
+assert not np.isfinite(f['eval/tau'][:]).any()
+PYEOF
+[ -z "$(ls -A "$WORK/byloss" | grep -F .drafter-best)" ] || fail "byloss: a temporary drafter-best directory was left behind"
 
 # Refusals and the plan.
 run_job notau 2 60 --topology 1-1 --eval-tau-every 5
