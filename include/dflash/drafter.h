@@ -19,7 +19,8 @@ struct TrainOptions {
   LossKind loss = LossKind::CE;
   bool dpace = false;          // D-PACE position weights on top of the decay weights
   float gamma = 7.0f;          // decay weights exp(-(k-1)/gamma)
-  int max_anchors = 512;       // per packed batch
+  int max_anchors = 512;       // per packed batch (the buffers' bound)
+  int anchors_per_record = 0;  // > 0: up to this many per record (sequence), still <= max_anchors (anchors.h)
   float hs_noise = 0.0f;       // std of Gaussian noise on the fused target features (training only)
   // AdamW
   float lr = 6e-4f;

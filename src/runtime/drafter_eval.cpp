@@ -21,7 +21,7 @@ DrafterEval::DrafterEval(const JobContext& job, int block_size) : job_(job), blo
     Kept k;
     k.index = r.batch;
     k.batch = &e.batches[static_cast<size_t>(r.batch)];
-    k.anchors = fixed_anchors(*k.batch, r.batch, job.opt.train.max_anchors);
+    k.anchors = fixed_anchors(*k.batch, r.batch, job.opt.train);
     share_.push_back(std::move(k));
   }
   std::vector<int64_t> mine;
@@ -30,9 +30,9 @@ DrafterEval::DrafterEval(const JobContext& job, int block_size) : job_(job), blo
            "the eval routes give drafter rank " << topo.world_rank << " another share than eval_share");
 }
 
-std::vector<int64_t> DrafterEval::fixed_anchors(const PackedBatch& batch, int64_t index, int max_anchors) {
+std::vector<int64_t> DrafterEval::fixed_anchors(const PackedBatch& batch, int64_t index, const TrainOptions& opt) {
   AnchorSampler sampler(0xe7a15e7a15e7a15ull ^ (static_cast<uint64_t>(index) * 0x9e3779b97f4a7c15ull));
-  return sampler.sample(batch, max_anchors);
+  return sampler.sample(batch, opt.max_anchors, opt.anchors_per_record);
 }
 
 Tensor DrafterEval::host_view(const Kept& k, const HostBuffer& buf, bool features) const {

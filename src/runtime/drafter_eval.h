@@ -32,8 +32,9 @@ class DrafterEval {
   EvalSums evaluate(DrafterTrainer& trainer);
 
   // The fixed anchors of eval batch `index`: drawn once by a generator seeded from the index alone (not
-  // --seed), so a row is comparable across steps, runs and topologies.
-  static std::vector<int64_t> fixed_anchors(const PackedBatch& batch, int64_t index, int max_anchors);
+  // --seed), so a row is comparable across steps, runs and topologies; by the training's rule
+  // (--max-anchors, --anchors-per-record), so eval numbers mean what the training's do.
+  static std::vector<int64_t> fixed_anchors(const PackedBatch& batch, int64_t index, const TrainOptions& opt);
 
  private:
   struct Kept {

@@ -14,6 +14,7 @@
 #include <filesystem>
 
 #include "data/h5_util.h"
+#include "dflash/anchors.h"     // anchor_rule_summary
 #include "dflash/drafter.h"     // fresh_drafter_config
 #include "dflash/hf_config.h"   // load_drafter_config
 #include "dflash/target.h"      // load_target_config
@@ -150,9 +151,25 @@ std::string gib(double bytes) {  // GiB, or MiB below one GiB
   return b;
 }
 
+// Bytes of the drafter step's block activations per anchor (its B rows through every layer, with the
+// backward's scratch and the loss rows): the per-row buffers DrafterStepCuda allocates
+// (kernels/drafter_step.cu), bf16 on CUDA; the CPU net keeps about the same tensors in float32. They grow
+// with --max-anchors: the term that decides whether a cap fits the GPU.
+double drafter_bytes_per_anchor(const DrafterConfig& d, bool cuda) {
+  const Qwen3Config& L = d.layers;
+  const double H = L.hidden_size, I = L.intermediate_size, QD = double(L.num_attention_heads) * L.head_dim,
+               KV = double(L.num_key_value_heads) * L.head_dim, e = cuda ? 2 : 4, B = d.block_size;
+  const double per_layer = (4 * H + 3 * QD + 3 * KV + 3 * I) * e +
+                           (2 + 2 * L.num_attention_heads + L.num_key_value_heads) * 4.0;  // norms' rstd, lse
+  const double shared = (6 * H + 3 * I + 3 * QD + 3 * KV) * e + 4.0 * 2;  // block input/output, backward scratch
+  const double loss_row = 3 * H * e + 8 * 4.0;                             // rows of a block's B - 1 labels
+  return B * (L.num_hidden_layers * per_layer + shared) + (B - 1) * loss_row;
+}
+
 // The fixed memory of each role: what is allocated once at startup, sized by the model, --token-budget,
-// --max-anchors and the queue depths (activations and library workspaces come on top; the target's run with
-// its layer activations, the drafter's with its layer and attention scratch). From config.json and the sizes of the
+// --max-anchors and the queue depths, the drafter's block activations included (drafter_bytes_per_anchor);
+// the target's layer activations, the drafter's context-side (per token) tensors and library workspaces
+// come on top. From config.json and the sizes of the
 // checkpoint's files only: nothing is loaded.
 std::string memory_per_rank(const Options& o) {
   std::ostringstream os;
@@ -182,15 +199,18 @@ std::string memory_per_rank(const Options& o) {
   const int64_t loss_rows = train::loss_chunk_rows(o.backend, t.vocab_size,
                                                    static_cast<int64_t>(o.train.max_anchors) * (d.block_size - 1));
   const double loss_ws = 2.0 * static_cast<double>(loss_rows) * t.vocab_size * 4;
+  const double blocks = static_cast<double>(o.train.max_anchors) * drafter_bytes_per_anchor(d, cuda);
   // --eval-tau-every: each drafter rank also holds a copy of the target's weights (src/runtime/drafter_tau.h)
   const double tau_target = o.eval_tau_every > 0 && !o.eval_data.empty() ? weights : 0.0;
-  const double drafter = state + frozen + slots + loss_ws + tau_target;
+  const double drafter = state + frozen + slots + loss_ws + blocks + tau_target;
   os << "[dflash] memory per rank, fixed part (" << (cuda ? "bf16 on the GPU" : "float32 in host memory")
-     << "; activations come on top): target " << gib(target) << " (weights " << gib(weights) << " from "
+     << "; the target's activations come on top): target " << gib(target) << " (weights " << gib(weights) << " from "
      << gib(files) << " of safetensors, 2 send buffers of " << gib(batch) << "); drafter " << gib(drafter) << " ("
      << static_cast<long long>(P) << " parameters x " << (cuda ? 18 : 16) << " B of state " << gib(state)
      << ", frozen embedding + lm_head " << gib(frozen) << ", " << o.hs_queue_depth << " slots " << gib(slots)
-     << ", loss logits for " << loss_rows << " rows " << gib(loss_ws)
+     << ", loss logits for " << loss_rows << " rows " << gib(loss_ws) << ", block activations for --max-anchors "
+     << o.train.max_anchors << " x " << d.block_size << " rows " << gib(blocks) << " = "
+     << gib(drafter_bytes_per_anchor(d, cuda)) << " per anchor"
      << (tau_target > 0 ? ", the target's weights for --eval-tau-every " + gib(tau_target) : std::string()) << ")\n";
   return os.str();
 }
@@ -205,7 +225,7 @@ int dry_run(const Options& o) {
   std::ostringstream os;
   os << "[dflash] dflash-train " << DFLASH_VERSION << " --dry-run: nothing is loaded, nothing is written\n[dflash] options:";
   for (const auto& [k, v] : o.resolved) os << " --" << k << "=" << v;
-  os << "\n";
+  os << "\n[dflash] anchors: " << anchor_rule_summary(o.train.max_anchors, o.train.anchors_per_record) << "\n";
   int num_drafters = 1;
   if (o.topology_auto) {
     // The split comes from timing both roles on the real model and data: exactly what a dry run skips.

@@ -8,6 +8,7 @@
 #include <functional>
 #include <sstream>
 
+#include "dflash/anchors.h"  // anchor_rule_summary
 #include "dflash/backend.h"
 #include "dflash/schedule.h"
 #include "dflash/checkpoint.h"
@@ -104,7 +105,7 @@ void print_startup(const Options& o, const Topology& t, const std::vector<RankCa
   if (!cards.empty() && !cards[0].startup_gpu.valid) os << "[dflash] GPU power: not measured (" << cards[0].gpu_note << ")\n";
   os << "[dflash] options:";
   for (const auto& [k, v] : o.resolved) os << " --" << k << "=" << v;
-  os << "\n";
+  os << "\n[dflash] anchors: " << anchor_rule_summary(o.train.max_anchors, o.train.anchors_per_record) << "\n";
   std::fputs(os.str().c_str(), stdout);
   std::fflush(stdout);
 }

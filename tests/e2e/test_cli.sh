@@ -37,7 +37,7 @@ expect_log dry "--topology=2-1"
 expect_log dry "--resume=auto"
 expect_log dry "schedule: 2 epoch(s)"
 expect_log dry "lr: "
-expect_log dry "memory per rank, fixed part (float32 in host memory; activations come on top): target"
+expect_log dry "memory per rank, fixed part (float32 in host memory; the target's activations come on top): target"
 grep -qE "drafter [0-9.]+ (MiB|GiB) \([1-9][0-9]* parameters x 16 B of state" "$WORK/dry.log" || fail "dry: no drafter memory line"
 for role in target drafter idle; do grep -qE "^\[dflash\] +[0-9]+ +0 +[0-9]+ +$role " "$WORK/dry.log" || fail "dry: no $role row"; done
 [ "$(grep -c -- '--dry-run: nothing is loaded' "$WORK/dry.log")" -eq 1 ] || fail "dry: printed by more than one rank"

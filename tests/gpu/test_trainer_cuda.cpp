@@ -128,6 +128,36 @@ TEST(TrainerCuda, CpuAndCudaTrackOverTwentySteps) {
   }
 }
 
+// --anchors-per-record (include/dflash/anchors.h): the sampler is host code shared by both backends, so both
+// draw the same per-record anchors; with a cap far above one batch's worth the CUDA step's buffers hold many
+// more anchors than the per-batch default, and its losses and gradient norms track the CPU's.
+TEST(TrainerCuda, PerRecordAnchorsTrackCpu) {
+  SKIP_WITHOUT_GPU();
+  const GoldenCase& c = golden();
+  Ctx g = gpu();
+  Batches fb(g);
+  TrainOptions opt = c.in.opt;
+  opt.seed = 9;
+  opt.anchors_per_record = 12;  // the case's 3 records (37, 29, 53 tokens): up to 36, 4.5x the 8 above
+  opt.max_anchors = static_cast<int>(c.T);  // a bound no batch reaches: every record's draws are kept
+  DrafterTrainer cpu(c.in.target_dir, c.in.drafter_dir, 0, opt, cpu_ctx(), c.T);
+  DrafterTrainer gpu_tr(c.in.target_dir, c.in.drafter_dir, 0, opt, g, c.T);
+  for (int s = 0; s < 5; ++s) {
+    const StepStats a = cpu.forward_backward(fb.cpu);
+    const StepStats b = gpu_tr.forward_backward(fb.cuda);
+    ASSERT_EQ(a.anchors, b.anchors) << "step " << s;
+    EXPECT_GT(a.anchors, 2 * 12) << "step " << s << ": every record gets anchors";
+    EXPECT_LE(a.anchors, 12 * c.in.batch.num_seqs()) << "step " << s;
+    EXPECT_EQ(a.weight_sum, b.weight_sum) << "step " << s << ": not the same anchors";
+    EXPECT_NEAR(b.loss, a.loss, test::tol::kTrainerLoss * a.loss) << "step " << s;
+    EXPECT_NEAR(b.acc, a.acc, test::tol::kTrainerAcc) << "step " << s;
+    const double na = cpu.optimizer_step(), nb = gpu_tr.optimizer_step();
+    EXPECT_NEAR(nb, na, test::tol::kTrainerGradNorm * na) << "step " << s << ": pre-clip gradient norm";
+  }
+  const std::string sa = cpu.rng_state(), sb = gpu_tr.rng_state();
+  EXPECT_EQ(sa.substr(0, sa.find('|')), sb.substr(0, sb.find('|'))) << "the same anchor draws from the same stream";
+}
+
 TEST(TrainerCuda, FeatureNoiseStatisticsAndReproducibility) {
   SKIP_WITHOUT_GPU();
   Ctx g = gpu();

@@ -22,7 +22,7 @@ from dflash_report.load import Run  # noqa: E402
 
 
 def write_run(path, topology="2-1", backend="cpu", ranks=4, cores=None, t_s=0.5, d_s=0.25, intervals=6,
-              power=False, seed=0):
+              power=False, seed=0, anchors=0, options=None):
     """A run of `intervals` report intervals of 10 s: targets busy t_s s per batch, drafters d_s, with the
     pipeline running at the slower side's rate (a step = one batch per drafter, 500 tokens per batch); loss
     falling, acc rising; idle ranks past T + D."""
@@ -38,7 +38,7 @@ def write_run(path, topology="2-1", backend="cpu", ranks=4, cores=None, t_s=0.5,
         f.attrs["gpus_per_node"] = ranks
         f.attrs["format_version"] = 1
         f.attrs["options"] = json.dumps({"hs-queue-depth": "4", "prefetch-depth": "4", "token-budget": "512",
-                                         "epochs": "1", "max-steps": str(steps * 2)})
+                                         "epochs": "1", "max-steps": str(steps * 2), **(options or {})})
         roles = ["target"] * T + ["drafter"] * D + ["idle"] * (ranks - T - D)
         f.attrs["ranks"] = json.dumps([{"rank": r, "role": roles[r], "host": "h", "gpu": -1, "pid": 1}
                                        for r in range(ranks)])
@@ -52,8 +52,9 @@ def write_run(path, topology="2-1", backend="cpu", ranks=4, cores=None, t_s=0.5,
         s["acc"] = 0.02 + 0.1 * step / steps
         s["streak"] = 0.1 + 0.5 * step / steps
         s["tokens"] = np.full(steps, 500 * D)
-        for k in ("agree", "lr", "noise", "grad_norm", "anchors"):
+        for k in ("agree", "lr", "noise", "grad_norm"):
             s[k] = np.zeros(steps)
+        s["anchors"] = np.full(steps, anchors * D)  # the step's anchors over all drafters
         cols = {k: [] for k in ("interval", "time_s", "rank", "role", "batches", "busy_s", "wait_s", "compute_s",
                                 "credit_wait_s", "data_wait_s", "allreduce_s", "optimizer_s")}
         for i in range(intervals):
@@ -367,6 +368,84 @@ class ReportTest(unittest.TestCase):
         rep = analysis.analyse(Run(p))
         self.assertIsNone(rep["tau"])
         self.assertNotIn("tau", dashboard.panel_names(Run(p), rep))
+
+    # ---- the what-if over the anchors (tools/dflash_report/anchors.py) ----------------------------------
+    def test_anchors_spare_drafter_capacity_is_priced(self):
+        # 2-1 target-bound: targets 0.5 s/batch (4 b/s), the drafter 0.1 s/batch (0.02 of it the optimizer) at
+        # 100 anchors: it waits 60% of the time; the rest of its step proportional to the anchors, it keeps up
+        # with the targets up to (1/4 - 0.02) / (0.08 / 100) = 287 anchors per batch.
+        rep = analysis.analyse(Run(write_run(self.path("a.h5"), t_s=0.5, d_s=0.1, anchors=100,
+                                             options={"max-anchors": "512", "anchors-per-record": "0"})))
+        an = rep["anchors"]
+        self.assertAlmostEqual(an["anchors_per_batch"], 100.0)
+        self.assertAlmostEqual(an["cost_a_s"], 0.02, places=4)
+        self.assertAlmostEqual(an["cost_b_s_per_anchor"], 0.0008, places=6)
+        self.assertIn("conservative", an["cost_model"])
+        self.assertEqual(an["free_anchors_per_batch"], 287)
+        self.assertAlmostEqual(an["drafter_wait_frac"], 0.6, places=2)
+        free = next(w for w in an["rows"] if w["free"])
+        self.assertAlmostEqual(free["vs_run_frac"], 0.0, places=2)
+        self.assertEqual(free["limit"], "target")
+        four = next(w for w in an["rows"] if w["anchors_per_batch"] == 400)  # past the free count: slower
+        self.assertLess(four["vs_run_frac"], -0.1)
+        self.assertEqual(four["limit"], "drafter")
+        self.assertAlmostEqual(four["kblocks_per_s"], four["batches_per_s"] * 0.4)
+        self.assertIn("the drafters wait 60% of the time: up to 287 anchors per batch (2.9x this run's 100) would "
+                      "cost no throughput (--max-anchors 287", rep["verdict"])
+        txt = render.text(rep)
+        self.assertIn("ANCHORS WHAT-IF", txt)
+        self.assertIn("up to 512 per batch", txt)
+
+    def test_anchors_cost_is_fitted_when_the_anchors_vary(self):
+        # Per-record anchors vary with the records per batch: intervals at 100..350 anchors per batch whose
+        # drafter busy time follows 0.01 + 0.0002 A: the fit recovers it.
+        p = write_run(self.path("a.h5"), t_s=0.5, d_s=0.05, anchors=1, options={"anchors-per-record": "64"})
+        with h5py.File(p, "a") as f:
+            r, s = f["ranks"], f["steps"]
+            iv, role, t = r["interval"][()], r["role"][()], r["time_s"][()]
+            busy, batches, wait = r["busy_s"][()], r["batches"][()], r["wait_s"][()]
+            anchors = s["anchors"][()].astype(float)
+            for i in range(6):
+                a = 100 + 50 * i
+                m = (iv == i) & (role == 1)
+                busy[m] = batches[m] * (0.01 + 0.0002 * a)
+                wait[m] = 10.0 - busy[m]
+                anchors[(s["time_s"][()] > 10.0 * i) & (s["time_s"][()] <= 10.0 * (i + 1))] = a
+            r["busy_s"][...] = busy
+            r["wait_s"][...] = wait
+            del s["anchors"]
+            s["anchors"] = anchors
+        an = analysis.analyse(Run(p))["anchors"]
+        self.assertTrue(an["cost_model"].startswith("fitted over 5 report intervals"), an["cost_model"])
+        self.assertAlmostEqual(an["cost_a_s"], 0.01, delta=0.002)
+        self.assertAlmostEqual(an["cost_b_s_per_anchor"], 0.0002, delta=0.00002)
+        self.assertEqual(an["anchors_per_record"], 64)
+        # budget 1/4 s per batch: (0.25 - 0.01) / 0.0002 = 1200 anchors; capped at the 500 tokens of a batch
+        self.assertEqual(an["free_anchors_per_batch"], 500)
+
+    def test_anchors_when_the_drafter_is_the_bottleneck(self):
+        rep = analysis.analyse(Run(write_run(self.path("a.h5"), t_s=0.2, d_s=1.0, anchors=64)))
+        self.assertIsNone(rep["anchors"]["free_anchors_per_batch"])
+        self.assertIn("the drafter side is the bottleneck, so more anchors per batch would cost throughput",
+                      rep["verdict"])
+        half = next(w for w in rep["anchors"]["rows"] if w["anchors_per_batch"] == 32)
+        self.assertGreater(half["vs_run_frac"], 0.3)  # fewer anchors: faster steps
+
+    def test_side_by_side_shows_the_blocks_trained(self):
+        a = write_run(self.path("a.h5"), t_s=0.5, d_s=0.1, anchors=100)
+        b = write_run(self.path("b.h5"), t_s=0.5, d_s=0.2, anchors=400)
+        r = report(a, b, "--json")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        cols = json.loads(r.stdout)["runs"]
+        self.assertEqual([c["anchors_per_batch"] for c in cols], [100, 400])
+        self.assertAlmostEqual(cols[1]["kblocks_per_s"], cols[1]["batches_per_s"] * 0.4)
+        self.assertIn("Kblocks/s", report(a, b).stdout)
+
+    def test_no_anchors_recorded_no_anchor_section(self):
+        rep = analysis.analyse(Run(write_run(self.path("a.h5"))))
+        self.assertIsNone(rep["anchors"])
+        self.assertNotIn("ANCHORS", render.text(rep))
+        self.assertNotIn("Anchors:", rep["verdict"])
 
     def test_version(self):
         r = report("--version")

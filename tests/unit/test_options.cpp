@@ -55,6 +55,24 @@ TEST(Options, DefaultsAndValues) {
   EXPECT_NE(o.to_json().find("\"topology\":\"6-2\""), std::string::npos);
 }
 
+// --anchors-per-record: off by default (the per-batch cap alone); given without --max-anchors the cap is the
+// reference's density over --token-budget (default_max_anchors), and the resolved options say so.
+TEST(Options, AnchorsPerRecordAndTheDefaultCap) {
+  Options o = parse(with_required({})).options;
+  EXPECT_EQ(o.train.anchors_per_record, 0);
+  EXPECT_EQ(o.train.max_anchors, 512);
+  o = parse(with_required({"--anchors-per-record", "512"})).options;  // 32768 tokens: 11 sequences of 3072
+  EXPECT_EQ(o.train.anchors_per_record, 512);
+  EXPECT_EQ(o.train.max_anchors, 512 * 11);
+  EXPECT_EQ(resolved(o, "max-anchors"), "5632");
+  EXPECT_EQ(resolved(o, "anchors-per-record"), "512");
+  o = parse(with_required({"--anchors-per-record", "512", "--token-budget", "16384"})).options;
+  EXPECT_EQ(o.train.max_anchors, 3072);
+  o = parse(with_required({"--anchors-per-record", "512", "--max-anchors", "1000"})).options;  // given: kept
+  EXPECT_EQ(o.train.max_anchors, 1000);
+  EXPECT_EQ(resolved(o, "max-anchors"), "1000");
+}
+
 // to_json (metrics.h5's options attribute and its typed /options group) keeps the parser's types.
 TEST(Options, ToJsonKeepsTheTypes) {
   const Options o = parse(with_required({"--lr", "1e-3", "--dpace", "--hs-queue-depth", "8", "--max-steps", "50"})).options;

@@ -5,7 +5,7 @@ import os
 
 import numpy as np
 
-from . import model
+from . import anchors, model
 from .load import ROLE_DRAFTER, ROLE_IDLE, ROLE_TARGET, ReportError
 
 NOISE_FRACTION = 0.03  # a predicted gain smaller than this is not worth a restart
@@ -309,6 +309,7 @@ def analyse(run, power_budget_w=None, idle_power_w=None, allreduce_gbps=None):
         "eval": held_out(run),
         "tau": tau_progress(run),
     }
+    out["anchors"] = anchors.whatif(run, sel, start_s, meas, dft, own)
     out["verdict"] = verdict(out, preds, own, best, best_budget)
     return out
 
@@ -453,4 +454,6 @@ def verdict(out, preds, own, best, best_budget):
         else:
             s.append(f"Within {_watts(budget)} the best is {best_budget.split}: {best_budget.batches_per_s:.2f} b/s "
                      f"({100 * rel(best_budget):+.0f}%) at {_watts(best_budget.power_w)}.")
+    if out.get("anchors") and not distorted:
+        s.append(out["anchors"]["sentence"])
     return " ".join(s)

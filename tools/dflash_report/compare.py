@@ -37,6 +37,10 @@ def summary(run, rep):
         # --eval-tau-every: the best tau and its step (None without tau)
         "tau_best": rep["tau"]["best"]["tau"] if rep.get("tau") else None,
         "tau_best_step": rep["tau"]["best"]["step"] if rep.get("tau") else None,
+        # blocks trained: runs with other anchor rules (--anchors-per-record) differ here, not in Ktok/s
+        "anchors_per_batch": (rep.get("anchors") or {}).get("anchors_per_batch"),
+        "kblocks_per_s": (obs["batches_per_s"] * rep["anchors"]["anchors_per_batch"] / 1000.0
+                          if rep.get("anchors") else None),
     }
 
 
@@ -92,6 +96,8 @@ ROWS = [  # (label, key, format)
     ("trained b/s", "batches_per_s", ".3f"),
     ("vs first run", "vs_first_frac", "+.1%"),
     ("Ktok/s", "ktok_per_s", ".2f"),
+    ("anchors/batch", "anchors_per_batch", ".0f"),
+    ("Kblocks/s", "kblocks_per_s", ".3f"),
     ("target ceiling b/s", "target_ceiling_bps", ".3f"),
     ("drafter ceiling b/s", "drafter_ceiling_bps", ".3f"),
     ("bottleneck", "bottleneck", ""),

