@@ -77,14 +77,32 @@ struct FeatureBatch {
 // over the drafters can start on the parts that are final while the rest is still being computed
 // (grad_reducer.h; the buckets of PyTorch DDP). Either may be empty.
 struct GradHooks {
-  // Once per call, before any of the step's gradient work is enqueued: the batch's loss weight sum Σw
-  // (= StepStats::weight_sum; 0 for a batch without loss rows, whose gradient is zero).
-  std::function<void(double weight_sum)> begin;
+  // Once per call, before any of the step's gradient work is enqueued: the factor that turns grads() into
+  // the unnormalised gradient of Σw·loss, the allreduce's prescale. For MicroBatch::Whole the batch's loss
+  // weight sum Σw (= StepStats::weight_sum; 0 for a batch without loss rows, whose gradient is zero); for
+  // MicroBatch::Last 1 (the folded gradient is already weighted). Not called for MicroBatch::Accumulate.
+  std::function<void(double prescale)> begin;
   // [begin, end) of grads() (elements) holds its final value once the work enqueued so far on the
   // trainer's context has run. Reported in the backward's order (the final norm and the drafter's last
   // layer first, fc and hidden_norm last; parameter by parameter, on the CPU at the end of each layer);
   // every element of [0, P) exactly once per call, all before forward_backward returns.
   std::function<void(size_t begin, size_t end)> ready;
+};
+
+// Where a training batch sits in its optimizer step (gradient accumulation, --grad-accum K: K micro-batches
+// per step, one large batch's normalisation Σ w·loss / Σ w over all of them; docs/pipeline.md).
+enum class MicroBatch : uint8_t {
+  // The step's only batch (K = 1): grads() = the gradient of this batch's loss normalised by its own Σw.
+  Whole,
+  // One of the first K-1: its normalised gradient times its Σw goes into the accumulator (F32 [P] on the
+  // trainer's device, allocated on first use; the step's first micro-batch overwrites it). grads() is
+  // scratch afterwards and GradHooks are not called: nothing is summed over the drafters yet.
+  Accumulate,
+  // The K-th: grads() = Σ over the step's micro-batches of Σw_i × (normalised gradient)_i, the gradient of
+  // Σ w·loss unnormalised (divide by the Σw of every micro-batch on every drafter). Each range is folded
+  // (ops::grad_fold) before GradHooks::ready reports it, so the allreduce still overlaps this backward;
+  // GradHooks::begin gets prescale 1.
+  Last,
 };
 
 class DrafterTrainer {
@@ -126,6 +144,13 @@ class DrafterTrainer {
   StepStats forward_backward(const FeatureBatch& fb, const std::vector<int64_t>& anchors = {});
   // The same, reporting the gradient's progress to `hooks` as the backward is enqueued.
   StepStats forward_backward(const FeatureBatch& fb, const GradHooks& hooks, const std::vector<int64_t>& anchors = {});
+  // One micro-batch of an accumulated step (see MicroBatch); Whole is the call above.
+  StepStats forward_backward(const FeatureBatch& fb, MicroBatch micro, const GradHooks& hooks,
+                             const std::vector<int64_t>& anchors = {});
+  // The data ended inside an accumulated step (after at least one MicroBatch::Accumulate, before its Last):
+  // grads() = the accumulator, the unnormalised gradient of the micro-batches the step saw (what Last would
+  // leave, without a last batch). Nothing is reported to hooks: the caller sums it as one piece.
+  void finish_accumulation();
   // Flat fp32 gradient buffer [P] of every trainable parameter (param_layout() places them), on the
   // trainer's backend (device memory on CUDA).
   Tensor grads();

@@ -29,6 +29,17 @@ double grad_sumsq(const Ctx& ctx, const Tensor& grads);
 // grads [n] *= factor.
 void scale_inplace(const Ctx& ctx, const Tensor& grads, float factor);
 
+// Gradient accumulation (--grad-accum, docs/pipeline.md "Gradient accumulation"): the micro-batches of one
+// optimizer step summed as one large batch's gradient, each micro-batch's normalised gradient g weighted by
+// its loss weight sum s. acc, g: F32 [n] on ctx's device (CPU: src/ops/grad_accum.cpp; CUDA:
+// kernels/grad_accum.cu).
+enum class AccumInto : uint8_t { Overwrite, Add };
+// acc = s*g (Overwrite: the step's first micro-batch) or acc += s*g (Add: the later ones).
+void grad_accumulate(const Ctx& ctx, const Tensor& acc, const Tensor& g, float s, AccumInto into);
+// g = s*g + acc, element by element (the last micro-batch folded into the sum, range by range before the
+// allreduce sees it). s == 0 reads acc only: g = acc, whatever g held (the end of the data mid-step).
+void grad_fold(const Ctx& ctx, const Tensor& g, const Tensor& acc, float s);
+
 // torch.nn.utils.clip_grad_norm_: norm = ||g||_2; if clip > 0, g *= min(1, clip / (norm + 1e-6)).
 // Returns the norm before clipping.
 double clip_grad_global_norm(const Ctx& ctx, const Tensor& grads, float clip);

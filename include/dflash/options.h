@@ -92,6 +92,10 @@ struct Options {
   int metrics_flush_every = 10;
   double peer_timeout_s = 120;
   double grad_bucket_mb = 25;   // gradient allreduce buckets (MiB), launched during the backward; 0 = one after it
+  // Gradient accumulation: micro-batches per optimizer step on each drafter (--grad-accum K), or picked from
+  // --global-batch-tokens T (0 = not given) once the drafters are known (resolve_grad_accum).
+  int grad_accum = 1;
+  int64_t global_batch_tokens = 0;
   DType export_dtype = DType::F32;
   TrainOptions train;           // loss, dpace, gamma, max_anchors, hs_noise, lr, warmup, seed, ...
   // A fresh drafter's recipe as typed (parse_options resolves them into train): --mask-token auto | ID |
@@ -141,6 +145,11 @@ ParseResult parse_options(int argc, const char* const* argv);
 // Checks that the files the job needs exist (target config.json, dataset, drafter dir when given):
 // fatal BadInput naming the path otherwise. Cheap, done before any model loads.
 void check_input_paths(const Options& o);
+
+// --global-batch-tokens into grad_accum for a job of num_drafters drafters (grad_accum_for, schedule.h), the
+// resolved --grad-accum recorded as the job uses it (metrics.h5, checkpoints: a resume with another K is
+// refused). Returns the startup line: K and the tokens per optimizer step.
+std::string resolve_grad_accum(Options& o, int num_drafters);
 
 // parse_options' last step for a fresh drafter's recipe (src/runtime/drafter_recipe.cpp): --mask-token,
 // --target-layers and --draft-layer-types into o.train. `given` names the recipe options set explicitly;

@@ -4,7 +4,9 @@
 // the seeded order of the epoch, whole records up to --token-budget, longer ones cut or skipped:
 // src/data/loader.cpp), so the batches of every shard and epoch can be counted without reading a token.
 // Each drafter step trains one batch per drafter and the run stops when the first drafter runs dry, so a
-// run of E epochs takes floor(sum of batches / drafters) steps (--max-steps caps it). With it the cosine
+// run of E epochs takes floor(sum of batches / drafters) micro-batches, and with --grad-accum K (K
+// micro-batches per optimizer step) ceil(that / K) optimizer steps: the last one may hold fewer micro-batches
+// (the end of the data mid-step trains on what it saw). --max-steps caps it, in optimizer steps. With it the cosine
 // decays to its floor at the run's real end instead of never (total_steps 0: constant after warmup).
 #pragma once
 #include <cstdint>
@@ -32,6 +34,10 @@ struct PlannedSchedule {
 // epochs 0 (forever) with max_steps 0: no end, so no decay (total 0). warmup_ratio > 0 sets the warmup to
 // that fraction of total_steps (rounded); otherwise warmup_steps is kept.
 PlannedSchedule plan_schedule(const TokenDataset& ds, const LoaderOptions& base, int num_targets, int num_drafters,
-                              int epochs, int64_t max_steps, int warmup_steps, double warmup_ratio);
+                              int epochs, int64_t max_steps, int warmup_steps, double warmup_ratio, int grad_accum = 1);
+
+// --global-batch-tokens T: the micro-batches per optimizer step that reach T tokens at most --token-budget
+// per micro-batch on each of num_drafters drafters, ceil(T / (token_budget x num_drafters)), at least 1.
+int grad_accum_for(int64_t global_batch_tokens, int64_t token_budget, int num_drafters);
 
 }  // namespace dflash

@@ -58,6 +58,7 @@ std::string format_duration(double seconds) {
 std::string format_status_line(const StatusInputs& in) {
   std::string s = "[" + format_duration(in.elapsed_s) + "]";
   s += " step=" + std::to_string(in.step);
+  if (in.grad_accum > 1) s += " (x" + std::to_string(in.grad_accum) + " mb)";
   s += printf_str(" loss=%.4f", in.loss);
   s += printf_str(" acc=%.3f", in.acc);
   s += printf_str(" streak=%.1f", in.streak);

@@ -107,10 +107,12 @@ std::string schedule(const Options& o, int num_drafters) {
   if (tokens > 0) {
     // Packing fills a batch up to --token-budget and never splits a record, so this is a lower bound.
     const int64_t batches = (tokens + o.token_budget - 1) / o.token_budget;
-    steps_per_epoch = std::max<int64_t>(1, batches / std::max(1, num_drafters));
+    const int64_t micro = std::max<int64_t>(1, batches / std::max(1, num_drafters));
+    steps_per_epoch = (micro + o.grad_accum - 1) / o.grad_accum;
     os << "[dflash] data: " << o.data_path << ": " << records << " records, " << tokens << " tokens -> at least "
-       << batches << " batches of <= " << o.token_budget << " tokens per epoch; one step = one batch on each of "
-       << num_drafters << " drafter(s): >= " << steps_per_epoch << " steps per epoch\n";
+       << batches << " batches of <= " << o.token_budget << " tokens per epoch; one step = "
+       << (o.grad_accum > 1 ? std::to_string(o.grad_accum) + " batches (micro-batches)" : std::string("one batch"))
+       << " on each of " << num_drafters << " drafter(s): >= " << steps_per_epoch << " steps per epoch\n";
   } else {
     os << "[dflash] data: " << o.data_path << ": no /tokens and /offsets to size the epoch (the job will say why)\n";
   }
@@ -202,7 +204,10 @@ std::string memory_per_rank(const Options& o) {
   const double blocks = static_cast<double>(o.train.max_anchors) * drafter_bytes_per_anchor(d, cuda);
   // --eval-tau-every: each drafter rank also holds a copy of the target's weights (src/runtime/drafter_tau.h)
   const double tau_target = o.eval_tau_every > 0 && !o.eval_data.empty() ? weights : 0.0;
-  const double drafter = state + frozen + slots + loss_ws + blocks + tau_target;
+  // --grad-accum K > 1: the accumulator, P fp32 (--global-batch-tokens under --topology auto: K is not known
+  // before the job measures its split, so it is counted)
+  const double accum = o.grad_accum > 1 || o.global_batch_tokens > 0 ? P * 4 : 0;
+  const double drafter = state + frozen + slots + loss_ws + blocks + accum + tau_target;
   os << "[dflash] memory per rank, fixed part (" << (cuda ? "bf16 on the GPU" : "float32 in host memory")
      << "; the target's activations come on top): target " << gib(target) << " (weights " << gib(weights) << " from "
      << gib(files) << " of safetensors, 2 send buffers of " << gib(batch) << "); drafter " << gib(drafter) << " ("
@@ -211,13 +216,15 @@ std::string memory_per_rank(const Options& o) {
      << ", loss logits for " << loss_rows << " rows " << gib(loss_ws) << ", block activations for --max-anchors "
      << o.train.max_anchors << " x " << d.block_size << " rows " << gib(blocks) << " = "
      << gib(drafter_bytes_per_anchor(d, cuda)) << " per anchor"
+     << (accum > 0 ? ", gradient accumulator " + gib(accum) : std::string())
      << (tau_target > 0 ? ", the target's weights for --eval-tau-every " + gib(tau_target) : std::string()) << ")\n";
   return os.str();
 }
 
 }  // namespace
 
-int dry_run(const Options& o) {
+int dry_run(const Options& given) {
+  Options o = given;  // --global-batch-tokens resolved once the drafters are known
   int rank = 0, size = 1;
   DF_MPI(MPI_Comm_rank(MPI_COMM_WORLD, &rank));
   DF_MPI(MPI_Comm_size(MPI_COMM_WORLD, &size));
@@ -263,6 +270,11 @@ int dry_run(const Options& o) {
        << "; rank " << t.metrics_rank() << " (the first drafter) writes metrics.h5\n";
     free_topology(t);
   }
+  if (o.topology_auto && o.global_batch_tokens > 0)
+    os << "[dflash] batch: --global-batch-tokens " << o.global_batch_tokens
+       << ": the micro-batches per optimizer step are picked at startup, once --topology auto has chosen the drafters\n";
+  else
+    os << resolve_grad_accum(o, num_drafters) << "\n";
   os << schedule(o, num_drafters);
   os << eval_summary(o, num_drafters);
   if (rank == 0) os << memory_per_rank(o);

@@ -160,7 +160,7 @@ void plan_lr_schedule(Options& o, const JobContext& job) {
     lo.long_record = o.long_record == LongRecordPolicy::Skip ? LongRecord::Skip : LongRecord::Cut;
     const PlannedSchedule s = plan_schedule(*job.dataset, lo, static_cast<int>(job.topo.targets.size()),
                                             static_cast<int>(job.topo.drafters.size()), o.epochs, o.max_steps,
-                                            o.train.warmup_steps, o.warmup_ratio);
+                                            o.train.warmup_steps, o.warmup_ratio, o.grad_accum);
     plan[0] = s.total_steps;
     plan[1] = s.warmup_steps;
     plan[2] = s.long_records;
@@ -234,9 +234,14 @@ int run_job(const Options& given) {
   if (o.topology_auto) o.topology = choose_topology_auto(given, MPI_COMM_WORLD, gpu_sampler.get(), &o.auto_topology_record);
   if (o.measure_only) return 0;  // --measure-only: the table above is the answer
   Topology topo = create_topology(MPI_COMM_WORLD, o.topology, o.backend);
+  const std::string batch_line = resolve_grad_accum(o, static_cast<int>(topo.drafters.size()));  // K from the drafters
   JobContext job(o, topo, start, gather_cards(topo, *gpu_sampler, startup_gpu));
   job.gpu_sampler = gpu_sampler.get();
-  if (topo.world_rank == 0) print_startup(o, topo, job.cards);
+  if (topo.world_rank == 0) {
+    print_startup(o, topo, job.cards);
+    std::printf("%s\n", batch_line.c_str());
+    std::fflush(stdout);
+  }
 
   DF_CHECK_HINT(o.inject_fail_rank < topo.world_size, BadOptions,
                 "--inject-fail-rank " << o.inject_fail_rank << " is not a rank of this " << topo.world_size << "-rank job",

@@ -304,6 +304,7 @@ void MetricsHub::report(const DrafterReport& mine, const std::vector<TargetRepor
     in.q_hs = q_hs;
     in.q_pre_capacity = job_.opt.prefetch_depth;
     in.q_hs_capacity = job_.opt.hs_queue_depth;
+    in.grad_accum = job_.opt.grad_accum;
     if (gpu_row) {
       // Ranks that share a GPU read the same device: count each (host, GPU) once.
       double total = 0;

@@ -14,6 +14,7 @@
 #include "dflash/anchors.h"     // default_max_anchors
 #include "dflash/checkpoint.h"  // parse_checkpoint_every
 #include "dflash/error.h"
+#include "dflash/schedule.h"  // grad_accum_for
 
 namespace po = boost::program_options;
 
@@ -118,7 +119,7 @@ Described describe(Options& o, std::string& topology, std::string& backend, std:
     ("deterministic", po::value(&deterministic)->default_value("auto")->value_name("WHEN"), "auto (on with --batch-order fixed) | on | off: CUDA kernels that sum in a fixed order, so the same inputs give bit-identical steps and a resume reproduces the straight run (about 4% slower)")
     ("long-record", po::value(&long_record)->default_value("error")->value_name("NAME"), "record longer than --token-budget: error | cut | skip")
     ("epochs", po::value(&o.epochs)->default_value(1)->value_name("N"), "passes over the data (0 = forever)")
-    ("max-steps", po::value(&o.max_steps)->default_value(0)->value_name("N"), "stop after this many steps (0 = when the data ends)")
+    ("max-steps", po::value(&o.max_steps)->default_value(0)->value_name("N"), "stop after this many (optimizer) steps (0 = when the data ends)")
     ("peer-timeout", po::value(&o.peer_timeout_s)->default_value(120.0, "120")->value_name("SECONDS"), "seconds any wait on a peer may take before the job ends with exit 7")
     ("grad-bucket-mb", po::value(&o.grad_bucket_mb)->default_value(25.0, "25")->value_name("MIB"), "with several drafters: MiB of gradient per allreduce bucket; buckets are summed while the backward still runs (as PyTorch DDP); 0 = one allreduce after the backward");
   po::options_description train("Training");
@@ -129,6 +130,8 @@ Described describe(Options& o, std::string& topology, std::string& backend, std:
     ("max-anchors", po::value(&o.train.max_anchors)->default_value(512)->value_name("N"), "anchors per packed batch at most: the drafter's buffers (loss rows, block attention) are sized by it (default 512; with --anchors-per-record N: N per 3072 tokens of --token-budget)")
     ("anchors-per-record", po::value(&o.train.anchors_per_record)->default_value(0)->value_name("N"), "up to N anchors in each record of a packed batch, among its valid positions, redrawn every step (the reference trainers' rule: 512); 0 = per batch only")
     ("hs-noise", po::value(&o.train.hs_noise)->default_value(0.0f, "0")->value_name("STD"), "std of Gaussian noise on target features")
+    ("grad-accum", po::value(&o.grad_accum)->default_value(1)->value_name("K"), "micro-batches (packed batches) per optimizer step on each drafter, the loss normalised over all of them as one large batch; the lr schedule, --max-steps and checkpoints count optimizer steps")
+    ("global-batch-tokens", po::value(&o.global_batch_tokens)->default_value(0)->value_name("T"), "pick --grad-accum so one optimizer step holds about T tokens: K = ceil(T / (--token-budget x drafters)); 0 = --grad-accum decides (the reference recipes step on ~98K to ~262K tokens)")
     ("lr", po::value(&o.train.lr)->default_value(6e-4f, "6e-4")->value_name("LR"), "peak learning rate (AdamW)")
     ("warmup-steps", po::value(&o.train.warmup_steps)->default_value(0)->value_name("N"), "linear warmup steps")
     ("warmup-ratio", po::value(&o.warmup_ratio)->default_value(0.0, "0")->value_name("X"), "linear warmup over this fraction of the run's planned steps (instead of --warmup-steps); the lr then decays by cosine to 0.1 x --lr at the run's end: the data's last batch, or --max-steps")
@@ -301,6 +304,10 @@ ParseResult parse_options(int argc, const char* const* argv) {
   DF_CHECK_HINT(o.warmup_ratio == 0 || o.train.warmup_steps == 0, BadOptions,
                 "--warmup-ratio and --warmup-steps both set the warmup", "give one of them");
   check_range(o.train.hs_noise >= 0, "hs-noise", str(o.train.hs_noise), ">= 0");
+  check_range(o.grad_accum >= 1, "grad-accum", str(o.grad_accum), ">= 1");
+  check_range(o.global_batch_tokens >= 0, "global-batch-tokens", str(o.global_batch_tokens), ">= 0 (0 = --grad-accum decides)");
+  DF_CHECK_HINT(o.global_batch_tokens == 0 || !vm.count("grad-accum") || vm["grad-accum"].defaulted(), BadOptions,
+                "--grad-accum and --global-batch-tokens both set the micro-batches per step", "give one of them");
   std::vector<std::string> recipe_given;  // the fresh-drafter options given explicitly
   for (const char* n : {"block-size", "mask-token", "target-layers", "draft-layer-types", "draft-sliding-window"})
     if (vm.count(n) && !vm[n].defaulted()) recipe_given.push_back(n);
@@ -374,6 +381,25 @@ void check_input_paths(const Options& o) {
   if (!o.drafter_dir.empty())
     DF_CHECK_HINT(path_exists(o.drafter_dir + "/config.json"), BadInput,
                   "--drafter " << o.drafter_dir << ": no config.json there", "point --drafter at a release-format drafter (config.json + model.safetensors)");
+}
+
+}  // namespace dflash
+
+namespace dflash {
+
+std::string resolve_grad_accum(Options& o, int num_drafters) {
+  if (o.global_batch_tokens > 0) {
+    o.grad_accum = grad_accum_for(o.global_batch_tokens, o.token_budget, num_drafters);
+    for (auto& [name, value] : o.resolved)
+      if (name == "grad-accum") value = std::to_string(o.grad_accum);
+  }
+  const long long D = num_drafters, K = o.grad_accum, per_step = static_cast<long long>(o.token_budget) * D * K;
+  std::ostringstream os;
+  os << "[dflash] batch: " << K << " micro-batch(es) per optimizer step x " << D << " drafter(s) x <= "
+     << o.token_budget << " tokens = <= " << per_step << " tokens per optimizer step";
+  if (o.global_batch_tokens > 0) os << " (--global-batch-tokens " << o.global_batch_tokens << ")";
+  else os << " (--grad-accum " << K << ")";
+  return os.str();
 }
 
 }  // namespace dflash

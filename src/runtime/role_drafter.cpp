@@ -66,14 +66,18 @@ class DrafterLoop {
                     o_.grad_bucket_mb, reducer_->buckets().size() > 1 ? "summed while the backward runs" : "summed after the backward");
         std::fflush(stdout);
       }
-      // Buckets start summing as the backward finalises them, each prescaled by this batch's weight sum.
-      hooks.begin = [&](double weight_sum) { reducer_->begin_step(trainer.grads(), static_cast<float>(weight_sum)); };
+      // Buckets start summing as the backward finalises them (the step's last micro-batch's backward with
+      // --grad-accum), each prescaled by the batch's weight sum (1 for a folded accumulation: GradHooks).
+      hooks.begin = [&](double prescale) { reducer_->begin_step(trainer.grads(), static_cast<float>(prescale)); };
       hooks.ready = [&](size_t begin, size_t end) { reducer_->bucket_ready(begin, end); };
     }
     MetricsHub hub(job_, trainer.config().block_size);
     ckpt.before_save([&] { hub.flush(); });  // the metrics rows up to a checkpoint are on disk before it commits
     // The bytes each step allreduces (dflash-report prices more drafters with it when it measured none).
     hub.set_attribute("drafter_grad_bytes", static_cast<int64_t>(grads.nbytes()));
+    // Micro-batches per optimizer step (--grad-accum, resolved): each /steps row sums that many per drafter
+    // (the last step of a run whose data ended mid-step fewer; its tokens say how many).
+    hub.set_attribute("grad_accum", static_cast<int64_t>(o_.grad_accum));
     auto progress = [&] {
       endpoint.pump();
       presence_.poll();
@@ -90,51 +94,34 @@ class DrafterLoop {
     hub.training_started();
     endpoint.start();
 
+    const int K = o_.grad_accum;  // micro-batches per optimizer step (resolved at startup: resolve_grad_accum)
     for (;;) {
       if (o_.max_steps > 0 && step >= o_.max_steps) break;  // resumed at the end
-      enter_collective();
-      // 1. a batch (or proof that none will come)
-      auto t0 = mpi::Clock::now();
-      const bool have_batch = endpoint.wait_for_batch();
-      report_.data_wait_s += mpi::seconds_since(t0);
-      // 2. lockstep: every drafter trains this step, or all stop (the first to run dry stops everyone)
-      t0 = mpi::Clock::now();
-      int32_t have_all = have_batch ? 1 : 0;
-      if (num_drafters > 1) {
-        MPI_Request r = mpi::iallreduce(&have_all, 1, MPI_MIN, topo_.drafter_comm);
-        mpi::wait(r, o_.peer_timeout_s, [&] { return stalled("the drafters did not agree on the next step"); }, progress);
+      // 1.-3. K micro-batches (K = 1: the step's one batch), each agreed in lockstep by every drafter
+      StepSums sums;
+      std::vector<double> acc_by_pos(static_cast<size_t>(std::max(trainer.config().block_size - 1, 1)), 0.0);
+      int micro = 0;
+      for (; micro < K; ++micro) {
+        const MicroBatch mb = K == 1 ? MicroBatch::Whole : micro + 1 < K ? MicroBatch::Accumulate : MicroBatch::Last;
+        if (!train_micro_batch(trainer, endpoint, ckpt, hooks, mb, step, sums, acc_by_pos, progress)) break;
       }
-      report_.allreduce_s += mpi::seconds_since(t0);
-      if (!have_all) break;
-      // 3. forward + backward on the next ready batch
-      const int slot = endpoint.take_ready();
-      t0 = mpi::Clock::now();
-      const HsBatch& hb = endpoint.batch(slot);
-      FeatureBatch fb;
-      fb.batch = &hb.batch;
-      fb.features = hb.features_view();
-      fb.final_norm = hb.final_norm_view();
-      StepStats st = trainer.forward_backward(fb, hooks);
-      ckpt.trained_on(topo_.target_index_of(hb.header.report.rank), hb.header.batch_index, hb.header.next_position);
-      if (o_.inject_delay_drafter_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(o_.inject_delay_drafter_ms));
-      report_.compute_s += mpi::seconds_since(t0);
-      endpoint.pump();  // batches sent during the compute complete now (host MPI progresses only inside MPI calls)
-      endpoint.release(slot);  // the slot is free again: its credit goes back before the optimizer runs
-      maybe_inject_failure(job_, step);
+      if (micro == 0) break;  // the data ended on a step boundary
+      // The data ended inside the step: it trains on what it saw, normalised over those micro-batches.
+      const bool partial = micro < K;
+      if (partial) {
+        trainer.finish_accumulation();
+        if (num_drafters > 1) reducer_->start(trainer.grads(), 1.0f);  // one piece: no backward left to overlap
+      }
       // 4. gradient sum over the drafters, AdamW
-      t0 = mpi::Clock::now();
-      StepSums sums{st.loss * st.weight_sum, st.weight_sum, st.acc, st.agree, st.streak, st.lr, st.noise,
-                    static_cast<double>(st.tokens), static_cast<double>(st.anchors)};
-      std::vector<double> acc_by_pos = positions_after_anchor(st.per_pos_acc, trainer.config().block_size);
+      auto t0 = mpi::Clock::now();
       if (num_drafters > 1) reduce_gradients(trainer, sums, acc_by_pos, progress);
+      else if (K > 1) trainer.scale_grads(sums.weight_sum > 0 ? static_cast<float>(1.0 / sums.weight_sum) : 0.0f);
       report_.allreduce_s += mpi::seconds_since(t0);
       t0 = mpi::Clock::now();
       const double grad_norm = trainer.optimizer_step();
       report_.optimizer_s += mpi::seconds_since(t0);
       ++step;
-      report_.batches++;
-      report_.tokens += st.tokens;
-      record_step(hub, step, st, sums, acc_by_pos, grad_norm, num_drafters);
+      record_step(hub, step, sums, acc_by_pos, grad_norm, num_drafters * micro);
       if (step % o_.log_every == 0) {
         enter_collective();
         report(hub, MetricsHub::Rates::Interval, progress);
@@ -149,6 +136,7 @@ class DrafterLoop {
         break;
       }
       if (o_.max_steps > 0 && step >= o_.max_steps) break;
+      if (partial) break;  // the data has ended (every drafter agreed so)
     }
     endpoint.drain();
     // The end of training (not a stop for requeue: the resumed run goes on and evaluates on schedule).
@@ -178,6 +166,55 @@ class DrafterLoop {
   }
 
  private:
+  // One micro-batch of the step (MicroBatch::Whole with --grad-accum 1): a batch or proof that none will come,
+  // the drafters' agreement (every drafter trains it, or all stop: the first to run dry stops everyone),
+  // forward + backward, its numbers added to sums. False: no batch, the data has ended for every drafter.
+  bool train_micro_batch(DrafterTrainer& trainer, DrafterEndpoint& endpoint, DrafterCheckpointer& ckpt,
+                         const GradHooks& hooks, MicroBatch mb, int64_t step, StepSums& sums,
+                         std::vector<double>& acc_by_pos, const std::function<void()>& progress) {
+    const int num_drafters = static_cast<int>(topo_.drafters.size());
+    enter_collective();
+    auto t0 = mpi::Clock::now();
+    const bool have_batch = endpoint.wait_for_batch();
+    report_.data_wait_s += mpi::seconds_since(t0);
+    t0 = mpi::Clock::now();
+    int32_t have_all = have_batch ? 1 : 0;
+    if (num_drafters > 1) {
+      MPI_Request r = mpi::iallreduce(&have_all, 1, MPI_MIN, topo_.drafter_comm);
+      mpi::wait(r, o_.peer_timeout_s, [&] { return stalled("the drafters did not agree on the next step"); }, progress);
+    }
+    report_.allreduce_s += mpi::seconds_since(t0);
+    if (!have_all) return false;
+    const int slot = endpoint.take_ready();
+    t0 = mpi::Clock::now();
+    const HsBatch& hb = endpoint.batch(slot);
+    FeatureBatch fb;
+    fb.batch = &hb.batch;
+    fb.features = hb.features_view();
+    fb.final_norm = hb.final_norm_view();
+    const StepStats st = mb == MicroBatch::Whole ? trainer.forward_backward(fb, hooks) : trainer.forward_backward(fb, mb, hooks);
+    ckpt.trained_on(topo_.target_index_of(hb.header.report.rank), hb.header.batch_index, hb.header.next_position);
+    if (o_.inject_delay_drafter_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(o_.inject_delay_drafter_ms));
+    report_.compute_s += mpi::seconds_since(t0);
+    endpoint.pump();  // batches sent during the compute complete now (host MPI progresses only inside MPI calls)
+    endpoint.release(slot);  // the slot is free again: its credit goes back before the optimizer runs
+    maybe_inject_failure(job_, step);
+    sums.weighted_loss += st.loss * st.weight_sum;
+    sums.weight_sum += st.weight_sum;
+    sums.acc += st.acc;
+    sums.agree += st.agree;
+    sums.streak += st.streak;
+    sums.lr += st.lr;
+    sums.noise += st.noise;
+    sums.tokens += static_cast<double>(st.tokens);
+    sums.anchors += static_cast<double>(st.anchors);
+    const std::vector<double> pos = positions_after_anchor(st.per_pos_acc, trainer.config().block_size);
+    for (size_t i = 0; i < pos.size() && i < acc_by_pos.size(); ++i) acc_by_pos[i] += pos[i];
+    report_.batches++;
+    report_.tokens += st.tokens;
+    return true;
+  }
+
   // What a checkpoint records of the schedule: the next learning rate and every target's epoch progress.
   nlohmann::json schedule_of(const DrafterTrainer& trainer) const {
     nlohmann::json schedule = {{"next_lr", trainer.current_lr()}, {"epoch_progress", nlohmann::json::array()}};
@@ -204,7 +241,8 @@ class DrafterLoop {
   }
 
   // Each drafter's gradient is d(Σw·loss / Σw_local): scaled back to d(Σw·loss) before the sum (the
-  // reducer prescales each bucket by Σw_local, given to it by GradHooks::begin before the backward) and
+  // reducer prescales each bucket by Σw_local, given to it by GradHooks::begin before the backward; with
+  // --grad-accum the folded gradient is d(Σw·loss) over the step's micro-batches already, prescale 1) and
   // divided by the global Σw after, so several drafters train on one normalisation over all their batches
   // (the DFlash objective), not on a mean of per-drafter means. The buckets were launched during the
   // backward; what is left here is the exposed part of the sum, waited for together with the step's
@@ -274,13 +312,15 @@ class DrafterLoop {
     return out;
   }
 
-  void record_step(MetricsHub& hub, int64_t step, const StepStats& st, const StepSums& sums,
-                   const std::vector<double>& acc_by_pos, double grad_norm, int num_drafters) {
-    const double n = num_drafters;
+  // batches: the micro-batches summed into sums (drafters x micro-batches of the step); the metrics are
+  // their means, the loss one normalisation over all of them.
+  void record_step(MetricsHub& hub, int64_t step, const StepSums& sums, const std::vector<double>& acc_by_pos,
+                   double grad_norm, int batches) {
+    const double n = batches;
     StepMetrics m;
     m.step = step;
     m.time_s = job_.elapsed();
-    m.loss = sums.weight_sum > 0 ? sums.weighted_loss / sums.weight_sum : st.loss;
+    m.loss = sums.weight_sum > 0 ? sums.weighted_loss / sums.weight_sum : 0.0;
     m.acc = sums.acc / n;
     m.agree = sums.agree / n;
     m.streak = sums.streak / n;
@@ -289,7 +329,7 @@ class DrafterLoop {
     m.grad_norm = grad_norm;
     m.tokens = static_cast<int64_t>(sums.tokens);
     m.anchors = static_cast<int64_t>(sums.anchors);
-    for (double a : acc_by_pos) m.acc_by_pos.push_back(a / n);  // the mean over the drafters, as acc
+    for (double a : acc_by_pos) m.acc_by_pos.push_back(a / n);  // the mean over the batches, as acc
     DF_CHECK_HINT(std::isfinite(m.loss) && std::isfinite(grad_norm), NonFiniteLoss,
                   "step " << step << ": loss " << m.loss << ", grad norm " << grad_norm,
                   "lower --lr or add --warmup-steps; check the dataset for broken records");

@@ -87,6 +87,29 @@ FeatureBatch GoldenInputs::feature_batch() const {
   return fb;
 }
 
+GoldenInputs golden_sequences(const GoldenInputs& g, int s0, int s1) {
+  DF_CHECK(0 <= s0 && s0 < s1 && s1 <= g.batch.num_seqs(), Internal,
+           "golden_sequences [" << s0 << ", " << s1 << ") of " << g.batch.num_seqs());
+  GoldenInputs p;
+  p.target_dir = g.target_dir;
+  p.drafter_dir = g.drafter_dir;
+  p.layer_ids = g.layer_ids;
+  p.num_layers = g.num_layers;
+  p.hidden = g.hidden;
+  p.opt = g.opt;
+  const int64_t T = g.batch.num_tokens(), t0 = g.batch.cu_seqlens[s0], t1 = g.batch.cu_seqlens[s1], H = g.hidden;
+  const int64_t K = static_cast<int64_t>(g.layer_ids.size());
+  p.batch.tokens.assign(g.batch.tokens.begin() + t0, g.batch.tokens.begin() + t1);
+  p.batch.loss_mask.assign(g.batch.loss_mask.begin() + t0, g.batch.loss_mask.begin() + t1);
+  for (int s = s0; s <= s1; ++s) p.batch.cu_seqlens.push_back(g.batch.cu_seqlens[s] - static_cast<int32_t>(t0));
+  for (int64_t k = 0; k < K; ++k)
+    p.features.insert(p.features.end(), g.features.begin() + (k * T + t0) * H, g.features.begin() + (k * T + t1) * H);
+  if (!g.final_norm.empty()) p.final_norm.assign(g.final_norm.begin() + t0 * H, g.final_norm.begin() + t1 * H);
+  for (int64_t a : g.anchors)
+    if (a >= t0 && a < t1) p.anchors.push_back(a - t0);
+  return p;
+}
+
 GoldenInputs load_golden_inputs(const std::string& case_dir) {
   const json cj = read_json(case_dir + "/case.json");
   SafetensorsFile gold(case_dir + "/golden.safetensors");

@@ -40,6 +40,10 @@ struct GoldenInputs {
   FeatureBatch feature_batch() const;  // views into this object
 };
 GoldenInputs load_golden_inputs(const std::string& case_dir);
+// Sequences [s0, s1) of g's batch as a case of their own: their tokens, loss mask, features, final norm
+// and the anchors inside them (shifted), the same model and options (gradient accumulation's tests: the
+// halves of a batch as micro-batches).
+GoldenInputs golden_sequences(const GoldenInputs& g, int s0, int s1);
 
 // Runs every check of the case in `case_dir` with DrafterTrainer on ctx's backend. Missing or malformed
 // files are BadInput errors. CPU (float32): scalars to 1e-5, tensors to 1e-4. CUDA (bf16 compute): losses

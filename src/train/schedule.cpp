@@ -31,8 +31,9 @@ int64_t count_epoch_batches(const TokenDataset& ds, const LoaderOptions& opts, i
 }
 
 PlannedSchedule plan_schedule(const TokenDataset& ds, const LoaderOptions& base, int num_targets, int num_drafters,
-                              int epochs, int64_t max_steps, int warmup_steps, double warmup_ratio) {
+                              int epochs, int64_t max_steps, int warmup_steps, double warmup_ratio, int grad_accum) {
   DF_CHECK(num_targets > 0 && num_drafters > 0, Internal, "plan_schedule: " << num_targets << " targets, " << num_drafters << " drafters");
+  DF_CHECK(grad_accum >= 1, Internal, "plan_schedule: grad_accum " << grad_accum);
   PlannedSchedule s;
   if (epochs > 0) {
     for (int e = 0; e < epochs; ++e)
@@ -49,11 +50,13 @@ PlannedSchedule plan_schedule(const TokenDataset& ds, const LoaderOptions& base,
     ++s.long_records;
     s.long_tokens_dropped += base.long_record == LongRecord::Skip ? len : len - base.token_budget;
   }
-  const int64_t data_steps = s.data_batches / num_drafters;
+  const int64_t micro_batches = s.data_batches / num_drafters;  // per drafter, in lockstep
+  const int64_t data_steps = (micro_batches + grad_accum - 1) / grad_accum;
   if (epochs > 0 && (max_steps == 0 || data_steps <= max_steps)) {
     s.total_steps = data_steps;
     s.why = std::to_string(s.data_batches) + " batches over " + std::to_string(epochs) + " epoch(s) / " +
-            std::to_string(num_drafters) + " drafter(s)";
+            std::to_string(num_drafters) + " drafter(s)" +
+            (grad_accum > 1 ? " / " + std::to_string(grad_accum) + " micro-batches per step" : std::string());
   } else if (max_steps > 0) {
     s.total_steps = max_steps;
     s.why = "--max-steps";
@@ -63,6 +66,21 @@ PlannedSchedule plan_schedule(const TokenDataset& ds, const LoaderOptions& base,
   s.warmup_steps = warmup_ratio > 0 ? static_cast<int>(std::lround(warmup_ratio * static_cast<double>(s.total_steps)))
                                     : warmup_steps;
   return s;
+}
+
+}  // namespace dflash
+
+namespace dflash {
+
+int grad_accum_for(int64_t global_batch_tokens, int64_t token_budget, int num_drafters) {
+  DF_CHECK(global_batch_tokens > 0 && token_budget > 0 && num_drafters > 0, Internal,
+           "grad_accum_for(" << global_batch_tokens << ", " << token_budget << ", " << num_drafters << ")");
+  const int64_t per_micro = token_budget * num_drafters;
+  const int64_t k = (global_batch_tokens + per_micro - 1) / per_micro;
+  DF_CHECK_HINT(k <= 1 << 20, BadOptions, "--global-batch-tokens " << global_batch_tokens << " needs " << k
+                                                                  << " micro-batches per step",
+                "give a global batch near the reference recipes' (~98K to ~262K tokens)");
+  return static_cast<int>(std::max<int64_t>(k, 1));
 }
 
 }  // namespace dflash

@@ -49,12 +49,23 @@ struct DrafterTrainer::Impl {
   std::vector<double> dpace;
   std::vector<float> dpace_w;
   std::vector<int32_t> eval_argmax;  // argmax_q per row of the last forward-only run (draft_block)
+  // Gradient accumulation (MicroBatch): Σ s_i g_i of the step's micro-batches so far (F32 [P] on ctx's
+  // device, allocated by the first MicroBatch::Accumulate) and how many it holds.
+  Buffer accum;
+  int64_t accumulated = 0;
 
   Impl(const TrainOptions& o, const Ctx& c) : opt(o), ctx(c), sampler(o.seed), eval_sampler(o.seed ^ 0x5eed5eedULL),
                                               noise_rng(o.seed * 0x9e3779b97f4a7c15ULL + 1),
                                               noise_seed(o.seed * 0x9e3779b97f4a7c15ULL + 2) {}
 
-  StepStats run(const FeatureBatch& fb, const std::vector<int64_t>& given, bool train, const GradHooks* hooks);
+  StepStats run(const FeatureBatch& fb, const std::vector<int64_t>& given, bool train, const GradHooks* hooks,
+                MicroBatch micro = MicroBatch::Whole);
+  // grads() = s * grads() + accum over [b, e) (MicroBatch::Last, range by range).
+  void fold(size_t b, size_t e, float s) {
+    const Tensor g = engine->grads();
+    const int64_t lo = static_cast<int64_t>(b), hi = static_cast<int64_t>(e);
+    if (hi > lo) ops::grad_fold(ctx, g.slice_rows(lo, hi), accum.t().slice_rows(lo, hi), s);
+  }
 };
 
 namespace {
@@ -63,19 +74,26 @@ namespace {
 // did not (all of it for an engine that reports nothing), so the caller sees [0, P) exactly once.
 class ReadyRanges {
  public:
-  ReadyRanges(const GradHooks* hooks, size_t P) : hooks_(hooks && hooks->ready ? hooks : nullptr), P_(P) {}
+  // before (may be empty): applied to each range just before it is reported (MicroBatch::Last's fold); with
+  // no ready hook, to all of [0, P) at once in finish().
+  ReadyRanges(const GradHooks* hooks, size_t P, std::function<void(size_t, size_t)> before = {})
+      : hooks_(hooks && hooks->ready ? hooks : nullptr), P_(P), before_(std::move(before)) {}
   // The callback for EngineBatch::grad_ready (empty without a ready hook).
   std::function<void(size_t, size_t)> callback() {
     if (!hooks_) return {};
     return [this](size_t b, size_t e) {
       DF_CHECK(b <= e && e <= P_, Internal, "drafter backward reported range [" << b << ", " << e << ") of " << P_);
       seen_.push_back({b, e});
+      if (before_) before_(b, e);
       hooks_->ready(b, e);
     };
   }
   // Reports the rest, from the last element down (the backward's order).
   void finish() {
-    if (!hooks_) return;
+    if (!hooks_) {
+      if (before_) before_(0, P_);
+      return;
+    }
     std::sort(seen_.begin(), seen_.end());
     std::vector<std::pair<size_t, size_t>> gaps;
     size_t at = 0;
@@ -85,13 +103,17 @@ class ReadyRanges {
       at = e;
     }
     if (at < P_) gaps.push_back({at, P_});
-    for (size_t i = gaps.size(); i-- > 0;) hooks_->ready(gaps[i].first, gaps[i].second);
+    for (size_t i = gaps.size(); i-- > 0;) {
+      if (before_) before_(gaps[i].first, gaps[i].second);
+      hooks_->ready(gaps[i].first, gaps[i].second);
+    }
     seen_.clear();
   }
 
  private:
   const GradHooks* hooks_;
   size_t P_;
+  std::function<void(size_t, size_t)> before_;
   std::vector<std::pair<size_t, size_t>> seen_;
 };
 
@@ -203,7 +225,10 @@ namespace {
 }  // namespace
 
 StepStats DrafterTrainer::Impl::run(const FeatureBatch& fb, const std::vector<int64_t>& given, bool train,
-                                    const GradHooks* hooks) {
+                                    const GradHooks* hooks, MicroBatch micro) {
+  DF_CHECK(train || micro == MicroBatch::Whole, Internal, "evaluation is not a micro-batch");
+  DF_CHECK(!train || micro != MicroBatch::Whole || accumulated == 0, Internal,
+           "MicroBatch::Whole inside an accumulated step (" << accumulated << " micro-batch(es) accumulated)");
   DF_CHECK(fb.batch != nullptr, Internal, "FeatureBatch without its PackedBatch");
   const PackedBatch& batch = *fb.batch;
   const int64_t T = batch.num_tokens(), H = cfg.layers.hidden_size, B = cfg.block_size;
@@ -263,15 +288,33 @@ StepStats DrafterTrainer::Impl::run(const FeatureBatch& fb, const std::vector<in
   // The normalisation is known here, before any gradient work: GradHooks::begin gets it first.
   double wsum = 0;
   for (float x : rows.weight) wsum += x;
-  ReadyRanges ready(hooks, static_cast<size_t>(engine->grads().numel()));
+  // Gradient accumulation: an Accumulate micro-batch reports nothing (its gradient goes into accum once the
+  // backward is done); the Last one folds each range into the accumulated sum before reporting it.
+  const size_t P = static_cast<size_t>(engine->grads().numel());
+  if (micro != MicroBatch::Whole)
+    DF_CHECK(micro == MicroBatch::Accumulate || accumulated > 0, Internal,
+             "MicroBatch::Last without an accumulated micro-batch before it (use Whole)");
+  if (micro == MicroBatch::Accumulate && accum.t().empty()) accum = Buffer(ctx.device, DType::F32, {static_cast<int64_t>(P)});
+  const GradHooks* step_hooks = micro == MicroBatch::Accumulate ? nullptr : hooks;
+  std::function<void(size_t, size_t)> fold_range;
+  if (micro == MicroBatch::Last) fold_range = [this, s = static_cast<float>(wsum)](size_t b, size_t e) { fold(b, e, s); };
+  ReadyRanges ready(step_hooks, P, fold_range);
   auto begin_backward = [&] {
-    if (hooks && hooks->begin) hooks->begin(wsum);
+    if (step_hooks && step_hooks->begin) step_hooks->begin(micro == MicroBatch::Last ? 1.0 : wsum);
+  };
+  auto end_backward = [&] {
+    ready.finish();
+    if (micro == MicroBatch::Accumulate)
+      ops::grad_accumulate(ctx, accum.t(), engine->grads(), static_cast<float>(wsum),
+                           accumulated++ == 0 ? ops::AccumInto::Overwrite : ops::AccumInto::Add);
+    else if (micro == MicroBatch::Last)
+      accumulated = 0;
   };
   if (R == 0) {  // nothing to learn from: zero gradients, zero loss
     if (train) {
       begin_backward();
       engine->zero_grads();
-      ready.finish();
+      end_backward();
     }
     return st;
   }
@@ -293,7 +336,7 @@ StepStats DrafterTrainer::Impl::run(const FeatureBatch& fb, const std::vector<in
     eb.grad_ready = ready.callback();
   }
   const train::EngineRows out = engine->forward(eb, fused);
-  if (fused) ready.finish();
+  if (fused) end_backward();
   double num = 0;
   for (int64_t r = 0; r < R; ++r) num += static_cast<double>(rows.weight[r]) * out.loss[r];
   st.loss = num / wsum;
@@ -315,7 +358,7 @@ StepStats DrafterTrainer::Impl::run(const FeatureBatch& fb, const std::vector<in
   begin_backward();
   eb.grad_ready = ready.callback();
   engine->backward(eb, dpace_w);
-  ready.finish();
+  end_backward();
   return st;
 }
 
@@ -326,6 +369,18 @@ StepStats DrafterTrainer::forward_backward(const FeatureBatch& fb, const std::ve
 StepStats DrafterTrainer::forward_backward(const FeatureBatch& fb, const GradHooks& hooks,
                                            const std::vector<int64_t>& anchors) {
   return impl_->run(fb, anchors, true, &hooks);
+}
+
+StepStats DrafterTrainer::forward_backward(const FeatureBatch& fb, MicroBatch micro, const GradHooks& hooks,
+                                           const std::vector<int64_t>& anchors) {
+  return impl_->run(fb, anchors, true, &hooks, micro);
+}
+
+void DrafterTrainer::finish_accumulation() {
+  Impl& s = *impl_;
+  DF_CHECK(s.accumulated > 0, Internal, "finish_accumulation without an accumulated micro-batch");
+  s.fold(0, static_cast<size_t>(s.engine->grads().numel()), 0.f);
+  s.accumulated = 0;
 }
 
 StepStats DrafterTrainer::evaluate(const FeatureBatch& fb, const std::vector<int64_t>& anchors) {

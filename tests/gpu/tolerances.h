@@ -45,6 +45,10 @@ constexpr double kDeltaRuleMax = 2e-2, kDeltaRuleMean = 1e-2;
 // The same fp32 sums in another order (rel): deterministic vs atomic weight-gradient sums (RMSNorm,
 // QK-norm + RoPE), and AdamW's fp32 params, m and v after a step (op-by-op and fused, vs the CPU).
 constexpr double kF32SumOrder = 1e-5;
+// One fp32 multiply and add per element on both sides (gradient accumulation, ops::grad_accumulate /
+// grad_fold): the GPU rounds the product before the add as the CPU does; the tolerance (rel) only allows a
+// host compiler that contracts the CPU's into an FMA.
+constexpr double kF32Axpy = 1e-6;
 // The gradient's sum of squares (x want): accumulated in double on both sides; only the order differs.
 constexpr double kGradSumsq = 1e-9;
 // The global gradient norm used for clipping (x want): the square root of that sum, returned through fp32.

@@ -501,6 +501,9 @@ TEST(Status, ExactShapeOfTheDesignExample) {
   in.q_hs = {0, 3};
   std::string s = format_status_line(in);
   EXPECT_NE(s.find("(812tok/s) pwr=640W | q_pre=[1] q_hs=[0, 3] |"), std::string::npos) << s;
+  in.grad_accum = 4;  // --grad-accum 4: optimizer steps of 4 micro-batches
+  s = format_status_line(in);
+  EXPECT_NE(s.find("] step=58 (x4 mb) loss=2.2577"), std::string::npos) << s;
 }
 
 TEST(Status, QueueDepthsAgainstTheirCapacity) {

@@ -211,3 +211,22 @@ TEST(OptionsDeath, SeedMustBeANonNegativeWholeNumber) {
   EXPECT_EQ(parse(with_required({"--seed", "9223372036854775807"})).options.train.seed, 9223372036854775807ull);
   EXPECT_EQ(resolved(parse(with_required({"--seed", "42"})).options, "seed"), "42");
 }
+
+// --grad-accum / --global-batch-tokens: one of them; K resolved from the drafters and recorded as --grad-accum.
+TEST(Options, GlobalBatchTokensResolvesGradAccum) {
+  Options o = parse(with_required({"--token-budget", "32768", "--global-batch-tokens", "98304"})).options;
+  EXPECT_EQ(o.grad_accum, 1);
+  const std::string line = resolve_grad_accum(o, 2);
+  EXPECT_EQ(o.grad_accum, 2);
+  EXPECT_EQ(resolved(o, "grad-accum"), "2");
+  EXPECT_NE(line.find("2 micro-batch(es) per optimizer step x 2 drafter(s) x <= 32768 tokens = <= 131072 tokens"),
+            std::string::npos) << line;
+  Options k = parse(with_required({"--grad-accum", "3"})).options;
+  EXPECT_NE(resolve_grad_accum(k, 4).find("(--grad-accum 3)"), std::string::npos);
+  EXPECT_EQ(k.grad_accum, 3);
+}
+TEST(OptionsDeath, GradAccumAndGlobalBatchTokensExclusive) {
+  EXPECT_EXIT(parse(with_required({"--grad-accum", "2", "--global-batch-tokens", "1000"})), testing::ExitedWithCode(2),
+              "--grad-accum and --global-batch-tokens both set");
+  EXPECT_EXIT(parse(with_required({"--grad-accum", "0"})), testing::ExitedWithCode(2), "grad-accum");
+}

@@ -106,4 +106,24 @@ TEST(Schedule, PlanSpreadsTheDataOverTheDrafters) {
   EXPECT_EQ(w.warmup_steps, std::lround(0.1 * static_cast<double>(w.total_steps)));
 }
 
+// --grad-accum K: optimizer steps of K micro-batches, the partial last step counted (ceil); --max-steps
+// counts optimizer steps; --global-batch-tokens picks K = ceil(T / (budget x drafters)).
+TEST(Schedule, GradAccumCountsOptimizerSteps) {
+  LoaderOptions o;
+  o.token_budget = 512;
+  o.seed = 3;
+  const PlannedSchedule one = plan_schedule(*dataset(), o, 2, 3, 2, 0, 0, 0);
+  const int64_t micro = one.data_batches / 3;
+  for (int k : {2, 3, 7}) {
+    const PlannedSchedule p = plan_schedule(*dataset(), o, 2, 3, 2, 0, 0, 0, k);
+    EXPECT_EQ(p.total_steps, (micro + k - 1) / k) << "K " << k;
+    EXPECT_NE(p.why.find(std::to_string(k) + " micro-batches per step"), std::string::npos) << p.why;
+  }
+  EXPECT_EQ(plan_schedule(*dataset(), o, 2, 3, 2, 2, 0, 0, 3).total_steps, 2);
+  EXPECT_EQ(grad_accum_for(98304, 32768, 1), 3);
+  EXPECT_EQ(grad_accum_for(98304, 32768, 2), 2);
+  EXPECT_EQ(grad_accum_for(262144, 32768, 7), 2);
+  EXPECT_EQ(grad_accum_for(1000, 32768, 7), 1);
+}
+
 }  // namespace
