@@ -22,12 +22,12 @@
 #include "dflash/data.h"
 #include "dflash/drafter.h"
 #include "dflash/error.h"
+#include "dflash/eval_prompts.h"
 #include "dflash/hf_config.h"
 #include "dflash/spec_decode.h"
 #include "dflash/target.h"
 #include "dflash/tool_args.h"
 #include "dflash/version.h"
-#include "io/json_file.h"
 
 using namespace dflash;
 
@@ -54,7 +54,7 @@ const char* kUsage =
 struct EvalArgs {
   std::string target, drafter, prompts, json, backend = "cpu";
   bool fresh = false, check_greedy = false, no_stop = false, help = false;
-  int draft_layers = 1, max_prompts = 32, max_prompt_length = 2048, max_new_tokens = 128, gpu = 0;
+  int draft_layers = 1, max_prompts = 32, max_prompt_length = kDefaultMaxPromptLength, max_new_tokens = 128, gpu = 0;
   uint64_t seed = 0;
   std::vector<int32_t> stop;
 };
@@ -91,57 +91,6 @@ EvalArgs parse_args(int argc, char** argv) {
   return a;
 }
 
-// eos_token_id of config.json and generation_config.json (an int or a list), when present.
-std::vector<int32_t> default_stop_ids(const std::string& dir) {
-  std::vector<int32_t> ids;
-  for (const char* name : {"config.json", "generation_config.json"}) {
-    const JsonFile f = try_read_json_file(dir + "/" + name);  // either may be missing (or not JSON): no ids from it
-    if (!f.ok() || !f.value.contains("eos_token_id")) continue;
-    const nlohmann::json& j = f.value;
-    const nlohmann::json& e = j["eos_token_id"];
-    auto add = [&](const nlohmann::json& v) {
-      if (v.is_number_integer() && std::find(ids.begin(), ids.end(), v.get<int32_t>()) == ids.end())
-        ids.push_back(v.get<int32_t>());
-    };
-    if (e.is_array())
-      for (const auto& v : e) add(v);
-    else
-      add(e);
-  }
-  return ids;
-}
-
-struct Prompts {
-  std::vector<std::vector<int32_t>> ids;
-  std::vector<size_t> record;
-  size_t no_prompt = 0, too_long = 0;
-};
-
-Prompts load_prompts(const TokenDataset& ds, int max_prompts, int max_len) {
-  Prompts p;
-  std::vector<int32_t> tok;
-  std::vector<uint8_t> mask;
-  for (size_t r = 0; r < ds.num_records() && static_cast<int>(p.ids.size()) < max_prompts; ++r) {
-    tok.clear();
-    mask.clear();
-    ds.read_record(r, tok, mask);
-    const size_t first = static_cast<size_t>(std::find(mask.begin(), mask.end(), uint8_t{1}) - mask.begin());
-    if (first == 0) {
-      ++p.no_prompt;
-    } else if (first > static_cast<size_t>(max_len)) {
-      ++p.too_long;
-    } else {
-      p.ids.emplace_back(tok.begin(), tok.begin() + static_cast<std::ptrdiff_t>(first));
-      p.record.push_back(r);
-    }
-  }
-  DF_CHECK_HINT(!p.ids.empty(), BadInput,
-                ds.path() << ": no usable prompt (" << p.no_prompt << " records train from their first token, "
-                          << p.too_long << " prompts longer than --max-prompt-length " << max_len << ")",
-                "prompts are the tokens before a record's first loss_mask 1: tokenize chats with dflash-tokenize");
-  return p;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -161,9 +110,8 @@ int main(int argc, char** argv) {
   topt.max_anchors = 1;
   topt.seed = a.seed;
   const TokenDataset ds(a.prompts, tcfg.text.vocab_size);
-  const Prompts prompts = load_prompts(ds, a.max_prompts, a.max_prompt_length);
-  size_t longest = 0;
-  for (const auto& p : prompts.ids) longest = std::max(longest, p.size());
+  const EvalPrompts prompts = load_eval_prompts(ds, a.max_prompts, a.max_prompt_length);
+  const size_t longest = prompts.longest();
 
   // The drafter first (its config names the layers the target must capture), then the target.
   const int64_t max_tokens_guess = static_cast<int64_t>(longest) + a.max_new_tokens + 256;
@@ -193,8 +141,7 @@ int main(int argc, char** argv) {
 
   nlohmann::json jp = nlohmann::json::array();
   std::map<int, int64_t> hist;
-  double tau_sum = 0, seconds = 0;
-  int64_t new_tokens = 0, steps = 0, accepted = 0;
+  TauSums sums;  // tau as dflash-train's --eval-tau-every computes it (include/dflash/eval_prompts.h)
   int mismatches = 0;
   for (size_t i = 0; i < prompts.ids.size(); ++i) {
     const SpecDecodeResult r = dec.generate(prompts.ids[i], a.max_new_tokens, stop);
@@ -204,14 +151,8 @@ int main(int argc, char** argv) {
       check = same ? "  same" : "  DIFFERENT";
       mismatches += same ? 0 : 1;
     }
-    for (int x : r.acceptance) {
-      ++hist[x];
-      accepted += x;
-    }
-    tau_sum += r.tau();
-    seconds += r.seconds;
-    new_tokens += static_cast<int64_t>(r.tokens.size());
-    steps += static_cast<int64_t>(r.acceptance.size());
+    for (int x : r.acceptance) ++hist[x];
+    sums.add(r);
     std::printf("%8zu %8zu %8zu %8zu %8zu %8.3f %10.1f%s\n", i, prompts.record[i], prompts.ids[i].size(),
                 r.tokens.size(), r.acceptance.size(), r.tau(), r.tokens.size() / std::max(r.seconds, 1e-9),
                 check.c_str());
@@ -220,10 +161,12 @@ int main(int argc, char** argv) {
                   {"new_tokens", r.tokens.size()}, {"tau", r.tau()}, {"acceptance", r.acceptance},
                   {"seconds", r.seconds}, {"tokens", r.tokens}});
   }
-  const double tau = tau_sum / static_cast<double>(prompts.ids.size());
+  const double tau = sums.tau();
+  const auto steps = static_cast<int64_t>(sums.steps), new_tokens = static_cast<int64_t>(sums.new_tokens);
+  const double seconds = sums.seconds, accepted = sums.accepted;
   std::printf("tau %.3f  (mean over %zu prompts of each prompt's mean acceptance length; over all %lld steps %.3f)\n",
               tau, prompts.ids.size(), static_cast<long long>(steps),
-              steps ? static_cast<double>(accepted) / static_cast<double>(steps) : 0.0);
+              steps ? accepted / static_cast<double>(steps) : 0.0);
   std::printf("acceptance length histogram:");
   for (const auto& [len, count] : hist) std::printf(" %d:%.1f%%", len, 100.0 * count / static_cast<double>(steps));
   std::printf("\ntokens/s %.1f  (%lld tokens in %.2f s; no KV cache: this tool's speed, not a serving engine's)\n",

@@ -16,6 +16,7 @@
 // flush (docs/metrics.md says why not SWMR).
 #pragma once
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <string>
@@ -162,9 +163,16 @@ struct EvalMetrics {
   std::vector<double> acc_by_pos;
   int64_t tokens = 0, anchors = 0, seqs = 0;
   double seconds = 0;     // wall time the evaluation took (the first drafter's, which waits for the others)
+  // --eval-tau-every: dflash-eval's tau over the decoded prompts (include/dflash/eval_prompts.h), NaN in
+  // a row that did not measure it; the prompts, tokens generated, target verifications, and the decoding
+  // seconds summed over the drafters (0 / NaN when not measured).
+  double tau = std::numeric_limits<double>::quiet_NaN();
+  int64_t tau_prompts = 0, tau_new_tokens = 0, tau_steps = 0;
+  double tau_seconds = std::numeric_limits<double>::quiet_NaN();
 };
 
-// [eval] step=200 loss=4.1234 acc=0.123 streak=0.45 (12 seqs, 3.1K tok, 0.4 s)
+// [eval] step=200 loss=4.1234 acc=0.123 streak=0.45 tau=1.83 (12 seqs, 3.1K tok, 0.4 s)   (tau= only in a
+// row that measured it)
 std::string format_eval_line(const EvalMetrics& m);
 
 // ---- the status line -------------------------------------------------------------------------------

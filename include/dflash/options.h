@@ -66,7 +66,13 @@ struct Options {
   std::string eval_data;        // --eval-data: held-out token dataset (.h5); empty = no evaluation
   int64_t eval_every = -1;      // --eval-every: steps between evaluations (0 = only at the end; -1 = not given:
                                 // resolve_eval_every picks it once the run's length is planned)
-  std::string out_dir;          // run directory: metrics.h5, drafter/
+  // --eval-tau-every: steps between measurements of tau (greedy speculative decoding of the eval set's
+  // prompts, dflash-eval's algorithm, on the drafter ranks; 0 = off); --eval-tau-prompts and
+  // --eval-tau-max-new-tokens bound the work (src/runtime/drafter_tau.h).
+  int64_t eval_tau_every = 0;
+  int eval_tau_prompts = 32;
+  int eval_tau_max_new_tokens = 128;
+  std::string out_dir;          // run directory: metrics.h5, drafter/, drafter-best/
 
   int64_t token_budget = 32768;
   int prefetch_depth = 4;

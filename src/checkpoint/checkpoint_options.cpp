@@ -84,6 +84,7 @@ bool option_may_change_on_resume(const std::string& name) {
       "hs-queue-depth",   "power-budget-w",   "help",              "measure-only",
       "data-plane",       "grad-bucket-mb",  // how bytes travel, not what is trained
       "eval-data",        "eval-every",      // what is measured, not what is trained
+      "eval-tau-every",   "eval-tau-prompts", "eval-tau-max-new-tokens",
   };
   if (may_change.count(name)) return true;
   return name.rfind("inject-", 0) == 0;  // test hooks

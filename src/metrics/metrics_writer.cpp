@@ -180,9 +180,12 @@ void MetricsWriter::drop_steps_after(int64_t last_step) {
 namespace {
 const SeriesSpec kEvalSeries[] = {{"step", Elem::I64},   {"time_s", Elem::F64},  {"loss", Elem::F64},
                                   {"acc", Elem::F64},    {"streak", Elem::F64},  {"tokens", Elem::I64},
-                                  {"anchors", Elem::I64}, {"seqs", Elem::I64},   {"seconds", Elem::F64}};
+                                  {"anchors", Elem::I64}, {"seqs", Elem::I64},   {"seconds", Elem::F64},
+                                  // --eval-tau-every (NaN / 0 in rows that did not measure tau)
+                                  {"tau", Elem::F64},    {"tau_prompts", Elem::I64}, {"tau_new_tokens", Elem::I64},
+                                  {"tau_steps", Elem::I64}, {"tau_seconds", Elem::F64}};
 const SeriesNote kEvalNotes[] = {
-    {"eval/step", "1", "optimizer steps done when the eval set was evaluated (every --eval-every steps and after the last)"},
+    {"eval/step", "1", "optimizer steps done when the eval set was evaluated (every --eval-every and --eval-tau-every steps and after the last)"},
     {"eval/time_s", "s", "when the evaluation finished, seconds since this segment's job start"},
     {"eval/loss", "1", "held-out loss over the whole eval set (nats; position-weighted as the training loss)"},
     {"eval/acc", "1", "share of the eval set's loss positions whose drafter argmax equals the label"},
@@ -192,6 +195,11 @@ const SeriesNote kEvalNotes[] = {
     {"eval/anchors", "1", "blocks evaluated (fixed anchors: the same every evaluation)"},
     {"eval/seqs", "1", "sequences of the eval set"},
     {"eval/seconds", "s", "wall time of the evaluation"},
+    {"eval/tau", "tokens", "acceptance length tau by greedy speculative decoding of the eval set's prompts, as dflash-eval reports it: the mean over prompts of each prompt's mean accepted drafts + 1 per target verification (--eval-tau-every; NaN: not measured in this row)"},
+    {"eval/tau_prompts", "1", "prompts decoded for tau (0: not measured)"},
+    {"eval/tau_new_tokens", "tokens", "tokens generated over those prompts"},
+    {"eval/tau_steps", "1", "target verifications over those prompts"},
+    {"eval/tau_seconds", "s", "decoding wall time for tau, summed over the drafters (NaN: not measured)"},
 };
 }  // namespace
 
@@ -202,8 +210,11 @@ void MetricsWriter::append_eval(const EvalMetrics& m) {
   DF_CHECK(positions >= 1, Internal, "append_eval: no block positions");
   if (!impl_->series.count("eval/step")) {  // the first evaluation of this segment: make or open /eval
     impl_->group("eval", true);
-    for (const SeriesSpec& s : kEvalSeries) impl_->open_series(std::string("eval/") + s.name, s.elem, 0, true);
-    impl_->open_series("eval/acc_by_pos", Elem::F64, positions, true);
+    impl_->open_series("eval/step", Elem::I64, 0, true);
+    // A series a resumed file lacks (tau, from a build before it) starts with its rows' fill value.
+    const hsize_t rows = h5::dims(impl_->series.at("eval/step"))[0];
+    for (const SeriesSpec& s : kEvalSeries) impl_->open_series(std::string("eval/") + s.name, s.elem, 0, true, rows);
+    impl_->open_series("eval/acc_by_pos", Elem::F64, positions, true, rows);
     impl_->coordinate("eval/step");  // like /steps/step: the rows' step numbers name the dimension
     for (const SeriesSpec& s : kEvalSeries)
       if (std::string(s.name) != "step") impl_->name_axes(std::string("eval/") + s.name, {"eval/step"});
@@ -225,6 +236,11 @@ void MetricsWriter::append_eval(const EvalMetrics& m) {
   impl_->append("eval/anchors", H5T_NATIVE_INT64, &m.anchors, 0);
   impl_->append("eval/seqs", H5T_NATIVE_INT64, &m.seqs, 0);
   impl_->append("eval/seconds", H5T_NATIVE_DOUBLE, &m.seconds, 0);
+  impl_->append("eval/tau", H5T_NATIVE_DOUBLE, &m.tau, 0);
+  impl_->append("eval/tau_prompts", H5T_NATIVE_INT64, &m.tau_prompts, 0);
+  impl_->append("eval/tau_new_tokens", H5T_NATIVE_INT64, &m.tau_new_tokens, 0);
+  impl_->append("eval/tau_steps", H5T_NATIVE_INT64, &m.tau_steps, 0);
+  impl_->append("eval/tau_seconds", H5T_NATIVE_DOUBLE, &m.tau_seconds, 0);
   impl_->append("eval/acc_by_pos", H5T_NATIVE_DOUBLE, m.acc_by_pos.data(), positions);
   impl_->flush_or_stop("flushing");
   appends_since_flush_ = 0;

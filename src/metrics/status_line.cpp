@@ -79,6 +79,7 @@ std::string format_eval_line(const EvalMetrics& m) {
   s += printf_str(" loss=%.4f", m.loss);
   s += printf_str(" acc=%.3f", m.acc);
   s += printf_str(" streak=%.2f", m.streak);
+  if (std::isfinite(m.tau)) s += printf_str(" tau=%.3f", m.tau);
   s += " (" + std::to_string(m.seqs) + " seqs, " + si_count(static_cast<double>(m.tokens)) + " tok";
   s += printf_str(", %.1f s)", m.seconds);
   return s;

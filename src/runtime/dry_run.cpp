@@ -91,6 +91,12 @@ std::string eval_summary(const Options& o, int num_drafters) {
   else if (parse_checkpoint_every(o.checkpoint_every).unit == CheckpointUnit::Steps)
     os << "every " << parse_checkpoint_every(o.checkpoint_every).steps << " step(s) (the --checkpoint-every interval) and after the last\n";
   else os << "every tenth of the planned steps (counted when the job starts) and after the last\n";
+  if (o.eval_tau_every > 0)
+    os << "[dflash] eval tau: the first " << o.eval_tau_prompts << " prompts, " << o.eval_tau_max_new_tokens
+       << " new tokens each, every " << o.eval_tau_every << " step(s) and after the last (with the loss); each drafter "
+       << "rank loads the target too; the best drafter is kept in " << o.out_dir << "/drafter-best\n";
+  else
+    os << "[dflash] the best drafter by eval loss is kept in " << o.out_dir << "/drafter-best\n";
   return os.str();
 }
 
@@ -196,10 +202,12 @@ std::string memory_per_rank(const Options& o) {
                                                    static_cast<int64_t>(o.train.max_anchors) * (d.block_size - 1));
   const double loss_ws = 2.0 * static_cast<double>(loss_rows) * t.vocab_size * 4;
   const double blocks = static_cast<double>(o.train.max_anchors) * drafter_bytes_per_anchor(d, cuda);
+  // --eval-tau-every: each drafter rank also holds a copy of the target's weights (src/runtime/drafter_tau.h)
+  const double tau_target = o.eval_tau_every > 0 && !o.eval_data.empty() ? weights : 0.0;
   // --grad-accum K > 1: the accumulator, P fp32 (--global-batch-tokens under --topology auto: K is not known
   // before the job measures its split, so it is counted)
   const double accum = o.grad_accum > 1 || o.global_batch_tokens > 0 ? P * 4 : 0;
-  const double drafter = state + frozen + slots + loss_ws + blocks + accum;
+  const double drafter = state + frozen + slots + loss_ws + blocks + accum + tau_target;
   os << "[dflash] memory per rank, fixed part (" << (cuda ? "bf16 on the GPU" : "float32 in host memory")
      << "; the target's activations come on top): target " << gib(target) << " (weights " << gib(weights) << " from "
      << gib(files) << " of safetensors, 2 send buffers of " << gib(batch) << "); drafter " << gib(drafter) << " ("
@@ -208,7 +216,8 @@ std::string memory_per_rank(const Options& o) {
      << ", loss logits for " << loss_rows << " rows " << gib(loss_ws) << ", block activations for --max-anchors "
      << o.train.max_anchors << " x " << d.block_size << " rows " << gib(blocks) << " = "
      << gib(drafter_bytes_per_anchor(d, cuda)) << " per anchor"
-     << (accum > 0 ? ", gradient accumulator " + gib(accum) : std::string()) << ")\n";
+     << (accum > 0 ? ", gradient accumulator " + gib(accum) : std::string())
+     << (tau_target > 0 ? ", the target's weights for --eval-tau-every " + gib(tau_target) : std::string()) << ")\n";
   return os.str();
 }
 

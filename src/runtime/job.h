@@ -8,6 +8,7 @@
 
 #include "dflash/data.h"
 #include "dflash/data_plane.h"
+#include "dflash/eval_prompts.h"
 #include "dflash/eval_set.h"
 #include "dflash/flow_control.h"
 #include "dflash/grad_reducer.h"
@@ -41,6 +42,7 @@ struct JobContext {
   TargetConfig target;             // the target's config.json, parsed once (family, widths)
   std::shared_ptr<const TokenDataset> dataset;  // targets: --data, opened and checked by validate_inputs
   std::shared_ptr<const EvalSet> eval;  // targets and drafters: --eval-data packed (validate_inputs); null without it
+  std::shared_ptr<const EvalPrompts> tau_prompts;  // drafters with --eval-tau-every: its prompts (drafter_tau.h)
   SlotShape slot_shape;            // one hidden-state batch: sizes, device and wire dtype (targets and drafters agree)
   DataPlaneKind data_plane = DataPlaneKind::Host;  // agreed by every rank (setup_data_plane)
   std::shared_ptr<NcclPairs> nccl_pairs;           // the nccl plane's pair communicators
@@ -119,9 +121,10 @@ void validate_inputs(JobContext& job);
 void lock_run_dirs(const Options& o);
 
 // What a run writes that a full disk would cost: the final export, one checkpoint, and how many
-// checkpoints exist at once (1 without periodic checkpoints: a stop signal still writes one).
+// checkpoints exist at once (1 without periodic checkpoints: a stop signal still writes one); with
+// --eval-data, OUT/drafter-best too (two exports while a better one replaces it: drafter_best.h).
 struct DiskNeed {
-  double export_bytes = 0, checkpoint_bytes = 0;
+  double export_bytes = 0, checkpoint_bytes = 0, best_bytes = 0;
   int checkpoints_kept = 1;
 };
 DiskNeed disk_need(size_t drafter_params, const Options& o);

@@ -19,6 +19,7 @@
 #include "dflash/checkpoint.h"
 #include "dflash/error.h"
 #include "dflash/hf_config.h"
+#include "drafter_tau.h"
 #include "job.h"
 
 namespace dflash {
@@ -205,6 +206,7 @@ DiskNeed disk_need(size_t drafter_params, const Options& o) {
   n.export_bytes = export_bytes + 65536;  // + config.json and the safetensors header
   // fp32 master weights and both AdamW moments, the RNG states and manifest, the optional export.
   n.checkpoint_bytes = 3.0 * p * 4.0 + 65536 + (o.export_checkpoints ? n.export_bytes : 0.0);
+  n.best_bytes = o.eval_data.empty() ? 0.0 : 2.0 * n.export_bytes;
   // With periodic checkpoints, keep_last complete ones plus the one being written before the oldest goes.
   n.checkpoints_kept = parse_checkpoint_every(o.checkpoint_every).unit == CheckpointUnit::Off ? 1 : o.keep_checkpoints + 1;
   return n;
@@ -224,13 +226,14 @@ void check_disk_space(const Options& o, const DiskNeed& need) {
   if (!free_space(probe, &ckpt_free, &ckpt_dev)) return;
   const bool shared = out_dev == ckpt_dev;
   // At least: the final export, and one checkpoint (a stop signal always writes one).
-  const double out_min = need.export_bytes + (shared ? need.checkpoint_bytes : 0.0);
+  const double out_min = need.export_bytes + need.best_bytes + (shared ? need.checkpoint_bytes : 0.0);
   const double ckpt_min = need.checkpoint_bytes + (shared ? need.export_bytes : 0.0);
   const std::string where = shared ? "--out " + o.out_dir + " (checkpoints in " + ckpt + " on the same filesystem)"
                                    : "--out " + o.out_dir;
   DF_CHECK_HINT(out_free >= out_min, SystemFailure,
                 "not enough free space on " << where << ": " << mib(out_free) << " free, the final drafter export needs "
                                             << mib(need.export_bytes)
+                                            << (need.best_bytes > 0 ? ", OUT/drafter-best (two while one replaces the other) " + mib(need.best_bytes) : std::string())
                                             << (shared ? " and one checkpoint " + mib(need.checkpoint_bytes) : std::string())
                                             << "; the run would train and then lose its weights when the disk is full",
                 "free space there, or give --out (and --checkpoint-dir) on a filesystem with room");
@@ -270,6 +273,8 @@ void load_eval_data(JobContext& job, int64_t capture_layers) {
                            (o.backend == Device::CUDA ? 2.0 : 4.0);
   check_eval_share_fits(*eval, static_cast<int>(job.topo.drafters.size()), per_token);
   job.eval = std::move(eval);
+  // --eval-tau-every: the drafters decode the set's prompts (src/runtime/drafter_tau.h)
+  if (o.eval_tau_every > 0 && job.topo.role == Role::Drafter) job.tau_prompts = load_tau_prompts(o, ds);
 }
 
 }  // namespace

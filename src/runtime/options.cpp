@@ -137,7 +137,10 @@ Described describe(Options& o, std::string& topology, std::string& backend, std:
     ("warmup-ratio", po::value(&o.warmup_ratio)->default_value(0.0, "0")->value_name("X"), "linear warmup over this fraction of the run's planned steps (instead of --warmup-steps); the lr then decays by cosine to 0.1 x --lr at the run's end: the data's last batch, or --max-steps")
     ("seed", po::value(&seed)->default_value("0")->value_name("N"), "seed of data order, init and anchors (0 .. 2^63-1)")
     ("eval-data", po::value(&o.eval_data)->value_name("FILE.h5"), "held-out token dataset (the --data format): loss, acc, acc by block position and streak on it, written to metrics.h5 /eval; its features are computed once at startup")
-    ("eval-every", po::value(&o.eval_every)->value_name("N"), "with --eval-data: evaluate every N steps and after the last (0 = only after the last; default: the --checkpoint-every step interval, else a tenth of the planned steps)");
+    ("eval-every", po::value(&o.eval_every)->value_name("N"), "with --eval-data: evaluate every N steps and after the last (0 = only after the last; default: the --checkpoint-every step interval, else a tenth of the planned steps)")
+    ("eval-tau-every", po::value(&o.eval_tau_every)->default_value(0)->value_name("N"), "with --eval-data: every N steps and after the last, also measure tau (acceptance length) by greedy speculative decoding of the eval set's prompts, as dflash-eval does (metrics.h5 /eval/tau, the [eval] line; OUT/drafter-best is kept by it). Costs GPU time: each drafter rank loads the target too and decodes its share of the prompts while training waits (0 = off)")
+    ("eval-tau-prompts", po::value(&o.eval_tau_prompts)->default_value(32)->value_name("N"), "with --eval-tau-every: the first N usable prompts of the eval set (a record's tokens before its first loss_mask 1), split among the drafters")
+    ("eval-tau-max-new-tokens", po::value(&o.eval_tau_max_new_tokens)->default_value(128)->value_name("N"), "with --eval-tau-every: tokens generated per prompt");
   po::options_description out("Output");
   out.add_options()
     ("log-every", po::value(&o.log_every)->default_value(10)->value_name("N"), "status line and rank timings every N steps")
@@ -319,6 +322,12 @@ ParseResult parse_options(int argc, const char* const* argv) {
   if (vm.count("eval-every")) check_range(o.eval_every >= 0, "eval-every", str(o.eval_every), ">= 0 (0 = only after the last step)");
   DF_CHECK_HINT(!vm.count("eval-every") || !o.eval_data.empty(), BadOptions, "--eval-every without --eval-data: there is nothing to evaluate",
                 "give --eval-data FILE.h5 (a held-out dataset), or drop --eval-every");
+  check_range(o.eval_tau_every >= 0, "eval-tau-every", str(o.eval_tau_every), ">= 0 (0 = off)");
+  check_range(o.eval_tau_prompts >= 1, "eval-tau-prompts", str(o.eval_tau_prompts), ">= 1");
+  check_range(o.eval_tau_max_new_tokens >= 1, "eval-tau-max-new-tokens", str(o.eval_tau_max_new_tokens), ">= 1");
+  DF_CHECK_HINT(o.eval_tau_every == 0 || !o.eval_data.empty(), BadOptions,
+                "--eval-tau-every without --eval-data: there are no prompts to decode",
+                "give --eval-data FILE.h5 (a held-out dataset; its prompts are the tokens before each record's first loss_mask 1)");
   check_range(o.keep_checkpoints >= 1, "keep-checkpoints", str(o.keep_checkpoints), ">= 1");
   o.train.total_steps = o.max_steps;
   o.command_line = shell_line(argc, argv);

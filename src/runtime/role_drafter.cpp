@@ -12,9 +12,11 @@
 #include "dflash/drafter.h"
 #include "dflash/error.h"
 #include "dflash/grad_reducer.h"
+#include "drafter_best.h"
 #include "drafter_endpoint.h"
 #include "drafter_eval.h"
 #include "drafter_presence.h"
+#include "drafter_tau.h"
 #include "job.h"
 #include "job_metrics.h"
 
@@ -37,12 +39,14 @@ struct StepSums {
 class DrafterLoop {
  public:
   explicit DrafterLoop(JobContext& job)
-      : job_(job), o_(job.opt), topo_(job.topo), presence_(topo_, o_.peer_timeout_s) {}
+      : job_(job), o_(job.opt), topo_(job.topo), presence_(topo_, o_.peer_timeout_s), best_(o_, job.resume_dir) {}
 
   void run() {
     const int num_drafters = static_cast<int>(topo_.drafters.size());
     DrafterTrainer trainer(o_.target_dir, o_.drafter_dir, o_.draft_layers, o_.train, job_.ctx, o_.token_budget);
     check_same_init(trainer);
+    // --eval-tau-every: this rank's own target for the verification (loaded before the load barrier)
+    if (job_.tau_prompts) tau_ = std::make_unique<DrafterTau>(job_, trainer);
     DrafterCheckpointer ckpt(o_, topo_.drafter_comm, topo_.world_size, static_cast<int>(topo_.targets.size()), job_.resume_dir);
     int64_t step = ckpt.restore(trainer);  // 0 unless resuming
     DataPlaneSpec ps = data_plane_spec(job_);
@@ -86,7 +90,7 @@ class DrafterLoop {
       endpoint.receive_eval(eval->senders(), [&](const HsBatch& b) { eval->keep(b); });
     }
     wait_eval_features(job_, progress);
-    int64_t last_eval = -1;  // step of the last evaluation
+    int64_t last_eval = -1, last_tau = -1;  // steps of the last evaluation, and of the last that measured tau
     hub.training_started();
     endpoint.start();
 
@@ -123,7 +127,9 @@ class DrafterLoop {
         report(hub, MetricsHub::Rates::Interval, progress);
       }
       // Before the checkpoint: its flush then holds this step's /eval row too.
-      if (eval && eval_due(step, o_.eval_every)) last_eval = evaluate(hub, *eval, trainer, step, progress);
+      const bool tau_now = tau_ && tau_due(step, o_);
+      if (eval && (eval_due(step, o_.eval_every) || tau_now)) last_eval = evaluate(hub, *eval, trainer, step, progress, tau_now);
+      if (tau_now) last_tau = step;
       enter_collective();
       if (ckpt.after_step(step, trainer, schedule_of(trainer), progress) == DrafterCheckpointer::Next::StopForRequeue) {
         job_.stop_for_requeue = true;
@@ -134,7 +140,8 @@ class DrafterLoop {
     }
     endpoint.drain();
     // The end of training (not a stop for requeue: the resumed run goes on and evaluates on schedule).
-    if (eval && !job_.stop_for_requeue && step != last_eval) evaluate(hub, *eval, trainer, step, progress);
+    if (eval && !job_.stop_for_requeue && (step != last_eval || (tau_ && step != last_tau)))
+      evaluate(hub, *eval, trainer, step, progress, tau_ != nullptr);
     // The final state is checkpointed before the export: an export that fails (a full disk) does not lose
     // the trained drafter, and --resume auto from that checkpoint exports it without training again.
     std::string final_checkpoint;
@@ -154,6 +161,7 @@ class DrafterLoop {
       std::fflush(stdout);
     }
     hub.close();
+    tau_.reset();  // its decoder refers to this trainer
     endpoint_ = nullptr;
   }
 
@@ -210,6 +218,7 @@ class DrafterLoop {
   // What a checkpoint records of the schedule: the next learning rate and every target's epoch progress.
   nlohmann::json schedule_of(const DrafterTrainer& trainer) const {
     nlohmann::json schedule = {{"next_lr", trainer.current_lr()}, {"epoch_progress", nlohmann::json::array()}};
+    if (!best_.record().empty()) schedule["best"] = best_.record();  // OUT/drafter-best's (drafter_best.h)
     for (const TargetReport& t : endpoint_->known_targets()) schedule["epoch_progress"].push_back(t.epoch_progress);
     return schedule;
   }
@@ -267,21 +276,32 @@ class DrafterLoop {
 
   // Every drafter evaluates its share of the eval set; the sums over the drafters (one allreduce, counts
   // and weighted sums: the numbers of one drafter evaluating it all) make the /eval row and the [eval]
-  // line. Collective over the drafters, at the same step on each (lockstep). Returns `step`.
-  int64_t evaluate(MetricsHub& hub, DrafterEval& eval, DrafterTrainer& trainer, int64_t step, const std::function<void()>& progress) {
+  // line. Collective over the drafters, at the same step on each (lockstep). with_tau: the drafters also
+  // decode their shares of the prompts (drafter_tau.h), summed in the same allreduce. A better drafter
+  // than the best so far goes to OUT/drafter-best. Returns `step`.
+  int64_t evaluate(MetricsHub& hub, DrafterEval& eval, DrafterTrainer& trainer, int64_t step, const std::function<void()>& progress,
+                   bool with_tau) {
     const auto t0 = mpi::Clock::now();
     std::vector<double> sums = eval.evaluate(trainer).pack();
+    const size_t loss_sums = sums.size();
+    if (with_tau) {
+      const std::vector<double> t = tau_->measure(progress).pack();
+      sums.insert(sums.end(), t.begin(), t.end());
+    }
     endpoint_->pump();  // batches that arrived meanwhile complete (the targets go on while this runs)
     if (topo_.drafters.size() > 1) {
       enter_collective();
       MPI_Request r = mpi::iallreduce(sums.data(), sums.size(), MPI_SUM, topo_.drafter_comm);
       mpi::wait(r, o_.peer_timeout_s, [&] { return stalled("summing the eval results stalled"); }, progress);
     }
-    EvalMetrics m = EvalSums::unpack(sums, trainer.config().block_size).metrics();
+    EvalMetrics m = EvalSums::unpack({sums.begin(), sums.begin() + static_cast<std::ptrdiff_t>(loss_sums)},
+                                     trainer.config().block_size).metrics();
+    if (with_tau) DrafterTau::fill(m, TauSums::unpack(sums.data() + loss_sums));
     m.step = step;
     m.time_s = job_.elapsed();
     m.seconds = mpi::seconds_since(t0);
     hub.record_eval(m);
+    if (best_.offer(m) && topo_.is_metrics_writer()) best_.write(m, trainer);
     return step;
   }
 
@@ -331,6 +351,8 @@ class DrafterLoop {
   int64_t round_ = -1;
   DrafterEndpoint* endpoint_ = nullptr;
   std::unique_ptr<GradientReducer> reducer_;
+  DrafterBest best_;                 // OUT/drafter-best
+  std::unique_ptr<DrafterTau> tau_;  // --eval-tau-every
   DrafterReport report_;
 };
 

@@ -313,6 +313,62 @@ class ReportTest(unittest.TestCase):
         self.assertIn("started 2026-12-01T10:05:00Z, built from commit 0123456789ab (uncommitted changes)",
                       render.text(rep))
 
+    def add_eval_tau(self, path, taus):
+        """/eval rows as --eval-tau-every writes them: one per evaluation, tau NaN where not measured."""
+        with h5py.File(path, "a") as f:
+            e = f.create_group("eval")
+            n = len(taus)
+            e["step"] = np.arange(1, n + 1) * 10
+            e["loss"] = np.linspace(5.0, 3.0, n)
+            for k in ("acc", "streak", "seconds", "time_s"):
+                e[k] = np.zeros(n)
+            e["seqs"] = np.full(n, 40)
+            e["tokens"] = np.full(n, 4000)
+            e["tau"] = np.asarray(taus, dtype=float)
+            e["tau_prompts"] = np.where(np.isfinite(e["tau"][()]), 32, 0)
+        return path
+
+    def test_tau_still_rising_and_stopped(self):
+        from dflash_report import dashboard
+        # rising to the end: a new best in the last three evaluations by more than the noise margin
+        p = self.add_eval_tau(write_run(self.path("up.h5")), [1.0, 1.2, np.nan, 1.3, 1.4, 1.5])
+        rep = analysis.analyse(Run(p))
+        tau = rep["tau"]
+        self.assertEqual(tau["steps"], [10, 20, 40, 50, 60])  # the row without tau is left out
+        self.assertEqual(tau["best"], {"step": 60, "tau": 1.5})
+        self.assertIs(tau["stopped_rising"], False)
+        self.assertEqual(tau["prompts"], 32)
+        self.assertIn("tau is still rising", render.text(rep))
+        self.assertNotIn("tau has stopped rising", rep["verdict"])
+        self.assertIn("tau", dashboard.panel_names(Run(p), rep))
+        # a plateau: the last three (1.605, 1.60, 1.59) do not beat 1.60 by more than 0.01
+        p = self.add_eval_tau(write_run(self.path("flat.h5")), [1.0, 1.4, 1.6, 1.605, 1.60, 1.59])
+        rep = analysis.analyse(Run(p))
+        self.assertIs(rep["tau"]["stopped_rising"], True)
+        self.assertEqual(rep["tau"]["best"], {"step": 40, "tau": 1.605})
+        self.assertIn("tau has stopped rising", rep["verdict"])
+        self.assertIn("best 1.605 at step 40", render.text(rep))
+        png = self.path("flat.png")
+        dashboard.write_png(Run(p), rep, png)
+        with open(png, "rb") as f:
+            self.assertEqual(f.read(8), b"\x89PNG\r\n\x1a\n")
+        # side by side: the best tau of each run ("-" for a run without it)
+        cmp_ = compare.compare([(Run(p), rep), (Run(self.path("up.h5")), analysis.analyse(Run(self.path("up.h5")))),
+                                (Run(write_run(self.path("plain.h5"))), analysis.analyse(Run(self.path("plain.h5"))))])
+        self.assertEqual([c["tau_best"] for c in cmp_["runs"]], [1.605, 1.5, None])
+        self.assertRegex(compare.text(cmp_), r"tau \(best\) +1\.605 +1\.500 +-")
+        # too few evaluations to tell; the JSON says so (null), the text too
+        p = self.add_eval_tau(write_run(self.path("few.h5")), [1.0, 1.1, 1.1])
+        r = report(p, "--json")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIsNone(json.loads(r.stdout)["tau"]["stopped_rising"])
+        self.assertIn("too few evaluations", render.text(analysis.analyse(Run(p))))
+        # no tau measured (plain --eval-data): no tau key value, no panel
+        p = self.add_eval_tau(write_run(self.path("none.h5")), [np.nan, np.nan])
+        rep = analysis.analyse(Run(p))
+        self.assertIsNone(rep["tau"])
+        self.assertNotIn("tau", dashboard.panel_names(Run(p), rep))
+
     # ---- the what-if over the anchors (tools/dflash_report/anchors.py) ----------------------------------
     def test_anchors_spare_drafter_capacity_is_priced(self):
         # 2-1 target-bound: targets 0.5 s/batch (4 b/s), the drafter 0.1 s/batch (0.02 of it the optimizer) at

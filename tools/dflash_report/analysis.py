@@ -307,6 +307,7 @@ def analyse(run, power_budget_w=None, idle_power_w=None, allreduce_gbps=None):
         "best_within_budget": best_budget.split if best_budget else None,
         "oversubscription": over,
         "eval": held_out(run),
+        "tau": tau_progress(run),
     }
     out["anchors"] = anchors.whatif(run, sel, start_s, meas, dft, own)
     out["verdict"] = verdict(out, preds, own, best, best_budget)
@@ -325,6 +326,40 @@ def held_out(run):
     return {"evaluations": int(len(ev["step"])), "first": row(0), "last": row(-1),
             "seqs": int(ev["seqs"][-1]) if "seqs" in ev else None,
             "tokens": int(ev["tokens"][-1]) if "tokens" in ev else None}
+
+
+# When tau has stopped rising (--eval-tau-every): none of the last TAU_PATIENCE evaluations beat the best
+# tau before them by more than TAU_MIN_GAIN tokens (a gain that small is within the noise of a few dozen
+# prompts). Fewer than TAU_PATIENCE + 1 evaluations: too early to say.
+TAU_PATIENCE = 3
+TAU_MIN_GAIN = 0.01
+
+
+def tau_progress(run):
+    """tau per evaluation that measured it (/eval/tau), the best, and whether it has stopped rising; None
+    when the run measured no tau."""
+    ev = getattr(run, "eval", {}) or {}
+    if "tau" not in ev or not len(ev.get("step", [])):
+        return None
+    tau = np.asarray(ev["tau"], dtype=float)
+    keep = np.isfinite(tau)
+    if not keep.any():
+        return None
+    steps, tau = np.asarray(ev["step"])[keep].astype(int), tau[keep]
+    b = int(np.argmax(tau))  # the first of equal maxima: the drafter OUT/drafter-best holds
+    n = len(tau)
+    rule = (f"stopped rising = none of the last {TAU_PATIENCE} evaluations beat the best tau before them by more "
+            f"than {TAU_MIN_GAIN} tokens")
+    stopped = None
+    if n >= TAU_PATIENCE + 1:
+        before = float(tau[:n - TAU_PATIENCE].max())
+        stopped = bool(float(tau[n - TAU_PATIENCE:].max()) <= before + TAU_MIN_GAIN)
+    prompts = ev.get("tau_prompts")
+    return {"evaluations": n, "steps": [int(x) for x in steps], "tau": [float(x) for x in tau],
+            "best": {"step": int(steps[b]), "tau": float(tau[b])},
+            "last": {"step": int(steps[-1]), "tau": float(tau[-1])},
+            "prompts": int(np.asarray(prompts)[keep][-1]) if prompts is not None else None,
+            "stopped_rising": stopped, "rule": rule}
 
 
 # ---- the verdict -----------------------------------------------------------------------------------
@@ -406,6 +441,11 @@ def verdict(out, preds, own, best, best_budget):
             parts = [f"{p.split} saves ~{_watts(own.power_w - p.power_w)} for {100 * rel(p):+.0f}% "
                      f"({p.ktok_per_s:.1f} Ktok/s)" for p in savers]
             s.append("; ".join(parts) + ".")
+    tau = out.get("tau")
+    if tau and tau["stopped_rising"]:
+        s.append(f"tau has stopped rising: the best, {tau['best']['tau']:.3f} at step {tau['best']['step']} "
+                 f"(OUT/drafter-best), was not beaten by more than {TAU_MIN_GAIN} in the last {TAU_PATIENCE} "
+                 "evaluations; more steps of this recipe are unlikely to pay.")
     budget = out["power_budget_w"]
     if budget:
         if best_budget is None:

@@ -34,6 +34,9 @@ def summary(run, rep):
         "loss_last_tenth": _last_tenth_mean(run, "loss"), "acc_last_tenth": _last_tenth_mean(run, "acc"),
         "streak_last_tenth": _last_tenth_mean(run, "streak"),
         "best": rep["best"], "distorted": bool(over and over["run_distorted"]),
+        # --eval-tau-every: the best tau and its step (None without tau)
+        "tau_best": rep["tau"]["best"]["tau"] if rep.get("tau") else None,
+        "tau_best_step": rep["tau"]["best"]["step"] if rep.get("tau") else None,
         # blocks trained: runs with other anchor rules (--anchors-per-record) differ here, not in Ktok/s
         "anchors_per_batch": (rep.get("anchors") or {}).get("anchors_per_batch"),
         "kblocks_per_s": (obs["batches_per_s"] * rep["anchors"]["anchors_per_batch"] / 1000.0
@@ -107,6 +110,8 @@ ROWS = [  # (label, key, format)
     ("loss (last tenth)", "loss_last_tenth", ".4f"),
     ("acc (last tenth)", "acc_last_tenth", ".3f"),
     ("streak (last tenth)", "streak_last_tenth", ".2f"),
+    ("tau (best)", "tau_best", ".3f"),
+    ("  at step", "tau_best_step", "d"),
     ("best split (model)", "best", ""),
     ("timings distorted", "distorted", ""),
 ]

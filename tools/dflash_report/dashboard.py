@@ -291,9 +291,25 @@ def _power(a, run):
     a.set_xlabel("minutes")
 
 
-def panel_names(run):
+def _tau(a, rep):
+    """tau per evaluation (--eval-tau-every), the best marked, the stopped-rising call in the title."""
+    tau = rep["tau"]
+    a.plot(tau["steps"], tau["tau"], marker="o", ms=4, lw=1.4, c="C4", label="tau (eval prompts)")
+    a.plot([tau["best"]["step"]], [tau["best"]["tau"]], marker="*", ms=14, c="C3", ls="none",
+           label=f"best {tau['best']['tau']:.3f} (step {tau['best']['step']}: OUT/drafter-best)")
+    a.set_xlabel("step")
+    a.set_ylabel("tau (accepted tokens per target step)")
+    verdict = {None: "too early to tell", True: "STOPPED RISING", False: "still rising"}[tau["stopped_rising"]]
+    a.set_title(f"acceptance length tau ({tau['prompts']} prompts): {verdict}", fontsize=10,
+                color="C3" if tau["stopped_rising"] else "k")
+    a.legend(fontsize=7, loc="best", title=tau["rule"].replace(" = ", ":\n"), title_fontsize=6)
+
+
+def panel_names(run, rep=None):
     """The panels this file has data for, in drawing order (no panel is drawn empty)."""
     names = ["throughput", "queues", "target time split", "drafter time split", "what-if", "training"]
+    if rep is not None and rep.get("tau"):
+        names.append("tau")
     if len(_acc_by_pos_rows(run)):
         names.append("accuracy per position")
     if run.gpu_available:
@@ -309,8 +325,9 @@ def write_png(run, rep, path):
         "drafter time split": lambda a: _time_split(a, run, rows, "drafter"),
         "what-if": lambda a: _whatif(a, rep), "training": lambda a: _training(a, run),
         "accuracy per position": lambda a: _per_position(a, run), "power": lambda a: _power(a, run),
+        "tau": lambda a: _tau(a, rep),
     }
-    panels = [draw_panel[name] for name in panel_names(run)]
+    panels = [draw_panel[name] for name in panel_names(run, rep)]
     nrows = (len(panels) + 1) // 2
     fig, ax = plt.subplots(nrows, 2, figsize=(15, 4.3 * nrows), squeeze=False)
     r = rep["run"]

@@ -46,6 +46,11 @@ def text(rep):
         L.append(f"held-out eval ({ev['seqs']} seqs, {ev['evaluations']} evaluations): step {last['step']} loss "
                  f"{last['loss']:.4f} acc {last['acc']:.3f} streak {last['streak']:.2f}"
                  + (f" (step {first['step']}: loss {first['loss']:.4f})" if ev["evaluations"] > 1 else ""))
+    tau = rep.get("tau")
+    if tau:
+        L.append(f"tau ({tau['prompts']} prompts, {tau['evaluations']} evaluations): step {tau['last']['step']} "
+                 f"tau {tau['last']['tau']:.3f}, best {tau['best']['tau']:.3f} at step {tau['best']['step']} "
+                 f"(OUT/drafter-best): {tau_words(tau)}")
     L.append("")
     L.append("OBSERVED PIPELINE")
     L.append(f"  trained (drafters)   {obs['batches_per_s']:8.3f} b/s   {obs['ktok_per_s']:8.2f} Ktok/s")
@@ -135,3 +140,12 @@ def text(rep):
     L.append("VERDICT")
     L.extend(textwrap.wrap(rep["verdict"], width=110, initial_indent="  ", subsequent_indent="  "))
     return "\n".join(L) + "\n"
+
+
+def tau_words(tau):
+    """Whether tau is still rising, in words, with the rule (analysis.tau_progress)."""
+    if tau["stopped_rising"] is None:
+        return f"too few evaluations to tell whether it still rises ({tau['rule']})"
+    if tau["stopped_rising"]:
+        return f"tau has stopped rising ({tau['rule']}): more training of this recipe is unlikely to raise it"
+    return f"tau is still rising ({tau['rule']}: not the case)"
