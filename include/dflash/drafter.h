@@ -24,12 +24,13 @@ struct TrainOptions {
   float hs_noise = 0.0f;       // std of Gaussian noise on the fused target features (training only)
   // AdamW
   float lr = 6e-4f;
-  float beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f;
-  float weight_decay = 0.01f;
+  // The reference's AdamW (SpecForge's BF16Optimizer: torch.optim.AdamW's betas and eps, no weight decay).
+  float beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f;
+  float weight_decay = 0.0f;
   float clip = 1.0f;           // global-norm clip; <= 0 disables
   int warmup_steps = 0;
   int64_t total_steps = 0;     // cosine decay to min_lr_ratio * lr at total_steps (0 = constant after warmup)
-  float min_lr_ratio = 0.1f;
+  float min_lr_ratio = 0.0f;  // SpecForge's cosine decays to 0
   uint64_t seed = 0;
   // A fresh drafter (no drafter_dir): block size and mask token (-1 = the target family's unused id:
   // Qwen3 vocab 151936 -> 151669, Qwen3.5/3.6 vocab 248320 -> 248070, otherwise vocab_size - 1).

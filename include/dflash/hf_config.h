@@ -55,7 +55,8 @@ DrafterConfig parse_drafter_config(const nlohmann::json& j, const std::string& s
 DrafterConfig load_drafter_config(const std::string& config_json_path);
 nlohmann::json drafter_config_to_json(const DrafterConfig& c);  // the release format's config.json
 
-// Default ids: round(1 + i·(L−4)/(n−1)), i = 0..n−1 (n = 1: [1]).
+// Default ids, as the official build_target_layer_ids: round(1 + i·(L−4)/(n−1)), i = 0..n−1, Python's
+// round (half to even); n = 1: [L // 2], the middle layer.
 std::vector<int> default_target_layer_ids(int num_target_layers, int num_draft_layers);
 
 // Rejects a drafter that does not fit the target (hidden size, layer ids out of range, block size < 2,

@@ -13,8 +13,8 @@ namespace dflash::ops {
 
 struct AdamWHyper {
   float lr = 6e-4f;
-  float beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f;
-  float weight_decay = 0.01f;  // decoupled: p -= lr * wd * p, applied to every parameter (as the reference)
+  float beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f;  // torch.optim.AdamW's defaults
+  float weight_decay = 0.0f;  // decoupled: p -= lr * wd * p, applied to every parameter (as the reference)
 };
 
 // One AdamW update of params [n] from grads [n] with moments m, v [n] (updated in place).

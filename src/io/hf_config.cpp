@@ -370,9 +370,11 @@ json drafter_config_to_json(const DrafterConfig& c) {
 std::vector<int> default_target_layer_ids(int num_target_layers, int num_draft_layers) {
   DF_CHECK_HINT(num_draft_layers >= 1, BadInput,
                 "cannot choose target layer ids for " << num_draft_layers << " drafter layers", "use --draft-layers >= 1");
+  // The official build_target_layer_ids (z-lab/dflash, SpecForge): one drafter layer reads the target's
+  // middle layer L // 2; n > 1 layers spread evenly from layer 1 to layer L - 3.
   std::vector<int> ids;
   if (num_draft_layers == 1) {
-    ids.push_back(1);
+    ids.push_back(num_target_layers / 2);
   } else {
     const double span = static_cast<double>(num_target_layers - 4);
     for (int i = 0; i < num_draft_layers; ++i)

@@ -1,6 +1,11 @@
-// Parsing of the Qwen3.5 / Qwen3.6 hybrid config. The Qwen3 fields (and the VLM nesting under
-// text_config) come from parse_qwen3_config; this adds what only the hybrid has and refuses what this
-// build does not run (MoE variants, sliding-window layers, an attention without its output gate).
+// Parsing of the Qwen3.5 / Qwen3.6 / Qwen3.8 hybrid config (Qwen3.8-27B has Qwen3.6-27B's architecture
+// and keys). The Qwen3 fields (and the VLM nesting under text_config) come from parse_qwen3_config; this
+// adds what only the hybrid has and refuses what this build does not run (MoE variants, sliding-window
+// layers, an attention without its output gate, a non-silu linear-attention gate, a multimodal RoPE
+// that is not plain RoPE on text). Keys that do not change the text forward are ignored: the vision tower
+// (vision_config, image/video token ids), the multi-token-prediction head (mtp_num_hidden_layers,
+// mtp_use_dedicated_embeddings: its mtp.* tensors are not read), mamba_ssm_dtype (the recurrent state is
+// float32 here), language_model_only, use_cache, dtype.
 #include "model/qwen35_config.h"
 
 #include <cmath>
@@ -45,6 +50,46 @@ int optional_positive_int(const json& j, const std::string& key, int dflt, const
   DF_CHECK_HINT(ok && v.get<double>() >= 1 && v.get<double>() <= 1 << 20, BadInput,
                 "field '" << where << key << "' must be a positive integer, got " << v.dump(), kHint);
   return static_cast<int>(v.get<double>());
+}
+
+// Qwen3.8 (and the Qwen3.6 releases) describe multimodal RoPE: rope_parameters.mrope_section splits the
+// rotary_dim / 2 frequencies among the (temporal, height, width) position ids, interleaved or in blocks.
+// For text every token's three ids are its one position, so each frequency turns by that position and the
+// rotation is plain partial RoPE, which this build runs. A section that does not cover the rotary
+// frequencies describes some other rotation: refused.
+void check_mrope(const json& j, const std::string& where, const std::string& source, int rotary_dim) {
+  if (!j.contains("rope_parameters") || !j["rope_parameters"].is_object()) return;
+  const json& rp = j["rope_parameters"];
+  if (rp.contains("mrope_interleaved") && !rp["mrope_interleaved"].is_null())
+    DF_CHECK_HINT(rp["mrope_interleaved"].is_boolean(), BadInput,
+                  source << ": field '" << where << "rope_parameters.mrope_interleaved' must be true or false, got "
+                         << rp["mrope_interleaved"].dump(),
+                  kHint);
+  if (!rp.contains("mrope_section") || rp["mrope_section"].is_null()) return;
+  const json& sec = rp["mrope_section"];
+  long long sum = 0;
+  bool ok = sec.is_array() && !sec.empty();
+  for (const json& v : sec) {
+    ok = ok && v.is_number_integer() && v.get<long long>() >= 0;
+    if (ok) sum += v.get<long long>();
+  }
+  DF_CHECK_HINT(ok && sum == rotary_dim / 2, BadInput,
+                source << ": field '" << where << "rope_parameters.mrope_section' is " << sec.dump()
+                       << "; its sections must be whole numbers adding up to rotary_dim / 2 = " << rotary_dim / 2
+                       << " (head_dim x partial_rotary_factor / 2)",
+                kHint);
+}
+
+// The Gated DeltaNet output gate, norm(o) * act(z): silu in Qwen3.5/3.6/3.8 ("swish" is the same function;
+// vLLM reads output_gate_type with silu as its default). A sigmoid gate is other math: refused.
+void check_output_gate(const json& j, const std::string& where, const std::string& source) {
+  if (!j.contains("output_gate_type")) return;
+  const json& v = j["output_gate_type"];
+  DF_CHECK_HINT(v == "silu" || v == "swish", BadInput,
+                source << ": field '" << where << "output_gate_type' is " << v.dump()
+                       << "; this build's Gated DeltaNet layers gate their output with silu (\"silu\" or \"swish\")",
+                "a sigmoid-gated (or other) linear-attention output is not implemented; use a Qwen3.5/3.6/3.8 "
+                "checkpoint, whose config says \"swish\" or nothing");
 }
 
 }  // namespace
@@ -108,6 +153,8 @@ Qwen35Config parse_qwen35_config(const json& root, const std::string& source) {
                 kHint);
   c.partial_rotary_factor = static_cast<float>(prf);
   c.rotary_dim = rot;
+  check_mrope(j, where, source, rot);
+  check_output_gate(j, where, source);
 
   // No layer_types: HF's default pattern, a full-attention layer every full_attention_interval (4).
   if (!j.contains("layer_types") || j["layer_types"].is_null()) {

@@ -104,7 +104,7 @@ Described describe(Options& o, std::string& topology, std::string& backend, std:
     ("draft-layers", po::value(&o.draft_layers)->default_value(5)->value_name("N"), "layers of a fresh drafter")
     ("block-size", po::value(&o.train.block_size)->default_value(16)->value_name("N"), "a fresh drafter's block: the anchor and N-1 tokens guessed at once")
     ("mask-token", po::value(&o.mask_token)->default_value("auto")->value_name("ID|TOKEN"), "a fresh drafter's mask token: auto (an unused id of the target family: Qwen3 151669, Qwen3.5/3.6 248070, else vocab-1), an id, or a token looked up in the target's tokenizer.json")
-    ("target-layers", po::value(&o.target_layers)->value_name("L1,L2,..."), "target layers a fresh drafter reads (l = output of decoder layer l; default: DFlash's rule, round(1 + i(L-4)/(n-1)) for n = --draft-layers)")
+    ("target-layers", po::value(&o.target_layers)->value_name("L1,L2,..."), "target layers a fresh drafter reads (l = output of decoder layer l; default: DFlash's rule, round(1 + i(L-4)/(n-1)) for n = --draft-layers > 1, the middle layer L/2 for n = 1)")
     ("draft-layer-types", po::value(&o.draft_layer_types)->value_name("T1,T2,..."), "a fresh drafter's attention, one per layer: full | sliding (default: all full; the Qwen3.6-27B recipe: sliding,sliding,sliding,sliding,full)")
     ("draft-sliding-window", po::value(&o.train.sliding_window)->default_value(0)->value_name("N"), "keys a sliding drafter layer sees (the Qwen3.6-27B recipe: 2048)")
     ("data", po::value(&o.data_path)->value_name("FILE.h5"), "token dataset (HDF5, docs/data.md)")
@@ -134,7 +134,12 @@ Described describe(Options& o, std::string& topology, std::string& backend, std:
     ("global-batch-tokens", po::value(&o.global_batch_tokens)->default_value(0)->value_name("T"), "pick --grad-accum so one optimizer step holds about T tokens: K = ceil(T / (--token-budget x drafters)); 0 = --grad-accum decides (the reference recipes step on ~98K to ~262K tokens)")
     ("lr", po::value(&o.train.lr)->default_value(6e-4f, "6e-4")->value_name("LR"), "peak learning rate (AdamW)")
     ("warmup-steps", po::value(&o.train.warmup_steps)->default_value(0)->value_name("N"), "linear warmup steps")
-    ("warmup-ratio", po::value(&o.warmup_ratio)->default_value(0.0, "0")->value_name("X"), "linear warmup over this fraction of the run's planned steps (instead of --warmup-steps); the lr then decays by cosine to 0.1 x --lr at the run's end: the data's last batch, or --max-steps")
+    ("warmup-ratio", po::value(&o.warmup_ratio)->default_value(0.0, "0")->value_name("X"), "linear warmup over this fraction of the run's planned steps (instead of --warmup-steps); the lr then decays by cosine to --min-lr-ratio x --lr at the run's end: the data's last batch, or --max-steps")
+    ("min-lr-ratio", po::value(&o.train.min_lr_ratio)->default_value(0.0f, "0")->value_name("X"), "where the cosine ends, as a fraction of --lr (0: decays to 0, as SpecForge's schedule)")
+    ("adam-beta1", po::value(&o.train.beta1)->default_value(0.9f, "0.9")->value_name("X"), "AdamW beta1 (default: torch.optim.AdamW's, as SpecForge)")
+    ("adam-beta2", po::value(&o.train.beta2)->default_value(0.999f, "0.999")->value_name("X"), "AdamW beta2 (default: torch.optim.AdamW's, as SpecForge)")
+    ("adam-eps", po::value(&o.train.eps)->default_value(1e-8f, "1e-8")->value_name("X"), "AdamW epsilon")
+    ("weight-decay", po::value(&o.train.weight_decay)->default_value(0.0f, "0")->value_name("X"), "AdamW decoupled weight decay, p -= lr * X * p on every parameter (default 0, as SpecForge)")
     ("seed", po::value(&seed)->default_value("0")->value_name("N"), "seed of data order, init and anchors (0 .. 2^63-1)")
     ("eval-data", po::value(&o.eval_data)->value_name("FILE.h5"), "held-out token dataset (the --data format): loss, acc, acc by block position and streak on it, written to metrics.h5 /eval; its features are computed once at startup")
     ("eval-every", po::value(&o.eval_every)->value_name("N"), "with --eval-data: evaluate every N steps and after the last (0 = only after the last; default: the --checkpoint-every step interval, else a tenth of the planned steps)")
@@ -308,6 +313,12 @@ ParseResult parse_options(int argc, const char* const* argv) {
   check_range(o.global_batch_tokens >= 0, "global-batch-tokens", str(o.global_batch_tokens), ">= 0 (0 = --grad-accum decides)");
   DF_CHECK_HINT(o.global_batch_tokens == 0 || !vm.count("grad-accum") || vm["grad-accum"].defaulted(), BadOptions,
                 "--grad-accum and --global-batch-tokens both set the micro-batches per step", "give one of them");
+  check_range(o.train.min_lr_ratio >= 0 && o.train.min_lr_ratio <= 1, "min-lr-ratio", str(o.train.min_lr_ratio), "in [0, 1]");
+  check_range(o.train.beta1 >= 0 && o.train.beta1 < 1, "adam-beta1", str(o.train.beta1), "in [0, 1)");
+  check_range(o.train.beta2 >= 0 && o.train.beta2 < 1, "adam-beta2", str(o.train.beta2), "in [0, 1)");
+  check_range(o.train.eps > 0 && std::isfinite(o.train.eps), "adam-eps", str(o.train.eps), "> 0");
+  check_range(o.train.weight_decay >= 0 && o.train.weight_decay * o.train.lr < 1, "weight-decay",
+              str(o.train.weight_decay), ">= 0 and below 1 / --lr");
   std::vector<std::string> recipe_given;  // the fresh-drafter options given explicitly
   for (const char* n : {"block-size", "mask-token", "target-layers", "draft-layer-types", "draft-sliding-window"})
     if (vm.count(n) && !vm[n].defaulted()) recipe_given.push_back(n);

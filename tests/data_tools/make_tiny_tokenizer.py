@@ -1,12 +1,13 @@
 #!/usr/bin/env python3
-"""make_tiny_tokenizer.py OUTDIR [--template chatml|qwen3|generation] [--vocab N]
+"""make_tiny_tokenizer.py OUTDIR [--template chatml|qwen3|qwen38|generation] [--vocab N]
 
 A tiny byte-level BPE tokenizer trained here with the `tokenizers` library (nothing downloaded), saved as a
 transformers PreTrainedTokenizerFast with a Jinja chat template: what dflash-tokenize's tests use as "the
 target's tokenizer". Its ids stay below --vocab (default 400), so they fit dflash-make-tiny's 512-token target.
 Templates: chatml (prefix-stable), qwen3 (Qwen3's rules: the empty <think></think> block on the last assistant
-turn only, enable_thinking=false in the generation prompt -- not prefix-stable), generation (chatml with
-{% generation %} tags, for return_assistant_tokens_mask)."""
+turn only, enable_thinking=false in the generation prompt -- not prefix-stable), qwen38 (Qwen3.8's
+reasoning_effort and preserve_thinking variables), generation (chatml with {% generation %} tags, for
+return_assistant_tokens_mask)."""
 import argparse
 import os
 
@@ -50,7 +51,41 @@ QWEN3 = (
     "{%- if enable_thinking is defined and enable_thinking is false %}{{- '<think>\\n\\n</think>\\n\\n' }}{%- endif %}"
     "{%- endif %}")
 
-TEMPLATES = {"chatml": CHATML, "qwen3": QWEN3, "generation": GENERATION}
+# Qwen3.8's rules (its released template without tools and images, the instructions shortened):
+# reasoning_effort xhigh (the default) or low writes a system instruction, medium none; an assistant turn's
+# reasoning_content goes in its <think> block, which every turn has while preserve_thinking is true (the
+# default) and only the turns after the last user message have when it is false; enable_thinking=false
+# closes the think block in the generation prompt.
+QWEN38 = (
+    "{%- set effort = reasoning_effort if reasoning_effort is defined else 'xhigh' %}"
+    "{%- set thinking = not (enable_thinking is defined and enable_thinking is false) %}"
+    "{%- set keep = not (preserve_thinking is defined and preserve_thinking is false) %}"
+    "{%- set ns = namespace(last_query_index=-1, instr='') %}"
+    "{%- if thinking and effort == 'xhigh' %}{%- set ns.instr = 'Reasoning effort is set to xhigh.' %}"
+    "{%- elif thinking and effort == 'low' %}{%- set ns.instr = 'Reasoning effort is set to low.' %}"
+    "{%- elif thinking and effort != 'medium' %}{{- raise_exception('Unexpected reasoning effort ' + effort) }}"
+    "{%- endif %}"
+    "{%- if messages[0].role == 'system' %}"
+    "{{- '<|im_start|>system\n' + (ns.instr + '\n\n' if ns.instr else '') + messages[0].content + '<|im_end|>\n' }}"
+    "{%- elif ns.instr %}{{- '<|im_start|>system\n' + ns.instr + '<|im_end|>\n' }}{%- endif %}"
+    "{%- for m in messages %}{%- if m.role == 'user' %}{%- set ns.last_query_index = loop.index0 %}{%- endif %}"
+    "{%- endfor %}"
+    "{%- for message in messages %}"
+    "{%- if message.role == 'system' %}"
+    "{%- elif message.role == 'assistant' %}"
+    "{{- '<|im_start|>assistant\n' }}"
+    "{%- if keep or loop.index0 > ns.last_query_index %}"
+    "{%- set r = (message.reasoning_content or '').strip() %}"
+    "{{- '<think>\n' + (r + '\n' if r else '\n') + '</think>\n\n' }}"
+    "{%- endif %}"
+    "{{- message.content + '<|im_end|>\n' }}"
+    "{%- else %}{{- '<|im_start|>' + message.role + '\n' + message.content + '<|im_end|>\n' }}{%- endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\n' }}"
+    "{%- if thinking %}{{- '<think>\n' }}{%- else %}{{- '<think>\n\n</think>\n\n' }}{%- endif %}"
+    "{%- endif %}")
+
+TEMPLATES = {"chatml": CHATML, "qwen3": QWEN3, "qwen38": QWEN38, "generation": GENERATION}
 
 CORPUS = [
     "The quick brown fox jumps over the lazy dog.",

@@ -28,7 +28,7 @@ class Tokenize(unittest.TestCase):
         from transformers import AutoTokenizer
         cls.d = TempDir()
         cls.tok = {}
-        for t in ("chatml", "qwen3", "generation"):
+        for t in ("chatml", "qwen3", "qwen38", "generation"):
             make_tokenizer(cls.d("tok-" + t), t)
             cls.tok[t] = AutoTokenizer.from_pretrained(cls.d("tok-" + t), local_files_only=True)
         cls.chat = write_jsonl(cls.d("chat.jsonl"), [OPENAI, "", SHAREGPT])
@@ -124,6 +124,50 @@ class Tokenize(unittest.TestCase):
         self.tokenize("qwen3", p, self.d("think.h5"))
         self.assertEqual(masked_runs(tok, *records(self.d("think.h5"))[0]),
                          ["Four.<|im_end|>\n", "<think>\nmultiply\n</think>\n\nNine.<|im_end|>\n"])
+
+    def test_qwen38_reasoning_effort_and_preserve_thinking(self):
+        # Qwen3.8's template variables through the named options: the ids are the template's with those
+        # variables, the reasoning kept or dropped is masked as the answer it belongs to.
+        tok = self.tok["qwen38"]
+        msgs = [{"role": "user", "content": "Two plus two?"},
+                {"role": "assistant", "reasoning_content": "add them", "content": "Four."},
+                {"role": "user", "content": "Three times three?"},
+                {"role": "assistant", "reasoning_content": "multiply", "content": "Nine."}]
+        p = write_jsonl(self.d("q38.jsonl"), [{"messages": msgs}])
+
+        def text_and_runs(out, *args, **kw):
+            so, _ = self.tokenize("qwen38", p, out, *args)
+            ids, mask = records(out)[0]
+            want = tok.apply_chat_template(msgs, tokenize=True, return_dict=True, **kw)["input_ids"]
+            self.assertEqual(ids, list(want), args)
+            return so, tok.decode(ids), masked_runs(tok, ids, mask)
+
+        so, text, runs = text_and_runs(self.d("q38-default.h5"))
+        self.assertIn("template kwargs: none", so)
+        self.assertTrue(text.startswith("<|im_start|>system\nReasoning effort is set to xhigh."), text)
+        self.assertEqual(runs, ["add them\n</think>\n\nFour.<|im_end|>\n", "multiply\n</think>\n\nNine.<|im_end|>\n"])
+
+        so, text, runs = text_and_runs(self.d("q38-low.h5"), "--reasoning-effort", "low", reasoning_effort="low")
+        self.assertIn('reasoning_effort="low"', so)
+        self.assertTrue(text.startswith("<|im_start|>system\nReasoning effort is set to low."), text)
+        _, text, _ = text_and_runs(self.d("q38-medium.h5"), "--reasoning-effort", "medium", reasoning_effort="medium")
+        self.assertTrue(text.startswith("<|im_start|>user\n"), text)
+
+        so, text, runs = text_and_runs(self.d("q38-drop.h5"), "--no-preserve-thinking", "--reasoning-effort", "medium",
+                                       preserve_thinking=False, reasoning_effort="medium")
+        self.assertIn("preserve_thinking=false", so)
+        self.assertNotIn("add them", text)  # the earlier turn's reasoning is dropped by the template
+        self.assertEqual(runs, ["Four.<|im_end|>\n", "multiply\n</think>\n\nNine.<|im_end|>\n"])
+        so, _, runs_keep = text_and_runs(self.d("q38-keep.h5"), "--preserve-thinking", preserve_thinking=True)
+        self.assertIn("preserve_thinking=true", so)
+        self.assertEqual(runs_keep[0], "add them\n</think>\n\nFour.<|im_end|>\n")
+
+        # the named option and --template-kwarg for the same variable: refused; a template error is a bad line
+        _, se = self.tokenize("qwen38", p, self.d("q38-x.h5"), "--reasoning-effort", "low", "--template-kwarg",
+                              'reasoning_effort="high"', expect=2)
+        self.assertIn("both set reasoning_effort", se)
+        _, se = self.tokenize("qwen38", p, self.d("q38-y.h5"), "--reasoning-effort", "extreme", expect=3)
+        self.assertIn("Unexpected reasoning effort extreme", se)
 
     def test_max_length_cut_skip_error(self):
         long_conv = {"messages": [{"role": "user", "content": "hi " * 10},

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# dflash-selftest on the golden cases: qwen3-tiny-a and the Qwen3.5 hybrid qwen35-tiny-a pass on the CPU
-# backend; bad usage is exit 2.
+# dflash-selftest on the golden cases: qwen3-tiny-a, the Qwen3.5 hybrid qwen35-tiny-a and the Qwen3.8-shaped
+# qwen38-tiny-a pass on the CPU backend; bad usage is exit 2.
 set -u
 BIN="${DFLASH_BIN:?DFLASH_BIN not set}/dflash-selftest"
 DATA="${DFLASH_TEST_DATA:?DFLASH_TEST_DATA not set}"
@@ -25,6 +25,15 @@ for row in 'target.hidden\[0\]' 'target.hidden\[3\]' 'target.final_norm' 'target
   grep -Eq "^${row} .* PASS$" "$out" || fail "qwen35 row $row missing or not PASS"
 done
 grep -q ' FAIL$' "$out" && fail "a qwen35 row failed"
+
+# Qwen3.8-shaped (Qwen3_5ForConditionalGeneration with the release's keys, 8 layers)
+"$BIN" "$DATA/golden/qwen38-tiny-a" --backend cpu >"$out" 2>&1; rc=$?
+[ $rc -eq 0 ] || fail "qwen38-tiny-a exited $rc, expected 0"
+grep -q '^# case: qwen38-tiny-a' "$out" || fail "no qwen38 case metadata line"
+for row in 'target.hidden\[0\]' 'target.hidden\[7\]' 'target.final_norm' 'target.logits'; do
+  grep -Eq "^${row} .* PASS$" "$out" || fail "qwen38 row $row missing or not PASS"
+done
+grep -q ' FAIL$' "$out" && fail "a qwen38 row failed"
 
 "$BIN" "$DATA/golden/qwen3-tiny-a" --backend tpu >"$out" 2>&1; rc=$?
 [ $rc -eq 2 ] || fail "--backend tpu exited $rc, expected 2"

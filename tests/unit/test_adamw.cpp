@@ -63,6 +63,10 @@ TEST(AdamW, WarmupThenCosineSchedule) {
   EXPECT_NEAR(lr_schedule(14, 1.0, 4, 14, 0.1), 0.1, 1e-12);
   EXPECT_NEAR(lr_schedule(50, 1.0, 4, 14, 0.1), 0.1, 1e-12);  // stays at the floor
   EXPECT_DOUBLE_EQ(lr_schedule(0, 2e-4, 0, 0, 0.1), 2e-4);
+  // The default floor 0 (SpecForge's CosineAnnealingLR, eta_min 0): the last step of 14 is just above 0.
+  EXPECT_NEAR(lr_schedule(9, 1.0, 4, 14, 0.0), 0.5, 1e-12);
+  EXPECT_NEAR(lr_schedule(13, 1.0, 4, 14, 0.0), 0.5 * (1.0 + std::cos(M_PI * 0.9)), 1e-12);
+  EXPECT_NEAR(lr_schedule(14, 1.0, 4, 14, 0.0), 0.0, 1e-12);
 }
 
 }  // namespace

@@ -274,17 +274,35 @@ TEST(HfConfig, DrafterConfigErrors) {
 }
 
 TEST(HfConfig, DefaultTargetLayerIds) {
-  EXPECT_EQ(default_target_layer_ids(36, 5), (std::vector<int>{1, 9, 17, 25, 33}));   // Qwen3-8B
-  EXPECT_EQ(default_target_layer_ids(64, 5), (std::vector<int>{1, 16, 31, 46, 61}));  // Qwen3.6-27B
-  EXPECT_EQ(default_target_layer_ids(6, 2), (std::vector<int>{1, 3}));                // golden case
-  EXPECT_EQ(default_target_layer_ids(28, 1), (std::vector<int>{1}));
+  // Values of the official build_target_layer_ids (z-lab/dflash, SpecForge), computed with its Python:
+  //   [L // 2] if n == 1 else [int(round(1 + i * (L - 4) / (n - 1))) for i in range(n)]
+  struct Case { int L, n; std::vector<int> ids; };
+  const Case official[] = {
+      {36, 5, {1, 9, 17, 25, 33}},   // Qwen3-8B
+      {64, 5, {1, 16, 31, 46, 61}},  // Qwen3.6-27B
+      {52, 5, {1, 13, 25, 37, 49}},  // the DFlash2 fixture's target (z-lab/dflash tests/fixtures)
+      {6, 2, {1, 3}},                // golden case
+      {28, 3, {1, 13, 25}},
+      {48, 8, {1, 7, 14, 20, 26, 32, 39, 45}},
+      {7, 3, {1, 2, 4}},             // 2.5 rounds half to even: 2
+      {9, 3, {1, 4, 6}},             // 3.5 rounds half to even: 4
+      {11, 5, {1, 3, 4, 6, 8}},      // 1 + 3.5 = 4.5 rounds half to even: 4
+      {28, 1, {14}},                 // one drafter layer: the middle layer
+      {36, 1, {18}},
+      {7, 1, {3}},
+      {2, 1, {1}},
+      {1, 1, {0}},
+  };
+  for (const Case& c : official) EXPECT_EQ(default_target_layer_ids(c.L, c.n), c.ids) << c.L << " " << c.n;
   // Every id is inside the target and the ids never decrease.
   for (int L = 5; L <= 80; ++L)
     for (int n = 1; n <= 8; ++n) {
       std::vector<int> ids = default_target_layer_ids(L, n);
       ASSERT_EQ(ids.size(), static_cast<size_t>(n));
-      EXPECT_EQ(ids.front(), 1);
-      if (n > 1) {
+      if (n == 1) {
+        EXPECT_EQ(ids.front(), L / 2) << L;
+      } else {
+        EXPECT_EQ(ids.front(), 1) << L << " " << n;
         EXPECT_EQ(ids.back(), L - 3) << L << " " << n;
       }
       for (size_t i = 1; i < ids.size(); ++i) EXPECT_LE(ids[i - 1], ids[i]);

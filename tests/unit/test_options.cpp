@@ -73,6 +73,35 @@ TEST(Options, AnchorsPerRecordAndTheDefaultCap) {
   EXPECT_EQ(resolved(o, "max-anchors"), "1000");
 }
 
+// The optimizer follows the reference recipe by default (SpecForge's BF16Optimizer: torch.optim.AdamW's
+// betas and eps, no weight decay, cosine to 0; docs/recipe.md), and every setting can be overridden.
+TEST(Options, OptimizerDefaultsAreTheReferenceRecipe) {
+  const Options d = parse(kRequired).options;
+  EXPECT_FLOAT_EQ(d.train.beta1, 0.9f);
+  EXPECT_FLOAT_EQ(d.train.beta2, 0.999f);
+  EXPECT_FLOAT_EQ(d.train.eps, 1e-8f);
+  EXPECT_FLOAT_EQ(d.train.weight_decay, 0.0f);
+  EXPECT_FLOAT_EQ(d.train.min_lr_ratio, 0.0f);
+  EXPECT_FLOAT_EQ(d.train.clip, 1.0f);
+  // The parser's defaults are the library's: a trainer built without the command line trains the same.
+  const TrainOptions lib;
+  EXPECT_EQ(d.train.beta1, lib.beta1);
+  EXPECT_EQ(d.train.beta2, lib.beta2);
+  EXPECT_EQ(d.train.eps, lib.eps);
+  EXPECT_EQ(d.train.weight_decay, lib.weight_decay);
+  EXPECT_EQ(d.train.min_lr_ratio, lib.min_lr_ratio);
+  const Options o = parse(with_required({"--adam-beta1", "0.8", "--adam-beta2", "0.95", "--adam-eps", "1e-6",
+                                         "--weight-decay", "0.01", "--min-lr-ratio", "0.1"}))
+                        .options;
+  EXPECT_FLOAT_EQ(o.train.beta1, 0.8f);
+  EXPECT_FLOAT_EQ(o.train.beta2, 0.95f);
+  EXPECT_FLOAT_EQ(o.train.eps, 1e-6f);
+  EXPECT_FLOAT_EQ(o.train.weight_decay, 0.01f);
+  EXPECT_FLOAT_EQ(o.train.min_lr_ratio, 0.1f);
+  EXPECT_EQ(resolved(o, "adam-beta2"), "0.95");
+  EXPECT_EQ(resolved(d, "weight-decay"), "0");
+}
+
 // to_json (metrics.h5's options attribute and its typed /options group) keeps the parser's types.
 TEST(Options, ToJsonKeepsTheTypes) {
   const Options o = parse(with_required({"--lr", "1e-3", "--dpace", "--hs-queue-depth", "8", "--max-steps", "50"})).options;
@@ -173,6 +202,13 @@ TEST(OptionsDeath, BadEnum) {
 TEST(OptionsDeath, OutOfRange) {
   EXPECT_EXIT(parse(with_required({"--hs-queue-depth", "0"})), testing::ExitedWithCode(2), "hs-queue-depth");
   EXPECT_EXIT(parse(with_required({"--peer-timeout", "-1"})), testing::ExitedWithCode(2), "peer-timeout");
+}
+TEST(OptionsDeath, OptimizerOutOfRange) {
+  EXPECT_EXIT(parse(with_required({"--adam-beta2", "1"})), testing::ExitedWithCode(2), "adam-beta2");
+  EXPECT_EXIT(parse(with_required({"--adam-beta1", "-0.1"})), testing::ExitedWithCode(2), "adam-beta1");
+  EXPECT_EXIT(parse(with_required({"--adam-eps", "0"})), testing::ExitedWithCode(2), "adam-eps");
+  EXPECT_EXIT(parse(with_required({"--weight-decay", "-1"})), testing::ExitedWithCode(2), "weight-decay");
+  EXPECT_EXIT(parse(with_required({"--min-lr-ratio", "1.5"})), testing::ExitedWithCode(2), "min-lr-ratio");
 }
 TEST(OptionsDeath, MissingRequired) {
   EXPECT_EXIT(parse({"--topology", "1-1"}), testing::ExitedWithCode(2), "--target, --data and --out are required");
