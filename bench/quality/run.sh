@@ -60,6 +60,7 @@ EVAL_PROMPTS=${EVAL_PROMPTS:-64}
 EVAL_NEW=${EVAL_NEW:-128}
 EVAL_ARGS=${EVAL_ARGS:---max-prompt-length $MAX_LEN}
 EVAL_RUNS=${EVAL_RUNS:-ours-a ours-b reference}   # whose drafters the eval stage measures
+EVAL_JOBS=${EVAL_JOBS:-1}                  # dflash-eval processes at a time (on a GPU, several fit side by side)
 FORCE=${FORCE:-0}
 
 export NCCL_NVLS_ENABLE=0 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
@@ -155,19 +156,30 @@ stage_ours() {  # LABEL RATE_OVERRIDE RECIPE_ARGS
 
 stage_eval() {
   need_target
-  local run name dir
+  local run name dir pending=()
   for run in $EVAL_RUNS; do
     run=$R/$run.json
     [ -f "$run" ] || { say "eval: $run missing, skipped"; continue; }
     while read -r name dir; do
       if [ "$FORCE" != 1 ] && [ -s "$E/$name" ]; then continue; fi
       say "eval: $name ($dir)"
+      # EVAL_JOBS at a time: one decoding (a prompt at a time, no batching) leaves most of the GPU idle, and
+      # tau does not depend on the speed. Each writes its own log, printed once it is done.
       # shellcheck disable=SC2086
-      "$BIN/dflash-eval" --backend "$BACKEND" --target "$T" --drafter "$dir" --prompts "$D/heldout.h5" \
-        --max-prompts "$EVAL_PROMPTS" --max-new-tokens "$EVAL_NEW" $EVAL_ARGS --json "$E/$name.tmp"
-      mv "$E/$name.tmp" "$E/$name"
+      ( "$BIN/dflash-eval" --backend "$BACKEND" --target "$T" --drafter "$dir" --prompts "$D/heldout.h5" \
+          --max-prompts "$EVAL_PROMPTS" --max-new-tokens "$EVAL_NEW" $EVAL_ARGS --json "$E/$name.tmp" \
+          >"$E/$name.log" 2>&1 && mv "$E/$name.tmp" "$E/$name" ) &
+      pending+=("$name")
+      if [ "$(jobs -rp | wc -l)" -ge "$EVAL_JOBS" ]; then wait -n || true; fi
     done < <("$PY" "$Q/collect.py" list "$run")
   done
+  wait || true
+  local bad=0
+  for name in "${pending[@]}"; do
+    grep -h "^tau\|^# drafter" "$E/$name.log" || true
+    [ -s "$E/$name" ] || { say "eval: $name failed:"; tail -20 "$E/$name.log"; bad=1; }
+  done
+  return $bad
 }
 
 stage_table() {

@@ -119,6 +119,12 @@ bool option_absent_means(const std::string& name, const std::string& value) {
       {"anchors-per-record", "0"},   // anchors per packed batch only
       {"grad-accum", "1"},           // one packed batch per optimizer step
       {"global-batch-tokens", "0"},  // --grad-accum decides
+      // The optimizer's settings before they followed the reference recipe (docs/recipe.md).
+      {"adam-beta1", "0.9"},
+      {"adam-beta2", "0.95"},
+      {"adam-eps", "1e-08"},
+      {"weight-decay", "0.01"},
+      {"min-lr-ratio", "0.1"},
   };
   const auto it = before_it_existed.find(name);
   return it != before_it_existed.end() && it->second == value;

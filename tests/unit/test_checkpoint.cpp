@@ -161,7 +161,14 @@ TEST(ResumeInvariants, OptionNewerThanTheCheckpointAtItsOldMeaningIsAccepted) {
   now["anchors-per-record"] = "0";
   now["grad-accum"] = "1";
   now["global-batch-tokens"] = "0";
+  now["adam-beta2"] = "0.95";  // the optimizer's settings before the reference's became the defaults
+  now["weight-decay"] = "0.01";
+  now["min-lr-ratio"] = "0.1";
   check_resume_compatible(saved, now, "ckpt");  // returns: accepted
+  now["adam-beta2"] = "0.999";  // today's default is a change for such a checkpoint
+  EXPECT_EXIT(check_resume_compatible(saved, now, "ckpt"), ExitedWithCode(2),
+              "--adam-beta2: not in the checkpoint, now '0.999'");
+  now["adam-beta2"] = "0.95";
   now["grad-accum"] = "2";
   EXPECT_EXIT(check_resume_compatible(saved, now, "ckpt"), ExitedWithCode(2),
               "--grad-accum: not in the checkpoint, now '2'");
