@@ -20,6 +20,7 @@ step() {  # step NAME CMD...: runs it, keeps its log, records failures (77 = ski
 [ -n "${SKIP_UNIT:-}" ] || step gpu_unit "$B/dflash_gpu_tests" --gtest_brief=1
 [ -n "${SKIP_UNIT:-}" ] || step selftest_cuda "$B/dflash-selftest" tests/data/golden/qwen3-tiny-a --backend cuda
 [ -n "${SKIP_UNIT:-}" ] || step selftest_cuda_hybrid "$B/dflash-selftest" tests/data/golden/qwen35-tiny-a --backend cuda
+[ -n "${SKIP_UNIT:-}" ] || step selftest_cuda_qwen38 "$B/dflash-selftest" tests/data/golden/qwen38-tiny-a --backend cuda
 [ -n "${SKIP_UNIT:-}" ] || [ ! -x "$B/dflash_gpu_mpi_tests" ] || step gpu_mpi_np2 mpirun -np 2 --oversubscribe "$B/dflash_gpu_mpi_tests"
 # GPU_E2E="planes pipeline" runs only those (default: every tests/gpu_e2e/test_*.sh)
 for t in tests/gpu_e2e/test_*.sh; do

@@ -73,7 +73,7 @@ int selftest_target(const std::string& case_dir, const Ctx& ctx, SelftestReport&
   model->lm_head_forward(logits, final_norm);
   synchronize(ctx);
 
-  const double tol = forward_tolerance(ctx.device);
+  const double tol = forward_tolerance(ctx.device, L);
   const std::vector<float> got_hidden = download(ctx, features);
   const std::vector<float> ref_hidden = golden_f32(golden, "target.hidden", {L, T, H});
   const size_t layer_n = static_cast<size_t>(T * H);

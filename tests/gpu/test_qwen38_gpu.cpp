@@ -24,7 +24,7 @@ const std::string kCase =
     "/golden/qwen38-tiny-a";
 const std::string kTargetDir = kCase + "/target";
 constexpr int kLayers = 8;
-constexpr double kForwardTol = test::tol::kTargetForward;
+constexpr double kForwardTol = test::tol::kTargetForwardEightLayers;
 
 std::vector<float> read_f32(SafetensorsFile& f, const std::string& name) {
   const TensorInfo& t = f.get(name);

