@@ -12,11 +12,13 @@
 #include "dflash/backend.h"
 #include "dflash/safetensors.h"
 #include "dflash/target.h"
+#include "../unit/test_support.h"
 #include "gpu_test_util.h"
 
 namespace dflash {
 namespace {
 
+using test::read_f32;
 using test::rel_err;
 // DFLASH_TEST_DATA in the environment wins over the build's path (the binary may run in another checkout).
 const std::string kCase =
@@ -26,25 +28,8 @@ const std::string kTargetDir = kCase + "/target";
 constexpr int kLayers = 8;
 constexpr double kForwardTol = test::tol::kTargetForwardEightLayers;
 
-std::vector<float> read_f32(SafetensorsFile& f, const std::string& name) {
-  const TensorInfo& t = f.get(name);
-  std::vector<float> v(t.numel());
-  to_f32(v.data(), t.data, t.dtype, v.size());
-  return v;
-}
-
-PackedBatch golden_batch() {
-  SafetensorsFile g(kCase + "/golden.safetensors");
-  PackedBatch b;
-  for (const char* name : {"tokens", "cu_seqlens"}) {
-    const TensorInfo& t = g.get(name);
-    std::vector<int32_t> v(t.numel());
-    std::memcpy(v.data(), t.data, t.nbytes);
-    (std::string(name) == "tokens" ? b.tokens : b.cu_seqlens) = v;
-  }
-  b.loss_mask.assign(b.tokens.size(), 1);
-  return b;
-}
+// The golden case's packed batch, every token in the loss (tests/unit/test_support.h).
+PackedBatch golden_batch() { return test::golden_batch(kCase); }
 
 struct ForwardRun {
   std::vector<float> features, final_norm;  // [L, T, H], [T, H] as float32 on the host
