@@ -55,6 +55,7 @@ OURS_RECIPE=${OURS_RECIPE:---lr 6e-4 --warmup-ratio 0.04 --gamma 7 --loss ce}   
 OURS_EXTRA=${OURS_EXTRA:-}                 # more dflash-train options for both recipes
 EVAL_TAU_EVERY=${EVAL_TAU_EVERY:-}         # N: ours also measure tau every N steps (--eval-data heldout --eval-tau-every N)
 CALIB_STEPS=${CALIB_STEPS:-100}            # ours: a short run that times the steps (A_RATE / B_RATE skip it)
+A_CALIB_STEPS=${A_CALIB_STEPS:-$CALIB_STEPS} B_CALIB_STEPS=${B_CALIB_STEPS:-$CALIB_STEPS}  # per recipe
 REF_ARGS=${REF_ARGS:-}                     # extra ref_train_dflash.py options
 EVAL_PROMPTS=${EVAL_PROMPTS:-64}
 EVAL_NEW=${EVAL_NEW:-128}
@@ -132,14 +133,14 @@ train_ours() {  # OUT_DIR MAX_STEPS CKPT_EVERY RECIPE_ARGS...
     $OURS_RECIPE "$@" $OURS_EXTRA ${EVAL_TAU_EVERY:+--eval-data "$D/heldout.h5" --eval-tau-every "$EVAL_TAU_EVERY"}
 }
 
-stage_ours() {  # LABEL RATE_OVERRIDE RECIPE_ARGS
-  local label=$1 rate=$2 args=$3
+stage_ours() {  # LABEL RATE_OVERRIDE CALIB_STEPS RECIPE_ARGS
+  local label=$1 rate=$2 calib=$3 args=$4
   if done_mark "$label"; then say "$label: done earlier"; return; fi
   need_target
   if [ -z "$rate" ]; then
-    say "$label: timing $CALIB_STEPS steps"
+    say "$label: timing $calib steps"
     # shellcheck disable=SC2086
-    train_ours "$WORK/$label-calib" "$CALIB_STEPS" 0 $args
+    train_ours "$WORK/$label-calib" "$calib" 0 $args
     rate=$("$PY" "$Q/collect.py" rate "$WORK/$label-calib/metrics.h5")
     rm -rf "$WORK/$label-calib"
   fi
@@ -196,8 +197,8 @@ for s in "${STAGES[@]}"; do
     data) stage_data ;;
     target) stage_target ;;
     ref) stage_ref ;;
-    ours-a) stage_ours ours-a "${A_RATE:-}" "$A_ARGS" ;;
-    ours-b) stage_ours ours-b "${B_RATE:-}" "$B_ARGS" ;;
+    ours-a) stage_ours ours-a "${A_RATE:-}" "$A_CALIB_STEPS" "$A_ARGS" ;;
+    ours-b) stage_ours ours-b "${B_RATE:-}" "$B_CALIB_STEPS" "$B_ARGS" ;;
     eval) stage_eval ;;
     *) echo "unknown stage $s (data target ref ours-a ours-b eval table)" >&2; exit 2 ;;
   esac 2>&1 | tee -a "$OUT/$s.log"  # (table's log is results.md: 6 logs + results.json + .md = 8 files)
