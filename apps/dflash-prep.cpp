@@ -7,6 +7,7 @@
 
 #include "dflash/data.h"
 #include "dflash/error.h"
+#include "dflash/safe_file.h"
 #include "dflash/tool_args.h"
 #include "dflash/version.h"
 #include "dflash/hf_config.h"
@@ -55,6 +56,8 @@ int main(int argc, char** argv) {
   }
   DF_CHECK_HINT(!in.empty() && !out.empty(), BadOptions, "need IN.jsonl and OUT.h5", kUsage);
   DF_CHECK_HINT((vocab > 0) != !target.empty(), BadOptions, "give exactly one of --vocab-size and --target", kUsage);
+  DF_CHECK_HINT(!is_same_file(in, out), BadOptions, "OUT.h5 " << out << " is the input " << in << ": refused (it would "
+                "overwrite its own input)", "give another output path");
   if (!target.empty()) vocab = load_qwen3_config(target + "/config.json").vocab_size;
 
   JsonlPrepStats stats;

@@ -13,6 +13,7 @@
 #include "data/h5_util.h"
 #include "dflash/data.h"
 #include "dflash/error.h"
+#include "dflash/safe_file.h"
 
 namespace dflash {
 
@@ -54,7 +55,11 @@ void write_token_dataset(const std::string& path, const TokenRecords& records, i
     DF_CHECK(records.offsets[r + 1] > records.offsets[r], BadInput, "record " << r << " is empty (writing " << path << ")");
   h5::quiet_errors();
   std::lock_guard<std::mutex> lock(hdf5_mutex());
-  std::string tmp = path + ".tmp." + std::to_string(getpid());
+  // mkstemp's unpredictable name, created O_EXCL: a link planted at a guessable name cannot redirect the
+  // write (include/dflash/safe_file.h); H5F_ACC_TRUNC then reopens the file it made.
+  TempFile temp = create_temp_next_to(path);
+  ::close(temp.fd);
+  const std::string tmp = temp.path;
   {
     Handle fapl(h5::fapl_no_locking(), Handle::Kind::PropList);
     Handle file(DF_H5(H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl), "creating " + tmp),

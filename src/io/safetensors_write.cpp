@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "dflash/error.h"
+#include "dflash/safe_file.h"
 #include "dflash/safetensors.h"
 
 namespace dflash {
@@ -64,14 +65,12 @@ class TempFileWriter {
 // temp file next to `path` -> fill(writer) -> fsync -> rename -> fsync(dir).
 void write_atomically(const std::string& path, const std::function<void(TempFileWriter&)>& fill) {
   const std::string dir = parent_dir(path);
-  std::string tmpl = path + ".tmp.XXXXXX";
-  int fd = ::mkstemp(tmpl.data());
-  DF_CHECK_HINT(fd >= 0, SystemFailure, "cannot create a temp file next to " << path << ": " << std::strerror(errno),
-                "check that " + dir + " exists and is writable");
+  // mkstemp's name (unpredictable, O_EXCL) with the mode creat(2) would give: exported models and configs are
+  // read by others as the user's umask allows (include/dflash/safe_file.h).
+  TempFile temp = create_temp_next_to(path);
+  std::string tmpl = temp.path;
+  const int fd = temp.fd;
   TempFileWriter w(fd, tmpl, path);
-  // mkstemp creates 0600; exported models and configs are meant to be read by others. (Not umask-derived:
-  // reading the umask means setting it, which races with other threads creating files.)
-  if (::fchmod(fd, 0644) != 0) w.fail("fchmod");
   fill(w);
   if (::fsync(fd) != 0) w.fail("fsync");
   if (::close(fd) != 0) {

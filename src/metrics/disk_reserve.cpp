@@ -1,5 +1,7 @@
 #include "disk_reserve.h"
 
+#include "dflash/safe_file.h"
+
 #include <fcntl.h>
 #include <hdf5.h>
 #include <sys/statvfs.h>
@@ -16,7 +18,10 @@ int DiskReserve::create(const std::string& path, size_t bytes) {
   release();
   path_ = path;
   bytes_ = bytes;
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  // Always a new file of our own: whatever sits at the name (a stale reserve, or a link planted in a shared
+  // --out) is unlinked, never written through (unlinking a link removes the link, not what it names).
+  if (::unlink(path.c_str()) != 0 && errno != ENOENT) return errno;
+  const int fd = open_own_file(path, O_WRONLY | O_CREAT | O_EXCL);
   if (fd < 0) return errno;
   int err = ::posix_fallocate(fd, 0, static_cast<off_t>(bytes));  // glibc writes zeros where unsupported
   if (err == 0 && ::fsync(fd) != 0) err = errno;

@@ -18,6 +18,7 @@
 
 #include "dflash/checkpoint.h"
 #include "dflash/error.h"
+#include "dflash/safe_file.h"
 #include "dflash/hf_config.h"
 #include "drafter_tau.h"
 #include "job.h"
@@ -144,7 +145,12 @@ bool lock_dir(const std::string& dir, const std::string& what, std::string* hold
                 "cannot create " << what << " " << dir << ": " << (ec ? ec.message() : "not a directory"),
                 "give a writable directory");
   const std::string path = dir + "/.dflash.lock";
-  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  // Not unlinked and re-created as the reserve is: another job may hold a lock on this very inode. A link
+  // planted at the name is refused (exit 2) instead of written through.
+  const int fd = open_own_file(path, O_RDWR | O_CREAT);
+  if (fd < 0 && (errno == ELOOP || errno == EINVAL || errno == EMLINK))
+    DF_FAIL(BadOptions, "the lock file " << path << " cannot be used: " << own_file_error(errno),
+            "remove " + path + " (no job holds a lock through a link)");
   DF_CHECK_HINT(fd >= 0, SystemFailure, "cannot open the lock file " << path << ": " << std::strerror(errno),
                 "give a writable " + what);
   if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
@@ -305,6 +311,11 @@ void lock_run_dirs(const Options& o) {
                 "--out " << o.out_dir << " is in use by another job (" << (holder.empty() ? "holder unknown" : holder)
                          << ")",
                 hint);
+  // The names the job writes under --out: a link planted at one would carry its writes elsewhere (the lock
+  // file and metrics.h5's reserve are opened in include/dflash/safe_file.h's way; these are refused here).
+  for (const char* name : {"metrics.h5", "drafter", "drafter-best", "train.log"})
+    refuse_symlink(o.out_dir + "/" + name, "--out's entry");
+  if (o.checkpoint_dir.empty()) refuse_symlink(o.out_dir + "/checkpoints", "--out's entry");
   const std::string ckpt = checkpoint_dir_of(o);
   auto absolute = [](const std::string& p) {
     std::error_code ec;

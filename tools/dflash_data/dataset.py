@@ -50,9 +50,24 @@ class Records:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
+def current_umask():
+    """The process's umask, read without setting it (/proc/self/status); os.umask can only read by setting,
+    which races with threads creating files. 0o022 where the kernel does not say."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except OSError:
+        pass
+    return 0o022
+
+
 def _atomic(path, write):
     d = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(prefix=os.path.basename(path) + ".", suffix=".tmp", dir=d)
+    # mkstemp makes 0600; a dataset gets the mode open() would give it, as the user's umask says
+    os.fchmod(fd, 0o666 & ~current_umask())
     os.close(fd)
     try:
         write(tmp)
