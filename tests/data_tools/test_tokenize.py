@@ -71,6 +71,14 @@ class Tokenize(unittest.TestCase):
             self.tokenize(t, p, self.d(f"greet-{t}.h5"), "--no-enable-thinking")
             self.assertEqual(masked_runs(self.tok[t], *records(self.d(f"greet-{t}.h5"))[0]), ["Four.<|im_end|>\n"])
 
+    def test_output_mode_follows_the_umask(self):
+        old = os.umask(0o027)  # the child inherits it; mkstemp alone would give 0600
+        try:
+            self.tokenize("chatml", self.chat, self.d("umask.h5"))
+        finally:
+            os.umask(old)
+        self.assertEqual(os.stat(self.d("umask.h5")).st_mode & 0o777, 0o640)
+
     def test_vocab_from_config_json(self):
         import shutil
         model = self.d("model-with-config")
