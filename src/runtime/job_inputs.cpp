@@ -15,6 +15,7 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <vector>
 
 #include "dflash/checkpoint.h"
 #include "dflash/error.h"
@@ -303,6 +304,34 @@ void validate_inputs(JobContext& job) {
   job.dataset = std::move(dataset);
 }
 
+// Leftovers of a write that was killed half-way (write_atomically's PATH.tmp.XXXXXX files next to the
+// export, the best drafter's staging directories): nothing will ever rename them, so the job that holds
+// --out's lock removes them before it writes. Only mkstemp's pattern is matched: ".tmp." and six characters.
+static void remove_stale_temp_files(const Options& o) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  std::vector<std::string> removed;
+  auto is_temp_name = [](const std::string& name) {
+    const size_t at = name.rfind(".tmp.");
+    return at != std::string::npos && at > 0 && name.size() == at + 5 + 6;
+  };
+  for (const char* sub : {"drafter", "drafter-best"}) {
+    const fs::path dir = fs::path(o.out_dir) / sub;
+    if (!fs::is_directory(fs::symlink_status(dir, ec))) continue;
+    for (const auto& e : fs::directory_iterator(dir, ec))
+      if (e.is_regular_file(ec) && is_temp_name(e.path().filename().string()) && fs::remove(e.path(), ec))
+        removed.push_back(e.path().string());
+  }
+  for (const char* name : {".drafter-best.tmp", ".drafter-best.old"}) {
+    const fs::path p = fs::path(o.out_dir) / name;
+    if (fs::exists(fs::symlink_status(p, ec)) && fs::remove_all(p, ec) > 0) removed.push_back(p.string());
+  }
+  if (removed.empty()) return;
+  std::printf("[dflash] removed %zu stale temp file(s) of an interrupted write: %s%s\n", removed.size(),
+              removed.front().c_str(), removed.size() > 1 ? ", ..." : "");
+  std::fflush(stdout);
+}
+
 void lock_run_dirs(const Options& o) {
   const std::string hint = "two jobs writing one --out mix their checkpoints and metrics: wait for the other job to "
                            "end, or give this one another --out (and --checkpoint-dir)";
@@ -316,6 +345,7 @@ void lock_run_dirs(const Options& o) {
   for (const char* name : {"metrics.h5", "drafter", "drafter-best", "train.log"})
     refuse_symlink(o.out_dir + "/" + name, "--out's entry");
   if (o.checkpoint_dir.empty()) refuse_symlink(o.out_dir + "/checkpoints", "--out's entry");
+  remove_stale_temp_files(o);
   const std::string ckpt = checkpoint_dir_of(o);
   auto absolute = [](const std::string& p) {
     std::error_code ec;
@@ -324,7 +354,9 @@ void lock_run_dirs(const Options& o) {
     return s;
   };
   const std::string out_abs = absolute(o.out_dir), ckpt_abs = absolute(ckpt);
-  if (ckpt_abs == out_abs || ckpt_abs.compare(0, out_abs.size() + 1, out_abs + "/") == 0) return;  // the --out lock covers it
+  // The checkpoint directory has a lock of its own even inside --out: another job's --checkpoint-dir may
+  // name this job's OUT/checkpoints, and the --out lock alone would not stop it.
+  if (ckpt_abs == out_abs) return;  // the --out lock covers it
   DF_CHECK_HINT(lock_dir(ckpt, "--checkpoint-dir", &holder), BadOptions,
                 "--checkpoint-dir " << ckpt << " is in use by another job ("
                                     << (holder.empty() ? "holder unknown" : holder) << ")",

@@ -220,6 +220,14 @@ ParseResult parse_options(int argc, const char* const* argv) {
   try {
     // Command line first: store() keeps the first value, so flags override the file.
     po::parsed_options cli = po::command_line_parser(argc, argv).options(desc).run();
+    // dflash-train takes no positional arguments; Boost would drop them silently, so that
+    // `--checkpoint-every 30 m` meant 30 steps and `--dpace yes` passed. Refused instead.
+    for (const po::option& opt : cli.options)
+      if (opt.string_key.empty())
+        DF_FAIL(BadOptions, "unexpected argument '" << (opt.original_tokens.empty() ? std::string("?") : opt.original_tokens[0])
+                                                   << "': dflash-train takes only --name value options",
+                "an option's value joins its flag (--checkpoint-every 30m, not 30 m); a switch such as --dpace takes no "
+                "value");
     keep_last_occurrence(cli);
     po::store(cli, vm);
     if (vm.count("help") || vm.count("help-all") || vm.count("version")) {

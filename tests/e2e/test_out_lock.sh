@@ -28,6 +28,23 @@ run_job shared_ckpt 2 60 --topology 1-1 --out "$WORK/other" --max-steps 3 --chec
 expect_rc 2 shared_ckpt
 expect_log shared_ckpt "--checkpoint-dir $WORK/ckpt is in use by another job"
 [ ! -e "$WORK/other/metrics.h5" ] || fail "the refused job wrote $WORK/other/metrics.h5"
+# A --checkpoint-dir naming the first job's default checkpoints under its --out: refused as well (the --out
+# lock alone would not see it). The "first2" job keeps its checkpoints in OUT2/checkpoints.
+(
+  run_job first2 2 120 --topology 1-1 --out "$WORK/run2" --max-steps 20 --inject-delay-drafter-ms 200 --checkpoint-every 10
+  echo "$RC" >"$WORK/first2.rc"
+) &
+first2=$!
+for _ in $(seq 1 300); do
+  grep -q "hidden states:" "$WORK/first2.log" 2>/dev/null && break
+  sleep 0.1
+done
+run_job into_ckpt 2 60 --topology 1-1 --out "$WORK/other2" --max-steps 3 --checkpoint-dir "$WORK/run2/checkpoints"
+expect_rc 2 into_ckpt
+expect_log into_ckpt "--checkpoint-dir $WORK/run2/checkpoints is in use by another job"
+wait "$first2"
+RC=$(cat "$WORK/first2.rc")
+expect_rc 0 first2
 
 wait "$first"
 RC=$(cat "$WORK/first.rc")

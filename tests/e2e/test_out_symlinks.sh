@@ -28,13 +28,20 @@ run_job drafter_link 2 60 --topology 1-1 --max-steps 2
 expect_rc 2 drafter_link
 [ ! -e "$WORK/model.safetensors" ] || fail "the export went through the link"
 
-mkdir -p "$WORK/reserve"
+mkdir -p "$WORK/reserve/drafter" "$WORK/reserve/.drafter-best.tmp"
 ln -s "$victim" "$WORK/reserve/.metrics.h5.reserve"
+# Leftovers of an export killed half-way: removed at start (the job holds the lock); other names stay.
+echo partial >"$WORK/reserve/drafter/model.safetensors.tmp.Ab3xQ9"
+echo mine >"$WORK/reserve/drafter/notes.tmp.keep"
 (umask 027 && run_job reserve 2 120 --topology 1-1 --max-steps 2 && echo "$RC" >"$WORK/reserve.rc")
 RC=$(cat "$WORK/reserve.rc")
 expect_rc 0 reserve
 check_victim reserve
 [ ! -L "$WORK/reserve/.metrics.h5.reserve" ] || fail "the planted reserve link is still there"
+[ ! -e "$WORK/reserve/drafter/model.safetensors.tmp.Ab3xQ9" ] || fail "a stale export temp file is still there"
+[ ! -e "$WORK/reserve/.drafter-best.tmp" ] || fail "a stale best-drafter staging directory is still there"
+[ -e "$WORK/reserve/drafter/notes.tmp.keep" ] || fail "a file not of mkstemp's pattern was removed"
+expect_log reserve "removed 2 stale temp file(s) of an interrupted write"
 for f in drafter/model.safetensors drafter/config.json metrics.h5; do
   mode=$(stat -c %a "$WORK/reserve/$f")
   [ "$mode" = 640 ] || fail "$f has mode $mode under umask 027 (want 640)"

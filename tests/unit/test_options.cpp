@@ -189,6 +189,12 @@ TEST(Options, DryRunIsAnOption) {
 TEST(OptionsDeath, UnknownFlag) {
   EXPECT_EXIT(parse(with_required({"--no-such-flag", "1"})), testing::ExitedWithCode(2), "no-such-flag");
 }
+TEST(OptionsDeath, StrayPositionalArgument) {
+  // Boost drops positional tokens silently: "30 m" was 30 steps, "--dpace yes" a plain --dpace.
+  EXPECT_EXIT(parse(with_required({"--checkpoint-every", "30", "m"})), testing::ExitedWithCode(2),
+              "unexpected argument 'm'");
+  EXPECT_EXIT(parse(with_required({"--dpace", "yes"})), testing::ExitedWithCode(2), "unexpected argument 'yes'");
+}
 TEST(OptionsDeath, BadNumber) {
   EXPECT_EXIT(parse(with_required({"--lr", "fast"})), testing::ExitedWithCode(2), "lr");
 }
