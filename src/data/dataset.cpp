@@ -84,8 +84,18 @@ namespace {
 Handle open_1d(hid_t file, const char* name, H5T_class_t cls, const std::string& path) {
   DF_CHECK_HINT(H5Lexists(file, name, H5P_DEFAULT) > 0, BadInput, "dataset " << path << " has no /" << name,
                 "token datasets need /tokens, /offsets and /loss_mask (docs/data.md); convert JSONL with dflash-prep");
+  // Only the file's own bytes: a soft or external link, external storage (raw data in other files) or a
+  // virtual dataset would read whatever file it names, a path a dataset's author chose (docs/data.md).
+  H5L_info_t link;
+  DF_CHECK_HINT(H5Lget_info(file, name, &link, H5P_DEFAULT) >= 0 && link.type == H5L_TYPE_HARD, BadInput,
+                "dataset " << path << ": /" << name << " is a soft or external link: refused (it would read another "
+                           << "object or file)", "write the arrays into the file itself (dflash-prep, dflash-tokenize)");
   Handle ds(H5Dopen2(file, name, H5P_DEFAULT), Handle::Kind::Dataset);
   DF_CHECK(ds.valid(), BadInput, "dataset " << path << ": /" << name << " is not a dataset");
+  Handle dcpl(H5Dget_create_plist(ds), Handle::Kind::PropList);
+  DF_CHECK_HINT(dcpl.valid() && H5Pget_external_count(dcpl) == 0 && H5Pget_layout(dcpl) != H5D_VIRTUAL, BadInput,
+                "dataset " << path << ": /" << name << " keeps its data outside the file (external storage or a "
+                           << "virtual dataset): refused", "write the arrays into the file itself (dflash-prep, dflash-tokenize)");
   Handle type(H5Dget_type(ds), Handle::Kind::Datatype);
   DF_CHECK(H5Tget_class(type) == cls, BadInput, "dataset " << path << ": /" << name << " must be an integer array");
   DF_CHECK(h5::dims(ds).size() == 1, BadInput, "dataset " << path << ": /" << name << " must be 1-D");

@@ -3,6 +3,7 @@
 // half (a job's --out with planted links, as root) is tests/e2e/test_out_symlinks.sh.
 #include <gtest/gtest.h>
 #include <fcntl.h>
+#include <hdf5.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -142,6 +143,50 @@ TEST(SafeFile, DatasetWriterIgnoresALinkAtThePidTempName) {
   EXPECT_EQ(mode_of(out), 0640u);
   TokenDataset ds(out, 10);
   EXPECT_EQ(ds.num_tokens(), 3);
+}
+
+// A dataset whose /tokens is replaced by `plant` (a link or an array stored outside the file).
+std::string dataset_with(const std::string& dir, const std::string& name, void (*plant)(hid_t, const std::string&)) {
+  TokenRecords r;
+  r.add({1, 2, 3}, {0, 1, 1});
+  const std::string path = dir + "/" + name;
+  write_token_dataset(path, r, 10, "t");
+  hid_t f = H5Fopen(path.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+  EXPECT_GE(f, 0);
+  EXPECT_GE(H5Ldelete(f, "tokens", H5P_DEFAULT), 0);
+  plant(f, dir);
+  H5Fclose(f);
+  return path;
+}
+
+TEST(SafeFileDeath, DatasetsReadOnlyTheirOwnBytes) {
+  const std::string dir = temp_dir();
+  ASSERT_FALSE(dir.empty());
+  TokenRecords r;
+  r.add({1, 2, 3}, {0, 1, 1});
+  write_token_dataset(dir + "/other.h5", r, 10, "t");
+  const std::string ext = dataset_with(dir, "ext.h5", [](hid_t f, const std::string& d) {
+    H5Lcreate_external((d + "/other.h5").c_str(), "/tokens", f, "tokens", H5P_DEFAULT, H5P_DEFAULT);
+  });
+  EXPECT_EXIT(TokenDataset(ext, 10), testing::ExitedWithCode(3), "is a soft or external link");
+  const std::string soft = dataset_with(dir, "soft.h5", [](hid_t f, const std::string&) {
+    H5Lcreate_soft("/offsets", f, "tokens", H5P_DEFAULT, H5P_DEFAULT);
+  });
+  EXPECT_EXIT(TokenDataset(soft, 10), testing::ExitedWithCode(3), "is a soft or external link");
+  const std::string stored = dataset_with(dir, "stored.h5", [](hid_t f, const std::string& d) {
+    hsize_t n = 3;
+    hid_t space = H5Screate_simple(1, &n, nullptr), dcpl = H5Pcreate(H5P_DATASET_CREATE);
+    H5Pset_external(dcpl, (d + "/outside.bin").c_str(), 0, 3 * sizeof(int32_t));
+    hid_t ds = H5Dcreate2(f, "tokens", H5T_STD_I32LE, space, H5P_DEFAULT, dcpl, H5P_DEFAULT);
+    const int32_t v[3] = {1, 2, 3};
+    H5Dwrite(ds, H5T_NATIVE_INT32, H5S_ALL, H5S_ALL, H5P_DEFAULT, v);
+    H5Dclose(ds);
+    H5Pclose(dcpl);
+    H5Sclose(space);
+  });
+  EXPECT_EXIT(TokenDataset(stored, 10), testing::ExitedWithCode(3), "keeps its data outside the file");
+  TokenDataset fine(dir + "/other.h5", 10);  // the plain one still opens
+  EXPECT_EQ(fine.num_tokens(), 3);
 }
 
 }  // namespace
