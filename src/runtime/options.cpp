@@ -305,8 +305,13 @@ ParseResult parse_options(int argc, const char* const* argv) {
   check_range(o.metrics_flush_every >= 1, "metrics-flush-every", str(o.metrics_flush_every), ">= 1");
   check_range(o.peer_timeout_s > 0 && std::isfinite(o.peer_timeout_s), "peer-timeout", str(o.peer_timeout_s), "> 0 seconds");
   check_range(o.grad_bucket_mb >= 0 && std::isfinite(o.grad_bucket_mb), "grad-bucket-mb", str(o.grad_bucket_mb), ">= 0 MiB (0 = one bucket)");
-  check_range(o.train.max_anchors >= 1, "max-anchors", str(o.train.max_anchors), ">= 1");
-  check_range(o.train.anchors_per_record >= 0, "anchors-per-record", str(o.train.anchors_per_record), ">= 0 (0 = per batch only)");
+  // Bounded before anything is sized by them: 2^20 anchors x 16 block rows is far beyond any GPU's memory,
+  // and a value like 2000000000 would otherwise end in an allocation failure instead of this message.
+  constexpr int64_t kMostAnchors = int64_t{1} << 20;
+  check_range(o.train.max_anchors >= 1 && o.train.max_anchors <= kMostAnchors, "max-anchors", str(o.train.max_anchors),
+              "in [1, 1048576]");
+  check_range(o.train.anchors_per_record >= 0 && o.train.anchors_per_record <= kMostAnchors, "anchors-per-record",
+              str(o.train.anchors_per_record), "in [0, 1048576] (0 = per batch only)");
   const bool cap_defaulted = vm["max-anchors"].defaulted();
   if (o.train.anchors_per_record > 0 && cap_defaulted)
     o.train.max_anchors = default_max_anchors(o.train.anchors_per_record, o.token_budget);

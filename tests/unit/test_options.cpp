@@ -195,6 +195,12 @@ TEST(OptionsDeath, StrayPositionalArgument) {
               "unexpected argument 'm'");
   EXPECT_EXIT(parse(with_required({"--dpace", "yes"})), testing::ExitedWithCode(2), "unexpected argument 'yes'");
 }
+TEST(OptionsDeath, AnchorCountsAreBoundedBeforeAnythingIsSized) {
+  EXPECT_EXIT(parse(with_required({"--max-anchors", "2000000000"})), testing::ExitedWithCode(2),
+              "--max-anchors must be in \\[1, 1048576\\]");
+  EXPECT_EXIT(parse(with_required({"--anchors-per-record", "2000000000"})), testing::ExitedWithCode(2),
+              "--anchors-per-record must be in");
+}
 TEST(OptionsDeath, BadNumber) {
   EXPECT_EXIT(parse(with_required({"--lr", "fast"})), testing::ExitedWithCode(2), "lr");
 }
