@@ -198,6 +198,14 @@ class Tokenize(unittest.TestCase):
         _, se = self.tokenize("chatml", p, self.d("short.h5"), "--max-length", 12, expect=3)
         self.assertIn("no records left (2 lines read, 2 dropped: no assistant token within --max-length 12: 2)", se)
 
+    def test_lone_surrogate_is_a_bad_line_not_a_traceback(self):
+        lone = '{"messages": [{"role": "user", "content": "hi \\ud800"}, {"role": "assistant", "content": "ok"}]}'
+        p = write_jsonl(self.d("surrogate.jsonl"), [OPENAI, lone])
+        _, se = self.tokenize("chatml", p, self.d("sur.h5"), expect=3)
+        self.assertIn("surrogate.jsonl:2: a string holds a lone UTF-16 surrogate", se)
+        self.assertNotIn("Traceback", se)
+        self.tokenize("chatml", p, self.d("sur.h5"), "--on-bad-line", "skip")
+
     def test_bad_lines_fail_or_skip_with_line_numbers(self):
         p = write_jsonl(self.d("bad.jsonl"), [
             OPENAI, "not json", {"messages": [{"role": "alien", "content": "x"}]},

@@ -145,6 +145,42 @@ class ReportTest(unittest.TestCase):
     def path(self, name):
         return os.path.join(self.dir, name)
 
+    def test_damaged_files_give_a_message_not_a_traceback(self):
+        def datasets(f):
+            out = []
+            f.visititems(lambda n, o: out.append(n) if isinstance(o, h5py.Dataset) else None)
+            return out
+
+        def damage(name, how):
+            p = write_run(self.path(name + ".h5"))
+            if how == "truncate-file":
+                size = os.path.getsize(p)
+                with open(p, "r+b") as fh:
+                    fh.truncate(size // 2)
+                return p
+            with h5py.File(p, "r+") as f:
+                for n in datasets(f):
+                    if how == "drop":
+                        del f[n]
+                    elif how == "shorten" and f[n].ndim == 1 and f[n].shape[0] > 1:
+                        data = f[n][:1]
+                        del f[n]
+                        f[n] = data
+                    elif how == "strings":
+                        del f[n]
+                        f[n] = np.array([b"x"] * 3)
+                for k in list(f.attrs):
+                    if how == "attrs":
+                        f.attrs[k] = "not a number"
+            return p
+
+        for how in ("drop", "shorten", "strings", "attrs", "truncate-file"):
+            r = report(damage(how, how))
+            self.assertNotIn("Traceback", r.stderr, how)
+            self.assertIn(r.returncode, (0, 3), f"{how}: {r.stderr}")
+            if r.returncode == 3:
+                self.assertIn("dflash-report: error:", r.stderr, how)
+
     def test_json_has_schema_version(self):
         p = write_run(self.path("a.h5"))
         r = report(p, "--json")

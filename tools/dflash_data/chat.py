@@ -26,6 +26,12 @@ def parse_record(line):
         rec = json.loads(line)
     except ValueError as e:
         raise BadRecord(f"not valid JSON ({e.msg})")
+    if "\\u" in line:  # a \uD800-style escape may decode to a lone surrogate, which no tokenizer can encode
+        try:
+            json.dumps(rec, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError:
+            raise BadRecord("a string holds a lone UTF-16 surrogate (a \\uD800-\\uDFFF escape without its pair): "
+                            "not text")
     if not isinstance(rec, dict):
         raise BadRecord("a record must be a JSON object with \"messages\" or \"conversations\"")
     if "messages" in rec and "conversations" in rec:
