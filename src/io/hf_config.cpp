@@ -143,6 +143,16 @@ Qwen3Config parse_qwen3_config(const json& root, const std::string& source) {
   check_rope_type(f, "rope_scaling");
   if (f.has("rope_theta")) {
     c.rope_theta = static_cast<float>(f.positive_number("rope_theta", j["rope_theta"]));
+    // Both spellings (this project's exports write both for older loaders): they must agree, or which one a
+    // serving engine reads decides the positions it uses.
+    if (f.has("rope_parameters") && j["rope_parameters"].is_object() && j["rope_parameters"].contains("rope_theta")) {
+      Fields rp{j["rope_parameters"], source, f.prefix + "rope_parameters."};
+      const double other = rp.positive_number("rope_theta", rp.j["rope_theta"]);
+      DF_CHECK_HINT(std::abs(other - j["rope_theta"].get<double>()) <= 1e-6 * other, BadInput,
+                    "'" << f.prefix << "rope_theta' " << j["rope_theta"].get<double>() << " and '" << rp.prefix
+                        << "rope_theta' " << other << " in " << source << " disagree",
+                    "the two fields name one RoPE base: make them equal (the model card says which is right)");
+    }
   } else if (f.has("rope_parameters") && j["rope_parameters"].contains("rope_theta")) {
     Fields rp{j["rope_parameters"], source, f.prefix + "rope_parameters."};
     c.rope_theta = static_cast<float>(rp.positive_number("rope_theta", rp.j["rope_theta"]));

@@ -76,6 +76,11 @@ TEST(HfConfig, RopeThetaUnderBothSpellings) {
   b["rope_theta"] = 1234567.0;
   b["rope_scaling"] = nullptr;
   EXPECT_FLOAT_EQ(parse_qwen3_config(b, "b.json").rope_theta, 1234567.0f);
+  json both = tiny_qwen3();  // both spellings: equal is fine, different is refused (which would a loader read?)
+  both["rope_theta"] = 500000.0;
+  EXPECT_FLOAT_EQ(parse_qwen3_config(both, "both.json").rope_theta, 500000.0f);
+  both["rope_theta"] = 10000000.0;
+  EXPECT_EXIT(parse_qwen3_config(both, "both.json"), testing::ExitedWithCode(kBadInput), "disagree");
   json c = tiny_qwen3();
   c.erase("rope_parameters");
   EXPECT_EXIT(parse_qwen3_config(c, "c.json"), testing::ExitedWithCode(kBadInput), "missing field 'rope_theta' in c.json");
