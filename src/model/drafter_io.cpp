@@ -1,5 +1,6 @@
 // Drafter release-format I/O and fresh initialisation (see include/dflash/drafter_model.h).
 #include <algorithm>
+#include <cstdlib>
 #include <filesystem>
 
 #include "dflash/anchors.h"
@@ -62,6 +63,18 @@ DrafterConfig fresh_drafter_config(const Qwen3Config& target, int num_layers, co
 
 void load_drafter_weights(const std::string& dir, const DrafterConfig& c, float* flat) {
   Checkpoint ck(dir);
+  // Tensors of a layer the config does not have: a drafter of another depth under this config.json, whose
+  // extra layers would be dropped without a word (other names, e.g. a trainer's extras, stay allowed).
+  const int64_t layers = c.layers.num_hidden_layers;
+  for (const std::string& name : ck.names()) {
+    const size_t at = name.find("layers.");
+    if (at == std::string::npos || (at > 0 && name[at - 1] != '.')) continue;
+    const long idx = std::strtol(name.c_str() + at + 7, nullptr, 10);
+    DF_CHECK_HINT(idx < layers, BadInput,
+                  "--drafter " << dir << ": tensor " << name << " belongs to layer " << idx << ", but its config.json "
+                               << "has " << layers << " layer(s)",
+                  "the weights and config.json come from different drafters: export them together");
+  }
   for (const ParamSpec& p : drafter_param_layout(c)) ck.load_f32(p.name, p.shape, flat + p.offset);
 }
 

@@ -212,6 +212,29 @@ TEST(DrafterRelease, RejectsDrafterThatDoesNotFitTheTarget) {
 }
 
 // The golden drafter with one tensor left out: exit 3 naming that tensor (not any failure to load).
+TEST(DrafterRelease, ExtraLayerTensorsAreBadInput) {
+  // A deeper drafter's weights under this config.json: its extra layer would be dropped silently.
+  const std::string dir = temp_dir("extra");
+  std::ofstream(dir + "/config.json") << std::ifstream(golden().drafter_dir + "/config.json").rdbuf();
+  std::ifstream cfg(golden().drafter_dir + "/config.json");
+  const int layers = nlohmann::json::parse(cfg).at("num_hidden_layers").get<int>();
+  const std::string extra = "layers." + std::to_string(layers) + ".mlp.down_proj.weight";
+  {
+    dflash::SafetensorsFile src(golden().drafter_dir + "/model.safetensors");
+    std::vector<dflash::TensorToWrite> all;
+    for (const std::string& n : src.names()) {
+      const dflash::TensorInfo& t = src.get(n);
+      all.push_back({n, t.dtype, t.shape, nullptr, t.data});
+    }
+    const dflash::TensorInfo& copy = src.get("layers.0.mlp.down_proj.weight");
+    all.push_back({extra, copy.dtype, copy.shape, nullptr, copy.data});
+    dflash::write_safetensors(dir + "/model.safetensors", all);
+  }
+  EXPECT_EXIT(DrafterTrainer(golden().target_dir, dir, 0, golden().opt, dflash::cpu_ctx(), 128),
+              testing::ExitedWithCode(3), "belongs to layer " + std::to_string(layers));
+  fs::remove_all(dir);
+}
+
 TEST(DrafterRelease, MissingTensorIsBadInput) {
   const std::string dir = temp_dir("missing");
   std::ofstream(dir + "/config.json") << std::ifstream(golden().drafter_dir + "/config.json").rdbuf();
