@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 #include <cstdio>
 #include <cstdlib>
 #include <limits>
@@ -46,7 +47,22 @@ struct Fields {
     DF_CHECK_HINT(ok, BadInput, "field " << where(key) << " must be an integer, got " << v.dump(), kConfigHint);
     return v.get<int64_t>();
   }
-  int positive_int(const std::string& key) const { return checked_int(key, integer(key), 1); }
+  int positive_int(const std::string& key) const {
+    const int v = checked_int(key, integer(key), 1);
+    // Plausibility bounds, far above any real model, checked before anything is sized by these fields
+    // (num_hidden_layers 1e9 made every rank allocate per-layer state until it ran out of memory).
+    static const std::map<std::string, int64_t> kMost = {
+        {"vocab_size", int64_t{1} << 24},        {"hidden_size", int64_t{1} << 17},
+        {"intermediate_size", int64_t{1} << 20}, {"num_hidden_layers", 4096},
+        {"num_attention_heads", 4096},           {"num_key_value_heads", 4096},
+        {"head_dim", 4096},                      {"block_size", 4096},
+        {"num_target_layers", 4096}};
+    const auto most = kMost.find(key);
+    DF_CHECK_HINT(most == kMost.end() || v <= most->second, BadInput,
+                  "field " << where(key) << " = " << v << " is not plausible (at most " << most->second << ")",
+                  "check the checkpoint's config.json: no model this tool runs comes near that");
+    return v;
+  }
   int checked_int(const std::string& key, int64_t v, int64_t min) const {
     DF_CHECK_HINT(v >= min && v <= std::numeric_limits<int>::max(), BadInput,
                   "field " << where(key) << " = " << v << " is out of range (must be >= " << min << ")", kConfigHint);

@@ -1,6 +1,9 @@
 // See json_file.h.
 #include "io/json_file.h"
 
+#include <sys/stat.h>
+
+#include <cstdint>
 #include <fstream>
 #include <sstream>
 
@@ -10,6 +13,14 @@ namespace dflash {
 
 JsonFile try_read_json_file(const std::string& path, JsonExpect expect) {
   JsonFile f;
+  // A regular file of bounded size only: a config.json linked to /dev/zero grew without bound, a FIFO
+  // blocked forever. 64 MiB is far above any config or index file (the largest index is a few MiB).
+  struct stat st;
+  if (::stat(path.c_str(), &st) == 0 && (!S_ISREG(st.st_mode) || st.st_size > (int64_t{64} << 20))) {
+    f.status = JsonFileStatus::Unreadable;
+    f.error = path + (S_ISREG(st.st_mode) ? " is larger than 64 MiB: not a config file" : " is not a regular file");
+    return f;
+  }
   std::ifstream in(path, std::ios::binary);
   if (!in.is_open()) {
     f.status = JsonFileStatus::Missing;

@@ -68,6 +68,19 @@ TEST(HfConfig, GoldenTargetMatchesCase) {
   EXPECT_EQ(q.sliding_window, 0);
 }
 
+TEST(HfConfig, ImplausibleSizesAreRefusedBeforeAnythingIsSized) {
+  json a = tiny_qwen3();
+  a["num_hidden_layers"] = 1000000000;
+  EXPECT_EXIT(parse_qwen3_config(a, "a.json"), testing::ExitedWithCode(kBadInput), "is not plausible \\(at most 4096\\)");
+  json b = tiny_qwen3();
+  b["vocab_size"] = 1 << 30;
+  EXPECT_EXIT(parse_qwen3_config(b, "b.json"), testing::ExitedWithCode(kBadInput), "'vocab_size' in b.json = ");
+}
+
+TEST(HfConfig, ConfigThatIsNotARegularFileIsRefusedWithoutReading) {
+  EXPECT_EXIT(load_qwen3_config("/dev/zero"), testing::ExitedWithCode(kBadInput), "/dev/zero is not a regular file");
+}
+
 TEST(HfConfig, RopeThetaUnderBothSpellings) {
   json a = tiny_qwen3();
   EXPECT_FLOAT_EQ(parse_qwen3_config(a, "a.json").rope_theta, 500000.0f);
