@@ -1,7 +1,8 @@
 // Files the tools write at fixed names inside a directory that other users may be able to write to (a shared
 // --out, a dataset's output directory). A link planted at such a name must never redirect a write outside
 // it: a job run as root would overwrite whatever the link names. One place knows how to open, create and
-// name such files; every writer of a fixed name goes through it (docs/operations.md, "What is checked").
+// name such files; the lock file, the metrics reserve and every temp file of an atomic write go through it
+// (docs/checkpoint.md says what is checked; metrics.h5 itself is created O_EXCL by HDF5).
 #pragma once
 
 #include <sys/types.h>

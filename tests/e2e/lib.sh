@@ -60,6 +60,14 @@ expect_log() {  # expect_log NAME "fixed string"
   grep -qF -- "$2" "$WORK/$1.log" || { tail -30 "$WORK/$1.log" >&2; fail "$1: log lacks '$2'"; }
 }
 
+wait_for_log() {  # wait_for_log NAME "fixed string": a background job's log shows it within 30 s, or fail
+  for _ in $(seq 1 300); do
+    grep -qF -- "$2" "$WORK/$1.log" 2>/dev/null && return 0
+    sleep 0.1
+  done
+  fail "$1: its log did not show '$2' within 30 s (log: $(tail -5 "$WORK/$1.log" 2>/dev/null))"
+}
+
 # h5py check: h5check FILE 'python expression over f (h5py.File) and np' -> must print True
 h5check() {
   local file=$1 expr=$2

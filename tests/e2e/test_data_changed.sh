@@ -10,11 +10,7 @@ cp "$tiny/data.h5" "$WORK/data.h5"
   echo "$RC" >"$WORK/trunc.rc"
 ) &
 job=$!
-for _ in $(seq 1 300); do
-  grep -q "step=5 " "$WORK/trunc.log" 2>/dev/null && break
-  sleep 0.1
-done
-grep -q "step=5 " "$WORK/trunc.log" || fail "the job did not train (log: $(tail -5 "$WORK/trunc.log"))"
+wait_for_log trunc "step=5 "
 truncate -s 40000 "$WORK/data.h5"
 wait "$job"
 RC=$(cat "$WORK/trunc.rc")

@@ -11,11 +11,7 @@ OUT="$WORK/run"
   echo "$RC" >"$WORK/first.rc"
 ) &
 first=$!
-for _ in $(seq 1 300); do
-  grep -q "hidden states:" "$WORK/first.log" 2>/dev/null && break
-  sleep 0.1
-done
-grep -q "hidden states:" "$WORK/first.log" || fail "the first job did not start (log: $(tail -5 "$WORK/first.log"))"
+wait_for_log first "hidden states:"
 holder=$(cat "$OUT/.dflash.lock")
 case "$holder" in "pid "*" on host "*) ;; *) fail "the lock file names no holder: '$holder'" ;; esac
 
@@ -35,10 +31,7 @@ expect_log shared_ckpt "--checkpoint-dir $WORK/ckpt is in use by another job"
   echo "$RC" >"$WORK/first2.rc"
 ) &
 first2=$!
-for _ in $(seq 1 300); do
-  grep -q "hidden states:" "$WORK/first2.log" 2>/dev/null && break
-  sleep 0.1
-done
+wait_for_log first2 "hidden states:"
 run_job into_ckpt 2 60 --topology 1-1 --out "$WORK/other2" --max-steps 3 --checkpoint-dir "$WORK/run2/checkpoints"
 expect_rc 2 into_ckpt
 expect_log into_ckpt "--checkpoint-dir $WORK/run2/checkpoints is in use by another job"

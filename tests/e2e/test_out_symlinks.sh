@@ -26,6 +26,7 @@ mkdir -p "$WORK/drafter_link"
 ln -s "$WORK" "$WORK/drafter_link/drafter"
 run_job drafter_link 2 60 --topology 1-1 --max-steps 2
 expect_rc 2 drafter_link
+expect_log drafter_link "drafter is a symbolic link: refused"
 [ ! -e "$WORK/model.safetensors" ] || fail "the export went through the link"
 
 mkdir -p "$WORK/reserve/drafter" "$WORK/reserve/.drafter-best.tmp"
