@@ -54,6 +54,17 @@ std::string hex64(uint64_t v) {
   return buf;
 }
 
+// The manifest's own hash: over its canonical text without the "manifest_hash" field (nlohmann::json keeps
+// keys sorted and prints numbers in their shortest round-trip form, so a parsed manifest prints the text it
+// was hashed as). It covers the step, the data positions and the schedule, which no tensor hash does: an
+// edited manifest would resume with gaps or skipped data.
+constexpr const char* kManifestHash = "manifest_hash";
+std::string manifest_hash_of(nlohmann::json m) {
+  m.erase(kManifestHash);
+  const std::string text = m.dump();
+  return hex64(content_hash64(text.data(), text.size()));
+}
+
 void note(const std::string& text) {
   const std::string line = "[dflash checkpoint] " + text + "\n";
   ssize_t ignored = ::write(STDERR_FILENO, line.data(), line.size());
@@ -157,6 +168,15 @@ bool read_manifest(const std::string& step_dir, nlohmann::json* out, std::string
   }
   if (!j.value("complete", false)) {
     *why = path + " does not say complete";
+    return false;
+  }
+  if (!j.contains(kManifestHash) || !j[kManifestHash].is_string()) {
+    *why = path + " has no '" + std::string(kManifestHash) + "' (edited, or written by a build before manifests were hashed)";
+    return false;
+  }
+  if (j[kManifestHash].get<std::string>() != manifest_hash_of(j)) {
+    *why = path + " does not match its recorded hash (edited or damaged: its step, data positions or schedule "
+           "cannot be trusted)";
     return false;
   }
   if (!j.contains("files") || !j["files"].is_object() || !j.contains("step") || !j["step"].is_number_integer()) {
@@ -382,6 +402,7 @@ std::string save_checkpoint(const std::string& checkpoint_dir, const CheckpointS
     m["content_hashes"] = hashes;
     m["files"] = list_files(step_dir);
     m["complete"] = true;
+    m[kManifestHash] = manifest_hash_of(m);
     write_file_atomic((fs::path(step_dir) / kManifest).string(), m.dump(2) + "\n");
   }
 

@@ -284,6 +284,33 @@ TEST(Checkpoint, DamagedCheckpointsAreRefusedNotSkipped) {
   EXPECT_EQ(resolve_resume("auto", older), checkpoint_step_dir(older, 100));
 }
 
+// The step, the data positions and the schedule are covered by the manifest's own hash: an edited manifest
+// (valid JSON, every file of its size) would resume with gaps or skipped data.
+TEST(Checkpoint, EditedManifestIsRefused) {
+  const std::string dir = fresh_dir("edited");
+  FakeState a(64, 4, 100);
+  const std::string s100 = save(dir, a);
+  EXPECT_EQ(read_checkpoint_state(s100).step, 100);  // the untouched one reads back
+  const std::string path = s100 + "/manifest.json";
+  std::string text;
+  {
+    std::ifstream in(path);
+    text.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  for (const auto& [from, to] : std::vector<std::pair<std::string, std::string>>{
+           {"\"step\": 100", "\"step\": 90"}, {"\"tokens\": 100000", "\"tokens\": 5"}}) {
+    const size_t at = text.find(from);
+    ASSERT_NE(at, std::string::npos) << from << " not in " << path;
+    std::string edited = text;
+    edited.replace(at, from.size(), to);
+    std::ofstream(path, std::ios::trunc) << edited;
+    EXPECT_EXIT(read_checkpoint_state(s100), ExitedWithCode(3), "does not match its recorded hash") << to;
+    EXPECT_EXIT(resolve_resume("auto", dir), ExitedWithCode(3), "damaged checkpoint .*recorded hash") << to;
+  }
+  std::ofstream(path, std::ios::trunc) << text;  // restored: reads again
+  EXPECT_EQ(read_checkpoint_state(s100).step, 100);
+}
+
 // A run deletes only checkpoints of its own lineage (run_id: made at a fresh start, inherited on resume).
 TEST(Checkpoint, PruningNeverDeletesAnotherRunsOrDamagedCheckpoints) {
   const std::string dir = fresh_dir("lineage");
