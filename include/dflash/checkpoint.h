@@ -66,8 +66,25 @@ bool option_may_change_on_resume(const std::string& name);
 OptionMap resume_invariants(const std::vector<std::pair<std::string, std::string>>& resolved);
 // 16 hex digits over the canonical (sorted) text of the map.
 std::string options_hash(const OptionMap& invariants);
-// Fatal BadOptions listing every option that differs ("--loss: saved ce, now kl"), added or dropped.
+// Fatal BadOptions listing every option that differs ("--loss: saved ce, now kl"), added or dropped; when only
+// content identities differ (below), fatal BadInput naming the input and what changed. An identity that one
+// side lacks (a checkpoint of a build before them) is not compared.
 void check_resume_compatible(const OptionMap& saved, const OptionMap& now, const std::string& checkpoint);
+
+// ---- what the inputs were (src/checkpoint/input_identity.cpp) -------------------------------------
+
+// The resume invariants also hold content identities of the inputs, under these keys: a dataset or target
+// regenerated at the same path must not resume silently. Cheap fingerprints (sizes, headers, offsets,
+// sampled content), "k=v k=v ..." text.
+constexpr const char* kIdentityKeyPrefix = "content:";
+constexpr const char* kDataIdentityKey = "content:data";
+constexpr const char* kTargetIdentityKey = "content:target";
+// bytes, records, tokens, vocab_size, a hash of every record offset, a hash of 64 records spread over the file.
+std::string dataset_identity(const TokenDataset& data);
+// Per shard: size, safetensors header, first and last MiB of tensor data.
+std::string target_weights_identity(const std::string& target_dir);
+// "bytes 1000 -> 2000, sampled_records differ" (the fields that differ).
+std::string describe_identity_change(const std::string& saved, const std::string& now);
 
 // ---- where each target's data resumes ------------------------------------------------------------
 
@@ -185,8 +202,12 @@ int peer_stop_signal();
 std::string resolve_resume_collective(const Options& o, MPI_Comm world);
 // OUT/checkpoints unless --checkpoint-dir is given.
 std::string checkpoint_dir_of(const Options& o);
-// The options a resume must keep, plus the world size (the topology spec is per node).
-OptionMap resume_invariants_of(const Options& o, int world_size);
+// The options a resume must keep, plus the world size (the topology spec is per node) and the inputs'
+// content identities (input_identities_of).
+OptionMap resume_invariants_of(const Options& o, int world_size, const OptionMap& identities);
+// The inputs' content identities (kDataIdentityKey, kTargetIdentityKey) of --data, opened as `data`, and
+// --target.
+OptionMap input_identities_of(const Options& o, const TokenDataset& data);
 
 // Where target `target_index` starts: the checkpoint's resume point, or the start of the data.
 DataResumePoint target_resume_point(const std::string& resume_dir, int target_index, int num_targets,
@@ -195,7 +216,8 @@ DataResumePoint target_resume_point(const std::string& resume_dir, int target_in
 // The drafters' part, called by every drafter rank of the job (collective over drafter_comm).
 class DrafterCheckpointer {
  public:
-  DrafterCheckpointer(const Options& o, MPI_Comm drafter_comm, int world_size, int num_targets,
+  // invariants: resume_invariants_of(), recorded in every checkpoint and checked on restore.
+  DrafterCheckpointer(const Options& o, MPI_Comm drafter_comm, OptionMap invariants, int num_targets,
                       std::string resume_dir);
   // Resuming: checks the options, loads master weights, AdamW state, step and this drafter's RNG into
   // trainer. Returns the step to continue from (0 when starting fresh).

@@ -83,6 +83,7 @@ class TokenDataset {
   int64_t num_tokens() const { return offsets_.back(); }
   int64_t record_length(size_t r) const { return offsets_[r + 1] - offsets_[r]; }
   int vocab_size() const { return vocab_size_; }            // the file's attribute
+  int64_t file_bytes() const { return stamp_.size; }        // the file's size when it was opened
   // Tokens with loss_mask 1, and anchor positions: p with loss_mask[p] and loss_mask[p + 1] inside one
   // record (anchors.h). A dataset without an anchor position trains nothing.
   int64_t loss_tokens() const { return loss_tokens_; }

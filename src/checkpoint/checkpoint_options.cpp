@@ -130,23 +130,45 @@ bool option_absent_means(const std::string& name, const std::string& value) {
   return it != before_it_existed.end() && it->second == value;
 }
 
+namespace {
+bool is_identity_key(const std::string& k) { return k.rfind(kIdentityKeyPrefix, 0) == 0; }
+// "content:data" -> "the dataset (--data)".
+std::string identity_subject(const std::string& k) {
+  if (k == kDataIdentityKey) return "the dataset (--data)";
+  if (k == kTargetIdentityKey) return "the target's weights (--target)";
+  return k;
+}
+}  // namespace
+
 void check_resume_compatible(const OptionMap& saved, const OptionMap& now, const std::string& checkpoint) {
-  std::vector<std::string> changes;
+  std::vector<std::string> changes, content;
   for (const auto& [k, v] : saved) {
     auto it = now.find(k);
-    if (it == now.end())
+    if (is_identity_key(k)) {
+      // One side without it: a checkpoint of a build before identities, or a caller that has no inputs.
+      if (it != now.end() && it->second != v)
+        content.push_back(identity_subject(k) + " at the same path is not what the checkpoint was trained on: " +
+                          describe_identity_change(v, it->second));
+    } else if (it == now.end()) {
       changes.push_back("--" + k + ": saved '" + v + "', now not set");
-    else if (it->second != v)
+    } else if (it->second != v) {
       changes.push_back("--" + k + ": saved '" + v + "', now '" + it->second + "'");
+    }
   }
   for (const auto& [k, v] : now)
-    if (!saved.count(k) && !option_absent_means(k, v)) changes.push_back("--" + k + ": not in the checkpoint, now '" + v + "'");
-  if (changes.empty()) return;
+    if (!saved.count(k) && !is_identity_key(k) && !option_absent_means(k, v))
+      changes.push_back("--" + k + ": not in the checkpoint, now '" + v + "'");
+  if (changes.empty() && content.empty()) return;
   std::string list;
   for (const std::string& c : changes) list += "\n    " + c;
+  for (const std::string& c : content) list += "\n    " + c;
+  if (changes.empty())
+    DF_FAIL(BadInput, "cannot resume from " << checkpoint << ": its inputs changed:" << list,
+            "resume on the dataset and target weights the checkpoint was trained on (put them back at their "
+            "paths), or start a new run (another --out or --checkpoint-dir, or no --resume)");
   DF_FAIL(BadOptions,
           "cannot resume from " << checkpoint << ": " << changes.size()
-                                << " option(s) that must not change across a resume differ:" << list,
+                                << " option(s) that must not change across a resume differ" << (content.empty() ? "" : ", and its inputs changed") << ":" << list,
           "resume with the options the checkpoint was made with, or start a new run (another --out or "
           "--checkpoint-dir, or no --resume)");
 }

@@ -67,10 +67,15 @@ std::string checkpoint_dir_of(const Options& o) {
   return o.checkpoint_dir.empty() ? o.out_dir + "/checkpoints" : o.checkpoint_dir;
 }
 
-OptionMap resume_invariants_of(const Options& o, int world_size) {
+OptionMap resume_invariants_of(const Options& o, int world_size, const OptionMap& identities) {
   OptionMap m = resume_invariants(o.resolved);
   m["world-size"] = std::to_string(world_size);
+  for (const auto& [k, v] : identities) m[k] = v;
   return m;
+}
+
+OptionMap input_identities_of(const Options& o, const TokenDataset& data) {
+  return {{kDataIdentityKey, dataset_identity(data)}, {kTargetIdentityKey, target_weights_identity(o.target_dir)}};
 }
 
 std::string resolve_resume_collective(const Options& o, MPI_Comm world) {
@@ -99,10 +104,10 @@ DataResumePoint target_resume_point(const std::string& resume_dir, int target_in
   return st.data[target_index];
 }
 
-DrafterCheckpointer::DrafterCheckpointer(const Options& o, MPI_Comm drafter_comm, int world_size, int num_targets,
-                                         std::string resume_dir)
+DrafterCheckpointer::DrafterCheckpointer(const Options& o, MPI_Comm drafter_comm, OptionMap invariants,
+                                         int num_targets, std::string resume_dir)
     : o_(o), comm_(drafter_comm), dir_(checkpoint_dir_of(o)), resume_dir_(std::move(resume_dir)),
-      invariants_(resume_invariants_of(o, world_size)), timer_(parse_checkpoint_every(o.checkpoint_every)) {
+      invariants_(std::move(invariants)), timer_(parse_checkpoint_every(o.checkpoint_every)) {
   DF_MPI(MPI_Comm_rank(comm_, &rank_));
   DF_MPI(MPI_Comm_size(comm_, &size_));
   DF_CHECK_HINT(o.keep_checkpoints >= 1, BadOptions, "bad value " << o.keep_checkpoints << " for --keep-checkpoints",

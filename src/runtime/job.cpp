@@ -145,6 +145,32 @@ void choose_data_plane(JobContext& job) {
   std::fflush(stdout);
 }
 
+// The inputs' content identities, computed where the data is open (the first target: it read the
+// dataset's offsets already) and broadcast to every rank, which record them in checkpoints and compare them
+// on resume. Text of "k=v" words, one map entry per line.
+OptionMap share_input_identities(const JobContext& job) {
+  const Topology& topo = job.topo;
+  const int root = topo.targets.front();
+  std::string text;
+  if (topo.world_rank == root)
+    for (const auto& [k, v] : input_identities_of(job.opt, *job.dataset)) text += k + "\t" + v + "\n";
+  int64_t len = static_cast<int64_t>(text.size());
+  const double timeout_s = 10 * job.opt.peer_timeout_s;
+  auto why = [] { return std::string("the first target did not share the inputs' content identities (lost?)"); };
+  MPI_Request r = mpi::ibcast(&len, 1, root, MPI_COMM_WORLD);
+  mpi::wait(r, timeout_s, why);
+  text.resize(static_cast<size_t>(len));
+  r = mpi::ibcast(text.data(), text.size(), root, MPI_COMM_WORLD);
+  mpi::wait(r, timeout_s, why);
+  OptionMap out;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) {
+    const size_t tab = line.find('\t');
+    if (tab != std::string::npos) out[line.substr(0, tab)] = line.substr(tab + 1);
+  }
+  return out;
+}
+
 }  // namespace
 
 // The learning-rate schedule (include/dflash/schedule.h): cosine to the run's end, known before it starts
@@ -262,10 +288,11 @@ int run_job(const Options& given) {
   }
   // --resume: one answer for the whole job; a checkpoint of another model/topology/objective is refused
   // here, before any model loads (docs/checkpoint.md).
+  job.resume_invariants = resume_invariants_of(o, topo.world_size, share_input_identities(job));
   job.resume_dir = resolve_resume_collective(o, MPI_COMM_WORLD);
   if (!job.resume_dir.empty()) {
     const CheckpointState saved = read_checkpoint_state(job.resume_dir);
-    if (topo.world_rank == 0) check_resume_compatible(saved.options, resume_invariants_of(o, topo.world_size), job.resume_dir);
+    if (topo.world_rank == 0) check_resume_compatible(saved.options, job.resume_invariants, job.resume_dir);
     job.resume_step = saved.step;
   }
 

@@ -6,6 +6,7 @@
 #include <utility>
 #include <vector>
 
+#include "dflash/checkpoint.h"  // OptionMap
 #include "dflash/data.h"
 #include "dflash/data_plane.h"
 #include "dflash/eval_prompts.h"
@@ -47,6 +48,8 @@ struct JobContext {
   DataPlaneKind data_plane = DataPlaneKind::Host;  // agreed by every rank (setup_data_plane)
   std::shared_ptr<NcclPairs> nccl_pairs;           // the nccl plane's pair communicators
   GradReduceKind grad_reduce = GradReduceKind::HostMpi;  // drafters only
+  OptionMap resume_invariants;     // what a checkpoint records and a resume must match: options, world size,
+                                   // the inputs' content identities (checkpoint.h), same on every rank
   std::string resume_dir;          // checkpoint this run resumes from ("" = fresh start), same on every rank
   int64_t resume_step = 0;         // its step
   bool stop_for_requeue = false;   // a drafter checkpointed after SIGUSR1/SIGTERM: exit with ExitCode::Requeue

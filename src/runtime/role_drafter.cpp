@@ -47,7 +47,7 @@ class DrafterLoop {
     check_same_init(trainer);
     // --eval-tau-every: this rank's own target for the verification (loaded before the load barrier)
     if (job_.tau_prompts) tau_ = std::make_unique<DrafterTau>(job_, trainer);
-    DrafterCheckpointer ckpt(o_, topo_.drafter_comm, topo_.world_size, static_cast<int>(topo_.targets.size()), job_.resume_dir);
+    DrafterCheckpointer ckpt(o_, topo_.drafter_comm, job_.resume_invariants, static_cast<int>(topo_.targets.size()), job_.resume_dir);
     int64_t step = ckpt.restore(trainer);  // 0 unless resuming
     DataPlaneSpec ps = data_plane_spec(job_);
     ps.num_slots = o_.hs_queue_depth;
