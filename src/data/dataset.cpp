@@ -104,6 +104,24 @@ Handle open_1d(hid_t file, const char* name, H5T_class_t cls, const std::string&
 
 constexpr hsize_t kScanChunk = 1 << 20;  // tokens read at once while validating
 
+// An array must be stored in the file: a chunked dataset whose chunks were never written reads as fill
+// values, so a 16 KB file can declare 2^34 tokens and keep the validation scan busy for hours (or its
+// offsets fill memory). Unfiltered, the stored bytes are the declared bytes; compressed (someone's own
+// writer: ours write contiguous arrays), at most 256 times fewer. Checked before anything is read.
+void check_stored(hid_t ds, const char* name, const std::string& path) {
+  Handle type(H5Dget_type(ds), Handle::Kind::Datatype);
+  const hsize_t n = h5::dims(ds)[0];
+  const double declared = static_cast<double>(n) * static_cast<double>(H5Tget_size(type));
+  const double stored = static_cast<double>(H5Dget_storage_size(ds));
+  Handle dcpl(H5Dget_create_plist(ds), Handle::Kind::PropList);
+  const bool filtered = dcpl.valid() && H5Pget_nfilters(dcpl) > 0;
+  DF_CHECK_HINT(filtered ? stored * 256 >= declared : stored >= declared, BadInput,
+                "dataset " << path << ": /" << name << " declares " << n << " entries (" << declared
+                           << " bytes) but the file stores " << stored << " bytes of it (unwritten chunks read as "
+                           << "fill values): refused before reading",
+                "write the arrays in full (dflash-prep, dflash-tokenize)");
+}
+
 // Identity, size and modification time of the file at `path` (false when it cannot be stat'ed).
 bool stat_file(const std::string& path, uint64_t* dev, uint64_t* ino, int64_t* size, int64_t* mtime_ns) {
   struct stat st;
@@ -143,10 +161,26 @@ TokenDataset::TokenDataset(const std::string& path, int target_vocab_size) : pat
   h5::read_attr_string(file, "tokenizer", &tokenizer_);
   const int vocab = target_vocab_size > 0 ? target_vocab_size : vocab_size_;
   DF_CHECK(vocab > 0, BadInput, "dataset " << path << ": vocab_size " << vocab_size_ << " is not positive");
+  // The attribute is the vocabulary the ids were made for. A target's embedding has that many rows or a few
+  // padding rows more (Qwen3: 151669 tokenizer ids, 151936 rows); a dataset made for another vocabulary
+  // passes the id check whenever its ids happen to be smaller, and trains on the wrong tokens.
+  if (target_vocab_size > 0) {
+    const int64_t padding = static_cast<int64_t>(target_vocab_size) - vocab_size_;
+    const int64_t max_padding = std::min<int64_t>(2048, target_vocab_size / 16);
+    DF_CHECK_HINT(padding >= 0 && padding <= max_padding, BadInput,
+                  "dataset " << path << " was tokenized for a vocabulary of " << vocab_size_ << " ids (its vocab_size"
+                             << " attribute), the target has " << target_vocab_size << " embedding rows"
+                             << (padding < 0 ? "" : " (more padding rows than any tokenizer leaves)"),
+                  "tokenize the data with the target's own tokenizer (dflash-tokenize TARGET_DIR IN.jsonl OUT.h5, "
+                  "dflash-prep --target TARGET_DIR)");
+  }
 
   Handle tokens = open_1d(file, "tokens", H5T_INTEGER, path);
   Handle offsets = open_1d(file, "offsets", H5T_INTEGER, path);
   Handle mask = open_1d(file, "loss_mask", H5T_INTEGER, path);
+  check_stored(tokens, "tokens", path);
+  check_stored(offsets, "offsets", path);
+  check_stored(mask, "loss_mask", path);
   const int64_t n_tokens = static_cast<int64_t>(h5::dims(tokens)[0]);
   const int64_t n_mask = static_cast<int64_t>(h5::dims(mask)[0]);
   const size_t n_offsets = h5::dims(offsets)[0];

@@ -389,6 +389,38 @@ std::vector<std::string> Checkpoint::names() const {
   return out;
 }
 
+void Checkpoint::check_dtype_label(const std::vector<std::string>& names) {
+  const std::string config_path = join_path(dir_, "config.json");
+  std::string label;  // config.json's word for the weights' dtype ("" when it has none)
+  if (file_exists(config_path)) {
+    const nlohmann::json j = read_json_file(config_path, "check the checkpoint's config.json");
+    for (const nlohmann::json* c : {&j, j.contains("text_config") ? &j["text_config"] : nullptr})
+      for (const char* key : {"dtype", "torch_dtype"})
+        if (label.empty() && c && c->is_object() && c->contains(key) && (*c)[key].is_string())
+          label = (*c)[key].get<std::string>();
+  }
+  const DType said = label == "bfloat16" ? DType::BF16 : label == "float16" ? DType::F16 : DType::F32;
+  const std::string* first_half = nullptr;  // the first half-precision tensor seen (mixing check)
+  DType first_dtype = DType::F32;
+  for (const std::string& name : names) {
+    const DType d = get(name).dtype;
+    if (d != DType::BF16 && d != DType::F16) continue;
+    const char* dn = d == DType::BF16 ? "BF16" : "F16";
+    DF_CHECK_HINT(said == DType::F32 || d == said, BadInput,
+                  "tensor " << name << " in " << shard_of(name) << " is " << dn << ", but " << config_path
+                            << " says the weights are " << label << " (bytes relabelled? they would load as other numbers)",
+                  "re-export the checkpoint (save_pretrained) so the shards' dtypes and config.json agree");
+    if (!first_half) {
+      first_half = &name;
+      first_dtype = d;
+    }
+    DF_CHECK_HINT(d == first_dtype, BadInput,
+                  "the checkpoint " << dir_ << " mixes BF16 (" << (first_dtype == DType::BF16 ? *first_half : name)
+                                    << ") and F16 (" << (first_dtype == DType::F16 ? *first_half : name) << ") tensors",
+                  "re-export the checkpoint (save_pretrained) in one dtype");
+  }
+}
+
 std::vector<std::string> Checkpoint::shard_files() const {
   std::set<std::string> shards;
   for (const auto& kv : weight_map_) shards.insert(kv.second);

@@ -122,6 +122,11 @@ Qwen35Weights load_qwen35_weights(Checkpoint& ckpt, const Qwen35Config& cfg, con
                                             "the checkpoint does not match its config.json (Qwen3.5 hybrid layout)");
     staging_numel = std::max(staging_numel, t.numel());
   }
+  {
+    std::vector<std::string> names;
+    for (const WeightSpec& s : specs) names.push_back(s.name);
+    ckpt.check_dtype_label(names);
+  }
 
   // Shard by shard, each shard's mapping released once its last tensor is in place (a 27B checkpoint is
   // never mapped whole); every tensor goes through one host float32 staging buffer, where the load-time

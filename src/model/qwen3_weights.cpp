@@ -102,6 +102,11 @@ Qwen3Weights load_qwen3_weights(Checkpoint& ckpt, const Qwen3Config& cfg, const 
     const TensorInfo& t = ckpt.expect_float(s.name, s.shape, "the checkpoint does not match its config.json");
     max_numel = std::max(max_numel, t.numel());
   }
+  {
+    std::vector<std::string> names;
+    for (const WeightSpec& s : specs) names.push_back(s.name);
+    ckpt.check_dtype_label(names);
+  }
 
   // Load shard by shard, releasing each shard's mapping once its last tensor is in place, so a large
   // checkpoint is never mapped whole: straight into the buffer when it is host float32, else through one

@@ -140,9 +140,22 @@ TEST(DataDeathTest, MissingLossMask) {
 
 TEST(DataDeathTest, IdOutsideTargetVocab) {
   std::string dir = make_temp_dir();
-  write_raw(dir + "/b.h5", {1, 2, 3, 4, 50}, {0, 2, 3, 5}, {1, 1, 1, 1, 1}, 100);
-  // Valid for the file's own vocab (100) but not for a target with 50 ids: record 2, position 1.
+  write_raw(dir + "/b.h5", {1, 2, 3, 4, 50}, {0, 2, 3, 5}, {1, 1, 1, 1, 1}, 50);
+  // Outside the target's 50 ids: record 2, position 1.
   EXPECT_EXIT(TokenDataset(dir + "/b.h5", 50), testing::ExitedWithCode(3), "record 2 has token id 50 at position 1");
+}
+
+// The vocab_size attribute: the target's, or up to min(2048, V/16) padding rows more in the target.
+TEST(DataDeathTest, DatasetOfAnotherVocabularyIsRefused) {
+  std::string dir = make_temp_dir();
+  for (int attr : {100, 40}) {
+    const std::string p = dir + "/v" + std::to_string(attr) + ".h5";
+    write_raw(p, {1, 2, 3, 4, 5}, {0, 2, 5}, {1, 1, 1, 1, 1}, attr);
+    EXPECT_EXIT(TokenDataset(p, 50), testing::ExitedWithCode(3),
+                "tokenized for a vocabulary of " + std::to_string(attr) + " ids .*the target has 50 embedding rows");
+  }
+  write_raw(dir + "/v47.h5", {1, 2, 3, 4, 5}, {0, 2, 5}, {1, 1, 1, 1, 1}, 47);  // 3 padding rows: fine
+  EXPECT_EQ(TokenDataset(dir + "/v47.h5", 50).vocab_size(), 47);
 }
 
 TEST(DataDeathTest, NegativeId) {
