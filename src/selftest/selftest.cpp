@@ -115,12 +115,19 @@ int SelftestReport::failures() const {
 
 bool SelftestReport::all_passed() const { return failures() == 0; }
 
-// CUDA: bf16 roundings of the residual stream add up layer by layer. 2e-2 holds the six-layer golden cases;
-// the eight-layer qwen38-tiny-a measured 0.0084 after its first layer, growing ~3e-3 per layer to 0.030 at
-// the logits (H200, 2026-12-02): 1e-2 more per layer beyond six. A wrong op shows up as O(1), not as this.
-double forward_tolerance(Device device, int64_t num_layers) {
+// CUDA against the fp32 golden: each layer adds its bf16 roundings, so a fixed tolerance cannot hold with
+// depth. The rule: 1e-2 + 2u per layer the tensor has passed (u = 2^-8, bf16's unit roundoff; the final
+// norm and the logits count one step more than the last layer). Measured on the H200 (2026-12-02), relative
+// error after layer 0, 1, 2, ...: qwen3-tiny-a (attention only) 0.0087 growing ~7e-4 per layer to 0.0128 at
+// the logits; qwen35-tiny-a (3 Gated DeltaNet + 1 attention) 0.0087, 0.0121, 0.0145, 0.0181, final norm
+// 0.0186; qwen38-tiny-a (8 layers, 6 of them Gated DeltaNet) ~3e-3 per layer to 0.0268 after layer 6. The
+// growth comes from the Gated DeltaNet layers (4x an attention layer's), not from the residual stream both
+// kinds round alike. The rule leaves a margin of 1.4x over the measured error at every depth; a wrong op
+// shows up as O(1), not as this.
+double forward_tolerance(Device device, int64_t layers_passed) {
   if (device == Device::CPU) return 1e-5;
-  return 2e-2 + 1e-2 * static_cast<double>(std::max<int64_t>(0, num_layers - 6));
+  constexpr double kBf16UnitRoundoff = 1.0 / 256.0;
+  return 1e-2 + 2 * kBf16UnitRoundoff * static_cast<double>(std::max<int64_t>(1, layers_passed));
 }
 
 // ---- the program ------------------------------------------------------------------------------------
@@ -161,7 +168,7 @@ int selftest_main(int argc, char** argv) {
   const Device device = backend == "cuda" ? Device::CUDA : Device::CPU;
   const Ctx ctx = make_ctx(device, 0);
   report.note(std::string("backend: ") + backend + (device == Device::CPU ? " (float32)" : " (bf16)") +
-              ", tolerance " + (device == Device::CPU ? "1e-5" : "2e-2") + " relative");
+              ", tolerance " + (device == Device::CPU ? "1e-5" : "1e-2 + 2 x 2^-8 per layer passed") + " relative");
 
   int rc = selftest_target(case_dir, ctx, report);
   if (rc == 0 && path_exists(case_dir + "/drafter_init")) rc = selftest_drafter(case_dir, ctx, report);

@@ -49,7 +49,7 @@ class SelftestReport {
 // Relative-error tolerance for hidden states and logits on a backend: float32 CPU against the golden
 // float64 reference 1e-5; bf16 CUDA 2e-2 up to six layers, 1e-2 more per layer beyond (the error grows with
 // depth: selftest.cpp says what was measured).
-double forward_tolerance(Device device, int64_t num_layers);
+double forward_tolerance(Device device, int64_t layers_passed);  // hidden[l]: l + 1; final norm, logits: L + 1
 
 // The parts of a case. Each returns an exit code for the part (0 = it ran; PASS/FAIL live in the report).
 int selftest_target(const std::string& case_dir, const Ctx& ctx, SelftestReport& report);
