@@ -74,22 +74,43 @@ fi
 
 # ---- run mpirun in the background so the traps below run while it works ------------------------------
 # --bind-to none: a rank runs a loader thread beside its main thread; one bound core would starve them.
-# shellcheck disable=SC2086
-mpirun -np "$NP" --bind-to none ${MPIRUN_ARGS:-} \
-  -x NCCL_NVLS_ENABLE -x NCCL_DEBUG \
-  "$DFLASH_TRAIN" "${args[@]}" &
-child=$!
+# A signal in the ranks' first tenth of a second, before they have installed their handlers, would kill them
+# (exit 138, nothing saved): rank 0 creates $DFLASH_READY_FILE once every rank can take one, and until then
+# a signal is held here and forwarded then (apps/dflash-train.cpp).
+ready_dir=$(mktemp -d "${TMPDIR:-/tmp}/dflash-train.XXXXXX")
+export DFLASH_READY_FILE="$ready_dir/ready"
+child=""
 signalled=""
+held=""
 forward() {
   signalled=$1
+  if [ -z "$child" ] || [ ! -e "$DFLASH_READY_FILE" ]; then
+    held=$1
+    echo "[train.sh] SIG$1 received while the ranks start: held until they can take it" >&2
+    return
+  fi
   echo "[train.sh] SIG$1 received: asking dflash-train to checkpoint and stop (SIGUSR1 to mpirun $child)" >&2
   kill -USR1 "$child" 2>/dev/null || true
 }
+forward_held() {  # a signal held while the ranks started: forwarded once they are ready (or mpirun is gone)
+  [ -n "$held" ] || return 0
+  while [ ! -e "$DFLASH_READY_FILE" ] && kill -0 "$child" 2>/dev/null; do sleep 0.05; done
+  held=""
+  echo "[train.sh] the ranks are ready: asking dflash-train to checkpoint and stop (SIGUSR1 to mpirun $child)" >&2
+  kill -USR1 "$child" 2>/dev/null || true
+}
+# The traps before mpirun starts: a signal in between is held too.
 trap 'forward USR1' USR1
 trap 'forward TERM' TERM
+# shellcheck disable=SC2086
+mpirun -np "$NP" --bind-to none ${MPIRUN_ARGS:-} \
+  -x NCCL_NVLS_ENABLE -x NCCL_DEBUG -x DFLASH_READY_FILE \
+  "$DFLASH_TRAIN" "${args[@]}" &
+child=$!
 
 # `wait` returns early (status > 128) whenever a trapped signal arrives: wait again until mpirun is gone.
 while :; do
+  forward_held
   wait "$child"
   rc=$?
   if [ $rc -gt 128 ] && kill -0 "$child" 2>/dev/null; then continue; fi
@@ -102,6 +123,7 @@ while :; do
   break
 done
 trap - USR1 TERM
+rm -rf "$ready_dir"
 
 case $rc in
   0) status=completed ;;

@@ -85,4 +85,17 @@ expect_rc 0 launcher
 expect_log launcher "--resume auto: resuming from"
 expect_log launcher "[train.sh] status=completed rc=0"
 same_losses launcher
+
+# ---- 4. SIGTERM to the launcher at once: held until the ranks can take it, then a checkpoint -----------
+# (forwarded at once, mpirun's SIGUSR1 killed ranks still loading their libraries: exit 138, nothing saved)
+: >"$WORK/launcher.log"
+rm -rf "$WORK/launcher"
+launch --inject-delay-drafter-ms 150 &
+pid=$!
+sleep 0.05
+kill -TERM $pid
+set +e; wait $pid; RC=$?; set -e
+expect_rc 75 launcher
+expect_log launcher "[train.sh] SIGTERM received while the ranks start: held until they can take it"
+expect_log launcher "[train.sh] status=checkpointed rc=75"
 echo "PASS"
