@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <fstream>
 #include <limits>
@@ -443,6 +444,18 @@ void Checkpoint::load_f32(const std::string& name, const std::vector<int64_t>& s
                           << shape_to_string(shape),
                 "the checkpoint does not match its config.json (or the drafter does not match the target)");
   tensor_to_f32(t, dst, dir_);
+  // A NaN or Inf in a weight (a damaged download, a bad export) makes every loss NaN, which the trainer
+  // could only blame on its learning rate: named here, where it is known to be the file's.
+  const size_t n = t.numel();
+  size_t bad = 0, first = 0;
+  for (size_t i = 0; i < n; ++i)
+    if (!std::isfinite(dst[i]) && bad++ == 0) first = i;
+  DF_CHECK_HINT(bad == 0, BadInput,
+                "tensor " << name << " in " << join_path(dir_, shard_of(name)) << " holds " << bad
+                          << " non-finite value(s) (NaN/Inf; the first at flat index " << first << " of " << t.shape_str()
+                          << ")",
+                "the checkpoint is damaged or was exported wrong: re-download or re-export it; no training "
+                "setting (--lr, warm-up) can fix a non-finite weight");
 }
 
 }  // namespace dflash

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <random>
 #include <sstream>
 
@@ -218,6 +219,24 @@ TEST(Safetensors, RoundTripF32Bf16F16AndMetadata) {
   for (const auto& e : std::filesystem::directory_iterator(dir)) files.push_back(e.path().filename().string());
   std::sort(files.begin(), files.end());
   EXPECT_EQ(files, (std::vector<std::string>{"model.safetensors", "rt.safetensors"}));
+  std::filesystem::remove_all(dir);
+}
+
+// A NaN or Inf in a weight is the file's fault, named at load (exit 3), not a NaN loss blamed on --lr.
+TEST(Checkpoint, NonFiniteWeightIsBadInputNamingTheTensor) {
+  const std::string dir = make_temp_dir();
+  std::vector<float> ok(6, 0.5f), lm(12, 0.25f);
+  lm[7] = std::numeric_limits<float>::infinity();
+  lm[9] = std::numeric_limits<float>::quiet_NaN();
+  write_safetensors(dir + "/model.safetensors", {{"ok", DType::BF16, {2, 3}, ok.data(), nullptr},
+                                                 {"lm_head.weight", DType::BF16, {3, 4}, lm.data(), nullptr}});
+  Checkpoint ck(dir);
+  std::vector<float> out(12);
+  ck.load_f32("ok", {2, 3}, out.data());
+  EXPECT_EQ(out[0], 0.5f);
+  EXPECT_EXIT(ck.load_f32("lm_head.weight", {3, 4}, out.data()), testing::ExitedWithCode(3),
+              "tensor lm_head.weight in .*model.safetensors holds 2 non-finite value\\(s\\) \\(NaN/Inf; the first at "
+              "flat index 7 of \\[3, 4\\]\\)");
   std::filesystem::remove_all(dir);
 }
 
