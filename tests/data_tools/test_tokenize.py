@@ -4,9 +4,10 @@ Every test makes its own tokenizer (tests/data_tools/make_tiny_tokenizer.py: a B
 chat template); nothing is downloaded."""
 import json
 import os
+import sys
 import unittest
 
-from common import (BIN, TOKENIZE, TempDir, make_tokenizer, masked_runs, read_h5, records, run, write_jsonl)
+from common import (BIN, ENV, SRC, TOKENIZE, TempDir, make_tokenizer, masked_runs, read_h5, records, run, write_jsonl)
 
 OPENAI = {"messages": [
     {"role": "system", "content": "You are a helpful assistant."},
@@ -220,6 +221,66 @@ class Tokenize(unittest.TestCase):
         self.assertEqual(se.count("field \"note\" is not used"), 1)
         self.assertIn("2 records", so)
         self.assertIn("dropped 4 records: bad line: 3 (lines 2, 3, 5); no assistant turn: 1 (line 4)", so)
+
+    def test_runaway_template_is_a_bad_line_not_a_hang(self):
+        # Jinja's sandbox caps each range() but not their nesting: 1e9 iterations ran practically forever. The
+        # tool's meter stops the render past its limit, named with the template's model, as a bad line.
+        import shutil
+        import subprocess
+        from transformers import AutoTokenizer
+        model = self.d("tok-runaway")
+        shutil.copytree(self.d("tok-chatml"), model)
+        tok = AutoTokenizer.from_pretrained(model, local_files_only=True)
+        tok.chat_template = ("{% for a in range(1000) %}{% for b in range(1000) %}{% for c in range(1000) %}x"
+                             "{% endfor %}{% endfor %}{% endfor %}")
+        tok.save_pretrained(model)
+        cmd = [sys.executable, TOKENIZE, model, self.chat, self.d("runaway.h5")]
+        p = subprocess.run(cmd, capture_output=True, text=True, env=ENV, timeout=120)  # before: no end
+        self.assertEqual(p.returncode, 3, p.stderr)
+        self.assertIn(f"chat.jsonl:1: the chat template of {model} does too much work: more than 1000000 loop "
+                      "iterations and macro calls in one render", p.stderr)
+        self.assertNotIn("Traceback", p.stderr)
+        self.assertFalse(os.path.exists(self.d("runaway.h5")))
+        p = subprocess.run(cmd + ["--on-bad-line", "skip"], capture_output=True, text=True, env=ENV, timeout=120)
+        self.assertEqual(p.returncode, 3, p.stderr)
+        self.assertIn("no records left (2 lines read, 2 dropped: bad line: 2)", p.stderr)
+
+    def test_template_meter(self):
+        # Each way a template can run away, stopped in the sandbox the tool gives transformers; the real
+        # templates render as before (the other tests compare the tool's ids with apply_chat_template's).
+        sys.path.insert(0, os.path.join(SRC, "tools"))
+        from dflash_data.chat import MeteredSandbox, TemplateWorkLimit, bound_template_work
+        self.assertTrue(bound_template_work(), "this transformers compiles templates out of the meter's reach")
+        steps, chars = "more than 1000000 loop iterations", "more than 134217728 characters"
+        runaway = {
+            "{% for a in range(1000) %}{% for b in range(1000) %}{% for c in range(1000) %}{% endfor %}{% endfor %}"
+            "{% endfor %}": steps,
+            "{% set r = range(1000)|list %}{% for a in r %}{% for b in r %}{% for c in r %}{% endfor %}{% endfor %}"
+            "{% endfor %}": steps,
+            "{% for a in range(100000) %}{% for b in range(100000) if false %}{% endfor %}{% endfor %}": steps,
+            "{% macro f(n) %}{% if n %}{{ f(n - 1) }}{{ f(n - 1) }}{% endif %}{% endmacro %}{{ f(60) }}": steps,
+            "{% for a in range(100000) %}{% for b in range(100) %}" + "y" * 5000 + "{% endfor %}{% endfor %}": chars,
+            "{% set ns = namespace(s='x') %}{% for i in range(60) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}": chars,
+            "{% set ns = namespace(s='x') %}{% for i in range(60) %}{% set ns.s = ns.s + ns.s %}{% endfor %}": chars,
+            "{% set big = range(100000)|list %}{% for a in range(100000) %}{% set _ = big|sum %}{% endfor %}": chars,
+            "{{ 'x' * 10 ** 10 }}": "a sequence of 1 repeated 10000000000 times",
+            "{% set l = [0] * 10 ** 10 %}": "a sequence of 1 repeated 10000000000 times",
+            "{{ 9 ** 999999999 }}": "9 ** 999999999: more than 65536 bits",
+            "{{ 'x'|center(10 ** 10) }}": "an argument of 10000000000",
+            "{{ 'x'.center(10 ** 10) }}": "an argument of 10000000000",
+        }
+        env = MeteredSandbox()
+        for template, why in runaway.items():
+            with self.assertRaises(TemplateWorkLimit, msg=template) as e:
+                env.from_string(template).render()
+            self.assertIn(why, str(e.exception), template)
+        # within the limits: the same text as Jinja's own sandbox, and the meter starts again every render
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
+        fine = ("{% macro m(x) %}<{{ x|upper }}>{% endmacro %}{% for a in range(300) if a % 3 %}{{ m(a ~ '') }}"
+                "{% endfor %}{{ 'ab' * 3 }}{{ 2 ** 64 }}{% filter upper %}done{% endfilter %}")
+        self.assertEqual(env.from_string(fine).render(), ImmutableSandboxedEnvironment().from_string(fine).render())
+        t = env.from_string("{% for a in range(1000) %}{% for b in range(599) %}{% endfor %}{% endfor %}ok")
+        self.assertEqual([t.render(), t.render()], ["ok", "ok"])  # 600000 steps each: over the limit if carried
 
     def test_nothing_to_train_on_is_exit_3(self):
         p = write_jsonl(self.d("none.jsonl"), [{"messages": [{"role": "user", "content": "q"}]}])

@@ -130,8 +130,15 @@ def to_format2(path, block_size=4):
     return path
 
 
-def report(*args):
-    return subprocess.run([sys.executable, REPORT, *args], capture_output=True, text=True)
+def report(*args, timeout=120):
+    return subprocess.run([sys.executable, REPORT, *args], capture_output=True, text=True, timeout=timeout)
+
+
+def no_nan_json(text):
+    """json.loads that refuses NaN and Infinity (json.dump writes them for float('nan'), and no reader should)."""
+    def refuse(name):
+        raise ValueError(f"{name} in the JSON")
+    return json.loads(text, parse_constant=refuse)
 
 
 class ReportTest(unittest.TestCase):
@@ -180,6 +187,130 @@ class ReportTest(unittest.TestCase):
             self.assertIn(r.returncode, (0, 3), f"{how}: {r.stderr}")
             if r.returncode == 3:
                 self.assertIn("dflash-report: error:", r.stderr, how)
+
+    def test_non_finite_timings_give_no_verdict(self):
+        # A file whose measurements are NaN gave a confident verdict ("Switch to 1-1: predicted nan b/s"):
+        # every service rate is built on /ranks' timings, so without finite ones there is no verdict (exit 3).
+        def nan_file(name, fill):
+            p = write_run(self.path(name + ".h5"))
+            with h5py.File(p, "r+") as f:
+                fill(f)
+            return p
+
+        def every_float(f):
+            f.visititems(lambda n, o: o.__setitem__(Ellipsis, np.nan)
+                         if isinstance(o, h5py.Dataset) and o.dtype.kind == "f" else None)
+
+        def some_busy(f):
+            busy = f["ranks/busy_s"][()]
+            busy[[3, 7, 11]] = np.nan
+            f["ranks/busy_s"][...] = busy
+
+        def one_inf_wait(f):
+            wait = f["ranks/wait_s"][()]
+            wait[5] = np.inf
+            f["ranks/wait_s"][...] = wait
+
+        for name, fill, names in (("all", every_float, ["/ranks/time_s (all 24 values)", "/ranks/busy_s (all 24 "
+                                                        "values)", "/ranks/wait_s (all 24 values)"]),
+                                  ("some", some_busy, ["/ranks/busy_s (3 of 24 values)"]),
+                                  ("inf", one_inf_wait, ["/ranks/wait_s (1 of 24 values)"])):
+            p = nan_file(name, fill)
+            for args in ((p,), (p, "--json")):
+                r = report(*args)
+                self.assertEqual(r.returncode, 3, f"{name}: {r.stdout}{r.stderr}")
+                self.assertEqual(r.stdout, "", name)
+                self.assertEqual(len(r.stderr.splitlines()), 1, r.stderr)
+                self.assertIn(f"dflash-report: error: {p}: no finite measurements to build a verdict on: ", r.stderr)
+                for n in names:
+                    self.assertIn(n, r.stderr)
+            self.assertIn("no finite measurements", report(p, p).stderr)  # side by side too
+
+    def test_non_finite_series_the_verdict_can_do_without_are_left_out_and_said(self):
+        # Power, the allreduce time, the time split, the steps' and queues' times, a numeric attribute: NaN
+        # there is left out (as if not recorded) and named; no number of the report is NaN or built on one.
+        import re
+        p = write_run(self.path("leftout.h5"), topology="6-2", backend="cuda", ranks=8, power=True, t_s=7.0,
+                      d_s=0.9)
+        with h5py.File(p, "r+") as f:
+            f["gpus/power_w"][0, 0] = np.nan
+            ar = f["ranks/allreduce_s"][()]
+            ar[-1] = np.inf
+            f["ranks/allreduce_s"][...] = ar
+            for k in ("ranks/compute_s", "steps/time_s", "queues/time_s"):
+                f[k][...] = np.nan
+            f.attrs["gpu_idle_power_w"] = np.nan
+        r = report(p, "--json")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        rep = no_nan_json(r.stdout)
+        self.assertEqual(set(rep["unusable"]), {"/gpus/power_w", "/ranks/allreduce_s", "/ranks/compute_s",
+                                                "/steps/time_s", "/queues/time_s", "attribute gpu_idle_power_w"})
+        self.assertEqual(rep["unusable"]["/gpus/power_w"], "1 of 48 values NaN or infinite: no power data")
+        self.assertFalse(rep["power"]["available"])
+        self.assertIn("not finite", rep["power"]["reason"])
+        self.assertIsNone(rep["measurements"]["allreduce_coeff_s"])  # not 0 from a NaN: unknown
+        self.assertIn("/ranks/allreduce_s left out", rep["service"]["allreduce_model"])
+        self.assertEqual(rep["observed"]["queues"]["samples"], 0)
+        self.assertIn("Left out as not finite (NaN or infinite), and nothing here is built on them: ", rep["verdict"])
+        self.assertIn("/gpus/power_w (1 of 48 values NaN or infinite: no power data)", rep["verdict"])
+        r = report(p, "--png", self.path("leftout.png"))
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIsNone(re.search(r"\bnan\b|\binf\b", r.stdout), r.stdout)  # how Python prints them
+        self.assertIn("left out: /ranks/compute_s: all 48 values NaN or infinite: no compute share", r.stdout)
+        # A diverged run's loss is NaN: a finding of the run, not a measurement the verdict uses.
+        p = write_run(self.path("diverged.h5"))
+        with h5py.File(p, "r+") as f:
+            f["steps/loss"][...] = np.nan
+        rep = analysis.analyse(Run(p))
+        self.assertEqual(rep["unusable"], {})
+        self.assertIn("Keep 2-1", rep["verdict"])
+
+    def test_implausible_sizes_are_damage_not_a_hang(self):
+        # gpus_per_node 1e9 made the what-if loop over ~5e17 splits; sizes are bounded and must agree with the
+        # ranks the file holds, before anything iterates over them.
+        def damaged(name, edit):
+            p = write_run(self.path(name + ".h5"))  # 2-1 + 1 idle: 4 ranks on 1 node
+            with h5py.File(p, "r+") as f:
+                edit(f)
+            return p
+
+        def set_attr(k, v):
+            return lambda f: f.attrs.__setitem__(k, v)
+
+        def ranks_beyond(f):
+            del f.attrs["gpus_per_node"], f.attrs["ranks"]
+            rank = f["ranks/rank"][()]
+            rank[-1] = 10 ** 9
+            f["ranks/rank"][...] = rank
+
+        cases = {
+            "gpus-1e9": (set_attr("gpus_per_node", 10 ** 9), "attribute gpus_per_node = 1000000000 is not a plausible "
+                         "number of GPUs (ranks) per node (1..1024)"),
+            "gpus-1e9-float": (set_attr("gpus_per_node", 1e9), "attribute gpus_per_node = 1000000000.0"),
+            "gpus-fraction": (set_attr("gpus_per_node", 2.5), "attribute gpus_per_node = 2.5"),
+            "nodes-1e9": (set_attr("num_nodes", 10 ** 9), "attribute num_nodes = 1000000000 is not a plausible number "
+                          "of nodes (1..65536)"),
+            "nodes-0": (set_attr("num_nodes", 0), "attribute num_nodes = 0"),
+            "gpus-vs-ranks": (set_attr("gpus_per_node", 8), "attributes num_nodes 1 x gpus_per_node 8 = 8 ranks, but "
+                              "the ranks attribute lists 4"),
+            "nodes-vs-ranks": (set_attr("num_nodes", 2), "num_nodes 2 x gpus_per_node 4 = 8 ranks"),
+            "topology-too-big": (set_attr("topology", "9-1"), "topology attribute 9-1 needs 10 ranks per node, but "
+                                 "attribute gpus_per_node = 4"),
+            "topology-zero": (set_attr("topology", "0-1"), "a split has at least one target and one drafter"),
+            "cores-negative": (set_attr("host_cpu_cores", -4), "attribute host_cpu_cores = -4"),
+            "ranks-beyond": (ranks_beyond, "gpus_per_node (not recorded: from the ranks the file holds) = 1000000001"),
+        }
+        for name, (edit, message) in cases.items():
+            r = report(damaged(name, edit), timeout=60)  # before: no end
+            self.assertEqual(r.returncode, 3, f"{name}: {r.stderr}")
+            self.assertNotIn("Traceback", r.stderr, name)
+            self.assertIn("dflash-report: error: ", r.stderr, name)
+            self.assertIn(message, r.stderr, name)
+        # The model itself refuses such a size (it is called by other tools' tests too).
+        from dflash_report import model
+        with self.assertRaises(ValueError):
+            model.all_splits(model.Measurements(gpus_per_node=10 ** 9, nodes=1, target_s_per_batch=1.0,
+                                                drafter_s_per_batch=1.0, allreduce_coeff_s=None, tokens_per_batch=1.0))
 
     def test_json_has_schema_version(self):
         p = write_run(self.path("a.h5"))

@@ -2,6 +2,11 @@
 
 import json
 
+from jinja2 import nodes, pass_context
+from jinja2.compiler import CodeGenerator
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+from jinja2.visitor import NodeTransformer
+
 from . import BadRecord
 
 # ShareGPT speaker names -> chat roles. OpenAI role names map to themselves.
@@ -102,6 +107,8 @@ class Renderer:
     def __init__(self, tokenizer, method="auto", template_kwargs=None):
         self.tok = tokenizer
         self.kw = dict(template_kwargs or {})
+        self.name = getattr(tokenizer, "name_or_path", "") or "the tokenizer"
+        self.bounded = bound_template_work()  # False: this transformers renders templates unmetered
         if method == "auto":
             method = "generation" if has_generation_tags(tokenizer) else "prefix"
         self.method = method
@@ -112,8 +119,14 @@ class Renderer:
         try:
             return self.tok.apply_chat_template(messages, tools=tools, tokenize=False,
                                                 add_generation_prompt=gen_prompt, **self.kw)
+        except TemplateWorkLimit as e:
+            raise BadRecord(self._too_much_work(e))
         except Exception as e:  # jinja2 errors, raise_exception() in templates
             raise BadRecord(f"the chat template refused the conversation: {type(e).__name__}: {e}")
+
+    def _too_much_work(self, e):
+        return (f"the chat template of {self.name} does too much work: {e} in one render (dflash-tokenize's "
+                "limit; loops nested without bound or runaway recursion in the template?)")
 
     def __call__(self, messages, tools=None):
         if not any(m["role"] == "assistant" for m in messages):
@@ -127,6 +140,8 @@ class Renderer:
             out = self.tok.apply_chat_template(messages, tools=tools, tokenize=True, return_dict=True,
                                                add_generation_prompt=False, return_assistant_tokens_mask=True,
                                                **self.kw)
+        except TemplateWorkLimit as e:
+            raise BadRecord(self._too_much_work(e))
         except Exception as e:
             raise BadRecord(f"the chat template refused the conversation: {type(e).__name__}: {e}")
         ids, mask = list(out["input_ids"]), [int(x) for x in out["assistant_masks"]]
@@ -199,3 +214,203 @@ def _common_prefix(a, b):
     while i < n and a[i] == b[i]:
         i += 1
     return i
+
+
+# ---- the chat template's work, bounded ----------------------------------------------------------------
+# A chat template is a program that comes with the model's files. transformers runs it in Jinja's sandbox,
+# which blocks escapes to Python and caps each range() at 100000 items, but not their nesting: three nested
+# range(1000) loops are 1e9 iterations, a render that never ends. So every render is metered: its loop
+# iterations and macro calls (steps), and the data it writes or builds (characters; items of lists and
+# ranges), each against a limit far above what real templates use (docs/data.md "The chat template's work
+# is bounded").
+MAX_TEMPLATE_STEPS = 1_000_000
+MAX_TEMPLATE_CHARS = 128 * 2 ** 20
+MAX_POWER_BITS = 1 << 16  # x ** y: 2 ** 65536 is already far past any use in a template
+_SIZED = (str, bytes, list, tuple, dict, set, frozenset, range)
+
+
+class TemplateWorkLimit(Exception):
+    """A render went past MAX_TEMPLATE_STEPS or MAX_TEMPLATE_CHARS (the message says which)."""
+
+
+# The meter's calls in a template are filters of MeteredSandbox (Jinja allows no node types of one's own).
+# They take the context so that Jinja never runs them once at compile time in place of every render.
+@pass_context
+def _meter_begin(context, _):
+    context.environment.meter_begin()
+
+
+@pass_context
+def _meter_step(context, chars):
+    return context.environment.meter_step(chars)
+
+
+@pass_context
+def _meter_size(context, value):
+    if isinstance(value, _SIZED):  # MeteredSandbox.meter_size inlined: this runs twice for every filter
+        context.environment._charge(len(value))
+    return value
+
+
+@pass_context
+def _meter_arg(context, value):
+    return context.environment.meter_arg(value)
+
+
+METER_FILTERS = {"dflash_meter_begin": _meter_begin, "dflash_meter_step": _meter_step,
+                 "dflash_meter_size": _meter_size, "dflash_meter_arg": _meter_arg}
+
+
+def _meter(name, value, lineno):
+    return nodes.Filter(value, f"dflash_meter_{name}", [], [], None, None, lineno=lineno)
+
+
+def _literal_chars(body):
+    """Characters of template text a loop or macro body writes each time it runs (an upper bound: the text
+    of its branches and inner loops counts too)."""
+    total = 0
+    for stmt in body:
+        for n in [stmt, *stmt.find_all((nodes.TemplateData, nodes.Const))]:
+            if isinstance(n, nodes.TemplateData):
+                total += len(n.data)
+            elif isinstance(n, nodes.Const) and isinstance(n.value, str):
+                total += len(n.value)
+    return total
+
+
+class _Meter(NodeTransformer):
+    """Rewrites a parsed template so that it counts its work as it runs: a step at the top of every loop
+    body and macro (and in a loop's `if`: filtered-out iterations are work too), the size of what goes into
+    and comes out of every filter and `~`, and the filters' arguments checked."""
+
+    def _step(self, node):
+        node = self.generic_visit(node)  # inner loops first: they count their own iterations
+        chars = nodes.Const(_literal_chars(node.body), lineno=node.lineno)
+        node.body.insert(0, nodes.ExprStmt(_meter("step", chars, node.lineno), lineno=node.lineno))
+        return node
+
+    def visit_For(self, node):
+        node = self._step(node)
+        if node.test is not None:
+            node.test = nodes.And(_meter("step", nodes.Const(0), node.lineno), node.test, lineno=node.lineno)
+        return node
+
+    visit_Macro = visit_CallBlock = _step
+
+    def visit_Filter(self, node):
+        node = self.generic_visit(node)
+        node.args = [_meter("arg", a, node.lineno) for a in node.args]
+        for kw in node.kwargs:
+            kw.value = _meter("arg", kw.value, node.lineno)
+        if node.node is None:  # {% filter %} block: its text is already counted, and it must stay a Filter
+            return node
+        node.node = _meter("size", node.node, node.lineno)
+        return _meter("size", node, node.lineno)
+
+    def visit_Concat(self, node):
+        return _meter("size", self.generic_visit(node), node.lineno)
+
+
+class _MeteredCodeGenerator(CodeGenerator):
+    """Jinja's code generator, on the template as _Meter rewrote it, the meter reset as the render starts."""
+
+    def visit_Template(self, node, frame=None):
+        node = _Meter().visit(node)
+        node.body.insert(0, nodes.ExprStmt(_meter("begin", nodes.Const(0), 1), lineno=1))
+        super().visit_Template(node, frame)
+
+
+class MeteredSandbox(ImmutableSandboxedEnvironment):
+    """transformers' sandbox for chat templates with every render metered: steps (loop iterations, macro
+    calls) and data (characters written by {{ }} and by template text in loops; what filters, calls, `+`
+    and `~` take and make; `*` and `**` checked before they compute)."""
+
+    code_generator_class = _MeteredCodeGenerator
+    intercepted_binops = frozenset(["*", "**", "+"])
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("finalize", self._written)
+        super().__init__(*args, **kwargs)
+        self.filters.update(METER_FILTERS)
+        self.meter_begin()
+
+    def meter_begin(self):
+        self._steps = self._chars = 0
+
+    def meter_step(self, chars):
+        self._steps += 1
+        if self._steps > MAX_TEMPLATE_STEPS:
+            raise TemplateWorkLimit(f"more than {MAX_TEMPLATE_STEPS} loop iterations and macro calls")
+        self._charge(chars)
+        return True
+
+    def _charge(self, n):
+        self._chars += n
+        if self._chars > MAX_TEMPLATE_CHARS:
+            raise TemplateWorkLimit(f"more than {MAX_TEMPLATE_CHARS} characters written or built")
+
+    def meter_size(self, value):
+        if isinstance(value, _SIZED):
+            self._charge(len(value))
+        return value
+
+    def meter_arg(self, value):
+        if isinstance(value, int) and abs(value) > MAX_TEMPLATE_CHARS:
+            raise TemplateWorkLimit(f"an argument of {value}, more than the {MAX_TEMPLATE_CHARS} characters a "
+                                    "render may build")
+        return self.meter_size(value)
+
+    def _written(self, value):
+        """finalize: every {{ }} output passes here."""
+        self._charge(len(value) if isinstance(value, str) else len(str(value)))
+        return value
+
+    def call(self, context, obj, /, *args, **kwargs):
+        """A call's work grows with its receiver (text.count(x)) and arguments; its result is data built."""
+        receiver = getattr(obj, "__self__", None)
+        n = len(receiver) if isinstance(receiver, _SIZED) else 0
+        if args or kwargs:
+            n += self._arg_sizes(args, kwargs)
+        rv = super().call(context, obj, *args, **kwargs)
+        self._charge(n + len(rv) if isinstance(rv, _SIZED) else n)  # one check: calls are in every line
+        return rv
+
+    def _arg_sizes(self, args, kwargs):
+        n = 0
+        for v in (*args, *kwargs.values()):
+            if isinstance(v, _SIZED):
+                n += len(v)
+            elif isinstance(v, int):
+                self.meter_arg(v)
+        return n
+
+    def call_binop(self, context, operator, left, right):
+        if operator == "*":
+            seq, n = (left, right) if isinstance(right, int) else (right, left)
+            if isinstance(seq, (str, list, tuple)) and isinstance(n, int) and len(seq) * n > MAX_TEMPLATE_CHARS:
+                raise TemplateWorkLimit(f"a sequence of {len(seq)} repeated {n} times: more than "
+                                        f"{MAX_TEMPLATE_CHARS} characters")
+        elif operator == "**" and isinstance(left, int) and isinstance(right, int) and abs(left) > 1 and \
+                right * abs(left).bit_length() > MAX_POWER_BITS:
+            raise TemplateWorkLimit(f"{left} ** {right}: more than {MAX_POWER_BITS} bits")
+        return self.meter_size(super().call_binop(context, operator, left, right))
+
+
+def bound_template_work():
+    """Makes transformers compile chat templates in MeteredSandbox (its module-level sandbox class, compiled
+    templates cached by text). False when this transformers compiles them some other way: unmetered then."""
+    try:
+        from transformers.utils import chat_template_utils as ctu
+    except ImportError:
+        return False
+    compile_ = getattr(ctu, "_compile_jinja_template", None)
+    if compile_ is None or not hasattr(ctu, "ImmutableSandboxedEnvironment"):
+        return False
+    if ctu.ImmutableSandboxedEnvironment is not MeteredSandbox:
+        ctu.ImmutableSandboxedEnvironment = MeteredSandbox
+        if hasattr(compile_, "cache_clear"):
+            compile_.cache_clear()  # a template compiled before would stay unmetered
+    try:
+        return isinstance(compile_("{{ 1 }}").environment, MeteredSandbox)
+    except Exception:  # noqa: BLE001  (another signature: this version is not one the meter knows)
+        return False

@@ -180,13 +180,17 @@ def remaining_tokens(run, tokens_per_step):
     totals = []
     epochs = run.option("epochs", 1, int)
     ds = _dataset_tokens(run)
+    tokens_unknown = "/steps/tokens" in getattr(run, "unusable", {})
+    if tokens_unknown:
+        ds = None  # the tokens trained so far are not known: neither is what the epochs leave
     if ds is not None and epochs and epochs > 0:
         totals.append(("epochs", ds * epochs - trained))
     max_steps = run.option("max-steps", 0, int)
     if max_steps and tokens_per_step:
         totals.append(("max-steps", (max_steps - last_step) * tokens_per_step))
     if not totals:
-        return None, "unknown (no dataset_tokens attribute, dataset file or --max-steps)"
+        return None, ("unknown (/steps/tokens left out as not finite)" if tokens_unknown else
+                      "unknown (no dataset_tokens attribute, dataset file or --max-steps)")
     src, rem = min(totals, key=lambda x: x[1])
     return max(0.0, rem), src
 
@@ -223,7 +227,9 @@ def analyse(run, power_budget_w=None, idle_power_w=None, allreduce_gbps=None):
     bw = allreduce_gbps * 1e9 if allreduce_gbps else run.attrs.get("allreduce_bytes_per_s")
     auto = run.auto_topology or {}
     auto_coeff = (auto.get("measurements") or {}).get("allreduce_coeff_s")
-    if d_total > 1:
+    # Not measured: one drafter has nothing to allreduce with; or /ranks/allreduce_s was left out (not finite).
+    unmeasured = "not measured (1 drafter)" if d_total <= 1 else "not measured (/ranks/allreduce_s left out)"
+    if d_total > 1 and "allreduce_s" in r:
         coeff = a_meas / model.ring_allreduce_factor(d_total)
         allreduce_note = f"measured at {d_total} drafters ({a_meas:.3g} s/batch), scaled by 2(D-1)/D"
     elif auto_coeff is not None:
@@ -231,11 +237,11 @@ def analyse(run, power_budget_w=None, idle_power_w=None, allreduce_gbps=None):
         allreduce_note = f"from --topology auto's allreduce test ({coeff:.3g} s), scaled by 2(D-1)/D"
     elif grad_bytes and bw:
         coeff = float(grad_bytes) / float(bw)
-        allreduce_note = (f"not measured (1 drafter): {float(grad_bytes) / 1e6:.1f} MB of gradients at "
+        allreduce_note = (f"{unmeasured}: {float(grad_bytes) / 1e6:.1f} MB of gradients at "
                           f"{float(bw) / 1e9:.1f} GB/s, scaled by 2(D-1)/D")
     else:
         coeff = None
-        allreduce_note = ("not measured (1 drafter) and no gradient size/bandwidth known: "
+        allreduce_note = (f"{unmeasured} and no gradient size/bandwidth known: "
                           "splits with more drafters are predicted WITHOUT allreduce cost (optimistic)")
 
     observed_bps = dft_batches / span
@@ -306,6 +312,8 @@ def analyse(run, power_budget_w=None, idle_power_w=None, allreduce_gbps=None):
         "power_budget_w": power_budget_w,
         "best_within_budget": best_budget.split if best_budget else None,
         "oversubscription": over,
+        # series and attributes left out as not finite (load.py): nothing above is built on them
+        "unusable": dict(getattr(run, "unusable", {})),
         "eval": held_out(run),
         "tau": tau_progress(run),
     }
@@ -407,6 +415,9 @@ def verdict(out, preds, own, best, best_budget):
                  f"{over['cores_per_node']} cores (oversubscribed), so every service time includes waiting for a "
                  "core and no prediction from them is a basis for choosing a split; measure with a core per rank "
                  "(or on the GPUs).")
+    if out.get("unusable"):
+        s.append("Left out as not finite (NaN or infinite), and nothing here is built on them: "
+                 + "; ".join(f"{k} ({w})" for k, w in out["unusable"].items()) + ".")
     unit = run.get("unit", "GPU")
     if best is None or best.split == split:
         s.append(f"Keep {split}: no other split of the {run['gpus_per_node']} {unit}s is predicted faster.")
@@ -425,8 +436,9 @@ def verdict(out, preds, own, best, best_budget):
     T, D = own.targets, own.drafters
     if out["measurements"]["allreduce_coeff_s"] is None and any(
             p.drafters > D and p.batches_per_s > own.batches_per_s for p in preds):
-        s.append("Splits with more drafters assume a free gradient allreduce (not measurable with one drafter): "
-                 "treat their gains as an upper bound.")
+        s.append("Splits with more drafters assume a free gradient allreduce (not measured: "
+                 f"{'left out' if D * run['nodes'] > 1 else 'not measurable with one drafter'}): treat their gains "
+                 "as an upper bound.")
     for alt in (f"{T - 1}-{D + 1}", f"{T + 1}-{D - 1}"):
         p = by.get(alt)
         if p is not None and (best is None or alt != best.split):

@@ -178,7 +178,8 @@ def _time_split(a, run, rows, role):
     a.set_title(f"{role}s ({n} rank{'s' if n != 1 else ''}): where the time goes")
     a.set_xlabel("minutes")
     a.set_ylabel("share of time")
-    a.legend(fontsize=7, loc="upper center", ncol=len(labels))
+    if labels:  # none when no component was recorded (or all were left out as not finite): no empty legend
+        a.legend(fontsize=7, loc="upper center", ncol=len(labels))
 
 
 def whatif_rows(rep):

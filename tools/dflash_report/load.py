@@ -8,6 +8,8 @@ os.environ.setdefault("HDF5_USE_FILE_LOCKING", "FALSE")  # read a file the job i
 import h5py  # noqa: E402
 import numpy as np  # noqa: E402
 
+from .model import MAX_GPUS_PER_NODE  # noqa: E402
+
 ROLE_TARGET, ROLE_DRAFTER, ROLE_IDLE = 0, 1, 2
 
 # metrics.h5's format_version this reader knows (docs/metrics.md): 1 (no version attribute either), 2
@@ -17,8 +19,59 @@ FORMAT_VERSIONS = (1, 2)
 _DIMENSION_ONLY = b"This is a netCDF dimension but not a netCDF variable"
 
 
+# Plausibility bounds of the run's sizes (gpus_per_node: model.MAX_GPUS_PER_NODE). The what-if iterates over
+# every split of gpus_per_node, so a size from a damaged file (1e9) must be refused before anything uses it.
+MAX_NODES = 1 << 16
+MAX_HOST_CPU_CORES = 1 << 16
+
+# /ranks' timings are what every service rate, the observed rate and so the verdict are built from; the writer
+# never puts NaN or infinity in them, so one there is damage, and no verdict can stand on it (exit 3).
+VERDICT_SERIES = ("interval", "time_s", "rank", "role", "batches", "busy_s", "wait_s")
+# Series the report can do without: (group, the series tested, the series left out when one of them is not
+# finite, what the report does without them). It says what it left out (Run.unusable) instead of printing
+# NaN or building a number on it.
+OPTIONAL_SERIES = (
+    ("ranks", ("allreduce_s",), ("allreduce_s",), "the allreduce cost is modelled as not measured"),
+    ("ranks", ("compute_s",), ("compute_s",), "no compute share"),
+    ("ranks", ("credit_wait_s",), ("credit_wait_s",), "no credit-wait share"),
+    ("ranks", ("data_wait_s",), ("data_wait_s",), "no data-wait share"),
+    ("ranks", ("optimizer_s",), ("optimizer_s",), "no optimizer share"),
+    ("steps", ("tokens",), ("tokens",), "tokens per batch from --token-budget, no ETA from the epochs"),
+    # the anchors what-if places the steps in the report intervals by their time
+    ("steps", ("time_s",), ("time_s", "anchors"), "no steady window for the steps, no anchors what-if"),
+    ("steps", ("anchors",), ("anchors",), "no anchors what-if"),
+    ("queues", ("time_s", "q_hs", "q_pre"), ("time_s", "q_hs", "q_pre"), "no queue statistics"),
+    ("gpus", ("time_s", "power_w"), ("time_s", "power_w"), "no power data"),
+)
+# Numeric attributes the report computes with; a non-finite one is left out as if not recorded.
+OPTIONAL_NUMBERS = ("gpu_idle_power_w", "dataset_tokens", "drafter_grad_bytes", "allreduce_bytes_per_s")
+
+
 class ReportError(Exception):
     """A problem with the input the operator can fix (printed without a traceback, exit 3)."""
+
+
+def not_finite(values):
+    """'all 24 values' / '3 of 24 values' when a float series holds NaN or infinity, else None."""
+    a = np.asarray(values)
+    if a.dtype.kind not in "fc" or a.size == 0:
+        return None  # integers are always finite; strings and the like are damage the callers meet
+    bad = int(a.size - np.count_nonzero(np.isfinite(a)))
+    if not bad:
+        return None
+    return f"all {a.size} values" if bad == a.size else f"{bad} of {a.size} values"
+
+
+def _count(path, name, value, lo, hi, what):
+    """An attribute that is a size: an integer in lo..hi, else the file is damaged (ReportError)."""
+    try:
+        ok = float(value) == int(value) and lo <= int(value) <= hi
+    except (TypeError, ValueError, OverflowError):  # not a number, NaN, infinity
+        ok = False
+    if not ok:
+        raise ReportError(f"{path}: attribute {name} = {value!r} is not a plausible {what} ({lo}..{hi}): a damaged "
+                          "metrics file")
+    return int(value)
 
 
 def _attr(obj, name, default=None):
@@ -97,7 +150,33 @@ class Run:
             # --eval-data's held-out rows (docs/metrics.md "/eval"); {} in runs without it
             self.eval = ({k: np.asarray(v[()]) for k, v in f["eval"].items() if isinstance(v, h5py.Dataset)}
                          if "eval" in f else {})
+        self._check_finite()
         self._derive_layout()
+
+    def _check_finite(self):
+        """No verdict from non-finite timings (ReportError); other non-finite series and numbers are left out,
+        each noted in self.unusable ({"/group/series" or "attribute name": what and why})."""
+        bad = [f"/ranks/{k} ({w})" for k in VERDICT_SERIES if k in self.ranks and (w := not_finite(self.ranks[k]))]
+        if bad:
+            raise ReportError(f"{self.path}: no finite measurements to build a verdict on: {', '.join(bad)} NaN or "
+                              "infinite (every service rate comes from them; dflash-train never writes NaN there: "
+                              "a damaged file)")
+        self.unusable = {}
+        for group, tested, dropped, without in OPTIONAL_SERIES:
+            series = getattr(self, group)
+            found = {k: w for k in tested if k in series and (w := not_finite(series[k]))}
+            for k in dropped if found else ():
+                series.pop(k, None)
+            for k, w in found.items():
+                self.unusable[f"/{group}/{k}"] = f"{w} NaN or infinite: {without}"
+        if self.gpu_available and "power_w" not in self.gpus:
+            self.gpu_available, self.gpus = False, {}
+            self.gpu_reason = "the GPU readings are not finite (NaN or infinite)"
+        for k in OPTIONAL_NUMBERS:
+            v = self.attrs.get(k)
+            if isinstance(v, (int, float)) and not np.isfinite(v):
+                self.unusable[f"attribute {k}"] = "NaN or infinite: left out, as if not recorded"
+                del self.attrs[k]
 
     def option(self, name, default=None, cast=float):
         v = self.options.get(name)
@@ -117,15 +196,22 @@ class Run:
             self.targets_per_node, self.drafters_per_node = int(t), int(d)
         except ValueError:
             raise ReportError(f"{self.path}: topology attribute {topo!r} is not T-D")
+        if self.targets_per_node < 1 or self.drafters_per_node < 1:
+            raise ReportError(f"{self.path}: topology attribute {topo!r}: a split has at least one target and one "
+                              "drafter per node")
         self.topology = f"{self.targets_per_node}-{self.drafters_per_node}"
-        self.nodes = int(self.attrs.get("num_nodes") or 1)
+        num_nodes = self.attrs.get("num_nodes")
+        self.nodes = _count(self.path, "num_nodes", num_nodes, 1, MAX_NODES, "number of nodes") \
+            if num_nodes is not None else 1
         world = len(self.rank_cards) if self.rank_cards else None
         if world is None and self.ranks.get("rank") is not None and len(self.ranks["rank"]):
             world = int(self.ranks["rank"].max()) + 1
-        gpus = self.attrs.get("gpus_per_node")
-        if gpus is None:
+        gpus, name = self.attrs.get("gpus_per_node"), "gpus_per_node"
+        if gpus is None:  # an older file: from the ranks it holds
             gpus = (world // self.nodes) if world else self.targets_per_node + self.drafters_per_node
-        self.gpus_per_node = int(gpus)
+            name = "gpus_per_node (not recorded: from the ranks the file holds)"
+        self.gpus_per_node = _count(self.path, name, gpus, 1, MAX_GPUS_PER_NODE, "number of GPUs (ranks) per node")
+        self._check_world(world)
         self.world_size = world or self.gpus_per_node * self.nodes
         # world rank -> role (from the ranks attribute, else from /ranks/role)
         self.role_of_rank = {}
@@ -139,4 +225,21 @@ class Run:
         # One rank per GPU on CUDA; on the CPU backend a "GPU" of the report is a rank (a process).
         self.unit = "rank" if self.backend == "cpu" else "GPU"
         cores = self.attrs.get("host_cpu_cores")
-        self.host_cpu_cores = int(cores) if cores else None  # None: an older file, not recorded
+        self.host_cpu_cores = _count(self.path, "host_cpu_cores", cores, 1, MAX_HOST_CPU_CORES, "number of cores") \
+            if cores else None  # None: an older file, not recorded
+
+    def _check_world(self, world):
+        """The sizes must agree with the ranks the file holds: every node runs gpus_per_node ranks (the job
+        refuses anything else), the ranks attribute lists each rank once, /ranks has no rank beyond them."""
+        n, g = self.nodes, self.gpus_per_node
+        sizes = f"num_nodes {n} x gpus_per_node {g} = {n * g} ranks"
+        if self.targets_per_node + self.drafters_per_node > g:
+            raise ReportError(f"{self.path}: topology attribute {self.topology} needs "
+                              f"{self.targets_per_node + self.drafters_per_node} ranks per node, but attribute "
+                              f"gpus_per_node = {g}: a damaged metrics file")
+        if self.rank_cards and world != n * g:
+            raise ReportError(f"{self.path}: attributes {sizes}, but the ranks attribute lists {world}: a damaged "
+                              "metrics file")
+        if world is not None and world > n * g:
+            raise ReportError(f"{self.path}: /ranks holds rank {world - 1}, beyond the {sizes}: a damaged metrics "
+                              "file")

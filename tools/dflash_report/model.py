@@ -81,8 +81,15 @@ def predict(m: Measurements, targets: int, drafters: int) -> Prediction:
                       split=f"{targets}-{drafters}")
 
 
+# The most GPUs (CPU ranks) per node the model splits: there are ~G^2/2 splits, so a size read from a damaged
+# file (gpus_per_node 1e9) must not reach the loops below; load.py refuses such files before this point.
+MAX_GPUS_PER_NODE = 1024
+
+
 def all_splits(m: Measurements) -> List[Prediction]:
     """Every T-D with T, D >= 1 and T + D <= GPUs per node, most targets first."""
+    if not 1 <= m.gpus_per_node <= MAX_GPUS_PER_NODE:
+        raise ValueError(f"{m.gpus_per_node} GPUs per node: the model splits 1..{MAX_GPUS_PER_NODE}")
     out = []
     for t in range(m.gpus_per_node - 1, 0, -1):
         for d in range(1, m.gpus_per_node - t + 1):

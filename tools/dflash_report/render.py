@@ -40,6 +40,8 @@ def text(rep):
         L.append(f"split chosen by --topology auto ({rep['auto_topology']['chosen']}, predicted at start-up: "
                  f"{rep['auto_topology']['predicted_bps'] or 0:.3f} b/s)")
     L.append(f"steady window: {run['window_s'][0]:.1f} s .. {run['window_s'][1]:.1f} s, {run['window']}")
+    for name, why in (rep.get("unusable") or {}).items():  # load.py left these out: nothing below uses them
+        L.append(f"left out: {name}: {why}")
     ev = rep.get("eval")
     if ev:
         last, first = ev["last"], ev["first"]
