@@ -18,6 +18,36 @@
 # (docs/checkpoint.md, README "Exit codes"). The last line printed is a status line.
 set -uo pipefail
 
+# A signal in the ranks' first tenth of a second, before they have installed their handlers, would kill them
+# (exit 138, nothing saved): rank 0 creates $DFLASH_READY_FILE once every rank can take one, and until then
+# a signal is held here and forwarded then (apps/dflash-train.cpp).
+ready_dir=$(mktemp -d "${TMPDIR:-/tmp}/dflash-train.XXXXXX")
+trap 'rm -rf "$ready_dir"' EXIT
+export DFLASH_READY_FILE="$ready_dir/ready"
+child=""
+signalled=""
+held=""
+forward() {
+  signalled=$1
+  if [ -z "$child" ] || [ ! -e "$DFLASH_READY_FILE" ]; then
+    held=$1
+    echo "[train.sh] SIG$1 received while the ranks start: held until they can take it" >&2
+    return
+  fi
+  echo "[train.sh] SIG$1 received: asking dflash-train to checkpoint and stop (SIGUSR1 to mpirun $child)" >&2
+  kill -USR1 "$child" 2>/dev/null || true
+}
+forward_held() {  # a signal held while the ranks started: forwarded once they are ready (or mpirun is gone)
+  [ -n "$held" ] || return 0
+  while [ ! -e "$DFLASH_READY_FILE" ] && kill -0 "$child" 2>/dev/null; do sleep 0.05; done
+  held=""
+  echo "[train.sh] the ranks are ready: asking dflash-train to checkpoint and stop (SIGUSR1 to mpirun $child)" >&2
+  kill -USR1 "$child" 2>/dev/null || true
+}
+# The traps first of all: a signal before mpirun starts (while this script sets up) is held too.
+trap 'forward USR1' USR1
+trap 'forward TERM' TERM
+
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 repo=$(cd "$here/../.." && pwd)
 DFLASH_TRAIN=${DFLASH_TRAIN:-$repo/build/dflash-train}
@@ -74,34 +104,6 @@ fi
 
 # ---- run mpirun in the background so the traps below run while it works ------------------------------
 # --bind-to none: a rank runs a loader thread beside its main thread; one bound core would starve them.
-# A signal in the ranks' first tenth of a second, before they have installed their handlers, would kill them
-# (exit 138, nothing saved): rank 0 creates $DFLASH_READY_FILE once every rank can take one, and until then
-# a signal is held here and forwarded then (apps/dflash-train.cpp).
-ready_dir=$(mktemp -d "${TMPDIR:-/tmp}/dflash-train.XXXXXX")
-export DFLASH_READY_FILE="$ready_dir/ready"
-child=""
-signalled=""
-held=""
-forward() {
-  signalled=$1
-  if [ -z "$child" ] || [ ! -e "$DFLASH_READY_FILE" ]; then
-    held=$1
-    echo "[train.sh] SIG$1 received while the ranks start: held until they can take it" >&2
-    return
-  fi
-  echo "[train.sh] SIG$1 received: asking dflash-train to checkpoint and stop (SIGUSR1 to mpirun $child)" >&2
-  kill -USR1 "$child" 2>/dev/null || true
-}
-forward_held() {  # a signal held while the ranks started: forwarded once they are ready (or mpirun is gone)
-  [ -n "$held" ] || return 0
-  while [ ! -e "$DFLASH_READY_FILE" ] && kill -0 "$child" 2>/dev/null; do sleep 0.05; done
-  held=""
-  echo "[train.sh] the ranks are ready: asking dflash-train to checkpoint and stop (SIGUSR1 to mpirun $child)" >&2
-  kill -USR1 "$child" 2>/dev/null || true
-}
-# The traps before mpirun starts: a signal in between is held too.
-trap 'forward USR1' USR1
-trap 'forward TERM' TERM
 # shellcheck disable=SC2086
 mpirun -np "$NP" --bind-to none ${MPIRUN_ARGS:-} \
   -x NCCL_NVLS_ENABLE -x NCCL_DEBUG -x DFLASH_READY_FILE \
@@ -123,7 +125,6 @@ while :; do
   break
 done
 trap - USR1 TERM
-rm -rf "$ready_dir"
 
 case $rc in
   0) status=completed ;;

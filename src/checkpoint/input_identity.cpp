@@ -71,7 +71,7 @@ std::string shard_identity(const std::string& path) {
   mix(h, &size, sizeof(size));
   const std::vector<char> header = read_at(fd, 8, static_cast<size_t>(header_len), path);
   mix(h, header.data(), header.size());
-  const uint64_t data_at = 8 + header_len, data_len = size - data_at;
+  const uint64_t data_at = std::min<uint64_t>(8 + header_len, size), data_len = size - data_at;  // size < 8: none
   const std::vector<char> first = read_at(fd, data_at, static_cast<size_t>(std::min<uint64_t>(kShardEdgeBytes, data_len)), path);
   mix(h, first.data(), first.size());
   const uint64_t last_len = std::min<uint64_t>(kShardEdgeBytes, data_len);
