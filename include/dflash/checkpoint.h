@@ -225,8 +225,13 @@ class DrafterCheckpointer {
   // Runs at the start of every save, before anything is written (the runtime flushes metrics.h5 there,
   // so a run resumed from the checkpoint finds every row up to its step).
   void before_save(std::function<void()> f) { before_save_ = std::move(f); }
-  // A batch this drafter trained on (its header's target, batch index and next position).
+  // The step's bookkeeping: step_begins() before its first micro-batch (with --grad-accum > 1 it keeps the
+  // RNG state the step starts from), trained_on() for each batch this drafter trained on in it (its
+  // header's target, batch index and next position), step_applied() once the optimizer applied it. A
+  // checkpoint covers applied steps only: the batches of a step cut short are trained on again on resume.
+  void step_begins(const DrafterTrainer& trainer);
   void trained_on(int target_index, int64_t batch_index, const DataPosition& next);
+  void step_applied();
   // After optimizer step `step`: the drafters agree (stop signal anywhere, checkpoint due anywhere),
   // save if so, and say whether to stop now for a requeue. progress() runs while waiting on peers.
   enum class Next { Continue, StopForRequeue };
@@ -237,9 +242,15 @@ class DrafterCheckpointer {
   // export that fails. Collective over the drafters. Returns the checkpoint's step directory ("" if none).
   std::string save_final(int64_t step, DrafterTrainer& trainer, const nlohmann::json& schedule,
                          const std::function<void()>& progress);
+  // Before the job ends on a lost peer: a checkpoint of the last applied step `step` (a step in progress
+  // is dropped: its batches and its RNG draws), unless one of it exists; none at step 0. Collective over
+  // the drafters. Returns the checkpoint's step directory ("" if none).
+  std::string save_before_exit(int64_t step, DrafterTrainer& trainer, const nlohmann::json& schedule,
+                               const std::function<void()>& progress);
 
  private:
-  void save(int64_t step, DrafterTrainer& trainer, const nlohmann::json& schedule,
+  // rng: this drafter's RNG state as of `step`.
+  void save(int64_t step, DrafterTrainer& trainer, const std::string& rng, const nlohmann::json& schedule,
             const std::function<void()>& progress);
   const Options& o_;
   MPI_Comm comm_;
@@ -251,7 +262,9 @@ class DrafterCheckpointer {
   OptionMap invariants_;
   CheckpointTimer timer_;
   std::vector<DataResumePoint> points_;      // drafter 0: resume points as of the last save
-  std::vector<ConsumedBatch> consumed_;       // this drafter's batches since the last save
+  std::vector<ConsumedBatch> consumed_;       // this drafter's batches of applied steps since the last save
+  std::vector<ConsumedBatch> pending_;        // ... of the step in progress
+  std::string step_rng_;                      // the RNG state the step in progress began with (--grad-accum > 1)
 };
 
 }  // namespace dflash

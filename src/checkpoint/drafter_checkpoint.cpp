@@ -135,8 +135,20 @@ int64_t DrafterCheckpointer::restore(DrafterTrainer& trainer) {
   return st.step;
 }
 
+void DrafterCheckpointer::step_begins(const DrafterTrainer& trainer) {
+  DF_ASSERT(pending_.empty());
+  // With one micro-batch per step the step's batch is applied before anything can cut it short, so the
+  // RNG state at a cut is the step's own (the text state is tens of KB: not copied every step for nothing).
+  if (o_.grad_accum > 1) step_rng_ = trainer.rng_state();
+}
+
 void DrafterCheckpointer::trained_on(int target_index, int64_t batch_index, const DataPosition& next) {
-  consumed_.push_back(ConsumedBatch{target_index, batch_index, next});
+  pending_.push_back(ConsumedBatch{target_index, batch_index, next});
+}
+
+void DrafterCheckpointer::step_applied() {
+  consumed_.insert(consumed_.end(), pending_.begin(), pending_.end());
+  pending_.clear();
 }
 
 DrafterCheckpointer::Next DrafterCheckpointer::after_step(int64_t step, DrafterTrainer& trainer,
@@ -151,7 +163,7 @@ DrafterCheckpointer::Next DrafterCheckpointer::after_step(int64_t step, DrafterT
               progress);
   }
   if (decision == kStepContinue) return Next::Continue;
-  save(step, trainer, schedule, progress);
+  save(step, trainer, trainer.rng_state(), schedule, progress);
   if (!(decision & kStepStop)) return Next::Continue;
   if (rank_ == 0) {
     std::printf("[dflash] stop signal (%d) received: checkpointed at step %lld, exiting with code %d for a requeue\n",
@@ -162,14 +174,14 @@ DrafterCheckpointer::Next DrafterCheckpointer::after_step(int64_t step, DrafterT
   return Next::StopForRequeue;
 }
 
-void DrafterCheckpointer::save(int64_t step, DrafterTrainer& trainer, const nlohmann::json& schedule,
-                               const std::function<void()>& progress) {
+void DrafterCheckpointer::save(int64_t step, DrafterTrainer& trainer, const std::string& rng,
+                               const nlohmann::json& schedule, const std::function<void()>& progress) {
+  DF_ASSERT(pending_.empty());  // a checkpoint holds applied steps only
   const auto t0 = mpi::Clock::now();
   if (before_save_) before_save_();
   std::vector<ConsumedBatch> consumed =
       gather_to_first(consumed_, comm_, rank_, size_, o_.peer_timeout_s, progress, "trained batches");
   consumed_.clear();
-  const std::string rng = trainer.rng_state();
   std::vector<char> rng_bytes(rng.begin(), rng.end());
   std::vector<int64_t> rng_len = gather_to_first(std::vector<int64_t>{static_cast<int64_t>(rng.size())}, comm_, rank_,
                                                  size_, o_.peer_timeout_s, progress, "RNG sizes");
@@ -224,7 +236,18 @@ void DrafterCheckpointer::save(int64_t step, DrafterTrainer& trainer, const nloh
 
 std::string DrafterCheckpointer::save_final(int64_t step, DrafterTrainer& trainer, const nlohmann::json& schedule,
                                             const std::function<void()>& progress) {
-  if (step > 0 && step != saved_step_) save(step, trainer, schedule, progress);
+  if (step > 0 && step != saved_step_) save(step, trainer, trainer.rng_state(), schedule, progress);
+  return step > 0 ? checkpoint_step_dir(dir_, step) : std::string();
+}
+
+std::string DrafterCheckpointer::save_before_exit(int64_t step, DrafterTrainer& trainer, const nlohmann::json& schedule,
+                                                  const std::function<void()>& progress) {
+  // The step cut short: its batches are not in the checkpoint, its RNG draws are undone.
+  const bool cut = !pending_.empty();
+  DF_ASSERT(!cut || o_.grad_accum > 1);
+  pending_.clear();
+  const std::string rng = cut ? step_rng_ : trainer.rng_state();
+  if (step > 0 && step != saved_step_) save(step, trainer, rng, schedule, progress);
   return step > 0 ? checkpoint_step_dir(dir_, step) : std::string();
 }
 

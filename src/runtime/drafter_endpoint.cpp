@@ -27,6 +27,7 @@ void DrafterEndpoint::start() {
   control_req_ = mpi::irecv(&control_in_, 1, MPI_ANY_SOURCE, kTagToDrafter, MPI_COMM_WORLD);
   for (auto& t : targets_) t.last_heard = mpi::Clock::now();
   for (int s = 0; s < plane_->num_slots(); ++s) grant(s);
+  training_ = true;
 }
 
 void DrafterEndpoint::receive_eval(const std::vector<int>& senders, const std::function<void(const HsBatch&)>& keep) {
@@ -224,8 +225,11 @@ void DrafterEndpoint::pump() {
   check_liveness();
 }
 
-// A target holding credits of this drafter that has said nothing for --peer-timeout is lost.
+// A target holding credits of this drafter that has said nothing for --peer-timeout is lost. Before
+// training nothing is at stake: fatal at once. During training the first loss is recorded and the drafter
+// loop ends the job after it checkpointed (fail_lost_target).
 void DrafterEndpoint::check_liveness() {
+  if (lost_) return;
   for (size_t i = 0; i < targets_.size(); ++i) {
     const TargetState& t = targets_[i];
     const int rank = topo_.node_targets[i];
@@ -233,12 +237,20 @@ void DrafterEndpoint::check_liveness() {
     const int held = credits_held_by(rank);
     if (t.done || (held == 0 && t.announced < 0)) continue;
     const double silent = mpi::seconds_since(t.last_heard);
-    if (silent > o_.peer_timeout_s)
-      fatal(ExitCode::LostPeer,
-            "lost peer: target rank " + std::to_string(rank) + (held ? " holds " + std::to_string(held) + " credit(s) of this drafter but" : "") +
-                " sent nothing for " + std::to_string(static_cast<int>(silent)) + " s",
-            "target rank " + std::to_string(rank) + " died or hangs; see its own error above, or raise --peer-timeout if it is just slow");
+    if (silent <= o_.peer_timeout_s) continue;
+    lost_ = LostTarget{"lost peer: target rank " + std::to_string(rank) +
+                           (held ? " holds " + std::to_string(held) + " credit(s) of this drafter but" : "") +
+                           " sent nothing for " + std::to_string(static_cast<int>(silent)) + " s",
+                       "target rank " + std::to_string(rank) +
+                           " died or hangs; see its own error above, or raise --peer-timeout if it is just slow"};
+    if (!training_) fail_lost_target();
+    return;
   }
+}
+
+void DrafterEndpoint::fail_lost_target() const {
+  DF_ASSERT(lost_.has_value());
+  fatal(ExitCode::LostPeer, lost_->what, lost_->hint);
 }
 
 bool DrafterEndpoint::all_targets_done() const {
@@ -247,13 +259,14 @@ bool DrafterEndpoint::all_targets_done() const {
   return true;
 }
 
-bool DrafterEndpoint::wait_for_batch() {
+DrafterEndpoint::Arrival DrafterEndpoint::wait_for_batch() {
   mpi::Backoff backoff;
   for (;;) {
     pump();
-    if (!ready_.empty()) return true;
+    if (!ready_.empty()) return Arrival::Batch;
     // Fixed order: dry once this drafter's sequence has ended (targets it never hears from may run on).
-    if (fixed_ ? !fixed_->expected().has_value() : all_targets_done()) return false;
+    if (fixed_ ? !fixed_->expected().has_value() : all_targets_done()) return Arrival::Ended;
+    if (lost_) return Arrival::TargetLost;
     if (plane_->transfers_in_flight()) backoff.reset();  // poll without sleeping while a batch moves
     backoff.idle();
   }
@@ -278,6 +291,11 @@ void DrafterEndpoint::drain() {
   mpi::Backoff backoff;
   while (!all_targets_done()) {  // check_liveness (in pump) bounds this wait
     pump();
+    if (lost_) {  // the drafter loop checkpoints and ends the job: nothing more is owed to the targets
+      for (int s = 0; s < plane_->num_slots(); ++s) plane_->cancel_receive(s);
+      mpi::cancel(control_req_);
+      return;
+    }
     backoff.idle();
   }
   for (int rank : topo_.node_targets) send_control(rank, ControlMsg{ControlKind::Fin, -1, 0});

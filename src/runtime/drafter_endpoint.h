@@ -7,6 +7,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "dflash/data_plane.h"
@@ -30,18 +31,26 @@ class DrafterEndpoint {
   void receive_eval(const std::vector<int>& senders, const std::function<void(const HsBatch&)>& keep);
   // Grants every slot (training begins).
   void start();
-  // Drives every transfer and control message; checks the targets' liveness (fatal LostPeer).
+  // Drives every transfer and control message; checks the targets' liveness. A target that owes this
+  // drafter something (a credit to use, batches it announced) and stays silent past --peer-timeout is
+  // lost: fatal LostPeer before start() (nothing is trained yet), afterwards recorded (target_lost()), so
+  // the drafter loop can checkpoint the last applied step before it ends the job (fail_lost_target()).
   void pump();
-  // Waits (pumping) until a batch is ready, or no batch will come: then returns false. Bounded by the
-  // targets' liveness: a target that owes a batch and stays silent past --peer-timeout is fatal.
-  bool wait_for_batch();
+  // Waits (pumping) until a batch is ready (Batch), no batch will come (Ended), or a target was lost
+  // (TargetLost). Bounded by the targets' liveness (--peer-timeout).
+  enum class Arrival { Batch, Ended, TargetLost };
+  Arrival wait_for_batch();
   // The oldest ready batch; the slot stays this caller's until release().
   int take_ready();
   const HsBatch& batch(int slot) { return plane_->slot(slot); }
   // The slot was trained on: its credit goes back to a target at once.
   void release(int slot);
-  // After the last step: stop the targets, take in (and drop) what they still send, acknowledge.
+  // After the last step: stop the targets, take in (and drop) what they still send, acknowledge. A target
+  // lost meanwhile ends the drain early (target_lost(); nothing more is asked of the targets).
   void drain();
+  // A target was lost during training (pump()); fail_lost_target() ends the job naming it (fatal LostPeer).
+  bool target_lost() const { return lost_.has_value(); }
+  [[noreturn]] void fail_lost_target() const;
 
   int queue_depth() const { return static_cast<int>(ready_.size() + arrived_.size()); }
   // The newest report of every target (world target index), learnt from the batch headers.
@@ -90,6 +99,11 @@ class DrafterEndpoint {
   size_t eval_granted_ = 0;
   std::deque<int> eval_ready_;
   std::optional<FixedBatchOrder> fixed_;  // --batch-order fixed
+  struct LostTarget {
+    std::string what, hint;
+  };
+  bool training_ = false;             // start() ran: a lost target is recorded, not fatal at once
+  std::optional<LostTarget> lost_;    // the first target found lost
 };
 
 }  // namespace dflash

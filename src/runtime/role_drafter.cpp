@@ -1,8 +1,10 @@
 // Drafter rank, the training loop: next ready batch -> forward/backward -> gradient sum over the drafters
 // (one global loss normalisation) -> AdamW. The protocol (slots, credits, drain, the targets' liveness)
 // is DrafterEndpoint's; the tensors arrive through a DataPlane; the sum goes through a GradientReducer.
-// The first drafter also writes metrics.h5 and exports the drafter.
+// The first drafter also writes metrics.h5 and exports the drafter. A target lost during training ends
+// the job only after the drafters checkpointed the last applied step (end_on_lost_target).
 #include <algorithm>
+#include <climits>
 #include <cmath>
 #include <cstdio>
 #include <thread>
@@ -100,11 +102,15 @@ class DrafterLoop {
       // 1.-3. K micro-batches (K = 1: the step's one batch), each agreed in lockstep by every drafter
       StepSums sums;
       std::vector<double> acc_by_pos(static_cast<size_t>(std::max(trainer.config().block_size - 1, 1)), 0.0);
+      ckpt.step_begins(trainer);
       int micro = 0;
+      Micro got = Micro::Trained;
       for (; micro < K; ++micro) {
         const MicroBatch mb = K == 1 ? MicroBatch::Whole : micro + 1 < K ? MicroBatch::Accumulate : MicroBatch::Last;
-        if (!train_micro_batch(trainer, endpoint, ckpt, hooks, mb, step, sums, acc_by_pos, progress)) break;
+        got = train_micro_batch(trainer, endpoint, ckpt, hooks, mb, step, sums, acc_by_pos, progress);
+        if (got != Micro::Trained) break;
       }
+      if (got == Micro::TargetLost) end_on_lost_target(trainer, ckpt, step, progress);
       if (micro == 0) break;  // the data ended on a step boundary
       // The data ended inside the step: it trains on what it saw, normalised over those micro-batches.
       const bool partial = micro < K;
@@ -121,6 +127,7 @@ class DrafterLoop {
       const double grad_norm = trainer.optimizer_step();
       report_.optimizer_s += mpi::seconds_since(t0);
       ++step;
+      ckpt.step_applied();
       record_step(hub, step, sums, acc_by_pos, grad_norm, num_drafters * micro);
       if (step % o_.log_every == 0) {
         enter_collective();
@@ -139,6 +146,8 @@ class DrafterLoop {
       if (partial) break;  // the data has ended (every drafter agreed so)
     }
     endpoint.drain();
+    // A target lost while the drafters drained: the final state is checkpointed before the job ends.
+    if (agree_on_lost_target()) end_on_lost_target(trainer, ckpt, step, progress);
     // The end of training (not a stop for requeue: the resumed run goes on and evaluates on schedule).
     if (eval && !job_.stop_for_requeue && (step != last_eval || (tau_ && step != last_tau)))
       evaluate(hub, *eval, trainer, step, progress, tau_ != nullptr);
@@ -167,24 +176,32 @@ class DrafterLoop {
 
  private:
   // One micro-batch of the step (MicroBatch::Whole with --grad-accum 1): a batch or proof that none will come,
-  // the drafters' agreement (every drafter trains it, or all stop: the first to run dry stops everyone),
-  // forward + backward, its numbers added to sums. False: no batch, the data has ended for every drafter.
-  bool train_micro_batch(DrafterTrainer& trainer, DrafterEndpoint& endpoint, DrafterCheckpointer& ckpt,
+  // the drafters' agreement (every drafter trains it, or all stop: the first to run dry stops everyone, a
+  // drafter that lost a target makes everyone checkpoint and end the job), forward + backward, its numbers
+  // added to sums.
+  enum class Micro { Trained, DataEnded, TargetLost };
+  Micro train_micro_batch(DrafterTrainer& trainer, DrafterEndpoint& endpoint, DrafterCheckpointer& ckpt,
                          const GradHooks& hooks, MicroBatch mb, int64_t step, StepSums& sums,
                          std::vector<double>& acc_by_pos, const std::function<void()>& progress) {
     const int num_drafters = static_cast<int>(topo_.drafters.size());
     enter_collective();
     auto t0 = mpi::Clock::now();
-    const bool have_batch = endpoint.wait_for_batch();
+    const DrafterEndpoint::Arrival arrival = endpoint.wait_for_batch();
     report_.data_wait_s += mpi::seconds_since(t0);
     t0 = mpi::Clock::now();
-    int32_t have_all = have_batch ? 1 : 0;
+    // {every drafter has a batch, the lowest world rank of a drafter that lost a target (INT32_MAX: none)}
+    int32_t agreed[2] = {arrival == DrafterEndpoint::Arrival::Batch ? 1 : 0,
+                         arrival == DrafterEndpoint::Arrival::TargetLost ? topo_.world_rank : INT32_MAX};
     if (num_drafters > 1) {
-      MPI_Request r = mpi::iallreduce(&have_all, 1, MPI_MIN, topo_.drafter_comm);
+      MPI_Request r = mpi::iallreduce(agreed, 2, MPI_MIN, topo_.drafter_comm);
       mpi::wait(r, o_.peer_timeout_s, [&] { return stalled("the drafters did not agree on the next step"); }, progress);
     }
     report_.allreduce_s += mpi::seconds_since(t0);
-    if (!have_all) return false;
+    if (agreed[1] != INT32_MAX) {
+      lost_by_ = agreed[1];
+      return Micro::TargetLost;
+    }
+    if (!agreed[0]) return Micro::DataEnded;
     const int slot = endpoint.take_ready();
     t0 = mpi::Clock::now();
     const HsBatch& hb = endpoint.batch(slot);
@@ -212,7 +229,36 @@ class DrafterLoop {
     for (size_t i = 0; i < pos.size() && i < acc_by_pos.size(); ++i) acc_by_pos[i] += pos[i];
     report_.batches++;
     report_.tokens += st.tokens;
-    return true;
+    return Micro::Trained;
+  }
+
+  // After the drain: whether any drafter lost a target (collective over the drafters); lost_by_ names it.
+  bool agree_on_lost_target() {
+    int32_t lost_by = endpoint_->target_lost() ? topo_.world_rank : INT32_MAX;
+    if (topo_.drafters.size() > 1) {
+      enter_collective();
+      MPI_Request r = mpi::iallreduce(&lost_by, 1, MPI_MIN, topo_.drafter_comm);
+      mpi::wait(r, o_.peer_timeout_s, [&] { return stalled("the drafters did not agree on the end of the run"); });
+    }
+    lost_by_ = lost_by;
+    return lost_by != INT32_MAX;
+  }
+
+  // A drafter lost a target (lost_by_): every drafter checkpoints the last applied step `step` (the step in
+  // progress is dropped and trained again on resume), then the job ends with LostPeer. The drafter that
+  // lost it names the target; the others give its error a moment to end the job first.
+  [[noreturn]] void end_on_lost_target(DrafterTrainer& trainer, DrafterCheckpointer& ckpt, int64_t step,
+                                       const std::function<void()>& progress) {
+    enter_collective();
+    const std::string dir = ckpt.save_before_exit(step, trainer, schedule_of(trainer), progress);
+    const FatalHintNote note(dir.empty() ? std::string("nothing was trained yet: nothing is lost")
+                                         : "the drafter's state after step " + std::to_string(step) + " is checkpointed in " + dir +
+                                               ": once the target runs again, the same command with --resume auto continues from it");
+    if (endpoint_->target_lost()) endpoint_->fail_lost_target();
+    mpi::Deadline grace(std::min(o_.peer_timeout_s, 10.0));
+    while (!grace.expired()) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    fatal(ExitCode::LostPeer, "lost peer: drafter rank " + std::to_string(lost_by_) + " lost a target",
+          "its own error above names the target");
   }
 
   // What a checkpoint records of the schedule: the next learning rate and every target's epoch progress.
@@ -349,6 +395,7 @@ class DrafterLoop {
   const Topology& topo_;
   DrafterPresence presence_;
   int64_t round_ = -1;
+  int lost_by_ = INT32_MAX;  // world rank of the drafter that lost a target (agreed by the drafters)
   DrafterEndpoint* endpoint_ = nullptr;
   std::unique_ptr<GradientReducer> reducer_;
   DrafterBest best_;                 // OUT/drafter-best
