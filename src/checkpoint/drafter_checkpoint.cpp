@@ -245,6 +245,11 @@ std::string DrafterCheckpointer::save_before_exit(int64_t step, DrafterTrainer& 
   // The step cut short: its batches are not in the checkpoint, its RNG draws are undone.
   const bool cut = !pending_.empty();
   DF_ASSERT(!cut || o_.grad_accum > 1);
+  if (cut) {
+    std::printf("[dflash] drafter %d: step %lld was cut short after %zu of %d micro-batches: dropped, trained again on resume\n",
+                rank_, static_cast<long long>(step + 1), pending_.size(), o_.grad_accum);
+    std::fflush(stdout);
+  }
   pending_.clear();
   const std::string rng = cut ? step_rng_ : trainer.rng_state();
   if (step > 0 && step != saved_step_) save(step, trainer, rng, schedule, progress);
