@@ -263,10 +263,11 @@ DrafterEndpoint::Arrival DrafterEndpoint::wait_for_batch() {
   mpi::Backoff backoff;
   for (;;) {
     pump();
+    // A lost target ends training at once, even while others still feed this drafter.
+    if (lost_) return Arrival::TargetLost;
     if (!ready_.empty()) return Arrival::Batch;
     // Fixed order: dry once this drafter's sequence has ended (targets it never hears from may run on).
     if (fixed_ ? !fixed_->expected().has_value() : all_targets_done()) return Arrival::Ended;
-    if (lost_) return Arrival::TargetLost;
     if (plane_->transfers_in_flight()) backoff.reset();  // poll without sleeping while a batch moves
     backoff.idle();
   }

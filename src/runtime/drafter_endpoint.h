@@ -37,7 +37,7 @@ class DrafterEndpoint {
   // the drafter loop can checkpoint the last applied step before it ends the job (fail_lost_target()).
   void pump();
   // Waits (pumping) until a batch is ready (Batch), no batch will come (Ended), or a target was lost
-  // (TargetLost). Bounded by the targets' liveness (--peer-timeout).
+  // (TargetLost: first, even when a batch is ready). Bounded by the targets' liveness (--peer-timeout).
   enum class Arrival { Batch, Ended, TargetLost };
   Arrival wait_for_batch();
   // The oldest ready batch; the slot stays this caller's until release().
