@@ -1,6 +1,7 @@
 """Helpers of the data-tool tests: paths, running the tools, a tiny tokenizer per template."""
 import json
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -21,6 +22,22 @@ def run(tool, *args):
     p = subprocess.run([sys.executable, tool] + [str(a) for a in args], capture_output=True, text=True, env=ENV,
                        timeout=600)
     return p.returncode, p.stdout, p.stderr
+
+
+_BASE_VM = []
+
+
+def limit_address_space(extra=2 << 30):
+    """A preexec_fn: the tool runs in `extra` bytes of address space beyond what this python takes once
+    transformers' tokenizer classes are imported (with torch installed they import it: ~3 GB of mappings).
+    A render that builds a huge string before the meter sees it runs out of memory there, at once."""
+    if not _BASE_VM:
+        out = subprocess.run([sys.executable, "-c", "from transformers import AutoTokenizer  # noqa\n"
+                              "print([int(x.split()[1]) for x in open('/proc/self/status') if x.startswith('VmPeak')][0])"],
+                             capture_output=True, text=True, env=ENV, check=True).stdout
+        _BASE_VM.append(int(out.split()[-1]) * 1024)
+    limit = _BASE_VM[0] + extra
+    return lambda: resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
 
 
 def make_tokenizer(out, template="chatml"):

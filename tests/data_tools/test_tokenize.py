@@ -7,7 +7,8 @@ import os
 import sys
 import unittest
 
-from common import (BIN, ENV, SRC, TOKENIZE, TempDir, make_tokenizer, masked_runs, read_h5, records, run, write_jsonl)
+from common import (BIN, ENV, SRC, TOKENIZE, TempDir, limit_address_space, make_tokenizer, masked_runs, read_h5,
+                    records, run, write_jsonl)
 
 OPENAI = {"messages": [
     {"role": "system", "content": "You are a helpful assistant."},
@@ -281,6 +282,97 @@ class Tokenize(unittest.TestCase):
         self.assertEqual(env.from_string(fine).render(), ImmutableSandboxedEnvironment().from_string(fine).render())
         t = env.from_string("{% for a in range(1000) %}{% for b in range(599) %}{% endfor %}{% endfor %}ok")
         self.assertEqual([t.render(), t.render()], ["ok", "ok"])  # 600000 steps each: over the limit if carried
+
+    def test_string_building_is_checked_before_it_builds(self):
+        # A format width, a padding, an indent or a join asks for far more text than the template holds. Built
+        # first and counted after, it filled memory before the meter saw it (a bad line with a MemoryError at
+        # best). Now each is refused before it builds: a bad line within seconds in 2 GiB of address space
+        # (beyond the libraries'), saying what it would have built, and an ordinary line next to them still
+        # tokenizes.
+        import shutil
+        import subprocess
+        import time
+        from transformers import AutoTokenizer
+        cases = {
+            "percent-width": "'%9999999999s' % 'x'",
+            "percent-star": "'%*s' % (9999999999, 'x')",
+            "percent-precision": "'%.2000000000f' % 1.0",
+            "percent-repeated": "'%s' * 100000 % (('y' * 10000,) * 100000)",
+            "format-width": "'{:>9999999999}'.format('x')",
+            "format-nested-width": "'{:{}}'.format('x', '9999999999')",
+            "format-repeated": "('{0}' * 100000).format('y' * 100000)",
+            "format-filter": "'%9999999999s'|format('x')",
+            "center-mapped": "range(100)|map('center', 100000000)|list|length",
+            "ljust-rjust": "'x'.ljust(100000000) ~ 'x'.rjust(100000000)",
+            "indent": "('a\\n' * 1000000)|indent(2000)",
+            "wordwrap": "('a ' * 1000000)|wordwrap(1, wrapstring='y' * 1000)",
+            "join": "([''] * 1000000)|join('y' * 1000000)",
+            "replace": "('x' * 100000)|replace('x', 'y' * 100000)",
+            "repetition": "'x' * 10 ** 10",
+        }
+        model = self.d("tok-builds")
+        shutil.copytree(self.d("tok-chatml"), model)
+        tok = AutoTokenizer.from_pretrained(model, local_files_only=True)
+        tok.chat_template = ("{%- set c = messages[0]['content'] %}" + "".join(
+            f"{{%- {'el' * (i > 0)}if c == '{name}' %}}{{{{ {expr} }}}}" for i, (name, expr) in enumerate(cases.items()))
+            + "{%- endif %}" + tok.chat_template)
+        tok.save_pretrained(model)
+        lines = [{"messages": [{"role": "user", "content": c}, {"role": "assistant", "content": "ok"}]}
+                 for c in [*cases, "an ordinary question"]]
+        inp = write_jsonl(self.d("builds.jsonl"), lines)
+        t0 = time.monotonic()
+        p = subprocess.run([sys.executable, TOKENIZE, model, inp, self.d("builds.h5"), "--on-bad-line", "skip"],
+                           capture_output=True, text=True, env=ENV, timeout=300,
+                           preexec_fn=limit_address_space(2 << 30))
+        took = time.monotonic() - t0
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertNotIn("Traceback", p.stderr)
+        for i, name in enumerate(cases, 1):
+            said = [x for x in p.stderr.splitlines() if f"builds.jsonl:{i}: " in x]
+            self.assertEqual(len(said), 1, (name, p.stderr))
+            self.assertIn(f"the chat template of {model} does too much work: ", said[0], name)
+            self.assertIn(" would build ", said[0], name)  # refused before it built, not counted after
+        self.assertIn(f"bad line: {len(cases)}", p.stdout)
+        self.assertEqual(len(records(self.d("builds.h5"))), 1)
+        self.assertLess(took, 90, "each refusal takes a fraction of a second; the rest is the tool's start")
+
+    def test_metered_templates_render_byte_identically(self):
+        # The meter changes no text: transformers' own sandbox and the metered one render the same for Qwen3's
+        # template as released (tools and tool calls, reasoning) and the tests' templates, both thinking choices.
+        sys.path.insert(0, os.path.join(SRC, "tools"))
+        from dflash_data.chat import MeteredSandbox, bound_template_work
+        from transformers.utils import chat_template_utils as ctu
+        self.assertTrue(bound_template_work())
+        compile_ = getattr(ctu, "_cached_compile_jinja_template", None) or ctu._compile_jinja_template.__wrapped__
+
+        def compiled(template, metered):
+            saved = ctu.ImmutableSandboxedEnvironment
+            from jinja2.sandbox import ImmutableSandboxedEnvironment
+            ctu.ImmutableSandboxedEnvironment = MeteredSandbox if metered else ImmutableSandboxedEnvironment
+            try:
+                return compile_(template)
+            finally:
+                ctu.ImmutableSandboxedEnvironment = saved
+        msgs = [{"role": "system", "content": "You are a helpful assistant."}]
+        for i in range(19):
+            msgs.append({"role": "user", "content": f"Question {i}: what is {i} % 7, and '{i}' * 3?"})
+            if i % 5 == 3:
+                msgs.append({"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {
+                    "name": "calc", "arguments": {"expr": f"{i} % 7", "width": 9999999999}}}]})
+                msgs.append({"role": "tool", "content": f"{i % 7}"})
+            msgs.append({"role": "assistant", "reasoning_content": f"think {i}" * (i % 3), "content": f"It is {i % 7}."})
+        tools = [{"type": "function", "function": {"name": "calc", "description": "evaluates %s {:>9}",
+                                                   "parameters": {"type": "object", "properties": {}}}}]
+        with open(os.path.join(SRC, "tools", "dflash_data", "templates", "qwen3.jinja")) as f:
+            templates = {"qwen3.jinja": f.read(), **{t: self.tok[t].chat_template for t in self.tok}}
+        for name, template in templates.items():
+            for kw in ({"add_generation_prompt": True, "enable_thinking": False}, {"add_generation_prompt": False},
+                       {"add_generation_prompt": True, "enable_thinking": True, "reasoning_effort": "low"}):
+                for with_tools in (tools, None):
+                    args = dict(messages=msgs, tools=with_tools, bos_token="", eos_token="<|im_end|>", **kw)
+                    want = compiled(template, False).render(**args)
+                    got = compiled(template, True).render(**args)
+                    self.assertEqual(got, want, (name, kw, with_tools is not None))
 
     def test_nothing_to_train_on_is_exit_3(self):
         p = write_jsonl(self.d("none.jsonl"), [{"messages": [{"role": "user", "content": "q"}]}])

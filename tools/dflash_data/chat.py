@@ -1,11 +1,17 @@
 """Conversations JSONL -> messages; the chat template -> token ids and the assistant-only loss mask."""
 
+import inspect
 import json
+import re
+import types
+from functools import update_wrapper
 
 from jinja2 import nodes, pass_context
 from jinja2.compiler import CodeGenerator
-from jinja2.sandbox import ImmutableSandboxedEnvironment
+from jinja2.filters import make_attrgetter
+from jinja2.sandbox import ImmutableSandboxedEnvironment, SandboxedFormatter
 from jinja2.visitor import NodeTransformer
+from markupsafe import EscapeFormatter, Markup
 
 from . import BadRecord
 
@@ -116,17 +122,7 @@ class Renderer:
             raise ValueError("the prefix mask needs a fast tokenizer (tokenizer.json), for character offsets")
 
     def _render(self, messages, tools, gen_prompt):
-        try:
-            return self.tok.apply_chat_template(messages, tools=tools, tokenize=False,
-                                                add_generation_prompt=gen_prompt, **self.kw)
-        except TemplateWorkLimit as e:
-            raise BadRecord(self._too_much_work(e))
-        except Exception as e:  # jinja2 errors, raise_exception() in templates
-            raise BadRecord(f"the chat template refused the conversation: {type(e).__name__}: {e}")
-
-    def _too_much_work(self, e):
-        return (f"the chat template of {self.name} does too much work: {e} in one render (dflash-tokenize's "
-                "limit; loops nested without bound or runaway recursion in the template?)")
+        return render_chat(self.tok, messages, tools=tools, gen_prompt=gen_prompt, name=self.name, **self.kw)
 
     def __call__(self, messages, tools=None):
         if not any(m["role"] == "assistant" for m in messages):
@@ -141,7 +137,7 @@ class Renderer:
                                                add_generation_prompt=False, return_assistant_tokens_mask=True,
                                                **self.kw)
         except TemplateWorkLimit as e:
-            raise BadRecord(self._too_much_work(e))
+            raise BadRecord(template_work_message(self.name, e))
         except Exception as e:
             raise BadRecord(f"the chat template refused the conversation: {type(e).__name__}: {e}")
         ids, mask = list(out["input_ids"]), [int(x) for x in out["assistant_masks"]]
@@ -200,6 +196,19 @@ class Renderer:
         return ids, mask
 
 
+def render_chat(tok, messages, tools=None, gen_prompt=False, name=None, **template_kwargs):
+    """messages through the tokenizer's chat template, as text (dflash-tokenize's turns; dflash-regenerate's
+    prompts, gen_prompt=True). Metered once bound_template_work() has run: a render past the limits, or one
+    the template refuses, is a BadRecord (a bad line) saying so."""
+    try:
+        return tok.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=gen_prompt,
+                                       **template_kwargs)
+    except TemplateWorkLimit as e:
+        raise BadRecord(template_work_message(name or getattr(tok, "name_or_path", "") or "the tokenizer", e))
+    except Exception as e:  # jinja2 errors, raise_exception() in templates
+        raise BadRecord(f"the chat template refused the conversation: {type(e).__name__}: {e}")
+
+
 class NoLoss(Exception):
     """A well-formed record that has nothing to train on (counted as dropped, with the reason)."""
 
@@ -222,15 +231,26 @@ def _common_prefix(a, b):
 # range(1000) loops are 1e9 iterations, a render that never ends. So every render is metered: its loop
 # iterations and macro calls (steps), and the data it writes or builds (characters; items of lists and
 # ranges), each against a limit far above what real templates use (docs/data.md "The chat template's work
-# is bounded").
+# is bounded"). The operations that can build much more than they are given -- `x * n`, `x ** y`, `fmt % x`,
+# str.format, and the filters and str methods that pad, indent, wrap, replace or join -- are checked before
+# they build: a small template must not fill memory before the meter sees the result. dflash-tokenize and
+# dflash-regenerate both render through it (bound_template_work).
 MAX_TEMPLATE_STEPS = 1_000_000
 MAX_TEMPLATE_CHARS = 128 * 2 ** 20
 MAX_POWER_BITS = 1 << 16  # x ** y: 2 ** 65536 is already far past any use in a template
 _SIZED = (str, bytes, list, tuple, dict, set, frozenset, range)
+_HUGE = 1 << 62  # a width or count too long to be a number Python formats (it would refuse it, or run out)
 
 
 class TemplateWorkLimit(Exception):
     """A render went past MAX_TEMPLATE_STEPS or MAX_TEMPLATE_CHARS (the message says which)."""
+
+
+def template_work_message(name, e):
+    """The bad-line text both tools print for a render stopped by the meter."""
+    return (f"the chat template of {name} does too much work: {e} in one render (the data tools' limit, "
+            "docs/data.md \"The chat template's work is bounded\"; loops nested without bound or runaway "
+            "recursion in the template?)")
 
 
 # The meter's calls in a template are filters of MeteredSandbox (Jinja allows no node types of one's own).
@@ -320,18 +340,255 @@ class _MeteredCodeGenerator(CodeGenerator):
         super().visit_Template(node, frame)
 
 
+# ---- sizes of what an operation would build, found before it builds ----
+def _int(v):
+    return v if isinstance(v, int) else 0
+
+
+def _number(digits):
+    return int(digits) if len(digits) <= 18 else _HUGE
+
+
+def _slen(v):
+    """Length of the text v becomes (str(v))."""
+    return len(v) if isinstance(v, str) else len(str(v))
+
+
+_LINE_BREAKS = "\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029"  # str.splitlines' boundaries
+
+
+def _nlines(s):
+    return 1 + sum(s.count(c) for c in _LINE_BREAKS)
+
+
+# one %-conversion: (mapping key), flags, width, .precision, length modifier, conversion character
+_PRINTF_SPEC = re.compile(r"%(?:\(([^()]*)\))?[-+ #0]*(\*|\d*)(?:\.(\*|\d*))?[hlL]?(.?)", re.S | re.A)
+
+
+def _printf_bound(fmt, args, limit=_HUGE):
+    """An upper bound on len(fmt % args), found without building it: fmt's own text, and for each conversion
+    its width and precision (written in fmt or taken by `*`) and the length of its value's text; counted
+    until it passes limit. Where fmt % args fails, the bound of the part before the failure (Python builds
+    no more than that)."""
+    if isinstance(args, tuple):
+        pos, mapping = args, None
+    else:
+        pos = (args,)
+        mapping = args if hasattr(args, "__getitem__") and not isinstance(args, str) else None
+    escape = 6 if isinstance(fmt, Markup) else 1  # Markup's % escapes its arguments ('&' -> '&amp;')
+    if isinstance(fmt, bytes):
+        fmt = fmt.decode("latin-1")  # the same conversions, one character per byte
+    total, k, seen = len(fmt), 0, {}
+
+    def take():  # the next positional argument; IndexError when there is none (Python: not enough arguments)
+        nonlocal k
+        k += 1
+        return pos[k - 1]
+
+    def number(digits_or_star):
+        if digits_or_star == "*":
+            v = take()
+            return abs(v) if isinstance(v, int) else 0
+        return _number(digits_or_star) if digits_or_star else 0
+
+    def text_len(v, conv):
+        key = (id(v), conv)
+        if key not in seen:
+            if conv == "s":
+                seen[key] = _slen(v)
+            elif conv in "ra":
+                seen[key] = len(repr(v) if conv == "r" else ascii(v))
+            elif conv == "c":
+                seen[key] = 1
+            elif conv in "diouxX":
+                x = v if isinstance(v, int) else int(v)
+                seen[key] = x.bit_length() // 3 + 4  # octal has the most digits; sign and 0o prefix
+            else:
+                float(v)
+                seen[key] = 330  # 1e308 with 'f': 309 digits, a sign, a point (the precision counts apart)
+        return seen[key] * escape
+
+    try:
+        for m in _PRINTF_SPEC.finditer(fmt):
+            key, width, prec, conv = m.groups()
+            if conv == "%":
+                continue
+            if conv == "(":  # a mapping key with parentheses in it: not read here, so not bounded
+                return _HUGE
+            if conv not in "diouxXeEfFgGcrsa" or not conv:
+                break
+            total += number(width) + number(prec or "")
+            total += text_len(mapping[key] if key is not None else take(), conv) + 8
+            if total > limit:
+                break
+    except Exception:  # noqa: BLE001  (no argument, no key, not a number: Python fails there too)
+        pass
+    return total
+
+
+def _spec_bound(spec):
+    """An upper bound on what a str.format field's spec adds to its value's text: the sum of the numbers in it
+    (width, precision; a digit fill character too)."""
+    return sum(_number(d) for d in re.findall(r"\d+", spec))
+
+
+def _join_bound(env, items, sep, attribute=None):
+    if attribute is not None:
+        items = map(make_attrgetter(env, attribute), items)
+    total = count = 0
+    for x in items:
+        total += _slen(x)
+        count += 1
+    return total + max(0, count - 1) * _slen(sep)
+
+
+def _replace_bound(s, old, new, count=-1, text=True):
+    if text:  # the filter: on the texts of its arguments (str.replace / bytes.replace: as they are)
+        s, old, new = str(s), str(old), str(new)
+    times = len(s) + 1 if old == "" else s.count(old)
+    if isinstance(count, int) and count >= 0:
+        times = min(times, count)
+    return len(s) + times * max(0, len(new) - len(old))
+
+
+def _b_center(env, value, width=80, *_, **__):
+    return max(_slen(value), _int(width))
+
+
+def _b_indent(env, s, width=4, *_, **__):
+    s = str(s)
+    ind = len(width) if isinstance(width, str) else _int(width)
+    return len(s) + 1 + _nlines(s) * (ind + 1) + ind
+
+
+def _b_wordwrap(env, s, width=79, break_long_words=True, wrapstring=None, *_, **__):
+    s = str(s)  # every wrapped line holds a character at least: at most len(s) + paragraphs joins
+    return len(s) + (len(s) + _nlines(s)) * (1 if wrapstring is None else _slen(wrapstring))
+
+
+def _b_format(env, value, *args, **kwargs):
+    return _printf_bound(str(value), kwargs or args, env.room())
+
+
+def _b_replace(env, s, old="", new="", count=None, *_, **__):
+    return _replace_bound(s, old, new, -1 if count is None else count, text=True)
+
+
+def _b_join(env, value, d="", attribute=None, *_, **__):
+    return _join_bound(env, value, d, attribute)
+
+
+def _b_urlize(env, value, trim_url_limit=None, nofollow=False, target=None, rel=None, *_, **__):
+    s = str(value)  # each word may become <a href="WORD" rel=.. target=..>WORD</a>, escaped (up to 5x)
+    return 10 * len(s) + (len(s) // 2 + 1) * (_slen(target or "") + _slen(rel or "") + 64)
+
+
+# filter name -> (bound, whether the value is an iterable to read once before the filter does)
+_FILTER_BOUNDS = {"center": (_b_center, False), "indent": (_b_indent, False), "wordwrap": (_b_wordwrap, False),
+                  "format": (_b_format, False), "replace": (_b_replace, False), "join": (_b_join, True),
+                  "urlize": (_b_urlize, False)}
+
+
+def _m_pad(s, width=0, *_, **__):
+    return max(len(s), _int(width))
+
+
+def _m_expandtabs(s, tabsize=8, *_, **__):
+    return len(s) + s.count(b"\t" if isinstance(s, bytes) else "\t") * max(0, _int(tabsize))
+
+
+def _m_replace(s, old="", new="", count=-1, *_, **__):
+    return _replace_bound(s, old, new, count, text=False)
+
+
+def _m_join(s, items=(), *_, **__):
+    return sum(len(x) for x in items if isinstance(x, (str, bytes))) + max(0, len(items) - 1) * len(s)
+
+
+def _m_translate(s, table=None, *_, **__):
+    values = table.values() if isinstance(table, dict) else table if isinstance(table, (list, tuple)) else ()
+    return len(s) * max([1] + [_slen(v) for v in values if isinstance(v, str)])
+
+
+# str (and bytes) method name -> bound of its result
+_STR_METHOD_BOUNDS = {"center": _m_pad, "ljust": _m_pad, "rjust": _m_pad, "zfill": _m_pad,
+                      "expandtabs": _m_expandtabs, "replace": _m_replace, "join": _m_join,
+                      "translate": _m_translate}
+
+
+def _b_tojson(func, args, kwargs):
+    """json.dumps with indent k writes L0 + (L1 - L0) * k characters, where L0 and L1 are its lengths with
+    indent 0 and 1 (one more newline per item either way; k more spaces per level of each line)."""
+    try:
+        bound = inspect.signature(func).bind(*args, **kwargs)
+    except (TypeError, ValueError):
+        return 0
+    indent = bound.arguments.get("indent")
+    k = len(indent) if isinstance(indent, str) else _int(indent)
+    if k <= 16:  # 16 times the indent-1 text at most: let it build, then count it
+        return 0
+    lengths = []
+    for one in (0, 1):
+        bound.arguments["indent"] = one
+        lengths.append(len(func(*bound.args, **bound.kwargs)))
+    return lengths[0] + (lengths[1] - lengths[0]) * k
+
+
+class _MeteredFormatter(SandboxedFormatter):
+    """The sandbox's str.format, each field's width and precision checked before the field is built and the
+    fields built so far counted (one field repeated a million times is as much text as a million fields)."""
+
+    def __init__(self, env, **kwargs):
+        super().__init__(env, **kwargs)
+        self._built = 0
+
+    def format_field(self, value, format_spec):
+        self._env.refuse_past_room(self._built + _spec_bound(format_spec), f"a format field {{:{format_spec[:24]}}}")
+        rv = super().format_field(value, format_spec)
+        self._built += len(rv)
+        self._env.refuse_past_room(self._built, "str.format's fields")
+        return rv
+
+
+class _MeteredEscapeFormatter(_MeteredFormatter, EscapeFormatter):
+    pass
+
+
+class _GuardedFilters(dict):
+    """The environment's filters: a filter set under a name the meter knows (transformers sets its own tojson
+    after the environment is made) is checked before it builds."""
+
+    def __init__(self, env, filters):
+        super().__init__()
+        self._env = env
+        for name, func in filters.items():
+            self[name] = func
+
+    def __setitem__(self, name, func):
+        super().__setitem__(name, self._env.guarded_filter(name, func))
+
+
 class MeteredSandbox(ImmutableSandboxedEnvironment):
     """transformers' sandbox for chat templates with every render metered: steps (loop iterations, macro
     calls) and data (characters written by {{ }} and by template text in loops; what filters, calls, `+`
-    and `~` take and make; `*` and `**` checked before they compute)."""
+    and `~` take and make; `*`, `**`, `%`, str.format and the padding, indenting, wrapping, replacing and
+    joining filters and str methods checked before they build)."""
 
     code_generator_class = _MeteredCodeGenerator
-    intercepted_binops = frozenset(["*", "**", "+"])
+    intercepted_binops = frozenset(["*", "**", "+", "%"])
 
     def __init__(self, *args, **kwargs):
         kwargs.setdefault("finalize", self._written)
         super().__init__(*args, **kwargs)
-        self.filters.update(METER_FILTERS)
+        self.filters = _GuardedFilters(self, self.filters)
+        self.filters.update(METER_FILTERS)  # dict.update: not through __setitem__ (nothing to guard)
+        if "lipsum" in self.globals:
+            lipsum = self.globals["lipsum"]
+
+            def guarded_lipsum(n=5, html=True, min=20, max=100):
+                self.refuse_past_room(_int(n) * (_int(max) * 16 + 16), f"lipsum({n}, max={max})")
+                return lipsum(n, html, min, max)
+            self.globals["lipsum"] = guarded_lipsum
         self.meter_begin()
 
     def meter_begin(self):
@@ -349,6 +606,17 @@ class MeteredSandbox(ImmutableSandboxedEnvironment):
         if self._chars > MAX_TEMPLATE_CHARS:
             raise TemplateWorkLimit(f"more than {MAX_TEMPLATE_CHARS} characters written or built")
 
+    def room(self):
+        """Characters (or items) this render may still write or build."""
+        return MAX_TEMPLATE_CHARS - self._chars
+
+    def refuse_past_room(self, n, what):
+        """Before an operation builds n characters (or items): refused if the render has less room left."""
+        room = self.room()
+        if n > room:
+            raise TemplateWorkLimit(f"{what} would build {n} characters or items, more than the {room} left of "
+                                    f"the {MAX_TEMPLATE_CHARS} a render may write or build")
+
     def meter_size(self, value):
         if isinstance(value, _SIZED):
             self._charge(len(value))
@@ -365,12 +633,71 @@ class MeteredSandbox(ImmutableSandboxedEnvironment):
         self._charge(len(value) if isinstance(value, str) else len(str(value)))
         return value
 
+    def guarded_filter(self, name, func):
+        """func, checked before it builds when name is a filter that can build more than it is given; map's
+        items counted as they come (it calls filters by name, past the template's own meter calls)."""
+        lead = 1 if getattr(func, "jinja_pass_arg", None) is not None else 0  # the context it is passed first
+        if name == "map":
+            def guarded(*args, **kwargs):
+                for item in func(*args, **kwargs):
+                    yield self.meter_size(item)
+        elif name == "tojson":
+            def guarded(*args, **kwargs):
+                self.refuse_past_room(_b_tojson(func, args, kwargs), "tojson's indent")
+                return func(*args, **kwargs)
+        elif name in _FILTER_BOUNDS:
+            bound, materialize = _FILTER_BOUNDS[name]
+
+            def guarded(*args, **kwargs):
+                if materialize and len(args) > lead and not isinstance(args[lead], (str, list, tuple)):
+                    args = (*args[:lead], list(args[lead]), *args[lead + 1:])  # read once, for both
+                try:
+                    n = bound(self, *args[lead:], **kwargs)
+                except TypeError:  # arguments the filter refuses too
+                    n = 0
+                self.refuse_past_room(n, f"the filter {name}")
+                return func(*args, **kwargs)
+        else:
+            return func
+        return update_wrapper(guarded, func)
+
+    def wrap_str_format(self, value):
+        """Jinja 3.1.6's wrap_str_format (str.format and format_map in the sandbox), with _MeteredFormatter."""
+        if not isinstance(value, (types.MethodType, types.BuiltinMethodType)) or \
+                value.__name__ not in ("format", "format_map") or not isinstance(value.__self__, str):
+            return None
+        f_self = value.__self__
+        is_format_map = value.__name__ == "format_map"
+
+        def wrapper(*args, **kwargs):
+            if is_format_map:
+                if kwargs:
+                    raise TypeError("format_map() takes no keyword arguments")
+                if len(args) != 1:
+                    raise TypeError(f"format_map() takes exactly one argument ({len(args)} given)")
+                kwargs, args = args[0], ()
+            formatter = _MeteredEscapeFormatter(self, escape=f_self.escape) if isinstance(f_self, Markup) \
+                else _MeteredFormatter(self)
+            return type(f_self)(formatter.vformat(f_self, args, kwargs))
+
+        return update_wrapper(wrapper, value)
+
     def call(self, context, obj, /, *args, **kwargs):
-        """A call's work grows with its receiver (text.count(x)) and arguments; its result is data built."""
+        """A call's work grows with its receiver (text.count(x)) and arguments; its result is data built. The
+        str methods that can build more than they are given are checked first."""
         receiver = getattr(obj, "__self__", None)
         n = len(receiver) if isinstance(receiver, _SIZED) else 0
         if args or kwargs:
             n += self._arg_sizes(args, kwargs)
+        if isinstance(receiver, (str, bytes)) and getattr(obj, "__name__", None) in _STR_METHOD_BOUNDS:
+            name = obj.__name__
+            if name == "join" and args and not isinstance(args[0], (str, list, tuple)):
+                args = (list(args[0]), *args[1:])  # read once, for both
+            try:
+                bound = _STR_METHOD_BOUNDS[name](receiver, *args, **kwargs)
+            except TypeError:  # arguments the method refuses too
+                bound = 0
+            self.refuse_past_room(bound, f"{type(receiver).__name__}.{name}")
         rv = super().call(context, obj, *args, **kwargs)
         self._charge(n + len(rv) if isinstance(rv, _SIZED) else n)  # one check: calls are in every line
         return rv
@@ -387,12 +714,13 @@ class MeteredSandbox(ImmutableSandboxedEnvironment):
     def call_binop(self, context, operator, left, right):
         if operator == "*":
             seq, n = (left, right) if isinstance(right, int) else (right, left)
-            if isinstance(seq, (str, list, tuple)) and isinstance(n, int) and len(seq) * n > MAX_TEMPLATE_CHARS:
-                raise TemplateWorkLimit(f"a sequence of {len(seq)} repeated {n} times: more than "
-                                        f"{MAX_TEMPLATE_CHARS} characters")
+            if isinstance(seq, (str, bytes, list, tuple)) and isinstance(n, int):
+                self.refuse_past_room(len(seq) * n, f"a sequence of {len(seq)} repeated {n} times")
         elif operator == "**" and isinstance(left, int) and isinstance(right, int) and abs(left) > 1 and \
                 right * abs(left).bit_length() > MAX_POWER_BITS:
             raise TemplateWorkLimit(f"{left} ** {right}: more than {MAX_POWER_BITS} bits")
+        elif operator == "%" and isinstance(left, (str, bytes)):
+            self.refuse_past_room(_printf_bound(left, right, self.room()), f"the format {left[:24]!r} % ...")
         return self.meter_size(super().call_binop(context, operator, left, right))
 
 
