@@ -17,39 +17,21 @@
 # Exit code: dflash-train's. 0 completed; 75 checkpointed, run again to continue; anything else failed
 # (docs/checkpoint.md, README "Exit codes"). The last line printed is a status line.
 set -uo pipefail
-
-# A signal in the ranks' first tenth of a second, before they have installed their handlers, would kill them
-# (exit 138, nothing saved): rank 0 creates $DFLASH_READY_FILE once every rank can take one, and until then
-# a signal is held here and forwarded then (apps/dflash-train.cpp).
-ready_dir=$(mktemp -d "${TMPDIR:-/tmp}/dflash-train.XXXXXX")
-trap 'rm -rf "$ready_dir"' EXIT
-export DFLASH_READY_FILE="$ready_dir/ready"
-child=""
-signalled=""
-held=""
-forward() {
-  signalled=$1
-  if [ -z "$child" ] || [ ! -e "$DFLASH_READY_FILE" ]; then
-    held=$1
-    echo "[train.sh] SIG$1 received while the ranks start: held until they can take it" >&2
-    return
-  fi
-  echo "[train.sh] SIG$1 received: asking dflash-train to checkpoint and stop (SIGUSR1 to mpirun $child)" >&2
-  kill -USR1 "$child" 2>/dev/null || true
-}
-forward_held() {  # a signal held while the ranks started: forwarded once they are ready (or mpirun is gone)
-  [ -n "$held" ] || return 0
-  while [ ! -e "$DFLASH_READY_FILE" ] && kill -0 "$child" 2>/dev/null; do sleep 0.05; done
-  held=""
-  echo "[train.sh] the ranks are ready: asking dflash-train to checkpoint and stop (SIGUSR1 to mpirun $child)" >&2
-  kill -USR1 "$child" 2>/dev/null || true
-}
-# The traps first of all: a signal before mpirun starts (while this script sets up) is held too.
-trap 'forward USR1' USR1
-trap 'forward TERM' TERM
+# The stop-signal traps first of all: a signal while this script sets up, before mpirun starts, is held too
+# (jobs/stop-signal.sh, below, holds it until the ranks can take it).
+trap 'stop_early=${stop_early:-USR1}' USR1
+trap 'stop_early=${stop_early:-TERM}' TERM
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 repo=$(cd "$here/../.." && pwd)
+# A signal in the ranks' first tenth of a second, before they have installed their handlers, would kill them
+# (exit 138, nothing saved): rank 0 creates $DFLASH_READY_FILE once every rank can take one, and until then
+# a signal is held here and forwarded then (apps/dflash-train.cpp). Under an sbatch script, the ready file
+# is the one that script exported.
+# shellcheck source=jobs/stop-signal.sh
+source "$repo/jobs/stop-signal.sh" || { echo "[train.sh] status=failed rc=8 reason='no $repo/jobs/stop-signal.sh'"; exit 8; }
+stop_signal_init "[train.sh]"
+
 DFLASH_TRAIN=${DFLASH_TRAIN:-$repo/build/dflash-train}
 gpus=0
 command -v nvidia-smi >/dev/null 2>&1 && gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
@@ -108,22 +90,8 @@ fi
 mpirun -np "$NP" --bind-to none ${MPIRUN_ARGS:-} \
   -x NCCL_NVLS_ENABLE -x NCCL_DEBUG -x DFLASH_READY_FILE \
   "$DFLASH_TRAIN" "${args[@]}" &
-child=$!
-
-# `wait` returns early (status > 128) whenever a trapped signal arrives: wait again until mpirun is gone.
-while :; do
-  forward_held
-  wait "$child"
-  rc=$?
-  if [ $rc -gt 128 ] && kill -0 "$child" 2>/dev/null; then continue; fi
-  if [ $rc -gt 128 ] && [ -n "$signalled" ]; then
-    # mpirun ended while the trap ran: collect its real status if the shell still has it.
-    wait "$child" 2>/dev/null
-    r2=$?
-    [ $r2 -ne 127 ] && rc=$r2
-  fi
-  break
-done
+stop_signal_child $! mpirun
+stop_signal_wait  # until mpirun is gone, forwarding stop signals (held while the ranks start); sets rc
 trap - USR1 TERM
 
 case $rc in
@@ -131,5 +99,5 @@ case $rc in
   75) status=checkpointed ;;
   *) status=failed ;;
 esac
-echo "[train.sh] status=$status rc=$rc checkpoint=$(latest_checkpoint)${signalled:+ signal=SIG$signalled}"
+echo "[train.sh] status=$status rc=$rc checkpoint=$(latest_checkpoint)${stop_signalled:+ signal=SIG$stop_signalled}"
 exit $rc

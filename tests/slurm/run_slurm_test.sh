@@ -7,7 +7,10 @@
 #   tests/slurm/run_slurm_test.sh [BUILD_DIR]      (env DFLASH_BIN works too; default ./build)
 # DFLASH_SBATCH picks the job script (default train-1node.sbatch, mpirun; train-1node-srun.sbatch: srun
 # --mpi=pmix, which test_slurm_requeue_srun.sh runs); DFLASH_SLURM_EXPECT_LAUNCH_RETRY=1 also checks that the
-# job script retried a failed srun launch (test_slurm_requeue_srun.sh injects one).
+# job script retried a failed srun launch (test_slurm_requeue_srun.sh injects one). DFLASH_SLURM_EARLY_SIGNAL=1
+# sends the signal as soon as the batch shell has printed its first line, long before the ranks can take one
+# (test_slurm_early_signal*.sh): the job script must hold it until they are ready (jobs/stop-signal.sh), then
+# the same checkpoint, requeue and resume.
 #
 # Needs root (it installs slurm-wlm + munge with apt-get when missing and runs the daemons as root);
 # otherwise it exits 77 (skipped). The daemons are stopped by their pid files on every exit path.
@@ -77,9 +80,22 @@ trained_3_steps() { [ "$(trained_steps)" -ge 3 ]; }
 requeued() { [ "$(job_restarts)" = 1 ] && [ "$(job_state)" = PENDING ]; }
 completed() { [ "$(job_state)" = COMPLETED ]; }
 
-wait_for 120 "the job to train 3 steps" trained_3_steps
-scancel --signal=USR1 --batch "$jid"
-note "sent USR1 to the batch shell of job $jid after $(trained_steps) step(s)"
+if [ "${DFLASH_SLURM_EARLY_SIGNAL:-0}" = 1 ]; then
+  # The batch shell's first line comes before the world check and the launch: the ranks start a second or
+  # more later. (Before the hold, the shell had no trap yet and died of the signal: the job failed.)
+  started() { grep -q "^\[sbatch\] job=$jid restart=0 " "$WORK/job.out" 2>/dev/null; }
+  t0=$SECONDS
+  until started; do
+    [ $((SECONDS - t0)) -lt 120 ] || fail "timed out after 120s waiting for the job to start"
+    sleep 0.02
+  done
+  scancel --signal=USR1 --batch "$jid"
+  note "sent USR1 to the batch shell of job $jid as it started ($(trained_steps) steps trained)"
+else
+  wait_for 120 "the job to train 3 steps" trained_3_steps
+  scancel --signal=USR1 --batch "$jid"
+  note "sent USR1 to the batch shell of job $jid after $(trained_steps) step(s)"
+fi
 
 # Requeued jobs wait out a begin time (the credential lifetime, 120 s); the test starts it at once.
 wait_for 120 "the job to be requeued" requeued
@@ -98,6 +114,13 @@ grep -q "status=requeued rc=75" "$WORK/job.out" || fail "the first run did not e
 grep -q "restart=1 status=completed" "$WORK/job.out" || fail "the requeued run did not complete"
 grep -q "stop signal (10) received: checkpointed at step" "$WORK/job.out" || fail "no checkpoint on SIGUSR1"
 grep -q -- "--resume auto: resuming from" "$WORK/job.out" || fail "the requeued run did not resume"
+if [ "${DFLASH_SLURM_EARLY_SIGNAL:-0}" = 1 ]; then
+  grep -q "^\[sbatch\] SIGUSR1 received while the ranks start: held until they can take it" "$WORK/job.out" ||
+    fail "the job script did not hold the early signal"
+  grep -q "^\[sbatch\] the ranks are ready: asking dflash-train to checkpoint and stop" "$WORK/job.out" ||
+    fail "the job script did not forward the held signal once the ranks were ready"
+  note "the early signal was held until the ranks were ready, then forwarded"
+fi
 if [ "${DFLASH_SLURM_EXPECT_LAUNCH_RETRY:-0}" = 1 ]; then
   grep -q "srun could not start the tasks (rc=0); trying once more" "$WORK/job.out" ||
     fail "the job script did not notice the injected launch failure"
