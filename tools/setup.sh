@@ -111,10 +111,11 @@ if { [ $tests -eq 1 ] || [ "${DFLASH_REAL_DATA:-0}" = 1 ]; } && [ -x "$VENV/bin/
 fi
 
 # The tests' optional Python packages (requirements-tests.txt: xarray + h5netcdf, for
-# tests/e2e/test_metrics_xarray.sh) into the same venv, numpy held where it is: pip would otherwise bring
-# numpy 2, which Debian's python3-h5py (seen through the venv) cannot load. A failure only skips that test.
+# tests/e2e/test_metrics_xarray.sh; tensorboard, tensorboardX, wandb, for dflash-report's exports in
+# tests/e2e/test_report_export.sh) into the same venv, numpy held where it is: pip would otherwise bring
+# numpy 2, which Debian's python3-h5py (seen through the venv) cannot load. A failure only skips those tests.
 if [ $tests -eq 1 ] && [ -x "$VENV/bin/python3" ]; then
-  if "$VENV/bin/python3" -c "import xarray, h5netcdf" 2>/dev/null; then
+  if "$VENV/bin/python3" -c "import xarray, h5netcdf, tensorboard, tensorboardX, wandb" 2>/dev/null; then
     echo "# the tests' Python packages present in $VENV"
   else
     t0=$SECONDS
@@ -124,7 +125,8 @@ if [ $tests -eq 1 ] && [ -x "$VENV/bin/python3" ]; then
     if "$VENV/bin/python3" -m pip install -q --disable-pip-version-check -r "$ROOT/requirements-tests.txt" -c "$hold"; then
       echo "# installed in $((SECONDS - t0))s"
     else
-      echo "# WARNING: could not install the tests' Python packages: test_metrics_xarray will be skipped" >&2
+      echo "# WARNING: could not install the tests' Python packages: test_metrics_xarray and the library parts of" \
+           "test_report_export will be skipped" >&2
     fi
     rm -f "$hold"
   fi

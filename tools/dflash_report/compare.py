@@ -5,7 +5,7 @@ import os
 
 import numpy as np
 
-from .analysis import SCHEMA_VERSION
+from .analysis import NOISE_FRACTION, SCHEMA_VERSION
 
 
 def _last_tenth_mean(run, key):
@@ -24,6 +24,8 @@ def summary(run, rep):
     return {
         "file": rep["file"], "topology": r["topology"], "backend": r["backend"], "nodes": r["nodes"],
         "ranks_per_node": r["gpus_per_node"], "unit": r.get("unit", "GPU"), "steps": r["steps"],
+        "targets_per_node": r["targets_per_node"], "drafters_per_node": r["drafters_per_node"],
+        "idle_per_node": r["gpus_per_node"] - r["targets_per_node"] - r["drafters_per_node"],
         "elapsed_s": r["elapsed_s"], "batches_per_s": obs["batches_per_s"], "ktok_per_s": obs["ktok_per_s"],
         "target_ceiling_bps": obs["target_ceiling_bps"], "drafter_ceiling_bps": obs["drafter_ceiling_bps"],
         "bottleneck": obs["bottleneck"],
@@ -55,21 +57,69 @@ def compare(pairs):
             "verdict": verdict(cols, fastest), "reports": [rep for _, rep in pairs]}
 
 
+def _who(c):
+    return f"{c['topology']} ({_name(c['file'])})"
+
+
+def _plural(n, unit):
+    return f"{n} {unit}{'' if n == 1 else 's'}"
+
+
 def verdict(cols, fastest):
     f = cols[fastest]
     others = [c for i, c in enumerate(cols) if i != fastest]
-    parts = [f"{f['topology']} ({_name(f['file'])}) trained fastest: {f['ktok_per_s']:.2f} Ktok/s"]
-    for c in others:
-        d = f["ktok_per_s"] / c["ktok_per_s"] - 1.0 if c["ktok_per_s"] else None
-        parts.append(f"{'?' if d is None else format(100 * d, '+.0f') + '%'} over {c['topology']} ({_name(c['file'])})")
-    s = parts[0] + (", " + ", ".join(parts[1:]) if len(parts) > 1 else "") + "."
-    if len({(c["backend"], c["ranks_per_node"], c["nodes"]) for c in cols}) > 1:
-        s += " The runs differ in backend or machine size: compare their splits with care."
-    if any(c["distorted"] for c in cols):
-        s += (" " + ", ".join(c["topology"] for c in cols if c["distorted"]) +
-              " ran oversubscribed (more busy ranks than cores): its timings are distorted.")
+    gains = [f["ktok_per_s"] / c["ktok_per_s"] - 1.0 if c["ktok_per_s"] else None for c in others]
+    if others and all(d is not None and d < NOISE_FRACTION for d in gains):
+        # no run is faster by more than the noise: say so instead of crowning one
+        s = (f"{' and '.join(_who(c) for c in cols)} trained equally fast: "
+             f"{' and '.join(format(c['ktok_per_s'], '.2f') for c in cols)} Ktok/s, within "
+             f"{100 * NOISE_FRACTION:.0f}% of each other (measurement noise).")
+    else:
+        parts = [f"{_who(f)} trained fastest: {f['ktok_per_s']:.2f} Ktok/s"]
+        for c, d in zip(others, gains):
+            pct = "?" if d is None else format(100 * d, "+.0f") + "%"
+            parts.append(f"{pct} over {_who(c)}" + (" (within noise)" if d is not None and d < NOISE_FRACTION else ""))
+        s = parts[0] + (", " + ", ".join(parts[1:]) if len(parts) > 1 else "") + "."
+    s += _machines(cols)
+    distorted = [c["topology"] for c in cols if c["distorted"]]
+    if distorted:
+        s += (f" {', '.join(distorted)} ran oversubscribed (more busy ranks than cores): "
+              f"{'its' if len(distorted) == 1 else 'their'} timings are distorted.")
     if len({c["steps"] for c in cols}) > 1:
         s += " Loss and accuracy are over different numbers of steps."
+    return s
+
+
+def _machines(cols):
+    """What the runs' machines differ in, named: the backend; else the nodes and the ranks (GPUs) per node,
+    which ranks of each stayed idle, and whether the busy ones are as many (then the runs compare as splits)."""
+    backends = [c["backend"] for c in cols]
+    if len(set(backends)) > 1:
+        return (f" The runs used different backends ({' vs '.join(backends)}): their speeds do not compare, nor do "
+                "their splits.")
+    unit = cols[0]["unit"]
+    diffs = []
+    if len({c["nodes"] for c in cols}) > 1:
+        diffs.append(f"nodes ({' vs '.join(str(c['nodes']) for c in cols)})")
+    if len({c["ranks_per_node"] for c in cols}) > 1:
+        diffs.append(f"{unit}s per node ({' vs '.join(str(c['ranks_per_node']) for c in cols)})")
+    if not diffs:
+        return ""
+    s = f" The runs differ {'only ' if len(diffs) == 1 else ''}in {' and '.join(diffs)}"
+    idle = [c for c in cols if c["idle_per_node"] > 0]
+    s += (": " + "; ".join(f"{_who(c)} left {_plural(c['idle_per_node'], unit)} per node idle" for c in idle) + "."
+          if idle else ".")
+    busy = [c["nodes"] * (c["targets_per_node"] + c["drafters_per_node"]) for c in cols]
+    if len(set(busy)) == 1:
+        if len({c["topology"] for c in cols}) == 1 and len({c["nodes"] for c in cols}) == 1:
+            s += (f" {'Both' if len(cols) == 2 else 'All'} keep {_plural(busy[0], unit)} busy as "
+                  f"{cols[0]['topology']}, so they compare as the same split: a difference in speed is not the "
+                  f"split's doing (an idle {unit} does no work).")
+        else:
+            s += f" All keep {_plural(busy[0], unit)} busy: they compare split for split."
+    else:
+        s += (f" They keep {' and '.join(str(b) for b in busy)} {unit}s busy: a difference in speed comes from the "
+              f"extra {unit}s as much as from the split (to compare splits of one machine, read one run's what-if).")
     return s
 
 
@@ -91,6 +141,7 @@ ROWS = [  # (label, key, format)
     ("topology", "topology", ""),
     ("backend", "backend", ""),
     ("nodes x ranks", None, ""),
+    ("idle per node", "idle_per_node", "d"),
     ("steps", "steps", "d"),
     ("elapsed s", "elapsed_s", ".0f"),
     ("trained b/s", "batches_per_s", ".3f"),
@@ -126,6 +177,7 @@ def text(cmp):
     L.append("")
     width = max(12, max(len(_name(c["file"])) for c in cols) + 2)
     width = min(width, 28)
+    width = max(width, 2 + max(len("yes (oversubscribed)") if c["distorted"] else 0 for c in cols))
     L.append(f"  {'':<20}" + "".join(f"[{i + 1}]".rjust(width) for i in range(len(cols))))
     for label, key, fmt in ROWS:
         cells = []
