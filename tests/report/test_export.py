@@ -174,8 +174,9 @@ def read_records(path):
 
 
 def read_events(path):
-    """{'file_version': str, 'scalars': {tag: [(step, value, wall)]}} of one event file."""
-    version, scalars = None, {}
+    """{'file_version': str, 'scalars': {tag: [(step, value, wall)]}, 'session_starts': [step]} of one event
+    file."""
+    version, scalars, starts = None, {}, []
     for rec in read_records(path):
         wall, step, summary = None, 0, None
         for num, wire, v in proto_fields(rec):
@@ -187,6 +188,8 @@ def read_events(path):
                 version = v.decode()
             elif num == 5 and wire == 2:
                 summary = v
+            elif num == 7 and wire == 2 and (1, 0, 1) in proto_fields(v):  # SessionLog{status: START}
+                starts.append(step)
         if summary is None:
             continue
         for num, wire, value in proto_fields(summary):
@@ -199,13 +202,14 @@ def read_events(path):
                 elif n2 == 2 and w2 == 5:
                     (simple,) = struct.unpack("<f", v2)
             scalars.setdefault(tag, []).append((step, simple, wall))
-    return {"file_version": version, "scalars": scalars}
+    return {"file_version": version, "scalars": scalars, "session_starts": starts}
 
 
 def event_file(d):
-    files = glob.glob(os.path.join(d, "events.out.tfevents.*"))
-    assert len(files) == 1, files
-    return files[0]
+    """The newest event file of dflash-report's in d (an export keeps the one before it)."""
+    files = sorted(glob.glob(os.path.join(d, "events.out.tfevents.*" + export.EVENT_SUFFIX)))
+    assert 1 <= len(files) <= 2, files
+    return files[-1]
 
 
 def report(*args, env=None, timeout=300):
@@ -316,6 +320,7 @@ class ExportTest(unittest.TestCase):
                 self.assertEqual(out["writer"], "builtin")
                 ev = read_events(event_file(d))
                 self.assertEqual(ev["file_version"], "brain.Event:2")
+                self.assertEqual(ev["session_starts"], [0], "one SessionLog START, at step 0")
                 want = self.expected(p)
                 self.check_scalars(ev["scalars"], want)
                 self.assertEqual(sum(len(v) for v in ev["scalars"].values()), out["points"])
@@ -330,14 +335,43 @@ class ExportTest(unittest.TestCase):
     def test_reexport_replaces_the_earlier_file(self):
         p = rich_run(self.path("a.h5"))
         d = self.path("tb")
-        export.write_tensorboard(Run(p), d, "builtin")
+        first = export.write_tensorboard(Run(p), d, "builtin")["file"]
         with open(os.path.join(d, "events.out.tfevents.1.other"), "wb"):
             pass  # someone else's file stays
-        export.write_tensorboard(Run(p), d, "builtin")
-        ours = glob.glob(os.path.join(d, "events.out.tfevents.*" + export.EVENT_SUFFIX))
-        self.assertEqual(len(ours), 1)
+        second = export.write_tensorboard(Run(p), d, "builtin")["file"]  # within the same second, likely
+        third = export.write_tensorboard(Run(p), d, "builtin")["file"]
+        self.assertLess(first, second)  # TensorBoard reads them in name order: the newest goes last
+        self.assertLess(second, third)
+        ours = sorted(glob.glob(os.path.join(d, "events.out.tfevents.*" + export.EVENT_SUFFIX)))
+        self.assertEqual(ours, [second, third], "the previous export stays (a TensorBoard may be reading it)")
         self.assertTrue(os.path.exists(os.path.join(d, "events.out.tfevents.1.other")))
         self.assertEqual([x for x in os.listdir(d) if x.startswith(".")], [], "no scratch directory left")
+
+    @unittest.skipUnless(have("tensorboard.backend.event_processing.event_accumulator"),
+                         "needs the tensorboard package (requirements-tests.txt; tools/setup.sh --tests)")
+    def test_a_watching_tensorboard_follows_each_export(self):
+        # a run in progress exported again and again: a TensorBoard that keeps reading the directory shows
+        # the newest export (the START event of each new file drops what it had), and so does a new one
+        from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+        full = rich_run(self.path("full.h5"))
+        short = self.path("short.h5")
+        shutil.copy(full, short)
+        with h5py.File(short, "a") as f:  # the same run earlier: its first 40 steps
+            for k in [k for k in f["steps"] if k != "block_position"]:
+                data = f["steps"][k][:40]
+                del f["steps"][k]
+                f["steps"][k] = data
+        d = self.path("tb")
+        watching = EventAccumulator(d, size_guidance={"scalars": 0})
+        for p, n in ((short, 40), (full, len(Run(full).steps["step"])), (short, 40)):
+            export.write_tensorboard(Run(p), d, "builtin")
+            watching.Reload()
+            fresh = EventAccumulator(d, size_guidance={"scalars": 0})
+            fresh.Reload()
+            for acc in (watching, fresh):
+                self.assertEqual([e.step for e in acc.Scalars("train/loss")], list(range(1, n + 1)))
+                self.check_scalars({t: [(e.step, e.value, e.wall_time) for e in acc.Scalars(t)]
+                                    for t in acc.Tags()["scalars"]}, self.expected(p))
 
     @unittest.skipUnless(have("tensorboard.backend.event_processing.event_accumulator"),
                          "needs the tensorboard package (requirements-tests.txt; tools/setup.sh --tests)")

@@ -356,10 +356,11 @@ def _length_delimited(number, data):
     return _field(number, 2, _varint(len(data)) + data)
 
 
-def encode_event(wall_time, step=None, file_version=None, scalar=None):
+def encode_event(wall_time, step=None, file_version=None, scalar=None, session_start=False):
     """tensorflow.Event: wall_time (1, double), step (2, int64), file_version (3, string), summary (5):
-    Summary.value (1): Summary.Value tag (1, string), simple_value (2, float). The bytes tensorboardX writes
-    for the same event (tests/report/test_export.py compares them)."""
+    Summary.value (1): Summary.Value tag (1, string), simple_value (2, float); session_log (7): SessionLog
+    status (1, enum: START = 1). The bytes tensorboardX writes for the same event (tests/report/test_export.py
+    compares them)."""
     out = _field(1, 1, struct.pack("<d", wall_time))
     if step:  # proto3 leaves a field at its default (0) out, as TensorFlow's and tensorboardX's writers do
         out += _field(2, 0, _varint(int(step)))
@@ -369,6 +370,8 @@ def encode_event(wall_time, step=None, file_version=None, scalar=None):
         tag, value = scalar
         v = _length_delimited(1, tag.encode()) + _field(2, 5, struct.pack("<f", value))
         out += _length_delimited(5, _length_delimited(1, v))
+    if session_start:
+        out += _length_delimited(7, _field(1, 0, _varint(1)))
     return out
 
 
@@ -398,6 +401,9 @@ class BuiltinEventWriter:
         self.events = [encode_event(now, file_version="brain.Event:2")]
         self.tags = {}
 
+    def add_session_start(self, walltime):
+        self.events.append(encode_event(walltime, session_start=True))
+
     def add_scalar(self, tag, value, step, walltime):
         # = encode_event(walltime, step=step, scalar=(tag, value)), its tag's bytes made once
         head = self.tags.get(tag)
@@ -419,6 +425,14 @@ class _LibraryWriter:
         self.name = name
         # a long queue: the default (10) flushes so often that it doubles the time of a long run's export
         self.w = cls(logdir, max_queue=10000, flush_secs=600)
+
+    def add_session_start(self, walltime):
+        if self.name == "tensorboardX":
+            from tensorboardX.proto.event_pb2 import Event, SessionLog
+        else:
+            from tensorboard.compat.proto.event_pb2 import Event, SessionLog
+        self.w._get_file_writer().add_event(Event(session_log=SessionLog(status=SessionLog.START)),
+                                            walltime=float(walltime))
 
     def add_scalar(self, tag, value, step, walltime):
         self.w.add_scalar(tag, float(value), int(step), walltime=float(walltime))
@@ -449,7 +463,7 @@ def tensorboard_writer(logdir, which="auto"):
 
 def write_tensorboard(run, logdir, which="auto"):
     """Writes the run's series to one event file in logdir, replacing the one this tool wrote there before
-    (a TensorBoard that is watching reloads it: the new file restarts at the first step). The writer writes
+    (a TensorBoard that is watching moves on to the new file, whose START event drops what it had). The writer writes
     into a scratch directory inside logdir; its file is then moved in under this tool's name. Returns a
     summary (file, writer, series, points, tags)."""
     os.makedirs(logdir, exist_ok=True)
@@ -460,6 +474,9 @@ def write_tensorboard(run, logdir, which="auto"):
     os.makedirs(scratch)
     try:
         w = tensorboard_writer(scratch, which)
+        # SessionLog START (at step 0, the run's start): a TensorBoard that read an earlier export drops its
+        # points from step 0 on when it moves on to this file, instead of showing both
+        w.add_session_start(min([float(s.wall.min()) for s in series if len(s)] + [time.time()]))
         # step by step over all series (TensorBoard reads a step going back as a restart and drops what follows)
         steps = np.concatenate([s.steps for s in series] + [np.zeros(0, dtype=np.int64)])
         which = np.concatenate([np.full(len(s), k) for k, s in enumerate(series)] + [np.zeros(0, dtype=int)])
@@ -473,13 +490,17 @@ def write_tensorboard(run, logdir, which="auto"):
         points = len(steps)
         w.close()
         (made,) = glob.glob(os.path.join(scratch, "*tfevents*"))
-        path = event_file_name(logdir)
-        while path in before:  # a second export within the same second
-            path = path[: -len(EVENT_SUFFIX)] + "x" + EVENT_SUFFIX
+        wall = time.time()
+        path = event_file_name(logdir, wall)
+        while before and path <= max(before):  # TensorBoard reads the files in name order: this one goes last
+            wall += 1
+            path = event_file_name(logdir, wall)
         os.replace(made, path)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-    for old in before:
+    # The newest earlier file stays (a TensorBoard reading it must finish it before it moves on to the new
+    # one: a file deleted under it stops its reading); the older ones go.
+    for old in sorted(before)[:-1]:
         try:
             os.remove(old)
         except OSError:
