@@ -23,6 +23,7 @@ import os
 import shutil
 import socket
 import struct
+import sys
 import time
 from datetime import datetime, timezone
 
@@ -211,7 +212,13 @@ def interval_throughput(run, tl=None):
     tokens = None
     if "tokens" in st and tl.has_time and len(st["tokens"]) == len(tl.step):
         tok = np.asarray(st["tokens"], dtype=float)
-        tokens = np.array([tok[(tl.seg == k) & (tl.t > a) & (tl.t <= b)].sum() for k, a, b in zip(seg, start, end)])
+        tokens = np.zeros(len(ivs))
+        for k in np.unique(seg):  # per segment: the tokens of its steps with start < time_s <= end
+            rows = np.flatnonzero(tl.seg == k)
+            m = seg == k
+            cum = np.concatenate([[0.0], np.cumsum(tok[rows])])
+            t = tl.t[rows]
+            tokens[m] = cum[np.searchsorted(t, end[m], side="right")] - cum[np.searchsorted(t, start[m], side="right")]
     return {"segment": seg, "start": start, "end": end, "dt": end - start, "elapsed": elapsed, "steps": steps,
             "wall": wall, "target_batches": np.array([x[3] for x in ivs], dtype=float),
             "drafter_batches": np.array([x[4] for x in ivs], dtype=float), "tokens": tokens}
@@ -273,17 +280,20 @@ def scalar_series(run):
 
 def _steps_at_segment_times(tl, seg, t):
     """(steps done, wall) at time t of segment seg, per element."""
+    seg, t = np.asarray(seg), np.asarray(t, dtype=float)
     steps = np.zeros(len(t), dtype=np.int64)
     wall = np.zeros(len(t))
-    for i, (k, x) in enumerate(zip(seg, t)):
+    for k in np.unique(seg):
+        m = seg == k
         rows = np.flatnonzero(tl.seg == k)
         if len(rows):
-            j = np.searchsorted(tl.t[rows], x, side="right")
-            steps[i] = tl.step[rows[j - 1]] if j > 0 else (tl.step[rows[0] - 1] if rows[0] > 0 else 0)
+            j = np.searchsorted(tl.t[rows], t[m], side="right")
+            before = tl.step[rows[0] - 1] if rows[0] > 0 else 0
+            steps[m] = np.where(j > 0, tl.step[rows[np.maximum(j - 1, 0)]], before)
         else:
             earlier = np.flatnonzero(tl.seg < k)
-            steps[i] = tl.step[earlier[-1]] if len(earlier) else 0
-        wall[i] = tl.seg_wall[min(int(k), tl.nseg - 1)] + x
+            steps[m] = tl.step[earlier[-1]] if len(earlier) else 0
+        wall[m] = tl.seg_wall[min(int(k), tl.nseg - 1)] + t[m]
     return steps, wall
 
 
@@ -481,6 +491,10 @@ def write_tensorboard(run, logdir, which="auto"):
         steps = np.concatenate([s.steps for s in series] + [np.zeros(0, dtype=np.int64)])
         which = np.concatenate([np.full(len(s), k) for k, s in enumerate(series)] + [np.zeros(0, dtype=int)])
         index = np.concatenate([np.arange(len(s)) for s in series] + [np.zeros(0, dtype=int)])
+        if w.name != "builtin" and len(steps) > 500000:
+            sys.stderr.write(f"dflash-report: writing {len(steps)} points with {w.name} (about "
+                             f"{max(1, round(len(steps) * 1e-4 / 60))} min; --tensorboard-writer builtin writes the "
+                             "same records about 10x faster)\n")
         values = [s.values.tolist() for s in series]
         walls = [s.wall.tolist() for s in series]
         tags = [s.tag for s in series]
