@@ -1,5 +1,5 @@
 // The target's config read once, and the one place that maps a target family to its implementation
-// (DESIGN.md: targets behind one interface + factory). Everything a family cannot do on a backend is
+// (docs/architecture.md "Targets"). Everything a family cannot do on a backend is
 // refused here, before a weight is read.
 #include "dflash/target.h"
 
