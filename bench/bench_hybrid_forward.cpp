@@ -8,7 +8,8 @@
 // the layer kinds (full attention every full_attention_interval-th layer), the GDN head layout and the
 // partial-RoPE rotary dim come from the same code as the real target's. The op sequence is the one
 // Qwen35Target::forward (src/model/qwen35_target.cpp) runs, and the layer stack with its capture slots is
-// the model's own capture_stack_forward. Buffers are those of Qwen35Target::Impl, allocated once.
+// the model's own capture_stack_forward. Buffers are those of Qwen35Target and its DecoderStackTarget
+// (src/model/decoder_stack.h), allocated once.
 //
 //   bench_hybrid_forward --model 27b                                  (8 x 4096, capture 1,16,31,46,61 + final)
 //   bench_hybrid_forward --model 27b --seqlens 4096,4096 --capture 1,16,31,46,61
@@ -164,7 +165,7 @@ struct Model {
   CapturePlan plan;
   size_t weight_bytes = 0, lm_head_bytes = 0, act_bytes = 0;
 
-  // The buffers of Qwen35Target::Impl, same dtypes and shapes, for max_tokens rows.
+  // The buffers of Qwen35Target and its DecoderStackTarget, same dtypes and shapes, for max_tokens rows.
   Buffer stream[2], x_norm;  // [T, H]
   Buffer work;               // the three phases' per-token activations below share it (model/scratch_plan.h)
   Tensor qkv, conv;          // [T, 2*nk*dk + nv*dv]
@@ -281,7 +282,7 @@ struct Model {
     ncu = bench::upload_packed_batch(ctx, tokens, pos, cu, tok, cu_seqlens);
   }
 
-  // Qwen35Target::Impl::linear_attn_forward, op for op.
+  // Qwen35Target::linear_attn_forward (src/model/qwen35_target.cpp), op for op.
   void linear_attn(const Qwen35LinearAttnWeights& A, const Tensor& x, const Tensor& residual, const Tensor& dst,
                    const Tensor& tcu, Timer& tm) {
     const ops::GdnHeads gh = cfg.gdn_heads();
@@ -304,7 +305,7 @@ struct Model {
     tm.run(Part::GemmGdn, 1, [&] { ops::matmul_residual_forward(ctx, dst, core_t, A.out_proj, residual); });
   }
 
-  // Qwen35Target::Impl::full_attn_forward, op for op.
+  // Qwen35Target::full_attn_forward, op for op.
   void full_attn(const Qwen35FullAttnWeights& A, const Tensor& x, const Tensor& residual, const Tensor& dst,
                  const Tensor& tcu, Timer& tm) {
     const Qwen3Config& c = cfg.text;
@@ -331,7 +332,7 @@ struct Model {
     tm.run(Part::GemmAttn, 1, [&] { ops::matmul_residual_forward(ctx, dst, at, A.o_proj, residual); });
   }
 
-  // Qwen35Target::Impl::layer_forward, op for op.
+  // DecoderStackTarget::layer_forward (src/model/decoder_stack.cpp) around Qwen35Target::mixer_forward, op for op.
   void layer(const Qwen35LayerWeights& L, const Tensor& in, const Tensor& dst, const Tensor& tcu, Timer& tm) {
     const float eps = cfg.text.rms_norm_eps;
     const Tensor x = rows(x_norm, T);
@@ -348,7 +349,7 @@ struct Model {
     tm.run(Part::GemmMlp, 1, [&] { ops::matmul_forward(ctx, dst, at, L.down_proj, ops::Accumulate::Yes); });
   }
 
-  // Qwen35Target::forward after its host-side checks and uploads (done once in set_batch): embedding, then
+  // DecoderStackTarget::forward after its host-side checks and uploads (done once in set_batch): embedding, then
   // the model's own layer stack (captured layers into their features slot, the final norm into
   // out.final_norm; that final norm and any repeated-capture copies are not bracketed by the timer).
   void forward(const CaptureOut& out, Timer& tm) {

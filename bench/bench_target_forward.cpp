@@ -3,7 +3,8 @@
 // outputs written straight into a send buffer [k, T, H] and the final norm into its own slot.
 //
 // The weights are random (device-side fill), so no checkpoint is read: a 32B checkpoint would not fit the
-// GPU machine's disk. The op sequence is the one src/model/qwen3_target.cpp runs.
+// GPU machine's disk. The op sequence is the one src/model/qwen3_target.cpp runs (inside the decoder stack
+// of src/model/decoder_stack.cpp).
 //
 //   bench_target_forward --model 8b --seqlens 4096,4096,4096,4096 --capture 1,9,17,25,33
 //   bench_target_forward --model 32b --mixed
@@ -154,7 +155,7 @@ struct Model {
   int64_t ncu = 0;
 
   // features [k, T, H]: outputs of the capture layers; final [T, H]: final norm of the last layer.
-  // The op sequence of Qwen3Target::forward (src/model/qwen3_target.cpp): a captured layer writes its output
+  // The op sequence of Qwen3Target's forward (src/model/decoder_stack.cpp + qwen3_target.cpp): a captured layer writes its output
   // straight into its feature slot, other layers alternate between two stream buffers.
   // final_out empty: a CE job's forward (src/model/capture_stack.cpp), which stops after the last capture.
   void forward(const std::vector<int>& capture, const Tensor& features, const Tensor& final_out, Timer& tm) {

@@ -1,4 +1,4 @@
-// One fatal path for every failure (DESIGN.md "Errors").
+// One fatal path for every failure (docs/architecture.md "Errors").
 //
 // Every check in the code base ends in dflash::fatal(), which prints who failed (rank, role, host, GPU),
 // what failed and, where the fix is known, a HINT line to stderr, then ends the whole job with

@@ -35,7 +35,7 @@ void embedding_forward(const Ctx& ctx, const Tensor& out, const Tensor& tokens, 
 // out [N, C] = in * rstd * w,  rstd [N] = 1/sqrt(mean(in^2) + eps)  (rstd saved for backward)
 void rmsnorm_forward(const Ctx& ctx, const Tensor& out, const Tensor& rstd, const Tensor& in, const Tensor& w,
                      float eps);
-// din [N, C] (overwritten), dw [C] (accumulated)
+// din [N, C] (overwritten), dw [C] (accumulated). [CPU only]
 void rmsnorm_backward(const Ctx& ctx, const Tensor& din, const Tensor& dw, const Tensor& dout, const Tensor& in,
                       const Tensor& w, const Tensor& rstd);
 
@@ -51,7 +51,7 @@ struct RopeSpec {
 };
 void head_norm_rope_forward(const Ctx& ctx, const Tensor& out, const Tensor& rstd, const Tensor& in,
                             const Tensor& w, const Tensor& pos, RopeSpec rope, float eps);
-// din [N, nh, hd] (overwritten), dw [hd] (accumulated); in/rstd are the forward's input and rstd.
+// din [N, nh, hd] (overwritten), dw [hd] (accumulated); in/rstd are the forward's input and rstd. [CPU only]
 void head_norm_rope_backward(const Ctx& ctx, const Tensor& din, const Tensor& dw, const Tensor& dout,
                              const Tensor& in, const Tensor& w, const Tensor& rstd, const Tensor& pos,
                              RopeSpec rope, float eps);
@@ -70,7 +70,7 @@ void swiglu_forward(const Ctx& ctx, const Tensor& out, const Tensor& gate, const
 // The same over one fused gate|up GEMM's output: out [N, I] = silu(gate_up[:, :I]) * gate_up[:, I:],
 // gate_up [N, 2I] (per row the I gate values, then the I up values). out must not overlap gate_up.
 void swiglu_fused_forward(const Ctx& ctx, const Tensor& out, const Tensor& gate_up);
-// dgate, dup [N, I] (overwritten)
+// dgate, dup [N, I] (overwritten). [CPU only]
 void swiglu_backward(const Ctx& ctx, const Tensor& dgate, const Tensor& dup, const Tensor& dout,
                      const Tensor& gate, const Tensor& up);
 
@@ -81,3 +81,8 @@ void attention_varlen_causal_forward(const Ctx& ctx, const Tensor& out, const Te
                                      const Tensor& v, const Tensor& cu_seqlens, float scale);
 
 }  // namespace dflash::ops
+
+// [CPU only], on a declaration above: a backward op without a CUDA twin behind the op layer. On the CUDA
+// backend it is fatal (BadOptions, exit 2: detail::cuda_op_missing in src/ops/op_checks.h); the CUDA drafter
+// step calls its kernels (cuda::rmsnorm_backward etc., kernels/drafter_backward.cuh) directly instead.
+// Today: rmsnorm_backward, head_norm_rope_backward, swiglu_backward.

@@ -40,7 +40,7 @@ DFLASH_BACKEND=${DFLASH_BACKEND:-$([ "$gpus" -gt 0 ] && echo cuda || echo cpu)}
 
 # ---- environment the job relies on ----------------------------------------------------------------
 # NVLink SHARP (multicast) stays off: on the GPU machines this project runs on it fails or hangs NCCL
-# communicator setup (FACTS.md "NCCL").
+# communicator setup (docs/pipeline.md "Backends and the GPU job": Environment).
 export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0}
 # NCCL problems are reported as warnings in the job log without the INFO flood.
 export NCCL_DEBUG=${NCCL_DEBUG:-WARN}

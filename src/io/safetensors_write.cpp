@@ -2,7 +2,7 @@
 //
 // Every file is written to a temp file in the destination's directory, fsync'ed, renamed over the
 // destination and the directory fsync'ed, so a crash or a full disk leaves either the old file or the new
-// one, never a torn one (DESIGN.md: bad input or a failure never corrupts an existing checkpoint).
+// one, never a torn one (docs/checkpoint.md "Commit protocol": a failure never corrupts a checkpoint).
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>

@@ -225,7 +225,7 @@ void MetricsWriter::Impl::append(const std::string& name, hid_t mem, const void*
   DF_ASSERT(rank >= 1);
   hsize_t new_dims[2] = {d[0] + 1, rank == 2 ? d[1] : 0};
   DF_H5(H5Dset_extent(ds, new_dims), "growing " + name + " in " + path);
-  // Re-read the dataspace after extending (FACTS.md).
+  // Re-read the dataspace after extending (docs/metrics.md "Writing a row").
   Handle fs(DF_H5(H5Dget_space(ds), "dataspace of " + name), Handle::Kind::Dataspace);
   hsize_t start[2] = {d[0], 0};
   hsize_t count[2] = {1, rank == 2 ? static_cast<hsize_t>(cols) : 0};

@@ -1,4 +1,4 @@
-// The operator's one-line status (DESIGN.md "What the operator sees"). Pure formatting, unit-tested.
+// The operator's one-line status (docs/metrics.md "The status line"). Pure formatting, unit-tested.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>

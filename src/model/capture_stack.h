@@ -1,5 +1,5 @@
-// The parts of a target forward that do not depend on the decoder layer's kind, shared by Qwen3Target
-// (dense Qwen3, src/model/qwen3_target.cpp) and Qwen35Target (Qwen3.5/3.6 hybrid, src/model/qwen35_target.cpp):
+// The parts of a target forward that do not depend on the decoder layer's kind, used by the decoder stack
+// both target families build on (src/model/decoder_stack.h) and by the benches that mirror it:
 // which CaptureOut.features slot each layer writes, the checks on a packed batch and its upload, the checks
 // on CaptureOut, and the layer stack itself.
 #pragma once

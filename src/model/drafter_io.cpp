@@ -27,7 +27,7 @@ DrafterConfig fresh_drafter_config(const Qwen3Config& target, int num_layers, in
   if (mask_token_id >= 0) {
     d.mask_token_id = mask_token_id;
   } else if (target.vocab_size == 151936) {
-    d.mask_token_id = 151669;  // Qwen3: an unused id inside the vocabulary (FACTS.md)
+    d.mask_token_id = 151669;  // Qwen3: an unused id inside the vocabulary (docs/pipeline.md --mask-token)
   } else if (target.vocab_size == 248320) {
     d.mask_token_id = 248070;  // Qwen3.5 / 3.6
   } else {

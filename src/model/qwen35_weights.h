@@ -7,12 +7,14 @@
 //   - the full-attention q_proj [nh * 2hd, H], per head [query (hd) | gate (hd)] rows, is split into
 //     q_proj [nh*hd, H] and gate_proj [nh*hd, H].
 // And the MLP's gate_proj and up_proj [I, H] are loaded into the two row halves of one gate_up_proj
-// [2I, H], so the forward runs them as one GEMM (the originals stay available as row-slice views).
+// [2I, H], so the forward runs them as one GEMM (the originals stay available as row-slice views); the
+// norms, the MLP and the loader are those of model/decoder_weights.h, shared with dense Qwen3.
 #pragma once
 #include <vector>
 
 #include "dflash/safetensors.h"
 #include "dflash/tensor.h"
+#include "model/decoder_weights.h"
 #include "model/qwen35_config.h"
 
 namespace dflash {
@@ -38,23 +40,14 @@ struct Qwen35FullAttnWeights {
   Buffer q_norm, k_norm;     // [hd], stored as 1 + w
 };
 
-struct Qwen35LayerWeights {
+struct Qwen35LayerWeights : DecoderLayerWeights {
   Qwen35LayerKind kind = Qwen35LayerKind::FullAttention;
   Qwen35LinearAttnWeights linear;  // allocated for LinearAttention layers
   Qwen35FullAttnWeights attn;      // allocated for FullAttention layers
-  Buffer input_layernorm;           // [H], 1 + w
-  Buffer post_attention_layernorm;  // [H], 1 + w
-  Buffer gate_up_proj;              // [2I, H]: the checkpoint's gate_proj | up_proj rows, one GEMM
-  Tensor gate_proj, up_proj;        // views of gate_up_proj: [I, H] each
-  Buffer down_proj;                 // [H, I]
 };
 
-struct Qwen35Weights {
-  Buffer embed_tokens;  // [V, H]
-  Buffer norm;          // [H] final norm, 1 + w
-  Buffer lm_head;       // [V, H]; not allocated when tie_word_embeddings
+struct Qwen35Weights : DecoderStackWeights {
   std::vector<Qwen35LayerWeights> layers;
-  const Tensor& lm_head_table() const { return lm_head.t().empty() ? embed_tokens.t() : lm_head.t(); }
 };
 
 // Checks that every tensor the config implies is in `ckpt` with the right shape and a floating dtype,

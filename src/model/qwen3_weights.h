@@ -5,33 +5,24 @@
 #include "dflash/hf_config.h"
 #include "dflash/safetensors.h"
 #include "dflash/tensor.h"
+#include "model/decoder_weights.h"
 
 namespace dflash {
 
-// One decoder layer, torch layout (Linear W [out, in]).
-// The projections that read the same input are stored fused, so the forward runs one GEMM for each group
-// (wider N: the [nkv*hd, H] k and v GEMMs alone are the least efficient of the layer): the checkpoint's
-// q/k/v rows are loaded straight into row ranges of qkv_proj and gate/up into gate_up_proj. Rows of a
-// row-major [out, in] matrix are contiguous, so each original projection stays available as a row-slice
-// view of its fused buffer.
-struct Qwen3LayerWeights {
-  Buffer input_layernorm;           // [H]
+// One decoder layer: the shared norms and MLP (model/decoder_weights.h) and the attention, torch layout
+// (Linear W [out, in]). The q/k/v projections read the same input and are stored fused, so the forward
+// runs one GEMM for them (wider N: the [nkv*hd, H] k and v GEMMs alone are the least efficient of the
+// layer): the checkpoint's q/k/v rows are loaded straight into row ranges of qkv_proj, and each stays
+// available as a row-slice view of it.
+struct Qwen3LayerWeights : DecoderLayerWeights {
   Buffer qkv_proj;                  // [(nh + 2 nkv) hd, H]: q_proj | k_proj | v_proj rows
   Tensor q_proj, k_proj, v_proj;    // views of qkv_proj: [nh*hd, H], [nkv*hd, H], [nkv*hd, H]
   Buffer q_norm, k_norm;            // [hd] each, shared by the heads
   Buffer o_proj;                    // [H, nh*hd]
-  Buffer post_attention_layernorm;  // [H]
-  Buffer gate_up_proj;              // [2I, H]: gate_proj | up_proj rows
-  Tensor gate_proj, up_proj;        // views of gate_up_proj: [I, H] each
-  Buffer down_proj;                 // [H, I]
 };
 
-struct Qwen3Weights {
-  Buffer embed_tokens;  // [V, H]
-  Buffer norm;          // [H] final RMSNorm
-  Buffer lm_head;       // [V, H]; not allocated when tie_word_embeddings (embed_tokens is the head)
+struct Qwen3Weights : DecoderStackWeights {
   std::vector<Qwen3LayerWeights> layers;
-  const Tensor& lm_head_table() const { return lm_head.t().empty() ? embed_tokens.t() : lm_head.t(); }
 };
 
 // Checks that the config describes a model this build runs (dense Qwen3, full attention), then that
@@ -42,10 +33,5 @@ Qwen3Weights load_qwen3_weights(Checkpoint& ckpt, const Qwen3Config& cfg, const 
 
 // The config checks alone (also used before building anything that depends on the shapes).
 void check_qwen3_target_config(const Qwen3Config& cfg, const std::string& source);
-
-// A checkpoint with decoder layers beyond config.json's num_hidden_layers (a tensor PREFIX.layers.N.* with
-// N >= num_hidden_layers) describes another model than the one the config makes us run: fatal BadInput
-// naming the tensor and the field. Shared by the Qwen3 and Qwen3.5/3.6 loaders.
-void check_no_layers_beyond_config(const Checkpoint& ckpt, const Qwen3Config& cfg);
 
 }  // namespace dflash

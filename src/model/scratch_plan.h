@@ -1,8 +1,8 @@
 // Per-layer activation views carved out of one allocation that the phases of a decoder layer share: a
 // phase's views are dead before the next phase writes (the token mixer's q/k/v/attn or GDN buffers once
 // its output projection has run; then the MLP's gate|up and SwiGLU output), so each phase's views start
-// at offset 0 and the allocation is the largest phase, not the sum. Used by the targets
-// (src/model/qwen3_target.cpp, qwen35_target.cpp) and by the benches that mirror them.
+// at offset 0 and the allocation is the largest phase, not the sum. Used by the targets' decoder stack
+// (src/model/decoder_stack.h: ScratchViews) and by the benches that mirror it.
 #pragma once
 #include <algorithm>
 #include <cstddef>

@@ -1,5 +1,5 @@
 // The target's config read once, and the one place that maps a target family to its implementation
-// (DESIGN.md: targets behind one interface + factory). Everything a family cannot do on a backend is
+// (docs/architecture.md "Targets"). Everything a family cannot do on a backend is
 // refused here, before a weight is read.
 #include "dflash/target.h"
 
@@ -50,7 +50,7 @@ std::unique_ptr<TargetModel> make_target_model(const TargetConfig& cfg, const st
                 ctx.device == Device::CUDA ? "run with --backend cpu" : "check config.json");
   switch (cfg.family) {
     case TargetFamily::Qwen3:
-      return std::make_unique<Qwen3Target>(cfg.text, dir, ctx, std::move(capture_layers), max_tokens);
+      return make_qwen3_target(cfg.text, dir, ctx, std::move(capture_layers), max_tokens);
     case TargetFamily::Qwen35Hybrid:
       DF_ASSERT(cfg.qwen35 != nullptr);
       if (ctx.device == Device::CUDA) {
@@ -63,7 +63,7 @@ std::unique_ptr<TargetModel> make_target_model(const TargetConfig& cfg, const st
                                     << " (value); the cuda backend's delta rule takes multiples of 8 up to 128",
                       "run with --backend cpu");
       }
-      return std::make_unique<Qwen35Target>(*cfg.qwen35, dir, ctx, std::move(capture_layers), max_tokens);
+      return make_qwen35_target(*cfg.qwen35, dir, ctx, std::move(capture_layers), max_tokens);
   }
   DF_FAIL(Internal, "unknown target family " << static_cast<int>(cfg.family), "");
 }

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# A throwaway one-node Slurm cluster on localhost (FACTS.md "Slurm"): its own munged (private key and
+# A throwaway one-node Slurm cluster on localhost (docs/checkpoint.md "The Slurm test's cluster"): its own munged (private key and
 # socket), slurmctld and slurmd, all state, spool, logs and pid files under one directory.
 #
 #   source tests/slurm/slurm_cluster.sh

@@ -1,0 +1,113 @@
+// The decoder-stack target both Qwen families build on (as llama.cpp's llm_build_* share their blocks):
+// everything of a target forward except the token mixer of each layer. A family
+// (src/model/qwen3_target.cpp: attention in every layer; qwen35_target.cpp: Gated DeltaNet or gated
+// attention by layer) loads its weights, reserves its mixer's activations and writes mixer_forward; the
+// rest is here:
+//
+//   stream = embedding(tokens)
+//   per decoder layer l, with input `in` and output buffer `dst` (a different buffer):
+//     x   = input_layernorm(in)
+//     dst = in + mixer_l(x)                        (the family's; the add in its output GEMM's epilogue)
+//     x   = post_attention_layernorm(dst)
+//     gu  = x [Wg; Wu]^T                           (one GEMM)
+//     dst += (silu(gu[:, :I]) * gu[:, I:]) Wd^T    (an accumulating GEMM)
+//   final_norm = norm(last layer's output)         (none: the layers after the last capture do not run)
+//
+// A captured layer's `dst` is its slot in CaptureOut.features, so captures cost no copy; the other layers
+// alternate between two stream buffers (model/capture_stack.h). All activations are allocated once for
+// max_tokens, in the constructor: the forward allocates nothing.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "dflash/target.h"
+#include "dflash/tensor.h"
+#include "model/capture_stack.h"
+#include "model/decoder_weights.h"
+#include "model/scratch_plan.h"
+
+namespace dflash {
+
+// The token mixers' per-token activations as views of the one allocation the phases of a layer share
+// (model/scratch_plan.h): reserve() a view in the current phase, new_phase() for views that may overlap
+// the earlier ones.
+class ScratchViews {
+ public:
+  explicit ScratchViews(int64_t rows) : plan_(rows) {}
+  void reserve(Tensor* view, DType dtype, int64_t cols) { views_.push_back({view, plan_.reserve(dtype, cols)}); }
+  void new_phase() { plan_.new_phase(); }
+  size_t bytes() const { return plan_.bytes(); }
+  // Points every reserved view into work (a buffer of at least bytes()).
+  void bind(const Buffer& work) const {
+    for (const auto& [view, id] : views_) *view = plan_.view(work, id);
+  }
+
+ private:
+  ScratchPlan plan_;
+  std::vector<std::pair<Tensor*, int>> views_;
+};
+
+class DecoderStackTarget : public TargetModel {
+ public:
+  const Qwen3Config& config() const override { return text_; }
+  const std::vector<int>& capture_layers() const override { return capture_layers_; }
+  DType activation_dtype() const override { return act_; }
+  void forward(const PackedBatch& batch, const CaptureOut& out) override;
+  void lm_head_forward(const Tensor& logits, const Tensor& final_norm) override;
+  Tensor embed_tokens() const override { return weights_->embed_tokens.t(); }
+  Tensor lm_head() const override { return weights_->lm_head_table(); }
+
+ protected:
+  // text: the stack's sizes. Checks max_tokens and plans the captures (BadOptions); allocates nothing.
+  DecoderStackTarget(const Ctx& ctx, const Qwen3Config& text, const std::string& dir, std::vector<int> capture_layers,
+                     int64_t max_tokens);
+
+  // Once the family has loaded its weights (which must outlive this object and stay in place):
+  // `layers` are its layers' shared parts.
+  template <class LayerWeights>
+  void bind_weights(const DecoderStackWeights& weights, std::vector<LayerWeights>& layers) {
+    weights_ = &weights;
+    const std::vector<DecoderLayerWeights*> parts = shared_layer_parts(layers);
+    layers_.assign(parts.begin(), parts.end());
+  }
+
+  // Allocates the activations, once: the two stream buffers and x_norm; then reserve_mixer(views), where
+  // the family reserves its token mixer's phases and allocates any buffer of its own; then the MLP's
+  // phase, the one scratch allocation every phase's views share, and the device batch.
+  void allocate_activations(const std::function<void(ScratchViews& views)>& reserve_mixer);
+
+  // dst = in + the token mixer of layer l over x = input_layernorm(in); x, in and dst hold T rows, cu the
+  // packed batch's cu_seqlens. May overwrite x (the stack normalises dst into it next).
+  virtual void mixer_forward(int layer, const Tensor& x, const Tensor& in, const Tensor& dst, int64_t T,
+                             const Tensor& cu) = 0;
+
+  // The first T rows of an activation buffer (or a view of one) allocated for max_tokens.
+  static Tensor rows(const Tensor& b, int64_t T) { return b.slice_rows(0, T); }
+  // The batch's positions (restarting at 0 per sequence) on the device, [T] I32.
+  Tensor positions(int64_t T) const { return rows(inputs_.pos, T); }
+
+  Ctx ctx_;
+  DType act_ = DType::F32;  // activations: float32 on the CPU, bf16 on CUDA
+  Qwen3Config text_;
+
+ private:
+  void layer_forward(int layer, const Tensor& in, const Tensor& dst, int64_t T, const Tensor& cu);
+
+  std::vector<int> capture_layers_;
+  CapturePlan captures_;
+  int64_t max_tokens_ = 0;
+  const DecoderStackWeights* weights_ = nullptr;
+  std::vector<const DecoderLayerWeights*> layers_;
+
+  Buffer stream_[2];    // [max_tokens, H] residual stream of the layers that are not captured
+  Buffer x_norm_;       // [max_tokens, H]
+  Buffer work_;         // the layer's phases' per-token activations (ScratchViews)
+  Tensor mlp_gate_up_;  // [max_tokens, 2I] the fused gate|up GEMM's output   (the MLP's phase of work_)
+  Tensor mlp_act_;      // [max_tokens, I] silu(gate) * up
+  DeviceBatch inputs_;  // tokens, positions, cu_seqlens
+};
+
+}  // namespace dflash

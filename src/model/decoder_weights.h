@@ -1,0 +1,97 @@
+// The frozen weights both target families share -- the embedding, the final norm, the lm_head and, in every
+// decoder layer, the two RMSNorms around the token mixer and the dense SwiGLU MLP -- and the one checkpoint
+// loader they both use. A family's loader (src/model/qwen3_weights.cpp, qwen35_weights.cpp) lists only its
+// token mixer's tensors and how each is rewritten at load time; the rest is here.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "dflash/hf_config.h"
+#include "dflash/safetensors.h"
+#include "dflash/tensor.h"
+
+namespace dflash {
+
+// The parts of a decoder layer outside its token mixer, torch layout (Linear W [out, in]). The MLP's
+// gate_proj and up_proj [I, H] are loaded into the two row halves of one gate_up_proj [2I, H], so the
+// forward runs them as one GEMM; rows of a row-major [out, in] matrix are contiguous, so each stays
+// available as a row-slice view of the fused buffer.
+struct DecoderLayerWeights {
+  Buffer input_layernorm;           // [H] (Qwen3.5/3.6: stored as 1 + w)
+  Buffer post_attention_layernorm;  // [H] (Qwen3.5/3.6: stored as 1 + w)
+  Buffer gate_up_proj;              // [2I, H]: gate_proj | up_proj rows
+  Tensor gate_proj, up_proj;        // views of gate_up_proj: [I, H] each
+  Buffer down_proj;                 // [H, I]
+};
+
+// The parts of a decoder stack outside its layers.
+struct DecoderStackWeights {
+  Buffer embed_tokens;  // [V, H]
+  Buffer norm;          // [H] final RMSNorm (Qwen3.5/3.6: stored as 1 + w)
+  Buffer lm_head;       // [V, H]; not allocated when tie_word_embeddings (embed_tokens is the head)
+  const Tensor& lm_head_table() const { return lm_head.t().empty() ? embed_tokens.t() : lm_head.t(); }
+};
+
+// How a checkpoint tensor becomes the buffer(s) the forward uses.
+enum class LoadAs : uint8_t {
+  Plain,           // as stored
+  ZeroCentred,     // 1 + w (HF Qwen3_5RMSNorm multiplies by 1 + w)
+  SplitQueryGate,  // Qwen3.5 q_proj [nh * 2hd, H], per head [query (hd) | gate (hd)] rows -> dst (query rows),
+                   // dst2 (gate rows), [nh*hd, H] each
+};
+
+struct WeightSpec {
+  std::string name;
+  std::vector<int64_t> ckpt_shape;  // as stored (Qwen3.5's conv1d is [C, 1, K])
+  std::vector<int64_t> buf_shape;   // as used (1-d or 2-d)
+  Buffer* dst = nullptr;
+  LoadAs how = LoadAs::Plain;
+  Buffer* dst2 = nullptr;           // SplitQueryGate
+  int64_t heads = 0, head_dim = 0;  // SplitQueryGate
+  bool keep_f32 = false;            // float32 on every backend (Qwen3.5's decay parameters: they feed exp)
+  // A part of a fused projection (Plain only): the tensor goes to rows [row0, row0 + buf_shape[0]) of *dst,
+  // which holds fused_rows rows in all (allocated by whichever part loads first). fused_rows = 0: dst is
+  // the tensor.
+  int64_t row0 = 0, fused_rows = 0;
+};
+
+// A tensor loaded as stored, into its own buffer of the checkpoint's shape.
+WeightSpec plain_weight(std::string name, std::vector<int64_t> shape, Buffer* dst, LoadAs how = LoadAs::Plain);
+// A [rows, H] tensor loaded as stored into rows [row0, row0 + rows) of a fused [fused_rows, H] buffer.
+WeightSpec fused_part(std::string name, int64_t rows, int64_t H, Buffer* dst, int64_t row0, int64_t fused_rows);
+
+// The tensors of a decoder stack in checkpoint order: embed_tokens; per layer input_layernorm, the token
+// mixer's (mixer_specs(l, "PREFIX.layers.l.", specs) appends them), post_attention_layernorm, gate_proj,
+// up_proj, down_proj; then the final norm and, unless tied, lm_head. The three norms load as `norms`.
+// layers[l] receives layer l's shared weights.
+using MixerSpecs = std::function<void(int layer, const std::string& layer_prefix, std::vector<WeightSpec>& specs)>;
+std::vector<WeightSpec> decoder_weight_specs(const Qwen3Config& c, DecoderStackWeights& w,
+                                             const std::vector<DecoderLayerWeights*>& layers, LoadAs norms,
+                                             const MixerSpecs& mixer_specs);
+
+// Loads `specs` from ckpt onto ctx's device as dtype (float32 where keep_f32): every tensor checked present with its checkpoint shape and a floating
+// dtype (BadInput naming it, with `mismatch_hint`) and the config's dtype label, all before any allocation;
+// then shard by shard, each shard's mapping released once its last tensor is in place (a large checkpoint
+// is never mapped whole). A host float32 Plain tensor is read straight into its buffer; every other one
+// goes through one host float32 staging buffer, where the load-time rewrites happen, converted to the
+// device dtype on the way. Finally each layer's gate_proj/up_proj views of its gate_up_proj.
+void load_decoder_weights(Checkpoint& ckpt, const Qwen3Config& c, std::vector<WeightSpec> specs,
+                          const std::vector<DecoderLayerWeights*>& layers, const Ctx& ctx, DType dtype,
+                          const char* mismatch_hint);
+
+// Pointers to the shared part of each layer of a family's layer vector.
+template <class LayerWeights>
+std::vector<DecoderLayerWeights*> shared_layer_parts(std::vector<LayerWeights>& layers) {
+  std::vector<DecoderLayerWeights*> p;
+  for (LayerWeights& L : layers) p.push_back(&L);
+  return p;
+}
+
+// A checkpoint with decoder layers beyond config.json's num_hidden_layers (a tensor PREFIX.layers.N.* with
+// N >= num_hidden_layers) describes another model than the one the config makes us run: fatal BadInput
+// naming the tensor and the field. Both families' loaders run it first.
+void check_no_layers_beyond_config(const Checkpoint& ckpt, const Qwen3Config& cfg);
+
+}  // namespace dflash
