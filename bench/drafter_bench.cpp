@@ -1,4 +1,4 @@
-// Times the DFlash drafter's training step on CUDA (kernels/drafter_step*.cu): forward, backward, fused
+// Times the DFlash drafter's training step on CUDA (src/drafter/cuda/drafter_step*.cu): forward, backward, fused
 // lm_head loss, clip + AdamW, on random weights and features of a real drafter shape, and prints the time
 // per step (CUDA events, warm-up, median), the device memory the step holds, a breakdown by phase and the
 // bf16 GEMM ceiling measured on the same GPU.
@@ -30,10 +30,10 @@
 #include "block_attention.cuh"
 #include "dflash/drafter_ops.h"
 #include "drafter_blas.cuh"
-#include "drafter_step.cuh"
+#include "drafter/cuda/drafter_step.cuh"
 #include "random_fill.cuh"
-#include "train/loss_chunk.h"
-#include "train/objective.h"
+#include "drafter/loss_chunk.h"
+#include "drafter/objective.h"
 
 using namespace dflash;
 
@@ -276,24 +276,26 @@ int main(int argc, char** argv) {
   std::vector<int32_t> all(static_cast<size_t>(T - 1));
   for (int64_t t = 0; t + 1 < T; ++t) all[t] = static_cast<int32_t>(t);
   std::shuffle(all.begin(), all.end(), rng);
-  cuda::DrafterStepBatch b;
-  b.anchors.assign(all.begin(), all.begin() + N);
-  std::sort(b.anchors.begin(), b.anchors.end());
-  b.seq_begin.assign(static_cast<size_t>(N), 0);
+  DrafterStepInput step_in;
+  step_in.anchors.assign(all.begin(), all.begin() + N);
+  std::sort(step_in.anchors.begin(), step_in.anchors.end());
+  step_in.seq_begin.assign(static_cast<size_t>(N), 0);
   std::vector<int32_t> seq_end(static_cast<size_t>(N), static_cast<int32_t>(T));
   train::LossRows rows;
-  train::build_loss_rows(batch, b.anchors, seq_end, static_cast<int>(B), 7.0f, rows);
-  b.features = features;
+  train::build_loss_rows(batch, step_in.anchors, seq_end, static_cast<int>(B), 7.0f, rows);
+  FeatureBatch fbatch;  // the batch as the trainer hands it to the step (views: nothing copied)
+  fbatch.batch = &batch;
+  fbatch.features = features;
   // The job sends the target's final norm only for KL (slot_shape.final_norm): with CE the step gets none
   // and skips the teacher logits that only the "agree" metric would use (an extra lm_head GEMM).
-  if (objective == ops::LossObjective::KL) b.final_norm = final_norm;
-  b.tokens = batch.tokens;
-  b.ctx_pos.resize(static_cast<size_t>(T));
-  for (int64_t t = 0; t < T; ++t) b.ctx_pos[t] = static_cast<int32_t>(t);
-  b.row_block = rows.block_row;
-  b.row_label = rows.label;
-  b.row_teacher = rows.teacher_at;
-  b.row_weight = rows.weight;
+  if (objective == ops::LossObjective::KL) fbatch.final_norm = final_norm;
+  step_in.tokens = batch.tokens.data();
+  step_in.ctx_pos.resize(static_cast<size_t>(T));
+  for (int64_t t = 0; t < T; ++t) step_in.ctx_pos[t] = static_cast<int32_t>(t);
+  train::DrafterBatch b;
+  b.fb = &fbatch;
+  b.in = &step_in;
+  b.rows = &rows;
 
   ops::AdamWHyper hp;
   hp.lr = 1e-4f;
@@ -329,7 +331,7 @@ int main(int argc, char** argv) {
   const double gemm_flops = L.num_hidden_layers * 3 * layer_gemm + 2 * 2 * double(T) * K * Hd * Hd;
   const double head_flops = (objective == ops::LossObjective::KL ? 3 : 2) * 2 * R * Hd * V;  // logits (+ teacher) + dh
   double keys = 0;  // visible (query row, key) pairs per head
-  for (int64_t n = 0; n < N; ++n) keys += double(B) * (b.anchors[n] + B);
+  for (int64_t n = 0; n < N; ++n) keys += double(B) * (step_in.anchors[n] + B);
   const double attn_flops_full = 4 * keys * L.num_attention_heads * L.head_dim * 3.5;  // fwd 2 GEMMs, bwd 5 (x2 recompute)
   const double step_ms = median(times);
   const char* phase_names[] = {"GEMMs (cuBLAS, linear + lm_head)", "block attention fwd+bwd", "lm_head GEMMs + loss kernels",

@@ -1,6 +1,7 @@
 // The CUDA backend behind a Ctx: device, stream, cuBLASLt handle and workspace, and a mapped flag
 // through which kernels report bad input (a token id out of range) without a host sync.
-// Includable from plain C++ (src/core/backend.cpp); kernels/*.cu reach it through backend_of(ctx).
+// The CUDA library's own header (src/core/cuda/backend.cpp defines it); kernels/*.cu reach the backend
+// through backend_of(ctx). The entry points code outside the library calls are in core/cuda_entry.h.
 #pragma once
 #include <cublasLt.h>
 #include <cuda_runtime.h>
@@ -9,6 +10,7 @@
 #include <map>
 #include <tuple>
 
+#include "core/cuda_entry.h"
 #include "dflash/tensor.h"
 
 namespace dflash::cuda {
@@ -37,10 +39,6 @@ struct Backend {
 constexpr int kDetScratchBlocksPerSm = 4;  // the most partial-sum blocks a deterministic reduction uses, per SM
 constexpr int kDetScratchCols = 8192;      // the widest row it reduces (RMSNorm C <= 8192)
 
-// Deterministic kernels (dflash::set_deterministic_kernels): a process-wide switch, read by launchers.
-void set_deterministic(bool on);
-bool deterministic();
-
 // One backend per device, created on first use and kept for the process's lifetime.
 Backend& backend_for_device(int gpu);
 // The backend of a CUDA context (an Internal error if ctx is not a CUDA context).
@@ -49,12 +47,6 @@ inline cudaStream_t stream_of(const Ctx& ctx) { return static_cast<cudaStream_t>
 
 // Fatal (BadInput) if a kernel flagged an error since the last check; call after a stream sync.
 void check_device_errors(const Backend& b);
-
-// Raw copies on the context's stream (cudaMemcpyDefault decides the direction). Copies that land in
-// host memory are complete on return.
-void copy_bytes(const Ctx& ctx, void* dst, const void* src, size_t bytes);
-void synchronize_stream(const Ctx& ctx);
-int device_count();
 
 // The grid of a grid-stride kernel over `units` units of work, `per_block` units per block: enough blocks
 // to cover the work, at most `blocks_per_sm` per SM of ctx's device, and at least 1.

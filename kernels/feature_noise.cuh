@@ -1,5 +1,5 @@
 // Gaussian noise on the drafter's fused target features on CUDA (hs-noise, a regulariser; the CPU twin is
-// the Rng draw in DrafterNet::forward, src/model/drafter_net.cpp, which uses its own generator: same
+// the Rng draw in DrafterNet::forward, src/drafter/drafter_net.cpp, which uses its own generator: same
 // distribution, different numbers).
 #pragma once
 #include <cstdint>

@@ -32,7 +32,7 @@ else
 fi
 
 # cuDNN's C++ frontend (header-only; PyPI's nvidia-cudnn-frontend wheel carries the headers) for the CUDA
-# backend's cuDNN attention path (kernels/attention_cudnn.cpp), where a CUDA toolkit is present. The headers go
+# backend's cuDNN attention path (src/ops/cuda/attention_cudnn.cpp), where a CUDA toolkit is present. The headers go
 # to third_party/ (ignored by git); CMake finds them there. Without them the build still works: the project's
 # own attention kernel then serves every call (a configure message says so).
 ROOT=$(cd "$(dirname "$0")/.." && pwd)

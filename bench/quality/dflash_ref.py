@@ -80,7 +80,7 @@ def create_dflash_sdpa_mask(anchor_positions, block_keep_mask, S, block_size, de
 def drafter_config(target_cfg, num_layers, block_size=16, mask_token_id=QWEN3_MASK_TOKEN, target_layer_ids=None):
     """The release-format config.json of a fresh drafter for `target_cfg` (a dict: the target's config.json),
     with the fields dflash-train's export writes (src/io/hf_config.cpp drafter_config_to_json) and
-    src/model/drafter_io.cpp fresh_drafter_config's shape: the target's layer shape, num_layers layers."""
+    src/drafter/drafter_io.cpp fresh_drafter_config's shape: the target's layer shape, num_layers layers."""
     tc = target_cfg.get("text_config", target_cfg)
     L = tc["num_hidden_layers"]
     ids = list(target_layer_ids) if target_layer_ids else build_target_layer_ids(L, num_layers)
@@ -216,7 +216,7 @@ class DFlashDrafter(nn.Module):
 
 
 def save_drafter(drafter, out_dir, extra=None):
-    """The DFlash release format dflash-eval --drafter loads (src/model/drafter_io.cpp, hf_config.cpp): config.json
+    """The DFlash release format dflash-eval --drafter loads (src/drafter/drafter_io.cpp, hf_config.cpp): config.json
     + model.safetensors in bf16 with the layout's keys."""
     from safetensors.torch import save_file
     os.makedirs(out_dir, exist_ok=True)

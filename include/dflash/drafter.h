@@ -74,6 +74,11 @@ struct FeatureBatch {
   Tensor final_norm;  // [T, H]; needed by LossKind::KL (and for the agree metric: NaN without it)
 };
 
+// "[begin, end) of the flat gradient (elements) is final": the one event from the backward's kernels to the
+// gradient reducer (GradHooks::ready, the engines' DrafterBatch::ready, the CUDA step, and
+// GradientReducer::bucket_ready at the end of the line, grad_reducer.h).
+using GradReady = std::function<void(size_t begin, size_t end)>;
+
 // What forward_backward tells its caller while it enqueues the backward, so that the sum of the gradients
 // over the drafters can start on the parts that are final while the rest is still being computed
 // (grad_reducer.h; the buckets of PyTorch DDP). Either may be empty.
@@ -87,7 +92,7 @@ struct GradHooks {
   // trainer's context has run. Reported in the backward's order (the final norm and the drafter's last
   // layer first, fc and hidden_norm last; parameter by parameter, on the CPU at the end of each layer);
   // every element of [0, P) exactly once per call, all before forward_backward returns.
-  std::function<void(size_t begin, size_t end)> ready;
+  GradReady ready;
 };
 
 // Where a training batch sits in its optimizer step (gradient accumulation, --grad-accum K: K micro-batches

@@ -3,7 +3,7 @@
 // Matches z-lab's DFlashDraftModel (dflash/model.py): a Qwen3 decoder stack whose attention reads
 // keys/values from the fused target features (fc + hidden_norm over the concatenated target layers)
 // followed by the block's own keys/values; queries are the blocks [anchor, MASK x (B-1)] embedded with the
-// target's frozen embedding. The lm_head and the loss live in the trainer (src/train/).
+// target's frozen embedding. The lm_head and the loss live in the trainer (src/drafter/).
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -73,11 +73,12 @@ class DrafterNet {
   // embed [V, H] is the target's frozen embedding. `rng` draws the noise when in.noise_std > 0.
   Tensor forward(const DrafterViews& w, const Tensor& embed, const DrafterStepInput& in, Rng* rng);
   // Backward of the last forward: d_out [N*B, H] is the gradient at the final-normed hidden states;
-  // parameter gradients are ACCUMULATED into g (same layout as w). grad_final, when given, is called with
-  // each tensor of g once this backward is done with it (norm first, then layer by layer from the last,
-  // hidden_norm and fc last): the trainer starts summing those over the drafters meanwhile.
+  // parameter gradients are ACCUMULATED into g (same layout as w). ready, when given, is called with
+  // each tensor of g once this backward is done with it (drafter.h's GradReady, by tensor; norm first,
+  // then layer by layer from the last, hidden_norm and fc last): the trainer starts summing those over
+  // the drafters meanwhile.
   void backward(const DrafterViews& w, const DrafterViews& g, const Tensor& d_out,
-                const std::function<void(const Tensor& grad)>& grad_final = {});
+                const std::function<void(const Tensor& grad)>& ready = {});
   // Scratch [N*B, H] for the caller's gradient at the output (valid with this net's sizes).
   Tensor d_out_buffer(int64_t rows);
 

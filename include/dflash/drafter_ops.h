@@ -5,6 +5,8 @@
 // reference a CUDA twin is tested against.
 #pragma once
 #include <cmath>
+#include <cstddef>
+#include <cstdint>
 
 #include "dflash/hf_config.h"
 #include "dflash/tensor.h"
@@ -24,16 +26,9 @@ struct BlockAttnSpec {
   float scale = 1.0f;   // usually head_dim^-0.5
 };
 // The spec of drafter layer `layer`: the config's block size, head_dim^-0.5, and its sliding window when
-// layer_types names that layer "sliding_attention". One rule for the CPU net and the CUDA step (inline: the
-// CUDA library links without the core's ops).
-inline BlockAttnSpec drafter_attn_spec(const DrafterConfig& c, size_t layer) {
-  BlockAttnSpec s;
-  s.block_size = c.block_size;
-  s.scale = 1.0f / std::sqrt(static_cast<float>(c.layers.head_dim));
-  const auto& types = c.layers.layer_types;
-  if (layer < types.size() && types[layer] == "sliding_attention") s.window = c.layers.sliding_window;
-  return s;
-}
+// layer_types names that layer "sliding_attention". One rule for the CPU net and the CUDA step (both
+// libraries link it: src/base/op_rules.cpp).
+BlockAttnSpec drafter_attn_spec(const DrafterConfig& c, size_t layer);
 // out [N*B, nh, hd]; lse [N*B, nh] (log-sum-exp of the scaled scores, saved for backward);
 // q [N*B, nh, hd]; k_ctx, v_ctx [T, nkv, hd] (context keys/values of the whole packed batch);
 // k_blk, v_blk [N*B, nkv, hd]; anchors, seq_begin [N] (I32, host memory on CPU).
@@ -63,7 +58,8 @@ struct LmLossRowsOut {
 };
 enum class LossObjective : uint8_t { CE, KL };
 // Workspace [chunk_rows, V] F32 for the drafter logits and, when a teacher is given, the same again
-// for the teacher logits: lm_loss_workspace_floats() says how many floats.
+// for the teacher logits: lm_loss_workspace_floats() says how many floats (src/base/op_rules.cpp: the
+// CPU op and the CUDA step size it by this one rule).
 size_t lm_loss_workspace_floats(int64_t chunk_rows, int64_t vocab, bool with_teacher);
 // h [R, H]; lm_head [V, H]; labels [R] I32; teacher [R, H] or empty; workspace as above.
 // Fused gradient (optional): when dh [R, H] is non-empty, also writes dh = d(sum_r w[r]·loss[r])/dh for the

@@ -10,7 +10,7 @@
 
 #include "dflash/data.h"    // DataPosition
 #include "dflash/nvml.h"    // GpuReading
-#include "dflash/target.h"  // PackedBatch
+#include "dflash/packed_batch.h"
 #include "dflash/tensor.h"
 
 namespace dflash {

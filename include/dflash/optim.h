@@ -3,7 +3,7 @@
 // Parameters, gradients and both moments each live in ONE flat fp32 buffer (views per tensor), so a
 // step is a few passes over contiguous memory and the gradients are one bucket for one allreduce.
 // Ctx + Tensor signatures like dflash/ops.h so a CUDA twin slots in; CPU versions in src/ops/optim.cpp
-// (lr_schedule: src/train/lr_schedule.cpp).
+// (lr_schedule: src/drafter/lr_schedule.cpp).
 #pragma once
 #include <cstdint>
 

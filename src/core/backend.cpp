@@ -3,11 +3,8 @@
 #include <cstring>
 #include <vector>
 
+#include "core/cuda_entry.h"
 #include "dflash/error.h"
-
-#ifdef DFLASH_HAVE_CUDA
-#include "backend.cuh"
-#endif
 
 namespace dflash {
 
@@ -39,61 +36,25 @@ void convert_host(void* dst, DType dst_type, const void* src, DType src_type, si
 }
 }  // namespace
 
-int cuda_device_count() {
-#ifdef DFLASH_HAVE_CUDA
-  return cuda::device_count();
-#else
-  return 0;
-#endif
-}
+int cuda_device_count() { return cuda::device_count(); }
 
-namespace {
-bool g_deterministic_cpu_side = false;  // what deterministic_kernels() reports in a build without CUDA
-}  // namespace
+void set_deterministic_kernels(bool on) { cuda::set_deterministic(on); }
 
-void set_deterministic_kernels(bool on) {
-#ifdef DFLASH_HAVE_CUDA
-  cuda::set_deterministic(on);
-#endif
-  g_deterministic_cpu_side = on;
-}
-
-bool deterministic_kernels() {
-#ifdef DFLASH_HAVE_CUDA
-  return cuda::deterministic();
-#else
-  return g_deterministic_cpu_side;
-#endif
-}
+bool deterministic_kernels() { return cuda::deterministic(); }
 
 Ctx make_ctx(Device device, int gpu) {
   if (device == Device::CPU) return cpu_ctx();
-#ifdef DFLASH_HAVE_CUDA
-  cuda::Backend& b = cuda::backend_for_device(gpu);
-  DF_CHECK(cudaSetDevice(gpu) == cudaSuccess, DeviceFailure, "cudaSetDevice(" << gpu << ") failed");
-  Ctx ctx;
-  ctx.device = Device::CUDA;
-  ctx.stream = b.stream;
-  ctx.backend = &b;
-  return ctx;
-#else
-  fatal(ExitCode::BadOptions, "a CUDA context was requested but this build has no CUDA backend",
-        "rebuild with a CUDA toolkit (DFLASH_CUDA=ON) or run with --backend cpu");
-#endif
+  return cuda::context(gpu);
 }
 
 void synchronize(const Ctx& ctx) {
   if (ctx.device == Device::CPU) return;
-#ifdef DFLASH_HAVE_CUDA
   cuda::synchronize_stream(ctx);
-#endif
 }
 
 void check_device_errors(const Ctx& ctx) {
   if (ctx.device == Device::CPU) return;
-#ifdef DFLASH_HAVE_CUDA
-  cuda::check_device_errors(cuda::backend_of(ctx));
-#endif
+  cuda::check_device_errors(ctx);
 }
 
 void copy_tensor(const Ctx& ctx, const Tensor& dst, const Tensor& src) {
@@ -108,7 +69,6 @@ void copy_tensor(const Ctx& ctx, const Tensor& dst, const Tensor& src) {
     convert_host(dst.data, dst.dtype, src.data, src.dtype, n);
     return;
   }
-#ifdef DFLASH_HAVE_CUDA
   DF_CHECK(ctx.device == Device::CUDA, Internal, "copy_tensor: a device tensor needs a CUDA context");
   if (dst.dtype == src.dtype) {
     cuda::copy_bytes(ctx, dst.data, src.data, dst.nbytes());
@@ -124,9 +84,6 @@ void copy_tensor(const Ctx& ctx, const Tensor& dst, const Tensor& src) {
   } else {
     fatal(ExitCode::Internal, "copy_tensor: device-to-device dtype conversion is not supported");
   }
-#else
-  fatal(ExitCode::BadOptions, "copy_tensor: a device tensor in a build without CUDA");
-#endif
 }
 
 }  // namespace dflash

@@ -12,9 +12,7 @@
 #include <cstring>
 #include <type_traits>
 
-#ifdef DFLASH_HAVE_CUDA
-#include <cuda_runtime_api.h>
-#endif
+#include "core/cuda_entry.h"
 
 namespace dflash {
 
@@ -107,18 +105,16 @@ PowerSampler::PowerSampler(Device backend, int cuda_device, const std::string& l
   // runtime but creates no context (none on GPU 0 from every rank before it binds its own). When CUDA
   // cannot name the device, the NVML index is the best guess (the rank fails binding it anyway).
   nvmlDevice_t dev = nullptr;
-#ifdef DFLASH_HAVE_CUDA
-  char bus[32] = {0};
-  if (api_->handle_by_pci && cudaDeviceGetPCIBusId(bus, sizeof(bus), cuda_device) == cudaSuccess) {
+  const std::string bus = api_->handle_by_pci ? cuda::pci_bus_id(cuda_device) : "";  // "" without CUDA
+  if (!bus.empty()) {
     pci_bus_id_ = bus;
-    r = api_->handle_by_pci(bus, &dev);
+    r = api_->handle_by_pci(bus.c_str(), &dev);
     if (r != NVML_SUCCESS) {
       fail("nvmlDeviceGetHandleByPciBusId_v2(" + pci_bus_id_ + ") for CUDA device " + std::to_string(cuda_device) +
            " failed: " + api_->describe(r));
       return;
     }
   }
-#endif
   if (!dev) {
     r = api_->handle_by_index(static_cast<unsigned int>(cuda_device), &dev);
     if (r != NVML_SUCCESS) {

@@ -11,21 +11,15 @@
 #include "dflash/ops.h"
 #include "ops/attention_head_dim.h"
 #include "ops/op_checks.h"
-#ifdef DFLASH_HAVE_CUDA
-#include "attention.cuh"
-#endif
 
 namespace dflash::ops {
 namespace {
 
 constexpr int64_t kKeyBlock = 64;
 constexpr int64_t kMaxHeadDim = 1024;
-// The CUDA kernels' rule (kernels/attention.cuh), stated here too so CPU-only builds can check a config.
-constexpr int64_t kCudaMaxHeadDim = 256;
+// The CUDA kernels' rule (kernels/attention.cuh, declared in every build), which the loader checks.
+constexpr int64_t kCudaMaxHeadDim = cuda::kAttentionMaxHeadDim;
 constexpr int64_t kCudaHeadDimStep = 8;
-#ifdef DFLASH_HAVE_CUDA
-static_assert(kCudaMaxHeadDim == cuda::kAttentionMaxHeadDim, "the loader's rule and the kernels disagree");
-#endif
 
 // Dot product with 8 independent partial sums (vectorisable without reassociating a single sum).
 inline float dot(const float* a, const float* b, int64_t n) {
@@ -113,7 +107,8 @@ void attention_varlen_causal_forward(const Ctx& ctx, const Tensor& out, const Te
   DF_CHECK(!cu_seqlens.empty() && cu_seqlens.ndim == 1 && cu_seqlens.shape[0] >= 1 &&
                cu_seqlens.dtype == DType::I32,
            Internal, op << ": cu_seqlens must be a non-empty I32 vector, got " << cu_seqlens.shape_str());
-  DFLASH_DISPATCH_CUDA(ctx, op, (void)cuda::attention_varlen_causal_forward(ctx, out, q, k, v, cu_seqlens, scale));
+  if (ctx.device == Device::CUDA) return (void)cuda::attention_varlen_causal_forward(ctx, out, q, k, v, cu_seqlens,
+                                          scale);
   DF_CHECK(cu_seqlens.device == Device::CPU, Internal, op << ": cu_seqlens must be in host memory on the CPU");
   for (const Tensor* t : {&q, &k, &v, &out}) detail::check_cpu_dtype(op, "q/k/v/out", *t, DType::F32);
   const int32_t* cu = cu_seqlens.ptr<int32_t>();

@@ -12,9 +12,6 @@
 
 #include "dflash/drafter_ops.h"
 #include "ops/op_checks.h"
-#ifdef DFLASH_HAVE_CUDA
-#include "block_attention.cuh"
-#endif
 
 // The hot loops are compiled for AVX-512 / AVX2 as well as the baseline and picked at load time (as in
 // src/ops/matmul.cpp); helpers they call are always inlined so each clone gets its own copy.
@@ -335,8 +332,8 @@ void block_attention_forward(const Ctx& ctx, const Tensor& out, const Tensor& ls
   detail::check_shape(op, "out", out, {d.N * d.B, d.nh, d.hd});
   detail::check_tensor(op, "lse", lse, ctx, 2);
   detail::check_shape(op, "lse", lse, {d.N * d.B, d.nh});
-  DFLASH_DISPATCH_CUDA(
-      ctx, op, cuda::block_attention_forward(ctx, out, lse, q, k_ctx, v_ctx, k_blk, v_blk, anchors, seq_begin, spec));
+  if (ctx.device == Device::CUDA) return cuda::block_attention_forward(ctx, out, lse, q, k_ctx, v_ctx, k_blk, v_blk,
+                                                                       anchors, seq_begin, spec);
   cpu_forward(out, lse, q, k_ctx, v_ctx, k_blk, v_blk, anchors, seq_begin, spec, d);
 }
 
@@ -361,9 +358,9 @@ void block_attention_backward(const Ctx& ctx, const Tensor& dq, const Tensor& dk
   }
   detail::check_tensor(op, "lse", lse, ctx, 2);
   detail::check_shape(op, "lse", lse, {d.N * d.B, d.nh});
-  DFLASH_DISPATCH_CUDA(ctx, op,
-                       cuda::block_attention_backward(ctx, dq, dk_ctx, dv_ctx, dk_blk, dv_blk, dout, out, lse, q, k_ctx,
-                                                      v_ctx, k_blk, v_blk, anchors, seq_begin, spec));
+  if (ctx.device == Device::CUDA) return cuda::block_attention_backward(ctx, dq, dk_ctx, dv_ctx, dk_blk, dv_blk, dout,
+                                                                        out, lse, q, k_ctx, v_ctx, k_blk, v_blk,
+                                                                        anchors, seq_begin, spec);
   cpu_backward(dq, dk_ctx, dv_ctx, dk_blk, dv_blk, dout, out, lse, q, k_ctx, v_ctx, k_blk, v_blk, anchors,
                seq_begin, spec, d);
 }

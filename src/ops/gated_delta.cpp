@@ -9,11 +9,6 @@
 #include <cmath>
 
 #include "ops/op_checks.h"
-#ifdef DFLASH_HAVE_CUDA
-#include "causal_conv1d.cuh"
-#include "gdn_gates.cuh"
-#include "gated_delta_rule.cuh"
-#endif
 
 namespace dflash::ops {
 namespace {
@@ -121,7 +116,7 @@ void causal_conv1d_silu_forward(const Ctx& ctx, const Tensor& out, const Tensor&
   detail::check_shape(op, "w", w, {C, -1});
   DF_CHECK(w.shape[1] >= 1, Internal, op << ": conv kernel size must be >= 1, got " << w.shape_str());
   DF_CHECK(out.data != in.data, Internal, op << ": out must not alias in");
-  DFLASH_DISPATCH_CUDA(ctx, op, cuda::causal_conv1d_silu_forward(ctx, out, in, w, cu_seqlens));
+  if (ctx.device == Device::CUDA) return cuda::causal_conv1d_silu_forward(ctx, out, in, w, cu_seqlens);
   for (const Tensor* t : {&out, &in, &w}) detail::check_cpu_dtype(op, "out/in/w", *t, DType::F32);
   const int nseq = check_cu_seqlens(op, cu_seqlens, T);
   causal_conv1d_silu_cpu(out.ptr<float>(), in.ptr<float>(), w.ptr<float>(), cu_seqlens.ptr<int32_t>(), nseq, C,
@@ -141,7 +136,7 @@ void gdn_gates_forward(const Ctx& ctx, const Tensor& g, const Tensor& beta, cons
     detail::check_tensor(op, "A_log/dt_bias", *t, ctx, 1);
     detail::check_shape(op, "A_log/dt_bias", *t, {nv});
   }
-  DFLASH_DISPATCH_CUDA(ctx, op, cuda::gdn_gates_forward(ctx, g, beta, a, b, A_log, dt_bias));
+  if (ctx.device == Device::CUDA) return cuda::gdn_gates_forward(ctx, g, beta, a, b, A_log, dt_bias);
   for (const Tensor* t : {&g, &beta, &a, &b, &A_log, &dt_bias})
     detail::check_cpu_dtype(op, "g/beta/a/b/A_log/dt_bias", *t, DType::F32);
   float* gp = g.ptr<float>();
@@ -177,8 +172,8 @@ void gated_delta_rule_forward(const Ctx& ctx, const Tensor& out, const Tensor& s
     detail::check_shape(op, "g/beta", *t, {T, heads.nv});
   }
   DF_CHECK(out.data != qkv.data, Internal, op << ": out must not alias qkv");
-  DFLASH_DISPATCH_CUDA(ctx, op,
-                       cuda::gated_delta_rule_forward(ctx, out, state, qkv, g, beta, cu_seqlens, heads, workspace));
+  if (ctx.device == Device::CUDA) return cuda::gated_delta_rule_forward(ctx, out, state, qkv, g, beta, cu_seqlens,
+                                                                        heads, workspace);
   for (const Tensor* t : {&out, &state, &qkv, &g, &beta})
     detail::check_cpu_dtype(op, "out/state/qkv/g/beta", *t, DType::F32);
   const int nseq = check_cu_seqlens(op, cu_seqlens, T);

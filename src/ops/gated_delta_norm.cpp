@@ -5,10 +5,6 @@
 
 #include "ops/gated_delta.h"
 #include "ops/op_checks.h"
-#ifdef DFLASH_HAVE_CUDA
-#include "gated_rmsnorm.cuh"
-#include "sigmoid_gate.cuh"
-#endif
 
 namespace dflash::ops {
 namespace {
@@ -33,7 +29,7 @@ void gated_rmsnorm_forward(const Ctx& ctx, const Tensor& out, const Tensor& in, 
   const int64_t N = in.shape[0], C = in.shape[1];
   detail::check_tensor(op, "w", w, ctx, 1);
   detail::check_shape(op, "w", w, {C});
-  DFLASH_DISPATCH_CUDA(ctx, op, cuda::gated_rmsnorm_forward(ctx, out, in, z, w, eps));
+  if (ctx.device == Device::CUDA) return cuda::gated_rmsnorm_forward(ctx, out, in, z, w, eps);
   for (const Tensor* t : {&out, &in, &z, &w}) detail::check_cpu_dtype(op, "out/in/z/w", *t, DType::F32);
   float* o = out.ptr<float>();
   const float *x = in.ptr<float>(), *zp = z.ptr<float>(), *wp = w.ptr<float>();
@@ -52,7 +48,7 @@ void gated_rmsnorm_forward(const Ctx& ctx, const Tensor& out, const Tensor& in, 
 void sigmoid_gate_forward(const Ctx& ctx, const Tensor& out, const Tensor& x, const Tensor& gate) {
   constexpr const char* op = "sigmoid_gate_forward";
   check_same_2d(op, ctx, x, {&out, &gate});
-  DFLASH_DISPATCH_CUDA(ctx, op, cuda::sigmoid_gate_forward(ctx, out, x, gate));
+  if (ctx.device == Device::CUDA) return cuda::sigmoid_gate_forward(ctx, out, x, gate);
   for (const Tensor* t : {&out, &x, &gate}) detail::check_cpu_dtype(op, "out/x/gate", *t, DType::F32);
   float* o = out.ptr<float>();
   const float *xp = x.ptr<float>(), *gp = gate.ptr<float>();

@@ -6,9 +6,6 @@
 #include "dflash/ops.h"
 #include "ops/norm_rope_cpu.h"
 #include "ops/op_checks.h"
-#ifdef DFLASH_HAVE_CUDA
-#include "head_norm_rope.cuh"
-#endif
 
 namespace dflash::ops {
 namespace {
@@ -101,7 +98,7 @@ void head_norm_rope_forward(const Ctx& ctx, const Tensor& out, const Tensor& rst
   rope.rotary_dim = check_args(op, ctx, in, w, rstd, pos, rope);
   detail::check_tensor(op, "out", out, ctx, 3);
   detail::check_shape(op, "out", out, {in.shape[0], in.shape[1], in.shape[2]});
-  DFLASH_DISPATCH_CUDA(ctx, op, cuda::head_norm_rope_forward(ctx, out, rstd, in, w, pos, rope, eps));
+  if (ctx.device == Device::CUDA) return cuda::head_norm_rope_forward(ctx, out, rstd, in, w, pos, rope, eps);
   detail::check_cpu_dtype(op, "out", out, DType::F32);
   head_norm_rope_forward_cpu(out.ptr<float>(), rstd.empty() ? nullptr : rstd.ptr<float>(), in.ptr<float>(),
                              w.ptr<float>(), pos.ptr<int32_t>(), in.shape[0], in.shape[1], in.shape[2], rope, eps);
@@ -124,8 +121,8 @@ void head_norm_rope_backward(const Ctx& ctx, const Tensor& din, const Tensor& dw
     detail::check_shape(op, "dw", dw, {hd});
   }
   // No CUDA twin through the op layer: the CUDA drafter step calls cuda::head_norm_rope_backward
-  // (kernels/drafter_backward.cu) itself.
-  DFLASH_DISPATCH_CUDA(ctx, op, detail::cuda_op_missing(op));
+  // (src/drafter/cuda/drafter_backward.cu) itself.
+  if (ctx.device == Device::CUDA) detail::cuda_op_missing(op);
   detail::check_cpu_dtype(op, "dout", dout, DType::F32);
   if (!din.empty()) detail::check_cpu_dtype(op, "din", din, DType::F32);
   if (!dw.empty()) detail::check_cpu_dtype(op, "dw", dw, DType::F32);

@@ -11,9 +11,6 @@
 #include "dflash/drafter_ops.h"
 #include "dflash/ops.h"
 #include "ops/op_checks.h"
-#ifdef DFLASH_HAVE_CUDA
-#include "lm_loss.cuh"
-#endif
 
 namespace dflash::ops {
 namespace {
@@ -56,7 +53,7 @@ void check_common(const char* op, const Ctx& ctx, const Tensor& h, const Tensor&
   DF_CHECK(workspace.numel() >= lm_loss_workspace_floats(chunk_rows, V, !teacher.empty()), Internal,
            op << ": workspace of " << workspace.numel() << " floats, needs "
               << lm_loss_workspace_floats(chunk_rows, V, !teacher.empty()));
-  DFLASH_DISPATCH_CUDA(ctx, op, void());  // the CUDA twin checks dtypes; labels live in device memory
+  if (ctx.device == Device::CUDA) return;  // the CUDA twin checks dtypes; labels live in device memory
   check_cpu_dtype(op, "labels", labels, DType::I32);
   const int32_t* lab = labels.ptr<int32_t>();
   for (int64_t r = 0; r < R; ++r)
@@ -77,10 +74,6 @@ void logits_grad_in_place(float* x, const float* t, int64_t V, float w, int32_t 
 
 }  // namespace
 
-size_t lm_loss_workspace_floats(int64_t chunk_rows, int64_t vocab, bool with_teacher) {
-  return static_cast<size_t>(chunk_rows) * static_cast<size_t>(vocab) * (with_teacher ? 2u : 1u);
-}
-
 void lm_loss_forward(const Ctx& ctx, const LmLossRowsOut& out, const Tensor& h, const Tensor& lm_head,
                      const Tensor& labels, const Tensor& teacher, const Tensor& workspace, int64_t chunk_rows,
                      const Tensor& dh, const Tensor& row_weight, LossObjective objective) {
@@ -97,8 +90,8 @@ void lm_loss_forward(const Ctx& ctx, const LmLossRowsOut& out, const Tensor& h, 
     detail::check_shape(op, "dh", dh, {R, H});
     detail::check_shape(op, "row_weight", row_weight, {R});
   }
-  DFLASH_DISPATCH_CUDA(
-      ctx, op, cuda::lm_loss_forward(ctx, out, h, lm_head, labels, teacher, workspace, chunk_rows, dh, row_weight, objective));
+  if (ctx.device == Device::CUDA) return cuda::lm_loss_forward(ctx, out, h, lm_head, labels, teacher, workspace,
+                                                               chunk_rows, dh, row_weight, objective);
   const bool with_teacher = !teacher.empty();
   float* ws = workspace.ptr<float>();
   float* ws_t = with_teacher ? ws + static_cast<size_t>(chunk_rows) * V : nullptr;
@@ -148,8 +141,8 @@ void lm_loss_backward(const Ctx& ctx, const Tensor& dh, const Tensor& row_weight
   const int64_t R = h.shape[0], H = h.shape[1], V = lm_head.shape[0];
   detail::check_shape(op, "dh", dh, {R, H});
   detail::check_shape(op, "row_weight", row_weight, {R});
-  DFLASH_DISPATCH_CUDA(
-      ctx, op, cuda::lm_loss_backward(ctx, dh, row_weight, objective, h, lm_head, labels, teacher, workspace, chunk_rows));
+  if (ctx.device == Device::CUDA) return cuda::lm_loss_backward(ctx, dh, row_weight, objective, h, lm_head, labels,
+                                                                teacher, workspace, chunk_rows);
   const bool use_teacher = objective == LossObjective::KL;
   float* ws = workspace.ptr<float>();
   float* ws_t = use_teacher ? ws + static_cast<size_t>(chunk_rows) * V : nullptr;

@@ -1,26 +1,26 @@
 // Shared argument checks and backend dispatch helpers for the op layer (src/ops/*.cpp).
 //
 // Every public op validates its arguments here (a mismatch is a bug in the caller: ExitCode::Internal),
-// then dispatches on ctx.device with one line per backend.
+// then dispatches on ctx.device: `if (ctx.device == Device::CUDA) return cuda::op(...);` (the CUDA twin,
+// declared in core/cuda_entry.h in every build), then its CPU reference.
 #pragma once
 #include <initializer_list>
 #include <string>
 
+#include "base/device_runtime.h"  // fatal_no_cuda
+#include "core/cuda_entry.h"
 #include "dflash/error.h"
 #include "dflash/tensor.h"
 
 namespace dflash::ops::detail {
 
-// Fatal errors for an op run on the CUDA backend: either this op has no CUDA twin in the build yet
-// (cuda_op_missing), or the build has no CUDA backend at all (no_cuda_build). Ops dispatch through
-// DFLASH_DISPATCH_CUDA (below).
+// Fatal (BadOptions) for an op run on the CUDA backend that has no CUDA twin: "this build has no CUDA
+// backend" in a CPU-only build, else "CUDA backend not built for this op". Ops with a twin call it
+// instead: `if (ctx.device == Device::CUDA) return cuda::op(...);` (core/cuda_entry.h).
 [[noreturn]] inline void cuda_op_missing(const char* op) {
+  if (!cuda::in_build()) fatal_no_cuda(op);
   fatal(ExitCode::BadOptions, std::string(op) + ": CUDA backend not built for this op",
         "run with --backend cpu, or use a build whose kernels/ implement this op");
-}
-[[noreturn]] inline void no_cuda_build(const char* op) {
-  fatal(ExitCode::BadOptions, std::string(op) + ": this build has no CUDA backend",
-        "rebuild with a CUDA toolkit (DFLASH_CUDA=ON) or run with --backend cpu");
 }
 
 // The tensor must be present, on the context's device, of the given rank.
@@ -62,19 +62,3 @@ inline void check_cpu_dtype(const char* op, const char* arg, const Tensor& t, DT
 }
 
 }  // namespace dflash::ops::detail
-
-// The CUDA half of an op's dispatch, written once: on the CUDA backend the op returns `call` (its CUDA
-// twin, compiled only in a CUDA build: the CUDA headers are included under DFLASH_HAVE_CUDA); a build
-// without CUDA refuses it (no_cuda_build). Placed after the op's checks, before its CPU reference:
-//   DFLASH_DISPATCH_CUDA(ctx, op, cuda::swiglu_forward(ctx, out, gate, up));
-#ifdef DFLASH_HAVE_CUDA
-#define DFLASH_DISPATCH_CUDA(ctx, op, call) \
-  do {                                      \
-    if ((ctx).device == ::dflash::Device::CUDA) return call; \
-  } while (0)
-#else
-#define DFLASH_DISPATCH_CUDA(ctx, op, call) \
-  do {                                      \
-    if ((ctx).device == ::dflash::Device::CUDA) ::dflash::ops::detail::no_cuda_build(op); \
-  } while (0)
-#endif

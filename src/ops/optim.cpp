@@ -1,21 +1,13 @@
 // AdamW and global-norm clipping, CPU float32 (see include/dflash/optim.h; the lr schedule is in
-// src/train/lr_schedule.cpp).
+// src/drafter/lr_schedule.cpp).
 #include "dflash/optim.h"
 
 #include <algorithm>
 #include <cmath>
 
 #include "ops/op_checks.h"
-#ifdef DFLASH_HAVE_CUDA
-#include "adamw.cuh"
-#endif
 
 namespace dflash::ops {
-namespace {
-
-void cpu_only(const char* op, const Ctx& ctx) { DFLASH_DISPATCH_CUDA(ctx, op, detail::cuda_op_missing(op)); }
-
-}  // namespace
 
 void adamw_step(const Ctx& ctx, const Tensor& params, const Tensor& grads, const Tensor& m, const Tensor& v,
                 const AdamWHyper& hp, int64_t step) {
@@ -26,10 +18,7 @@ void adamw_step(const Ctx& ctx, const Tensor& params, const Tensor& grads, const
     detail::check_shape(op, "params/grads/m/v", *t, {n});
   }
   DF_CHECK(step >= 1, Internal, op << ": step " << step << " (1-based)");
-#ifdef DFLASH_HAVE_CUDA
   if (ctx.device == Device::CUDA) return cuda::adamw_step(ctx, params, grads, m, v, hp, step);
-#endif
-  cpu_only(op, ctx);
   float* p = params.ptr<float>();
   const float* g = grads.ptr<float>();
   float* mm = m.ptr<float>();
@@ -51,10 +40,7 @@ void adamw_step(const Ctx& ctx, const Tensor& params, const Tensor& grads, const
 
 double grad_sumsq(const Ctx& ctx, const Tensor& grads) {
   detail::check_tensor("grad_sumsq", "grads", grads, ctx, 1);
-#ifdef DFLASH_HAVE_CUDA
   if (ctx.device == Device::CUDA) return cuda::grad_sumsq(ctx, grads);
-#endif
-  cpu_only("grad_sumsq", ctx);
   const float* g = grads.ptr<float>();
   const size_t n = grads.numel();
   double s = 0.0;
@@ -64,10 +50,7 @@ double grad_sumsq(const Ctx& ctx, const Tensor& grads) {
 
 void scale_inplace(const Ctx& ctx, const Tensor& grads, float factor) {
   detail::check_tensor("scale_inplace", "grads", grads, ctx, 1);
-#ifdef DFLASH_HAVE_CUDA
   if (ctx.device == Device::CUDA) return cuda::scale_inplace(ctx, grads, factor);
-#endif
-  cpu_only("scale_inplace", ctx);
   float* g = grads.ptr<float>();
   const size_t n = grads.numel();
   for (size_t i = 0; i < n; ++i) g[i] *= factor;

@@ -3,9 +3,6 @@
 
 #include "dflash/ops.h"
 #include "ops/op_checks.h"
-#ifdef DFLASH_HAVE_CUDA
-#include "rmsnorm.cuh"
-#endif
 
 namespace dflash::ops {
 namespace {
@@ -65,7 +62,7 @@ void rmsnorm_forward(const Ctx& ctx, const Tensor& out, const Tensor& rstd, cons
     detail::check_tensor(op, "rstd", rstd, ctx, 1);
     detail::check_shape(op, "rstd", rstd, {N});
   }
-  DFLASH_DISPATCH_CUDA(ctx, op, cuda::rmsnorm_forward(ctx, out, rstd, in, w, eps));
+  if (ctx.device == Device::CUDA) return cuda::rmsnorm_forward(ctx, out, rstd, in, w, eps);
   detail::check_cpu_dtype(op, "in", in, DType::F32);
   detail::check_cpu_dtype(op, "out", out, DType::F32);
   detail::check_cpu_dtype(op, "w", w, DType::F32);
@@ -95,8 +92,8 @@ void rmsnorm_backward(const Ctx& ctx, const Tensor& din, const Tensor& dw, const
   detail::check_tensor(op, "rstd", rstd, ctx, 1);
   detail::check_shape(op, "rstd", rstd, {N});
   // No CUDA twin through the op layer: the CUDA drafter step calls cuda::rmsnorm_backward
-  // (kernels/drafter_backward.cu) itself.
-  DFLASH_DISPATCH_CUDA(ctx, op, detail::cuda_op_missing(op));
+  // (src/drafter/cuda/drafter_backward.cu) itself.
+  if (ctx.device == Device::CUDA) detail::cuda_op_missing(op);
   for (const Tensor* t : {&in, &dout, &w, &rstd}) detail::check_cpu_dtype(op, "in/dout/w/rstd", *t, DType::F32);
   if (!din.empty()) detail::check_cpu_dtype(op, "din", din, DType::F32);
   if (!dw.empty()) detail::check_cpu_dtype(op, "dw", dw, DType::F32);

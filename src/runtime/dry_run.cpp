@@ -26,7 +26,7 @@
 #include "dflash/runtime.h"
 #include "dflash/topology.h"
 #include "job.h"  // capture_layer_ids
-#include "train/loss_chunk.h"
+#include "drafter/loss_chunk.h"
 
 namespace dflash {
 
@@ -155,7 +155,7 @@ std::string gib(double bytes) {  // GiB, or MiB below one GiB
 
 // Bytes of the drafter step's block activations per anchor (its B rows through every layer, with the
 // backward's scratch and the loss rows): the per-row buffers DrafterStepCuda allocates
-// (kernels/drafter_step.cu), bf16 on CUDA; the CPU net keeps about the same tensors in float32. They grow
+// (src/drafter/cuda/drafter_step.cu), bf16 on CUDA; the CPU net keeps about the same tensors in float32. They grow
 // with --max-anchors: the term that decides whether a cap fits the GPU.
 double drafter_bytes_per_anchor(const DrafterConfig& d, bool cuda) {
   const Qwen3Config& L = d.layers;
@@ -197,7 +197,7 @@ std::string memory_per_rank(const Options& o) {
   const double state = P * (16 + (cuda ? 2 : 0)), frozen = 2.0 * t.vocab_size * H * act;
   const double slots = o.hs_queue_depth * batch;
   // The lm_head loss's float32 logits workspace: a chunk of rows, twice (the KL teacher's half is kept either
-  // way), sized by the same rule as the trainer (train/loss_chunk.h).
+  // way), sized by the same rule as the trainer (drafter/loss_chunk.h).
   const int64_t loss_rows = train::loss_chunk_rows(o.backend, t.vocab_size,
                                                    static_cast<int64_t>(o.train.max_anchors) * (d.block_size - 1));
   const double loss_ws = 2.0 * static_cast<double>(loss_rows) * t.vocab_size * 4;

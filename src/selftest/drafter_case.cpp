@@ -5,7 +5,7 @@
 #include <filesystem>
 
 #include "selftest/selftest.h"
-#include "train/drafter_golden.h"
+#include "drafter/drafter_golden.h"
 
 namespace dflash {
 

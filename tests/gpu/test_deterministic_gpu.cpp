@@ -16,9 +16,9 @@
 #include "dflash/backend.h"
 #include "dflash/drafter.h"
 #include "dflash/ops.h"
-#include "drafter_backward.cuh"
+#include "drafter/cuda/drafter_backward.cuh"
 #include "gpu_test_util.h"
-#include "train/drafter_golden.h"
+#include "drafter/drafter_golden.h"
 
 namespace dflash {
 namespace {

@@ -1,4 +1,4 @@
-// The drafter step's CUDA backward ops (kernels/drafter_backward.cu) against the float32 CPU twins in
+// The drafter step's CUDA backward ops (src/drafter/cuda/drafter_backward.cu) against the float32 CPU twins in
 // src/ops/: RMSNorm, QK-norm + RoPE (full and partial rotary), SwiGLU. Weight gradients accumulate onto a
 // random prior, as the trainer's gradient buffer does.
 #include <gtest/gtest.h>
@@ -6,7 +6,7 @@
 #include <random>
 
 #include "dflash/ops.h"
-#include "drafter_backward.cuh"
+#include "drafter/cuda/drafter_backward.cuh"
 #include "gpu_test_util.h"
 
 namespace dflash {

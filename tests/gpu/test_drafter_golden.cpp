@@ -1,4 +1,4 @@
-// The whole CUDA drafter step (kernels/drafter_step*.cu) against the golden reference case
+// The whole CUDA drafter step (src/drafter/cuda/drafter_step*.cu) against the golden reference case
 // tests/data/golden/qwen3-tiny-a (official DFlashDraftModel in float64): the case's anchors, target hidden
 // states and final_norm, the drafter_init weights. CE and KL losses to 1e-2 relative, the gradients to 3e-2
 // relative over all parameters and 6e-2 per parameter tensor (tol::kStepLoss, kStepGrads, kStepGradsPerTensor:
@@ -15,10 +15,10 @@
 #include "dflash/safetensors.h"
 #include "dflash/target.h"
 #include "block_attention.cuh"
-#include "drafter_step.cuh"
+#include "drafter/cuda/drafter_step.cuh"
 #include "gpu_test_util.h"
-#include "train/drafter_golden.h"
-#include "train/objective.h"
+#include "drafter/drafter_golden.h"
+#include "drafter/objective.h"
 
 namespace dflash {
 namespace {
@@ -82,19 +82,21 @@ TEST(GpuDrafterGolden, QwenTinyA_LossesAndGradients) {
   copy_tensor(g, d_feat, cpu_view(in.features.data(), {K, T, H}));
   copy_tensor(g, d_fnorm, cpu_view(in.final_norm.data(), {T, H}));
   step.set_frozen(d_embed, d_head);
-  cuda::DrafterStepBatch b;
-  b.features = d_feat;
-  b.final_norm = d_fnorm;
-  b.tokens = batch.tokens;
-  b.anchors = anchors;
-  b.seq_begin = seq_begin;
-  b.ctx_pos.resize(T);
+  FeatureBatch fbatch;  // the batch as the trainer hands it to the step (views: nothing copied)
+  fbatch.batch = &batch;
+  fbatch.features = d_feat;
+  fbatch.final_norm = d_fnorm;
+  DrafterStepInput step_in;
+  step_in.tokens = batch.tokens.data();
+  step_in.anchors = anchors;
+  step_in.seq_begin = seq_begin;
+  step_in.ctx_pos.resize(T);
   for (int s = 0; s < batch.num_seqs(); ++s)
-    for (int32_t t = batch.cu_seqlens[s]; t < batch.cu_seqlens[s + 1]; ++t) b.ctx_pos[t] = t - batch.cu_seqlens[s];
-  b.row_block = rows.block_row;
-  b.row_label = rows.label;
-  b.row_teacher = rows.teacher_at;
-  b.row_weight = rows.weight;
+    for (int32_t t = batch.cu_seqlens[s]; t < batch.cu_seqlens[s + 1]; ++t) step_in.ctx_pos[t] = t - batch.cu_seqlens[s];
+  train::DrafterBatch b;
+  b.fb = &fbatch;
+  b.in = &step_in;
+  b.rows = &rows;
 
   SafetensorsFile gold(dir + "/golden.safetensors");
   for (cuda::BlockAttentionImpl impl : {cuda::BlockAttentionImpl::Fused, cuda::BlockAttentionImpl::Chunked})

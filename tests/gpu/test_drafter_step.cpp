@@ -1,4 +1,4 @@
-// The whole drafter training step on CUDA (kernels/drafter_step*.cu: bf16 activations, fp32 master weights)
+// The whole drafter training step on CUDA (src/drafter/cuda/drafter_step*.cu: bf16 activations, fp32 master weights)
 // against the float32 CPU path (DrafterNet + lm_loss + AdamW, as DrafterTrainer runs them) on a small
 // random drafter with one sliding-window and one full-attention layer: loss, every parameter gradient,
 // then 50 optimizer steps whose loss curves must track each other.
@@ -12,9 +12,9 @@
 #include "dflash/drafter_ops.h"
 #include "dflash/optim.h"
 #include "dflash/target.h"
-#include "drafter_step.cuh"
+#include "drafter/cuda/drafter_step.cuh"
 #include "gpu_test_util.h"
-#include "train/objective.h"
+#include "drafter/objective.h"
 
 namespace dflash {
 namespace {
@@ -149,17 +149,19 @@ TEST(GpuDrafterStep, GradientsAndLossCurveMatchCpu) {
   copy_tensor(gctx, d_head, cpu_view(lm_head.data(), {V, H}));
   copy_tensor(gctx, d_feat, cpu_view(feat.data(), {K, T, H}));
   step.set_frozen(d_embed, d_head);
-  cuda::DrafterStepBatch b;
-  b.features = d_feat;
-  b.tokens = batch.tokens;
-  b.anchors = anchors;
-  b.seq_begin = seq_begin;
-  b.ctx_pos.resize(T);
-  for (int64_t t = 0; t < T; ++t) b.ctx_pos[t] = static_cast<int32_t>(t < 61 ? t : t - 61);
-  b.row_block = rows.block_row;
-  b.row_label = rows.label;
-  b.row_teacher = rows.teacher_at;
-  b.row_weight = rows.weight;
+  FeatureBatch fbatch;  // the batch as the trainer hands it to the step (views: nothing copied)
+  fbatch.batch = &batch;
+  fbatch.features = d_feat;
+  DrafterStepInput step_in;
+  step_in.tokens = batch.tokens.data();
+  step_in.anchors = anchors;
+  step_in.seq_begin = seq_begin;
+  step_in.ctx_pos.resize(T);
+  for (int64_t t = 0; t < T; ++t) step_in.ctx_pos[t] = static_cast<int32_t>(t < 61 ? t : t - 61);
+  train::DrafterBatch b;
+  b.fb = &fbatch;
+  b.in = &step_in;
+  b.rows = &rows;
 
   // one step: loss and gradients
   const double loss_cpu = cpu.run(feat, embed, lm_head, batch, anchors, seq_begin, seq_end, rows);

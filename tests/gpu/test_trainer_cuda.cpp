@@ -23,7 +23,7 @@
 #include "dflash/target.h"
 #include "feature_noise.cuh"
 #include "gpu_test_util.h"
-#include "train/drafter_golden.h"
+#include "drafter/drafter_golden.h"
 
 namespace dflash {
 namespace {

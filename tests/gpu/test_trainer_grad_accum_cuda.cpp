@@ -14,7 +14,7 @@
 
 #include "dflash/drafter.h"
 #include "gpu_test_util.h"
-#include "train/drafter_golden.h"
+#include "drafter/drafter_golden.h"
 
 namespace dflash {
 namespace {

@@ -17,7 +17,7 @@
 #include "dflash/device_async.h"
 #include "dflash/drafter.h"
 #include "gpu_test_util.h"
-#include "train/drafter_golden.h"
+#include "drafter/drafter_golden.h"
 
 namespace dflash {
 namespace {

@@ -28,7 +28,7 @@
 #include "dflash/drafter.h"
 #include "dflash/grad_reducer.h"
 #include "gpu_spin.h"
-#include "train/drafter_golden.h"
+#include "drafter/drafter_golden.h"
 
 namespace dflash {
 namespace {

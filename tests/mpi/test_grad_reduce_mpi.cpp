@@ -29,7 +29,7 @@
 #include "dflash/grad_reducer.h"
 #include "dflash/mpi_typed.h"
 #include "grad_test_util.h"
-#include "train/drafter_golden.h"
+#include "drafter/drafter_golden.h"
 
 namespace dflash {
 namespace {

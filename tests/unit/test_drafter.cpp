@@ -17,7 +17,7 @@
 #include "dflash/drafter.h"
 #include "dflash/safetensors.h"
 #include "dflash/tensor.h"
-#include "train/drafter_golden.h"
+#include "drafter/drafter_golden.h"
 
 namespace {
 

@@ -2,7 +2,7 @@
 // float64): losses and metrics to 1e-5, every gradient and the weights after two AdamW steps to 1e-4.
 #include <gtest/gtest.h>
 
-#include "train/drafter_golden.h"
+#include "drafter/drafter_golden.h"
 
 namespace {
 

@@ -11,7 +11,7 @@
 #include "dflash/metrics.h"
 #include "dflash/topology.h"
 #include "test_support.h"
-#include "train/objective.h"
+#include "drafter/objective.h"
 
 using namespace dflash;
 

@@ -13,7 +13,7 @@
 
 #include "dflash/drafter.h"
 #include "dflash/optim.h"
-#include "train/drafter_golden.h"
+#include "drafter/drafter_golden.h"
 
 namespace dflash {
 namespace {

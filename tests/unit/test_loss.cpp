@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "dflash/drafter_ops.h"
-#include "train/objective.h"
+#include "drafter/objective.h"
 
 namespace {
 

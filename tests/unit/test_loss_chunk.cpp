@@ -1,7 +1,7 @@
 // train::loss_chunk_rows: the rows of logits a loss chunk holds, one rule for the trainer and drafter_bench.
 #include <gtest/gtest.h>
 
-#include "train/loss_chunk.h"
+#include "drafter/loss_chunk.h"
 
 namespace {
 

@@ -14,7 +14,7 @@
 
 #include "dflash/drafter.h"
 #include "dflash/drafter_model.h"
-#include "train/drafter_golden.h"
+#include "drafter/drafter_golden.h"
 
 namespace dflash {
 namespace {

@@ -1,11 +1,14 @@
+// The CUDA backend (kernels/backend.cuh) and the backend's entry points (core/cuda_entry.h).
 #include "backend.cuh"
 
 #include <atomic>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <vector>
 
 #include "cuda_check.cuh"
+#include "device_memory.cuh"
 
 namespace dflash::cuda {
 
@@ -43,7 +46,10 @@ std::unique_ptr<Backend> create_backend(int gpu) {
 }
 }  // namespace
 
+bool in_build() { return true; }
+
 int device_count() {
+  install_device_runtime();
   int n = 0;
   if (cudaGetDeviceCount(&n) != cudaSuccess) {
     cudaGetLastError();  // clear the sticky "no device" error
@@ -60,6 +66,7 @@ std::vector<std::unique_ptr<Backend>> g_backends;  // never destroyed: lives as 
 Backend& backend_for_device(int gpu) {
   std::lock_guard<std::mutex> lock(g_backends_mu);
   if (gpu >= 0 && static_cast<size_t>(gpu) < g_backends.size() && g_backends[gpu]) return *g_backends[gpu];
+  install_device_runtime();
   auto b = create_backend(gpu);
   if (g_backends.size() <= static_cast<size_t>(gpu)) g_backends.resize(gpu + 1);
   g_backends[gpu] = std::move(b);
@@ -90,6 +97,27 @@ void check_device_errors(const Backend& b) {
     DF_FAIL(BadInput, "a token id outside [0, vocab_size) reached the embedding on GPU " << b.device,
             "the dataset was tokenized for another vocabulary: re-tokenize it for this target model");
   DF_FAIL(Internal, "device error flags " << flags << " set on GPU " << b.device, "");
+}
+
+void check_device_errors(const Ctx& ctx) { check_device_errors(backend_of(ctx)); }
+
+Ctx context(int gpu) {
+  Backend& b = backend_for_device(gpu);
+  DF_CHECK(cudaSetDevice(gpu) == cudaSuccess, DeviceFailure, "cudaSetDevice(" << gpu << ") failed");
+  Ctx ctx;
+  ctx.device = Device::CUDA;
+  ctx.stream = b.stream;
+  ctx.backend = &b;
+  return ctx;
+}
+
+std::string pci_bus_id(int device) {
+  char bus[32] = {0};
+  if (cudaDeviceGetPCIBusId(bus, sizeof(bus), device) != cudaSuccess) {
+    cudaGetLastError();  // not sticky, but keep the next call's error its own
+    return "";
+  }
+  return bus;
 }
 
 void copy_bytes(const Ctx& ctx, void* dst, const void* src, size_t bytes) {

@@ -4,11 +4,8 @@
 #include <cstring>
 #include <utility>
 
+#include "base/device_runtime.h"
 #include "dflash/error.h"
-
-#ifdef DFLASH_HAVE_CUDA
-#include "device_memory.cuh"
-#endif
 
 namespace dflash {
 
@@ -99,12 +96,7 @@ Buffer::Buffer(Device dev, DType t, std::initializer_list<int64_t> dims) {
     view_.data = std::aligned_alloc(64, rounded);
     DF_CHECK(view_.data != nullptr, SystemFailure, "out of host memory allocating " << bytes << " bytes");
   } else {
-#ifdef DFLASH_HAVE_CUDA
-    view_.data = cuda::device_alloc(bytes);
-#else
-    fatal(ExitCode::BadOptions, "CUDA buffer requested but this build has no CUDA backend",
-          "rebuild with a CUDA toolkit (DFLASH_CUDA=ON) or run with --backend cpu");
-#endif
+    view_.data = device_runtime_for("a CUDA buffer").alloc(bytes);
   }
 }
 
@@ -124,9 +116,7 @@ void Buffer::release() {
   if (view_.device == Device::CPU) {
     std::free(view_.data);
   } else {
-#ifdef DFLASH_HAVE_CUDA
-    cuda::device_free(view_.data);
-#endif
+    device_runtime()->free(view_.data);  // a device buffer exists only where a runtime made it
   }
   view_.data = nullptr;
 }
@@ -136,9 +126,7 @@ void Buffer::zero() {
   if (view_.device == Device::CPU) {
     std::memset(view_.data, 0, view_.nbytes());
   } else {
-#ifdef DFLASH_HAVE_CUDA
-    cuda::device_zero(view_.data, view_.nbytes());
-#endif
+    device_runtime()->zero(view_.data, view_.nbytes());
   }
 }
 

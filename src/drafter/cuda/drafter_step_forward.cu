@@ -1,5 +1,5 @@
 // The drafter step's network forward on CUDA (DrafterStepCuda::Impl::forward; drafter_step_common.cuh):
-// follows DrafterNet's forward (src/model/drafter_net.cpp) operation for operation, same shapes and names.
+// follows DrafterNet's forward (src/drafter/drafter_net.cpp) operation for operation, same shapes and names.
 #include <cuda_bf16.h>
 
 #include <vector>
@@ -33,11 +33,13 @@ __global__ void gather_features_kernel(Bf16x8* __restrict__ x, const Bf16x8* __r
 
 }  // namespace
 
-Tensor DrafterStepCuda::Impl::forward(const DrafterStepBatch& b) {
-  const int64_t Tn = b.features.shape[1];
-  DF_CHECK(b.features.ndim == 3 && b.features.shape[0] == K && b.features.shape[2] == H && b.features.dtype == DType::BF16,
-           Internal, "drafter step (CUDA): features " << b.features.shape_str() << ", expected BF16 [" << K << ", T, " << H << "]");
-  const int64_t Nn = static_cast<int64_t>(b.anchors.size());
+Tensor DrafterStepCuda::Impl::forward(const train::DrafterBatch& b) {
+  const Tensor& features = b.fb->features;
+  const DrafterStepInput& in = *b.in;
+  const int64_t Tn = features.shape[1];
+  DF_CHECK(features.ndim == 3 && features.shape[0] == K && features.shape[2] == H && features.dtype == DType::BF16,
+           Internal, "drafter step (CUDA): features " << features.shape_str() << ", expected BF16 [" << K << ", T, " << H << "]");
+  const int64_t Nn = static_cast<int64_t>(in.anchors.size());
   DF_CHECK(Tn <= max_T && Nn <= max_N && Nn > 0, Internal,
            "drafter step (CUDA): " << Tn << " tokens / " << Nn << " anchors exceed " << max_T << " / " << max_N);
   DF_CHECK(H % 8 == 0 && QD % 8 == 0 && KV % 8 == 0 && I % 8 == 0, Internal, "drafter step (CUDA): widths must be multiples of 8");
@@ -49,7 +51,7 @@ Tensor DrafterStepCuda::Impl::forward(const DrafterStepBatch& b) {
   // ---- context: x_ctx [T, K*H]; th = hidden_norm(fc(x_ctx))
   const int H8 = static_cast<int>(H / 8);
   gather_features_kernel<<<grid_of(ctx, T * K * H8), 256, 0, st>>>(static_cast<Bf16x8*>(x_ctx.t().data),
-                                                               static_cast<const Bf16x8*>(b.features.data), T, int(K), H8);
+                                                               static_cast<const Bf16x8*>(features.data), T, int(K), H8);
   DF_CUDA_LAUNCH();
   Tensor xc = v2(x_ctx, T, K * H), fco = v2(fc_out, T, H), thv = v2(th, T, H);
   cuda::matmul_forward(ctx, fco, xc, w.fc, ops::Accumulate::No);
@@ -57,17 +59,17 @@ Tensor DrafterStepCuda::Impl::forward(const DrafterStepBatch& b) {
   // Training noise on th; the backward needs no record of it (hidden_norm's backward reads fc_out).
   if (b.noise_std > 0.f) add_feature_noise(ctx, thv, b.noise_std, b.noise_seed, b.noise_counter);
   // ---- index inputs (host-built, uploaded)
-  upload_i32(pos_ctx, b.ctx_pos);
-  upload_i32(anchors, b.anchors);
-  upload_i32(seq_begin, b.seq_begin);
-  anchors_host = b.anchors;
-  seq_begin_host = b.seq_begin;
+  upload_i32(pos_ctx, in.ctx_pos);
+  upload_i32(anchors, in.anchors);
+  upload_i32(seq_begin, in.seq_begin);
+  anchors_host = in.anchors;
+  seq_begin_host = in.seq_begin;
   std::vector<int32_t> ids(static_cast<size_t>(NB)), pb(static_cast<size_t>(NB));
   for (int64_t n = 0; n < N; ++n) {
-    const int32_t a = b.anchors[n];
+    const int32_t a = in.anchors[n];
     for (int64_t o = 0; o < B; ++o) {
-      ids[n * B + o] = o == 0 ? b.tokens[a] : c.mask_token_id;
-      pb[n * B + o] = b.ctx_pos[a] + static_cast<int32_t>(o);
+      ids[n * B + o] = o == 0 ? in.tokens[a] : c.mask_token_id;
+      pb[n * B + o] = in.ctx_pos[a] + static_cast<int32_t>(o);
     }
   }
   upload_i32(block_ids, ids);

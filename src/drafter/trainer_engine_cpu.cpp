@@ -6,7 +6,7 @@
 #include <functional>
 
 #include "dflash/drafter_ops.h"
-#include "train/trainer_engine.h"
+#include "drafter/trainer_engine.h"
 
 namespace dflash::train {
 namespace {
@@ -56,7 +56,7 @@ class CpuEngine final : public TrainerEngine {
 
   DType feature_dtype() const override { return DType::F32; }
 
-  EngineRows forward(const EngineBatch& b, bool with_grad) override {
+  EngineRows forward(const DrafterBatch& b, bool with_grad) override {
     const FeatureBatch& fb = *b.fb;
     const LossRows& rows = *b.rows;
     const int64_t H = cfg_.layers.hidden_size, R = static_cast<int64_t>(rows.size());
@@ -82,7 +82,7 @@ class CpuEngine final : public TrainerEngine {
     ops::lm_loss_forward(ctx_, lo, h, lm_head_.t(), rows_view(labels_, R), teacher, workspace_.t(), chunk_rows_,
                          with_grad ? rows_view(dh_rows_, R) : Tensor(), with_grad ? rows_view(row_w_, R) : Tensor(),
                          objective_);
-    if (with_grad) backward_from_rows(rows, b.grad_ready);
+    if (with_grad) backward_from_rows(rows, b.ready);
     EngineRows out;
     out.loss = kl_loss ? kl_.ptr<float>() : ce_.ptr<float>();
     out.ce = ce_.ptr<float>();
@@ -91,7 +91,7 @@ class CpuEngine final : public TrainerEngine {
     return out;
   }
 
-  void backward(const EngineBatch& b, const std::vector<float>& weight) override {
+  void backward(const DrafterBatch& b, const std::vector<float>& weight) override {
     const LossRows& rows = *b.rows;
     const int64_t R = static_cast<int64_t>(rows.size());
     DF_CHECK(weight.size() == rows.size(), Internal, "drafter engine: " << weight.size() << " weights for " << R << " rows");
@@ -100,7 +100,7 @@ class CpuEngine final : public TrainerEngine {
     const Tensor teacher = b.fb->final_norm.empty() ? Tensor() : rows_view(t_rows_, R);
     ops::lm_loss_backward(ctx_, rows_view(dh_rows_, R), rows_view(row_w_, R), objective_, rows_view(h_rows_, R),
                           lm_head_.t(), rows_view(labels_, R), teacher, workspace_.t(), chunk_rows_);
-    backward_from_rows(rows, b.grad_ready);
+    backward_from_rows(rows, b.ready);
   }
 
   void zero_grads() override { grads_.zero(); }
@@ -121,8 +121,8 @@ class CpuEngine final : public TrainerEngine {
 
  private:
   // The row gradients dh_rows scattered into the block stream, then the drafter backward (reporting each
-  // parameter's range of grads_ to grad_ready once the net is done with it).
-  void backward_from_rows(const LossRows& rows, const std::function<void(size_t, size_t)>& grad_ready) {
+  // parameter's range of grads_ to ready once the net is done with it).
+  void backward_from_rows(const LossRows& rows, const GradReady& ready) {
     const int64_t H = cfg_.layers.hidden_size, R = static_cast<int64_t>(rows.size());
     Tensor d_out = net_->d_out_buffer(static_cast<int64_t>(in_.anchors.size()) * cfg_.block_size);
     std::memset(d_out.data, 0, d_out.nbytes());
@@ -130,13 +130,13 @@ class CpuEngine final : public TrainerEngine {
     const float* dhr = dh_rows_.ptr<float>();
     for (int64_t r = 0; r < R; ++r)
       std::memcpy(dpo + static_cast<size_t>(rows.block_row[r]) * H, dhr + r * H, sizeof(float) * static_cast<size_t>(H));
-    std::function<void(const Tensor&)> grad_final;
-    if (grad_ready)
-      grad_final = [&](const Tensor& g) {
+    std::function<void(const Tensor&)> tensor_ready;  // the net reports tensors of g_: ranges of grads_
+    if (ready)
+      tensor_ready = [&](const Tensor& g) {
         const size_t begin = static_cast<size_t>(g.ptr<float>() - grads_.ptr<float>());
-        grad_ready(begin, begin + g.numel());
+        ready(begin, begin + g.numel());
       };
-    net_->backward(w_, g_, d_out, grad_final);
+    net_->backward(w_, g_, d_out, tensor_ready);
   }
 
   Ctx ctx_;

@@ -1,7 +1,7 @@
-// The CUDA engine of DrafterTrainer (see src/train/trainer_engine.h): cuda::DrafterStepCuda with the
+// The CUDA engine of DrafterTrainer (see src/drafter/trainer_engine.h): cuda::DrafterStepCuda with the
 // trainer's weights, the target's frozen tables in bf16 on the device, and host mirrors of the fp32 state
-// for checkpoints. Plain C++ in the CUDA library (built only with a toolkit); it links after the core
-// library, so it calls only the CUDA library and core objects every program already pulls (tensor, error).
+// for checkpoints. Host C++ of the CUDA library (built only with a toolkit), which links the base library
+// alone: it calls the CUDA library and the base (tensor, error), nothing of the core.
 #include <algorithm>
 #include <cstring>
 #include <vector>
@@ -10,7 +10,7 @@
 #include "backend.cuh"
 #include "cuda_check.cuh"
 #include "drafter_step.cuh"
-#include "train/trainer_engine.h"
+#include "drafter/trainer_engine.h"
 
 namespace dflash::train {
 namespace {
@@ -52,9 +52,8 @@ class CudaEngine final : public TrainerEngine {
 
   DType feature_dtype() const override { return DType::BF16; }
 
-  EngineRows forward(const EngineBatch& b, bool with_grad) override {
-    fill_batch(b);
-    res_ = with_grad ? step_.forward_backward(batch_, objective_, b.grad_ready) : step_.forward_loss(batch_, objective_);
+  EngineRows forward(const DrafterBatch& b, bool with_grad) override {
+    res_ = with_grad ? step_.forward_backward(b, objective_) : step_.forward_loss(b, objective_);
     EngineRows out;
     out.loss = res_.row_loss.data();
     out.ce = res_.row_ce.data();
@@ -63,8 +62,8 @@ class CudaEngine final : public TrainerEngine {
     return out;
   }
 
-  void backward(const EngineBatch& b, const std::vector<float>& weight) override {
-    step_.backward_rows(weight, objective_, b.grad_ready);
+  void backward(const DrafterBatch& b, const std::vector<float>& weight) override {
+    step_.backward_rows(b, weight, objective_);
   }
 
   void zero_grads() override {
@@ -75,11 +74,8 @@ class CudaEngine final : public TrainerEngine {
   void scale_grads(float s) override { cuda::scale_inplace(ctx_, step_.grads(), s); }
 
   double optimizer_step(const ops::AdamWHyper& hyper, int64_t step, float clip) override {
-    // One fused pass (clip on the device); the norm is read after it, so a non-finite gradient has
-    // already reached the weights when the check fails. The run ends there either way.
-    const double norm = step_.optimizer_step(hyper, step, clip);
-    check_grad_norm(norm, step - 1);
-    return norm;
+    // One fused pass (clip on the device); the trainer checks the norm read after it.
+    return step_.optimizer_step(hyper, step, clip);
   }
 
   Tensor master_weights() override { return download(step_.params(), params_h_); }
@@ -105,31 +101,11 @@ class CudaEngine final : public TrainerEngine {
     return host.t();
   }
 
-  void fill_batch(const EngineBatch& b) {
-    const DrafterStepInput& in = *b.in;
-    const LossRows& rows = *b.rows;
-    const size_t T = in.ctx_pos.size();
-    batch_.features = b.fb->features;
-    batch_.final_norm = b.fb->final_norm;
-    batch_.tokens.assign(in.tokens, in.tokens + T);
-    batch_.ctx_pos = in.ctx_pos;
-    batch_.anchors = in.anchors;
-    batch_.seq_begin = in.seq_begin;
-    batch_.row_block = rows.block_row;
-    batch_.row_label = rows.label;
-    batch_.row_teacher = rows.teacher_at;
-    batch_.row_weight = rows.weight;
-    batch_.noise_std = b.noise_std;
-    batch_.noise_seed = b.noise_seed;
-    batch_.noise_counter = b.noise_counter;
-  }
-
   Ctx ctx_;
   ops::LossObjective objective_;
   cuda::DrafterStepCuda step_;
   Buffer embed_, lm_head_;       // BF16 [V, H] on the device (lm_head_ empty when tied to embed_)
   Buffer params_h_, m_h_, v_h_;  // F32 [P] host mirrors
-  cuda::DrafterStepBatch batch_;
   cuda::DrafterStepResult res_;
 };
 

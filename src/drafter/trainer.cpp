@@ -4,7 +4,7 @@
 // its gradient -> drafter backward into the flat gradient buffer. optimizer_step() clips and applies
 // AdamW on the flat buffers. What must mean the same on every backend (checks, anchors, loss rows,
 // D-PACE weights, metrics, schedule, RNG) lives here; the network, loss and optimizer run in a backend
-// engine (train/trainer_engine.h).
+// engine (drafter/trainer_engine.h).
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
@@ -14,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/cuda_entry.h"
 #include "dflash/anchors.h"
 #include "dflash/backend.h"
 #include "dflash/drafter.h"
@@ -22,9 +23,9 @@
 #include "dflash/error.h"
 #include "dflash/optim.h"
 #include "dflash/safetensors.h"
-#include "train/loss_chunk.h"
-#include "train/objective.h"
-#include "train/trainer_engine.h"
+#include "drafter/loss_chunk.h"
+#include "drafter/objective.h"
+#include "drafter/trainer_engine.h"
 
 namespace dflash {
 
@@ -78,7 +79,7 @@ class ReadyRanges {
   // no ready hook, to all of [0, P) at once in finish().
   ReadyRanges(const GradHooks* hooks, size_t P, std::function<void(size_t, size_t)> before = {})
       : hooks_(hooks && hooks->ready ? hooks : nullptr), P_(P), before_(std::move(before)) {}
-  // The callback for EngineBatch::grad_ready (empty without a ready hook).
+  // The callback for DrafterBatch::ready (empty without a ready hook).
   std::function<void(size_t, size_t)> callback() {
     if (!hooks_) return {};
     return [this](size_t b, size_t e) {
@@ -185,6 +186,13 @@ DrafterTrainer::DrafterTrainer(const std::string& target_dir, const std::string&
   s.engine = ctx.device == Device::CPU ? train::make_cpu_trainer_engine(std::move(es))
                                        : train::make_cuda_trainer_engine(std::move(es));
 }
+
+namespace train {
+void check_grad_norm(double norm, int64_t step) {
+  DF_CHECK_HINT(std::isfinite(norm), NonFiniteLoss, "drafter gradient norm is " << norm << " at step " << step,
+                "lower --lr or check the target features for NaN/Inf");
+}
+}  // namespace train
 
 DrafterTrainer::~DrafterTrainer() = default;
 
@@ -321,7 +329,7 @@ StepStats DrafterTrainer::Impl::run(const FeatureBatch& fb, const std::vector<in
 
   // ---- drafter forward and loss rows (fused with the gradient when the weights are known: no D-PACE)
   in.tokens = batch.tokens.data();
-  train::EngineBatch eb;
+  train::DrafterBatch eb;
   eb.fb = &fb;
   eb.in = &in;
   eb.rows = &rows;
@@ -333,7 +341,7 @@ StepStats DrafterTrainer::Impl::run(const FeatureBatch& fb, const std::vector<in
   const bool fused = train && !opt.dpace;
   if (fused) {
     begin_backward();
-    eb.grad_ready = ready.callback();
+    eb.ready = ready.callback();
   }
   const train::EngineRows out = engine->forward(eb, fused);
   if (fused) end_backward();
@@ -356,7 +364,7 @@ StepStats DrafterTrainer::Impl::run(const FeatureBatch& fb, const std::vector<in
   for (int64_t r = 0; r < R; ++r)
     dpace_w[r] = dsum > 0 ? static_cast<float>(rows.weight[r] * dpace[r] / dsum) : static_cast<float>(rows.weight[r] / wsum);
   begin_backward();
-  eb.grad_ready = ready.callback();
+  eb.ready = ready.callback();
   engine->backward(eb, dpace_w);
   end_backward();
   return st;
@@ -413,6 +421,7 @@ double DrafterTrainer::optimizer_step() {
   hp.eps = s.opt.eps;
   hp.weight_decay = s.opt.weight_decay;
   const double norm = s.engine->optimizer_step(hp, s.step + 1, s.opt.clip);
+  train::check_grad_norm(norm, s.step);
   ++s.step;
   return norm;
 }

@@ -155,8 +155,7 @@ DrafterStepCuda::DrafterStepCuda(const DrafterConfig& cfg, const std::vector<Par
   s.kl_r = s.f32(R);
   s.am_q = s.i32(R);
   s.am_p = s.i32(R);
-  s.workspace = s.f32(s.chunk_rows * s.V * 2);  // = ops::lm_loss_workspace_floats(chunk_rows, V, true), kept
-  // inline: this library links before dflash_core and must not pull objects from it
+  s.workspace = s.f32(static_cast<int64_t>(ops::lm_loss_workspace_floats(s.chunk_rows, s.V, true)));
   s.dx = s.bf(NB, H);
   s.dtmp = s.bf(NB, H);
   s.dxn = s.bf(NB, H);
@@ -205,8 +204,7 @@ void DrafterStepCuda::set_frozen(const Tensor& embed, const Tensor& lm_head) {
   s.lm_head = lm_head;
 }
 
-DrafterStepResult DrafterStepCuda::forward_backward(const DrafterStepBatch& b, ops::LossObjective objective,
-                                                   const GradReady& ready) {
+DrafterStepResult DrafterStepCuda::forward_backward(const train::DrafterBatch& b, ops::LossObjective objective) {
   Impl& s = *impl_;
   DF_CHECK(!s.embed.empty(), Internal, "drafter step (CUDA): set_frozen() first");
   s.mark(Phase::Other);
@@ -215,13 +213,13 @@ DrafterStepResult DrafterStepCuda::forward_backward(const DrafterStepBatch& b, o
   DrafterStepResult res;
   s.loss_rows(b, hf, objective, true);
   if (s.R == 0) return res;
-  s.backward_from_rows(ready);
+  s.backward_from_rows(b.ready);
   s.mark(Phase::Count);  // closes the last interval
   s.download_rows(b, objective, res);  // after the backward is enqueued: no bubble before it
   return res;
 }
 
-DrafterStepResult DrafterStepCuda::forward_loss(const DrafterStepBatch& b, ops::LossObjective objective) {
+DrafterStepResult DrafterStepCuda::forward_loss(const train::DrafterBatch& b, ops::LossObjective objective) {
   Impl& s = *impl_;
   DF_CHECK(!s.embed.empty(), Internal, "drafter step (CUDA): set_frozen() first");
   s.mark(Phase::Other);
@@ -233,8 +231,8 @@ DrafterStepResult DrafterStepCuda::forward_loss(const DrafterStepBatch& b, ops::
   return res;
 }
 
-void DrafterStepCuda::backward_rows(const std::vector<float>& row_weight, ops::LossObjective objective,
-                                    const GradReady& ready) {
+void DrafterStepCuda::backward_rows(const train::DrafterBatch& b, const std::vector<float>& row_weight,
+                                    ops::LossObjective objective) {
   Impl& s = *impl_;
   DF_CHECK(static_cast<int64_t>(row_weight.size()) == s.R, Internal,
            "drafter step (CUDA): " << row_weight.size() << " row weights for the last forward's " << s.R << " rows");
@@ -250,7 +248,7 @@ void DrafterStepCuda::backward_rows(const std::vector<float>& row_weight, ops::L
   cuda::lm_loss_backward(s.ctx, Impl::v2(s.dh_rows, s.R, s.H), Impl::v1(s.row_w, s.R), objective,
                          Impl::v2(s.h_rows, s.R, s.H), s.lm_head, Impl::v1(s.labels, s.R), teacher,
                          Impl::v1(s.workspace, static_cast<int64_t>(s.workspace.numel())), s.chunk_rows);
-  s.backward_from_rows(ready);
+  s.backward_from_rows(b.ready);
   s.mark(Phase::Count);
 }
 

@@ -256,7 +256,7 @@ Tensor DrafterNet::forward(const DrafterViews& w, const Tensor& embed, const Dra
 }
 
 void DrafterNet::backward(const DrafterViews& w, const DrafterViews& gr, const Tensor& d_out,
-                          const std::function<void(const Tensor&)>& grad_final) {
+                          const std::function<void(const Tensor&)>& ready) {
   Impl& m = *impl_;
   const Ctx& ctx = m.ctx;
   const int64_t H = m.H, T = m.T, NB = m.NB;
@@ -265,7 +265,7 @@ void DrafterNet::backward(const DrafterViews& w, const DrafterViews& gr, const T
   Tensor dx = m.dx.view({NB, H}), dtmp = m.dtmp.view({NB, H}), dxn = m.dxn.view({NB, H});
   Tensor x_last = m.layers.empty() ? m.x0.view({NB, H}) : m.x_last.view({NB, H});
   ops::rmsnorm_backward(ctx, dx, gr.norm, d_out, x_last, w.norm, m.rstd_f.view({NB}));
-  if (grad_final) grad_final(gr.norm);
+  if (ready) ready(gr.norm);
 
   Tensor th = m.th.view({T, H});
   Tensor d_th = m.d_th.view({T, H}), d_th_tmp = m.d_th_tmp.view({T, H});
@@ -322,18 +322,18 @@ void DrafterNet::backward(const DrafterViews& w, const DrafterViews& gr, const T
     // input_layernorm; the residual carries dx through
     ops::rmsnorm_backward(ctx, dtmp, lg.input_norm, dxn, a.x_in.view({NB, H}), lw.input_norm, a.rstd1.view({NB}));
     add_inplace(dx, dtmp);
-    if (grad_final)
+    if (ready)
       for (const Tensor* t : {&lg.input_norm, &lg.q_proj, &lg.k_proj, &lg.v_proj, &lg.o_proj, &lg.q_norm, &lg.k_norm,
                               &lg.post_norm, &lg.gate_proj, &lg.up_proj, &lg.down_proj})
-        grad_final(*t);
+        ready(*t);
   }
   // The block input is the frozen embedding: no gradient. Context: th = hidden_norm(fc(x_ctx)).
   Tensor d_fc = m.d_fc.view({T, H});
   ops::rmsnorm_backward(ctx, d_fc, gr.hidden_norm, d_th, m.fc_out.view({T, H}), w.hidden_norm, m.rstd_h.view({T}));
   ops::matmul_backward(ctx, Tensor(), gr.fc, d_fc, m.x_ctx.view({T, m.K * H}), w.fc);
-  if (grad_final) {
-    grad_final(gr.hidden_norm);
-    grad_final(gr.fc);
+  if (ready) {
+    ready(gr.hidden_norm);
+    ready(gr.fc);
   }
 }
 

@@ -1,5 +1,5 @@
 // The learning-rate schedule (see include/dflash/optim.h): linear warmup, then cosine decay to
-// min_lr_ratio x lr at total_steps. Training policy, not an op: it stays in src/train.
+// min_lr_ratio x lr at total_steps. Training policy, not an op: it stays with the drafter (src/drafter/).
 #include <algorithm>
 #include <cmath>
 

@@ -31,25 +31,25 @@ __global__ void move_rows_kernel(Bf16x8* __restrict__ dst, const Bf16x8* __restr
 
 }  // namespace
 
-void DrafterStepCuda::Impl::loss_rows(const DrafterStepBatch& b, const Tensor& hf, ops::LossObjective objective,
+void DrafterStepCuda::Impl::loss_rows(const train::DrafterBatch& b, const Tensor& hf, ops::LossObjective objective,
                                       bool grad) {
-  R = static_cast<int64_t>(b.row_block.size());
-  DF_CHECK(R <= max_R && b.row_label.size() == size_t(R) && b.row_weight.size() == size_t(R) &&
-               b.row_teacher.size() == size_t(R),
+  R = static_cast<int64_t>(b.rows->block_row.size());
+  DF_CHECK(R <= max_R && b.rows->label.size() == size_t(R) && b.rows->weight.size() == size_t(R) &&
+               b.rows->teacher_at.size() == size_t(R),
            Internal, "drafter step (CUDA): " << R << " loss rows (capacity " << max_R << ") or ragged row vectors");
   if (R == 0) return;
   cudaStream_t st = stream_of(ctx);
   mark(Phase::Loss);
   const bool kl = objective == ops::LossObjective::KL;
-  DF_CHECK(!kl || !b.final_norm.empty(), Internal, "drafter step (CUDA): the KL objective needs final_norm");
-  have_teacher = !b.final_norm.empty();
-  upload_i32(row_idx, b.row_block);
-  upload_i32(labels, b.row_label);
+  DF_CHECK(!kl || !b.fb->final_norm.empty(), Internal, "drafter step (CUDA): the KL objective needs final_norm");
+  have_teacher = !b.fb->final_norm.empty();
+  upload_i32(row_idx, b.rows->block_row);
+  upload_i32(labels, b.rows->label);
   if (grad) {
     double wsum = 0;
-    for (float x : b.row_weight) wsum += x;
+    for (float x : b.rows->weight) wsum += x;
     std::vector<float> wn(static_cast<size_t>(R));
-    for (int64_t r = 0; r < R; ++r) wn[r] = static_cast<float>(b.row_weight[r] / wsum);
+    for (int64_t r = 0; r < R; ++r) wn[r] = static_cast<float>(b.rows->weight[r] / wsum);
     copy_bytes(ctx, row_w.t().data, wn.data(), sizeof(float) * wn.size());
   }
   const int H8 = static_cast<int>(H / 8);
@@ -59,9 +59,9 @@ void DrafterStepCuda::Impl::loss_rows(const DrafterStepBatch& b, const Tensor& h
   DF_CUDA_LAUNCH();
   Tensor teacher;
   if (have_teacher) {
-    upload_i32(teacher_idx, b.row_teacher);
+    upload_i32(teacher_idx, b.rows->teacher_at);
     move_rows_kernel<<<grid_of(ctx, R * H8), 256, 0, st>>>(static_cast<Bf16x8*>(t_rows.t().data),
-                                                      static_cast<const Bf16x8*>(b.final_norm.data),
+                                                      static_cast<const Bf16x8*>(b.fb->final_norm.data),
                                                       static_cast<const int32_t*>(teacher_idx.t().data), R, H8, false);
     DF_CUDA_LAUNCH();
     teacher = v2(t_rows, R, H);
@@ -76,7 +76,7 @@ void DrafterStepCuda::Impl::loss_rows(const DrafterStepBatch& b, const Tensor& h
                         grad ? v2(dh_rows, R, H) : Tensor(), grad ? v1(row_w, R) : Tensor(), objective);
 }
 
-void DrafterStepCuda::Impl::download_rows(const DrafterStepBatch& b, ops::LossObjective objective,
+void DrafterStepCuda::Impl::download_rows(const train::DrafterBatch& b, ops::LossObjective objective,
                                           DrafterStepResult& res) {
   if (R == 0) return;
   res.row_loss.resize(static_cast<size_t>(R));
@@ -92,8 +92,8 @@ void DrafterStepCuda::Impl::download_rows(const DrafterStepBatch& b, ops::LossOb
   if (have_teacher) copy_bytes(ctx, res.argmax_p.data(), am_p.t().data, sizeof(int32_t) * R);
   double num = 0, wsum = 0;
   for (int64_t r = 0; r < R; ++r) {
-    num += static_cast<double>(b.row_weight[r]) * res.row_loss[r];
-    wsum += b.row_weight[r];
+    num += static_cast<double>(b.rows->weight[r]) * res.row_loss[r];
+    wsum += b.rows->weight[r];
   }
   res.weight_sum = wsum;
   res.loss = num / wsum;

@@ -1,6 +1,6 @@
 // The drafter step's network backward on CUDA (DrafterStepCuda::Impl::backward; drafter_step_common.cuh):
-// follows DrafterNet's backward (src/model/drafter_net.cpp) operation for operation, same shapes and names,
-// and reports each parameter's gradient to GradReady right after its last kernel is enqueued.
+// follows DrafterNet's backward (src/drafter/drafter_net.cpp) operation for operation, same shapes and names,
+// and reports each parameter's gradient to its GradReady right after its last kernel is enqueued.
 #include <cuda_bf16.h>
 
 #include "backend.cuh"
@@ -53,7 +53,7 @@ void DrafterStepCuda::Impl::backward(const Tensor& d_outv, const GradReady& read
   Tensor dxv = v2(dx, NB, H), dtmpv = v2(dtmp, NB, H), dxnv = v2(dxn, NB, H);
   Tensor xl = layers.empty() ? v2(x0, NB, H) : v2(x_last, NB, H);
   cuda::rmsnorm_backward(ctx, dxv, g.norm, d_outv, xl, w.norm, v1(rstd_f, NB));
-  final(ready, g.norm);
+  report_ready(ready, g.norm);
   Tensor thv = v2(th, T, H), d_thv = v2(d_th, T, H);
   bool th_written = false;
   Tensor posc = v1(pos_ctx, T), posb = v1(pos_blk, NB), an = v1(anchors, N), sb = v1(seq_begin, N);
@@ -69,7 +69,7 @@ void DrafterStepCuda::Impl::backward(const Tensor& d_outv, const GradReady& read
     linear_din(d_actv, dxv, lw.down_proj, false);
     mark(Phase::Gemm);
     linear_dw(lg.down_proj, dxv, act, lw.down_proj);
-    final(ready, lg.down_proj);
+    report_ready(ready, lg.down_proj);
     mark(Phase::Other);
     cuda::swiglu_backward(ctx, dgv, duv, d_actv, gt, ut);
     mark(Phase::Gemm);
@@ -78,13 +78,13 @@ void DrafterStepCuda::Impl::backward(const Tensor& d_outv, const GradReady& read
     linear_din(dxnv, duv, lw.up_proj, true);
     mark(Phase::Gemm);
     linear_dw(lg.gate_proj, dgv, xn2, lw.gate_proj);
-    final(ready, lg.gate_proj);
+    report_ready(ready, lg.gate_proj);
     mark(Phase::Gemm);
     linear_dw(lg.up_proj, duv, xn2, lw.up_proj);
-    final(ready, lg.up_proj);
+    report_ready(ready, lg.up_proj);
     mark(Phase::Other);
     cuda::rmsnorm_backward(ctx, dtmpv, lg.post_norm, dxnv, x2, lw.post_norm, v1(a.rstd2, NB));
-    final(ready, lg.post_norm);
+    report_ready(ready, lg.post_norm);
     mark(Phase::Other);
     add(dxv, dtmpv);  // dx is now the gradient at x2
     // ---- attention
@@ -93,7 +93,7 @@ void DrafterStepCuda::Impl::backward(const Tensor& d_outv, const GradReady& read
     linear_din(d_attnv, dxv, lw.o_proj, false);
     mark(Phase::Gemm);
     linear_dw(lg.o_proj, dxv, v2(a.attn, NB, QD), lw.o_proj);
-    final(ready, lg.o_proj);
+    report_ready(ready, lg.o_proj);
     Tensor q = v3(a.q, NB, nh, hd), kb = v3(a.kb, NB, nkv, hd), kc = v3(a.kc, T, nkv, hd);
     Tensor vb = v3(a.vb, NB, nkv, hd), vc = v3(a.vc, T, nkv, hd);
     Tensor dqv = v3(dq, NB, nh, hd), dkbv = v3(dkb, NB, nkv, hd), dvbv = v3(dvb, NB, nkv, hd);
@@ -106,7 +106,7 @@ void DrafterStepCuda::Impl::backward(const Tensor& d_outv, const GradReady& read
     mark(Phase::Other);
     cuda::head_norm_rope_backward(ctx, dq_rawv, lg.q_norm, dqv, v3(a.q_raw, NB, nh, hd), lw.q_norm,
                                   v2(a.q_rstd, NB, nh), posb, rope, eps);
-    final(ready, lg.q_norm);
+    report_ready(ready, lg.q_norm);
     Tensor dkb_rawv = v3(dkb_raw, NB, nkv, hd);
     mark(Phase::Other);
     cuda::head_norm_rope_backward(ctx, dkb_rawv, lg.k_norm, dkbv, v3(a.kb_raw, NB, nkv, hd), lw.k_norm,
@@ -115,7 +115,7 @@ void DrafterStepCuda::Impl::backward(const Tensor& d_outv, const GradReady& read
     mark(Phase::Other);
     cuda::head_norm_rope_backward(ctx, dkc_rawv, lg.k_norm, dkcv, v3(a.kc_raw, T, nkv, hd), lw.k_norm,
                                   v2(a.kc_rstd, T, nkv), posc, rope, eps);
-    final(ready, lg.k_norm);
+    report_ready(ready, lg.k_norm);
     // block side: dxn = dq_raw Wq + dkb_raw Wk + dvb Wv (accumulated by the GEMMs)
     Tensor xn = v2(a.xn, NB, H);
     mark(Phase::Gemm);
@@ -126,7 +126,7 @@ void DrafterStepCuda::Impl::backward(const Tensor& d_outv, const GradReady& read
     linear_din(dxnv, dvbv, lw.v_proj, true);
     mark(Phase::Gemm);
     linear_dw(lg.q_proj, dq_rawv.reshape({NB, QD}), xn, lw.q_proj);
-    final(ready, lg.q_proj);
+    report_ready(ready, lg.q_proj);
     mark(Phase::Gemm);
     linear_dw(lg.k_proj, dkb_rawv.reshape({NB, KV}), xn, lw.k_proj);
     mark(Phase::Gemm);
@@ -141,21 +141,21 @@ void DrafterStepCuda::Impl::backward(const Tensor& d_outv, const GradReady& read
     linear_dw(lg.k_proj, dkc_rawv.reshape({T, KV}), thv, lw.k_proj);
     mark(Phase::Gemm);
     linear_dw(lg.v_proj, dvcv.reshape({T, KV}), thv, lw.v_proj);
-    final(ready, lg.k_proj);
-    final(ready, lg.v_proj);
+    report_ready(ready, lg.k_proj);
+    report_ready(ready, lg.v_proj);
     // input_layernorm; the residual carries dx through
     mark(Phase::Other);
     cuda::rmsnorm_backward(ctx, dtmpv, lg.input_norm, dxnv, v2(a.x_in, NB, H), lw.input_norm, v1(a.rstd1, NB));
-    final(ready, lg.input_norm);
+    report_ready(ready, lg.input_norm);
     mark(Phase::Other);
     add(dxv, dtmpv);
   }
   if (!th_written) DF_CUDA(cudaMemsetAsync(d_thv.data, 0, d_thv.nbytes(), stream_of(ctx)));
   Tensor d_fcv = v2(d_fc, T, H);
   cuda::rmsnorm_backward(ctx, d_fcv, g.hidden_norm, d_thv, v2(fc_out, T, H), w.hidden_norm, v1(rstd_h, T));
-  final(ready, g.hidden_norm);
+  report_ready(ready, g.hidden_norm);
   linear_dw(g.fc, d_fcv, v2(x_ctx, T, K * H), w.fc);
-  final(ready, g.fc);
+  report_ready(ready, g.fc);
 }
 
 }  // namespace dflash::cuda

@@ -1,12 +1,12 @@
-// The backend half of DrafterTrainer (src/train/trainer.cpp): the drafter network, the loss rows through
+// The backend half of DrafterTrainer (src/drafter/trainer.cpp): the drafter network, the loss rows through
 // the frozen lm_head, the gradient and optimizer state on one device. The trainer keeps everything that
 // must mean the same on every backend (batch checks, anchors, loss rows and their weights, D-PACE
 // factors, metrics, schedule, RNG state) and drives an engine:
 //   CPU  (trainer_engine_cpu.cpp): DrafterNet + ops::lm_loss + ops::adamw, float32, host buffers;
-//   CUDA (kernels/trainer_engine_cuda.cpp, CUDA builds only): cuda::DrafterStepCuda, bf16 compute with
-//        fp32 master weights, gradients and AdamW state on the device.
+//   CUDA (cuda/trainer_engine_cuda.cpp, in the CUDA library; make_cuda_trainer_engine is a CUDA entry
+//        point, core/cuda_entry.h): cuda::DrafterStepCuda, bf16 compute with fp32 master weights,
+//        gradients and AdamW state on the device.
 #pragma once
-#include <cmath>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -17,7 +17,7 @@
 #include "dflash/drafter_model.h"
 #include "dflash/error.h"
 #include "dflash/optim.h"
-#include "train/objective.h"
+#include "drafter/objective.h"
 
 namespace dflash::train {
 
@@ -34,8 +34,9 @@ struct EngineSetup {
   bool tied = false;        // lm_head is a copy of embed (tie_word_embeddings)
 };
 
-// One batch as the engine sees it: the features on the engine's device, everything else host-side.
-struct EngineBatch {
+// The drafter's batch as the engines and the CUDA step read it: views of what the trainer built (the
+// features on the engine's device, everything else host-side), nothing copied.
+struct DrafterBatch {
   const FeatureBatch* fb = nullptr;
   const DrafterStepInput* in = nullptr;  // anchors, seq_begin, ctx_pos, tokens (features unused)
   const LossRows* rows = nullptr;        // R >= 1 rows
@@ -44,7 +45,7 @@ struct EngineBatch {
   uint64_t noise_seed = 0, noise_counter = 0;  // the CUDA's counter-based noise (feature_noise.cuh)
   // Called by the backward as ranges of grads() become final (GradHooks::ready); may be empty. An engine
   // need not report everything: the trainer reports what is left once the engine returns.
-  std::function<void(size_t begin, size_t end)> grad_ready;
+  GradReady ready;
 };
 
 // Per-row results of a loss pass, host memory valid until the next pass.
@@ -62,15 +63,16 @@ class TrainerEngine {
   virtual DType feature_dtype() const = 0;
   // Forward and loss rows. with_grad: also the loss gradient with the rows' decay weights normalised by
   // their sum, fused into the same pass, and the drafter backward: grads() overwritten.
-  virtual EngineRows forward(const EngineBatch& b, bool with_grad) = 0;
+  virtual EngineRows forward(const DrafterBatch& b, bool with_grad) = 0;
   // After forward(b, false) on the same batch: the gradient of sum_r weight[r] loss_r (weights [R],
   // normalised), logits recomputed, then the drafter backward: grads() overwritten.
-  virtual void backward(const EngineBatch& b, const std::vector<float>& weight) = 0;
+  virtual void backward(const DrafterBatch& b, const std::vector<float>& weight) = 0;
   virtual void zero_grads() = 0;
   virtual Tensor grads() = 0;  // F32 [P] on ctx's device
   virtual void scale_grads(float s) = 0;
-  // Global-norm clip + AdamW (1-based step); returns the pre-clip norm, fatal (NonFiniteLoss) when it is
-  // not finite (on the CPU before the weights move).
+  // Global-norm clip + AdamW (1-based step); returns the pre-clip norm. The trainer checks it
+  // (check_grad_norm); the CPU engine checks it too, before the weights move (CUDA clips on the device
+  // and reads the norm afterwards: a non-finite one has reached the weights, the run ends either way).
   virtual double optimizer_step(const ops::AdamWHyper& hyper, int64_t step, float clip) = 0;
   // Host F32 [P] views of the master weights and AdamW moments: the live buffers on the CPU, mirrors
   // refreshed from the device on each call on CUDA. After writing them, state_loaded() makes them current.
@@ -80,15 +82,10 @@ class TrainerEngine {
   virtual void state_loaded() = 0;
 };
 
-// Fatal (NonFiniteLoss, with a hint) unless the gradient norm is finite. Inline: the CUDA library's
-// engine calls it and links after the core library.
-inline void check_grad_norm(double norm, int64_t step) {
-  DF_CHECK_HINT(std::isfinite(norm), NonFiniteLoss, "drafter gradient norm is " << norm << " at step " << step,
-                "lower --lr or check the target features for NaN/Inf");
-}
+// Fatal (NonFiniteLoss, with a hint) unless the gradient norm is finite (0-based step).
+void check_grad_norm(double norm, int64_t step);
 
 std::unique_ptr<TrainerEngine> make_cpu_trainer_engine(EngineSetup setup);
-// Defined in the CUDA library; in a build without CUDA, a BadOptions error with a hint.
-std::unique_ptr<TrainerEngine> make_cuda_trainer_engine(EngineSetup setup);
+// make_cuda_trainer_engine: core/cuda_entry.h.
 
 }  // namespace dflash::train

@@ -1,5 +1,5 @@
 // Drafter golden check (see drafter_golden.h).
-#include "train/drafter_golden.h"
+#include "drafter/drafter_golden.h"
 
 #include <algorithm>
 #include <cmath>

@@ -1,5 +1,5 @@
 // Loss rows, weights, D-PACE factors and metrics (see objective.h).
-#include "train/objective.h"
+#include "drafter/objective.h"
 
 #include <algorithm>
 #include <cmath>

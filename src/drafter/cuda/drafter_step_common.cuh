@@ -110,19 +110,19 @@ struct DrafterStepCuda::Impl {
     copy_bytes(ctx, dst.t().data, src.data(), sizeof(int32_t) * src.size());
   }
 
-  Tensor forward(const DrafterStepBatch& b);
-  // ready: see DrafterStepCuda::GradReady (may be empty).
+  Tensor forward(const train::DrafterBatch& b);
+  // ready: see train::DrafterBatch::ready in drafter_step.cuh (may be empty).
   void backward(const Tensor& d_out, const GradReady& ready);
-  // Reports gradient view g (a tensor of `g` below) final to ready.
-  void final(const GradReady& ready, const Tensor& gv) const {
+  // Reports gradient view gv (a tensor of `g` below) final to ready.
+  void report_ready(const GradReady& ready, const Tensor& gv) const {
     if (!ready) return;
     const size_t begin = static_cast<size_t>(static_cast<const float*>(gv.data) - static_cast<const float*>(grads.t().data));
     ready(begin, begin + gv.numel());
   }
   // The loss rows of the last forward (hf) on the device, and dh_rows when grad.
-  void loss_rows(const DrafterStepBatch& b, const Tensor& hf, ops::LossObjective objective, bool grad);
+  void loss_rows(const train::DrafterBatch& b, const Tensor& hf, ops::LossObjective objective, bool grad);
   // The per-row results and the weighted loss into res (synchronizes).
-  void download_rows(const DrafterStepBatch& b, ops::LossObjective objective, DrafterStepResult& res);
+  void download_rows(const train::DrafterBatch& b, ops::LossObjective objective, DrafterStepResult& res);
   // d_out [NB, H] = dh_rows scattered to their block rows (zero elsewhere), then the drafter backward.
   void backward_from_rows(const GradReady& ready);
   int64_t R = 0;              // loss rows of the last forward

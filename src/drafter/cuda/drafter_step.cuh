@@ -1,4 +1,4 @@
-// The DFlash drafter's training step on CUDA: the twin of DrafterNet (src/model/drafter_net.cpp) plus the
+// The DFlash drafter's training step on CUDA: the twin of DrafterNet (src/drafter/drafter_net.cpp) plus the
 // trainer's loss and optimizer, with bf16 activations and weights for compute and fp32 master weights,
 // gradients and AdamW state. Built from the CUDA ops only (cuBLAS(Lt) GEMMs, kernels/*.cu), so it lives
 // in the CUDA library; the caller supplies the parameter layout (drafter_param_layout) and the loss rows
@@ -14,25 +14,9 @@
 #include "dflash/hf_config.h"
 #include "dflash/optim.h"
 #include "dflash/tensor.h"
+#include "drafter/trainer_engine.h"  // train::DrafterBatch
 
 namespace dflash::cuda {
-
-// One packed batch, as the drafter receives it. Host vectors; device tensors BF16.
-struct DrafterStepBatch {
-  Tensor features;                 // [k, T, H] BF16, device: target layer outputs (wire layout)
-  Tensor final_norm;               // [T, H] BF16, device: needed by the KL objective (else may be empty)
-  std::vector<int32_t> tokens;     // [T]
-  std::vector<int32_t> ctx_pos;    // [T] position within its sequence
-  std::vector<int32_t> anchors;    // [N] global token index of each block's anchor
-  std::vector<int32_t> seq_begin;  // [N]
-  // Loss rows (rows with a positive weight only): block-stream row n*B + k, label tokens[a+k], teacher
-  // token a+k-1, decay weight (not normalised).
-  std::vector<int32_t> row_block, row_label, row_teacher;
-  std::vector<float> row_weight;
-  // Training noise on the fused features th = hidden_norm(fc(ctx)) (feature_noise.cuh): std 0 = none.
-  float noise_std = 0.f;
-  uint64_t noise_seed = 0, noise_counter = 0;
-};
 
 struct DrafterStepResult {
   double loss = 0, weight_sum = 0;
@@ -63,23 +47,26 @@ class DrafterStepCuda {
   // The target's frozen embedding and lm_head, BF16 [V, H] on the device (not owned).
   void set_frozen(const Tensor& embed, const Tensor& lm_head);
 
-  // Called by the backward with each parameter's range [begin, end) of grads() (elements) right after the
-  // last kernel that writes it is enqueued: the range is final once the work enqueued so far on the
-  // context's stream has run (the gradient sum over drafters starts on it; grad_reducer.h). Order: norm,
-  // then each layer from the last (down_proj first, input_layernorm last), hidden_norm and fc last.
-  using GradReady = std::function<void(size_t begin, size_t end)>;
+  // The batch (train::DrafterBatch, read in place): fb->features [k, T, H] BF16 on the device (wire
+  // layout), fb->final_norm [T, H] BF16 or empty (the KL objective needs it); in->tokens, ctx_pos, anchors,
+  // seq_begin; rows (loss rows with a positive weight only: block-stream row, label, teacher token, decay
+  // weight, not normalised); noise_std / noise_seed / noise_counter: training noise on the fused features
+  // th = hidden_norm(fc(ctx)) (feature_noise.cuh), std 0 = none. b.ready (may be empty) is called with
+  // each parameter's range [begin, end) of grads() right after the last kernel that writes it is enqueued:
+  // the range is final once the work enqueued so far on the context's stream has run (the gradient sum over
+  // drafters starts on it; grad_reducer.h). Order: norm, then each layer from the last (down_proj first,
+  // input_layernorm last), hidden_norm and fc last.
 
   // Forward + backward: gradients of sum_r w_r loss_r / sum_r w_r left in grads() (overwritten).
   // With final_norm in the batch the teacher logits are computed too (argmax_p; the KL objective's p).
   // A batch without loss rows leaves grads() zero and reports nothing.
-  DrafterStepResult forward_backward(const DrafterStepBatch& b, ops::LossObjective objective,
-                                     const GradReady& ready = {});
+  DrafterStepResult forward_backward(const train::DrafterBatch& b, ops::LossObjective objective);
   // Forward and loss rows only (evaluation, or the first pass of D-PACE); grads() untouched.
-  DrafterStepResult forward_loss(const DrafterStepBatch& b, ops::LossObjective objective);
-  // After forward_loss() on a batch (its activations are still here): the gradient of
-  // sum_r row_weight[r] loss_r (row_weight [R] already normalised) with the logits recomputed chunk by
-  // chunk, then the drafter backward into grads() (overwritten). D-PACE's weights depend on the forward.
-  void backward_rows(const std::vector<float>& row_weight, ops::LossObjective objective, const GradReady& ready = {});
+  DrafterStepResult forward_loss(const train::DrafterBatch& b, ops::LossObjective objective);
+  // After forward_loss() on b (its activations are still here): the gradient of sum_r row_weight[r] loss_r
+  // (row_weight [R] already normalised) with the logits recomputed chunk by chunk, then the drafter backward
+  // into grads() (overwritten), reporting to b.ready. D-PACE's weights depend on the forward.
+  void backward_rows(const train::DrafterBatch& b, const std::vector<float>& row_weight, ops::LossObjective objective);
   // Global-norm clip + AdamW (1-based step) + bf16 weight refresh in one pass. Returns the pre-clip norm
   // (synchronizes to read it).
   double optimizer_step(const ops::AdamWHyper& hyper, int64_t step, float clip);
