@@ -39,6 +39,8 @@ void convert_host(void* dst, DType dst_type, const void* src, DType src_type, si
 }
 }  // namespace
 
+DType compute_dtype(Device device) { return device == Device::CPU ? DType::F32 : DType::BF16; }
+
 int cuda_device_count() {
 #ifdef DFLASH_HAVE_CUDA
   return cuda::device_count();

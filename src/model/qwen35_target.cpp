@@ -79,7 +79,7 @@ Qwen35Target::Qwen35Target(const Qwen35Config& cfg, const std::string& dir, cons
     : impl_(std::make_unique<Impl>()) {
   Impl& m = *impl_;
   m.ctx = ctx;
-  m.act = ctx.device == Device::CPU ? DType::F32 : DType::BF16;
+  m.act = compute_dtype(ctx.device);
   m.cfg = cfg;
   const Qwen3Config& c = m.cfg.text;
   const int L = c.num_hidden_layers;

@@ -125,7 +125,7 @@ Qwen35Weights load_qwen35_weights(Checkpoint& ckpt, const Qwen35Config& cfg, con
   {
     std::vector<std::string> names;
     for (const WeightSpec& s : specs) names.push_back(s.name);
-    ckpt.check_dtype_label(names);
+    ckpt.check_dtype_label(names, cfg.text.dtype_label);
   }
 
   // Shard by shard, each shard's mapping released once its last tensor is in place (a 27B checkpoint is

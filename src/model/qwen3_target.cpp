@@ -62,7 +62,7 @@ Qwen3Target::Qwen3Target(const Qwen3Config& cfg, const std::string& dir, const C
     : impl_(std::make_unique<Impl>()) {
   Impl& m = *impl_;
   m.ctx = ctx;
-  m.act = ctx.device == Device::CPU ? DType::F32 : DType::BF16;
+  m.act = compute_dtype(ctx.device);
   m.cfg = cfg;
   check_qwen3_target_config(m.cfg, dir + "/config.json");
   const Qwen3Config& c = m.cfg;

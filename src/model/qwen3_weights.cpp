@@ -105,7 +105,7 @@ Qwen3Weights load_qwen3_weights(Checkpoint& ckpt, const Qwen3Config& cfg, const 
   {
     std::vector<std::string> names;
     for (const WeightSpec& s : specs) names.push_back(s.name);
-    ckpt.check_dtype_label(names);
+    ckpt.check_dtype_label(names, cfg.dtype_label);
   }
 
   // Load shard by shard, releasing each shard's mapping once its last tensor is in place, so a large

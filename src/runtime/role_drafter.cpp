@@ -45,7 +45,7 @@ class DrafterLoop {
 
   void run() {
     const int num_drafters = static_cast<int>(topo_.drafters.size());
-    DrafterTrainer trainer(o_.target_dir, o_.drafter_dir, o_.draft_layers, o_.train, job_.ctx, o_.token_budget);
+    DrafterTrainer trainer(job_.plan.drafter_source(o_), o_.train, job_.ctx, o_.token_budget);
     check_same_init(trainer);
     // --eval-tau-every: this rank's own target for the verification (loaded before the load barrier)
     if (job_.tau_prompts) tau_ = std::make_unique<DrafterTau>(job_, trainer);

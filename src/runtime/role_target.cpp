@@ -31,8 +31,7 @@ class TargetRank {
 
   void run() {
     const std::shared_ptr<const TokenDataset> dataset = job_.dataset;  // opened and checked by validate_inputs
-    const std::vector<int> layers = capture_layer_ids(o_);
-    model_ = make_target_model(job_.target, o_.target_dir, job_.ctx, layers, o_.token_budget);
+    model_ = make_target_model(job_.plan.target, o_.target_dir, job_.ctx, job_.plan.capture_layers, o_.token_budget);
     DataPlaneSpec ps = data_plane_spec(job_);
     ps.num_send_buffers = kSendBuffers;
     plane_ = make_data_plane(ps);
@@ -42,12 +41,7 @@ class TargetRank {
     }
     for (int d : topo_.node_drafters) last_credit_[d] = mpi::Clock::now();
 
-    LoaderOptions lo;
-    lo.token_budget = o_.token_budget;
-    lo.prefetch_depth = o_.prefetch_depth;
-    lo.max_epochs = o_.epochs;
-    lo.seed = o_.train.seed;
-    lo.long_record = o_.long_record == LongRecordPolicy::Skip ? LongRecord::Skip : LongRecord::Cut;
+    LoaderOptions lo = job_.plan.loader;
     lo.shard_index = topo_.role_index;
     lo.num_shards = topo_.role_count;
     wait_all_loaded(job_);
