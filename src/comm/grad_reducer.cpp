@@ -11,6 +11,7 @@
 #include "dflash/grad_reducer.h"
 #include "dflash/mpi_typed.h"
 #include "dflash/optim.h"
+#include "dflash/topology.h"
 
 namespace dflash {
 
@@ -250,24 +251,12 @@ const char* grad_reduce_name(GradReduceKind k) {
   return "?";
 }
 
-GradReduceKind choose_grad_reducer(MPI_Comm comm, const Ctx& ctx, const char* host, int gpu) {
-  int size = 1;
-  DF_MPI(MPI_Comm_size(comm, &size));
-  // Every drafter's (host, gpu): NCCL only when all are distinct and on CUDA.
-  struct Where {
-    char host[64];
-    int32_t gpu;
-  } mine{};
-  std::strncpy(mine.host, host, sizeof(mine.host) - 1);
-  mine.gpu = ctx.device == Device::CUDA ? gpu : -1;
-  std::vector<Where> all(static_cast<size_t>(size));
-  mpi::allgather(&mine, 1, all.data(), comm);
-  bool distinct = true;
-  for (size_t i = 0; i < all.size(); ++i) {
-    if (all[i].gpu < 0) distinct = false;
+GradReduceKind choose_grad_reducer(const Topology& topo, const Ctx& ctx) {
+  // NCCL only when every drafter runs on CUDA, each on a GPU of its own.
+  bool distinct = ctx.device == Device::CUDA;
+  for (size_t i = 0; i < topo.drafters.size(); ++i)
     for (size_t j = 0; j < i; ++j)
-      if (all[i].gpu == all[j].gpu && std::strcmp(all[i].host, all[j].host) == 0) distinct = false;
-  }
+      if (topo.same_gpu(topo.drafters[i], topo.drafters[j])) distinct = false;
 #ifdef DFLASH_HAVE_CUDA
   return distinct ? GradReduceKind::Nccl : GradReduceKind::HostMpi;
 #else

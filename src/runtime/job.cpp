@@ -113,7 +113,7 @@ void choose_backend_parts(JobContext& job) {
   set_deterministic_kernels(o.deterministic);  // before the first CUDA context: it sizes the mode's scratch
   job.ctx = o.backend == Device::CUDA ? make_ctx(Device::CUDA, topo.gpu) : cpu_ctx();
   if (topo.role == Role::Drafter)
-    job.grad_reduce = choose_grad_reducer(topo.drafter_comm, job.ctx, topo.host.c_str(), topo.gpu);
+    job.grad_reduce = choose_grad_reducer(topo, job.ctx);
 }
 
 // How hidden states travel (--data-plane), agreed by every rank, idle ones too (they vote); the first

@@ -152,12 +152,6 @@ std::shared_ptr<NcclPairs> make_nccl_pairs(const Topology& topo, const Ctx& ctx,
   return nullptr;
 }
 
-std::string gpu_bus_id(int device) {
-  char id[32] = {0};
-  DF_CUDA(cudaDeviceGetPCIBusId(id, sizeof(id), device));
-  return id;
-}
-
 namespace {
 
 ncclDataType_t nccl_type(DType t) {

@@ -1,3 +1,4 @@
+// The job's topology (include/dflash/topology.h): roles from the node layout, and every rank's place.
 #include "dflash/topology.h"
 
 #include "dflash/backend.h"
@@ -12,6 +13,10 @@
 #include "dflash/mpi_typed.h"
 
 namespace dflash {
+
+#ifdef DFLASH_HAVE_CUDA
+std::string gpu_bus_id(int device);  // src/comm/cuda/gpu_bus_id.cpp
+#endif
 
 const char* role_name(Role r) {
   switch (r) {
@@ -40,6 +45,12 @@ int Topology::node_drafter_index_of(int r) const {
   auto it = std::find(node_drafters.begin(), node_drafters.end(), r);
   DF_CHECK(it != node_drafters.end(), Internal, "rank " << r << " is not a drafter of this node");
   return static_cast<int>(it - node_drafters.begin());
+}
+
+bool Topology::same_gpu(int a, int b) const {
+  const RankPlace& p = places.at(static_cast<size_t>(a));
+  const RankPlace& q = places.at(static_cast<size_t>(b));
+  return p.gpu_bus[0] && q.gpu_bus[0] && std::strcmp(p.host, q.host) == 0 && std::strcmp(p.gpu_bus, q.gpu_bus) == 0;
 }
 
 std::vector<EvalRoute> Topology::eval_routes(int64_t num_batches) const {
@@ -175,6 +186,15 @@ Topology create_topology(MPI_Comm world, const TopologySpec& spec, Device backen
   } else {
     t.gpu = -1;
   }
+
+  RankPlace here;
+  std::strncpy(here.host, t.host.c_str(), sizeof(here.host) - 1);
+  here.gpu = t.gpu;
+#ifdef DFLASH_HAVE_CUDA
+  if (t.role != Role::Idle && t.gpu >= 0) std::strncpy(here.gpu_bus, gpu_bus_id(t.gpu).c_str(), sizeof(here.gpu_bus) - 1);
+#endif
+  t.places.resize(static_cast<size_t>(size));
+  mpi::allgather(&here, 1, t.places.data(), world);
 
   DF_MPI(MPI_Comm_split(world, t.role == Role::Drafter ? 0 : MPI_UNDEFINED, rank, &t.drafter_comm));
   id.role = role_name(t.role);
