@@ -44,14 +44,12 @@ namespace {
 void barrier(MPI_Comm comm, double timeout_s, const std::string& what, const std::function<void()>& poll = {}) {
   MPI_Request r;
   DF_MPI(MPI_Ibarrier(comm, &r));
-  mpi::Deadline deadline(timeout_s);
-  while (!mpi::test(r)) {
-    if (poll) poll();
-    if (timeout_s > 0 && deadline.expired())
-      fatal(ExitCode::LostPeer, what + ": not every rank arrived within " + std::to_string(static_cast<int>(timeout_s)) + " s",
-            "a peer rank died or hangs; see its own error above");
-    ::usleep(20000);
-  }
+  mpi::Polling polling;
+  polling.progress = poll;
+  polling.max_sleep_us = 20000;
+  if (!mpi::poll_until([&] { return mpi::test(r); }, timeout_s, polling))
+    fatal(ExitCode::LostPeer, what + ": not every rank arrived within " + std::to_string(static_cast<int>(timeout_s)) + " s",
+          "a peer rank died or hangs; see its own error above");
 }
 
 // Node-local rank before the topology exists: the CUDA device create_topology will bind (same split).
