@@ -123,16 +123,17 @@ enum class MicroBatch : uint8_t {
 
 class DrafterTrainer {
  public:
-  // `target_dir` supplies the frozen embedding and lm_head (and the target config to check against);
-  // `drafter_dir` a release-format drafter to start from, or empty to create a fresh one from the
-  // target config with `num_layers` layers (seeded init; num_layers is ignored when drafter_dir is given).
-  // A drafter that does not fit the target is a BadInput error (exit 3). max_tokens bounds T of a batch,
+  // source: the configs (parsed by the caller) and where the weights are: source.target_dir supplies the
+  // frozen embedding and lm_head, source.drafter_dir a release-format drafter's weights to start from,
+  // or empty for a fresh seeded init of source.drafter. A drafter that does not fit the target is a
+  // BadInput error (exit 3). max_tokens bounds T of a batch,
   // TrainOptions::max_anchors the anchors of a batch (buffers are allocated once, here).
   // ctx picks the backend: CPU (float32 reference) or CUDA (bf16 compute, fp32 master weights, gradients
   // and AdamW state on the device; BadOptions in a build without CUDA). Weights are initialised or loaded
   // on the host the same way on both; anchors, loss rows and metrics are computed the same way too.
   DrafterTrainer(const DrafterSource& source, const TrainOptions& opt, const Ctx& ctx, int64_t max_tokens);
-  // The same from the directories (DrafterSource::from_dirs).
+  // The same from the directories (DrafterSource::from_dirs: drafter_dir's config, or a fresh one of
+  // `num_layers` layers from the target's).
   DrafterTrainer(const std::string& target_dir, const std::string& drafter_dir, int num_layers,
                  const TrainOptions& opt, const Ctx& ctx, int64_t max_tokens);
   ~DrafterTrainer();
