@@ -33,6 +33,7 @@
 #include "dflash/error.h"
 #include "dflash/grad_reducer.h"
 #include "dflash/mpi_typed.h"
+#include "dflash/topology.h"
 #include "random_fill.cuh"
 
 using namespace dflash;
@@ -310,11 +311,15 @@ int main(int argc, char** argv) {
   MPI_Comm_size(MPI_COMM_WORLD, &size);
   const int gpus = cuda_device_count();
   DF_CHECK(gpus > 0, DeviceFailure, "no CUDA device visible");
-  const int gpu = rank % gpus;
-  const Ctx ctx = make_ctx(Device::CUDA, gpu);
-  char host[256] = {};
-  gethostname(host, sizeof host - 1);
-  const GradReduceKind kind = choose_grad_reducer(MPI_COMM_WORLD, ctx, host, gpu);
+  // Every rank a drafter: the job's topology rules bind the GPUs and say whether NCCL can sum.
+  MPI_Comm node;
+  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node);
+  TopologySpec all_drafters;
+  MPI_Comm_size(node, &all_drafters.drafters_per_node);
+  MPI_Comm_free(&node);
+  Topology topo = create_topology(MPI_COMM_WORLD, all_drafters, Device::CUDA);
+  const Ctx ctx = make_ctx(Device::CUDA, topo.gpu);
+  const GradReduceKind kind = choose_grad_reducer(topo, ctx);
   Harness h(a, ctx, kind);
   const size_t P = h.params();
   int failures = 0;
@@ -404,6 +409,7 @@ int main(int argc, char** argv) {
     std::fflush(stdout);
   }
   mpi::allreduce(&failures, 1, MPI_MAX, MPI_COMM_WORLD);
+  free_topology(topo);
   MPI_Finalize();
   return failures ? 1 : 0;
 }

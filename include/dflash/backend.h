@@ -12,6 +12,10 @@ namespace dflash {
 // Number of visible CUDA devices (0 in a CPU-only build or with none).
 int cuda_device_count();
 
+// The dtype of activations, captured features and the hidden states on the wire: F32 on the CPU (the
+// float32 reference), BF16 on CUDA. The one place this rule is written.
+DType compute_dtype(Device device);
+
 // CPU: the float32 reference backend. CUDA: device `gpu` (made current on this thread).
 Ctx make_ctx(Device device, int gpu = 0);
 

@@ -50,6 +50,21 @@ DrafterConfig fresh_drafter_config(const Qwen3Config& target, int num_layers, in
 // The same with every fresh-drafter field of opt (block size, mask token, target layer ids, layer types,
 // sliding window); a shape that cannot be built is a BadOptions error naming the option.
 DrafterConfig fresh_drafter_config(const Qwen3Config& target, int num_layers, const TrainOptions& opt);
+// The drafter a run trains: drafter_dir's config.json when one is given, else the fresh one above.
+DrafterConfig drafter_config_for(const Qwen3Config& target, const std::string& drafter_dir, int num_layers,
+                                 const TrainOptions& opt);
+
+// What a DrafterTrainer is built from: both configs, parsed once by the caller (dflash-train's JobPlan,
+// src/runtime/job_plan.h), and where the weights are.
+struct DrafterSource {
+  Qwen3Config target;       // the target's decoder sizes (checked against the drafter)
+  std::string target_dir;   // its checkpoint: the frozen embed_tokens and lm_head are read from it
+  DrafterConfig drafter;
+  std::string drafter_dir;  // a release-format drafter's weights to start from; "" = a fresh seeded init
+  // Both config.json files parsed here (tools and tests that start from directories).
+  static DrafterSource from_dirs(const std::string& target_dir, const std::string& drafter_dir, int num_layers,
+                                 const TrainOptions& opt);
+};
 
 // Per-step numbers (one drafter's batch).
 struct StepStats {
@@ -113,14 +128,17 @@ enum class MicroBatch : uint8_t {
 
 class DrafterTrainer {
  public:
-  // `target_dir` supplies the frozen embedding and lm_head (and the target config to check against);
-  // `drafter_dir` a release-format drafter to start from, or empty to create a fresh one from the
-  // target config with `num_layers` layers (seeded init; num_layers is ignored when drafter_dir is given).
-  // A drafter that does not fit the target is a BadInput error (exit 3). max_tokens bounds T of a batch,
+  // source: the configs (parsed by the caller) and where the weights are: source.target_dir supplies the
+  // frozen embedding and lm_head, source.drafter_dir a release-format drafter's weights to start from,
+  // or empty for a fresh seeded init of source.drafter. A drafter that does not fit the target is a
+  // BadInput error (exit 3). max_tokens bounds T of a batch,
   // TrainOptions::max_anchors the anchors of a batch (buffers are allocated once, here).
   // ctx picks the backend: CPU (float32 reference) or CUDA (bf16 compute, fp32 master weights, gradients
   // and AdamW state on the device; BadOptions in a build without CUDA). Weights are initialised or loaded
   // on the host the same way on both; anchors, loss rows and metrics are computed the same way too.
+  DrafterTrainer(const DrafterSource& source, const TrainOptions& opt, const Ctx& ctx, int64_t max_tokens);
+  // The same from the directories (DrafterSource::from_dirs: drafter_dir's config, or a fresh one of
+  // `num_layers` layers from the target's).
   DrafterTrainer(const std::string& target_dir, const std::string& drafter_dir, int num_layers,
                  const TrainOptions& opt, const Ctx& ctx, int64_t max_tokens);
   ~DrafterTrainer();

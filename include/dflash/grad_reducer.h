@@ -102,7 +102,8 @@ std::unique_ptr<GradientReducer> make_gradient_reducer(GradReduceKind kind, MPI_
                                                        std::vector<GradRange> buckets, double timeout_s);
 
 // Which kind a job uses: NCCL when the drafters run on CUDA, each on a GPU of its own (two NCCL ranks on
-// one GPU is an NCCL error), host MPI otherwise. Collective over drafter_comm.
-GradReduceKind choose_grad_reducer(MPI_Comm drafter_comm, const Ctx& ctx, const char* host, int gpu);
+// one GPU is an NCCL error: Topology::same_gpu), host MPI otherwise. The same answer on every drafter.
+struct Topology;
+GradReduceKind choose_grad_reducer(const Topology& topo, const Ctx& ctx);
 
 }  // namespace dflash

@@ -23,6 +23,9 @@ struct Qwen3Config {
   std::vector<std::string> layer_types;  // "full_attention" / "sliding_attention", one per layer
   int sliding_window = 0;                // 0 = none
   int max_position_embeddings = 40960;   // written to the exported drafter config; not used by the math
+  // config.json's word for its weights' dtype ("dtype" or "torch_dtype", at the top, else in text_config;
+  // "" when it has none): what Checkpoint::check_dtype_label holds the shards to.
+  std::string dtype_label;
 };
 
 // Parses a Qwen3 config (accepts a nested text_config). Fatal BadInput naming the file and field on a

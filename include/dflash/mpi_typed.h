@@ -126,6 +126,23 @@ class Backoff {
   int max_sleep_us_;
 };
 
+// How a wait polls: progress() runs before every test (the caller's other duties: credits, receives);
+// busy() true means data is moving, so the next poll comes without a sleep; the backoff's longest sleep.
+struct Polling {
+  std::function<void()> progress;
+  std::function<bool()> busy;
+  int max_sleep_us = 2000;
+};
+
+// The one deadline wait every wait on a peer goes through (docs/pipeline.md "Deadlines"): polls until
+// done() is true (returns true) or timeout_s has passed (returns false; timeout_s <= 0: no deadline).
+bool poll_until(const std::function<bool()>& done, double timeout_s, const Polling& polling = {});
+
+extern const char* const kLostPeerHint;  // "a peer rank died or hangs; see its own error above, ..."
+// poll_until, then fatal(LostPeer, why() + " (waited N s)", hint) when the deadline passed first.
+void wait_until(const std::function<bool()>& done, double timeout_s, const std::function<std::string()>& why,
+                const Polling& polling = {}, const std::string& hint = kLostPeerHint);
+
 // Waits for r, calling progress() between polls (the caller's other duties: credits, receives), until
 // done or the deadline passes; then fatal(LostPeer, on_timeout()).
 void wait(MPI_Request& r, double timeout_s, const std::function<std::string()>& on_timeout,

@@ -70,11 +70,11 @@ class Checkpoint {
   // Checks that `name` exists with exactly `shape` (fatal BadInput naming it otherwise) and copies it,
   // converted to float32, into dst [numel].
   void load_f32(const std::string& name, const std::vector<int64_t>& shape, float* dst);
-  // The half-precision dtype of `names` (after expect_float) against config.json's "dtype"/"torch_dtype"
-  // (top level or text_config): a checkpoint whose bfloat16 bytes are labelled F16 (or the reverse) would
-  // load as garbage that still trains. F32 tensors pass (checkpoints keep some in fp32); a config without
-  // the field checks only that BF16 and F16 are not mixed. Fatal BadInput naming a disagreeing tensor.
-  void check_dtype_label(const std::vector<std::string>& names);
+  // The half-precision dtype of `names` (after expect_float) against `label`, config.json's "dtype" /
+  // "torch_dtype" as parsed with the config (Qwen3Config::dtype_label): a checkpoint whose bfloat16 bytes
+  // are labelled F16 (or the reverse) would load as garbage that still trains. F32 tensors pass
+  // (checkpoints keep some in fp32); an empty label checks only that BF16 and F16 are not mixed. Fatal BadInput naming a disagreeing tensor.
+  void check_dtype_label(const std::vector<std::string>& names, const std::string& label);
   const std::string& dir() const { return dir_; }
 
  private:

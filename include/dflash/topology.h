@@ -32,6 +32,14 @@ struct RankSlot {
   int local_rank = 0;
 };
 
+// The machine one world rank runs on: its host, and its GPU (ordinal and PCI bus id; none on the CPU
+// backend and on idle ranks, which touch no device). Gathered from every rank by create_topology.
+struct RankPlace {
+  char host[64] = {0};
+  int32_t gpu = -1;
+  char gpu_bus[32] = {0};
+};
+
 struct Topology {
   int world_rank = 0, world_size = 1;
   int num_nodes = 1, node = 0;
@@ -47,6 +55,7 @@ struct Topology {
   std::vector<int> node_drafters;     // world ranks of this node's drafters
   std::string host;
   int gpu = -1;                       // device ordinal (node-local rank) on the CUDA backend, -1 on the CPU
+  std::vector<RankPlace> places;      // [world_size] every rank's host and GPU (create_topology)
   MPI_Comm drafter_comm = MPI_COMM_NULL;  // drafters only: gradient allreduce, lockstep agreement
 
   int metrics_rank() const { return drafters.front(); }  // the first drafter writes metrics.h5
@@ -55,6 +64,10 @@ struct Topology {
   int drafter_index_of(int world_rank) const;  // role index of a drafter rank (-1 if not a drafter)
   int node_target_index_of(int world_rank) const;   // index in node_targets (fatal Internal if absent)
   int node_drafter_index_of(int world_rank) const;  // index in node_drafters (fatal Internal if absent)
+  // Whether world ranks a and b run on one GPU: the same host and PCI bus id (so ranks shown different
+  // CUDA_VISIBLE_DEVICES compare right). False when either has no GPU. The only place this is decided
+  // (NCCL refuses two ranks of a communicator on one GPU; power is counted once per GPU).
+  bool same_gpu(int a, int b) const;
   // --eval-data: the routes of this node's eval batches, in batch order. Batch i belongs to drafter
   // drafters[i % D]; that drafter's j-th batch comes from node target (j * Dn + dn) % Tn (dn: its index among
   // the node's Dn drafters, Tn node targets), so the node's targets share the forwards evenly (on one node:
@@ -74,7 +87,7 @@ Topology assign_roles(int world_rank, const std::vector<RankSlot>& slots, const 
 void check_launcher_world_size(int world_size, const std::function<const char*(const char*)>& getenv_fn);
 
 // The collective part (every rank of world calls it): gathers slots, assigns roles, splits the drafter
-// communicator, fills process_identity().
+// communicator, gathers every rank's place (host, GPU, bus id), fills process_identity().
 Topology create_topology(MPI_Comm world, const TopologySpec& spec, Device backend);
 void free_topology(Topology& t);
 

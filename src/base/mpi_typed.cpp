@@ -34,17 +34,33 @@ void Backoff::idle() {
   ::usleep(us < max_sleep_us_ ? us : max_sleep_us_);
 }
 
-void wait(MPI_Request& r, double timeout_s, const std::function<std::string()>& on_timeout,
-          const std::function<void()>& progress, MPI_Status* st) {
+const char* const kLostPeerHint =
+    "a peer rank died or hangs; see its own error above, or raise --peer-timeout if it is just slow";
+
+bool poll_until(const std::function<bool()>& done, double timeout_s, const Polling& polling) {
   Deadline deadline(timeout_s);
-  Backoff backoff;
-  while (!test(r, st)) {
-    if (progress) progress();
-    if (deadline.expired())
-      fatal(ExitCode::LostPeer, on_timeout() + " (waited " + std::to_string(static_cast<int>(deadline.elapsed())) + " s)",
-            "a peer rank died or hangs; see its own error above, or raise --peer-timeout if it is just slow");
+  Backoff backoff(polling.max_sleep_us);
+  for (;;) {
+    if (polling.progress) polling.progress();
+    if (done()) return true;
+    if (timeout_s > 0 && deadline.expired()) return false;
+    if (polling.busy && polling.busy()) backoff.reset();  // poll without sleeping while data moves
     backoff.idle();
   }
+}
+
+void wait_until(const std::function<bool()>& done, double timeout_s, const std::function<std::string()>& why,
+                const Polling& polling, const std::string& hint) {
+  const auto start = Clock::now();
+  if (poll_until(done, timeout_s, polling)) return;
+  fatal(ExitCode::LostPeer, why() + " (waited " + std::to_string(static_cast<int>(seconds_since(start))) + " s)", hint);
+}
+
+void wait(MPI_Request& r, double timeout_s, const std::function<std::string()>& on_timeout,
+          const std::function<void()>& progress, MPI_Status* st) {
+  Polling polling;
+  polling.progress = progress;
+  wait_until([&] { return test(r, st); }, timeout_s, on_timeout, polling);
 }
 
 }  // namespace dflash::mpi

@@ -2,10 +2,10 @@
 //   auto: nccl when every target-drafter pair of every node has two GPUs and NCCL sets the pairs up,
 //         else cuda-mpi when the MPI library is CUDA-aware on every rank, else host.
 // An explicit plane that cannot work is refused here, before any model loads (BadOptions, exit 2).
-#include <cstring>
 #include <string>
 #include <vector>
 
+#include "core/cuda_entry.h"
 #include "dflash/data_plane.h"
 #include "dflash/error.h"
 #include "dflash/mpi_typed.h"
@@ -16,12 +16,6 @@
 #endif
 
 namespace dflash {
-
-#ifdef DFLASH_HAVE_CUDA
-// src/comm/cuda/data_plane_nccl.cpp
-std::shared_ptr<NcclPairs> make_nccl_pairs(const Topology& topo, const Ctx& ctx, double timeout_s, std::string* error);
-std::string gpu_bus_id(int device);
-#endif
 
 namespace {
 
@@ -41,23 +35,13 @@ const std::vector<int>& partners_of(const Topology& topo) {
   return none;
 }
 
-// A partner on the same GPU as this rank (NCCL refuses two ranks of a communicator on one GPU), by PCI
-// bus id so ranks with different CUDA_VISIBLE_DEVICES compare right; -1 when none.
+// A partner on the same GPU as this rank (NCCL refuses two ranks of a communicator on one GPU), or one
+// whose GPU is unknown; -1 when none.
 int partner_sharing_gpu(const Topology& topo) {
-  struct Where {
-    char host[64];
-    char bus[32];
-  } mine{};
-  std::strncpy(mine.host, topo.host.c_str(), sizeof(mine.host) - 1);
-#ifdef DFLASH_HAVE_CUDA
-  if (topo.role != Role::Idle && topo.gpu >= 0) std::strncpy(mine.bus, gpu_bus_id(topo.gpu).c_str(), sizeof(mine.bus) - 1);
-#endif
-  std::vector<Where> all(static_cast<size_t>(topo.world_size));
-  mpi::allgather(&mine, 1, all.data(), MPI_COMM_WORLD);
-  for (int p : partners_of(topo)) {
-    const Where& w = all[static_cast<size_t>(p)];
-    if (!mine.bus[0] || !w.bus[0] || (std::strcmp(w.host, mine.host) == 0 && std::strcmp(w.bus, mine.bus) == 0)) return p;
-  }
+  for (int p : partners_of(topo))
+    if (!topo.places[static_cast<size_t>(topo.world_rank)].gpu_bus[0] || !topo.places[static_cast<size_t>(p)].gpu_bus[0] ||
+        topo.same_gpu(topo.world_rank, p))
+      return p;
   return -1;
 }
 
@@ -102,12 +86,7 @@ DataPlaneSetup setup_data_plane(DataPlaneChoice choice, Device backend, const To
                   "run one rank per GPU, or use --data-plane cuda-mpi (a CUDA-aware MPI) or host");
     if (all_ranks_agree(shared < 0, timeout_s, "which GPUs the ranks use")) {
       std::string error;
-#ifdef DFLASH_HAVE_CUDA
       if (topo.role != Role::Idle) s.nccl = make_nccl_pairs(topo, ctx, timeout_s, &error);
-#else
-      (void)ctx;
-      error = "this build has no NCCL";
-#endif
       DF_CHECK_HINT(choice != DataPlaneChoice::Nccl || error.empty(), BadOptions, "--data-plane nccl: " << error,
                     "rerun with NCCL_DEBUG=WARN to see why, or use --data-plane cuda-mpi or host");
       if (all_ranks_agree(error.empty(), timeout_s, "whether NCCL set up")) {
@@ -141,13 +120,9 @@ std::unique_ptr<DataPlane> make_data_plane(const DataPlaneSpec& spec) {
     case DataPlaneKind::Host:
     case DataPlaneKind::CudaMpi: return make_mpi_data_plane(spec);
     case DataPlaneKind::Nccl:
-#ifdef DFLASH_HAVE_CUDA
       return make_nccl_data_plane(spec);
-#else
-      break;
-#endif
   }
-  DF_FAIL(Internal, "data plane " << data_plane_name(spec.kind) << " is not in this build", "");
+  DF_FAIL(Internal, "unknown data plane kind " << static_cast<int>(spec.kind), "");
 }
 
 }  // namespace dflash

@@ -7,17 +7,14 @@
 #include <vector>
 
 #include "dflash/device_async.h"
+#include "core/cuda_entry.h"
 #include "dflash/error.h"
 #include "dflash/grad_reducer.h"
 #include "dflash/mpi_typed.h"
 #include "dflash/optim.h"
+#include "dflash/topology.h"
 
 namespace dflash {
-
-#ifdef DFLASH_HAVE_CUDA
-std::unique_ptr<GradientReducer> make_nccl_reducer(MPI_Comm drafter_comm, const Ctx& ctx, std::vector<GradRange> buckets,
-                                                   double timeout_s);
-#endif
 
 namespace {
 
@@ -143,43 +140,20 @@ const char* grad_reduce_name(GradReduceKind k) {
   return "?";
 }
 
-GradReduceKind choose_grad_reducer(MPI_Comm comm, const Ctx& ctx, const char* host, int gpu) {
-  int size = 1;
-  DF_MPI(MPI_Comm_size(comm, &size));
-  // Every drafter's (host, gpu): NCCL only when all are distinct and on CUDA.
-  struct Where {
-    char host[64];
-    int32_t gpu;
-  } mine{};
-  std::strncpy(mine.host, host, sizeof(mine.host) - 1);
-  mine.gpu = ctx.device == Device::CUDA ? gpu : -1;
-  std::vector<Where> all(static_cast<size_t>(size));
-  mpi::allgather(&mine, 1, all.data(), comm);
-  bool distinct = true;
-  for (size_t i = 0; i < all.size(); ++i) {
-    if (all[i].gpu < 0) distinct = false;
+GradReduceKind choose_grad_reducer(const Topology& topo, const Ctx& ctx) {
+  // NCCL only when every drafter runs on CUDA, each on a GPU of its own.
+  bool distinct = ctx.device == Device::CUDA;
+  for (size_t i = 0; i < topo.drafters.size(); ++i)
     for (size_t j = 0; j < i; ++j)
-      if (all[i].gpu == all[j].gpu && std::strcmp(all[i].host, all[j].host) == 0) distinct = false;
-  }
-#ifdef DFLASH_HAVE_CUDA
-  return distinct ? GradReduceKind::Nccl : GradReduceKind::HostMpi;
-#else
-  (void)distinct;
-  return GradReduceKind::HostMpi;
-#endif
+      if (topo.same_gpu(topo.drafters[i], topo.drafters[j])) distinct = false;
+  return distinct && cuda::in_build() ? GradReduceKind::Nccl : GradReduceKind::HostMpi;
 }
 
 std::unique_ptr<GradientReducer> make_gradient_reducer(GradReduceKind kind, MPI_Comm comm, const Ctx& ctx,
                                                        std::vector<GradRange> buckets, double timeout_s) {
   if (kind == GradReduceKind::HostMpi) return std::make_unique<HostMpiReducer>(comm, ctx, std::move(buckets), timeout_s);
-#ifdef DFLASH_HAVE_CUDA
   DF_CHECK(ctx.device == Device::CUDA, BadOptions, "the NCCL gradient reducer needs the CUDA backend");
   return make_nccl_reducer(comm, ctx, std::move(buckets), timeout_s);
-#else
-  (void)timeout_s;
-  fatal(ExitCode::BadOptions, "the NCCL gradient reducer needs a build with CUDA and NCCL",
-        "rebuild with a CUDA toolkit, or run the drafters on the CPU backend");
-#endif
 }
 
 }  // namespace dflash

@@ -36,6 +36,8 @@ void convert_host(void* dst, DType dst_type, const void* src, DType src_type, si
 }
 }  // namespace
 
+DType compute_dtype(Device device) { return device == Device::CPU ? DType::F32 : DType::BF16; }
+
 int cuda_device_count() { return cuda::device_count(); }
 
 void set_deterministic_kernels(bool on) { cuda::set_deterministic(on); }

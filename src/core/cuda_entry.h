@@ -12,11 +12,14 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "adamw.cuh"
 #include "attention.cuh"
 #include "block_attention.cuh"
 #include "causal_conv1d.cuh"
+#include <mpi.h>
+
 #include "dflash/tensor.h"
 #include "embedding.cuh"
 #include "gated_delta_rule.cuh"
@@ -60,3 +63,20 @@ void synchronize_stream(const Ctx& ctx);
 std::string pci_bus_id(int device);
 
 }  // namespace dflash::cuda
+
+// ---- NCCL (src/comm/cuda/): the data plane's pair communicators, the plane, the gradient reducer --------
+namespace dflash {
+class NcclPairs;
+class DataPlane;
+struct DataPlaneSpec;
+class GradientReducer;
+struct GradRange;
+struct Topology;
+// Every target-drafter pair's communicator; on failure null and *error says why (the stub: no NCCL).
+std::shared_ptr<NcclPairs> make_nccl_pairs(const Topology& topo, const Ctx& ctx, double timeout_s, std::string* error);
+// The nccl data plane (DataPlaneKind::Nccl; declared with the others in dflash/data_plane.h).
+std::unique_ptr<DataPlane> make_nccl_data_plane(const DataPlaneSpec& spec);
+// The drafters' gradient sum by ncclAllReduce, one per bucket, overlapping the backward.
+std::unique_ptr<GradientReducer> make_nccl_reducer(MPI_Comm drafter_comm, const Ctx& ctx, std::vector<GradRange> buckets,
+                                                   double timeout_s);
+}  // namespace dflash

@@ -4,7 +4,20 @@
 // refuses a CUDA context; a hand-made one (tests) reaches these.
 #include "base/device_runtime.h"
 #include "core/cuda_entry.h"
+#include "dflash/data_plane.h"
+#include "dflash/grad_reducer.h"
 #include "drafter/trainer_engine.h"
+
+namespace dflash {
+std::shared_ptr<NcclPairs> make_nccl_pairs(const Topology&, const Ctx&, double, std::string* error) {
+  *error = "this build has no NCCL";
+  return nullptr;
+}
+std::unique_ptr<DataPlane> make_nccl_data_plane(const DataPlaneSpec&) { fatal_no_cuda("the nccl data plane"); }
+std::unique_ptr<GradientReducer> make_nccl_reducer(MPI_Comm, const Ctx&, std::vector<GradRange>, double) {
+  fatal_no_cuda("the NCCL gradient reducer");
+}
+}  // namespace dflash
 
 namespace dflash::train {
 std::unique_ptr<TrainerEngine> make_cuda_trainer_engine(EngineSetup) {

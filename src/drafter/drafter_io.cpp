@@ -61,6 +61,22 @@ DrafterConfig fresh_drafter_config(const Qwen3Config& target, int num_layers, co
   return d;
 }
 
+DrafterConfig drafter_config_for(const Qwen3Config& target, const std::string& drafter_dir, int num_layers,
+                                 const TrainOptions& opt) {
+  if (!drafter_dir.empty()) return load_drafter_config(drafter_dir + "/config.json");
+  return fresh_drafter_config(target, num_layers, opt);
+}
+
+DrafterSource DrafterSource::from_dirs(const std::string& target_dir, const std::string& drafter_dir, int num_layers,
+                                       const TrainOptions& opt) {
+  DrafterSource s;
+  s.target = load_qwen3_config(target_dir + "/config.json");
+  s.target_dir = target_dir;
+  s.drafter = drafter_config_for(s.target, drafter_dir, num_layers, opt);
+  s.drafter_dir = drafter_dir;
+  return s;
+}
+
 void load_drafter_weights(const std::string& dir, const DrafterConfig& c, float* flat) {
   Checkpoint ck(dir);
   // Tensors of a layer the config does not have: a drafter of another depth under this config.json, whose

@@ -122,7 +122,12 @@ class ReadyRanges {
 
 DrafterTrainer::DrafterTrainer(const std::string& target_dir, const std::string& drafter_dir, int num_layers,
                                const TrainOptions& opt, const Ctx& ctx, int64_t max_tokens)
+    : DrafterTrainer(DrafterSource::from_dirs(target_dir, drafter_dir, num_layers, opt), opt, ctx, max_tokens) {}
+
+DrafterTrainer::DrafterTrainer(const DrafterSource& source, const TrainOptions& opt, const Ctx& ctx, int64_t max_tokens)
     : impl_(std::make_unique<Impl>(opt, ctx)) {
+  const std::string& target_dir = source.target_dir;
+  const std::string& drafter_dir = source.drafter_dir;
   Impl& s = *impl_;
   DF_CHECK(ctx.device == Device::CPU || ctx.device == Device::CUDA, BadOptions, "DrafterTrainer: unknown backend");
   DF_CHECK_HINT(opt.max_anchors >= 1, BadOptions, "--max-anchors must be at least 1 (got " << opt.max_anchors << ")",
@@ -131,12 +136,8 @@ DrafterTrainer::DrafterTrainer(const std::string& target_dir, const std::string&
                 "0 = per batch only; the reference trainers draw 512 per record");
   DF_CHECK(max_tokens >= 1, BadOptions, "drafter max_tokens " << max_tokens);
   DF_CHECK_HINT(opt.gamma > 0.f, BadOptions, "--gamma must be positive (got " << opt.gamma << ")", "DFlash uses 7");
-  s.target = load_qwen3_config(target_dir + "/config.json");
-  if (!drafter_dir.empty()) {
-    s.cfg = load_drafter_config(drafter_dir + "/config.json");
-  } else {
-    s.cfg = fresh_drafter_config(s.target, num_layers, opt);
-  }
+  s.target = source.target;
+  s.cfg = source.drafter;
   check_drafter_fits_target(s.cfg, s.target);
   for (const std::string& t : s.cfg.layers.layer_types)
     DF_CHECK_HINT(t == "full_attention" || t == "sliding_attention", BadInput,

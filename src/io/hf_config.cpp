@@ -128,6 +128,10 @@ Qwen3Config parse_qwen3_config(const json& root, const std::string& source) {
   }
   const json& j = nested ? root["text_config"] : root;
   Fields f{j, source, nested ? "text_config." : ""};
+  for (const json* level : {&root, nested ? &j : nullptr})
+    for (const char* key : {"dtype", "torch_dtype"})
+      if (c.dtype_label.empty() && level && level->contains(key) && (*level)[key].is_string())
+        c.dtype_label = (*level)[key].get<std::string>();
 
   c.vocab_size = f.positive_int("vocab_size");
   c.hidden_size = f.positive_int("hidden_size");

@@ -390,16 +390,8 @@ std::vector<std::string> Checkpoint::names() const {
   return out;
 }
 
-void Checkpoint::check_dtype_label(const std::vector<std::string>& names) {
-  const std::string config_path = join_path(dir_, "config.json");
-  std::string label;  // config.json's word for the weights' dtype ("" when it has none)
-  if (file_exists(config_path)) {
-    const nlohmann::json j = read_json_file(config_path, "check the checkpoint's config.json");
-    for (const nlohmann::json* c : {&j, j.contains("text_config") ? &j["text_config"] : nullptr})
-      for (const char* key : {"dtype", "torch_dtype"})
-        if (label.empty() && c && c->is_object() && c->contains(key) && (*c)[key].is_string())
-          label = (*c)[key].get<std::string>();
-  }
+void Checkpoint::check_dtype_label(const std::vector<std::string>& names, const std::string& label) {
+  const std::string config_path = join_path(dir_, "config.json");  // where the label came from (messages)
   const DType said = label == "bfloat16" ? DType::BF16 : label == "float16" ? DType::F16 : DType::F32;
   const std::string* first_half = nullptr;  // the first half-precision tensor seen (mixing check)
   DType first_dtype = DType::F32;

@@ -8,7 +8,7 @@ namespace dflash {
 
 DecoderStackTarget::DecoderStackTarget(const Ctx& ctx, const Qwen3Config& text, const std::string& dir,
                                        std::vector<int> capture_layers, int64_t max_tokens)
-    : ctx_(ctx), act_(ctx.device == Device::CPU ? DType::F32 : DType::BF16), text_(text), max_tokens_(max_tokens) {
+    : ctx_(ctx), act_(compute_dtype(ctx.device)), text_(text), max_tokens_(max_tokens) {
   DF_CHECK(max_tokens > 0, BadOptions, "the target needs max_tokens > 0, got " << max_tokens);
   captures_ = plan_captures(capture_layers, text_.num_hidden_layers, dir);
   capture_layers_ = std::move(capture_layers);

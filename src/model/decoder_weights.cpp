@@ -100,7 +100,7 @@ void load_decoder_weights(Checkpoint& ckpt, const Qwen3Config& c, std::vector<We
   {
     std::vector<std::string> names;
     for (const WeightSpec& s : specs) names.push_back(s.name);
-    ckpt.check_dtype_label(names);
+    ckpt.check_dtype_label(names, c.dtype_label);
   }
 
   std::stable_sort(specs.begin(), specs.end(), [&](const WeightSpec& a, const WeightSpec& b) {

@@ -17,7 +17,7 @@
 #include "dflash/hf_config.h"
 #include "dflash/mpi_typed.h"
 #include "dflash/target.h"
-#include "job.h"  // capture_layer_ids
+#include "job_plan.h"
 
 namespace dflash {
 namespace {
@@ -57,38 +57,27 @@ struct PowerMean {
 // The roles are measured one after the other, the target model released before the drafter is built,
 // so a rank never holds both (on a GPU they may not fit together). The target's captured features of
 // each measured batch are kept (on the device) for the drafter's steps.
-RankSample measure_rank(const Options& o, MPI_Comm world, int world_size, const Ctx& ctx, PowerSampler* gpu) {
-  const TargetConfig target_cfg = load_target_config(o.target_dir);
-  const Qwen3Config& cfg = target_cfg.text;
-  auto dataset = std::make_shared<TokenDataset>(o.data_path, cfg.vocab_size);
-  const std::vector<int> layers = capture_layer_ids(o);
+RankSample measure_rank(const Options& o, const JobPlan& plan, MPI_Comm world, int world_size, const Ctx& ctx,
+                        PowerSampler* gpu) {
+  auto dataset = std::make_shared<TokenDataset>(o.data_path, plan.target.text.vocab_size);
   RankSample s;
   const GpuReading idle = gpu ? gpu->sample() : GpuReading{};
   s.idle_w = idle.valid ? idle.power_w : 0;
   s.power_known = idle.valid ? 1 : 0;
 
   // Every rank times the same first batches (epochs repeat, so a small dataset still gives enough).
-  LoaderOptions lo;
-  lo.token_budget = o.token_budget;
+  LoaderOptions lo = plan.loader;
   lo.prefetch_depth = 2;
   lo.max_epochs = 0;
-  lo.seed = o.train.seed;
-  lo.long_record = o.long_record == LongRecordPolicy::Skip ? LongRecord::Skip : LongRecord::Cut;
   Loader loader(dataset, lo);
 
-  SlotShape shape;
-  shape.max_tokens = o.token_budget;
-  shape.num_layers = static_cast<int64_t>(layers.size());
-  shape.hidden = cfg.hidden_size;
-  shape.final_norm = o.train.loss == LossKind::KL;
-  shape.device = ctx.device;
-  shape.dtype = ctx.device == Device::CPU ? DType::F32 : DType::BF16;
+  const SlotShape& shape = plan.slot_shape;
   std::vector<std::unique_ptr<HsBatch>> batches;
   std::vector<double> target_s, drafter_s;
   PowerMean target_w, drafter_w;
   double tokens = 0;
   {
-    const std::unique_ptr<TargetModel> model = make_target_model(target_cfg, o.target_dir, ctx, layers, o.token_budget);
+    const std::unique_ptr<TargetModel> model = make_target_model(plan.target, o.target_dir, ctx, plan.capture_layers, o.token_budget);
     for (int i = 0; i <= kMeasuredBatches; ++i) {
       LoadedBatch lb;
       const PopResult got = loader.pop(lb, std::chrono::milliseconds(static_cast<int64_t>(o.peer_timeout_s * 1000)));
@@ -114,7 +103,7 @@ RankSample measure_rank(const Options& o, MPI_Comm world, int world_size, const 
   }  // the target's weights are released here
   loader.stop();
 
-  DrafterTrainer trainer(o.target_dir, o.drafter_dir, o.draft_layers, o.train, ctx, o.token_budget);
+  DrafterTrainer trainer(plan.drafter_source(o), o.train, ctx, o.token_budget);
   for (int i = 0; i <= kMeasuredBatches; ++i) {
     const HsBatch& b = *batches[static_cast<size_t>(i)];
     FeatureBatch fb;
@@ -156,7 +145,8 @@ RankSample measure_rank(const Options& o, MPI_Comm world, int world_size, const 
 
 }  // namespace
 
-TopologySpec choose_topology_auto(const Options& o, MPI_Comm world, PowerSampler* gpu, std::string* record_json) {
+TopologySpec choose_topology_auto(const Options& o, MPI_Comm world, PowerSampler* gpu, std::string* record_json,
+                                  std::optional<JobPlan>* planned) {
   int rank = 0, size = 1;
   DF_MPI(MPI_Comm_rank(world, &rank));
   DF_MPI(MPI_Comm_size(world, &size));
@@ -175,6 +165,7 @@ TopologySpec choose_topology_auto(const Options& o, MPI_Comm world, PowerSampler
                 "--topology auto needs at least 2 ranks per node (a target and a drafter); this node has " << per_node,
                 "start more ranks per node (mpirun -np), or give --topology 1-1");
   check_input_paths(o);
+  const JobPlan& plan = planned->emplace(plan_job(o));
   if (rank == 0) {
     std::printf("[dflash] --topology auto: timing %d target forwards and %d drafter steps on each of %d rank(s)\n",
                 kMeasuredBatches, kMeasuredBatches, size);
@@ -184,7 +175,7 @@ TopologySpec choose_topology_auto(const Options& o, MPI_Comm world, PowerSampler
   // The GPU this rank will bind (create_topology's rule: node-local rank % visible devices).
   set_deterministic_kernels(o.deterministic);
   const Ctx ctx = o.backend == Device::CUDA ? make_ctx(Device::CUDA, local_rank % std::max(1, cuda_device_count())) : cpu_ctx();
-  const RankSample mine = measure_rank(o, world, size, ctx, gpu);
+  const RankSample mine = measure_rank(o, plan, world, size, ctx, gpu);
   double sums[8] = {mine.target_s, mine.drafter_s, mine.tokens, mine.allreduce_s,
                     mine.idle_w, mine.target_w, mine.drafter_w, mine.power_known};
   mpi::allreduce(sums, 8, MPI_SUM, world);
@@ -202,8 +193,7 @@ TopologySpec choose_topology_auto(const Options& o, MPI_Comm world, PowerSampler
     m.power_drafter_w = sums[6] / size;
   }
   if (o.epochs > 0 && o.max_steps == 0) {
-    const int vocab = load_target_config(o.target_dir).text.vocab_size;
-    m.remaining_tokens = static_cast<double>(TokenDataset(o.data_path, vocab).num_tokens()) * o.epochs;
+    m.remaining_tokens = static_cast<double>(TokenDataset(o.data_path, plan.target.text.vocab_size).num_tokens()) * o.epochs;
   }
   auto measured_line = [&] {
     char head[400];

@@ -3,10 +3,12 @@
 #pragma once
 #include <mpi.h>
 
+#include <optional>
 #include <string>
 
 #include "dflash/nvml.h"
 #include "dflash/options.h"
+#include "job_plan.h"
 
 namespace dflash {
 
@@ -17,7 +19,9 @@ namespace dflash {
 // what-if model and the fastest split (within --power-budget-w when power is known) wins. Rank 0 prints
 // the table and the choice. record_json gets what metrics.h5 stores as the attribute auto_topology.
 // Fatal TopologyMismatch with < 2 ranks per node, unless o.measure_only (then any count: one rank per
-// GPU measures each role standalone).
-TopologySpec choose_topology_auto(const Options& o, MPI_Comm world, PowerSampler* gpu, std::string* record_json);
+// GPU measures each role standalone). *planned gets the job's plan (plan_job, after the input paths are
+// checked): the job goes on with it instead of parsing the configs again.
+TopologySpec choose_topology_auto(const Options& o, MPI_Comm world, PowerSampler* gpu, std::string* record_json,
+                                  std::optional<JobPlan>* planned);
 
 }  // namespace dflash

@@ -36,7 +36,7 @@ std::vector<int64_t> DrafterEval::fixed_anchors(const PackedBatch& batch, int64_
 }
 
 Tensor DrafterEval::host_view(const Kept& k, const HostBuffer& buf, bool features) const {
-  const SlotShape& sh = job_.slot_shape;
+  const SlotShape& sh = job_.plan.slot_shape;
   const int64_t T = k.batch->num_tokens();
   if (features) return Tensor(buf.data(), sh.dtype, Device::CPU, {sh.num_layers, T, sh.hidden});
   return Tensor(buf.data(), sh.dtype, Device::CPU, {T, sh.hidden});
@@ -66,7 +66,7 @@ bool DrafterEval::complete() const {
 
 EvalSums DrafterEval::evaluate(DrafterTrainer& trainer) {
   DF_CHECK(complete(), Internal, "evaluating before every eval batch of this drafter arrived");
-  const SlotShape& sh = job_.slot_shape;
+  const SlotShape& sh = job_.plan.slot_shape;
   EvalSums sums(block_size_);
   for (const Kept& k : share_) {
     FeatureBatch fb;

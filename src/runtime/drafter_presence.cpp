@@ -53,19 +53,13 @@ std::string DrafterPresence::laggards(int64_t round) const {
 
 void DrafterPresence::finish(int64_t last_round) {
   for (Peer& p : peers_) {
-    MPI_Request* r = &p.req;
-    mpi::Deadline deadline(timeout_s_);
-    mpi::Backoff backoff;
-    while (p.last < last_round) {
-      poll();
-      if (p.last >= last_round) break;
-      if (deadline.expired())
-        fatal(ExitCode::LostPeer, "lost peer: drafter rank " + std::to_string(p.rank) + " did not finish round " +
-                                      std::to_string(last_round) + " with the others",
-              "it died or hangs; see its own error above");
-      backoff.idle();
-    }
-    mpi::cancel(*r);
+    mpi::Polling polling;
+    polling.progress = [&] { poll(); };
+    mpi::wait_until([&] { return p.last >= last_round; }, timeout_s_, [&] {
+      return "lost peer: drafter rank " + std::to_string(p.rank) + " did not finish round " + std::to_string(last_round) +
+             " with the others";
+    }, polling, "it died or hangs; see its own error above");
+    mpi::cancel(p.req);
   }
   for (Outgoing& o : out_)
     mpi::wait(o.req, timeout_s_, [] { return std::string("a round announcement to a drafter did not complete"); });

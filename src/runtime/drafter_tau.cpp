@@ -10,11 +10,6 @@
 
 namespace dflash {
 
-int job_block_size(const Options& o) {
-  if (!o.drafter_dir.empty()) return load_drafter_config(o.drafter_dir + "/config.json").block_size;
-  return o.train.block_size;
-}
-
 int tau_max_prompt_length(const Options& o, int block_size) {
   const int64_t room = o.token_budget - o.eval_tau_max_new_tokens - block_size;
   DF_CHECK_HINT(room >= 1, BadOptions,
@@ -25,8 +20,8 @@ int tau_max_prompt_length(const Options& o, int block_size) {
   return static_cast<int>(std::min<int64_t>(kDefaultMaxPromptLength, room));
 }
 
-std::shared_ptr<const EvalPrompts> load_tau_prompts(const Options& o, const TokenDataset& eval_data) {
-  const int limit = tau_max_prompt_length(o, job_block_size(o));
+std::shared_ptr<const EvalPrompts> load_tau_prompts(const Options& o, int block_size, const TokenDataset& eval_data) {
+  const int limit = tau_max_prompt_length(o, block_size);
   return std::make_shared<const EvalPrompts>(load_eval_prompts(eval_data, o.eval_tau_prompts, limit, "--eval-data"));
 }
 
@@ -48,7 +43,7 @@ DrafterTau::DrafterTau(const JobContext& job, DrafterTrainer& trainer) : job_(jo
   const DrafterConfig& dc = trainer.config();
   const int64_t max_tokens = static_cast<int64_t>(p.longest()) + o.eval_tau_max_new_tokens + dc.block_size;
   DF_CHECK(max_tokens <= o.token_budget, Internal, "tau decoding needs " << max_tokens << " tokens, above --token-budget");
-  target_ = make_target_model(job.target, o.target_dir, job.ctx, dc.target_layer_ids, max_tokens);
+  target_ = make_target_model(job.plan.target, o.target_dir, job.ctx, dc.target_layer_ids, max_tokens);
   decoder_ = std::make_unique<SpecDecoder>(*target_, trainer, job.ctx, max_tokens);
   if (!topo.is_metrics_writer()) return;
   std::string stops;

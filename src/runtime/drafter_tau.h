@@ -22,15 +22,13 @@
 
 namespace dflash {
 
-// The block size of the drafter the job trains: --drafter's config.json, else --block-size.
-int job_block_size(const Options& o);
 // The longest prompt decoded: dflash-eval's default limit (kDefaultMaxPromptLength), lowered where the
 // trainer's --token-budget buffers leave less room for prompt + new tokens + block. Fatal BadOptions when
 // not even a one-token prompt fits.
 int tau_max_prompt_length(const Options& o, int block_size);
 // The prompts, read on the drafter ranks by validate_inputs (before --out is touched): fatal BadInput when
-// the eval set has none that fits.
-std::shared_ptr<const EvalPrompts> load_tau_prompts(const Options& o, const TokenDataset& eval_data);
+// the eval set has none that fits. block_size: the drafter's (JobPlan::drafter).
+std::shared_ptr<const EvalPrompts> load_tau_prompts(const Options& o, int block_size, const TokenDataset& eval_data);
 // tau is measured after optimizer step `step`: every --eval-tau-every steps, and at the run's last step
 // when it is known in advance (--max-steps, or the steps planned from the data); the end of training adds
 // one when it was not.

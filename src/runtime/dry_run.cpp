@@ -15,9 +15,7 @@
 
 #include "data/h5_util.h"
 #include "dflash/anchors.h"     // anchor_rule_summary
-#include "dflash/drafter.h"     // fresh_drafter_config
-#include "dflash/hf_config.h"   // load_drafter_config
-#include "dflash/target.h"      // load_target_config
+#include "dflash/drafter.h"
 #include "dflash/checkpoint.h"  // parse_checkpoint_every
 #include "dflash/data.h"        // hdf5_mutex()
 #include "dflash/error.h"
@@ -25,7 +23,7 @@
 #include "dflash/mpi_typed.h"
 #include "dflash/runtime.h"
 #include "dflash/topology.h"
-#include "job.h"  // capture_layer_ids
+#include "job_plan.h"
 #include "drafter/loss_chunk.h"
 
 namespace dflash {
@@ -175,26 +173,22 @@ double drafter_bytes_per_anchor(const DrafterConfig& d, bool cuda) {
 // checkpoint's files only: nothing is loaded.
 std::string memory_per_rank(const Options& o) {
   std::ostringstream os;
-  const TargetConfig tc = load_target_config(o.target_dir);  // reads config.json only
-  const Qwen3Config& t = tc.text;
+  const JobPlan plan = plan_job(o);  // reads the config.json files only
+  const Qwen3Config& t = plan.target.text;
   const bool cuda = o.backend == Device::CUDA;
-  const double act = cuda ? 2 : 4;  // bytes per activation / weight element: bf16 on CUDA, float32 on the CPU
+  const double act = static_cast<double>(dtype_size(plan.slot_shape.dtype));  // per activation / weight element
   double files = 0;
   std::error_code ec;
   for (const auto& e : std::filesystem::directory_iterator(o.target_dir, ec))
     if (e.path().extension() == ".safetensors") files += static_cast<double>(e.file_size(ec));
   // A bf16 checkpoint's bytes are its weights' bytes on CUDA, and half of them in float32 on the CPU.
   const double weights = cuda ? files : 2 * files;
-  const double k = static_cast<double>(capture_layer_ids(o).size()), T = static_cast<double>(o.token_budget),
-               H = t.hidden_size;
-  const double batch = (k + (o.train.loss == LossKind::KL ? 1 : 0)) * T * H * act;  // features (+ final norm)
+  const double batch = plan.wire_bytes_per_token() * static_cast<double>(o.token_budget);  // features (+ final norm)
   const double target = weights + 2 * batch;  // two send buffers: the next forward fills one while one moves
-  const DrafterConfig d = o.drafter_dir.empty()
-                              ? fresh_drafter_config(t, o.draft_layers, o.train)
-                              : load_drafter_config(o.drafter_dir + "/config.json");
+  const DrafterConfig& d = plan.drafter;
   const double P = static_cast<double>(drafter_param_count(d));
   // fp32 master weights, AdamW m and v, gradients (+ a bf16 copy for the CUDA step), frozen embedding + lm_head
-  const double state = P * (16 + (cuda ? 2 : 0)), frozen = 2.0 * t.vocab_size * H * act;
+  const double state = P * (16 + (cuda ? 2 : 0)), frozen = 2.0 * t.vocab_size * t.hidden_size * act;
   const double slots = o.hs_queue_depth * batch;
   // The lm_head loss's float32 logits workspace: a chunk of rows, twice (the KL teacher's half is kept either
   // way), sized by the same rule as the trainer (drafter/loss_chunk.h).

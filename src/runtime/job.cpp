@@ -24,12 +24,6 @@
 
 namespace dflash {
 
-std::vector<int> capture_layer_ids(const Options& o) {
-  if (!o.drafter_dir.empty()) return load_drafter_config(o.drafter_dir + "/config.json").target_layer_ids;
-  const Qwen3Config t = load_qwen3_config(o.target_dir + "/config.json");
-  return fresh_drafter_config(t, o.draft_layers, o.train).target_layer_ids;  // --target-layers, else the rule
-}
-
 void maybe_inject_failure(const JobContext& job, int64_t step) {
   if (job.opt.inject_fail_rank != job.topo.world_rank || job.opt.inject_fail_step != step) return;
   const bool hang = job.opt.inject_fail_mode == FailMode::Hang;
@@ -50,14 +44,12 @@ namespace {
 void barrier(MPI_Comm comm, double timeout_s, const std::string& what, const std::function<void()>& poll = {}) {
   MPI_Request r;
   DF_MPI(MPI_Ibarrier(comm, &r));
-  mpi::Deadline deadline(timeout_s);
-  while (!mpi::test(r)) {
-    if (poll) poll();
-    if (timeout_s > 0 && deadline.expired())
-      fatal(ExitCode::LostPeer, what + ": not every rank arrived within " + std::to_string(static_cast<int>(timeout_s)) + " s",
-            "a peer rank died or hangs; see its own error above");
-    ::usleep(20000);
-  }
+  mpi::Polling polling;
+  polling.progress = poll;
+  polling.max_sleep_us = 20000;
+  if (!mpi::poll_until([&] { return mpi::test(r); }, timeout_s, polling))
+    fatal(ExitCode::LostPeer, what + ": not every rank arrived within " + std::to_string(static_cast<int>(timeout_s)) + " s",
+          "a peer rank died or hangs; see its own error above");
 }
 
 // Node-local rank before the topology exists: the CUDA device create_topology will bind (same split).
@@ -111,22 +103,15 @@ void print_startup(const Options& o, const Topology& t, const std::vector<RankCa
 }
 
 // The backend, chosen once here and carried down in job.ctx: the rank's GPU (its stream and handles) on
-// CUDA, the float32 reference otherwise. With it, the shape of a hidden-state batch and how batches and
+// CUDA, the float32 reference otherwise (the plan's batch shape names the same device). With it, how
 // gradients travel. Idle ranks hold no model and touch no device.
 void choose_backend_parts(JobContext& job) {
   const Options& o = job.opt;
   const Topology& topo = job.topo;
   set_deterministic_kernels(o.deterministic);  // before the first CUDA context: it sizes the mode's scratch
   job.ctx = o.backend == Device::CUDA ? make_ctx(Device::CUDA, topo.gpu) : cpu_ctx();
-  const Qwen3Config& cfg = job.target.text;  // read by validate_inputs
-  job.slot_shape.max_tokens = o.token_budget;
-  job.slot_shape.num_layers = static_cast<int64_t>(capture_layer_ids(o).size());
-  job.slot_shape.hidden = cfg.hidden_size;
-  job.slot_shape.final_norm = o.train.loss == LossKind::KL;
-  job.slot_shape.device = job.ctx.device;
-  job.slot_shape.dtype = job.ctx.device == Device::CPU ? DType::F32 : DType::BF16;
   if (topo.role == Role::Drafter)
-    job.grad_reduce = choose_grad_reducer(topo.drafter_comm, job.ctx, topo.host.c_str(), topo.gpu);
+    job.grad_reduce = choose_grad_reducer(topo, job.ctx);
 }
 
 // How hidden states travel (--data-plane), agreed by every rank, idle ones too (they vote); the first
@@ -141,7 +126,7 @@ void choose_data_plane(JobContext& job) {
                                                               std::to_string(topo.drafters.size()) + " drafters"
                                                         : std::string("one drafter, no allreduce");
   std::printf("[dflash] hidden states: %s plane (%s), %s on the wire; gradients: %s\n", data_plane_name(job.data_plane),
-              planes.why.c_str(), dtype_name(job.slot_shape.dtype), grads.c_str());
+              planes.why.c_str(), dtype_name(job.plan.slot_shape.dtype), grads.c_str());
   std::fflush(stdout);
 }
 
@@ -180,11 +165,7 @@ void plan_lr_schedule(Options& o, const JobContext& job) {
   const int planner = job.topo.targets.front();
   int64_t plan[4] = {0, 0, 0, 0};  // total steps, warmup steps, long records and their dropped tokens per epoch
   if (job.topo.world_rank == planner) {
-    LoaderOptions lo;
-    lo.token_budget = o.token_budget;
-    lo.seed = o.train.seed;
-    lo.long_record = o.long_record == LongRecordPolicy::Skip ? LongRecord::Skip : LongRecord::Cut;
-    const PlannedSchedule s = plan_schedule(*job.dataset, lo, static_cast<int>(job.topo.targets.size()),
+    const PlannedSchedule s = plan_schedule(*job.dataset, job.plan.loader, static_cast<int>(job.topo.targets.size()),
                                             static_cast<int>(job.topo.drafters.size()), o.epochs, o.max_steps,
                                             o.train.warmup_steps, o.warmup_ratio, o.grad_accum);
     plan[0] = s.total_steps;
@@ -257,7 +238,9 @@ int run_job(const Options& given) {
       given.backend, given.backend == Device::CUDA ? local_rank % std::max(1, cuda_device_count()) : local_rank);
   const GpuReading startup_gpu = gpu_sampler->sample();
   Options o = given;  // --topology auto: measured and chosen here, before any role exists
-  if (o.topology_auto) o.topology = choose_topology_auto(given, MPI_COMM_WORLD, gpu_sampler.get(), &o.auto_topology_record);
+  std::optional<JobPlan> planned;  // --topology auto plans the job first: its measurement runs both models
+  if (o.topology_auto)
+    o.topology = choose_topology_auto(given, MPI_COMM_WORLD, gpu_sampler.get(), &o.auto_topology_record, &planned);
   if (o.measure_only) return 0;  // --measure-only: the table above is the answer
   Topology topo = create_topology(MPI_COMM_WORLD, o.topology, o.backend);
   const std::string batch_line = resolve_grad_accum(o, static_cast<int>(topo.drafters.size()));  // K from the drafters
@@ -274,17 +257,14 @@ int run_job(const Options& given) {
                 "give a rank in [0, " + std::to_string(topo.world_size - 1) + "]");
   // Inputs first, on every rank, and nobody goes on until all have passed: a bad input ends the job
   // before --out is created, locked or written (an earlier run's metrics and checkpoints stay as they are).
-  validate_inputs(job);
+  validate_inputs(job, std::move(planned));
   barrier(MPI_COMM_WORLD, 10 * o.peer_timeout_s, "checking the inputs");
   plan_lr_schedule(o, job);
   plan_eval(o, job);
   // Then --out is this job's alone (rank 0 holds the lock; the others wait for it in the resume's bcast).
   if (topo.world_rank == 0) {
     lock_run_dirs(o);
-    const DrafterConfig drafter = o.drafter_dir.empty()
-                                      ? fresh_drafter_config(job.target.text, o.draft_layers, o.train)
-                                      : load_drafter_config(o.drafter_dir + "/config.json");
-    check_disk_space(o, disk_need(drafter_param_count(drafter), o));
+    check_disk_space(o, disk_need(drafter_param_count(job.plan.drafter), o));
   }
   // --resume: one answer for the whole job; a checkpoint of another model/topology/objective is refused
   // here, before any model loads (docs/checkpoint.md).

@@ -2,6 +2,7 @@
 #pragma once
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -18,6 +19,7 @@
 #include "dflash/options.h"
 #include "dflash/target.h"
 #include "dflash/topology.h"
+#include "job_plan.h"
 
 namespace dflash {
 
@@ -40,11 +42,10 @@ struct JobContext {
   mpi::Clock::time_point start;
   std::vector<RankCard> cards;
   Ctx ctx;                         // this rank's backend, chosen once at rank start (CPU, or its GPU's stream)
-  TargetConfig target;             // the target's config.json, parsed once (family, widths)
+  JobPlan plan;                    // the configs, capture layers, batch shape, loader options: resolved once
   std::shared_ptr<const TokenDataset> dataset;  // targets: --data, opened and checked by validate_inputs
   std::shared_ptr<const EvalSet> eval;  // targets and drafters: --eval-data packed (validate_inputs); null without it
   std::shared_ptr<const EvalPrompts> tau_prompts;  // drafters with --eval-tau-every: its prompts (drafter_tau.h)
-  SlotShape slot_shape;            // one hidden-state batch: sizes, device and wire dtype (targets and drafters agree)
   DataPlaneKind data_plane = DataPlaneKind::Host;  // agreed by every rank (setup_data_plane)
   std::shared_ptr<NcclPairs> nccl_pairs;           // the nccl plane's pair communicators
   GradReduceKind grad_reduce = GradReduceKind::HostMpi;  // drafters only
@@ -86,12 +87,9 @@ inline DataPlaneSpec data_plane_spec(const JobContext& job) {
   ps.nccl = job.nccl_pairs.get();
   ps.comm = MPI_COMM_WORLD;
   ps.ctx = job.ctx;
-  ps.shape = job.slot_shape;
+  ps.shape = job.plan.slot_shape;
   return ps;
 }
-
-// Node-local ranks of a world rank's role and capture layers, shared by both model roles.
-std::vector<int> capture_layer_ids(const Options& o);
 
 // Test hook: this rank fails at `step` when it is the --inject-fail-rank.
 void maybe_inject_failure(const JobContext& job, int64_t step);
@@ -113,11 +111,12 @@ void wait_eval_features(const JobContext& job, const std::function<void()>& poll
 int end_of_run(const JobContext& job);
 
 // Every input this rank reads, checked before anything is written (job_inputs.cpp): the paths, the
-// target's config.json (job.target), --drafter or --draft-layers against the target, and on target ranks
+// job's plan (job.plan: the target's config.json, --drafter or --draft-layers against the target; planned
+// here unless --topology auto planned it already), and on target ranks
 // the dataset (job.dataset): its format, records against --token-budget / --long-record, and that it has
 // something to train on. Fatal (BadInput/BadOptions) on the first defect; run_job makes every rank wait
 // for every other's checks before --out is touched, so a bad input never costs an earlier run's files.
-void validate_inputs(JobContext& job);
+void validate_inputs(JobContext& job, std::optional<JobPlan> planned);
 // World rank 0: an exclusive lock on --out (and on --checkpoint-dir when it lies outside --out) held
 // until the process ends; fatal BadOptions naming the holder (pid, host, since when) when another job
 // has it. Creates the directories.

@@ -57,21 +57,21 @@ void check_trainable(const TokenDataset& ds) {
                 "(dflash-prep: \"loss_mask\" in the JSONL, or leave it out for all 1)");
 }
 
-// --draft-layers against the target (a fresh drafter only: --drafter brings its own layers and ids).
-void check_draft_layers(const Options& o, const Qwen3Config& target, bool print_note) {
+// --draft-layers against the target (a fresh drafter only: --drafter brings its own layers and ids; plan_job
+// checked the other recipe options), and a note where its default layer ids repeat a layer.
+void check_draft_layers(const Options& o, const JobPlan& plan, bool print_note) {
   if (!o.drafter_dir.empty()) return;
-  const int L = target.num_hidden_layers;
-  fresh_drafter_config(target, o.draft_layers, o.train);  // the recipe options fit the target (BadOptions)
+  const int L = plan.target.text.num_hidden_layers;
   DF_CHECK_HINT(o.draft_layers <= L, BadOptions,
                 "--draft-layers " << o.draft_layers << " is more than the target's " << L << " layers ("
                                   << o.target_dir << "/config.json num_hidden_layers)",
                 "a drafter has fewer layers than its target (DFlash uses 5 on 28-64 layer targets): give "
                 "--draft-layers in [1, " + std::to_string(L) + "]");
-  const std::vector<int> ids = default_target_layer_ids(L, o.draft_layers);
+  if (!o.train.target_layer_ids.empty() || !print_note) return;  // chosen with --target-layers
+  const std::vector<int>& ids = plan.capture_layers;
   bool repeats = false;
-  if (!o.train.target_layer_ids.empty()) return;  // chosen with --target-layers
   for (size_t i = 1; i < ids.size(); ++i) repeats = repeats || ids[i] == ids[i - 1];
-  if (!repeats || !print_note) return;
+  if (!repeats) return;
   std::string list;
   for (int id : ids) list += (list.empty() ? "" : ", ") + std::to_string(id);
   std::printf("[dflash] note: --draft-layers %d on a %d-layer target: the drafter reads target layers [%s]; the "
@@ -87,7 +87,7 @@ void check_draft_layers(const Options& o, const Qwen3Config& target, bool print_
 // buffers do not fit even that is an option out of range (exit 2), not an out-of-memory failure (exit 8)
 // after the models loaded. Memory: the node's RAM shared by its ranks (CPU backend), the GPU's (CUDA,
 // when NVML read it at startup).
-void check_token_budget_fits(const JobContext& job, int64_t capture_layers) {
+void check_token_budget_fits(const JobContext& job) {
   const Options& o = job.opt;
   const Topology& topo = job.topo;
   DF_CHECK_HINT(o.token_budget <= INT32_MAX, BadOptions,
@@ -95,9 +95,7 @@ void check_token_budget_fits(const JobContext& job, int64_t capture_layers) {
                              << "with 32-bit offsets)",
                 "give --token-budget in [2, 2147483647]; 32768 is the DFlash recipe's");
   if (topo.role != Role::Target && topo.role != Role::Drafter) return;
-  const double per_token = static_cast<double>(job.target.text.hidden_size) *
-                           static_cast<double>(capture_layers + (o.train.loss == LossKind::KL ? 1 : 0)) *
-                           (o.backend == Device::CUDA ? 2.0 : 4.0);
+  const double per_token = job.plan.wire_bytes_per_token();
   const int buffers = topo.role == Role::Drafter ? o.hs_queue_depth : 2;
   const double need = per_token * static_cast<double>(o.token_budget) * buffers;
   double have = 0;
@@ -265,40 +263,35 @@ namespace {
 // --eval-data on the ranks that use it (targets forward it, drafters keep its features): a valid dataset
 // of the target's vocabulary, records that fit --token-budget (or the --long-record policy), something to
 // evaluate, and a share per drafter its host can hold. Packed here, once (include/dflash/eval_set.h).
-void load_eval_data(JobContext& job, int64_t capture_layers) {
+void load_eval_data(JobContext& job) {
   const Options& o = job.opt;
-  const TokenDataset ds(o.eval_data, job.target.text.vocab_size);  // fatal BadInput naming the file
+  const TokenDataset ds(o.eval_data, job.plan.target.text.vocab_size);  // fatal BadInput naming the file
   check_records_fit(o, ds);
   DF_CHECK_HINT(ds.anchor_positions() > 0, BadInput,
                 "--eval-data " << ds.path() << " has nothing to evaluate: " << ds.loss_tokens() << " of " << ds.num_tokens()
                                << " tokens have loss_mask 1, and no two consecutive ones in a record",
                 "mark the completions with loss_mask 1 (as in --data), or give another held-out file");
-  auto eval = std::make_shared<EvalSet>(load_eval_set(ds, o.token_budget, o.long_record == LongRecordPolicy::Skip ? LongRecord::Skip : LongRecord::Cut));
+  auto eval = std::make_shared<EvalSet>(load_eval_set(ds, o.token_budget, job.plan.loader.long_record));
   // What a drafter's host keeps: its share's features (+ final norm for --loss kl) in the wire dtype.
-  const double per_token = static_cast<double>(job.target.text.hidden_size) *
-                           static_cast<double>(capture_layers + (o.train.loss == LossKind::KL ? 1 : 0)) *
-                           (o.backend == Device::CUDA ? 2.0 : 4.0);
-  check_eval_share_fits(*eval, static_cast<int>(job.topo.drafters.size()), per_token);
+  check_eval_share_fits(*eval, static_cast<int>(job.topo.drafters.size()), job.plan.wire_bytes_per_token());
   job.eval = std::move(eval);
   // --eval-tau-every: the drafters decode the set's prompts (src/runtime/drafter_tau.h)
-  if (o.eval_tau_every > 0 && job.topo.role == Role::Drafter) job.tau_prompts = load_tau_prompts(o, ds);
+  if (o.eval_tau_every > 0 && job.topo.role == Role::Drafter) job.tau_prompts = load_tau_prompts(o, job.plan.drafter.block_size, ds);
 }
 
 }  // namespace
 
-void validate_inputs(JobContext& job) {
+void validate_inputs(JobContext& job, std::optional<JobPlan> planned) {
   const Options& o = job.opt;
   const Topology& topo = job.topo;
   check_input_paths(o);
-  job.target = load_target_config(o.target_dir);
-  check_draft_layers(o, job.target.text, topo.world_rank == 0);
-  // --drafter's config, or the default ids: fatal BadInput when it does not fit.
-  const int64_t capture_layers = static_cast<int64_t>(capture_layer_ids(o).size());
-  check_token_budget_fits(job, capture_layers);
-  if (!o.eval_data.empty() && topo.role != Role::Idle) load_eval_data(job, capture_layers);
+  job.plan = planned ? std::move(*planned) : plan_job(o);
+  check_draft_layers(o, job.plan, topo.world_rank == 0);
+  check_token_budget_fits(job);
+  if (!o.eval_data.empty() && topo.role != Role::Idle) load_eval_data(job);
   if (topo.role != Role::Target) return;
   // Only the targets read the data; they keep it open for the loader.
-  auto dataset = std::make_shared<TokenDataset>(o.data_path, job.target.text.vocab_size);
+  auto dataset = std::make_shared<TokenDataset>(o.data_path, job.plan.target.text.vocab_size);
   check_records_fit(o, *dataset);
   check_trainable(*dataset);
   job.dataset = std::move(dataset);

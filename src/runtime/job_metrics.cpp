@@ -1,6 +1,5 @@
 #include "job_metrics.h"
 
-#include <set>
 #include <string>
 #include <thread>
 #include <utility>
@@ -306,14 +305,13 @@ void MetricsHub::report(const DrafterReport& mine, const std::vector<TargetRepor
     in.q_hs_capacity = job_.opt.hs_queue_depth;
     in.grad_accum = job_.opt.grad_accum;
     if (gpu_row) {
-      // Ranks that share a GPU read the same device: count each (host, GPU) once.
+      // Ranks that share a GPU read the same device: count each GPU once (a rank without a bound GPU,
+      // e.g. the NVML test hook on the CPU backend, is its own device).
       double total = 0;
-      std::set<std::pair<std::string, int>> seen;
       for (size_t i = 0; i < gpu_ranks_.size(); ++i) {
-        const RankCard& c = job_.cards[static_cast<size_t>(gpu_ranks_[i])];
-        // (a rank without a bound GPU, e.g. the NVML test hook on the CPU backend, is its own device)
-        const int device = c.gpu >= 0 ? c.gpu : -1 - gpu_ranks_[i];
-        if (seen.insert({std::string(c.host), device}).second) total += gpu_row->power_w[i];
+        bool counted = false;
+        for (size_t j = 0; j < i && !counted; ++j) counted = job_.topo.same_gpu(gpu_ranks_[i], gpu_ranks_[j]);
+        if (!counted) total += gpu_row->power_w[i];
       }
       in.power_w = total;
     }

@@ -17,7 +17,7 @@
 #include "drafter_best.h"
 #include "drafter_endpoint.h"
 #include "drafter_eval.h"
-#include "drafter_presence.h"
+#include "drafter_group.h"
 #include "drafter_tau.h"
 #include "job.h"
 #include "job_metrics.h"
@@ -25,28 +25,15 @@
 namespace dflash {
 namespace {
 
-std::string ranks_str(const std::vector<int>& ranks) {
-  std::string s;
-  for (int r : ranks) s += (s.empty() ? "" : ",") + std::to_string(r);
-  return s;
-}
-
-// One step's numbers over the drafters (summed by one allreduce, divided after). The loss is carried as
-// loss × weight sum so the reported loss, like the gradient, is one global normalisation Σw·loss / Σw over
-// every drafter's batch; the metrics are plain means.
-struct StepSums {
-  double weighted_loss = 0, weight_sum = 0, acc = 0, agree = 0, streak = 0, lr = 0, noise = 0, tokens = 0, anchors = 0;
-};
-
 class DrafterLoop {
  public:
   explicit DrafterLoop(JobContext& job)
-      : job_(job), o_(job.opt), topo_(job.topo), presence_(topo_, o_.peer_timeout_s), best_(o_, job.resume_dir) {}
+      : job_(job), o_(job.opt), topo_(job.topo), group_(job), best_(o_, job.resume_dir) {}
 
   void run() {
     const int num_drafters = static_cast<int>(topo_.drafters.size());
-    DrafterTrainer trainer(o_.target_dir, o_.drafter_dir, o_.draft_layers, o_.train, job_.ctx, o_.token_budget);
-    check_same_init(trainer);
+    DrafterTrainer trainer(job_.plan.drafter_source(o_), o_.train, job_.ctx, o_.token_budget);
+    group_.check_same_init(trainer.weights_checksum());
     // --eval-tau-every: this rank's own target for the verification (loaded before the load barrier)
     if (job_.tau_prompts) tau_ = std::make_unique<DrafterTau>(job_, trainer);
     DrafterCheckpointer ckpt(o_, topo_.drafter_comm, job_.resume_invariants, static_cast<int>(topo_.targets.size()), job_.resume_dir);
@@ -56,23 +43,7 @@ class DrafterLoop {
     DrafterEndpoint endpoint(job_, make_data_plane(ps));
     endpoint_ = &endpoint;
     Tensor grads = trainer.grads();
-    GradHooks hooks;  // empty with one drafter
-    if (num_drafters > 1) {
-      std::vector<GradRange> params;
-      for (const ParamSpec& p : trainer.param_layout()) params.push_back({p.offset, p.offset + p.numel()});
-      reducer_ = make_gradient_reducer(job_.grad_reduce, topo_.drafter_comm, job_.ctx,
-                                       plan_grad_buckets(params, grad_bucket_elements(o_.grad_bucket_mb)),
-                                       o_.peer_timeout_s);
-      if (topo_.is_metrics_writer()) {
-        std::printf("[dflash] gradient allreduce: %zu bucket(s) (--grad-bucket-mb %g), %s\n", reducer_->buckets().size(),
-                    o_.grad_bucket_mb, reducer_->buckets().size() > 1 ? "summed while the backward runs" : "summed after the backward");
-        std::fflush(stdout);
-      }
-      // Buckets start summing as the backward finalises them (the step's last micro-batch's backward with
-      // --grad-accum), each prescaled by the batch's weight sum (1 for a folded accumulation: GradHooks).
-      hooks.begin = [&](double prescale) { reducer_->begin_step(trainer.grads(), static_cast<float>(prescale)); };
-      hooks.ready = [&](size_t begin, size_t end) { reducer_->bucket_ready(begin, end); };
-    }
+    const GradHooks hooks = start_reducer(trainer);  // empty with one drafter
     MetricsHub hub(job_, trainer.config().block_size);
     ckpt.before_save([&] { hub.flush(); });  // the metrics rows up to a checkpoint are on disk before it commits
     // The bytes each step allreduces (dflash-report prices more drafters with it when it measured none).
@@ -82,7 +53,7 @@ class DrafterLoop {
     hub.set_attribute("grad_accum", static_cast<int64_t>(o_.grad_accum));
     auto progress = [&] {
       endpoint.pump();
-      presence_.poll();
+      group_.poll();
     };
     wait_all_loaded(job_);
     // --eval-data: this drafter's share of the eval set arrives first, on the same plane and credits.
@@ -158,7 +129,7 @@ class DrafterLoop {
       enter_collective();
       final_checkpoint = ckpt.save_final(step, trainer, schedule_of(trainer), progress);
     }
-    presence_.finish(round_);
+    group_.finish();
     if (step % o_.log_every != 0) report(hub, MetricsHub::Rates::WholeRun, progress);
     if (topo_.is_metrics_writer() && !job_.stop_for_requeue) {
       const FatalHintNote where(final_checkpoint.empty() ? std::string("nothing was trained: nothing is lost")
@@ -175,6 +146,26 @@ class DrafterLoop {
   }
 
  private:
+  // With several drafters: the gradient reducer (bucketed, --grad-bucket-mb) and the hooks that start each
+  // bucket's sum as the backward finalises it (the step's last micro-batch's backward with --grad-accum),
+  // each prescaled by the batch's weight sum (1 for a folded accumulation: GradHooks).
+  GradHooks start_reducer(DrafterTrainer& trainer) {
+    GradHooks hooks;
+    if (group_.size() < 2) return hooks;
+    std::vector<GradRange> params;
+    for (const ParamSpec& p : trainer.param_layout()) params.push_back({p.offset, p.offset + p.numel()});
+    reducer_ = make_gradient_reducer(job_.grad_reduce, topo_.drafter_comm, job_.ctx,
+                                     plan_grad_buckets(params, grad_bucket_elements(o_.grad_bucket_mb)), o_.peer_timeout_s);
+    if (topo_.is_metrics_writer()) {
+      std::printf("[dflash] gradient allreduce: %zu bucket(s) (--grad-bucket-mb %g), %s\n", reducer_->buckets().size(),
+                  o_.grad_bucket_mb, reducer_->buckets().size() > 1 ? "summed while the backward runs" : "summed after the backward");
+      std::fflush(stdout);
+    }
+    hooks.begin = [this, &trainer](double prescale) { reducer_->begin_step(trainer.grads(), static_cast<float>(prescale)); };
+    hooks.ready = [this](size_t begin, size_t end) { reducer_->bucket_ready(begin, end); };
+    return hooks;
+  }
+
   // One micro-batch of the step (MicroBatch::Whole with --grad-accum 1): a batch or proof that none will come,
   // the drafters' agreement (every drafter trains it, or all stop: the first to run dry stops everyone, a
   // drafter that lost a target makes everyone checkpoint and end the job), forward + backward, its numbers
@@ -183,25 +174,19 @@ class DrafterLoop {
   Micro train_micro_batch(DrafterTrainer& trainer, DrafterEndpoint& endpoint, DrafterCheckpointer& ckpt,
                          const GradHooks& hooks, MicroBatch mb, int64_t step, StepSums& sums,
                          std::vector<double>& acc_by_pos, const std::function<void()>& progress) {
-    const int num_drafters = static_cast<int>(topo_.drafters.size());
     enter_collective();
     auto t0 = mpi::Clock::now();
     const DrafterEndpoint::Arrival arrival = endpoint.wait_for_batch();
     report_.data_wait_s += mpi::seconds_since(t0);
     t0 = mpi::Clock::now();
-    // {every drafter has a batch, the lowest world rank of a drafter that lost a target (INT32_MAX: none)}
-    int32_t agreed[2] = {arrival == DrafterEndpoint::Arrival::Batch ? 1 : 0,
-                         arrival == DrafterEndpoint::Arrival::TargetLost ? topo_.world_rank : INT32_MAX};
-    if (num_drafters > 1) {
-      MPI_Request r = mpi::iallreduce(agreed, 2, MPI_MIN, topo_.drafter_comm);
-      mpi::wait(r, o_.peer_timeout_s, [&] { return stalled("the drafters did not agree on the next step"); }, progress);
-    }
+    const DrafterGroup::StepAgreement agreed = group_.agree_on_step(
+        arrival == DrafterEndpoint::Arrival::Batch, arrival == DrafterEndpoint::Arrival::TargetLost, progress);
     report_.allreduce_s += mpi::seconds_since(t0);
-    if (agreed[1] != INT32_MAX) {
-      lost_by_ = agreed[1];
+    if (agreed.lost_by != INT32_MAX) {
+      lost_by_ = agreed.lost_by;
       return Micro::TargetLost;
     }
-    if (!agreed[0]) return Micro::DataEnded;
+    if (!agreed.all_have_batch) return Micro::DataEnded;
     const int slot = endpoint.take_ready();
     t0 = mpi::Clock::now();
     const HsBatch& hb = endpoint.batch(slot);
@@ -234,14 +219,8 @@ class DrafterLoop {
 
   // After the drain: whether any drafter lost a target (collective over the drafters); lost_by_ names it.
   bool agree_on_lost_target() {
-    int32_t lost_by = endpoint_->target_lost() ? topo_.world_rank : INT32_MAX;
-    if (topo_.drafters.size() > 1) {
-      enter_collective();
-      MPI_Request r = mpi::iallreduce(&lost_by, 1, MPI_MIN, topo_.drafter_comm);
-      mpi::wait(r, o_.peer_timeout_s, [&] { return stalled("the drafters did not agree on the end of the run"); });
-    }
-    lost_by_ = lost_by;
-    return lost_by != INT32_MAX;
+    lost_by_ = group_.agree_on_lost_target(endpoint_->target_lost());
+    return lost_by_ != INT32_MAX;
   }
 
   // A drafter lost a target (lost_by_): every drafter checkpoints the last applied step `step` (the step in
@@ -269,22 +248,9 @@ class DrafterLoop {
     return schedule;
   }
 
-  // Every drafter runs the same collectives in the same order; before each it announces a new round,
-  // so a stalled one names the drafters that never reached it (else all of them).
-  void enter_collective() { presence_.announce(++round_); }
-  std::string stalled(const char* what) const {
-    const std::string who = presence_.laggards(round_);
-    return "lost peer: " + (who.empty() ? "drafter ranks " + ranks_str(topo_.drafters) : who) + ": " + what;
-  }
-
-  // The drafters start from the same seed; a mismatch would silently train different models.
-  void check_same_init(DrafterTrainer& trainer) {
-    if (topo_.drafters.size() < 2) return;
-    double sum[2] = {trainer.weights_checksum(), 0};
-    sum[1] = -sum[0];
-    mpi::allreduce(sum, 2, MPI_MAX, topo_.drafter_comm);
-    DF_CHECK(sum[0] == -sum[1], Internal, "drafter ranks start from different weights");
-  }
+  // Every drafter runs the same collectives in the same order; before each it announces a new round
+  // (DrafterGroup), so a stalled one names the drafters that never reached it (else all of them).
+  void enter_collective() { group_.enter(); }
 
   // Each drafter's gradient is d(Σw·loss / Σw_local): scaled back to d(Σw·loss) before the sum (the
   // reducer prescales each bucket by Σw_local, given to it by GradHooks::begin before the backward; with
@@ -297,26 +263,7 @@ class DrafterLoop {
   // acc_by_pos (accuracy per block position) is summed with the step's other numbers.
   void reduce_gradients(DrafterTrainer& trainer, StepSums& sums, std::vector<double>& acc_by_pos,
                         const std::function<void()>& progress) {
-    enter_collective();
-    MPI_Request rs = mpi::iallreduce(reinterpret_cast<double*>(&sums), sizeof(sums) / sizeof(double), MPI_SUM, topo_.drafter_comm);
-    MPI_Request rp = mpi::iallreduce(acc_by_pos.data(), acc_by_pos.size(), MPI_SUM, topo_.drafter_comm);
-    mpi::Deadline deadline(o_.peer_timeout_s);
-    mpi::Backoff backoff;
-    bool grads_done = false, sums_done = false, pos_done = false;
-    for (;;) {
-      grads_done = grads_done || reducer_->done();
-      sums_done = sums_done || mpi::test(rs);
-      pos_done = pos_done || mpi::test(rp);
-      if (grads_done && sums_done && pos_done) break;
-      progress();
-      if (deadline.expired()) {
-        reducer_->abort();
-        fatal(ExitCode::LostPeer, stalled("the gradient allreduce stalled") + " (waited " +
-                                      std::to_string(static_cast<int>(deadline.elapsed())) + " s)",
-              "a drafter rank died or hangs; see its own error above, or raise --peer-timeout if it is just slow");
-      }
-      backoff.idle();
-    }
+    group_.sum_step(sums, acc_by_pos, *reducer_, progress);
     trainer.scale_grads(sums.weight_sum > 0 ? static_cast<float>(1.0 / sums.weight_sum) : 0.0f);
   }
 
@@ -335,11 +282,7 @@ class DrafterLoop {
       sums.insert(sums.end(), t.begin(), t.end());
     }
     endpoint_->pump();  // batches that arrived meanwhile complete (the targets go on while this runs)
-    if (topo_.drafters.size() > 1) {
-      enter_collective();
-      MPI_Request r = mpi::iallreduce(sums.data(), sums.size(), MPI_SUM, topo_.drafter_comm);
-      mpi::wait(r, o_.peer_timeout_s, [&] { return stalled("summing the eval results stalled"); }, progress);
-    }
+    group_.sum(sums, "summing the eval results stalled", progress);
     EvalMetrics m = EvalSums::unpack({sums.begin(), sums.begin() + static_cast<std::ptrdiff_t>(loss_sums)},
                                      trainer.config().block_size).metrics();
     if (with_tau) DrafterTau::fill(m, TauSums::unpack(sums.data() + loss_sums));
@@ -393,8 +336,7 @@ class DrafterLoop {
   JobContext& job_;
   const Options& o_;
   const Topology& topo_;
-  DrafterPresence presence_;
-  int64_t round_ = -1;
+  DrafterGroup group_;  // the collectives over the drafters
   int lost_by_ = INT32_MAX;  // world rank of the drafter that lost a target (agreed by the drafters)
   DrafterEndpoint* endpoint_ = nullptr;
   std::unique_ptr<GradientReducer> reducer_;

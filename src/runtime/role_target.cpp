@@ -2,7 +2,7 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <map>
+#include <optional>
 #include <thread>
 
 #include "dflash/backend.h"
@@ -15,15 +15,10 @@
 #include "dflash/hf_config.h"
 #include "dflash/target.h"
 #include "job.h"
+#include "target_endpoint.h"
 
 namespace dflash {
 namespace {
-
-std::string ranks_str(const std::vector<int>& ranks) {
-  std::string s;
-  for (int r : ranks) s += (s.empty() ? "" : ",") + std::to_string(r);
-  return s;
-}
 
 class TargetRank {
  public:
@@ -31,23 +26,17 @@ class TargetRank {
 
   void run() {
     const std::shared_ptr<const TokenDataset> dataset = job_.dataset;  // opened and checked by validate_inputs
-    const std::vector<int> layers = capture_layer_ids(o_);
-    model_ = make_target_model(job_.target, o_.target_dir, job_.ctx, layers, o_.token_budget);
+    model_ = make_target_model(job_.plan.target, o_.target_dir, job_.ctx, job_.plan.capture_layers, o_.token_budget);
     DataPlaneSpec ps = data_plane_spec(job_);
     ps.num_send_buffers = kSendBuffers;
-    plane_ = make_data_plane(ps);
+    TargetEndpoint endpoint(job_, make_data_plane(ps));
+    endpoint_ = &endpoint;
     for (int b = 0; b < kSendBuffers; ++b) {
       forward_timing_[b][0] = Event(job_.ctx, /*timing=*/true);
       forward_timing_[b][1] = Event(job_.ctx, /*timing=*/true);
     }
-    for (int d : topo_.node_drafters) last_credit_[d] = mpi::Clock::now();
 
-    LoaderOptions lo;
-    lo.token_budget = o_.token_budget;
-    lo.prefetch_depth = o_.prefetch_depth;
-    lo.max_epochs = o_.epochs;
-    lo.seed = o_.train.seed;
-    lo.long_record = o_.long_record == LongRecordPolicy::Skip ? LongRecord::Skip : LongRecord::Cut;
+    LoaderOptions lo = job_.plan.loader;
     lo.shard_index = topo_.role_index;
     lo.num_shards = topo_.role_count;
     wait_all_loaded(job_);
@@ -57,27 +46,26 @@ class TargetRank {
     end_index_ = resume.position.batches;
     const auto& nt = topo_.node_targets;
     const int my_node_index = topo_.node_target_index_of(topo_.world_rank);
-    control_req_ = mpi::irecv(&control_in_, 1, MPI_ANY_SOURCE, kTagToTarget, MPI_COMM_WORLD);
 
     // --eval-data: this target's eval forwards go out first (the loader prefetches meanwhile), then every
     // rank waits until every drafter holds its share: training starts together.
     report_.rank = topo_.world_rank;  // the headers name their sender
     if (job_.eval) send_eval_batches();
-    wait_eval_features(job_, [&] { pump(); });
+    wait_eval_features(job_, [&] { endpoint.pump(); });
     report_ = TargetReport{};  // the eval forwards are not training work
     report_.rank = topo_.world_rank;
     LoadedBatch lb;
-    while (!stop_) {
+    while (!endpoint.stopped()) {
       // 1. the next packed batch from the loader thread
       auto t0 = mpi::Clock::now();
       PopResult got = PopResult::Timeout;
-      while (!stop_ && (got = loader.pop(lb, std::chrono::milliseconds(2))) == PopResult::Timeout) pump();
+      while (!endpoint.stopped() && (got = loader.pop(lb, std::chrono::milliseconds(2))) == PopResult::Timeout) endpoint.pump();
       report_.data_wait_s += mpi::seconds_since(t0);
-      if (stop_ || got == PopResult::EndOfData) break;
+      if (endpoint.stopped() || got == PopResult::EndOfData) break;
       end_index_ = lb.index + 1;
       if (resume.already_trained(lb.index)) continue;
       // 2. a free send buffer (its previous batch fully sent)
-      const int buf = next_send_buffer();
+      const int buf = next_send_buffer("sending a batch");
       // 3. forward into the buffer (the wire layout: features [k, T, H], final_norm [T, H]). On a GPU it is
       //    only enqueued: the plane's send waits for it by an event, the host goes on to the credits.
       HsBatch& b = forward_into(buf, lb.batch);
@@ -88,17 +76,9 @@ class TargetRank {
         fixed_to = topo_.node_drafters[FixedBatchOrder::drafter_of(static_cast<int>(nt.size()), static_cast<int>(topo_.node_drafters.size()),
                                                                    my_node_index, lb.index)];
       t0 = mpi::Clock::now();
-      wait_until([&] { return stop_ || (fixed_to >= 0 ? wallet_.held_from(fixed_to) > 0 : !wallet_.empty()); }, [&] {
-        std::vector<int> silent;  // drafters that granted nothing within the deadline
-        for (int d : topo_.node_drafters)
-          if (mpi::seconds_since(last_credit_[d]) > o_.peer_timeout_s) silent.push_back(d);
-        return "lost peer: no credit from drafter rank(s) " + ranks_str(silent.empty() ? topo_.node_drafters : silent) +
-               " (they stopped consuming batches)";
-      }, 1.5 * o_.peer_timeout_s);  // the drafters know which of them is silent: they get the first word
+      const std::optional<Credit> c = endpoint.take_credit(fixed_to);
       report_.credit_wait_s += mpi::seconds_since(t0);
-      if (stop_) break;  // the drafters have their steps; this batch is not needed
-      // A credit unused for a quarter of the deadline goes first, whoever granted it.
-      const Credit c = fixed_to >= 0 ? wallet_.take_from(fixed_to) : wallet_.take(job_.elapsed(), o_.peer_timeout_s / 4);
+      if (!c) break;  // the drafters have their steps; this batch is not needed
       report_.batches++;
       report_.tokens += lb.batch.num_tokens();
       report_.q_pre = loader.queue_depth();
@@ -109,33 +89,38 @@ class TargetRank {
       b.header.kind = BatchKind::Train;
       b.header.next_position = lb.next;
       b.header.report = report_;
-      b.header.seq = sent_to_[c.drafter];
-      plane_->post_send(buf, job_.ctx, c.drafter, c.slot);
-      buf_dest_[buf] = c.drafter;
-      sent_to_[c.drafter]++;
+      endpoint.send(buf, job_.ctx, *c);
       // Test hook: fail with this batch mid-transfer (posted, not yet delivered), the worst moment.
       maybe_inject_failure(job_, report_.batches - 1);
     }
     loader.stop();
-    finish();
+    // End-of-data to every drafter of the node (with the count it should have), then wait for their Fin.
+    wait_all_sent("sending the last batches");
+    endpoint.finish(end_index_);
+    endpoint_ = nullptr;
   }
 
  private:
   // The next send buffer, once its previous batch is fully sent (that wait counts as send_wait_s).
-  int next_send_buffer() {
-    const int buf = next_buf_;
-    next_buf_ = (next_buf_ + 1) % plane_->num_send_buffers();
+  int next_send_buffer(const char* what) {
+    const int buf = endpoint_->next_buffer();
     const auto t0 = mpi::Clock::now();
-    wait_until([&] { return plane_->send_done(buf); },
-               [&] { return "sending a batch to drafter rank " + std::to_string(buf_dest_[buf]) + " did not complete"; });
+    endpoint_->wait_sent(buf, what);
     report_.send_wait_s += mpi::seconds_since(t0);
     forward_finished(buf);
     return buf;
   }
 
+  void wait_all_sent(const char* what) {
+    for (int buf = 0; buf < endpoint_->num_send_buffers(); ++buf) {
+      endpoint_->wait_sent(buf, what);
+      forward_finished(buf);
+    }
+  }
+
   // Enqueues the forward of `batch` into send buffer `buf` (header sizes filled; the caller completes it).
   HsBatch& forward_into(int buf, const PackedBatch& batch) {
-    HsBatch& b = plane_->send_buffer(buf);
+    HsBatch& b = endpoint_->send_buffer(buf);
     b.fill_from(batch);
     forward_timing_[buf][0].record(job_.ctx);
     CaptureOut out;
@@ -156,26 +141,16 @@ class TargetRank {
     const EvalSet& eval = *job_.eval;
     for (const EvalRoute& r : topo_.eval_routes(static_cast<int64_t>(eval.batches.size()))) {
       if (r.target != topo_.world_rank) continue;
-      const int buf = next_send_buffer();
+      const int buf = next_send_buffer("sending a batch");
       HsBatch& b = forward_into(buf, eval.batches[static_cast<size_t>(r.batch)]);
-      wait_until([&] { return wallet_.held_from(r.drafter) > 0; }, [&] {
-        return "lost peer: no credit from drafter rank " + std::to_string(r.drafter) + " for eval batch " + std::to_string(r.batch);
-      }, 1.5 * o_.peer_timeout_s);
-      const Credit c = wallet_.take_from(r.drafter);
+      const Credit c = *endpoint_->take_credit(r.drafter, r.batch);
       b.header.batch_index = r.batch;
       b.header.kind = BatchKind::Eval;
       b.header.next_position = DataPosition{};
       b.header.report = report_;
-      b.header.seq = sent_to_[c.drafter];
-      plane_->post_send(buf, job_.ctx, c.drafter, c.slot);
-      buf_dest_[buf] = c.drafter;
-      sent_to_[c.drafter]++;
+      endpoint_->send(buf, job_.ctx, c);
     }
-    for (int buf = 0; buf < plane_->num_send_buffers(); ++buf) {
-      wait_until([&] { return plane_->send_done(buf); },
-                 [&] { return "sending eval batches to drafter rank " + std::to_string(buf_dest_[buf]) + " did not complete"; });
-      forward_finished(buf);
-    }
+    wait_all_sent("sending eval batches");
   }
 
   // The forward that filled send buffer `buf` has finished (its send completed, and the send waits for it):
@@ -191,82 +166,16 @@ class TargetRank {
     check_device_errors(job_.ctx);
   }
 
-  // Handles every control message that has arrived (credits, stop, fin).
-  void pump() {
-    forward_stop_signal(topo_.drafters.front());  // a signal sent to this rank alone still stops the job
-    MPI_Status st;
-    while (control_req_ != MPI_REQUEST_NULL && mpi::test(control_req_, &st)) {
-      const int from = st.MPI_SOURCE;
-      switch (control_in_.kind) {
-        case ControlKind::Credit:
-          if (!finishing_) wallet_.add(Credit{from, control_in_.slot, job_.elapsed()});
-          last_credit_[from] = mpi::Clock::now();
-          break;
-        case ControlKind::Stop: stop_ = true; break;
-        case ControlKind::Fin: fins_++; break;
-        default: DF_FAIL(Internal, "target got control message " << static_cast<int>(control_in_.kind) << " from rank " << from, "");
-      }
-      control_req_ = mpi::irecv(&control_in_, 1, MPI_ANY_SOURCE, kTagToTarget, MPI_COMM_WORLD);
-    }
-  }
-
-  template <class Done, class Why> void wait_until(Done done, Why why, double timeout_s = 0) {
-    mpi::Deadline deadline(timeout_s > 0 ? timeout_s : o_.peer_timeout_s);
-    mpi::Backoff backoff;
-    for (;;) {
-      pump();
-      if (done()) return;
-      if (deadline.expired())
-        fatal(ExitCode::LostPeer, why() + " (waited " + std::to_string(static_cast<int>(deadline.elapsed())) + " s)",
-              "a drafter rank died or hangs; see its own error above, or raise --peer-timeout if it is just slow");
-      if (plane_ && plane_->transfers_in_flight()) backoff.reset();  // poll without sleeping while a batch moves
-      backoff.idle();
-    }
-  }
-
-  // End-of-data to every drafter of the node (with the count it should have), then wait for their Fin.
-  void finish() {
-    finishing_ = true;
-    for (int buf = 0; buf < plane_->num_send_buffers(); ++buf) {
-      wait_until([&] { return plane_->send_done(buf); },
-                 [&] { return "sending the last batches to drafter rank " + std::to_string(buf_dest_[buf]) + " did not complete"; });
-      forward_finished(buf);
-    }
-    std::vector<ControlMsg> eod(topo_.node_drafters.size());
-    std::vector<MPI_Request> reqs(eod.size());
-    for (size_t i = 0; i < eod.size(); ++i) {
-      const int d = topo_.node_drafters[i];
-      eod[i] = ControlMsg{ControlKind::EndOfData, -1, sent_to_[d], end_index_};
-      reqs[i] = mpi::isend(&eod[i], 1, d, kTagToDrafter, MPI_COMM_WORLD);
-    }
-    const int want = static_cast<int>(topo_.node_drafters.size());
-    wait_until([&] {
-      bool sent = true;
-      for (auto& r : reqs) sent = mpi::test(r) && sent;
-      return sent && fins_ == want;
-    }, [&] { return "drafter rank(s) " + ranks_str(topo_.node_drafters) + " did not acknowledge end-of-data"; });
-    mpi::cancel(control_req_);
-  }
-
   JobContext& job_;
   const Options& o_;
   const Topology& topo_;
   std::unique_ptr<TargetModel> model_;
-  std::unique_ptr<DataPlane> plane_;
-  int next_buf_ = 0;  // send buffers are used in turn
-  CreditWallet wallet_;
-  ControlMsg control_in_;
-  MPI_Request control_req_ = MPI_REQUEST_NULL;
-  std::map<int, int64_t> sent_to_;
-  std::map<int, mpi::Clock::time_point> last_credit_;
+  TargetEndpoint* endpoint_ = nullptr;
   static constexpr int kSendBuffers = 2;  // the forward of batch n+1 overlaps the send of batch n
-  int buf_dest_[kSendBuffers] = {-1, -1};
   Event forward_timing_[kSendBuffers][2];  // begin, end of the forward that filled each send buffer
   bool forward_pending_[kSendBuffers] = {false, false};
   TargetReport report_;
   int64_t end_index_ = 0;  // loader batch index after the last batch popped (EndOfData, --batch-order fixed)
-  bool stop_ = false, finishing_ = false;
-  int fins_ = 0;
 };
 
 }  // namespace

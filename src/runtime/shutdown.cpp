@@ -36,15 +36,18 @@ std::string who(const JobContext& job, int rank) {
 // Polls every request with sleeps until all are done or the deadline passes (timeout_s <= 0: no deadline);
 // returns the indices still pending. poll() runs at every wake-up.
 std::vector<size_t> wait_all(std::vector<MPI_Request>& reqs, double timeout_s, const std::function<void()>& poll = {}) {
-  mpi::Deadline deadline(timeout_s);
-  for (;;) {
-    std::vector<size_t> pending;
+  std::vector<size_t> pending;
+  auto all_done = [&] {
+    pending.clear();
     for (size_t i = 0; i < reqs.size(); ++i)
       if (!mpi::test(reqs[i])) pending.push_back(i);
-    if (pending.empty() || (timeout_s > 0 && deadline.expired())) return pending;
-    if (poll) poll();
-    ::usleep(20000);  // an idle rank waits out the whole run here: it costs no CPU
-  }
+    return pending.empty();
+  };
+  mpi::Polling polling;
+  polling.progress = poll;
+  polling.max_sleep_us = 20000;  // an idle rank waits out the whole run here: it costs no CPU
+  mpi::poll_until(all_done, timeout_s, polling);
+  return pending;
 }
 
 // World rank 0 (always a target): collects the working ranks, then the idle ranks' answers.

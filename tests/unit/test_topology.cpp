@@ -1,6 +1,7 @@
 // Roles from node layouts (the pure part of the topology) and the launcher/world-size check.
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <map>
 #include <string>
@@ -128,4 +129,22 @@ TEST(LauncherWorldSizeDeath, MpirunDisagrees) {
   std::map<std::string, std::string> env{{"OMPI_COMM_WORLD_SIZE", "4"}};
   auto get = [&](const char* n) -> const char* { auto it = env.find(n); return it == env.end() ? nullptr : it->second.c_str(); };
   EXPECT_EXIT(check_launcher_world_size(2, get), testing::ExitedWithCode(4), "OMPI_COMM_WORLD_SIZE=4");
+}
+
+// Two ranks share a GPU when host and PCI bus id agree (the ordinal alone may differ under different
+// CUDA_VISIBLE_DEVICES); a rank without a GPU shares none.
+TEST(Topology, SameGpuByHostAndBusId) {
+  Topology t = assign_roles(0, blocked(2, 2), spec(1, 1));
+  auto place = [](const char* host, int gpu, const char* bus) {
+    RankPlace p;
+    std::snprintf(p.host, sizeof(p.host), "%s", host);
+    p.gpu = gpu;
+    std::snprintf(p.gpu_bus, sizeof(p.gpu_bus), "%s", bus);
+    return p;
+  };
+  t.places = {place("a", 0, "0000:1B:00.0"), place("a", 1, "0000:1B:00.0"), place("b", 0, "0000:1B:00.0"),
+              place("b", -1, "")};
+  EXPECT_TRUE(t.same_gpu(0, 1));   // ordinals differ, the bus id is one
+  EXPECT_FALSE(t.same_gpu(0, 2));  // another host
+  EXPECT_FALSE(t.same_gpu(3, 3));  // no GPU
 }

@@ -14,6 +14,7 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 
+#include <algorithm>
 #include <array>
 #include <deque>
 #include <map>
@@ -22,6 +23,7 @@
 
 #include "backend.cuh"
 #include "cuda_check.cuh"
+#include "core/cuda_entry.h"
 #include "dflash/data_plane.h"
 #include "dflash/device_async.h"
 #include "dflash/error.h"
@@ -29,7 +31,7 @@
 #include "dflash/pair_order.h"
 #include "dflash/topology.h"
 #include "comm/batch_messages.h"
-#include "nccl_util.h"
+#include "nccl_comm.h"
 
 namespace dflash {
 
@@ -39,7 +41,7 @@ constexpr int kTagNcclId = 4;  // target -> drafter: the pair communicator's uni
 struct NcclPair {
   int peer = -1;  // world rank of the other side
   int peer_in_comm = -1;
-  ncclComm_t comm = nullptr;
+  NcclComm comm;
   Ctx ctx;        // this rank's context on the pair's own stream
 };
 
@@ -48,7 +50,7 @@ class NcclPairs {
   // Every target and drafter of a node sets up a communicator with each partner on the node; collective
   // over those ranks (idle ranks take no part). Never fatal on an NCCL failure: error() says what went
   // wrong, so --data-plane auto can fall back.
-  NcclPairs(const Topology& topo, const Ctx& ctx, double timeout_s) : ctx_(ctx), timeout_s_(timeout_s) {
+  NcclPairs(const Topology& topo, const Ctx& ctx, double timeout_s) : ctx_(ctx) {
     const bool target = topo.role == Role::Target;
     const std::vector<int>& partners = target ? topo.node_drafters : topo.node_targets;
     if (partners.empty()) return;
@@ -73,8 +75,6 @@ class NcclPairs {
         return "lost peer: rank " + std::to_string(partners[i]) + " did not take part in the NCCL data plane's setup";
       });
     if (id_failed) return;
-    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
-    config.blocking = 0;
     for (size_t i = 0; i < partners.size(); ++i) {
       NcclPair& p = pairs_[partners[i]];
       p.peer = partners[i];
@@ -83,54 +83,39 @@ class NcclPairs {
       cudaStream_t s = nullptr;
       DF_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
       p.ctx.stream = s;
-      const ncclResult_t r = ncclCommInitRankConfig(&p.comm, 2, ids[i], target ? 0 : 1, &config);
-      if (r != ncclSuccess && r != ncclInProgress && error_.empty())
-        error_ = "ncclCommInitRankConfig with rank " + std::to_string(p.peer) + ": " + nccl_error(p.comm, r);
+      if (!p.comm.begin(ids[i], 2, target ? 0 : 1, timeout_s) && error_.empty())
+        error_ = "ncclCommInitRankConfig with rank " + std::to_string(p.peer) + ": " + p.comm.error();
     }
     // The inits run in the background; all of them at once, so no order between pairs can deadlock.
-    mpi::Deadline deadline(timeout_s);
-    mpi::Backoff backoff;
+    const mpi::Deadline deadline(timeout_s);
     for (auto& [peer, p] : pairs_) {
-      while (error_.empty()) {
-        ncclResult_t st = ncclSuccess;
-        const ncclResult_t q = p.comm ? ncclCommGetAsyncError(p.comm, &st) : ncclInvalidUsage;
-        if (q != ncclSuccess) st = q;
-        if (st == ncclSuccess) break;
-        if (st != ncclInProgress) error_ = "NCCL setup with rank " + std::to_string(peer) + ": " + nccl_error(p.comm, st);
-        else if (deadline.expired())
+      if (!error_.empty()) break;
+      switch (p.comm.wait_ready(std::max(1e-3, timeout_s - deadline.elapsed()))) {
+        case NcclComm::Setup::Ready: break;
+        case NcclComm::Setup::Failed: error_ = "NCCL setup with rank " + std::to_string(peer) + ": " + p.comm.error(); break;
+        case NcclComm::Setup::TimedOut:
           error_ = "NCCL setup with rank " + std::to_string(peer) + " did not finish within " +
                    std::to_string(static_cast<int>(timeout_s)) + " s";
-        else backoff.idle();
+          break;
       }
     }
     if (!error_.empty()) abort();
   }
 
   ~NcclPairs() {
-    for (auto& [peer, p] : pairs_) {
-      if (!p.comm) continue;
-      // Finalize flushes outstanding work; bounded like every other wait, then freed either way.
-      if (ncclCommFinalize(p.comm) == ncclInProgress) {
-        mpi::Deadline deadline(timeout_s_);
-        mpi::Backoff backoff;
-        ncclResult_t st = ncclInProgress;
-        while (ncclCommGetAsyncError(p.comm, &st) == ncclSuccess && st == ncclInProgress && !deadline.expired()) backoff.idle();
-      }
-      ncclCommDestroy(p.comm);
-    }
+    for (auto& [peer, p] : pairs_) p.comm.close();  // finalized (bounded) and destroyed before their streams go
     release_streams();
   }
 
   const std::string& error() const { return error_; }
   NcclPair& pair(int peer) {
     auto it = pairs_.find(peer);
-    DF_CHECK(it != pairs_.end() && it->second.comm, Internal, "no NCCL communicator with rank " << peer);
+    DF_CHECK(it != pairs_.end() && static_cast<bool>(it->second.comm), Internal, "no NCCL communicator with rank " << peer);
     return it->second;
   }
   // A peer is lost or a transfer failed: abandon every communicator so this rank can report and exit.
   void abort() {
-    for (auto& [peer, p] : pairs_)
-      if (p.comm) ncclCommAbort(p.comm), p.comm = nullptr;
+    for (auto& [peer, p] : pairs_) p.comm.abort();
   }
 
  private:
@@ -140,7 +125,6 @@ class NcclPairs {
   }
 
   Ctx ctx_;
-  double timeout_s_;
   std::map<int, NcclPair> pairs_;  // by the partner's world rank
   std::string error_;
 };
@@ -150,12 +134,6 @@ std::shared_ptr<NcclPairs> make_nccl_pairs(const Topology& topo, const Ctx& ctx,
   if (pairs->error().empty()) return pairs;
   *error = pairs->error();
   return nullptr;
-}
-
-std::string gpu_bus_id(int device) {
-  char id[32] = {0};
-  DF_CUDA(cudaDeviceGetPCIBusId(id, sizeof(id), device));
-  return id;
 }
 
 namespace {
@@ -325,32 +303,28 @@ class NcclDataPlane final : public DataPlane {
     const size_t n_final = h.has_final_norm ? T * H : 0;
     const ncclDataType_t t = nccl_type(hb.shape.dtype);
     cudaStream_t stream = cuda::stream_of(p.ctx);
-    check(p, ncclGroupStart(), "ncclGroupStart");
+    ncclComm_t c = p.comm.get();
+    const std::string with = " with rank " + std::to_string(p.peer);
+    DF_NCCL(p.comm, ncclGroupStart(), "ncclGroupStart" + with, kHint);
     if (send) {
-      check(p, ncclSend(hb.features.t().data, n_features, t, p.peer_in_comm, p.comm, stream), "ncclSend");
-      if (n_final) check(p, ncclSend(hb.final_norm.t().data, n_final, t, p.peer_in_comm, p.comm, stream), "ncclSend");
+      DF_NCCL(p.comm, ncclSend(hb.features.t().data, n_features, t, p.peer_in_comm, c, stream), "ncclSend" + with, kHint);
+      if (n_final) DF_NCCL(p.comm, ncclSend(hb.final_norm.t().data, n_final, t, p.peer_in_comm, c, stream), "ncclSend" + with, kHint);
     } else {
-      check(p, ncclRecv(hb.features.t().data, n_features, t, p.peer_in_comm, p.comm, stream), "ncclRecv");
-      if (n_final) check(p, ncclRecv(hb.final_norm.t().data, n_final, t, p.peer_in_comm, p.comm, stream), "ncclRecv");
+      DF_NCCL(p.comm, ncclRecv(hb.features.t().data, n_features, t, p.peer_in_comm, c, stream), "ncclRecv" + with, kHint);
+      if (n_final) DF_NCCL(p.comm, ncclRecv(hb.final_norm.t().data, n_final, t, p.peer_in_comm, c, stream), "ncclRecv" + with, kHint);
     }
-    check(p, ncclGroupEnd(), "ncclGroupEnd");
+    DF_NCCL(p.comm, ncclGroupEnd(), "ncclGroupEnd" + with, kHint);
   }
 
   // ncclSuccess or ncclInProgress; any other state is fatal.
   ncclResult_t async_state(NcclPair& p) {
-    ncclResult_t st = ncclSuccess;
-    check(p, ncclCommGetAsyncError(p.comm, &st), "ncclCommGetAsyncError");
-    if (st != ncclSuccess && st != ncclInProgress) check(p, st, "an NCCL transfer");
+    const ncclResult_t st = p.comm.state();
+    DF_NCCL(p.comm, st, "an NCCL transfer with rank " + std::to_string(p.peer), kHint);
     return st;
   }
 
-  void check(NcclPair& p, ncclResult_t r, const char* what) {
-    if (r == ncclSuccess || r == ncclInProgress) return;
-    const std::string why = nccl_error(p.comm, r);
-    pairs_->abort();
-    fatal(ExitCode::DeviceFailure, std::string(what) + " with rank " + std::to_string(p.peer) + " failed: " + why,
-          "the GPU, its link or the peer failed; see the other ranks' errors, and rerun with NCCL_DEBUG=WARN");
-  }
+  static constexpr const char* kHint =
+      "the GPU, its link or the peer failed; see the other ranks' errors, and rerun with NCCL_DEBUG=WARN";
 
   // The receive's counts come from the header: a header that does not fit the slot would overrun it.
   void check_header(int s, const Entry& e) const {

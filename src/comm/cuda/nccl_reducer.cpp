@@ -4,7 +4,7 @@
 // an event on the trainer's stream; the reduce stream waits for it, scales the bucket by the step's
 // prescale and sums it. The trainer's stream waits for the reduce stream once every bucket is summed.
 //
-// The communicator is non-blocking (config.blocking = 0), so neither its setup nor a collective can hang
+// The communicator (NcclComm, nccl_comm.h) is non-blocking, so neither its setup nor a collective can hang
 // the host: an NCCL call may return ncclInProgress, and the next one is issued only once
 // ncclCommGetAsyncError says the last has been enqueued (buckets queue on the host meanwhile); every wait
 // polls under the caller's deadline, and a lost peer ends in ncclCommAbort. All calls come from the
@@ -18,11 +18,12 @@
 #include "adamw.cuh"  // cuda::scale_inplace
 #include "backend.cuh"
 #include "cuda_check.cuh"
+#include "core/cuda_entry.h"
 #include "dflash/device_async.h"
 #include "dflash/error.h"
 #include "dflash/grad_reducer.h"
 #include "dflash/mpi_typed.h"
-#include "nccl_util.h"
+#include "nccl_comm.h"
 
 namespace dflash {
 namespace {
@@ -30,7 +31,7 @@ namespace {
 class NcclReducer final : public GradientReducer {
  public:
   NcclReducer(MPI_Comm comm, const Ctx& ctx, std::vector<GradRange> buckets, double timeout_s)
-      : GradientReducer(std::move(buckets)), ctx_(ctx), red_(ctx), summed_(ctx), timeout_s_(timeout_s) {
+      : GradientReducer(std::move(buckets)), ctx_(ctx), red_(ctx), summed_(ctx) {
     int rank = 0, size = 1;
     DF_MPI(MPI_Comm_rank(comm, &rank));
     DF_MPI(MPI_Comm_size(comm, &size));
@@ -40,38 +41,25 @@ class NcclReducer final : public GradientReducer {
     red_.stream = s;
     for (size_t i = 0; i < this->buckets().size(); ++i) final_.emplace_back(ctx);
     ncclUniqueId id{};
-    if (rank == 0) check(ncclGetUniqueId(&id), "ncclGetUniqueId");
+    if (rank == 0) DF_NCCL(comm_, ncclGetUniqueId(&id), "ncclGetUniqueId", kSetupHint);
     MPI_Request r = mpi::ibcast(&id, 1, 0, comm);
     mpi::wait(r, timeout_s, [] { return std::string("lost peer: a drafter did not join the NCCL communicator setup"); });
-    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
-    config.blocking = 0;
-    const ncclResult_t init = ncclCommInitRankConfig(&comm_, size, id, rank, &config);
-    if (init != ncclInProgress) check(init, "ncclCommInitRankConfig");
-    mpi::Deadline deadline(timeout_s);
-    mpi::Backoff backoff;
-    while (async_state() == ncclInProgress) {
-      if (deadline.expired()) {
-        abort();
+    if (!comm_.begin(id, size, rank, timeout_s))
+      fatal(ExitCode::DeviceFailure, "ncclCommInitRankConfig failed: " + comm_.error(), kSetupHint);
+    switch (comm_.wait_ready()) {
+      case NcclComm::Setup::Ready: break;
+      case NcclComm::Setup::Failed:
+        fail("NCCL gradient allreduce failed: " + comm_.error());
+      case NcclComm::Setup::TimedOut:
+        comm_.abort();
         fatal(ExitCode::LostPeer, "lost peer: the drafters' NCCL communicator was not set up within " +
                                       std::to_string(static_cast<int>(timeout_s)) + " s",
               "a drafter rank died or hangs; see its own error above");
-      }
-      backoff.idle();
     }
   }
 
   ~NcclReducer() override {
-    if (comm_) {
-      // Finalize flushes outstanding work; bounded like every other wait, then freed either way.
-      if (ncclCommFinalize(comm_) == ncclInProgress) {
-        mpi::Deadline deadline(timeout_s_);
-        mpi::Backoff backoff;
-        ncclResult_t st = ncclInProgress;
-        while (ncclCommGetAsyncError(comm_, &st) == ncclSuccess && st == ncclInProgress && !deadline.expired())
-          backoff.idle();
-      }
-      ncclCommDestroy(comm_);
-    }
+    comm_.close();  // finalized (bounded) and destroyed before its stream goes
     // An aborted communicator may leave work on the stream; cudaStreamDestroy does not wait for it.
     if (red_.stream) cudaStreamDestroy(static_cast<cudaStream_t>(red_.stream));
   }
@@ -79,15 +67,14 @@ class NcclReducer final : public GradientReducer {
   GradReduceKind kind() const override { return GradReduceKind::Nccl; }
 
   void abort() override {
-    if (comm_) ncclCommAbort(comm_);
-    comm_ = nullptr;
+    comm_.abort();
     queue_.clear();
   }
 
  protected:
   void on_begin_step() override {
     DF_CHECK(grads().device == Device::CUDA, Internal, "NCCL reduces F32 device gradients");
-    DF_CHECK(comm_ != nullptr, Internal, "NCCL gradient reducer used after abort()");
+    DF_CHECK(static_cast<bool>(comm_), Internal, "NCCL gradient reducer used after abort()");
     issued_ = 0;
     finished_ = false;
     queue_.clear();
@@ -106,9 +93,8 @@ class NcclReducer final : public GradientReducer {
       const Tensor view = bucket_view(i);
       final_[i].order_before(red_);
       if (prescale() != 1.0f) cuda::scale_inplace(red_, view, prescale());
-      const ncclResult_t r = ncclAllReduce(view.data, view.data, view.numel(), ncclFloat32, ncclSum, comm_,
-                                           cuda::stream_of(red_));
-      if (r != ncclInProgress) check(r, "ncclAllReduce");
+      DF_NCCL(comm_, ncclAllReduce(view.data, view.data, view.numel(), ncclFloat32, ncclSum, comm_.get(), cuda::stream_of(red_)),
+              "ncclAllReduce", kSetupHint);
       ++issued_;
     }
     if (issued_ < buckets().size() || async_state() == ncclInProgress) return false;
@@ -123,32 +109,27 @@ class NcclReducer final : public GradientReducer {
  private:
   // ncclSuccess or ncclInProgress; any other state is fatal.
   ncclResult_t async_state() {
-    ncclResult_t st = ncclSuccess;
-    check(ncclCommGetAsyncError(comm_, &st), "ncclCommGetAsyncError");
-    if (st != ncclSuccess && st != ncclInProgress) {
-      const std::string why = nccl_error(comm_, st);
-      abort();
-      fatal(ExitCode::DeviceFailure, "NCCL gradient allreduce failed: " + why,
-            "a drafter's GPU or its link failed, or a peer died; see the other ranks' errors");
-    }
+    const ncclResult_t st = comm_.state();
+    if (st != ncclSuccess && st != ncclInProgress) fail("NCCL gradient allreduce failed: " + nccl_error(comm_.get(), st));
     return st;
   }
 
-  void check(ncclResult_t r, const char* what) {
-    if (r == ncclSuccess) return;
-    fatal(ExitCode::DeviceFailure, std::string(what) + " failed: " + nccl_error(comm_, r),
-          "check that every drafter has a GPU of its own (NCCL refuses two ranks on one GPU), and NCCL_DEBUG=WARN");
+  [[noreturn]] void fail(const std::string& what) {
+    comm_.abort();
+    fatal(ExitCode::DeviceFailure, what, "a drafter's GPU or its link failed, or a peer died; see the other ranks' errors");
   }
+
+  static constexpr const char* kSetupHint =
+      "check that every drafter has a GPU of its own (NCCL refuses two ranks on one GPU), and NCCL_DEBUG=WARN";
 
   Ctx ctx_;   // the trainer's
   Ctx red_;   // the same device and backend, the reducer's stream
-  ncclComm_t comm_ = nullptr;
+  NcclComm comm_;
   std::vector<Event> final_;  // per bucket: final on the trainer's stream
   Event summed_;              // every bucket summed (on the reduce stream)
   std::deque<size_t> queue_;  // final buckets not yet handed to NCCL, in plan order
   size_t issued_ = 0;
   bool finished_ = false;
-  double timeout_s_;
 };
 
 }  // namespace

@@ -1,3 +1,4 @@
+// The job's topology (include/dflash/topology.h): roles from the node layout, and every rank's place.
 #include "dflash/topology.h"
 
 #include "dflash/backend.h"
@@ -8,6 +9,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "core/cuda_entry.h"
 #include "dflash/error.h"
 #include "dflash/mpi_typed.h"
 
@@ -40,6 +42,12 @@ int Topology::node_drafter_index_of(int r) const {
   auto it = std::find(node_drafters.begin(), node_drafters.end(), r);
   DF_CHECK(it != node_drafters.end(), Internal, "rank " << r << " is not a drafter of this node");
   return static_cast<int>(it - node_drafters.begin());
+}
+
+bool Topology::same_gpu(int a, int b) const {
+  const RankPlace& p = places.at(static_cast<size_t>(a));
+  const RankPlace& q = places.at(static_cast<size_t>(b));
+  return p.gpu_bus[0] && q.gpu_bus[0] && std::strcmp(p.host, q.host) == 0 && std::strcmp(p.gpu_bus, q.gpu_bus) == 0;
 }
 
 std::vector<EvalRoute> Topology::eval_routes(int64_t num_batches) const {
@@ -164,10 +172,9 @@ Topology create_topology(MPI_Comm world, const TopologySpec& spec, Device backen
   // local_rank % visible devices: one GPU per rank where the launcher shows a node's GPUs to every rank,
   // and device 0 where the scheduler shows each task its own GPU (or ranks share one, as in tests).
   if (backend == Device::CUDA) {
-#ifndef DFLASH_HAVE_CUDA
-    DF_FAIL(BadOptions, "--backend cuda, but this build has no CUDA backend",
-            "rebuild with a CUDA toolkit (DFLASH_CUDA=ON, see README), or use --backend cpu");
-#endif
+    if (!cuda::in_build())
+      DF_FAIL(BadOptions, "--backend cuda, but this build has no CUDA backend",
+              "rebuild with a CUDA toolkit (DFLASH_CUDA=ON, see README), or use --backend cpu");
     const int visible = cuda_device_count();
     DF_CHECK_HINT(visible > 0, DeviceFailure, "--backend cuda, but this rank sees no CUDA device",
                   "check CUDA_VISIBLE_DEVICES / the scheduler's GPU binding (--gpus-per-task), or use --backend cpu");
@@ -175,6 +182,18 @@ Topology create_topology(MPI_Comm world, const TopologySpec& spec, Device backen
   } else {
     t.gpu = -1;
   }
+
+  RankPlace here;
+  std::strncpy(here.host, t.host.c_str(), sizeof(here.host) - 1);
+  here.gpu = t.gpu;
+  if (t.role != Role::Idle && t.gpu >= 0) {
+    // The bus id answers "same GPU?" (same_gpu): without it two ranks on one GPU would be told apart.
+    const std::string bus = cuda::pci_bus_id(t.gpu);
+    DF_CHECK(!bus.empty(), DeviceFailure, "cudaDeviceGetPCIBusId failed for CUDA device " << t.gpu);
+    std::strncpy(here.gpu_bus, bus.c_str(), sizeof(here.gpu_bus) - 1);
+  }
+  t.places.resize(static_cast<size_t>(size));
+  mpi::allgather(&here, 1, t.places.data(), world);
 
   DF_MPI(MPI_Comm_split(world, t.role == Role::Drafter ? 0 : MPI_UNDEFINED, rank, &t.drafter_comm));
   id.role = role_name(t.role);
