@@ -23,7 +23,8 @@ if [ -z "$XPY" ]; then
        "the built-in event writer and CSV are tested, the library and W&B tests skip"
 fi
 note "python: $XPY ($("$XPY" -c 'import importlib.util as u; print(", ".join(m for m in ("tensorboard", "tensorboardX", "wandb", "torch") if u.find_spec(m)) or "no optional packages")'))"
-"$XPY" -m unittest -v "$DFLASH_SRC/tests/report/test_export.py" 2>&1 | tee "$WORK/unittest.log" | tail -40
+# by module name from its directory: unittest takes a file path only relative to the working directory
+(cd "$DFLASH_SRC/tests/report" && "$XPY" -m unittest -v test_export) 2>&1 | tee "$WORK/unittest.log" | tail -40
 grep -q "^OK" "$WORK/unittest.log" || fail "tests/report/test_export.py"
 
 REPORT=("$XPY" "$DFLASH_SRC/tools/dflash-report")
