@@ -122,18 +122,7 @@ class Timeline:
         if not len(self.step) or not self.has_time:
             return steps, self.seg_wall[0] + t
         if int(sseg.max()) + 1 == self.nseg:  # segment k of the series = segment k of the steps
-            for k in range(self.nseg):
-                rows = np.flatnonzero(self.seg == k)
-                m = sseg == k
-                if len(rows):
-                    j = np.searchsorted(self.t[rows], t[m], side="right")
-                    before = self.step[rows[0] - 1] if rows[0] > 0 else 0
-                    steps[m] = np.where(j > 0, self.step[rows[np.maximum(j - 1, 0)]], before)
-                else:
-                    earlier = np.flatnonzero(self.seg < k)
-                    steps[m] = self.step[earlier[-1]] if len(earlier) else 0
-                wall[m] = self.seg_wall[k] + t[m]
-            return steps, wall
+            return _steps_at_segment_times(self, sseg, t)
         # Segments that do not line up (a segment that died before its first step): continuous time.
         cont = np.zeros(len(t))
         off = 0.0
