@@ -190,7 +190,7 @@ class Harness {
     GradHooks hooks;
     if (mode != SumMode::None) {
       hooks.begin = [&](double w) { reducer->begin_step(tr_->grads(), static_cast<float>(w)); };
-      hooks.ready = [&](size_t b, size_t e) { reducer->bucket_ready(b, e); };
+      hooks.ready = [&](size_t b, size_t e) { reducer->ready(b, e); };
     }
     const StepStats st = tr_->forward_backward(batch_.fb(), hooks, batch_.anchors);
     if (mode != SumMode::None) {

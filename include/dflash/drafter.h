@@ -91,7 +91,7 @@ struct FeatureBatch {
 
 // "[begin, end) of the flat gradient (elements) is final": the one event from the backward's kernels to the
 // gradient reducer (GradHooks::ready, the engines' DrafterBatch::ready, the CUDA step, and
-// GradientReducer::bucket_ready at the end of the line, grad_reducer.h).
+// GradientReducer::ready at the end of the line, grad_reducer.h).
 using GradReady = std::function<void(size_t begin, size_t end)>;
 
 // What forward_backward tells its caller while it enqueues the backward, so that the sum of the gradients

@@ -2,7 +2,7 @@
 // the device its trainer runs on, cut into buckets (contiguous ranges, a pure function of the parameter
 // layout and --grad-bucket-mb, so every drafter has the same ones in the same order). A reducer sums the
 // buckets in place over the drafters' communicator as the backward finalises them (as PyTorch DDP does),
-// without blocking: begin_step() opens a step, bucket_ready() reports what the backward has finalised and
+// without blocking: begin_step() opens a step, ready() reports what the backward has finalised and
 // launches every bucket that became whole, done() drives and tests, so the caller keeps MPI progress and
 // its deadlines going while it waits (NCCL's own guidance). Each bucket is multiplied by the step's
 // prescale just before its sum (the local loss weight sum: one global normalisation, see role_drafter.cpp);
@@ -56,12 +56,12 @@ class GradientReducer {
   // has run. Launches, in plan order, every bucket that is now wholly final (a bucket waits for the ones
   // before it: the drafters' collectives must match). Never waits. Every element of [0, P) is reported
   // exactly once per step, in any pieces.
-  void bucket_ready(size_t begin, size_t end);
+  void ready(size_t begin, size_t end);
   // Drives the sums; true once every bucket was reported and summed and the trainer's context is ordered
   // after the sums (the optimizer may read grads). Calling it before every element was reported is an
   // Internal error. A communication failure is fatal (DeviceFailure).
   bool done();
-  // One piece, as before buckets: begin_step(grads, prescale) + bucket_ready(0, P).
+  // One piece, as before buckets: begin_step(grads, prescale) + ready(0, P).
   void start(const Tensor& grads, float prescale = 1.0f);
   // A peer is lost: abandon the collectives so this rank can report and exit (NCCL: ncclCommAbort).
   virtual void abort() = 0;
@@ -85,7 +85,7 @@ class GradientReducer {
 
  private:
   std::vector<GradRange> buckets_;
-  std::vector<size_t> by_begin_;  // bucket indices by ascending begin (for bucket_ready's lookup)
+  std::vector<size_t> by_begin_;  // bucket indices by ascending begin (for ready's lookup)
   std::vector<size_t> ready_;     // elements of each bucket reported final this step
   size_t next_ = 0;               // the next bucket to launch
   bool open_ = false;             // a step is open (begin_step .. done() == true)

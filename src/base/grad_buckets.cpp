@@ -73,7 +73,7 @@ void GradientReducer::begin_step(const Tensor& grads, float prescale) {
   on_begin_step();
 }
 
-void GradientReducer::bucket_ready(size_t begin, size_t end) {
+void GradientReducer::ready(size_t begin, size_t end) {
   DF_CHECK(open_, Internal, "gradient reducer: a range reported outside a step");
   const size_t P = buckets_[by_begin_.back()].end;
   DF_CHECK(begin <= end && end <= P, Internal, "gradient reducer: range [" << begin << ", " << end << ") of " << P);
@@ -105,7 +105,7 @@ bool GradientReducer::done() {
 
 void GradientReducer::start(const Tensor& grads, float prescale) {
   begin_step(grads, prescale);
-  bucket_ready(0, grads.numel());
+  ready(0, grads.numel());
 }
 
 Tensor GradientReducer::bucket_view(size_t i) const {

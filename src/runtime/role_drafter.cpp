@@ -162,7 +162,7 @@ class DrafterLoop {
       std::fflush(stdout);
     }
     hooks.begin = [this, &trainer](double prescale) { reducer_->begin_step(trainer.grads(), static_cast<float>(prescale)); };
-    hooks.ready = [this](size_t begin, size_t end) { reducer_->bucket_ready(begin, end); };
+    hooks.ready = [this](size_t begin, size_t end) { reducer_->ready(begin, end); };
     return hooks;
   }
 

@@ -76,7 +76,7 @@ void synthetic(GradReduceKind kind) {
         gpu_spin(ctx, 200);
         const GradRange& p = params[k];
         copy_bytes_async(ctx, grads.ptr<float>() + p.begin, host + p.begin, p.size() * sizeof(float));
-        reducer->bucket_ready(p.begin, p.end);
+        reducer->ready(p.begin, p.end);
       }
       ASSERT_TRUE(wait_done(*reducer)) << "the sum did not complete";
       // The trainer's stream is ordered after the sums: read them there.
@@ -165,7 +165,7 @@ void trainer(GradReduceKind kind) {
       hooks.begin = [&](double w) { reducer->begin_step(mine.grads(), static_cast<float>(w)); };
       hooks.ready = [&](size_t b, size_t e) {
         launched_before_last = reducer->launched();
-        reducer->bucket_ready(b, e);
+        reducer->ready(b, e);
         ++reports;
       };
       mine.forward_backward(fb, hooks, anchors_of(rank));

@@ -67,7 +67,7 @@ TEST(GradReduceMpi, SyntheticBucketsEqualTheOneShotSum) {
         while (hi > params[k].begin) {
           const size_t piece = std::max<size_t>(1, params[k].size() / (1 + pieces() % 3));
           const size_t lo = hi - std::min(piece, hi - params[k].begin);
-          reducer->bucket_ready(lo, hi);
+          reducer->ready(lo, hi);
           reported += hi - lo;
           hi = lo;
         }
@@ -175,7 +175,7 @@ TEST(GradReduceMpi, TrainerBucketsEqualTheSumOfEveryRanksGradient) {
       };
       hooks.ready = [&](size_t b, size_t e) {
         seen.push_back({b, e});
-        reducer->bucket_ready(b, e);
+        reducer->ready(b, e);
         launched_at.push_back(reducer->launched());
       };
       const StepStats st = mine.forward_backward(fb, hooks, anchors_of(rank, rank == v.empty_rank));

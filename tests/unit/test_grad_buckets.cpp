@@ -187,15 +187,15 @@ TEST(GradBucketBookkeeping, LaunchesInPlanOrderOnceWhole) {
   // Plan: [15,20) [10,15) [0,10).
   RecordingReducer r({{15, 20}, {10, 15}, {0, 10}});
   r.begin_step(grads, 2.5f);
-  r.bucket_ready(12, 15);  // part of bucket 1
+  r.ready(12, 15);  // part of bucket 1
   EXPECT_TRUE(r.launches.empty());
-  r.bucket_ready(0, 10);  // bucket 2 whole, but 0 and 1 are not yet launched
+  r.ready(0, 10);  // bucket 2 whole, but 0 and 1 are not yet launched
   EXPECT_TRUE(r.launches.empty());
-  r.bucket_ready(10, 12);  // bucket 1 whole; still waits for bucket 0
+  r.ready(10, 12);  // bucket 1 whole; still waits for bucket 0
   EXPECT_TRUE(r.launches.empty());
-  r.bucket_ready(17, 20);
+  r.ready(17, 20);
   EXPECT_TRUE(r.launches.empty());
-  r.bucket_ready(15, 17);  // bucket 0 whole: all three go, in order
+  r.ready(15, 17);  // bucket 0 whole: all three go, in order
   EXPECT_EQ(r.launches, (std::vector<size_t>{0, 1, 2}));
   EXPECT_EQ(r.launched(), 3u);
   EXPECT_TRUE(r.done());
@@ -203,7 +203,7 @@ TEST(GradBucketBookkeeping, LaunchesInPlanOrderOnceWhole) {
 
   // A second step; one range across every bucket.
   r.begin_step(grads, 1.0f);
-  r.bucket_ready(0, 20);
+  r.ready(0, 20);
   EXPECT_EQ(r.launches, (std::vector<size_t>{0, 1, 2}));
   EXPECT_TRUE(r.done());
   // The one-shot form.
@@ -217,12 +217,12 @@ TEST(GradBucketBookkeeping, BackwardOrderLaunchesAsItGoes) {
   std::vector<float> g(20);
   RecordingReducer r({{15, 20}, {10, 15}, {0, 10}});
   r.begin_step(cpu_view(g.data(), {20}), 1.0f);
-  r.bucket_ready(15, 20);
+  r.ready(15, 20);
   EXPECT_EQ(r.launches, (std::vector<size_t>{0}));
-  r.bucket_ready(10, 15);
+  r.ready(10, 15);
   EXPECT_EQ(r.launches, (std::vector<size_t>{0, 1}));
-  r.bucket_ready(5, 10);
-  r.bucket_ready(0, 5);
+  r.ready(5, 10);
+  r.ready(0, 5);
   EXPECT_EQ(r.launches, (std::vector<size_t>{0, 1, 2}));
   EXPECT_TRUE(r.done());
 }
@@ -234,15 +234,15 @@ TEST(GradBucketBookkeepingDeath, MisuseIsAnInternalError) {
       {
         RecordingReducer r({{10, 20}, {0, 10}});
         r.begin_step(grads, 1.0f);
-        r.bucket_ready(0, 12);
-        r.bucket_ready(11, 20);
+        r.ready(0, 12);
+        r.ready(11, 20);
       },
       testing::ExitedWithCode(9), "reported final twice");
   EXPECT_EXIT(
       {
         RecordingReducer r({{10, 20}, {0, 10}});
         r.begin_step(grads, 1.0f);
-        r.bucket_ready(10, 20);
+        r.ready(10, 20);
         r.done();
       },
       testing::ExitedWithCode(9), "never reported final");
