@@ -196,13 +196,19 @@ void run(const Ctx& ctx, const ops::LmLossRowsOut* out, const Tensor& h, const T
 
 void lm_loss_forward(const Ctx& ctx, const ops::LmLossRowsOut& out, const Tensor& h, const Tensor& lm_head,
                      const Tensor& labels, const Tensor& teacher, const Tensor& workspace, int64_t chunk_rows,
-                     const Tensor& dh, const Tensor& row_weight, ops::LossObjective objective) {
+                     const Tensor& dh, const Tensor& row_weight, ops::LossObjective objective,
+                     const ops::LogitSpec& logit) {
+  DF_CHECK(logit.identity() && out.topk_ids.empty() && out.label_logit.empty(), Internal,
+           "lm_loss_forward on CUDA: the logit transform and top-K outputs are not built yet");
   run(ctx, &out, h, lm_head, labels, teacher, workspace, chunk_rows, dh, row_weight, objective, !teacher.empty());
 }
 
 void lm_loss_backward(const Ctx& ctx, const Tensor& dh, const Tensor& row_weight, ops::LossObjective objective,
                       const Tensor& h, const Tensor& lm_head, const Tensor& labels, const Tensor& teacher,
-                      const Tensor& workspace, int64_t chunk_rows) {
+                      const Tensor& workspace, int64_t chunk_rows, const ops::LogitSpec& logit,
+                      const Tensor& extra_ids, const Tensor& extra_dz) {
+  DF_CHECK(logit.identity() && extra_ids.empty() && extra_dz.empty(), Internal,
+           "lm_loss_backward on CUDA: the logit transform and the sparse addend are not built yet");
   run(ctx, nullptr, h, lm_head, labels, teacher, workspace, chunk_rows, dh, row_weight, objective,
       objective == ops::LossObjective::KL);
 }

@@ -16,9 +16,11 @@ namespace dflash::cuda {
 // A label outside [0, V) yields NaN for that row's CE (the data loader validates tokens first).
 void lm_loss_forward(const Ctx& ctx, const ops::LmLossRowsOut& out, const Tensor& h, const Tensor& lm_head,
                      const Tensor& labels, const Tensor& teacher, const Tensor& workspace, int64_t chunk_rows,
-                     const Tensor& dh, const Tensor& row_weight, ops::LossObjective objective);
+                     const Tensor& dh, const Tensor& row_weight, ops::LossObjective objective,
+                     const ops::LogitSpec& logit);
 void lm_loss_backward(const Ctx& ctx, const Tensor& dh, const Tensor& row_weight, ops::LossObjective objective,
                       const Tensor& h, const Tensor& lm_head, const Tensor& labels, const Tensor& teacher,
-                      const Tensor& workspace, int64_t chunk_rows);
+                      const Tensor& workspace, int64_t chunk_rows, const ops::LogitSpec& logit,
+                      const Tensor& extra_ids, const Tensor& extra_dz);
 
 }  // namespace dflash::cuda

@@ -1,4 +1,5 @@
-// Drafter-specific ops: block-prefix attention and the chunked lm_head loss.
+// Drafter-specific ops: block-prefix attention, the chunked lm_head loss, and DFlash2's grouped dynamic
+// causal convolution and candidate selector (docs/dflash2.md sections 2-3 give the math they follow).
 //
 // Same conventions as dflash/ops.h: plain forward/backward functions over Tensor views, dispatched on
 // ctx.device; the CPU float32 versions (src/ops/block_attention.cpp, src/ops/lm_loss.cpp) are the
@@ -7,6 +8,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 
 #include "dflash/hf_config.h"
 #include "dflash/tensor.h"
@@ -50,11 +52,24 @@ void block_attention_backward(const Ctx& ctx, const Tensor& dq, const Tensor& dk
 //   logits_p = teacher[r] · lm_head^T, p = softmax(logits_p)            (the target; only if teacher given)
 //   ce[r] = -log q[label[r]];  kl[r] = sum_i p_i (log p_i - log q_i)
 // Logits exist for `chunk_rows` rows at a time (workspace), never for all R rows at once.
+//
+// The drafter's logits may be transformed first (DFlash2's compute_logits; the identity for DFlash):
+//   logits_q = c * tanh(m * h[r] · lm_head^T / c)     (m = multiplier; the tanh only when softcap c > 0)
+// The teacher's logits are never transformed (they are the target's own).
+struct LogitSpec {
+  float multiplier = 1.f;
+  float softcap = 0.f;  // 0 = off
+  bool identity() const { return multiplier == 1.f && softcap == 0.f; }
+};
 struct LmLossRowsOut {
   Tensor ce;        // [R] F32
   Tensor kl;        // [R] F32, empty = skip (needs teacher)
   Tensor argmax_q;  // [R] I32
   Tensor argmax_p;  // [R] I32, empty = skip (needs teacher)
+  // DFlash2's selector inputs, computed in the same chunked pass (empty = skip; all three or none):
+  Tensor topk_ids;     // [R, K] I32: the K largest transformed drafter logits, descending, ties by lower id
+  Tensor topk_vals;    // [R, K] F32: their values
+  Tensor label_logit;  // [R] F32: the transformed drafter logit of labels[r]
 };
 enum class LossObjective : uint8_t { CE, KL };
 // Workspace [chunk_rows, V] F32 for the drafter logits and, when a teacher is given, the same again
@@ -68,11 +83,71 @@ size_t lm_loss_workspace_floats(int64_t chunk_rows, int64_t vocab, bool with_tea
 void lm_loss_forward(const Ctx& ctx, const LmLossRowsOut& out, const Tensor& h, const Tensor& lm_head,
                      const Tensor& labels, const Tensor& teacher, const Tensor& workspace, int64_t chunk_rows,
                      const Tensor& dh = Tensor(), const Tensor& row_weight = Tensor(),
-                     LossObjective objective = LossObjective::CE);
-// dh [R, H] (overwritten) = d(sum_r row_weight[r] · loss[r]) / dh, recomputing the logits chunk by chunk.
-// teacher is required for KL.
+                     LossObjective objective = LossObjective::CE, const LogitSpec& logit = LogitSpec());
+// dh [R, H] (overwritten) = d(sum_r row_weight[r] · loss[r] + sum_{r,i} extra_dz[r, i] · logits_q[r, extra_ids[r, i]])
+// / dh, recomputing the logits chunk by chunk. teacher is required for KL. extra_ids [R, K] I32 / extra_dz [R, K]
+// F32 (optional, both or none): a sparse gradient at the transformed logits, already weighted (DFlash2's
+// selector term), added before the transform's chain rule; a repeated id within a row adds up.
 void lm_loss_backward(const Ctx& ctx, const Tensor& dh, const Tensor& row_weight, LossObjective objective,
                       const Tensor& h, const Tensor& lm_head, const Tensor& labels, const Tensor& teacher,
-                      const Tensor& workspace, int64_t chunk_rows);
+                      const Tensor& workspace, int64_t chunk_rows, const LogitSpec& logit = LogitSpec(),
+                      const Tensor& extra_ids = Tensor(), const Tensor& extra_dz = Tensor());
+
+// ---- DFlash2: grouped dynamic causal convolution ------------------------------------------------------
+// Rows are N blocks of B consecutive rows; row t sits at block offset t % B; no tap crosses a block.
+// G = H / group_size groups of channels; one GroupedDynamicCausalConv has two sides (0 = prepare, before
+// the sublayer; 1 = finish, after it), each with its own base kernel and half of the dynamic kernel:
+//   out[t, c] = sum_{j < k, j <= t % B} (base[j, c] + dyn[t, side, j, c / group_size]) * in[t - j, c]
+struct GroupedConvSpec {
+  int block_size = 16;  // B
+  int kernel_size = 2;  // k taps (tap j reaches j rows back; tap 0 is the row itself)
+  int group_size = 16;  // channels per group
+};
+// out, in [R, H] (out must not alias in); dyn [R, 2 * k * G] (the kernel projection's output, both sides:
+// column side*k*G + j*G + g); base [k, H] (base_kernel[side]). R a multiple of B.
+void grouped_conv_forward(const Ctx& ctx, const Tensor& out, const Tensor& in, const Tensor& dyn, int side,
+                          const Tensor& base, const GroupedConvSpec& spec);
+// din [R, H] OVERWRITTEN; d_dyn [R, 2kG]: its `side` half OVERWRITTEN (the other half untouched);
+// dbase [k, H] ACCUMULATED.
+//   din[t, c]            = sum_j (base[j, c] + dyn[t+j, side, j, g]) dout[t+j, c]   over t+j in t's block
+//   d_dyn[t, side, j, g] = sum_{c in g} dout[t, c] in[t-j, c]                       (0 when j > t % B)
+//   dbase[j, c]         += sum_t dout[t, c] in[t-j, c]                               (j <= t % B)
+void grouped_conv_backward(const Ctx& ctx, const Tensor& din, const Tensor& d_dyn, const Tensor& dbase,
+                           const Tensor& dout, const Tensor& in, const Tensor& dyn, int side, const Tensor& base,
+                           const GroupedConvSpec& spec);
+
+// ---- DFlash2: candidate selector ----------------------------------------------------------------------
+// Training candidates from lm_loss_forward's top-K: cand [R, K] I32 = topk_ids with the gold label put in
+// slot K-1 when it is not among them; unary [R, K] F32 the transformed logits of cand (topk_vals, and
+// label_logit in the replaced slot); gold [R] I32 the label's slot; covered [R] U8 = label within top-K.
+void selector_candidates(const Ctx& ctx, const Tensor& cand, const Tensor& unary, const Tensor& gold,
+                         const Tensor& covered, const Tensor& topk_ids, const Tensor& topk_vals,
+                         const Tensor& labels, const Tensor& label_logit);
+// u [R, r] = h W_h^T (the caller's matmul_forward). Per row, P and S the codebooks [V, r]:
+//   scores[r, i] = unary[r, i] + sum_q P[pred[r], q] u[r, q] S[cand[r, i], q]
+//   ce[r] = logsumexp_i scores[r, i] - scores[r, gold[r]];  argmax[r] = the best slot (ties: lower slot)
+// scores [R, K] F32; ce [R] F32 and gold [R] (both empty = scores and argmax only); argmax [R] I32.
+void selector_forward(const Ctx& ctx, const Tensor& scores, const Tensor& ce, const Tensor& argmax, const Tensor& u,
+                      const Tensor& unary, const Tensor& cand, const Tensor& pred, const Tensor& gold,
+                      const Tensor& P, const Tensor& S);
+// The gradient of sum_r row_weight[r] ce[r], with g[r, i] = row_weight[r] (softmax(scores[r])_i - [i = gold[r]]):
+//   d_unary[r, i] = g[r, i]                                         OVERWRITTEN (empty = skip)
+//   du[r, q]      = P[pred[r], q] sum_i g[r, i] S[cand[r, i], q]     OVERWRITTEN
+//   dP[pred[r]]  += u[r] * sum_i g[r, i] S[cand[r, i]]               ACCUMULATED (rows pred only)
+//   dS[cand[r,i]]+= g[r, i] P[pred[r]] * u[r]                        ACCUMULATED (rows cand only)
+// (dh += du W_h and dW_h += du^T h are the caller's matmul_backward.)
+void selector_backward(const Ctx& ctx, const Tensor& d_unary, const Tensor& du, const Tensor& dP, const Tensor& dS,
+                       const Tensor& scores, const Tensor& row_weight, const Tensor& u, const Tensor& cand,
+                       const Tensor& pred, const Tensor& gold, const Tensor& P, const Tensor& S);
+// The serving walk (official CandidateSelector.select), CPU only: per block n of N, rows k = 0..B-2
+// (the block's positions 1..B-1), the predecessor starting at anchor[n]:
+//   s_k(i) = unary[n, k, i] + < P[prev] * u[n, k], S[cand[n, k, i]] >
+//   T == 0: i* = argmax_i s_k (ties: lower slot);  T > 0: q[n, k] = softmax(s_k / T), i* drawn from q by `uniform`
+//   path[n, k] = cand[n, k, i*]; prev = path[n, k]
+// path [N, B-1] I32; q [N, B-1, K] F32 (T > 0; may be empty at T == 0); cand/unary [N, B-1, K]; u [N, B-1, r];
+// anchor [N] I32. `uniform` returns U[0, 1) draws (needed when T > 0).
+void selector_walk(const Ctx& ctx, const Tensor& path, const Tensor& q, const Tensor& cand, const Tensor& unary,
+                   const Tensor& u, const Tensor& anchor, const Tensor& P, const Tensor& S, float temperature,
+                   const std::function<double()>& uniform = {});
 
 }  // namespace dflash::ops

@@ -79,12 +79,34 @@ void block_attention_backward(const Ctx&, const Tensor&, const Tensor&, const Te
   fatal_no_cuda("block_attention_backward");
 }
 void lm_loss_forward(const Ctx&, const ops::LmLossRowsOut&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                     const Tensor&, int64_t, const Tensor&, const Tensor&, ops::LossObjective) {
+                     const Tensor&, int64_t, const Tensor&, const Tensor&, ops::LossObjective, const ops::LogitSpec&) {
   fatal_no_cuda("lm_loss_forward");
 }
 void lm_loss_backward(const Ctx&, const Tensor&, const Tensor&, ops::LossObjective, const Tensor&, const Tensor&,
-                      const Tensor&, const Tensor&, const Tensor&, int64_t) {
+                      const Tensor&, const Tensor&, const Tensor&, int64_t, const ops::LogitSpec&, const Tensor&,
+                      const Tensor&) {
   fatal_no_cuda("lm_loss_backward");
+}
+void grouped_conv_forward(const Ctx&, const Tensor&, const Tensor&, const Tensor&, int, const Tensor&,
+                          const ops::GroupedConvSpec&) {
+  fatal_no_cuda("grouped_conv_forward");
+}
+void grouped_conv_backward(const Ctx&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                           const Tensor&, int, const Tensor&, const ops::GroupedConvSpec&) {
+  fatal_no_cuda("grouped_conv_backward");
+}
+void selector_candidates(const Ctx&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                         const Tensor&, const Tensor&, const Tensor&) {
+  fatal_no_cuda("selector_candidates");
+}
+void selector_forward(const Ctx&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                      const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&) {
+  fatal_no_cuda("selector_forward");
+}
+void selector_backward(const Ctx&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                       const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                       const Tensor&) {
+  fatal_no_cuda("selector_backward");
 }
 void gated_delta_rule_forward(const Ctx&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
                               const Tensor&, ops::GdnHeads, const Tensor&) {

@@ -76,7 +76,7 @@ void logits_grad_in_place(float* x, const float* t, int64_t V, float w, int32_t 
 
 void lm_loss_forward(const Ctx& ctx, const LmLossRowsOut& out, const Tensor& h, const Tensor& lm_head,
                      const Tensor& labels, const Tensor& teacher, const Tensor& workspace, int64_t chunk_rows,
-                     const Tensor& dh, const Tensor& row_weight, LossObjective objective) {
+                     const Tensor& dh, const Tensor& row_weight, LossObjective objective, const LogitSpec& logit) {
   const char* op = "lm_loss_forward";
   const bool fused = !dh.empty();
   check_common(op, ctx, h, lm_head, labels, teacher, workspace, chunk_rows,
@@ -91,7 +91,7 @@ void lm_loss_forward(const Ctx& ctx, const LmLossRowsOut& out, const Tensor& h, 
     detail::check_shape(op, "row_weight", row_weight, {R});
   }
   if (ctx.device == Device::CUDA) return cuda::lm_loss_forward(ctx, out, h, lm_head, labels, teacher, workspace,
-                                                               chunk_rows, dh, row_weight, objective);
+                                                               chunk_rows, dh, row_weight, objective, logit);
   const bool with_teacher = !teacher.empty();
   float* ws = workspace.ptr<float>();
   float* ws_t = with_teacher ? ws + static_cast<size_t>(chunk_rows) * V : nullptr;
@@ -135,14 +135,15 @@ void lm_loss_forward(const Ctx& ctx, const LmLossRowsOut& out, const Tensor& h, 
 
 void lm_loss_backward(const Ctx& ctx, const Tensor& dh, const Tensor& row_weight, LossObjective objective,
                       const Tensor& h, const Tensor& lm_head, const Tensor& labels, const Tensor& teacher,
-                      const Tensor& workspace, int64_t chunk_rows) {
+                      const Tensor& workspace, int64_t chunk_rows, const LogitSpec& logit, const Tensor& extra_ids,
+                      const Tensor& extra_dz) {
   const char* op = "lm_loss_backward";
   check_common(op, ctx, h, lm_head, labels, teacher, workspace, chunk_rows, objective == LossObjective::KL);
   const int64_t R = h.shape[0], H = h.shape[1], V = lm_head.shape[0];
   detail::check_shape(op, "dh", dh, {R, H});
   detail::check_shape(op, "row_weight", row_weight, {R});
   if (ctx.device == Device::CUDA) return cuda::lm_loss_backward(ctx, dh, row_weight, objective, h, lm_head, labels,
-                                                                teacher, workspace, chunk_rows);
+                                                                teacher, workspace, chunk_rows, logit, extra_ids, extra_dz);
   const bool use_teacher = objective == LossObjective::KL;
   float* ws = workspace.ptr<float>();
   float* ws_t = use_teacher ? ws + static_cast<size_t>(chunk_rows) * V : nullptr;

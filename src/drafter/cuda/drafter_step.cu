@@ -247,7 +247,8 @@ void DrafterStepCuda::backward_rows(const train::DrafterBatch& b, const std::vec
   const Tensor teacher = s.have_teacher ? Impl::v2(s.t_rows, s.R, s.H) : Tensor();
   cuda::lm_loss_backward(s.ctx, Impl::v2(s.dh_rows, s.R, s.H), Impl::v1(s.row_w, s.R), objective,
                          Impl::v2(s.h_rows, s.R, s.H), s.lm_head, Impl::v1(s.labels, s.R), teacher,
-                         Impl::v1(s.workspace, static_cast<int64_t>(s.workspace.numel())), s.chunk_rows);
+                         Impl::v1(s.workspace, static_cast<int64_t>(s.workspace.numel())), s.chunk_rows,
+                         ops::LogitSpec(), Tensor(), Tensor());
   s.backward_from_rows(b.ready);
   s.mark(Phase::Count);
 }

@@ -73,7 +73,8 @@ void DrafterStepCuda::Impl::loss_rows(const train::DrafterBatch& b, const Tensor
   lo.argmax_p = have_teacher ? v1(am_p, R) : Tensor();
   cuda::lm_loss_forward(ctx, lo, v2(h_rows, R, H), lm_head, v1(labels, R), teacher,
                         v1(workspace, static_cast<int64_t>(workspace.numel())), chunk_rows,
-                        grad ? v2(dh_rows, R, H) : Tensor(), grad ? v1(row_w, R) : Tensor(), objective);
+                        grad ? v2(dh_rows, R, H) : Tensor(), grad ? v1(row_w, R) : Tensor(), objective,
+                        ops::LogitSpec());
 }
 
 void DrafterStepCuda::Impl::download_rows(const train::DrafterBatch& b, ops::LossObjective objective,
