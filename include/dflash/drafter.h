@@ -2,6 +2,7 @@
 #pragma once
 #include <cstddef>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
@@ -42,6 +43,14 @@ struct TrainOptions {
   std::vector<int> target_layer_ids;
   std::vector<std::string> layer_types;  // "full_attention" | "sliding_attention", one per drafter layer
   int sliding_window = 0;
+  // DFlash2 (docs/dflash2.md 3): the architecture of a fresh drafter (a --drafter DIR's config decides
+  // otherwise), its shape, and the objective L = (sum w l_unary + alpha sum w l_sel) / sum w.
+  DraftArch draft_arch = DraftArch::DFlash;
+  DFlash2Shape d2;
+  float output_multiplier = 1.0f;  // a fresh drafter's compute_logits (DFlash2 releases carry both)
+  float logit_softcap = 0.0f;      // 0 = off
+  float selector_loss_alpha = 1.0f;
+  bool selector_stop_gradient = false;  // the selector's inputs (unary logits, hidden) detached
 };
 
 // The config of a fresh drafter for `target`: num_layers Qwen3 layers with the target's widths, full
@@ -79,6 +88,12 @@ struct StepStats {
   // over blocks of the leading correct run (streak = streak_sum / anchors).
   std::vector<double> per_pos_rows, per_pos_correct;
   double streak_sum = 0;
+  // DFlash2 (NaN / 0 for DFlash): the two terms of the loss (each / sum w), candidate recall (the gold
+  // within the unary top-K) and the selector's teacher-forced accuracy over rows, with their row counts.
+  double loss_unary = 0, loss_sel = std::numeric_limits<double>::quiet_NaN();
+  double candidate_recall = std::numeric_limits<double>::quiet_NaN();
+  double selector_acc = std::numeric_limits<double>::quiet_NaN();
+  double covered_rows = 0, selector_correct_rows = 0, loss_rows = 0;
 };
 
 // A feature batch as the drafter receives it (wire layout of TargetModel's CaptureOut). The tensors live

@@ -24,6 +24,10 @@ struct ParamSpec {
   size_t offset = 0;  // in floats
   size_t numel() const;
   bool is_norm() const;  // RMSNorm weights (initialised to 1)
+  // A DFlash2 conv's base_kernel [2, k, H] (initialised to the identity: tap 0 = 1, the others 0) or
+  // kernel_projection [2kG, H] (initialised to 0), so a fresh DFlash2 backbone starts as the DFlash one.
+  bool is_conv_base() const;
+  bool is_conv_projection() const;
 };
 std::vector<ParamSpec> drafter_param_layout(const DrafterConfig& c);
 size_t drafter_param_count(const DrafterConfig& c);
@@ -40,11 +44,16 @@ void export_drafter(const std::string& dir, const DrafterConfig& c, const float*
 
 struct DrafterLayerViews {
   Tensor input_norm, q_proj, k_proj, v_proj, o_proj, q_norm, k_norm, post_norm, gate_proj, up_proj, down_proj;
+  // DFlash2 only (empty for DFlash): the two grouped dynamic causal convs, base [2, k, H] and
+  // kernel_projection [2kG, H] each.
+  Tensor attn_conv_base, attn_conv_proj, mlp_conv_base, mlp_conv_proj;
 };
 // Views of every tensor of the layout over a flat buffer (weights, or gradients with the same layout).
 struct DrafterViews {
   Tensor fc, hidden_norm, norm;
   std::vector<DrafterLayerViews> layers;
+  // DFlash2 only: candidate_selector.hidden_projection [r, H], predecessor/successor codebooks [V, r].
+  Tensor sel_hidden_proj, sel_pred_codebook, sel_succ_codebook;
 };
 DrafterViews bind_drafter_views(const DrafterConfig& c, float* flat);
 

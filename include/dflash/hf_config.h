@@ -1,5 +1,6 @@
 // Hugging Face config.json for Qwen3 targets and DFlash drafters.
 #pragma once
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -44,8 +45,34 @@ void check_target_config_supported(const nlohmann::json& root, const std::string
 // object): for readers that look at the file before choosing a parser (load_target_config).
 nlohmann::json read_config_json(const std::string& config_json_path);
 
-// DFlash drafter (z-lab release format): a Qwen3 stack + dflash fields.
+// The drafter architectures this build trains (docs/dflash2.md): DFlash (z-lab DFlashDraftModel) and
+// DFlash2 (DFlash2DraftModel: grouped dynamic causal convolutions around every attention and MLP sublayer,
+// and a candidate selector over the unary top-K).
+enum class DraftArch : uint8_t { DFlash, DFlash2 };
+const char* draft_arch_name(DraftArch a);         // "dflash" / "dflash2" (the --draft-arch words)
+const char* draft_arch_architecture(DraftArch a);  // "DFlashDraftModel" / "DFlash2DraftModel" (config.json)
+
+// DFlash2's extra shape (dflash_config in config.json; unused for DFlash).
+struct DFlash2Shape {
+  int conv_kernel_size = 2;   // k taps of each grouped dynamic causal conv
+  int conv_group_size = 16;   // channels per group: G = hidden_size / conv_group_size
+  int selector_top_k = 16;    // K candidates the selector reranks per block position
+  int selector_rank = 256;    // r of the predecessor/successor codebooks [V, r] and hidden_projection [r, H]
+};
+
+// DFlash / DFlash2 drafter (z-lab release format): a Qwen3 stack + dflash fields.
 struct DrafterConfig {
+  DraftArch arch = DraftArch::DFlash;
+  DFlash2Shape d2;  // DFlash2 only
+  // compute_logits: z = c tanh(m lm_head(h) / c) (m = output_multiplier; softcap c, 0 = off). DFlash
+  // releases have neither field (the identity); DFlash2 releases carry both in dflash_config.
+  float output_multiplier = 1.0f;
+  float final_logit_softcapping = 0.0f;
+  // The official generate scales the noise embedding by this (dflash_config.input_embedding_scale, default 1).
+  float input_embedding_scale = 1.0f;
+  // config.json's is_causal: absent (-1) = sliding layers causal within the block, full layers not (the
+  // DFlash rule); 0 = every layer sees its whole block; 1 = every layer causal within the block.
+  int is_causal = -1;
   Qwen3Config layers;               // vocab_size = target's vocab; no embedding/lm_head of its own;
                                     // weight_prefix "" (keys are "layers.N.*", "fc.weight", "norm.weight")
   int block_size = 16;

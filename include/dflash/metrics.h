@@ -15,6 +15,7 @@
 // and at close, so a killed job leaves a file that h5py opens as usual, holding everything up to the last
 // flush (docs/metrics.md says why not SWMR).
 #pragma once
+#include <cmath>
 #include <cstdint>
 #include <limits>
 #include <memory>
@@ -35,6 +36,9 @@ struct StepMetrics {
   // Accuracy at block positions 1 .. block_size-1 (position 0 is the anchor, never predicted); empty:
   // not known (stored as NaN).
   std::vector<double> acc_by_pos;
+  // DFlash2 drafters (NaN otherwise; written only where MetricsLayout::selector_metrics): the selector term of
+  // the loss, candidate recall (the gold within the unary top-K) and the selector's teacher-forced accuracy.
+  double loss_sel = std::nan(""), candidate_recall = std::nan(""), selector_acc = std::nan("");
 };
 
 // Stored as the HDF5 enum /ranks/role_t (int8 base: target 0, drafter 1, idle 2).
@@ -63,6 +67,7 @@ struct MetricsLayout {
   std::string gpu_unavailable_reason;  // e.g. "CPU backend: no NVML" (stored when !gpu_available)
   int flush_every = 10;   // H5Fflush after this many appends (any series); --metrics-flush-every
   int block_size = 16;    // the drafter's: /steps/acc_by_pos has block_size - 1 columns (at least 2)
+  bool selector_metrics = false;  // a DFlash2 drafter: /steps/loss_sel, candidate_recall, selector_acc
 };
 
 enum class MetricsOpen {
@@ -184,6 +189,8 @@ struct StatusInputs {
   double elapsed_s = 0;
   int64_t step = 0;
   double loss = 0, acc = 0, streak = 0, lr = 0, noise = 0;
+  // DFlash2: the last step's candidate recall and selector accuracy (NaN for DFlash: not printed)
+  double candidate_recall = std::nan(""), selector_acc = std::nan("");
   double target_batches_per_s = 0;   // all targets together
   double drafter_batches_per_s = 0;  // all drafters together
   double tokens_per_s = 0;

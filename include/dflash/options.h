@@ -102,6 +102,7 @@ struct Options {
   // TOKEN (looked up in the target's tokenizer.json), --target-layers "1,16,31,46,61",
   // --draft-layer-types "sliding,sliding,sliding,sliding,full".
   std::string mask_token = "auto", target_layers, draft_layer_types;
+  std::string draft_arch = "dflash";  // --draft-arch as given (train.draft_arch once resolved)
   // Planned from the dataset before the job starts (plan_lr_schedule): records longer than --token-budget
   // and the tokens the loader drops from them per epoch (--long-record cut or skip); metrics.h5 stores them.
   int64_t long_records_per_epoch = 0, long_tokens_dropped_per_epoch = 0;

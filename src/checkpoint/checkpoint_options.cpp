@@ -125,6 +125,16 @@ bool option_absent_means(const std::string& name, const std::string& value) {
       {"adam-eps", "1e-08"},
       {"weight-decay", "0.01"},
       {"min-lr-ratio", "0.1"},
+      // DFlash2 (issue 29): before it, every drafter was a DFlash one with the identity compute_logits.
+      {"draft-arch", "dflash"},
+      {"conv-kernel-size", "2"},
+      {"conv-group-size", "16"},
+      {"selector-top-k", "16"},
+      {"selector-rank", "256"},
+      {"output-multiplier", "1"},
+      {"logit-softcap", "0"},
+      {"selector-loss-alpha", "1"},
+      {"selector-stop-gradient", "false"},
   };
   const auto it = before_it_existed.find(name);
   return it != before_it_existed.end() && it->second == value;

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <fstream>
+#include <functional>
 #include <limits>
 
 #include <nlohmann/json.hpp>
@@ -157,6 +158,90 @@ GoldenInputs load_golden_inputs(const std::string& case_dir) {
   return g;
 }
 
+namespace {
+
+// A DFlash2 case (case.json has "objectives"; docs/dflash2.md 5): four objectives (ce = the unary CE
+// alone, d2 = CE + alpha * selector, d2sg = the same with the selector's inputs detached, kl2 = KL + alpha *
+// selector), each with its loss, both terms, gradient norm and every gradient; the metrics; two AdamW steps
+// on d2. Same tolerances as the DFlash case.
+void run_dflash2_golden(const json& cj, SafetensorsFile& gold, const GoldenInputs& in, const FeatureBatch& fb,
+                        const Ctx& ctx, const Tolerances& tol, DrafterGoldenReport& rep,
+                        const std::function<const float*(const Tensor&)>& host_f32) {
+  const bool cpu = ctx.device == Device::CPU;
+  auto scalar = [&](const std::string& name, double x, double ref, double t) {
+    const double e = std::isfinite(x) ? scalar_err(x, ref) : std::numeric_limits<double>::infinity();
+    rep.checks.push_back({name, e, t, {}, std::fabs(x - ref)});
+  };
+  const int64_t T = in.batch.num_tokens();
+  const json& objectives = cj.at("objectives");
+  struct Objective {
+    const char* name;
+    LossKind loss;
+    bool alpha, stop_gradient;
+  };
+  for (const Objective& o : {Objective{"ce", LossKind::CE, false, false}, Objective{"d2", LossKind::CE, true, false},
+                             Objective{"d2sg", LossKind::CE, true, true}, Objective{"kl2", LossKind::KL, true, false}}) {
+    const std::string obj = o.name;
+    const json& ref = objectives.at(obj);
+    TrainOptions opt = in.opt;
+    opt.loss = o.loss;
+    opt.selector_loss_alpha = o.alpha ? cj.at("selector_loss_alpha").get<float>() : 0.0f;
+    opt.selector_stop_gradient = o.stop_gradient;
+    DrafterTrainer tr(in.target_dir, in.drafter_dir, 0, opt, ctx, T);
+    DF_CHECK(tr.config().arch == DraftArch::DFlash2, BadInput, "the case's drafter_init is not a DFlash2 drafter");
+    DF_CHECK(tr.config().block_size == cj.at("block_size").get<int>(), BadInput, "block_size differs from case.json");
+    const StepStats st = tr.forward_backward(fb, in.anchors);
+    scalar(obj + ".loss", st.loss, ref.at("loss").get<double>(), tol.loss);
+    scalar(obj + ".unary", st.loss_unary, ref.at("unary").get<double>(), tol.loss);
+    scalar(obj + ".sel", st.loss_sel, ref.at("sel").get<double>(), tol.loss);
+    const Tensor g = tr.grads();
+    const float* gp = host_f32(g);
+    double gn = 0;
+    for (size_t i = 0; i < g.numel(); ++i) gn += static_cast<double>(gp[i]) * gp[i];
+    scalar(obj + ".grad_norm", std::sqrt(gn), ref.at("grad_norm").get<double>(), tol.grad_norm);
+    std::vector<float> ref_all(cpu ? 0 : g.numel(), 0.f);
+    for (const ParamSpec& p : tr.param_layout()) {
+      const std::string name = "grad." + obj + "." + p.name;
+      const std::vector<float> r = read_f32(gold, name, p.numel());
+      rep.checks.push_back(tensor_check(name, p.shape, gp + p.offset, r));
+      rep.checks.back().tol = tol.grad_tensor;
+      if (!cpu) std::copy(r.begin(), r.end(), ref_all.begin() + static_cast<std::ptrdiff_t>(p.offset));
+    }
+    if (!cpu) {
+      rep.checks.push_back(tensor_check("grad." + obj + ".all", {static_cast<int64_t>(g.numel())}, gp, ref_all));
+      rep.checks.back().tol = tol.grad_norm;
+    }
+    if (obj != "d2") continue;
+    const json& m = cj.at("metrics");
+    scalar("acc", st.acc, m.at("acc").get<double>(), tol.metric);
+    scalar("agree_with_target", st.agree, m.at("agree_with_target").get<double>(), tol.metric);
+    scalar("streak", st.streak, m.at("streak").get<double>(), tol.metric);
+    scalar("candidate_recall", st.candidate_recall, m.at("candidate_recall").get<double>(), tol.metric);
+    scalar("selector_acc", st.selector_acc, m.at("selector_acc").get<double>(), tol.metric);
+    scalar("weight_sum", st.weight_sum, m.at("weight_sum").get<double>(), kScalarTol);
+    const auto ppa = m.at("per_pos_acc").get<std::vector<double>>();
+    for (size_t k = 0; k < ppa.size() && k < st.per_pos_acc.size(); ++k)
+      scalar("per_pos_acc[" + std::to_string(k) + "]", st.per_pos_acc[k], ppa[k], tol.metric);
+    // ---- two AdamW steps on d2 (clip before each), as torch.optim.AdamW
+    const auto ref_losses = cj.at("adamw_d2_losses").get<std::vector<double>>();
+    DF_CHECK(ref_losses.size() == 3, BadInput, "adamw_d2_losses needs 3 values");
+    scalar("adamw_d2_losses[0]", st.loss, ref_losses[0], tol.loss);
+    tr.optimizer_step();
+    const StepStats st2 = tr.forward_backward(fb, in.anchors);
+    scalar("adamw_d2_losses[1]", st2.loss, ref_losses[1], tol.loss);
+    tr.optimizer_step();
+    scalar("adamw_d2_losses[2]", tr.evaluate(fb, in.anchors).loss, ref_losses[2], tol.loss);
+    if (!cpu) continue;
+    const float* wp = tr.master_weights().ptr<float>();
+    for (const ParamSpec& p : tr.param_layout()) {
+      const std::string name = "after2." + p.name;
+      rep.checks.push_back(tensor_check(name, p.shape, wp + p.offset, read_f32(gold, name, p.numel())));
+    }
+  }
+}
+
+}  // namespace
+
 DrafterGoldenReport run_drafter_golden(const std::string& case_dir, const Ctx& ctx) {
   const json cj = read_json(case_dir + "/case.json");
   SafetensorsFile gold(case_dir + "/golden.safetensors");
@@ -186,6 +271,10 @@ DrafterGoldenReport run_drafter_golden(const std::string& case_dir, const Ctx& c
     copy_tensor(ctx, cpu_view(host.data(), {static_cast<int64_t>(host.size())}), t);
     return host.data();
   };
+  if (cj.contains("objectives")) {
+    run_dflash2_golden(cj, gold, in, fb, ctx, tol, rep, host_f32);
+    return rep;
+  }
   const std::vector<int64_t>& anchors = in.anchors;
   const std::vector<int>& layer_ids = in.layer_ids;
   const int64_t T = in.batch.num_tokens();

@@ -58,6 +58,25 @@ DrafterConfig fresh_drafter_config(const Qwen3Config& target, int num_layers, co
                 "--draft-sliding-window " << opt.sliding_window << " without a sliding layer does nothing",
                 "name the sliding layers with --draft-layer-types, or drop --draft-sliding-window");
   d.layers.sliding_window = any_sliding ? opt.sliding_window : 0;
+  d.arch = opt.draft_arch;
+  d.output_multiplier = opt.output_multiplier;
+  d.final_logit_softcapping = opt.logit_softcap;
+  if (d.arch == DraftArch::DFlash2) {
+    d.d2 = opt.d2;
+    d.is_causal = 0;  // the releases' value; with full-attention layers it is DFlash's block rule
+    DF_CHECK_HINT(target.hidden_size % d.d2.conv_group_size == 0, BadOptions,
+                  "--conv-group-size " << d.d2.conv_group_size << " does not divide the target's hidden size "
+                                       << target.hidden_size,
+                  "the releases use 16");
+    DF_CHECK_HINT(d.d2.conv_kernel_size >= 1 && d.d2.conv_kernel_size <= opt.block_size, BadOptions,
+                  "--conv-kernel-size " << d.d2.conv_kernel_size << " must be 1 .. --block-size " << opt.block_size,
+                  "the releases use 2");
+    DF_CHECK_HINT(d.d2.selector_top_k >= 1 && d.d2.selector_top_k <= 64 && d.d2.selector_top_k <= target.vocab_size,
+                  BadOptions, "--selector-top-k " << d.d2.selector_top_k << " must be 1 .. 64",
+                  "the releases use 16");
+    DF_CHECK_HINT(d.d2.selector_rank >= 1 && d.d2.selector_rank <= 4096, BadOptions,
+                  "--selector-rank " << d.d2.selector_rank << " must be 1 .. 4096", "the releases use 256");
+  }
   return d;
 }
 
@@ -91,7 +110,12 @@ void load_drafter_weights(const std::string& dir, const DrafterConfig& c, float*
                                << "has " << layers << " layer(s)",
                   "the weights and config.json come from different drafters: export them together");
   }
-  for (const ParamSpec& p : drafter_param_layout(c)) ck.load_f32(p.name, p.shape, flat + p.offset);
+  for (const ParamSpec& p : drafter_param_layout(c)) {
+    // The release stores the codebooks without ".weight"; the official module's named_parameters() (and a
+    // state_dict saved from it) has it: accept both (docs/dflash2.md 2.1).
+    const bool alt = p.name.find("_codebook") != std::string::npos && !ck.has(p.name) && ck.has(p.name + ".weight");
+    ck.load_f32(alt ? p.name + ".weight" : p.name, p.shape, flat + p.offset);
+  }
 }
 
 void init_drafter_weights(const DrafterConfig& c, uint64_t seed, float* flat) {
@@ -101,6 +125,11 @@ void init_drafter_weights(const DrafterConfig& c, uint64_t seed, float* flat) {
     const size_t n = p.numel();
     if (p.is_norm()) {
       for (size_t i = 0; i < n; ++i) w[i] = 1.0f;
+    } else if (p.is_conv_base()) {  // [2, k, H]: tap 0 passes the row through, as speculators' reset_parameters
+      const size_t k = static_cast<size_t>(p.shape[1]), H = static_cast<size_t>(p.shape[2]);
+      for (size_t i = 0; i < n; ++i) w[i] = (i / H) % k == 0 ? 1.0f : 0.0f;
+    } else if (p.is_conv_projection()) {
+      for (size_t i = 0; i < n; ++i) w[i] = 0.0f;
     } else {
       for (size_t i = 0; i < n; ++i) w[i] = static_cast<float>(0.02 * rng.normal());
     }

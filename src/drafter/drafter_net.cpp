@@ -1,7 +1,8 @@
-// DFlash drafter network: forward and hand-written backward (see include/dflash/drafter_model.h).
+// DFlash / DFlash2 drafter network: forward and hand-written backward (see include/dflash/drafter_model.h).
 //
 // Shapes: T context tokens, N blocks of B rows (NB = N*B), H hidden, k target layers,
-// nh/nkv heads of hd, QD = nh*hd, KV = nkv*hd, I intermediate.
+// nh/nkv heads of hd, QD = nh*hd, KV = nkv*hd, I intermediate; DFlash2: D2 = 2 * taps * groups columns of
+// each conv's kernel projection (docs/dflash2.md 2.2: the conv wraps the attention and the MLP).
 #include <cmath>
 #include <cstring>
 #include <memory>
@@ -37,6 +38,11 @@ void add_inplace(const Tensor& y, const Tensor& x) {  // y += x (same numel)
 
 Tensor as3(const Tensor& t, int64_t heads, int64_t hd) { return t.reshape({t.shape[0], heads, hd}); }
 
+// base_kernel [2, k, H] -> the [k, H] half of one side (0 = prepare, 1 = finish).
+Tensor conv_side(const Tensor& base, int side) {
+  return base.slice_rows(side, side + 1).reshape({base.shape[1], base.shape[2]});
+}
+
 }  // namespace
 
 struct LayerActs {
@@ -44,6 +50,9 @@ struct LayerActs {
   Arena kc_raw, kc, kc_rstd, vc;
   // block side [NB, ...]
   Arena x_in, xn, rstd1, q_raw, q, q_rstd, kb_raw, kb, kb_rstd, vb, attn, lse, x2, xn2, rstd2, g, u, act;
+  // DFlash2 only: the convs' dynamic kernels [NB, D2], the attention's and the MLP's conv-prepared inputs,
+  // and their sublayer outputs before the finish conv [NB, H].
+  Arena dyn_attn, x_attn, o, dyn_mlp, x_mlp, f;
 };
 
 struct DrafterNet::Impl {
@@ -51,6 +60,9 @@ struct DrafterNet::Impl {
   Ctx ctx;
   int64_t max_T, max_NB;
   int64_t H, K, nh, nkv, hd, QD, KV, I, B;
+  bool d2 = false;  // DFlash2: the convs around attention and MLP
+  int64_t D2 = 0;
+  ops::GroupedConvSpec conv;
   ops::RopeSpec rope;
   float eps;
   // context
@@ -61,7 +73,7 @@ struct DrafterNet::Impl {
   Arena x_last, h_final, rstd_f;
   // backward scratch
   Arena dx, dtmp, dxn, d_act, dg, du, d_attn, dq, dq_raw, dkb, dvb, dkb_raw, dkc, dvc, dkc_raw, d_th, d_th_tmp,
-      d_fc, d_out;
+      d_fc, d_out, d_dyn, d_conv;
   // current step
   int64_t T = 0, N = 0, NB = 0;
 
@@ -82,6 +94,11 @@ struct DrafterNet::Impl {
     rope.theta = L.rope_theta;
     rope.rotary_dim = 0;
     eps = L.rms_norm_eps;
+    d2 = c.arch == DraftArch::DFlash2;
+    if (d2) {
+      conv = {static_cast<int>(B), c.d2.conv_kernel_size, c.d2.conv_group_size};
+      D2 = 2 * static_cast<int64_t>(c.d2.conv_kernel_size) * (H / c.d2.conv_group_size);
+    }
     const Device d = ctx.device;
     auto f = [&](int64_t rows, int64_t cols) { return Arena(d, static_cast<size_t>(rows) * cols); };
     x_ctx = f(max_T, K * H);
@@ -118,6 +135,14 @@ struct DrafterNet::Impl {
       a.g = f(max_NB, I);
       a.u = f(max_NB, I);
       a.act = f(max_NB, I);
+      if (d2) {
+        a.dyn_attn = f(max_NB, D2);
+        a.x_attn = f(max_NB, H);
+        a.o = f(max_NB, H);
+        a.dyn_mlp = f(max_NB, D2);
+        a.x_mlp = f(max_NB, H);
+        a.f = f(max_NB, H);
+      }
     }
     x_last = f(max_NB, H);
     h_final = f(max_NB, H);
@@ -141,6 +166,10 @@ struct DrafterNet::Impl {
     d_th_tmp = f(max_T, H);
     d_fc = f(max_T, H);
     d_out = f(max_NB, H);
+    if (d2) {
+      d_dyn = f(max_NB, D2);
+      d_conv = f(max_NB, H);
+    }
   }
 
   Tensor i32(const Arena& a, int64_t n) const {
@@ -149,6 +178,22 @@ struct DrafterNet::Impl {
   }
   ops::BlockAttnSpec attn_spec(size_t layer) const { return ops::drafter_attn_spec(c, layer); }
 };
+
+namespace {
+
+// DFlash2, at a sublayer's input: `d` holds the gradient at the conv-prepared input; turns it into the
+// gradient at the normed input `in` (prepare conv's din plus the kernel projection's input gradient, the
+// projection reading `in` for both sides' dynamic kernels). d_dyn's finish half was written by the finish
+// conv's backward already; `scratch` [NB, H] is overwritten.
+void conv_input_backward(const Ctx& ctx, const DrafterNet::Impl& m, const Tensor& d, const Tensor& scratch,
+                         const Tensor& d_dyn, const Tensor& in, const Tensor& dyn, const Tensor& base,
+                         const Tensor& proj, const Tensor& d_base, const Tensor& d_proj) {
+  ops::grouped_conv_backward(ctx, scratch, d_dyn, conv_side(d_base, 0), d, in, dyn, 0, conv_side(base, 0), m.conv);
+  ops::matmul_backward(ctx, d, d_proj, d_dyn, in, proj);
+  add_inplace(d, scratch);
+}
+
+}  // namespace
 
 DrafterNet::DrafterNet(const DrafterConfig& c, const Ctx& ctx, int64_t max_tokens, int64_t max_blocks)
     : impl_(std::make_unique<Impl>(c, ctx, max_tokens, max_blocks)) {}
@@ -207,6 +252,10 @@ Tensor DrafterNet::forward(const DrafterViews& w, const Tensor& embed, const Dra
   }
   Tensor x = m.x0.view({NB, H});
   ops::embedding_forward(ctx, x, block_ids, embed);
+  if (m.c.input_embedding_scale != 1.0f) {  // the official generate scales the noise embedding
+    float* p = x.ptr<float>();
+    for (size_t i = 0, n = x.numel(); i < n; ++i) p[i] *= m.c.input_embedding_scale;
+  }
 
   // ---- layers
   for (size_t li = 0; li < m.layers.size(); ++li) {
@@ -216,16 +265,25 @@ Tensor DrafterNet::forward(const DrafterViews& w, const Tensor& embed, const Dra
     std::memcpy(x_in.data, x.data, x.nbytes());
     Tensor xn = a.xn.view({NB, H});
     ops::rmsnorm_forward(ctx, xn, a.rstd1.view({NB}), x_in, lw.input_norm, m.eps);
-    // queries and block keys/values from the normed block stream
+    // The attention's input: the normed block stream, through the prepare side of the conv in DFlash2 (its
+    // kernel projection gives both sides' dynamic kernels from this same input).
+    Tensor attn_in = xn;
+    if (m.d2) {
+      Tensor dyn = a.dyn_attn.view({NB, m.D2});
+      ops::matmul_forward(ctx, dyn, xn, lw.attn_conv_proj);
+      attn_in = a.x_attn.view({NB, H});
+      ops::grouped_conv_forward(ctx, attn_in, xn, dyn, 0, conv_side(lw.attn_conv_base, 0), m.conv);
+    }
+    // queries and block keys/values from the block stream
     Tensor q_raw = a.q_raw.view({NB, m.QD}), q = a.q.view({NB, m.nh, m.hd});
-    ops::matmul_forward(ctx, q_raw, xn, lw.q_proj);
+    ops::matmul_forward(ctx, q_raw, attn_in, lw.q_proj);
     ops::head_norm_rope_forward(ctx, q, a.q_rstd.view({NB, m.nh}), as3(q_raw, m.nh, m.hd), lw.q_norm, pos_blk,
                                 m.rope, m.eps);
     Tensor kb_raw = a.kb_raw.view({NB, m.KV}), kb = a.kb.view({NB, m.nkv, m.hd}), vb = a.vb.view({NB, m.KV});
-    ops::matmul_forward(ctx, kb_raw, xn, lw.k_proj);
+    ops::matmul_forward(ctx, kb_raw, attn_in, lw.k_proj);
     ops::head_norm_rope_forward(ctx, kb, a.kb_rstd.view({NB, m.nkv}), as3(kb_raw, m.nkv, m.hd), lw.k_norm, pos_blk,
                                 m.rope, m.eps);
-    ops::matmul_forward(ctx, vb, xn, lw.v_proj);
+    ops::matmul_forward(ctx, vb, attn_in, lw.v_proj);
     // context keys/values from the fused target features (no input_layernorm on them)
     Tensor kc_raw = a.kc_raw.view({T, m.KV}), kc = a.kc.view({T, m.nkv, m.hd}), vc = a.vc.view({T, m.KV});
     ops::matmul_forward(ctx, kc_raw, th, lw.k_proj);
@@ -235,20 +293,41 @@ Tensor DrafterNet::forward(const DrafterViews& w, const Tensor& embed, const Dra
     Tensor attn = a.attn.view({NB, m.nh, m.hd});
     ops::block_attention_forward(ctx, attn, a.lse.view({NB, m.nh}), q, kc, as3(vc, m.nkv, m.hd), kb,
                                  as3(vb, m.nkv, m.hd), anchors, seq_begin, m.attn_spec(li));
-    // x2 = x_in + o_proj(attn)
+    // x2 = x_in + o_proj(attn)   (DFlash2: x_in + finish_conv(o_proj(attn)))
     Tensor x2 = a.x2.view({NB, H});
-    std::memcpy(x2.data, x_in.data, x_in.nbytes());
-    ops::matmul_forward(ctx, x2, attn.reshape({NB, m.QD}), lw.o_proj, ops::Accumulate::Yes);
-    // MLP: x_out = x2 + down(silu(gate(xn2)) * up(xn2))
+    if (m.d2) {
+      Tensor o = a.o.view({NB, H});
+      ops::matmul_forward(ctx, o, attn.reshape({NB, m.QD}), lw.o_proj);
+      ops::grouped_conv_forward(ctx, x2, o, a.dyn_attn.view({NB, m.D2}), 1, conv_side(lw.attn_conv_base, 1), m.conv);
+      add_inplace(x2, x_in);
+    } else {
+      std::memcpy(x2.data, x_in.data, x_in.nbytes());
+      ops::matmul_forward(ctx, x2, attn.reshape({NB, m.QD}), lw.o_proj, ops::Accumulate::Yes);
+    }
+    // MLP: x_out = x2 + down(silu(gate(xn2)) * up(xn2))   (DFlash2: the same conv pair around it)
     Tensor xn2 = a.xn2.view({NB, H});
     ops::rmsnorm_forward(ctx, xn2, a.rstd2.view({NB}), x2, lw.post_norm, m.eps);
+    Tensor mlp_in = xn2;
+    if (m.d2) {
+      Tensor dyn = a.dyn_mlp.view({NB, m.D2});
+      ops::matmul_forward(ctx, dyn, xn2, lw.mlp_conv_proj);
+      mlp_in = a.x_mlp.view({NB, H});
+      ops::grouped_conv_forward(ctx, mlp_in, xn2, dyn, 0, conv_side(lw.mlp_conv_base, 0), m.conv);
+    }
     Tensor g = a.g.view({NB, m.I}), u = a.u.view({NB, m.I}), act = a.act.view({NB, m.I});
-    ops::matmul_forward(ctx, g, xn2, lw.gate_proj);
-    ops::matmul_forward(ctx, u, xn2, lw.up_proj);
+    ops::matmul_forward(ctx, g, mlp_in, lw.gate_proj);
+    ops::matmul_forward(ctx, u, mlp_in, lw.up_proj);
     ops::swiglu_forward(ctx, act, g, u);
     x = li + 1 < m.layers.size() ? m.layers[li + 1].x_in.view({NB, H}) : m.x_last.view({NB, H});
-    std::memcpy(x.data, x2.data, x2.nbytes());
-    ops::matmul_forward(ctx, x, act, lw.down_proj, ops::Accumulate::Yes);
+    if (m.d2) {
+      Tensor f = a.f.view({NB, H});
+      ops::matmul_forward(ctx, f, act, lw.down_proj);
+      ops::grouped_conv_forward(ctx, x, f, a.dyn_mlp.view({NB, m.D2}), 1, conv_side(lw.mlp_conv_base, 1), m.conv);
+      add_inplace(x, x2);
+    } else {
+      std::memcpy(x.data, x2.data, x2.nbytes());
+      ops::matmul_forward(ctx, x, act, lw.down_proj, ops::Accumulate::Yes);
+    }
   }
   Tensor hf = m.h_final.view({NB, H});
   ops::rmsnorm_forward(ctx, hf, m.rstd_f.view({NB}), x, w.norm, m.eps);
@@ -281,17 +360,33 @@ void DrafterNet::backward(const DrafterViews& w, const DrafterViews& gr, const T
     Tensor g = a.g.view({NB, m.I}), u = a.u.view({NB, m.I}), act = a.act.view({NB, m.I});
     Tensor d_act = m.d_act.view({NB, m.I}), dg = m.dg.view({NB, m.I}), du = m.du.view({NB, m.I});
     Tensor xn2 = a.xn2.view({NB, H}), x2 = a.x2.view({NB, H});
-    ops::matmul_backward(ctx, d_act, lg.down_proj, dx, act, lw.down_proj);
+    Tensor d_dyn = m.d2 ? m.d_dyn.view({NB, m.D2}) : Tensor(), d_conv = m.d2 ? m.d_conv.view({NB, H}) : Tensor();
+    if (m.d2) {  // x_out = x2 + finish(f): d_conv = d f; the finish side's half of d_dyn
+      ops::grouped_conv_backward(ctx, d_conv, d_dyn, conv_side(lg.mlp_conv_base, 1), dx, a.f.view({NB, H}),
+                                 a.dyn_mlp.view({NB, m.D2}), 1, conv_side(lw.mlp_conv_base, 1), m.conv);
+      ops::matmul_backward(ctx, d_act, lg.down_proj, d_conv, act, lw.down_proj);
+    } else {
+      ops::matmul_backward(ctx, d_act, lg.down_proj, dx, act, lw.down_proj);
+    }
     ops::swiglu_backward(ctx, dg, du, d_act, g, u);
-    ops::matmul_backward(ctx, dxn, lg.gate_proj, dg, xn2, lw.gate_proj);
-    ops::matmul_backward(ctx, dtmp, lg.up_proj, du, xn2, lw.up_proj);
+    const Tensor mlp_in = m.d2 ? a.x_mlp.view({NB, H}) : xn2;
+    ops::matmul_backward(ctx, dxn, lg.gate_proj, dg, mlp_in, lw.gate_proj);
+    ops::matmul_backward(ctx, dtmp, lg.up_proj, du, mlp_in, lw.up_proj);
     add_inplace(dxn, dtmp);
+    if (m.d2) conv_input_backward(ctx, m, dxn, dtmp, d_dyn, xn2, a.dyn_mlp.view({NB, m.D2}), lw.mlp_conv_base,
+                                  lw.mlp_conv_proj, lg.mlp_conv_base, lg.mlp_conv_proj);
     ops::rmsnorm_backward(ctx, dtmp, lg.post_norm, dxn, x2, lw.post_norm, a.rstd2.view({NB}));
     add_inplace(dx, dtmp);  // dx is now the gradient at x2
     // ---- attention
     Tensor attn = a.attn.view({NB, m.nh, m.hd});
     Tensor d_attn = m.d_attn.view({NB, m.nh, m.hd});
-    ops::matmul_backward(ctx, d_attn.reshape({NB, m.QD}), lg.o_proj, dx, attn.reshape({NB, m.QD}), lw.o_proj);
+    if (m.d2) {  // x2 = x_in + finish(o)
+      ops::grouped_conv_backward(ctx, d_conv, d_dyn, conv_side(lg.attn_conv_base, 1), dx, a.o.view({NB, H}),
+                                 a.dyn_attn.view({NB, m.D2}), 1, conv_side(lw.attn_conv_base, 1), m.conv);
+      ops::matmul_backward(ctx, d_attn.reshape({NB, m.QD}), lg.o_proj, d_conv, attn.reshape({NB, m.QD}), lw.o_proj);
+    } else {
+      ops::matmul_backward(ctx, d_attn.reshape({NB, m.QD}), lg.o_proj, dx, attn.reshape({NB, m.QD}), lw.o_proj);
+    }
     Tensor q = a.q.view({NB, m.nh, m.hd}), kb = a.kb.view({NB, m.nkv, m.hd}), kc = a.kc.view({T, m.nkv, m.hd});
     Tensor vb = a.vb.view({NB, m.nkv, m.hd}), vc = a.vc.view({T, m.nkv, m.hd});
     Tensor dq = m.dq.view({NB, m.nh, m.hd}), dkb = m.dkb.view({NB, m.nkv, m.hd}), dvb = m.dvb.view({NB, m.nkv, m.hd});
@@ -307,13 +402,16 @@ void DrafterNet::backward(const DrafterViews& w, const DrafterViews& gr, const T
     Tensor dkc_raw = m.dkc_raw.view({T, m.nkv, m.hd});
     ops::head_norm_rope_backward(ctx, dkc_raw, lg.k_norm, dkc, a.kc_raw.view({T, m.nkv, m.hd}), lw.k_norm,
                                  a.kc_rstd.view({T, m.nkv}), pos_ctx, m.rope, m.eps);
-    // block side: dxn = dq_raw Wq + dkb_raw Wk + dvb Wv
+    // block side: dxn = dq_raw Wq + dkb_raw Wk + dvb Wv (at the attention's input)
     Tensor xn = a.xn.view({NB, H});
-    ops::matmul_backward(ctx, dxn, lg.q_proj, dq_raw.reshape({NB, m.QD}), xn, lw.q_proj);
-    ops::matmul_backward(ctx, dtmp, lg.k_proj, dkb_raw.reshape({NB, m.KV}), xn, lw.k_proj);
+    const Tensor attn_in = m.d2 ? a.x_attn.view({NB, H}) : xn;
+    ops::matmul_backward(ctx, dxn, lg.q_proj, dq_raw.reshape({NB, m.QD}), attn_in, lw.q_proj);
+    ops::matmul_backward(ctx, dtmp, lg.k_proj, dkb_raw.reshape({NB, m.KV}), attn_in, lw.k_proj);
     add_inplace(dxn, dtmp);
-    ops::matmul_backward(ctx, dtmp, lg.v_proj, dvb.reshape({NB, m.KV}), xn, lw.v_proj);
+    ops::matmul_backward(ctx, dtmp, lg.v_proj, dvb.reshape({NB, m.KV}), attn_in, lw.v_proj);
     add_inplace(dxn, dtmp);
+    if (m.d2) conv_input_backward(ctx, m, dxn, dtmp, d_dyn, xn, a.dyn_attn.view({NB, m.D2}), lw.attn_conv_base,
+                                  lw.attn_conv_proj, lg.attn_conv_base, lg.attn_conv_proj);
     // context side: d_th += dkc_raw Wk + dvc Wv
     ops::matmul_backward(ctx, d_th_tmp, lg.k_proj, dkc_raw.reshape({T, m.KV}), th, lw.k_proj);
     add_inplace(d_th, d_th_tmp);
@@ -324,8 +422,9 @@ void DrafterNet::backward(const DrafterViews& w, const DrafterViews& gr, const T
     add_inplace(dx, dtmp);
     if (ready)
       for (const Tensor* t : {&lg.input_norm, &lg.q_proj, &lg.k_proj, &lg.v_proj, &lg.o_proj, &lg.q_norm, &lg.k_norm,
-                              &lg.post_norm, &lg.gate_proj, &lg.up_proj, &lg.down_proj})
-        ready(*t);
+                              &lg.post_norm, &lg.gate_proj, &lg.up_proj, &lg.down_proj, &lg.attn_conv_base,
+                              &lg.attn_conv_proj, &lg.mlp_conv_base, &lg.mlp_conv_proj})
+        if (!t->empty()) ready(*t);
   }
   // The block input is the frozen embedding: no gradient. Context: th = hidden_norm(fc(x_ctx)).
   Tensor d_fc = m.d_fc.view({T, H});

@@ -14,6 +14,15 @@ size_t ParamSpec::numel() const {
 
 bool ParamSpec::is_norm() const { return name.find("norm") != std::string::npos; }
 
+namespace {
+bool ends_with(const std::string& s, const std::string& tail) {
+  return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
+}
+}  // namespace
+
+bool ParamSpec::is_conv_base() const { return ends_with(name, "_conv.base_kernel"); }
+bool ParamSpec::is_conv_projection() const { return ends_with(name, "_conv.kernel_projection.weight"); }
+
 std::vector<ParamSpec> drafter_param_layout(const DrafterConfig& c) {
   const Qwen3Config& L = c.layers;
   const int64_t H = L.hidden_size, K = static_cast<int64_t>(c.target_layer_ids.size());
@@ -42,8 +51,22 @@ std::vector<ParamSpec> drafter_param_layout(const DrafterConfig& c) {
     add(p + "mlp.gate_proj.weight", {I, H});
     add(p + "mlp.up_proj.weight", {I, H});
     add(p + "mlp.down_proj.weight", {H, I});
+    if (c.arch == DraftArch::DFlash2) {
+      const int64_t k = c.d2.conv_kernel_size, G = H / c.d2.conv_group_size;
+      add(p + "attention_conv.base_kernel", {2, k, H});
+      add(p + "attention_conv.kernel_projection.weight", {2 * k * G, H});
+      add(p + "mlp_conv.base_kernel", {2, k, H});
+      add(p + "mlp_conv.kernel_projection.weight", {2 * k * G, H});
+    }
   }
   add("norm.weight", {H});
+  // The selector last: its gradients are final first (before the network's backward starts).
+  if (c.arch == DraftArch::DFlash2) {
+    const int64_t r = c.d2.selector_rank, V = L.vocab_size;
+    add("candidate_selector.hidden_projection.weight", {r, H});
+    add("candidate_selector.predecessor_codebook", {V, r});
+    add("candidate_selector.successor_codebook", {V, r});
+  }
   return out;
 }
 
@@ -78,8 +101,19 @@ DrafterViews bind_drafter_views(const DrafterConfig& c, float* flat) {
     l.gate_proj = next();
     l.up_proj = next();
     l.down_proj = next();
+    if (c.arch == DraftArch::DFlash2) {
+      l.attn_conv_base = next();
+      l.attn_conv_proj = next();
+      l.mlp_conv_base = next();
+      l.mlp_conv_proj = next();
+    }
   }
   v.norm = next();
+  if (c.arch == DraftArch::DFlash2) {
+    v.sel_hidden_proj = next();
+    v.sel_pred_codebook = next();
+    v.sel_succ_codebook = next();
+  }
   DF_ASSERT(i == layout.size());
   return v;
 }

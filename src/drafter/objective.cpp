@@ -6,6 +6,7 @@
 #include <limits>
 
 #include "dflash/error.h"
+#include "drafter/trainer_engine.h"
 
 namespace dflash::train {
 
@@ -93,6 +94,26 @@ void fill_metrics(const LossRows& rows, const int32_t* argmax_q, const int32_t* 
   st.per_pos_rows = pos_n;
   st.per_pos_correct = pos_ok;
   st.streak_sum = streak;
+}
+
+void fill_selector_metrics(const LossRows& rows, const EngineRows& out, StepStats& st) {
+  double wsum = 0, unary = 0, sel = 0, covered = 0, correct = 0;
+  const size_t R = rows.size();
+  for (size_t r = 0; r < R; ++r) {
+    const double w = rows.weight[r];
+    wsum += w;
+    unary += w * out.unary[r];
+    sel += w * out.sel_ce[r];
+    covered += out.covered[r] != 0;
+    correct += out.covered[r] != 0 && out.sel_argmax[r] == rows.label[r];
+  }
+  st.loss_unary = wsum > 0 ? unary / wsum : 0.0;
+  st.loss_sel = wsum > 0 ? sel / wsum : 0.0;
+  st.loss_rows = static_cast<double>(R);
+  st.covered_rows = covered;
+  st.selector_correct_rows = correct;
+  st.candidate_recall = R > 0 ? covered / static_cast<double>(R) : 0.0;
+  st.selector_acc = R > 0 ? correct / static_cast<double>(R) : 0.0;
 }
 
 }  // namespace dflash::train

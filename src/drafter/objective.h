@@ -37,4 +37,10 @@ void dpace_factors(const LossRows& rows, const float* ce, int block_size, std::v
 void fill_metrics(const LossRows& rows, const int32_t* argmax_q, const int32_t* argmax_p, int64_t num_blocks,
                   int block_size, StepStats& st);
 
+struct EngineRows;
+// DFlash2's loss terms and selector metrics into st (docs/dflash2.md 3.1): loss_unary and loss_sel
+// (each sum_r w_r term_r / sum w), candidate recall and the selector's teacher-forced accuracy over rows
+// (correct only where the gold is in the strict unary top-K: there the training candidates are that top-K).
+void fill_selector_metrics(const LossRows& rows, const EngineRows& out, StepStats& st);
+
 }  // namespace dflash::train

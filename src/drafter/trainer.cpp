@@ -50,6 +50,9 @@ struct DrafterTrainer::Impl {
   std::vector<double> dpace;
   std::vector<float> dpace_w;
   std::vector<int32_t> eval_argmax;  // argmax_q per row of the last forward-only run (draft_block)
+  // DFlash2: the last forward-only run's strict top-K [R, K] and u [R, r] (draft_block's selector walk)
+  std::vector<int32_t> eval_topk_ids;
+  std::vector<float> eval_topk_vals, eval_u;
   // Gradient accumulation (MicroBatch): Σ s_i g_i of the step's micro-batches so far (F32 [P] on ctx's
   // device, allocated by the first MicroBatch::Accumulate) and how many it holds.
   Buffer accum;
@@ -147,6 +150,11 @@ DrafterTrainer::DrafterTrainer(const DrafterSource& source, const TrainOptions& 
     DF_CHECK_HINT(s.cfg.layers.layer_types[l] != "sliding_attention" || s.cfg.layers.sliding_window > 0, BadInput,
                   "drafter layer " << l << " is sliding_attention but sliding_window is not set",
                   "set sliding_window in the drafter's config.json");
+  DF_CHECK_HINT(ctx.device == Device::CPU || (s.cfg.arch == DraftArch::DFlash && s.cfg.output_multiplier == 1.0f &&
+                                                s.cfg.final_logit_softcapping == 0.0f && s.cfg.input_embedding_scale == 1.0f),
+                BadOptions,
+                "the CUDA drafter step does not train DFlash2 drafters (or a logit multiplier/softcap) yet",
+                "train it with --backend cpu for now (docs/dflash2.md says what is built)");
   s.layout = drafter_param_layout(s.cfg);
   const int64_t P = static_cast<int64_t>(drafter_param_count(s.cfg));
   // Initial weights on the host, the same on every backend (the CUDA engine uploads them).
@@ -184,6 +192,8 @@ DrafterTrainer::DrafterTrainer(const DrafterSource& source, const TrainOptions& 
   es.loss = opt.loss;
   es.max_tokens = max_tokens;
   es.max_anchors = opt.max_anchors;
+  es.selector_alpha = opt.selector_loss_alpha;
+  es.selector_stop_gradient = opt.selector_stop_gradient;
   s.engine = ctx.device == Device::CPU ? train::make_cpu_trainer_engine(std::move(es))
                                        : train::make_cuda_trainer_engine(std::move(es));
 }
@@ -352,8 +362,15 @@ StepStats DrafterTrainer::Impl::run(const FeatureBatch& fb, const std::vector<in
   st.weight_sum = wsum;
   train::fill_metrics(rows, out.argmax_q, have_teacher ? out.argmax_p : nullptr,
                       static_cast<int64_t>(in.anchors.size()), static_cast<int>(B), st);
+  if (out.sel_ce) train::fill_selector_metrics(rows, out, st);
   if (!std::isfinite(st.loss)) fail_non_finite_loss(ctx, fb, st.loss, step);
   if (!train) eval_argmax.assign(out.argmax_q, out.argmax_q + R);
+  if (!train && out.topk_ids) {
+    const int64_t K = cfg.d2.selector_top_k, rank = cfg.d2.selector_rank;
+    eval_topk_ids.assign(out.topk_ids, out.topk_ids + R * K);
+    eval_topk_vals.assign(out.topk_vals, out.topk_vals + R * K);
+    eval_u.assign(out.u, out.u + R * rank);
+  }
   if (!train || fused) return st;
 
   // D-PACE needs this step's probabilities before the gradient: weights from the forward, then the
@@ -404,7 +421,18 @@ std::vector<int32_t> DrafterTrainer::draft_block(const FeatureBatch& fb, int64_t
            "draft_block at " << anchor << ": " << s.rows.size() << " block positions with loss_mask 1, expected "
                              << B - 1);
   std::vector<int32_t> out(static_cast<size_t>(B - 1));
-  for (int r = 0; r < B - 1; ++r) out[static_cast<size_t>(s.rows.offset[r] - 1)] = s.eval_argmax[r];
+  for (int r = 0; r < B - 1; ++r) {
+    DF_CHECK(s.rows.offset[r] == r + 1, Internal, "draft_block: rows out of block order");
+    out[static_cast<size_t>(r)] = s.eval_argmax[r];
+  }
+  if (s.cfg.arch != DraftArch::DFlash2) return out;
+  // DFlash2 (docs/dflash2.md 2.4): the selector walks the unary top-K of rows 1..B-1 from the anchor token.
+  const int64_t K = s.cfg.d2.selector_top_k, rank = s.cfg.d2.selector_rank, n = B - 1;
+  const DrafterViews w = bind_drafter_views(s.cfg, s.engine->master_weights().ptr<float>());
+  int32_t anchor_token = fb.batch->tokens[static_cast<size_t>(anchor)];
+  ops::selector_walk(cpu_ctx(), cpu_view(out.data(), {1, n}), Tensor(), cpu_view(s.eval_topk_ids.data(), {1, n, K}),
+                     cpu_view(s.eval_topk_vals.data(), {1, n, K}), cpu_view(s.eval_u.data(), {1, n, rank}),
+                     cpu_view(&anchor_token, {1}), w.sel_pred_codebook, w.sel_succ_codebook, 0.0f);
   return out;
 }
 

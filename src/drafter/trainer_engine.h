@@ -32,6 +32,9 @@ struct EngineSetup {
   Buffer params;            // F32 [P] host: the initial (or loaded) master weights; the engine takes it
   Buffer embed, lm_head;    // F32 [V, H] host: the target's frozen tables; the engine takes them
   bool tied = false;        // lm_head is a copy of embed (tie_word_embeddings)
+  // DFlash2's selector term (cfg.arch == DFlash2): its weight alpha and whether its inputs are detached.
+  float selector_alpha = 1.0f;
+  bool selector_stop_gradient = false;
 };
 
 // The drafter's batch as the engines and the CUDA step read it: views of what the trainer built (the
@@ -54,6 +57,17 @@ struct EngineRows {
   const float* ce = nullptr;          // [R] CE (D-PACE's acceptance estimate)
   const int32_t* argmax_q = nullptr;  // [R]
   const int32_t* argmax_p = nullptr;  // [R] or null without a teacher (final_norm)
+  // DFlash2 (null for DFlash): loss = unary + alpha * sel_ce per row; the selector's CE over the training
+  // candidates, whether the gold is in the unary top-K, and the selector's teacher-forced pick (a token).
+  const float* unary = nullptr;         // [R] the unary term (CE or KL)
+  const float* sel_ce = nullptr;        // [R]
+  const uint8_t* covered = nullptr;     // [R]
+  const int32_t* sel_argmax = nullptr;  // [R] token id
+  // The serving walk's inputs (draft_block): the strict unary top-K [R, K] (ids, transformed logits) and
+  // u = h W_h^T [R, r].
+  const int32_t* topk_ids = nullptr;
+  const float* topk_vals = nullptr;
+  const float* u = nullptr;
 };
 
 class TrainerEngine {

@@ -6,6 +6,7 @@
 #include <functional>
 
 #include "dflash/drafter_ops.h"
+#include "dflash/ops.h"
 #include "drafter/trainer_engine.h"
 
 namespace dflash::train {
@@ -27,7 +28,9 @@ class CpuEngine final : public TrainerEngine {
   explicit CpuEngine(EngineSetup s)
       : ctx_(s.ctx), cfg_(s.cfg), objective_(s.loss == LossKind::KL ? ops::LossObjective::KL : ops::LossObjective::CE),
         chunk_rows_(s.chunk_rows), embed_(std::move(s.embed)), lm_head_(std::move(s.lm_head)),
-        params_(std::move(s.params)) {
+        params_(std::move(s.params)), d2_(s.cfg.arch == DraftArch::DFlash2),
+        logit_{s.cfg.output_multiplier, s.cfg.final_logit_softcapping}, sel_alpha_(s.selector_alpha),
+        sel_stop_gradient_(s.selector_stop_gradient) {
     const int64_t P = static_cast<int64_t>(params_.numel());
     const int64_t H = cfg_.layers.hidden_size, V = cfg_.layers.vocab_size;
     grads_ = Buffer(Device::CPU, DType::F32, {P});
@@ -52,6 +55,28 @@ class CpuEngine final : public TrainerEngine {
     am_p_ = Buffer(Device::CPU, DType::I32, {max_rows});
     workspace_ = Buffer(Device::CPU, DType::F32,
                         {static_cast<int64_t>(ops::lm_loss_workspace_floats(chunk_rows_, V, true))});
+    if (d2_) {
+      const int64_t K = cfg_.d2.selector_top_k, r = cfg_.d2.selector_rank;
+      auto i32 = [&](std::initializer_list<int64_t> d) { return Buffer(Device::CPU, DType::I32, d); };
+      topk_ids_ = i32({max_rows, K});
+      topk_vals_ = f(max_rows, K);
+      label_logit_ = Buffer(Device::CPU, DType::F32, {max_rows});
+      cand_ = i32({max_rows, K});
+      unary_ = f(max_rows, K);
+      gold_ = i32({max_rows});
+      covered_ = Buffer(Device::CPU, DType::U8, {max_rows});
+      pred_ = i32({max_rows});
+      u_ = f(max_rows, r);
+      du_ = f(max_rows, r);
+      scores_ = f(max_rows, K);
+      d_unary_ = f(max_rows, K);
+      sel_ce_ = Buffer(Device::CPU, DType::F32, {max_rows});
+      sel_slot_ = i32({max_rows});
+      sel_tok_ = i32({max_rows});
+      sel_w_ = Buffer(Device::CPU, DType::F32, {max_rows});
+      loss_ = Buffer(Device::CPU, DType::F32, {max_rows});
+      dh_sel_ = f(max_rows, H);
+    }
   }
 
   DType feature_dtype() const override { return DType::F32; }
@@ -79,15 +104,40 @@ class CpuEngine final : public TrainerEngine {
     lo.kl = kl_loss ? rows_view(kl_, R) : Tensor();
     lo.argmax_q = rows_view(am_q_, R);
     lo.argmax_p = have_teacher ? rows_view(am_p_, R) : Tensor();
+    // DFlash2: the selector needs this pass's top-K before any gradient, so its gradient is never fused.
+    const bool fused = with_grad && !d2_;
+    if (d2_) {
+      lo.topk_ids = rows_view(topk_ids_, R);
+      lo.topk_vals = rows_view(topk_vals_, R);
+      lo.label_logit = rows_view(label_logit_, R);
+    }
     ops::lm_loss_forward(ctx_, lo, h, lm_head_.t(), rows_view(labels_, R), teacher, workspace_.t(), chunk_rows_,
-                         with_grad ? rows_view(dh_rows_, R) : Tensor(), with_grad ? rows_view(row_w_, R) : Tensor(),
-                         objective_);
-    if (with_grad) backward_from_rows(rows, b.ready);
+                         fused ? rows_view(dh_rows_, R) : Tensor(), fused ? rows_view(row_w_, R) : Tensor(),
+                         objective_, logit_);
     EngineRows out;
     out.loss = kl_loss ? kl_.ptr<float>() : ce_.ptr<float>();
     out.ce = ce_.ptr<float>();
     out.argmax_q = am_q_.ptr<int32_t>();
     out.argmax_p = have_teacher ? am_p_.ptr<int32_t>() : nullptr;
+    if (d2_) {
+      selector_forward(rows, R);
+      out.unary = out.loss;
+      float* loss = loss_.ptr<float>();
+      const float* sce = sel_ce_.ptr<float>();
+      for (int64_t r = 0; r < R; ++r) loss[r] = out.unary[r] + sel_alpha_ * sce[r];
+      out.loss = loss;
+      out.sel_ce = sce;
+      out.covered = covered_.ptr<uint8_t>();
+      out.sel_argmax = sel_tok_.ptr<int32_t>();
+      out.topk_ids = topk_ids_.ptr<int32_t>();
+      out.topk_vals = topk_vals_.ptr<float>();
+      out.u = u_.ptr<float>();
+    }
+    if (fused) backward_from_rows(rows, b.ready);
+    if (with_grad && d2_) {
+      std::vector<float> w(row_w_.ptr<float>(), row_w_.ptr<float>() + R);
+      backward(b, w);
+    }
     return out;
   }
 
@@ -98,8 +148,16 @@ class CpuEngine final : public TrainerEngine {
     grads_.zero();
     std::memcpy(row_w_.ptr<float>(), weight.data(), sizeof(float) * weight.size());
     const Tensor teacher = b.fb->final_norm.empty() ? Tensor() : rows_view(t_rows_, R);
+    if (d2_) selector_backward(R);
     ops::lm_loss_backward(ctx_, rows_view(dh_rows_, R), rows_view(row_w_, R), objective_, rows_view(h_rows_, R),
-                          lm_head_.t(), rows_view(labels_, R), teacher, workspace_.t(), chunk_rows_);
+                          lm_head_.t(), rows_view(labels_, R), teacher, workspace_.t(), chunk_rows_, logit_,
+                          d2_ && !sel_stop_gradient_ ? rows_view(cand_, R) : Tensor(),
+                          d2_ && !sel_stop_gradient_ ? rows_view(d_unary_, R) : Tensor());
+    if (d2_ && !sel_stop_gradient_) {  // dh += du W_h
+      float* dh = dh_rows_.ptr<float>();
+      const float* ds = dh_sel_.ptr<float>();
+      for (size_t i = 0, n = static_cast<size_t>(R * cfg_.layers.hidden_size); i < n; ++i) dh[i] += ds[i];
+    }
     backward_from_rows(rows, b.ready);
   }
 
@@ -120,6 +178,40 @@ class CpuEngine final : public TrainerEngine {
   void state_loaded() override {}  // the views are the live buffers
 
  private:
+  // DFlash2 (docs/dflash2.md 3), after lm_loss_forward filled the top-K: the training candidates (the gold
+  // put into slot K-1 when missing), u = h W_h^T, the teacher-forced scores (predecessor = token a+k-1) and
+  // the selector CE per row.
+  void selector_forward(const LossRows& rows, int64_t R) {
+    int32_t* pred = pred_.ptr<int32_t>();
+    for (int64_t r = 0; r < R; ++r) pred[r] = in_.tokens[rows.teacher_at[r]];
+    ops::selector_candidates(ctx_, rows_view(cand_, R), rows_view(unary_, R), rows_view(gold_, R),
+                             rows_view(covered_, R), rows_view(topk_ids_, R), rows_view(topk_vals_, R),
+                             rows_view(labels_, R), rows_view(label_logit_, R));
+    ops::matmul_forward(ctx_, rows_view(u_, R), rows_view(h_rows_, R), w_.sel_hidden_proj);
+    ops::selector_forward(ctx_, rows_view(scores_, R), rows_view(sel_ce_, R), rows_view(sel_slot_, R),
+                          rows_view(u_, R), rows_view(unary_, R), rows_view(cand_, R), rows_view(pred_, R),
+                          rows_view(gold_, R), w_.sel_pred_codebook, w_.sel_succ_codebook);
+    const int64_t K = cfg_.d2.selector_top_k;
+    const int32_t* cand = cand_.ptr<int32_t>();
+    const int32_t* slot = sel_slot_.ptr<int32_t>();
+    int32_t* tok = sel_tok_.ptr<int32_t>();
+    for (int64_t r = 0; r < R; ++r) tok[r] = cand[r * K + slot[r]];
+  }
+  // The selector term's gradient for the rows' weights in row_w_ (times alpha): d_unary (into the
+  // lm_loss backward's sparse addend), dh_sel = du W_h, and the selector's own parameter gradients. With
+  // stop-gradient only the selector's parameters move.
+  void selector_backward(int64_t R) {
+    const float* w = row_w_.ptr<float>();
+    float* sw = sel_w_.ptr<float>();
+    for (int64_t r = 0; r < R; ++r) sw[r] = sel_alpha_ * w[r];
+    ops::selector_backward(ctx_, sel_stop_gradient_ ? Tensor() : rows_view(d_unary_, R), rows_view(du_, R),
+                           g_.sel_pred_codebook, g_.sel_succ_codebook, rows_view(scores_, R), rows_view(sel_w_, R),
+                           rows_view(u_, R), rows_view(cand_, R), rows_view(pred_, R), rows_view(gold_, R),
+                           w_.sel_pred_codebook, w_.sel_succ_codebook);
+    ops::matmul_backward(ctx_, sel_stop_gradient_ ? Tensor() : rows_view(dh_sel_, R), g_.sel_hidden_proj,
+                         rows_view(du_, R), rows_view(h_rows_, R), w_.sel_hidden_proj);
+  }
+
   // The row gradients dh_rows scattered into the block stream, then the drafter backward (reporting each
   // parameter's range of grads_ to ready once the net is done with it).
   void backward_from_rows(const LossRows& rows, const GradReady& ready) {
@@ -150,6 +242,13 @@ class CpuEngine final : public TrainerEngine {
   DrafterStepInput in_;
   // loss buffers [max_rows, ...]
   Buffer h_rows_, t_rows_, dh_rows_, labels_, row_w_, ce_, kl_, am_q_, am_p_, workspace_;
+  // DFlash2
+  bool d2_;
+  ops::LogitSpec logit_;
+  float sel_alpha_;
+  bool sel_stop_gradient_;
+  Buffer topk_ids_, topk_vals_, label_logit_, cand_, unary_, gold_, covered_, pred_, u_, du_, scores_, d_unary_,
+      sel_ce_, sel_slot_, sel_tok_, sel_w_, loss_, dh_sel_;
 };
 
 }  // namespace

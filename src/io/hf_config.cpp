@@ -292,17 +292,65 @@ Qwen3Config load_qwen3_config(const std::string& config_json_path) {
 
 json read_config_json(const std::string& config_json_path) { return read_json_file(config_json_path, kConfigJsonHint); }
 
+const char* draft_arch_name(DraftArch a) { return a == DraftArch::DFlash2 ? "dflash2" : "dflash"; }
+const char* draft_arch_architecture(DraftArch a) {
+  return a == DraftArch::DFlash2 ? "DFlash2DraftModel" : "DFlashDraftModel";
+}
+
+namespace {
+
+// The official _draft_value rule (docs/dflash2.md 2.1): dflash_config[name], else the top-level field.
+const json* draft_value(const json& j, const std::string& name) {
+  if (j.contains("dflash_config") && j["dflash_config"].is_object() && j["dflash_config"].contains(name) &&
+      !j["dflash_config"][name].is_null())
+    return &j["dflash_config"][name];
+  if (j.contains(name) && !j[name].is_null()) return &j[name];
+  return nullptr;
+}
+
+// A DFlash2 shape field (positive integer), where it is found by draft_value; `most` bounds it.
+int draft_shape_int(const json& j, const std::string& source, const std::string& name, int dflt, int64_t most) {
+  const json* v = draft_value(j, name);
+  if (!v) return dflt;
+  Fields f{j, source, "dflash_config."};
+  const int64_t x = f.integer_value(name, *v);
+  DF_CHECK_HINT(x >= 1 && x <= most, BadInput,
+                "field " << f.where(name) << " = " << x << " is out of range [1, " << most << "]", kConfigHint);
+  return static_cast<int>(x);
+}
+
+float draft_number(const json& j, const std::string& source, const std::string& name, float dflt, bool zero_ok) {
+  const json* v = draft_value(j, name);
+  if (!v) return dflt;
+  Fields f{j, source, "dflash_config."};
+  DF_CHECK_HINT(v->is_number(), BadInput, "field " << f.where(name) << " must be a number, got " << v->dump(),
+                kConfigHint);
+  const double d = v->get<double>();
+  DF_CHECK_HINT(std::isfinite(d) && (d > 0 || (zero_ok && d == 0)), BadInput,
+                "field " << f.where(name) << " = " << d << " must be " << (zero_ok ? "0 (off) or positive" : "positive"),
+                kConfigHint);
+  return static_cast<float>(d);
+}
+
+}  // namespace
+
 DrafterConfig parse_drafter_config(const json& j, const std::string& source) {
   DF_CHECK_HINT(j.is_object(), BadInput, source << " is not a JSON object", kConfigHint);
   const char* const format_hint =
-      "--drafter expects a DFlash release-format directory: config.json with architectures "
-      "[\"DFlashDraftModel\"], block_size, num_target_layers and dflash_config";
-  bool is_dflash = false;
+      "--drafter expects a DFlash or DFlash2 release-format directory: config.json with architectures "
+      "[\"DFlashDraftModel\"] or [\"DFlash2DraftModel\"], block_size, num_target_layers and dflash_config";
+  int found = 0;
+  DraftArch arch = DraftArch::DFlash;
   if (j.contains("architectures") && j["architectures"].is_array())
-    for (const json& a : j["architectures"]) is_dflash = is_dflash || a == "DFlashDraftModel";
-  DF_CHECK_HINT(is_dflash, BadInput, source << " is not a DFlash drafter config (architectures = "
+    for (const json& a : j["architectures"])
+      for (DraftArch x : {DraftArch::DFlash, DraftArch::DFlash2})
+        if (a == draft_arch_architecture(x)) {
+          arch = x;
+          ++found;
+        }
+  DF_CHECK_HINT(found == 1, BadInput, source << " is not a DFlash or DFlash2 drafter config (architectures = "
                                             << (j.contains("architectures") ? j["architectures"].dump() : "missing")
-                                            << ", expected [\"DFlashDraftModel\"])",
+                                            << ", expected [\"DFlashDraftModel\"] or [\"DFlash2DraftModel\"])",
                 format_hint);
   DF_CHECK_HINT(!j.contains("text_config"), BadInput, source << ": a DFlash drafter config has no text_config",
                 format_hint);
@@ -311,9 +359,26 @@ DrafterConfig parse_drafter_config(const json& j, const std::string& source) {
   DrafterConfig d;
   d.layers = parse_qwen3_config(j, source);
   d.layers.weight_prefix = "";  // drafter keys are "layers.N.*", "fc.weight", "norm.weight"
+  d.arch = arch;
   Fields f{j, source, ""};
-  d.block_size = f.positive_int("block_size");
+  // DFlash2 releases keep block_size in dflash_config only (the official _draft_value rule reads either).
+  if (arch == DraftArch::DFlash2 && !f.has("block_size")) {
+    d.block_size = draft_shape_int(j, source, "block_size", 0, 4096);
+    DF_CHECK_HINT(d.block_size > 0, BadInput, "missing field 'dflash_config.block_size' in " << source, format_hint);
+  } else {
+    d.block_size = f.positive_int("block_size");
+  }
   d.num_target_layers = f.positive_int("num_target_layers");
+  if (arch == DraftArch::DFlash2) {
+    d.d2.conv_kernel_size = draft_shape_int(j, source, "conv_kernel_size", 2, 64);
+    d.d2.conv_group_size = draft_shape_int(j, source, "conv_group_size", 16, int64_t{1} << 17);
+    d.d2.selector_top_k = draft_shape_int(j, source, "selector_top_k", 16, 64);
+    d.d2.selector_rank = draft_shape_int(j, source, "selector_rank", 256, 4096);
+  }
+  d.output_multiplier = draft_number(j, source, "output_multiplier", 1.0f, false);
+  d.final_logit_softcapping = draft_number(j, source, "final_logit_softcapping", 0.0f, true);
+  d.input_embedding_scale = draft_number(j, source, "input_embedding_scale", 1.0f, false);
+  if (f.has("is_causal")) d.is_causal = f.boolean("is_causal", false) ? 1 : 0;
   if (f.has("dtype")) {
     DF_CHECK_HINT(j["dtype"].is_string(), BadInput, "field " << f.where("dtype") << " must be a string", kConfigHint);
     d.torch_dtype = j["dtype"].get<std::string>();
@@ -360,13 +425,32 @@ json drafter_config_to_json(const DrafterConfig& c) {
   if (layer_types.empty()) layer_types.assign(q.num_hidden_layers, "full_attention");
 
   json j = json::object();  // nlohmann sorts keys, as transformers' save_pretrained does
-  j["architectures"] = {"DFlashDraftModel"};
+  const bool d2 = c.arch == DraftArch::DFlash2;
+  j["architectures"] = {draft_arch_architecture(c.arch)};
   j["attention_bias"] = false;
   j["attention_dropout"] = 0.0;
   // No auto_map: the releases' names their own dflash.py, which is not shipped here (docs/serving.md).
-  j["block_size"] = c.block_size;
+  if (!d2) j["block_size"] = c.block_size;  // DFlash2 releases: in dflash_config only (the fixture's layout)
   j["bos_token_id"] = nullptr;
   j["dflash_config"] = {{"mask_token_id", c.mask_token_id}, {"target_layer_ids", c.target_layer_ids}};
+  if (d2) {
+    json& df = j["dflash_config"];
+    df["block_size"] = c.block_size;
+    df["conv_group_size"] = c.d2.conv_group_size;
+    df["conv_kernel_size"] = c.d2.conv_kernel_size;
+    df["final_logit_softcapping"] = c.final_logit_softcapping > 0 ? json(float_for_json(c.final_logit_softcapping))
+                                                                   : json(nullptr);
+    df["output_multiplier"] = float_for_json(c.output_multiplier);
+    df["selector_rank"] = c.d2.selector_rank;
+    df["selector_top_k"] = c.d2.selector_top_k;
+    if (c.input_embedding_scale != 1.0f) df["input_embedding_scale"] = float_for_json(c.input_embedding_scale);
+  } else {
+    // A DFlash drafter trained with a logit transform: the fields the official compute_logits reads.
+    if (c.output_multiplier != 1.0f) j["dflash_config"]["output_multiplier"] = float_for_json(c.output_multiplier);
+    if (c.final_logit_softcapping > 0)
+      j["dflash_config"]["final_logit_softcapping"] = float_for_json(c.final_logit_softcapping);
+  }
+  if (c.is_causal >= 0) j["is_causal"] = c.is_causal == 1;
   j["dtype"] = c.torch_dtype;
   j["eos_token_id"] = nullptr;
   j["head_dim"] = q.head_dim;
@@ -442,6 +526,30 @@ void check_drafter_fits_target(const DrafterConfig& d, const Qwen3Config& t) {
                                          << t.vocab_size << ")",
                 "the mask token is an unused id inside the target's vocabulary (Qwen3: 151669)");
   DF_CHECK_HINT(!d.target_layer_ids.empty(), BadInput, "drafter has no target_layer_ids", hint);
+  // is_causal (docs/dflash2.md 2.6): this build's block attention makes sliding layers causal within the
+  // block and full layers not, which is what an absent is_causal means; the other combinations are refused.
+  for (size_t l = 0; l < d.layers.layer_types.size() && d.is_causal >= 0; ++l) {
+    const bool sliding = d.layers.layer_types[l] == "sliding_attention";
+    DF_CHECK_HINT(sliding == (d.is_causal == 1), BadInput,
+                  "drafter config: is_causal " << (d.is_causal == 1 ? "true" : "false") << " with a "
+                                               << d.layers.layer_types[l] << " layer " << l
+                                               << " is not supported by this build's block attention",
+                  "supported: is_causal absent, or false with full_attention layers only, or true with "
+                  "sliding_attention layers only");
+  }
+  if (d.arch == DraftArch::DFlash2) {
+    const DFlash2Shape& s = d.d2;
+    DF_CHECK_HINT(d.layers.hidden_size % s.conv_group_size == 0, BadInput,
+                  "DFlash2 conv_group_size " << s.conv_group_size << " does not divide hidden_size "
+                                             << d.layers.hidden_size,
+                  "use a group size that divides the hidden size (16 in the releases)");
+    DF_CHECK_HINT(s.conv_kernel_size <= d.block_size, BadInput,
+                  "DFlash2 conv_kernel_size " << s.conv_kernel_size << " exceeds block_size " << d.block_size,
+                  "a tap cannot reach past the block: use 2 taps (the releases)");
+    DF_CHECK_HINT(s.selector_top_k <= t.vocab_size && s.selector_top_k <= 64, BadInput,
+                  "DFlash2 selector_top_k " << s.selector_top_k << " must be at most 64 and the vocabulary",
+                  "the releases use 16");
+  }
   for (int id : d.target_layer_ids)
     DF_CHECK_HINT(id >= 0 && id < t.num_hidden_layers, BadInput,
                   "drafter target layer id " << id << " is outside the target's layers [0, " << t.num_hidden_layers

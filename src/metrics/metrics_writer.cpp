@@ -56,6 +56,11 @@ void MetricsWriter::append_step(const StepMetrics& s) {
            "append_step: " << s.acc_by_pos.size() << " block positions for a layout of " << positions);
   const std::vector<double> acc = s.acc_by_pos.empty() ? std::vector<double>(positions, std::nan("")) : s.acc_by_pos;
   impl_->append("steps/acc_by_pos", H5T_NATIVE_DOUBLE, acc.data(), positions);
+  if (layout_.selector_metrics) {
+    impl_->append("steps/loss_sel", H5T_NATIVE_DOUBLE, &s.loss_sel, 0);
+    impl_->append("steps/candidate_recall", H5T_NATIVE_DOUBLE, &s.candidate_recall, 0);
+    impl_->append("steps/selector_acc", H5T_NATIVE_DOUBLE, &s.selector_acc, 0);
+  }
   count_append();
 }
 

@@ -62,6 +62,8 @@ std::string format_status_line(const StatusInputs& in) {
   s += printf_str(" loss=%.4f", in.loss);
   s += printf_str(" acc=%.3f", in.acc);
   s += printf_str(" streak=%.1f", in.streak);
+  if (std::isfinite(in.candidate_recall)) s += printf_str(" recall=%.3f", in.candidate_recall);
+  if (std::isfinite(in.selector_acc)) s += printf_str(" sel_acc=%.3f", in.selector_acc);
   s += printf_str(" lr=%.2e", in.lr);
   s += printf_str(" noise=%.4f", in.noise);
   s += printf_str(" | tgt=%.2fb/s", in.target_batches_per_s);

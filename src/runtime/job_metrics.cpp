@@ -77,7 +77,7 @@ void write_typed_options(MetricsWriter& w, const Options& o) {
 
 }  // namespace
 
-MetricsHub::MetricsHub(const JobContext& job, int block_size) : job_(job) {
+MetricsHub::MetricsHub(const JobContext& job, int block_size, bool selector_metrics) : job_(job) {
   const Topology& t = job.topo;
   prev_targets_.resize(t.targets.size());
   prev_drafters_.resize(t.drafters.size());
@@ -102,6 +102,7 @@ MetricsHub::MetricsHub(const JobContext& job, int block_size) : job_(job) {
   layout.gpu_unavailable_reason = cols.reason;
   layout.flush_every = job.opt.metrics_flush_every;
   layout.block_size = block_size;
+  layout.selector_metrics = selector_metrics;
   std::error_code ec;
   std::filesystem::create_directories(job.opt.out_dir, ec);
   DF_CHECK_HINT(!ec, SystemFailure, "cannot create --out " << job.opt.out_dir << ": " << ec.message(),
@@ -296,6 +297,8 @@ void MetricsHub::report(const DrafterReport& mine, const std::vector<TargetRepor
     in.streak = m.steps ? m.streak / n : last_step_.streak;
     in.lr = last_step_.lr;
     in.noise = last_step_.noise;
+    in.candidate_recall = last_step_.candidate_recall;
+    in.selector_acc = last_step_.selector_acc;
     in.target_batches_per_s = target_batches / rate_s;
     in.drafter_batches_per_s = drafter_batches / rate_s;
     in.tokens_per_s = drafter_tokens / rate_s;

@@ -14,7 +14,8 @@ class MetricsHub {
  public:
   // Collective over the drafters. The writer creates OUT/metrics.h5 (/steps/acc_by_pos for the drafter's
   // block_size) and stores the run's attributes.
-  MetricsHub(const JobContext& job, int block_size);
+  // selector_metrics: a DFlash2 drafter (MetricsLayout::selector_metrics).
+  MetricsHub(const JobContext& job, int block_size, bool selector_metrics = false);
   ~MetricsHub();
 
   // Training begins (every rank loaded): rates and the first interval count from here, not from the launch.

@@ -107,6 +107,13 @@ Described describe(Options& o, std::string& topology, std::string& backend, std:
     ("target-layers", po::value(&o.target_layers)->value_name("L1,L2,..."), "target layers a fresh drafter reads (l = output of decoder layer l; default: DFlash's rule, round(1 + i(L-4)/(n-1)) for n = --draft-layers > 1, the middle layer L/2 for n = 1)")
     ("draft-layer-types", po::value(&o.draft_layer_types)->value_name("T1,T2,..."), "a fresh drafter's attention, one per layer: full | sliding (default: all full; the Qwen3.6-27B recipe: sliding,sliding,sliding,sliding,full)")
     ("draft-sliding-window", po::value(&o.train.sliding_window)->default_value(0)->value_name("N"), "keys a sliding drafter layer sees (the Qwen3.6-27B recipe: 2048)")
+    ("draft-arch", po::value(&o.draft_arch)->default_value("dflash")->value_name("NAME"), "a fresh drafter's architecture: dflash | dflash2 (grouped dynamic causal convs + a candidate selector, docs/dflash2.md); a --drafter DIR's config.json says its own")
+    ("conv-kernel-size", po::value(&o.train.d2.conv_kernel_size)->default_value(2)->value_name("K"), "dflash2: taps of each grouped dynamic causal conv")
+    ("conv-group-size", po::value(&o.train.d2.conv_group_size)->default_value(16)->value_name("N"), "dflash2: channels per conv group (must divide the hidden size)")
+    ("selector-top-k", po::value(&o.train.d2.selector_top_k)->default_value(16)->value_name("K"), "dflash2: unary candidates the selector reranks per position (1..64)")
+    ("selector-rank", po::value(&o.train.d2.selector_rank)->default_value(256)->value_name("R"), "dflash2: rank of the selector's codebooks")
+    ("output-multiplier", po::value(&o.train.output_multiplier)->default_value(1.0f, "1")->value_name("X"), "a fresh drafter's logit multiplier (compute_logits: z = X * lm_head(h))")
+    ("logit-softcap", po::value(&o.train.logit_softcap)->default_value(0.0f, "0")->value_name("C"), "a fresh drafter's final logit softcap, z = C tanh(z / C) (0 = off)")
     ("data", po::value(&o.data_path)->value_name("FILE.h5"), "token dataset (HDF5, docs/data.md)")
     ("out", po::value(&o.out_dir)->value_name("DIR"), "run directory: metrics.h5, drafter/ (the exported drafter)");
   po::options_description data("Data and flow");
@@ -126,6 +133,8 @@ Described describe(Options& o, std::string& topology, std::string& backend, std:
   train.add_options()
     ("loss", po::value(&loss)->default_value("ce")->value_name("NAME"), "ce | kl")
     ("dpace", po::bool_switch(&o.train.dpace), "D-PACE position weights")
+    ("selector-loss-alpha", po::value(&o.train.selector_loss_alpha)->default_value(1.0f, "1")->value_name("X"), "dflash2: weight of the selector's CE over the unary top-K (the gold inserted when missing) beside the unary loss")
+    ("selector-stop-gradient", po::bool_switch(&o.train.selector_stop_gradient), "dflash2: detach the selector's inputs (its loss moves only the selector)")
     ("gamma", po::value(&o.train.gamma)->default_value(7.0f, "7")->value_name("X"), "position decay exp(-(k-1)/gamma)")
     ("max-anchors", po::value(&o.train.max_anchors)->default_value(512)->value_name("N"), "anchors per packed batch at most: the drafter's buffers (loss rows, block attention) are sized by it (default 512; with --anchors-per-record N: N per 3072 tokens of --token-budget)")
     ("anchors-per-record", po::value(&o.train.anchors_per_record)->default_value(0)->value_name("N"), "up to N anchors in each record of a packed batch, among its valid positions, redrawn every step (the reference trainers' rule: 512); 0 = per batch only")
@@ -333,7 +342,22 @@ ParseResult parse_options(int argc, const char* const* argv) {
   check_range(o.train.weight_decay >= 0 && o.train.weight_decay * o.train.lr < 1, "weight-decay",
               str(o.train.weight_decay), ">= 0 and below 1 / --lr");
   std::vector<std::string> recipe_given;  // the fresh-drafter options given explicitly
-  for (const char* n : {"block-size", "mask-token", "target-layers", "draft-layer-types", "draft-sliding-window"})
+  if (o.draft_arch == "dflash") o.train.draft_arch = DraftArch::DFlash;
+  else if (o.draft_arch == "dflash2") o.train.draft_arch = DraftArch::DFlash2;
+  else check_range(false, "draft-arch", o.draft_arch, "dflash or dflash2");
+  check_range(std::isfinite(o.train.output_multiplier) && o.train.output_multiplier > 0, "output-multiplier",
+              str(o.train.output_multiplier), "> 0");
+  check_range(std::isfinite(o.train.logit_softcap) && o.train.logit_softcap >= 0, "logit-softcap",
+              str(o.train.logit_softcap), ">= 0 (0 = off)");
+  check_range(std::isfinite(o.train.selector_loss_alpha) && o.train.selector_loss_alpha >= 0, "selector-loss-alpha",
+              str(o.train.selector_loss_alpha), ">= 0");
+  if (o.train.draft_arch != DraftArch::DFlash2)
+    for (const char* n : {"conv-kernel-size", "conv-group-size", "selector-top-k", "selector-rank"})
+      DF_CHECK_HINT(!vm.count(n) || vm[n].defaulted(), BadOptions, "--" << n << " shapes a DFlash2 drafter",
+                    "add --draft-arch dflash2, or drop --" + std::string(n));
+  for (const char* n : {"block-size", "mask-token", "target-layers", "draft-layer-types", "draft-sliding-window",
+                        "draft-arch", "conv-kernel-size", "conv-group-size", "selector-top-k", "selector-rank",
+                        "output-multiplier", "logit-softcap"})
     if (vm.count(n) && !vm[n].defaulted()) recipe_given.push_back(n);
   resolve_drafter_recipe(o, recipe_given);
   check_range(o.inject_delay_target_ms >= 0, "inject-delay-target-ms", str(o.inject_delay_target_ms), ">= 0");

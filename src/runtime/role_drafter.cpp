@@ -44,7 +44,7 @@ class DrafterLoop {
     endpoint_ = &endpoint;
     Tensor grads = trainer.grads();
     const GradHooks hooks = start_reducer(trainer);  // empty with one drafter
-    MetricsHub hub(job_, trainer.config().block_size);
+    MetricsHub hub(job_, trainer.config().block_size, trainer.config().arch == DraftArch::DFlash2);
     ckpt.before_save([&] { hub.flush(); });  // the metrics rows up to a checkpoint are on disk before it commits
     // The bytes each step allreduces (dflash-report prices more drafters with it when it measured none).
     hub.set_attribute("drafter_grad_bytes", static_cast<int64_t>(grads.nbytes()));
@@ -210,6 +210,12 @@ class DrafterLoop {
     sums.noise += st.noise;
     sums.tokens += static_cast<double>(st.tokens);
     sums.anchors += static_cast<double>(st.anchors);
+    if (std::isfinite(st.loss_sel)) {
+      sums.weighted_sel += st.loss_sel * st.weight_sum;
+      sums.loss_rows += st.loss_rows;
+      sums.covered_rows += st.covered_rows;
+      sums.selector_correct_rows += st.selector_correct_rows;
+    }
     const std::vector<double> pos = positions_after_anchor(st.per_pos_acc, trainer.config().block_size);
     for (size_t i = 0; i < pos.size() && i < acc_by_pos.size(); ++i) acc_by_pos[i] += pos[i];
     report_.batches++;
@@ -319,6 +325,11 @@ class DrafterLoop {
     m.tokens = static_cast<int64_t>(sums.tokens);
     m.anchors = static_cast<int64_t>(sums.anchors);
     for (double a : acc_by_pos) m.acc_by_pos.push_back(a / n);  // the mean over the batches, as acc
+    if (sums.loss_rows > 0) {  // DFlash2: exact over every drafter's rows
+      m.loss_sel = sums.weight_sum > 0 ? sums.weighted_sel / sums.weight_sum : 0.0;
+      m.candidate_recall = sums.covered_rows / sums.loss_rows;
+      m.selector_acc = sums.selector_correct_rows / sums.loss_rows;
+    }
     DF_CHECK_HINT(std::isfinite(m.loss) && std::isfinite(grad_norm), NonFiniteLoss,
                   "step " << step << ": loss " << m.loss << ", grad norm " << grad_norm,
                   "lower --lr or add --warmup-steps; check the dataset for broken records");

@@ -14,3 +14,19 @@ TEST(DrafterGolden, QwenTinyA_LossesMetricsGradsAdamW) {
 }
 
 }  // namespace
+
+namespace {
+
+// DFlash2 (tests/data/golden/dflash2-tiny-a: official DFlash2DraftModel forward and a PyTorch selector
+// objective, float64; -b is the held-out shape: 3 layers, block 6, 3 taps, groups of 8, no softcap): the
+// four objectives' losses, terms and every gradient, the metrics, two AdamW steps on CE + alpha * selector.
+void expect_dflash2_case(const std::string& name) {
+  const auto rep = dflash::train::run_drafter_golden(std::string(DFLASH_TEST_DATA) + "/golden/" + name);
+  EXPECT_GT(rep.checks.size(), 150u);
+  for (const auto& c : rep.checks) EXPECT_LE(c.err, c.tol) << name << ": " << c.name << " max_abs " << c.max_abs;
+}
+
+TEST(DrafterGolden, DFlash2TinyA_ObjectivesGradsMetricsAdamW) { expect_dflash2_case("dflash2-tiny-a"); }
+TEST(DrafterGolden, DFlash2TinyB_HeldOutShape) { expect_dflash2_case("dflash2-tiny-b"); }
+
+}  // namespace
