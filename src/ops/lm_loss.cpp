@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <vector>
 
 #include "dflash/drafter_ops.h"
 #include "dflash/ops.h"
@@ -60,15 +61,61 @@ void check_common(const char* op, const Ctx& ctx, const Tensor& h, const Tensor&
     DF_CHECK(lab[r] >= 0 && lab[r] < V, BadInput, op << ": label " << lab[r] << " outside the vocabulary of " << V);
 }
 
-// Turns the drafter logits row x (in place) into the gradient of w * loss:
-//   CE: w (q - onehot(label));  KL: w (q - p)  with p from the teacher logits row t.
+// The drafter's logits row, in place: z = c tanh(m x / c) (softcap c > 0), else m x (LogitSpec).
+void transform_in_place(float* x, int64_t V, const LogitSpec& spec) {
+  if (spec.identity()) return;
+  const float m = spec.multiplier, c = spec.softcap;
+  for (int64_t i = 0; i < V; ++i) x[i] = c > 0.f ? c * std::tanh(m * x[i] / c) : m * x[i];
+}
+// dz/dx of the transform, from z itself: m (1 - (z / c)^2), or m.
+inline float transform_slope(float z, const LogitSpec& spec) {
+  return spec.softcap > 0.f ? spec.multiplier * (1.f - (z / spec.softcap) * (z / spec.softcap)) : spec.multiplier;
+}
+
+// Turns the drafter's (transformed) logits row z (in place) into the gradient of w * loss at the raw logits:
+//   CE: w (q - onehot(label));  KL: w (q - p)  with p from the teacher logits row t;
+// plus the sparse addend extra_dz at extra_ids (n entries), then the transform's chain rule.
 void logits_grad_in_place(float* x, const float* t, int64_t V, float w, int32_t label, float lse_q, float lse_p,
-                          LossObjective objective) {
+                          LossObjective objective, const LogitSpec& spec = LogitSpec(), const int32_t* extra_ids = nullptr,
+                          const float* extra_dz = nullptr, int64_t n_extra = 0) {
+  float zx[64];  // z at the extra ids, kept for their chain rule (n_extra <= 64: the selector's top-K)
+  for (int64_t e = 0; e < n_extra; ++e) zx[e] = x[extra_ids[e]];
+  const float z_label = x[label];
+  const bool id = spec.identity();
   if (objective == LossObjective::CE) {
-    for (int64_t i = 0; i < V; ++i) x[i] = w * std::exp(x[i] - lse_q);
-    x[label] -= w;
+    for (int64_t i = 0; i < V; ++i) {
+      const float z = x[i];
+      x[i] = w * std::exp(z - lse_q) * (id ? 1.f : transform_slope(z, spec));
+    }
+    x[label] -= w * (id ? 1.f : transform_slope(z_label, spec));
   } else {
-    for (int64_t i = 0; i < V; ++i) x[i] = w * (std::exp(x[i] - lse_q) - std::exp(t[i] - lse_p));
+    for (int64_t i = 0; i < V; ++i) {
+      const float z = x[i];
+      x[i] = w * (std::exp(z - lse_q) - std::exp(t[i] - lse_p)) * (id ? 1.f : transform_slope(z, spec));
+    }
+  }
+  for (int64_t e = 0; e < n_extra; ++e) x[extra_ids[e]] += extra_dz[e] * (id ? 1.f : transform_slope(zx[e], spec));
+}
+
+// The K largest of x [V], descending, ties by the lower id (the selector's candidates).
+void top_k(const float* x, int64_t V, int64_t K, int32_t* ids, float* vals) {
+  auto better = [x](int32_t a, int32_t b) { return x[a] > x[b] || (x[a] == x[b] && a < b); };
+  std::vector<int32_t> heap;  // a min-heap of the best K so far under `better`
+  heap.reserve(static_cast<size_t>(K) + 1);
+  for (int32_t i = 0; i < static_cast<int32_t>(V); ++i) {
+    if (static_cast<int64_t>(heap.size()) < K) {
+      heap.push_back(i);
+      std::push_heap(heap.begin(), heap.end(), better);
+    } else if (better(i, heap.front())) {
+      std::pop_heap(heap.begin(), heap.end(), better);
+      heap.back() = i;
+      std::push_heap(heap.begin(), heap.end(), better);
+    }
+  }
+  std::sort(heap.begin(), heap.end(), better);
+  for (int64_t k = 0; k < K; ++k) {
+    ids[k] = heap[static_cast<size_t>(k)];
+    vals[k] = x[heap[static_cast<size_t>(k)]];
   }
 }
 
@@ -86,6 +133,16 @@ void lm_loss_forward(const Ctx& ctx, const LmLossRowsOut& out, const Tensor& h, 
   detail::check_shape(op, "argmax_q", out.argmax_q, {R});
   if (!out.kl.empty()) detail::check_shape(op, "kl", out.kl, {R});
   if (!out.argmax_p.empty()) detail::check_shape(op, "argmax_p", out.argmax_p, {R});
+  const bool topk = !out.topk_ids.empty();
+  DF_CHECK(topk == !out.topk_vals.empty() && topk == !out.label_logit.empty(), Internal,
+           op << ": topk_ids, topk_vals and label_logit go together");
+  const int64_t K = topk ? out.topk_ids.shape[1] : 0;
+  if (topk) {
+    detail::check_shape(op, "topk_ids", out.topk_ids, {R, -1});
+    detail::check_shape(op, "topk_vals", out.topk_vals, {R, K});
+    detail::check_shape(op, "label_logit", out.label_logit, {R});
+    DF_CHECK(K >= 1 && K <= 64 && K <= V, Internal, op << ": top-" << K << " of " << V);
+  }
   if (fused) {
     detail::check_shape(op, "dh", dh, {R, H});
     detail::check_shape(op, "row_weight", row_weight, {R});
@@ -109,9 +166,14 @@ void lm_loss_forward(const Ctx& ctx, const LmLossRowsOut& out, const Tensor& h, 
     for (int64_t c = 0; c < C; ++c) {
       const int64_t r = r0 + c;
       float* x = ws + static_cast<size_t>(c) * V;
+      transform_in_place(x, V, logit);
       const RowSoftmax sq = row_softmax_stats(x, V);
       ce[r] = sq.lse - x[lab[r]];
       am_q[r] = sq.argmax;
+      if (topk) {
+        top_k(x, V, K, out.topk_ids.ptr<int32_t>() + r * K, out.topk_vals.ptr<float>() + r * K);
+        out.label_logit.ptr<float>()[r] = x[lab[r]];
+      }
       float lse_p = 0.f;
       const float* t = with_teacher ? ws_t + static_cast<size_t>(c) * V : nullptr;
       if (t) {
@@ -127,7 +189,7 @@ void lm_loss_forward(const Ctx& ctx, const LmLossRowsOut& out, const Tensor& h, 
           kl[r] = static_cast<float>(acc);
         }
       }
-      if (fused) logits_grad_in_place(x, t, V, w[r], lab[r], sq.lse, lse_p, objective);
+      if (fused) logits_grad_in_place(x, t, V, w[r], lab[r], sq.lse, lse_p, objective, logit);
     }
     if (fused) matmul_backward(ctx, dh.slice_rows(r0, r1), Tensor(), logits, h.slice_rows(r0, r1), lm_head);
   }
@@ -142,6 +204,13 @@ void lm_loss_backward(const Ctx& ctx, const Tensor& dh, const Tensor& row_weight
   const int64_t R = h.shape[0], H = h.shape[1], V = lm_head.shape[0];
   detail::check_shape(op, "dh", dh, {R, H});
   detail::check_shape(op, "row_weight", row_weight, {R});
+  DF_CHECK(extra_ids.empty() == extra_dz.empty(), Internal, op << ": extra_ids and extra_dz go together");
+  const int64_t E = extra_ids.empty() ? 0 : extra_ids.shape[1];
+  if (E) {
+    detail::check_shape(op, "extra_ids", extra_ids, {R, E});
+    detail::check_shape(op, "extra_dz", extra_dz, {R, E});
+    DF_CHECK(E <= 64, Internal, op << ": " << E << " sparse entries per row (at most 64)");
+  }
   if (ctx.device == Device::CUDA) return cuda::lm_loss_backward(ctx, dh, row_weight, objective, h, lm_head, labels,
                                                                 teacher, workspace, chunk_rows, logit, extra_ids, extra_dz);
   const bool use_teacher = objective == LossObjective::KL;
@@ -157,9 +226,12 @@ void lm_loss_backward(const Ctx& ctx, const Tensor& dh, const Tensor& row_weight
     for (int64_t c = 0; c < C; ++c) {
       float* x = ws + static_cast<size_t>(c) * V;
       const float* t = use_teacher ? ws_t + static_cast<size_t>(c) * V : nullptr;
+      transform_in_place(x, V, logit);
       const float lse_q = row_softmax_stats(x, V).lse;
       const float lse_p = t ? row_softmax_stats(t, V).lse : 0.f;
-      logits_grad_in_place(x, t, V, w[r0 + c], lab[r0 + c], lse_q, lse_p, objective);
+      const int64_t r = r0 + c;
+      logits_grad_in_place(x, t, V, w[r], lab[r], lse_q, lse_p, objective, logit,
+                           E ? extra_ids.ptr<int32_t>() + r * E : nullptr, E ? extra_dz.ptr<float>() + r * E : nullptr, E);
     }
     matmul_backward(ctx, dh.slice_rows(r0, r1), Tensor(), logits, h.slice_rows(r0, r1), lm_head);
   }
