@@ -269,7 +269,7 @@ TEST(HfConfig, DrafterConfigErrors) {
   json not_dflash = golden_drafter_json();
   not_dflash["architectures"] = {"Qwen3ForCausalLM"};
   EXPECT_EXIT(parse_drafter_config(not_dflash, "d.json"), testing::ExitedWithCode(kBadInput),
-              "d.json is not a DFlash drafter config");
+              "d.json is not a DFlash or DFlash2 drafter config");
   json no_dflash = golden_drafter_json();
   no_dflash.erase("dflash_config");
   EXPECT_EXIT(parse_drafter_config(no_dflash, "d.json"), testing::ExitedWithCode(kBadInput),
@@ -371,3 +371,44 @@ TEST(HfConfig, Qwen35HybridConfigParsesItsSharedFields) {
   EXPECT_TRUE(v.tie_word_embeddings);
   EXPECT_EQ(v.layer_types, q.layer_types);
 }
+
+namespace {
+
+// A DFlash2 release config (the golden case's drafter_init, written like the official fixture): the
+// architecture, block_size from dflash_config only, the conv/selector shape, compute_logits' fields and
+// is_causal; written back and parsed again, the same; a group size that does not divide the hidden size and
+// is_causal false with a sliding layer are refused against the target.
+TEST(HfConfig, DFlash2ReleaseConfigRoundTrips) {
+  const std::string dir = std::string(DFLASH_TEST_DATA) + "/golden/dflash2-tiny-a";
+  const dflash::DrafterConfig d = dflash::load_drafter_config(dir + "/drafter_init/config.json");
+  EXPECT_EQ(d.arch, dflash::DraftArch::DFlash2);
+  EXPECT_EQ(d.block_size, 8);
+  EXPECT_EQ(d.d2.conv_kernel_size, 2);
+  EXPECT_EQ(d.d2.conv_group_size, 16);
+  EXPECT_EQ(d.d2.selector_top_k, 16);
+  EXPECT_EQ(d.d2.selector_rank, 16);
+  EXPECT_FLOAT_EQ(d.output_multiplier, 2.5f);
+  EXPECT_FLOAT_EQ(d.final_logit_softcapping, 4.0f);
+  EXPECT_EQ(d.is_causal, 0);
+  const nlohmann::json j = dflash::drafter_config_to_json(d);
+  EXPECT_EQ(j["architectures"], nlohmann::json::array({"DFlash2DraftModel"}));
+  EXPECT_FALSE(j.contains("block_size"));
+  EXPECT_EQ(j["dflash_config"]["block_size"], 8);
+  const dflash::DrafterConfig back = dflash::parse_drafter_config(j, "round trip");
+  EXPECT_EQ(back.arch, d.arch);
+  EXPECT_EQ(back.block_size, d.block_size);
+  EXPECT_EQ(back.d2.selector_rank, d.d2.selector_rank);
+  EXPECT_EQ(back.final_logit_softcapping, d.final_logit_softcapping);
+  EXPECT_EQ(back.is_causal, d.is_causal);
+  const dflash::Qwen3Config t = dflash::load_qwen3_config(dir + "/target/config.json");
+  dflash::check_drafter_fits_target(d, t);
+  dflash::DrafterConfig bad = d;
+  bad.d2.conv_group_size = 24;
+  EXPECT_DEATH(dflash::check_drafter_fits_target(bad, t), "conv_group_size 24 does not divide hidden_size 64");
+  bad = d;
+  bad.layers.layer_types[0] = "sliding_attention";
+  bad.layers.sliding_window = 16;
+  EXPECT_DEATH(dflash::check_drafter_fits_target(bad, t), "is_causal false with a sliding_attention layer 0");
+}
+
+}  // namespace
