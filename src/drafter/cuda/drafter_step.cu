@@ -54,6 +54,14 @@ DrafterStepCuda::DrafterStepCuda(const DrafterConfig& cfg, const std::vector<Par
   s.rope.rotary_dim = 0;
   s.eps = L.rms_norm_eps;
   s.V = L.vocab_size;
+  s.d2 = cfg.arch == DraftArch::DFlash2;
+  s.logit = {cfg.output_multiplier, cfg.final_logit_softcapping};
+  if (s.d2) {
+    s.conv = {static_cast<int>(s.B), cfg.d2.conv_kernel_size, cfg.d2.conv_group_size};
+    s.D2 = 2 * static_cast<int64_t>(cfg.d2.conv_kernel_size) * (s.H / cfg.d2.conv_group_size);
+    s.SK = cfg.d2.selector_top_k;
+    s.SR = cfg.d2.selector_rank;
+  }
   for (const ParamSpec& p : layout) {
     size_t n = 1;
     for (int64_t d : p.shape) n *= static_cast<size_t>(d);
@@ -84,6 +92,12 @@ DrafterStepCuda::DrafterStepCuda(const DrafterConfig& cfg, const std::vector<Par
     wt.ndim = gt.ndim = static_cast<int>(p.shape.size());
     for (size_t d = 0; d < p.shape.size(); ++d) wt.shape[d] = gt.shape[d] = p.shape[d];
   };
+  // fp32 master weights read as they are (the convs' base kernels and the codebooks: elementwise / gathers)
+  auto bind_master = [&](const std::string& name, Tensor& wt, Tensor& gt) {
+    bind(name, wt, gt);
+    wt.data = static_cast<float*>(s.params.t().data) + (static_cast<float*>(gt.data) - static_cast<float*>(s.grads.t().data));
+    wt.dtype = DType::F32;
+  };
   bind("fc.weight", s.w.fc, s.g.fc);
   bind("hidden_norm.weight", s.w.hidden_norm, s.g.hidden_norm);
   bind("norm.weight", s.w.norm, s.g.norm);
@@ -103,6 +117,17 @@ DrafterStepCuda::DrafterStepCuda(const DrafterConfig& cfg, const std::vector<Par
     bind(p + "mlp.gate_proj.weight", a.gate_proj, d.gate_proj);
     bind(p + "mlp.up_proj.weight", a.up_proj, d.up_proj);
     bind(p + "mlp.down_proj.weight", a.down_proj, d.down_proj);
+    if (s.d2) {
+      bind(p + "attention_conv.kernel_projection.weight", a.attn_conv_proj, d.attn_conv_proj);
+      bind(p + "mlp_conv.kernel_projection.weight", a.mlp_conv_proj, d.mlp_conv_proj);
+      bind_master(p + "attention_conv.base_kernel", a.attn_conv_base, d.attn_conv_base);
+      bind_master(p + "mlp_conv.base_kernel", a.mlp_conv_base, d.mlp_conv_base);
+    }
+  }
+  if (s.d2) {
+    bind("candidate_selector.hidden_projection.weight", s.w.sel_hidden_proj, s.g.sel_hidden_proj);
+    bind_master("candidate_selector.predecessor_codebook", s.w.sel_pred_codebook, s.g.sel_pred_codebook);
+    bind_master("candidate_selector.successor_codebook", s.w.sel_succ_codebook, s.g.sel_succ_codebook);
   }
   const int64_t T = s.max_T, NB = s.max_NB, H = s.H;
   s.x_ctx = s.bf(T, s.K * H);
@@ -139,6 +164,14 @@ DrafterStepCuda::DrafterStepCuda(const DrafterConfig& cfg, const std::vector<Par
     a.g = s.bf(NB, s.I);
     a.u = s.bf(NB, s.I);
     a.act = s.bf(NB, s.I);
+    if (s.d2) {
+      a.dyn_attn = s.bf(NB, s.D2);
+      a.x_attn = s.bf(NB, H);
+      a.o = s.bf(NB, H);
+      a.dyn_mlp = s.bf(NB, s.D2);
+      a.x_mlp = s.bf(NB, H);
+      a.f = s.bf(NB, H);
+    }
   }
   s.x_last = s.bf(NB, H);
   s.h_final = s.bf(NB, H);
@@ -174,6 +207,28 @@ DrafterStepCuda::DrafterStepCuda(const DrafterConfig& cfg, const std::vector<Par
   s.d_th = s.bf(T, H);
   s.d_fc = s.bf(T, H);
   s.d_out = s.bf(NB, H);
+  if (s.d2) {
+    s.d_dyn = s.bf(NB, s.D2);
+    s.d_conv = s.bf(NB, H);
+    const int64_t K = s.SK, r = s.SR;
+    s.topk_ids = s.i32(R * K);
+    s.topk_vals = s.f32(R * K);
+    s.label_logit = s.f32(R);
+    s.cand = s.i32(R * K);
+    s.unary = s.f32(R * K);
+    s.gold = s.i32(R);
+    s.covered = Buffer(Device::CUDA, DType::U8, {std::max<int64_t>(R, 16)});
+    s.pred = s.i32(R);
+    s.u = s.f32(R * r);
+    s.sel_du = s.f32(R * r);
+    s.du_bf = s.bf(R, r);
+    s.scores = s.f32(R * K);
+    s.d_unary = s.f32(R * K);
+    s.sel_ce = s.f32(R);
+    s.sel_slot = s.i32(R);
+    s.sel_w = s.f32(R);
+    s.dh_sel = s.bf(R, H);
+  }
 }
 
 DrafterStepCuda::~DrafterStepCuda() { delete impl_; }
@@ -204,6 +259,11 @@ void DrafterStepCuda::set_frozen(const Tensor& embed, const Tensor& lm_head) {
   s.lm_head = lm_head;
 }
 
+void DrafterStepCuda::set_selector_objective(float alpha, bool stop_gradient) {
+  impl_->sel_alpha = alpha;
+  impl_->sel_stop_gradient = stop_gradient;
+}
+
 DrafterStepResult DrafterStepCuda::forward_backward(const train::DrafterBatch& b, ops::LossObjective objective) {
   Impl& s = *impl_;
   DF_CHECK(!s.embed.empty(), Internal, "drafter step (CUDA): set_frozen() first");
@@ -211,9 +271,15 @@ DrafterStepResult DrafterStepCuda::forward_backward(const train::DrafterBatch& b
   DF_CUDA(cudaMemsetAsync(s.grads.t().data, 0, s.grads.t().nbytes(), stream_of(s.ctx)));
   Tensor hf = s.forward(b);
   DrafterStepResult res;
+  // DFlash2: the selector needs the pass's top-K before any gradient (no fused gradient); row_w is written.
   s.loss_rows(b, hf, objective, true);
   if (s.R == 0) return res;
-  s.backward_from_rows(b.ready);
+  if (s.d2) {
+    s.selector_forward(b);
+    s.backward_from_weights(b.ready, objective);
+  } else {
+    s.backward_from_rows(b.ready);
+  }
   s.mark(Phase::Count);  // closes the last interval
   s.download_rows(b, objective, res);  // after the backward is enqueued: no bubble before it
   return res;
@@ -226,6 +292,7 @@ DrafterStepResult DrafterStepCuda::forward_loss(const train::DrafterBatch& b, op
   Tensor hf = s.forward(b);
   DrafterStepResult res;
   s.loss_rows(b, hf, objective, false);
+  if (s.d2 && s.R > 0) s.selector_forward(b);
   s.mark(Phase::Count);
   s.download_rows(b, objective, res);
   return res;
@@ -244,12 +311,7 @@ void DrafterStepCuda::backward_rows(const train::DrafterBatch& b, const std::vec
   if (s.R == 0) return;
   s.mark(Phase::Loss);
   copy_bytes(s.ctx, s.row_w.t().data, row_weight.data(), sizeof(float) * row_weight.size());
-  const Tensor teacher = s.have_teacher ? Impl::v2(s.t_rows, s.R, s.H) : Tensor();
-  cuda::lm_loss_backward(s.ctx, Impl::v2(s.dh_rows, s.R, s.H), Impl::v1(s.row_w, s.R), objective,
-                         Impl::v2(s.h_rows, s.R, s.H), s.lm_head, Impl::v1(s.labels, s.R), teacher,
-                         Impl::v1(s.workspace, static_cast<int64_t>(s.workspace.numel())), s.chunk_rows,
-                         ops::LogitSpec(), Tensor(), Tensor());
-  s.backward_from_rows(b.ready);
+  s.backward_from_weights(b.ready, objective);
   s.mark(Phase::Count);
 }
 

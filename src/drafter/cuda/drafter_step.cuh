@@ -24,6 +24,12 @@ struct DrafterStepResult {
   std::vector<float> row_ce;       // [R] CE per row (D-PACE's acceptance estimate needs it under KL too)
   std::vector<int32_t> argmax_q;   // [R]
   std::vector<int32_t> argmax_p;   // [R] the teacher's argmax when the batch has final_norm, else empty
+  // DFlash2 (empty for DFlash): row_loss = unary + alpha * sel_ce; unary [R]; the selector's CE [R]; the gold
+  // in the unary top-K [R]; the selector's teacher-forced pick (token) [R]; the strict top-K ids and
+  // transformed logits [R, K] and u = h W_h^T [R, r] (the serving walk's inputs).
+  std::vector<float> unary, sel_ce, topk_vals, u;
+  std::vector<uint8_t> covered;
+  std::vector<int32_t> sel_token, topk_ids;
 };
 
 class DrafterStepCuda {
@@ -46,6 +52,8 @@ class DrafterStepCuda {
   void reset_from_params();
   // The target's frozen embedding and lm_head, BF16 [V, H] on the device (not owned).
   void set_frozen(const Tensor& embed, const Tensor& lm_head);
+  // DFlash2: the selector term's weight and whether its inputs are detached (docs/dflash2.md 3).
+  void set_selector_objective(float alpha, bool stop_gradient);
 
   // The batch (train::DrafterBatch, read in place): fb->features [k, T, H] BF16 on the device (wire
   // layout), fb->final_norm [T, H] BF16 or empty (the KL objective needs it); in->tokens, ctx_pos, anchors,

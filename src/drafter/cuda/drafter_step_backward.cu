@@ -10,6 +10,7 @@
 #include "drafter_backward.cuh"
 #include "drafter_blas.cuh"
 #include "drafter_step_common.cuh"
+#include "grouped_conv.cuh"
 #include "matmul.cuh"
 
 namespace dflash::cuda {
@@ -49,6 +50,22 @@ void DrafterStepCuda::Impl::linear_dw(const Tensor& dW, const Tensor& dout, cons
   cuda::matmul_backward(ctx, Tensor(), dW, dout, in, W);
 }
 
+void DrafterStepCuda::Impl::conv_input_backward(const GradReady& ready, const Tensor& d, const Tensor& scratch,
+                                                const Tensor& in, const Tensor& dyn, const Tensor& base,
+                                                const Tensor& proj, const Tensor& d_base, const Tensor& d_proj) {
+  const Tensor d_dynv = v2(d_dyn, NB, D2);
+  mark(Phase::Other);
+  cuda::grouped_conv_backward(ctx, scratch, d_dynv, conv_side(d_base, 0), d, in, dyn, 0, conv_side(base, 0), conv);
+  report_ready(ready, d_base);
+  mark(Phase::Gemm);
+  linear_din(d, d_dynv, proj, false);
+  mark(Phase::Gemm);
+  linear_dw(d_proj, d_dynv, in, proj);
+  report_ready(ready, d_proj);
+  mark(Phase::Other);
+  add(d, scratch);
+}
+
 void DrafterStepCuda::Impl::backward(const Tensor& d_outv, const GradReady& ready) {
   Tensor dxv = v2(dx, NB, H), dtmpv = v2(dtmp, NB, H), dxnv = v2(dxn, NB, H);
   Tensor xl = layers.empty() ? v2(x0, NB, H) : v2(x_last, NB, H);
@@ -65,23 +82,34 @@ void DrafterStepCuda::Impl::backward(const Tensor& d_outv, const GradReady& read
     Tensor gt = v2(a.g, NB, I), ut = v2(a.u, NB, I), act = v2(a.act, NB, I);
     Tensor d_actv = v2(d_act, NB, I), dgv = v2(dg, NB, I), duv = v2(du, NB, I);
     Tensor xn2 = v2(a.xn2, NB, H), x2 = v2(a.x2, NB, H);
+    Tensor d_dynv = d2 ? v2(d_dyn, NB, D2) : Tensor(), d_convv = d2 ? v2(d_conv, NB, H) : Tensor();
+    Tensor mlp_dout = dxv;  // the gradient at down_proj's output
+    if (d2) {  // x_out = x2 + finish(f)
+      mark(Phase::Other);
+      cuda::grouped_conv_backward(ctx, d_convv, d_dynv, conv_side(lg.mlp_conv_base, 1), dxv, v2(a.f, NB, H),
+                                  v2(a.dyn_mlp, NB, D2), 1, conv_side(lw.mlp_conv_base, 1), conv);
+      mlp_dout = d_convv;
+    }
     mark(Phase::Gemm);
-    linear_din(d_actv, dxv, lw.down_proj, false);
+    linear_din(d_actv, mlp_dout, lw.down_proj, false);
     mark(Phase::Gemm);
-    linear_dw(lg.down_proj, dxv, act, lw.down_proj);
+    linear_dw(lg.down_proj, mlp_dout, act, lw.down_proj);
     report_ready(ready, lg.down_proj);
     mark(Phase::Other);
     cuda::swiglu_backward(ctx, dgv, duv, d_actv, gt, ut);
+    const Tensor mlp_in = d2 ? v2(a.x_mlp, NB, H) : xn2;
     mark(Phase::Gemm);
     linear_din(dxnv, dgv, lw.gate_proj, false);
     mark(Phase::Gemm);
     linear_din(dxnv, duv, lw.up_proj, true);
     mark(Phase::Gemm);
-    linear_dw(lg.gate_proj, dgv, xn2, lw.gate_proj);
+    linear_dw(lg.gate_proj, dgv, mlp_in, lw.gate_proj);
     report_ready(ready, lg.gate_proj);
     mark(Phase::Gemm);
-    linear_dw(lg.up_proj, duv, xn2, lw.up_proj);
+    linear_dw(lg.up_proj, duv, mlp_in, lw.up_proj);
     report_ready(ready, lg.up_proj);
+    if (d2) conv_input_backward(ready, dxnv, dtmpv, xn2, v2(a.dyn_mlp, NB, D2), lw.mlp_conv_base, lw.mlp_conv_proj,
+                                lg.mlp_conv_base, lg.mlp_conv_proj);
     mark(Phase::Other);
     cuda::rmsnorm_backward(ctx, dtmpv, lg.post_norm, dxnv, x2, lw.post_norm, v1(a.rstd2, NB));
     report_ready(ready, lg.post_norm);
@@ -89,10 +117,17 @@ void DrafterStepCuda::Impl::backward(const Tensor& d_outv, const GradReady& read
     add(dxv, dtmpv);  // dx is now the gradient at x2
     // ---- attention
     Tensor d_attnv = v3(d_attn, NB, nh, hd);
+    Tensor o_dout = dxv;  // the gradient at o_proj's output
+    if (d2) {  // x2 = x_in + finish(o)
+      mark(Phase::Other);
+      cuda::grouped_conv_backward(ctx, d_convv, d_dynv, conv_side(lg.attn_conv_base, 1), dxv, v2(a.o, NB, H),
+                                  v2(a.dyn_attn, NB, D2), 1, conv_side(lw.attn_conv_base, 1), conv);
+      o_dout = d_convv;
+    }
     mark(Phase::Gemm);
-    linear_din(d_attnv, dxv, lw.o_proj, false);
+    linear_din(d_attnv, o_dout, lw.o_proj, false);
     mark(Phase::Gemm);
-    linear_dw(lg.o_proj, dxv, v2(a.attn, NB, QD), lw.o_proj);
+    linear_dw(lg.o_proj, o_dout, v2(a.attn, NB, QD), lw.o_proj);
     report_ready(ready, lg.o_proj);
     Tensor q = v3(a.q, NB, nh, hd), kb = v3(a.kb, NB, nkv, hd), kc = v3(a.kc, T, nkv, hd);
     Tensor vb = v3(a.vb, NB, nkv, hd), vc = v3(a.vc, T, nkv, hd);
@@ -118,6 +153,7 @@ void DrafterStepCuda::Impl::backward(const Tensor& d_outv, const GradReady& read
     report_ready(ready, lg.k_norm);
     // block side: dxn = dq_raw Wq + dkb_raw Wk + dvb Wv (accumulated by the GEMMs)
     Tensor xn = v2(a.xn, NB, H);
+    const Tensor attn_in = d2 ? v2(a.x_attn, NB, H) : xn;
     mark(Phase::Gemm);
     linear_din(dxnv, dq_rawv, lw.q_proj, false);
     mark(Phase::Gemm);
@@ -125,12 +161,14 @@ void DrafterStepCuda::Impl::backward(const Tensor& d_outv, const GradReady& read
     mark(Phase::Gemm);
     linear_din(dxnv, dvbv, lw.v_proj, true);
     mark(Phase::Gemm);
-    linear_dw(lg.q_proj, dq_rawv.reshape({NB, QD}), xn, lw.q_proj);
+    linear_dw(lg.q_proj, dq_rawv.reshape({NB, QD}), attn_in, lw.q_proj);
     report_ready(ready, lg.q_proj);
     mark(Phase::Gemm);
-    linear_dw(lg.k_proj, dkb_rawv.reshape({NB, KV}), xn, lw.k_proj);
+    linear_dw(lg.k_proj, dkb_rawv.reshape({NB, KV}), attn_in, lw.k_proj);
     mark(Phase::Gemm);
-    linear_dw(lg.v_proj, dvbv.reshape({NB, KV}), xn, lw.v_proj);
+    linear_dw(lg.v_proj, dvbv.reshape({NB, KV}), attn_in, lw.v_proj);
+    if (d2) conv_input_backward(ready, dxnv, dtmpv, xn, v2(a.dyn_attn, NB, D2), lw.attn_conv_base, lw.attn_conv_proj,
+                                lg.attn_conv_base, lg.attn_conv_proj);
     // context side: d_th += dkc_raw Wk + dvc Wv
     mark(Phase::Gemm);
     linear_din(d_thv, dkc_rawv, lw.k_proj, th_written);

@@ -29,18 +29,31 @@ namespace dflash::cuda::drafter_step {
 inline unsigned grid_of(const Ctx& ctx, int64_t n) { return grid_stride_blocks(ctx, n, 256, 16); }
 
 // One layer's tensors by name: views over the flat bf16 weights (w) or fp32 gradients (g) of Impl.
+// DFlash2 (empty for DFlash): the convs' kernel projections (bf16 weights / fp32 gradients, as the rest) and
+// base kernels [2, k, H] (fp32 master weights / fp32 gradients: elementwise, never in a GEMM); the selector's
+// hidden projection (bf16 / fp32) and codebooks [V, r] (fp32 master / fp32 gradients).
 struct LayerW {
   Tensor input_norm, q_proj, k_proj, v_proj, o_proj, q_norm, k_norm, post_norm, gate_proj, up_proj, down_proj;
+  Tensor attn_conv_proj, mlp_conv_proj, attn_conv_base, mlp_conv_base;
 };
 struct NetW {
   Tensor fc, hidden_norm, norm;
   std::vector<LayerW> layers;
+  Tensor sel_hidden_proj, sel_pred_codebook, sel_succ_codebook;
 };
+// base kernel [2, k, H] -> side s's [k, H]
+inline Tensor conv_side(const Tensor& base, int side) {
+  const int64_t k = base.shape[1], H = base.shape[2];
+  return Tensor(static_cast<float*>(base.data) + side * k * H, DType::F32, base.device, {k, H});
+}
 
 // What one layer's forward keeps for its backward (kc*, vc: the context side [T, ...]; the rest [NB, ...]).
 struct LayerActs {
   Buffer kc_raw, kc, kc_rstd, vc, x_in, xn, rstd1, q_raw, q, q_rstd, kb_raw, kb, kb_rstd, vb, attn, lse, x2, xn2,
       rstd2, g, u, act;
+  // DFlash2: the convs' dynamic kernels [NB, D2], the conv-prepared sublayer inputs and the sublayer outputs
+  // before the finish conv [NB, H]
+  Buffer dyn_attn, x_attn, o, dyn_mlp, x_mlp, f;
 };
 
 }  // namespace dflash::cuda::drafter_step
@@ -52,6 +65,16 @@ struct DrafterStepCuda::Impl {
   Ctx ctx;
   int64_t max_T, max_N, max_NB, max_R, chunk_rows;
   int64_t H, K, nh, nkv, hd, QD, KV, I, B, V = 0;
+  // DFlash2 (docs/dflash2.md): convs around every sublayer, the compute_logits transform, the selector term
+  bool d2 = false;
+  int64_t D2 = 0, SK = 0, SR = 0;  // dyn columns 2kG; selector top-K and rank
+  ops::GroupedConvSpec conv;
+  ops::LogitSpec logit;
+  float sel_alpha = 1.f;
+  bool sel_stop_gradient = false;
+  Buffer d_dyn, d_conv;  // backward scratch [NB, D2], [NB, H]
+  Buffer topk_ids, topk_vals, label_logit, cand, unary, gold, covered, pred, u, sel_du, du_bf, scores, d_unary, sel_ce,
+      sel_slot, sel_w, dh_sel;
   ops::RopeSpec rope;
   float eps;
   size_t P = 0;
@@ -113,6 +136,12 @@ struct DrafterStepCuda::Impl {
   Tensor forward(const train::DrafterBatch& b);
   // ready: see train::DrafterBatch::ready in drafter_step.cuh (may be empty).
   void backward(const Tensor& d_out, const GradReady& ready);
+  // DFlash2, at a sublayer's input: d (the gradient at the conv-prepared input) becomes the gradient at the
+  // normed input `in`: the prepare conv's din plus the kernel projection's (d_dyn's finish half is already
+  // written); the conv's base and projection gradients reported. scratch [NB, H] is overwritten.
+  void conv_input_backward(const GradReady& ready, const Tensor& d, const Tensor& scratch, const Tensor& in,
+                           const Tensor& dyn, const Tensor& base, const Tensor& proj, const Tensor& d_base,
+                           const Tensor& d_proj);
   // Reports gradient view gv (a tensor of `g` below) final to ready.
   void report_ready(const GradReady& ready, const Tensor& gv) const {
     if (!ready) return;
@@ -125,6 +154,15 @@ struct DrafterStepCuda::Impl {
   void download_rows(const train::DrafterBatch& b, ops::LossObjective objective, DrafterStepResult& res);
   // d_out [NB, H] = dh_rows scattered to their block rows (zero elsewhere), then the drafter backward.
   void backward_from_rows(const GradReady& ready);
+  // DFlash2 (drafter_step_selector.cu), after loss_rows filled the top-K: candidates, u = h W_h^T, scores and
+  // CE per row (teacher-forced predecessors from the batch's tokens).
+  void selector_forward(const train::DrafterBatch& b);
+  // The selector term's gradient for the normalised row weights in row_w: d_unary and dh_sel (unless
+  // stop-gradient), the selector's parameter gradients (reported to ready).
+  void selector_backward(const GradReady& ready);
+  // dh_rows from row_w: the lm_head loss's gradient (with the selector's sparse addend and dh_sel for
+  // DFlash2), then the network backward.
+  void backward_from_weights(const GradReady& ready, ops::LossObjective objective);
   int64_t R = 0;              // loss rows of the last forward
   bool have_teacher = false;  // its teacher rows are in t_rows
 };

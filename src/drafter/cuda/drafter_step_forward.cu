@@ -11,6 +11,7 @@
 #include "drafter_step_common.cuh"
 #include "embedding.cuh"
 #include "feature_noise.cuh"
+#include "grouped_conv.cuh"
 #include "head_norm_rope.cuh"
 #include "matmul.cuh"
 #include "rmsnorm.cuh"
@@ -87,18 +88,27 @@ Tensor DrafterStepCuda::Impl::forward(const train::DrafterBatch& b) {
     Tensor xn = v2(a.xn, NB, H);
     mark(Phase::Other);
     cuda::rmsnorm_forward(ctx, xn, v1(a.rstd1, NB), x_in, lw.input_norm, eps);
+    // DFlash2: the attention reads the prepare conv of xn (one projection gives both sides' kernels)
+    Tensor attn_in = xn;
+    if (d2) {
+      mark(Phase::Gemm);
+      cuda::matmul_forward(ctx, v2(a.dyn_attn, NB, D2), xn, lw.attn_conv_proj, ops::Accumulate::No);
+      mark(Phase::Other);
+      attn_in = v2(a.x_attn, NB, H);
+      cuda::grouped_conv_forward(ctx, attn_in, xn, v2(a.dyn_attn, NB, D2), 0, conv_side(lw.attn_conv_base, 0), conv);
+    }
     Tensor q_raw = v2(a.q_raw, NB, QD), q = v3(a.q, NB, nh, hd);
     mark(Phase::Gemm);
-    cuda::matmul_forward(ctx, q_raw, xn, lw.q_proj, ops::Accumulate::No);
+    cuda::matmul_forward(ctx, q_raw, attn_in, lw.q_proj, ops::Accumulate::No);
     mark(Phase::Other);
     cuda::head_norm_rope_forward(ctx, q, v2(a.q_rstd, NB, nh), v3(a.q_raw, NB, nh, hd), lw.q_norm, posb, rope, eps);
     Tensor kb_raw = v2(a.kb_raw, NB, KV), kb = v3(a.kb, NB, nkv, hd), vb = v2(a.vb, NB, KV);
     mark(Phase::Gemm);
-    cuda::matmul_forward(ctx, kb_raw, xn, lw.k_proj, ops::Accumulate::No);
+    cuda::matmul_forward(ctx, kb_raw, attn_in, lw.k_proj, ops::Accumulate::No);
     mark(Phase::Other);
     cuda::head_norm_rope_forward(ctx, kb, v2(a.kb_rstd, NB, nkv), v3(a.kb_raw, NB, nkv, hd), lw.k_norm, posb, rope, eps);
     mark(Phase::Gemm);
-    cuda::matmul_forward(ctx, vb, xn, lw.v_proj, ops::Accumulate::No);
+    cuda::matmul_forward(ctx, vb, attn_in, lw.v_proj, ops::Accumulate::No);
     Tensor kc_raw = v2(a.kc_raw, T, KV), kc = v3(a.kc, T, nkv, hd), vc = v2(a.vc, T, KV);
     mark(Phase::Gemm);
     cuda::matmul_forward(ctx, kc_raw, thv, lw.k_proj, ops::Accumulate::No);
@@ -111,25 +121,49 @@ Tensor DrafterStepCuda::Impl::forward(const train::DrafterBatch& b) {
     cuda::block_attention_forward(ctx, attn, v2(a.lse, NB, nh), q, kc, v3(a.vc, T, nkv, hd), kb, v3(a.vb, NB, nkv, hd),
                                   an, sb, anchors_host, seq_begin_host, attn_spec(li));
     Tensor x2 = v2(a.x2, NB, H);
-    mark(Phase::Other);
-    copy(x2, x_in);
-    mark(Phase::Gemm);
-    cuda::matmul_forward(ctx, x2, v2(a.attn, NB, QD), lw.o_proj, ops::Accumulate::Yes);
+    if (d2) {  // x2 = x_in + finish(o_proj(attn))
+      mark(Phase::Gemm);
+      cuda::matmul_forward(ctx, v2(a.o, NB, H), v2(a.attn, NB, QD), lw.o_proj, ops::Accumulate::No);
+      mark(Phase::Other);
+      cuda::grouped_conv_forward(ctx, x2, v2(a.o, NB, H), v2(a.dyn_attn, NB, D2), 1, conv_side(lw.attn_conv_base, 1), conv);
+      add(x2, x_in);
+    } else {
+      mark(Phase::Other);
+      copy(x2, x_in);
+      mark(Phase::Gemm);
+      cuda::matmul_forward(ctx, x2, v2(a.attn, NB, QD), lw.o_proj, ops::Accumulate::Yes);
+    }
     Tensor xn2 = v2(a.xn2, NB, H);
     mark(Phase::Other);
     cuda::rmsnorm_forward(ctx, xn2, v1(a.rstd2, NB), x2, lw.post_norm, eps);
+    Tensor mlp_in = xn2;
+    if (d2) {
+      mark(Phase::Gemm);
+      cuda::matmul_forward(ctx, v2(a.dyn_mlp, NB, D2), xn2, lw.mlp_conv_proj, ops::Accumulate::No);
+      mark(Phase::Other);
+      mlp_in = v2(a.x_mlp, NB, H);
+      cuda::grouped_conv_forward(ctx, mlp_in, xn2, v2(a.dyn_mlp, NB, D2), 0, conv_side(lw.mlp_conv_base, 0), conv);
+    }
     Tensor gt = v2(a.g, NB, I), ut = v2(a.u, NB, I), act = v2(a.act, NB, I);
     mark(Phase::Gemm);
-    cuda::matmul_forward(ctx, gt, xn2, lw.gate_proj, ops::Accumulate::No);
+    cuda::matmul_forward(ctx, gt, mlp_in, lw.gate_proj, ops::Accumulate::No);
     mark(Phase::Gemm);
-    cuda::matmul_forward(ctx, ut, xn2, lw.up_proj, ops::Accumulate::No);
+    cuda::matmul_forward(ctx, ut, mlp_in, lw.up_proj, ops::Accumulate::No);
     mark(Phase::Other);
     cuda::swiglu_forward(ctx, act, gt, ut);
     x = li + 1 < layers.size() ? v2(layers[li + 1].x_in, NB, H) : v2(x_last, NB, H);
-    mark(Phase::Other);
-    copy(x, x2);
-    mark(Phase::Gemm);
-    cuda::matmul_forward(ctx, x, act, lw.down_proj, ops::Accumulate::Yes);
+    if (d2) {  // x_out = x2 + finish(down(act))
+      mark(Phase::Gemm);
+      cuda::matmul_forward(ctx, v2(a.f, NB, H), act, lw.down_proj, ops::Accumulate::No);
+      mark(Phase::Other);
+      cuda::grouped_conv_forward(ctx, x, v2(a.f, NB, H), v2(a.dyn_mlp, NB, D2), 1, conv_side(lw.mlp_conv_base, 1), conv);
+      add(x, x2);
+    } else {
+      mark(Phase::Other);
+      copy(x, x2);
+      mark(Phase::Gemm);
+      cuda::matmul_forward(ctx, x, act, lw.down_proj, ops::Accumulate::Yes);
+    }
   }
   Tensor hf = v2(h_final, NB, H);
   cuda::rmsnorm_forward(ctx, hf, v1(rstd_f, NB), x, w.norm, eps);

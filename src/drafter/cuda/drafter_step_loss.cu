@@ -71,10 +71,27 @@ void DrafterStepCuda::Impl::loss_rows(const train::DrafterBatch& b, const Tensor
   lo.kl = kl ? v1(kl_r, R) : Tensor();
   lo.argmax_q = v1(am_q, R);
   lo.argmax_p = have_teacher ? v1(am_p, R) : Tensor();
+  if (d2) {  // the selector's inputs, from the same pass; its gradient comes later (backward_from_weights)
+    lo.topk_ids = v2(topk_ids, R, SK);
+    lo.topk_vals = v2(topk_vals, R, SK);
+    lo.label_logit = v1(label_logit, R);
+  }
+  const bool fused = grad && !d2;
   cuda::lm_loss_forward(ctx, lo, v2(h_rows, R, H), lm_head, v1(labels, R), teacher,
                         v1(workspace, static_cast<int64_t>(workspace.numel())), chunk_rows,
-                        grad ? v2(dh_rows, R, H) : Tensor(), grad ? v1(row_w, R) : Tensor(), objective,
-                        ops::LogitSpec());
+                        fused ? v2(dh_rows, R, H) : Tensor(), fused ? v1(row_w, R) : Tensor(), objective, logit);
+}
+
+void DrafterStepCuda::Impl::backward_from_weights(const GradReady& ready, ops::LossObjective objective) {
+  if (d2) selector_backward(ready);
+  const bool sparse = d2 && !sel_stop_gradient;
+  const Tensor teacher = have_teacher ? v2(t_rows, R, H) : Tensor();
+  mark(Phase::Loss);
+  cuda::lm_loss_backward(ctx, v2(dh_rows, R, H), v1(row_w, R), objective, v2(h_rows, R, H), lm_head, v1(labels, R),
+                         teacher, v1(workspace, static_cast<int64_t>(workspace.numel())), chunk_rows, logit,
+                         sparse ? v2(cand, R, SK) : Tensor(), sparse ? v2(d_unary, R, SK) : Tensor());
+  if (sparse) add(v2(dh_rows, R, H), v2(dh_sel, R, H));  // dh += du W_h
+  backward_from_rows(ready);
 }
 
 void DrafterStepCuda::Impl::download_rows(const train::DrafterBatch& b, ops::LossObjective objective,
@@ -97,6 +114,30 @@ void DrafterStepCuda::Impl::download_rows(const train::DrafterBatch& b, ops::Los
     wsum += b.rows->weight[r];
   }
   res.weight_sum = wsum;
+  res.loss = num / wsum;
+  if (!d2) return;
+  const size_t n = static_cast<size_t>(R), nk = n * static_cast<size_t>(SK);
+  res.unary = res.row_loss;
+  res.sel_ce.resize(n);
+  res.covered.resize(n);
+  res.sel_token.resize(n);
+  res.topk_ids.resize(nk);
+  res.topk_vals.resize(nk);
+  res.u.resize(n * static_cast<size_t>(SR));
+  std::vector<int32_t> slot(n), cands(nk);
+  copy_bytes(ctx, res.sel_ce.data(), sel_ce.t().data, sizeof(float) * n);
+  copy_bytes(ctx, res.covered.data(), covered.t().data, n);
+  copy_bytes(ctx, slot.data(), sel_slot.t().data, sizeof(int32_t) * n);
+  copy_bytes(ctx, cands.data(), cand.t().data, sizeof(int32_t) * nk);
+  copy_bytes(ctx, res.topk_ids.data(), topk_ids.t().data, sizeof(int32_t) * nk);
+  copy_bytes(ctx, res.topk_vals.data(), topk_vals.t().data, sizeof(float) * nk);
+  copy_bytes(ctx, res.u.data(), u.t().data, sizeof(float) * res.u.size());
+  num = 0;
+  for (size_t r = 0; r < n; ++r) {
+    res.sel_token[r] = cands[r * static_cast<size_t>(SK) + static_cast<size_t>(slot[r])];
+    res.row_loss[r] = res.unary[r] + sel_alpha * res.sel_ce[r];
+    num += static_cast<double>(b.rows->weight[r]) * res.row_loss[r];
+  }
   res.loss = num / wsum;
 }
 

@@ -44,6 +44,7 @@ class CudaEngine final : public TrainerEngine {
       upload_bf16(ctx_, lm_head_.t(), s.lm_head.ptr<float>());
     }
     step_.set_frozen(embed_.t(), s.tied ? embed_.t() : lm_head_.t());
+    step_.set_selector_objective(s.selector_alpha, s.selector_stop_gradient);
     // Upload the master weights; reset_from_params writes the bf16 copy and zeroes m and v.
     cuda::copy_bytes(ctx_, step_.params().data, params_h_.t().data, params_h_.t().nbytes());
     step_.reset_from_params();
@@ -59,6 +60,15 @@ class CudaEngine final : public TrainerEngine {
     out.ce = res_.row_ce.data();
     out.argmax_q = res_.argmax_q.data();
     out.argmax_p = res_.argmax_p.empty() ? nullptr : res_.argmax_p.data();
+    if (!res_.sel_ce.empty()) {  // DFlash2
+      out.unary = res_.unary.data();
+      out.sel_ce = res_.sel_ce.data();
+      out.covered = res_.covered.data();
+      out.sel_argmax = res_.sel_token.data();
+      out.topk_ids = res_.topk_ids.data();
+      out.topk_vals = res_.topk_vals.data();
+      out.u = res_.u.data();
+    }
     return out;
   }
 
