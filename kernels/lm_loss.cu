@@ -4,6 +4,8 @@
 #include <cuda_bf16.h>
 
 #include <algorithm>
+#include <climits>
+#include <cmath>
 
 #include "backend.cuh"
 #include "cuda_check.cuh"
@@ -87,6 +89,54 @@ __device__ __forceinline__ T block_reduce(T v, Merge merge, T* red) {
   return r;
 }
 
+// ---- DFlash2: a warp's top-K (K <= 64) of a row, value descending, ties by lower id ---------------------
+// The list lives in registers across the warp: slot l in (v0, i0) of lane l, slot 32 + l in (v1, i1); empty
+// slots hold (-inf, INT_MAX). Each element a lane sees is compared with the threshold (slot K-1); the few
+// that beat it (~K ln(n / K) of n, for logits in random order) are inserted one at a time: a ballot gives the
+// position, a shuffle shifts the slots behind it.
+constexpr int kMaxTopK = 64;
+struct WarpTopK {
+  float v0, v1, tv;
+  int i0, i1, ti;
+};
+__device__ __forceinline__ bool better(float a, int ia, float b, int ib) { return a > b || (a == b && ia < ib); }
+__device__ __forceinline__ void topk_init(WarpTopK& L) {
+  L.v0 = L.v1 = L.tv = -INFINITY;
+  L.i0 = L.i1 = L.ti = INT_MAX;
+}
+// (v, id), the same in every lane, beats the threshold: insert it. Every lane of the warp calls this.
+__device__ __forceinline__ void topk_insert(WarpTopK& L, float v, int id, int K, int lane) {
+  constexpr unsigned kAll = 0xffffffffu;
+  const int pos = __popc(__ballot_sync(kAll, lane < K && better(L.v0, L.i0, v, id))) +
+                  __popc(__ballot_sync(kAll, lane + 32 < K && better(L.v1, L.i1, v, id)));
+  const float up_v0 = __shfl_up_sync(kAll, L.v0, 1), last_v0 = __shfl_sync(kAll, L.v0, 31);
+  const int up_i0 = __shfl_up_sync(kAll, L.i0, 1), last_i0 = __shfl_sync(kAll, L.i0, 31);
+  float up_v1 = __shfl_up_sync(kAll, L.v1, 1);
+  int up_i1 = __shfl_up_sync(kAll, L.i1, 1);
+  if (lane == 0) up_v1 = last_v0, up_i1 = last_i0;  // slot 32 takes slot 31
+  if (lane == pos) L.v0 = v, L.i0 = id;
+  else if (lane > pos) L.v0 = up_v0, L.i0 = up_i0;
+  if (lane + 32 == pos) L.v1 = v, L.i1 = id;
+  else if (lane + 32 > pos) L.v1 = up_v1, L.i1 = up_i1;
+  const int tl = (K - 1) & 31;
+  const bool hi = K - 1 >= 32;
+  const float tv0 = __shfl_sync(kAll, L.v0, tl), tv1 = __shfl_sync(kAll, L.v1, tl);
+  const int ti0 = __shfl_sync(kAll, L.i0, tl), ti1 = __shfl_sync(kAll, L.i1, tl);
+  L.tv = hi ? tv1 : tv0;
+  L.ti = hi ? ti1 : ti0;
+}
+// Each lane offers one element (-inf / INT_MAX when it has none); every lane of the warp calls this.
+__device__ __forceinline__ void topk_offer(WarpTopK& L, float v, int id, int K, int lane) {
+  unsigned m = __ballot_sync(0xffffffffu, better(v, id, L.tv, L.ti));
+  while (m) {
+    const int src = __ffs(m) - 1;
+    m &= m - 1;
+    const float cv = __shfl_sync(0xffffffffu, v, src);
+    const int ci = __shfl_sync(0xffffffffu, id, src);
+    if (better(cv, ci, L.tv, L.ti)) topk_insert(L, cv, ci, K, lane);
+  }
+}
+
 struct RowArgs {
   int64_t V;
   int64_t r0;               // first global row of the chunk
@@ -97,25 +147,83 @@ struct RowArgs {
   int32_t* argmax_q;        // [R] or null
   int32_t* argmax_p;        // [R] or null
   bool kl_grad;             // gradient of KL (else CE)
+  // DFlash2 (docs/dflash2.md 2.3): the drafter logits z = c tanh(m x / c) (c = softcap; m x when c == 0),
+  // written over the raw logits in the workspace; the gradient is taken at z, then times dz/dx.
+  float multiplier, softcap;
+  int K;                     // top-K width (kTopK)
+  int32_t* topk_ids;         // [R, K]
+  float* topk_vals;          // [R, K]
+  float* label_logit;        // [R]
+  int extra_K;               // sparse addend width (kExtra)
+  const int32_t* extra_ids;  // [R, extra_K]
+  const float* extra_dz;     // [R, extra_K]
 };
+
+__device__ __forceinline__ float transform_logit(float x, float m, float c) {
+  const float z = m * x;
+  return c > 0.f ? c * tanhf(z / c) : z;
+}
+// dz/dx at the transformed logit z: m (1 - tanh^2) = m (1 - (z / c)^2), or m without a softcap.
+__device__ __forceinline__ float transform_slope(float z, float m, float c) {
+  if (c > 0.f) {
+    const float th = z / c;
+    return m * (1.f - th * th);
+  }
+  return m;
+}
 
 // One CTA per chunk row c = blockIdx.x. x: drafter logits (fp32 row of V), t: teacher logits or null.
 // With a gradient, each tile of kThreads elements is read, then (after a barrier) its bf16 gradient is
 // written at element offsets of the same tile in a bf16 view of the row: bf16 element i occupies bytes
 // [2i, 2i + 2), inside fp32 elements already read, so no unread logit is overwritten.
+//
+// Template flags (the DFlash path, all false, compiles to the plain kernel):
+//   kTransform: the first pass transforms each logit in place (so top-K, label_logit, the losses and the
+//               gradient all see z) and the gradient is multiplied by dz/dx;
+//   kTopK:      each warp keeps the top-K of the elements it reads (WarpTopK); warp 0 merges the 32 lists
+//               from shared memory (16 KB) and writes topk_ids / topk_vals; label_logit = z[label];
+//   kExtra:     the sparse addend extra_dz at extra_ids is added to the gradient at z (before dz/dx): the
+//               row's <= 64 pairs go to shared memory and each thread keeps a bit mask of those whose id
+//               falls on its columns (id % kThreads == threadIdx.x), so the tile loop pays nothing elsewhere.
+template <bool kTransform, bool kTopK, bool kExtra>
 __global__ void __launch_bounds__(kThreads) loss_rows_kernel(RowArgs p, float* __restrict__ ws,
                                                              const float* __restrict__ ws_t) {
   __shared__ Stats red_q[kThreads / 32];
   __shared__ TeacherStats red_p[kThreads / 32];
+  __shared__ float tk_v[kTopK ? kThreads / 32 * kMaxTopK : 1];
+  __shared__ int tk_i[kTopK ? kThreads / 32 * kMaxTopK : 1];
+  __shared__ float ex_dz[kExtra ? kMaxTopK : 1];
+  __shared__ int ex_id[kExtra ? kMaxTopK : 1];
   const int64_t c = blockIdx.x, r = p.r0 + c, V = p.V;
   float* x = ws + c * V;
   const float* t = ws_t ? ws_t + c * V : nullptr;
   Stats sq{-INFINITY, 0.f, 0};
   TeacherStats sp{-INFINITY, 0.f, 0.f, 0};
-  for (int64_t i = threadIdx.x; i < V; i += kThreads) {
-    const float xi = x[i];
-    stats_add(sq, xi, int(i));
-    if (t) tstats_add(sp, t[i], xi, int(i));
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  WarpTopK tk;
+  if constexpr (kTopK) topk_init(tk);
+  if constexpr (!kTransform && !kTopK) {
+    for (int64_t i = threadIdx.x; i < V; i += kThreads) {
+      const float xi = x[i];
+      stats_add(sq, xi, int(i));
+      if (t) tstats_add(sp, t[i], xi, int(i));
+    }
+  } else {
+    // Tiles of kThreads elements, so every warp runs the same number of iterations (the top-K's ballots).
+    for (int64_t i0 = 0; i0 < V; i0 += kThreads) {
+      const int64_t i = i0 + threadIdx.x;
+      float xi = -INFINITY;
+      if (i < V) {
+        xi = x[i];
+        if constexpr (kTransform) {
+          xi = transform_logit(xi, p.multiplier, p.softcap);
+          x[i] = xi;
+        }
+        stats_add(sq, xi, int(i));
+        if (t) tstats_add(sp, t[i], xi, int(i));
+      }
+      if constexpr (kTopK) topk_offer(tk, xi, i < V ? int(i) : INT_MAX, p.K, lane);
+    }
   }
   sq = block_reduce(sq, stats_merge, red_q);
   if (t) sp = block_reduce(sp, tstats_merge, red_p);
@@ -128,29 +236,75 @@ __global__ void __launch_bounds__(kThreads) loss_rows_kernel(RowArgs p, float* _
     if (p.argmax_q) p.argmax_q[r] = sq.idx;
     if (t && p.argmax_p) p.argmax_p[r] = sp.idx;
     if (t && p.kl) p.kl[r] = sp.A / sp.s - lse_p + lse_q;
+    if constexpr (kTopK) p.label_logit[r] = label_ok ? x[label] : NAN;
+  }
+  if constexpr (kTopK) {
+    const int K = p.K;
+    if (lane < K) tk_v[warp * K + lane] = tk.v0, tk_i[warp * K + lane] = tk.i0;
+    if (lane + 32 < K) tk_v[warp * K + lane + 32] = tk.v1, tk_i[warp * K + lane + 32] = tk.i1;
+    __syncthreads();
+    if (warp == 0) {  // warp 0's own list is in its registers: merge the other 31
+      for (int b = K; b < kThreads / 32 * K; b += 32) {
+        const int e = b + lane;
+        const bool has = e < kThreads / 32 * K;
+        topk_offer(tk, has ? tk_v[e] : -INFINITY, has ? tk_i[e] : INT_MAX, K, lane);
+      }
+      if (lane < K) p.topk_vals[r * K + lane] = tk.v0, p.topk_ids[r * K + lane] = tk.i0;
+      if (lane + 32 < K) p.topk_vals[r * K + lane + 32] = tk.v1, p.topk_ids[r * K + lane + 32] = tk.i1;
+    }
   }
   if (!p.row_weight) return;
+  if constexpr (kExtra) {
+    if (threadIdx.x < p.extra_K) {
+      ex_id[threadIdx.x] = p.extra_ids[r * p.extra_K + threadIdx.x];
+      ex_dz[threadIdx.x] = p.extra_dz[r * p.extra_K + threadIdx.x];
+    }
+  }
   __syncthreads();  // x[label] was read above before any gradient lands on the row
+  unsigned long long mine = 0;  // kExtra: the addend entries on this thread's columns
+  if constexpr (kExtra) {
+    for (int e = 0; e < p.extra_K; ++e)
+      if (ex_id[e] >= 0 && ex_id[e] < V && ex_id[e] % kThreads == int(threadIdx.x)) mine |= 1ull << e;
+  }
   const float w = p.row_weight[r];
   __nv_bfloat16* g = reinterpret_cast<__nv_bfloat16*>(x);
   for (int64_t i0 = 0; i0 < V; i0 += kThreads) {
     const int64_t i = i0 + threadIdx.x;
     float gi = 0.f;
     if (i < V) {
-      const float qi = __expf(x[i] - lse_q);
+      const float xi = x[i];
+      const float qi = __expf(xi - lse_q);
       if (p.kl_grad)
         gi = w * (qi - __expf(t[i] - lse_p));
       else
         gi = w * (qi - (i == label ? 1.f : 0.f));
+      if constexpr (kExtra) {
+        for (unsigned long long m = mine; m; m &= m - 1) {
+          const int e = __ffsll(static_cast<long long>(m)) - 1;
+          if (ex_id[e] == i) gi += ex_dz[e];  // a repeated id adds up
+        }
+      }
+      if constexpr (kTransform) gi *= transform_slope(xi, p.multiplier, p.softcap);
     }
     __syncthreads();
     if (i < V) g[i] = __float2bfloat16_rn(gi);
   }
 }
 
+using RowKernel = void (*)(RowArgs, float*, const float*);
+template <bool kTransform, bool kTopK>
+RowKernel pick_row_kernel(bool extra) {
+  return extra ? loss_rows_kernel<kTransform, kTopK, true> : loss_rows_kernel<kTransform, kTopK, false>;
+}
+RowKernel pick_row_kernel(bool transform, bool topk, bool extra) {
+  if (transform) return topk ? pick_row_kernel<true, true>(extra) : pick_row_kernel<true, false>(extra);
+  return topk ? pick_row_kernel<false, true>(extra) : pick_row_kernel<false, false>(extra);
+}
+
 void run(const Ctx& ctx, const ops::LmLossRowsOut* out, const Tensor& h, const Tensor& lm_head,
          const Tensor& labels, const Tensor& teacher, const Tensor& workspace, int64_t chunk_rows, const Tensor& dh,
-         const Tensor& row_weight, ops::LossObjective objective, bool use_teacher) {
+         const Tensor& row_weight, ops::LossObjective objective, bool use_teacher, const ops::LogitSpec& logit,
+         const Tensor& extra_ids, const Tensor& extra_dz) {
   const char* op = "lm_loss (CUDA)";
   DF_CHECK(h.dtype == DType::BF16 && lm_head.dtype == DType::BF16, Internal, op << ": h and lm_head must be BF16");
   DF_CHECK(teacher.empty() || teacher.dtype == DType::BF16, Internal, op << ": teacher must be BF16");
@@ -177,13 +331,49 @@ void run(const Ctx& ctx, const ops::LmLossRowsOut* out, const Tensor& h, const T
     p.argmax_p = out->argmax_p.empty() ? nullptr : static_cast<int32_t*>(out->argmax_p.data);
   }
   p.kl_grad = objective == ops::LossObjective::KL;
+  const bool transform = !logit.identity();
+  DF_CHECK(std::isfinite(logit.multiplier) && logit.softcap >= 0.f, Internal,
+           op << ": logit multiplier " << logit.multiplier << ", softcap " << logit.softcap);
+  p.multiplier = logit.multiplier;
+  p.softcap = logit.softcap;
+  const bool topk = out && !out->topk_ids.empty();
+  if (out) {
+    DF_CHECK(out->topk_ids.empty() == out->topk_vals.empty() && out->topk_ids.empty() == out->label_logit.empty(),
+             Internal, op << ": topk_ids, topk_vals and label_logit go together");
+  }
+  if (topk) {
+    const Tensor &ids = out->topk_ids, &vals = out->topk_vals, &ll = out->label_logit;
+    DF_CHECK(ids.ndim == 2 && ids.shape[0] == R && ids.dtype == DType::I32, Internal,
+             op << ": topk_ids " << ids.shape_str() << " must be I32 [" << R << ", K]");
+    p.K = int(ids.shape[1]);
+    DF_CHECK(p.K >= 1 && p.K <= kMaxTopK && p.K <= V, Internal, op << ": top-K of " << p.K << " (1..64, <= V)");
+    DF_CHECK(vals.dtype == DType::F32 && vals.numel() == ids.numel(), Internal, op << ": topk_vals " << vals.shape_str());
+    DF_CHECK(ll.dtype == DType::F32 && ll.numel() == size_t(R), Internal, op << ": label_logit " << ll.shape_str());
+    p.topk_ids = static_cast<int32_t*>(ids.data);
+    p.topk_vals = static_cast<float*>(vals.data);
+    p.label_logit = static_cast<float*>(ll.data);
+  }
+  DF_CHECK(extra_ids.empty() == extra_dz.empty(), Internal, op << ": extra_ids and extra_dz go together");
+  const bool extra = !extra_ids.empty();
+  if (extra) {
+    DF_CHECK(grad, Internal, op << ": the sparse addend needs the gradient");
+    DF_CHECK(extra_ids.ndim == 2 && extra_ids.shape[0] == R && extra_ids.dtype == DType::I32, Internal,
+             op << ": extra_ids " << extra_ids.shape_str() << " must be I32 [" << R << ", K]");
+    p.extra_K = int(extra_ids.shape[1]);
+    DF_CHECK(p.extra_K >= 1 && p.extra_K <= kMaxTopK, Internal, op << ": sparse addend of " << p.extra_K << " (1..64)");
+    DF_CHECK(extra_dz.dtype == DType::F32 && extra_dz.numel() == extra_ids.numel(), Internal,
+             op << ": extra_dz " << extra_dz.shape_str());
+    p.extra_ids = static_cast<const int32_t*>(extra_ids.data);
+    p.extra_dz = static_cast<const float*>(extra_dz.data);
+  }
+  const RowKernel row_kernel = pick_row_kernel(transform, topk, extra);
   for (int64_t r0 = 0; r0 < R; r0 += chunk_rows) {
     const int64_t C = std::min(R, r0 + chunk_rows) - r0;
     // logits^T [V, C] (column-major, ld V) = W [V, H] · h_c^T
     gemm_bf16(ctx, true, false, V, C, H, 1.f, {W, H, 0}, {hp + r0 * H, H, 0}, 0.f, ws, true, V, 0);
     if (use_teacher) gemm_bf16(ctx, true, false, V, C, H, 1.f, {W, H, 0}, {tp + r0 * H, H, 0}, 0.f, ws_t, true, V, 0);
     p.r0 = r0;
-    loss_rows_kernel<<<unsigned(C), kThreads, 0, stream_of(ctx)>>>(p, ws, ws_t);
+    row_kernel<<<unsigned(C), kThreads, 0, stream_of(ctx)>>>(p, ws, ws_t);
     DF_CUDA_LAUNCH();
     // dh_c^T [H, C] = W^T [H, V] · grad^T [V, C]   (grad: bf16 rows of stride 2V inside the fp32 workspace)
     if (grad)
@@ -198,19 +388,16 @@ void lm_loss_forward(const Ctx& ctx, const ops::LmLossRowsOut& out, const Tensor
                      const Tensor& labels, const Tensor& teacher, const Tensor& workspace, int64_t chunk_rows,
                      const Tensor& dh, const Tensor& row_weight, ops::LossObjective objective,
                      const ops::LogitSpec& logit) {
-  DF_CHECK(logit.identity() && out.topk_ids.empty() && out.label_logit.empty(), Internal,
-           "lm_loss_forward on CUDA: the logit transform and top-K outputs are not built yet");
-  run(ctx, &out, h, lm_head, labels, teacher, workspace, chunk_rows, dh, row_weight, objective, !teacher.empty());
+  run(ctx, &out, h, lm_head, labels, teacher, workspace, chunk_rows, dh, row_weight, objective, !teacher.empty(), logit,
+      Tensor(), Tensor());
 }
 
 void lm_loss_backward(const Ctx& ctx, const Tensor& dh, const Tensor& row_weight, ops::LossObjective objective,
                       const Tensor& h, const Tensor& lm_head, const Tensor& labels, const Tensor& teacher,
                       const Tensor& workspace, int64_t chunk_rows, const ops::LogitSpec& logit,
                       const Tensor& extra_ids, const Tensor& extra_dz) {
-  DF_CHECK(logit.identity() && extra_ids.empty() && extra_dz.empty(), Internal,
-           "lm_loss_backward on CUDA: the logit transform and the sparse addend are not built yet");
   run(ctx, nullptr, h, lm_head, labels, teacher, workspace, chunk_rows, dh, row_weight, objective,
-      objective == ops::LossObjective::KL);
+      objective == ops::LossObjective::KL, logit, extra_ids, extra_dz);
 }
 
 }  // namespace dflash::cuda

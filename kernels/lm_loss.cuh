@@ -13,6 +13,11 @@ namespace dflash::cuda {
 // gradient w·(q - onehot) or w·(q - p) written as bf16 over the start of the same fp32 row), and
 // dh = grad · lm_head straight from the workspace (leading dimension 2V). The logits never exist for
 // more than chunk_rows rows; the gradient costs no extra memory.
+// DFlash2: a non-identity LogitSpec transforms the drafter row in place in the row kernel's first pass
+// (losses, argmax, top-K and the gradient all see z; the gradient is then times dz/dx); the top-K outputs
+// come from the same pass (each warp a register list of K <= 64, merged by warp 0; ties by lower id);
+// the backward's sparse addend (extra_ids / extra_dz, K <= 64 a row) is added at z in the gradient pass.
+// The DFlash path (identity, no top-K, no addend) runs the same kernel as before (template flags off).
 // A label outside [0, V) yields NaN for that row's CE (the data loader validates tokens first).
 void lm_loss_forward(const Ctx& ctx, const ops::LmLossRowsOut& out, const Tensor& h, const Tensor& lm_head,
                      const Tensor& labels, const Tensor& teacher, const Tensor& workspace, int64_t chunk_rows,
