@@ -48,6 +48,9 @@ struct Args {
   bool gemm_peak = false;
   bool attention_probe = false;
   bool deterministic = false;  // fixed-order sums instead of atomics, untimed GEMM choice (--deterministic)
+  std::string draft_arch = "dflash";  // dflash2: convs + selector (docs/dflash2.md), block 8 unless --block
+  int block = 0;                      // 0: 16 (dflash) / 8 (dflash2)
+  float softcap = 0.f, multiplier = 1.f;
 };
 
 Args parse(int argc, char** argv) {
@@ -71,6 +74,10 @@ Args parse(int argc, char** argv) {
     else if (k == "--gemm-peak") a.gemm_peak = true;
     else if (k == "--attention-probe") a.attention_probe = true;
     else if (k == "--deterministic") a.deterministic = true;
+    else if (k == "--draft-arch") a.draft_arch = val();
+    else if (k == "--block") a.block = std::stoi(val());
+    else if (k == "--logit-softcap") a.softcap = std::stof(val());
+    else if (k == "--output-multiplier") a.multiplier = std::stof(val());
     else fatal(ExitCode::BadOptions, "unknown option " + k, "see the usage lines at the top of bench/drafter_bench.cpp");
   }
   return a;
@@ -245,7 +252,18 @@ int main(int argc, char** argv) {
     std::printf("bf16 GEMM MLP [8192 x 12288 x 4096]: %.0f TFLOP/s\n", gemm_tflops(ctx, 8192, 12288, 4096));
     return 0;
   }
-  const DrafterConfig c = drafter_shape(args.model);
+  DrafterConfig c = drafter_shape(args.model);
+  if (args.draft_arch == "dflash2") {  // the releases' shape: 2 taps, groups of 16, top-16, rank 256
+    c.arch = DraftArch::DFlash2;
+    c.block_size = 8;
+  } else if (args.draft_arch != "dflash") {
+    fatal(ExitCode::BadOptions, "--draft-arch must be dflash or dflash2");
+  }
+  if (args.block > 0) c.block_size = args.block;
+  c.output_multiplier = args.multiplier;
+  c.final_logit_softcapping = args.softcap;
+  std::printf("# draft-arch %s block %d softcap %g multiplier %g\n", args.draft_arch.c_str(), c.block_size, c.final_logit_softcapping,
+              c.output_multiplier);
   const ops::LossObjective objective = args.objective == "kl" ? ops::LossObjective::KL : ops::LossObjective::CE;
   const int64_t T = args.context, N = args.anchors, B = c.block_size, H = c.layers.hidden_size, V = c.layers.vocab_size;
   const int64_t K = static_cast<int64_t>(c.target_layer_ids.size());

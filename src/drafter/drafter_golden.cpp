@@ -165,9 +165,16 @@ namespace {
 // selector), each with its loss, both terms, gradient norm and every gradient; the metrics; two AdamW steps
 // on d2. Same tolerances as the DFlash case.
 void run_dflash2_golden(const json& cj, SafetensorsFile& gold, const GoldenInputs& in, const FeatureBatch& fb,
-                        const Ctx& ctx, const Tolerances& tol, DrafterGoldenReport& rep,
+                        const Ctx& ctx, const Tolerances& dflash_tol, DrafterGoldenReport& rep,
                         const std::function<const float*(const Tensor&)>& host_f32) {
   const bool cpu = ctx.device == Device::CPU;
+  // CUDA: all gradients together to 5e-2 instead of DFlash's 3e-2. Each layer adds four bf16-rounded
+  // tensors (the conv-prepared inputs and the sublayer outputs before the finish conv, the dynamic kernels in
+  // bf16) and the selector's dh joins in bf16: measured on the H200 3.35e-2 .. 3.76e-2 for every objective of
+  // both cases, spread evenly over the tensors (each within the unchanged 6e-2; DFlash's case: 1.06e-2),
+  // losses within 1e-3 (bench/results/gpu-checks-issue29-20261204).
+  Tolerances tol = dflash_tol;
+  if (!cpu) tol.grad_norm = 5e-2;
   auto scalar = [&](const std::string& name, double x, double ref, double t) {
     const double e = std::isfinite(x) ? scalar_err(x, ref) : std::numeric_limits<double>::infinity();
     rep.checks.push_back({name, e, t, {}, std::fabs(x - ref)});
