@@ -400,4 +400,49 @@ void lm_loss_backward(const Ctx& ctx, const Tensor& dh, const Tensor& row_weight
       objective == ops::LossObjective::KL, logit, extra_ids, extra_dz);
 }
 
+namespace {
+
+// dh[r] += sum_i dz[r,i] slope(z[r,i]) lm_head[ids[r,i]]: one block a row, the K coefficients in shared memory,
+// threads across H (coalesced reads of each lm_head row), one fp32 sum per element, rounded to bf16 once.
+__global__ void sparse_backward_kernel(__nv_bfloat16* __restrict__ dh, const int32_t* __restrict__ ids,
+                                       const float* __restrict__ z, const float* __restrict__ dz,
+                                       const __nv_bfloat16* __restrict__ W, int64_t H, int K, int64_t V, float m,
+                                       float c) {
+  __shared__ float coef[64];
+  __shared__ int64_t row[64];
+  const int64_t r = blockIdx.x;
+  if (threadIdx.x < K) {
+    const int i = threadIdx.x;
+    const float zi = z[r * K + i];
+    const float slope = c > 0.f ? m * (1.f - (zi / c) * (zi / c)) : m;
+    const int32_t v = ids[r * K + i];
+    const bool ok = v >= 0 && v < V;
+    coef[i] = ok ? dz[r * K + i] * slope : 0.f;
+    row[i] = ok ? int64_t(v) * H : 0;
+  }
+  __syncthreads();
+  for (int64_t h = threadIdx.x; h < H; h += blockDim.x) {
+    float acc = 0.f;
+    for (int i = 0; i < K; ++i) acc += coef[i] * __bfloat162float(W[row[i] + h]);
+    dh[r * H + h] = __float2bfloat16_rn(__bfloat162float(dh[r * H + h]) + acc);
+  }
+}
+
+}  // namespace
+
+void lm_loss_sparse_backward(const Ctx& ctx, const Tensor& dh, const Tensor& ids, const Tensor& z, const Tensor& dz,
+                             const Tensor& lm_head, const ops::LogitSpec& logit) {
+  DF_CHECK(dh.dtype == DType::BF16 && lm_head.dtype == DType::BF16 && ids.dtype == DType::I32 &&
+               z.dtype == DType::F32 && dz.dtype == DType::F32,
+           Internal, "lm_loss_sparse_backward (CUDA): dh/lm_head BF16, ids I32, z/dz F32");
+  const int64_t R = dh.shape[0], H = dh.shape[1], K = ids.shape[1], V = lm_head.shape[0];
+  DF_CHECK(K >= 1 && K <= 64, Internal, "lm_loss_sparse_backward (CUDA): K " << K);
+  if (R == 0) return;
+  sparse_backward_kernel<<<static_cast<unsigned>(R), 256, 0, stream_of(ctx)>>>(
+      static_cast<__nv_bfloat16*>(dh.data), static_cast<const int32_t*>(ids.data), static_cast<const float*>(z.data),
+      static_cast<const float*>(dz.data), static_cast<const __nv_bfloat16*>(lm_head.data), H, static_cast<int>(K), V,
+      logit.multiplier, logit.softcap);
+  DF_CUDA_LAUNCH();
+}
+
 }  // namespace dflash::cuda

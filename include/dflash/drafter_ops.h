@@ -93,6 +93,14 @@ void lm_loss_backward(const Ctx& ctx, const Tensor& dh, const Tensor& row_weight
                       const Tensor& workspace, int64_t chunk_rows, const LogitSpec& logit = LogitSpec(),
                       const Tensor& extra_ids = Tensor(), const Tensor& extra_dz = Tensor());
 
+// The sparse addend alone, for a gradient whose dense part came from lm_loss_forward's fused pass (DFlash2's
+// selector term needs the top-K that pass produces, so it can only follow it):
+//   dh[r] += sum_i dz[r, i] * slope(z[r, i]) * lm_head[ids[r, i]]        (ACCUMULATED)
+// with z [R, K] the transformed logits at ids [R, K] I32 (the selector's unary scores) and slope the LogitSpec's
+// derivative m (1 - (z / c)^2) (or m). R x K rows of lm_head are read: no logits are recomputed.
+void lm_loss_sparse_backward(const Ctx& ctx, const Tensor& dh, const Tensor& ids, const Tensor& z, const Tensor& dz,
+                             const Tensor& lm_head, const LogitSpec& logit);
+
 // ---- DFlash2: grouped dynamic causal convolution ------------------------------------------------------
 // Rows are N blocks of B consecutive rows; row t sits at block offset t % B; no tap crosses a block.
 // G = H / group_size groups of channels; one GroupedDynamicCausalConv has two sides (0 = prepare, before

@@ -87,6 +87,10 @@ void lm_loss_backward(const Ctx&, const Tensor&, const Tensor&, ops::LossObjecti
                       const Tensor&) {
   fatal_no_cuda("lm_loss_backward");
 }
+void lm_loss_sparse_backward(const Ctx&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                             const ops::LogitSpec&) {
+  fatal_no_cuda("lm_loss_sparse_backward");
+}
 void grouped_conv_forward(const Ctx&, const Tensor&, const Tensor&, const Tensor&, int, const Tensor&,
                           const ops::GroupedConvSpec&) {
   fatal_no_cuda("grouped_conv_forward");

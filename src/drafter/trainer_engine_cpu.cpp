@@ -104,8 +104,9 @@ class CpuEngine final : public TrainerEngine {
     lo.kl = kl_loss ? rows_view(kl_, R) : Tensor();
     lo.argmax_q = rows_view(am_q_, R);
     lo.argmax_p = have_teacher ? rows_view(am_p_, R) : Tensor();
-    // DFlash2: the selector needs this pass's top-K before any gradient, so its gradient is never fused.
-    const bool fused = with_grad && !d2_;
+    // DFlash2: the unary gradient is fused into this pass as DFlash's; the selector term, which needs the pass's
+    // top-K, joins afterwards through its sparse addend (no second lm_head pass).
+    const bool fused = with_grad;
     if (d2_) {
       lo.topk_ids = rows_view(topk_ids_, R);
       lo.topk_vals = rows_view(topk_vals_, R);
@@ -133,10 +134,16 @@ class CpuEngine final : public TrainerEngine {
       out.topk_vals = topk_vals_.ptr<float>();
       out.u = u_.ptr<float>();
     }
-    if (fused) backward_from_rows(rows, b.ready);
-    if (with_grad && d2_) {
-      std::vector<float> w(row_w_.ptr<float>(), row_w_.ptr<float>() + R);
-      backward(b, w);
+    if (fused) {
+      if (d2_) {
+        selector_backward(R);
+        if (!sel_stop_gradient_) {
+          ops::lm_loss_sparse_backward(ctx_, rows_view(dh_rows_, R), rows_view(cand_, R), rows_view(unary_, R),
+                                       rows_view(d_unary_, R), lm_head_.t(), logit_);
+          add_dh_sel(R);
+        }
+      }
+      backward_from_rows(rows, b.ready);
     }
     return out;
   }
@@ -153,11 +160,7 @@ class CpuEngine final : public TrainerEngine {
                           lm_head_.t(), rows_view(labels_, R), teacher, workspace_.t(), chunk_rows_, logit_,
                           d2_ && !sel_stop_gradient_ ? rows_view(cand_, R) : Tensor(),
                           d2_ && !sel_stop_gradient_ ? rows_view(d_unary_, R) : Tensor());
-    if (d2_ && !sel_stop_gradient_) {  // dh += du W_h
-      float* dh = dh_rows_.ptr<float>();
-      const float* ds = dh_sel_.ptr<float>();
-      for (size_t i = 0, n = static_cast<size_t>(R * cfg_.layers.hidden_size); i < n; ++i) dh[i] += ds[i];
-    }
+    if (d2_ && !sel_stop_gradient_) add_dh_sel(R);
     backward_from_rows(rows, b.ready);
   }
 
@@ -178,6 +181,11 @@ class CpuEngine final : public TrainerEngine {
   void state_loaded() override {}  // the views are the live buffers
 
  private:
+  void add_dh_sel(int64_t R) {  // dh += du W_h (the selector's gradient at the hidden rows)
+    float* dh = dh_rows_.ptr<float>();
+    const float* ds = dh_sel_.ptr<float>();
+    for (size_t i = 0, n = static_cast<size_t>(R * cfg_.layers.hidden_size); i < n; ++i) dh[i] += ds[i];
+  }
   // DFlash2 (docs/dflash2.md 3), after lm_loss_forward filled the top-K: the training candidates (the gold
   // put into slot K-1 when missing), u = h W_h^T, the teacher-forced scores (predecessor = token a+k-1) and
   // the selector CE per row.

@@ -237,4 +237,31 @@ void lm_loss_backward(const Ctx& ctx, const Tensor& dh, const Tensor& row_weight
   }
 }
 
+void lm_loss_sparse_backward(const Ctx& ctx, const Tensor& dh, const Tensor& ids, const Tensor& z, const Tensor& dz,
+                             const Tensor& lm_head, const LogitSpec& logit) {
+  const char* op = "lm_loss_sparse_backward";
+  using namespace detail;
+  check_tensor(op, "dh", dh, ctx, 2);
+  check_tensor(op, "ids", ids, ctx, 2);
+  check_tensor(op, "lm_head", lm_head, ctx, 2);
+  const int64_t R = dh.shape[0], H = dh.shape[1], K = ids.shape[1], V = lm_head.shape[0];
+  check_shape(op, "ids", ids, {R, K});
+  check_shape(op, "z", z, {R, K});
+  check_shape(op, "dz", dz, {R, K});
+  check_shape(op, "lm_head", lm_head, {V, H});
+  DF_CHECK(K >= 1 && K <= 64, Internal, op << ": " << K << " entries per row (1 .. 64)");
+  if (ctx.device == Device::CUDA) return cuda::lm_loss_sparse_backward(ctx, dh, ids, z, dz, lm_head, logit);
+  const int32_t* id = ids.ptr<int32_t>();
+  const float *pz = z.ptr<float>(), *pdz = dz.ptr<float>(), *W = lm_head.ptr<float>();
+  float* out = dh.ptr<float>();
+  for (int64_t r = 0; r < R; ++r)
+    for (int64_t i = 0; i < K; ++i) {
+      const int32_t v = id[r * K + i];
+      DF_CHECK(v >= 0 && v < V, Internal, op << ": id " << v << " outside [0, " << V << ")");
+      const float c = pdz[r * K + i] * transform_slope(pz[r * K + i], logit);
+      const float* w = W + static_cast<int64_t>(v) * H;
+      for (int64_t h = 0; h < H; ++h) out[r * H + h] += c * w[h];
+    }
+}
+
 }  // namespace dflash::ops

@@ -384,3 +384,47 @@ TEST(GpuDFlash2Ops, LmLossSoftcapTopKQwen38Vocab) {
 
 }  // namespace
 }  // namespace dflash
+
+namespace dflash {
+namespace {
+
+// The CUDA sparse addend against the CPU op on random data (bf16-rounded inputs, dh accumulated onto a
+// small random start): R 300 rows, H 1024, K 16, V 5000, softcap 20, multiplier 0.2; relative error within tol::kOp.
+TEST(GpuDFlash2Ops, LmLossSparseBackwardMatchesCpu) {
+  SKIP_WITHOUT_GPU();
+  const int64_t R = 300, H = 1024, K = 16, V = 5000;
+  const ops::LogitSpec spec{0.2f, 20.f};
+  std::mt19937 rng(4);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  auto bf = [](float x) { return bf16_to_f32(f32_to_bf16(x)); };
+  std::vector<float> dh(R * H), W(V * H), z(R * K), dz(R * K);
+  for (float& x : dh) x = bf(0.002f * nd(rng));  // small: the bf16 rounding of start + addend stays small against the addend
+  for (float& x : W) x = bf(0.05f * nd(rng));
+  for (float& x : z) x = 15.f * std::tanh(nd(rng));
+  for (float& x : dz) x = 0.1f * nd(rng);
+  std::vector<int32_t> ids(R * K);
+  for (int32_t& v : ids) v = static_cast<int32_t>(rng() % V);
+  std::vector<float> cpu_dh = dh;
+  ops::lm_loss_sparse_backward(cpu_ctx(), cpu_view(cpu_dh.data(), {R, H}), cpu_view(ids.data(), {R, K}),
+                               cpu_view(z.data(), {R, K}), cpu_view(dz.data(), {R, K}), cpu_view(W.data(), {V, H}), spec);
+  const Ctx ctx = test::gpu();
+  Buffer g_dh(Device::CUDA, DType::BF16, {R, H}), g_W(Device::CUDA, DType::BF16, {V, H});
+  Buffer g_ids(Device::CUDA, DType::I32, {R, K}), g_z(Device::CUDA, DType::F32, {R, K}), g_dz(Device::CUDA, DType::F32, {R, K});
+  copy_tensor(ctx, g_dh, cpu_view(dh.data(), {R, H}));
+  copy_tensor(ctx, g_W, cpu_view(W.data(), {V, H}));
+  copy_tensor(ctx, g_ids, cpu_view(ids.data(), {R, K}));
+  copy_tensor(ctx, g_z, cpu_view(z.data(), {R, K}));
+  copy_tensor(ctx, g_dz, cpu_view(dz.data(), {R, K}));
+  ops::lm_loss_sparse_backward(ctx, g_dh, g_ids, g_z, g_dz, g_W, spec);
+  std::vector<float> got(R * H);
+  copy_tensor(ctx, cpu_view(got.data(), {R, H}), g_dh);
+  std::vector<float> added(R * H), want(R * H);  // compare what was added (dh's start is the same on both)
+  for (int64_t i = 0; i < R * H; ++i) {
+    added[i] = got[i] - dh[i];
+    want[i] = cpu_dh[i] - dh[i];
+  }
+  EXPECT_LT(test::rel_err(added, want), 1e-2) << "bf16 dh: one rounding of (start + addend)";
+}
+
+}  // namespace
+}  // namespace dflash

@@ -318,3 +318,44 @@ TEST(DFlash2OpsProperty, SampledWalkDrawsFromItsQ) {
 
 }  // namespace
 }  // namespace dflash
+
+namespace dflash {
+namespace {
+
+// lm_loss_sparse_backward is the sparse addend of lm_loss_backward alone: backward(with addend) -
+// backward(without) = sparse_backward onto zeros (softcap 3, multiplier 1.7, a repeated id), to 1e-5 relative.
+TEST(DFlash2OpsProperty, SparseBackwardIsTheAddendOfTheFullBackward) {
+  std::mt19937 rng(21);
+  const int64_t R = 3, H = 6, V = 20, E = 4;
+  const ops::LogitSpec spec{1.7f, 3.0f};
+  std::normal_distribution<float> nd(0.f, 0.7f);
+  std::vector<float> h(R * H), W(V * H), w = {0.5f, 0.3f, 0.2f}, edz(R * E);
+  for (float& x : h) x = nd(rng);
+  for (float& x : W) x = nd(rng);
+  for (float& x : edz) x = nd(rng);
+  std::vector<int32_t> labels = {3, 7, 19}, ids = {1, 3, 3, 8, 0, 5, 7, 19, 2, 4, 6, 19};
+  const Ctx ctx = cpu_ctx();
+  std::vector<float> ws(ops::lm_loss_workspace_floats(R, V, false)), with(R * H), without(R * H), sparse(R * H, 0.f);
+  auto backward = [&](std::vector<float>& dh, bool extra) {
+    ops::lm_loss_backward(ctx, cpu_view(dh.data(), {R, H}), cpu_view(w.data(), {R}), ops::LossObjective::CE,
+                          cpu_view(h.data(), {R, H}), cpu_view(W.data(), {V, H}), cpu_view(labels.data(), {R}), Tensor(),
+                          cpu_view(ws.data(), {static_cast<int64_t>(ws.size())}), R, spec,
+                          extra ? cpu_view(ids.data(), {R, E}) : Tensor(), extra ? cpu_view(edz.data(), {R, E}) : Tensor());
+  };
+  backward(with, true);
+  backward(without, false);
+  // z at the ids: the transformed logits
+  std::vector<float> logits(R * V), z(R * E);
+  ops::matmul_forward(ctx, cpu_view(logits.data(), {R, V}), cpu_view(h.data(), {R, H}), cpu_view(W.data(), {V, H}));
+  for (int64_t r = 0; r < R; ++r)
+    for (int64_t e = 0; e < E; ++e)
+      z[r * E + e] = spec.softcap * std::tanh(spec.multiplier * logits[r * V + ids[r * E + e]] / spec.softcap);
+  ops::lm_loss_sparse_backward(ctx, cpu_view(sparse.data(), {R, H}), cpu_view(ids.data(), {R, E}), cpu_view(z.data(), {R, E}),
+                               cpu_view(edz.data(), {R, E}), cpu_view(W.data(), {V, H}), spec);
+  std::vector<float> diff(R * H);
+  for (int64_t i = 0; i < R * H; ++i) diff[i] = with[i] - without[i];
+  EXPECT_LT(rel_err(sparse, diff), 1e-5);
+}
+
+}  // namespace
+}  // namespace dflash

@@ -276,10 +276,9 @@ DrafterStepResult DrafterStepCuda::forward_backward(const train::DrafterBatch& b
   if (s.R == 0) return res;
   if (s.d2) {
     s.selector_forward(b);
-    s.backward_from_weights(b.ready, objective);
-  } else {
-    s.backward_from_rows(b.ready);
+    s.selector_into_fused_dh(b.ready);
   }
+  s.backward_from_rows(b.ready);
   s.mark(Phase::Count);  // closes the last interval
   s.download_rows(b, objective, res);  // after the backward is enqueued: no bubble before it
   return res;

@@ -163,6 +163,9 @@ struct DrafterStepCuda::Impl {
   // dh_rows from row_w: the lm_head loss's gradient (with the selector's sparse addend and dh_sel for
   // DFlash2), then the network backward.
   void backward_from_weights(const GradReady& ready, ops::LossObjective objective);
+  // DFlash2 after a fused loss pass (dh_rows holds the unary gradient): the selector's gradient, its sparse
+  // addend at the candidates' lm_head rows and dh_sel joined into dh_rows.
+  void selector_into_fused_dh(const GradReady& ready);
   int64_t R = 0;              // loss rows of the last forward
   bool have_teacher = false;  // its teacher rows are in t_rows
 };

@@ -76,10 +76,19 @@ void DrafterStepCuda::Impl::loss_rows(const train::DrafterBatch& b, const Tensor
     lo.topk_vals = v2(topk_vals, R, SK);
     lo.label_logit = v1(label_logit, R);
   }
-  const bool fused = grad && !d2;
+  const bool fused = grad;  // DFlash2's selector term joins later through its sparse addend
   cuda::lm_loss_forward(ctx, lo, v2(h_rows, R, H), lm_head, v1(labels, R), teacher,
                         v1(workspace, static_cast<int64_t>(workspace.numel())), chunk_rows,
                         fused ? v2(dh_rows, R, H) : Tensor(), fused ? v1(row_w, R) : Tensor(), objective, logit);
+}
+
+void DrafterStepCuda::Impl::selector_into_fused_dh(const GradReady& ready) {
+  selector_backward(ready);
+  if (sel_stop_gradient) return;
+  mark(Phase::Loss);
+  cuda::lm_loss_sparse_backward(ctx, v2(dh_rows, R, H), v2(cand, R, SK), v2(unary, R, SK), v2(d_unary, R, SK), lm_head,
+                                logit);
+  add(v2(dh_rows, R, H), v2(dh_sel, R, H));
 }
 
 void DrafterStepCuda::Impl::backward_from_weights(const GradReady& ready, ops::LossObjective objective) {
