@@ -406,8 +406,8 @@ namespace {
 // threads across H (coalesced reads of each lm_head row), one fp32 sum per element, rounded to bf16 once.
 __global__ void sparse_backward_kernel(__nv_bfloat16* __restrict__ dh, const int32_t* __restrict__ ids,
                                        const float* __restrict__ z, const float* __restrict__ dz,
-                                       const __nv_bfloat16* __restrict__ W, int64_t H, int K, int64_t V, float m,
-                                       float c) {
+                                       const __nv_bfloat16* __restrict__ W, const __nv_bfloat16* __restrict__ extra,
+                                       int64_t H, int K, int64_t V, float m, float c) {
   __shared__ float coef[64];
   __shared__ int64_t row[64];
   const int64_t r = blockIdx.x;
@@ -422,7 +422,7 @@ __global__ void sparse_backward_kernel(__nv_bfloat16* __restrict__ dh, const int
   }
   __syncthreads();
   for (int64_t h = threadIdx.x; h < H; h += blockDim.x) {
-    float acc = 0.f;
+    float acc = extra ? __bfloat162float(extra[r * H + h]) : 0.f;
     for (int i = 0; i < K; ++i) acc += coef[i] * __bfloat162float(W[row[i] + h]);
     dh[r * H + h] = __float2bfloat16_rn(__bfloat162float(dh[r * H + h]) + acc);
   }
@@ -431,7 +431,8 @@ __global__ void sparse_backward_kernel(__nv_bfloat16* __restrict__ dh, const int
 }  // namespace
 
 void lm_loss_sparse_backward(const Ctx& ctx, const Tensor& dh, const Tensor& ids, const Tensor& z, const Tensor& dz,
-                             const Tensor& lm_head, const ops::LogitSpec& logit) {
+                             const Tensor& lm_head, const ops::LogitSpec& logit, const Tensor& extra) {
+  DF_CHECK(extra.empty() || extra.dtype == DType::BF16, Internal, "lm_loss_sparse_backward (CUDA): extra BF16");
   DF_CHECK(dh.dtype == DType::BF16 && lm_head.dtype == DType::BF16 && ids.dtype == DType::I32 &&
                z.dtype == DType::F32 && dz.dtype == DType::F32,
            Internal, "lm_loss_sparse_backward (CUDA): dh/lm_head BF16, ids I32, z/dz F32");
@@ -440,7 +441,8 @@ void lm_loss_sparse_backward(const Ctx& ctx, const Tensor& dh, const Tensor& ids
   if (R == 0) return;
   sparse_backward_kernel<<<static_cast<unsigned>(R), 256, 0, stream_of(ctx)>>>(
       static_cast<__nv_bfloat16*>(dh.data), static_cast<const int32_t*>(ids.data), static_cast<const float*>(z.data),
-      static_cast<const float*>(dz.data), static_cast<const __nv_bfloat16*>(lm_head.data), H, static_cast<int>(K), V,
+      static_cast<const float*>(dz.data), static_cast<const __nv_bfloat16*>(lm_head.data),
+      extra.empty() ? nullptr : static_cast<const __nv_bfloat16*>(extra.data), H, static_cast<int>(K), V,
       logit.multiplier, logit.softcap);
   DF_CUDA_LAUNCH();
 }

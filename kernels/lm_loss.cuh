@@ -31,6 +31,6 @@ void lm_loss_backward(const Ctx& ctx, const Tensor& dh, const Tensor& row_weight
 // ops::lm_loss_sparse_backward: dh BF16 [R, H] (read, fp32 sum, rounded once), lm_head BF16 [V, H], ids I32,
 // z and dz F32 [R, K], K <= 64; one block a row.
 void lm_loss_sparse_backward(const Ctx& ctx, const Tensor& dh, const Tensor& ids, const Tensor& z, const Tensor& dz,
-                             const Tensor& lm_head, const ops::LogitSpec& logit);
+                             const Tensor& lm_head, const ops::LogitSpec& logit, const Tensor& extra);
 
 }  // namespace dflash::cuda

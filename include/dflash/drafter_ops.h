@@ -97,9 +97,10 @@ void lm_loss_backward(const Ctx& ctx, const Tensor& dh, const Tensor& row_weight
 // selector term needs the top-K that pass produces, so it can only follow it):
 //   dh[r] += sum_i dz[r, i] * slope(z[r, i]) * lm_head[ids[r, i]]        (ACCUMULATED)
 // with z [R, K] the transformed logits at ids [R, K] I32 (the selector's unary scores) and slope the LogitSpec's
-// derivative m (1 - (z / c)^2) (or m). R x K rows of lm_head are read: no logits are recomputed.
+// derivative m (1 - (z / c)^2) (or m). R x K rows of lm_head are read: no logits are recomputed. `extra` [R, H]
+// (optional) is added in the same pass (the selector's du W_h: on CUDA one bf16 rounding of dh instead of two).
 void lm_loss_sparse_backward(const Ctx& ctx, const Tensor& dh, const Tensor& ids, const Tensor& z, const Tensor& dz,
-                             const Tensor& lm_head, const LogitSpec& logit);
+                             const Tensor& lm_head, const LogitSpec& logit, const Tensor& extra = Tensor());
 
 // ---- DFlash2: grouped dynamic causal convolution ------------------------------------------------------
 // Rows are N blocks of B consecutive rows; row t sits at block offset t % B; no tap crosses a block.

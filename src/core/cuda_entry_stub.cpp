@@ -88,7 +88,7 @@ void lm_loss_backward(const Ctx&, const Tensor&, const Tensor&, ops::LossObjecti
   fatal_no_cuda("lm_loss_backward");
 }
 void lm_loss_sparse_backward(const Ctx&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                             const ops::LogitSpec&) {
+                             const ops::LogitSpec&, const Tensor&) {
   fatal_no_cuda("lm_loss_sparse_backward");
 }
 void grouped_conv_forward(const Ctx&, const Tensor&, const Tensor&, const Tensor&, int, const Tensor&,

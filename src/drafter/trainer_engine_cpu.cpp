@@ -139,8 +139,7 @@ class CpuEngine final : public TrainerEngine {
         selector_backward(R);
         if (!sel_stop_gradient_) {
           ops::lm_loss_sparse_backward(ctx_, rows_view(dh_rows_, R), rows_view(cand_, R), rows_view(unary_, R),
-                                       rows_view(d_unary_, R), lm_head_.t(), logit_);
-          add_dh_sel(R);
+                                       rows_view(d_unary_, R), lm_head_.t(), logit_, rows_view(dh_sel_, R));
         }
       }
       backward_from_rows(rows, b.ready);

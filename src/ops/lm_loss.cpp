@@ -238,7 +238,7 @@ void lm_loss_backward(const Ctx& ctx, const Tensor& dh, const Tensor& row_weight
 }
 
 void lm_loss_sparse_backward(const Ctx& ctx, const Tensor& dh, const Tensor& ids, const Tensor& z, const Tensor& dz,
-                             const Tensor& lm_head, const LogitSpec& logit) {
+                             const Tensor& lm_head, const LogitSpec& logit, const Tensor& extra) {
   const char* op = "lm_loss_sparse_backward";
   using namespace detail;
   check_tensor(op, "dh", dh, ctx, 2);
@@ -250,7 +250,10 @@ void lm_loss_sparse_backward(const Ctx& ctx, const Tensor& dh, const Tensor& ids
   check_shape(op, "dz", dz, {R, K});
   check_shape(op, "lm_head", lm_head, {V, H});
   DF_CHECK(K >= 1 && K <= 64, Internal, op << ": " << K << " entries per row (1 .. 64)");
-  if (ctx.device == Device::CUDA) return cuda::lm_loss_sparse_backward(ctx, dh, ids, z, dz, lm_head, logit);
+  if (!extra.empty()) check_shape(op, "extra", extra, {R, H});
+  if (ctx.device == Device::CUDA) return cuda::lm_loss_sparse_backward(ctx, dh, ids, z, dz, lm_head, logit, extra);
+  if (!extra.empty())
+    for (size_t i = 0, n = dh.numel(); i < n; ++i) dh.ptr<float>()[i] += extra.ptr<float>()[i];
   const int32_t* id = ids.ptr<int32_t>();
   const float *pz = z.ptr<float>(), *pdz = dz.ptr<float>(), *W = lm_head.ptr<float>();
   float* out = dh.ptr<float>();

@@ -415,7 +415,7 @@ TEST(GpuDFlash2Ops, LmLossSparseBackwardMatchesCpu) {
   copy_tensor(ctx, g_ids, cpu_view(ids.data(), {R, K}));
   copy_tensor(ctx, g_z, cpu_view(z.data(), {R, K}));
   copy_tensor(ctx, g_dz, cpu_view(dz.data(), {R, K}));
-  ops::lm_loss_sparse_backward(ctx, g_dh, g_ids, g_z, g_dz, g_W, spec);
+  ops::lm_loss_sparse_backward(ctx, g_dh, g_ids, g_z, g_dz, g_W, spec, Tensor());
   std::vector<float> got(R * H);
   copy_tensor(ctx, cpu_view(got.data(), {R, H}), g_dh);
   std::vector<float> added(R * H), want(R * H);  // compare what was added (dh's start is the same on both)

@@ -87,8 +87,7 @@ void DrafterStepCuda::Impl::selector_into_fused_dh(const GradReady& ready) {
   if (sel_stop_gradient) return;
   mark(Phase::Loss);
   cuda::lm_loss_sparse_backward(ctx, v2(dh_rows, R, H), v2(cand, R, SK), v2(unary, R, SK), v2(d_unary, R, SK), lm_head,
-                                logit);
-  add(v2(dh_rows, R, H), v2(dh_sel, R, H));
+                                logit, v2(dh_sel, R, H));  // dh += sparse addend + du W_h, rounded once
 }
 
 void DrafterStepCuda::Impl::backward_from_weights(const GradReady& ready, ops::LossObjective objective) {
