@@ -46,4 +46,7 @@ expect_log r8b "[dflash] anchors: up to 512 per record (--anchors-per-record), a
 recipe_dry r27b qwen36-27b.cfg 5
 expect_rc 2 r27b
 expect_log r27b "--target-layers: layer 16 is not one of the target's 4 layers"
+recipe_dry r27b2 qwen38-27b-dflash2.cfg 5
+expect_rc 2 r27b2
+expect_log r27b2 "--target-layers: layer 5 is not one of the target's 4 layers"
 echo "PASS"
