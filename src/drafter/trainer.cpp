@@ -7,6 +7,7 @@
 // engine (drafter/trainer_engine.h).
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
@@ -154,6 +155,9 @@ DrafterTrainer::DrafterTrainer(const DrafterSource& source, const TrainOptions& 
                 "the CUDA drafter step does not scale the noise embedding (input_embedding_scale "
                     << s.cfg.input_embedding_scale << ") yet",
                 "train this drafter with --backend cpu (docs/dflash2.md says what is built)");
+  if (ctx.device == Device::CUDA && s.cfg.arch == DraftArch::DFlash2 && cuda::deterministic())
+    std::printf("[dflash] note: deterministic kernels are on, but DFlash2's conv base-kernel and codebook gradients "
+                "on CUDA are summed with atomics: steps are close, not bit-identical, across runs (docs/dflash2.md)\n");
   s.layout = drafter_param_layout(s.cfg);
   const int64_t P = static_cast<int64_t>(drafter_param_count(s.cfg));
   // Initial weights on the host, the same on every backend (the CUDA engine uploads them).
