@@ -213,6 +213,9 @@ void lm_loss_backward(const Ctx& ctx, const Tensor& dh, const Tensor& row_weight
   }
   if (ctx.device == Device::CUDA) return cuda::lm_loss_backward(ctx, dh, row_weight, objective, h, lm_head, labels,
                                                                 teacher, workspace, chunk_rows, logit, extra_ids, extra_dz);
+  for (int64_t i = 0; i < R * E; ++i)
+    DF_CHECK(extra_ids.ptr<int32_t>()[i] >= 0 && extra_ids.ptr<int32_t>()[i] < V, Internal,
+             op << ": extra id " << extra_ids.ptr<int32_t>()[i] << " outside [0, " << V << ")");
   const bool use_teacher = objective == LossObjective::KL;
   float* ws = workspace.ptr<float>();
   float* ws_t = use_teacher ? ws + static_cast<size_t>(chunk_rows) * V : nullptr;

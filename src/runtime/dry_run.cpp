@@ -162,8 +162,16 @@ double drafter_bytes_per_anchor(const DrafterConfig& d, bool cuda) {
   const double per_layer = (4 * H + 3 * QD + 3 * KV + 3 * I) * e +
                            (2 + 2 * L.num_attention_heads + L.num_key_value_heads) * 4.0;  // norms' rstd, lse
   const double shared = (6 * H + 3 * I + 3 * QD + 3 * KV) * e + 4.0 * 2;  // block input/output, backward scratch
-  const double loss_row = 3 * H * e + 8 * 4.0;                             // rows of a block's B - 1 labels
-  return B * (L.num_hidden_layers * per_layer + shared) + (B - 1) * loss_row;
+  double loss_row = 3 * H * e + 8 * 4.0;                                   // rows of a block's B - 1 labels
+  double d2_layer = 0, d2_shared = 0;
+  if (d.arch == DraftArch::DFlash2) {  // the convs' dynamic kernels and inputs/outputs; the selector's rows
+    const double D2 = 2.0 * d.d2.conv_kernel_size * (H / d.d2.conv_group_size), K = d.d2.selector_top_k,
+                 r = d.d2.selector_rank;
+    d2_layer = (4 * H + 2 * D2) * e;
+    d2_shared = (H + D2) * e;
+    loss_row += 6 * K * 4 + 2 * r * 4 + r * e + H * e + 7 * 4.0;
+  }
+  return B * (L.num_hidden_layers * (per_layer + d2_layer) + shared + d2_shared) + (B - 1) * loss_row;
 }
 
 // The fixed memory of each role: what is allocated once at startup, sized by the model, --token-budget,
