@@ -49,6 +49,10 @@ const char* kUsage =
     "  --backend cpu|cuda    float32 reference or bf16 GPU (default cpu)   --gpu N  CUDA device (default 0)\n"
     "  --check-greedy        also decode each prompt with the target alone and require the same tokens\n"
     "                        (speculative decoding is lossless; exit 9 if not)\n"
+    "  --temperature T       sampled decoding at T > 0 (default 0: greedy), as the official dflash_generate:\n"
+    "    --top-p P --top-k K the target's (and a DFlash drafter's) sampling (defaults 1, 0 = off);\n"
+    "                        drafts accepted by rejection sampling (lossless in distribution); draws seeded\n"
+    "                        by --seed; DFlash2 drafters draw from the selector's walk\n"
     "  --json PATH           write every number (per prompt and overall) as JSON\n";
 
 struct EvalArgs {
@@ -57,6 +61,7 @@ struct EvalArgs {
   int draft_layers = 1, max_prompts = 32, max_prompt_length = kDefaultMaxPromptLength, max_new_tokens = 128, gpu = 0;
   uint64_t seed = 0;
   std::vector<int32_t> stop;
+  SamplingSpec sampling;
 };
 
 EvalArgs parse_args(int argc, char** argv) {
@@ -81,6 +86,9 @@ EvalArgs parse_args(int argc, char** argv) {
     else if (args.is("--gpu")) a.gpu = static_cast<int>(args.integer(0, 1023));
     else if (args.is("--check-greedy")) args.no_value(), a.check_greedy = true;
     else if (args.is("--json")) a.json = args.value();
+    else if (args.is("--temperature")) a.sampling.temperature = static_cast<float>(args.real(0.0, 100.0));
+    else if (args.is("--top-p")) a.sampling.top_p = static_cast<float>(args.real(1e-6, 1.0));
+    else if (args.is("--top-k")) a.sampling.top_k = static_cast<int>(args.integer(0, 1 << 24));
     else args.unknown();
   }
   DF_CHECK_HINT(!a.target.empty() && !a.prompts.empty(), BadOptions, "--target and --prompts are required", kUsage);
@@ -88,6 +96,10 @@ EvalArgs parse_args(int argc, char** argv) {
                 kUsage);
   DF_CHECK_HINT(a.backend == "cpu" || a.backend == "cuda", BadOptions, "--backend must be cpu or cuda", kUsage);
   DF_CHECK_HINT(!(a.no_stop && !a.stop.empty()), BadOptions, "--no-stop and --stop-token contradict", kUsage);
+  DF_CHECK_HINT(!(a.check_greedy && a.sampling.temperature > 0), BadOptions,
+                "--check-greedy compares with greedy decoding: it needs --temperature 0",
+                "sampled decoding is lossless in distribution, not token for token: drop one of them");
+  a.sampling.seed = a.seed;
   return a;
 }
 
@@ -121,6 +133,7 @@ int main(int argc, char** argv) {
   DF_CHECK(max_tokens <= max_tokens_guess, Internal, "block size " << dc.block_size << " above 256");
   auto target = make_target_model(tcfg, a.target, ctx, dc.target_layer_ids, max_tokens);
   SpecDecoder dec(*target, drafter, ctx, max_tokens);
+  dec.set_sampling(a.sampling);
   const std::vector<int32_t> stop = a.no_stop ? std::vector<int32_t>{} : a.stop.empty() ? default_stop_ids(a.target) : a.stop;
 
   std::printf("# dflash-eval %s\n", DFLASH_VERSION);
@@ -130,6 +143,12 @@ int main(int argc, char** argv) {
               dc.layers.num_hidden_layers, dc.block_size, dc.mask_token_id);
   for (int l : dc.target_layer_ids) std::printf(" %d", l);
   std::printf(")\n# backend  %s (%s)\n", a.backend.c_str(), device == Device::CPU ? "float32" : "bf16");
+  if (a.sampling.temperature > 0)
+    std::printf("# sampling temperature %g, top-p %g, top-k %d, seed %llu (rejection sampling; %s drafts)\n",
+                a.sampling.temperature, a.sampling.top_p, a.sampling.top_k, static_cast<unsigned long long>(a.seed),
+                dc.arch == DraftArch::DFlash2 ? "the selector's sampled walk" : "the drafter's sampled");
+  else
+    std::printf("# sampling greedy (temperature 0)\n");
   std::printf("# prompts  %zu from %s (skipped: %zu with no prompt, %zu longer than %d); %d new tokens each; stop ids",
               prompts.ids.size(), a.prompts.c_str(), prompts.no_prompt, prompts.too_long, a.max_prompt_length,
               a.max_new_tokens);

@@ -205,6 +205,16 @@ class DrafterTrainer {
   // must hold the whole block inside the anchor's sequence with loss_mask 1 after the anchor (the ids
   // there are not read as inputs). Returns B-1 token ids. Forward only: no noise, no gradient.
   std::vector<int32_t> draft_block(const FeatureBatch& fb, int64_t anchor);
+  // DFlash2 at temperature T > 0 (dflash-eval's sampled decoding): the same forward, then the selector's
+  // sampled walk (docs/dflash2.md 2.4): returns the B-1 draws; q [B-1, K] the walk's distribution over cand
+  // [B-1, K] (the strict unary top-K, the draft probabilities rejection sampling needs).
+  std::vector<int32_t> draft_block_sampled(const FeatureBatch& fb, int64_t anchor, float temperature,
+                                           const std::function<double()>& uniform, std::vector<float>& q,
+                                           std::vector<int32_t>& cand);
+  // The final-normed hidden states [B, H] of the last draft_block's block (the trainer's device and dtype):
+  // a DFlash drafter's logits at T > 0 are the target's lm_head over rows 1..B-1 (then compute_logits'
+  // transform).
+  Tensor draft_hidden();
 
   // Release-format I/O: config.json + model.safetensors (dtype F32 or BF16), atomic.
   void export_release(const std::string& dir, DType dtype) const;

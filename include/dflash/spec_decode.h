@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "dflash/anchors.h"
 #include "dflash/drafter.h"
 #include "dflash/target.h"
 #include "dflash/tensor.h"
@@ -24,6 +25,22 @@ namespace dflash {
 
 // Leading drafts the target confirms: the largest a <= n with draft[j] == posterior[j] for all j < a.
 int accepted_prefix(const int32_t* draft, const int32_t* posterior, int n);
+
+// Sampled decoding (the official dflash_generate at temperature > 0): the target's first and bonus tokens
+// are drawn from sampling_probs(logits); drafts from the drafter's own distribution (DFlash: sampling_probs of
+// its transformed logits, with the same top-p / top-k; DFlash2: the selector's sampled walk, temperature
+// only); drafts are accepted by rejection sampling (accept while u q(d) < p(d); at the first rejection the
+// bonus is drawn from max(0, p - q) renormalised, or p where that is all zero). Lossless in distribution.
+struct SamplingSpec {
+  float temperature = 0.f;  // 0 = greedy (everything above is unused)
+  float top_p = 1.f;        // (0, 1]
+  int top_k = 0;            // 0 = off
+  uint64_t seed = 0;
+};
+// The official _sampling_probs: softmax(logits / T) over the top_k largest (when 0 < top_k < V), then the
+// smallest leading set (by probability, descending) whose mass before each kept entry is < top_p,
+// renormalised. probs [V] out.
+void sampling_probs(const float* logits, int64_t V, const SamplingSpec& s, std::vector<double>& probs);
 
 struct SpecDecodeResult {
   std::vector<int32_t> tokens;   // generated after the prompt; cut after the first stop token
@@ -47,6 +64,8 @@ class SpecDecoder {
   // Speculative decoding of up to max_new_tokens after prompt (stops after a token in stop).
   SpecDecodeResult generate(const std::vector<int32_t>& prompt, int max_new_tokens,
                             const std::vector<int32_t>& stop);
+  // Sampled decoding for the following generate() calls (temperature 0: greedy again); reseeds the draws.
+  void set_sampling(const SamplingSpec& s);
   // The target alone, greedy, one token per forward: what generate() must reproduce.
   std::vector<int32_t> greedy(const std::vector<int32_t>& prompt, int max_new_tokens,
                               const std::vector<int32_t>& stop);
@@ -59,6 +78,12 @@ class SpecDecoder {
   // The drafter's B-1 guesses for the block anchored at x.size()-1, from the target features of the
   // positions before it (of the last target_forward over seq_len tokens).
   void draft(const std::vector<int32_t>& x, int64_t seq_len, std::vector<int32_t>& out);
+  // At temperature > 0: the drafter's draws and their draft distributions, q_rows[j] over q_ids[j] (DFlash: the
+  // whole vocabulary, q_ids empty; DFlash2: the K candidates).
+  void draft_sampled(const std::vector<int32_t>& x, int64_t seq_len, std::vector<int32_t>& out);
+  int32_t draw(const std::vector<double>& p);
+  // Rows [first, first + count) of the target's logits of the last target_forward into host_logits_.
+  void target_logits(int64_t first, int count);
 
   TargetModel& target_;
   DrafterTrainer& drafter_;
@@ -69,6 +94,11 @@ class SpecDecoder {
   Buffer tgt_features_, tgt_final_norm_, drf_features_, logits_;
   std::vector<float> host_logits_;
   PackedBatch batch_;
+  SamplingSpec sampling_;
+  Rng rng_;
+  Buffer draft_logits_;                        // [B-1, V] (DFlash at T > 0)
+  std::vector<std::vector<double>> q_rows_;   // per draft row: its draft distribution
+  std::vector<int32_t> q_ids_;                // DFlash2: [B-1, K] the candidates q_rows_ are over
 };
 
 }  // namespace dflash

@@ -439,6 +439,28 @@ std::vector<int32_t> DrafterTrainer::draft_block(const FeatureBatch& fb, int64_t
   return out;
 }
 
+std::vector<int32_t> DrafterTrainer::draft_block_sampled(const FeatureBatch& fb, int64_t anchor, float temperature,
+                                                         const std::function<double()>& uniform, std::vector<float>& q,
+                                                         std::vector<int32_t>& cand) {
+  Impl& s = *impl_;
+  DF_CHECK(s.cfg.arch == DraftArch::DFlash2 && temperature > 0.f, Internal,
+           "draft_block_sampled: a DFlash2 drafter at a positive temperature");
+  draft_block(fb, anchor);  // the forward; eval_topk_* and eval_u are this block's
+  const int64_t K = s.cfg.d2.selector_top_k, rank = s.cfg.d2.selector_rank, n = s.cfg.block_size - 1;
+  std::vector<int32_t> out(static_cast<size_t>(n));
+  q.assign(static_cast<size_t>(n * K), 0.f);
+  cand = s.eval_topk_ids;
+  const DrafterViews w = bind_drafter_views(s.cfg, s.engine->master_weights().ptr<float>());
+  int32_t anchor_token = fb.batch->tokens[static_cast<size_t>(anchor)];
+  ops::selector_walk(cpu_ctx(), cpu_view(out.data(), {1, n}), cpu_view(q.data(), {1, n, K}),
+                     cpu_view(cand.data(), {1, n, K}), cpu_view(s.eval_topk_vals.data(), {1, n, K}),
+                     cpu_view(s.eval_u.data(), {1, n, rank}), cpu_view(&anchor_token, {1}), w.sel_pred_codebook,
+                     w.sel_succ_codebook, temperature, uniform);
+  return out;
+}
+
+Tensor DrafterTrainer::draft_hidden() { return impl_->engine->last_hidden(); }
+
 Tensor DrafterTrainer::grads() { return impl_->engine->grads(); }
 
 void DrafterTrainer::scale_grads(float s) { impl_->engine->scale_grads(s); }

@@ -90,6 +90,8 @@ class TrainerEngine {
   virtual double optimizer_step(const ops::AdamWHyper& hyper, int64_t step, float clip) = 0;
   // Host F32 [P] views of the master weights and AdamW moments: the live buffers on the CPU, mirrors
   // refreshed from the device on each call on CUDA. After writing them, state_loaded() makes them current.
+  // The final-normed hidden states [N*B, H] of the last forward (the engine's device and activation dtype).
+  virtual Tensor last_hidden() = 0;
   virtual Tensor master_weights() = 0;
   virtual Tensor adam_m() = 0;
   virtual Tensor adam_v() = 0;

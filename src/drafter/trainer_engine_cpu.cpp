@@ -91,6 +91,7 @@ class CpuEngine final : public TrainerEngine {
     in_.features = fb.features;
     in_.noise_std = b.noise_std;
     Tensor hf = net_->forward(w_, embed_.t(), in_, b.noise_rng);
+    hidden_ = hf;
     gather_rows(h_rows_.ptr<float>(), hf.ptr<float>(), rows.block_row, H);
     if (have_teacher) gather_rows(t_rows_.ptr<float>(), fb.final_norm.ptr<float>(), rows.teacher_at, H);
     std::memcpy(labels_.ptr<int32_t>(), rows.label.data(), sizeof(int32_t) * static_cast<size_t>(R));
@@ -174,6 +175,7 @@ class CpuEngine final : public TrainerEngine {
     return norm;
   }
 
+  Tensor last_hidden() override { return hidden_; }
   Tensor master_weights() override { return params_.t(); }
   Tensor adam_m() override { return m_.t(); }
   Tensor adam_v() override { return v_.t(); }
@@ -247,6 +249,7 @@ class CpuEngine final : public TrainerEngine {
   DrafterViews w_, g_;
   std::unique_ptr<DrafterNet> net_;
   DrafterStepInput in_;
+  Tensor hidden_;  // the last forward's final-normed hidden states (the net's buffer)
   // loss buffers [max_rows, ...]
   Buffer h_rows_, t_rows_, dh_rows_, labels_, row_w_, ce_, kl_, am_q_, am_p_, workspace_;
   // DFlash2

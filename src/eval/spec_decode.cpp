@@ -3,6 +3,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
+#include <numeric>
 
 #include "dflash/backend.h"
 #include "dflash/error.h"
@@ -81,12 +83,16 @@ void SpecDecoder::target_forward(const std::vector<int32_t>& seq) {
   target_.forward(batch_, out);
 }
 
-void SpecDecoder::target_argmax(int64_t first, int count, std::vector<int32_t>& out) {
-  DF_CHECK(count >= 1 && count <= block_, Internal, "argmax over " << count << " rows");
+void SpecDecoder::target_logits(int64_t first, int count) {
+  DF_CHECK(count >= 1 && count <= block_, Internal, "logits of " << count << " rows");
   const Tensor fn = leading_view(tgt_final_norm_, {max_tokens_, hidden_}).slice_rows(first, first + count);
   const Tensor lg = leading_view(logits_, {count, vocab_});
   target_.lm_head_forward(lg, fn);
   copy_tensor(ctx_, cpu_view(host_logits_.data(), {count, vocab_}), lg);  // complete on return
+}
+
+void SpecDecoder::target_argmax(int64_t first, int count, std::vector<int32_t>& out) {
+  target_logits(first, count);
   out.resize(static_cast<size_t>(count));
   for (int r = 0; r < count; ++r) {
     const float* row = host_logits_.data() + static_cast<size_t>(r) * static_cast<size_t>(vocab_);
@@ -128,26 +134,74 @@ SpecDecodeResult SpecDecoder::generate(const std::vector<int32_t>& prompt, int m
   // Prefill: the prompt's features and the target's first token.
   target_forward(x);
   int64_t seq_len = m;
-  target_argmax(m - 1, 1, posterior);
-  x.push_back(posterior[0]);
-  bool stopped = is_stop(posterior[0], stop);
+  const bool sampled = sampling_.temperature > 0.f;
+  std::vector<double> p;
+  auto target_probs = [&](int row) {  // sampling_probs of target logits row `row` of the last target_logits
+    sampling_probs(host_logits_.data() + static_cast<size_t>(row) * static_cast<size_t>(vocab_), vocab_, sampling_, p);
+  };
+  int32_t first;
+  if (sampled) {
+    target_logits(m - 1, 1);
+    target_probs(0);
+    first = draw(p);
+  } else {
+    target_argmax(m - 1, 1, posterior);
+    first = posterior[0];
+  }
+  x.push_back(first);
+  bool stopped = is_stop(first, stop);
   const int B = block_;
   while (!stopped && static_cast<int64_t>(x.size()) - 1 < m + max_new_tokens) {
     const int64_t n = static_cast<int64_t>(x.size()) - 1;
-    draft(x, seq_len, drafts);
+    if (sampled) draft_sampled(x, seq_len, drafts);
+    else draft(x, seq_len, drafts);
     std::vector<int32_t> verify = x;
     verify.insert(verify.end(), drafts.begin(), drafts.end());
     target_forward(verify);
     seq_len = n + B;
-    target_argmax(n, B, posterior);
-    const int a = accepted_prefix(drafts.data(), posterior.data(), B - 1);
+    int a = 0;
+    int32_t bonus = 0;
+    if (!sampled) {
+      target_argmax(n, B, posterior);
+      a = accepted_prefix(drafts.data(), posterior.data(), B - 1);
+      bonus = posterior[a];
+    } else {
+      target_logits(n, B);
+      // the draft probability of token d at row j: q over the vocabulary (DFlash) or over the candidates
+      auto q_of = [&](int j, int32_t d) {
+        if (q_ids_.empty()) return q_rows_[j][static_cast<size_t>(d)];
+        const size_t K = q_rows_[j].size();
+        double q = 0;
+        for (size_t i = 0; i < K; ++i) q += q_ids_[j * K + i] == d ? q_rows_[j][i] : 0.0;
+        return q;
+      };
+      for (; a < B - 1; ++a) {  // accept while u q(d) < p(d)
+        target_probs(a);
+        if (!(rng_.uniform() * q_of(a, drafts[a]) < p[static_cast<size_t>(drafts[a])])) break;
+      }
+      target_probs(a);  // row a: the bonus's distribution (all accepted: the last row, p itself)
+      if (a < B - 1) {  // the residual max(0, p - q), renormalised; p itself where it is all zero
+        std::vector<double> r = p;
+        if (q_ids_.empty()) {
+          for (size_t v = 0; v < r.size(); ++v) r[v] -= q_rows_[a][v];
+        } else {
+          const size_t K = q_rows_[a].size();
+          for (size_t i = 0; i < K; ++i) r[static_cast<size_t>(q_ids_[a * K + i])] -= q_rows_[a][i];
+        }
+        double total = 0;
+        for (double& v : r) total += v = std::max(v, 0.0);
+        bonus = draw(total > 0 ? r : p);
+      } else {
+        bonus = draw(p);
+      }
+    }
     for (int j = 0; j < a && !stopped; ++j) {
       x.push_back(drafts[j]);
       stopped = is_stop(drafts[j], stop);
     }
     if (!stopped) {
-      x.push_back(posterior[a]);
-      stopped = is_stop(posterior[a], stop);
+      x.push_back(bonus);
+      stopped = is_stop(bonus, stop);
     }
     res.acceptance.push_back(a + 1);
   }
@@ -175,6 +229,104 @@ std::vector<int32_t> SpecDecoder::greedy(const std::vector<int32_t>& prompt, int
     if (is_stop(next[0], stop)) break;
   }
   return std::vector<int32_t>(x.begin() + m, x.end());
+}
+
+void sampling_probs(const float* logits, int64_t V, const SamplingSpec& s, std::vector<double>& probs) {
+  DF_CHECK(s.temperature > 0.f && s.top_p > 0.f && s.top_p <= 1.f && s.top_k >= 0, Internal,
+           "sampling_probs: temperature " << s.temperature << ", top_p " << s.top_p << ", top_k " << s.top_k);
+  std::vector<int32_t> ids(static_cast<size_t>(V));
+  std::iota(ids.begin(), ids.end(), 0);
+  int64_t n = V;
+  if (s.top_k > 0 && s.top_k < V) {  // torch.topk: the k largest (ties by the lower id here)
+    n = s.top_k;
+    std::partial_sort(ids.begin(), ids.begin() + n, ids.end(),
+                      [&](int32_t a, int32_t b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); });
+    ids.resize(static_cast<size_t>(n));
+  }
+  double m = -1e300;
+  for (int32_t i : ids) m = std::max(m, static_cast<double>(logits[i]) / s.temperature);
+  std::vector<double> p(static_cast<size_t>(n));
+  double z = 0;
+  for (int64_t i = 0; i < n; ++i) z += p[i] = std::exp(static_cast<double>(logits[ids[i]]) / s.temperature - m);
+  for (double& x : p) x /= z;
+  if (s.top_p < 1.f) {  // keep entries whose preceding mass (descending order) is < top_p
+    std::vector<int64_t> order(static_cast<size_t>(n));
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return p[a] > p[b]; });
+    double before = 0, kept = 0;
+    std::vector<double> q(static_cast<size_t>(n), 0.0);
+    for (int64_t o : order) {
+      if (before < s.top_p) {
+        q[o] = p[o];
+        kept += p[o];
+      }
+      before += p[o];
+    }
+    for (int64_t i = 0; i < n; ++i) p[i] = q[i] / kept;
+  }
+  probs.assign(static_cast<size_t>(V), 0.0);
+  for (int64_t i = 0; i < n; ++i) probs[ids[i]] = p[i];
+}
+
+void SpecDecoder::set_sampling(const SamplingSpec& s) {
+  sampling_ = s;
+  rng_ = Rng(s.seed);
+  if (s.temperature > 0.f && drafter_.config().arch == DraftArch::DFlash && draft_logits_.t().empty())
+    draft_logits_ = Buffer(ctx_.device, target_.activation_dtype(), {block_, vocab_});
+}
+
+int32_t SpecDecoder::draw(const std::vector<double>& p) {  // inverse CDF in id order (torch.multinomial's law)
+  double total = 0;
+  for (double x : p) total += x;
+  const double u = rng_.uniform() * total;
+  double acc = 0;
+  int32_t last = 0;
+  for (size_t i = 0; i < p.size(); ++i) {
+    if (p[i] <= 0) continue;
+    last = static_cast<int32_t>(i);
+    if ((acc += p[i]) > u) return last;
+  }
+  return last;
+}
+
+void SpecDecoder::draft_sampled(const std::vector<int32_t>& x, int64_t seq_len, std::vector<int32_t>& out) {
+  const int n = block_ - 1;
+  q_rows_.assign(static_cast<size_t>(n), {});
+  if (drafter_.config().arch == DraftArch::DFlash2) {
+    // the selector's sampled walk: q over the candidates (temperature only, as the official propose)
+    std::vector<int32_t> greedy;
+    draft(x, seq_len, greedy);  // builds the block and runs the forward (the walk below reuses it)
+    std::vector<float> q;
+    const int64_t anchor = static_cast<int64_t>(x.size()) - 1;
+    FeatureBatch fb;
+    fb.batch = &batch_;
+    fb.features = leading_view(drf_features_, {k_, anchor + block_, hidden_});
+    out = drafter_.draft_block_sampled(fb, anchor, sampling_.temperature, [this] { return rng_.uniform(); }, q, q_ids_);
+    const size_t K = q.size() / static_cast<size_t>(n);
+    for (int j = 0; j < n; ++j) q_rows_[j].assign(q.begin() + j * K, q.begin() + (j + 1) * K);
+    return;
+  }
+  // DFlash: the drafter's logits = the target's lm_head over its hidden rows 1..B-1, compute_logits' transform,
+  // then sampling_probs with the same top-p / top-k, one draw a row
+  std::vector<int32_t> greedy;
+  draft(x, seq_len, greedy);
+  const Tensor h = drafter_.draft_hidden().slice_rows(1, block_);
+  const Tensor lg = leading_view(draft_logits_, {n, vocab_});
+  target_.lm_head_forward(lg, h);
+  std::vector<float> host(static_cast<size_t>(n * vocab_));
+  copy_tensor(ctx_, cpu_view(host.data(), {n, vocab_}), lg);
+  const DrafterConfig& dc = drafter_.config();
+  out.resize(static_cast<size_t>(n));
+  for (int j = 0; j < n; ++j) {
+    float* row = host.data() + static_cast<size_t>(j) * vocab_;
+    for (int64_t v = 0; v < vocab_; ++v) {
+      const float z = dc.output_multiplier * row[v];
+      row[v] = dc.final_logit_softcapping > 0 ? dc.final_logit_softcapping * std::tanh(z / dc.final_logit_softcapping) : z;
+    }
+    sampling_probs(row, vocab_, sampling_, q_rows_[j]);
+    out[j] = draw(q_rows_[j]);
+  }
+  q_ids_.clear();
 }
 
 }  // namespace dflash

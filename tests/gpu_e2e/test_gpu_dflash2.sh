@@ -32,4 +32,13 @@ PYEOF
   --max-prompts 4 --max-new-tokens 24 --backend cuda --check-greedy >"$WORK/eval.log" 2>&1 ||
   { tail -20 "$WORK/eval.log"; fail "dflash-eval on the DFlash2 export (CUDA)"; }
 grep "tau" "$WORK/eval.log" | head -2
+# Sampled decoding on CUDA (the official rejection sampling): the DFlash2 export (the selector's sampled walk)
+# and an untrained DFlash drafter (its logits through the target's lm_head) run to the end.
+for d in "--drafter $WORK/gpu/drafter" "--fresh-drafter"; do
+  "$DFLASH_BIN/dflash-eval" --target "$(tiny_dir)/target" $d --prompts "$(tiny_dir)/data.h5" --max-prompts 4 \
+    --max-new-tokens 24 --backend cuda --temperature 0.8 --top-k 20 --seed 5 >"$WORK/eval_t.log" 2>&1 ||
+    { tail -20 "$WORK/eval_t.log"; fail "dflash-eval --temperature 0.8 ($d, CUDA)"; }
+  grep -q "# sampling temperature 0.8" "$WORK/eval_t.log" || fail "the sampled run does not say so"
+  grep "^tau" "$WORK/eval_t.log"
+done
 echo "PASS"

@@ -88,6 +88,7 @@ class CudaEngine final : public TrainerEngine {
     return step_.optimizer_step(hyper, step, clip);
   }
 
+  Tensor last_hidden() override { return step_.hidden(); }
   Tensor master_weights() override { return download(step_.params(), params_h_); }
   Tensor adam_m() override { return download(step_.adam_m(), m_h_); }
   Tensor adam_v() override { return download(step_.adam_v(), v_h_); }
