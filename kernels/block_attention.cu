@@ -39,6 +39,7 @@ constexpr int kMaxBlock = 64;
 struct Geometry {
   int64_t N, B, nh, nkv, G, hd, T, QD, KVD;
   int window;
+  bool full_block;
   float scale;
 };
 
@@ -138,6 +139,7 @@ struct KernelArgs {
   int64_t n0, k0, Tk, Rc;
   int64_t ld;  // row stride of S and P: Tk rounded up to 32 (aligned rows keep cuBLAS on its vector paths)
   int B, nh, nkv, hd, window;
+  bool full_block;  // sliding layers: the whole block visible (BlockAttnSpec::full_block)
   float scale;
   const int32_t* anchors;    // [N] global
   const int32_t* seq_begin;  // [N] global
@@ -154,7 +156,7 @@ __device__ __forceinline__ void row_visibility(const KernelArgs& p, int64_t r, i
   if (p.window > 0) {
     const int64_t wlo = a + o - (p.window - 1);
     lo = s0 > wlo ? s0 : wlo;
-    blk_hi = o + 1;
+    blk_hi = p.full_block ? p.B : o + 1;
   }
   if (lo > hi) lo = hi;
   jlo = lo - p.k0;
@@ -283,7 +285,7 @@ __global__ void __launch_bounds__(kRowThreads) block_keys_backward_kernel(
   for (int idx = threadIdx.x; idx < GB * B; idx += blockDim.x) {
     const int i = idx / B, b = idx % B, o = i / G;
     float P = 0.f, dS = 0.f;
-    if (p.window <= 0 || b <= o) {
+    if (p.window <= 0 || p.full_block || b <= o) {
       float s = 0.f, dp = 0.f;
       for (int d = 0; d < hd; ++d) {
         s += __bfloat162float(qs[i * ld + d]) * __bfloat162float(ks[b * ld + d]);
@@ -373,6 +375,7 @@ Geometry geometry_of(const Tensor& q, const Tensor& k_ctx, const Tensor& anchors
   g.QD = g.nh * g.hd;
   g.KVD = g.nkv * g.hd;
   g.window = spec.window;
+  g.full_block = spec.full_block;
   g.scale = spec.scale;
   DF_CHECK(g.B <= kMaxBlock, Internal, "block attention (CUDA): block size " << g.B << " > " << kMaxBlock);
   return g;
@@ -406,6 +409,7 @@ KernelArgs kernel_args(const Geometry& g, const Chunk& c, const Tensor& anchors,
   p.nkv = static_cast<int>(g.nkv);
   p.hd = static_cast<int>(g.hd);
   p.window = g.window;
+  p.full_block = g.full_block;
   p.scale = g.scale;
   p.anchors = static_cast<const int32_t*>(anchors.data);
   p.seq_begin = static_cast<const int32_t*>(seq_begin.data);

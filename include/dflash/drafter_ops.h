@@ -26,6 +26,9 @@ struct BlockAttnSpec {
   int block_size = 16;  // B
   int window = 0;       // sliding window W; 0 = full attention
   float scale = 1.0f;   // usually head_dim^-0.5
+  // Sliding layers only: every query row sees its whole block (a DFlash2 release's is_causal: false; the
+  // window then bounds the context alone). false = the block is causal in sliding layers (DFlash's rule).
+  bool full_block = false;
 };
 // The spec of drafter layer `layer`: the config's block size, head_dim^-0.5, and its sliding window when
 // layer_types names that layer "sliding_attention". One rule for the CPU net and the CUDA step (both

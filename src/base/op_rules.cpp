@@ -11,7 +11,10 @@ BlockAttnSpec drafter_attn_spec(const DrafterConfig& c, size_t layer) {
   s.block_size = c.block_size;
   s.scale = 1.0f / std::sqrt(static_cast<float>(c.layers.head_dim));
   const auto& types = c.layers.layer_types;
-  if (layer < types.size() && types[layer] == "sliding_attention") s.window = c.layers.sliding_window;
+  if (layer < types.size() && types[layer] == "sliding_attention") {
+    s.window = c.layers.sliding_window;
+    s.full_block = c.is_causal == 0;  // config.json's is_causal: false (docs/dflash2.md 2.6)
+  }
   return s;
 }
 

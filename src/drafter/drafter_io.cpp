@@ -63,9 +63,9 @@ DrafterConfig fresh_drafter_config(const Qwen3Config& target, int num_layers, co
   d.final_logit_softcapping = opt.logit_softcap;
   if (d.arch == DraftArch::DFlash2) {
     d.d2 = opt.d2;
-    // The releases say is_causal false, which with full-attention layers is DFlash's block rule; with sliding
-    // layers the key stays absent (their blocks causal, as this build's block attention runs them).
-    d.is_causal = any_sliding ? -1 : 0;
+    // The releases say is_causal false: every row sees its whole block, in sliding layers too (the window then
+    // bounds the context only: BlockAttnSpec::full_block).
+    d.is_causal = 0;
     DF_CHECK_HINT(target.hidden_size % d.d2.conv_group_size == 0, BadOptions,
                   "--conv-group-size " << d.d2.conv_group_size << " does not divide the target's hidden size "
                                        << target.hidden_size,

@@ -526,17 +526,14 @@ void check_drafter_fits_target(const DrafterConfig& d, const Qwen3Config& t) {
                                          << t.vocab_size << ")",
                 "the mask token is an unused id inside the target's vocabulary (Qwen3: 151669)");
   DF_CHECK_HINT(!d.target_layer_ids.empty(), BadInput, "drafter has no target_layer_ids", hint);
-  // is_causal (docs/dflash2.md 2.6): this build's block attention makes sliding layers causal within the
-  // block and full layers not, which is what an absent is_causal means; the other combinations are refused.
-  for (size_t l = 0; l < d.layers.layer_types.size() && d.is_causal >= 0; ++l) {
-    const bool sliding = d.layers.layer_types[l] == "sliding_attention";
-    DF_CHECK_HINT(sliding == (d.is_causal == 1), BadInput,
-                  "drafter config: is_causal " << (d.is_causal == 1 ? "true" : "false") << " with a "
-                                               << d.layers.layer_types[l] << " layer " << l
-                                               << " is not supported by this build's block attention",
-                  "supported: is_causal absent, or false with full_attention layers only, or true with "
-                  "sliding_attention layers only");
-  }
+  // is_causal (docs/dflash2.md 2.6): absent = sliding layers causal within the block, full layers not; false =
+  // every layer sees its whole block (BlockAttnSpec::full_block for the sliding ones); true would make full
+  // layers causal within the block, which this build's block attention does not do: refused.
+  for (size_t l = 0; l < d.layers.layer_types.size() && d.is_causal == 1; ++l)
+    DF_CHECK_HINT(d.layers.layer_types[l] == "sliding_attention", BadInput,
+                  "drafter config: is_causal true with a " << d.layers.layer_types[l] << " layer " << l
+                                                           << " is not supported by this build's block attention",
+                  "supported: is_causal absent or false, or true with sliding_attention layers only");
   if (d.arch == DraftArch::DFlash2) {
     const DFlash2Shape& s = d.d2;
     DF_CHECK_HINT(d.layers.hidden_size % s.conv_group_size == 0, BadInput,

@@ -96,10 +96,10 @@ DF_ATTN_INLINE BlockKeys block_keys(int64_t a, int64_t s0, int64_t B, int window
   return k;
 }
 // Whether query row offset o sees key j of the block's key list (sliding windows only restrict).
-DF_ATTN_INLINE bool key_visible(int64_t j, int64_t o, const BlockKeys& bk, int64_t a, int window) {
+DF_ATTN_INLINE bool key_visible(int64_t j, int64_t o, const BlockKeys& bk, int64_t a, int window, bool full_block) {
   if (window <= 0) return true;
   if (j < bk.nctx) return bk.ctx_lo + j >= a + o - (window - 1);
-  return j - bk.nctx <= o;
+  return full_block || j - bk.nctx <= o;
 }
 
 struct Scratch {
@@ -203,7 +203,7 @@ DF_ATTN_INLINE void block_scores(const Geometry& geo, int64_t n, int64_t kvh, co
     dot_columns(s + j * M, kp, sc.qt.data(), hd, M, spec.scale);
     if (spec.window > 0)
       for (int64_t m = 0; m < M; ++m)
-        if (!key_visible(j, m / geo.group, bk, a, spec.window)) s[j * M + m] = -std::numeric_limits<float>::infinity();
+        if (!key_visible(j, m / geo.group, bk, a, spec.window, spec.full_block)) s[j * M + m] = -std::numeric_limits<float>::infinity();
   }
 }
 

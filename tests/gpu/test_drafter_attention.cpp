@@ -29,6 +29,7 @@ struct AttnCase {
   int64_t score_budget;  // 0 = default (one chunk here)
   std::vector<int32_t> lens = {70, 45, 91};
   int per_seq = 4;
+  bool full_block = false;  // sliding layers: the whole block visible (BlockAttnSpec::full_block)
 };
 
 // Packed sequences of the given lengths with `per_seq` sorted anchors each (anchor + 1 inside the sequence).
@@ -67,6 +68,7 @@ void run_case(const AttnCase& c, uint32_t seed, cuda::BlockAttentionImpl impl) {
   ops::BlockAttnSpec spec;
   spec.block_size = static_cast<int>(c.B);
   spec.window = c.window;
+  spec.full_block = c.full_block;
   spec.scale = 1.0f / std::sqrt(static_cast<float>(hd));
 
   // CPU twin
@@ -207,5 +209,20 @@ TEST(GpuDrafterAttention, TinyHeadDim16) {  // the golden case's drafter heads (
   run_both({4, 2, 32, 4, 7, 0}, 32);
 }
 
+}  // namespace
+namespace {
+// A sliding window with the whole block visible (a DFlash2 release's is_causal: false) on both CUDA paths:
+// the chunked one (head dim 64) and the fused ones (head dims 128 and 256), against the CPU twin.
+TEST(GpuDrafterAttention, SlidingWindowFullBlock) {
+  SKIP_WITHOUT_GPU();
+  const std::vector<AttnCase> cases = {{4, 2, 64, 8, 20, 0}, {8, 2, 128, 16, 100, 0}, {12, 2, 256, 8, 40, 0}};
+  uint32_t seed = 70;
+  for (AttnCase c : cases) {
+    c.full_block = true;
+    c.lens = {300, 170, 260};
+    c.per_seq = 20;
+    run_both(c, seed++);
+  }
+}
 }  // namespace
 }  // namespace dflash

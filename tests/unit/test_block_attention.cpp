@@ -19,6 +19,7 @@ struct Case {
   std::vector<int32_t> cu;       // sequence boundaries
   std::vector<int32_t> anchors;  // global
   int B, nh, nkv, hd, window;
+  bool full_block = false;  // sliding layers: the whole block visible (a DFlash2 release's is_causal: false)
 };
 
 struct Inputs {
@@ -53,7 +54,7 @@ std::vector<double> reference(const Case& c, const Inputs& in) {
           v = &in.vc[(kv * c.nkv + kvh) * hd];
         } else {
           const int64_t m = (kv - T) / B, b = (kv - T) % B;
-          vis = m == n && (c.window == 0 || b <= o);
+          vis = m == n && (c.window == 0 || c.full_block || b <= o);
           k = &in.kb[((kv - T) * c.nkv + kvh) * hd];
           v = &in.vb[((kv - T) * c.nkv + kvh) * hd];
         }
@@ -109,6 +110,7 @@ void run_case(const Case& c, uint32_t seed) {
   BlockAttnSpec spec;
   spec.block_size = c.B;
   spec.window = c.window;
+  spec.full_block = c.full_block;
   spec.scale = 1.0f / std::sqrt(static_cast<float>(c.hd));
   auto q3 = [&](std::vector<float>& v, int64_t rows, int64_t heads) { return cpu_view(v.data(), {rows, heads, c.hd}); };
   const auto an = cpu_view(c.anchors.data(), {N});
@@ -193,6 +195,11 @@ TEST(BlockAttention, FullAttentionGqa2) { run_case(base_case(4, 2, 0), 2); }
 TEST(BlockAttention, FullAttentionGqa3) { run_case(base_case(6, 2, 0), 3); }
 TEST(BlockAttention, SlidingWindowGqa2) { run_case(base_case(4, 2, 3), 4); }
 TEST(BlockAttention, SlidingWindowGqa3Wide) { run_case(base_case(3, 1, 6), 5); }
+TEST(BlockAttention, SlidingWindowFullBlockGqa2) {  // is_causal false: the window bounds the context only
+  Case c = base_case(4, 2, 3);
+  c.full_block = true;
+  run_case(c, 6);
+}
 
 TEST(BlockAttention, BlocksSeeOnlyTheirOwnSequenceAndBlock) {
   // Changing another sequence's context or another block's keys must not change a block's output.

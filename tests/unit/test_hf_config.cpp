@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "dflash/error.h"
+#include "dflash/drafter_ops.h"
 #include "dflash/hf_config.h"
 
 using namespace dflash;
@@ -406,9 +407,16 @@ TEST(HfConfig, DFlash2ReleaseConfigRoundTrips) {
   bad.d2.conv_group_size = 24;
   EXPECT_DEATH(dflash::check_drafter_fits_target(bad, t), "conv_group_size 24 does not divide hidden_size 64");
   bad = d;
-  bad.layers.layer_types[0] = "sliding_attention";
-  bad.layers.sliding_window = 16;
-  EXPECT_DEATH(dflash::check_drafter_fits_target(bad, t), "is_causal false with a sliding_attention layer 0");
+  bad.is_causal = 1;  // full layers causal within the block: not offered
+  EXPECT_DEATH(dflash::check_drafter_fits_target(bad, t), "is_causal true with a full_attention layer 0");
+  dflash::DrafterConfig sliding = d;  // the release's combination: sliding layers, is_causal false
+  sliding.layers.layer_types[0] = "sliding_attention";
+  sliding.layers.sliding_window = 16;
+  dflash::check_drafter_fits_target(sliding, t);
+  EXPECT_TRUE(dflash::ops::drafter_attn_spec(sliding, 0).full_block);
+  EXPECT_FALSE(dflash::ops::drafter_attn_spec(sliding, 1).full_block);  // a full layer: the window is 0 anyway
+  sliding.is_causal = -1;
+  EXPECT_FALSE(dflash::ops::drafter_attn_spec(sliding, 0).full_block);
 }
 
 }  // namespace
