@@ -2,6 +2,8 @@
 
 import json
 import os
+import shlex
+from datetime import datetime, timezone
 
 import numpy as np
 
@@ -25,21 +27,22 @@ def _pct(values, q):
 
 
 def steady_window(run):
-    """Rows of /ranks in the steady window and its time span.
-
-    Interval 0 holds the start-up (model loading, first batches), so it is left out when later ones exist.
-    After a resume the interval numbers start again at 0: only the last segment is used.
-    """
-    iv = run.ranks.get("interval", np.zeros(0, dtype=np.int64))
-    t = run.ranks.get("time_s", np.zeros(0))
-    if len(iv) == 0:
+    """Rows of /ranks in the steady window of the segment the report measures (the last, load.Run.report_rows)
+    and its time span."""
+    if len(run.ranks.get("interval", [])) == 0:
         raise ReportError(f"{run.path}: /ranks is empty: the run wrote no report interval yet "
                           "(it needs --log-every steps; look again later)")
-    seg_start = 0
-    for i in range(1, len(iv)):
-        if iv[i] < iv[i - 1]:
-            seg_start = i
-    rows = np.arange(seg_start, len(iv))
+    return segment_window(run, run.report_rows)
+
+
+def segment_window(run, rows):
+    """The steady window of one segment's /ranks rows: (rows in it, start s, end s, a note).
+
+    Interval 0 holds the start-up (model loading, first batches), so it is left out when later ones exist.
+    Times are on the segment's own clock (seconds since its job started)."""
+    iv = run.ranks["interval"]
+    t = run.ranks["time_s"]
+    rows = np.asarray(rows, dtype=np.int64)
     ivs = sorted(set(int(x) for x in iv[rows]))
     end_of = {k: float(t[rows][iv[rows] == k].max()) for k in ivs}
     if len(ivs) >= 2:
@@ -52,6 +55,53 @@ def steady_window(run):
         note = "the only interval, start-up included (observed rates read low)"
     sel = rows[iv[rows] >= first]
     return sel, start_s, end_of[ivs[-1]], note
+
+
+def clock_segments(t):
+    """Segment index of each sample of a time_s series: its clock restarts at each job start."""
+    t = np.asarray(t, dtype=float)
+    if len(t) == 0:
+        return np.zeros(0, dtype=np.int64)
+    return np.concatenate([[0], np.cumsum(t[1:] < t[:-1])]).astype(np.int64)
+
+
+def _last_segment_samples(times, start_s, end_s):
+    """Samples of /queues or /gpus (which say nothing of their segment) in the measured window: those after
+    the series' clock last restarted (its latest segment) and within start_s..end_s; all of the latest
+    segment's when none is in the window."""
+    times = np.asarray(times, dtype=float)
+    seg = clock_segments(times)
+    last = seg == seg.max() if len(seg) else np.zeros(0, dtype=bool)
+    m = last & (times > start_s) & (times <= end_s)
+    return m if m.any() else last
+
+
+def segment_steps(run, k):
+    """Which /steps rows segment k trained (a bool mask). With /segments: the steps after its first_step up
+    to the first_step of any later segment (a resume drops the rows after its checkpoint and writes them
+    again); without: the steps after /steps/time_s last restarted (the last segment)."""
+    st = run.steps
+    step = np.asarray(st.get("step", np.zeros(0)), dtype=np.int64)
+    table = run.segments or []
+    t = st.get("time_s")
+    if table and k < 0:  # the rows before the table (load.Run.pre_segments): the last of them
+        m = step <= table[0]["first_step"]
+        if t is not None and len(t) == len(step) and m.any():
+            idx = np.flatnonzero(m)
+            clock = clock_segments(np.asarray(t)[idx])
+            m = np.zeros(len(step), dtype=bool)
+            m[idx[clock == clock.max()]] = True
+        return m
+    if table and k < len(table):
+        later = [row["first_step"] for row in table[k + 1:]]
+        m = step > table[k]["first_step"]
+        if later:
+            m &= step <= min(later)
+        return m
+    if t is not None and len(t) == len(step):
+        seg = clock_segments(t)
+        return seg == seg.max() if len(seg) else np.zeros(0, dtype=bool)
+    return np.ones(len(step), dtype=bool)
 
 
 def _role_rows(run, sel, role):
@@ -84,17 +134,12 @@ def service_stats(run, sel, role):
     return out
 
 
-def _in_window(times, start_s, end_s):
-    m = (times > start_s) & (times <= end_s)
-    return m if m.any() else np.ones_like(times, dtype=bool)
-
-
 def queue_pressure(run, start_s, end_s):
     q = run.queues
     out = {"samples": 0}
     if "time_s" not in q or len(q["time_s"]) == 0:
         return out
-    m = _in_window(q["time_s"], start_s, end_s)
+    m = _last_segment_samples(q["time_s"], start_s, end_s)
     qhs, qpre = q["q_hs"][m], q["q_pre"][m]
     depth = run.option("hs-queue-depth", None, int) or (int(qhs.max()) if qhs.size else None)
     out.update(samples=int(m.sum()), hs_depth=depth,
@@ -128,7 +173,7 @@ def power_stats(run, start_s, end_s, idle_power_w=None):
         out.update(target_w=None, drafter_w=None, idle_w=None, total_w=None, idle_source=None)
         return out
     p = run.gpus["power_w"]
-    m = _in_window(run.gpus["time_s"], start_s, end_s)
+    m = _last_segment_samples(run.gpus["time_s"], start_s, end_s)
     col_mean = p[m].mean(axis=0)
     owners = _gpu_column_ranks(run, p.shape[1])
     by_role = {ROLE_TARGET: [], ROLE_DRAFTER: [], ROLE_IDLE: []}
@@ -213,6 +258,18 @@ def analyse(run, power_budget_w=None, idle_power_w=None, allreduce_gbps=None):
     else:
         tokens_per_batch = float(run.option("token-budget", 0.0) or 0.0)
     tokens_per_step = steps_tokens / len(st["tokens"]) if steps_tokens > 0 else None
+    # The steps of the measured segment (all of them in a file without segments and no resume).
+    seg_steps = segment_steps(run, run.report_segment)
+    seg_row = run.segment_row(run.report_segment)
+    if seg_row is not None and seg_row["grad_accum"] and "tokens" in st and seg_steps.any():
+        # With the segment table, tokens per batch and per step are the measured segment's own: a step of
+        # another split trains another number of batches (K micro-batches on each of the N x D drafters, whose
+        # tokens /steps/tokens sums).
+        tokens_per_step = float(st["tokens"][seg_steps].sum()) / int(seg_steps.sum())
+        if tokens_per_step > 0:
+            tokens_per_batch = tokens_per_step / (N * D * seg_row["grad_accum"])
+        else:
+            tokens_per_step = None
 
     tgt = service_stats(run, sel, ROLE_TARGET)
     dft = service_stats(run, sel, ROLE_DRAFTER)
@@ -245,8 +302,10 @@ def analyse(run, power_budget_w=None, idle_power_w=None, allreduce_gbps=None):
                           "splits with more drafters are predicted WITHOUT allreduce cost (optimistic)")
 
     observed_bps = dft_batches / span
-    win_steps = _in_window(st["time_s"], start_s, end_s) if len(st.get("time_s", [])) else None
-    if win_steps is not None and steps_tokens > 0:
+    # the measured segment's steps in its window (time_s restarts in every segment)
+    win_steps = (seg_steps & (st["time_s"] > start_s) & (st["time_s"] <= end_s)
+                 if len(st.get("time_s", [])) == len(seg_steps) and len(seg_steps) else None)
+    if win_steps is not None and win_steps.any() and steps_tokens > 0:
         observed_ktok = float(st["tokens"][win_steps].sum()) / span / 1000.0
     else:
         observed_ktok = observed_bps * tokens_per_batch / 1000.0
@@ -287,6 +346,9 @@ def analyse(run, power_budget_w=None, idle_power_w=None, allreduce_gbps=None):
                 "nodes": N, "backend": run.backend, "steps": int(len(st.get("step", []))),
                 "elapsed_s": float(max(end_s, float(st["time_s"].max()) if len(st.get("time_s", [])) else 0.0)),
                 "window_s": [start_s, end_s], "window": window_note,
+                # the segment measured (the /segments row; None in files without the table) and why, when it
+                # is not the last
+                "segment": run.report_segment if run.segments else None, "segment_note": run.segment_note,
                 "tokens_per_batch": tokens_per_batch},
         "observed": {
             "batches_per_s": observed_bps, "ktok_per_s": observed_ktok,
@@ -317,9 +379,175 @@ def analyse(run, power_budget_w=None, idle_power_w=None, allreduce_gbps=None):
         "eval": held_out(run),
         "tau": tau_progress(run),
     }
-    out["anchors"] = anchors.whatif(run, sel, start_s, meas, dft, own)
+    out["anchors"] = anchors.whatif(run, sel, start_s, meas, dft, own, seg_steps)
     out["verdict"] = verdict(out, preds, own, best, best_budget)
+    out["segments"] = segments_table(run)
+    if out["segments"] and len(out["segments"]) > 1:  # elapsed: every segment's own clock, one after the other
+        t = st.get("time_s")
+        ends = []
+        for e in out["segments"]:
+            m = segment_steps(run, e["index"]) if t is not None and e["index"] is not None else None
+            ends.append(max(e["wall_s"] or 0.0, float(t[m].max()) if m is not None and m.any() else 0.0))
+        out["run"]["elapsed_s"] = float(sum(ends))
+    out["switch"] = switch(out, own, best, best_budget)
     return out
+
+
+def _segment_rows(run, k):
+    """/ranks rows of /segments row k: by /ranks/segment; in a file without it, by the interval rule when that
+    finds as many segments as the table has rows, else only the measured segment's."""
+    if run.segment_source == "/ranks/segment":
+        return np.flatnonzero(run.rank_segment == k)
+    found = int(run.rank_segment.max()) + 1 if len(run.rank_segment) else 0
+    if found == len(run.segments or []):
+        return np.flatnonzero(run.rank_segment == k)
+    return run.report_rows if k == run.report_segment else np.zeros(0, dtype=np.int64)
+
+
+def _segment_stats(run, rows, steps_mask):
+    """A segment's wall time, trained b/s, Ktok/s and each role's busy s per batch over its steady window."""
+    r, st = run.ranks, run.steps
+    e = {"report_intervals": 0, "wall_s": None, "window_s": None, "batches_per_s": None, "ktok_per_s": None,
+         "target_s_per_batch": None, "drafter_s_per_batch": None}
+    if not len(rows):
+        return e
+    sel, start_s, end_s, _ = segment_window(run, rows)
+    span = max(end_s - start_s, 1e-9)
+    role = r["role"][sel]
+    e["report_intervals"] = len(set(int(x) for x in r["interval"][rows]))
+    e["wall_s"] = float(r["time_s"][rows].max())
+    e["window_s"] = [start_s, end_s]
+    e["batches_per_s"] = float(r["batches"][sel[role == ROLE_DRAFTER]].sum()) / span
+    for name, code in (("target", ROLE_TARGET), ("drafter", ROLE_DRAFTER)):
+        rr = sel[role == code]
+        e[f"{name}_s_per_batch"] = _ratio(float(r["busy_s"][rr].sum()), float(r["batches"][rr].sum()))
+    if steps_mask is not None and "tokens" in st and len(st.get("time_s", [])) == len(steps_mask):
+        m = steps_mask & (st["time_s"] > start_s) & (st["time_s"] <= end_s)
+        if m.any():
+            e["ktok_per_s"] = float(st["tokens"][m].sum()) / span / 1000.0
+    return e
+
+
+def _pre_table_segments(run, step):
+    """Entries for the segments written before the segment table (rows with /ranks/segment -1: a file of an
+    earlier build resumed by this one). That build could not change the split on a resume: the first was a
+    start, the others resumes on its split, which their ranks' roles give. Their steps: /steps up to the
+    table's first first_step, one group per restart of its clock when there are as many as segments."""
+    pre = run.pre_segments
+    first = run.segment_row(0)
+    upto = step <= first["first_step"] if first is not None else np.zeros(len(step), dtype=bool)
+    t = run.steps.get("time_s")
+    groups = None
+    if t is not None and len(t) == len(step) and upto.any():
+        idx = np.flatnonzero(upto)
+        clock = clock_segments(np.asarray(t)[idx])
+        if int(clock.max()) + 1 == len(pre):
+            groups = [idx[clock == j] for j in range(len(pre))]
+    out = []
+    for j, rows in enumerate(pre):
+        split = run.pre_segment_split(rows)
+        e = {"index": None, "kind": 0 if j == 0 else 1, "kind_name": "start" if j == 0 else "resume",
+             "pre_table": True, "first_step": None, "topology": f"{split[0]}-{split[1]}" if split else "?",
+             "targets_per_node": split[0] if split else None, "drafters_per_node": split[1] if split else None,
+             "nodes": split[2] if split else None, "world_size": int(np.asarray(run.ranks["rank"])[rows].max()) + 1,
+             "grad_accum": None, "unix_time_s": None, "start_utc": None, "from_step": None, "to_step": None,
+             "steps": None}
+        mask = None
+        if groups is not None:
+            g = groups[j]
+            mask = np.zeros(len(step), dtype=bool)
+            mask[g] = True
+            if len(g):
+                e.update(from_step=int(step[g].min()), to_step=int(step[g].max()), steps=int(len(g)))
+            else:
+                e["steps"] = 0
+        e.update(_segment_stats(run, rows, mask))
+        e["measured"] = run.report_segment == -1 and j == len(pre) - 1
+        out.append(e)
+    return out
+
+
+def segments_table(run):
+    """One entry per job start (None in a file without the segment table): the rows written before the
+    table (pre_table), then one per /segments row: what the start was, its split, the steps it covers, its
+    wall time, trained b/s and each role's busy seconds per batch over its steady window (as the observed
+    pipeline and the service rates), and whether the report measures it."""
+    table = run.segments
+    if not table:
+        return None
+    step = np.asarray(run.steps.get("step", np.zeros(0)), dtype=np.int64)
+    last_step = int(step.max()) if len(step) else None
+    out = _pre_table_segments(run, step) if run.pre_segments else []
+    for k in range(max(len(table), run.report_segment + 1)):
+        row = run.segment_row(k) or {  # a segment /ranks names before its /segments row was flushed
+            "index": k, "first_step": None, "kind": None, "kind_name": "?", "nodes": run.nodes,
+            "targets_per_node": run.targets_per_node, "drafters_per_node": run.drafters_per_node,
+            "topology": run.topology, "world_size": None, "grad_accum": None, "unix_time_s": None}
+        e = {key: row[key] for key in ("index", "kind", "kind_name", "first_step", "topology", "targets_per_node",
+                                       "drafters_per_node", "nodes", "world_size", "grad_accum", "unix_time_s")}
+        e["pre_table"] = False
+        e["start_utc"] = (datetime.fromtimestamp(row["unix_time_s"], timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+                          if row["unix_time_s"] is not None else None)
+        later = [x["first_step"] for x in table[k + 1:] if x["first_step"] is not None]
+        first = row["first_step"]
+        to = min(later) if later else last_step
+        e["from_step"] = first + 1 if first is not None else None
+        e["to_step"] = to if first is not None and to is not None and to > first else None
+        e["steps"] = max(0, to - first) if first is not None and to is not None else None
+        e.update(_segment_stats(run, _segment_rows(run, k), segment_steps(run, k) if first is not None else None))
+        e["measured"] = k == run.report_segment
+        out.append(e)
+    return out
+
+
+def switch_steps(metrics_path, to, nodes, nodes_to=None, gpus_per_node=None):
+    """The operator's steps to continue the run on split `to` (docs/checkpoint.md "Changing the split"):
+    (heading, [one line per way the job was started]). RUN is the metrics file's directory, where the launch
+    scripts read next-topology."""
+    run_dir = os.path.dirname(os.path.abspath(metrics_path))
+    nt = shlex.quote(os.path.join(run_dir, "next-topology"))
+    heading = f'To switch to {to} without losing the run (docs/checkpoint.md "Changing the split"):'
+    stop = "-> checkpoint, exit 75;"
+    if nodes_to is None or nodes_to == nodes:
+        return heading, [
+            f"jobs/mpirun/train.sh:  echo {to} > {nt}; kill -USR1 <train.sh pid>   {stop} then run the same "
+            "train.sh command again",
+            f"plain mpirun:          kill -USR1 <mpirun pid>   {stop} then the same command with --topology {to} "
+            "--resume auto",
+            f"Slurm (jobs/slurm):    echo {to} > {nt}; scancel --signal=USR1 --batch JOBID   -> checkpoint, requeue, "
+            f"restart on {to}",
+        ]
+    np_to = f" (-np {nodes_to * gpus_per_node})" if gpus_per_node else ""
+    return heading, [
+        f"jobs/mpirun/train.sh:  echo {to} > {nt}; kill -USR1 <train.sh pid>   {stop} then the same train.sh "
+        f"command on {nodes_to} node(s){np_to}",
+        f"plain mpirun:          kill -USR1 <mpirun pid>   {stop} then the same command on {nodes_to} node(s){np_to} "
+        f"with --topology {to} --resume auto",
+        f"Slurm (jobs/slurm):    scancel --signal=USR1 --batch JOBID   -> checkpoint, requeued; scancel JOBID while "
+        f"it waits to restart; then resubmit with sbatch --nodes={nodes_to} and the same arguments plus --topology "
+        f"{to} (the node count comes from Slurm; a {nt} file overrides --topology: put {to} in it or delete it)",
+    ]
+
+
+def switch(out, own, best, best_budget):
+    """{to, from, gain, nodes, within_power_budget, heading, steps} when the verdict recommends another split:
+    the best (with --power-budget-w: the best within it) is not the run's and is predicted at least
+    NOISE_FRACTION faster, from timings that are not distorted; else None."""
+    run = out["run"]
+    over = out.get("oversubscription")
+    if over and over["run_distorted"]:
+        return None
+    budget = out.get("power_budget_w")
+    cand = best_budget if budget else best
+    if cand is None or cand.split == run["topology"] or not own.batches_per_s:
+        return None
+    gain = cand.batches_per_s / own.batches_per_s - 1.0
+    if gain < NOISE_FRACTION:
+        return None
+    heading, steps = switch_steps(out["file"], cand.split, run["nodes"])
+    return {"to": cand.split, "from": run["topology"], "gain": gain, "nodes": run["nodes"],
+            "predicted_bps": cand.batches_per_s, "within_power_budget": budget if budget else None,
+            "heading": heading, "steps": steps}
 
 
 def held_out(run):

@@ -25,9 +25,12 @@ MIN_SPREAD = 0.2      # (max - min) / mean of the intervals' anchors per batch n
 NOISE_FRACTION = 0.03  # as analysis.NOISE_FRACTION: a gain under this is not worth a restart
 
 
-def _interval_samples(run, sel, start_s, drafters_total):
-    """(anchors per batch, drafter busy s per batch) for each report interval of the steady window."""
+def _interval_samples(run, sel, start_s, drafters_total, steps_mask=None):
+    """(anchors per batch, drafter busy s per batch) for each report interval of the steady window (steps_mask:
+    the measured segment's /steps rows; their clock restarts in every segment)."""
     r, st = run.ranks, run.steps
+    if steps_mask is None:
+        steps_mask = np.ones(len(st["time_s"]), dtype=bool)
     rows = sel[r["role"][sel] == ROLE_DRAFTER]
     out = []
     prev_end = start_s
@@ -35,7 +38,7 @@ def _interval_samples(run, sel, start_s, drafters_total):
         m = rows[r["interval"][rows] == iv]
         end = float(r["time_s"][m].max())
         batches, busy = float(r["batches"][m].sum()), float(r["busy_s"][m].sum())
-        in_iv = (st["time_s"] > prev_end) & (st["time_s"] <= end)
+        in_iv = steps_mask & (st["time_s"] > prev_end) & (st["time_s"] <= end)
         prev_end = end
         if batches <= 0 or busy <= 0 or not in_iv.any():
             continue
@@ -58,15 +61,18 @@ def fit_cost(samples, s_per_batch, optimizer_s_per_batch, anchors_run):
                                                 "anchors (conservative: the anchors do not vary enough to fit)")
 
 
-def whatif(run, sel, start_s, meas, dft, own):
-    """The anchors section of the report, or None when the run recorded no anchors."""
+def whatif(run, sel, start_s, meas, dft, own, steps_mask=None):
+    """The anchors section of the report, or None when the run recorded no anchors. steps_mask: the /steps rows
+    of the measured segment (None: all)."""
     st = run.steps
     if "anchors" not in st or not len(st["anchors"]) or float(np.sum(st["anchors"])) <= 0:
         return None
     drafters_total = own.drafters * meas.nodes
-    win = (st["time_s"] > start_s) if len(st.get("time_s", [])) else np.ones(len(st["anchors"]), dtype=bool)
+    n = len(st["anchors"])
+    seg = steps_mask if steps_mask is not None and len(steps_mask) == n and steps_mask.any() else np.ones(n, bool)
+    win = seg & (st["time_s"] > start_s) if len(st.get("time_s", [])) == n else seg.copy()
     if not win.any():
-        win = np.ones(len(st["anchors"]), dtype=bool)
+        win = seg
     per_batch = st["anchors"][win].astype(float) / drafters_total
     a_run = float(per_batch.mean())
     if a_run <= 0:
@@ -75,7 +81,8 @@ def whatif(run, sel, start_s, meas, dft, own):
     per_record = run.option("anchors-per-record", 0, int) or 0
     opt_frac, busy_frac = dft.get("optimizer_frac"), dft.get("busy_frac")
     opt_s = opt_frac / busy_frac * dft["s_per_batch"] if (opt_frac is not None and busy_frac) else 0.0
-    a, b, how = fit_cost(_interval_samples(run, sel, start_s, drafters_total), dft["s_per_batch"], opt_s, a_run)
+    samples = _interval_samples(run, sel, start_s, drafters_total, seg) if len(st.get("time_s", [])) == n else []
+    a, b, how = fit_cost(samples, dft["s_per_batch"], opt_s, a_run)
     # The cost model reproduces the run's own drafter time at its own anchors (so its bias cancels, as the
     # split what-if's "vs run" does): scale it to the measured mean.
     scale = dft["s_per_batch"] / (a + b * a_run)

@@ -17,7 +17,8 @@ def _last_tenth_mean(run, key):
 
 
 def summary(run, rep):
-    """One run's column: a flat dict of the numbers compared."""
+    """One run's column: a flat dict of the numbers compared. A run whose split changed (/segments) is
+    compared as its last segment: its split and the rates measured on it (analysis.analyse)."""
     obs, svc, pw, r = rep["observed"], rep["service"], rep["power"], rep["run"]
     q = obs["queues"]
     over = rep.get("oversubscription")
@@ -26,6 +27,8 @@ def summary(run, rep):
         "ranks_per_node": r["gpus_per_node"], "unit": r.get("unit", "GPU"), "steps": r["steps"],
         "targets_per_node": r["targets_per_node"], "drafters_per_node": r["drafters_per_node"],
         "idle_per_node": r["gpus_per_node"] - r["targets_per_node"] - r["drafters_per_node"],
+        # job starts recorded in /segments (None: a file without the table), the split of the last one above
+        "segments": len(rep["segments"]) if rep.get("segments") else None,
         "elapsed_s": r["elapsed_s"], "batches_per_s": obs["batches_per_s"], "ktok_per_s": obs["ktok_per_s"],
         "target_ceiling_bps": obs["target_ceiling_bps"], "drafter_ceiling_bps": obs["drafter_ceiling_bps"],
         "bottleneck": obs["bottleneck"],
@@ -143,6 +146,7 @@ ROWS = [  # (label, key, format)
     ("nodes x ranks", None, ""),
     ("idle per node", "idle_per_node", "d"),
     ("steps", "steps", "d"),
+    ("segments", "segments", "d"),
     ("elapsed s", "elapsed_s", ".0f"),
     ("trained b/s", "batches_per_s", ".3f"),
     ("vs first run", "vs_first_frac", "+.1%"),

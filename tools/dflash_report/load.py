@@ -46,6 +46,21 @@ OPTIONAL_SERIES = (
 # Numeric attributes the report computes with; a non-finite one is left out as if not recorded.
 OPTIONAL_NUMBERS = ("gpu_idle_power_w", "dataset_tokens", "drafter_grad_bytes", "allreduce_bytes_per_s")
 
+# /segments (docs/metrics.md "Segments"): one row per job start that opened the file. kind: what the start
+# was. Files written before the table have none: their segments are found by /ranks' interval restarting.
+SEGMENT_KINDS = {0: "start", 1: "resume", 2: "resplit", 3: "rebalance"}
+SEGMENT_REQUIRED = ("first_step", "kind", "nodes", "targets_per_node", "drafters_per_node")
+SEGMENT_OPTIONAL = ("world_size", "grad_accum", "unix_time_s")
+
+
+def _interval_rule(iv):
+    """Segment index of each /ranks row of a file without /ranks/segment: a new segment where the interval
+    number goes back (every job start reports from interval 0 again)."""
+    iv = np.asarray(iv)
+    if not len(iv):
+        return np.zeros(0, dtype=np.int64)
+    return np.concatenate([[0], np.cumsum(iv[1:] < iv[:-1])]).astype(np.int64)
+
 
 class ReportError(Exception):
     """A problem with the input the operator can fix (printed without a traceback, exit 3)."""
@@ -150,8 +165,130 @@ class Run:
             # --eval-data's held-out rows (docs/metrics.md "/eval"); {} in runs without it
             self.eval = ({k: np.asarray(v[()]) for k, v in f["eval"].items() if isinstance(v, h5py.Dataset)}
                          if "eval" in f else {})
+            # the segment table (None in files written before it); /segments/K/{queues,gpus} are not read
+            self.segments = self._read_segments(f["segments"]) if isinstance(f.get("segments"), h5py.Group) else None
         self._check_finite()
+        self._find_segments()
         self._derive_layout()
+
+    def _read_segments(self, g):
+        """/segments' rows as dicts (index, first_step, kind, kind_name, nodes, targets_per_node,
+        drafters_per_node, topology, world_size, grad_accum, unix_time_s; None for a series the file lacks).
+        The series can differ in length by one row (a flush between them): the rows all of them have count."""
+        series = _series(g)
+        missing = [k for k in SEGMENT_REQUIRED if k not in series]
+        if missing:
+            raise ReportError(f"{self.path}: /segments lacks {', '.join('/segments/' + k for k in missing)}: a "
+                              "damaged metrics file")
+        present = [k for k in SEGMENT_REQUIRED + SEGMENT_OPTIONAL if k in series]
+        for k in present:
+            if np.ndim(series[k]) != 1:
+                raise ReportError(f"{self.path}: /segments/{k} is not a 1-D series: a damaged metrics file")
+        n = min(len(series[k]) for k in present)
+        rows = []
+        for i in range(n):
+            def num(k, kind=int):
+                if k not in series:
+                    return None
+                v = series[k][i]
+                return kind(v) if np.isfinite(v) else None
+            row = {"index": i, "first_step": num("first_step"), "kind": num("kind"), "nodes": num("nodes"),
+                   "targets_per_node": num("targets_per_node"), "drafters_per_node": num("drafters_per_node"),
+                   "world_size": num("world_size"), "grad_accum": num("grad_accum"),
+                   "unix_time_s": num("unix_time_s", float)}
+            for k in ("nodes", "targets_per_node", "drafters_per_node"):
+                hi = MAX_NODES if k == "nodes" else MAX_GPUS_PER_NODE
+                if row[k] is None or not 1 <= row[k] <= hi:
+                    raise ReportError(f"{self.path}: /segments/{k}[{i}] = {row[k]} is not in 1..{hi}: a damaged "
+                                      "metrics file")
+            if row["first_step"] is None or row["first_step"] < 0:
+                raise ReportError(f"{self.path}: /segments/first_step[{i}] = {row['first_step']}: a damaged metrics "
+                                  "file")
+            row["kind_name"] = SEGMENT_KINDS.get(row["kind"], f"kind {row['kind']}")
+            row["topology"] = f"{row['targets_per_node']}-{row['drafters_per_node']}"
+            rows.append(row)
+        return rows
+
+    def _find_segments(self):
+        """The segment of each /ranks row (self.rank_segment), and the one the report measures
+        (self.report_segment, its rows self.report_rows): the last segment.
+
+        /ranks/segment names each row's /segments row when the file has the table; rows written before the
+        table (a file of an earlier build, resumed by this one) hold -1: their segments are found by /ranks'
+        interval restarting at 0 (self.pre_segments, their rows each), as in files without the table
+        (rank_segment then numbers them from 0 and self.segments is None). A last segment without a report
+        interval yet is left for the one before it when that ran the same split and nodes (as older files
+        always did); after a change of split it is not: service times of one split say nothing about the
+        rate another runs at, so there is no verdict until the new split has reported."""
+        r = self.ranks
+        iv = np.asarray(r.get("interval", np.zeros(0, dtype=np.int64)))
+        seg = r.get("segment")
+        table = self.segments or []
+        self.segment_note = None
+        self.pre_segments = []
+        if table and seg is not None and np.ndim(seg) == 1 and len(seg) == len(iv) and (
+                not len(seg) or int(np.min(seg)) >= -1):
+            self.rank_segment = np.asarray(seg, dtype=np.int64)
+            self.segment_source = "/ranks/segment"
+            pre = np.flatnonzero(self.rank_segment == -1)
+            self.pre_segments = [pre[_interval_rule(iv[pre]) == j] for j in range(
+                int(_interval_rule(iv[pre]).max()) + 1 if len(pre) else 0)]
+        else:
+            self.rank_segment = _interval_rule(iv)
+            self.segment_source = "interval restarts"
+            has = sorted(set(int(x) for x in self.rank_segment))
+            self.report_segment = has[-1] if has else 0
+            self.report_rows = np.flatnonzero(self.rank_segment == self.report_segment)
+            return
+        has_rows = sorted(set(int(x) for x in self.rank_segment if x >= 0))
+        last = max(len(table) - 1, has_rows[-1] if has_rows else 0)
+        self.report_segment = last
+        self.report_rows = np.flatnonzero(self.rank_segment == last)
+        if len(self.report_rows) or (not has_rows and not self.pre_segments):
+            return
+        b = self.segment_row(last)
+        if has_rows:
+            k = has_rows[-1]
+            a = self.segment_row(k)
+            same = a is not None and b is not None and all(
+                a[x] == b[x] for x in ("targets_per_node", "drafters_per_node", "nodes"))
+            rows, name = np.flatnonzero(self.rank_segment == k), f"segment {k}"
+        else:  # only rows written before the table: the same split when the table's first row is a resume on it
+            k = -1
+            first = self.segment_row(0)
+            same = first is not None and first["kind"] == 1 and (last == 0 or all(
+                table[j]["kind"] == 1 for j in range(1, min(last + 1, len(table)))))
+            rows, name = self.pre_segments[-1], "the segment before the segment table"
+        if not same:
+            now = f" ({b['kind_name']} to {b['topology']} on {b['nodes']} node(s) from step {b['first_step']})" \
+                if b else ""
+            raise ReportError(f"{self.path}: the last segment, {last}{now}, has written no report interval yet, and "
+                              "the segments before it ran another split (their service times say nothing about "
+                              "this one): look again after --log-every steps")
+        self.segment_note = f"segment {last} has no report interval yet: measured on {name} (the same split)"
+        self.report_segment, self.report_rows = k, rows
+
+    def pre_segment_split(self, rows):
+        """(targets, drafters, nodes) per node of rows written before the segment table: its distinct ranks by
+        role over the nodes of the table's first row (whose world size they must have), else None."""
+        first = self.segment_row(0)
+        r = self.ranks
+        ranks, roles = np.asarray(r["rank"])[rows], np.asarray(r["role"])[rows]
+        t = len(set(int(x) for x in ranks[roles == ROLE_TARGET]))
+        d = len(set(int(x) for x in ranks[roles == ROLE_DRAFTER]))
+        world = int(ranks.max()) + 1 if len(ranks) else 0
+        if first is None or not t or not d or (first["world_size"] and world > first["world_size"]):
+            return None
+        n = first["nodes"]
+        if t % n or d % n:
+            return None
+        return t // n, d // n, n
+
+    def segment_row(self, k):
+        """The /segments row of segment k, or None (no table, or a row not written yet)."""
+        if self.segments and 0 <= k < len(self.segments):
+            return self.segments[k]
+        return None
 
     def _check_finite(self):
         """No verdict from non-finite timings (ReportError); other non-finite series and numbers are left out,
@@ -188,6 +325,10 @@ class Run:
             return default
 
     def _derive_layout(self):
+        seg = self.segment_row(self.report_segment)
+        if seg is not None:  # the split of the segment the report measures (the root attribute: the latest)
+            self._derive_layout_from(seg)
+            return
         topo = self.attrs.get("topology")
         if not topo or "-" not in str(topo):
             raise ReportError(f"{self.path}: no 'topology' attribute (T-D); the run did not record its split")
@@ -203,10 +344,24 @@ class Run:
         num_nodes = self.attrs.get("num_nodes")
         self.nodes = _count(self.path, "num_nodes", num_nodes, 1, MAX_NODES, "number of nodes") \
             if num_nodes is not None else 1
-        world = len(self.rank_cards) if self.rank_cards else None
-        if world is None and self.ranks.get("rank") is not None and len(self.ranks["rank"]):
-            world = int(self.ranks["rank"].max()) + 1
+        self._derive_sizes(self.attrs.get("gpus_per_node"), "gpus_per_node")
+
+    def _derive_layout_from(self, seg):
+        """The layout from a /segments row: its split and nodes; GPUs per node = its world size / nodes."""
+        self.targets_per_node, self.drafters_per_node = seg["targets_per_node"], seg["drafters_per_node"]
+        self.topology = seg["topology"]
+        self.nodes = seg["nodes"]
         gpus, name = self.attrs.get("gpus_per_node"), "gpus_per_node"
+        ws = seg.get("world_size")
+        if ws and ws > 0 and ws % self.nodes == 0:
+            gpus, name = ws // self.nodes, f"/segments/world_size[{seg['index']}] / nodes"
+        self._derive_sizes(gpus, name)
+
+    def _derive_sizes(self, gpus, name):
+        world = len(self.rank_cards) if self.rank_cards else None
+        rows = self.report_rows
+        if world is None and self.ranks.get("rank") is not None and len(rows):
+            world = int(np.asarray(self.ranks["rank"])[rows].max()) + 1  # the measured segment's ranks
         if gpus is None:  # an older file: from the ranks it holds
             gpus = (world // self.nodes) if world else self.targets_per_node + self.drafters_per_node
             name = "gpus_per_node (not recorded: from the ranks the file holds)"
@@ -218,9 +373,12 @@ class Run:
         for c in self.rank_cards:
             self.role_of_rank[int(c.get("rank", -1))] = {"target": ROLE_TARGET, "drafter": ROLE_DRAFTER}.get(
                 c.get("role"), ROLE_IDLE)
-        if "rank" in self.ranks and "role" in self.ranks:
-            for r, role in zip(self.ranks["rank"], self.ranks["role"]):
-                self.role_of_rank.setdefault(int(r), int(role))
+        if "rank" in self.ranks and "role" in self.ranks:  # the measured segment's roles first, then the newest
+            rk, rl = np.asarray(self.ranks["rank"]), np.asarray(self.ranks["role"])
+            order = np.concatenate([self.report_rows, np.arange(len(rk))[::-1]]).astype(np.int64)
+            ranks, first = np.unique(rk[order], return_index=True)
+            for r, i in zip(ranks, first):
+                self.role_of_rank.setdefault(int(r), int(rl[order[i]]))
         self.backend = self.attrs.get("backend", "?")
         # One rank per GPU on CUDA; on the CPU backend a "GPU" of the report is a rank (a process).
         self.unit = "rank" if self.backend == "cpu" else "GPU"

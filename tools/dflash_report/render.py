@@ -39,7 +39,10 @@ def text(rep):
     if rep.get("auto_topology"):
         L.append(f"split chosen by --topology auto ({rep['auto_topology']['chosen']}, predicted at start-up: "
                  f"{rep['auto_topology']['predicted_bps'] or 0:.3f} b/s)")
-    L.append(f"steady window: {run['window_s'][0]:.1f} s .. {run['window_s'][1]:.1f} s, {run['window']}")
+    seg = ""
+    if run.get("segment") is not None and len(rep.get("segments") or []) > 1:
+        seg = " of the last segment before the segment table" if run["segment"] < 0 else f" of segment {run['segment']}"
+    L.append(f"steady window{seg}: {run['window_s'][0]:.1f} s .. {run['window_s'][1]:.1f} s, {run['window']}")
     for name, why in (rep.get("unusable") or {}).items():  # load.py left these out: nothing below uses them
         L.append(f"left out: {name}: {why}")
     ev = rep.get("eval")
@@ -53,6 +56,10 @@ def text(rep):
         L.append(f"tau ({tau['prompts']} prompts, {tau['evaluations']} evaluations): step {tau['last']['step']} "
                  f"tau {tau['last']['tau']:.3f}, best {tau['best']['tau']:.3f} at step {tau['best']['step']} "
                  f"(OUT/drafter-best): {tau_words(tau)}")
+    segs = rep.get("segments") or []
+    if len(segs) > 1:
+        L.append("")
+        L.extend(segments_text(rep))
     L.append("")
     L.append("OBSERVED PIPELINE")
     L.append(f"  trained (drafters)   {obs['batches_per_s']:8.3f} b/s   {obs['ktok_per_s']:8.2f} Ktok/s")
@@ -141,7 +148,49 @@ def text(rep):
     L.append("")
     L.append("VERDICT")
     L.extend(textwrap.wrap(rep["verdict"], width=110, initial_indent="  ", subsequent_indent="  "))
+    sw = rep.get("switch")
+    if sw:  # the exact commands: not wrapped, so that they can be copied
+        L.append("")
+        L.append("  " + sw["heading"])
+        L.extend("    " + line for line in sw["steps"])
     return "\n".join(L) + "\n"
+
+
+def _steps_range(e):
+    if e["steps"] is None:
+        return "?"
+    if not e["steps"]:
+        return "none" if e["first_step"] is None else f"none (from {e['first_step']})"
+    return f"{e['from_step']}..{e['to_step']}"
+
+
+def segments_text(rep):
+    """The SEGMENTS section: one row per job start recorded in /segments (docs/report.md)."""
+    segs = rep["segments"]
+    unit = rep["run"].get("unit", "GPU")
+    L = [f"SEGMENTS ({len(segs)} job starts in this file; per segment over its steady window: trained b/s and each "
+         f"role's busy s per batch)"]
+    L.append("  seg  kind       split  nodes  steps                   wall  trained b/s  target s/batch  "
+             "drafter s/batch")
+    for e in segs:
+        mark = "*" if e["measured"] else " "
+        index = "-" if e["index"] is None else str(e["index"])
+        nodes = "?" if e["nodes"] is None else str(e["nodes"])
+        L.append(f"  {mark}{index:>2}  {e['kind_name']:<9}  {e['topology']:<5}  {nodes:>5}  "
+                 f"{_steps_range(e):<18}  {_dur(e['wall_s']) if e['wall_s'] is not None else '-':>7}"
+                 f"  {_f(e['batches_per_s'], '.3f', 11)}  {_f(e['target_s_per_batch'], '.3f', 14)}  "
+                 f"{_f(e['drafter_s_per_batch'], '.3f', 15)}")
+    if any(e.get("pre_table") for e in segs):
+        L.append("  - = written before the segment table (an earlier build, which kept the split on a resume): the "
+                 "split from its ranks' roles")
+    m = next(e for e in segs if e["measured"])
+    last = segs[-1]
+    which = "the last segment before the table" if m["index"] is None else f"segment {m['index']}"
+    L.append(f"  * = measured: the verdict uses the last segment only ({which}, {m['topology']} on "
+             f"{m['nodes']} node(s) x {rep['run']['gpus_per_node']} {unit}s"
+             f"{'' if m is last else '; ' + (rep['run'].get('segment_note') or '')}); service times are never mixed "
+             "across segments")
+    return L
 
 
 def tau_words(tau):
