@@ -14,6 +14,12 @@
 # Running the same command again resumes from the newest complete checkpoint (--resume auto is added
 # unless --resume is given). Ctrl-C (SIGINT) aborts without a checkpoint.
 #
+# Changing the split (docs/checkpoint.md "Changing the split"): when OUT/next-topology exists (OUT = the
+# command's --out, or the `out = DIR` line of its --config), its one line, T-D or auto, overrides the
+# command's --topology (jobs/next-topology.sh). The file is kept: delete it to use the command's own again.
+# So `echo 6-2 > OUT/next-topology; kill -USR1 <this script's pid>` checkpoints (exit 75), and running the
+# same command again continues the run on 6-2. A malformed file: status=failed rc=2 before mpirun starts.
+#
 # Exit code: dflash-train's. 0 completed; 75 checkpointed, run again to continue; anything else failed
 # (docs/checkpoint.md, README "Exit codes"). The last line printed is a status line.
 set -uo pipefail
@@ -69,6 +75,22 @@ done
 [ $have_resume -eq 1 ] || args+=(--resume auto)
 [ $have_backend -eq 1 ] || args+=(--backend "$DFLASH_BACKEND")
 [ -n "$ckpt_dir" ] || ckpt_dir=${out_dir:+$out_dir/checkpoints}
+
+# ---- OUT/next-topology: the split to continue on (jobs/next-topology.sh) ------------------------------
+# Read here unless an sbatch script above this one read it already (and passed it on as --topology).
+# shellcheck source=jobs/next-topology.sh
+source "$repo/jobs/next-topology.sh" || { echo "[train.sh] status=failed rc=8 reason='no $repo/jobs/next-topology.sh'"; exit 8; }
+if [ -z "${DFLASH_NEXT_TOPOLOGY_APPLIED:-}" ]; then
+  next_topology_out "$@"
+  if ! next_topology_read "$next_topology_out"; then
+    echo "[train.sh] status=failed rc=2 reason='$next_topology_error'"
+    exit 2
+  fi
+  if [ -n "$next_topology" ]; then
+    args+=(--topology "$next_topology")  # after the command's own: the last --topology wins
+    echo "[train.sh] topology from $next_topology_file: $next_topology (delete the file to use the command's own)"
+  fi
+fi
 
 latest_checkpoint() {
   local d best=""
