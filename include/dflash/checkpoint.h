@@ -66,10 +66,16 @@ bool option_may_change_on_resume(const std::string& name);
 OptionMap resume_invariants(const std::vector<std::pair<std::string, std::string>>& resolved);
 // 16 hex digits over the canonical (sorted) text of the map.
 std::string options_hash(const OptionMap& invariants);
+// Whether a resume keeps the checkpoint's split (--topology, the world size, the targets and drafters).
+// Changed lets --topology, world-size and --grad-accum differ (docs/checkpoint.md "Changing the split").
+enum class ResumeSplit { Same, Changed };
+// The option keys a change of split may change.
+bool option_follows_split(const std::string& name);
 // Fatal BadOptions listing every option that differs ("--loss: saved ce, now kl"), added or dropped; when only
 // content identities differ (below), fatal BadInput naming the input and what changed. An identity that one
 // side lacks (a checkpoint of a build before them) is not compared.
-void check_resume_compatible(const OptionMap& saved, const OptionMap& now, const std::string& checkpoint);
+void check_resume_compatible(const OptionMap& saved, const OptionMap& now, const std::string& checkpoint,
+                             ResumeSplit split = ResumeSplit::Same);
 
 // ---- what the inputs were (src/checkpoint/input_identity.cpp) -------------------------------------
 
@@ -107,12 +113,46 @@ struct DataResumePoint {
 // trained on twice, or of an unknown target, is fatal Internal.
 void advance_resume_points(std::vector<DataResumePoint>& points, const std::vector<ConsumedBatch>& consumed);
 
+// Data resume points as JSON (the manifest's "data"): [{"position": "dflash-data-pos v1 ...",
+// "done_after": [[index, "..."], ...]}]. Malformed: fatal BadInput naming `where`.
+nlohmann::json data_points_to_json(const std::vector<DataResumePoint>& data);
+std::vector<DataResumePoint> data_points_from_json(const nlohmann::json& a, const std::string& where);
+
+// ---- where this job's targets start (src/checkpoint/data_resume.cpp) ---------------------------
+
+// Every target's start, decided once for the job. A fresh start: the data's beginning. A resume on the
+// checkpoint's number of targets: its points (and the epochs an earlier split began) as saved. A resume on
+// another number ("a resplit", docs/checkpoint.md "Changing the split"): the records the checkpoint's
+// targets consumed in the epochs they had begun -- every batch before each one's position, and the later
+// batches listed as trained, found by replaying its loader's packing -- join those epochs' consumed sets,
+// and this job's targets start at the first unfinished epoch, dealing out its other records. No record
+// of an epoch is trained twice or skipped across the two splits.
+struct DataResume {
+  std::vector<DataResumePoint> points;  // one per target of this job
+  ConsumedRecords consumed;             // epochs begun under an earlier split (empty when none)
+  bool resplit = false;                 // the checkpoint had another number of targets
+  int64_t first_epoch = 0;              // where the targets start (the lowest points[i].position.epoch)
+  std::string summary;                  // a line for the log (resplit only)
+};
+DataResume fresh_data_resume(int num_targets, uint64_t seed);
+// saved, saved_consumed: the checkpoint's; base: this job's loader options (seed, budget, policy, epochs).
+// A saved point of another seed, or a listed batch the replay does not reach: fatal BadInput.
+DataResume plan_data_resume(const TokenDataset& ds, const LoaderOptions& base, int max_epochs,
+                            const std::vector<DataResumePoint>& saved, const ConsumedRecords& saved_consumed,
+                            int num_targets);
+// The epochs of `consumed` a save must keep: those at or after the lowest epoch any point is still in.
+ConsumedRecords consumed_still_needed(const ConsumedRecords& consumed, const std::vector<DataResumePoint>& points);
+// A DataResume as bytes and back (it travels from the first target to every rank).
+std::string serialize_data_resume(const DataResume& d);
+DataResume deserialize_data_resume(const std::string& bytes);
+
 // ---- what a checkpoint holds ------------------------------------------------------------------
 
 struct CheckpointState {
   int64_t step = 0;                                       // optimizer steps completed
   nlohmann::json schedule = nlohmann::json::object();     // epoch progress, tokens seen... (runtime's)
   std::vector<DataResumePoint> data;                      // one per target (target index order)
+  ConsumedRecords consumed;                               // epochs begun under an earlier split (DataResume)
   std::vector<std::string> rng_states;                    // one per drafter (drafter index order); a
                                                           // target's whole RNG state is its data position
   OptionMap options;                                      // resume_invariants() at save time
@@ -209,16 +249,15 @@ OptionMap resume_invariants_of(const Options& o, int world_size, const OptionMap
 // --target.
 OptionMap input_identities_of(const Options& o, const TokenDataset& data);
 
-// Where target `target_index` starts: the checkpoint's resume point, or the start of the data.
-DataResumePoint target_resume_point(const std::string& resume_dir, int target_index, int num_targets,
-                                    uint64_t seed);
 
 // The drafters' part, called by every drafter rank of the job (collective over drafter_comm).
 class DrafterCheckpointer {
  public:
   // invariants: resume_invariants_of(), recorded in every checkpoint and checked on restore.
-  DrafterCheckpointer(const Options& o, MPI_Comm drafter_comm, OptionMap invariants, int num_targets,
-                      std::string resume_dir);
+  // data: where the job's targets start (DataResume); split: whether the checkpoint resumed from was made
+  // on another split (its RNG states then continue round-robin over this job's drafters).
+  DrafterCheckpointer(const Options& o, MPI_Comm drafter_comm, OptionMap invariants, const DataResume& data,
+                      std::string resume_dir, ResumeSplit split);
   // Resuming: checks the options, loads master weights, AdamW state, step and this drafter's RNG into
   // trainer. Returns the step to continue from (0 when starting fresh).
   int64_t restore(DrafterTrainer& trainer);
@@ -261,7 +300,9 @@ class DrafterCheckpointer {
   std::function<void()> before_save_;
   OptionMap invariants_;
   CheckpointTimer timer_;
+  ResumeSplit split_ = ResumeSplit::Same;
   std::vector<DataResumePoint> points_;      // drafter 0: resume points as of the last save
+  ConsumedRecords consumed_records_;          // epochs begun under an earlier split (saved with the points)
   std::vector<ConsumedBatch> consumed_;       // this drafter's batches of applied steps since the last save
   std::vector<ConsumedBatch> pending_;        // ... of the step in progress
   std::string step_rng_;                      // the RNG state the step in progress began with (--grad-accum > 1)

@@ -16,10 +16,12 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "dflash/packed_batch.h"
@@ -124,6 +126,30 @@ class TokenDataset {
 // What happens to a record longer than the token budget (--long-record).
 enum class LongRecord { Cut, Skip };  // Cut: keep its first token_budget tokens; Skip: drop it
 
+// ---- epochs begun under another split -----------------------------------------------------------------
+// A run resumed on another number of targets (docs/checkpoint.md "Changing the split") finishes the epochs
+// its earlier split had begun: each such epoch keeps the set of records the earlier split consumed (trained
+// on, or passed over as too long), and this run's shards deal out the epoch's OTHER records in the epoch's
+// shuffled order (the j-th of the rest -> target j % n). An epoch without an entry is whole.
+class RecordSet {  // a set of record ids [0, n), one bit each
+ public:
+  RecordSet() = default;
+  explicit RecordSet(size_t n) : n_(n), bits_((n + 7) / 8, 0) {}
+  size_t size() const { return n_; }  // n: the dataset's records
+  bool test(size_t r) const { return (bits_[r >> 3] >> (r & 7)) & 1u; }
+  void set(size_t r) { bits_[r >> 3] = static_cast<uint8_t>(bits_[r >> 3] | (1u << (r & 7))); }
+  size_t count() const;                                   // records in the set
+  const std::vector<uint8_t>& bytes() const { return bits_; }  // ceil(n / 8) bytes, record r = bit r % 8 of byte r / 8
+  // Fatal BadInput when bytes is not ceil(n / 8) long or sets bits past n.
+  static RecordSet from_bytes(size_t n, std::vector<uint8_t> bytes);
+  bool operator==(const RecordSet& o) const { return n_ == o.n_ && bits_ == o.bits_; }
+
+ private:
+  size_t n_ = 0;
+  std::vector<uint8_t> bits_;
+};
+using ConsumedRecords = std::map<int64_t, RecordSet>;  // epoch -> records an earlier split consumed
+
 struct LoaderOptions {
   int64_t token_budget = 32768;  // max tokens per packed batch (--token-budget)
   int prefetch_depth = 4;        // max batches waiting in the queue (--prefetch-depth)
@@ -132,7 +158,22 @@ struct LoaderOptions {
   LongRecord long_record = LongRecord::Cut;
   int shard_index = 0;           // this target's index among the targets feeding from the dataset
   int num_shards = 1;            // number of targets
+  // Epochs begun under an earlier split: their consumed records are left out (null: every epoch whole).
+  std::shared_ptr<const ConsumedRecords> consumed;
 };
+
+// The loader's packing rule, in one place (Loader::run, count_epoch_batches and the resume's replay of a
+// split's batches use it): from `cursor` in an epoch's record order, whole records while they fit
+// token_budget; a record longer than the budget is cut to its first token_budget tokens (it then fills a
+// batch of its own) or, with LongRecord::Skip, passed over.
+struct BatchExtent {
+  int64_t end = 0;                                 // the cursor after this batch
+  std::vector<std::pair<int64_t, int64_t>> taken;  // (record, tokens taken) in order; empty: only skipped ones were left
+  int64_t records_skipped = 0, tokens_skipped = 0; // passed over (Skip)
+  int64_t records_cut = 0, tokens_cut = 0;         // cut to the budget (Cut): tokens dropped
+};
+BatchExtent pack_extent(const TokenDataset& ds, const std::vector<int64_t>& order, int64_t cursor, int64_t token_budget,
+                        LongRecord long_record);
 
 // Where the next batch starts: enough to restart the loader so it produces exactly the batches a
 // run that never stopped would have produced. The shuffle of epoch e is a pure function of
@@ -153,6 +194,8 @@ struct DataPosition {
 struct LoadedBatch {
   PackedBatch batch;
   int64_t index = 0;         // 0-based batch number since epoch 0 (continues across a resume)
+  int64_t epoch = 0;         // the epoch its records belong to
+  std::vector<int64_t> records;  // their record ids, in order
   DataPosition next;         // position right after this batch (save it to resume after this batch)
   double epoch_progress = 0; // epochs completed at `next`, fractional (the status line's epoch~)
 };
@@ -187,18 +230,20 @@ class Loader {
   // Position after the last popped batch (the start position before the first pop).
   DataPosition position() const;
   LoaderStats stats() const;
-  // Records in this shard per epoch (the same every epoch).
-  int64_t shard_records_per_epoch() const;
+  // Records in this shard in `epoch` (the same every epoch, but for epochs begun under an earlier split).
+  int64_t shard_records(int64_t epoch) const;
   // Stops and joins the thread; queued batches are dropped. Idempotent; never blocks for long.
   void stop();
 
-  // The record order of `epoch` for this shard (exposed for tests and tools).
+  // The record order of `epoch` for this shard (exposed for tests and tools): the epoch's seeded shuffle,
+  // less the records `consumed` holds for the epoch, dealt out j % num_shards == shard_index.
   static std::vector<int64_t> shard_order(size_t num_records, uint64_t seed, int64_t epoch, int shard_index,
-                                          int num_shards);
+                                          int num_shards, const ConsumedRecords* consumed = nullptr);
 
  private:
   void run();
   void init(const DataPosition& start);
+  double epoch_progress(const DataPosition& at, size_t shard_size) const;
 
   std::shared_ptr<const TokenDataset> dataset_;
   LoaderOptions opts_;

@@ -2,10 +2,12 @@
 //
 //   /steps/{step, time_s, loss, acc, agree, streak, lr, noise, grad_norm, tokens, anchors, epoch}  [step]
 //   /steps/acc_by_pos [step, block_position], /steps/block_position = 1 .. block_size-1     one row per step
-//   /ranks/{interval, time_s, rank, role, batches, busy_s, wait_s, compute_s, credit_wait_s,
+//   /ranks/{interval, segment, time_s, rank, role, batches, busy_s, wait_s, compute_s, credit_wait_s,
 //           data_wait_s, allreduce_s, optimizer_s}                                  [row], one per (interval, rank)
 //   /queues/{time_s [sample], q_pre [sample, target], q_hs [sample, drafter]}
 //   /gpus/{time_s [sample], power_w, util_pct, mem_used_mib [sample, gpu]}  + attributes available, reason
+//   /segments/{first_step, kind, nodes, targets_per_node, drafters_per_node, world_size, grad_accum,
+//              unix_time_s} [row], one per job start; /segments/K/{queues,gpus}: an earlier split's samples
 //   attributes of /: whatever the job sets (options, topology, hosts, versions, ...) + format_version;
 //   /options: one typed attribute per option
 //
@@ -50,6 +52,7 @@ const char* metrics_role_name(MetricsRole r);
 // optimizer_s. busy_s = time doing work, wait_s = time blocked (busy_s + wait_s ~ interval length).
 struct RankTiming {
   int64_t interval = 0;  // report interval index (0, 1, ...)
+  int64_t segment = 0;   // the /segments row of the job that measured it (MetricsWriter::begin_segment)
   double time_s = 0;     // end of the interval, since the job started
   int rank = 0;          // world rank
   MetricsRole role = MetricsRole::Idle;
@@ -70,6 +73,18 @@ struct MetricsLayout {
   bool selector_metrics = false;  // a DFlash2 drafter: /steps/loss_sel, candidate_recall, selector_acc
 };
 
+// One job start on the file (/segments, one row each): a run and each of its resumes is a segment. The
+// split may differ between segments; /queues and /gpus (one column per target, drafter or GPU) then hold
+// the current split's samples only, the earlier split's having moved to /segments/K/{queues,gpus} (K =
+// that split's first segment). dflash-report reads service times per segment, never mixed.
+enum class SegmentKind : int64_t { Start = 0, Resume = 1, Resplit = 2, Rebalance = 3 };
+struct SegmentInfo {
+  int64_t first_step = 0;  // the step it continues from (0, or the checkpoint's)
+  SegmentKind kind = SegmentKind::Start;
+  int64_t nodes = 1, targets_per_node = 1, drafters_per_node = 1, world_size = 2, grad_accum = 1;
+  double unix_time_s = 0;  // wall clock at its start
+};
+
 enum class MetricsOpen {
   Create,  // a new file; an existing one that holds steps is first renamed to DIR/metrics.N.h5 (N = one
            // more than the highest there), one without steps (a failed start) is replaced
@@ -86,6 +101,8 @@ class MetricsWriter {
   MetricsWriter(const MetricsWriter&) = delete;
   MetricsWriter& operator=(const MetricsWriter&) = delete;
 
+  // Appends this job's /segments row; returns its index (RankTiming::segment).
+  int64_t begin_segment(const SegmentInfo& seg);
   void append_step(const StepMetrics& s);
   void append_rank_timing(const RankTiming& r);
   // q_pre has num_targets entries, q_hs num_drafters (fatal Internal otherwise).

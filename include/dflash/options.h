@@ -121,6 +121,9 @@ struct Options {
   int inject_fail_rank = -1;
   int64_t inject_fail_step = -1;
   FailMode inject_fail_mode = FailMode::Kill;
+  int64_t inject_stop_step = -1;     // the drafters act as on a stop signal after this step (checkpoint, exit 75)
+  std::string inject_trace_dir;      // every target's sent batches (their records) and every drafter's applied
+                                     // batches, to DIR/trace.rankNNNNN (src/runtime/test_trace.h)
 
   std::string command_line;      // argv as typed, shell-quoted where needed (metrics.h5's command_line)
 

@@ -31,10 +31,19 @@ struct PlannedSchedule {
   std::string why;            // how total_steps was chosen, for the startup line
 };
 
+// Where the planned part of the run starts: a fresh run at epoch 0 with no step done; a run resumed on
+// another split (docs/checkpoint.md "Changing the split") at the first epoch its new targets read (under
+// base.consumed) with the checkpoint's steps done, so the cosine ends where the data now ends.
+struct ScheduleStart {
+  int64_t epoch = 0;
+  int64_t steps_done = 0;
+};
+
 // epochs 0 (forever) with max_steps 0: no end, so no decay (total 0). warmup_ratio > 0 sets the warmup to
 // that fraction of total_steps (rounded); otherwise warmup_steps is kept.
 PlannedSchedule plan_schedule(const TokenDataset& ds, const LoaderOptions& base, int num_targets, int num_drafters,
-                              int epochs, int64_t max_steps, int warmup_steps, double warmup_ratio, int grad_accum = 1);
+                              int epochs, int64_t max_steps, int warmup_steps, double warmup_ratio, int grad_accum = 1,
+                              const ScheduleStart& from = {});
 
 // --global-batch-tokens T: the micro-batches per optimizer step that reach T tokens at most --token-budget
 // per micro-batch on each of num_drafters drafters, ceil(T / (token_budget x num_drafters)), at least 1.

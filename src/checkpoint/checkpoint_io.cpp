@@ -42,6 +42,12 @@ constexpr const char* kCorruptHint =
 constexpr const char* kMaster = "drafter.master";
 constexpr const char* kAdamM = "adam.m";
 constexpr const char* kAdamV = "adam.v";
+std::string consumed_tensor_name(int64_t epoch) {
+  char buf[48];
+  std::snprintf(buf, sizeof(buf), "data.consumed.epoch%08lld", static_cast<long long>(epoch));
+  return buf;
+}
+
 std::string rng_tensor_name(size_t rank) {
   char buf[32];
   std::snprintf(buf, sizeof(buf), "rng.rank%05zu", rank);
@@ -263,8 +269,10 @@ void check_hash(const nlohmann::json& hashes, const std::string& name, const voi
                 kCorruptHint);
 }
 
+}  // namespace
+
 // Data resume points as JSON: [{"position": "dflash-data-pos v1 ...", "done_after": [[index, "..."], ...]}]
-nlohmann::json data_to_json(const std::vector<DataResumePoint>& data) {
+nlohmann::json data_points_to_json(const std::vector<DataResumePoint>& data) {
   nlohmann::json a = nlohmann::json::array();
   for (const DataResumePoint& p : data) {
     nlohmann::json done = nlohmann::json::array();
@@ -274,7 +282,7 @@ nlohmann::json data_to_json(const std::vector<DataResumePoint>& data) {
   return a;
 }
 
-std::vector<DataResumePoint> data_from_json(const nlohmann::json& a, const std::string& manifest) {
+std::vector<DataResumePoint> data_points_from_json(const nlohmann::json& a, const std::string& manifest) {
   DF_CHECK_HINT(a.is_array(), BadInput, manifest << ": 'data' is not an array", kCorruptHint);
   std::vector<DataResumePoint> out;
   for (const auto& e : a) {
@@ -290,7 +298,6 @@ std::vector<DataResumePoint> data_from_json(const nlohmann::json& a, const std::
   return out;
 }
 
-}  // namespace
 
 // ---- content hash: 4 independent 64-bit lanes (fast on multi-GB checkpoints), then a final mix ------
 
@@ -379,6 +386,14 @@ std::string save_checkpoint(const std::string& checkpoint_dir, const CheckpointS
       out.push_back({rng_tensor_name(r), DType::U8, {static_cast<int64_t>(s.size())}, nullptr, s.data()});
       hashes[rng_tensor_name(r)] = hex64(content_hash64(s.data(), s.size()));
     }
+    std::vector<std::string> consumed_names;  // alive until the write
+    for (const auto& [epoch, set] : state.consumed) consumed_names.push_back(consumed_tensor_name(epoch));
+    size_t ci = 0;
+    for (const auto& [epoch, set] : state.consumed) {
+      const std::vector<uint8_t>& b = set.bytes();
+      out.push_back({consumed_names[ci], DType::U8, {static_cast<int64_t>(b.size())}, nullptr, b.data()});
+      hashes[consumed_names[ci++]] = hex64(content_hash64(b.data(), b.size()));
+    }
     write_safetensors((fs::path(step_dir) / kStateFile).string(), out,
                       {{"format", kFormat}, {"step", std::to_string(state.step)}});
     if (opt.also_write) opt.also_write(step_dir);
@@ -392,7 +407,11 @@ std::string save_checkpoint(const std::string& checkpoint_dir, const CheckpointS
     m["step"] = state.step;
     m["created_utc"] = now_utc_iso();
     m["schedule"] = state.schedule;
-    m["data"] = data_to_json(state.data);
+    m["data"] = data_points_to_json(state.data);
+    // Epochs begun under an earlier split: one U8 bit set per epoch (record r = bit r % 8 of byte r / 8).
+    m["consumed"] = nlohmann::json::array();
+    for (const auto& [epoch, set] : state.consumed)
+      m["consumed"].push_back({{"epoch", epoch}, {"records", set.size()}, {"tensor", consumed_tensor_name(epoch)}});
     m["num_rng_states"] = state.rng_states.size();
     m["num_params"] = n;
     m["run_id"] = state.run_id;
@@ -497,7 +516,7 @@ CheckpointState read_checkpoint_state(const std::string& step_dir) {
   st.run_id = m.contains("run_id") ? field<std::string>(m, "run_id", manifest) : "";
   DF_CHECK_HINT(st.step >= 0, BadInput, manifest << ": negative step " << st.step, kCorruptHint);
   st.schedule = field<nlohmann::json>(m, "schedule", manifest);
-  st.data = data_from_json(field<nlohmann::json>(m, "data", manifest), manifest);
+  st.data = data_points_from_json(field<nlohmann::json>(m, "data", manifest), manifest);
   st.options = field<OptionMap>(m, "options", manifest);
   DF_CHECK_HINT(field<std::string>(m, "options_hash", manifest) == options_hash(st.options), BadInput,
                 manifest << ": the options do not match their recorded hash", kCorruptHint);
@@ -509,6 +528,17 @@ CheckpointState read_checkpoint_state(const std::string& step_dir) {
     const TensorInfo& t = state_tensor(f, rng_tensor_name(r), DType::U8);
     check_hash(hashes, t.name, t.data, t.nbytes, step_dir);
     st.rng_states.emplace_back(static_cast<const char*>(t.data), t.nbytes);
+  }
+  if (m.contains("consumed")) {  // checkpoints of builds before resplits have none
+    for (const auto& e : field<nlohmann::json>(m, "consumed", manifest)) {
+      const int64_t epoch = field<int64_t>(e, "epoch", manifest);
+      const size_t records = field<size_t>(e, "records", manifest);
+      DF_CHECK_HINT(epoch >= 0 && !st.consumed.count(epoch), BadInput, manifest << ": bad 'consumed' entry " << e.dump(), kCorruptHint);
+      const TensorInfo& t = state_tensor(f, consumed_tensor_name(epoch), DType::U8);
+      check_hash(hashes, t.name, t.data, t.nbytes, step_dir);
+      const uint8_t* p = static_cast<const uint8_t*>(t.data);
+      st.consumed[epoch] = RecordSet::from_bytes(records, std::vector<uint8_t>(p, p + t.nbytes));
+    }
   }
   return st;
 }

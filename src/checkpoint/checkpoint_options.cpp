@@ -140,6 +140,10 @@ bool option_absent_means(const std::string& name, const std::string& value) {
   return it != before_it_existed.end() && it->second == value;
 }
 
+bool option_follows_split(const std::string& name) {
+  return name == "topology" || name == "world-size" || name == "grad-accum";
+}
+
 namespace {
 bool is_identity_key(const std::string& k) { return k.rfind(kIdentityKeyPrefix, 0) == 0; }
 // "content:data" -> "the dataset (--data)".
@@ -150,10 +154,12 @@ std::string identity_subject(const std::string& k) {
 }
 }  // namespace
 
-void check_resume_compatible(const OptionMap& saved, const OptionMap& now, const std::string& checkpoint) {
+void check_resume_compatible(const OptionMap& saved, const OptionMap& now, const std::string& checkpoint,
+                             ResumeSplit split) {
   std::vector<std::string> changes, content;
   for (const auto& [k, v] : saved) {
     auto it = now.find(k);
+    if (split == ResumeSplit::Changed && option_follows_split(k)) continue;
     if (is_identity_key(k)) {
       // One side without it: a checkpoint of a build before identities, or a caller that has no inputs.
       if (it != now.end() && it->second != v)
@@ -166,7 +172,8 @@ void check_resume_compatible(const OptionMap& saved, const OptionMap& now, const
     }
   }
   for (const auto& [k, v] : now)
-    if (!saved.count(k) && !is_identity_key(k) && !option_absent_means(k, v))
+    if (!saved.count(k) && !is_identity_key(k) && !option_absent_means(k, v) &&
+        !(split == ResumeSplit::Changed && option_follows_split(k)))
       changes.push_back("--" + k + ": not in the checkpoint, now '" + v + "'");
   if (changes.empty() && content.empty()) return;
   std::string list;

@@ -89,46 +89,33 @@ std::string resolve_resume_collective(const Options& o, MPI_Comm world) {
   return dir;
 }
 
-DataResumePoint target_resume_point(const std::string& resume_dir, int target_index, int num_targets, uint64_t seed) {
-  if (resume_dir.empty()) {
-    DataResumePoint p;
-    p.position.seed = seed;
-    p.position.shard_index = target_index;
-    p.position.num_shards = num_targets;
-    return p;
-  }
-  CheckpointState st = read_checkpoint_state(resume_dir);
-  DF_CHECK_HINT(st.data.size() == static_cast<size_t>(num_targets), BadInput,
-                resume_dir << " holds data positions of " << st.data.size() << " targets, this job has " << num_targets,
-                "resume with the topology the checkpoint was made with");
-  return st.data[target_index];
-}
-
 DrafterCheckpointer::DrafterCheckpointer(const Options& o, MPI_Comm drafter_comm, OptionMap invariants,
-                                         int num_targets, std::string resume_dir)
+                                         const DataResume& data, std::string resume_dir, ResumeSplit split)
     : o_(o), comm_(drafter_comm), dir_(checkpoint_dir_of(o)), resume_dir_(std::move(resume_dir)),
-      invariants_(std::move(invariants)), timer_(parse_checkpoint_every(o.checkpoint_every)) {
+      invariants_(std::move(invariants)), timer_(parse_checkpoint_every(o.checkpoint_every)), split_(split),
+      points_(data.points), consumed_records_(data.consumed) {
   DF_MPI(MPI_Comm_rank(comm_, &rank_));
   DF_MPI(MPI_Comm_size(comm_, &size_));
   DF_CHECK_HINT(o.keep_checkpoints >= 1, BadOptions, "bad value " << o.keep_checkpoints << " for --keep-checkpoints",
                 "--keep-checkpoints must be >= 1");
-  for (int t = 0; t < num_targets; ++t) points_.push_back(target_resume_point("", t, num_targets, o.train.seed));
   run_id_ = new_run_id();  // replaced by the checkpoint's when resuming
 }
 
 int64_t DrafterCheckpointer::restore(DrafterTrainer& trainer) {
   if (resume_dir_.empty()) return 0;
   CheckpointState st = read_checkpoint_state(resume_dir_);
-  check_resume_compatible(st.options, invariants_, resume_dir_);
-  DF_CHECK_HINT(st.rng_states.size() == static_cast<size_t>(size_) && st.data.size() == points_.size(), BadInput,
-                resume_dir_ << " was written by " << st.rng_states.size() << " drafters and " << st.data.size()
-                            << " targets, this job has " << size_ << " and " << points_.size(),
-                "resume with the topology the checkpoint was made with");
+  check_resume_compatible(st.options, invariants_, resume_dir_, split_);
+  DF_CHECK_HINT(split_ == ResumeSplit::Changed || st.rng_states.size() == static_cast<size_t>(size_), BadInput,
+                resume_dir_ << " was written by " << st.rng_states.size() << " drafters, this job has " << size_,
+                "the checkpoint is damaged: its options name this split");
+  DF_CHECK_HINT(!st.rng_states.empty(), BadInput, resume_dir_ << " holds no drafter's RNG state", "the checkpoint is damaged: resume from an older one");
   load_checkpoint_tensors(resume_dir_, trainer_tensors(trainer));
   trainer.state_loaded();  // the staged tensors become the trainer's state (uploaded on CUDA)
   trainer.set_step(st.step);
-  trainer.set_rng_state(st.rng_states[rank_]);
-  points_ = st.data;
+  // On another split every drafter holds the same weights and optimizer state; the RNG streams go on
+  // round-robin (a fresh run's drafters all start from --seed's stream too).
+  trainer.set_rng_state(st.rng_states[static_cast<size_t>(rank_) % st.rng_states.size()]);
+  // points_: the job's (data_resume: the checkpoint's, or re-partitioned for this split).
   run_id_ = st.run_id;  // the resumed run continues its lineage (and may prune its earlier checkpoints)
   timer_.saved();
   saved_step_ = st.step;
@@ -155,7 +142,7 @@ DrafterCheckpointer::Next DrafterCheckpointer::after_step(int64_t step, DrafterT
                                                           const nlohmann::json& schedule,
                                                           const std::function<void()>& progress) {
   int32_t decision = kStepContinue;
-  if (stop_signal_received() != 0 || peer_stop_signal() != 0) decision |= kStepStop;
+  if (stop_signal_received() != 0 || peer_stop_signal() != 0 || step == o_.inject_stop_step) decision |= kStepStop;
   if (timer_.due(step)) decision |= kStepCheckpoint;
   if (size_ > 1) {
     MPI_Request r = mpi::iallreduce(&decision, 1, MPI_BOR, comm_);
@@ -166,9 +153,13 @@ DrafterCheckpointer::Next DrafterCheckpointer::after_step(int64_t step, DrafterT
   save(step, trainer, trainer.rng_state(), schedule, progress);
   if (!(decision & kStepStop)) return Next::Continue;
   if (rank_ == 0) {
-    std::printf("[dflash] stop signal (%d) received: checkpointed at step %lld, exiting with code %d for a requeue\n",
-                stop_signal_received() ? stop_signal_received() : peer_stop_signal(), static_cast<long long>(step),
-                static_cast<int>(ExitCode::Requeue));
+    if (step == o_.inject_stop_step && !stop_signal_received() && !peer_stop_signal())
+      std::printf("[dflash] test hook --inject-stop-step %lld: checkpointed at step %lld, exiting with code %d for a requeue\n",
+                  static_cast<long long>(o_.inject_stop_step), static_cast<long long>(step), static_cast<int>(ExitCode::Requeue));
+    else
+      std::printf("[dflash] stop signal (%d) received: checkpointed at step %lld, exiting with code %d for a requeue\n",
+                  stop_signal_received() ? stop_signal_received() : peer_stop_signal(), static_cast<long long>(step),
+                  static_cast<int>(ExitCode::Requeue));
     std::fflush(stdout);
   }
   return Next::StopForRequeue;
@@ -193,6 +184,7 @@ void DrafterCheckpointer::save(int64_t step, DrafterTrainer& trainer, const std:
     st.step = step;
     st.schedule = schedule;
     st.data = points_;
+    st.consumed = consumed_still_needed(consumed_records_, points_);
     st.options = invariants_;
     st.run_id = run_id_;
     size_t off = 0;

@@ -40,7 +40,7 @@ uint64_t bounded(uint64_t& state, uint64_t bound) {
 }  // namespace
 
 std::vector<int64_t> Loader::shard_order(size_t num_records, uint64_t seed, int64_t epoch, int shard_index,
-                                         int num_shards) {
+                                         int num_shards, const ConsumedRecords* consumed) {
   std::vector<int64_t> perm(num_records);
   for (size_t i = 0; i < num_records; ++i) perm[i] = static_cast<int64_t>(i);
   uint64_t state = seed ^ (0xD1B54A32D192ED03ull * static_cast<uint64_t>(epoch + 1));
@@ -49,11 +49,72 @@ std::vector<int64_t> Loader::shard_order(size_t num_records, uint64_t seed, int6
     size_t j = static_cast<size_t>(bounded(state, i));
     std::swap(perm[i - 1], perm[j]);
   }
+  // An epoch an earlier split began: its consumed records leave the order, the rest keep theirs.
+  if (consumed) {
+    const auto it = consumed->find(epoch);
+    if (it != consumed->end()) {
+      DF_CHECK(it->second.size() == num_records, Internal,
+               "consumed records of epoch " << epoch << " cover " << it->second.size() << " records, the data has " << num_records);
+      size_t k = 0;
+      for (size_t j = 0; j < num_records; ++j)
+        if (!it->second.test(static_cast<size_t>(perm[j]))) perm[k++] = perm[j];
+      perm.resize(k);
+    }
+  }
   std::vector<int64_t> mine;
-  mine.reserve(num_records / static_cast<size_t>(num_shards) + 1);
-  for (size_t j = static_cast<size_t>(shard_index); j < num_records; j += static_cast<size_t>(num_shards))
+  mine.reserve(perm.size() / static_cast<size_t>(num_shards) + 1);
+  for (size_t j = static_cast<size_t>(shard_index); j < perm.size(); j += static_cast<size_t>(num_shards))
     mine.push_back(perm[j]);
   return mine;
+}
+
+// ---- record sets -----------------------------------------------------------------------------------
+
+size_t RecordSet::count() const {
+  size_t c = 0;
+  for (uint8_t b : bits_) c += static_cast<size_t>(__builtin_popcount(b));
+  return c;
+}
+
+RecordSet RecordSet::from_bytes(size_t n, std::vector<uint8_t> bytes) {
+  DF_CHECK(bytes.size() == (n + 7) / 8, BadInput,
+           "a record set of " << n << " records needs " << (n + 7) / 8 << " bytes, got " << bytes.size());
+  DF_CHECK(n % 8 == 0 || bytes.empty() || (bytes.back() >> (n % 8)) == 0, BadInput,
+           "a record set of " << n << " records names records past the end");
+  RecordSet s;
+  s.n_ = n;
+  s.bits_ = std::move(bytes);
+  return s;
+}
+
+// ---- packing ---------------------------------------------------------------------------------------
+
+BatchExtent pack_extent(const TokenDataset& ds, const std::vector<int64_t>& order, int64_t cursor, int64_t budget,
+                        LongRecord long_record) {
+  BatchExtent e;
+  int64_t tokens = 0;
+  while (cursor < static_cast<int64_t>(order.size())) {
+    const int64_t r = order[static_cast<size_t>(cursor)];
+    const int64_t len = ds.record_length(static_cast<size_t>(r));
+    const bool too_long = len > budget;
+    if (too_long && long_record == LongRecord::Skip) {
+      e.records_skipped++;
+      e.tokens_skipped += len;
+      cursor++;
+      continue;
+    }
+    const int64_t take = too_long ? budget : len;
+    if (tokens + take > budget) break;  // whole records only: this one starts the next batch
+    e.taken.emplace_back(r, take);
+    tokens += take;
+    if (too_long) {
+      e.records_cut++;
+      e.tokens_cut += len - take;
+    }
+    cursor++;
+  }
+  e.end = cursor;
+  return e;
 }
 
 // ---- data position ---------------------------------------------------------------------------------
@@ -101,9 +162,27 @@ Loader::Loader(std::shared_ptr<const TokenDataset> dataset, const LoaderOptions&
   init(start);
 }
 
-int64_t Loader::shard_records_per_epoch() const {
+int64_t Loader::shard_records(int64_t epoch) const {
+  const ConsumedRecords* consumed = opts_.consumed.get();
+  if (consumed && consumed->count(epoch))
+    return static_cast<int64_t>(
+        shard_order(dataset_->num_records(), opts_.seed, epoch, opts_.shard_index, opts_.num_shards, consumed).size());
   const int64_t n = static_cast<int64_t>(dataset_->num_records());
   return n > opts_.shard_index ? (n - opts_.shard_index + opts_.num_shards - 1) / opts_.num_shards : 0;
+}
+
+// Fractional epochs done at `at` (the status line's epoch~): an epoch an earlier split began counts what it
+// consumed, and this shard's cursor stands for its share of the rest.
+double Loader::epoch_progress(const DataPosition& at, size_t shard_size) const {
+  double frac = shard_size > 0 ? static_cast<double>(at.cursor) / static_cast<double>(shard_size) : 0.0;
+  if (opts_.consumed) {
+    const auto it = opts_.consumed->find(at.epoch);
+    if (it != opts_.consumed->end() && it->second.size() > 0) {
+      const double done = static_cast<double>(it->second.count()) / static_cast<double>(it->second.size());
+      frac = done + (1.0 - done) * frac;
+    }
+  }
+  return static_cast<double>(at.epoch) + frac;
 }
 
 void Loader::init(const DataPosition& start) {
@@ -124,11 +203,12 @@ void Loader::init(const DataPosition& start) {
                                         << start.shard_index << "/" << start.num_shards << ", this run has seed "
                                         << opts_.seed << " and shard " << opts_.shard_index << "/" << opts_.num_shards,
                 "resume with the same --seed and the same number of target ranks");
-  DF_CHECK(start.cursor <= shard_records_per_epoch(), BadInput,
-           "saved data position (" << start.to_string() << ") is past the end of this shard ("
-                                   << shard_records_per_epoch() << " records per epoch)");
+  const int64_t in_epoch = shard_records(start.epoch);
+  DF_CHECK(start.cursor <= in_epoch, BadInput,
+           "saved data position (" << start.to_string() << ") is past the end of this shard (" << in_epoch
+                                   << " records in epoch " << start.epoch << ")");
   start_ = start;
-  if (start_.cursor == shard_records_per_epoch()) {  // the end of an epoch is the start of the next
+  if (start_.cursor == in_epoch) {  // the end of an epoch is the start of the next
     start_.epoch++;
     start_.cursor = 0;
   }
@@ -160,36 +240,27 @@ void Loader::run() {
   while (!stop_.load()) {
     if (opts_.max_epochs > 0 && pos.epoch >= opts_.max_epochs) break;
     if (order_epoch != pos.epoch) {
-      order = shard_order(dataset_->num_records(), opts_.seed, pos.epoch, opts_.shard_index, opts_.num_shards);
+      order = shard_order(dataset_->num_records(), opts_.seed, pos.epoch, opts_.shard_index, opts_.num_shards,
+                          opts_.consumed.get());
       order_epoch = pos.epoch;
     }
     LoadedBatch item;
     PackedBatch& b = item.batch;
     b.cu_seqlens.push_back(0);
-    LoaderStats delta;
-    int64_t cursor = pos.cursor;
-    while (cursor < static_cast<int64_t>(order.size())) {
-      const size_t r = static_cast<size_t>(order[static_cast<size_t>(cursor)]);
-      int64_t len = dataset_->record_length(r);
-      const bool too_long = len > budget;
-      if (too_long && opts_.long_record == LongRecord::Skip) {
-        delta.records_skipped++;
-        delta.tokens_dropped += len;
-        cursor++;
-        continue;
-      }
-      const int64_t take = too_long ? budget : len;
-      if (b.num_tokens() + take > budget) break;  // whole records only: this one starts the next batch
-      dataset_->read_record(r, b.tokens, b.loss_mask, take, /*check_file=*/false);  // checked per batch below
+    const BatchExtent ext = pack_extent(*dataset_, order, pos.cursor, budget, opts_.long_record);
+    for (const auto& [r, take] : ext.taken) {
+      dataset_->read_record(static_cast<size_t>(r), b.tokens, b.loss_mask, take, /*check_file=*/false);  // checked per batch below
       b.cu_seqlens.push_back(static_cast<int32_t>(b.tokens.size()));
-      if (too_long) {
-        delta.records_cut++;
-        delta.tokens_dropped += len - take;
-      }
-      delta.records++;
-      delta.tokens += take;
-      cursor++;
+      item.records.push_back(r);
     }
+    item.epoch = pos.epoch;
+    LoaderStats delta;
+    delta.records_skipped = ext.records_skipped;
+    delta.records_cut = ext.records_cut;
+    delta.records = static_cast<int64_t>(ext.taken.size());
+    delta.tokens = static_cast<int64_t>(b.tokens.size());
+    delta.tokens_dropped = ext.tokens_skipped + ext.tokens_cut;
+    const int64_t cursor = ext.end;
     // The file as it was opened, or the batch is not used (one stat per batch, not per record).
     if (b.num_seqs() > 0) dataset_->check_unchanged();
     DataPosition next = pos;
@@ -204,7 +275,8 @@ void Loader::run() {
       epoch_batches++;
     }
     if (next.epoch != pos.epoch) {
-      DF_CHECK_HINT(epoch_batches > 0 || !whole_epoch, BadInput,
+      // (An epoch an earlier split finished, or nearly, may leave this shard nothing: not an error.)
+      DF_CHECK_HINT(epoch_batches > 0 || !whole_epoch || order.empty(), BadInput,
                     "every record of shard " << opts_.shard_index << "/" << opts_.num_shards << " of "
                                              << dataset_->path() << " is longer than --token-budget " << budget
                                              << " and --long-record skip drops them all",
@@ -213,8 +285,7 @@ void Loader::run() {
       whole_epoch = true;
     }
     item.next = next;
-    const int64_t per_epoch = static_cast<int64_t>(order.size());
-    item.epoch_progress = static_cast<double>(next.epoch) + static_cast<double>(next.cursor) / static_cast<double>(per_epoch);
+    item.epoch_progress = epoch_progress(next, order.size());
 
     std::unique_lock<std::mutex> lock(mu_);
     stats_.records_skipped += delta.records_skipped;

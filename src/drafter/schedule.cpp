@@ -10,33 +10,27 @@
 namespace dflash {
 
 int64_t count_epoch_batches(const TokenDataset& ds, const LoaderOptions& opts, int64_t epoch) {
-  const int64_t budget = opts.token_budget;
-  DF_CHECK(budget > 0, BadOptions, "--token-budget must be positive (got " << budget << ")");
-  const std::vector<int64_t> order = Loader::shard_order(ds.num_records(), opts.seed, epoch, opts.shard_index, opts.num_shards);
-  int64_t batches = 0, in_batch = 0;  // tokens in the batch being packed
-  int records = 0;                    // records in it
-  for (int64_t r : order) {
-    const int64_t len = ds.record_length(static_cast<size_t>(r));
-    if (len > budget && opts.long_record == LongRecord::Skip) continue;
-    const int64_t take = std::min(len, budget);
-    if (in_batch + take > budget) {  // whole records only: this one starts the next batch
-      ++batches;
-      in_batch = 0;
-      records = 0;
-    }
-    in_batch += take;
-    ++records;
+  DF_CHECK(opts.token_budget > 0, BadOptions, "--token-budget must be positive (got " << opts.token_budget << ")");
+  const std::vector<int64_t> order =
+      Loader::shard_order(ds.num_records(), opts.seed, epoch, opts.shard_index, opts.num_shards, opts.consumed.get());
+  int64_t batches = 0;
+  for (int64_t cursor = 0; cursor < static_cast<int64_t>(order.size());) {
+    const BatchExtent e = pack_extent(ds, order, cursor, opts.token_budget, opts.long_record);
+    if (!e.taken.empty()) ++batches;  // only skipped records left: not a batch
+    cursor = e.end;
   }
-  return batches + (records > 0 ? 1 : 0);
+  return batches;
 }
 
 PlannedSchedule plan_schedule(const TokenDataset& ds, const LoaderOptions& base, int num_targets, int num_drafters,
-                              int epochs, int64_t max_steps, int warmup_steps, double warmup_ratio, int grad_accum) {
+                              int epochs, int64_t max_steps, int warmup_steps, double warmup_ratio, int grad_accum,
+                              const ScheduleStart& from) {
   DF_CHECK(num_targets > 0 && num_drafters > 0, Internal, "plan_schedule: " << num_targets << " targets, " << num_drafters << " drafters");
   DF_CHECK(grad_accum >= 1, Internal, "plan_schedule: grad_accum " << grad_accum);
+  DF_CHECK(from.epoch >= 0 && from.steps_done >= 0, Internal, "plan_schedule: from epoch " << from.epoch);
   PlannedSchedule s;
   if (epochs > 0) {
-    for (int e = 0; e < epochs; ++e)
+    for (int64_t e = from.epoch; e < epochs; ++e)
       for (int t = 0; t < num_targets; ++t) {
         LoaderOptions o = base;
         o.shard_index = t;
@@ -51,12 +45,17 @@ PlannedSchedule plan_schedule(const TokenDataset& ds, const LoaderOptions& base,
     s.long_tokens_dropped += base.long_record == LongRecord::Skip ? len : len - base.token_budget;
   }
   const int64_t micro_batches = s.data_batches / num_drafters;  // per drafter, in lockstep
-  const int64_t data_steps = (micro_batches + grad_accum - 1) / grad_accum;
+  const int64_t data_steps = from.steps_done + (micro_batches + grad_accum - 1) / grad_accum;
   if (epochs > 0 && (max_steps == 0 || data_steps <= max_steps)) {
     s.total_steps = data_steps;
     s.why = std::to_string(s.data_batches) + " batches over " + std::to_string(epochs) + " epoch(s) / " +
             std::to_string(num_drafters) + " drafter(s)" +
             (grad_accum > 1 ? " / " + std::to_string(grad_accum) + " micro-batches per step" : std::string());
+    if (from.steps_done > 0 || from.epoch > 0)
+      s.why = std::to_string(from.steps_done) + " step(s) done + " + std::to_string(s.data_batches) +
+              " batches left from epoch " + std::to_string(from.epoch) + " of " + std::to_string(epochs) + " / " +
+              std::to_string(num_drafters) + " drafter(s)" +
+              (grad_accum > 1 ? " / " + std::to_string(grad_accum) + " micro-batches per step" : std::string());
   } else if (max_steps > 0) {
     s.total_steps = max_steps;
     s.why = "--max-steps";

@@ -64,12 +64,30 @@ void MetricsWriter::append_step(const StepMetrics& s) {
   count_append();
 }
 
+int64_t MetricsWriter::begin_segment(const SegmentInfo& seg) {
+  std::lock_guard<std::mutex> lock(hdf5_mutex());
+  DF_ASSERT(impl_->file.valid());
+  const int64_t index = static_cast<int64_t>(h5::dims(impl_->series.at("segments/kind"))[0]);
+  const int64_t kind = static_cast<int64_t>(seg.kind);
+  impl_->append("segments/first_step", H5T_NATIVE_INT64, &seg.first_step, 0);
+  impl_->append("segments/kind", H5T_NATIVE_INT64, &kind, 0);
+  impl_->append("segments/nodes", H5T_NATIVE_INT64, &seg.nodes, 0);
+  impl_->append("segments/targets_per_node", H5T_NATIVE_INT64, &seg.targets_per_node, 0);
+  impl_->append("segments/drafters_per_node", H5T_NATIVE_INT64, &seg.drafters_per_node, 0);
+  impl_->append("segments/world_size", H5T_NATIVE_INT64, &seg.world_size, 0);
+  impl_->append("segments/grad_accum", H5T_NATIVE_INT64, &seg.grad_accum, 0);
+  impl_->append("segments/unix_time_s", H5T_NATIVE_DOUBLE, &seg.unix_time_s, 0);
+  count_append();
+  return index;
+}
+
 void MetricsWriter::append_rank_timing(const RankTiming& r) {
   std::lock_guard<std::mutex> lock(hdf5_mutex());
   DF_ASSERT(impl_->file.valid());
   const int64_t rank = r.rank, role = static_cast<int64_t>(r.role);
   const int8_t role8 = static_cast<int8_t>(r.role);
   impl_->append("ranks/interval", H5T_NATIVE_INT64, &r.interval, 0);
+  impl_->append("ranks/segment", H5T_NATIVE_INT64, &r.segment, 0);
   impl_->append("ranks/time_s", H5T_NATIVE_DOUBLE, &r.time_s, 0);
   impl_->append("ranks/rank", H5T_NATIVE_INT64, &rank, 0);
   if (impl_->role_is_enum) impl_->append("ranks/role", impl_->role_mem, &role8, 0);

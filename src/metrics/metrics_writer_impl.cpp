@@ -44,6 +44,7 @@ hid_t file_type(Elem e) {
 const char* row_dimension(const std::string& group) {
   if (group == "steps") return "steps/step";  // a coordinate: the step numbers themselves
   if (group == "ranks") return "ranks/row";   // (interval, rank)
+  if (group == "segments") return "segments/row";  // one per job start
   return nullptr;                             // queues, gpus: GROUP/sample
 }
 
@@ -125,6 +126,10 @@ void MetricsWriter::Impl::open_series(const std::string& name, Elem e, int cols,
     const double nan = std::nan("");
     DF_H5(H5Pset_fill_value(dcpl, H5T_NATIVE_DOUBLE, &nan), "fill value of " + name);
   }
+  if (e == Elem::I64) {  // rows of a resumed older file that lacked the series: -1, "not known"
+    const int64_t unknown = -1;
+    DF_H5(H5Pset_fill_value(dcpl, H5T_NATIVE_INT64, &unknown), "fill value of " + name);
+  }
   const hid_t type = e == Elem::Role ? role_type.get() : file_type(e);
   Handle ds(DF_H5(H5Dcreate2(file, name.c_str(), type, space, H5P_DEFAULT, dcpl, H5P_DEFAULT),
                   "creating " + name + " in " + path),
@@ -162,6 +167,7 @@ void MetricsWriter::Impl::name_all_axes(const MetricsLayout& layout) {
   coordinate("steps/step");
   coordinate("steps/block_position");
   dimension_only("ranks/row", h5::kUnlimitedDimension);
+  dimension_only("segments/row", h5::kUnlimitedDimension);
   dimension_only("queues/sample", h5::kUnlimitedDimension);
   dimension_only("queues/target", layout.num_targets);
   dimension_only("queues/drafter", layout.num_drafters);

@@ -42,6 +42,53 @@ const SeriesSpec kRankSeries[] = {{"interval", Elem::I64},  {"time_s", Elem::F64
                                   {"wait_s", Elem::F64},    {"compute_s", Elem::F64},     {"credit_wait_s", Elem::F64},
                                   {"data_wait_s", Elem::F64}, {"allreduce_s", Elem::F64}, {"optimizer_s", Elem::F64}};
 
+const SeriesSpec kSegmentSeries[] = {{"first_step", Elem::I64},        {"kind", Elem::I64},
+                                     {"nodes", Elem::I64},             {"targets_per_node", Elem::I64},
+                                     {"drafters_per_node", Elem::I64}, {"world_size", Elem::I64},
+                                     {"grad_accum", Elem::I64},        {"unix_time_s", Elem::F64}};
+
+// Columns of a 2-D series in the file (-1 when it is not there).
+int64_t columns_of(hid_t file, const std::string& name) {
+  if (!h5::link_exists(file, name)) return -1;
+  Handle ds(DF_H5(H5Dopen2(file, name.c_str(), H5P_DEFAULT), "opening " + name), Handle::Kind::Dataset);
+  const std::vector<hsize_t> d = h5::dims(ds);
+  return d.size() == 2 ? static_cast<int64_t>(d[1]) : -1;
+}
+
+// Whether the file's per-target/drafter/GPU series have other widths than this job's.
+bool split_series_differ(hid_t file, const MetricsLayout& layout) {
+  if (columns_of(file, "queues/q_pre") != layout.num_targets) return true;
+  if (columns_of(file, "queues/q_hs") != layout.num_drafters) return true;
+  const int64_t gpu_cols = columns_of(file, "gpus/power_w");
+  return gpu_cols >= 0 && layout.gpu_available && gpu_cols != layout.num_gpus;
+}
+
+// /queues and /gpus -> /segments/K/ (K: the first segment of the split they hold: the last /segments row
+// that is not a resume on the same split; "earlier" in a file of a build before segments).
+void move_split_series(hid_t file, const std::string& path) {
+  int64_t k = -1;  // -1: a file of a build before segments, whose rows are not in /segments
+  if (h5::link_exists(file, "segments/kind")) {
+    Handle ds(DF_H5(H5Dopen2(file, "segments/kind", H5P_DEFAULT), "opening segments/kind"), Handle::Kind::Dataset);
+    const hsize_t rows = h5::dims(ds)[0];
+    std::vector<int64_t> kinds(rows);
+    if (rows > 0) DF_H5(H5Dread(ds, H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, kinds.data()), "reading segments/kind");
+    for (hsize_t i = rows; i-- > 0;)
+      if (kinds[i] != static_cast<int64_t>(SegmentKind::Resume)) {
+        k = static_cast<int64_t>(i);
+        break;
+      }
+  }
+  Handle lcpl(DF_H5(H5Pcreate(H5P_LINK_CREATE), "link properties"), Handle::Kind::PropList);
+  DF_H5(H5Pset_create_intermediate_group(lcpl, 1), "link properties");
+  for (const char* g : {"queues", "gpus"}) {
+    if (!h5::link_exists(file, g)) continue;
+    const std::string base = "segments/" + (k >= 0 ? std::to_string(k) : std::string("earlier"));
+    std::string to = base + "/" + g;
+    for (int n = 1; h5::link_exists(file, to); ++n) to = base + "." + std::to_string(n) + "/" + g;
+    DF_H5(H5Lmove(file, g, file, to.c_str(), lcpl, H5P_DEFAULT), "moving /" + std::string(g) + " to /" + to + " in " + path);
+  }
+}
+
 bool file_exists(const std::string& path) {
   struct stat st;
   return ::stat(path.c_str(), &st) == 0;
@@ -128,6 +175,15 @@ const SeriesNote kSeriesNotes[] = {
     {"ranks/data_wait_s", "s", "target: waiting for its loader; drafter: waiting for a batch"},
     {"ranks/allreduce_s", "s", "drafter: gradient allreduce"},
     {"ranks/optimizer_s", "s", "drafter: AdamW step"},
+    {"ranks/segment", "1", "the /segments row of the job that measured the interval (-1: written before segments were recorded)"},
+    {"segments/first_step", "1", "the step the segment continued from (0: a fresh start; else the checkpoint's)"},
+    {"segments/kind", "1", "0 start, 1 resume on the same split, 2 resume on another split, 3 live rebalance"},
+    {"segments/nodes", "1", "nodes of the segment's job"},
+    {"segments/targets_per_node", "1", "target ranks per node (the T of --topology T-D)"},
+    {"segments/drafters_per_node", "1", "drafter ranks per node (the D of --topology T-D)"},
+    {"segments/world_size", "1", "ranks of the segment's job"},
+    {"segments/grad_accum", "1", "micro-batches per optimizer step (--grad-accum, resolved)"},
+    {"segments/unix_time_s", "s", "wall clock (Unix time) at the segment's start"},
     {"queues/time_s", "s", "sample time, seconds since this segment's job start"},
     {"queues/q_pre", "batches", "[sample, target] batches ready in each target's prefetch queue (capacity --prefetch-depth)"},
     {"queues/q_hs", "batches", "[sample, drafter] receive slots holding an untrained batch (capacity --hs-queue-depth)"},
@@ -204,21 +260,33 @@ MetricsWriter::MetricsWriter(const std::string& path, const MetricsLayout& layou
     impl_->open_role_type(ranks);
     for (const SeriesSpec& s : kRankSeries) impl_->open_series(std::string("ranks/") + s.name, s.elem, 0, create);
   }
-  impl_->group("queues", create);
-  impl_->open_series("queues/time_s", Elem::F64, 0, create);
-  impl_->open_series("queues/q_pre", Elem::I32, layout.num_targets, create);
-  impl_->open_series("queues/q_hs", Elem::I32, layout.num_drafters, create);
   {
-    Handle gpus = impl_->group("gpus", create);
-    if (create) {
+    // A resumed file of an earlier format lacks the segment table and /ranks/segment (-1 over its rows).
+    const hsize_t rank_rows = h5::dims(impl_->series.at("ranks/interval"))[0];
+    impl_->open_series("ranks/segment", Elem::I64, 0, true, rank_rows);
+    impl_->group("segments", true);
+    for (const SeriesSpec& s : kSegmentSeries) impl_->open_series(std::string("segments/") + s.name, s.elem, 0, true);
+  }
+  // Another split than the file's (a resume on another topology): the earlier split's per-column series
+  // move to /segments/K/ and this one's start anew.
+  const bool new_split = !create && split_series_differ(impl_->file, layout);
+  if (new_split) move_split_series(impl_->file, path);
+  const bool fresh = create || new_split;
+  impl_->group("queues", fresh);
+  impl_->open_series("queues/time_s", Elem::F64, 0, fresh);
+  impl_->open_series("queues/q_pre", Elem::I32, layout.num_targets, fresh);
+  impl_->open_series("queues/q_hs", Elem::I32, layout.num_drafters, fresh);
+  {
+    Handle gpus = impl_->group("gpus", fresh);
+    if (fresh) {
       h5::write_attr_int64(gpus, "available", layout.gpu_available ? 1 : 0);
       h5::write_attr_string(gpus, "reason", layout.gpu_available ? "" : layout.gpu_unavailable_reason);
     }
-    if (create ? layout.gpu_available : h5::link_exists(impl_->file, "gpus/time_s")) {
-      impl_->open_series("gpus/time_s", Elem::F64, 0, create);
-      impl_->open_series("gpus/power_w", Elem::F64, layout.num_gpus, create);
-      impl_->open_series("gpus/util_pct", Elem::F64, layout.num_gpus, create);
-      impl_->open_series("gpus/mem_used_mib", Elem::F64, layout.num_gpus, create);
+    if (fresh ? layout.gpu_available : h5::link_exists(impl_->file, "gpus/time_s")) {
+      impl_->open_series("gpus/time_s", Elem::F64, 0, fresh);
+      impl_->open_series("gpus/power_w", Elem::F64, layout.num_gpus, fresh);
+      impl_->open_series("gpus/util_pct", Elem::F64, layout.num_gpus, fresh);
+      impl_->open_series("gpus/mem_used_mib", Elem::F64, layout.num_gpus, fresh);
     }
   }
   impl_->name_all_axes(layout_);

@@ -73,8 +73,7 @@ void DrafterEndpoint::init_fixed_order() {
                  topo_.node_drafter_index_of(topo_.world_rank));
   if (job_.resume_dir.empty()) return;
   for (size_t i = 0; i < topo_.node_targets.size(); ++i) {
-    const DataResumePoint p = target_resume_point(job_.resume_dir, topo_.target_index_of(topo_.node_targets[i]),
-                                                  static_cast<int>(topo_.targets.size()), o_.train.seed);
+    const DataResumePoint& p = job_.data_resume.points.at(static_cast<size_t>(topo_.target_index_of(topo_.node_targets[i])));
     std::vector<int64_t> later;
     for (const auto& [index, next] : p.done_after) later.push_back(index);
     fixed_->trained_before(static_cast<int>(i), p.position.batches, later);

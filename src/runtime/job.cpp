@@ -156,18 +156,80 @@ OptionMap share_input_identities(const JobContext& job) {
   return out;
 }
 
+// Whether the checkpoint was made on this job's split: the same --topology, world size, and numbers of
+// targets (data positions) and drafters (RNG states).
+ResumeSplit resume_split_of(const CheckpointState& saved, JobContext& job) {
+  auto saved_option = [&](const char* k) {
+    const auto it = saved.options.find(k);
+    return it == saved.options.end() ? std::string("?") : it->second;
+  };
+  job.saved_topology = saved_option("topology") + " on " + saved_option("world-size") + " rank(s)";
+  const bool same = saved_option("topology") == job.resume_invariants.at("topology") &&
+                    saved_option("world-size") == job.resume_invariants.at("world-size") &&
+                    saved.data.size() == job.topo.targets.size() && saved.rng_states.size() == job.topo.drafters.size();
+  return same ? ResumeSplit::Same : ResumeSplit::Changed;
+}
+
+// Where every target starts, decided by the first target (it has the dataset open: a resplit replays the
+// saved targets' packing) and sent to every rank: the targets' loaders, the drafters' checkpoints and
+// --batch-order fixed all go by it.
+DataResume share_data_resume(const JobContext& job, const CheckpointState& saved) {
+  const Topology& topo = job.topo;
+  const int root = topo.targets.front();
+  std::string bytes;
+  if (topo.world_rank == root) {
+    const DataResume d = plan_data_resume(*job.dataset, job.plan.loader, job.opt.epochs, saved.data, saved.consumed,
+                                          static_cast<int>(topo.targets.size()));
+    bytes = serialize_data_resume(d);
+    if (d.resplit) {
+      std::printf("[dflash] resuming on another split: the checkpoint's %s (%zu target(s), %zu drafter(s)) -> %s on %d "
+                  "rank(s) (%zu target(s), %zu drafter(s)) at step %lld; %s\n",
+                  job.saved_topology.c_str(), saved.data.size(), saved.rng_states.size(),
+                  job.opt.topology.to_string().c_str(), topo.world_size, topo.targets.size(), topo.drafters.size(),
+                  static_cast<long long>(saved.step), d.summary.c_str());
+      std::fflush(stdout);
+    }
+  }
+  int64_t len = static_cast<int64_t>(bytes.size());
+  const double timeout_s = 10 * job.opt.peer_timeout_s;
+  auto why = [] { return std::string("the first target did not share where the data resumes (lost?)"); };
+  MPI_Request r = mpi::ibcast(&len, 1, root, MPI_COMM_WORLD);
+  mpi::wait(r, timeout_s, why);
+  bytes.resize(static_cast<size_t>(len));
+  r = mpi::ibcast(bytes.data(), bytes.size(), root, MPI_COMM_WORLD);
+  mpi::wait(r, timeout_s, why);
+  return deserialize_data_resume(bytes);
+}
+
 }  // namespace
 
 // The learning-rate schedule (include/dflash/schedule.h): cosine to the run's end, known before it starts
 // from the data, --epochs, --token-budget and the numbers of targets and drafters (or --max-steps when that
 // ends the run sooner). Only targets open the data: the first one plans, prints, and tells every rank.
-void plan_lr_schedule(Options& o, const JobContext& job) {
+// A run resumed on another split re-plans it for the data left (its targets' epochs, the new numbers of
+// targets, drafters and micro-batches) from the checkpoint's step; a run resumed on the same split keeps the
+// checkpoint's plan (the one its segment made), so a lineage with a resplit keeps one schedule.
+void plan_lr_schedule(Options& o, const JobContext& job, const nlohmann::json& saved_schedule) {
   const int planner = job.topo.targets.front();
   int64_t plan[4] = {0, 0, 0, 0};  // total steps, warmup steps, long records and their dropped tokens per epoch
   if (job.topo.world_rank == planner) {
-    const PlannedSchedule s = plan_schedule(*job.dataset, job.plan.loader, static_cast<int>(job.topo.targets.size()),
-                                            static_cast<int>(job.topo.drafters.size()), o.epochs, o.max_steps,
-                                            o.train.warmup_steps, o.warmup_ratio, o.grad_accum);
+    const bool resplit = job.resume_split == ResumeSplit::Changed;
+    LoaderOptions lo = job.plan.loader;
+    lo.consumed = job.consumed;
+    ScheduleStart from;
+    if (resplit) from = ScheduleStart{job.data_resume.first_epoch, job.resume_step};
+    PlannedSchedule s = plan_schedule(*job.dataset, lo, static_cast<int>(job.topo.targets.size()),
+                                      static_cast<int>(job.topo.drafters.size()), o.epochs, o.max_steps,
+                                      o.train.warmup_steps, o.warmup_ratio, o.grad_accum, from);
+    if (resplit) {
+      // The warmup stays as planned at the start (the resumed run is past it, or in it, as before).
+      if (saved_schedule.contains("warmup_steps")) s.warmup_steps = saved_schedule["warmup_steps"].get<int>();
+      s.why = "re-planned for the new split: " + s.why;
+    } else if (!job.resume_dir.empty() && saved_schedule.contains("total_steps")) {
+      s.total_steps = saved_schedule["total_steps"].get<int64_t>();
+      s.warmup_steps = saved_schedule["warmup_steps"].get<int>();
+      s.why = "as the checkpoint's segment planned it";
+    }
     plan[0] = s.total_steps;
     plan[1] = s.warmup_steps;
     plan[2] = s.long_records;
@@ -259,22 +321,29 @@ int run_job(const Options& given) {
   // before --out is created, locked or written (an earlier run's metrics and checkpoints stay as they are).
   validate_inputs(job, std::move(planned));
   barrier(MPI_COMM_WORLD, 10 * o.peer_timeout_s, "checking the inputs");
-  plan_lr_schedule(o, job);
-  plan_eval(o, job);
   // Then --out is this job's alone (rank 0 holds the lock; the others wait for it in the resume's bcast).
   if (topo.world_rank == 0) {
     lock_run_dirs(o);
     check_disk_space(o, disk_need(drafter_param_count(job.plan.drafter), o));
   }
-  // --resume: one answer for the whole job; a checkpoint of another model/topology/objective is refused
-  // here, before any model loads (docs/checkpoint.md).
+  // --resume: one answer for the whole job; a checkpoint of another model/objective/data is refused here,
+  // before any model loads; one of another split continues on this one (docs/checkpoint.md).
   job.resume_invariants = resume_invariants_of(o, topo.world_size, share_input_identities(job));
   job.resume_dir = resolve_resume_collective(o, MPI_COMM_WORLD);
+  nlohmann::json saved_schedule = nlohmann::json::object();
   if (!job.resume_dir.empty()) {
     const CheckpointState saved = read_checkpoint_state(job.resume_dir);
-    if (topo.world_rank == 0) check_resume_compatible(saved.options, job.resume_invariants, job.resume_dir);
+    job.resume_split = resume_split_of(saved, job);
+    if (topo.world_rank == 0) check_resume_compatible(saved.options, job.resume_invariants, job.resume_dir, job.resume_split);
     job.resume_step = saved.step;
+    saved_schedule = saved.schedule;
+    job.data_resume = share_data_resume(job, saved);
+  } else {
+    job.data_resume = fresh_data_resume(static_cast<int>(topo.targets.size()), o.train.seed);
   }
+  job.consumed = std::make_shared<const ConsumedRecords>(job.data_resume.consumed);
+  plan_lr_schedule(o, job, saved_schedule);
+  plan_eval(o, job);
 
   if (topo.role != Role::Idle) choose_backend_parts(job);
   choose_data_plane(job);

@@ -53,6 +53,10 @@ struct JobContext {
                                    // the inputs' content identities (checkpoint.h), same on every rank
   std::string resume_dir;          // checkpoint this run resumes from ("" = fresh start), same on every rank
   int64_t resume_step = 0;         // its step
+  ResumeSplit resume_split = ResumeSplit::Same;  // Changed: the checkpoint was made on another split
+  std::string saved_topology;      // the checkpoint's --topology and world size ("2-1 on 3 ranks"), resuming only
+  DataResume data_resume;          // where every target starts (checkpoint.h), same on every rank
+  std::shared_ptr<const ConsumedRecords> consumed;  // data_resume.consumed, for the targets' loaders
   bool stop_for_requeue = false;   // a drafter checkpointed after SIGUSR1/SIGTERM: exit with ExitCode::Requeue
   PowerSampler* gpu_sampler = nullptr;  // this rank's GPU through NVML (run_job owns it)
   double elapsed() const { return mpi::seconds_since(start); }

@@ -1,5 +1,6 @@
 #include "job_metrics.h"
 
+#include <chrono>
 #include <string>
 #include <thread>
 #include <utility>
@@ -110,9 +111,11 @@ MetricsHub::MetricsHub(const JobContext& job, int block_size, bool selector_metr
   // Resuming: continue the run's file; rows after the checkpoint's step are written again.
   const bool resuming = !job.resume_dir.empty();
   const std::string path = job.opt.out_dir + "/metrics.h5";
-  if (resuming && std::filesystem::exists(path)) {
-    // The file's /gpus series (made by the first segment) stay as they are: this segment appends to
+  const bool same_split = job.resume_split == ResumeSplit::Same;
+  if (resuming && same_split && std::filesystem::exists(path)) {
+    // The file's /gpus series (made by the split's first segment) stay as they are: this segment appends to
     // them only when it has readings for the same number of columns; otherwise /gpus gets no new rows.
+    // (On another split the writer moves the earlier split's /queues and /gpus aside and starts anew.)
     int64_t file_cols = 0;
     {
       const MetricsReader existing(path);
@@ -124,6 +127,16 @@ MetricsHub::MetricsHub(const JobContext& job, int block_size, bool selector_metr
   writer_ = std::make_unique<MetricsWriter>(path, layout, resuming ? MetricsOpen::Append : MetricsOpen::Create);
   if (resuming) writer_->drop_steps_after(job.resume_step);
   if (resuming) writer_->drop_eval_after(job.resume_step);  // evaluated after the checkpoint: again on schedule
+  SegmentInfo seg;
+  seg.first_step = job.resume_step;
+  seg.kind = !resuming ? SegmentKind::Start : same_split ? SegmentKind::Resume : SegmentKind::Resplit;
+  seg.nodes = t.num_nodes;
+  seg.targets_per_node = static_cast<int64_t>(t.targets.size()) / std::max(1, t.num_nodes);
+  seg.drafters_per_node = static_cast<int64_t>(t.drafters.size()) / std::max(1, t.num_nodes);
+  seg.world_size = t.world_size;
+  seg.grad_accum = job.opt.grad_accum;
+  seg.unix_time_s = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  segment_ = writer_->begin_segment(seg);
   nlohmann::json ranks = nlohmann::json::array();
   for (const RankCard& c : job.cards) {
     ranks.push_back({{"rank", c.rank}, {"role", role_name(static_cast<Role>(c.role))}, {"host", c.host},
@@ -224,6 +237,7 @@ void MetricsHub::report(const DrafterReport& mine, const std::vector<TargetRepor
   auto timing_row = [&](int rank, MetricsRole role) {
     RankTiming rt;
     rt.interval = interval_;
+    rt.segment = segment_;
     rt.time_s = now;
     rt.rank = rank;
     rt.role = role;

@@ -55,6 +55,7 @@ class MetricsHub {
   } interval_sums_;
   std::vector<TargetReport> prev_targets_;
   std::vector<DrafterReport> prev_drafters_;
+  int64_t segment_ = 0;         // this job's /segments row
   std::vector<int> gpu_ranks_;  // world rank of each /gpus column (empty: no GPU series)
 };
 

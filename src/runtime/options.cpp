@@ -172,7 +172,9 @@ Described describe(Options& o, std::string& topology, std::string& backend, std:
     ("inject-delay-drafter-ms", po::value(&o.inject_delay_drafter_ms)->default_value(0)->value_name("MS"), "sleep per step on drafters")
     ("inject-fail-rank", po::value(&o.inject_fail_rank)->default_value(-1)->value_name("RANK"), "world rank that fails on purpose")
     ("inject-fail-step", po::value(&o.inject_fail_step)->default_value(-1)->value_name("N"), "batch (target) or step (drafter) at which it fails; an idle rank fails as soon as it waits for the end of the run")
-    ("inject-fail-mode", po::value(&fail_mode)->default_value("kill")->value_name("MODE"), "kill (SIGKILL) | hang (SIGSTOP: silent, alive)");
+    ("inject-fail-mode", po::value(&fail_mode)->default_value("kill")->value_name("MODE"), "kill (SIGKILL) | hang (SIGSTOP: silent, alive)")
+    ("inject-stop-step", po::value(&o.inject_stop_step)->default_value(-1)->value_name("N"), "the drafters act as on a stop signal after optimizer step N: checkpoint, exit 75")
+    ("inject-trace-dir", po::value(&o.inject_trace_dir)->value_name("DIR"), "each rank appends the batches it sent (targets: their records) or trained on (drafters) to DIR/trace.rankNNNNN");
   d.visible.add(job).add(data).add(train).add(out);
   d.all.add(d.visible).add(d.hooks);
   return d;

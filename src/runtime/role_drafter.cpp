@@ -21,6 +21,7 @@
 #include "drafter_tau.h"
 #include "job.h"
 #include "job_metrics.h"
+#include "test_trace.h"
 
 namespace dflash {
 namespace {
@@ -28,7 +29,8 @@ namespace {
 class DrafterLoop {
  public:
   explicit DrafterLoop(JobContext& job)
-      : job_(job), o_(job.opt), topo_(job.topo), group_(job), best_(o_, job.resume_dir) {}
+      : job_(job), o_(job.opt), topo_(job.topo), group_(job), best_(o_, job.resume_dir),
+        trace_(o_.inject_trace_dir, topo_.world_rank, job.resume_step) {}
 
   void run() {
     const int num_drafters = static_cast<int>(topo_.drafters.size());
@@ -36,7 +38,8 @@ class DrafterLoop {
     group_.check_same_init(trainer.weights_checksum());
     // --eval-tau-every: this rank's own target for the verification (loaded before the load barrier)
     if (job_.tau_prompts) tau_ = std::make_unique<DrafterTau>(job_, trainer);
-    DrafterCheckpointer ckpt(o_, topo_.drafter_comm, job_.resume_invariants, static_cast<int>(topo_.targets.size()), job_.resume_dir);
+    DrafterCheckpointer ckpt(o_, topo_.drafter_comm, job_.resume_invariants, job_.data_resume, job_.resume_dir,
+                             job_.resume_split);
     int64_t step = ckpt.restore(trainer);  // 0 unless resuming
     DataPlaneSpec ps = data_plane_spec(job_);
     ps.num_slots = o_.hs_queue_depth;
@@ -99,6 +102,7 @@ class DrafterLoop {
       report_.optimizer_s += mpi::seconds_since(t0);
       ++step;
       ckpt.step_applied();
+      trace_.applied(step);
       record_step(hub, step, sums, acc_by_pos, grad_norm, num_drafters * micro);
       if (step % o_.log_every == 0) {
         enter_collective();
@@ -196,6 +200,7 @@ class DrafterLoop {
     fb.final_norm = hb.final_norm_view();
     const StepStats st = mb == MicroBatch::Whole ? trainer.forward_backward(fb, hooks) : trainer.forward_backward(fb, mb, hooks);
     ckpt.trained_on(topo_.target_index_of(hb.header.report.rank), hb.header.batch_index, hb.header.next_position);
+    trace_.trained(hb.header.report.rank, hb.header.batch_index);
     if (o_.inject_delay_drafter_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(o_.inject_delay_drafter_ms));
     report_.compute_s += mpi::seconds_since(t0);
     endpoint.pump();  // batches sent during the compute complete now (host MPI progresses only inside MPI calls)
@@ -248,7 +253,8 @@ class DrafterLoop {
 
   // What a checkpoint records of the schedule: the next learning rate and every target's epoch progress.
   nlohmann::json schedule_of(const DrafterTrainer& trainer) const {
-    nlohmann::json schedule = {{"next_lr", trainer.current_lr()}, {"epoch_progress", nlohmann::json::array()}};
+    nlohmann::json schedule = {{"next_lr", trainer.current_lr()}, {"epoch_progress", nlohmann::json::array()},
+                               {"total_steps", o_.train.total_steps}, {"warmup_steps", o_.train.warmup_steps}};
     if (!best_.record().empty()) schedule["best"] = best_.record();  // OUT/drafter-best's (drafter_best.h)
     for (const TargetReport& t : endpoint_->known_targets()) schedule["epoch_progress"].push_back(t.epoch_progress);
     return schedule;
@@ -352,6 +358,7 @@ class DrafterLoop {
   DrafterEndpoint* endpoint_ = nullptr;
   std::unique_ptr<GradientReducer> reducer_;
   DrafterBest best_;                 // OUT/drafter-best
+  TestTrace trace_;                  // --inject-trace-dir (tests)
   std::unique_ptr<DrafterTau> tau_;  // --eval-tau-every
   DrafterReport report_;
 };

@@ -16,6 +16,7 @@
 #include "dflash/target.h"
 #include "job.h"
 #include "target_endpoint.h"
+#include "test_trace.h"
 
 namespace dflash {
 namespace {
@@ -39,9 +40,10 @@ class TargetRank {
     LoaderOptions lo = job_.plan.loader;
     lo.shard_index = topo_.role_index;
     lo.num_shards = topo_.role_count;
+    lo.consumed = job_.consumed;  // epochs an earlier split began (a resume on another split)
     wait_all_loaded(job_);
     // Resuming: the loader restarts where the checkpoint says; batches trained on after that are dropped.
-    const DataResumePoint resume = target_resume_point(job_.resume_dir, topo_.role_index, topo_.role_count, o_.train.seed);
+    const DataResumePoint& resume = job_.data_resume.points.at(static_cast<size_t>(topo_.role_index));
     Loader loader(dataset, lo, resume.position);
     end_index_ = resume.position.batches;
     const auto& nt = topo_.node_targets;
@@ -54,6 +56,7 @@ class TargetRank {
     wait_eval_features(job_, [&] { endpoint.pump(); });
     report_ = TargetReport{};  // the eval forwards are not training work
     report_.rank = topo_.world_rank;
+    TestTrace trace(o_.inject_trace_dir, topo_.world_rank, job_.resume_step);
     LoadedBatch lb;
     while (!endpoint.stopped()) {
       // 1. the next packed batch from the loader thread
@@ -90,6 +93,7 @@ class TargetRank {
       b.header.next_position = lb.next;
       b.header.report = report_;
       endpoint.send(buf, job_.ctx, *c);
+      trace.sent(topo_.world_rank, lb.index, lb.epoch, lb.records);
       // Test hook: fail with this batch mid-transfer (posted, not yet delivered), the worst moment.
       maybe_inject_failure(job_, report_.batches - 1);
     }

@@ -153,6 +153,22 @@ TEST(ResumeInvariants, ChangedObjectiveOrTopologyIsRefusedNamingIt) {
   EXPECT_EXIT(check_resume_compatible(saved, now, "ckpt"), ExitedWithCode(2), "2 option");
 }
 
+// A resume on another split (docs/checkpoint.md "Changing the split"): the topology, the world size and the
+// micro-batches per step may differ; everything else is still refused.
+TEST(ResumeInvariants, AnotherSplitMayChangeTheTopologyOnly) {
+  const OptionMap saved = {{"loss", "ce"}, {"topology", "7-1"}, {"world-size", "8"}, {"grad-accum", "4"}};
+  OptionMap now = saved;
+  now["topology"] = "6-2";
+  now["grad-accum"] = "2";
+  check_resume_compatible(saved, now, "ckpt", ResumeSplit::Changed);  // returns: accepted
+  EXPECT_EXIT(check_resume_compatible(saved, now, "ckpt", ResumeSplit::Same), ExitedWithCode(2), "--topology: saved '7-1'");
+  now["world-size"] = "16";
+  now["loss"] = "kl";
+  // Only the loss is named: "1 option(s)".
+  EXPECT_EXIT(check_resume_compatible(saved, now, "ckpt", ResumeSplit::Changed), ExitedWithCode(2), "from ckpt: 1 option");
+  EXPECT_EXIT(check_resume_compatible(saved, now, "ckpt", ResumeSplit::Changed), ExitedWithCode(2), "--loss: saved 'ce', now 'kl'");
+}
+
 // A checkpoint written before an option existed lacks it: resuming with the value that means what it was
 // trained with is accepted, any other value is refused as a change.
 TEST(ResumeInvariants, OptionNewerThanTheCheckpointAtItsOldMeaningIsAccepted) {

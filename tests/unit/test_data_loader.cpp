@@ -104,7 +104,7 @@ TEST(Loader, ShardsAreDisjointAndCompleteEveryEpoch) {
       for (int s = 0; s < b.batch.num_seqs(); ++s) seen[epoch].push_back(record_of(b.batch, s));
       epoch = b.next.epoch;  // the next batch belongs to this epoch
     }
-    EXPECT_EQ(l.shard_records_per_epoch(), (101 - i + n - 1) / n);
+    EXPECT_EQ(l.shard_records(0), (101 - i + n - 1) / n);
   }
   ASSERT_EQ(seen.size(), 2u);
   for (auto& [epoch, recs] : seen) {
