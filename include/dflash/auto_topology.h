@@ -50,6 +50,20 @@ std::vector<SplitPrediction> predict_all_splits(const RoleMeasurements& m);
 std::optional<SplitPrediction> best_split(const std::vector<SplitPrediction>& preds,
                                           std::optional<double> power_budget_w = std::nullopt);
 
+// --rebalance auto (docs/checkpoint.md "Re-splitting live"): whether a run on `targets`-`drafters` per node
+// should move to the best split the model predicts from this split's own measurements -- at least
+// min_gain_frac faster than this split's prediction (both predicted: the model's bias cancels) and within
+// the power budget (needs power readings). `to` is set when it should.
+struct RebalanceChoice {
+  std::optional<SplitPrediction> to;
+  SplitPrediction now;
+  std::optional<SplitPrediction> best;
+  double gain = 0;  // best's predicted b/s over now's, - 1
+  std::string why;  // one line: the decision and its numbers
+};
+RebalanceChoice choose_rebalance(const RoleMeasurements& m, int targets, int drafters, double min_gain_frac,
+                                 std::optional<double> power_budget_w = std::nullopt);
+
 // The what-if table as fixed-width text (what --topology auto prints before training).
 std::string format_whatif_table(const std::vector<SplitPrediction>& preds, const std::string& mark_split);
 // {"measurements": {...}, "whatif": [...], "best": "T-D"}: what --topology auto records in metrics.h5.

@@ -273,7 +273,10 @@ class DrafterCheckpointer {
   void step_applied();
   // After optimizer step `step`: the drafters agree (stop signal anywhere, checkpoint due anywhere),
   // save if so, and say whether to stop now for a requeue. progress() runs while waiting on peers.
-  enum class Next { Continue, StopForRequeue };
+  // Saved: a checkpoint of `step` was just written and the run goes on (where --rebalance auto decides).
+  enum class Next { Continue, Saved, StopForRequeue };
+  // The step directory of the last checkpoint written or resumed from ("" when none).
+  std::string last_checkpoint() const { return saved_step_ > 0 ? checkpoint_step_dir(dir_, saved_step_) : std::string(); }
   Next after_step(int64_t step, DrafterTrainer& trainer, const nlohmann::json& schedule,
                   const std::function<void()>& progress);
   // The end of training, before the export: a checkpoint of the final state (unless the last save, or the

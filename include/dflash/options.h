@@ -36,6 +36,8 @@ struct TopologySpec {
 // Parses "T-D" (both >= 1). Fatal BadOptions on anything else ("auto" is handled by parse_options).
 TopologySpec parse_topology_spec(const std::string& text);
 
+enum class RebalanceMode { Off, Auto };  // --rebalance
+
 // What a test hook does to its rank at --inject-fail-step.
 enum class FailMode : uint8_t {
   Kill,  // SIGKILL itself: mpirun notices the dead process and ends the job
@@ -112,6 +114,11 @@ struct Options {
   int keep_checkpoints = 3;
   bool export_checkpoints = false;  // also export each checkpoint's drafter (release format) into it
   double power_budget_w = 0;
+  // --rebalance auto: at a checkpoint, when the measured service times predict another split at least
+  // --rebalance-min-gain (percent) faster (and within --power-budget-w), every rank takes its new role in
+  // place (docs/checkpoint.md "Re-splitting live").
+  RebalanceMode rebalance = RebalanceMode::Off;
+  double rebalance_min_gain_pct = 5;
   bool measure_only = false;    // --topology auto --measure-only: print the measured roles and exit
   bool dry_run = false;         // --dry-run: print options, topology and schedule, load nothing, exit 0
 

@@ -82,6 +82,7 @@ bool option_may_change_on_resume(const std::string& name) {
       "checkpoint-every", "checkpoint-dir",   "keep-checkpoints",  "resume",
       "export-dtype",     "export-checkpoints", "peer-timeout",    "prefetch-depth",
       "hs-queue-depth",   "power-budget-w",   "help",              "measure-only",
+      "rebalance",        "rebalance-min-gain",  // when the split changes (the split may change on a resume)
       "data-plane",       "grad-bucket-mb",  // how bytes travel, not what is trained
       "eval-data",        "eval-every",      // what is measured, not what is trained
       "eval-tau-every",   "eval-tau-prompts", "eval-tau-max-new-tokens",

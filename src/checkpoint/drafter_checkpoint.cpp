@@ -151,7 +151,7 @@ DrafterCheckpointer::Next DrafterCheckpointer::after_step(int64_t step, DrafterT
   }
   if (decision == kStepContinue) return Next::Continue;
   save(step, trainer, trainer.rng_state(), schedule, progress);
-  if (!(decision & kStepStop)) return Next::Continue;
+  if (!(decision & kStepStop)) return Next::Saved;
   if (rank_ == 0) {
     if (step == o_.inject_stop_step && !stop_signal_received() && !peer_stop_signal())
       std::printf("[dflash] test hook --inject-stop-step %lld: checkpointed at step %lld, exiting with code %d for a requeue\n",

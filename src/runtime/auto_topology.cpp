@@ -68,6 +68,32 @@ std::optional<SplitPrediction> best_split(const std::vector<SplitPrediction>& pr
   return best;
 }
 
+RebalanceChoice choose_rebalance(const RoleMeasurements& m, int targets, int drafters, double min_gain_frac,
+                                 std::optional<double> power_budget_w) {
+  RebalanceChoice c;
+  c.now = predict_split(m, targets, drafters);
+  c.best = best_split(predict_all_splits(m), power_budget_w);
+  char line[256];
+  if (!c.best) {
+    std::snprintf(line, sizeof(line), "no split fits --power-budget-w %.0f W (or the GPUs' power is not measured): keep %s",
+                  power_budget_w.value_or(0), c.now.split().c_str());
+    c.why = line;
+    return c;
+  }
+  c.gain = c.now.batches_per_s > 0 ? c.best->batches_per_s / c.now.batches_per_s - 1 : 0;
+  const bool other = c.best->split() != c.now.split();
+  if (other && c.gain >= min_gain_frac) c.to = c.best;
+  if (other)
+    std::snprintf(line, sizeof(line), "%s predicted %.3f b/s, the best, %s, %.3f b/s (%+.1f %%; the bar is %+.1f %%)%s",
+                  c.now.split().c_str(), c.now.batches_per_s, c.best->split().c_str(), c.best->batches_per_s,
+                  100 * c.gain, 100 * min_gain_frac, c.to ? "" : ": keep it");
+  else
+    std::snprintf(line, sizeof(line), "%s predicted %.3f b/s, the best of every split: keep it", c.now.split().c_str(),
+                  c.now.batches_per_s);
+  c.why = line;
+  return c;
+}
+
 std::string format_whatif_table(const std::vector<SplitPrediction>& preds, const std::string& mark_split) {
   std::string out = "  split  idle  tgt cap b/s  dft cap b/s  pred b/s   Ktok/s  limit     power W  Ktok/s/kW\n";
   char line[200];

@@ -289,25 +289,48 @@ void plan_eval(Options& o, const JobContext& job) {
 
 }  // namespace
 
-int run_job(const Options& given) {
+namespace {
+
+// How one job on one split ended: its code, and with kResplitCode the split every rank takes next and the
+// checkpoint it starts from (the drafters' choice, --rebalance auto).
+struct SegmentEnd {
+  int code = 0;
+  std::string split, checkpoint;
+};
+
+// The resolved option `name` (what the startup line, metrics.h5 and checkpoints record) set to `value`.
+void set_resolved(Options& o, const std::string& name, const std::string& value) {
+  for (auto& [k, v] : o.resolved)
+    if (k == name) v = value;
+}
+
+// The drafters' choice of a new split, from the first drafter to every rank (all have ended their roles).
+SegmentEnd share_resplit(const JobContext& job) {
+  const int root = job.topo.drafters.front();
+  std::string text = job.topo.world_rank == root ? job.resplit_to + "\n" + job.resplit_checkpoint : std::string();
+  int64_t len = static_cast<int64_t>(text.size());
+  auto why = [] { return std::string("the first drafter did not say which split comes next (lost?)"); };
+  MPI_Request r = mpi::ibcast(&len, 1, root, MPI_COMM_WORLD);
+  mpi::wait(r, job.opt.peer_timeout_s, why);
+  text.resize(static_cast<size_t>(len));
+  r = mpi::ibcast(text.data(), text.size(), root, MPI_COMM_WORLD);
+  mpi::wait(r, job.opt.peer_timeout_s, why);
+  const size_t nl = text.find('\n');
+  DF_CHECK(nl != std::string::npos, Internal, "the next split's message '" << text << "' is malformed");
+  return SegmentEnd{kResplitCode, text.substr(0, nl), text.substr(nl + 1)};
+}
+
+// One job on one split, from the communicator split to the end of the run (or of this split: in_place
+// jobs after the first continue a run in the same processes, from a checkpoint, on the split the drafters
+// chose). planned: --topology auto's plan (the first job only).
+SegmentEnd run_segment(Options& o, PowerSampler* gpu_sampler, const GpuReading& startup_gpu,
+                       std::optional<JobPlan> planned, bool in_place) {
   const auto start = mpi::Clock::now();
-  // This rank's GPU through NVML, read once now: its idle draw, before any model (or --topology auto's
-  // measurement) occupies it. On the CPU backend it reads nothing and says why.
-  // The device index matches the one create_topology binds (local rank % visible devices).
-  // (On the CPU backend the index only matters to the NVML test hook, which maps local rank i to device i.)
-  const int local_rank = node_local_rank(MPI_COMM_WORLD);
-  const std::unique_ptr<PowerSampler> gpu_sampler = PowerSampler::for_rank(
-      given.backend, given.backend == Device::CUDA ? local_rank % std::max(1, cuda_device_count()) : local_rank);
-  const GpuReading startup_gpu = gpu_sampler->sample();
-  Options o = given;  // --topology auto: measured and chosen here, before any role exists
-  std::optional<JobPlan> planned;  // --topology auto plans the job first: its measurement runs both models
-  if (o.topology_auto)
-    o.topology = choose_topology_auto(given, MPI_COMM_WORLD, gpu_sampler.get(), &o.auto_topology_record, &planned);
-  if (o.measure_only) return 0;  // --measure-only: the table above is the answer
   Topology topo = create_topology(MPI_COMM_WORLD, o.topology, o.backend);
   const std::string batch_line = resolve_grad_accum(o, static_cast<int>(topo.drafters.size()));  // K from the drafters
   JobContext job(o, topo, start, gather_cards(topo, *gpu_sampler, startup_gpu));
-  job.gpu_sampler = gpu_sampler.get();
+  job.gpu_sampler = gpu_sampler;
+  job.in_place = in_place;
   if (topo.world_rank == 0) {
     print_startup(o, topo, job.cards);
     std::printf("%s\n", batch_line.c_str());
@@ -321,8 +344,9 @@ int run_job(const Options& given) {
   // before --out is created, locked or written (an earlier run's metrics and checkpoints stay as they are).
   validate_inputs(job, std::move(planned));
   barrier(MPI_COMM_WORLD, 10 * o.peer_timeout_s, "checking the inputs");
-  // Then --out is this job's alone (rank 0 holds the lock; the others wait for it in the resume's bcast).
-  if (topo.world_rank == 0) {
+  // Then --out is this job's alone (rank 0 holds the lock, for the process's life: a job in place has it;
+  // the others wait for it in the resume's bcast).
+  if (topo.world_rank == 0 && !in_place) {
     lock_run_dirs(o);
     check_disk_space(o, disk_need(drafter_param_count(job.plan.drafter), o));
   }
@@ -359,15 +383,54 @@ int run_job(const Options& given) {
   // Every rank reports to rank 0, which names whoever does not (src/runtime/shutdown.cpp): an idle rank waits
   // out the whole run there (a stop signal sent to it alone goes on to the drafters); a hung idle rank does
   // not turn a finished run into exit 7.
-  const int code = end_of_run(job);
-  const bool requeue = code == static_cast<int>(ExitCode::Requeue);
-  if (topo.world_rank == 0) {
+  SegmentEnd end;
+  end.code = end_of_run(job);
+  if (end.code == kResplitCode) {
+    end = share_resplit(job);
+  } else if (topo.world_rank == 0) {
+    const bool requeue = end.code == static_cast<int>(ExitCode::Requeue);
     std::printf("[dflash] done in %s%s\n", format_duration(job.elapsed()).c_str(),
                 requeue ? " (checkpointed after a stop signal: exit 75 for a requeue)" : "");
     std::fflush(stdout);
   }
   free_topology(topo);
-  return code;
+  return end;
+}
+
+}  // namespace
+
+int run_job(const Options& given) {
+  // This rank's GPU through NVML, read once now: its idle draw, before any model (or --topology auto's
+  // measurement) occupies it. On the CPU backend it reads nothing and says why.
+  // The device index matches the one create_topology binds (local rank % visible devices).
+  // (On the CPU backend the index only matters to the NVML test hook, which maps local rank i to device i.)
+  const int local_rank = node_local_rank(MPI_COMM_WORLD);
+  const std::unique_ptr<PowerSampler> gpu_sampler = PowerSampler::for_rank(
+      given.backend, given.backend == Device::CUDA ? local_rank % std::max(1, cuda_device_count()) : local_rank);
+  const GpuReading startup_gpu = gpu_sampler->sample();
+  Options o = given;  // --topology auto: measured and chosen here, before any role exists
+  std::optional<JobPlan> planned;  // --topology auto plans the job first: its measurement runs both models
+  if (o.topology_auto)
+    o.topology = choose_topology_auto(given, MPI_COMM_WORLD, gpu_sampler.get(), &o.auto_topology_record, &planned);
+  if (o.measure_only) return 0;  // --measure-only: the table above is the answer
+  // One job per split: --rebalance auto may end one at a checkpoint with another split chosen; every rank
+  // then takes its role on it in place, resuming that checkpoint (docs/checkpoint.md "Re-splitting live").
+  for (bool in_place = false;; in_place = true) {
+    const SegmentEnd end = run_segment(o, gpu_sampler.get(), startup_gpu, std::move(planned), in_place);
+    planned.reset();
+    if (end.code != kResplitCode) return end.code;
+    o.topology = parse_topology_spec(end.split);
+    o.topology_auto = false;
+    set_resolved(o, "topology", end.split);
+    o.resume = end.checkpoint;
+    set_resolved(o, "resume", end.checkpoint);
+    int world_rank = 0;
+    DF_MPI(MPI_Comm_rank(MPI_COMM_WORLD, &world_rank));
+    if (world_rank == 0) {
+      std::printf("[rebalance] every rank takes its role on %s in place, from %s\n", end.split.c_str(), end.checkpoint.c_str());
+      std::fflush(stdout);
+    }
+  }
 }
 
 }  // namespace dflash

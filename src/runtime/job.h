@@ -58,6 +58,13 @@ struct JobContext {
   DataResume data_resume;          // where every target starts (checkpoint.h), same on every rank
   std::shared_ptr<const ConsumedRecords> consumed;  // data_resume.consumed, for the targets' loaders
   bool stop_for_requeue = false;   // a drafter checkpointed after SIGUSR1/SIGTERM: exit with ExitCode::Requeue
+  bool in_place = false;           // this job continues a run in the same processes (--rebalance auto)
+  std::string resplit_to;          // drafters: --rebalance auto chose this split ("6-2") at ...
+  std::string resplit_checkpoint;  // ... this checkpoint; every rank takes its new role in place
+  // The run goes on after this job (a requeue, or a new split in place): no final evaluation, checkpoint or export.
+  bool run_goes_on() const { return stop_for_requeue || !resplit_to.empty(); }
+  // What this rank tells the end of the run (shutdown.cpp): 0, ExitCode::Requeue or kResplitCode.
+  int32_t own_end_code() const;
   PowerSampler* gpu_sampler = nullptr;  // this rank's GPU through NVML (run_job owns it)
   double elapsed() const { return mpi::seconds_since(start); }
 };
@@ -113,6 +120,10 @@ void wait_eval_features(const JobContext& job, const std::function<void()>& poll
 // an idle rank that does not answer within --peer-timeout: a warning naming it, and every rank ends with
 // the run's code through MPI_Abort (never returns).
 int end_of_run(const JobContext& job);
+// end_of_run's code when the drafters chose another split (--rebalance auto): not an exit code; every rank
+// then takes its role on the new split in place (run_job). Above every exit code, so the shutdown's max
+// carries it.
+constexpr int32_t kResplitCode = 1000;
 
 // Every input this rank reads, checked before anything is written (job_inputs.cpp): the paths, the
 // job's plan (job.plan: the target's config.json, --drafter or --draft-layers against the target; planned

@@ -1,13 +1,13 @@
 #include "job_metrics.h"
 
 #include <chrono>
+#include <cstdio>
+#include <ctime>
+#include <filesystem>
 #include <string>
 #include <thread>
 #include <utility>
 
-#include <cstdio>
-#include <ctime>
-#include <filesystem>
 #include <nlohmann/json.hpp>
 
 #include "data/h5_util.h"
@@ -129,7 +129,10 @@ MetricsHub::MetricsHub(const JobContext& job, int block_size, bool selector_metr
   if (resuming) writer_->drop_eval_after(job.resume_step);  // evaluated after the checkpoint: again on schedule
   SegmentInfo seg;
   seg.first_step = job.resume_step;
-  seg.kind = !resuming ? SegmentKind::Start : same_split ? SegmentKind::Resume : SegmentKind::Resplit;
+  seg.kind = !resuming      ? SegmentKind::Start
+             : job.in_place ? SegmentKind::Rebalance
+             : same_split   ? SegmentKind::Resume
+                            : SegmentKind::Resplit;
   seg.nodes = t.num_nodes;
   seg.targets_per_node = static_cast<int64_t>(t.targets.size()) / std::max(1, t.num_nodes);
   seg.drafters_per_node = static_cast<int64_t>(t.drafters.size()) / std::max(1, t.num_nodes);
@@ -156,7 +159,8 @@ MetricsHub::MetricsHub(const JobContext& job, int block_size, bool selector_metr
   writer_->set_attribute("backend", std::string(device_name(job.opt.backend)));
   writer_->set_attribute("version", std::string(DFLASH_VERSION));
   if (!gpu_ranks_.empty()) writer_->set_attribute("gpu_ranks", json_int_list(gpu_ranks_));
-  if (const auto idle_w = mean_startup_power_w(startup)) writer_->set_attribute("gpu_idle_power_w", *idle_w);
+  idle_power_w_ = mean_startup_power_w(startup);
+  if (idle_power_w_) writer_->set_attribute("gpu_idle_power_w", *idle_power_w_);
   if (const int64_t n = dataset_token_count(job.opt.data_path); n > 0) writer_->set_attribute("dataset_tokens", n);
   writer_->set_attribute("long_records_per_epoch", job.opt.long_records_per_epoch);
   writer_->set_attribute("long_record_tokens_dropped_per_epoch", job.opt.long_tokens_dropped_per_epoch);
@@ -255,6 +259,10 @@ void MetricsHub::report(const DrafterReport& mine, const std::vector<TargetRepor
     writer_->append_rank_timing(rt);
     target_batches += static_cast<double>(rt.batches);
     q_pre[i] = a.q_pre;
+    if (interval_ > 0) {  // interval 0 holds the start-up
+      service_.target_busy_s += rt.busy_s;
+      service_.target_batches += rt.batches;
+    }
   }
   epoch = mean_epoch(targets);
   for (size_t d = 0; d < D; ++d) {
@@ -271,6 +279,12 @@ void MetricsHub::report(const DrafterReport& mine, const std::vector<TargetRepor
     drafter_batches += static_cast<double>(rt.batches);
     drafter_tokens += static_cast<double>(a.tokens - p.tokens);
     q_hs[d] = a.q_hs;
+    if (interval_ > 0) {
+      service_.drafter_busy_s += rt.busy_s;
+      service_.allreduce_s += rt.allreduce_s;
+      service_.drafter_batches += rt.batches;
+      service_.tokens += static_cast<double>(a.tokens - p.tokens);
+    }
   }
   for (int r = 0; r < t.world_size; ++r) {
     if (t.roles[r] != Role::Idle) continue;
@@ -289,6 +303,12 @@ void MetricsHub::report(const DrafterReport& mine, const std::vector<TargetRepor
     }
     gpu_row = assemble_gpu_row(readings);  // none when a GPU has no reading yet: the row is skipped
     if (gpu_row) writer_->append_gpus(now, gpu_row->power_w, gpu_row->util_pct, gpu_row->mem_used_mib);
+    if (gpu_row && interval_ > 0)
+      for (size_t g = 0; g < gpu_ranks_.size(); ++g) {
+        const bool is_target = t.target_index_of(gpu_ranks_[g]) >= 0;
+        (is_target ? service_.target_power_w : service_.drafter_power_w) += gpu_row->power_w[g];
+        (is_target ? service_.target_power_n : service_.drafter_power_n) += 1;
+      }
   }
 
   if (rates == Rates::WholeRun) {
@@ -345,11 +365,36 @@ void MetricsHub::report(const DrafterReport& mine, const std::vector<TargetRepor
     std::fputs(line.c_str(), stdout);
     std::fflush(stdout);
   }
+  if (interval_ > 0) service_.intervals++;
   interval_sums_ = IntervalMeans{};
   prev_targets_ = targets;
   prev_drafters_ = drafters;
   last_time_s_ = now;
   ++interval_;
+}
+
+std::optional<RoleMeasurements> MetricsHub::measurements() const {
+  const ServiceSums& s = service_;
+  if (!writer_ || s.intervals < 2 || s.target_batches <= 0 || s.drafter_batches <= 0 || s.target_busy_s <= 0 ||
+      s.drafter_busy_s <= 0)
+    return std::nullopt;
+  const Topology& t = job_.topo;
+  RoleMeasurements m;
+  m.gpus_per_node = t.ranks_per_node;
+  m.nodes = t.num_nodes;
+  m.target_s_per_batch = s.target_busy_s / static_cast<double>(s.target_batches);
+  m.drafter_s_per_batch = s.drafter_busy_s / static_cast<double>(s.drafter_batches);
+  // The allreduce's seconds per batch as measured at this many drafters, as the coefficient of the ring
+  // model (one drafter: not measured, modelled as 0). It includes waiting for slower drafters, as
+  // dflash-report's does.
+  const int drafters_total = static_cast<int>(t.drafters.size());
+  if (drafters_total > 1)
+    m.allreduce_coeff_s = s.allreduce_s / static_cast<double>(s.drafter_batches) / ring_allreduce_factor(drafters_total);
+  m.tokens_per_batch = s.tokens / static_cast<double>(s.drafter_batches);
+  if (s.target_power_n > 0) m.power_target_w = s.target_power_w / static_cast<double>(s.target_power_n);
+  if (s.drafter_power_n > 0) m.power_drafter_w = s.drafter_power_w / static_cast<double>(s.drafter_power_n);
+  m.power_idle_w = idle_power_w_;
+  return m;
 }
 
 void MetricsHub::close() {

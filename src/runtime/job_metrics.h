@@ -3,8 +3,10 @@
 #pragma once
 #include <functional>
 #include <memory>
+#include <optional>
 #include <vector>
 
+#include "dflash/auto_topology.h"
 #include "dflash/metrics.h"
 #include "job.h"
 
@@ -39,6 +41,10 @@ class MetricsHub {
   // its step survive a crash and a run resumed from it has no gap.
   void flush();
   void close();
+  // The writer: this split's measured service times over this segment's report intervals after the first
+  // (the start-up), as the what-if model takes them (auto_topology.h; --rebalance auto). nullopt before two
+  // such intervals, and on the other drafters.
+  std::optional<RoleMeasurements> measurements() const;
 
  private:
   const JobContext& job_;
@@ -56,6 +62,13 @@ class MetricsHub {
   std::vector<TargetReport> prev_targets_;
   std::vector<DrafterReport> prev_drafters_;
   int64_t segment_ = 0;         // this job's /segments row
+  struct ServiceSums {          // this segment's report intervals after the first (measurements())
+    double target_busy_s = 0, drafter_busy_s = 0, allreduce_s = 0, tokens = 0;
+    int64_t target_batches = 0, drafter_batches = 0, intervals = 0;
+    double target_power_w = 0, drafter_power_w = 0;  // sums of readings
+    int64_t target_power_n = 0, drafter_power_n = 0;
+  } service_;
+  std::optional<double> idle_power_w_;  // the GPUs' mean draw before any model loaded
   std::vector<int> gpu_ranks_;  // world rank of each /gpus column (empty: no GPU series)
 };
 

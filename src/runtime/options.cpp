@@ -88,7 +88,7 @@ struct Described {
 Described describe(Options& o, std::string& topology, std::string& backend, std::string& loss,
                    std::string& long_record, std::string& export_dtype, std::string& fail_mode,
                    std::string& batch_order, std::string& data_plane, std::string& seed,
-                   std::string& deterministic) {
+                   std::string& deterministic, std::string& rebalance) {
   Described d;
   po::options_description job("Job");
   job.add_options()
@@ -166,6 +166,8 @@ Described describe(Options& o, std::string& topology, std::string& backend, std:
     ("export-checkpoints", po::bool_switch(&o.export_checkpoints), "also export each checkpoint's drafter into STEP_DIR/drafter")
     ("resume", po::value(&o.resume)->value_name("auto|PATH"), "auto (the newest complete checkpoint, or a fresh start) | PATH (a checkpoint or checkpoint dir)")
     ("power-budget-w", po::value(&o.power_budget_w)->default_value(0.0, "0")->value_name("W"), "with --topology auto: the fastest split within this many watts (needs power readings)")
+    ("rebalance", po::value(&rebalance)->default_value("off")->value_name("auto|off"), "auto: at each checkpoint, when this run's measured service times predict another split of the node's GPUs --rebalance-min-gain faster (within --power-budget-w), every rank takes its new role in place (needs --checkpoint-every)")
+    ("rebalance-min-gain", po::value(&o.rebalance_min_gain_pct)->default_value(5.0, "5")->value_name("PCT"), "--rebalance auto: the predicted gain (percent) a change of split must reach")
     ("measure-only", po::bool_switch(&o.measure_only), "with --topology auto: measure each role standalone on every rank, print the what-if table, exit (no training; any rank count)");
   d.hooks.add_options()
     ("inject-delay-target-ms", po::value(&o.inject_delay_target_ms)->default_value(0)->value_name("MS"), "sleep per batch on targets")
@@ -222,9 +224,9 @@ ParseResult parse_options(int argc, const char* const* argv) {
   ParseResult r;
   Options& o = r.options;
   std::string topology, backend, loss, long_record, export_dtype, fail_mode, batch_order, data_plane, seed,
-      deterministic;
+      deterministic, rebalance;
   const Described described = describe(o, topology, backend, loss, long_record, export_dtype, fail_mode, batch_order,
-                                       data_plane, seed, deterministic);
+                                       data_plane, seed, deterministic, rebalance);
   const po::options_description& desc = described.all;
   po::variables_map vm;
   const char* usage_hint = "dflash-train --help lists every option";
@@ -268,6 +270,9 @@ ParseResult parse_options(int argc, const char* const* argv) {
   if (!o.topology_auto) o.topology = parse_topology_spec(topology);
   DF_CHECK_HINT(!o.measure_only || o.topology_auto, BadOptions, "--measure-only measures for --topology auto",
                 "add --topology auto, or drop --measure-only");
+  if (rebalance == "auto") o.rebalance = RebalanceMode::Auto;
+  else if (rebalance == "off") o.rebalance = RebalanceMode::Off;
+  else check_range(false, "rebalance", rebalance, "auto or off");
   if (backend == "cpu") o.backend = Device::CPU;
   else if (backend == "cuda") o.backend = Device::CUDA;
   else check_range(false, "backend", backend, "cpu or cuda");
@@ -369,6 +374,11 @@ ParseResult parse_options(int argc, const char* const* argv) {
   DF_CHECK_HINT(o.target_dir.size() && o.data_path.size() && o.out_dir.size(), BadOptions,
                 "--target, --data and --out are required", usage_hint);
   parse_checkpoint_every(o.checkpoint_every);  // fatal BadOptions naming the flag on a bad value
+  check_range(o.rebalance_min_gain_pct >= 0 && o.rebalance_min_gain_pct < 1000, "rebalance-min-gain",
+              str(o.rebalance_min_gain_pct), "a percentage in [0, 1000)");
+  DF_CHECK_HINT(o.rebalance == RebalanceMode::Off || parse_checkpoint_every(o.checkpoint_every).unit != CheckpointUnit::Off, BadOptions,
+                "--rebalance auto changes the split at a checkpoint, and this run writes none before its end",
+                "add --checkpoint-every (e.g. 500 or 30m)");
   if (vm.count("eval-every")) check_range(o.eval_every >= 0, "eval-every", str(o.eval_every), ">= 0 (0 = only after the last step)");
   DF_CHECK_HINT(!vm.count("eval-every") || !o.eval_data.empty(), BadOptions, "--eval-every without --eval-data: there is nothing to evaluate",
                 "give --eval-data FILE.h5 (a held-out dataset), or drop --eval-every");

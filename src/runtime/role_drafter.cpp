@@ -10,6 +10,7 @@
 #include <thread>
 #include <vector>
 
+#include "dflash/auto_topology.h"
 #include "dflash/checkpoint.h"
 #include "dflash/drafter.h"
 #include "dflash/error.h"
@@ -113,10 +114,15 @@ class DrafterLoop {
       if (eval && (eval_due(step, o_.eval_every) || tau_now)) last_eval = evaluate(hub, *eval, trainer, step, progress, tau_now);
       if (tau_now) last_tau = step;
       enter_collective();
-      if (ckpt.after_step(step, trainer, schedule_of(trainer), progress) == DrafterCheckpointer::Next::StopForRequeue) {
+      const DrafterCheckpointer::Next next = ckpt.after_step(step, trainer, schedule_of(trainer), progress);
+      if (next == DrafterCheckpointer::Next::StopForRequeue) {
         job_.stop_for_requeue = true;
         break;
       }
+      // --rebalance auto: at a checkpoint, maybe another split from here (every rank in place: run_job).
+      if (next == DrafterCheckpointer::Next::Saved && o_.rebalance == RebalanceMode::Auto &&
+          decide_rebalance(hub, step, ckpt.last_checkpoint(), progress))
+        break;
       if (o_.max_steps > 0 && step >= o_.max_steps) break;
       if (partial) break;  // the data has ended (every drafter agreed so)
     }
@@ -124,18 +130,18 @@ class DrafterLoop {
     // A target lost while the drafters drained: the final state is checkpointed before the job ends.
     if (agree_on_lost_target()) end_on_lost_target(trainer, ckpt, step, progress);
     // The end of training (not a stop for requeue: the resumed run goes on and evaluates on schedule).
-    if (eval && !job_.stop_for_requeue && (step != last_eval || (tau_ && step != last_tau)))
+    if (eval && !job_.run_goes_on() && (step != last_eval || (tau_ && step != last_tau)))
       evaluate(hub, *eval, trainer, step, progress, tau_ != nullptr);
     // The final state is checkpointed before the export: an export that fails (a full disk) does not lose
     // the trained drafter, and --resume auto from that checkpoint exports it without training again.
     std::string final_checkpoint;
-    if (!job_.stop_for_requeue) {
+    if (!job_.run_goes_on()) {
       enter_collective();
       final_checkpoint = ckpt.save_final(step, trainer, schedule_of(trainer), progress);
     }
     group_.finish();
     if (step % o_.log_every != 0) report(hub, MetricsHub::Rates::WholeRun, progress);
-    if (topo_.is_metrics_writer() && !job_.stop_for_requeue) {
+    if (topo_.is_metrics_writer() && !job_.run_goes_on()) {
       const FatalHintNote where(final_checkpoint.empty() ? std::string("nothing was trained: nothing is lost")
                                                          : "the trained drafter is safe in the checkpoint " + final_checkpoint +
                                                                ": fix the cause, then run the same command with --resume auto "
@@ -249,6 +255,44 @@ class DrafterLoop {
     while (!grace.expired()) std::this_thread::sleep_for(std::chrono::milliseconds(50));
     fatal(ExitCode::LostPeer, "lost peer: drafter rank " + std::to_string(lost_by_) + " lost a target",
           "its own error above names the target");
+  }
+
+  // --rebalance auto, after the checkpoint of `step` (collective over the drafters): the writer asks the
+  // what-if model (auto_topology.h) with this segment's measured service times; all drafters take its answer.
+  // True when the run moves to another split: job_.resplit_to / resplit_checkpoint are set.
+  bool decide_rebalance(const MetricsHub& hub, int64_t step, const std::string& checkpoint,
+                        const std::function<void()>& progress) {
+    int32_t to[2] = {0, 0};  // targets, drafters per node (0: keep the split)
+    if (topo_.is_metrics_writer()) {
+      const std::optional<RoleMeasurements> m = hub.measurements();
+      const std::string now = o_.topology.to_string();
+      if (!m) {
+        std::printf("[rebalance] step %lld: fewer than two report intervals measured on %s (--log-every %d): keep it\n",
+                    static_cast<long long>(step), now.c_str(), o_.log_every);
+      } else {
+        const std::optional<double> budget = o_.power_budget_w > 0 ? std::optional<double>(o_.power_budget_w) : std::nullopt;
+        const RebalanceChoice c = choose_rebalance(*m, o_.topology.targets_per_node, o_.topology.drafters_per_node,
+                                                   o_.rebalance_min_gain_pct / 100.0, budget);
+        if (c.to) {
+          to[0] = c.to->targets;
+          to[1] = c.to->drafters;
+          std::printf("[rebalance] %s -> %s at step %lld: predicted %+.0f %% (%s)\n", now.c_str(), c.to->split().c_str(),
+                      static_cast<long long>(step), 100 * c.gain, c.why.c_str());
+        } else {
+          std::printf("[rebalance] step %lld: %s\n", static_cast<long long>(step), c.why.c_str());
+        }
+      }
+      std::fflush(stdout);
+    }
+    if (group_.size() > 1) {
+      enter_collective();
+      MPI_Request r = mpi::ibcast(to, 2, 0, topo_.drafter_comm);
+      mpi::wait(r, o_.peer_timeout_s, [] { return std::string("drafters did not agree on a new split (one is lost)"); }, progress);
+    }
+    if (to[0] <= 0) return false;
+    job_.resplit_to = std::to_string(to[0]) + "-" + std::to_string(to[1]);
+    job_.resplit_checkpoint = checkpoint;
+    return true;
   }
 
   // What a checkpoint records of the schedule: the next learning rate and every target's epoch progress.

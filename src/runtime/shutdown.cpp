@@ -70,7 +70,7 @@ int32_t coordinate(const JobContext& job) {
           "shutdown: " + names + " did not finish within " + std::to_string(static_cast<int>(10 * pt)) + " s",
           "a peer rank died or hangs; see its own error above (the final export or checkpoint may be incomplete)");
   }
-  int32_t code = job.stop_for_requeue ? static_cast<int32_t>(ExitCode::Requeue) : 0;
+  int32_t code = job.own_end_code();
   for (int32_t c : codes) code = std::max(code, c);
 
   // 2. The idle ranks: they only wait, so they answer at once -- or they hang.
@@ -82,14 +82,19 @@ int32_t coordinate(const JobContext& job) {
   }
   const std::vector<size_t> silent = wait_all(answered, pt);
   if (!silent.empty()) {
-    // The run is complete: say who hangs, and end the job with the run's code, not 7.
+    // The run is complete: say who hangs, and end the job with the run's code, not 7 (a new split needs
+    // every rank: the job ends for a requeue instead, from the checkpoint the split was to start from).
+    const bool resplit = code == kResplitCode;
+    if (resplit) code = static_cast<int32_t>(ExitCode::Requeue);
     std::string text;
     for (size_t i : silent)
       text += "[dflash] warning: " + who(job, idle[i]) + " did not answer the end of the run within " +
               std::to_string(static_cast<int>(pt)) + " s (--peer-timeout); it was waiting for the run to end " +
               "(it hangs, or is stopped); the job ends without it\n";
     text += "[dflash] done in " + format_duration(job.elapsed()) + ": the run is complete (" +
-            (code == static_cast<int32_t>(ExitCode::Requeue) ? "checkpointed after a stop signal" : "drafter exported") +
+            (resplit ? "checkpointed for a new split, which needs every rank: resume it with --resume auto"
+             : code == static_cast<int32_t>(ExitCode::Requeue) ? "checkpointed after a stop signal"
+                                                               : "drafter exported") +
             "); exit " + std::to_string(code) + " through MPI_Abort, which also ends the hung rank (mpirun's " +
             "MPI_ABORT note with errorcode " + std::to_string(code) + " follows)\n";
     std::fputs(text.c_str(), stdout);
@@ -114,7 +119,7 @@ int32_t coordinate(const JobContext& job) {
 // A working rank other than rank 0: says it is done, waits for the job's code.
 int32_t report_done(const JobContext& job) {
   const double pt = job.opt.peer_timeout_s;
-  int32_t mine = job.stop_for_requeue ? static_cast<int32_t>(ExitCode::Requeue) : 0, code = -1;
+  int32_t mine = job.own_end_code(), code = -1;
   MPI_Request sent = mpi::isend(&mine, 1, 0, kTagShutdown, MPI_COMM_WORLD);
   MPI_Request got = mpi::irecv(&code, 1, 0, kTagShutdown, MPI_COMM_WORLD);
   // Rank 0 waits up to 10 x --peer-timeout for the others and --peer-timeout for the idle ranks.
@@ -137,6 +142,11 @@ int32_t wait_for_end(const JobContext& job) {
 }
 
 }  // namespace
+
+int32_t JobContext::own_end_code() const {
+  if (stop_for_requeue) return static_cast<int32_t>(ExitCode::Requeue);
+  return resplit_to.empty() ? 0 : kResplitCode;
+}
 
 int end_of_run(const JobContext& job) {
   const Topology& topo = job.topo;

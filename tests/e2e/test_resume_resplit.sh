@@ -10,55 +10,8 @@ source "$(dirname "$0")/lib.sh"
 COMMON=(--batch-order fixed --seed 5 --epochs 3 --log-every 1 --lr 3e-3)
 DATA="$(tiny_dir)/data.h5"
 
-# trace_check LINEAGE_TRACE_DIR STRAIGHT_TRACE_DIR: per epoch, the records the applied steps trained.
-# Every epoch but the last: all records of the dataset once each, as in the straight run. The last: no
-# record twice; the run's very end may leave one batch untrained (--batch-order fixed ends the drafters'
-# sequence at the first missing batch of any target, and D drafters in lockstep stop when one has none:
-# include/dflash/flow_control.h), in straight runs too, so up to one batch's records may be missing there.
-trace_check() {
-  "$PY" - "$1" "$2" "$DATA" <<'PY'
-import collections, glob, sys, h5py, numpy as np
-def trained_records(d):
-    sent, trained = {}, []
-    for f in glob.glob(d + "/trace.rank*"):
-        for line in open(f):
-            w = line.split()
-            if w[0] == "sent":
-                key = (int(w[1]), int(w[2]), int(w[3]))  # segment, target rank, batch index
-                sent[key] = (int(w[4]), [int(x) for x in w[5:]])
-            elif w[0] == "trained":
-                trained.append((int(w[1]), int(w[2]), int(w[3])))
-    per_epoch = collections.defaultdict(collections.Counter)
-    for key in trained:
-        if key not in sent:
-            sys.exit(f"FAIL: {d}: batch {key} trained but never sent")
-        epoch, recs = sent[key]
-        per_epoch[epoch].update(recs)
-    return per_epoch, len({k[0] for k in trained})
-got, segments = trained_records(sys.argv[1])
-want, _ = trained_records(sys.argv[2])
-with h5py.File(sys.argv[3], "r") as f:
-    lengths = np.diff(f["offsets"][:])
-every = set(range(len(lengths)))
-most_per_batch = 512 // int(lengths.min())  # --token-budget 512
-if segments != 2:
-    sys.exit(f"FAIL: the resumed lineage's trace holds {segments} segment(s), expected 2")
-last = max(want)
-if sorted(got) != sorted(want):
-    sys.exit(f"FAIL: epochs trained {sorted(got)}, the straight run's {sorted(want)}")
-for e in sorted(want):
-    twice = [r for r, c in got[e].items() if c > 1]
-    if twice:
-        sys.exit(f"FAIL: epoch {e}: {len(twice)} record(s) trained more than once, e.g. {twice[:5]}")
-    if e < last and not (set(got[e]) == set(want[e]) == every):
-        missing = sorted(every - set(got[e]))
-        extra = sorted(set(got[e]) - set(want[e]))
-        sys.exit(f"FAIL: epoch {e}: records missing {missing[:8]} ({len(missing)}), not in the straight run's {extra[:8]} ({len(extra)})")
-    if e == last and len(every - set(got[e])) > most_per_batch:
-        sys.exit(f"FAIL: last epoch {e}: {len(every - set(got[e]))} record(s) never trained, more than one batch's")
-    print(f"# epoch {e}: {len(got[e])} of {len(every)} records, each trained once (the straight run: {len(want[e])})")
-PY
-}
+# Per epoch, the records the applied steps trained: all once, as the straight run (tests/e2e/check_trace.py).
+trace_check() { "$PY" "$DFLASH_SRC/tests/e2e/check_trace.py" "$1" "$DATA" --straight "$2" --segments 2; }
 
 # check_lineage NAME STRAIGHT STOP: metrics continuous, loss continuing from the trained state.
 check_lineage() {

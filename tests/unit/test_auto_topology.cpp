@@ -115,6 +115,34 @@ TEST(AutoTopology, TableAndJson) {
   EXPECT_NEAR(j["measurements"]["power_idle_w"].get<double>(), 85, 1e-12);
 }
 
+// --rebalance auto: move only to a split predicted at least the bar faster, within the power budget.
+TEST(AutoTopology, RebalanceNeedsTheGainAndTheBudget) {
+  RoleMeasurements m = scenario2();
+  // Scenario 1's shape: the drafter side is the bottleneck at 7-1; 6-2 is predicted faster.
+  m.drafter_s_per_batch = 1.6 / (34.7e3 / 32768.0);
+  const RebalanceChoice c = choose_rebalance(m, 7, 1, 0.05);
+  ASSERT_TRUE(c.best.has_value());
+  ASSERT_TRUE(c.to.has_value());
+  EXPECT_EQ(c.to->split(), c.best->split());
+  EXPECT_NE(c.to->split(), "7-1");
+  EXPECT_NEAR(c.gain, c.best->batches_per_s / c.now.batches_per_s - 1, 1e-12);
+  EXPECT_GT(c.gain, 0.05);
+  EXPECT_NE(c.why.find("7-1 predicted"), std::string::npos) << c.why;
+  // The bar above the gain: keep.
+  const RebalanceChoice high = choose_rebalance(m, 7, 1, c.gain + 0.01);
+  EXPECT_FALSE(high.to.has_value());
+  EXPECT_NE(high.why.find("keep it"), std::string::npos) << high.why;
+  // Already the best: keep, whatever the bar.
+  const RebalanceChoice best = choose_rebalance(m, c.to->targets, c.to->drafters, 0.0);
+  EXPECT_FALSE(best.to.has_value());
+  EXPECT_NE(best.why.find("the best of every split"), std::string::npos) << best.why;
+  // A budget nothing fits, or no power readings with a budget: keep.
+  EXPECT_FALSE(choose_rebalance(m, 7, 1, 0.05, 100.0).to.has_value());
+  m.power_target_w.reset();
+  EXPECT_FALSE(choose_rebalance(m, 7, 1, 0.05, 1e6).to.has_value());
+  EXPECT_TRUE(choose_rebalance(m, 7, 1, 0.05).to.has_value());
+}
+
 TEST(AutoTopologyDeath, SplitMustFitTheNode) {
   RoleMeasurements m = scenario2();
   EXPECT_EXIT(predict_split(m, 8, 1), testing::ExitedWithCode(9), "predict_split 8-1 on 8 GPUs");
