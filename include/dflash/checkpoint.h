@@ -140,6 +140,9 @@ DataResume fresh_data_resume(int num_targets, uint64_t seed);
 DataResume plan_data_resume(const TokenDataset& ds, const LoaderOptions& base, int max_epochs,
                             const std::vector<DataResumePoint>& saved, const ConsumedRecords& saved_consumed,
                             int num_targets);
+// The batches this job's targets will still send from d's points to the end of max_epochs (> 0), those listed
+// as already trained left out: what the lr schedule's re-plan divides over the drafters.
+int64_t data_batches_left(const TokenDataset& ds, const LoaderOptions& base, int max_epochs, const DataResume& d);
 // The epochs of `consumed` a save must keep: those at or after the lowest epoch any point is still in.
 ConsumedRecords consumed_still_needed(const ConsumedRecords& consumed, const std::vector<DataResumePoint>& points);
 // A DataResume as bytes and back (it travels from the first target to every rank).

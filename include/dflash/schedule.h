@@ -32,11 +32,12 @@ struct PlannedSchedule {
 };
 
 // Where the planned part of the run starts: a fresh run at epoch 0 with no step done; a run resumed on
-// another split (docs/checkpoint.md "Changing the split") at the first epoch its new targets read (under
-// base.consumed) with the checkpoint's steps done, so the cosine ends where the data now ends.
+// another split (docs/checkpoint.md "Changing the split") with the checkpoint's steps done and the batches its
+// targets will still send (their positions may be inside an epoch), so the cosine ends where the data now ends.
 struct ScheduleStart {
   int64_t epoch = 0;
   int64_t steps_done = 0;
+  int64_t batches_left = -1;  // >= 0: the batches the targets will still send (data_batches_left), not counted again
 };
 
 // epochs 0 (forever) with max_steps 0: no end, so no decay (total 0). warmup_ratio > 0 sets the warmup to

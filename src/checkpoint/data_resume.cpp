@@ -73,6 +73,27 @@ DataResume fresh_data_resume(int num_targets, uint64_t seed) {
   return d;
 }
 
+int64_t data_batches_left(const TokenDataset& ds, const LoaderOptions& base, int max_epochs, const DataResume& d) {
+  DF_CHECK(max_epochs > 0, Internal, "data_batches_left without an end of the data");
+  const int n = static_cast<int>(d.points.size());
+  auto consumed = std::make_shared<const ConsumedRecords>(d.consumed);
+  int64_t left = 0;
+  for (int t = 0; t < n; ++t) {
+    const DataResumePoint& p = d.points[t];
+    for (int64_t epoch = p.position.epoch; epoch < max_epochs; ++epoch) {
+      const std::vector<int64_t> order =
+          Loader::shard_order(ds.num_records(), base.seed, epoch, t, n, consumed.get());
+      for (int64_t cursor = epoch == p.position.epoch ? p.position.cursor : 0; cursor < static_cast<int64_t>(order.size());) {
+        const BatchExtent e = pack_extent(ds, order, cursor, base.token_budget, base.long_record);
+        if (!e.taken.empty()) ++left;
+        cursor = e.end;
+      }
+    }
+    left -= static_cast<int64_t>(p.done_after.size());
+  }
+  return left;
+}
+
 ConsumedRecords consumed_still_needed(const ConsumedRecords& consumed, const std::vector<DataResumePoint>& points) {
   int64_t lowest = INT64_MAX;
   for (const DataResumePoint& p : points) lowest = std::min(lowest, p.position.epoch);

@@ -29,7 +29,9 @@ PlannedSchedule plan_schedule(const TokenDataset& ds, const LoaderOptions& base,
   DF_CHECK(grad_accum >= 1, Internal, "plan_schedule: grad_accum " << grad_accum);
   DF_CHECK(from.epoch >= 0 && from.steps_done >= 0, Internal, "plan_schedule: from epoch " << from.epoch);
   PlannedSchedule s;
-  if (epochs > 0) {
+  if (epochs > 0 && from.batches_left >= 0) {
+    s.data_batches = from.batches_left;
+  } else if (epochs > 0) {
     for (int64_t e = from.epoch; e < epochs; ++e)
       for (int t = 0; t < num_targets; ++t) {
         LoaderOptions o = base;
@@ -53,7 +55,7 @@ PlannedSchedule plan_schedule(const TokenDataset& ds, const LoaderOptions& base,
             (grad_accum > 1 ? " / " + std::to_string(grad_accum) + " micro-batches per step" : std::string());
     if (from.steps_done > 0 || from.epoch > 0)
       s.why = std::to_string(from.steps_done) + " step(s) done + " + std::to_string(s.data_batches) +
-              " batches left from epoch " + std::to_string(from.epoch) + " of " + std::to_string(epochs) + " / " +
+              " batches left of " + std::to_string(epochs) + " epoch(s) / " +
               std::to_string(num_drafters) + " drafter(s)" +
               (grad_accum > 1 ? " / " + std::to_string(grad_accum) + " micro-batches per step" : std::string());
   } else if (max_steps > 0) {

@@ -181,12 +181,13 @@ DataResume share_data_resume(const JobContext& job, const CheckpointState& saved
     const DataResume d = plan_data_resume(*job.dataset, job.plan.loader, job.opt.epochs, saved.data, saved.consumed,
                                           static_cast<int>(topo.targets.size()));
     bytes = serialize_data_resume(d);
-    if (d.resplit) {
+    if (job.resume_split == ResumeSplit::Changed) {
       std::printf("[dflash] resuming on another split: the checkpoint's %s (%zu target(s), %zu drafter(s)) -> %s on %d "
                   "rank(s) (%zu target(s), %zu drafter(s)) at step %lld; %s\n",
                   job.saved_topology.c_str(), saved.data.size(), saved.rng_states.size(),
                   job.opt.topology.to_string().c_str(), topo.world_size, topo.targets.size(), topo.drafters.size(),
-                  static_cast<long long>(saved.step), d.summary.c_str());
+                  static_cast<long long>(saved.step),
+                  d.resplit ? d.summary.c_str() : "as many targets: their data positions go on as saved");
       std::fflush(stdout);
     }
   }
@@ -217,7 +218,9 @@ void plan_lr_schedule(Options& o, const JobContext& job, const nlohmann::json& s
     LoaderOptions lo = job.plan.loader;
     lo.consumed = job.consumed;
     ScheduleStart from;
-    if (resplit) from = ScheduleStart{job.data_resume.first_epoch, job.resume_step};
+    if (resplit)
+      from = ScheduleStart{job.data_resume.first_epoch, job.resume_step,
+                           o.epochs > 0 ? data_batches_left(*job.dataset, lo, o.epochs, job.data_resume) : -1};
     PlannedSchedule s = plan_schedule(*job.dataset, lo, static_cast<int>(job.topo.targets.size()),
                                       static_cast<int>(job.topo.drafters.size()), o.epochs, o.max_steps,
                                       o.train.warmup_steps, o.warmup_ratio, o.grad_accum, from);

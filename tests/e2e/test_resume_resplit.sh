@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Resume on another split (issue 30, docs/checkpoint.md "Changing the split"): a 2-1 run stopped at a
-# checkpoint (--inject-stop-step: exit 75) continues as 1-2 with --resume auto, and the other way round.
+# checkpoint (--inject-stop-step: exit 75) continues as 1-2 with --resume auto, the other way round, and
+# 2-1 on 3 ranks continues as 2-2 on 4.
 # Every record of every epoch is trained exactly once across the two splits -- the same set as a straight
 # run's -- (the --inject-trace-dir records of what the drafters' applied steps trained), the loss goes on
 # from the trained state (no jump back towards a fresh drafter's), the lr schedule is re-planned and
@@ -40,7 +41,7 @@ with h5py.File(run, "r") as f, h5py.File(straight, "r") as g:
 PY
 }
 
-mkdir -p "$WORK/trace_straight" "$WORK/trace_a" "$WORK/trace_b"
+mkdir -p "$WORK/trace_straight" "$WORK/trace_a" "$WORK/trace_b" "$WORK/trace_c"
 run_job straight 3 300 --topology 2-1 "${COMMON[@]}" --inject-trace-dir "$WORK/trace_straight"
 expect_rc 0 straight
 
@@ -65,6 +66,15 @@ expect_rc 0 b
 expect_log b "data re-partitioned from 1 to 2 target(s): epoch 1 goes on with its"
 trace_check "$WORK/trace_b" "$WORK/trace_straight"
 check_lineage b straight 30
+
+# C: another world size with the same targets: 2-1 on 3 ranks for 20 steps, then 2-2 on 4 ranks (the data
+# positions go on as saved, the second drafter starts from the same weights and optimizer state).
+run_job c 3 300 --topology 2-1 "${COMMON[@]}" --epochs 1 --inject-trace-dir "$WORK/trace_c" --inject-stop-step 20
+expect_rc 75 c
+run_job c 4 300 --topology 2-2 "${COMMON[@]}" --epochs 1 --inject-trace-dir "$WORK/trace_c" --resume auto
+expect_rc 0 c
+expect_log c "resuming on another split: the checkpoint's 2-1 on 3 rank(s) (2 target(s), 1 drafter(s)) -> 2-2 on 4 rank(s) (2 target(s), 2 drafter(s)) at step 20"
+"$PY" "$DFLASH_SRC/tests/e2e/check_trace.py" "$WORK/trace_c" "$DATA" --segments 2 || fail "records across 2-1 -> 2-2"
 
 # Still refused on a change of split: the model, the objective, the data.
 run_job b 3 60 --topology 1-2 "${COMMON[@]}" --resume auto --loss kl

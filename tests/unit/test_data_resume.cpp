@@ -146,10 +146,36 @@ TEST(DataResume, EveryRecordOnceAcrossChangesOfSplit) {
                                                 ScheduleStart{d.first_epoch, 100});
         EXPECT_EQ(p.data_batches, will_produce);
         EXPECT_EQ(p.total_steps, 100 + will_produce);
+        EXPECT_EQ(data_batches_left(*ds, base, c.epochs, d), will_produce);
       }
       expect_each_record_once(seen, *ds, base.token_budget, c.policy, c.epochs);
     }
   }
+}
+
+// The same targets (another number of drafters): the points go on as saved, and the batches left are those
+// the loaders will still produce from them, less the ones listed as trained.
+TEST(DataResume, BatchesLeftFromSavedPositions) {
+  const auto ds = make_dataset(90, 20);
+  LoaderOptions base;
+  base.token_budget = 40;
+  base.seed = 3;
+  base.max_epochs = 2;
+  base.prefetch_depth = 1000;
+  std::mt19937 rng(4);
+  Seen seen;
+  const std::vector<DataResumePoint> saved = run_segment(ds, base, fresh_data_resume(2, 3), 0.4, rng, seen);
+  const DataResume d = plan_data_resume(*ds, base, 2, saved, {}, 2);
+  int64_t will_train = 0;
+  for (int t = 0; t < 2; ++t) {
+    LoaderOptions lo = base;
+    lo.shard_index = t;
+    lo.num_shards = 2;
+    Loader probe(ds, lo, d.points[t].position);
+    for (const LoadedBatch& b : drain(probe)) will_train += d.points[t].already_trained(b.index) ? 0 : 1;
+  }
+  EXPECT_GT(will_train, 0);
+  EXPECT_EQ(data_batches_left(*ds, base, 2, d), will_train);
 }
 
 TEST(DataResume, SameSplitResumesAsSaved) {
