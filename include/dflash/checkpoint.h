@@ -71,6 +71,9 @@ std::string options_hash(const OptionMap& invariants);
 enum class ResumeSplit { Same, Changed };
 // The option keys a change of split may change.
 bool option_follows_split(const std::string& name);
+// --epochs and --max-steps: they may change on any resume (extending a run, or ending it sooner); the lr
+// schedule's tail is then re-planned from the checkpoint's step (docs/checkpoint.md "Extending a run").
+bool option_extends_run(const std::string& name);
 // Fatal BadOptions listing every option that differs ("--loss: saved ce, now kl"), added or dropped; when only
 // content identities differ (below), fatal BadInput naming the input and what changed. An identity that one
 // side lacks (a checkpoint of a build before them) is not compared.

@@ -39,8 +39,8 @@ if [ "$(id -u)" -eq 0 ]; then export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_
 # 4 ranks on however many cores: --oversubscribe, no core binding (each rank also runs a loader thread).
 set +e
 mpirun -np 4 --oversubscribe --bind-to none "$BUILD_DIR/dflash-train" --config "$here/train.cfg" \
-  --target "$RUN_DIR/tiny/target" --data "$RUN_DIR/tiny/data.h5" --out "$RUN_DIR" "$@" 2>&1 | tee "$RUN_DIR/train.log"
-rc=${PIPESTATUS[0]}
+  --target "$RUN_DIR/tiny/target" --data "$RUN_DIR/tiny/data.h5" --out "$RUN_DIR" "$@"
+rc=$?  # (dflash-train writes RUN_DIR/train.log itself)
 set -e
 [ "$rc" -eq 0 ] || { echo "[default job] dflash-train failed with exit code $rc (README \"Exit codes\")" >&2; exit "$rc"; }
 

@@ -1,5 +1,7 @@
 #include "dflash/error.h"
 
+#include "dflash/run_log.h"
+
 #include <hdf5.h>
 #include <mpi.h>
 #include <unistd.h>
@@ -53,10 +55,11 @@ void fatal(ExitCode code, const std::string& what, const std::string& hint) {
   if (!hint.empty()) text += "  HINT: " + hint + "\n";
   for (auto it = t_hint_notes.rbegin(); it != t_hint_notes.rend(); ++it) text += "  HINT: " + *it + "\n";
   text += "  (exit code " + std::to_string(static_cast<int>(code)) + ": " + exit_code_name(code) + ")\n";
-  // One write so lines of several ranks do not interleave.
+  // One write so lines of several ranks do not interleave; the run's log gets it too (run_log.h).
+  std::fflush(stdout);
   ssize_t ignored = ::write(STDERR_FILENO, text.data(), text.size());
   (void)ignored;
-  std::fflush(stdout);
+  run_log_echo(text.data(), text.size());
   int initialized = 0, finalized = 0;
   MPI_Initialized(&initialized);
   MPI_Finalized(&finalized);

@@ -141,6 +141,8 @@ bool option_absent_means(const std::string& name, const std::string& value) {
   return it != before_it_existed.end() && it->second == value;
 }
 
+bool option_extends_run(const std::string& name) { return name == "epochs" || name == "max-steps"; }
+
 bool option_follows_split(const std::string& name) {
   return name == "topology" || name == "world-size" || name == "grad-accum";
 }
@@ -161,6 +163,7 @@ void check_resume_compatible(const OptionMap& saved, const OptionMap& now, const
   for (const auto& [k, v] : saved) {
     auto it = now.find(k);
     if (split == ResumeSplit::Changed && option_follows_split(k)) continue;
+    if (option_extends_run(k)) continue;  // a run may be extended (or ended sooner): the schedule is re-planned
     if (is_identity_key(k)) {
       // One side without it: a checkpoint of a build before identities, or a caller that has no inputs.
       if (it != now.end() && it->second != v)
@@ -174,7 +177,7 @@ void check_resume_compatible(const OptionMap& saved, const OptionMap& now, const
   }
   for (const auto& [k, v] : now)
     if (!saved.count(k) && !is_identity_key(k) && !option_absent_means(k, v) &&
-        !(split == ResumeSplit::Changed && option_follows_split(k)))
+        !(split == ResumeSplit::Changed && option_follows_split(k)) && !option_extends_run(k))
       changes.push_back("--" + k + ": not in the checkpoint, now '" + v + "'");
   if (changes.empty() && content.empty()) return;
   std::string list;

@@ -96,7 +96,8 @@ Handle MetricsWriter::Impl::group(const std::string& name, bool create) {
                 Handle::Kind::Group);
 }
 
-void MetricsWriter::Impl::open_series(const std::string& name, Elem e, int cols, bool create, hsize_t rows) {
+void MetricsWriter::Impl::open_series(const std::string& name, Elem e, int cols, bool create, hsize_t rows,
+                                      int64_t int_fill) {
   const int rank = cols > 0 ? 2 : 1;
   if (h5::link_exists(file, name)) {
     Handle ds(DF_H5(H5Dopen2(file, name.c_str(), H5P_DEFAULT), "opening " + name + " in " + path),
@@ -126,10 +127,8 @@ void MetricsWriter::Impl::open_series(const std::string& name, Elem e, int cols,
     const double nan = std::nan("");
     DF_H5(H5Pset_fill_value(dcpl, H5T_NATIVE_DOUBLE, &nan), "fill value of " + name);
   }
-  if (e == Elem::I64) {  // rows of a resumed older file that lacked the series: -1, "not known"
-    const int64_t unknown = -1;
-    DF_H5(H5Pset_fill_value(dcpl, H5T_NATIVE_INT64, &unknown), "fill value of " + name);
-  }
+  if (e == Elem::I64 && int_fill != 0)  // e.g. -1, "not known", over the rows of a resumed older file
+    DF_H5(H5Pset_fill_value(dcpl, H5T_NATIVE_INT64, &int_fill), "fill value of " + name);
   const hid_t type = e == Elem::Role ? role_type.get() : file_type(e);
   Handle ds(DF_H5(H5Dcreate2(file, name.c_str(), type, space, H5P_DEFAULT, dcpl, H5P_DEFAULT),
                   "creating " + name + " in " + path),

@@ -70,7 +70,8 @@ struct MetricsWriter::Impl {
   h5::Handle group(const std::string& name, bool create);
   // Opens or creates an extendible dataset [rows (x cols)], chunked along the row dimension. A new one
   // starts with `rows` rows of its fill value (NaN for floats): a series a resumed older file lacks.
-  void open_series(const std::string& name, Elem e, int cols, bool create, hsize_t rows = 0);
+  // int_fill: the fill value of an integer series (0 unless given).
+  void open_series(const std::string& name, Elem e, int cols, bool create, hsize_t rows = 0, int64_t int_fill = 0);
   // /steps/block_position: the coordinate 1 .. block_size-1 of acc_by_pos's columns (made once).
   void block_positions(int block_size);
   // /ranks/role_t, committed so that netCDF readers (h5netcdf's EnumType) find it by name.

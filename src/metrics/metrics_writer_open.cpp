@@ -263,7 +263,7 @@ MetricsWriter::MetricsWriter(const std::string& path, const MetricsLayout& layou
   {
     // A resumed file of an earlier format lacks the segment table and /ranks/segment (-1 over its rows).
     const hsize_t rank_rows = h5::dims(impl_->series.at("ranks/interval"))[0];
-    impl_->open_series("ranks/segment", Elem::I64, 0, true, rank_rows);
+    impl_->open_series("ranks/segment", Elem::I64, 0, true, rank_rows, /*int_fill=*/-1);
     impl_->group("segments", true);
     for (const SeriesSpec& s : kSegmentSeries) impl_->open_series(std::string("segments/") + s.name, s.elem, 0, true);
   }

@@ -18,6 +18,7 @@
 #include "dflash/eval_stats.h"
 #include "dflash/hf_config.h"
 #include "dflash/metrics.h"
+#include "dflash/run_log.h"
 #include "dflash/runtime.h"
 #include "auto_measure.h"
 #include "job.h"
@@ -170,6 +171,19 @@ ResumeSplit resume_split_of(const CheckpointState& saved, JobContext& job) {
   return same ? ResumeSplit::Same : ResumeSplit::Changed;
 }
 
+// A resume with another --epochs or --max-steps (an extended run, or one ended sooner): "--max-steps 40 -> 80"
+// ("" when neither changed; a checkpoint without them is not compared).
+std::string run_extension_of(const CheckpointState& saved, const JobContext& job) {
+  std::string changes;
+  for (const char* k : {"epochs", "max-steps"}) {
+    const auto was = saved.options.find(k);
+    const auto now = job.resume_invariants.find(k);
+    if (was == saved.options.end() || now == job.resume_invariants.end() || was->second == now->second) continue;
+    changes += (changes.empty() ? "" : ", ") + std::string("--") + k + " " + was->second + " -> " + now->second;
+  }
+  return changes;
+}
+
 // Where every target starts, decided by the first target (it has the dataset open: a resplit replays the
 // saved targets' packing) and sent to every rank: the targets' loaders, the drafters' checkpoints and
 // --batch-order fixed all go by it.
@@ -215,19 +229,20 @@ void plan_lr_schedule(Options& o, const JobContext& job, const nlohmann::json& s
   int64_t plan[4] = {0, 0, 0, 0};  // total steps, warmup steps, long records and their dropped tokens per epoch
   if (job.topo.world_rank == planner) {
     const bool resplit = job.resume_split == ResumeSplit::Changed;
+    const bool replan = resplit || !job.run_extended.empty();
     LoaderOptions lo = job.plan.loader;
     lo.consumed = job.consumed;
     ScheduleStart from;
-    if (resplit)
+    if (replan)
       from = ScheduleStart{job.data_resume.first_epoch, job.resume_step,
                            o.epochs > 0 ? data_batches_left(*job.dataset, lo, o.epochs, job.data_resume) : -1};
     PlannedSchedule s = plan_schedule(*job.dataset, lo, static_cast<int>(job.topo.targets.size()),
                                       static_cast<int>(job.topo.drafters.size()), o.epochs, o.max_steps,
                                       o.train.warmup_steps, o.warmup_ratio, o.grad_accum, from);
-    if (resplit) {
+    if (replan) {
       // The warmup stays as planned at the start (the resumed run is past it, or in it, as before).
       if (saved_schedule.contains("warmup_steps")) s.warmup_steps = saved_schedule["warmup_steps"].get<int>();
-      s.why = "re-planned for the new split: " + s.why;
+      s.why = (resplit ? "re-planned for the new split: " : "re-planned for " + job.run_extended + ": ") + s.why;
     } else if (!job.resume_dir.empty() && saved_schedule.contains("total_steps")) {
       s.total_steps = saved_schedule["total_steps"].get<int64_t>();
       s.warmup_steps = saved_schedule["warmup_steps"].get<int>();
@@ -244,6 +259,10 @@ void plan_lr_schedule(Options& o, const JobContext& job, const nlohmann::json& s
                   o.long_record == LongRecordPolicy::Skip ? "left out (--long-record skip)"
                                                           : "cut to their first --token-budget tokens (--long-record cut)",
                   static_cast<long long>(s.long_tokens_dropped));
+    if (o.max_steps > 0 && o.epochs > 0 && s.total_steps < o.max_steps)
+      std::printf("[dflash] note: the data (--epochs %d) ends at step %lld, before --max-steps %lld: the run stops there "
+                  "(without --epochs, the data repeats until --max-steps)\n",
+                  o.epochs, static_cast<long long>(s.total_steps), static_cast<long long>(o.max_steps));
     std::printf("[dflash] lr schedule: peak %g, warmup %d step(s), ", o.train.lr, s.warmup_steps);
     if (s.total_steps > s.warmup_steps)
       std::printf("cosine to %g at step %lld (%s)\n", o.train.lr * o.train.min_lr_ratio,
@@ -357,14 +376,22 @@ SegmentEnd run_segment(Options& o, PowerSampler* gpu_sampler, const GpuReading& 
   // before any model loads; one of another split continues on this one (docs/checkpoint.md).
   job.resume_invariants = resume_invariants_of(o, topo.world_size, share_input_identities(job));
   job.resume_dir = resolve_resume_collective(o, MPI_COMM_WORLD);
+  // --out is locked and checked: every rank's output since its start goes into OUT/train.log (run_log.h).
+  open_run_log(o.out_dir + "/train.log");
   nlohmann::json saved_schedule = nlohmann::json::object();
   if (!job.resume_dir.empty()) {
     const CheckpointState saved = read_checkpoint_state(job.resume_dir);
     job.resume_split = resume_split_of(saved, job);
+    job.run_extended = run_extension_of(saved, job);
     if (topo.world_rank == 0) check_resume_compatible(saved.options, job.resume_invariants, job.resume_dir, job.resume_split);
     job.resume_step = saved.step;
     saved_schedule = saved.schedule;
     job.data_resume = share_data_resume(job, saved);
+    if (topo.world_rank == 0 && !job.run_extended.empty()) {
+      std::printf("[dflash] the run goes on from step %lld with %s (the lr schedule's tail is re-planned below)\n",
+                  static_cast<long long>(saved.step), job.run_extended.c_str());
+      std::fflush(stdout);
+    }
   } else {
     job.data_resume = fresh_data_resume(static_cast<int>(topo.targets.size()), o.train.seed);
   }
@@ -403,6 +430,7 @@ SegmentEnd run_segment(Options& o, PowerSampler* gpu_sampler, const GpuReading& 
 }  // namespace
 
 int run_job(const Options& given) {
+  capture_run_log();  // stdout and stderr also go to OUT/train.log once --out is this job's (run_log.h)
   // This rank's GPU through NVML, read once now: its idle draw, before any model (or --topology auto's
   // measurement) occupies it. On the CPU backend it reads nothing and says why.
   // The device index matches the one create_topology binds (local rank % visible devices).

@@ -54,6 +54,7 @@ struct JobContext {
   std::string resume_dir;          // checkpoint this run resumes from ("" = fresh start), same on every rank
   int64_t resume_step = 0;         // its step
   ResumeSplit resume_split = ResumeSplit::Same;  // Changed: the checkpoint was made on another split
+  std::string run_extended;        // "--max-steps 40 -> 80" when a resume changes --epochs / --max-steps ("" = not)
   std::string saved_topology;      // the checkpoint's --topology and world size ("2-1 on 3 ranks"), resuming only
   DataResume data_resume;          // where every target starts (checkpoint.h), same on every rank
   std::shared_ptr<const ConsumedRecords> consumed;  // data_resume.consumed, for the targets' loaders

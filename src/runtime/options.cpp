@@ -125,8 +125,8 @@ Described describe(Options& o, std::string& topology, std::string& backend, std:
     ("batch-order", po::value(&batch_order)->default_value("arrival")->value_name("NAME"), "arrival (first come, best throughput) | fixed (a pure function of the topology: same losses on every run and across a resume)")
     ("deterministic", po::value(&deterministic)->default_value("auto")->value_name("WHEN"), "auto (on with --batch-order fixed) | on | off: CUDA kernels that sum in a fixed order, so the same inputs give bit-identical steps and a resume reproduces the straight run (about 4% slower)")
     ("long-record", po::value(&long_record)->default_value("error")->value_name("NAME"), "record longer than --token-budget: error | cut | skip")
-    ("epochs", po::value(&o.epochs)->default_value(1)->value_name("N"), "passes over the data (0 = forever)")
-    ("max-steps", po::value(&o.max_steps)->default_value(0)->value_name("N"), "stop after this many (optimizer) steps (0 = when the data ends)")
+    ("epochs", po::value(&o.epochs)->default_value(1)->value_name("N"), "passes over the data (0 = forever; with --max-steps and no --epochs: as many as --max-steps takes, as HF Trainer)")
+    ("max-steps", po::value(&o.max_steps)->default_value(0)->value_name("N"), "stop after this many (optimizer) steps (0 = when the data ends); without --epochs the data repeats until then")
     ("peer-timeout", po::value(&o.peer_timeout_s)->default_value(120.0, "120")->value_name("SECONDS"), "seconds any wait on a peer may take before the job ends with exit 7")
     ("grad-bucket-mb", po::value(&o.grad_bucket_mb)->default_value(25.0, "25")->value_name("MIB"), "with several drafters: MiB of gradient per allreduce bucket; buckets are summed while the backward still runs (as PyTorch DDP); 0 = one allreduce after the backward");
   po::options_description train("Training");
@@ -315,6 +315,9 @@ ParseResult parse_options(int argc, const char* const* argv) {
   check_range(o.draft_layers >= 1, "draft-layers", str(o.draft_layers), ">= 1");
   check_range(o.epochs >= 0, "epochs", str(o.epochs), ">= 0");
   check_range(o.max_steps >= 0, "max-steps", str(o.max_steps), ">= 0");
+  // HF Trainer's convention: --max-steps without --epochs trains for --max-steps, the data repeating as often
+  // as it takes (with both, whichever ends first ends the run, and the startup says which: plan_lr_schedule).
+  if (o.max_steps > 0 && (!vm.count("epochs") || vm["epochs"].defaulted())) o.epochs = 0;
   DF_CHECK_HINT(o.epochs > 0 || o.max_steps > 0, BadOptions, "--epochs 0 (forever) without --max-steps never ends",
                 "give --max-steps N or --epochs N");
   check_range(o.log_every >= 1, "log-every", str(o.log_every), ">= 1");
@@ -409,6 +412,7 @@ ParseResult parse_options(int argc, const char* const* argv) {
     else if (auto p = boost::any_cast<double>(&v.value())) text = str(*p), kind = Kind::Real;
     else if (auto p = boost::any_cast<bool>(&v.value())) text = *p ? "true" : "false", kind = Kind::Flag;
     if (name == "max-anchors") text = str(o.train.max_anchors);  // the cap as resolved (default_max_anchors)
+    if (name == "epochs") text = str(o.epochs);  // 0 with --max-steps and no --epochs
     o.resolved.emplace_back(name, text);
     if (kind != Kind::Text) o.resolved_kind[name] = kind;
   }

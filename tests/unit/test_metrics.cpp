@@ -411,11 +411,50 @@ TEST(Metrics, CreateKeepsEveryFileThatHoldsSteps) {
   EXPECT_FALSE(std::filesystem::exists(path + ".prev"));
 }
 
-TEST(MetricsDeathTest, AppendWithAnotherTopologyIsRefused) {
+// A resume on another split (docs/metrics.md "Segments"): the earlier split's /queues move to /segments/K/
+// (K: that split's first segment) and this split's start anew; the rows of /steps and /ranks go on.
+TEST(Metrics, AppendWithAnotherSplitMovesTheSplitsSeries) {
+  const std::string path = make_temp_dir() + "/metrics.h5";
+  {
+    MetricsWriter w(path, cpu_layout(2, 1));
+    SegmentInfo seg;
+    seg.targets_per_node = 2;
+    EXPECT_EQ(w.begin_segment(seg), 0);
+    w.append_queues(1.0, {1, 2}, {3});
+    w.append_step(step_row(0));
+  }
+  {
+    MetricsWriter w(path, cpu_layout(2, 1), MetricsOpen::Append);  // the same split: /queues goes on
+    SegmentInfo seg;
+    seg.kind = SegmentKind::Resume;
+    EXPECT_EQ(w.begin_segment(seg), 1);
+    w.append_queues(2.0, {0, 1}, {2});
+  }
+  {
+    MetricsWriter w(path, cpu_layout(1, 2), MetricsOpen::Append);  // another split
+    SegmentInfo seg;
+    seg.kind = SegmentKind::Resplit;
+    seg.targets_per_node = 1;
+    seg.drafters_per_node = 2;
+    EXPECT_EQ(w.begin_segment(seg), 2);
+    w.append_queues(3.0, {4}, {1, 1});
+    w.append_step(step_row(1));
+  }
+  MetricsReader r(path);
+  int64_t cols = 0;
+  EXPECT_EQ(r.matrix("segments/0/queues/q_pre", &cols), (std::vector<double>{1, 2, 0, 1}));
+  EXPECT_EQ(cols, 2);
+  EXPECT_EQ(r.matrix("queues/q_pre", &cols), (std::vector<double>{4}));
+  EXPECT_EQ(cols, 1);
+  EXPECT_EQ(r.matrix("queues/q_hs", &cols), (std::vector<double>{1, 1}));
+  EXPECT_EQ(r.series("segments/kind"), (std::vector<double>{0, 1, 2}));
+  EXPECT_EQ(r.series("segments/targets_per_node"), (std::vector<double>{2, 1, 1}));
+  EXPECT_EQ(r.series("steps/step").size(), 2u);
+}
+
+TEST(MetricsDeathTest, MissingSeriesIsNamed) {
   const std::string path = make_temp_dir() + "/metrics.h5";
   { MetricsWriter w(path, cpu_layout(2, 1)); }
-  EXPECT_EXIT(MetricsWriter(path, cpu_layout(3, 1), MetricsOpen::Append), testing::ExitedWithCode(3),
-              "does not match this run's layout");
   EXPECT_EXIT(MetricsReader(path).series("steps/nope"), testing::ExitedWithCode(3), "has no series /steps/nope");
 }
 
