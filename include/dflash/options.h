@@ -117,6 +117,8 @@ struct Options {
   // --rebalance auto: at a checkpoint, when the measured service times predict another split at least
   // --rebalance-min-gain (percent) faster (and within --power-budget-w), every rank takes its new role in
   // place (docs/checkpoint.md "Re-splitting live").
+  std::string report_to;          // --report-to tensorboard,csv,wandb (src/runtime/report_sidecar.h)
+  double report_every_min = 10;   // --report-every: minutes between exports while the job runs
   RebalanceMode rebalance = RebalanceMode::Off;
   double rebalance_min_gain_pct = 5;
   bool measure_only = false;    // --topology auto --measure-only: print the measured roles and exit

@@ -83,6 +83,7 @@ bool option_may_change_on_resume(const std::string& name) {
       "export-dtype",     "export-checkpoints", "peer-timeout",    "prefetch-depth",
       "hs-queue-depth",   "power-budget-w",   "help",              "measure-only",
       "rebalance",        "rebalance-min-gain",  // when the split changes (the split may change on a resume)
+      "report-to",        "report-every",        // where the series go, not what is trained
       "data-plane",       "grad-bucket-mb",  // how bytes travel, not what is trained
       "eval-data",        "eval-every",      // what is measured, not what is trained
       "eval-tau-every",   "eval-tau-prompts", "eval-tau-max-new-tokens",

@@ -13,6 +13,7 @@
 
 #include "dflash/anchors.h"     // default_max_anchors
 #include "dflash/checkpoint.h"  // parse_checkpoint_every
+#include "report_sidecar.h"       // parse_report_to
 #include "dflash/error.h"
 #include "dflash/schedule.h"  // grad_accum_for
 
@@ -166,6 +167,8 @@ Described describe(Options& o, std::string& topology, std::string& backend, std:
     ("export-checkpoints", po::bool_switch(&o.export_checkpoints), "also export each checkpoint's drafter into STEP_DIR/drafter")
     ("resume", po::value(&o.resume)->value_name("auto|PATH"), "auto (the newest complete checkpoint, or a fresh start) | PATH (a checkpoint or checkpoint dir)")
     ("power-budget-w", po::value(&o.power_budget_w)->default_value(0.0, "0")->value_name("W"), "with --topology auto: the fastest split within this many watts (needs power readings)")
+    ("report-to", po::value(&o.report_to)->value_name("LIST"), "tensorboard,csv,wandb: the run's series in OUT/tensorboard, OUT/csv and (at the end of each job, offline) OUT/wandb while it trains, by tools/dflash-report in the background")
+    ("report-every", po::value(&o.report_every_min)->default_value(10.0, "10")->value_name("MIN"), "--report-to: minutes between exports")
     ("rebalance", po::value(&rebalance)->default_value("off")->value_name("auto|off"), "auto: at each checkpoint, when this run's measured service times predict another split of the node's GPUs --rebalance-min-gain faster (within --power-budget-w), every rank takes its new role in place (needs --checkpoint-every)")
     ("rebalance-min-gain", po::value(&o.rebalance_min_gain_pct)->default_value(5.0, "5")->value_name("PCT"), "--rebalance auto: the predicted gain (percent) a change of split must reach")
     ("measure-only", po::bool_switch(&o.measure_only), "with --topology auto: measure each role standalone on every rank, print the what-if table, exit (no training; any rank count)");
@@ -377,6 +380,8 @@ ParseResult parse_options(int argc, const char* const* argv) {
   DF_CHECK_HINT(o.target_dir.size() && o.data_path.size() && o.out_dir.size(), BadOptions,
                 "--target, --data and --out are required", usage_hint);
   parse_checkpoint_every(o.checkpoint_every);  // fatal BadOptions naming the flag on a bad value
+  parse_report_to(o.report_to);  // fatal BadOptions naming a bad word
+  check_range(o.report_every_min > 0 && std::isfinite(o.report_every_min), "report-every", str(o.report_every_min), "> 0 minutes");
   check_range(o.rebalance_min_gain_pct >= 0 && o.rebalance_min_gain_pct < 1000, "rebalance-min-gain",
               str(o.rebalance_min_gain_pct), "a percentage in [0, 1000)");
   DF_CHECK_HINT(o.rebalance == RebalanceMode::Off || parse_checkpoint_every(o.checkpoint_every).unit != CheckpointUnit::Off, BadOptions,

@@ -22,6 +22,7 @@
 #include "drafter_tau.h"
 #include "job.h"
 #include "job_metrics.h"
+#include "report_sidecar.h"
 #include "test_trace.h"
 
 namespace dflash {
@@ -49,6 +50,7 @@ class DrafterLoop {
     Tensor grads = trainer.grads();
     const GradHooks hooks = start_reducer(trainer);  // empty with one drafter
     MetricsHub hub(job_, trainer.config().block_size, trainer.config().arch == DraftArch::DFlash2);
+    if (topo_.is_metrics_writer() && !o_.report_to.empty()) sidecar_ = std::make_unique<ReportSidecar>(o_);
     ckpt.before_save([&] { hub.flush(); });  // the metrics rows up to a checkpoint are on disk before it commits
     // The bytes each step allreduces (dflash-report prices more drafters with it when it measured none).
     hub.set_attribute("drafter_grad_bytes", static_cast<int64_t>(grads.nbytes()));
@@ -108,6 +110,10 @@ class DrafterLoop {
       if (step % o_.log_every == 0) {
         enter_collective();
         report(hub, MetricsHub::Rates::Interval, progress);
+        if (sidecar_ && sidecar_->due()) {  // --report-to: the series so far, in the background
+          hub.flush();
+          sidecar_->tick();
+        }
       }
       // Before the checkpoint: its flush then holds this step's /eval row too.
       const bool tau_now = tau_ && tau_due(step, o_);
@@ -151,6 +157,7 @@ class DrafterLoop {
       std::fflush(stdout);
     }
     hub.close();
+    if (sidecar_) sidecar_->finish(/*wait_s=*/120);  // the job's last export (W&B too), from the closed file
     tau_.reset();  // its decoder refers to this trainer
     endpoint_ = nullptr;
   }
@@ -403,6 +410,7 @@ class DrafterLoop {
   std::unique_ptr<GradientReducer> reducer_;
   DrafterBest best_;                 // OUT/drafter-best
   TestTrace trace_;                  // --inject-trace-dir (tests)
+  std::unique_ptr<ReportSidecar> sidecar_;  // --report-to (the metrics writer only)
   std::unique_ptr<DrafterTau> tau_;  // --eval-tau-every
   DrafterReport report_;
 };

@@ -1,0 +1,155 @@
+// See report_sidecar.h.
+#include "report_sidecar.h"
+
+#include <fcntl.h>
+#include <spawn.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <sstream>
+#include <thread>
+
+#include "dflash/error.h"
+
+extern char** environ;
+
+namespace dflash {
+namespace {
+
+double now_s() {
+  using namespace std::chrono;
+  return duration<double>(steady_clock::now().time_since_epoch()).count();
+}
+
+bool is_executable(const std::string& p) { return !p.empty() && ::access(p.c_str(), X_OK) == 0; }
+
+std::string self_dir() {
+  char buf[4096];
+  const ssize_t n = ::readlink("/proc/self/exe", buf, sizeof(buf) - 1);
+  if (n <= 0) return "";
+  std::string p(buf, static_cast<size_t>(n));
+  return p.substr(0, p.find_last_of('/'));
+}
+
+}  // namespace
+
+std::vector<ReportTarget> parse_report_to(const std::string& text) {
+  std::vector<ReportTarget> out;
+  if (text.empty() || text == "none") return out;
+  std::stringstream ss(text);
+  for (std::string word; std::getline(ss, word, ',');) {
+    ReportTarget t;
+    if (word == "tensorboard") t = ReportTarget::TensorBoard;
+    else if (word == "csv") t = ReportTarget::Csv;
+    else if (word == "wandb") t = ReportTarget::Wandb;
+    else
+      DF_FAIL(BadOptions, "bad value '" << word << "' in --report-to " << text,
+              "a comma list of tensorboard, csv and wandb (e.g. --report-to tensorboard,csv), or none");
+    bool seen = false;
+    for (ReportTarget x : out) seen = seen || x == t;
+    if (!seen) out.push_back(t);
+  }
+  return out;
+}
+
+std::string find_dflash_report() {
+  if (const char* env = std::getenv("DFLASH_REPORT"); env && *env) return is_executable(env) ? env : "";
+  // The build directory sits in (or next to) the source tree: BUILD/dflash-train -> SRC/tools/dflash-report.
+  const std::string dir = self_dir();
+  for (const std::string& cand : {dir + "/../tools/dflash-report", dir + "/../../tools/dflash-report",
+                                  dir + "/dflash-report"})
+    if (is_executable(cand)) return cand;
+  if (const char* path = std::getenv("PATH")) {
+    std::stringstream ss(path);
+    for (std::string d; std::getline(ss, d, ':');)
+      if (is_executable(d + "/dflash-report")) return d + "/dflash-report";
+  }
+  return "";
+}
+
+ReportSidecar::ReportSidecar(const Options& o)
+    : targets_(parse_report_to(o.report_to)), out_dir_(o.out_dir), every_s_(60.0 * o.report_every_min) {
+  if (targets_.empty()) return;
+  program_ = find_dflash_report();
+  DF_CHECK_HINT(!program_.empty(), BadOptions, "--report-to needs tools/dflash-report, and it was not found",
+                "set DFLASH_REPORT to its path (it is tools/dflash-report in the source tree), or put it on PATH");
+  log_path_ = out_dir_ + "/report-to.log";
+  last_start_s_ = now_s();  // the first export after --report-every, when there is something to show
+}
+
+ReportSidecar::~ReportSidecar() {
+  // An export still running when the job ends is left to finish on its own (it only reads metrics.h5).
+  if (child_ > 0) ::waitpid(child_, nullptr, WNOHANG);
+}
+
+bool ReportSidecar::running() {
+  if (child_ <= 0) return false;
+  int status = 0;
+  const pid_t r = ::waitpid(child_, &status, WNOHANG);
+  if (r == 0) return true;
+  if (r == child_ && !(WIFEXITED(status) && WEXITSTATUS(status) == 0)) {
+    std::fprintf(stderr, "[dflash] warning: --report-to: %s exited with %d (see %s); the run goes on\n",
+                 program_.c_str(), WIFEXITED(status) ? WEXITSTATUS(status) : -1, log_path_.c_str());
+  }
+  child_ = -1;
+  return false;
+}
+
+void ReportSidecar::start(bool final_export) {
+  std::vector<std::string> args = {program_, out_dir_ + "/metrics.h5"};
+  bool any = false;
+  for (ReportTarget t : targets_) {
+    if (t == ReportTarget::TensorBoard) args.insert(args.end(), {"--tensorboard", out_dir_ + "/tensorboard"});
+    if (t == ReportTarget::Csv) args.insert(args.end(), {"--csv", out_dir_ + "/csv"});
+    // One W&B run per export: only the job's last one makes it (a run resumed later makes the next).
+    if (t == ReportTarget::Wandb && final_export) args.insert(args.end(), {"--wandb", "--wandb-dir", out_dir_});
+    any = any || t != ReportTarget::Wandb || final_export;
+  }
+  if (!any) return;
+  std::vector<char*> argv;
+  for (std::string& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_addopen(&fa, STDOUT_FILENO, log_path_.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0666);
+  posix_spawn_file_actions_adddup2(&fa, STDOUT_FILENO, STDERR_FILENO);
+  posix_spawn_file_actions_addclose(&fa, STDIN_FILENO);
+  pid_t pid = -1;
+  const int rc = posix_spawn(&pid, program_.c_str(), &fa, nullptr, argv.data(), environ);
+  posix_spawn_file_actions_destroy(&fa);
+  if (rc != 0) {
+    std::fprintf(stderr, "[dflash] warning: --report-to: cannot start %s (error %d); the run goes on\n", program_.c_str(), rc);
+    return;
+  }
+  child_ = pid;
+  last_start_s_ = now_s();
+}
+
+bool ReportSidecar::due() { return !targets_.empty() && !running() && now_s() - last_start_s_ >= every_s_; }
+
+void ReportSidecar::tick() {
+  if (due()) start(/*final_export=*/false);
+}
+
+void ReportSidecar::finish(double wait_s) {
+  if (targets_.empty()) return;
+  const double t0 = now_s();
+  while (running() && now_s() - t0 < wait_s) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  if (running()) return;  // the periodic one is still at it: leave it
+  start(/*final_export=*/true);
+  while (running() && now_s() - t0 < wait_s) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  if (child_ <= 0) {
+    std::string where;
+    for (ReportTarget t : targets_)
+      where += std::string(where.empty() ? "" : ", ") +
+               (t == ReportTarget::TensorBoard ? "tensorboard/" : t == ReportTarget::Csv ? "csv/" : "wandb/");
+    std::printf("[dflash] --report-to: exported to %s (%s; log %s)\n", out_dir_.c_str(), where.c_str(), log_path_.c_str());
+    std::fflush(stdout);
+  }
+}
+
+}  // namespace dflash
