@@ -3,6 +3,8 @@
 #   bash bench/drafter_run.sh <dir with dflash_gpu_tests and drafter_bench> <out dir> [what...]
 # what: tests peak probe 8b-ce 8b-kl 27b 8b-det (default: all but probe and 8b-det)
 # 8b-det: our 8B CE step with and without --deterministic, one after the other (the mode's cost)
+# strongest: ours beside PyTorch's flex_attention path with and without the loss chunks' recompute, 8B and 27B
+#   (without it the logits of every chunk stay for the backward: faster, and it fits on an H200)
 set -u
 BIN=$1; OUT=$2; shift 2
 WHAT=${*:-tests peak 8b-ce 8b-kl 27b}
@@ -21,6 +23,12 @@ for w in $WHAT; do
            python3 "$here/ref_drafter_step.py" --model 8b --objective kl 2>&1 | tee -a "$OUT/bench.txt" ;;
     8b-det) "$BIN/drafter_bench" --model 8b --objective ce 2>&1 | tee -a "$OUT/bench.txt"
             "$BIN/drafter_bench" --model 8b --objective ce --deterministic 2>&1 | tee -a "$OUT/bench.txt" ;;
+    strongest) for m in "8b --context 3072" "27b --context 4096"; do
+           "$BIN/drafter_bench" --model $m 2>&1 | tee -a "$OUT/bench.txt"
+           for r in on off; do
+             python3 "$here/ref_drafter_step.py" --model $m --attention flex --recompute-loss-chunks $r 2>&1 | tee -a "$OUT/bench.txt"
+           done
+         done ;;
     27b) "$BIN/drafter_bench" --model 27b --context 4096 2>&1 | tee -a "$OUT/bench.txt"
          python3 "$here/ref_drafter_step.py" --model 27b --context 4096 2>&1 | tee -a "$OUT/bench.txt"
          python3 "$here/ref_drafter_step.py" --model 27b --context 4096 --attention flex 2>&1 | tee -a "$OUT/bench.txt" ;;

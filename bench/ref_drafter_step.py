@@ -18,6 +18,7 @@ fp32 RMSNorm (as HF Qwen3RMSNorm). Random weights and features; one packed seque
 
   python3 bench/ref_drafter_step.py --model 8b --objective ce [--attention flex]
   python3 bench/ref_drafter_step.py --model 27b --context 4096
+  python3 bench/ref_drafter_step.py --model 8b --attention flex --recompute-loss-chunks off   # the strongest that fits
 Prints a RESULT line: step_ms (median of --steps after --warmup, CUDA events) and peak_gib
 (torch.cuda.max_memory_allocated over the whole run, optimizer state included).
 """
@@ -168,6 +169,9 @@ def main():
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--attention", default="sdpa", choices=["sdpa", "flex"])
+    ap.add_argument("--recompute-loss-chunks", default="on", choices=["on", "off"],
+                    help="on: lm_head + loss chunks under activation checkpointing (logits of one chunk at a time, "
+                         "computed twice); off: every chunk's logits kept for the backward (faster where memory allows)")
     args = ap.parse_args()
     s = SHAPES[args.model]
     dev = torch.device("cuda")
@@ -228,7 +232,10 @@ def main():
             loss = 0.0
             for r0 in range(0, h.shape[0], rows_per_chunk):
                 sl = slice(r0, r0 + rows_per_chunk)
-                loss = loss + checkpoint(chunk_loss, h[sl], labels[sl], weights[sl], t_rows[sl], use_reentrant=False)
+                if args.recompute_loss_chunks == "on":
+                    loss = loss + checkpoint(chunk_loss, h[sl], labels[sl], weights[sl], t_rows[sl], use_reentrant=False)
+                else:
+                    loss = loss + chunk_loss(h[sl], labels[sl], weights[sl], t_rows[sl])
             loss = loss / wsum
         loss.backward()
         norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -250,11 +257,13 @@ def main():
             loss0 = loss.item()
     times.sort()
     peak = torch.cuda.max_memory_allocated() / 2**30
-    print(f"pytorch drafter step {args.model} objective={args.objective} attention={args.attention} context={T} anchors={N} rows={row_idx.numel()} "
+    print(f"pytorch drafter step {args.model} objective={args.objective} attention={args.attention} "
+          f"recompute_loss_chunks={args.recompute_loss_chunks} context={T} anchors={N} rows={row_idx.numel()} "
           f"params={sum(p.numel() for p in model.parameters()) / 1e9:.2f}B torch {torch.__version__}")
     print(f"  step: median {times[len(times) // 2]:.1f} ms over {len(times)} steps (min {times[0]:.1f}, max {times[-1]:.1f});"
           f" loss {loss0:.4f} -> {loss.item():.4f}; grad norm {norm.item():.3f}; peak {peak:.2f} GiB")
-    print(f"RESULT ref model={args.model} objective={args.objective} attention={args.attention} step_ms={times[len(times) // 2]:.1f} peak_gib={peak:.2f}")
+    print(f"RESULT ref model={args.model} objective={args.objective} attention={args.attention} "
+          f"recompute={args.recompute_loss_chunks} step_ms={times[len(times) // 2]:.1f} peak_gib={peak:.2f}")
 
 
 if __name__ == "__main__":
