@@ -21,6 +21,7 @@
 #include <nlohmann/json.hpp>
 
 #include "dflash/data.h"     // DataPosition
+#include "dflash/data_mix.h" // DatasetMix
 #include "dflash/options.h"  // Options, DrafterTrainer
 #include "dflash/tensor.h"
 
@@ -90,6 +91,10 @@ constexpr const char* kDataIdentityKey = "content:data";
 constexpr const char* kTargetIdentityKey = "content:target";
 // bytes, records, tokens, vocab_size, a hash of every record offset, a hash of 64 records spread over the file.
 std::string dataset_identity(const TokenDataset& data);
+// --data: one file's identity as above (a job on one file records what it recorded before mixing existed);
+// a mix: datasets, slots, a hash of the slot table (which record of which file each slot is: the weights
+// and --seed at work), the weights, and each file's fields prefixed "dI." (d0.bytes=.., d1.offsets=..).
+std::string dataset_identity(const DatasetMix& data);
 // Per shard: size, safetensors header, first and last MiB of tensor data.
 std::string target_weights_identity(const std::string& target_dir);
 // "bytes 1000 -> 2000, sampled_records differ" (the fields that differ).
@@ -140,12 +145,12 @@ struct DataResume {
 DataResume fresh_data_resume(int num_targets, uint64_t seed);
 // saved, saved_consumed: the checkpoint's; base: this job's loader options (seed, budget, policy, epochs).
 // A saved point of another seed, or a listed batch the replay does not reach: fatal BadInput.
-DataResume plan_data_resume(const TokenDataset& ds, const LoaderOptions& base, int max_epochs,
+DataResume plan_data_resume(const RecordSource& ds, const LoaderOptions& base, int max_epochs,
                             const std::vector<DataResumePoint>& saved, const ConsumedRecords& saved_consumed,
                             int num_targets);
 // The batches this job's targets will still send from d's points to the end of max_epochs (> 0), those listed
 // as already trained left out: what the lr schedule's re-plan divides over the drafters.
-int64_t data_batches_left(const TokenDataset& ds, const LoaderOptions& base, int max_epochs, const DataResume& d);
+int64_t data_batches_left(const RecordSource& ds, const LoaderOptions& base, int max_epochs, const DataResume& d);
 // The epochs of `consumed` a save must keep: those at or after the lowest epoch any point is still in.
 ConsumedRecords consumed_still_needed(const ConsumedRecords& consumed, const std::vector<DataResumePoint>& points);
 // A DataResume as bytes and back (it travels from the first target to every rank).
@@ -253,7 +258,7 @@ std::string checkpoint_dir_of(const Options& o);
 OptionMap resume_invariants_of(const Options& o, int world_size, const OptionMap& identities);
 // The inputs' content identities (kDataIdentityKey, kTargetIdentityKey) of --data, opened as `data`, and
 // --target.
-OptionMap input_identities_of(const Options& o, const TokenDataset& data);
+OptionMap input_identities_of(const Options& o, const DatasetMix& data);
 
 
 // The drafters' part, called by every drafter rank of the job (collective over drafter_comm).

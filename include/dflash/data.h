@@ -67,9 +67,26 @@ TokenRecords read_jsonl_records(const std::string& jsonl_path, int vocab_size, P
 PrepResult convert_jsonl_to_dataset(const std::string& jsonl_path, const std::string& out_path, int vocab_size,
                                     const std::string& tokenizer, Progress progress);
 
+// What the loader, the packing (pack_extent), the lr plan and the resume read: records by id, [0,
+// num_records()). A TokenDataset (one file), or a DatasetMix (several files, weighted: data_mix.h), whose
+// "records" are the mix's slots.
+class RecordSource {
+ public:
+  virtual ~RecordSource() = default;
+  virtual size_t num_records() const = 0;
+  virtual int64_t record_length(size_t r) const = 0;
+  // Appends the first min(record_length(r), max_tokens) tokens and mask entries of record r (max_tokens < 0:
+  // all); then, unless check_file is false, check_unchanged(). Thread-safe.
+  virtual void read_record(size_t r, std::vector<int32_t>& tokens, std::vector<uint8_t>& loss_mask,
+                           int64_t max_tokens = -1, bool check_file = true) const = 0;
+  // Fatal BadInput when a file read from changed since it was opened.
+  virtual void check_unchanged() const = 0;
+  virtual const std::string& path() const = 0;  // for messages: the file (a mix: its files, "a.h5 + b.h5")
+};
+
 // An open, validated dataset. Offsets live in memory (8 bytes per record); tokens and masks are read
 // per record (hyperslabs), so a dataset of billions of tokens does not have to fit in every rank's RAM.
-class TokenDataset {
+class TokenDataset : public RecordSource {
  public:
   // Opens and validates: the three datasets exist with the right types and ranks, offsets[0] = 0,
   // offsets monotone with no empty record, offsets[nseq] = N = len(loss_mask), at least one record,
@@ -80,10 +97,10 @@ class TokenDataset {
   TokenDataset(const TokenDataset&) = delete;
   TokenDataset& operator=(const TokenDataset&) = delete;
 
-  const std::string& path() const { return path_; }
-  size_t num_records() const { return offsets_.size() - 1; }
+  const std::string& path() const override { return path_; }
+  size_t num_records() const override { return offsets_.size() - 1; }
   int64_t num_tokens() const { return offsets_.back(); }
-  int64_t record_length(size_t r) const { return offsets_[r + 1] - offsets_[r]; }
+  int64_t record_length(size_t r) const override { return offsets_[r + 1] - offsets_[r]; }
   int vocab_size() const { return vocab_size_; }            // the file's attribute
   int64_t file_bytes() const { return stamp_.size; }        // the file's size when it was opened
   // Tokens with loss_mask 1, and anchor positions: p with loss_mask[p] and loss_mask[p + 1] inside one
@@ -98,11 +115,15 @@ class TokenDataset {
   // false (the loader checks once per batch instead: a stat per record is costly on network filesystems),
   // check_unchanged().
   void read_record(size_t r, std::vector<int32_t>& tokens, std::vector<uint8_t>& loss_mask,
-                   int64_t max_tokens = -1, bool check_file = true) const;
+                   int64_t max_tokens = -1, bool check_file = true) const override;
   // A file truncated, rewritten or replaced since it was opened (its size, modification time or inode
   // changed) is a fatal BadInput: HDF5 would read zeros past the end, and the drafter would train on
   // them. Call after reading and before using what was read.
-  void check_unchanged() const;
+  void check_unchanged() const override;
+  // Identity, size and modification time of the file when it was opened: two --data naming one file are
+  // found by it (dev, ino).
+  uint64_t file_device() const { return stamp_.dev; }
+  uint64_t file_inode() const { return stamp_.ino; }
   // Reads everything into memory (tests, small tools).
   TokenRecords read_all() const;
 
@@ -172,7 +193,7 @@ struct BatchExtent {
   int64_t records_skipped = 0, tokens_skipped = 0; // passed over (Skip)
   int64_t records_cut = 0, tokens_cut = 0;         // cut to the budget (Cut): tokens dropped
 };
-BatchExtent pack_extent(const TokenDataset& ds, const std::vector<int64_t>& order, int64_t cursor, int64_t token_budget,
+BatchExtent pack_extent(const RecordSource& ds, const std::vector<int64_t>& order, int64_t cursor, int64_t token_budget,
                         LongRecord long_record);
 
 // Where the next batch starts: enough to restart the loader so it produces exactly the batches a
@@ -216,8 +237,8 @@ class Loader {
  public:
   // Starts the thread at `start` (default: epoch 0, cursor 0). A start position whose seed or sharding
   // differs from opts is a fatal BadInput (the batches would not be the ones the saved run would see).
-  Loader(std::shared_ptr<const TokenDataset> dataset, const LoaderOptions& opts);
-  Loader(std::shared_ptr<const TokenDataset> dataset, const LoaderOptions& opts, const DataPosition& start);
+  Loader(std::shared_ptr<const RecordSource> dataset, const LoaderOptions& opts);
+  Loader(std::shared_ptr<const RecordSource> dataset, const LoaderOptions& opts, const DataPosition& start);
   ~Loader();  // stop()
   Loader(const Loader&) = delete;
   Loader& operator=(const Loader&) = delete;
@@ -245,7 +266,7 @@ class Loader {
   void init(const DataPosition& start);
   double epoch_progress(const DataPosition& at, size_t shard_size) const;
 
-  std::shared_ptr<const TokenDataset> dataset_;
+  std::shared_ptr<const RecordSource> dataset_;
   LoaderOptions opts_;
   DataPosition start_;
   mutable std::mutex mu_;

@@ -2,14 +2,16 @@
 //
 // Sources: the command line, then --config FILE (key = value, the same names without "--"); the command
 // line wins because Boost.ProgramOptions keeps the first value stored. Within one source a repeated option
-// resolves last-wins (as launchers and job scripts expect). Every user error ends in fatal(BadOptions) with
-// a message naming the flag; a missing input file is BadInput.
+// resolves last-wins (as launchers and job scripts expect), except --data: every one is kept (several make
+// a mix, each with a weight, or are refused). Every user error ends in fatal(BadOptions) with a message
+// naming the flag; a missing input file is BadInput.
 #pragma once
 #include <cstdint>
 #include <map>
 #include <string>
 #include <vector>
 
+#include "dflash/data_source.h"  // DataSource (--data)
 #include "dflash/drafter.h"  // TrainOptions, LossKind
 #include "dflash/tensor.h"   // DType, Device (--backend is a Device: one enum for both)
 
@@ -64,7 +66,7 @@ struct Options {
   std::string target_dir;       // HF Qwen3 checkpoint (config.json + safetensors)
   std::string drafter_dir;      // release-format drafter to start from; empty = fresh
   int draft_layers = 5;
-  std::string data_path;        // token dataset (.h5)
+  std::vector<DataSource> data;  // --data: one token dataset (.h5), or several with weights (a mix, data_mix.h)
   std::string eval_data;        // --eval-data: held-out token dataset (.h5); empty = no evaluation
   int64_t eval_every = -1;      // --eval-every: steps between evaluations (0 = only at the end; -1 = not given:
                                 // resolve_eval_every picks it once the run's length is planned)
@@ -108,6 +110,7 @@ struct Options {
   // Planned from the dataset before the job starts (plan_lr_schedule): records longer than --token-budget
   // and the tokens the loader drops from them per epoch (--long-record cut or skip); metrics.h5 stores them.
   int64_t long_records_per_epoch = 0, long_tokens_dropped_per_epoch = 0;
+  int64_t dataset_tokens = 0;  // tokens of one epoch of --data (a mix: of its slots), from the same plan
 
   // Checkpoints and resume (docs/checkpoint.md).
   std::string checkpoint_every, checkpoint_dir, resume;

@@ -18,7 +18,7 @@ namespace dflash {
 
 // Batches the loader packs from shard opts.shard_index / opts.num_shards in `epoch` (0-based), exactly as
 // Loader::run does: empty batches (only skipped records left) are not batches.
-int64_t count_epoch_batches(const TokenDataset& ds, const LoaderOptions& opts, int64_t epoch);
+int64_t count_epoch_batches(const RecordSource& ds, const LoaderOptions& opts, int64_t epoch);
 
 struct PlannedSchedule {
   int64_t total_steps = 0;    // cosine reaches min_lr_ratio * lr here (0: no decay)
@@ -42,7 +42,7 @@ struct ScheduleStart {
 
 // epochs 0 (forever) with max_steps 0: no end, so no decay (total 0). warmup_ratio > 0 sets the warmup to
 // that fraction of total_steps (rounded); otherwise warmup_steps is kept.
-PlannedSchedule plan_schedule(const TokenDataset& ds, const LoaderOptions& base, int num_targets, int num_drafters,
+PlannedSchedule plan_schedule(const RecordSource& ds, const LoaderOptions& base, int num_targets, int num_drafters,
                               int epochs, int64_t max_steps, int warmup_steps, double warmup_ratio, int grad_accum = 1,
                               const ScheduleStart& from = {});
 

@@ -27,7 +27,7 @@ DataPosition start_of(int64_t epoch, int shard, int num_shards, uint64_t seed) {
 // the part of its position's epoch before the cursor, and the batches listed as trained after it (found by
 // replaying the loader's packing from the position). `mark(epoch, record)` receives each.
 template <class Mark>
-void collect_consumed(const TokenDataset& ds, const LoaderOptions& lo, int max_epochs, const DataResumePoint& saved,
+void collect_consumed(const RecordSource& ds, const LoaderOptions& lo, int max_epochs, const DataResumePoint& saved,
                       int64_t from_epoch, Mark mark) {
   const size_t n = ds.num_records();
   const DataPosition& p = saved.position;
@@ -73,7 +73,7 @@ DataResume fresh_data_resume(int num_targets, uint64_t seed) {
   return d;
 }
 
-int64_t data_batches_left(const TokenDataset& ds, const LoaderOptions& base, int max_epochs, const DataResume& d) {
+int64_t data_batches_left(const RecordSource& ds, const LoaderOptions& base, int max_epochs, const DataResume& d) {
   DF_CHECK(max_epochs > 0, Internal, "data_batches_left without an end of the data");
   const int n = static_cast<int>(d.points.size());
   auto consumed = std::make_shared<const ConsumedRecords>(d.consumed);
@@ -103,7 +103,7 @@ ConsumedRecords consumed_still_needed(const ConsumedRecords& consumed, const std
   return keep;
 }
 
-DataResume plan_data_resume(const TokenDataset& ds, const LoaderOptions& base, int max_epochs,
+DataResume plan_data_resume(const RecordSource& ds, const LoaderOptions& base, int max_epochs,
                             const std::vector<DataResumePoint>& saved, const ConsumedRecords& saved_consumed,
                             int num_targets) {
   DF_CHECK(num_targets >= 1 && !saved.empty(), Internal, "plan_data_resume: " << saved.size() << " -> " << num_targets);

@@ -74,7 +74,7 @@ OptionMap resume_invariants_of(const Options& o, int world_size, const OptionMap
   return m;
 }
 
-OptionMap input_identities_of(const Options& o, const TokenDataset& data) {
+OptionMap input_identities_of(const Options& o, const DatasetMix& data) {
   return {{kDataIdentityKey, dataset_identity(data)}, {kTargetIdentityKey, target_weights_identity(o.target_dir)}};
 }
 

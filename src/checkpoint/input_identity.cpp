@@ -19,6 +19,7 @@
 
 #include "dflash/checkpoint.h"
 #include "dflash/data.h"
+#include "dflash/data_mix.h"
 #include "dflash/error.h"
 #include "dflash/safetensors.h"
 
@@ -117,6 +118,28 @@ std::string dataset_identity(const TokenDataset& data) {
   id << "bytes=" << data.file_bytes() << " records=" << n << " tokens=" << data.num_tokens()
      << " vocab_size=" << data.vocab_size() << " offsets=" << hex(content_hash64(offsets.data(), offsets.size() * 8))
      << " sampled_records=" << hex(sample);
+  return id.str();
+}
+
+std::string dataset_identity(const DatasetMix& data) {
+  if (!data.is_mix()) return dataset_identity(data.file(0));
+  std::vector<int64_t> table;  // (file, record) of every slot
+  table.reserve(2 * data.num_records());
+  for (size_t s = 0; s < data.num_records(); ++s) {
+    const auto [f, r] = data.slot(s);
+    table.push_back(static_cast<int64_t>(f));
+    table.push_back(r);
+  }
+  std::ostringstream id;
+  id << "datasets=" << data.num_files() << " slots=" << data.num_records() << " tokens=" << data.num_tokens()
+     << " slot_table=" << hex(content_hash64(table.data(), table.size() * sizeof(int64_t))) << " shares=";
+  for (size_t i = 0; i < data.num_files(); ++i) {
+    char share[32];
+    std::snprintf(share, sizeof(share), "%s%.17g", i ? "," : "", data.share(i));
+    id << share;
+  }
+  for (size_t i = 0; i < data.num_files(); ++i)
+    for (const auto& [k, v] : fields_of(dataset_identity(data.file(i)))) id << " d" << i << "." << k << "=" << v;
   return id.str();
 }
 

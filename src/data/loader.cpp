@@ -89,7 +89,7 @@ RecordSet RecordSet::from_bytes(size_t n, std::vector<uint8_t> bytes) {
 
 // ---- packing ---------------------------------------------------------------------------------------
 
-BatchExtent pack_extent(const TokenDataset& ds, const std::vector<int64_t>& order, int64_t cursor, int64_t budget,
+BatchExtent pack_extent(const RecordSource& ds, const std::vector<int64_t>& order, int64_t cursor, int64_t budget,
                         LongRecord long_record) {
   BatchExtent e;
   int64_t tokens = 0;
@@ -148,7 +148,7 @@ bool DataPosition::operator==(const DataPosition& o) const {
 
 // ---- the loader ------------------------------------------------------------------------------------
 
-Loader::Loader(std::shared_ptr<const TokenDataset> dataset, const LoaderOptions& opts)
+Loader::Loader(std::shared_ptr<const RecordSource> dataset, const LoaderOptions& opts)
     : dataset_(std::move(dataset)), opts_(opts) {
   DataPosition start;
   start.seed = opts.seed;
@@ -157,7 +157,7 @@ Loader::Loader(std::shared_ptr<const TokenDataset> dataset, const LoaderOptions&
   init(start);
 }
 
-Loader::Loader(std::shared_ptr<const TokenDataset> dataset, const LoaderOptions& opts, const DataPosition& start)
+Loader::Loader(std::shared_ptr<const RecordSource> dataset, const LoaderOptions& opts, const DataPosition& start)
     : dataset_(std::move(dataset)), opts_(opts) {
   init(start);
 }

@@ -9,7 +9,7 @@
 
 namespace dflash {
 
-int64_t count_epoch_batches(const TokenDataset& ds, const LoaderOptions& opts, int64_t epoch) {
+int64_t count_epoch_batches(const RecordSource& ds, const LoaderOptions& opts, int64_t epoch) {
   DF_CHECK(opts.token_budget > 0, BadOptions, "--token-budget must be positive (got " << opts.token_budget << ")");
   const std::vector<int64_t> order =
       Loader::shard_order(ds.num_records(), opts.seed, epoch, opts.shard_index, opts.num_shards, opts.consumed.get());
@@ -22,7 +22,7 @@ int64_t count_epoch_batches(const TokenDataset& ds, const LoaderOptions& opts, i
   return batches;
 }
 
-PlannedSchedule plan_schedule(const TokenDataset& ds, const LoaderOptions& base, int num_targets, int num_drafters,
+PlannedSchedule plan_schedule(const RecordSource& ds, const LoaderOptions& base, int num_targets, int num_drafters,
                               int epochs, int64_t max_steps, int warmup_steps, double warmup_ratio, int grad_accum,
                               const ScheduleStart& from) {
   DF_CHECK(num_targets > 0 && num_drafters > 0, Internal, "plan_schedule: " << num_targets << " targets, " << num_drafters << " drafters");

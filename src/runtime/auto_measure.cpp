@@ -11,7 +11,7 @@
 #include "dflash/backend.h"
 #include "dflash/hs_batch.h"
 #include "dflash/nvml.h"
-#include "dflash/data.h"
+#include "dflash/data_mix.h"
 #include "dflash/drafter.h"
 #include "dflash/error.h"
 #include "dflash/hf_config.h"
@@ -59,7 +59,7 @@ struct PowerMean {
 // each measured batch are kept (on the device) for the drafter's steps.
 RankSample measure_rank(const Options& o, const JobPlan& plan, MPI_Comm world, int world_size, const Ctx& ctx,
                         PowerSampler* gpu) {
-  auto dataset = std::make_shared<TokenDataset>(o.data_path, plan.target.text.vocab_size);
+  auto dataset = std::make_shared<DatasetMix>(o.data, o.train.seed, plan.target.text.vocab_size);
   RankSample s;
   const GpuReading idle = gpu ? gpu->sample() : GpuReading{};
   s.idle_w = idle.valid ? idle.power_w : 0;
@@ -81,7 +81,7 @@ RankSample measure_rank(const Options& o, const JobPlan& plan, MPI_Comm world, i
     for (int i = 0; i <= kMeasuredBatches; ++i) {
       LoadedBatch lb;
       const PopResult got = loader.pop(lb, std::chrono::milliseconds(static_cast<int64_t>(o.peer_timeout_s * 1000)));
-      DF_CHECK_HINT(got == PopResult::Batch, BadInput, "--topology auto: no batch from " << o.data_path << " to measure on",
+      DF_CHECK_HINT(got == PopResult::Batch, BadInput, "--topology auto: no batch from " << dataset->path() << " to measure on",
                     "check the dataset (dflash-prep), or give --topology T-D");
       batches.push_back(std::make_unique<HsBatch>(shape));
       HsBatch& b = *batches.back();
@@ -193,7 +193,7 @@ TopologySpec choose_topology_auto(const Options& o, MPI_Comm world, PowerSampler
     m.power_drafter_w = sums[6] / size;
   }
   if (o.epochs > 0 && o.max_steps == 0) {
-    m.remaining_tokens = static_cast<double>(TokenDataset(o.data_path, plan.target.text.vocab_size).num_tokens()) * o.epochs;
+    m.remaining_tokens = static_cast<double>(DatasetMix(o.data, o.train.seed, plan.target.text.vocab_size).num_tokens()) * o.epochs;
   }
   auto measured_line = [&] {
     char head[400];

@@ -9,6 +9,7 @@
 #include <mutex>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include <filesystem>
@@ -18,6 +19,7 @@
 #include "dflash/drafter.h"
 #include "dflash/checkpoint.h"  // parse_checkpoint_every
 #include "dflash/data.h"        // hdf5_mutex()
+#include "dflash/data_source.h" // mix_slot_counts
 #include "dflash/error.h"
 #include "dflash/eval_set.h"
 #include "dflash/mpi_typed.h"
@@ -98,21 +100,62 @@ std::string eval_summary(const Options& o, int num_drafters) {
   return os.str();
 }
 
+// --data's records and tokens per epoch, and its name for the line: one file's shape; a mix's slots
+// (mix_slot_counts) and its tokens estimated from each file's mean record length (the seeded subsets are
+// the job's to draw). {-1, -1} when a file lacks the arrays.
+struct DataShape {
+  int64_t records = -1, tokens = -1;
+  std::string name;
+};
+DataShape data_shape(const Options& o) {
+  DataShape shape;
+  if (o.data.size() == 1) {
+    std::tie(shape.records, shape.tokens) = dataset_shape(o.data[0].path);
+    shape.name = o.data[0].path;
+    return shape;
+  }
+  std::vector<int64_t> records, tokens;
+  std::vector<double> weights;
+  for (const DataSource& d : o.data) {
+    const auto [r, t] = dataset_shape(d.path);
+    if (r <= 0 || t <= 0) return DataShape{-1, -1, d.path};
+    records.push_back(r);
+    tokens.push_back(t);
+    weights.push_back(d.weight);
+  }
+  const std::vector<int64_t> slots = mix_slot_counts(records, weights);
+  std::ostringstream name;
+  name << "mix of " << o.data.size() << " datasets (";
+  double est = 0;
+  shape.records = 0;
+  for (size_t i = 0; i < o.data.size(); ++i) {
+    est += static_cast<double>(tokens[i]) * static_cast<double>(slots[i]) / static_cast<double>(records[i]);
+    shape.records += slots[i];
+    name << (i ? ", " : "") << o.data[i].path << ": " << records[i] << " records -> " << slots[i] << " slots";
+  }
+  name << ")";
+  shape.tokens = static_cast<int64_t>(std::llround(est));
+  shape.name = name.str();
+  return shape;
+}
+
 std::string schedule(const Options& o, int num_drafters) {
   std::ostringstream os;
-  const auto [records, tokens] = dataset_shape(o.data_path);
+  const DataShape shape = data_shape(o);
+  const int64_t records = shape.records, tokens = shape.tokens;
   int64_t steps_per_epoch = -1;
   if (tokens > 0) {
     // Packing fills a batch up to --token-budget and never splits a record, so this is a lower bound.
     const int64_t batches = (tokens + o.token_budget - 1) / o.token_budget;
     const int64_t micro = std::max<int64_t>(1, batches / std::max(1, num_drafters));
     steps_per_epoch = (micro + o.grad_accum - 1) / o.grad_accum;
-    os << "[dflash] data: " << o.data_path << ": " << records << " records, " << tokens << " tokens -> at least "
+    os << "[dflash] data: " << shape.name << ": " << records << (o.data.size() > 1 ? " slots, ~" : " records, ") << tokens
+       << " tokens -> at least "
        << batches << " batches of <= " << o.token_budget << " tokens per epoch; one step = "
        << (o.grad_accum > 1 ? std::to_string(o.grad_accum) + " batches (micro-batches)" : std::string("one batch"))
        << " on each of " << num_drafters << " drafter(s): >= " << steps_per_epoch << " steps per epoch\n";
   } else {
-    os << "[dflash] data: " << o.data_path << ": no /tokens and /offsets to size the epoch (the job will say why)\n";
+    os << "[dflash] data: " << shape.name << ": no /tokens and /offsets to size the epoch (the job will say why)\n";
   }
   os << "[dflash] schedule: ";
   if (o.max_steps > 0 && o.epochs > 0)

@@ -226,7 +226,8 @@ DataResume share_data_resume(const JobContext& job, const CheckpointState& saved
 // checkpoint's plan (the one its segment made), so a lineage with a resplit keeps one schedule.
 void plan_lr_schedule(Options& o, const JobContext& job, const nlohmann::json& saved_schedule) {
   const int planner = job.topo.targets.front();
-  int64_t plan[4] = {0, 0, 0, 0};  // total steps, warmup steps, long records and their dropped tokens per epoch
+  // total steps, warmup steps, long records and their dropped tokens per epoch, the tokens of an epoch
+  int64_t plan[5] = {0, 0, 0, 0, 0};
   if (job.topo.world_rank == planner) {
     const bool resplit = job.resume_split == ResumeSplit::Changed;
     const bool replan = resplit || !job.run_extended.empty();
@@ -252,6 +253,7 @@ void plan_lr_schedule(Options& o, const JobContext& job, const nlohmann::json& s
     plan[1] = s.warmup_steps;
     plan[2] = s.long_records;
     plan[3] = s.long_tokens_dropped;
+    plan[4] = job.dataset->num_tokens();
     if (s.long_records > 0)
       std::printf("[dflash] data: %lld record(s) longer than --token-budget %lld, every epoch: %s (%lld tokens dropped "
                   "per epoch)\n",
@@ -271,12 +273,13 @@ void plan_lr_schedule(Options& o, const JobContext& job, const nlohmann::json& s
       std::printf("then constant (%s)\n", s.why.c_str());
     std::fflush(stdout);
   }
-  MPI_Request r = mpi::ibcast(plan, 4, planner, MPI_COMM_WORLD);
+  MPI_Request r = mpi::ibcast(plan, 5, planner, MPI_COMM_WORLD);
   mpi::wait(r, o.peer_timeout_s, [&] { return "lost peer: target rank " + std::to_string(planner) + " never sent the lr schedule"; });
   o.train.total_steps = plan[0];
   o.train.warmup_steps = static_cast<int>(plan[1]);
   o.long_records_per_epoch = plan[2];
   o.long_tokens_dropped_per_epoch = plan[3];
+  o.dataset_tokens = plan[4];
 }
 
 void wait_all_loaded(const JobContext& job) {

@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "dflash/checkpoint.h"  // OptionMap
-#include "dflash/data.h"
+#include "dflash/data_mix.h"
 #include "dflash/data_plane.h"
 #include "dflash/eval_prompts.h"
 #include "dflash/eval_set.h"
@@ -43,7 +43,7 @@ struct JobContext {
   std::vector<RankCard> cards;
   Ctx ctx;                         // this rank's backend, chosen once at rank start (CPU, or its GPU's stream)
   JobPlan plan;                    // the configs, capture layers, batch shape, loader options: resolved once
-  std::shared_ptr<const TokenDataset> dataset;  // targets: --data, opened and checked by validate_inputs
+  std::shared_ptr<const DatasetMix> dataset;  // targets: --data (one file or a mix), opened and checked by validate_inputs
   std::shared_ptr<const EvalSet> eval;  // targets and drafters: --eval-data packed (validate_inputs); null without it
   std::shared_ptr<const EvalPrompts> tau_prompts;  // drafters with --eval-tau-every: its prompts (drafter_tau.h)
   DataPlaneKind data_plane = DataPlaneKind::Host;  // agreed by every rank (setup_data_plane)

@@ -290,10 +290,17 @@ void validate_inputs(JobContext& job, std::optional<JobPlan> planned) {
   check_token_budget_fits(job);
   if (!o.eval_data.empty() && topo.role != Role::Idle) load_eval_data(job);
   if (topo.role != Role::Target) return;
-  // Only the targets read the data; they keep it open for the loader.
-  auto dataset = std::make_shared<TokenDataset>(o.data_path, job.plan.target.text.vocab_size);
-  check_records_fit(o, *dataset);
-  check_trainable(*dataset);
+  // Only the targets read the data; they keep it open for the loader. Every file of a mix is checked as a
+  // whole (a record too long for the budget is refused even where the mix leaves it out: one rule per file).
+  auto dataset = std::make_shared<DatasetMix>(o.data, o.train.seed, job.plan.target.text.vocab_size);
+  for (size_t i = 0; i < dataset->num_files(); ++i) {
+    check_records_fit(o, dataset->file(i));
+    check_trainable(dataset->file(i));
+  }
+  if (dataset->is_mix() && topo.world_rank == topo.targets.front()) {
+    std::printf("[dflash] data: %s\n", dataset->summary().c_str());
+    std::fflush(stdout);
+  }
   job.dataset = std::move(dataset);
 }
 

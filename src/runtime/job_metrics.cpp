@@ -10,8 +10,6 @@
 
 #include <nlohmann/json.hpp>
 
-#include "data/h5_util.h"
-#include "dflash/data.h"  // hdf5_mutex()
 #include "dflash/error.h"
 #include "dflash/nvml.h"
 
@@ -25,19 +23,6 @@
 namespace dflash {
 
 namespace {
-
-// Tokens in --data (the length of /tokens, which the targets check equals offsets[-1]): dflash-report's
-// remaining-tokens ETA. -1 when the file cannot be read here (the targets report what is wrong with it).
-int64_t dataset_token_count(const std::string& path) {
-  std::lock_guard<std::mutex> lock(hdf5_mutex());
-  h5::quiet_errors();
-  h5::Handle fapl(h5::fapl_no_locking(), h5::Handle::Kind::PropList);
-  h5::Handle file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, fapl), h5::Handle::Kind::File);
-  if (!file.valid() || !h5::link_exists(file, "tokens")) return -1;
-  h5::Handle tokens(H5Dopen2(file, "tokens", H5P_DEFAULT), h5::Handle::Kind::Dataset);
-  const std::vector<hsize_t> d = tokens.valid() ? h5::dims(tokens) : std::vector<hsize_t>{};
-  return d.size() == 1 ? static_cast<int64_t>(d[0]) : -1;
-}
 
 // "2026-12-01T10:05:00Z"
 std::string utc_now_iso8601() {
@@ -161,7 +146,9 @@ MetricsHub::MetricsHub(const JobContext& job, int block_size, bool selector_metr
   if (!gpu_ranks_.empty()) writer_->set_attribute("gpu_ranks", json_int_list(gpu_ranks_));
   idle_power_w_ = mean_startup_power_w(startup);
   if (idle_power_w_) writer_->set_attribute("gpu_idle_power_w", *idle_power_w_);
-  if (const int64_t n = dataset_token_count(job.opt.data_path); n > 0) writer_->set_attribute("dataset_tokens", n);
+  // Tokens of one epoch of --data (a mix: of its slots), counted by the first target with the lr plan:
+  // dflash-report's remaining-tokens ETA.
+  if (job.opt.dataset_tokens > 0) writer_->set_attribute("dataset_tokens", job.opt.dataset_tokens);
   writer_->set_attribute("long_records_per_epoch", job.opt.long_records_per_epoch);
   writer_->set_attribute("long_record_tokens_dropped_per_epoch", job.opt.long_tokens_dropped_per_epoch);
   // Run metadata: when (UTC) the run and this segment started, the build's commit, the command line.

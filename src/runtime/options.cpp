@@ -86,7 +86,7 @@ struct Described {
   po::options_description all;
 };
 
-Described describe(Options& o, std::string& topology, std::string& backend, std::string& loss,
+Described describe(Options& o, std::vector<std::string>& data_files, std::string& topology, std::string& backend, std::string& loss,
                    std::string& long_record, std::string& export_dtype, std::string& fail_mode,
                    std::string& batch_order, std::string& data_plane, std::string& seed,
                    std::string& deterministic, std::string& rebalance) {
@@ -115,7 +115,7 @@ Described describe(Options& o, std::string& topology, std::string& backend, std:
     ("selector-rank", po::value(&o.train.d2.selector_rank)->default_value(256)->value_name("R"), "dflash2: rank of the selector's codebooks")
     ("output-multiplier", po::value(&o.train.output_multiplier)->default_value(1.0f, "1")->value_name("X"), "a fresh drafter's logit multiplier (compute_logits: z = X * lm_head(h))")
     ("logit-softcap", po::value(&o.train.logit_softcap)->default_value(0.0f, "0")->value_name("C"), "a fresh drafter's final logit softcap, z = C tanh(z / C) (0 = off)")
-    ("data", po::value(&o.data_path)->value_name("FILE.h5"), "token dataset (HDF5, docs/data.md)")
+    ("data", po::value(&data_files)->value_name("FILE.h5[:W]"), "token dataset (HDF5, docs/data.md); several, each with a weight, train on a mix of them: --data a.h5:0.7 --data b.h5:0.3 (the shares of an epoch's records, docs/data.md \"Mixing datasets\")")
     ("out", po::value(&o.out_dir)->value_name("DIR"), "run directory: metrics.h5, drafter/ (the exported drafter)");
   po::options_description data("Data and flow");
   data.add_options()
@@ -187,12 +187,14 @@ Described describe(Options& o, std::string& topology, std::string& backend, std:
 
 // A repeated option resolves the way launchers and job scripts expect: the last one wins. A script that
 // passes `--topology 7-1 "$@"` then takes `sbatch train-1node.sbatch --topology 6-1` (Boost would refuse
-// the second --topology as "multiple occurrences").
+// the second --topology as "multiple occurrences"). Not --data: several are a mix (check_data_sources),
+// and a second file must not replace the first without a word.
 void keep_last_occurrence(po::parsed_options& parsed) {
   std::vector<po::option> kept;
   std::set<std::string> seen;
   for (auto it = parsed.options.rbegin(); it != parsed.options.rend(); ++it) {
-    if (it->string_key.empty() || seen.insert(it->string_key).second) kept.push_back(*it);  // (positional: keep)
+    if (it->string_key.empty() || it->string_key == "data" || seen.insert(it->string_key).second)
+      kept.push_back(*it);  // (positional: keep)
   }
   parsed.options.assign(kept.rbegin(), kept.rend());
 }
@@ -226,9 +228,10 @@ void check_range(bool ok, const char* flag, const std::string& value, const char
 ParseResult parse_options(int argc, const char* const* argv) {
   ParseResult r;
   Options& o = r.options;
+  std::vector<std::string> data;
   std::string topology, backend, loss, long_record, export_dtype, fail_mode, batch_order, data_plane, seed,
       deterministic, rebalance;
-  const Described described = describe(o, topology, backend, loss, long_record, export_dtype, fail_mode, batch_order,
+  const Described described = describe(o, data, topology, backend, loss, long_record, export_dtype, fail_mode, batch_order,
                                        data_plane, seed, deterministic, rebalance);
   const po::options_description& desc = described.all;
   po::variables_map vm;
@@ -377,8 +380,10 @@ ParseResult parse_options(int argc, const char* const* argv) {
   check_range(o.inject_delay_drafter_ms >= 0, "inject-delay-drafter-ms", str(o.inject_delay_drafter_ms), ">= 0");
   DF_CHECK_HINT((o.inject_fail_rank >= 0) == (o.inject_fail_step >= 0), BadOptions,
                 "--inject-fail-rank and --inject-fail-step go together", "give both or neither");
-  DF_CHECK_HINT(o.target_dir.size() && o.data_path.size() && o.out_dir.size(), BadOptions,
+  DF_CHECK_HINT(o.target_dir.size() && !data.empty() && o.out_dir.size(), BadOptions,
                 "--target, --data and --out are required", usage_hint);
+  for (const std::string& d : data) o.data.push_back(parse_data_source(d));
+  check_data_sources(o.data);
   parse_checkpoint_every(o.checkpoint_every);  // fatal BadOptions naming the flag on a bad value
   parse_report_to(o.report_to);  // fatal BadOptions naming a bad word
   check_range(o.report_every_min > 0 && std::isfinite(o.report_every_min), "report-every", str(o.report_every_min), "> 0 minutes");
@@ -418,6 +423,7 @@ ParseResult parse_options(int argc, const char* const* argv) {
     else if (auto p = boost::any_cast<bool>(&v.value())) text = *p ? "true" : "false", kind = Kind::Flag;
     if (name == "max-anchors") text = str(o.train.max_anchors);  // the cap as resolved (default_max_anchors)
     if (name == "epochs") text = str(o.epochs);  // 0 with --max-steps and no --epochs
+    if (name == "data") text = data_sources_text(o.data);  // one file: its path, as before mixes
     o.resolved.emplace_back(name, text);
     if (kind != Kind::Text) o.resolved_kind[name] = kind;
   }
@@ -442,8 +448,9 @@ std::string Options::to_json() const {
 void check_input_paths(const Options& o) {
   DF_CHECK_HINT(path_exists(o.target_dir + "/config.json"), BadInput,
                 "--target " << o.target_dir << ": no config.json there", "point --target at a Hugging Face checkpoint directory");
-  DF_CHECK_HINT(path_exists(o.data_path), BadInput, "--data " << o.data_path << ": no such file",
-                "make one with dflash-make-tiny or dflash-prep");
+  for (const DataSource& d : o.data)
+    DF_CHECK_HINT(path_exists(d.path), BadInput, "--data " << d.path << ": no such file",
+                  "make one with dflash-make-tiny or dflash-prep");
   if (!o.eval_data.empty())
     DF_CHECK_HINT(path_exists(o.eval_data), BadInput, "--eval-data " << o.eval_data << ": no such file",
                   "make a held-out dataset with dflash-prep or dflash-tokenize (the --data format)");

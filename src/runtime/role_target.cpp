@@ -26,7 +26,7 @@ class TargetRank {
   explicit TargetRank(JobContext& job) : job_(job), o_(job.opt), topo_(job.topo) {}
 
   void run() {
-    const std::shared_ptr<const TokenDataset> dataset = job_.dataset;  // opened and checked by validate_inputs
+    const std::shared_ptr<const DatasetMix> dataset = job_.dataset;  // opened and checked by validate_inputs
     model_ = make_target_model(job_.plan.target, o_.target_dir, job_.ctx, job_.plan.capture_layers, o_.token_budget);
     DataPlaneSpec ps = data_plane_spec(job_);
     ps.num_send_buffers = kSendBuffers;

@@ -181,6 +181,41 @@ TEST(Options, CommandLineIsKeptShellQuoted) {
   EXPECT_EQ(o.out_dir, "my run");
 }
 
+TEST(Options, RepeatedDataIsAMixOfWeightedFiles) {
+  // --data is not last-wins: every one is kept, each with its weight, and recorded as the list.
+  Options o = parse({"--target", "T", "--out", "O", "--data", "a.h5:0.7", "--data", "b.h5:0.3"}).options;
+  ASSERT_EQ(o.data.size(), 2u);
+  EXPECT_EQ(o.data[0].path, "a.h5");
+  EXPECT_DOUBLE_EQ(o.data[0].weight, 0.7);
+  EXPECT_EQ(o.data[1].path, "b.h5");
+  EXPECT_DOUBLE_EQ(o.data[1].weight, 0.3);
+  EXPECT_EQ(resolved(o, "data"), "a.h5:0.7,b.h5:0.3");
+  // One file: its path, as checkpoints made before mixes recorded it.
+  o = parse(with_required({})).options;
+  ASSERT_EQ(o.data.size(), 1u);
+  EXPECT_EQ(resolved(o, "data"), "D.h5");
+  // In a --config file too; the command line's --data list beats the file's.
+  const std::string path = testing::TempDir() + "/dflash_opts_mix.cfg";
+  {
+    std::ofstream f(path);
+    f << "target = T\nout = O\ndata = a.h5:1\ndata = b.h5:3\n";
+  }
+  o = parse({"--config", path}).options;
+  EXPECT_EQ(resolved(o, "data"), "a.h5:1,b.h5:3");
+  o = parse({"--config", path, "--data", "c.h5"}).options;
+  EXPECT_EQ(resolved(o, "data"), "c.h5");
+  std::remove(path.c_str());
+}
+
+TEST(OptionsDeath, RepeatedDataWithoutWeightsIsRefused) {
+  // It used to keep the last file without a word.
+  EXPECT_EXIT(parse(with_required({"--data", "E.h5"})), testing::ExitedWithCode(2),
+              "--data is given 2 times, and D.h5, E.h5 without a weight");
+  EXPECT_EXIT(parse(with_required({"--data", "E.h5:0.5"})), testing::ExitedWithCode(2), "D.h5 without a weight");
+  EXPECT_EXIT(parse({"--target", "T", "--out", "O", "--data", "a.h5:0"}), testing::ExitedWithCode(2),
+              "the weight 0 is not a number > 0");
+}
+
 TEST(Options, DryRunIsAnOption) {
   EXPECT_FALSE(parse(with_required({})).options.dry_run);
   EXPECT_TRUE(parse(with_required({"--dry-run"})).options.dry_run);
