@@ -74,6 +74,10 @@ struct Options {
   int64_t eval_tau_every = 0;
   int eval_tau_prompts = 32;
   int eval_tau_max_new_tokens = 128;
+  // --eval-max-tokens: the most tokens of --eval-data evaluated (their features are kept on the drafters'
+  // hosts); a larger file is evaluated on a fixed sample of its records (include/dflash/eval_set.h).
+  // 0 = auto: what one drafter's eval-feature budget holds.
+  int64_t eval_max_tokens = 0;
   std::string out_dir;          // run directory: metrics.h5, drafter/, drafter-best/
 
   int64_t token_budget = 32768;
@@ -131,6 +135,7 @@ struct Options {
   int64_t inject_stop_step = -1;     // the drafters act as on a stop signal after this step (checkpoint, exit 75)
   std::string inject_trace_dir;      // every target's sent batches (their records) and every drafter's applied
                                      // batches, to DIR/trace.rankNNNNN (src/runtime/test_trace.h)
+  int64_t inject_eval_budget_bytes = 0;  // replaces the 2 GiB of eval features per drafter (0 = keep it)
 
   std::string command_line;      // argv as typed, shell-quoted where needed (metrics.h5's command_line)
 

@@ -85,6 +85,7 @@ bool option_may_change_on_resume(const std::string& name) {
       "rebalance",        "rebalance-min-gain",  // when the split changes (the split may change on a resume)
       "data-plane",       "grad-bucket-mb",  // how bytes travel, not what is trained
       "eval-data",        "eval-every",      // what is measured, not what is trained
+      "eval-max-tokens",
       "eval-tau-every",   "eval-tau-prompts", "eval-tau-max-new-tokens",
   };
   if (may_change.count(name)) return true;

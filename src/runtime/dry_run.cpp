@@ -46,9 +46,12 @@ std::pair<int64_t, int64_t> dataset_shape(const std::string& path) {
   return {static_cast<int64_t>(o[0]) - 1, static_cast<int64_t>(t[0])};
 }
 
-// --eval-data from its /offsets alone (no token read): records, tokens, and the batches it packs into, per
-// drafter (include/dflash/eval_set.h). The job checks the rest of the file when it starts.
-std::string eval_summary(const Options& o, int num_drafters) {
+// --eval-data from its /offsets alone (no token read): records, tokens, the sample --eval-max-tokens keeps
+// of a larger file (the job's own rule: select_eval_records, the same records), the batches it packs into
+// per drafter (include/dflash/eval_set.h); a given --eval-max-tokens the drafters cannot keep fails it as it
+// would fail the job. The job checks the rest of the file when it starts. num_drafters 0: not known yet
+// (--topology auto), so only one drafter's budget is certain.
+std::string eval_summary(const Options& o, int num_drafters, const JobPlan& job_plan) {
   if (o.eval_data.empty()) return "";
   std::vector<int64_t> offsets;
   {
@@ -72,7 +75,19 @@ std::string eval_summary(const Options& o, int num_drafters) {
   }
   std::vector<int64_t> lengths;
   for (size_t r = 0; r + 1 < offsets.size(); ++r) lengths.push_back(offsets[r + 1] - offsets[r]);
-  const auto plan = plan_eval_batches(lengths, o.token_budget, o.long_record == LongRecordPolicy::Skip ? LongRecord::Skip : LongRecord::Cut);
+  const LongRecord policy = job_plan.loader.long_record;
+  const EvalBudget budget = job_plan.eval_budget(o);
+  const int drafters = std::max(1, num_drafters);
+  if (num_drafters == 0 && o.eval_max_tokens > budget.tokens_per_drafter())
+    os << "[dflash] eval: --eval-max-tokens " << o.eval_max_tokens << " is more than one drafter's budget ("
+       << budget.tokens_per_drafter() << " tokens): checked at startup, once --topology auto has chosen the drafters\n";
+  const int64_t max_tokens = resolve_eval_max_tokens(num_drafters == 0 ? std::min(o.eval_max_tokens, budget.tokens_per_drafter())
+                                                                       : o.eval_max_tokens,
+                                                     budget, drafters);
+  const EvalSelection chosen = select_eval_records(lengths, o.token_budget, policy, max_tokens, o.eval_data);
+  const std::string sample = eval_sample_line(chosen, o.eval_data, o.eval_max_tokens == 0, budget);
+  if (!sample.empty()) os << sample << "\n";
+  const auto plan = plan_eval_batches(chosen.lengths, o.token_budget, policy);
   std::vector<int64_t> batch_tokens;
   int64_t tokens = 0;
   for (const auto& b : plan) {
@@ -81,8 +96,9 @@ std::string eval_summary(const Options& o, int num_drafters) {
     batch_tokens.push_back(t);
     tokens += t;
   }
-  os << "[dflash] eval: " << o.eval_data << ": " << lengths.size() << " records, " << tokens << " tokens in "
-     << plan.size() << " batch(es) of <= " << o.token_budget << " tokens (" << eval_share_summary(batch_tokens, num_drafters)
+  if (num_drafters > 0) check_eval_share_fits(batch_tokens, num_drafters, budget, o.eval_data);
+  os << "[dflash] eval: " << o.eval_data << ": " << chosen.records << " records, " << tokens << " tokens in "
+     << plan.size() << " batch(es) of <= " << o.token_budget << " tokens (" << eval_share_summary(batch_tokens, drafters)
      << "); features computed once at startup; evaluated ";
   if (o.eval_every > 0) os << "every " << o.eval_every << " step(s) and after the last\n";
   else if (o.eval_every == 0) os << "after the last step only\n";
@@ -278,7 +294,7 @@ int dry_run(const Options& given) {
   else
     os << resolve_grad_accum(o, num_drafters) << "\n";
   os << schedule(o, num_drafters);
-  os << eval_summary(o, num_drafters);
+  if (rank == 0) os << eval_summary(o, o.topology_auto ? 0 : num_drafters, plan_job(o));
   if (rank == 0) os << memory_per_rank(o);
   if (rank == 0) {
     std::fputs(os.str().c_str(), stdout);

@@ -88,7 +88,7 @@ struct Described {
 Described describe(Options& o, std::string& topology, std::string& backend, std::string& loss,
                    std::string& long_record, std::string& export_dtype, std::string& fail_mode,
                    std::string& batch_order, std::string& data_plane, std::string& seed,
-                   std::string& deterministic, std::string& rebalance) {
+                   std::string& deterministic, std::string& rebalance, std::string& eval_max_tokens) {
   Described d;
   po::options_description job("Job");
   job.add_options()
@@ -151,6 +151,7 @@ Described describe(Options& o, std::string& topology, std::string& backend, std:
     ("weight-decay", po::value(&o.train.weight_decay)->default_value(0.0f, "0")->value_name("X"), "AdamW decoupled weight decay, p -= lr * X * p on every parameter (default 0, as SpecForge)")
     ("seed", po::value(&seed)->default_value("0")->value_name("N"), "seed of data order, init and anchors (0 .. 2^63-1)")
     ("eval-data", po::value(&o.eval_data)->value_name("FILE.h5"), "held-out token dataset (the --data format): loss, acc, acc by block position and streak on it, written to metrics.h5 /eval; its features are computed once at startup")
+    ("eval-max-tokens", po::value(&eval_max_tokens)->default_value("auto")->value_name("N|auto"), "with --eval-data: evaluate at most N of its tokens; a larger file is evaluated on a fixed sample of whole records that fits (the same on every rank, split and resume). auto: what one drafter's 2 GiB of eval features holds at this drafter's shape (about 52K tokens at the Qwen3-8B shape on CUDA)")
     ("eval-every", po::value(&o.eval_every)->value_name("N"), "with --eval-data: evaluate every N steps and after the last (0 = only after the last; default: the --checkpoint-every step interval, else a tenth of the planned steps)")
     ("eval-tau-every", po::value(&o.eval_tau_every)->default_value(0)->value_name("N"), "with --eval-data: every N steps and after the last, also measure tau (acceptance length) by greedy speculative decoding of the eval set's prompts, as dflash-eval does (metrics.h5 /eval/tau, the [eval] line; OUT/drafter-best is kept by it). Costs GPU time: each drafter rank loads the target too and decodes its share of the prompts while training waits (0 = off)")
     ("eval-tau-prompts", po::value(&o.eval_tau_prompts)->default_value(32)->value_name("N"), "with --eval-tau-every: the first N usable prompts of the eval set (a record's tokens before its first loss_mask 1), split among the drafters")
@@ -176,7 +177,8 @@ Described describe(Options& o, std::string& topology, std::string& backend, std:
     ("inject-fail-step", po::value(&o.inject_fail_step)->default_value(-1)->value_name("N"), "batch (target) or step (drafter) at which it fails; an idle rank fails as soon as it waits for the end of the run")
     ("inject-fail-mode", po::value(&fail_mode)->default_value("kill")->value_name("MODE"), "kill (SIGKILL) | hang (SIGSTOP: silent, alive)")
     ("inject-stop-step", po::value(&o.inject_stop_step)->default_value(-1)->value_name("N"), "the drafters act as on a stop signal after optimizer step N: checkpoint, exit 75")
-    ("inject-trace-dir", po::value(&o.inject_trace_dir)->value_name("DIR"), "each rank appends the batches it sent (targets: their records) or trained on (drafters) to DIR/trace.rankNNNNN");
+    ("inject-trace-dir", po::value(&o.inject_trace_dir)->value_name("DIR"), "each rank appends the batches it sent (targets: their records) or trained on (drafters) to DIR/trace.rankNNNNN")
+    ("inject-eval-budget-bytes", po::value(&o.inject_eval_budget_bytes)->default_value(0)->value_name("BYTES"), "eval features a drafter may keep, instead of 2 GiB (0 = 2 GiB): a small one makes the tiny model's eval set too large");
   d.visible.add(job).add(data).add(train).add(out);
   d.all.add(d.visible).add(d.hooks);
   return d;
@@ -224,9 +226,9 @@ ParseResult parse_options(int argc, const char* const* argv) {
   ParseResult r;
   Options& o = r.options;
   std::string topology, backend, loss, long_record, export_dtype, fail_mode, batch_order, data_plane, seed,
-      deterministic, rebalance;
+      deterministic, rebalance, eval_max_tokens;
   const Described described = describe(o, topology, backend, loss, long_record, export_dtype, fail_mode, batch_order,
-                                       data_plane, seed, deterministic, rebalance);
+                                       data_plane, seed, deterministic, rebalance, eval_max_tokens);
   const po::options_description& desc = described.all;
   po::variables_map vm;
   const char* usage_hint = "dflash-train --help lists every option";
@@ -382,6 +384,16 @@ ParseResult parse_options(int argc, const char* const* argv) {
   if (vm.count("eval-every")) check_range(o.eval_every >= 0, "eval-every", str(o.eval_every), ">= 0 (0 = only after the last step)");
   DF_CHECK_HINT(!vm.count("eval-every") || !o.eval_data.empty(), BadOptions, "--eval-every without --eval-data: there is nothing to evaluate",
                 "give --eval-data FILE.h5 (a held-out dataset), or drop --eval-every");
+  if (eval_max_tokens != "auto") {
+    const bool digits = !eval_max_tokens.empty() && eval_max_tokens.size() <= 15 &&
+                        eval_max_tokens.find_first_not_of("0123456789") == std::string::npos;
+    check_range(digits && std::stoll(eval_max_tokens) >= 1, "eval-max-tokens", eval_max_tokens, "auto or a whole number >= 1");
+    o.eval_max_tokens = std::stoll(eval_max_tokens);
+  }
+  DF_CHECK_HINT(vm["eval-max-tokens"].defaulted() || !o.eval_data.empty(), BadOptions,
+                "--eval-max-tokens without --eval-data: there is nothing to evaluate",
+                "give --eval-data FILE.h5 (a held-out dataset), or drop --eval-max-tokens");
+  check_range(o.inject_eval_budget_bytes >= 0, "inject-eval-budget-bytes", str(o.inject_eval_budget_bytes), ">= 0");
   check_range(o.eval_tau_every >= 0, "eval-tau-every", str(o.eval_tau_every), ">= 0 (0 = off)");
   check_range(o.eval_tau_prompts >= 1, "eval-tau-prompts", str(o.eval_tau_prompts), ">= 1");
   check_range(o.eval_tau_max_new_tokens >= 1, "eval-tau-max-new-tokens", str(o.eval_tau_max_new_tokens), ">= 1");

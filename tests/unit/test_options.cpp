@@ -186,6 +186,23 @@ TEST(Options, DryRunIsAnOption) {
   EXPECT_TRUE(parse(with_required({"--dry-run"})).options.dry_run);
 }
 
+TEST(Options, EvalMaxTokensIsAutoOrACount) {
+  const Options a = parse(with_required({"--eval-data", "E.h5"})).options;
+  EXPECT_EQ(a.eval_max_tokens, 0);  // auto
+  EXPECT_EQ(resolved(a, "eval-max-tokens"), "auto");
+  const Options n = parse(with_required({"--eval-data", "E.h5", "--eval-max-tokens", "20000"})).options;
+  EXPECT_EQ(n.eval_max_tokens, 20000);
+  EXPECT_EQ(resolved(n, "eval-max-tokens"), "20000");
+}
+TEST(OptionsDeath, EvalMaxTokens) {
+  EXPECT_EXIT(parse(with_required({"--eval-data", "E.h5", "--eval-max-tokens", "0"})), testing::ExitedWithCode(2),
+              "--eval-max-tokens must be auto or a whole number >= 1");
+  EXPECT_EXIT(parse(with_required({"--eval-data", "E.h5", "--eval-max-tokens", "lots"})), testing::ExitedWithCode(2),
+              "--eval-max-tokens must be auto");
+  EXPECT_EXIT(parse(with_required({"--eval-max-tokens", "100"})), testing::ExitedWithCode(2),
+              "--eval-max-tokens without --eval-data");
+}
+
 TEST(OptionsDeath, UnknownFlag) {
   EXPECT_EXIT(parse(with_required({"--no-such-flag", "1"})), testing::ExitedWithCode(2), "no-such-flag");
 }
