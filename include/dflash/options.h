@@ -54,6 +54,15 @@ enum class DataPlaneChoice : uint8_t {
 };
 const char* data_plane_choice_name(DataPlaneChoice c);
 
+// --gpu: the GPU a dry run checks each rank's memory against: a known model's memory as its driver reports
+// it (nvidia-smi's memory.total), or a size in GiB. Fatal BadOptions on anything else, naming the known ones.
+struct PlannedGpu {
+  std::string name;     // "h200", or "96 GiB"
+  std::string model;    // "NVIDIA H200" ("" for a size)
+  double bytes = 0;
+};
+PlannedGpu parse_planned_gpu(const std::string& text);
+
 struct Options {
   std::string config_file;
   std::string topology_text = "1-1";
@@ -125,6 +134,11 @@ struct Options {
   double rebalance_min_gain_pct = 5;
   bool measure_only = false;    // --topology auto --measure-only: print the measured roles and exit
   bool dry_run = false;         // --dry-run: print options, topology and schedule, load nothing, exit 0
+  // --dry-run only: the world it plans without mpirun (--ranks N, or --nodes N --gpus-per-node G, resolved
+  // into all three; 0 = the MPI world it runs in) and the GPU it checks the memory against (--gpu, as
+  // given; "" = none named).
+  int plan_ranks = 0, plan_nodes = 0, plan_ranks_per_node = 0;
+  std::string plan_gpu;
 
   // Test hooks.
   int inject_delay_target_ms = 0;

@@ -96,6 +96,10 @@ Described describe(Options& o, std::string& topology, std::string& backend, std:
     ("help-all", "print this help with the test hooks and exit")
     ("version", "print the version and exit")
     ("dry-run", po::bool_switch(&o.dry_run), "print the resolved options, the topology (every rank's role) and the schedule, then exit: no model or data is loaded")
+    ("ranks", po::value(&o.plan_ranks)->value_name("N"), "with --dry-run: plan a world of N ranks (on one node, or over --nodes) in this one process, without mpirun")
+    ("nodes", po::value(&o.plan_nodes)->value_name("N"), "with --dry-run: plan N nodes of --gpus-per-node ranks each")
+    ("gpus-per-node", po::value(&o.plan_ranks_per_node)->value_name("G"), "with --dry-run: ranks (one per GPU) on each planned node")
+    ("gpu", po::value(&o.plan_gpu)->value_name("NAME|GIB"), "with --dry-run --backend cuda: check each rank's memory against this GPU: h100 | h200 | b200 | rtx-pro-6000, or its memory in GiB (default: this node's GPU 0 when NVML sees one)")
     ("config", po::value(&o.config_file)->value_name("FILE"), "key = value file with the same option names; the command line overrides it")
     ("topology", po::value(&topology)->default_value("1-1")->value_name("T-D"), "T-D: target and drafter ranks per node (the rest idle), or auto: measure both roles, pick the fastest split")
     ("backend", po::value(&backend)->default_value("cpu")->value_name("NAME"), "cpu | cuda")
@@ -220,7 +224,63 @@ void check_range(bool ok, const char* flag, const std::string& value, const char
   DF_CHECK_HINT(ok, BadOptions, "bad value " << value << " for --" << flag, std::string("--") + flag + " must be " + rule);
 }
 
+// --ranks / --nodes / --gpus-per-node / --gpu: a dry run's own world and GPU (docs/pipeline.md "Options").
+void resolve_planned_world(Options& o, bool ranks, bool nodes, bool per_node) {
+  const char* hint = "the job runs on the world mpirun/srun starts and the GPUs it finds: add --dry-run to see the "
+                     "plan for this world here, or drop the flag";
+  DF_CHECK_HINT(o.dry_run || !(ranks || nodes || per_node), BadOptions,
+                "--ranks, --nodes and --gpus-per-node plan a --dry-run's world", hint);
+  DF_CHECK_HINT(o.dry_run || o.plan_gpu.empty(), BadOptions, "--gpu names the GPU a --dry-run plans for", hint);
+  DF_CHECK_HINT(o.plan_gpu.empty() || o.backend == Device::CUDA, BadOptions,
+                "--gpu " << o.plan_gpu << " with --backend cpu: the CPU backend keeps its tensors in host memory",
+                "add --backend cuda to plan a GPU job, or drop --gpu");
+  if (!o.plan_gpu.empty()) parse_planned_gpu(o.plan_gpu);  // a bad name fails here, before anything is planned
+  if (!(ranks || nodes || per_node)) return;
+  constexpr int kMost = 1 << 16;
+  if (ranks) check_range(o.plan_ranks >= 1 && o.plan_ranks <= kMost, "ranks", str(o.plan_ranks), "in [1, 65536]");
+  if (nodes) check_range(o.plan_nodes >= 1 && o.plan_nodes <= kMost, "nodes", str(o.plan_nodes), "in [1, 65536]");
+  if (per_node)
+    check_range(o.plan_ranks_per_node >= 1 && o.plan_ranks_per_node <= kMost, "gpus-per-node",
+                str(o.plan_ranks_per_node), "in [1, 65536]");
+  if (!nodes) o.plan_nodes = 1;
+  DF_CHECK_HINT(ranks || per_node, BadOptions, "--nodes " << o.plan_nodes << " without the ranks on each",
+                "give --gpus-per-node G (ranks per node), or --ranks N (all of them)");
+  if (!per_node) {
+    DF_CHECK_HINT(o.plan_ranks % o.plan_nodes == 0, BadOptions,
+                  "--ranks " << o.plan_ranks << " does not split evenly over --nodes " << o.plan_nodes,
+                  "every node runs the same number of ranks: give --ranks a multiple of --nodes, or --gpus-per-node");
+    o.plan_ranks_per_node = o.plan_ranks / o.plan_nodes;
+  }
+  DF_CHECK_HINT(!ranks || o.plan_ranks == o.plan_nodes * o.plan_ranks_per_node, BadOptions,
+                "--ranks " << o.plan_ranks << " is not --nodes " << o.plan_nodes << " x --gpus-per-node "
+                           << o.plan_ranks_per_node,
+                "give two of --ranks, --nodes and --gpus-per-node");
+  o.plan_ranks = o.plan_nodes * o.plan_ranks_per_node;
+}
+
 }  // namespace
+
+PlannedGpu parse_planned_gpu(const std::string& text) {
+  // memory.total as nvidia-smi reports it (MiB): H200 measured here (bench/results/h200-gpu-checks-*.txt);
+  // H100 80GB HBM3 81559, B200 183359, RTX PRO 6000 Blackwell (Workstation and Server) 97887 as reported.
+  struct Known {
+    const char* name;
+    const char* model;
+    double mib;
+  };
+  static const Known known[] = {{"h100", "NVIDIA H100 80GB HBM3", 81559},
+                                {"h200", "NVIDIA H200", 143771},
+                                {"b200", "NVIDIA B200", 183359},
+                                {"rtx-pro-6000", "NVIDIA RTX PRO 6000 Blackwell", 97887}};
+  for (const Known& k : known)
+    if (text == k.name) return PlannedGpu{k.name, k.model, k.mib * 1048576.0};
+  char* end = nullptr;
+  const double gib = std::strtod(text.c_str(), &end);
+  const bool number = !text.empty() && end && *end == '\0' && text.find_first_not_of("0123456789.") == std::string::npos;
+  DF_CHECK_HINT(number && gib > 0 && gib < 1e5, BadOptions, "unknown --gpu '" << text << "'",
+                "give h100, h200, b200 or rtx-pro-6000, or the GPU's memory in GiB (e.g. --gpu 96)");
+  return PlannedGpu{text + " GiB", "", gib * 1073741824.0};
+}
 
 ParseResult parse_options(int argc, const char* const* argv) {
   ParseResult r;
@@ -400,6 +460,7 @@ ParseResult parse_options(int argc, const char* const* argv) {
   DF_CHECK_HINT(o.eval_tau_every == 0 || !o.eval_data.empty(), BadOptions,
                 "--eval-tau-every without --eval-data: there are no prompts to decode",
                 "give --eval-data FILE.h5 (a held-out dataset; its prompts are the tokens before each record's first loss_mask 1)");
+  resolve_planned_world(o, vm.count("ranks") > 0, vm.count("nodes") > 0, vm.count("gpus-per-node") > 0);
   check_range(o.keep_checkpoints >= 1, "keep-checkpoints", str(o.keep_checkpoints), ">= 1");
   o.train.total_steps = o.max_steps;
   o.command_line = shell_line(argc, argv);
