@@ -6,6 +6,7 @@
 #  - a Qwen3-8B-shaped target of which only config.json exists (a login node), with the recipe's options and
 #    2000 held-out conversations (4.6 M tokens): the weights from config.json, the eval sample it will use,
 #    all fit an H200; a 40 GiB GPU is reported (the drafter rank does not fit: exit 2), a 10 GiB one for both;
+#    without --gpu, this node's GPU 0 as NVML reports it (the tests' fake NVML library);
 #  - two nodes of 4 (3-1): the roles on each node;
 #  - under mpirun, --backend cuda on a machine without a GPU plans instead of exiting 5;
 #  - one process without --ranks names the flag when the world does not fit; the flags need --dry-run.
@@ -91,6 +92,16 @@ expect_log q8small "HINT: the drafter: lower --max-anchors"
 dry q8tiny "${Q8[@]}" --gpu 10
 expect_rc 2 q8tiny
 expect_log q8tiny "the plan does not fit --gpu 10 (10.0 GiB): target rank(s) 0-6 need 16.5 GiB of fixed memory"
+
+# Without --gpu: this node's GPU 0 through NVML (the fake library of the tests: 80 GiB).
+FAKE="$DFLASH_BIN/tests/libdflash_fake_nvml.so"
+[ -f "$FAKE" ] || fail "no $FAKE (built with dflash_unit_tests)"
+DFLASH_TEST_NVML_LIBRARY="$FAKE" dry q8nvml "${Q8[@]}"
+expect_rc 0 q8nvml
+expect_log q8nvml "memory check against this node's GPU 0 (NVML: 81920 MiB): target rank(s) 0-6: 16.5 GiB fixed"
+DFLASH_TEST_NVML_LIBRARY="$FAKE" dry q8nvmlbig "${Q8[@]}" --max-anchors 6000
+expect_rc 2 q8nvmlbig
+expect_log q8nvmlbig "the plan does not fit this node's GPU 0 (NVML: 81920 MiB): drafter rank(s) 7 need"
 
 # ---- two nodes of 4 ranks, 3-1 -----------------------------------------------------------------------
 dry nodes --config "$DFLASH_SRC/jobs/recipes/qwen3-8b.cfg" --target "$WORK/qwen3-8b" --data "$tiny/data.h5" \
