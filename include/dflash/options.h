@@ -56,6 +56,15 @@ enum class DataPlaneChoice : uint8_t {
 };
 const char* data_plane_choice_name(DataPlaneChoice c);
 
+// --gpu: the GPU a dry run checks each rank's memory against: a known model's memory as its driver reports
+// it (nvidia-smi's memory.total), or a size in GiB. Fatal BadOptions on anything else, naming the known ones.
+struct PlannedGpu {
+  std::string name;     // "h200", or "96 GiB"
+  std::string model;    // "NVIDIA H200" ("" for a size)
+  double bytes = 0;
+};
+PlannedGpu parse_planned_gpu(const std::string& text);
+
 struct Options {
   std::string config_file;
   std::string topology_text = "1-1";
@@ -76,6 +85,10 @@ struct Options {
   int64_t eval_tau_every = 0;
   int eval_tau_prompts = 32;
   int eval_tau_max_new_tokens = 128;
+  // --eval-max-tokens: the most tokens of --eval-data evaluated (their features are kept on the drafters'
+  // hosts); a larger file is evaluated on a fixed sample of its records (include/dflash/eval_set.h).
+  // 0 = auto: what one drafter's eval-feature budget holds.
+  int64_t eval_max_tokens = 0;
   std::string out_dir;          // run directory: metrics.h5, drafter/, drafter-best/
 
   int64_t token_budget = 32768;
@@ -126,6 +139,11 @@ struct Options {
   double rebalance_min_gain_pct = 5;
   bool measure_only = false;    // --topology auto --measure-only: print the measured roles and exit
   bool dry_run = false;         // --dry-run: print options, topology and schedule, load nothing, exit 0
+  // --dry-run only: the world it plans without mpirun (--ranks N, or --nodes N --gpus-per-node G, resolved
+  // into all three; 0 = the MPI world it runs in) and the GPU it checks the memory against (--gpu, as
+  // given; "" = none named).
+  int plan_ranks = 0, plan_nodes = 0, plan_ranks_per_node = 0;
+  std::string plan_gpu;
 
   // Test hooks.
   int inject_delay_target_ms = 0;
@@ -136,6 +154,7 @@ struct Options {
   int64_t inject_stop_step = -1;     // the drafters act as on a stop signal after this step (checkpoint, exit 75)
   std::string inject_trace_dir;      // every target's sent batches (their records) and every drafter's applied
                                      // batches, to DIR/trace.rankNNNNN (src/runtime/test_trace.h)
+  int64_t inject_eval_budget_bytes = 0;  // replaces the 2 GiB of eval features per drafter (0 = keep it)
 
   std::string command_line;      // argv as typed, shell-quoted where needed (metrics.h5's command_line)
 

@@ -86,6 +86,10 @@ Topology assign_roles(int world_rank, const std::vector<RankSlot>& slots, const 
 // "rank 0 of 1". getenv_fn is getenv (injectable for tests). Fatal TopologyMismatch on disagreement.
 void check_launcher_world_size(int world_size, const std::function<const char*(const char*)>& getenv_fn);
 
+// Every rank's node (ranks sharing memory, MPI_COMM_TYPE_SHARED; numbered in world order of their first
+// rank) and node-local rank, after check_launcher_world_size. Collective; touches no device (--dry-run).
+std::vector<RankSlot> gather_rank_slots(MPI_Comm world);
+
 // The collective part (every rank of world calls it): gathers slots, assigns roles, splits the drafter
 // communicator, gathers every rank's place (host, GPU, bus id), fills process_identity().
 Topology create_topology(MPI_Comm world, const TopologySpec& spec, Device backend);

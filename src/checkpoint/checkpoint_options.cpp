@@ -86,6 +86,7 @@ bool option_may_change_on_resume(const std::string& name) {
       "report-to",        "report-every",        // where the series go, not what is trained
       "data-plane",       "grad-bucket-mb",  // how bytes travel, not what is trained
       "eval-data",        "eval-every",      // what is measured, not what is trained
+      "eval-max-tokens",
       "eval-tau-every",   "eval-tau-prompts", "eval-tau-max-new-tokens",
   };
   if (may_change.count(name)) return true;

@@ -138,13 +138,10 @@ void check_launcher_world_size(int world_size, const std::function<const char*(c
   }
 }
 
-Topology create_topology(MPI_Comm world, const TopologySpec& spec, Device backend) {
+std::vector<RankSlot> gather_rank_slots(MPI_Comm world) {
   int rank = 0, size = 1;
   DF_MPI(MPI_Comm_rank(world, &rank));
   DF_MPI(MPI_Comm_size(world, &size));
-  ProcessIdentity& id = process_identity();
-  id.world_rank = rank;
-  id.world_size = size;
   check_launcher_world_size(size, [](const char* n) { return std::getenv(n); });
 
   // Node = ranks sharing memory; node index = rank of the node's first rank among node leaders.
@@ -165,7 +162,17 @@ Topology create_topology(MPI_Comm world, const TopologySpec& spec, Device backen
   RankSlot mine{node, local_rank};
   std::vector<RankSlot> slots(size);
   mpi::allgather(&mine, 1, slots.data(), world);
-  Topology t = assign_roles(rank, slots, spec);
+  return slots;
+}
+
+Topology create_topology(MPI_Comm world, const TopologySpec& spec, Device backend) {
+  int rank = 0, size = 1;
+  DF_MPI(MPI_Comm_rank(world, &rank));
+  DF_MPI(MPI_Comm_size(world, &size));
+  ProcessIdentity& id = process_identity();
+  id.world_rank = rank;
+  id.world_size = size;
+  Topology t = assign_roles(rank, gather_rank_slots(world), spec);
   char host[256] = {0};
   gethostname(host, sizeof(host) - 1);
   t.host = host;

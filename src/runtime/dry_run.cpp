@@ -7,12 +7,11 @@
 #include <cstdint>
 #include <cstdio>
 #include <mutex>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <tuple>
 #include <vector>
-
-#include <filesystem>
 
 #include "data/h5_util.h"
 #include "dflash/anchors.h"     // anchor_rule_summary
@@ -25,8 +24,8 @@
 #include "dflash/mpi_typed.h"
 #include "dflash/runtime.h"
 #include "dflash/topology.h"
+#include "dry_run_plan.h"
 #include "job_plan.h"
-#include "drafter/loss_chunk.h"
 
 namespace dflash {
 
@@ -48,9 +47,12 @@ std::pair<int64_t, int64_t> dataset_shape(const std::string& path) {
   return {static_cast<int64_t>(o[0]) - 1, static_cast<int64_t>(t[0])};
 }
 
-// --eval-data from its /offsets alone (no token read): records, tokens, and the batches it packs into, per
-// drafter (include/dflash/eval_set.h). The job checks the rest of the file when it starts.
-std::string eval_summary(const Options& o, int num_drafters) {
+// --eval-data from its /offsets alone (no token read): records, tokens, the sample --eval-max-tokens keeps
+// of a larger file (the job's own rule: select_eval_records, the same records), the batches it packs into
+// per drafter (include/dflash/eval_set.h); a given --eval-max-tokens the drafters cannot keep fails it as it
+// would fail the job. The job checks the rest of the file when it starts. num_drafters 0: not known yet
+// (--topology auto), so only one drafter's budget is certain.
+std::string eval_summary(const Options& o, int num_drafters, const JobPlan& job_plan) {
   if (o.eval_data.empty()) return "";
   std::vector<int64_t> offsets;
   {
@@ -74,7 +76,19 @@ std::string eval_summary(const Options& o, int num_drafters) {
   }
   std::vector<int64_t> lengths;
   for (size_t r = 0; r + 1 < offsets.size(); ++r) lengths.push_back(offsets[r + 1] - offsets[r]);
-  const auto plan = plan_eval_batches(lengths, o.token_budget, o.long_record == LongRecordPolicy::Skip ? LongRecord::Skip : LongRecord::Cut);
+  const LongRecord policy = job_plan.loader.long_record;
+  const EvalBudget budget = job_plan.eval_budget(o);
+  const int drafters = std::max(1, num_drafters);
+  if (num_drafters == 0 && o.eval_max_tokens > budget.tokens_per_drafter())
+    os << "[dflash] eval: --eval-max-tokens " << o.eval_max_tokens << " is more than one drafter's budget ("
+       << budget.tokens_per_drafter() << " tokens): checked at startup, once --topology auto has chosen the drafters\n";
+  const int64_t max_tokens = resolve_eval_max_tokens(num_drafters == 0 ? std::min(o.eval_max_tokens, budget.tokens_per_drafter())
+                                                                       : o.eval_max_tokens,
+                                                     budget, drafters);
+  const EvalSelection chosen = select_eval_records(lengths, o.token_budget, policy, max_tokens, o.eval_data);
+  const std::string sample = eval_sample_line(chosen, o.eval_data, o.eval_max_tokens == 0, budget);
+  if (!sample.empty()) os << sample << "\n";
+  const auto plan = plan_eval_batches(chosen.lengths, o.token_budget, policy);
   std::vector<int64_t> batch_tokens;
   int64_t tokens = 0;
   for (const auto& b : plan) {
@@ -83,8 +97,9 @@ std::string eval_summary(const Options& o, int num_drafters) {
     batch_tokens.push_back(t);
     tokens += t;
   }
-  os << "[dflash] eval: " << o.eval_data << ": " << lengths.size() << " records, " << tokens << " tokens in "
-     << plan.size() << " batch(es) of <= " << o.token_budget << " tokens (" << eval_share_summary(batch_tokens, num_drafters)
+  if (num_drafters > 0) check_eval_share_fits(batch_tokens, num_drafters, budget, o.eval_data);
+  os << "[dflash] eval: " << o.eval_data << ": " << chosen.records << " records, " << tokens << " tokens in "
+     << plan.size() << " batch(es) of <= " << o.token_budget << " tokens (" << eval_share_summary(batch_tokens, drafters)
      << "); features computed once at startup; evaluated ";
   if (o.eval_every > 0) os << "every " << o.eval_every << " step(s) and after the last\n";
   else if (o.eval_every == 0) os << "after the last step only\n";
@@ -187,133 +202,71 @@ std::string schedule(const Options& o, int num_drafters) {
   return os.str();
 }
 
-std::string gib(double bytes) {  // GiB, or MiB below one GiB
-  char b[32];
-  if (bytes >= double(1ull << 30)) std::snprintf(b, sizeof b, "%.1f GiB", bytes / double(1ull << 30));
-  else std::snprintf(b, sizeof b, "%.1f MiB", bytes / double(1ull << 20));
-  return b;
-}
-
-// Bytes of the drafter step's block activations per anchor (its B rows through every layer, with the
-// backward's scratch and the loss rows): the per-row buffers DrafterStepCuda allocates
-// (src/drafter/cuda/drafter_step.cu), bf16 on CUDA; the CPU net keeps about the same tensors in float32. They grow
-// with --max-anchors: the term that decides whether a cap fits the GPU.
-double drafter_bytes_per_anchor(const DrafterConfig& d, bool cuda) {
-  const Qwen3Config& L = d.layers;
-  const double H = L.hidden_size, I = L.intermediate_size, QD = double(L.num_attention_heads) * L.head_dim,
-               KV = double(L.num_key_value_heads) * L.head_dim, e = cuda ? 2 : 4, B = d.block_size;
-  const double per_layer = (4 * H + 3 * QD + 3 * KV + 3 * I) * e +
-                           (2 + 2 * L.num_attention_heads + L.num_key_value_heads) * 4.0;  // norms' rstd, lse
-  const double shared = (6 * H + 3 * I + 3 * QD + 3 * KV) * e + 4.0 * 2;  // block input/output, backward scratch
-  double loss_row = 3 * H * e + 8 * 4.0;                                   // rows of a block's B - 1 labels
-  double d2_layer = 0, d2_shared = 0;
-  if (d.arch == DraftArch::DFlash2) {  // the convs' dynamic kernels and inputs/outputs; the selector's rows
-    const double D2 = 2.0 * d.d2.conv_kernel_size * (H / d.d2.conv_group_size), K = d.d2.selector_top_k,
-                 r = d.d2.selector_rank;
-    d2_layer = (4 * H + 2 * D2) * e;
-    d2_shared = (H + D2) * e;
-    loss_row += 6 * K * 4 + 2 * r * 4 + r * e + H * e + 7 * 4.0;
-  }
-  return B * (L.num_hidden_layers * (per_layer + d2_layer) + shared + d2_shared) + (B - 1) * loss_row;
-}
-
-// The fixed memory of each role: what is allocated once at startup, sized by the model, --token-budget,
-// --max-anchors and the queue depths, the drafter's block activations included (drafter_bytes_per_anchor);
-// the target's layer activations, the drafter's context-side (per token) tensors and library workspaces
-// come on top. From config.json and the sizes of the
-// checkpoint's files only: nothing is loaded.
-std::string memory_per_rank(const Options& o) {
-  std::ostringstream os;
-  const JobPlan plan = plan_job(o);  // reads the config.json files only
-  const Qwen3Config& t = plan.target.text;
-  const bool cuda = o.backend == Device::CUDA;
-  const double act = static_cast<double>(dtype_size(plan.slot_shape.dtype));  // per activation / weight element
-  double files = 0;
-  std::error_code ec;
-  for (const auto& e : std::filesystem::directory_iterator(o.target_dir, ec))
-    if (e.path().extension() == ".safetensors") files += static_cast<double>(e.file_size(ec));
-  // A bf16 checkpoint's bytes are its weights' bytes on CUDA, and half of them in float32 on the CPU.
-  const double weights = cuda ? files : 2 * files;
-  const double batch = plan.wire_bytes_per_token() * static_cast<double>(o.token_budget);  // features (+ final norm)
-  const double target = weights + 2 * batch;  // two send buffers: the next forward fills one while one moves
-  const DrafterConfig& d = plan.drafter;
-  const double P = static_cast<double>(drafter_param_count(d));
-  // fp32 master weights, AdamW m and v, gradients (+ a bf16 copy for the CUDA step), frozen embedding + lm_head
-  const double state = P * (16 + (cuda ? 2 : 0)), frozen = 2.0 * t.vocab_size * t.hidden_size * act;
-  const double slots = o.hs_queue_depth * batch;
-  // The lm_head loss's float32 logits workspace: a chunk of rows, twice (the KL teacher's half is kept either
-  // way), sized by the same rule as the trainer (drafter/loss_chunk.h).
-  const int64_t loss_rows = train::loss_chunk_rows(o.backend, t.vocab_size,
-                                                   static_cast<int64_t>(o.train.max_anchors) * (d.block_size - 1));
-  const double loss_ws = 2.0 * static_cast<double>(loss_rows) * t.vocab_size * 4;
-  const double blocks = static_cast<double>(o.train.max_anchors) * drafter_bytes_per_anchor(d, cuda);
-  // --eval-tau-every: each drafter rank also holds a copy of the target's weights (src/runtime/drafter_tau.h)
-  const double tau_target = o.eval_tau_every > 0 && !o.eval_data.empty() ? weights : 0.0;
-  // --grad-accum K > 1: the accumulator, P fp32 (--global-batch-tokens under --topology auto: K is not known
-  // before the job measures its split, so it is counted)
-  const double accum = o.grad_accum > 1 || o.global_batch_tokens > 0 ? P * 4 : 0;
-  const double drafter = state + frozen + slots + loss_ws + blocks + accum + tau_target;
-  os << "[dflash] memory per rank, fixed part (" << (cuda ? "bf16 on the GPU" : "float32 in host memory")
-     << "; the target's activations come on top): target " << gib(target) << " (weights " << gib(weights) << " from "
-     << gib(files) << " of safetensors, 2 send buffers of " << gib(batch) << "); drafter " << gib(drafter) << " ("
-     << static_cast<long long>(P) << " parameters x " << (cuda ? 18 : 16) << " B of state " << gib(state)
-     << ", frozen embedding + lm_head " << gib(frozen) << ", " << o.hs_queue_depth << " slots " << gib(slots)
-     << ", loss logits for " << loss_rows << " rows " << gib(loss_ws) << ", block activations for --max-anchors "
-     << o.train.max_anchors << " x " << d.block_size << " rows " << gib(blocks) << " = "
-     << gib(drafter_bytes_per_anchor(d, cuda)) << " per anchor"
-     << (accum > 0 ? ", gradient accumulator " + gib(accum) : std::string())
-     << (tau_target > 0 ? ", the target's weights for --eval-tau-every " + gib(tau_target) : std::string()) << ")\n";
-  return os.str();
-}
-
 }  // namespace
 
 int dry_run(const Options& given) {
   Options o = given;  // --global-batch-tokens resolved once the drafters are known
-  int rank = 0, size = 1;
+  int rank = 0;
   DF_MPI(MPI_Comm_rank(MPI_COMM_WORLD, &rank));
-  DF_MPI(MPI_Comm_size(MPI_COMM_WORLD, &size));
   if (rank == 0) check_input_paths(o);  // cheap (stat); a bad path is worth knowing before the real launch
+  // The world: the one --ranks / --nodes name, planned in this process, else this MPI world (collective).
+  // No device is opened either way: a dry run plans the GPU job on a login node as well.
+  const PlannedWorld world = o.plan_ranks > 0 ? planned_world(o.plan_nodes, o.plan_ranks_per_node, o.backend)
+                                              : mpi_world(MPI_COMM_WORLD, o.backend);
+  if (rank != 0) {  // rank 0 plans and prints; a fatal error there ends these too
+    DF_MPI(MPI_Barrier(MPI_COMM_WORLD));
+    return 0;
+  }
+  const int size = static_cast<int>(world.seats.size());
+  const JobPlan plan = plan_job(o);  // the config.json files only
+  const RoleMemory memory = plan_role_memory(o, plan);
+  const PlannedGpu gpu = gpu_to_check(o);
   std::ostringstream os;
   os << "[dflash] dflash-train " << DFLASH_VERSION << " --dry-run: nothing is loaded, nothing is written\n[dflash] options:";
   for (const auto& [k, v] : o.resolved) os << " --" << k << "=" << v;
   os << "\n[dflash] anchors: " << anchor_rule_summary(o.train.max_anchors, o.train.anchors_per_record) << "\n";
+  const std::string planned = world.source == WorldSource::Planned
+                                  ? " (planned here by --ranks/--nodes: one process, no mpirun, no GPU)"
+                                  : std::string();
   int num_drafters = 1;
+  std::vector<int> target_ranks, drafter_ranks;  // empty under --topology auto: the roles are not known yet
   if (o.topology_auto) {
     // The split comes from timing both roles on the real model and data: exactly what a dry run skips.
-    os << "[dflash] topology: auto over " << size << " rank(s): chosen at startup by timing both roles (not in a dry run)\n";
+    os << "[dflash] topology: auto over " << size << " rank(s)" << planned
+       << ": chosen at startup by timing both roles (not in a dry run)\n";
   } else {
-    // Where each rank sits, and what assign_roles makes of it: the same code as the real job.
-    // With --backend cuda this checks the build and counts the visible devices (no context, no model).
-    Topology t = create_topology(MPI_COMM_WORLD, o.topology, o.backend);
-    struct Seat {
-      int32_t node = 0, local_rank = 0, gpu = -1;
-      char host[64] = {0};
-    } seat;
-    seat.node = t.node;
-    seat.local_rank = t.local_rank;
-    seat.gpu = t.gpu;
-    std::snprintf(seat.host, sizeof(seat.host), "%s", t.host.c_str());
-    std::vector<Seat> seats(static_cast<size_t>(size));
-    mpi::allgather(&seat, 1, seats.data(), MPI_COMM_WORLD);
+    // What assign_roles makes of the world: the same code as the real job's.
+    std::optional<FatalHintNote> note;
+    if (world.source == WorldSource::Mpi)
+      note.emplace("a dry run plans another world in one process, without mpirun: --ranks N, or --nodes N "
+                   "--gpus-per-node G");
+    const Topology t = assign_roles(0, world.slots(), o.topology);
+    note.reset();
     num_drafters = static_cast<int>(t.drafters.size());
+    target_ranks = t.targets;
+    drafter_ranks = t.drafters;
     os << "[dflash] topology " << o.topology.to_string() << " on " << t.num_nodes << " node(s) x " << t.ranks_per_node
        << " rank(s), backend " << device_name(o.backend) << ": " << t.targets.size() << " target(s), "
        << t.drafters.size() << " drafter(s), " << (size - static_cast<int>(t.targets.size() + t.drafters.size()))
-       << " idle\n[dflash]   rank  node  local  role     host                 device\n";
+       << " idle" << planned << "\n";
+    if (!world.device_note.empty()) os << "[dflash] devices: " << world.device_note << "\n";
+    os << "[dflash]   rank  node  local  role     host                 device  fixed memory\n";
     for (int r = 0; r < size; ++r) {
-      const Seat& st = seats[static_cast<size_t>(r)];
+      const PlannedSeat& st = world.seats[static_cast<size_t>(r)];
+      const Role role = t.roles[static_cast<size_t>(r)];
+      const double need = role == Role::Target ? memory.target : role == Role::Drafter ? memory.drafter : 0;
+      std::string mem = role == Role::Idle ? "-" : gib_text(need);
+      if (gpu.bytes > 0 && need > gpu.bytes) mem += "  does not fit";
       const std::string dev = st.gpu >= 0 ? "gpu" + std::to_string(st.gpu) : "cpu";
-      char line[200];
-      std::snprintf(line, sizeof(line), "[dflash]   %4d  %4d  %5d  %-7s  %-20s %s\n", r, st.node, st.local_rank,
-                    role_name(t.roles[static_cast<size_t>(r)]), st.host, dev.c_str());
+      char line[240];
+      std::snprintf(line, sizeof(line), "[dflash]   %4d  %4d  %5d  %-7s  %-20s %-7s %s\n", r, st.node, st.local_rank,
+                    role_name(role), st.host.empty() ? "-" : st.host.c_str(), dev.c_str(), mem.c_str());
       os << line;
     }
     os << "[dflash] targets feed the drafters of their own node; "
        << (t.drafters.size() > 1 ? "the " + std::to_string(t.drafters.size()) + " drafters allreduce their gradients"
                                  : std::string("one drafter: no gradient allreduce"))
        << "; rank " << t.metrics_rank() << " (the first drafter) writes metrics.h5\n";
-    free_topology(t);
   }
   if (o.topology_auto && o.global_batch_tokens > 0)
     os << "[dflash] batch: --global-batch-tokens " << o.global_batch_tokens
@@ -321,12 +274,14 @@ int dry_run(const Options& given) {
   else
     os << resolve_grad_accum(o, num_drafters) << "\n";
   os << schedule(o, num_drafters);
-  os << eval_summary(o, num_drafters);
-  if (rank == 0) os << memory_per_rank(o);
-  if (rank == 0) {
-    std::fputs(os.str().c_str(), stdout);
-    std::fflush(stdout);
-  }
+  os << eval_summary(o, o.topology_auto ? 0 : num_drafters, plan);
+  os << memory.line << "\n";
+  const MemoryVerdict verdict = check_memory(o, gpu, memory, target_ranks, drafter_ranks);
+  os << verdict.line << "\n";
+  std::fputs(os.str().c_str(), stdout);
+  std::fflush(stdout);
+  if (!verdict.fits) DF_FAIL(BadOptions, verdict.what, verdict.hint);
+  DF_MPI(MPI_Barrier(MPI_COMM_WORLD));
   return 0;
 }
 

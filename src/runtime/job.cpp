@@ -305,6 +305,8 @@ void plan_eval(Options& o, const JobContext& job) {
   if (e.records_skipped) long_records = ", " + std::to_string(e.records_skipped) + " longer than --token-budget left out";
   const std::string when = o.eval_every > 0 ? "every " + std::to_string(o.eval_every) + " step(s) and after the last"
                                             : std::string("only after the last step (--eval-every 0)");
+  const std::string sample = eval_sample_line(e.selection, e.path, o.eval_max_tokens == 0, job.plan.eval_budget(o));
+  if (!sample.empty()) std::printf("%s\n", sample.c_str());
   std::printf("[dflash] eval: %s: %lld records%s, %lld tokens in %zu batch(es) (%s); features computed once now; %s\n",
               e.path.c_str(), static_cast<long long>(e.records), long_records.c_str(), static_cast<long long>(e.tokens),
               e.batches.size(), eval_share_summary(e.batch_tokens(), static_cast<int>(job.topo.drafters.size())).c_str(),

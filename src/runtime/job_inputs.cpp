@@ -262,7 +262,8 @@ namespace {
 
 // --eval-data on the ranks that use it (targets forward it, drafters keep its features): a valid dataset
 // of the target's vocabulary, records that fit --token-budget (or the --long-record policy), something to
-// evaluate, and a share per drafter its host can hold. Packed here, once (include/dflash/eval_set.h).
+// evaluate, and the records of it whose features the drafters' hosts can hold (--eval-max-tokens). Packed
+// here, once (include/dflash/eval_set.h).
 void load_eval_data(JobContext& job) {
   const Options& o = job.opt;
   const TokenDataset ds(o.eval_data, job.plan.target.text.vocab_size);  // fatal BadInput naming the file
@@ -271,9 +272,16 @@ void load_eval_data(JobContext& job) {
                 "--eval-data " << ds.path() << " has nothing to evaluate: " << ds.loss_tokens() << " of " << ds.num_tokens()
                                << " tokens have loss_mask 1, and no two consecutive ones in a record",
                 "mark the completions with loss_mask 1 (as in --data), or give another held-out file");
-  auto eval = std::make_shared<EvalSet>(load_eval_set(ds, o.token_budget, job.plan.loader.long_record));
-  // What a drafter's host keeps: its share's features (+ final norm for --loss kl) in the wire dtype.
-  check_eval_share_fits(*eval, static_cast<int>(job.topo.drafters.size()), job.plan.wire_bytes_per_token());
+  // What a drafter's host keeps: its share's features (+ final norm for --loss kl) in the wire dtype. A file
+  // larger than --eval-max-tokens is evaluated on a fixed sample of its records (every rank draws the same).
+  const EvalBudget budget = job.plan.eval_budget(o);
+  const int drafters = static_cast<int>(job.topo.drafters.size());
+  std::vector<int64_t> lengths(ds.num_records());
+  for (size_t r = 0; r < lengths.size(); ++r) lengths[r] = ds.record_length(r);
+  EvalSelection chosen = select_eval_records(lengths, o.token_budget, job.plan.loader.long_record,
+                                             resolve_eval_max_tokens(o.eval_max_tokens, budget, drafters), ds.path());
+  auto eval = std::make_shared<EvalSet>(load_eval_set(ds, o.token_budget, job.plan.loader.long_record, std::move(chosen)));
+  check_eval_share_fits(eval->batch_tokens(), drafters, budget, ds.path());
   job.eval = std::move(eval);
   // --eval-tau-every: the drafters decode the set's prompts (src/runtime/drafter_tau.h)
   if (o.eval_tau_every > 0 && job.topo.role == Role::Drafter) job.tau_prompts = load_tau_prompts(o, job.plan.drafter.block_size, ds);

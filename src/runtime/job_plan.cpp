@@ -20,6 +20,13 @@ double JobPlan::wire_bytes_per_token() const {
          static_cast<double>(dtype_size(slot_shape.dtype));
 }
 
+EvalBudget JobPlan::eval_budget(const Options& o) const {
+  EvalBudget b;
+  if (o.inject_eval_budget_bytes > 0) b.bytes_per_drafter = o.inject_eval_budget_bytes;
+  b.bytes_per_token = wire_bytes_per_token();
+  return b;
+}
+
 JobPlan plan_job(const Options& o) {
   JobPlan p;
   p.target = load_target_config(o.target_dir);

@@ -9,6 +9,7 @@
 
 #include "dflash/data.h"
 #include "dflash/drafter.h"
+#include "dflash/eval_set.h"
 #include "dflash/hs_batch.h"
 #include "dflash/options.h"
 #include "dflash/target.h"
@@ -27,6 +28,9 @@ struct JobPlan {
   // Bytes one token of a batch takes on the wire (features of every captured layer, + the final norm for
   // --loss kl): what slots, send buffers and kept eval shares are sized by.
   double wire_bytes_per_token() const;
+  // What one drafter may keep of --eval-data's features (kEvalShareLimitBytes, or the test hook's), at
+  // wire_bytes_per_token: --eval-max-tokens auto's budget (the job and --dry-run decide the sample by it).
+  EvalBudget eval_budget(const Options& o) const;
 };
 
 // Parses the target's (and --drafter's) config.json once and derives the rest. Fatal BadInput on a config

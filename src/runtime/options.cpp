@@ -89,7 +89,7 @@ struct Described {
 Described describe(Options& o, std::vector<std::string>& data_files, std::string& topology, std::string& backend, std::string& loss,
                    std::string& long_record, std::string& export_dtype, std::string& fail_mode,
                    std::string& batch_order, std::string& data_plane, std::string& seed,
-                   std::string& deterministic, std::string& rebalance) {
+                   std::string& deterministic, std::string& rebalance, std::string& eval_max_tokens) {
   Described d;
   po::options_description job("Job");
   job.add_options()
@@ -97,6 +97,10 @@ Described describe(Options& o, std::vector<std::string>& data_files, std::string
     ("help-all", "print this help with the test hooks and exit")
     ("version", "print the version and exit")
     ("dry-run", po::bool_switch(&o.dry_run), "print the resolved options, the topology (every rank's role) and the schedule, then exit: no model or data is loaded")
+    ("ranks", po::value(&o.plan_ranks)->value_name("N"), "with --dry-run: plan a world of N ranks (on one node, or over --nodes) in this one process, without mpirun")
+    ("nodes", po::value(&o.plan_nodes)->value_name("N"), "with --dry-run: plan N nodes of --gpus-per-node ranks each")
+    ("gpus-per-node", po::value(&o.plan_ranks_per_node)->value_name("G"), "with --dry-run: ranks (one per GPU) on each planned node")
+    ("gpu", po::value(&o.plan_gpu)->value_name("NAME|GIB"), "with --dry-run --backend cuda: check each rank's memory against this GPU: h100 | h200 | b200 | rtx-pro-6000, or its memory in GiB (default: this node's GPU 0 when NVML sees one)")
     ("config", po::value(&o.config_file)->value_name("FILE"), "key = value file with the same option names; the command line overrides it")
     ("topology", po::value(&topology)->default_value("1-1")->value_name("T-D"), "T-D: target and drafter ranks per node (the rest idle), or auto: measure both roles, pick the fastest split")
     ("backend", po::value(&backend)->default_value("cpu")->value_name("NAME"), "cpu | cuda")
@@ -152,6 +156,7 @@ Described describe(Options& o, std::vector<std::string>& data_files, std::string
     ("weight-decay", po::value(&o.train.weight_decay)->default_value(0.0f, "0")->value_name("X"), "AdamW decoupled weight decay, p -= lr * X * p on every parameter (default 0, as SpecForge)")
     ("seed", po::value(&seed)->default_value("0")->value_name("N"), "seed of data order, init and anchors (0 .. 2^63-1)")
     ("eval-data", po::value(&o.eval_data)->value_name("FILE.h5"), "held-out token dataset (the --data format): loss, acc, acc by block position and streak on it, written to metrics.h5 /eval; its features are computed once at startup")
+    ("eval-max-tokens", po::value(&eval_max_tokens)->default_value("auto")->value_name("N|auto"), "with --eval-data: evaluate at most N of its tokens; a larger file is evaluated on a fixed sample of whole records that fits (the same on every rank, split and resume). auto: what one drafter's 2 GiB of eval features holds at this drafter's shape (about 52K tokens at the Qwen3-8B shape on CUDA)")
     ("eval-every", po::value(&o.eval_every)->value_name("N"), "with --eval-data: evaluate every N steps and after the last (0 = only after the last; default: the --checkpoint-every step interval, else a tenth of the planned steps)")
     ("eval-tau-every", po::value(&o.eval_tau_every)->default_value(0)->value_name("N"), "with --eval-data: every N steps and after the last, also measure tau (acceptance length) by greedy speculative decoding of the eval set's prompts, as dflash-eval does (metrics.h5 /eval/tau, the [eval] line; OUT/drafter-best is kept by it). Costs GPU time: each drafter rank loads the target too and decodes its share of the prompts while training waits (0 = off)")
     ("eval-tau-prompts", po::value(&o.eval_tau_prompts)->default_value(32)->value_name("N"), "with --eval-tau-every: the first N usable prompts of the eval set (a record's tokens before its first loss_mask 1), split among the drafters")
@@ -179,7 +184,8 @@ Described describe(Options& o, std::vector<std::string>& data_files, std::string
     ("inject-fail-step", po::value(&o.inject_fail_step)->default_value(-1)->value_name("N"), "batch (target) or step (drafter) at which it fails; an idle rank fails as soon as it waits for the end of the run")
     ("inject-fail-mode", po::value(&fail_mode)->default_value("kill")->value_name("MODE"), "kill (SIGKILL) | hang (SIGSTOP: silent, alive)")
     ("inject-stop-step", po::value(&o.inject_stop_step)->default_value(-1)->value_name("N"), "the drafters act as on a stop signal after optimizer step N: checkpoint, exit 75")
-    ("inject-trace-dir", po::value(&o.inject_trace_dir)->value_name("DIR"), "each rank appends the batches it sent (targets: their records) or trained on (drafters) to DIR/trace.rankNNNNN");
+    ("inject-trace-dir", po::value(&o.inject_trace_dir)->value_name("DIR"), "each rank appends the batches it sent (targets: their records) or trained on (drafters) to DIR/trace.rankNNNNN")
+    ("inject-eval-budget-bytes", po::value(&o.inject_eval_budget_bytes)->default_value(0)->value_name("BYTES"), "eval features a drafter may keep, instead of 2 GiB (0 = 2 GiB): a small one makes the tiny model's eval set too large");
   d.visible.add(job).add(data).add(train).add(out);
   d.all.add(d.visible).add(d.hooks);
   return d;
@@ -223,16 +229,72 @@ void check_range(bool ok, const char* flag, const std::string& value, const char
   DF_CHECK_HINT(ok, BadOptions, "bad value " << value << " for --" << flag, std::string("--") + flag + " must be " + rule);
 }
 
+// --ranks / --nodes / --gpus-per-node / --gpu: a dry run's own world and GPU (docs/pipeline.md "Options").
+void resolve_planned_world(Options& o, bool ranks, bool nodes, bool per_node) {
+  const char* hint = "the job runs on the world mpirun/srun starts and the GPUs it finds: add --dry-run to see the "
+                     "plan for this world here, or drop the flag";
+  DF_CHECK_HINT(o.dry_run || !(ranks || nodes || per_node), BadOptions,
+                "--ranks, --nodes and --gpus-per-node plan a --dry-run's world", hint);
+  DF_CHECK_HINT(o.dry_run || o.plan_gpu.empty(), BadOptions, "--gpu names the GPU a --dry-run plans for", hint);
+  DF_CHECK_HINT(o.plan_gpu.empty() || o.backend == Device::CUDA, BadOptions,
+                "--gpu " << o.plan_gpu << " with --backend cpu: the CPU backend keeps its tensors in host memory",
+                "add --backend cuda to plan a GPU job, or drop --gpu");
+  if (!o.plan_gpu.empty()) parse_planned_gpu(o.plan_gpu);  // a bad name fails here, before anything is planned
+  if (!(ranks || nodes || per_node)) return;
+  constexpr int kMost = 1 << 16;
+  if (ranks) check_range(o.plan_ranks >= 1 && o.plan_ranks <= kMost, "ranks", str(o.plan_ranks), "in [1, 65536]");
+  if (nodes) check_range(o.plan_nodes >= 1 && o.plan_nodes <= kMost, "nodes", str(o.plan_nodes), "in [1, 65536]");
+  if (per_node)
+    check_range(o.plan_ranks_per_node >= 1 && o.plan_ranks_per_node <= kMost, "gpus-per-node",
+                str(o.plan_ranks_per_node), "in [1, 65536]");
+  if (!nodes) o.plan_nodes = 1;
+  DF_CHECK_HINT(ranks || per_node, BadOptions, "--nodes " << o.plan_nodes << " without the ranks on each",
+                "give --gpus-per-node G (ranks per node), or --ranks N (all of them)");
+  if (!per_node) {
+    DF_CHECK_HINT(o.plan_ranks % o.plan_nodes == 0, BadOptions,
+                  "--ranks " << o.plan_ranks << " does not split evenly over --nodes " << o.plan_nodes,
+                  "every node runs the same number of ranks: give --ranks a multiple of --nodes, or --gpus-per-node");
+    o.plan_ranks_per_node = o.plan_ranks / o.plan_nodes;
+  }
+  DF_CHECK_HINT(!ranks || o.plan_ranks == o.plan_nodes * o.plan_ranks_per_node, BadOptions,
+                "--ranks " << o.plan_ranks << " is not --nodes " << o.plan_nodes << " x --gpus-per-node "
+                           << o.plan_ranks_per_node,
+                "give two of --ranks, --nodes and --gpus-per-node");
+  o.plan_ranks = o.plan_nodes * o.plan_ranks_per_node;
+}
+
 }  // namespace
+
+PlannedGpu parse_planned_gpu(const std::string& text) {
+  // memory.total as nvidia-smi reports it (MiB): H200 measured here (bench/results/h200-gpu-checks-*.txt);
+  // H100 80GB HBM3 81559, B200 183359, RTX PRO 6000 Blackwell (Workstation and Server) 97887 as reported.
+  struct Known {
+    const char* name;
+    const char* model;
+    double mib;
+  };
+  static const Known known[] = {{"h100", "NVIDIA H100 80GB HBM3", 81559},
+                                {"h200", "NVIDIA H200", 143771},
+                                {"b200", "NVIDIA B200", 183359},
+                                {"rtx-pro-6000", "NVIDIA RTX PRO 6000 Blackwell", 97887}};
+  for (const Known& k : known)
+    if (text == k.name) return PlannedGpu{k.name, k.model, k.mib * 1048576.0};
+  char* end = nullptr;
+  const double gib = std::strtod(text.c_str(), &end);
+  const bool number = !text.empty() && end && *end == '\0' && text.find_first_not_of("0123456789.") == std::string::npos;
+  DF_CHECK_HINT(number && gib > 0 && gib < 1e5, BadOptions, "unknown --gpu '" << text << "'",
+                "give h100, h200, b200 or rtx-pro-6000, or the GPU's memory in GiB (e.g. --gpu 96)");
+  return PlannedGpu{text + " GiB", "", gib * 1073741824.0};
+}
 
 ParseResult parse_options(int argc, const char* const* argv) {
   ParseResult r;
   Options& o = r.options;
   std::vector<std::string> data;
   std::string topology, backend, loss, long_record, export_dtype, fail_mode, batch_order, data_plane, seed,
-      deterministic, rebalance;
+      deterministic, rebalance, eval_max_tokens;
   const Described described = describe(o, data, topology, backend, loss, long_record, export_dtype, fail_mode, batch_order,
-                                       data_plane, seed, deterministic, rebalance);
+                                       data_plane, seed, deterministic, rebalance, eval_max_tokens);
   const po::options_description& desc = described.all;
   po::variables_map vm;
   const char* usage_hint = "dflash-train --help lists every option";
@@ -395,12 +457,23 @@ ParseResult parse_options(int argc, const char* const* argv) {
   if (vm.count("eval-every")) check_range(o.eval_every >= 0, "eval-every", str(o.eval_every), ">= 0 (0 = only after the last step)");
   DF_CHECK_HINT(!vm.count("eval-every") || !o.eval_data.empty(), BadOptions, "--eval-every without --eval-data: there is nothing to evaluate",
                 "give --eval-data FILE.h5 (a held-out dataset), or drop --eval-every");
+  if (eval_max_tokens != "auto") {
+    const bool digits = !eval_max_tokens.empty() && eval_max_tokens.size() <= 15 &&
+                        eval_max_tokens.find_first_not_of("0123456789") == std::string::npos;
+    check_range(digits && std::stoll(eval_max_tokens) >= 1, "eval-max-tokens", eval_max_tokens, "auto or a whole number >= 1");
+    o.eval_max_tokens = std::stoll(eval_max_tokens);
+  }
+  DF_CHECK_HINT(vm["eval-max-tokens"].defaulted() || !o.eval_data.empty(), BadOptions,
+                "--eval-max-tokens without --eval-data: there is nothing to evaluate",
+                "give --eval-data FILE.h5 (a held-out dataset), or drop --eval-max-tokens");
+  check_range(o.inject_eval_budget_bytes >= 0, "inject-eval-budget-bytes", str(o.inject_eval_budget_bytes), ">= 0");
   check_range(o.eval_tau_every >= 0, "eval-tau-every", str(o.eval_tau_every), ">= 0 (0 = off)");
   check_range(o.eval_tau_prompts >= 1, "eval-tau-prompts", str(o.eval_tau_prompts), ">= 1");
   check_range(o.eval_tau_max_new_tokens >= 1, "eval-tau-max-new-tokens", str(o.eval_tau_max_new_tokens), ">= 1");
   DF_CHECK_HINT(o.eval_tau_every == 0 || !o.eval_data.empty(), BadOptions,
                 "--eval-tau-every without --eval-data: there are no prompts to decode",
                 "give --eval-data FILE.h5 (a held-out dataset; its prompts are the tokens before each record's first loss_mask 1)");
+  resolve_planned_world(o, vm.count("ranks") > 0, vm.count("nodes") > 0, vm.count("gpus-per-node") > 0);
   check_range(o.keep_checkpoints >= 1, "keep-checkpoints", str(o.keep_checkpoints), ">= 1");
   o.train.total_steps = o.max_steps;
   o.command_line = shell_line(argc, argv);

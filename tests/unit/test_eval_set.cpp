@@ -49,17 +49,103 @@ TEST(EvalSet, SharesSplitTheBatchesRoundRobinAndBoundTheHostBytes) {
 }
 
 TEST(EvalSetDeath, AShareTooLargeForADraftersHostIsRefusedWithAHint) {
-  EvalSet e;
-  e.path = "eval.h5";
-  PackedBatch b;
-  b.tokens.assign(1000, 1);
-  b.cu_seqlens = {0, 1000};
-  b.loss_mask.assign(1000, 1);
-  e.batches.push_back(b);
-  e.batches.push_back(b);
-  check_eval_share_fits(e, 2, 1 << 20);  // 1000 tokens x 1 MiB per drafter: fits 2 GiB
-  EXPECT_EXIT(check_eval_share_fits(e, 1, 2 << 20), testing::ExitedWithCode(2),
-              "eval.h5 is too large: a drafter's share \\(2000 tokens\\)(.|\n)*HINT: use fewer records.*about 1024 tokens fit over 1");
+  EvalBudget budget;  // 1 MiB per token: the 2 GiB hold 2048 tokens per drafter
+  budget.bytes_per_token = 1 << 20;
+  check_eval_share_fits({1000, 1000}, 2, budget, "eval.h5");  // 1000 tokens per drafter
+  check_eval_share_fits({1000, 1000}, 1, budget, "eval.h5");  // 2000 on the one drafter: still fits
+  // 2-1 batches over 2 drafters: drafter 0 holds batches 0 and 2 (2100 tokens)
+  EXPECT_EXIT(check_eval_share_fits({1000, 1000, 1100}, 2, budget, "eval.h5"), testing::ExitedWithCode(2),
+              "eval.h5: a drafter's share of the eval batches \\(2100 tokens\\) would hold 2.1 GiB(.|\n)*more than its 2 GiB "
+              "\\(2048 tokens at 1 MiB per token\\)(.|\n)*HINT: lower --eval-max-tokens.*auto: 2048 tokens");
+}
+
+// --eval-max-tokens: a file larger than it is evaluated on a fixed sample of whole records.
+TEST(EvalSample, AFixedSampleOfWholeRecordsThatFits) {
+  std::vector<int64_t> lengths;
+  for (int r = 0; r < 500; ++r) lengths.push_back(20 + (r * 37) % 180);  // 20..199 tokens
+  int64_t total = 0;
+  for (int64_t l : lengths) total += l;
+  const EvalSelection a = select_eval_records(lengths, 256, LongRecord::Cut, 5000, "eval.h5");
+  EXPECT_EQ(a.file_records, 500);
+  EXPECT_EQ(a.file_tokens, total);
+  EXPECT_EQ(a.max_tokens, 5000);
+  ASSERT_EQ(a.lengths.size(), lengths.size());
+  int64_t tokens = 0, records = 0;
+  for (size_t r = 0; r < lengths.size(); ++r) {
+    if (a.lengths[r] == 0) continue;
+    EXPECT_EQ(a.lengths[r], lengths[r]) << "record " << r << " is taken whole";
+    tokens += a.lengths[r];
+    ++records;
+  }
+  EXPECT_EQ(tokens, a.tokens);
+  EXPECT_EQ(records, a.records);
+  EXPECT_EQ(a.left_out, 500 - records);
+  EXPECT_LE(a.tokens, 5000);
+  EXPECT_GT(a.tokens, 5000 - 199) << "filled: no record left out would still fit";
+  for (size_t r = 0; r < lengths.size(); ++r)
+    if (a.lengths[r] == 0) EXPECT_GT(a.tokens + lengths[r], 5000) << "record " << r << " would have fit";
+  // A sample, not the file's first records: drawn from all over the file.
+  int64_t first_half = 0;
+  for (size_t r = 0; r < 250; ++r) first_half += a.lengths[r] > 0;
+  EXPECT_GT(first_half, 0);
+  EXPECT_LT(first_half, records);
+  // The same input draws the same sample (every rank, every run, every resume); a larger N holds more.
+  const EvalSelection b = select_eval_records(lengths, 256, LongRecord::Cut, 5000, "eval.h5");
+  EXPECT_EQ(a.lengths, b.lengths);
+  const EvalSelection c = select_eval_records(lengths, 256, LongRecord::Cut, 20000, "eval.h5");
+  EXPECT_NE(a.lengths, c.lengths);
+  EXPECT_GT(c.records, a.records);
+  // Packed in file order, every piece whole.
+  for (const auto& batch : plan_eval_batches(a.lengths, 256, LongRecord::Cut))
+    for (const EvalPiece& p : batch) EXPECT_EQ(p.take, lengths[static_cast<size_t>(p.record)]);
+}
+
+TEST(EvalSample, TheWholeFileWhenItFitsAndLongRecordsByThePolicy) {
+  const std::vector<int64_t> lengths = {4, 5, 3, 6, 12, 2};  // 12 > budget 10: cut to 10, or skipped
+  const EvalSelection all = select_eval_records(lengths, 10, LongRecord::Cut, 30, "eval.h5");
+  EXPECT_EQ(all.lengths, lengths);
+  EXPECT_EQ(all.tokens, 30);
+  EXPECT_EQ(all.records, 6);
+  EXPECT_EQ(all.left_out, 0);
+  EXPECT_EQ(eval_sample_line(all, "eval.h5", true, EvalBudget{}), "");
+  const EvalSelection skip = select_eval_records(lengths, 10, LongRecord::Skip, 20, "eval.h5");
+  EXPECT_EQ(skip.file_tokens, 20);
+  EXPECT_EQ(skip.records, 5);
+  EXPECT_EQ(skip.left_out, 0);
+  const EvalSelection cut = select_eval_records(lengths, 10, LongRecord::Cut, 12, "eval.h5");
+  EXPECT_LE(cut.tokens, 12);
+  EXPECT_EQ(cut.left_out, 6 - cut.records);
+  for (size_t r = 0; r < lengths.size(); ++r) EXPECT_TRUE(cut.lengths[r] == 0 || cut.lengths[r] == lengths[r]);
+}
+
+TEST(EvalSample, AutoIsOneDraftersBudgetAndTheLineSaysWhatWasChosen) {
+  EvalBudget b;  // the Qwen3-8B shape on CUDA: 5 captured layers x 4096 x bf16 = 40 KiB per token
+  b.bytes_per_token = 5 * 4096 * 2;
+  EXPECT_EQ(b.tokens_per_drafter(), 52428);
+  EXPECT_EQ(resolve_eval_max_tokens(0, b, 1), 52428);
+  EXPECT_EQ(resolve_eval_max_tokens(0, b, 4), 52428) << "auto does not depend on the split";
+  EXPECT_EQ(resolve_eval_max_tokens(100000, b, 2), 100000);
+  std::vector<int64_t> lengths(2000, 2300);  // the recipe's 2000 held-out conversations, 4.6 M tokens
+  const EvalSelection s = select_eval_records(lengths, 16384, LongRecord::Cut, 52428, "eval.h5");
+  EXPECT_EQ(s.records, 22);
+  EXPECT_EQ(eval_sample_line(s, "eval.h5", true, b),
+            "[dflash] eval: eval.h5 has 2000 records (4.6 M tokens); using 22 records (50.6 K tokens), a fixed sample "
+            "that fits --eval-max-tokens auto (52.4 K tokens: 2 GiB of eval features per drafter at 40 KiB per token, "
+            "this drafter's shape); give --eval-max-tokens to choose");
+  EXPECT_EQ(eval_sample_line(s, "eval.h5", false, b),
+            "[dflash] eval: eval.h5 has 2000 records (4.6 M tokens); using 22 records (50.6 K tokens), a fixed sample "
+            "that fits --eval-max-tokens 52428");
+}
+
+TEST(EvalSampleDeath, MoreThanTheDraftersHoldOrLessThanARecordIsRefused) {
+  EvalBudget b;
+  b.bytes_per_token = 5 * 4096 * 2;
+  EXPECT_EXIT(resolve_eval_max_tokens(200000, b, 2), testing::ExitedWithCode(2),
+              "--eval-max-tokens 200000 is more than the drafters can keep: 2 GiB of eval features per drafter at 40 KiB "
+              "per token \\(this drafter's shape\\) hold 52428 tokens per drafter, 104856 over 2 drafter(.|\n)*HINT: give "
+              "--eval-max-tokens 104856 or less, or auto \\(52428 tokens");
+  EXPECT_EXIT(select_eval_records({50, 60}, 100, LongRecord::Cut, 40, "eval.h5"), testing::ExitedWithCode(2),
+              "--eval-max-tokens 40 holds no record of --eval-data eval.h5 \\(its shortest has 50 tokens\\)");
 }
 
 TEST(EvalSet, RoutesGiveEachBatchToItsDrafterThroughATargetOfItsNode) {

@@ -221,6 +221,50 @@ TEST(Options, DryRunIsAnOption) {
   EXPECT_TRUE(parse(with_required({"--dry-run"})).options.dry_run);
 }
 
+TEST(Options, EvalMaxTokensIsAutoOrACount) {
+  const Options a = parse(with_required({"--eval-data", "E.h5"})).options;
+  EXPECT_EQ(a.eval_max_tokens, 0);  // auto
+  EXPECT_EQ(resolved(a, "eval-max-tokens"), "auto");
+  const Options n = parse(with_required({"--eval-data", "E.h5", "--eval-max-tokens", "20000"})).options;
+  EXPECT_EQ(n.eval_max_tokens, 20000);
+  EXPECT_EQ(resolved(n, "eval-max-tokens"), "20000");
+}
+TEST(OptionsDeath, EvalMaxTokens) {
+  EXPECT_EXIT(parse(with_required({"--eval-data", "E.h5", "--eval-max-tokens", "0"})), testing::ExitedWithCode(2),
+              "--eval-max-tokens must be auto or a whole number >= 1");
+  EXPECT_EXIT(parse(with_required({"--eval-data", "E.h5", "--eval-max-tokens", "lots"})), testing::ExitedWithCode(2),
+              "--eval-max-tokens must be auto");
+  EXPECT_EXIT(parse(with_required({"--eval-max-tokens", "100"})), testing::ExitedWithCode(2),
+              "--eval-max-tokens without --eval-data");
+}
+
+TEST(Options, DryRunPlansItsOwnWorld) {
+  const Options a = parse(with_required({"--dry-run", "--ranks", "8"})).options;
+  EXPECT_EQ(a.plan_ranks, 8);
+  EXPECT_EQ(a.plan_nodes, 1);
+  EXPECT_EQ(a.plan_ranks_per_node, 8);
+  const Options b = parse(with_required({"--dry-run", "--nodes", "2", "--gpus-per-node", "4", "--backend", "cuda", "--gpu", "h200"})).options;
+  EXPECT_EQ(b.plan_ranks, 8);
+  EXPECT_EQ(b.plan_ranks_per_node, 4);
+  EXPECT_EQ(b.plan_gpu, "h200");
+  EXPECT_EQ(parse(with_required({"--dry-run", "--ranks", "16", "--nodes", "2"})).options.plan_ranks_per_node, 8);
+  EXPECT_EQ(parse(with_required({"--dry-run"})).options.plan_ranks, 0);  // the MPI world
+}
+TEST(OptionsDeath, DryRunWorldFlags) {
+  EXPECT_EXIT(parse(with_required({"--ranks", "8"})), testing::ExitedWithCode(2), "plan a --dry-run's world");
+  EXPECT_EXIT(parse(with_required({"--backend", "cuda", "--gpu", "h200"})), testing::ExitedWithCode(2),
+              "--gpu names the GPU a --dry-run plans for");
+  EXPECT_EXIT(parse(with_required({"--dry-run", "--gpu", "h200"})), testing::ExitedWithCode(2), "--gpu h200 with --backend cpu");
+  EXPECT_EXIT(parse(with_required({"--dry-run", "--backend", "cuda", "--gpu", "v100"})), testing::ExitedWithCode(2),
+              "unknown --gpu 'v100'");
+  EXPECT_EXIT(parse(with_required({"--dry-run", "--nodes", "2"})), testing::ExitedWithCode(2), "--nodes 2 without the ranks on each");
+  EXPECT_EXIT(parse(with_required({"--dry-run", "--ranks", "7", "--nodes", "2"})), testing::ExitedWithCode(2),
+              "--ranks 7 does not split evenly over --nodes 2");
+  EXPECT_EXIT(parse(with_required({"--dry-run", "--ranks", "8", "--nodes", "2", "--gpus-per-node", "3"})),
+              testing::ExitedWithCode(2), "--ranks 8 is not --nodes 2 x --gpus-per-node 3");
+  EXPECT_EXIT(parse(with_required({"--dry-run", "--ranks", "0"})), testing::ExitedWithCode(2), "--ranks must be in");
+}
+
 TEST(OptionsDeath, UnknownFlag) {
   EXPECT_EXIT(parse(with_required({"--no-such-flag", "1"})), testing::ExitedWithCode(2), "no-such-flag");
 }

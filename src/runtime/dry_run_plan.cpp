@@ -1,0 +1,311 @@
+// The dry run's plan of the world and of each role's memory: src/runtime/dry_run_plan.h.
+#include "dry_run_plan.h"
+
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "dflash/backend.h"        // cuda_device_count, compute_dtype
+#include "dflash/drafter_model.h"  // drafter_param_count
+#include "dflash/error.h"
+#include "dflash/mpi_typed.h"
+#include "dflash/nvml.h"
+#include "core/cuda_entry.h"       // cuda::in_build
+#include "drafter/loss_chunk.h"
+#include "model/qwen35_config.h"
+
+namespace dflash {
+
+std::string gib_text(double bytes) {
+  char b[32];
+  if (bytes >= double(1ull << 30)) std::snprintf(b, sizeof b, "%.1f GiB", bytes / double(1ull << 30));
+  else std::snprintf(b, sizeof b, "%.1f MiB", bytes / double(1ull << 20));
+  return b;
+}
+
+namespace {
+std::string gib(double bytes) { return gib_text(bytes); }
+// What the job needs that this build lacks, said beside the plan (the plan itself needs no CUDA).
+const char* kNoCudaBuild = "; this build has no CUDA backend: the job needs one (DFLASH_CUDA=ON)";
+}  // namespace
+
+std::string rank_ranges(const std::vector<int>& ranks) {
+  std::string s;
+  for (size_t i = 0; i < ranks.size();) {
+    size_t j = i;
+    while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1) ++j;
+    if (!s.empty()) s += ',';
+    s += std::to_string(ranks[i]);
+    if (j > i) s += "-" + std::to_string(ranks[j]);
+    i = j + 1;
+  }
+  return s;
+}
+
+std::vector<RankSlot> PlannedWorld::slots() const {
+  std::vector<RankSlot> s;
+  for (const PlannedSeat& seat : seats) s.push_back(RankSlot{seat.node, seat.local_rank});
+  return s;
+}
+
+PlannedWorld planned_world(int nodes, int ranks_per_node, Device backend) {
+  DF_ASSERT(nodes >= 1 && ranks_per_node >= 1);
+  PlannedWorld w;
+  w.source = WorldSource::Planned;
+  w.num_nodes = nodes;
+  w.ranks_per_node = ranks_per_node;
+  for (int r = 0; r < nodes * ranks_per_node; ++r) {
+    PlannedSeat s;
+    s.node = r / ranks_per_node;
+    s.local_rank = r % ranks_per_node;
+    s.gpu = backend == Device::CUDA ? s.local_rank : -1;
+    w.seats.push_back(s);
+  }
+  if (backend == Device::CUDA)
+    w.device_note = std::string("planned: one GPU per rank, the node-local rank's (as the job binds them where a node "
+                                "shows each rank all its GPUs)") + (cuda::in_build() ? "" : kNoCudaBuild);
+  return w;
+}
+
+PlannedWorld mpi_world(MPI_Comm world, Device backend) {
+  const std::vector<RankSlot> slots = gather_rank_slots(world);
+  int rank = 0;
+  DF_MPI(MPI_Comm_rank(world, &rank));
+  struct Seat {
+    int32_t gpu = -1, sees = 0;
+    char host[64] = {0};
+  } mine;
+  char host[256] = {0};
+  gethostname(host, sizeof(host) - 1);
+  std::snprintf(mine.host, sizeof(mine.host), "%s", host);
+  if (backend == Device::CUDA) {
+    // What create_topology binds, without its refusals: a dry run plans the GPU job anywhere (a login node
+    // without a GPU, a build without CUDA) and says what it assumed.
+    mine.sees = cuda::in_build() ? cuda_device_count() : 0;
+    const int local = slots[static_cast<size_t>(rank)].local_rank;
+    mine.gpu = mine.sees > 0 ? local % mine.sees : local;
+  }
+  std::vector<Seat> all(slots.size());
+  mpi::allgather(&mine, 1, all.data(), world);
+  PlannedWorld w;
+  w.source = WorldSource::Mpi;
+  int blind = 0;
+  for (size_t r = 0; r < slots.size(); ++r) {
+    PlannedSeat s;
+    s.node = slots[r].node;
+    s.local_rank = slots[r].local_rank;
+    s.host = all[r].host;
+    s.gpu = all[r].gpu;
+    if (backend == Device::CUDA && all[r].sees == 0) ++blind;
+    w.num_nodes = std::max(w.num_nodes, s.node + 1);
+    w.seats.push_back(s);
+  }
+  w.ranks_per_node = static_cast<int>(w.seats.size()) / std::max(1, w.num_nodes);
+  if (blind > 0)
+    w.device_note = std::to_string(blind) + " rank(s) see no CUDA device: their GPU is assumed to be the node-local "
+                    "rank's" + std::string(cuda::in_build() ? "" : kNoCudaBuild);
+  return w;
+}
+
+// Bytes of the drafter step's block activations per anchor (its B rows through every layer, with the
+// backward's scratch and the loss rows): the per-row buffers DrafterStepCuda allocates
+// (src/drafter/cuda/drafter_step.cu), bf16 on CUDA; the CPU net keeps about the same tensors in float32. They grow
+// with --max-anchors: the term that decides whether a cap fits the GPU.
+double drafter_bytes_per_anchor(const DrafterConfig& d, bool cuda) {
+  const Qwen3Config& L = d.layers;
+  const double H = L.hidden_size, I = L.intermediate_size, QD = double(L.num_attention_heads) * L.head_dim,
+               KV = double(L.num_key_value_heads) * L.head_dim, e = cuda ? 2 : 4, B = d.block_size;
+  const double per_layer = (4 * H + 3 * QD + 3 * KV + 3 * I) * e +
+                           (2 + 2 * L.num_attention_heads + L.num_key_value_heads) * 4.0;  // norms' rstd, lse
+  const double shared = (6 * H + 3 * I + 3 * QD + 3 * KV) * e + 4.0 * 2;  // block input/output, backward scratch
+  double loss_row = 3 * H * e + 8 * 4.0;                                   // rows of a block's B - 1 labels
+  double d2_layer = 0, d2_shared = 0;
+  if (d.arch == DraftArch::DFlash2) {  // the convs' dynamic kernels and inputs/outputs; the selector's rows
+    const double D2 = 2.0 * d.d2.conv_kernel_size * (H / d.d2.conv_group_size), K = d.d2.selector_top_k,
+                 r = d.d2.selector_rank;
+    d2_layer = (4 * H + 2 * D2) * e;
+    d2_shared = (H + D2) * e;
+    loss_row += 6 * K * 4 + 2 * r * 4 + r * e + H * e + 7 * 4.0;
+  }
+  return B * (L.num_hidden_layers * (per_layer + d2_layer) + shared + d2_shared) + (B - 1) * loss_row;
+}
+
+double target_param_count(const TargetConfig& tc) {
+  const Qwen3Config& t = tc.text;
+  const double H = t.hidden_size, I = t.intermediate_size, V = t.vocab_size, hd = t.head_dim;
+  const double QD = double(t.num_attention_heads) * hd, KV = double(t.num_key_value_heads) * hd;
+  const double mlp = 3 * H * I, norms = 2 * H;
+  double layers = 0;
+  for (int l = 0; l < t.num_hidden_layers; ++l) {
+    const bool linear = tc.qwen35 && tc.qwen35->kinds.at(static_cast<size_t>(l)) == Qwen35LayerKind::LinearAttention;
+    if (linear) {  // Gated DeltaNet: in_proj_qkv, in_proj_z, in_proj_b/a, the conv, dt_bias, A_log, norm, out_proj
+      const Qwen35Config& q = *tc.qwen35;
+      const double K = double(q.linear_num_key_heads) * q.linear_key_head_dim,
+                   Vd = double(q.linear_num_value_heads) * q.linear_value_head_dim, nv = q.linear_num_value_heads;
+      layers += H * (2 * K + Vd) + H * Vd + 2 * H * nv + (2 * K + Vd) * q.linear_conv_kernel_dim + 2 * nv +
+                q.linear_value_head_dim + Vd * H;
+    } else {  // q (doubled by the output gate in the hybrid's attention), k, v, o, q/k norms
+      layers += H * QD * (tc.qwen35 ? 2 : 1) + 2 * H * KV + QD * H + 2 * hd;
+    }
+    layers += mlp + norms;
+  }
+  return V * H * (t.tie_word_embeddings ? 1 : 2) + layers + H;
+}
+
+TargetWeights target_weights(const Options& o, const TargetConfig& t) {
+  namespace fs = std::filesystem;
+  TargetWeights w;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(o.target_dir, ec))
+    if (e.path().extension() == ".safetensors") w.file_bytes += static_cast<double>(e.file_size(ec));
+  if (w.file_bytes > 0) {
+    w.source = gib(w.file_bytes) + " of safetensors";
+  } else {
+    // A login node may hold the index without the shards: its total_size is the weights' bytes.
+    std::ifstream in(o.target_dir + "/model.safetensors.index.json");
+    const nlohmann::json j = in ? nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false) : nlohmann::json();
+    if (j.is_object() && j.contains("metadata") && j["metadata"].is_object() && j["metadata"].contains("total_size") &&
+        j["metadata"]["total_size"].is_number()) {
+      w.file_bytes = j["metadata"]["total_size"].get<double>();
+      w.source = gib(w.file_bytes) + " by model.safetensors.index.json (no shards in " + o.target_dir + ")";
+    } else {
+      const double P = target_param_count(t);
+      const double element = t.text.dtype_label == "float32" ? 4 : 2;  // as stored
+      w.file_bytes = P * element;
+      char p[32];
+      std::snprintf(p, sizeof p, "%.2f B", P / 1e9);
+      w.source = std::string("config.json's ") + p + " parameters x " + (element == 4 ? "4" : "2") +
+                 " B (no safetensors in " + o.target_dir + ")";
+    }
+  }
+  // The target holds its weights in the backend's compute dtype (bf16 on CUDA, float32 on the CPU), whatever
+  // the checkpoint's (config.json's dtype label; bf16 when it has none).
+  const double stored = t.text.dtype_label == "float32" ? 4 : 2;
+  w.bytes = w.file_bytes / stored * static_cast<double>(dtype_size(compute_dtype(o.backend)));
+  return w;
+}
+
+// The fixed memory of each role: what is allocated once at startup, sized by the model, --token-budget,
+// --max-anchors and the queue depths, the drafter's block activations included (drafter_bytes_per_anchor);
+// the target's layer activations, the drafter's context-side (per token) tensors and library workspaces
+// come on top. From config.json and the sizes of the checkpoint's files only: nothing is loaded.
+RoleMemory plan_role_memory(const Options& o, const JobPlan& plan) {
+  const Qwen3Config& t = plan.target.text;
+  const bool cuda = o.backend == Device::CUDA;
+  const double act = static_cast<double>(dtype_size(plan.slot_shape.dtype));  // per activation / weight element
+  const TargetWeights tw = target_weights(o, plan.target);
+  const double weights = tw.bytes;
+  const double batch = plan.wire_bytes_per_token() * static_cast<double>(o.token_budget);  // features (+ final norm)
+  RoleMemory m;
+  m.target = weights + 2 * batch;  // two send buffers: the next forward fills one while one moves
+  const DrafterConfig& d = plan.drafter;
+  const double P = static_cast<double>(drafter_param_count(d));
+  // fp32 master weights, AdamW m and v, gradients (+ a bf16 copy for the CUDA step), frozen embedding + lm_head
+  const double state = P * (16 + (cuda ? 2 : 0)), frozen = 2.0 * t.vocab_size * t.hidden_size * act;
+  const double slots = o.hs_queue_depth * batch;
+  // The lm_head loss's float32 logits workspace: a chunk of rows, twice (the KL teacher's half is kept either
+  // way), sized by the same rule as the trainer (drafter/loss_chunk.h).
+  const int64_t loss_rows = train::loss_chunk_rows(o.backend, t.vocab_size,
+                                                   static_cast<int64_t>(o.train.max_anchors) * (d.block_size - 1));
+  const double loss_ws = 2.0 * static_cast<double>(loss_rows) * t.vocab_size * 4;
+  const double blocks = static_cast<double>(o.train.max_anchors) * drafter_bytes_per_anchor(d, cuda);
+  // --eval-tau-every: each drafter rank also holds a copy of the target's weights (src/runtime/drafter_tau.h)
+  const double tau_target = o.eval_tau_every > 0 && !o.eval_data.empty() ? weights : 0.0;
+  // --grad-accum K > 1: the accumulator, P fp32 (--global-batch-tokens under --topology auto: K is not known
+  // before the job measures its split, so it is counted)
+  const double accum = o.grad_accum > 1 || o.global_batch_tokens > 0 ? P * 4 : 0;
+  // --eval-data on CUDA: one device buffer of an eval batch's features, uploaded from the host at each
+  // evaluation (src/runtime/drafter_eval.cpp); the kept features themselves are in host memory.
+  const double eval_buffer = cuda && !o.eval_data.empty() ? batch : 0.0;
+  m.drafter = state + frozen + slots + loss_ws + blocks + accum + tau_target + eval_buffer;
+  std::ostringstream os;
+  os << "[dflash] memory per rank, fixed part (" << (cuda ? "bf16 on the GPU" : "float32 in host memory")
+     << "; the target's activations come on top): target " << gib(m.target) << " (weights " << gib(weights) << " from "
+     << tw.source << ", 2 send buffers of " << gib(batch) << "); drafter " << gib(m.drafter) << " ("
+     << static_cast<long long>(P) << " parameters x " << (cuda ? 18 : 16) << " B of state " << gib(state)
+     << ", frozen embedding + lm_head " << gib(frozen) << ", " << o.hs_queue_depth << " slots " << gib(slots)
+     << ", loss logits for " << loss_rows << " rows " << gib(loss_ws) << ", block activations for --max-anchors "
+     << o.train.max_anchors << " x " << d.block_size << " rows " << gib(blocks) << " = "
+     << gib(drafter_bytes_per_anchor(d, cuda)) << " per anchor"
+     << (accum > 0 ? ", gradient accumulator " + gib(accum) : std::string())
+     << (eval_buffer > 0 ? ", an eval batch's buffer " + gib(eval_buffer) : std::string())
+     << (tau_target > 0 ? ", the target's weights for --eval-tau-every " + gib(tau_target) : std::string()) << ")";
+  m.line = os.str();
+  return m;
+}
+
+MemoryVerdict check_memory(const Options& o, const PlannedGpu& gpu, const RoleMemory& memory,
+                           const std::vector<int>& target_ranks, const std::vector<int>& drafter_ranks) {
+  MemoryVerdict v;
+  if (o.backend != Device::CUDA) {
+    v.line = "[dflash] memory check: none (--backend cpu: host memory)";
+    return v;
+  }
+  if (gpu.bytes <= 0) {
+    v.line = "[dflash] memory check: none (no --gpu, and NVML sees no GPU here): give --gpu h100|h200|b200|rtx-pro-6000 "
+             "or its memory in GiB to check each rank against it";
+    return v;
+  }
+  const std::string label = !o.plan_gpu.empty() && !gpu.model.empty()
+                                ? "--gpu " + o.plan_gpu + " (" + gpu.model + ", " + gib(gpu.bytes) + " as its driver reports it)"
+                                : o.plan_gpu.empty() ? gpu.name : "--gpu " + o.plan_gpu + " (" + gib(gpu.bytes) + ")";
+  std::ostringstream line, what;
+  line << "[dflash] memory check against " << label << ":";
+  const bool roles_known = !target_ranks.empty();
+  struct RoleCheck {
+    const char* name;
+    double need;
+    const std::vector<int>* ranks;
+  };
+  const RoleCheck checks[] = {{"target", memory.target, &target_ranks}, {"drafter", memory.drafter, &drafter_ranks}};
+  bool target_misfit = false, drafter_misfit = false;
+  for (const RoleCheck& c : checks) {
+    const std::string who = roles_known ? std::string(c.name) + " rank(s) " + rank_ranges(*c.ranks)
+                                        : std::string("a ") + c.name + " rank";
+    line << (c.name[0] == 't' ? " " : "; ") << who << ": " << gib(c.need) << " fixed";
+    if (c.need <= gpu.bytes) {
+      line << ", " << gib(gpu.bytes - c.need) << " left for the activations";
+      continue;
+    }
+    line << ": does NOT fit";
+    (c.name[0] == 't' ? target_misfit : drafter_misfit) = true;
+    if (!v.what.empty()) what << "; ";
+    what << who << " need " << gib(c.need) << " of fixed memory, more than the GPU's " << gib(gpu.bytes);
+    v.what = what.str();
+  }
+  if (target_misfit || drafter_misfit) {
+    v.fits = false;
+    v.what = "the plan does not fit " + label + ": " + v.what;
+    std::string hint;
+    if (drafter_misfit)
+      hint = "the drafter: lower --max-anchors (its block activations grow with it) or --hs-queue-depth / "
+             "--token-budget (its slots)";
+    if (target_misfit)
+      hint += std::string(hint.empty() ? "" : "; ") +
+              "the target: its weights alone need a GPU with more memory (or a smaller --token-budget for its send buffers)";
+    v.hint = hint + "; or plan for a larger GPU (--gpu)";
+  }
+  v.line = line.str();
+  return v;
+}
+
+PlannedGpu gpu_to_check(const Options& o) {
+  if (!o.plan_gpu.empty()) return parse_planned_gpu(o.plan_gpu);
+  if (o.backend != Device::CUDA) return PlannedGpu{};
+  // This node's GPU 0, through NVML only (dlopen'd; no CUDA context, works in a CPU-only build).
+  const std::unique_ptr<PowerSampler> nvml = PowerSampler::for_rank(Device::CUDA, 0);
+  const GpuReading r = nvml->available() ? nvml->sample() : GpuReading{};
+  if (!r.valid || r.mem_total_mib <= 0) return PlannedGpu{};
+  char name[64];
+  std::snprintf(name, sizeof name, "this node's GPU 0 (NVML: %.0f MiB)", static_cast<double>(r.mem_total_mib));
+  return PlannedGpu{name, "", static_cast<double>(r.mem_total_mib) * 1048576.0};
+}
+
+}  // namespace dflash

@@ -1,0 +1,120 @@
+// --dry-run's plan without mpirun, a GPU or weights (src/runtime/dry_run_plan.h): the GPUs --gpu names, the
+// world --ranks / --nodes plan, the target's parameters from config.json, the memory check against a GPU.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+
+#include "dflash/options.h"
+#include "dflash/target.h"
+#include "dflash/topology.h"
+#include "runtime/dry_run_plan.h"
+#include "test_support.h"
+
+using namespace dflash;
+
+TEST(DryRunPlan, KnownGpusAreTheirDriversMemoryAndANumberIsGiB) {
+  EXPECT_EQ(parse_planned_gpu("h200").bytes, 143771.0 * 1048576);  // nvidia-smi memory.total, measured here
+  EXPECT_EQ(parse_planned_gpu("h200").model, "NVIDIA H200");
+  EXPECT_EQ(parse_planned_gpu("h100").bytes, 81559.0 * 1048576);
+  EXPECT_EQ(parse_planned_gpu("b200").bytes, 183359.0 * 1048576);
+  EXPECT_EQ(parse_planned_gpu("rtx-pro-6000").bytes, 97887.0 * 1048576);
+  EXPECT_EQ(parse_planned_gpu("96").bytes, 96.0 * 1073741824);
+  EXPECT_EQ(parse_planned_gpu("79.5").name, "79.5 GiB");
+  EXPECT_EQ(parse_planned_gpu("79.5").model, "");
+}
+
+TEST(DryRunPlanDeath, AnUnknownGpuIsRefusedNamingTheKnownOnes) {
+  EXPECT_EXIT(parse_planned_gpu("a100"), testing::ExitedWithCode(2), "unknown --gpu 'a100'(.|\n)*h100, h200, b200 or rtx-pro-6000");
+  EXPECT_EXIT(parse_planned_gpu("-4"), testing::ExitedWithCode(2), "unknown --gpu '-4'");
+  EXPECT_EXIT(parse_planned_gpu("96GB"), testing::ExitedWithCode(2), "unknown --gpu '96GB'");
+}
+
+TEST(DryRunPlan, PlannedWorldSeatsEveryRankOnItsNodeAndTheRolesFollow) {
+  const PlannedWorld w = planned_world(2, 4, Device::CUDA);
+  EXPECT_EQ(w.source, WorldSource::Planned);
+  ASSERT_EQ(w.seats.size(), 8u);
+  EXPECT_EQ(w.seats[5].node, 1);
+  EXPECT_EQ(w.seats[5].local_rank, 1);
+  EXPECT_EQ(w.seats[5].gpu, 1);
+  EXPECT_EQ(w.seats[5].host, "");
+  const Topology t = assign_roles(0, w.slots(), TopologySpec{3, 1});  // the job's own role assignment
+  EXPECT_EQ(t.targets, (std::vector<int>{0, 1, 2, 4, 5, 6}));
+  EXPECT_EQ(t.drafters, (std::vector<int>{3, 7}));
+  EXPECT_EQ(planned_world(1, 2, Device::CPU).seats[1].gpu, -1);
+  EXPECT_EQ(rank_ranges({0, 1, 2, 4, 5, 6}), "0-2,4-6");
+  EXPECT_EQ(rank_ranges({7}), "7");
+  EXPECT_EQ(rank_ranges({3, 7}), "3,7");
+}
+
+namespace {
+TargetConfig config_of(const std::string& json) {
+  const std::string dir = test::make_temp_dir("dflash-dry-plan-");
+  std::ofstream(dir + "/config.json") << json;
+  return load_target_config(dir);
+}
+}  // namespace
+
+TEST(DryRunPlan, TargetParametersFromConfigJson) {
+  // Qwen3-8B: 8.19 B parameters (HF's count: 8,190,735,360).
+  const TargetConfig q8 = config_of(
+      R"({"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": 4096, "intermediate_size": 12288,
+          "num_hidden_layers": 36, "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
+          "vocab_size": 151936, "tie_word_embeddings": false, "rms_norm_eps": 1e-6, "rope_theta": 1000000,
+          "torch_dtype": "bfloat16"})");
+  EXPECT_EQ(target_param_count(q8), 8190735360.0);
+  // The golden targets, dense and hybrid (Gated DeltaNet layers; float32): their index's total_size is
+  // exactly these parameters x 4 bytes. Without the shards the index says it; without the index, config.json.
+  for (const char* c : {"qwen3-tiny-a", "qwen35-tiny-a"}) {
+    const std::string dir = std::string(DFLASH_TEST_DATA) + "/golden/" + c + "/target";
+    Options o;
+    o.target_dir = dir;
+    o.backend = Device::CUDA;
+    const TargetConfig t = load_target_config(dir);
+    const TargetWeights shards = target_weights(o, t);
+    EXPECT_NE(shards.source.find("of safetensors"), std::string::npos) << shards.source;
+    o.target_dir = test::make_temp_dir("dflash-dry-plan-");
+    std::ofstream(o.target_dir + "/config.json") << std::ifstream(dir + "/config.json").rdbuf();
+    std::ofstream(o.target_dir + "/model.safetensors.index.json") << std::ifstream(dir + "/model.safetensors.index.json").rdbuf();
+    const TargetWeights index = target_weights(o, t);
+    EXPECT_NE(index.source.find("by model.safetensors.index.json"), std::string::npos) << index.source;
+    EXPECT_EQ(index.file_bytes, 4 * target_param_count(t)) << c;
+    EXPECT_LT(index.file_bytes, shards.file_bytes) << "the shards add their headers";
+    std::remove((o.target_dir + "/model.safetensors.index.json").c_str());
+    const TargetWeights config = target_weights(o, t);
+    EXPECT_NE(config.source.find("config.json's"), std::string::npos) << config.source;
+    EXPECT_EQ(config.file_bytes, index.file_bytes) << c;
+    EXPECT_EQ(config.bytes, config.file_bytes / 2) << "a float32 checkpoint in bf16 on CUDA";
+    o.backend = Device::CPU;
+    EXPECT_EQ(target_weights(o, t).bytes, config.file_bytes) << "float32 on the CPU";
+  }
+}
+
+TEST(DryRunPlan, TheMemoryCheckNamesTheRanksThatDoNotFit) {
+  Options o;
+  o.backend = Device::CUDA;
+  o.plan_gpu = "40";
+  RoleMemory m;
+  m.target = 16.5 * 1073741824.0;
+  m.drafter = 67.9 * 1073741824.0;
+  const MemoryVerdict v = check_memory(o, parse_planned_gpu("40"), m, {0, 1, 2, 3, 4, 5, 6}, {7});
+  EXPECT_FALSE(v.fits);
+  EXPECT_EQ(v.line, "[dflash] memory check against --gpu 40 (40.0 GiB): target rank(s) 0-6: 16.5 GiB fixed, 23.5 GiB "
+                    "left for the activations; drafter rank(s) 7: 67.9 GiB fixed: does NOT fit");
+  EXPECT_EQ(v.what, "the plan does not fit --gpu 40 (40.0 GiB): drafter rank(s) 7 need 67.9 GiB of fixed memory, more "
+                    "than the GPU's 40.0 GiB");
+  o.plan_gpu = "h200";
+  const MemoryVerdict fits = check_memory(o, parse_planned_gpu("h200"), m, {0, 1, 2, 3, 4, 5, 6}, {7});
+  EXPECT_TRUE(fits.fits);
+  EXPECT_NE(fits.line.find("--gpu h200 (NVIDIA H200, 140.4 GiB as its driver reports it)"), std::string::npos) << fits.line;
+  // --topology auto: the roles are not known yet, each is checked as "a ... rank"
+  const MemoryVerdict any = check_memory(o, parse_planned_gpu("h200"), m, {}, {});
+  EXPECT_NE(any.line.find("a target rank: 16.5 GiB fixed"), std::string::npos) << any.line;
+  // Nothing named on a machine without NVML, and the CPU backend's host memory: no check, and it says so.
+  o.plan_gpu.clear();
+  EXPECT_TRUE(check_memory(o, PlannedGpu{}, m, {0}, {1}).fits);
+  EXPECT_NE(check_memory(o, PlannedGpu{}, m, {0}, {1}).line.find("give --gpu"), std::string::npos);
+  o.backend = Device::CPU;
+  EXPECT_EQ(check_memory(o, PlannedGpu{}, m, {0}, {1}).line, "[dflash] memory check: none (--backend cpu: host memory)");
+}
