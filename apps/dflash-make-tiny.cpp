@@ -7,8 +7,12 @@
 //                    [--max-len 96] [--temperature 0] [--window 16] [--dtype bf16|f32] [--hybrid]
 //   --hybrid: a Qwen3.5/3.6-layout target (Qwen3_5ForCausalLM: Gated DeltaNet layers, every 4th layer gated
 //             full attention with partial rotary, zero-centred norms) instead of a dense Qwen3
-//   -> OUTDIR/target/{config.json, model-0000i-of-0000n.safetensors, model.safetensors.index.json}
+//   -> OUTDIR/target/{config.json, model-0000i-of-0000n.safetensors, model.safetensors.index.json,
+//                     tokenizer.json, tokenizer_config.json}
 //      OUTDIR/data.h5
+// The tokenizer (tiny_tokenizer.h: byte-level BPE with a Qwen3-style chat template, ids below the vocabulary)
+// lets dflash-tokenize turn chat JSONL into a dataset for this target (docs/data.md); it is not the tokenizer
+// of data.h5, whose tokens the target itself sampled. A --vocab too small for 256 bytes gets none.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -28,6 +32,7 @@
 #include "dflash/target.h"
 #include "dflash/tensor.h"
 #include "make_target_common.h"
+#include "tiny_tokenizer.h"
 
 using namespace dflash;
 
@@ -343,14 +348,19 @@ int main(int argc, char** argv) {
   make_dir(out);
   make_dir(out + "/target");
   write_target(out + "/target", s, make_weights(s));
+  const bool with_tokenizer = s.vocab >= tiny_tokenizer_min_vocab();
+  const int tokenizer_size = with_tokenizer ? write_tiny_tokenizer(out + "/target", s.vocab, s.max_position_embeddings) : 0;
   double top_prob = 0;
   TokenRecords rec = sample_records(out + "/target", s, &top_prob);
   write_token_dataset(out + "/data.h5", rec, s.vocab, "dflash-tiny-" + std::to_string(s.seed));
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  std::printf("dflash-make-tiny: %s/target (vocab %d, hidden %d, %d layers, %d/%d heads x %d, %d shards, %s) and "
+  const std::string tokenizer =
+      with_tokenizer ? "tokenizer.json with " + std::to_string(tokenizer_size) + " tokens and a chat template"
+                     : "no tokenizer: --vocab below " + std::to_string(tiny_tokenizer_min_vocab());
+  std::printf("dflash-make-tiny: %s/target (vocab %d, hidden %d, %d layers, %d/%d heads x %d, %d shards, %s; %s) and "
               "%s/data.h5 (%zu records, %lld tokens; target's mean top-1 probability %.2f) in %.1f s\n",
               out.c_str(), s.vocab, s.hidden, s.layers, s.heads, s.kv_heads, s.head_dim, s.shards,
-              dtype_name(s.dtype), out.c_str(), rec.num_records(), static_cast<long long>(rec.num_tokens()), top_prob,
-              secs);
+              dtype_name(s.dtype), tokenizer.c_str(), out.c_str(), rec.num_records(),
+              static_cast<long long>(rec.num_tokens()), top_prob, secs);
   return 0;
 }

@@ -35,10 +35,18 @@ int main(int argc, char** argv) {
   MPI_Comm_size(MPI_COMM_WORLD, &size);
   dflash::process_identity().world_rank = rank;
   dflash::process_identity().world_size = size;
-  // Rank 0 parses first, so a bad command line is reported once: its fatal error aborts the others,
-  // which wait in the barrier.
+  // Rank 0 parses first, so a bad command line is reported once; every rank would find the same fault, so
+  // it ends the job in order (every rank exits with its code through MPI_Finalize), not with MPI_Abort's
+  // banner. The others wait for rank 0's verdict.
   dflash::ParseResult parsed;
-  if (rank == 0) parsed = dflash::parse_options(argc, argv);
+  if (rank == 0) {
+    dflash::Rank0CheckForAll same_on_every_rank;
+    parsed = dflash::parse_options(argc, argv);
+  }
+  if (const int code = dflash::agree_with_rank0(); code != 0) {  // other ranks only: rank 0 left from fatal()
+    MPI_Finalize();
+    return code;
+  }
   MPI_Barrier(MPI_COMM_WORLD);
   if (rank == 0) announce_ready();  // every rank installed its handlers before MPI_Init
   if (rank != 0) parsed = dflash::parse_options(argc, argv);

@@ -50,6 +50,23 @@ class FatalHintNote {
   FatalHintNote& operator=(const FatalHintNote&) = delete;
 };
 
+// Rank 0's check of what every rank would find the same way: the command line, which every rank parses
+// from the same argv. While one lives, a fatal error does not MPI_Abort (whose banner buries the message
+// and reads as a crash): rank 0 prints it, sends the exit code to the other ranks, which wait for it in
+// agree_with_rank0(), and every rank leaves through MPI_Finalize with that code. Rank 0 only, after
+// MPI_Init; without MPI it is the plain fatal path.
+class Rank0CheckForAll {
+ public:
+  Rank0CheckForAll();
+  ~Rank0CheckForAll();
+  Rank0CheckForAll(const Rank0CheckForAll&) = delete;
+  Rank0CheckForAll& operator=(const Rank0CheckForAll&) = delete;
+};
+// Every rank, once rank 0's check is over: 0 when it passed, else the exit code of its failure (printed by
+// rank 0). On a failure, rank 0 never returns from here (it left from fatal()); the others return the code
+// and should MPI_Finalize and exit with it.
+int agree_with_rank0();
+
 }  // namespace dflash
 
 // ---- check macros ------------------------------------------------------------------------------

@@ -16,12 +16,19 @@ RUN_DIR=${RUN_DIR:-$repo/runs/default}
 
 # ---- build if needed ----------------------------------------------------------------------------
 if [ ! -f "$BUILD_DIR/CMakeCache.txt" ]; then
-  # Only the two programs this job runs, and CUDA code (when a toolkit is present) only for this machine's
-  # GPU (or 90a without one) instead of the default Hopper+Blackwell list: the first run stays short. A build
-  # for other GPUs: tools/build.sh (the default architectures) or -DCMAKE_CUDA_ARCHITECTURES.
-  archs=90a
-  command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -q '^GPU' && archs=native
-  BUILD_DIR="$BUILD_DIR" TARGETS="dflash-train dflash-make-tiny" "$repo/tools/build.sh" -DCMAKE_CUDA_ARCHITECTURES="$archs"
+  # Only the two programs this job runs, so the first run stays short. The job itself runs on the CPU: with
+  # no GPU visible no CUDA code is compiled at all (-DDFLASH_CUDA=OFF, even where a toolkit is installed);
+  # with one, CUDA code (when a toolkit is present) only for this machine's GPU instead of the default
+  # Hopper+Blackwell list. A build for other GPUs: tools/build.sh (the default architectures) or
+  # -DCMAKE_CUDA_ARCHITECTURES.
+  if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -q '^GPU'; then
+    cuda=(-DCMAKE_CUDA_ARCHITECTURES=native)
+    echo "[default job] building dflash-train and dflash-make-tiny (a GPU is visible: CUDA code for it too)"
+  else
+    cuda=(-DDFLASH_CUDA=OFF)
+    echo "[default job] building dflash-train and dflash-make-tiny (no GPU visible: the CPU backend only)"
+  fi
+  BUILD_DIR="$BUILD_DIR" TARGETS="dflash-train dflash-make-tiny" "$repo/tools/build.sh" "${cuda[@]}"
 else
   cmake --build "$BUILD_DIR" -j"${JOBS:-2}" --target dflash-train dflash-make-tiny
 fi

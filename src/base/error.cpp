@@ -45,6 +45,21 @@ thread_local std::vector<std::string> t_hint_notes;  // FatalHintNote's, innermo
 FatalHintNote::FatalHintNote(std::string note) { t_hint_notes.push_back(std::move(note)); }
 FatalHintNote::~FatalHintNote() { t_hint_notes.pop_back(); }
 
+namespace {
+bool g_rank0_check_for_all = false;  // a Rank0CheckForAll lives (rank 0, main thread)
+
+// Rank 0 -> every rank: the outcome of rank 0's check (0 = passed, else the exit code).
+int broadcast_rank0_verdict(int code) {
+  MPI_Bcast(&code, 1, MPI_INT, 0, MPI_COMM_WORLD);
+  return code;
+}
+}  // namespace
+
+Rank0CheckForAll::Rank0CheckForAll() { g_rank0_check_for_all = true; }
+Rank0CheckForAll::~Rank0CheckForAll() { g_rank0_check_for_all = false; }
+
+int agree_with_rank0() { return broadcast_rank0_verdict(0); }  // rank 0 sends 0; the others receive
+
 void fatal(ExitCode code, const std::string& what, const std::string& hint) {
   const ProcessIdentity& id = process_identity();
   std::string who = "[dflash FATAL] ";
@@ -63,6 +78,12 @@ void fatal(ExitCode code, const std::string& what, const std::string& hint) {
   int initialized = 0, finalized = 0;
   MPI_Initialized(&initialized);
   MPI_Finalized(&finalized);
+  if (initialized && !finalized && g_rank0_check_for_all) {
+    // Every rank would fail the same way: an orderly end on all of them, no abort.
+    broadcast_rank0_verdict(static_cast<int>(code));
+    MPI_Finalize();
+    std::_Exit(static_cast<int>(code));
+  }
   if (initialized && !finalized) MPI_Abort(MPI_COMM_WORLD, static_cast<int>(code));
   std::_Exit(static_cast<int>(code));
 }

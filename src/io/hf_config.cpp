@@ -452,6 +452,15 @@ json drafter_config_to_json(const DrafterConfig& c) {
   }
   if (c.is_causal >= 0) j["is_causal"] = c.is_causal == 1;
   j["dtype"] = c.torch_dtype;
+  // vLLM's name for the target layers a drafter reads, in its own numbering (id j = the output of layer
+  // j-1, 0 = the embedding): target_layer_ids + 1. Recent vLLM derives it from dflash_config; releases
+  // before that read dflash_config.target_layer_ids without the shift and capture one layer early unless
+  // this field is set (docs/serving.md). DFlash2 has no vLLM method, so its export keeps the fixture's keys.
+  if (!d2) {
+    std::vector<int> aux;
+    for (int id : c.target_layer_ids) aux.push_back(id + 1);
+    j["eagle_aux_hidden_state_layer_ids"] = aux;
+  }
   j["eos_token_id"] = nullptr;
   j["head_dim"] = q.head_dim;
   j["hidden_act"] = "silu";

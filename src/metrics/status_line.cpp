@@ -61,13 +61,14 @@ std::string format_status_line(const StatusInputs& in) {
   if (in.grad_accum > 1) s += " (x" + std::to_string(in.grad_accum) + " mb)";
   s += printf_str(" loss=%.4f", in.loss);
   s += printf_str(" acc=%.3f", in.acc);
-  s += printf_str(" streak=%.1f", in.streak);
+  s += printf_str(" streak=%.2f", in.streak);  // as the [eval] line: one decimal hid everything below 0.05
   if (std::isfinite(in.candidate_recall)) s += printf_str(" recall=%.3f", in.candidate_recall);
   if (std::isfinite(in.selector_acc)) s += printf_str(" sel_acc=%.3f", in.selector_acc);
   s += printf_str(" lr=%.2e", in.lr);
   s += printf_str(" noise=%.4f", in.noise);
-  s += printf_str(" | tgt=%.2fb/s", in.target_batches_per_s);
-  s += printf_str(" dft=%.2fb/s", in.drafter_batches_per_s);
+  // "batch/s" spelt out: "b/s" read as bits per second.
+  s += printf_str(" | tgt=%.2f batch/s", in.target_batches_per_s);
+  s += printf_str(" dft=%.2f batch/s", in.drafter_batches_per_s);
   s += " (" + si_count(in.tokens_per_s) + "tok/s)";
   if (in.power_w) s += " pwr=" + power(*in.power_w);
   s += " | q_pre=" + depth_list(in.q_pre, in.q_pre_capacity) + " q_hs=" + depth_list(in.q_hs, in.q_hs_capacity);

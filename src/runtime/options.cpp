@@ -4,12 +4,14 @@
 #include <sys/stat.h>
 
 #include <boost/program_options.hpp>
+#include <algorithm>
 #include <climits>
 #include <cmath>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
+#include <vector>
 
 #include "dflash/anchors.h"     // default_max_anchors
 #include "dflash/checkpoint.h"  // parse_checkpoint_every
@@ -225,6 +227,34 @@ std::string shell_line(int argc, const char* const* argv) {
   return line;
 }
 
+// Edit distance (insertions, deletions, substitutions, adjacent swaps) between two option names.
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<std::vector<size_t>> d(a.size() + 1, std::vector<size_t>(b.size() + 1));
+  for (size_t i = 0; i <= a.size(); ++i) d[i][0] = i;
+  for (size_t j = 0; j <= b.size(); ++j) d[0][j] = j;
+  for (size_t i = 1; i <= a.size(); ++i)
+    for (size_t j = 1; j <= b.size(); ++j) {
+      d[i][j] = std::min({d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + (a[i - 1] != b[j - 1])});
+      if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1]) d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
+    }
+  return d[a.size()][b.size()];
+}
+
+// The known option nearest to a mistyped one ("--topolgy" -> "topology"), or "" when none is close: at most
+// a third of the name's letters (and at least 2) changed, so a made-up flag gets no wild guess.
+std::string nearest_option(std::string given, const po::options_description& desc) {
+  given.erase(0, given.find_first_not_of('-'));
+  if (const size_t eq = given.find('='); eq != std::string::npos) given.resize(eq);
+  std::string best;
+  size_t best_d = std::max<size_t>(2, given.size() / 3) + 1;
+  for (const auto& opt : desc.options()) {
+    const std::string& name = opt->long_name();
+    const size_t dist = edit_distance(given, name);
+    if (dist < best_d) best_d = dist, best = name;
+  }
+  return best;
+}
+
 void check_range(bool ok, const char* flag, const std::string& value, const char* rule) {
   DF_CHECK_HINT(ok, BadOptions, "bad value " << value << " for --" << flag, std::string("--") + flag + " must be " + rule);
 }
@@ -329,6 +359,10 @@ ParseResult parse_options(int argc, const char* const* argv) {
       po::store(file, vm);
     }
     po::notify(vm);
+  } catch (const po::unknown_option& e) {
+    const std::string near = nearest_option(e.get_option_name(), desc);
+    DF_FAIL(BadOptions, "bad command line: " << e.what() << (near.empty() ? "" : "; did you mean --" + near + "?"),
+            usage_hint);
   } catch (const po::error& e) {
     DF_FAIL(BadOptions, "bad command line: " << e.what(), usage_hint);
   }

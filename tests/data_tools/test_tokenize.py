@@ -387,6 +387,15 @@ class Tokenize(unittest.TestCase):
         self.assertEqual(rc, 2, se)
         rc, _, se = run(TOKENIZE, self.d("no-such-model"), self.chat, self.d("o.h5"))
         self.assertEqual(rc, 3, se)
+        # A model directory without tokenizer files (a target's config.json and weights only) says so, not "no
+        # chat template" (transformers 5 builds an empty tokenizer there).
+        os.makedirs(self.d("weights-only"), exist_ok=True)
+        with open(self.d("weights-only/config.json"), "w") as f:
+            json.dump({"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "vocab_size": 512}, f)
+        rc, _, se = run(TOKENIZE, self.d("weights-only"), self.chat, self.d("o.h5"))
+        self.assertEqual(rc, 3, se)
+        self.assertIn("has no tokenizer files", se)
+        self.assertNotIn("chat template", se)
         rc, _, se = run(TOKENIZE, self.d("tok-chatml"), self.d("no-such.jsonl"), self.d("o.h5"))
         self.assertEqual(rc, 3, se)
         rc, so, _ = run(TOKENIZE, "--version")

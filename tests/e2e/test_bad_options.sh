@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Bad options and inputs end the job at startup with a clear message and the documented exit code
-# (README "Exit codes"): 2 options, 3 input, 4 topology. None may hang.
+# (README "Exit codes"): 2 options, 3 input, 4 topology. None may hang. A bad command line ends every rank in
+# order (no MPI_ABORT); a mistyped option names the nearest one.
 source "$(dirname "$0")/lib.sh"
 case_rc() {  # case_rc NAME WANT_RC "message" NP [args...]
   local name=$1 want=$2 msg=$3 np=$4
@@ -11,6 +12,7 @@ case_rc() {  # case_rc NAME WANT_RC "message" NP [args...]
   [ "$SECS" -le 30 ] || fail "$name took ${SECS}s"
 }
 case_rc unknown 2 "unrecognised option '--frobnicate'" 2 --topology 1-1 --frobnicate 3
+case_rc typo 2 "unrecognised option '--topolgy'; did you mean --topology?" 3 --topolgy 1-1
 case_rc badtopo 2 "bad --topology '2x1'" 2 --topology 2x1
 case_rc zerotopo 2 "at least one target and one drafter" 2 --topology 0-1
 case_rc badvalue 2 "--lr" 2 --topology 1-1 --lr fast
@@ -18,6 +20,12 @@ case_rc cpuplane 2 "--data-plane nccl moves device tensors; the CPU backend has 
 case_rc toomany 4 "--topology 3-2 needs 5 ranks per node but 4 run per node" 4 --topology 3-2
 case_rc budget 2 "--token-budget 16 is smaller than record" 2 --topology 1-1 --token-budget 16
 case_rc skipall 2 "--long-record skip drops every record" 2 --topology 1-1 --token-budget 16 --long-record skip
+# A bad command line is the same fault on every rank: reported once, by rank 0, and every rank exits with
+# code 2 through MPI_Finalize -- no MPI_ABORT banner.
+for name in unknown typo badtopo zerotopo badvalue cpuplane; do
+  ! grep -q "MPI_ABORT" "$WORK/$name.log" || { cat "$WORK/$name.log" >&2; fail "$name: an option error aborted the job"; }
+  [ "$(grep -c 'dflash FATAL' "$WORK/$name.log")" -eq 1 ] || { cat "$WORK/$name.log" >&2; fail "$name: reported more than once"; }
+done
 case_rc nodata 3 "--data /nonexistent/data.h5: no such file" 2 --topology 1-1 --data /nonexistent/data.h5
 case_rc notarget 3 "--target /nonexistent/ckpt: no config.json there" 2 --topology 1-1 --target /nonexistent/ckpt
 case_rc nodrafter 3 "--drafter /nonexistent/d: no config.json there" 2 --topology 1-1 --drafter /nonexistent/d

@@ -14,6 +14,8 @@ c = json.load(open(sys.argv[1]))
 assert c["layer_types"] == ["sliding_attention", "full_attention"], c["layer_types"]
 assert c["sliding_window"] == 8 and c["use_sliding_window"] is True, (c["sliding_window"], c["use_sliding_window"])
 assert c["dflash_config"] == {"mask_token_id": 500, "target_layer_ids": [0, 2, 3]}, c["dflash_config"]
+# vLLM's numbering of the same layers (id j = the output of layer j-1), for its releases that read it first
+assert c["eagle_aux_hidden_state_layer_ids"] == [1, 3, 4], c.get("eagle_aux_hidden_state_layer_ids")
 assert c["block_size"] == 8 and c["num_hidden_layers"] == 2
 PYEOF
 h5check "$WORK/recipe/metrics.h5" "len(f['steps/step']) == 6"

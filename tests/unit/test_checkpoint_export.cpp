@@ -61,6 +61,10 @@ TEST(DrafterExport, Bf16ExportMatchesTheReleaseFormatOfTheGoldenDrafter) {
   }
   EXPECT_EQ(gc["dflash_config"]["mask_token_id"], rc["dflash_config"]["mask_token_id"]);
   EXPECT_EQ(gc["dflash_config"]["target_layer_ids"], rc["dflash_config"]["target_layer_ids"]);
+  // One more than the release: vLLM's own name for the layers read, each id + 1 (its numbering).
+  std::vector<int> aux;
+  for (int id : rc["dflash_config"]["target_layer_ids"]) aux.push_back(id + 1);
+  EXPECT_EQ(gc["eagle_aux_hidden_state_layer_ids"].get<std::vector<int>>(), aux);
   const DrafterConfig a = load_drafter_config(out + "/config.json");
   const DrafterConfig b = load_drafter_config(kCase + "/drafter_init/config.json");
   EXPECT_FLOAT_EQ(a.layers.rope_theta, b.layers.rope_theta);

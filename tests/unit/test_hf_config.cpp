@@ -249,6 +249,12 @@ TEST(HfConfig, DrafterConfigToJsonHasTheReleaseFormatKeys) {
                         "vocab_size", "attention_bias", "dtype"})
     EXPECT_EQ(out[k], golden[k]) << k;
   EXPECT_EQ(out["rope_theta"], golden["rope_parameters"]["rope_theta"]);
+  // vLLM's name for the layers read, in its numbering (id j = the output of layer j-1): target_layer_ids + 1,
+  // which vLLM releases that read dflash_config.target_layer_ids unshifted take from here (docs/serving.md).
+  ASSERT_TRUE(out.contains("eagle_aux_hidden_state_layer_ids"));
+  std::vector<int> aux;
+  for (int id : d.target_layer_ids) aux.push_back(id + 1);
+  EXPECT_EQ(out["eagle_aux_hidden_state_layer_ids"].get<std::vector<int>>(), aux);
   // And it parses back to the same config.
   DrafterConfig back = parse_drafter_config(out, "out");
   EXPECT_EQ(back.target_layer_ids, d.target_layer_ids);

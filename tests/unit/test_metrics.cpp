@@ -525,14 +525,14 @@ TEST(Status, ExactShapeOfTheDesignExample) {
   in.epoch = 0.0099;
   in.eta_s = 4.7 * 86400 + 100;
   EXPECT_EQ(format_status_line(in),
-            "[5m] step=58 loss=2.2577 acc=0.029 streak=0.0 lr=9.84e-06 noise=0.1000 | tgt=0.88b/s dft=0.81b/s "
+            "[5m] step=58 loss=2.2577 acc=0.029 streak=0.04 lr=9.84e-06 noise=0.1000 | tgt=0.88 batch/s dft=0.81 batch/s "
             "(25.1Ktok/s) | q_pre=[50, 49, 49, 50, 50, 50, 50] q_hs=[20] | epoch~0.01 ETA=4.7d");
   in.power_w = 4213;
   in.eta_s.reset();
   in.tokens_per_s = 2.5e6;
   in.elapsed_s = 42;
   EXPECT_EQ(format_status_line(in),
-            "[42s] step=58 loss=2.2577 acc=0.029 streak=0.0 lr=9.84e-06 noise=0.1000 | tgt=0.88b/s dft=0.81b/s "
+            "[42s] step=58 loss=2.2577 acc=0.029 streak=0.04 lr=9.84e-06 noise=0.1000 | tgt=0.88 batch/s dft=0.81 batch/s "
             "(2.5Mtok/s) pwr=4.2kW | q_pre=[50, 49, 49, 50, 50, 50, 50] q_hs=[20] | epoch~0.01 ETA=?");
   in.power_w = 640;
   in.tokens_per_s = 812;

@@ -268,6 +268,14 @@ TEST(OptionsDeath, DryRunWorldFlags) {
 TEST(OptionsDeath, UnknownFlag) {
   EXPECT_EXIT(parse(with_required({"--no-such-flag", "1"})), testing::ExitedWithCode(2), "no-such-flag");
 }
+TEST(OptionsDeath, MistypedFlagNamesTheNearestOption) {
+  EXPECT_EXIT(parse(with_required({"--topolgy", "1-1"})), testing::ExitedWithCode(2),
+              "unrecognised option '--topolgy'; did you mean --topology\\?");
+  EXPECT_EXIT(parse(with_required({"--wramup-steps=5"})), testing::ExitedWithCode(2), "did you mean --warmup-steps\\?");
+  // Nothing close: no guess.
+  EXPECT_EXIT(parse(with_required({"--frobnicate", "3"})), testing::ExitedWithCode(2),
+              "unrecognised option '--frobnicate'\n");
+}
 TEST(OptionsDeath, StrayPositionalArgument) {
   // Boost drops positional tokens silently: "30 m" was 30 steps, "--dpace yes" a plain --dpace.
   EXPECT_EXIT(parse(with_required({"--checkpoint-every", "30", "m"})), testing::ExitedWithCode(2),

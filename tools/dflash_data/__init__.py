@@ -26,6 +26,25 @@ def version():
         return "unknown"
 
 
+# The files a Hugging Face tokenizer keeps its vocabulary in (fast, SentencePiece, BPE, WordPiece), and
+# tiktoken ranks (*.tiktoken).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt", "spiece.model",
+                   "sentencepiece.bpe.model")
+NO_TOKENIZER_HINT = ("copy the target's tokenizer files beside its config.json (tools/dflash-make-tokenizer DIR builds "
+                     "Qwen3's offline); build/dflash-make-tiny writes one into its tiny target")
+
+
+def has_tokenizer_files(model_dir):
+    """Whether model_dir holds a tokenizer's vocabulary. transformers 5 builds an empty tokenizer (one token, no
+    chat template) from a directory with only config.json, so the tools check before loading, to say what is
+    missing rather than "no chat template"."""
+    try:
+        names = os.listdir(model_dir)
+    except OSError:
+        return False
+    return any(n in TOKENIZER_FILES or n.endswith(".tiktoken") for n in names)
+
+
 def venv_dir():
     """Where tools/setup.sh installs the Python packages of the data tools (a venv over Debian's python3)."""
     return os.environ.get("DFLASH_VENV") or os.path.join(os.path.expanduser("~"), ".local", "share", "dflash-train",
