@@ -265,6 +265,7 @@ class Loader {
   void run();
   void init(const DataPosition& start);
   double epoch_progress(const DataPosition& at, size_t shard_size) const;
+  std::map<int64_t, double> consumed_share_;  // epochs an earlier split began: the share it consumed
 
   std::shared_ptr<const RecordSource> dataset_;
   LoaderOptions opts_;

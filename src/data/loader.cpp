@@ -175,13 +175,8 @@ int64_t Loader::shard_records(int64_t epoch) const {
 // consumed, and this shard's cursor stands for its share of the rest.
 double Loader::epoch_progress(const DataPosition& at, size_t shard_size) const {
   double frac = shard_size > 0 ? static_cast<double>(at.cursor) / static_cast<double>(shard_size) : 0.0;
-  if (opts_.consumed) {
-    const auto it = opts_.consumed->find(at.epoch);
-    if (it != opts_.consumed->end() && it->second.size() > 0) {
-      const double done = static_cast<double>(it->second.count()) / static_cast<double>(it->second.size());
-      frac = done + (1.0 - done) * frac;
-    }
-  }
+  const auto it = consumed_share_.find(at.epoch);
+  if (it != consumed_share_.end()) frac = it->second + (1.0 - it->second) * frac;
   return static_cast<double>(at.epoch) + frac;
 }
 
@@ -213,6 +208,9 @@ void Loader::init(const DataPosition& start) {
     start_.cursor = 0;
   }
   consumed_ = start_;
+  if (opts_.consumed)  // counted once here, not per batch (a bit count over the whole dataset)
+    for (const auto& [epoch, set] : *opts_.consumed)
+      if (set.size() > 0) consumed_share_[epoch] = static_cast<double>(set.count()) / static_cast<double>(set.size());
   thread_ = std::thread([this] { run(); });
 }
 

@@ -157,7 +157,9 @@ class DrafterLoop {
       std::fflush(stdout);
     }
     hub.close();
-    if (sidecar_) sidecar_->finish(/*wait_s=*/120);  // the job's last export (W&B too), from the closed file
+    // The job's last export (W&B too), from the closed file; waited for well inside the shutdown's deadline
+    // (10 x --peer-timeout for working ranks: shutdown.cpp), else left to finish on its own.
+    if (sidecar_) sidecar_->finish(std::min(120.0, 5 * o_.peer_timeout_s));
     tau_.reset();  // its decoder refers to this trainer
     endpoint_ = nullptr;
   }

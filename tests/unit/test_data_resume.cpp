@@ -83,6 +83,21 @@ std::vector<DataResumePoint> run_segment(const std::shared_ptr<const TokenDatase
   return points;
 }
 
+// The batches real loaders of d's split produce from d's points to the end, those listed as trained left out.
+int64_t batches_to_train(const std::shared_ptr<const TokenDataset>& ds, const LoaderOptions& base, const DataResume& d) {
+  const int n = static_cast<int>(d.points.size());
+  int64_t count = 0;
+  for (int t = 0; t < n; ++t) {
+    LoaderOptions lo = base;
+    lo.shard_index = t;
+    lo.num_shards = n;
+    lo.consumed = std::make_shared<const ConsumedRecords>(d.consumed);
+    Loader probe(ds, lo, d.points[t].position);
+    for (const LoadedBatch& b : drain(probe)) count += d.points[t].already_trained(b.index) ? 0 : 1;
+  }
+  return count;
+}
+
 void expect_each_record_once(const Seen& seen, const TokenDataset& ds, int64_t budget, LongRecord policy, int epochs) {
   std::set<int64_t> want;
   for (size_t r = 0; r < ds.num_records(); ++r)
@@ -131,15 +146,7 @@ TEST(DataResume, EveryRecordOnceAcrossChangesOfSplit) {
         EXPECT_TRUE(d.resplit);
         EXPECT_EQ(static_cast<int>(d.points.size()), c.splits[s + 1]);
         // The lr schedule's re-plan counts what the new split's loaders will produce.
-        int64_t will_produce = 0;
-        for (int t = 0; t < c.splits[s + 1]; ++t) {
-          LoaderOptions lo = base;
-          lo.shard_index = t;
-          lo.num_shards = c.splits[s + 1];
-          lo.consumed = std::make_shared<const ConsumedRecords>(d.consumed);
-          Loader probe(ds, lo, d.points[t].position);
-          will_produce += static_cast<int64_t>(drain(probe).size());
-        }
+        const int64_t will_produce = batches_to_train(ds, base, d);
         LoaderOptions counted = base;
         counted.consumed = std::make_shared<const ConsumedRecords>(d.consumed);
         const PlannedSchedule p = plan_schedule(*ds, counted, c.splits[s + 1], 1, c.epochs, 0, 0, 0, 1,
@@ -166,14 +173,7 @@ TEST(DataResume, BatchesLeftFromSavedPositions) {
   Seen seen;
   const std::vector<DataResumePoint> saved = run_segment(ds, base, fresh_data_resume(2, 3), 0.4, rng, seen);
   const DataResume d = plan_data_resume(*ds, base, 2, saved, {}, 2);
-  int64_t will_train = 0;
-  for (int t = 0; t < 2; ++t) {
-    LoaderOptions lo = base;
-    lo.shard_index = t;
-    lo.num_shards = 2;
-    Loader probe(ds, lo, d.points[t].position);
-    for (const LoadedBatch& b : drain(probe)) will_train += d.points[t].already_trained(b.index) ? 0 : 1;
-  }
+  const int64_t will_train = batches_to_train(ds, base, d);
   EXPECT_GT(will_train, 0);
   EXPECT_EQ(data_batches_left(*ds, base, 2, d), will_train);
 }
