@@ -23,6 +23,7 @@
 
 #include "backend.cuh"
 #include "cuda_check.cuh"
+#include "device_limits.cuh"
 #include "mma_ptx.cuh"
 
 namespace dflash::cuda {
@@ -328,19 +329,8 @@ __global__ void __launch_bounds__(Tl::kThreads, Tl::kBlocksPerSM)
   }
 }
 
-constexpr int kMaxDevices = 64;
-
-// The device's opt-in shared memory per block (227 KB on sm_90 and sm_100, 99 KB on sm_120), once per device.
-int max_smem_per_block(int device) {
-  static int cached[kMaxDevices] = {};
-  DF_CHECK(device >= 0 && device < kMaxDevices, Internal, "attention: device " << device);
-  if (cached[device] == 0) {
-    int v = 0;
-    DF_CUDA(cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-    cached[device] = v;
-  }
-  return cached[device];
-}
+// The device's opt-in shared memory per block (227 KB on sm_90 and sm_100, 99 KB on sm_120).
+size_t max_smem_per_block(int device) { return device_limits(device).smem_per_block_optin; }
 
 size_t smem_bytes(AttentionKernel kernel) {
   switch (kernel) {
@@ -377,12 +367,7 @@ void launch(const Ctx& ctx, int device, const Tensor& out, const Tensor& q, cons
   // Every sequence adds at most one partial tile to the T / kBlockQ full ones.
   const int64_t max_tiles = T / Tl::kBlockQ + nseq;
   DF_CHECK(max_tiles < 65536 && nh < 65536, Internal, "attention: grid too large (T=" << T << ", nseq=" << nseq << ")");
-  static bool smem_configured[kMaxDevices] = {};  // the attribute is per device (context)
-  if (!smem_configured[device]) {
-    DF_CUDA(cudaFuncSetAttribute(flash_attention_kernel<Tl>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 static_cast<int>(Tl::kSmemBytes)));
-    smem_configured[device] = true;
-  }
+  fit_launch(flash_attention_kernel<Tl>, "flash_attention_kernel", Tl::kThreads, Tl::kSmemBytes, device);
   dim3 grid(static_cast<unsigned>(nh), static_cast<unsigned>(max_tiles));
   flash_attention_kernel<Tl><<<grid, Tl::kThreads, Tl::kSmemBytes, stream_of(ctx)>>>(
       static_cast<__nv_bfloat16*>(out.data), static_cast<const __nv_bfloat16*>(q.data),
@@ -407,8 +392,17 @@ const char* attention_kernel_name(AttentionKernel kernel) {
 bool attention_kernel_fits(const Ctx& ctx, AttentionKernel kernel) {
   if (kernel == AttentionKernel::Auto) return true;
   if (kernel == AttentionKernel::Cudnn) return attention_cudnn_compiled();
-  // + find_tile's few bytes of static shared memory, which count against the same per-block limit
-  return smem_bytes(kernel) + 128 <= static_cast<size_t>(max_smem_per_block(backend_of(ctx).device));
+  const int device = backend_of(ctx).device;
+  switch (kernel) {  // the kernel's static shared memory (find_tile's) counts against the same limit
+    case AttentionKernel::Hd128:
+      return launch_fits(flash_attention_kernel<Hd128Tiling>, Hd128Tiling::kThreads, Hd128Tiling::kSmemBytes, device);
+    case AttentionKernel::Hd256:
+      return launch_fits(flash_attention_kernel<Hd256Tiling>, Hd256Tiling::kThreads, Hd256Tiling::kSmemBytes, device);
+    case AttentionKernel::Hd256Small:
+      return launch_fits(flash_attention_kernel<Hd256SmallTiling>, Hd256SmallTiling::kThreads,
+                         Hd256SmallTiling::kSmemBytes, device);
+    default: return false;
+  }
 }
 
 AttentionKernel attention_kernel_for(const Ctx& ctx, int hd) {

@@ -15,6 +15,7 @@
 #include "backend.cuh"
 #include "bf16_util.cuh"
 #include "cuda_check.cuh"
+#include "device_limits.cuh"
 #include "drafter_blas.cuh"
 
 namespace dflash::cuda {
@@ -233,8 +234,12 @@ __global__ void to_bf16_kernel(__nv_bfloat16* __restrict__ dst, const float* __r
 // block that read kv head g against the block's own B keys. Computes D = rowsum(dout · out) for those rows
 // (saved for the context part), overwrites dq32 with the block keys' share of dq, and writes dk_blk/dv_blk
 // (no other block sees these keys, so they are complete here).
-// Shared memory: q, dout [G·B][hd+2] and k, v [B][hd+2] as bf16 (exact copies of the inputs; rows padded
-// by 4 bytes against bank conflicts), then fp32 P, dS [G·B][B] and D, lse [G·B].
+// Shared memory: fp32 P, dS [G·B][B] and D, lse [G·B], then k, v [B][hd+2] and (kRows ==
+// RowsIn::Shared) q, dout [G·B][hd+2] as bf16 (exact copies of the inputs; rows padded by 4 bytes against
+// bank conflicts). RowsIn::Global reads q and dout from global memory (L2) instead: the variant for devices
+// whose shared memory does not hold them (sm_120's 99 KB at the 27B drafter's 96 x 256 rows).
+enum class RowsIn { Shared, Global };
+template <RowsIn kRows>
 __global__ void __launch_bounds__(kRowThreads) block_keys_backward_kernel(
     KernelArgs p, const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ dout,
     const __nv_bfloat16* __restrict__ out, const float* __restrict__ lse, const __nv_bfloat16* __restrict__ kb,
@@ -247,20 +252,30 @@ __global__ void __launch_bounds__(kRowThreads) block_keys_backward_kernel(
   float* dSs = Ps + GB * B;
   float* Ds = dSs + GB * B;
   float* Ls = Ds + GB;
-  __nv_bfloat16* qs = reinterpret_cast<__nv_bfloat16*>(Ls + GB);
-  __nv_bfloat16* dos = qs + GB * ld;
-  __nv_bfloat16* ks = dos + GB * ld;
+  __nv_bfloat16* ks = reinterpret_cast<__nv_bfloat16*>(Ls + GB);
   __nv_bfloat16* vs = ks + B * ld;
+  __nv_bfloat16* qs = vs + B * ld;
+  __nv_bfloat16* dos = qs + GB * ld;
   const int64_t nl = blockIdx.x;  // block within the chunk
   const int g = blockIdx.y;
   const int64_t row0 = nl * B;   // chunk row of the block's first query
   // Row i of the tile: block offset o = i / G, head h = g·G + i % G.
-  for (int idx = threadIdx.x; idx < GB * hd; idx += blockDim.x) {
-    const int i = idx / hd, d = idx % hd;
-    const int64_t off = (row0 + i / G) * QD + int64_t(g * G + i % G) * hd + d;
-    qs[i * ld + d] = q[off];
-    dos[i * ld + d] = dout[off];
+  auto row_off = [&](int i) { return (row0 + i / G) * QD + int64_t(g * G + i % G) * hd; };
+  if constexpr (kRows == RowsIn::Shared) {
+    for (int idx = threadIdx.x; idx < GB * hd; idx += blockDim.x) {
+      const int i = idx / hd, d = idx % hd;
+      qs[i * ld + d] = q[row_off(i) + d];
+      dos[i * ld + d] = dout[row_off(i) + d];
+    }
   }
+  auto q_at = [&](int i, int d) {
+    if constexpr (kRows == RowsIn::Shared) return __bfloat162float(qs[i * ld + d]);
+    else return __bfloat162float(q[row_off(i) + d]);
+  };
+  auto dout_at = [&](int i, int d) {
+    if constexpr (kRows == RowsIn::Shared) return __bfloat162float(dos[i * ld + d]);
+    else return __bfloat162float(dout[row_off(i) + d]);
+  };
   for (int idx = threadIdx.x; idx < B * hd; idx += blockDim.x) {
     const int b = idx / hd, d = idx % hd;
     const int64_t off = (row0 + b) * KVD + int64_t(g) * hd + d;
@@ -288,8 +303,8 @@ __global__ void __launch_bounds__(kRowThreads) block_keys_backward_kernel(
     if (p.window <= 0 || p.full_block || b <= o) {
       float s = 0.f, dp = 0.f;
       for (int d = 0; d < hd; ++d) {
-        s += __bfloat162float(qs[i * ld + d]) * __bfloat162float(ks[b * ld + d]);
-        dp += __bfloat162float(dos[i * ld + d]) * __bfloat162float(vs[b * ld + d]);
+        s += q_at(i, d) * __bfloat162float(ks[b * ld + d]);
+        dp += dout_at(i, d) * __bfloat162float(vs[b * ld + d]);
       }
       P = __expf(s * p.scale - Ls[i]);
       dS = P * (dp - Ds[i]);
@@ -308,8 +323,8 @@ __global__ void __launch_bounds__(kRowThreads) block_keys_backward_kernel(
     const int b = idx / hd, d = idx % hd;
     float dk = 0.f, dv = 0.f;
     for (int i = 0; i < GB; ++i) {
-      dk += dSs[i * B + b] * __bfloat162float(qs[i * ld + d]);
-      dv += Ps[i * B + b] * __bfloat162float(dos[i * ld + d]);
+      dk += dSs[i * B + b] * q_at(i, d);
+      dv += Ps[i * B + b] * dout_at(i, d);
     }
     const int64_t off = (p.n0 * B + row0 + b) * KVD + int64_t(g) * hd + d;
     dkb[off] = __float2bfloat16_rn(dk * p.scale);
@@ -541,18 +556,23 @@ void block_attention_backward(const Ctx& ctx, const Tensor& dq, const Tensor& dk
     auto* P = static_cast<__nv_bfloat16*>(scratch(ctx, ScratchSlot::AttnProbs, 2 * max_scores));
     float* dq32 = static_cast<float*>(scratch(ctx, ScratchSlot::AttnDq32, sizeof(float) * max_rows * g.QD));
     float* Dbuf = static_cast<float*>(scratch(ctx, ScratchSlot::AttnRowStats, sizeof(float) * max_rows * g.nh));
+    // The block's own keys: q and dout staged in shared memory where the device holds them (RowsIn).
     const int GB = static_cast<int>(g.G * g.B), ld = static_cast<int>(g.hd + 2);
-    const size_t smem = sizeof(float) * (size_t(2 * GB) * g.B + 2 * GB) + 2 * size_t(2 * GB + 2 * g.B) * ld;
-    DF_CHECK(smem <= 227 * 1024, Internal,
-             op << ": " << smem << " bytes of shared memory for G=" << g.G << " B=" << g.B << " hd=" << g.hd);
-    DF_CUDA(cudaFuncSetAttribute(block_keys_backward_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    const size_t smem_global = sizeof(float) * (size_t(2 * GB) * g.B + 2 * GB) + 2 * size_t(2 * g.B) * ld;
+    const size_t smem_shared = smem_global + 2 * size_t(2 * GB) * ld;
+    const int device = backend_of(ctx).device;
+    const bool rows_shared = launch_fits(block_keys_backward_kernel<RowsIn::Shared>, kRowThreads, smem_shared, device);
+    auto* keys_kernel = rows_shared ? block_keys_backward_kernel<RowsIn::Shared> : block_keys_backward_kernel<RowsIn::Global>;
+    const size_t smem = rows_shared ? smem_shared : smem_global;
+    fit_launch(keys_kernel, rows_shared ? "block_keys_backward_kernel" : "block_keys_backward_kernel (rows in global)",
+               kRowThreads, smem, device);
     for (const Chunk& c : chunks) {
       const KernelArgs p = kernel_args(g, c, anchors, seq_begin);
       const int64_t row0 = c.n0 * g.B;
       const __nv_bfloat16* qc = bf(q) + row0 * g.QD;
       const __nv_bfloat16* doc = bf(dout) + row0 * g.QD;
       const float* lsec = static_cast<const float*>(lse.data) + row0 * g.nh;
-      block_keys_backward_kernel<<<dim3(unsigned(c.n1 - c.n0), unsigned(g.nkv)), kRowThreads, smem, st>>>(
+      keys_kernel<<<dim3(unsigned(c.n1 - c.n0), unsigned(g.nkv)), kRowThreads, smem, st>>>(
           p, qc, doc, bf(out) + row0 * g.QD, lsec, bf(k_blk) + row0 * g.KVD, bf(v_blk) + row0 * g.KVD, Dbuf, dq32,
           bf_mut(dk_blk), bf_mut(dv_blk));
       DF_CUDA_LAUNCH();

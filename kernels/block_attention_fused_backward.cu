@@ -23,8 +23,8 @@ namespace {
 using namespace fused_attn;  // the fused kernels' shared pieces (block_attention_fused_common.cuh)
 
 // ---- backward: dq, D, and the block's own keys ------------------------------------------------------------
-template <int HD> __global__ void __launch_bounds__(Plan<HD>::kThreads) fused_dq_kernel(FusedArgs p) {
-  using P = Plan<HD>;
+template <int HD, int DQK> __global__ void __launch_bounds__(Plan<HD>::kThreads) fused_dq_kernel(FusedArgs p) {
+  using P = Plan<HD, DQK>;
   constexpr int LD = P::LD, LDP = P::LDP, KS = HD / 16, DT = HD / 8, KEYS = P::kDqKeys, NT = KEYS / 8;
   constexpr int ROWS = P::kRows, TH = P::kThreads, kKeyTile = P::kDqKeyTile;
   static_assert(TH == 2 * ROWS, "D is computed by a thread pair per row");
@@ -175,10 +175,22 @@ __global__ void f32_to_bf16_kernel(bf16* __restrict__ dst, const float* __restri
     dst[i] = __float2bfloat16_rn(src[i]);
 }
 
+template <int HD, int DQK> void launch_dq_keys(const Ctx& ctx, const FusedArgs& p) {
+  using P = Plan<HD, DQK>;
+  launch_kernel(fused_dq_kernel<HD, DQK>, "fused_dq_kernel", dim3(unsigned(p.N), unsigned(p.nkv)), P::kThreads,
+                P::kSmemDq, ctx, p);
+}
+// The default key tile where the device holds it, else the compact one (dq_keys_for).
 template <int HD> void launch_dq(const Ctx& ctx, const FusedArgs& p) {
-  using P = Plan<HD>;
   check_rows_fit<HD>(p);
-  launch_kernel(fused_dq_kernel<HD>, dim3(unsigned(p.N), unsigned(p.nkv)), P::kThreads, P::kSmemDq, ctx, p);
+  const int keys = dq_keys_for<HD>(device_limits(backend_of(ctx).device).smem_per_block_optin, p.B);
+  if (keys == Plan<HD>::kDqKeys) return launch_dq_keys<HD, Plan<HD>::kDqKeys>(ctx, p);
+  if constexpr (!Plan<HD>::kWide) {
+    if (keys == kCompactDqKeys) return launch_dq_keys<HD, kCompactDqKeys>(ctx, p);
+  }
+  DF_FAIL(Internal, "block attention (fused): no dq kernel of head dim " << HD << " fits "
+                        << describe(device_limits(backend_of(ctx).device)) << " (block_attention_fused_supported "
+                        << "should have sent this shape to the chunked path)", "");
 }
 
 }  // namespace

@@ -12,8 +12,9 @@
 // exactly the A fragment of P for the next product). Shapes: head dim 16/32/64/128 with G·B <= 64 query
 // rows per kv head and block ("narrow", Plan<HD>::kRows = 64, 4 warps), and head dim 256 with G·B <= 96,
 // B <= 32 ("wide", kRows = 96, 6 warps: the Qwen3.6-27B drafter, 24/4 heads x 256, B 16).
-// Shared memory (bytes): narrow hd 128 fwd 69632, dq 104960, dkv 88576; wide fwd 185856, dq 169728,
-// dkv 187264. Devices whose opt-in limit is smaller (sm_120: 99 KB) are refused by
+// Shared memory (bytes): narrow hd 128 fwd 69632, dq 104960 (compact 32-key variant 70144), dkv 88576;
+// wide fwd 185856, dq 169728, dkv 187264. On a device whose opt-in limit is smaller (sm_120: 99 KB) the
+// narrow dq kernel takes its compact variant, and the wide kernels are refused by
 // block_attention_fused_supported, so the chunked path runs there instead of a failed launch.
 // Measured (H200, one 27B layer, 512 blocks, T 4096, window 2048; ncu, before the dkv change noted in
 // block_attention_fused_dkv.cu): fwd 1.97 ms, dq 2.80 ms, dkv 6.40 ms,
@@ -29,6 +30,7 @@
 #include "backend.cuh"
 #include "block_attention.cuh"
 #include "cuda_check.cuh"
+#include "device_limits.cuh"
 #include "mma_ptx.cuh"
 
 namespace dflash::cuda::fused_attn {
@@ -59,14 +61,20 @@ struct FusedArgs {
   float scale, scale_log2;  // scale, scale·log2(e)
 };
 
+// The dq kernel's keys per tile by default: 64 (narrow), 32 (wide). Narrow head dims have a compact
+// variant of 32 keys (half the K/V stage: 70144 B at head dim 128 instead of 104960) for devices that do
+// not hold the default (sm_120's 99 KB per block); dq_keys_for chooses.
+constexpr int default_dq_keys(int hd) { return hd > 128 ? 32 : 64; }
+constexpr int kCompactDqKeys = 32;
+
 // Tiles and shared memory per head dim (see the comments at the top of this file and of each kernel's file).
-template <int HD> struct Plan {
+template <int HD, int DQ_KEYS = default_dq_keys(HD)> struct Plan {
   static constexpr bool kWide = HD > 128;
   static constexpr int kRows = kWide ? 96 : 64;  // query rows per forward / dq CTA (G·B padded)
   static constexpr int kWarps = kRows / 16;
   static constexpr int kThreads = 32 * kWarps;
   static constexpr int kFwdKeys = 64;
-  static constexpr int kDqKeys = kWide ? 32 : 64;
+  static constexpr int kDqKeys = DQ_KEYS;
   static constexpr int kMaxB = kDqKeys;           // the block's own keys fit one dq key tile
   static constexpr bool kQInRegs = !kWide;        // forward: Q fragments held in registers
   static constexpr int LD = HD + 8;               // bf16 row stride of [rows][HD] tiles (16-byte pad: ldmatrix conflict-free)
@@ -320,10 +328,26 @@ inline FusedArgs make_args(const Tensor& q, const Tensor& k_ctx, const Tensor& v
 // Shapes the kernels of head dim HD take (device limits aside): G·B <= kRows, B <= kMaxB.
 template <int HD> bool rows_fit(const FusedArgs& p) { return p.M <= Plan<HD>::kRows && p.B >= 1 && p.B <= Plan<HD>::kMaxB; }
 
-// One fused kernel launch with its dynamic shared memory (the opt-in attribute is set at every launch).
-inline void launch_kernel(void (*kernel)(FusedArgs), dim3 grid, int threads, size_t smem, const Ctx& ctx,
-                          const FusedArgs& p) {
-  DF_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+// The dq kernel's keys per tile for head dim HD and block size B on a device offering `smem` bytes per
+// block (device_limits.cuh): the default plan's where it fits, else the compact 32-key variant (narrow head
+// dims, B <= 32), else 0 (the fused path cannot run there).
+template <int HD> int dq_keys_for(size_t smem, int B) {
+  if (Plan<HD>::kSmemDq <= smem) return Plan<HD>::kDqKeys;
+  if constexpr (!Plan<HD>::kWide) {
+    if (B <= kCompactDqKeys && Plan<HD, kCompactDqKeys>::kSmemDq <= smem) return kCompactDqKeys;
+  }
+  return 0;
+}
+
+// Whether the forward, dq and dkv kernels of head dim HD fit a device offering `smem` bytes per block.
+template <int HD> bool kernels_fit(size_t smem, int B) {
+  return Plan<HD>::kSmemFwd <= smem && Plan<HD>::kSmemDkv <= smem && dq_keys_for<HD>(smem, B) > 0;
+}
+
+// One fused kernel launch with its dynamic shared memory, checked against the device (fit_launch).
+inline void launch_kernel(void (*kernel)(FusedArgs), const char* name, dim3 grid, int threads, size_t smem,
+                          const Ctx& ctx, const FusedArgs& p) {
+  fit_launch(kernel, name, threads, smem, backend_of(ctx).device);
   kernel<<<grid, threads, smem, stream_of(ctx)>>>(p);
   DF_CUDA_LAUNCH();
 }

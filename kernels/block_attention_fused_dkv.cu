@@ -380,8 +380,8 @@ template <int HD> void launch_dkv_kernels(const Ctx& ctx, const FusedArgs& p) {
   const unsigned key_tiles = unsigned((p.T + kDkvKeys - 1) / kDkvKeys), splits = unsigned((p.N + p.split_blocks - 1) / p.split_blocks);
   if (key_tiles == 0) return;
   const dim3 grid(key_tiles, unsigned(p.nkv), splits);
-  if constexpr (P::kWide) launch_kernel(fused_dkv_pair_kernel<HD>, grid, P::kDkvThreads, P::kSmemDkv, ctx, p);
-  else launch_kernel(fused_dkv_kernel<HD>, grid, P::kDkvThreads, P::kSmemDkv, ctx, p);
+  if constexpr (P::kWide) launch_kernel(fused_dkv_pair_kernel<HD>, "fused_dkv_pair_kernel", grid, P::kDkvThreads, P::kSmemDkv, ctx, p);
+  else launch_kernel(fused_dkv_kernel<HD>, "fused_dkv_kernel", grid, P::kDkvThreads, P::kSmemDkv, ctx, p);
 }
 
 }  // namespace

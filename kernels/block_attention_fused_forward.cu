@@ -131,28 +131,7 @@ bool aligned16(const Tensor& t) { return (reinterpret_cast<uintptr_t>(t.data) & 
 template <int HD> void launch_forward(const Ctx& ctx, const FusedArgs& p) {
   using P = Plan<HD>;
   check_rows_fit<HD>(p);
-  launch_kernel(fused_forward_kernel<HD>, dim3(unsigned(p.N), unsigned(p.nkv)), P::kThreads, P::kSmemFwd, ctx, p);
-}
-
-// The current device's opt-in shared memory per block (227 KB on sm_90 / sm_100, 99 KB on sm_120), once
-// per device; 0 when it cannot be read (then the fused path is refused).
-size_t device_smem_optin() {
-  constexpr int kMaxDevices = 64;
-  static std::atomic<int> cached[kMaxDevices] = {};
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= kMaxDevices) {
-    (void)cudaGetLastError();
-    return 0;
-  }
-  int v = cached[dev].load(std::memory_order_relaxed);
-  if (v == 0) {
-    if (cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess) {
-      (void)cudaGetLastError();
-      return 0;
-    }
-    cached[dev].store(v, std::memory_order_relaxed);
-  }
-  return static_cast<size_t>(v);
+  launch_kernel(fused_forward_kernel<HD>, "fused_forward_kernel", dim3(unsigned(p.N), unsigned(p.nkv)), P::kThreads, P::kSmemFwd, ctx, p);
 }
 
 }  // namespace
@@ -163,15 +142,14 @@ bool block_attention_fused_supported(int64_t nh, int64_t nkv, int64_t hd, int64_
   p.M = static_cast<int>(std::min<int64_t>((nh / nkv) * block_size, 1 << 20));
   p.B = static_cast<int>(std::min<int64_t>(block_size, 1 << 20));
   bool ok = false;
-  size_t smem = 0;
   if (hd == 16 || hd == 32 || hd == 64 || hd == 128 || hd == 256) {
+    const size_t smem = current_device_limits().smem_per_block_optin;
     dispatch_hd(hd, [&](auto h) {
       constexpr int HD = decltype(h)::value;
-      ok = rows_fit<HD>(p);
-      smem = Plan<HD>::kSmemMax;
+      ok = rows_fit<HD>(p) && kernels_fit<HD>(smem, p.B);
     });
   }
-  return ok && smem <= device_smem_optin();
+  return ok;
 }
 
 bool block_attention_fused_usable(std::initializer_list<const Tensor*> tensors) {

@@ -58,21 +58,6 @@
 
 namespace dflash::cuda {
 
-namespace gdr {
-
-// The device's opt-in shared memory per block (227 KB on sm_90 and sm_100, 99 KB on sm_120), once per device.
-int max_smem_per_block(int device) {
-  static int cached[kMaxDevices] = {};
-  if (cached[device] == 0) {
-    int v = 0;
-    DF_CUDA(cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-    cached[device] = v;
-  }
-  return cached[device];
-}
-
-}  // namespace gdr
-
 namespace {
 
 // -1: not chosen yet (DFLASH_GDR_SCAN decides at the first call), else a GdrScan.
@@ -90,7 +75,7 @@ template <int P>
 void launch(const Ctx& ctx, int device, const Tensor& out, const Tensor& state, const Tensor& qkv, const Tensor& g,
             const Tensor& beta, const Tensor& cu_seqlens, const Tensor& workspace, const ops::GdnHeads& hd, int nseq) {
   constexpr size_t kScan = gdr::SyncSmem<P>::kBytes, kPipe = gdr::PipeSmem<P>::kBytes;
-  const size_t smem = static_cast<size_t>(gdr::max_smem_per_block(device));
+  const size_t smem = gdr::max_smem_per_block(device);
   DF_CHECK(smem >= kScan, Internal,
            "gated_delta_rule_forward: the device offers " << smem << " B of shared memory per block, " << kScan
                                                           << " needed");
@@ -124,7 +109,7 @@ void set_gated_delta_rule_scan(GdrScan scan) { g_scan_choice = static_cast<int>(
 bool gated_delta_rule_scan_is_pipelined(const Ctx& ctx, ops::GdnHeads hd) {
   const int device = backend_of(ctx).device;
   const size_t need = hd.dk <= 64 && hd.dv <= 64 ? gdr::PipeSmem<64>::kBytes : gdr::PipeSmem<128>::kBytes;
-  return scan_choice() == GdrScan::kAuto && static_cast<size_t>(gdr::max_smem_per_block(device)) >= need;
+  return scan_choice() == GdrScan::kAuto && gdr::max_smem_per_block(device) >= need;
 }
 
 void gated_delta_rule_forward(const Ctx& ctx, const Tensor& out, const Tensor& state, const Tensor& qkv,

@@ -12,6 +12,7 @@
 #include <cstdint>
 
 #include "bf16_util.cuh"
+#include "device_limits.cuh"
 #include "mma_ptx.cuh"
 
 namespace dflash::cuda::gdr {
@@ -176,8 +177,8 @@ struct Args {
   int64_t T, row;            // tokens; qkv's row stride in elements
 };
 
-// The device's opt-in shared memory per block (gated_delta_rule.cu), once per device; device < kMaxDevices.
-int max_smem_per_block(int device);
+// The device's opt-in shared memory per block (device_limits.cuh).
+inline size_t max_smem_per_block(int device) { return device_limits(device).smem_per_block_optin; }
 
 // Kernel 1 (gated_delta_rule_prepare.cu): X of every chunk into a.xw. P = 64 or 128, the padded head dim.
 template <int P> void launch_prepare(const Args& a, int device, cudaStream_t st);

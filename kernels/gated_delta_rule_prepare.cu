@@ -152,12 +152,7 @@ __global__ void __launch_bounds__(kThreads)
 template <int P> void launch_prepare(const Args& a, int device, cudaStream_t st) {
   constexpr size_t kPrep = PrepSmem<P>::kBytes;
   static_assert(kPrep <= 99 * 1024, "shared memory must fit sm_120's 99 KB per block");
-  static bool configured[kMaxDevices] = {};  // the attribute is per device (context)
-  if (!configured[device]) {
-    DF_CUDA(cudaFuncSetAttribute(gdr_prepare_kernel<P>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 static_cast<int>(kPrep)));
-    configured[device] = true;
-  }
+  fit_launch(gdr_prepare_kernel<P>, "gdr_prepare_kernel", kThreads, kPrep, device);
   const int64_t ids = a.T / kChunk + a.nseq;  // base(nseq) of find_chunk: every id, used or not
   gdr_prepare_kernel<P><<<dim3(static_cast<unsigned>(ids), static_cast<unsigned>(a.nv)), kThreads, kPrep, st>>>(
       a.xw, a.qkv, a.g, a.beta, a.g_bf16, a.b_bf16, a.cu, a.nseq, a.nk, a.dk, a.nv, a.row);

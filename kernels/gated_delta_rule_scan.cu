@@ -489,15 +489,10 @@ template <int P> void launch_chunk_scan(const Args& a, int device, bool pipeline
   constexpr size_t kScan = SyncSmem<P>::kBytes, kPipe = PipeSmem<P>::kBytes;
   static_assert(kScan <= 99 * 1024, "shared memory must fit sm_120's 99 KB per block");
   static_assert(2 * (kPipe + 1024) <= 228 * 1024, "the pipelined scan keeps 2 blocks per SM on sm_90 / sm_100");
-  static bool configured[kMaxDevices] = {};  // the attribute is per device (context)
-  if (!configured[device]) {
-    DF_CUDA(cudaFuncSetAttribute(gdr_chunk_scan_kernel<P>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 static_cast<int>(kScan)));
-    if (static_cast<size_t>(max_smem_per_block(device)) >= kPipe)
-      DF_CUDA(cudaFuncSetAttribute(gdr_chunk_scan_pipelined_kernel<P>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                   static_cast<int>(kPipe)));
-    configured[device] = true;
-  }
+  if (pipelined)
+    fit_launch(gdr_chunk_scan_pipelined_kernel<P>, "gdr_chunk_scan_pipelined_kernel", kThreads, kPipe, device);
+  else
+    fit_launch(gdr_chunk_scan_kernel<P>, "gdr_chunk_scan_kernel", kThreads, kScan, device);
   const int slices = (a.dv + kBV - 1) / kBV;
   const float q_scale = 1.f / sqrtf(static_cast<float>(a.dk));
   const dim3 grid(static_cast<unsigned>(a.nseq), static_cast<unsigned>(a.nv * slices));

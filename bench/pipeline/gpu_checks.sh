@@ -18,6 +18,10 @@ step() {  # step NAME CMD...: runs it, keeps its log, records failures (77 = ski
   [ $r -eq 0 ] || [ $r -eq 77 ] || { rc=1; tail -25 "$OUT/$name.log"; }
 }
 [ -n "${SKIP_UNIT:-}" ] || step gpu_unit "$B/dflash_gpu_tests" --gtest_brief=1
+# The same suite and the target selftests under an RTX PRO 6000 Blackwell's limits (kernels/device_limits.cuh)
+[ -n "${SKIP_SM120:-}" ] || step gpu_unit_sm120_limits env DFLASH_DEVICE_LIMITS=sm_120 "$B/dflash_gpu_tests" --gtest_brief=1
+[ -n "${SKIP_SM120:-}" ] || step selftest_cuda_hybrid_sm120 env DFLASH_DEVICE_LIMITS=sm_120 "$B/dflash-selftest" tests/data/golden/qwen35-tiny-a --backend cuda
+[ -n "${SKIP_SM120:-}" ] || step selftest_cuda_qwen38_sm120 env DFLASH_DEVICE_LIMITS=sm_120 "$B/dflash-selftest" tests/data/golden/qwen38-tiny-a --backend cuda
 [ -n "${SKIP_UNIT:-}" ] || step selftest_cuda "$B/dflash-selftest" tests/data/golden/qwen3-tiny-a --backend cuda
 [ -n "${SKIP_UNIT:-}" ] || step selftest_cuda_hybrid "$B/dflash-selftest" tests/data/golden/qwen35-tiny-a --backend cuda
 [ -n "${SKIP_UNIT:-}" ] || step selftest_cuda_qwen38 "$B/dflash-selftest" tests/data/golden/qwen38-tiny-a --backend cuda

@@ -26,6 +26,7 @@
 
 #include "attention.cuh"
 #include "attention_cudnn.cuh"
+#include "device_limits.cuh"
 #include "dflash/ops.h"
 #include "gpu_test_util.h"
 #include "random_fill.cuh"
@@ -154,10 +155,8 @@ TEST(GpuAttentionHeadDimsAuto, PicksByHeadDimAndDevice) {
   EXPECT_NE(k256, AttentionKernel::Hd128);
   EXPECT_TRUE(cuda::attention_kernel_fits(g, k256));
   EXPECT_TRUE(cuda::attention_kernel_fits(g, AttentionKernel::Hd256Small));  // fits every GPU this builds for
-  int dev = 0, smem = 0;
-  cudaGetDevice(&dev);
-  cudaDeviceGetAttribute(&smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
-  std::printf("[attention] device shared memory per block %d B: hd 256 runs %s\n", smem, cuda::attention_kernel_name(k256));
+  std::printf("[attention] %s: hd 256 runs %s\n", cuda::describe(cuda::current_device_limits()).c_str(),
+              cuda::attention_kernel_name(k256));
 }
 
 // What a new cuDNN graph costs (the first batch of a new sequence-count or length bucket builds one) and that

@@ -11,6 +11,7 @@
 #include <cuda_runtime.h>
 
 #include "block_attention.cuh"
+#include "device_limits.cuh"
 #include "dflash/drafter_ops.h"
 #include "gpu_test_util.h"
 
@@ -141,12 +142,8 @@ TEST(GpuDrafterAttention, SlidingWindowNoGqaManyChunks) {
 }
 // Whether the device has the shared memory the fused head-dim-256 kernels need (the H100/H200's 227 KB per
 // block; sm_120's 99 KB does not, and there the fused path must refuse the shape so the chunked path runs).
-bool big_shared_memory() {
-  int dev = 0, smem = 0;
-  cudaGetDevice(&dev);
-  cudaDeviceGetAttribute(&smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
-  return smem >= 200 * 1024;
-}
+// (device_limits: DFLASH_DEVICE_LIMITS=sm_120 lowers it on an H100/H200 as well).
+bool big_shared_memory() { return cuda::current_device_limits().smem_per_block_optin >= 200 * 1024; }
 // Checks that the fused path takes (or, on a small-shared-memory device, refuses) the case, then runs both.
 void run_both_hd256(const AttnCase& c, uint32_t seed) {
   EXPECT_EQ(cuda::block_attention_fused_supported(c.nh, c.nkv, c.hd, c.B), big_shared_memory())

@@ -2,12 +2,14 @@
 #include "backend.cuh"
 
 #include <atomic>
+#include <cstdio>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
 
 #include "cuda_check.cuh"
+#include "device_limits.cuh"
 #include "device_memory.cuh"
 
 namespace dflash::cuda {
@@ -68,6 +70,9 @@ Backend& backend_for_device(int gpu) {
   if (gpu >= 0 && static_cast<size_t>(gpu) < g_backends.size() && g_backends[gpu]) return *g_backends[gpu];
   install_device_runtime();
   auto b = create_backend(gpu);
+  // Said once per device, so a run (or a test log) under DFLASH_DEVICE_LIMITS shows it was not the real GPU's.
+  const DeviceLimits& limits = device_limits(gpu);
+  if (limits.source == LimitsSource::ForcedSm120) std::fprintf(stderr, "[dflash] %s\n", describe(limits).c_str());
   if (g_backends.size() <= static_cast<size_t>(gpu)) g_backends.resize(gpu + 1);
   g_backends[gpu] = std::move(b);
   return *g_backends[gpu];
