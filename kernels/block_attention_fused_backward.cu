@@ -5,7 +5,8 @@
 //   dq kernel, per (block, kv head), same row layout: D = rowsum(dO o O) (saved), dq = scale · sum dS K,
 //     and for the block's own keys (seen by this CTA's rows only, P and dS staged once in shared memory)
 //     dk_blk = scale · dS^T Q, dv_blk = P^T dO, complete. Wide: key tiles of 32 (Q and dO of 96 rows take
-//     99 KB of shared memory; S and dP of 32 keys are 32 registers next to dq's 128).
+//     99 KB of shared memory; S and dP of 32 keys are 32 registers next to dq's 128). Narrow: key tiles of
+//     32 for blocks of up to 32 keys, 64 for larger blocks (dq_keys_for, block_attention_fused_common.cuh).
 // Measured (the whole layer: block_attention_fused_common.cuh): three-stage cp.async pipelines alone for the
 // wide dq and (previous) dkv kernels (203 / 178 KB) measured no gain (backward 9.31 vs 9.24 ms), so the dq
 // kernel keeps two stages. Interleaving S and dP in the dq kernel (mma_rows_nk2) took the 8b layer's backward

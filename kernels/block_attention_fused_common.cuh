@@ -12,9 +12,9 @@
 // exactly the A fragment of P for the next product). Shapes: head dim 16/32/64/128 with G·B <= 64 query
 // rows per kv head and block ("narrow", Plan<HD>::kRows = 64, 4 warps), and head dim 256 with G·B <= 96,
 // B <= 32 ("wide", kRows = 96, 6 warps: the Qwen3.6-27B drafter, 24/4 heads x 256, B 16).
-// Shared memory (bytes): narrow hd 128 fwd 69632, dq 104960 (compact 32-key variant 70144), dkv 88576;
-// wide fwd 185856, dq 169728, dkv 187264. On a device whose opt-in limit is smaller (sm_120: 99 KB) the
-// narrow dq kernel takes its compact variant, and the wide kernels are refused by
+// Shared memory (bytes): narrow hd 128 fwd 69632, dq 70144 (32-key tiles; 104960 with the 64-key tiles
+// of blocks over 32), dkv 88576; wide fwd 185856, dq 169728, dkv 187264. On a device whose opt-in limit
+// is smaller (sm_120: 99 KB) the wide kernels (and narrow blocks over 32) are refused by
 // block_attention_fused_supported, so the chunked path runs there instead of a failed launch.
 // Measured (H200, one 27B layer, 512 blocks, T 4096, window 2048; ncu, before the dkv change noted in
 // block_attention_fused_dkv.cu): fwd 1.97 ms, dq 2.80 ms, dkv 6.40 ms,
@@ -61,9 +61,11 @@ struct FusedArgs {
   float scale, scale_log2;  // scale, scale·log2(e)
 };
 
-// The dq kernel's keys per tile by default: 64 (narrow), 32 (wide). Narrow head dims have a compact
-// variant of 32 keys (half the K/V stage: 70144 B at head dim 128 instead of 104960) for devices that do
-// not hold the default (sm_120's 99 KB per block); dq_keys_for chooses.
+// The dq kernel's keys per tile: 32 (wide); narrow head dims have two variants, 64 keys (the plan's
+// default: blocks of up to 64 keys) and 32 (half the K/V stage: 70144 B at head dim 128 instead of 104960).
+// dq_keys_for chooses 32 wherever the block fits one tile: it fits sm_120's 99 KB per block, and on an H200
+// it measured faster (8b layer backward 3.97 vs 4.12 ms, drafter_bench --attention-probe; three CTAs of
+// 70 KB per SM instead of two of 105 KB).
 constexpr int default_dq_keys(int hd) { return hd > 128 ? 32 : 64; }
 constexpr int kCompactDqKeys = 32;
 
@@ -329,13 +331,13 @@ inline FusedArgs make_args(const Tensor& q, const Tensor& k_ctx, const Tensor& v
 template <int HD> bool rows_fit(const FusedArgs& p) { return p.M <= Plan<HD>::kRows && p.B >= 1 && p.B <= Plan<HD>::kMaxB; }
 
 // The dq kernel's keys per tile for head dim HD and block size B on a device offering `smem` bytes per
-// block (device_limits.cuh): the default plan's where it fits, else the compact 32-key variant (narrow head
-// dims, B <= 32), else 0 (the fused path cannot run there).
+// block (device_limits.cuh): narrow head dims take the compact 32-key variant when B <= 32 (see above),
+// else the plan's default where it fits; 0 when none fits (the fused path cannot run there).
 template <int HD> int dq_keys_for(size_t smem, int B) {
-  if (Plan<HD>::kSmemDq <= smem) return Plan<HD>::kDqKeys;
   if constexpr (!Plan<HD>::kWide) {
     if (B <= kCompactDqKeys && Plan<HD, kCompactDqKeys>::kSmemDq <= smem) return kCompactDqKeys;
   }
+  if (Plan<HD>::kSmemDq <= smem) return Plan<HD>::kDqKeys;
   return 0;
 }
 

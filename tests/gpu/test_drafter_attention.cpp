@@ -192,6 +192,18 @@ TEST(GpuDrafterAttention, Hd128GqaRatios124ManyBlocks) {
     run_both(c, 20 + static_cast<uint32_t>(nkv));
   }
 }
+// Blocks over 32 keys at head dims 64 and 128 (G 1): the dq kernel's 64-key tiles (105 KB at head dim 128,
+// fused only where the device holds them; elsewhere, as under sm_120 limits, the chunked path).
+TEST(GpuDrafterAttention, NarrowBlocksOver32Keys) {
+  SKIP_WITHOUT_GPU();
+  for (AttnCase c : {AttnCase{2, 2, 128, 64, 0, 0}, AttnCase{2, 2, 64, 48, 0, 0}, AttnCase{2, 2, 128, 40, 50, 0}}) {
+    c.lens = {300, 170, 260};
+    c.per_seq = 10;
+    EXPECT_EQ(cuda::block_attention_fused_supported(c.nh, c.nkv, c.hd, c.B), c.hd < 128 || big_shared_memory())
+        << "hd " << c.hd << " B " << c.B;
+    run_both(c, 60 + static_cast<uint32_t>(c.B));
+  }
+}
 TEST(GpuDrafterAttention, Hd128SlidingWindowManyBlocks) {
   SKIP_WITHOUT_GPU();
   AttnCase c{8, 2, 128, 16, 100, 0};
