@@ -22,4 +22,14 @@ void clip_adamw_step(const Ctx& ctx, const Tensor& params, const Tensor& grads, 
                      const ops::AdamWHyper& hyper, int64_t step, float clip, const Tensor& params_bf16);
 double last_grad_norm(const Ctx& ctx);
 
+// --optimizer-state bf16 (the twin of ops::adamw_step_bf16state, include/dflash/optim.h): params, m, v BF16
+// [n] on the device are the state, grads F32 [n]; every element is updated in fp32 and written back
+// stochastically rounded with the bits of sr::random16(seed, step, index, p/m/v). The clipped variant
+// fuses the clip and keeps the norm as clip_adamw_step does (grads left unclipped; last_grad_norm reads it).
+void adamw_step_bf16state(const Ctx& ctx, const Tensor& params, const Tensor& grads, const Tensor& m,
+                          const Tensor& v, const ops::AdamWHyper& hyper, int64_t step, uint64_t seed);
+void clip_adamw_step_bf16state(const Ctx& ctx, const Tensor& params, const Tensor& grads, const Tensor& m,
+                               const Tensor& v, const ops::AdamWHyper& hyper, int64_t step, float clip,
+                               uint64_t seed);
+
 }  // namespace dflash::cuda

@@ -61,7 +61,8 @@ using OptionMap = std::map<std::string, std::string>;
 
 // Options that may differ between a run and its resume: they change how the run is observed, paced or
 // stored, never which numbers it computes (log/flush/checkpoint intervals, output and checkpoint
-// paths, --resume itself, timeouts, queue depths, test hooks, export format).
+// paths, --resume itself, timeouts, queue depths, test hooks, export format), and --optimizer-state: it
+// changes how the state is rounded between steps, not what a checkpoint holds (fp32 either way).
 bool option_may_change_on_resume(const std::string& name);
 // The resolved "name = value" options minus those that may change.
 OptionMap resume_invariants(const std::vector<std::pair<std::string, std::string>>& resolved);

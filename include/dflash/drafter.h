@@ -9,6 +9,7 @@
 
 #include "dflash/drafter_model.h"
 #include "dflash/hf_config.h"
+#include "dflash/optim.h"  // OptimizerState
 #include "dflash/packed_batch.h"
 #include "dflash/tensor.h"
 
@@ -29,6 +30,9 @@ struct TrainOptions {
   float beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f;
   float weight_decay = 0.0f;
   float clip = 1.0f;           // global-norm clip; <= 0 disables
+  // --optimizer-state: fp32 master weights and moments, or bf16 ones updated with stochastic rounding
+  // keyed by seed (include/dflash/optim.h).
+  OptimizerState optimizer_state = OptimizerState::Fp32;
   int warmup_steps = 0;
   int64_t total_steps = 0;     // cosine decay to min_lr_ratio * lr at total_steps (0 = constant after warmup)
   float min_lr_ratio = 0.0f;  // SpecForge's cosine decays to 0

@@ -9,6 +9,21 @@
 
 #include "dflash/tensor.h"
 
+namespace dflash {
+
+// --optimizer-state: how the drafter keeps its weights and AdamW moments between steps (docs/pipeline.md
+// "Optimizer state"). Fp32: fp32 master weights and moments (on CUDA plus the bf16 copy the forward reads).
+// Bf16: the weights and both moments are bf16, each update computed in fp32 and written back with
+// stochastic rounding (dflash/stochastic_round.h); on CUDA the bf16 weights are the state and no fp32 copy
+// exists, the CPU engine keeps fp32 storage holding bf16 values. Gradients are fp32 in both modes.
+enum class OptimizerState : uint8_t { Fp32, Bf16 };
+const char* optimizer_state_name(OptimizerState s);  // "fp32" | "bf16"
+// Bytes per trainable parameter of the weights, gradients and moments as the engine of `device` allocates
+// them (CUDA fp32 18: 4 each + the bf16 copy; CUDA bf16 10; the CPU 16 in both modes).
+int optimizer_state_bytes_per_param(OptimizerState s, Device device);
+
+}  // namespace dflash
+
 namespace dflash::ops {
 
 struct AdamWHyper {
@@ -23,6 +38,17 @@ struct AdamWHyper {
 //   p -= lr/(1-b1^t) * m / (sqrt(v)/sqrt(1-b2^t) + eps)
 void adamw_step(const Ctx& ctx, const Tensor& params, const Tensor& grads, const Tensor& m, const Tensor& v,
                 const AdamWHyper& hyper, int64_t step);
+
+// The same update on bf16 state (--optimizer-state bf16): each element computed in fp32 from p, m, v (bf16
+// values) and grads (fp32, already clipped), then p, m and v written back stochastically rounded to bf16
+// with the bits of sr::random16(seed, step, index, p/m/v) (dflash/stochastic_round.h, the one definition
+// the CUDA twin shares). params, m, v: BF16 [n], or on the CPU F32 [n] storage holding bf16 values (the CPU
+// engine's). CUDA: kernels/adamw.cuh (clip_adamw_step_bf16state fuses the clip, as clip_adamw_step).
+void adamw_step_bf16state(const Ctx& ctx, const Tensor& params, const Tensor& grads, const Tensor& m,
+                          const Tensor& v, const AdamWHyper& hyper, int64_t step, uint64_t seed);
+// x [n] (F32 storage) rounded to the nearest bf16 value in place: the bf16 state's start from fp32 weights
+// (a fresh init, a --drafter, a checkpoint).
+void round_to_bf16_inplace(const Tensor& x);
 
 // Sum of squares of grads [n], accumulated in double.
 double grad_sumsq(const Ctx& ctx, const Tensor& grads);

@@ -186,6 +186,10 @@ void check_input_paths(const Options& o);
 // refused). Returns the startup line: K and the tokens per optimizer step.
 std::string resolve_grad_accum(Options& o, int num_drafters);
 
+// The startup line of --optimizer-state bf16 (printed by the job and --dry-run): what is kept and the bytes
+// per parameter against fp32 on this backend. "" with the fp32 state (the default prints nothing).
+std::string optimizer_state_line(const Options& o);
+
 // parse_options' last step for a fresh drafter's recipe (src/runtime/drafter_recipe.cpp): --mask-token,
 // --target-layers and --draft-layer-types into o.train. `given` names the recipe options set explicitly;
 // with --drafter DIR (which brings its own config) any of them is a BadOptions error.

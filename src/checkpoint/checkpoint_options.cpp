@@ -88,6 +88,10 @@ bool option_may_change_on_resume(const std::string& name) {
       "eval-data",        "eval-every",      // what is measured, not what is trained
       "eval-max-tokens",
       "eval-tau-every",   "eval-tau-prompts", "eval-tau-max-new-tokens",
+      // How the weights and moments are stored between steps: a checkpoint holds them in fp32 whichever it
+      // was, and the other mode loads it (rounded to nearest into bf16), so a resume may switch
+      // (docs/checkpoint.md "Changing the optimizer state").
+      "optimizer-state",
   };
   if (may_change.count(name)) return true;
   return name.rfind("inject-", 0) == 0;  // test hooks

@@ -133,6 +133,10 @@ void adamw_step(const Ctx&, const Tensor&, const Tensor&, const Tensor&, const T
                 int64_t) {
   fatal_no_cuda("adamw_step");
 }
+void adamw_step_bf16state(const Ctx&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                          const ops::AdamWHyper&, int64_t, uint64_t) {
+  fatal_no_cuda("adamw_step_bf16state");
+}
 double grad_sumsq(const Ctx&, const Tensor&) { fatal_no_cuda("grad_sumsq"); }
 void scale_inplace(const Ctx&, const Tensor&, float) { fatal_no_cuda("scale_inplace"); }
 void grad_accumulate(const Ctx&, const Tensor&, const Tensor&, float, ops::AccumInto) {

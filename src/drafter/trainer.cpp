@@ -197,6 +197,10 @@ DrafterTrainer::DrafterTrainer(const DrafterSource& source, const TrainOptions& 
   es.max_anchors = opt.max_anchors;
   es.selector_alpha = opt.selector_loss_alpha;
   es.selector_stop_gradient = opt.selector_stop_gradient;
+  es.optimizer_state = opt.optimizer_state;
+  // The stochastic rounding's key: from --seed, as the other streams above (Impl's constructor), so the
+  // drafters, which all apply the same summed gradient, round alike and stay identical.
+  es.sr_seed = opt.seed * 0x9e3779b97f4a7c15ULL + 3;
   s.engine = ctx.device == Device::CPU ? train::make_cpu_trainer_engine(std::move(es))
                                        : train::make_cuda_trainer_engine(std::move(es));
 }

@@ -5,7 +5,7 @@
 //   CPU  (trainer_engine_cpu.cpp): DrafterNet + ops::lm_loss + ops::adamw, float32, host buffers;
 //   CUDA (cuda/trainer_engine_cuda.cpp, in the CUDA library; make_cuda_trainer_engine is a CUDA entry
 //        point, core/cuda_entry.h): cuda::DrafterStepCuda, bf16 compute with fp32 master weights,
-//        gradients and AdamW state on the device.
+//        gradients and AdamW state on the device (--optimizer-state bf16: bf16 weights and moments).
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -30,6 +30,9 @@ struct EngineSetup {
   int64_t max_tokens = 0, max_anchors = 0;
   int64_t chunk_rows = 0;   // lm_head rows per chunk of logits
   Buffer params;            // F32 [P] host: the initial (or loaded) master weights; the engine takes it
+  // --optimizer-state and the key of its stochastic rounding (Bf16 only; derived from --seed by the trainer).
+  OptimizerState optimizer_state = OptimizerState::Fp32;
+  uint64_t sr_seed = 0;
   Buffer embed, lm_head;    // F32 [V, H] host: the target's frozen tables; the engine takes them
   bool tied = false;        // lm_head is a copy of embed (tie_word_embeddings)
   // DFlash2's selector term (cfg.arch == DFlash2): its weight alpha and whether its inputs are detached.
@@ -89,7 +92,8 @@ class TrainerEngine {
   // and reads the norm afterwards: a non-finite one has reached the weights, the run ends either way).
   virtual double optimizer_step(const ops::AdamWHyper& hyper, int64_t step, float clip) = 0;
   // Host F32 [P] views of the master weights and AdamW moments: the live buffers on the CPU, mirrors
-  // refreshed from the device on each call on CUDA. After writing them, state_loaded() makes them current.
+  // refreshed from the device on each call on CUDA (the bf16 state converted exactly). After writing them,
+  // state_loaded() makes them current (the bf16 state: rounded to the nearest bf16).
   // The final-normed hidden states [N*B, H] of the last forward (the engine's device and activation dtype).
   virtual Tensor last_hidden() = 0;
   virtual Tensor master_weights() = 0;

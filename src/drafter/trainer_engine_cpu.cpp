@@ -1,5 +1,5 @@
 // The CPU engine of DrafterTrainer (see trainer_engine.h): float32 throughout, the reference every CUDA
-// op is tested against. DrafterNet forward, the loss rows gathered and run through the chunked lm_head
+// op is tested against (--optimizer-state bf16: fp32 storage whose weights and moments hold bf16 values). DrafterNet forward, the loss rows gathered and run through the chunked lm_head
 // loss (its gradient fused into the same pass when the weights are known), the row gradients scattered
 // back into the block stream, DrafterNet backward into the flat gradient buffer.
 #include <cstring>
@@ -30,8 +30,10 @@ class CpuEngine final : public TrainerEngine {
         chunk_rows_(s.chunk_rows), embed_(std::move(s.embed)), lm_head_(std::move(s.lm_head)),
         params_(std::move(s.params)), d2_(s.cfg.arch == DraftArch::DFlash2),
         logit_{s.cfg.output_multiplier, s.cfg.final_logit_softcapping}, sel_alpha_(s.selector_alpha),
-        sel_stop_gradient_(s.selector_stop_gradient) {
+        sel_stop_gradient_(s.selector_stop_gradient), state_(s.optimizer_state), sr_seed_(s.sr_seed) {
     const int64_t P = static_cast<int64_t>(params_.numel());
+    // The bf16 state's twin: fp32 storage, bf16 values from the start (a fresh init, a --drafter).
+    if (state_ == OptimizerState::Bf16) ops::round_to_bf16_inplace(params_.t());
     const int64_t H = cfg_.layers.hidden_size, V = cfg_.layers.vocab_size;
     grads_ = Buffer(Device::CPU, DType::F32, {P});
     m_ = Buffer(Device::CPU, DType::F32, {P});
@@ -171,7 +173,10 @@ class CpuEngine final : public TrainerEngine {
   double optimizer_step(const ops::AdamWHyper& hyper, int64_t step, float clip) override {
     const double norm = ops::clip_grad_global_norm(ctx_, grads_.t(), clip);
     check_grad_norm(norm, step - 1);
-    ops::adamw_step(ctx_, params_.t(), grads_.t(), m_.t(), v_.t(), hyper, step);
+    if (state_ == OptimizerState::Bf16)
+      ops::adamw_step_bf16state(ctx_, params_.t(), grads_.t(), m_.t(), v_.t(), hyper, step, sr_seed_);
+    else
+      ops::adamw_step(ctx_, params_.t(), grads_.t(), m_.t(), v_.t(), hyper, step);
     return norm;
   }
 
@@ -179,7 +184,10 @@ class CpuEngine final : public TrainerEngine {
   Tensor master_weights() override { return params_.t(); }
   Tensor adam_m() override { return m_.t(); }
   Tensor adam_v() override { return v_.t(); }
-  void state_loaded() override {}  // the views are the live buffers
+  void state_loaded() override {  // the views are the live buffers; the bf16 state rounds what was written
+    if (state_ != OptimizerState::Bf16) return;
+    for (const Buffer* b : {&params_, &m_, &v_}) ops::round_to_bf16_inplace(b->t());
+  }
 
  private:
   void add_dh_sel(int64_t R) {  // dh += du W_h (the selector's gradient at the hidden rows)
@@ -257,6 +265,8 @@ class CpuEngine final : public TrainerEngine {
   ops::LogitSpec logit_;
   float sel_alpha_;
   bool sel_stop_gradient_;
+  OptimizerState state_;  // Bf16: params_, m_, v_ hold bf16 values (ops::adamw_step_bf16state)
+  uint64_t sr_seed_;
   Buffer topk_ids_, topk_vals_, label_logit_, cand_, unary_, gold_, covered_, pred_, u_, du_, scores_, d_unary_,
       sel_ce_, sel_slot_, sel_tok_, sel_w_, loss_, dh_sel_;
 };

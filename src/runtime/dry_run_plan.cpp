@@ -207,8 +207,11 @@ RoleMemory plan_role_memory(const Options& o, const JobPlan& plan) {
   m.target = weights + 2 * batch;  // two send buffers: the next forward fills one while one moves
   const DrafterConfig& d = plan.drafter;
   const double P = static_cast<double>(drafter_param_count(d));
-  // fp32 master weights, AdamW m and v, gradients (+ a bf16 copy for the CUDA step), frozen embedding + lm_head
-  const double state = P * (16 + (cuda ? 2 : 0)), frozen = 2.0 * t.vocab_size * t.hidden_size * act;
+  // Weights, gradients and AdamW m and v as --optimizer-state keeps them on this backend (fp32 masters +
+  // the CUDA step's bf16 copy, or bf16 weights and moments; optimizer_state_bytes_per_param), frozen
+  // embedding + lm_head
+  const int state_bytes = optimizer_state_bytes_per_param(o.train.optimizer_state, o.backend);
+  const double state = P * state_bytes, frozen = 2.0 * t.vocab_size * t.hidden_size * act;
   const double slots = o.hs_queue_depth * batch;
   // The lm_head loss's float32 logits workspace: a chunk of rows, twice (the KL teacher's half is kept either
   // way), sized by the same rule as the trainer (drafter/loss_chunk.h).
@@ -229,7 +232,8 @@ RoleMemory plan_role_memory(const Options& o, const JobPlan& plan) {
   os << "[dflash] memory per rank, fixed part (" << (cuda ? "bf16 on the GPU" : "float32 in host memory")
      << "; the target's activations come on top): target " << gib(m.target) << " (weights " << gib(weights) << " from "
      << tw.source << ", 2 send buffers of " << gib(batch) << "); drafter " << gib(m.drafter) << " ("
-     << static_cast<long long>(P) << " parameters x " << (cuda ? 18 : 16) << " B of state " << gib(state)
+     << static_cast<long long>(P) << " parameters x " << state_bytes << " B of state"
+     << (o.train.optimizer_state == OptimizerState::Bf16 ? " (--optimizer-state bf16)" : "") << " " << gib(state)
      << ", frozen embedding + lm_head " << gib(frozen) << ", " << o.hs_queue_depth << " slots " << gib(slots)
      << ", loss logits for " << loss_rows << " rows " << gib(loss_ws) << ", block activations for --max-anchors "
      << o.train.max_anchors << " x " << d.block_size << " rows " << gib(blocks) << " = "

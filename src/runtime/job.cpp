@@ -99,6 +99,7 @@ void print_startup(const Options& o, const Topology& t, const std::vector<RankCa
   os << "[dflash] options:";
   for (const auto& [k, v] : o.resolved) os << " --" << k << "=" << v;
   os << "\n[dflash] anchors: " << anchor_rule_summary(o.train.max_anchors, o.train.anchors_per_record) << "\n";
+  if (const std::string line = optimizer_state_line(o); !line.empty()) os << line << "\n";
   std::fputs(os.str().c_str(), stdout);
   std::fflush(stdout);
 }

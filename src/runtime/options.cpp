@@ -91,7 +91,8 @@ struct Described {
 Described describe(Options& o, std::vector<std::string>& data_files, std::string& topology, std::string& backend, std::string& loss,
                    std::string& long_record, std::string& export_dtype, std::string& fail_mode,
                    std::string& batch_order, std::string& data_plane, std::string& seed,
-                   std::string& deterministic, std::string& rebalance, std::string& eval_max_tokens) {
+                   std::string& deterministic, std::string& rebalance, std::string& eval_max_tokens,
+                   std::string& optimizer_state) {
   Described d;
   po::options_description job("Job");
   job.add_options()
@@ -156,6 +157,7 @@ Described describe(Options& o, std::vector<std::string>& data_files, std::string
     ("adam-beta2", po::value(&o.train.beta2)->default_value(0.999f, "0.999")->value_name("X"), "AdamW beta2 (default: torch.optim.AdamW's, as SpecForge)")
     ("adam-eps", po::value(&o.train.eps)->default_value(1e-8f, "1e-8")->value_name("X"), "AdamW epsilon")
     ("weight-decay", po::value(&o.train.weight_decay)->default_value(0.0f, "0")->value_name("X"), "AdamW decoupled weight decay, p -= lr * X * p on every parameter (default 0, as SpecForge)")
+    ("optimizer-state", po::value(&optimizer_state)->default_value("fp32")->value_name("NAME"), "fp32 (fp32 master weights and AdamW moments) | bf16 (bf16 weights and moments, each update computed in fp32 and stochastically rounded: 8 B per parameter less on CUDA; checkpoints stay fp32, so a resume may switch)")
     ("seed", po::value(&seed)->default_value("0")->value_name("N"), "seed of data order, init and anchors (0 .. 2^63-1)")
     ("eval-data", po::value(&o.eval_data)->value_name("FILE.h5"), "held-out token dataset (the --data format): loss, acc, acc by block position and streak on it, written to metrics.h5 /eval; its features are computed once at startup")
     ("eval-max-tokens", po::value(&eval_max_tokens)->default_value("auto")->value_name("N|auto"), "with --eval-data: evaluate at most N of its tokens; a larger file is evaluated on a fixed sample of whole records that fits (the same on every rank, split and resume). auto: what one drafter's 2 GiB of eval features holds at this drafter's shape (about 52K tokens at the Qwen3-8B shape on CUDA)")
@@ -322,9 +324,9 @@ ParseResult parse_options(int argc, const char* const* argv) {
   Options& o = r.options;
   std::vector<std::string> data;
   std::string topology, backend, loss, long_record, export_dtype, fail_mode, batch_order, data_plane, seed,
-      deterministic, rebalance, eval_max_tokens;
+      deterministic, rebalance, eval_max_tokens, optimizer_state;
   const Described described = describe(o, data, topology, backend, loss, long_record, export_dtype, fail_mode, batch_order,
-                                       data_plane, seed, deterministic, rebalance, eval_max_tokens);
+                                       data_plane, seed, deterministic, rebalance, eval_max_tokens, optimizer_state);
   const po::options_description& desc = described.all;
   po::variables_map vm;
   const char* usage_hint = "dflash-train --help lists every option";
@@ -407,6 +409,9 @@ ParseResult parse_options(int argc, const char* const* argv) {
   if (export_dtype == "f32") o.export_dtype = DType::F32;
   else if (export_dtype == "bf16") o.export_dtype = DType::BF16;
   else check_range(false, "export-dtype", export_dtype, "bf16 or f32");
+  if (optimizer_state == "fp32") o.train.optimizer_state = OptimizerState::Fp32;
+  else if (optimizer_state == "bf16") o.train.optimizer_state = OptimizerState::Bf16;
+  else check_range(false, "optimizer-state", optimizer_state, "fp32 or bf16");
   if (fail_mode == "kill") o.inject_fail_mode = FailMode::Kill;
   else if (fail_mode == "hang") o.inject_fail_mode = FailMode::Hang;
   else check_range(false, "inject-fail-mode", fail_mode, "kill or hang");
@@ -569,6 +574,19 @@ void check_input_paths(const Options& o) {
 }  // namespace dflash
 
 namespace dflash {
+
+std::string optimizer_state_line(const Options& o) {
+  if (o.train.optimizer_state != OptimizerState::Bf16) return "";
+  const int fp32 = optimizer_state_bytes_per_param(OptimizerState::Fp32, o.backend);
+  const int bf16 = optimizer_state_bytes_per_param(OptimizerState::Bf16, o.backend);
+  std::ostringstream os;
+  os << "[dflash] optimizer state: bf16 weights and AdamW moments, stochastic rounding (";
+  if (o.backend == Device::CUDA)
+    os << bf16 << " B/param with the fp32 gradients, " << fp32 - bf16 << " B/param less than fp32's " << fp32 << ")";
+  else
+    os << "the CPU backend keeps them in fp32 storage holding bf16 values: " << bf16 << " B/param, as fp32)";
+  return os.str();
+}
 
 std::string resolve_grad_accum(Options& o, int num_drafters) {
   if (o.global_batch_tokens > 0) {

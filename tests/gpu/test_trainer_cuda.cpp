@@ -6,7 +6,8 @@
 //     pre-clip gradient norms 1e-1, and the loss on the case's anchors must fall by 5% on both;
 //   one D-PACE step: loss 1e-2 relative, all gradients 3e-2, each tensor 6e-2 (test_drafter_golden.cpp);
 //   hs-noise: mean within 5 standard errors of 0, std within 2% of sigma over 2^18 elements;
-//   state round trip: losses of the restored trainer within 1e-6 relative of the original's.
+//   state round trip: losses of the restored trainer within 1e-6 relative of the original's;
+//   --optimizer-state bf16: the same 20-step and round-trip bounds, CPU and CUDA both in that mode.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -291,6 +292,56 @@ TEST(TrainerCuda, StateRoundTripContinuesIdentically) {
   DrafterTrainer back(c.in.target_dir, dir, 0, opt, cpu_ctx(), c.T);
   EXPECT_EQ(back.weights_checksum(), a.weights_checksum());
   std::filesystem::remove_all(tmpl);
+}
+
+// --optimizer-state bf16: the CUDA trainer (bf16 weights and moments on the device, no fp32 copy) against the
+// CPU trainer in the same mode (fp32 storage of bf16 values) over 20 steps, as CpuAndCudaTrackOverTwentySteps
+// (kTrainerLoss); both start from the same weights rounded to bf16, every weight and moment the host views
+// show is a bf16 value, and a state restored through those F32 views (the checkpoint's path) continues as
+// the original (kSameComputation: the same bits are drawn at the same steps).
+TEST(TrainerCuda, Bf16StateTracksCpuAndRoundTrips) {
+  SKIP_WITHOUT_GPU();
+  const GoldenCase& c = golden();
+  Ctx g = gpu();
+  Batches fb(g);
+  TrainOptions opt = c.in.opt;
+  opt.seed = 3;
+  opt.max_anchors = 8;
+  opt.optimizer_state = OptimizerState::Bf16;
+  DrafterTrainer cpu(c.in.target_dir, c.in.drafter_dir, 0, opt, cpu_ctx(), c.T);
+  DrafterTrainer a(c.in.target_dir, c.in.drafter_dir, 0, opt, g, c.T);
+  EXPECT_EQ(cpu.weights_checksum(), a.weights_checksum()) << "the same initial weights, rounded to bf16";
+  const std::vector<int64_t> probe(c.in.anchors.begin(),
+                                   c.in.anchors.begin() + std::min<size_t>(c.in.anchors.size(), opt.max_anchors));
+  const double eval0 = cpu.evaluate(fb.cpu, probe).loss;
+  for (int s = 0; s < 20; ++s) {
+    const StepStats sc = cpu.forward_backward(fb.cpu), sg = a.forward_backward(fb.cuda);
+    EXPECT_NEAR(sg.loss, sc.loss, test::tol::kTrainerLoss * sc.loss) << "step " << s;
+    const double nc = cpu.optimizer_step(), ng = a.optimizer_step();
+    EXPECT_NEAR(ng, nc, test::tol::kTrainerGradNorm * nc) << "step " << s;
+  }
+  const double eval_cpu = cpu.evaluate(fb.cpu, probe).loss, eval_gpu = a.evaluate(fb.cuda, probe).loss;
+  EXPECT_LT(eval_cpu, 0.95 * eval0) << "the CPU run did not learn: the comparison would be vacuous";
+  EXPECT_NEAR(eval_gpu, eval_cpu, test::tol::kTrainerLoss * eval_cpu);
+  const std::vector<float> w = host_copy(a.master_weights()), m = host_copy(a.adam_m()), v = host_copy(a.adam_v());
+  for (const std::vector<float>* t : {&w, &m, &v})
+    for (float x : *t) ASSERT_EQ(x, bf16_to_f32(f32_to_bf16(x))) << "a state value that is no bf16";
+
+  DrafterTrainer b(c.in.target_dir, c.in.drafter_dir, 0, opt, g, c.T);
+  std::memcpy(b.master_weights().data, w.data(), w.size() * sizeof(float));
+  std::memcpy(b.adam_m().data, m.data(), m.size() * sizeof(float));
+  std::memcpy(b.adam_v().data, v.data(), v.size() * sizeof(float));
+  b.state_loaded();
+  b.set_step(a.step());
+  b.set_rng_state(a.rng_state());
+  EXPECT_EQ(b.weights_checksum(), a.weights_checksum());
+  EXPECT_EQ(0, std::memcmp(host_copy(b.adam_v()).data(), v.data(), v.size() * sizeof(float)));
+  for (int s = 0; s < 3; ++s) {
+    const StepStats sa = a.forward_backward(fb.cuda), sb = b.forward_backward(fb.cuda);
+    EXPECT_NEAR(sb.loss, sa.loss, test::tol::kSameComputation * std::fabs(sa.loss)) << "step " << s;
+    const double na = a.optimizer_step(), nb = b.optimizer_step();
+    EXPECT_NEAR(nb, na, test::tol::kSameComputation * na) << "step " << s;
+  }
 }
 
 TEST(TrainerCuda, ScaleGradsOnBothBackends) {

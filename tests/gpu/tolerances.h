@@ -65,6 +65,12 @@ constexpr double kGradSumsq = 1e-9;
 constexpr double kGradNorm = 1e-6;
 // The fused AdamW's bf16 copy of the weights (rel): one rounding of the fp32 master to bf16 (<= 2^-8 = 3.9e-3).
 constexpr double kBf16Copy = 4e-3;
+// --optimizer-state bf16: the CUDA kernel's new p, m, v against the CPU op's from the same bf16 state (bf16
+// ulps, per element). Both run sr::adamw_bf16_update (include/dflash/stochastic_round.h) with the same
+// random bits and no FMA contraction, so they are normally equal; an fp32 difference of one ulp (the clip
+// coefficient from a sum of squares in another order, a libm rounding) can flip one rounding decision,
+// which moves that value by one bf16 ulp. More than one ulp is a wrong value.
+constexpr int kBf16StateUlps = 1;
 // The same GPU computation twice (rel or x want): a restored trainer's losses and gradient norms, the step
 // again without the gradient hooks, the noise replayed from a saved rng state, D-PACE's unchanged
 // StepStats::loss. Nothing but fp32 atomics' order may differ.

@@ -153,6 +153,18 @@ TEST(ResumeInvariants, ChangedObjectiveOrTopologyIsRefusedNamingIt) {
   EXPECT_EXIT(check_resume_compatible(saved, now, "ckpt"), ExitedWithCode(2), "2 option");
 }
 
+// --optimizer-state may change on a resume (a checkpoint holds the state in fp32 either way, and either mode
+// loads it: docs/checkpoint.md "Changing the optimizer state"); it is no invariant, so a checkpoint from before
+// the option existed resumes in either mode too.
+TEST(ResumeInvariants, OptimizerStateMayChange) {
+  const OptionMap fp32 = resume_invariants({{"loss", "ce"}, {"optimizer-state", "fp32"}});
+  const OptionMap bf16 = resume_invariants({{"loss", "ce"}, {"optimizer-state", "bf16"}});
+  EXPECT_FALSE(fp32.count("optimizer-state"));
+  EXPECT_EQ(options_hash(fp32), options_hash(bf16));
+  check_resume_compatible(fp32, bf16, "ckpt");  // returns: accepted
+  check_resume_compatible({{"loss", "ce"}}, bf16, "ckpt");
+}
+
 // A resume on another split (docs/checkpoint.md "Changing the split"): the topology, the world size and the
 // micro-batches per step may differ; everything else is still refused.
 TEST(ResumeInvariants, AnotherSplitMayChangeTheTopologyOnly) {

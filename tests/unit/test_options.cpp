@@ -102,6 +102,27 @@ TEST(Options, OptimizerDefaultsAreTheReferenceRecipe) {
   EXPECT_EQ(resolved(d, "weight-decay"), "0");
 }
 
+// --optimizer-state: fp32 by default (the library's default too), bf16 on request, anything else refused; the
+// startup line only in bf16 mode, with the bytes per parameter of the backend.
+TEST(Options, OptimizerState) {
+  const Options d = parse(kRequired).options;
+  EXPECT_EQ(d.train.optimizer_state, OptimizerState::Fp32);
+  EXPECT_EQ(d.train.optimizer_state, TrainOptions{}.optimizer_state);
+  EXPECT_EQ(resolved(d, "optimizer-state"), "fp32");
+  EXPECT_EQ(optimizer_state_line(d), "");
+  const Options b = parse(with_required({"--optimizer-state", "bf16", "--backend", "cuda"})).options;
+  EXPECT_EQ(b.train.optimizer_state, OptimizerState::Bf16);
+  EXPECT_EQ(resolved(b, "optimizer-state"), "bf16");
+  EXPECT_NE(optimizer_state_line(b).find("stochastic rounding (10 B/param with the fp32 gradients, 8 B/param less "
+                                         "than fp32's 18)"),
+            std::string::npos)
+      << optimizer_state_line(b);
+  const Options c = parse(with_required({"--optimizer-state", "bf16"})).options;
+  EXPECT_NE(optimizer_state_line(c).find("fp32 storage holding bf16 values"), std::string::npos);
+  EXPECT_EXIT(parse(with_required({"--optimizer-state", "fp16"})), testing::ExitedWithCode(2),
+              "bad value fp16 for --optimizer-state");
+}
+
 // to_json (metrics.h5's options attribute and its typed /options group) keeps the parser's types.
 TEST(Options, ToJsonKeepsTheTypes) {
   const Options o = parse(with_required({"--lr", "1e-3", "--dpace", "--hs-queue-depth", "8", "--max-steps", "50"})).options;

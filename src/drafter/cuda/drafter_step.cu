@@ -30,11 +30,19 @@ __global__ void f32_to_bf16_kernel(__nv_bfloat16* __restrict__ d, const float* _
 }  // namespace
 
 DrafterStepCuda::DrafterStepCuda(const DrafterConfig& cfg, const std::vector<ParamSpec>& layout, const Ctx& ctx,
-                                 int64_t max_tokens, int64_t max_anchors, int64_t chunk_rows)
+                                 int64_t max_tokens, int64_t max_anchors, int64_t chunk_rows, OptimizerState state,
+                                 uint64_t sr_seed)
     : impl_(new Impl()) {
   Impl& s = *impl_;
   s.c = cfg;
   s.ctx = ctx;
+  s.state = state;
+  s.sr_seed = sr_seed;
+  const bool bf16_state = state == OptimizerState::Bf16;
+  DF_CHECK_HINT(!(bf16_state && cfg.arch == DraftArch::DFlash2), BadOptions,
+                "--optimizer-state bf16 with a DFlash2 drafter on CUDA: its conv base kernels and codebooks are read "
+                "as fp32 master weights, which the bf16 state does not keep",
+                "use --optimizer-state fp32 (the default) for DFlash2, or --backend cpu");
   const Qwen3Config& L = cfg.layers;
   s.B = cfg.block_size;
   s.max_T = max_tokens;
@@ -72,10 +80,11 @@ DrafterStepCuda::DrafterStepCuda(const DrafterConfig& cfg, const std::vector<Par
     DF_CHECK(p.offset % 8 == 0, Internal, "drafter step (CUDA): parameter " << p.name << " at offset " << p.offset
                                                                               << " is not 16-byte aligned in bf16");
   const int64_t P = static_cast<int64_t>(s.P);
-  s.params = Buffer(Device::CUDA, DType::F32, {P});
+  if (!bf16_state) s.params = Buffer(Device::CUDA, DType::F32, {P});  // the bf16 state keeps no fp32 weights
   s.grads = Buffer(Device::CUDA, DType::F32, {P});
-  s.m = Buffer(Device::CUDA, DType::F32, {P});
-  s.v = Buffer(Device::CUDA, DType::F32, {P});
+  const DType moments = bf16_state ? DType::BF16 : DType::F32;
+  s.m = Buffer(Device::CUDA, moments, {P});
+  s.v = Buffer(Device::CUDA, moments, {P});
   s.pbf = Buffer(Device::CUDA, DType::BF16, {P});
   s.m.zero();
   s.v.zero();
@@ -232,6 +241,7 @@ DrafterStepCuda::DrafterStepCuda(const DrafterConfig& cfg, const std::vector<Par
 }
 
 DrafterStepCuda::~DrafterStepCuda() { delete impl_; }
+OptimizerState DrafterStepCuda::optimizer_state() const { return impl_->state; }
 const Tensor& DrafterStepCuda::params() const { return impl_->params.t(); }
 const Tensor& DrafterStepCuda::grads() const { return impl_->grads.t(); }
 const Tensor& DrafterStepCuda::params_bf16() const { return impl_->pbf.t(); }
@@ -242,9 +252,11 @@ Tensor DrafterStepCuda::hidden() const { return Impl::v2(impl_->h_final, impl_->
 void DrafterStepCuda::reset_from_params() {
   Impl& s = *impl_;
   const int64_t P = static_cast<int64_t>(s.P);
-  f32_to_bf16_kernel<<<grid_of(s.ctx, P), 256, 0, stream_of(s.ctx)>>>(static_cast<__nv_bfloat16*>(s.pbf.t().data),
-                                                                static_cast<const float*>(s.params.t().data), P);
-  DF_CUDA_LAUNCH();
+  if (s.state == OptimizerState::Fp32) {  // (the bf16 state: pbf is the weights, written by the caller)
+    f32_to_bf16_kernel<<<grid_of(s.ctx, P), 256, 0, stream_of(s.ctx)>>>(static_cast<__nv_bfloat16*>(s.pbf.t().data),
+                                                                  static_cast<const float*>(s.params.t().data), P);
+    DF_CUDA_LAUNCH();
+  }
   DF_CUDA(cudaMemsetAsync(s.m.t().data, 0, s.m.t().nbytes(), stream_of(s.ctx)));
   DF_CUDA(cudaMemsetAsync(s.v.t().data, 0, s.v.t().nbytes(), stream_of(s.ctx)));
 }
@@ -317,7 +329,10 @@ void DrafterStepCuda::backward_rows(const train::DrafterBatch& b, const std::vec
 double DrafterStepCuda::optimizer_step(const ops::AdamWHyper& hyper, int64_t step, float clip) {
   Impl& s = *impl_;
   s.mark(Phase::Optimizer);
-  cuda::clip_adamw_step(s.ctx, s.params.t(), s.grads.t(), s.m.t(), s.v.t(), hyper, step, clip, s.pbf.t());
+  if (s.state == OptimizerState::Bf16)
+    cuda::clip_adamw_step_bf16state(s.ctx, s.pbf.t(), s.grads.t(), s.m.t(), s.v.t(), hyper, step, clip, s.sr_seed);
+  else
+    cuda::clip_adamw_step(s.ctx, s.params.t(), s.grads.t(), s.m.t(), s.v.t(), hyper, step, clip, s.pbf.t());
   s.mark(Phase::Count);
   return last_grad_norm(s.ctx);
 }

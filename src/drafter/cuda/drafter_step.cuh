@@ -35,20 +35,27 @@ struct DrafterStepResult {
 class DrafterStepCuda {
  public:
   // layout = drafter_param_layout(c). Allocates every buffer once (max_tokens context tokens,
-  // max_anchors blocks, lm_head rows in chunks of chunk_rows).
+  // max_anchors blocks, lm_head rows in chunks of chunk_rows). state (--optimizer-state): Fp32 keeps fp32
+  // master weights and moments beside the bf16 weights; Bf16 keeps the bf16 weights as the state and bf16
+  // moments, updated with stochastic rounding seeded by sr_seed (ops::adamw_step_bf16state; DFlash2, whose
+  // conv base kernels and codebooks are read as fp32 masters, is refused).
   DrafterStepCuda(const DrafterConfig& c, const std::vector<ParamSpec>& layout, const Ctx& ctx, int64_t max_tokens,
-                  int64_t max_anchors, int64_t chunk_rows);
+                  int64_t max_anchors, int64_t chunk_rows, OptimizerState state = OptimizerState::Fp32,
+                  uint64_t sr_seed = 0);
   ~DrafterStepCuda();
   DrafterStepCuda(const DrafterStepCuda&) = delete;
   DrafterStepCuda& operator=(const DrafterStepCuda&) = delete;
 
-  // Flat fp32 master weights / gradients / moments [P] and the bf16 weights the forward reads.
+  // Flat fp32 master weights / gradients / moments [P] and the bf16 weights the forward reads. With the
+  // bf16 state, params() is empty (no fp32 copy exists), adam_m() and adam_v() are BF16 [P].
+  OptimizerState optimizer_state() const;
   const Tensor& params() const;
   const Tensor& grads() const;
   const Tensor& params_bf16() const;
   const Tensor& adam_m() const;
   const Tensor& adam_v() const;
-  // After writing params(): refresh the bf16 copy and zero the optimizer state.
+  // After writing the weights (params() with the fp32 state, params_bf16() with the bf16 state): refresh the
+  // bf16 copy (fp32 state) and zero the optimizer state.
   void reset_from_params();
   // The target's frozen embedding and lm_head, BF16 [V, H] on the device (not owned).
   void set_frozen(const Tensor& embed, const Tensor& lm_head);
@@ -75,7 +82,8 @@ class DrafterStepCuda {
   // (row_weight [R] already normalised) with the logits recomputed chunk by chunk, then the drafter backward
   // into grads() (overwritten), reporting to b.ready. D-PACE's weights depend on the forward.
   void backward_rows(const train::DrafterBatch& b, const std::vector<float>& row_weight, ops::LossObjective objective);
-  // Global-norm clip + AdamW (1-based step) + bf16 weight refresh in one pass. Returns the pre-clip norm
+  // Global-norm clip + AdamW (1-based step) + bf16 weight refresh in one pass (the bf16 state: the
+  // stochastically rounded update of the bf16 weights and moments). Returns the pre-clip norm
   // (synchronizes to read it).
   double optimizer_step(const ops::AdamWHyper& hyper, int64_t step, float clip);
   // The final-normed hidden states [N*B, H] (BF16) of the last forward.

@@ -78,6 +78,10 @@ struct DrafterStepCuda::Impl {
   ops::RopeSpec rope;
   float eps;
   size_t P = 0;
+  // --optimizer-state: Fp32 fills params, m, v (F32) and pbf; Bf16 leaves params empty, pbf is the state,
+  // m and v are BF16, and sr_seed keys the stochastic rounding (drafter_step.cuh).
+  OptimizerState state = OptimizerState::Fp32;
+  uint64_t sr_seed = 0;
   Buffer params, grads, m, v, pbf;
   drafter_step::NetW w, g;  // bf16 weights / fp32 gradients
   Tensor embed, lm_head;

@@ -1,6 +1,7 @@
 // The CUDA engine of DrafterTrainer (see src/drafter/trainer_engine.h): cuda::DrafterStepCuda with the
-// trainer's weights, the target's frozen tables in bf16 on the device, and host mirrors of the fp32 state
-// for checkpoints. Host C++ of the CUDA library (built only with a toolkit), which links the base library
+// trainer's weights, the target's frozen tables in bf16 on the device, and host mirrors of the state in
+// fp32 for checkpoints (the bf16 state, --optimizer-state bf16, converted exactly on the way down and
+// rounded to nearest on the way up). Host C++ of the CUDA library (built only with a toolkit), which links the base library
 // alone: it calls the CUDA library and the base (tensor, error), nothing of the core.
 #include <algorithm>
 #include <cstring>
@@ -32,11 +33,12 @@ class CudaEngine final : public TrainerEngine {
  public:
   explicit CudaEngine(EngineSetup s)
       : ctx_(s.ctx), objective_(s.loss == LossKind::KL ? ops::LossObjective::KL : ops::LossObjective::CE),
-        step_(s.cfg, s.layout, s.ctx, s.max_tokens, s.max_anchors, s.chunk_rows), params_h_(std::move(s.params)) {
+        step_(s.cfg, s.layout, s.ctx, s.max_tokens, s.max_anchors, s.chunk_rows, s.optimizer_state, s.sr_seed),
+        params_h_(std::move(s.params)) {
     DF_CHECK(ctx_.device == Device::CUDA, Internal, "CUDA drafter engine on a non-CUDA context");
     const int64_t H = s.cfg.layers.hidden_size, V = s.cfg.layers.vocab_size;
-    DF_CHECK(params_h_.numel() == step_.params().numel(), Internal,
-             "CUDA drafter engine: " << params_h_.numel() << " initial weights for " << step_.params().numel());
+    DF_CHECK(params_h_.numel() == step_.params_bf16().numel(), Internal,
+             "CUDA drafter engine: " << params_h_.numel() << " initial weights for " << step_.params_bf16().numel());
     embed_ = Buffer(Device::CUDA, DType::BF16, {V, H});
     upload_bf16(ctx_, embed_.t(), s.embed.ptr<float>());
     if (!s.tied) {
@@ -45,8 +47,9 @@ class CudaEngine final : public TrainerEngine {
     }
     step_.set_frozen(embed_.t(), s.tied ? embed_.t() : lm_head_.t());
     step_.set_selector_objective(s.selector_alpha, s.selector_stop_gradient);
-    // Upload the master weights; reset_from_params writes the bf16 copy and zeroes m and v.
-    cuda::copy_bytes(ctx_, step_.params().data, params_h_.t().data, params_h_.t().nbytes());
+    // Upload the weights (the fp32 masters, or the bf16 state rounded to nearest); reset_from_params writes
+    // the bf16 copy (fp32 state) and zeroes m and v.
+    upload_weights();
     step_.reset_from_params();
     cuda::synchronize_stream(ctx_);
   }
@@ -89,7 +92,7 @@ class CudaEngine final : public TrainerEngine {
   }
 
   Tensor last_hidden() override { return step_.hidden(); }
-  Tensor master_weights() override { return download(step_.params(), params_h_); }
+  Tensor master_weights() override { return download(bf16_state() ? step_.params_bf16() : step_.params(), params_h_); }
   Tensor adam_m() override { return download(step_.adam_m(), m_h_); }
   Tensor adam_v() override { return download(step_.adam_v(), v_h_); }
 
@@ -97,20 +100,41 @@ class CudaEngine final : public TrainerEngine {
     // A moment never staged was not written by the caller: keep the device's (reset_from_params zeroes it).
     if (m_h_.t().empty()) adam_m();
     if (v_h_.t().empty()) adam_v();
-    cuda::copy_bytes(ctx_, step_.params().data, params_h_.t().data, params_h_.t().nbytes());
+    upload_weights();
     step_.reset_from_params();  // bf16 weights from the new masters; zeroes m and v, uploaded next
-    cuda::copy_bytes(ctx_, step_.adam_m().data, m_h_.t().data, m_h_.t().nbytes());
-    cuda::copy_bytes(ctx_, step_.adam_v().data, v_h_.t().data, v_h_.t().nbytes());
+    upload_state(step_.adam_m(), m_h_);
+    upload_state(step_.adam_v(), v_h_);
     cuda::synchronize_stream(ctx_);
   }
 
  private:
-  // The host mirror of a device F32 [P] tensor, allocated on first use (m and v only when checkpointing).
+  bool bf16_state() const { return step_.optimizer_state() == OptimizerState::Bf16; }
+
+  // The host F32 mirror of a device F32 or BF16 [P] tensor (BF16 converted exactly), allocated on first use
+  // (m and v only when checkpointing).
   Tensor download(const Tensor& dev, Buffer& host) {
     if (host.t().empty()) host = Buffer(Device::CPU, DType::F32, {static_cast<int64_t>(dev.numel())});
-    cuda::copy_bytes(ctx_, host.t().data, dev.data, dev.nbytes());
+    if (dev.dtype == DType::F32) {
+      cuda::copy_bytes(ctx_, host.t().data, dev.data, dev.nbytes());
+      return host.t();
+    }
+    constexpr size_t kSlice = size_t{1} << 24;  // bounded staging, as upload_bf16
+    std::vector<uint16_t> staged(std::min(kSlice, dev.numel()));
+    float* h = host.ptr<float>();
+    for (size_t i0 = 0, n = dev.numel(); i0 < n; i0 += kSlice) {
+      const size_t m = std::min(kSlice, n - i0);
+      cuda::copy_bytes(ctx_, staged.data(), static_cast<const uint16_t*>(dev.data) + i0, m * sizeof(uint16_t));
+      for (size_t i = 0; i < m; ++i) h[i0 + i] = bf16_to_f32(staged[i]);
+    }
     return host.t();
   }
+  // A host F32 [P] mirror onto the device tensor: copied (F32) or rounded to nearest (BF16).
+  void upload_state(const Tensor& dev, const Buffer& host) {
+    if (dev.dtype == DType::F32) cuda::copy_bytes(ctx_, dev.data, host.t().data, host.t().nbytes());
+    else upload_bf16(ctx_, dev, host.ptr<float>());
+  }
+  // The weights in params_h_ onto the device: the fp32 masters, or the bf16 state itself.
+  void upload_weights() { upload_state(bf16_state() ? step_.params_bf16() : step_.params(), params_h_); }
 
   Ctx ctx_;
   ops::LossObjective objective_;
