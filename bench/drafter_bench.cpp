@@ -9,6 +9,7 @@
 //   drafter_bench --gemm-peak
 //   drafter_bench --attention-probe [--model 27b --context 4096]              (one layer's block attention)
 //   drafter_bench --model 8b --deterministic                                 (the cost of --deterministic)
+//   drafter_bench --model 8b --optimizer-state bf16        (bf16 weights and AdamW moments, stochastic rounding)
 //   drafter_bench --model 8b --chunk-blocks 7      (loss chunks of 7 x 15 rows instead of the trainer's rule)
 #include <cuda_runtime.h>
 
@@ -51,6 +52,7 @@ struct Args {
   std::string draft_arch = "dflash";  // dflash2: convs + selector (docs/dflash2.md), block 8 unless --block
   int block = 0;                      // 0: 16 (dflash) / 8 (dflash2)
   float softcap = 0.f, multiplier = 1.f;
+  OptimizerState state = OptimizerState::Fp32;  // --optimizer-state fp32|bf16
 };
 
 Args parse(int argc, char** argv) {
@@ -73,6 +75,11 @@ Args parse(int argc, char** argv) {
     else if (k == "--steps") a.steps = std::stoi(val());
     else if (k == "--gemm-peak") a.gemm_peak = true;
     else if (k == "--attention-probe") a.attention_probe = true;
+    else if (k == "--optimizer-state") {
+      const std::string v = val();
+      if (v != "fp32" && v != "bf16") fatal(ExitCode::BadOptions, "--optimizer-state must be fp32 or bf16");
+      a.state = v == "bf16" ? OptimizerState::Bf16 : OptimizerState::Fp32;
+    }
     else if (k == "--deterministic") a.deterministic = true;
     else if (k == "--draft-arch") a.draft_arch = val();
     else if (k == "--block") a.block = std::stoi(val());
@@ -270,11 +277,17 @@ int main(int argc, char** argv) {
   const std::vector<ParamSpec> layout = drafter_param_layout(c);
   const int64_t chunk_rows = args.chunk_blocks > 0 ? args.chunk_blocks * (B - 1)
                                                   : train::loss_chunk_rows(Device::CUDA, V, N * (B - 1));
-  cuda::DrafterStepCuda step(c, layout, ctx, T, N, chunk_rows);
+  cuda::DrafterStepCuda step(c, layout, ctx, T, N, chunk_rows, args.state, /*sr_seed=*/7);
+  std::printf("# optimizer state %s\n", optimizer_state_name(args.state));
   // random weights: linear ~ U with std 0.02, norms 1 (as init_drafter_weights), fp32 master then bf16 copy
+  // (the bf16 state: the bf16 weights directly)
+  const bool bf16_state = args.state == OptimizerState::Bf16;
   for (size_t i = 0; i < layout.size(); ++i) {
     const ParamSpec& p = layout[i];
-    Tensor t(static_cast<float*>(step.params().data) + p.offset, DType::F32, Device::CUDA, {static_cast<int64_t>(p.numel())});
+    Tensor t = bf16_state ? Tensor(static_cast<uint16_t*>(step.params_bf16().data) + p.offset, DType::BF16, Device::CUDA,
+                                   {static_cast<int64_t>(p.numel())})
+                          : Tensor(static_cast<float*>(step.params().data) + p.offset, DType::F32, Device::CUDA,
+                                   {static_cast<int64_t>(p.numel())});
     cuda::fill_random(ctx, t, 100 + i, p.is_norm() ? 1.f : 0.f, p.is_norm() ? 0.f : 0.02f);
   }
   step.reset_from_params();
@@ -357,7 +370,7 @@ int main(int argc, char** argv) {
   std::printf("drafter step %s objective=%s context=%lld anchors=%lld (rows %lld, loss chunks of %lld rows%s) params=%.2fB\n",
               args.model.c_str(), args.objective.c_str(), (long long)T, (long long)N, (long long)rows.size(),
               (long long)chunk_rows, args.chunk_blocks > 0 ? ", --chunk-blocks" : " as the trainer",
-              double(step.params().numel()) / 1e9);
+              double(step.params_bf16().numel()) / 1e9);
   std::printf("  step: median %.1f ms over %d steps (min %.1f, max %.1f); loss %.4f -> %.4f; grad norm %.3f\n", step_ms,
               args.steps, *std::min_element(times.begin(), times.end()), *std::max_element(times.begin(), times.end()),
               loss0, loss, norm);
@@ -373,8 +386,8 @@ int main(int argc, char** argv) {
               head_flops / (ph[2] * 1e-3) / 1e12);
   std::printf("  attention work ~%.2f TFLOP (visible keys only) -> %.0f TFLOP/s in the attention phase\n",
               attn_flops_full / 1e12, attn_flops_full / (ph[1] * 1e-3) / 1e12);
-  std::printf("RESULT model=%s objective=%s deterministic=%d step_ms=%.1f mem_gib=%.2f\n", args.model.c_str(),
-              args.objective.c_str(), args.deterministic ? 1 : 0,
-              step_ms, used);
+  std::printf("RESULT model=%s arch=%s block=%d objective=%s deterministic=%d optimizer_state=%s step_ms=%.1f mem_gib=%.2f\n",
+              args.model.c_str(), args.draft_arch.c_str(), c.block_size, args.objective.c_str(),
+              args.deterministic ? 1 : 0, optimizer_state_name(args.state), step_ms, used);
   return 0;
 }

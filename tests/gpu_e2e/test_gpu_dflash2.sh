@@ -28,6 +28,23 @@ for k in ('loss_sel', 'candidate_recall', 'selector_acc'):
     print(k, 'cpu', c['steps/' + k][-1], 'gpu', v[-1])
 assert json.load(open(sys.argv[3]))['architectures'] == ['DFlash2DraftModel']
 PYEOF
+# The bf16 optimizer state (--optimizer-state bf16: the conv base kernels and codebooks read through fp32
+# copies refreshed after every update): the CUDA run tracks the CPU run of the same mode within the same bounds.
+run_job cpu_bf16 2 300 "${common[@]}" --backend cpu --optimizer-state bf16
+expect_rc 0 cpu_bf16
+run_job gpu_bf16 2 300 "${common[@]}" --backend cuda --optimizer-state bf16
+expect_rc 0 gpu_bf16
+"$PY" - "$WORK/cpu_bf16/metrics.h5" "$WORK/gpu_bf16/metrics.h5" <<'PYEOF' || fail "the GPU DFlash2 run with the bf16 state does not track the CPU run"
+import sys, h5py, numpy as np
+c, g = h5py.File(sys.argv[1], 'r'), h5py.File(sys.argv[2], 'r')
+lc, lg = c['steps/loss'][:], g['steps/loss'][:]
+assert len(lc) == len(lg) == 30, (len(lc), len(lg))
+rel = np.abs(lg - lc) / np.abs(lc)
+print('bf16 state: loss cpu %.4f -> %.4f, gpu %.4f -> %.4f; rel diff max %.4f mean %.4f' % (lc[0], lc[-5:].mean(), lg[0], lg[-5:].mean(), rel.max(), rel.mean()))
+assert rel.max() <= 0.06 and rel.mean() <= 0.02, rel
+assert lg[-5:].mean() < lg[:5].mean() - 0.05, 'GPU loss did not fall'
+PYEOF
+grep -q "optimizer state: bf16" "$WORK/gpu_bf16.log" || fail "the bf16 run does not say its optimizer state"
 "$DFLASH_BIN/dflash-eval" --target "$(tiny_dir)/target" --drafter "$WORK/gpu/drafter" --prompts "$(tiny_dir)/data.h5" \
   --max-prompts 4 --max-new-tokens 24 --backend cuda --check-greedy >"$WORK/eval.log" 2>&1 ||
   { tail -20 "$WORK/eval.log"; fail "dflash-eval on the DFlash2 export (CUDA)"; }

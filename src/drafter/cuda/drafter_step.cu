@@ -27,6 +27,12 @@ __global__ void f32_to_bf16_kernel(__nv_bfloat16* __restrict__ d, const float* _
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) d[i] = __float2bfloat16_rn(s[i]);
 }
 
+// The fp32 copies of bf16 weights (exact) that a DFlash2 drafter's ops read under the bf16 state.
+__global__ void bf16_to_f32_kernel(float* __restrict__ d, const __nv_bfloat16* __restrict__ s, int64_t n) {
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) d[i] = __bfloat162float(s[i]);
+}
+
 }  // namespace
 
 DrafterStepCuda::DrafterStepCuda(const DrafterConfig& cfg, const std::vector<ParamSpec>& layout, const Ctx& ctx,
@@ -39,10 +45,6 @@ DrafterStepCuda::DrafterStepCuda(const DrafterConfig& cfg, const std::vector<Par
   s.state = state;
   s.sr_seed = sr_seed;
   const bool bf16_state = state == OptimizerState::Bf16;
-  DF_CHECK_HINT(!(bf16_state && cfg.arch == DraftArch::DFlash2), BadOptions,
-                "--optimizer-state bf16 with a DFlash2 drafter on CUDA: its conv base kernels and codebooks are read "
-                "as fp32 master weights, which the bf16 state does not keep",
-                "use --optimizer-state fp32 (the default) for DFlash2, or --backend cpu");
   const Qwen3Config& L = cfg.layers;
   s.B = cfg.block_size;
   s.max_T = max_tokens;
@@ -101,11 +103,31 @@ DrafterStepCuda::DrafterStepCuda(const DrafterConfig& cfg, const std::vector<Par
     wt.ndim = gt.ndim = static_cast<int>(p.shape.size());
     for (size_t d = 0; d < p.shape.size(); ++d) wt.shape[d] = gt.shape[d] = p.shape[d];
   };
-  // fp32 master weights read as they are (the convs' base kernels and the codebooks: elementwise / gathers)
+  // fp32 master weights read as they are (the convs' base kernels and the codebooks: elementwise / gathers);
+  // with the bf16 state, fp32 copies of them in masters32 (refresh_masters32).
+  int64_t masters_n = 0;
+  if (bf16_state)
+    for (const ParamSpec& p : layout)
+      if (p.name.find("conv.base_kernel") != std::string::npos || p.name.find("_codebook") != std::string::npos) {
+        int64_t n = 1;
+        for (int64_t d : p.shape) n *= d;
+        masters_n += n;
+      }
+  if (masters_n > 0) s.masters32 = Buffer(Device::CUDA, DType::F32, {masters_n});
+  int64_t masters_used = 0;
   auto bind_master = [&](const std::string& name, Tensor& wt, Tensor& gt) {
     bind(name, wt, gt);
-    wt.data = static_cast<float*>(s.params.t().data) + (static_cast<float*>(gt.data) - static_cast<float*>(s.grads.t().data));
+    const int64_t off = static_cast<float*>(gt.data) - static_cast<float*>(s.grads.t().data);
     wt.dtype = DType::F32;
+    if (!bf16_state) {
+      wt.data = static_cast<float*>(s.params.t().data) + off;
+      return;
+    }
+    const int64_t n = static_cast<int64_t>(gt.numel());
+    DF_CHECK(masters_used + n <= masters_n, Internal, "drafter step (CUDA): fp32 copies of " << name << " overflow");
+    wt.data = static_cast<float*>(s.masters32.t().data) + masters_used;
+    s.master_ranges.push_back({off, masters_used, n});
+    masters_used += n;
   };
   bind("fc.weight", s.w.fc, s.g.fc);
   bind("hidden_norm.weight", s.w.hidden_norm, s.g.hidden_norm);
@@ -249,6 +271,14 @@ const Tensor& DrafterStepCuda::adam_m() const { return impl_->m.t(); }
 const Tensor& DrafterStepCuda::adam_v() const { return impl_->v.t(); }
 Tensor DrafterStepCuda::hidden() const { return Impl::v2(impl_->h_final, impl_->NB, impl_->H); }
 
+void DrafterStepCuda::Impl::refresh_masters32() {
+  for (const auto& r : master_ranges) {
+    bf16_to_f32_kernel<<<grid_of(ctx, r[2]), 256, 0, stream_of(ctx)>>>(
+        static_cast<float*>(masters32.t().data) + r[1], static_cast<const __nv_bfloat16*>(pbf.t().data) + r[0], r[2]);
+    DF_CUDA_LAUNCH();
+  }
+}
+
 void DrafterStepCuda::reset_from_params() {
   Impl& s = *impl_;
   const int64_t P = static_cast<int64_t>(s.P);
@@ -256,6 +286,8 @@ void DrafterStepCuda::reset_from_params() {
     f32_to_bf16_kernel<<<grid_of(s.ctx, P), 256, 0, stream_of(s.ctx)>>>(static_cast<__nv_bfloat16*>(s.pbf.t().data),
                                                                   static_cast<const float*>(s.params.t().data), P);
     DF_CUDA_LAUNCH();
+  } else {
+    s.refresh_masters32();
   }
   DF_CUDA(cudaMemsetAsync(s.m.t().data, 0, s.m.t().nbytes(), stream_of(s.ctx)));
   DF_CUDA(cudaMemsetAsync(s.v.t().data, 0, s.v.t().nbytes(), stream_of(s.ctx)));
@@ -329,9 +361,10 @@ void DrafterStepCuda::backward_rows(const train::DrafterBatch& b, const std::vec
 double DrafterStepCuda::optimizer_step(const ops::AdamWHyper& hyper, int64_t step, float clip) {
   Impl& s = *impl_;
   s.mark(Phase::Optimizer);
-  if (s.state == OptimizerState::Bf16)
+  if (s.state == OptimizerState::Bf16) {
     cuda::clip_adamw_step_bf16state(s.ctx, s.pbf.t(), s.grads.t(), s.m.t(), s.v.t(), hyper, step, clip, s.sr_seed);
-  else
+    s.refresh_masters32();  // DFlash2's fp32-read tensors (none for DFlash)
+  } else
     cuda::clip_adamw_step(s.ctx, s.params.t(), s.grads.t(), s.m.t(), s.v.t(), hyper, step, clip, s.pbf.t());
   s.mark(Phase::Count);
   return last_grad_norm(s.ctx);

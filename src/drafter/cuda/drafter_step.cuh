@@ -37,8 +37,8 @@ class DrafterStepCuda {
   // layout = drafter_param_layout(c). Allocates every buffer once (max_tokens context tokens,
   // max_anchors blocks, lm_head rows in chunks of chunk_rows). state (--optimizer-state): Fp32 keeps fp32
   // master weights and moments beside the bf16 weights; Bf16 keeps the bf16 weights as the state and bf16
-  // moments, updated with stochastic rounding seeded by sr_seed (ops::adamw_step_bf16state; DFlash2, whose
-  // conv base kernels and codebooks are read as fp32 masters, is refused).
+  // moments, updated with stochastic rounding seeded by sr_seed (ops::adamw_step_bf16state; DFlash2's conv
+  // base kernels and codebooks, which its ops read as fp32, get fp32 copies refreshed after each update).
   DrafterStepCuda(const DrafterConfig& c, const std::vector<ParamSpec>& layout, const Ctx& ctx, int64_t max_tokens,
                   int64_t max_anchors, int64_t chunk_rows, OptimizerState state = OptimizerState::Fp32,
                   uint64_t sr_seed = 0);

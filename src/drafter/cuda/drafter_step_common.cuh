@@ -16,6 +16,7 @@
 #include <cmath>
 #include <cstdint>
 #include <initializer_list>
+#include <array>
 #include <vector>
 
 #include "backend.cuh"
@@ -83,6 +84,12 @@ struct DrafterStepCuda::Impl {
   OptimizerState state = OptimizerState::Fp32;
   uint64_t sr_seed = 0;
   Buffer params, grads, m, v, pbf;
+  // The bf16 state of a DFlash2 drafter: fp32 copies of the tensors its ops read as fp32 masters (the convs'
+  // base kernels, the codebooks), refreshed from pbf after every update (exact: the values are bf16).
+  // Each range: {offset in pbf, offset in masters32, elements}.
+  Buffer masters32;
+  std::vector<std::array<int64_t, 3>> master_ranges;
+  void refresh_masters32();
   drafter_step::NetW w, g;  // bf16 weights / fp32 gradients
   Tensor embed, lm_head;
   // context / block inputs
