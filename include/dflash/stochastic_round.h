@@ -34,9 +34,11 @@ DF_SR_FN uint64_t mix64(uint64_t x) {
   return x ^ (x >> 31);
 }
 
-// The hash of one optimizer step (seed, 1-based step) and of one element of it.
+// The hash of one optimizer step (seed, 1-based step) and of one element of it: the element's bits are
+// splitmix64's output at position `index` of the stream the step's key starts (one mix64 per element: the
+// update kernel is bound by it, 7.6 -> 5.x ms per 8B drafter step with two).
 DF_SR_FN uint64_t step_key(uint64_t seed, uint64_t step) { return mix64(seed ^ mix64(step)); }
-DF_SR_FN uint64_t element_bits(uint64_t key, uint64_t index) { return mix64(key ^ mix64(index)); }
+DF_SR_FN uint64_t element_bits(uint64_t key, uint64_t index) { return mix64(key + index * 0xd1b54a32d192ed03ull); }
 // The 16 random bits of one slot out of an element's hash.
 DF_SR_FN uint32_t slot_bits(uint64_t bits, Slot s) {
   return static_cast<uint32_t>(bits >> (16u * static_cast<uint32_t>(s))) & 0xffffu;
