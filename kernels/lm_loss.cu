@@ -173,9 +173,10 @@ __device__ __forceinline__ float transform_slope(float z, float m, float c) {
 }
 
 // One CTA per chunk row c = blockIdx.x. x: drafter logits (fp32 row of V), t: teacher logits or null.
-// With a gradient, each tile of kThreads elements is read, then (after a barrier) its bf16 gradient is
-// written at element offsets of the same tile in a bf16 view of the row: bf16 element i occupies bytes
-// [2i, 2i + 2), inside fp32 elements already read, so no unread logit is overwritten.
+// With a gradient, each tile of kThreads elements is read, then its bf16 gradient is written at element
+// offsets of the same tile in a bf16 view of the row: bf16 element i occupies bytes [2i, 2i + 2), inside
+// fp32 elements every thread has read by then (the barriers of the gradient loop), so no unread logit is
+// overwritten.
 //
 // Template flags (the DFlash path, all false, compiles to the plain kernel):
 //   kTransform: the first pass transforms each logit in place (so top-K, label_logit, the losses and the
@@ -268,7 +269,13 @@ __global__ void __launch_bounds__(kThreads) loss_rows_kernel(RowArgs p, float* _
   }
   const float w = p.row_weight[r];
   __nv_bfloat16* g = reinterpret_cast<__nv_bfloat16*>(x);
-  for (int64_t i0 = 0; i0 < V; i0 += kThreads) {
+  // The bf16 gradient of element i lands in fp32 element i / 2 (tile k's writes in tile k / 2), which must
+  // have been read by every thread: a barrier before the writes of each of the first kSyncTiles tiles, then
+  // one at the start of every group of kSyncTiles tiles (a group starting at tile k >= kSyncTiles writes
+  // into tiles <= (2k - 1) / 2 < k, all read before that barrier). 149 barriers per 151936-wide row -> 24.
+  constexpr int kSyncTiles = 16;
+  int tile = 0;
+  for (int64_t i0 = 0; i0 < V; i0 += kThreads, ++tile) {
     const int64_t i = i0 + threadIdx.x;
     float gi = 0.f;
     if (i < V) {
@@ -286,7 +293,7 @@ __global__ void __launch_bounds__(kThreads) loss_rows_kernel(RowArgs p, float* _
       }
       if constexpr (kTransform) gi *= transform_slope(xi, p.multiplier, p.softcap);
     }
-    __syncthreads();
+    if (tile < kSyncTiles || tile % kSyncTiles == 0) __syncthreads();  // uniform over the CTA
     if (i < V) g[i] = __float2bfloat16_rn(gi);
   }
 }
