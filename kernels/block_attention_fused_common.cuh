@@ -99,8 +99,6 @@ template <int HD, int DQ_KEYS = default_dq_keys(HD)> struct Plan {
                                      sizeof(float) * kDkvStages * 2 * kRowChunk +
                                      (kWide ? sizeof(float) * 2 * (kDkvThreads / 64) * 16 * kRowChunk : 0) +
                                      sizeof(int) * 3 * kRows;
-  static constexpr size_t kSmemMax = kSmemFwd > kSmemDq ? (kSmemFwd > kSmemDkv ? kSmemFwd : kSmemDkv)
-                                                        : (kSmemDq > kSmemDkv ? kSmemDq : kSmemDkv);
 };
 
 // Fragment addressing (lane l). A [16 x 16] from row-major [m][k] storage: row l % 16, col (l / 16)·8.

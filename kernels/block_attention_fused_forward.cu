@@ -12,7 +12,6 @@
 #include "block_attention.cuh"
 
 #include <algorithm>
-#include <atomic>
 #include <cstdint>
 
 #include "block_attention_fused_common.cuh"

@@ -117,7 +117,6 @@ void gated_delta_rule_forward(const Ctx& ctx, const Tensor& out, const Tensor& s
                               const Tensor& workspace) {
   constexpr const char* op = "gated_delta_rule_forward";
   const int device = backend_of(ctx).device;
-  DF_CHECK(device >= 0 && device < gdr::kMaxDevices, Internal, op << ": device " << device);
   DF_CHECK(qkv.dtype == DType::BF16 && out.dtype == DType::BF16 && state.dtype == DType::F32, Internal,
            op << ": CUDA needs qkv and out BF16 and state F32, got " << dtype_name(qkv.dtype) << ", "
               << dtype_name(out.dtype) << ", " << dtype_name(state.dtype));

@@ -24,7 +24,6 @@ constexpr int kThreads = kWarps * 32;
 constexpr int kBV = 64;                   // value columns per scan block
 constexpr int kStride64 = kChunk + 8;     // bf16 row stride of 64-wide tiles: +16 B keeps ldmatrix conflict-free
 constexpr int kFStride = kChunk + 1;      // fp32 row stride of the 64 x 64 solve matrices
-constexpr int kMaxDevices = 64;
 
 // Shared memory of a scan block (here rather than in gated_delta_rule_scan.cu: the entry point chooses the
 // scan by these sizes): sQ and kKStages x sK ([64][P + 8] bf16), sX, sV, sVn, sVs ([64][72] bf16),

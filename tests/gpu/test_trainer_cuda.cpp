@@ -87,6 +87,29 @@ std::vector<float> host_copy(const Tensor& t) {
   return std::vector<float>(p, p + t.numel());
 }
 
+// A second trainer restored from a's state through the host F32 views (w, m, v: the checkpoint's path) has
+// a's weights and moments and continues as a for three steps (losses, lr, gradient norms).
+void expect_restored_state_continues(DrafterTrainer& a, const TrainOptions& opt, const std::vector<float>& w,
+                                     const std::vector<float>& m, const std::vector<float>& v, const Ctx& g,
+                                     const Batches& fb) {
+  const GoldenCase& c = golden();
+  DrafterTrainer b(c.in.target_dir, c.in.drafter_dir, 0, opt, g, c.T);
+  std::memcpy(b.master_weights().data, w.data(), w.size() * sizeof(float));
+  std::memcpy(b.adam_m().data, m.data(), m.size() * sizeof(float));
+  std::memcpy(b.adam_v().data, v.data(), v.size() * sizeof(float));
+  b.state_loaded();
+  b.set_step(a.step());
+  b.set_rng_state(a.rng_state());
+  EXPECT_EQ(b.weights_checksum(), a.weights_checksum());
+  EXPECT_EQ(0, std::memcmp(host_copy(b.adam_v()).data(), v.data(), v.size() * sizeof(float)));
+  for (int s = 0; s < 3; ++s) {
+    const StepStats sa = a.forward_backward(fb.cuda), sb = b.forward_backward(fb.cuda);
+    EXPECT_NEAR(sb.loss, sa.loss, test::tol::kSameComputation * std::fabs(sa.loss)) << "step " << s;
+    EXPECT_EQ(sb.lr, sa.lr);
+    const double na = a.optimizer_step(), nb = b.optimizer_step();
+    EXPECT_NEAR(nb, na, test::tol::kSameComputation * na) << "step " << s;
+  }
+}
 
 TEST(TrainerCuda, CpuAndCudaTrackOverTwentySteps) {
   SKIP_WITHOUT_GPU();
@@ -267,22 +290,7 @@ TEST(TrainerCuda, StateRoundTripContinuesIdentically) {
   for (float x : m) mnorm += double(x) * x;
   EXPECT_GT(mnorm, 0.0) << "AdamW state after three steps";
 
-  DrafterTrainer b(c.in.target_dir, c.in.drafter_dir, 0, opt, g, c.T);
-  std::memcpy(b.master_weights().data, w.data(), w.size() * sizeof(float));
-  std::memcpy(b.adam_m().data, m.data(), m.size() * sizeof(float));
-  std::memcpy(b.adam_v().data, v.data(), v.size() * sizeof(float));
-  b.state_loaded();
-  b.set_step(a.step());
-  b.set_rng_state(a.rng_state());
-  EXPECT_EQ(b.weights_checksum(), a.weights_checksum());
-  EXPECT_EQ(0, std::memcmp(host_copy(b.adam_v()).data(), v.data(), v.size() * sizeof(float)));
-  for (int s = 0; s < 3; ++s) {
-    const StepStats sa = a.forward_backward(fb.cuda), sb = b.forward_backward(fb.cuda);
-    EXPECT_NEAR(sb.loss, sa.loss, test::tol::kSameComputation * std::fabs(sa.loss)) << "step " << s;
-    EXPECT_EQ(sb.lr, sa.lr);
-    const double na = a.optimizer_step(), nb = b.optimizer_step();
-    EXPECT_NEAR(nb, na, test::tol::kSameComputation * na) << "step " << s;
-  }
+  expect_restored_state_continues(a, opt, w, m, v, g, fb);
 
   // Export works from the device weights: a CPU trainer loading the F32 export has them exactly.
   char tmpl[] = "/tmp/dflash_trainer_cudaXXXXXX";
@@ -327,21 +335,7 @@ TEST(TrainerCuda, Bf16StateTracksCpuAndRoundTrips) {
   for (const std::vector<float>* t : {&w, &m, &v})
     for (float x : *t) ASSERT_EQ(x, bf16_to_f32(f32_to_bf16(x))) << "a state value that is no bf16";
 
-  DrafterTrainer b(c.in.target_dir, c.in.drafter_dir, 0, opt, g, c.T);
-  std::memcpy(b.master_weights().data, w.data(), w.size() * sizeof(float));
-  std::memcpy(b.adam_m().data, m.data(), m.size() * sizeof(float));
-  std::memcpy(b.adam_v().data, v.data(), v.size() * sizeof(float));
-  b.state_loaded();
-  b.set_step(a.step());
-  b.set_rng_state(a.rng_state());
-  EXPECT_EQ(b.weights_checksum(), a.weights_checksum());
-  EXPECT_EQ(0, std::memcmp(host_copy(b.adam_v()).data(), v.data(), v.size() * sizeof(float)));
-  for (int s = 0; s < 3; ++s) {
-    const StepStats sa = a.forward_backward(fb.cuda), sb = b.forward_backward(fb.cuda);
-    EXPECT_NEAR(sb.loss, sa.loss, test::tol::kSameComputation * std::fabs(sa.loss)) << "step " << s;
-    const double na = a.optimizer_step(), nb = b.optimizer_step();
-    EXPECT_NEAR(nb, na, test::tol::kSameComputation * na) << "step " << s;
-  }
+  expect_restored_state_continues(a, opt, w, m, v, g, fb);
 }
 
 TEST(TrainerCuda, ScaleGradsOnBothBackends) {
