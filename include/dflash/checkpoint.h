@@ -22,7 +22,7 @@
 
 #include "dflash/data.h"     // DataPosition
 #include "dflash/data_mix.h" // DatasetMix
-#include "dflash/options.h"  // Options, DrafterTrainer
+#include "dflash/drafter.h"  // DrafterTrainer
 #include "dflash/tensor.h"
 
 namespace dflash {
@@ -247,28 +247,28 @@ constexpr int kTagStopSignal = 5;  // a target or idle rank -> the first drafter
 void forward_stop_signal(int first_drafter);
 int peer_stop_signal();
 
-// ---- the runtime's side (src/checkpoint/drafter_checkpoint.cpp) ------------------------------------
+// ---- the drafters' side (src/checkpoint/drafter_checkpoint.cpp) ------------------------------------
 
-// Collective over `world`: world rank 0 resolves --resume (resolve_resume with --checkpoint-dir, default
-// OUT/checkpoints) and every rank gets the same answer ("" = start fresh).
-std::string resolve_resume_collective(const Options& o, MPI_Comm world);
-// OUT/checkpoints unless --checkpoint-dir is given.
-std::string checkpoint_dir_of(const Options& o);
-// The options a resume must keep, plus the world size (the topology spec is per node) and the inputs'
-// content identities (input_identities_of).
-OptionMap resume_invariants_of(const Options& o, int world_size, const OptionMap& identities);
-// The inputs' content identities (kDataIdentityKey, kTargetIdentityKey) of --data, opened as `data`, and
-// --target.
-OptionMap input_identities_of(const Options& o, const DatasetMix& data);
-
+// What the drafters' checkpointer takes of the job (the runtime fills it from its options and plan:
+// src/runtime/run_resume.h): plain values, so this floor needs nothing of the runtime's.
+struct CheckpointerConfig {
+  std::string dir;                   // where checkpoints go: --checkpoint-dir, default OUT/checkpoints
+  CheckpointEvery every;             // --checkpoint-every
+  int keep = 3;                      // --keep-checkpoints (>= 1)
+  bool export_drafter = false;       // --export-checkpoints: also a release-format export in each
+  DType export_dtype = DType::BF16;  // --export-dtype
+  int grad_accum = 1;                // micro-batches per optimizer step (the job's, resolved)
+  double peer_timeout_s = 120;       // --peer-timeout: every wait on another drafter
+  int64_t inject_stop_step = -1;     // test hook: act as on a stop signal after this step
+};
 
 // The drafters' part, called by every drafter rank of the job (collective over drafter_comm).
 class DrafterCheckpointer {
  public:
-  // invariants: resume_invariants_of(), recorded in every checkpoint and checked on restore.
+  // invariants: the runtime's resume_invariants_of(), recorded in every checkpoint and checked on restore.
   // data: where the job's targets start (DataResume); split: whether the checkpoint resumed from was made
   // on another split (its RNG states then continue round-robin over this job's drafters).
-  DrafterCheckpointer(const Options& o, MPI_Comm drafter_comm, OptionMap invariants, const DataResume& data,
+  DrafterCheckpointer(CheckpointerConfig config, MPI_Comm drafter_comm, OptionMap invariants, const DataResume& data,
                       std::string resume_dir, ResumeSplit split);
   // Resuming: checks the options, loads master weights, AdamW state, step and this drafter's RNG into
   // trainer. Returns the step to continue from (0 when starting fresh).
@@ -306,7 +306,7 @@ class DrafterCheckpointer {
   // rng: this drafter's RNG state as of `step`.
   void save(int64_t step, DrafterTrainer& trainer, const std::string& rng, const nlohmann::json& schedule,
             const std::function<void()>& progress);
-  const Options& o_;
+  const CheckpointerConfig config_;
   MPI_Comm comm_;
   int rank_ = 0, size_ = 1;
   std::string dir_, resume_dir_;

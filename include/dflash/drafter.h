@@ -67,8 +67,8 @@ DrafterConfig fresh_drafter_config(const Qwen3Config& target, int num_layers, co
 DrafterConfig drafter_config_for(const Qwen3Config& target, const std::string& drafter_dir, int num_layers,
                                  const TrainOptions& opt);
 
-// What a DrafterTrainer is built from: both configs, parsed once by the caller (dflash-train's JobPlan,
-// src/runtime/job_plan.h), and where the weights are.
+// What a DrafterTrainer is built from: both configs, parsed once by the caller (dflash-train's ModelPlan,
+// src/runtime/run_plan.h), and where the weights are.
 struct DrafterSource {
   Qwen3Config target;       // the target's decoder sizes (checked against the drafter)
   std::string target_dir;   // its checkpoint: the frozen embed_tokens and lm_head are read from it

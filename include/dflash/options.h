@@ -68,9 +68,8 @@ PlannedGpu parse_planned_gpu(const std::string& text);
 struct Options {
   std::string config_file;
   std::string topology_text = "1-1";
-  TopologySpec topology;        // with --topology auto: {0, 0} until run_job has measured and chosen
+  TopologySpec topology;        // {0, 0} with --topology auto (run_job measures and chooses the segment's split)
   bool topology_auto = false;   // --topology auto (src/runtime/auto_measure.h)
-  std::string auto_topology_record;  // JSON of the measurement, what-if table and choice (metrics.h5 attribute)
   Device backend = Device::CPU;  // --backend: where the job's tensors live (device_name() spells it)
   std::string target_dir;       // HF Qwen3 checkpoint (config.json + safetensors)
   std::string drafter_dir;      // release-format drafter to start from; empty = fresh
@@ -78,7 +77,7 @@ struct Options {
   std::vector<DataSource> data;  // --data: one token dataset (.h5), or several with weights (a mix, data_mix.h)
   std::string eval_data;        // --eval-data: held-out token dataset (.h5); empty = no evaluation
   int64_t eval_every = -1;      // --eval-every: steps between evaluations (0 = only at the end; -1 = not given:
-                                // resolve_eval_every picks it once the run's length is planned)
+                                // the segment's plan resolves it once the run's length is known: RunPlan)
   // --eval-tau-every: steps between measurements of tau (greedy speculative decoding of the eval set's
   // prompts, dflash-eval's algorithm, on the drafter ranks; 0 = off); --eval-tau-prompts and
   // --eval-tau-max-new-tokens bound the work (src/runtime/drafter_tau.h).
@@ -110,7 +109,7 @@ struct Options {
   double peer_timeout_s = 120;
   double grad_bucket_mb = 25;   // gradient allreduce buckets (MiB), launched during the backward; 0 = one after it
   // Gradient accumulation: micro-batches per optimizer step on each drafter (--grad-accum K), or picked from
-  // --global-batch-tokens T (0 = not given) once the drafters are known (resolve_grad_accum).
+  // --global-batch-tokens T (0 = not given) once the drafters are known (grad_accum_of, src/runtime/run_plan.h).
   int grad_accum = 1;
   int64_t global_batch_tokens = 0;
   DType export_dtype = DType::F32;
@@ -120,10 +119,6 @@ struct Options {
   // --draft-layer-types "sliding,sliding,sliding,sliding,full".
   std::string mask_token = "auto", target_layers, draft_layer_types;
   std::string draft_arch = "dflash";  // --draft-arch as given (train.draft_arch once resolved)
-  // Planned from the dataset before the job starts (plan_lr_schedule): records longer than --token-budget
-  // and the tokens the loader drops from them per epoch (--long-record cut or skip); metrics.h5 stores them.
-  int64_t long_records_per_epoch = 0, long_tokens_dropped_per_epoch = 0;
-  int64_t dataset_tokens = 0;  // tokens of one epoch of --data (a mix: of its slots), from the same plan
 
   // Checkpoints and resume (docs/checkpoint.md).
   std::string checkpoint_every, checkpoint_dir, resume;
@@ -167,6 +162,9 @@ struct Options {
   std::map<std::string, ValueKind> resolved_kind;
   std::string to_json() const;  // {"lr": 0.0006, "topology": "1-1", "dpace": false, ...}
 };
+// to_json's form of any resolved record (a segment's, with the options it resolved written in: run_plan.h).
+std::string resolved_options_json(const std::vector<std::pair<std::string, std::string>>& resolved,
+                                  const std::map<std::string, Options::ValueKind>& kinds);
 
 // Parses argv (+ --config). --help, --help-all (with the test hooks) and --version return with
 // help_requested = true and the text to print (the caller prints it once, exit 0).
@@ -180,11 +178,6 @@ ParseResult parse_options(int argc, const char* const* argv);
 // Checks that the files the job needs exist (target config.json, dataset, drafter dir when given):
 // fatal BadInput naming the path otherwise. Cheap, done before any model loads.
 void check_input_paths(const Options& o);
-
-// --global-batch-tokens into grad_accum for a job of num_drafters drafters (grad_accum_for, schedule.h), the
-// resolved --grad-accum recorded as the job uses it (metrics.h5, checkpoints: a resume with another K is
-// refused). Returns the startup line: K and the tokens per optimizer step.
-std::string resolve_grad_accum(Options& o, int num_drafters);
 
 // The startup line of --optimizer-state bf16 (printed by the job and --dry-run): what is kept and the bytes
 // per parameter against fp32 on this backend. "" with the fp32 state (the default prints nothing).

@@ -86,6 +86,20 @@ Topology assign_roles(int world_rank, const std::vector<RankSlot>& slots, const 
 // "rank 0 of 1". getenv_fn is getenv (injectable for tests). Fatal TopologyMismatch on disagreement.
 void check_launcher_world_size(int world_size, const std::function<const char*(const char*)>& getenv_fn);
 
+// This rank's place on its node: the one node-local split (ranks sharing memory, MPI_COMM_TYPE_SHARED),
+// made here only; the job, --topology auto and the dry run ask it. Collective; touches no device.
+struct NodeSeat {
+  int local_rank = 0;     // this rank's index among its node's ranks (world order)
+  int ranks_on_node = 1;  // its node's ranks
+};
+NodeSeat node_seat(MPI_Comm world);
+
+// The CUDA device the rank of node-local rank local_rank binds: local_rank % the devices this process sees
+// (one GPU per rank where the launcher shows a node's GPUs to every rank; device 0 where the scheduler shows
+// each task its own GPU, or ranks share one, as in tests). Where it sees none (a login node, a build without
+// CUDA) the local rank itself: what a dry run assumes. The only place this rule lives.
+int bind_gpu(int local_rank);
+
 // Every rank's node (ranks sharing memory, MPI_COMM_TYPE_SHARED; numbered in world order of their first
 // rank) and node-local rank, after check_launcher_world_size. Collective; touches no device (--dry-run).
 std::vector<RankSlot> gather_rank_slots(MPI_Comm world);

@@ -1,6 +1,5 @@
-// The runtime's side of checkpointing: resolving --resume once for the job, the drafters' agreement on
-// when to save or stop, gathering every drafter's trained batches and RNG state to the first drafter,
-// which writes the checkpoint on a helper thread while its main thread keeps MPI moving.
+// The drafters' side of checkpointing: their agreement on when to save or stop, gathering every drafter's
+// trained batches and RNG state to the first drafter, which writes the checkpoint on a helper thread while its main thread keeps MPI moving.
 #include <unistd.h>
 
 #include <atomic>
@@ -63,40 +62,14 @@ CheckpointTensors trainer_tensors(DrafterTrainer& trainer) {
 
 }  // namespace
 
-std::string checkpoint_dir_of(const Options& o) {
-  return o.checkpoint_dir.empty() ? o.out_dir + "/checkpoints" : o.checkpoint_dir;
-}
-
-OptionMap resume_invariants_of(const Options& o, int world_size, const OptionMap& identities) {
-  OptionMap m = resume_invariants(o.resolved);
-  m["world-size"] = std::to_string(world_size);
-  for (const auto& [k, v] : identities) m[k] = v;
-  return m;
-}
-
-OptionMap input_identities_of(const Options& o, const DatasetMix& data) {
-  return {{kDataIdentityKey, dataset_identity(data)}, {kTargetIdentityKey, target_weights_identity(o.target_dir)}};
-}
-
-std::string resolve_resume_collective(const Options& o, MPI_Comm world) {
-  int rank = 0;
-  DF_MPI(MPI_Comm_rank(world, &rank));
-  std::string dir = rank == 0 ? resolve_resume(o.resume, checkpoint_dir_of(o)) : std::string();
-  int64_t len = static_cast<int64_t>(dir.size());
-  mpi::bcast(&len, 1, 0, world);
-  dir.resize(static_cast<size_t>(len));
-  if (len > 0) mpi::bcast(dir.data(), dir.size(), 0, world);
-  return dir;
-}
-
-DrafterCheckpointer::DrafterCheckpointer(const Options& o, MPI_Comm drafter_comm, OptionMap invariants,
+DrafterCheckpointer::DrafterCheckpointer(CheckpointerConfig config, MPI_Comm drafter_comm, OptionMap invariants,
                                          const DataResume& data, std::string resume_dir, ResumeSplit split)
-    : o_(o), comm_(drafter_comm), dir_(checkpoint_dir_of(o)), resume_dir_(std::move(resume_dir)),
-      invariants_(std::move(invariants)), timer_(parse_checkpoint_every(o.checkpoint_every)), split_(split),
+    : config_(std::move(config)), comm_(drafter_comm), dir_(config_.dir), resume_dir_(std::move(resume_dir)),
+      invariants_(std::move(invariants)), timer_(config_.every), split_(split),
       points_(data.points), consumed_records_(data.consumed) {
   DF_MPI(MPI_Comm_rank(comm_, &rank_));
   DF_MPI(MPI_Comm_size(comm_, &size_));
-  DF_CHECK_HINT(o.keep_checkpoints >= 1, BadOptions, "bad value " << o.keep_checkpoints << " for --keep-checkpoints",
+  DF_CHECK_HINT(config_.keep >= 1, BadOptions, "bad value " << config_.keep << " for --keep-checkpoints",
                 "--keep-checkpoints must be >= 1");
   run_id_ = new_run_id();  // replaced by the checkpoint's when resuming
 }
@@ -126,7 +99,7 @@ void DrafterCheckpointer::step_begins(const DrafterTrainer& trainer) {
   DF_ASSERT(pending_.empty());
   // With one micro-batch per step the step's batch is applied before anything can cut it short, so the
   // RNG state at a cut is the step's own (the text state is tens of KB: not copied every step for nothing).
-  if (o_.grad_accum > 1) step_rng_ = trainer.rng_state();
+  if (config_.grad_accum > 1) step_rng_ = trainer.rng_state();
 }
 
 void DrafterCheckpointer::trained_on(int target_index, int64_t batch_index, const DataPosition& next) {
@@ -142,20 +115,20 @@ DrafterCheckpointer::Next DrafterCheckpointer::after_step(int64_t step, DrafterT
                                                           const nlohmann::json& schedule,
                                                           const std::function<void()>& progress) {
   int32_t decision = kStepContinue;
-  if (stop_signal_received() != 0 || peer_stop_signal() != 0 || step == o_.inject_stop_step) decision |= kStepStop;
+  if (stop_signal_received() != 0 || peer_stop_signal() != 0 || step == config_.inject_stop_step) decision |= kStepStop;
   if (timer_.due(step)) decision |= kStepCheckpoint;
   if (size_ > 1) {
     MPI_Request r = mpi::iallreduce(&decision, 1, MPI_BOR, comm_);
-    mpi::wait(r, o_.peer_timeout_s, [] { return std::string("drafters did not agree on checkpointing (one is lost)"); },
+    mpi::wait(r, config_.peer_timeout_s, [] { return std::string("drafters did not agree on checkpointing (one is lost)"); },
               progress);
   }
   if (decision == kStepContinue) return Next::Continue;
   save(step, trainer, trainer.rng_state(), schedule, progress);
   if (!(decision & kStepStop)) return Next::Saved;
   if (rank_ == 0) {
-    if (step == o_.inject_stop_step && !stop_signal_received() && !peer_stop_signal())
+    if (step == config_.inject_stop_step && !stop_signal_received() && !peer_stop_signal())
       std::printf("[dflash] test hook --inject-stop-step %lld: checkpointed at step %lld, exiting with code %d for a requeue\n",
-                  static_cast<long long>(o_.inject_stop_step), static_cast<long long>(step), static_cast<int>(ExitCode::Requeue));
+                  static_cast<long long>(config_.inject_stop_step), static_cast<long long>(step), static_cast<int>(ExitCode::Requeue));
     else
       std::printf("[dflash] stop signal (%d) received: checkpointed at step %lld, exiting with code %d for a requeue\n",
                   stop_signal_received() ? stop_signal_received() : peer_stop_signal(), static_cast<long long>(step),
@@ -171,12 +144,12 @@ void DrafterCheckpointer::save(int64_t step, DrafterTrainer& trainer, const std:
   const auto t0 = mpi::Clock::now();
   if (before_save_) before_save_();
   std::vector<ConsumedBatch> consumed =
-      gather_to_first(consumed_, comm_, rank_, size_, o_.peer_timeout_s, progress, "trained batches");
+      gather_to_first(consumed_, comm_, rank_, size_, config_.peer_timeout_s, progress, "trained batches");
   consumed_.clear();
   std::vector<char> rng_bytes(rng.begin(), rng.end());
   std::vector<int64_t> rng_len = gather_to_first(std::vector<int64_t>{static_cast<int64_t>(rng.size())}, comm_, rank_,
-                                                 size_, o_.peer_timeout_s, progress, "RNG sizes");
-  std::vector<char> all_rng = gather_to_first(rng_bytes, comm_, rank_, size_, o_.peer_timeout_s, progress, "RNG states");
+                                                 size_, config_.peer_timeout_s, progress, "RNG sizes");
+  std::vector<char> all_rng = gather_to_first(rng_bytes, comm_, rank_, size_, config_.peer_timeout_s, progress, "RNG states");
 
   if (rank_ == 0) {
     advance_resume_points(points_, consumed);
@@ -193,12 +166,12 @@ void DrafterCheckpointer::save(int64_t step, DrafterTrainer& trainer, const std:
       off += static_cast<size_t>(len);
     }
     CheckpointSaveOptions so;
-    so.keep_last = o_.keep_checkpoints;
+    so.keep_last = config_.keep;
     // Staged here, on the thread that owns the trainer's device; the helper thread only reads host memory.
     const CheckpointTensors tensors = trainer_tensors(trainer);
-    if (o_.export_checkpoints)
+    if (config_.export_drafter)
       so.also_write = [&](const std::string& step_dir) {
-        export_drafter(step_dir + "/drafter", trainer.config(), tensors.master.ptr<float>(), o_.export_dtype);
+        export_drafter(step_dir + "/drafter", trainer.config(), tensors.master.ptr<float>(), config_.export_dtype);
       };
     // File I/O only on the helper thread (no MPI there); this thread keeps the targets' messages moving.
     std::atomic<bool> done{false};
@@ -220,7 +193,7 @@ void DrafterCheckpointer::save(int64_t step, DrafterTrainer& trainer, const std:
   // Nobody goes on (or exits for a requeue) before the checkpoint is committed.
   MPI_Request r;
   DF_MPI(MPI_Ibarrier(comm_, &r));
-  mpi::wait(r, 10 * o_.peer_timeout_s,
+  mpi::wait(r, 10 * config_.peer_timeout_s,
             [] { return std::string("the first drafter did not finish writing the checkpoint in time"); }, progress);
   timer_.saved();
   saved_step_ = step;
@@ -236,10 +209,10 @@ std::string DrafterCheckpointer::save_before_exit(int64_t step, DrafterTrainer& 
                                                   const std::function<void()>& progress) {
   // The step cut short: its batches are not in the checkpoint, its RNG draws are undone.
   const bool cut = !pending_.empty();
-  DF_ASSERT(!cut || o_.grad_accum > 1);
+  DF_ASSERT(!cut || config_.grad_accum > 1);
   if (cut) {
     std::printf("[dflash] drafter %d: step %lld was cut short after %zu of %d micro-batches: dropped, trained again on resume\n",
-                rank_, static_cast<long long>(step + 1), pending_.size(), o_.grad_accum);
+                rank_, static_cast<long long>(step + 1), pending_.size(), config_.grad_accum);
     std::fflush(stdout);
   }
   pending_.clear();

@@ -138,6 +138,33 @@ void check_launcher_world_size(int world_size, const std::function<const char*(c
   }
 }
 
+namespace {
+
+// The node's communicator (ranks sharing memory), ordered by world rank: the one node-local split.
+MPI_Comm split_node(MPI_Comm world) {
+  int rank = 0;
+  DF_MPI(MPI_Comm_rank(world, &rank));
+  MPI_Comm node_comm;
+  DF_MPI(MPI_Comm_split_type(world, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node_comm));
+  return node_comm;
+}
+
+}  // namespace
+
+NodeSeat node_seat(MPI_Comm world) {
+  MPI_Comm node_comm = split_node(world);
+  NodeSeat seat;
+  DF_MPI(MPI_Comm_rank(node_comm, &seat.local_rank));
+  DF_MPI(MPI_Comm_size(node_comm, &seat.ranks_on_node));
+  DF_MPI(MPI_Comm_free(&node_comm));
+  return seat;
+}
+
+int bind_gpu(int local_rank) {
+  const int visible = cuda::in_build() ? cuda_device_count() : 0;
+  return visible > 0 ? local_rank % visible : local_rank;
+}
+
 std::vector<RankSlot> gather_rank_slots(MPI_Comm world) {
   int rank = 0, size = 1;
   DF_MPI(MPI_Comm_rank(world, &rank));
@@ -145,8 +172,7 @@ std::vector<RankSlot> gather_rank_slots(MPI_Comm world) {
   check_launcher_world_size(size, [](const char* n) { return std::getenv(n); });
 
   // Node = ranks sharing memory; node index = rank of the node's first rank among node leaders.
-  MPI_Comm node_comm;
-  DF_MPI(MPI_Comm_split_type(world, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node_comm));
+  MPI_Comm node_comm = split_node(world);
   int local_rank = 0;
   DF_MPI(MPI_Comm_rank(node_comm, &local_rank));
   MPI_Comm leaders;
@@ -176,16 +202,13 @@ Topology create_topology(MPI_Comm world, const TopologySpec& spec, Device backen
   char host[256] = {0};
   gethostname(host, sizeof(host) - 1);
   t.host = host;
-  // local_rank % visible devices: one GPU per rank where the launcher shows a node's GPUs to every rank,
-  // and device 0 where the scheduler shows each task its own GPU (or ranks share one, as in tests).
   if (backend == Device::CUDA) {
     if (!cuda::in_build())
       DF_FAIL(BadOptions, "--backend cuda, but this build has no CUDA backend",
               "rebuild with a CUDA toolkit (DFLASH_CUDA=ON, see README), or use --backend cpu");
-    const int visible = cuda_device_count();
-    DF_CHECK_HINT(visible > 0, DeviceFailure, "--backend cuda, but this rank sees no CUDA device",
+    DF_CHECK_HINT(cuda_device_count() > 0, DeviceFailure, "--backend cuda, but this rank sees no CUDA device",
                   "check CUDA_VISIBLE_DEVICES / the scheduler's GPU binding (--gpus-per-task), or use --backend cpu");
-    t.gpu = t.local_rank % visible;
+    t.gpu = bind_gpu(t.local_rank);
   } else {
     t.gpu = -1;
   }

@@ -17,7 +17,8 @@
 #include "dflash/hf_config.h"
 #include "dflash/mpi_typed.h"
 #include "dflash/target.h"
-#include "job_plan.h"
+#include "dflash/topology.h"  // node_seat, bind_gpu
+#include "run_plan.h"
 
 namespace dflash {
 namespace {
@@ -57,7 +58,7 @@ struct PowerMean {
 // The roles are measured one after the other, the target model released before the drafter is built,
 // so a rank never holds both (on a GPU they may not fit together). The target's captured features of
 // each measured batch are kept (on the device) for the drafter's steps.
-RankSample measure_rank(const Options& o, const JobPlan& plan, MPI_Comm world, int world_size, const Ctx& ctx,
+RankSample measure_rank(const Options& o, const ModelPlan& plan, MPI_Comm world, int world_size, const Ctx& ctx,
                         PowerSampler* gpu) {
   auto dataset = std::make_shared<DatasetMix>(o.data, o.train.seed, plan.target.text.vocab_size);
   RankSample s;
@@ -146,16 +147,12 @@ RankSample measure_rank(const Options& o, const JobPlan& plan, MPI_Comm world, i
 }  // namespace
 
 TopologySpec choose_topology_auto(const Options& o, MPI_Comm world, PowerSampler* gpu, std::string* record_json,
-                                  std::optional<JobPlan>* planned) {
+                                  std::optional<ModelPlan>* planned) {
   int rank = 0, size = 1;
   DF_MPI(MPI_Comm_rank(world, &rank));
   DF_MPI(MPI_Comm_size(world, &size));
-  MPI_Comm node_comm;
-  DF_MPI(MPI_Comm_split_type(world, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node_comm));
-  int per_node = 1, local_rank = 0;
-  DF_MPI(MPI_Comm_size(node_comm, &per_node));
-  DF_MPI(MPI_Comm_rank(node_comm, &local_rank));
-  DF_MPI(MPI_Comm_free(&node_comm));
+  const NodeSeat seat = node_seat(world);
+  const int per_node = seat.ranks_on_node;
   int range[2] = {per_node, -per_node};
   mpi::allreduce(range, 2, MPI_MIN, world);
   DF_CHECK_HINT(range[0] == -range[1], TopologyMismatch,
@@ -165,16 +162,16 @@ TopologySpec choose_topology_auto(const Options& o, MPI_Comm world, PowerSampler
                 "--topology auto needs at least 2 ranks per node (a target and a drafter); this node has " << per_node,
                 "start more ranks per node (mpirun -np), or give --topology 1-1");
   check_input_paths(o);
-  const JobPlan& plan = planned->emplace(plan_job(o));
+  const ModelPlan& plan = planned->emplace(plan_job(o));
   if (rank == 0) {
     std::printf("[dflash] --topology auto: timing %d target forwards and %d drafter steps on each of %d rank(s)\n",
                 kMeasuredBatches, kMeasuredBatches, size);
     std::fflush(stdout);
   }
 
-  // The GPU this rank will bind (create_topology's rule: node-local rank % visible devices).
+  // The GPU this rank will bind (create_topology's).
   set_deterministic_kernels(o.deterministic);
-  const Ctx ctx = o.backend == Device::CUDA ? make_ctx(Device::CUDA, local_rank % std::max(1, cuda_device_count())) : cpu_ctx();
+  const Ctx ctx = o.backend == Device::CUDA ? make_ctx(Device::CUDA, bind_gpu(seat.local_rank)) : cpu_ctx();
   const RankSample mine = measure_rank(o, plan, world, size, ctx, gpu);
   double sums[8] = {mine.target_s, mine.drafter_s, mine.tokens, mine.allreduce_s,
                     mine.idle_w, mine.target_w, mine.drafter_w, mine.power_known};

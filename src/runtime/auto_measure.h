@@ -8,7 +8,7 @@
 
 #include "dflash/nvml.h"
 #include "dflash/options.h"
-#include "job_plan.h"
+#include "run_plan.h"
 
 namespace dflash {
 
@@ -22,6 +22,6 @@ namespace dflash {
 // GPU measures each role standalone). *planned gets the job's plan (plan_job, after the input paths are
 // checked): the job goes on with it instead of parsing the configs again.
 TopologySpec choose_topology_auto(const Options& o, MPI_Comm world, PowerSampler* gpu, std::string* record_json,
-                                  std::optional<JobPlan>* planned);
+                                  std::optional<ModelPlan>* planned);
 
 }  // namespace dflash

@@ -71,9 +71,9 @@ void DrafterEndpoint::receive_eval(const std::vector<int>& senders, const std::f
 void DrafterEndpoint::init_fixed_order() {
   fixed_.emplace(static_cast<int>(topo_.node_targets.size()), static_cast<int>(topo_.node_drafters.size()),
                  topo_.node_drafter_index_of(topo_.world_rank));
-  if (job_.resume_dir.empty()) return;
+  if (job_.plan.resume.fresh()) return;
   for (size_t i = 0; i < topo_.node_targets.size(); ++i) {
-    const DataResumePoint& p = job_.data_resume.points.at(static_cast<size_t>(topo_.target_index_of(topo_.node_targets[i])));
+    const DataResumePoint& p = job_.plan.resume.data.points.at(static_cast<size_t>(topo_.target_index_of(topo_.node_targets[i])));
     std::vector<int64_t> later;
     for (const auto& [index, next] : p.done_after) later.push_back(index);
     fixed_->trained_before(static_cast<int>(i), p.position.batches, later);

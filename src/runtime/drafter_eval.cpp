@@ -21,7 +21,7 @@ DrafterEval::DrafterEval(const JobContext& job, int block_size) : job_(job), blo
     Kept k;
     k.index = r.batch;
     k.batch = &e.batches[static_cast<size_t>(r.batch)];
-    k.anchors = fixed_anchors(*k.batch, r.batch, job.opt.train);
+    k.anchors = fixed_anchors(*k.batch, r.batch, job.plan.train);
     share_.push_back(std::move(k));
   }
   std::vector<int64_t> mine;

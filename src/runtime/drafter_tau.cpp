@@ -25,10 +25,10 @@ std::shared_ptr<const EvalPrompts> load_tau_prompts(const Options& o, int block_
   return std::make_shared<const EvalPrompts>(load_eval_prompts(eval_data, o.eval_tau_prompts, limit, "--eval-data"));
 }
 
-bool tau_due(int64_t step, const Options& o) {
+bool tau_due(int64_t step, const Options& o, const RunPlan& plan) {
   if (o.eval_tau_every <= 0 || step <= 0) return false;
   if (step % o.eval_tau_every == 0) return true;
-  return (o.max_steps > 0 && step == o.max_steps) || (o.train.total_steps > 0 && step == o.train.total_steps);
+  return (o.max_steps > 0 && step == o.max_steps) || (plan.schedule.total_steps > 0 && step == plan.schedule.total_steps);
 }
 
 DrafterTau::DrafterTau(const JobContext& job, DrafterTrainer& trainer) : job_(job) {

@@ -27,12 +27,12 @@ namespace dflash {
 // not even a one-token prompt fits.
 int tau_max_prompt_length(const Options& o, int block_size);
 // The prompts, read on the drafter ranks by validate_inputs (before --out is touched): fatal BadInput when
-// the eval set has none that fits. block_size: the drafter's (JobPlan::drafter).
+// the eval set has none that fits. block_size: the drafter's (ModelPlan::drafter).
 std::shared_ptr<const EvalPrompts> load_tau_prompts(const Options& o, int block_size, const TokenDataset& eval_data);
 // tau is measured after optimizer step `step`: every --eval-tau-every steps, and at the run's last step
 // when it is known in advance (--max-steps, or the steps planned from the data); the end of training adds
 // one when it was not.
-bool tau_due(int64_t step, const Options& o);
+bool tau_due(int64_t step, const Options& o, const RunPlan& plan);
 
 class DrafterTau {
  public:

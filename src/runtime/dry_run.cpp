@@ -25,7 +25,7 @@
 #include "dflash/runtime.h"
 #include "dflash/topology.h"
 #include "dry_run_plan.h"
-#include "job_plan.h"
+#include "run_plan.h"
 
 namespace dflash {
 
@@ -52,7 +52,7 @@ std::pair<int64_t, int64_t> dataset_shape(const std::string& path) {
 // per drafter (include/dflash/eval_set.h); a given --eval-max-tokens the drafters cannot keep fails it as it
 // would fail the job. The job checks the rest of the file when it starts. num_drafters 0: not known yet
 // (--topology auto), so only one drafter's budget is certain.
-std::string eval_summary(const Options& o, int num_drafters, const JobPlan& job_plan) {
+std::string eval_summary(const Options& o, int num_drafters, const ModelPlan& job_plan) {
   if (o.eval_data.empty()) return "";
   std::vector<int64_t> offsets;
   {
@@ -218,7 +218,7 @@ int dry_run(const Options& given) {
     return 0;
   }
   const int size = static_cast<int>(world.seats.size());
-  const JobPlan plan = plan_job(o);  // the config.json files only
+  const ModelPlan plan = plan_job(o);  // the config.json files only
   const RoleMemory memory = plan_role_memory(o, plan);
   const PlannedGpu gpu = gpu_to_check(o);
   std::ostringstream os;
@@ -273,7 +273,7 @@ int dry_run(const Options& given) {
     os << "[dflash] batch: --global-batch-tokens " << o.global_batch_tokens
        << ": the micro-batches per optimizer step are picked at startup, once --topology auto has chosen the drafters\n";
   else
-    os << resolve_grad_accum(o, num_drafters) << "\n";
+    os << grad_accum_line(o, grad_accum_of(o, num_drafters), num_drafters) << "\n";
   os << schedule(o, num_drafters);
   os << eval_summary(o, o.topology_auto ? 0 : num_drafters, plan);
   os << memory.line << "\n";

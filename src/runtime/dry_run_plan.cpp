@@ -89,8 +89,7 @@ PlannedWorld mpi_world(MPI_Comm world, Device backend) {
     // What create_topology binds, without its refusals: a dry run plans the GPU job anywhere (a login node
     // without a GPU, a build without CUDA) and says what it assumed.
     mine.sees = cuda::in_build() ? cuda_device_count() : 0;
-    const int local = slots[static_cast<size_t>(rank)].local_rank;
-    mine.gpu = mine.sees > 0 ? local % mine.sees : local;
+    mine.gpu = bind_gpu(slots[static_cast<size_t>(rank)].local_rank);
   }
   std::vector<Seat> all(slots.size());
   mpi::allgather(&mine, 1, all.data(), world);
@@ -196,7 +195,7 @@ TargetWeights target_weights(const Options& o, const TargetConfig& t) {
 // --max-anchors and the queue depths, the drafter's block activations included (drafter_bytes_per_anchor);
 // the target's layer activations, the drafter's context-side (per token) tensors and library workspaces
 // come on top. From config.json and the sizes of the checkpoint's files only: nothing is loaded.
-RoleMemory plan_role_memory(const Options& o, const JobPlan& plan) {
+RoleMemory plan_role_memory(const Options& o, const ModelPlan& plan) {
   const Qwen3Config& t = plan.target.text;
   const bool cuda = o.backend == Device::CUDA;
   const double act = static_cast<double>(dtype_size(plan.slot_shape.dtype));  // per activation / weight element

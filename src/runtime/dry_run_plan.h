@@ -10,7 +10,7 @@
 
 #include "dflash/options.h"
 #include "dflash/topology.h"
-#include "job_plan.h"
+#include "run_plan.h"
 
 namespace dflash {
 
@@ -59,7 +59,7 @@ struct RoleMemory {
   double target = 0, drafter = 0;
   std::string line;  // "[dflash] memory per rank, fixed part (...): target ...; drafter ..."
 };
-RoleMemory plan_role_memory(const Options& o, const JobPlan& plan);
+RoleMemory plan_role_memory(const Options& o, const ModelPlan& plan);
 
 // Each role's fixed memory against the GPU's: which ranks do not fit. The ranks of each role (empty under
 // --topology auto: then a role is checked without them).

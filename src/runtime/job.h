@@ -19,7 +19,7 @@
 #include "dflash/options.h"
 #include "dflash/target.h"
 #include "dflash/topology.h"
-#include "job_plan.h"
+#include "run_plan.h"
 
 namespace dflash {
 
@@ -34,39 +34,41 @@ struct RankCard {
   char gpu_note[96] = {0};  // why there is no reading ("CPU backend: no NVML", ...)
 };
 
+// The handles the inputs' check opened on this rank (validate_inputs): shared, read-only.
+struct JobInputs {
+  std::shared_ptr<const DatasetMix> dataset;  // targets: --data (one file or a mix), opened and checked
+  std::shared_ptr<const EvalSet> eval;  // targets and drafters: --eval-data packed; null without it
+  std::shared_ptr<const EvalPrompts> tau_prompts;  // drafters with --eval-tau-every: its prompts (drafter_tau.h)
+};
+
+// One segment's per-rank context: what was typed (opt), what the segment planned (plan, immutable), where
+// this rank sits (topo), and the handles this rank holds. Nothing here is a decision of the run.
 struct JobContext {
-  JobContext(const Options& o, const Topology& t, mpi::Clock::time_point started, std::vector<RankCard> rank_cards)
-      : opt(o), topo(t), start(started), cards(std::move(rank_cards)) {}
+  JobContext(const Options& o, const RunPlan& p, const Topology& t, mpi::Clock::time_point started,
+             std::vector<RankCard> rank_cards, JobInputs in)
+      : opt(o), plan(p), topo(t), start(started), cards(std::move(rank_cards)), dataset(std::move(in.dataset)),
+        eval(std::move(in.eval)), tau_prompts(std::move(in.tau_prompts)) {}
   const Options& opt;
+  const RunPlan& plan;             // the segment's plan: configs, shapes, split, K, schedule, resume
   const Topology& topo;
   mpi::Clock::time_point start;
   std::vector<RankCard> cards;
+  std::shared_ptr<const DatasetMix> dataset;
+  std::shared_ptr<const EvalSet> eval;
+  std::shared_ptr<const EvalPrompts> tau_prompts;
   Ctx ctx;                         // this rank's backend, chosen once at rank start (CPU, or its GPU's stream)
-  JobPlan plan;                    // the configs, capture layers, batch shape, loader options: resolved once
-  std::shared_ptr<const DatasetMix> dataset;  // targets: --data (one file or a mix), opened and checked by validate_inputs
-  std::shared_ptr<const EvalSet> eval;  // targets and drafters: --eval-data packed (validate_inputs); null without it
-  std::shared_ptr<const EvalPrompts> tau_prompts;  // drafters with --eval-tau-every: its prompts (drafter_tau.h)
   DataPlaneKind data_plane = DataPlaneKind::Host;  // agreed by every rank (setup_data_plane)
   std::shared_ptr<NcclPairs> nccl_pairs;           // the nccl plane's pair communicators
   GradReduceKind grad_reduce = GradReduceKind::HostMpi;  // drafters only
-  OptionMap resume_invariants;     // what a checkpoint records and a resume must match: options, world size,
-                                   // the inputs' content identities (checkpoint.h), same on every rank
-  std::string resume_dir;          // checkpoint this run resumes from ("" = fresh start), same on every rank
-  int64_t resume_step = 0;         // its step
-  ResumeSplit resume_split = ResumeSplit::Same;  // Changed: the checkpoint was made on another split
-  std::string run_extended;        // "--max-steps 40 -> 80" when a resume changes --epochs / --max-steps ("" = not)
-  std::string saved_topology;      // the checkpoint's --topology and world size ("2-1 on 3 ranks"), resuming only
-  DataResume data_resume;          // where every target starts (checkpoint.h), same on every rank
-  std::shared_ptr<const ConsumedRecords> consumed;  // data_resume.consumed, for the targets' loaders
-  bool stop_for_requeue = false;   // a drafter checkpointed after SIGUSR1/SIGTERM: exit with ExitCode::Requeue
-  bool in_place = false;           // this job continues a run in the same processes (--rebalance auto)
-  std::string resplit_to;          // drafters: --rebalance auto chose this split ("6-2") at ...
-  std::string resplit_checkpoint;  // ... this checkpoint; every rank takes its new role in place
-  // The run goes on after this job (a requeue, or a new split in place): no final evaluation, checkpoint or export.
-  bool run_goes_on() const { return stop_for_requeue || !resplit_to.empty(); }
-  // What this rank tells the end of the run (shutdown.cpp): 0, ExitCode::Requeue or kResplitCode.
-  int32_t own_end_code() const;
   PowerSampler* gpu_sampler = nullptr;  // this rank's GPU through NVML (run_job owns it)
+  // How the drafters end this segment (they decide; the others learn it at the end of the run): code
+  // ExitCode::Requeue after a stop signal's checkpoint, or kResplitCode with the split --rebalance auto chose.
+  SegmentEnd outcome;
+  // The run goes on after this segment (a requeue, or a new split in place): no final evaluation,
+  // checkpoint or export.
+  bool run_goes_on() const { return outcome.code != 0; }
+  // What this rank tells the end of the run (shutdown.cpp): 0, ExitCode::Requeue or kResplitCode.
+  int32_t own_end_code() const { return outcome.code; }
   double elapsed() const { return mpi::seconds_since(start); }
 };
 
@@ -127,12 +129,29 @@ int end_of_run(const JobContext& job);
 constexpr int32_t kResplitCode = 1000;
 
 // Every input this rank reads, checked before anything is written (job_inputs.cpp): the paths, the
-// job's plan (job.plan: the target's config.json, --drafter or --draft-layers against the target; planned
-// here unless --topology auto planned it already), and on target ranks
-// the dataset (job.dataset): its format, records against --token-budget / --long-record, and that it has
+// job's model plan (the target's config.json, --drafter or --draft-layers against the target), and on
+// target ranks the dataset: its format, records against --token-budget / --long-record, and that it has
 // something to train on. Fatal (BadInput/BadOptions) on the first defect; run_job makes every rank wait
 // for every other's checks before --out is touched, so a bad input never costs an earlier run's files.
-void validate_inputs(JobContext& job, std::optional<JobPlan> planned);
+// Returns the model plan (planned: --topology auto's, else plan_job's) and the handles it opened.
+struct CheckedInputs {
+  ModelPlan model;
+  JobInputs handles;
+};
+CheckedInputs validate_inputs(const Options& o, const Topology& topo, const std::vector<RankCard>& cards,
+                              std::optional<ModelPlan> planned);
+
+// The segment's plan (segment_plan.cpp), in three collective steps around the run directory's lock and
+// log: the resolved record with what the segment resolved (K; the split and checkpoint of a re-split),
+// where it resumes from (the inputs' identities shared, --resume resolved), then the rest (the checkpoint
+// read and checked, where the data resumes, the lr schedule, the eval cadence).
+std::vector<std::pair<std::string, std::string>> segment_record(const Options& o, const SegmentStart& seg, int grad_accum);
+ResumeFrom find_resume(const Options& o, const SegmentStart& seg, const Topology& topo, const JobInputs& in,
+                       const std::vector<std::pair<std::string, std::string>>& resolved);
+RunPlan plan_segment(const Options& o, const SegmentStart& seg, const Topology& topo, const JobInputs& in,
+                     ModelPlan model, int grad_accum, std::vector<std::pair<std::string, std::string>> resolved,
+                     ResumeFrom resume);
+
 // World rank 0: an exclusive lock on --out (and on --checkpoint-dir when it lies outside --out) held
 // until the process ends; fatal BadOptions naming the holder (pid, host, since when) when another job
 // has it. Creates the directories.

@@ -23,6 +23,7 @@
 #include "dflash/hf_config.h"
 #include "drafter_tau.h"
 #include "job.h"
+#include "run_resume.h"
 
 namespace dflash {
 namespace {
@@ -59,7 +60,7 @@ void check_trainable(const TokenDataset& ds) {
 
 // --draft-layers against the target (a fresh drafter only: --drafter brings its own layers and ids; plan_job
 // checked the other recipe options), and a note where its default layer ids repeat a layer.
-void check_draft_layers(const Options& o, const JobPlan& plan, bool print_note) {
+void check_draft_layers(const Options& o, const ModelPlan& plan, bool print_note) {
   if (!o.drafter_dir.empty()) return;
   const int L = plan.target.text.num_hidden_layers;
   DF_CHECK_HINT(o.draft_layers <= L, BadOptions,
@@ -87,21 +88,20 @@ void check_draft_layers(const Options& o, const JobPlan& plan, bool print_note) 
 // buffers do not fit even that is an option out of range (exit 2), not an out-of-memory failure (exit 8)
 // after the models loaded. Memory: the node's RAM shared by its ranks (CPU backend), the GPU's (CUDA,
 // when NVML read it at startup).
-void check_token_budget_fits(const JobContext& job) {
-  const Options& o = job.opt;
-  const Topology& topo = job.topo;
+void check_token_budget_fits(const Options& o, const Topology& topo, const std::vector<RankCard>& cards,
+                             const ModelPlan& plan) {
   DF_CHECK_HINT(o.token_budget <= INT32_MAX, BadOptions,
                 "bad value " << o.token_budget << " for --token-budget: out of range (packed batches index tokens "
                              << "with 32-bit offsets)",
                 "give --token-budget in [2, 2147483647]; 32768 is the DFlash recipe's");
   if (topo.role != Role::Target && topo.role != Role::Drafter) return;
-  const double per_token = job.plan.wire_bytes_per_token();
+  const double per_token = plan.wire_bytes_per_token();
   const int buffers = topo.role == Role::Drafter ? o.hs_queue_depth : 2;
   const double need = per_token * static_cast<double>(o.token_budget) * buffers;
   double have = 0;
   std::string what;
   if (o.backend == Device::CUDA) {
-    const GpuReading& g = job.cards[topo.world_rank].startup_gpu;
+    const GpuReading& g = cards[topo.world_rank].startup_gpu;
     if (!g.valid || g.mem_total_mib <= 0) return;  // unknown: the allocation will say
     have = g.mem_total_mib * 1048576.0;
     what = "its GPU's " + std::to_string(static_cast<int64_t>(g.mem_total_mib / 1024)) + " GiB";
@@ -264,9 +264,8 @@ namespace {
 // of the target's vocabulary, records that fit --token-budget (or the --long-record policy), something to
 // evaluate, and the records of it whose features the drafters' hosts can hold (--eval-max-tokens). Packed
 // here, once (include/dflash/eval_set.h).
-void load_eval_data(JobContext& job) {
-  const Options& o = job.opt;
-  const TokenDataset ds(o.eval_data, job.plan.target.text.vocab_size);  // fatal BadInput naming the file
+void load_eval_data(const Options& o, const Topology& topo, const ModelPlan& plan, JobInputs& in) {
+  const TokenDataset ds(o.eval_data, plan.target.text.vocab_size);  // fatal BadInput naming the file
   check_records_fit(o, ds);
   DF_CHECK_HINT(ds.anchor_positions() > 0, BadInput,
                 "--eval-data " << ds.path() << " has nothing to evaluate: " << ds.loss_tokens() << " of " << ds.num_tokens()
@@ -274,33 +273,33 @@ void load_eval_data(JobContext& job) {
                 "mark the completions with loss_mask 1 (as in --data), or give another held-out file");
   // What a drafter's host keeps: its share's features (+ final norm for --loss kl) in the wire dtype. A file
   // larger than --eval-max-tokens is evaluated on a fixed sample of its records (every rank draws the same).
-  const EvalBudget budget = job.plan.eval_budget(o);
-  const int drafters = static_cast<int>(job.topo.drafters.size());
+  const EvalBudget budget = plan.eval_budget(o);
+  const int drafters = static_cast<int>(topo.drafters.size());
   std::vector<int64_t> lengths(ds.num_records());
   for (size_t r = 0; r < lengths.size(); ++r) lengths[r] = ds.record_length(r);
-  EvalSelection chosen = select_eval_records(lengths, o.token_budget, job.plan.loader.long_record,
+  EvalSelection chosen = select_eval_records(lengths, o.token_budget, plan.loader.long_record,
                                              resolve_eval_max_tokens(o.eval_max_tokens, budget, drafters), ds.path());
-  auto eval = std::make_shared<EvalSet>(load_eval_set(ds, o.token_budget, job.plan.loader.long_record, std::move(chosen)));
+  auto eval = std::make_shared<EvalSet>(load_eval_set(ds, o.token_budget, plan.loader.long_record, std::move(chosen)));
   check_eval_share_fits(eval->batch_tokens(), drafters, budget, ds.path());
-  job.eval = std::move(eval);
+  in.eval = std::move(eval);
   // --eval-tau-every: the drafters decode the set's prompts (src/runtime/drafter_tau.h)
-  if (o.eval_tau_every > 0 && job.topo.role == Role::Drafter) job.tau_prompts = load_tau_prompts(o, job.plan.drafter.block_size, ds);
+  if (o.eval_tau_every > 0 && topo.role == Role::Drafter) in.tau_prompts = load_tau_prompts(o, plan.drafter.block_size, ds);
 }
 
 }  // namespace
 
-void validate_inputs(JobContext& job, std::optional<JobPlan> planned) {
-  const Options& o = job.opt;
-  const Topology& topo = job.topo;
+CheckedInputs validate_inputs(const Options& o, const Topology& topo, const std::vector<RankCard>& cards,
+                              std::optional<ModelPlan> planned) {
   check_input_paths(o);
-  job.plan = planned ? std::move(*planned) : plan_job(o);
-  check_draft_layers(o, job.plan, topo.world_rank == 0);
-  check_token_budget_fits(job);
-  if (!o.eval_data.empty() && topo.role != Role::Idle) load_eval_data(job);
-  if (topo.role != Role::Target) return;
+  CheckedInputs c{planned ? std::move(*planned) : plan_job(o), JobInputs{}};
+  const ModelPlan& plan = c.model;
+  check_draft_layers(o, plan, topo.world_rank == 0);
+  check_token_budget_fits(o, topo, cards, plan);
+  if (!o.eval_data.empty() && topo.role != Role::Idle) load_eval_data(o, topo, plan, c.handles);
+  if (topo.role != Role::Target) return c;
   // Only the targets read the data; they keep it open for the loader. Every file of a mix is checked as a
   // whole (a record too long for the budget is refused even where the mix leaves it out: one rule per file).
-  auto dataset = std::make_shared<DatasetMix>(o.data, o.train.seed, job.plan.target.text.vocab_size);
+  auto dataset = std::make_shared<DatasetMix>(o.data, o.train.seed, plan.target.text.vocab_size);
   for (size_t i = 0; i < dataset->num_files(); ++i) {
     check_records_fit(o, dataset->file(i));
     check_trainable(dataset->file(i));
@@ -309,7 +308,8 @@ void validate_inputs(JobContext& job, std::optional<JobPlan> planned) {
     std::printf("[dflash] data: %s\n", dataset->summary().c_str());
     std::fflush(stdout);
   }
-  job.dataset = std::move(dataset);
+  c.handles.dataset = std::move(dataset);
+  return c;
 }
 
 // Leftovers of a write that was killed half-way (write_atomically's PATH.tmp.XXXXXX files next to the

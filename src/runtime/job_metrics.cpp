@@ -51,8 +51,8 @@ double mean_epoch(const std::vector<TargetReport>& targets) {
 
 // metrics.h5's /options: one attribute per option, typed as the parser holds it (Options::to_json): an
 // integer as int64, a real as float64, a flag as int64 0/1 (netCDF has no boolean), a text as a string.
-void write_typed_options(MetricsWriter& w, const Options& o) {
-  const nlohmann::json j = nlohmann::json::parse(o.to_json());
+void write_typed_options(MetricsWriter& w, const std::string& options_json) {
+  const nlohmann::json j = nlohmann::json::parse(options_json);
   for (const auto& [name, v] : j.items()) {
     if (v.is_number_integer()) w.set_group_attribute("options", name, v.get<int64_t>());
     else if (v.is_number()) w.set_group_attribute("options", name, v.get<double>());
@@ -94,9 +94,9 @@ MetricsHub::MetricsHub(const JobContext& job, int block_size, bool selector_metr
   DF_CHECK_HINT(!ec, SystemFailure, "cannot create --out " << job.opt.out_dir << ": " << ec.message(),
                 "give a writable directory");
   // Resuming: continue the run's file; rows after the checkpoint's step are written again.
-  const bool resuming = !job.resume_dir.empty();
+  const bool resuming = !job.plan.resume.fresh();
   const std::string path = job.opt.out_dir + "/metrics.h5";
-  const bool same_split = job.resume_split == ResumeSplit::Same;
+  const bool same_split = job.plan.resume.split == ResumeSplit::Same;
   if (resuming && same_split && std::filesystem::exists(path)) {
     // The file's /gpus series (made by the split's first segment) stay as they are: this segment appends to
     // them only when it has readings for the same number of columns; otherwise /gpus gets no new rows.
@@ -110,19 +110,19 @@ MetricsHub::MetricsHub(const JobContext& job, int block_size, bool selector_metr
     layout.num_gpus = static_cast<int>(file_cols);
   }
   writer_ = std::make_unique<MetricsWriter>(path, layout, resuming ? MetricsOpen::Append : MetricsOpen::Create);
-  if (resuming) writer_->drop_steps_after(job.resume_step);
-  if (resuming) writer_->drop_eval_after(job.resume_step);  // evaluated after the checkpoint: again on schedule
+  if (resuming) writer_->drop_steps_after(job.plan.resume.step);
+  if (resuming) writer_->drop_eval_after(job.plan.resume.step);  // evaluated after the checkpoint: again on schedule
   SegmentInfo seg;
-  seg.first_step = job.resume_step;
+  seg.first_step = job.plan.resume.step;
   seg.kind = !resuming      ? SegmentKind::Start
-             : job.in_place ? SegmentKind::Rebalance
+             : job.plan.segment.in_place ? SegmentKind::Rebalance
              : same_split   ? SegmentKind::Resume
                             : SegmentKind::Resplit;
   seg.nodes = t.num_nodes;
   seg.targets_per_node = static_cast<int64_t>(t.targets.size()) / std::max(1, t.num_nodes);
   seg.drafters_per_node = static_cast<int64_t>(t.drafters.size()) / std::max(1, t.num_nodes);
   seg.world_size = t.world_size;
-  seg.grad_accum = job.opt.grad_accum;
+  seg.grad_accum = job.plan.grad_accum;
   seg.unix_time_s = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
   segment_ = writer_->begin_segment(seg);
   nlohmann::json ranks = nlohmann::json::array();
@@ -134,12 +134,12 @@ MetricsHub::MetricsHub(const JobContext& job, int block_size, bool selector_metr
       ranks.back()["gpu_mem_total_mib"] = c.startup_gpu.mem_total_mib;
     }
   }
-  writer_->set_attribute("options", job.opt.to_json());
-  write_typed_options(*writer_, job.opt);
-  writer_->set_attribute("topology", job.opt.topology.to_string());
+  writer_->set_attribute("options", job.plan.resolved_json(job.opt));
+  write_typed_options(*writer_, job.plan.resolved_json(job.opt));
+  writer_->set_attribute("topology", job.plan.split().to_string());
   writer_->set_attribute("num_nodes", static_cast<int64_t>(t.num_nodes));
   writer_->set_attribute("gpus_per_node", static_cast<int64_t>(t.ranks_per_node));  // what dflash-report splits
-  if (!job.opt.auto_topology_record.empty()) writer_->set_attribute("auto_topology", job.opt.auto_topology_record);
+  if (!job.plan.segment.auto_record.empty()) writer_->set_attribute("auto_topology", job.plan.segment.auto_record);
   writer_->set_attribute("ranks", ranks.dump());
   writer_->set_attribute("backend", std::string(device_name(job.opt.backend)));
   writer_->set_attribute("version", std::string(DFLASH_VERSION));
@@ -148,9 +148,9 @@ MetricsHub::MetricsHub(const JobContext& job, int block_size, bool selector_metr
   if (idle_power_w_) writer_->set_attribute("gpu_idle_power_w", *idle_power_w_);
   // Tokens of one epoch of --data (a mix: of its slots), counted by the first target with the lr plan:
   // dflash-report's remaining-tokens ETA.
-  if (job.opt.dataset_tokens > 0) writer_->set_attribute("dataset_tokens", job.opt.dataset_tokens);
-  writer_->set_attribute("long_records_per_epoch", job.opt.long_records_per_epoch);
-  writer_->set_attribute("long_record_tokens_dropped_per_epoch", job.opt.long_tokens_dropped_per_epoch);
+  if (job.plan.dataset.tokens > 0) writer_->set_attribute("dataset_tokens", job.plan.dataset.tokens);
+  writer_->set_attribute("long_records_per_epoch", job.plan.dataset.long_records_per_epoch);
+  writer_->set_attribute("long_record_tokens_dropped_per_epoch", job.plan.dataset.long_tokens_dropped_per_epoch);
   // Run metadata: when (UTC) the run and this segment started, the build's commit, the command line.
   const std::string now_utc = utc_now_iso8601();
   if (!resuming) writer_->set_attribute("start_utc", now_utc);
@@ -327,7 +327,7 @@ void MetricsHub::report(const DrafterReport& mine, const std::vector<TargetRepor
     in.q_hs = q_hs;
     in.q_pre_capacity = job_.opt.prefetch_depth;
     in.q_hs_capacity = job_.opt.hs_queue_depth;
-    in.grad_accum = job_.opt.grad_accum;
+    in.grad_accum = job_.plan.grad_accum;
     if (gpu_row) {
       // Ranks that share a GPU read the same device: count each GPU once (a rank without a bound GPU,
       // e.g. the NVML test hook on the CPU backend, is its own device).
@@ -342,7 +342,7 @@ void MetricsHub::report(const DrafterReport& mine, const std::vector<TargetRepor
     in.epoch = epoch;
     EtaInputs eta;
     eta.step = last_step_.step;
-    eta.segment_first_step = job_.resume_step;
+    eta.segment_first_step = job_.plan.resume.step;
     eta.segment_train_s = now - train_start_s_;
     eta.max_steps = job_.opt.max_steps;
     eta.epochs = job_.opt.epochs;

@@ -542,11 +542,15 @@ ParseResult parse_options(int argc, const char* const* argv) {
   return r;
 }
 
-std::string Options::to_json() const {
+std::string Options::to_json() const { return resolved_options_json(resolved, resolved_kind); }
+
+std::string resolved_options_json(const std::vector<std::pair<std::string, std::string>>& resolved,
+                                  const std::map<std::string, Options::ValueKind>& kinds) {
+  using ValueKind = Options::ValueKind;
   nlohmann::json j = nlohmann::json::object();
   for (const auto& [k, v] : resolved) {
-    const auto kind = resolved_kind.find(k);
-    switch (kind == resolved_kind.end() ? ValueKind::Text : kind->second) {
+    const auto kind = kinds.find(k);
+    switch (kind == kinds.end() ? ValueKind::Text : kind->second) {
       case ValueKind::Text: j[k] = v; break;
       // (the texts are the parser's own printing of its numbers: they parse back)
       case ValueKind::Integer: j[k] = v.size() && v[0] == '-' ? nlohmann::json(std::stoll(v)) : nlohmann::json(std::stoull(v)); break;
@@ -585,21 +589,6 @@ std::string optimizer_state_line(const Options& o) {
     os << bf16 << " B/param with the fp32 gradients, " << fp32 - bf16 << " B/param less than fp32's " << fp32 << ")";
   else
     os << "the CPU backend keeps them in fp32 storage holding bf16 values: " << bf16 << " B/param, as fp32)";
-  return os.str();
-}
-
-std::string resolve_grad_accum(Options& o, int num_drafters) {
-  if (o.global_batch_tokens > 0) {
-    o.grad_accum = grad_accum_for(o.global_batch_tokens, o.token_budget, num_drafters);
-    for (auto& [name, value] : o.resolved)
-      if (name == "grad-accum") value = std::to_string(o.grad_accum);
-  }
-  const long long D = num_drafters, K = o.grad_accum, per_step = static_cast<long long>(o.token_budget) * D * K;
-  std::ostringstream os;
-  os << "[dflash] batch: " << K << " micro-batch(es) per optimizer step x " << D << " drafter(s) x <= "
-     << o.token_budget << " tokens = <= " << per_step << " tokens per optimizer step";
-  if (o.global_batch_tokens > 0) os << " (--global-batch-tokens " << o.global_batch_tokens << ")";
-  else os << " (--grad-accum " << K << ")";
   return os.str();
 }
 

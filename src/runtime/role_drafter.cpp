@@ -23,6 +23,7 @@
 #include "job.h"
 #include "job_metrics.h"
 #include "report_sidecar.h"
+#include "run_resume.h"
 #include "test_trace.h"
 
 namespace dflash {
@@ -31,17 +32,18 @@ namespace {
 class DrafterLoop {
  public:
   explicit DrafterLoop(JobContext& job)
-      : job_(job), o_(job.opt), topo_(job.topo), group_(job), best_(o_, job.resume_dir),
-        trace_(o_.inject_trace_dir, topo_.world_rank, job.resume_step) {}
+      : job_(job), o_(job.opt), topo_(job.topo), group_(job), best_(o_, job.plan.resume.dir),
+        trace_(o_.inject_trace_dir, topo_.world_rank, job.plan.resume.step) {}
 
   void run() {
     const int num_drafters = static_cast<int>(topo_.drafters.size());
-    DrafterTrainer trainer(job_.plan.drafter_source(o_), o_.train, job_.ctx, o_.token_budget);
+    DrafterTrainer trainer(job_.plan.drafter_source(o_), job_.plan.train, job_.ctx, o_.token_budget);
     group_.check_same_init(trainer.weights_checksum());
     // --eval-tau-every: this rank's own target for the verification (loaded before the load barrier)
     if (job_.tau_prompts) tau_ = std::make_unique<DrafterTau>(job_, trainer);
-    DrafterCheckpointer ckpt(o_, topo_.drafter_comm, job_.resume_invariants, job_.data_resume, job_.resume_dir,
-                             job_.resume_split);
+    const ResumeFrom& resume = job_.plan.resume;
+    DrafterCheckpointer ckpt(checkpointer_config(o_, job_.plan), topo_.drafter_comm, resume.invariants, resume.data,
+                             resume.dir, resume.split);
     int64_t step = ckpt.restore(trainer);  // 0 unless resuming
     DataPlaneSpec ps = data_plane_spec(job_);
     ps.num_slots = o_.hs_queue_depth;
@@ -56,7 +58,7 @@ class DrafterLoop {
     hub.set_attribute("drafter_grad_bytes", static_cast<int64_t>(grads.nbytes()));
     // Micro-batches per optimizer step (--grad-accum, resolved): each /steps row sums that many per drafter
     // (the last step of a run whose data ended mid-step fewer; its tokens say how many).
-    hub.set_attribute("grad_accum", static_cast<int64_t>(o_.grad_accum));
+    hub.set_attribute("grad_accum", static_cast<int64_t>(job_.plan.grad_accum));
     auto progress = [&] {
       endpoint.pump();
       group_.poll();
@@ -73,7 +75,7 @@ class DrafterLoop {
     hub.training_started();
     endpoint.start();
 
-    const int K = o_.grad_accum;  // micro-batches per optimizer step (resolved at startup: resolve_grad_accum)
+    const int K = job_.plan.grad_accum;  // micro-batches per optimizer step (the segment's plan)
     for (;;) {
       if (o_.max_steps > 0 && step >= o_.max_steps) break;  // resumed at the end
       // 1.-3. K micro-batches (K = 1: the step's one batch), each agreed in lockstep by every drafter
@@ -116,13 +118,13 @@ class DrafterLoop {
         }
       }
       // Before the checkpoint: its flush then holds this step's /eval row too.
-      const bool tau_now = tau_ && tau_due(step, o_);
-      if (eval && (eval_due(step, o_.eval_every) || tau_now)) last_eval = evaluate(hub, *eval, trainer, step, progress, tau_now);
+      const bool tau_now = tau_ && tau_due(step, o_, job_.plan);
+      if (eval && (eval_due(step, job_.plan.eval_every) || tau_now)) last_eval = evaluate(hub, *eval, trainer, step, progress, tau_now);
       if (tau_now) last_tau = step;
       enter_collective();
       const DrafterCheckpointer::Next next = ckpt.after_step(step, trainer, schedule_of(trainer), progress);
       if (next == DrafterCheckpointer::Next::StopForRequeue) {
-        job_.stop_for_requeue = true;
+        job_.outcome.code = static_cast<int>(ExitCode::Requeue);
         break;
       }
       // --rebalance auto: at a checkpoint, maybe another split from here (every rank in place: run_job).
@@ -268,19 +270,19 @@ class DrafterLoop {
 
   // --rebalance auto, after the checkpoint of `step` (collective over the drafters): the writer asks the
   // what-if model (auto_topology.h) with this segment's measured service times; all drafters take its answer.
-  // True when the run moves to another split: job_.resplit_to / resplit_checkpoint are set.
+  // True when the run moves to another split: job_.outcome says which, and from which checkpoint.
   bool decide_rebalance(const MetricsHub& hub, int64_t step, const std::string& checkpoint,
                         const std::function<void()>& progress) {
     int32_t to[2] = {0, 0};  // targets, drafters per node (0: keep the split)
     if (topo_.is_metrics_writer()) {
       const std::optional<RoleMeasurements> m = hub.measurements();
-      const std::string now = o_.topology.to_string();
+      const std::string now = job_.plan.split().to_string();
       if (!m) {
         std::printf("[rebalance] step %lld: fewer than two report intervals measured on %s (--log-every %d): keep it\n",
                     static_cast<long long>(step), now.c_str(), o_.log_every);
       } else {
         const std::optional<double> budget = o_.power_budget_w > 0 ? std::optional<double>(o_.power_budget_w) : std::nullopt;
-        const RebalanceChoice c = choose_rebalance(*m, o_.topology.targets_per_node, o_.topology.drafters_per_node,
+        const RebalanceChoice c = choose_rebalance(*m, job_.plan.split().targets_per_node, job_.plan.split().drafters_per_node,
                                                    o_.rebalance_min_gain_pct / 100.0, budget);
         if (c.to) {
           to[0] = c.to->targets;
@@ -299,15 +301,15 @@ class DrafterLoop {
       mpi::wait(r, o_.peer_timeout_s, [] { return std::string("drafters did not agree on a new split (one is lost)"); }, progress);
     }
     if (to[0] <= 0) return false;
-    job_.resplit_to = std::to_string(to[0]) + "-" + std::to_string(to[1]);
-    job_.resplit_checkpoint = checkpoint;
+    job_.outcome = SegmentEnd{kResplitCode, TopologySpec{to[0], to[1]}, checkpoint};
     return true;
   }
 
   // What a checkpoint records of the schedule: the next learning rate and every target's epoch progress.
   nlohmann::json schedule_of(const DrafterTrainer& trainer) const {
     nlohmann::json schedule = {{"next_lr", trainer.current_lr()}, {"epoch_progress", nlohmann::json::array()},
-                               {"total_steps", o_.train.total_steps}, {"warmup_steps", o_.train.warmup_steps}};
+                               {"total_steps", job_.plan.schedule.total_steps},
+                               {"warmup_steps", job_.plan.schedule.warmup_steps}};
     if (!best_.record().empty()) schedule["best"] = best_.record();  // OUT/drafter-best's (drafter_best.h)
     for (const TargetReport& t : endpoint_->known_targets()) schedule["epoch_progress"].push_back(t.epoch_progress);
     return schedule;

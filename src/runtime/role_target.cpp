@@ -40,10 +40,10 @@ class TargetRank {
     LoaderOptions lo = job_.plan.loader;
     lo.shard_index = topo_.role_index;
     lo.num_shards = topo_.role_count;
-    lo.consumed = job_.consumed;  // epochs an earlier split began (a resume on another split)
+    lo.consumed = job_.plan.resume.consumed;  // epochs an earlier split began (a resume on another split)
     wait_all_loaded(job_);
     // Resuming: the loader restarts where the checkpoint says; batches trained on after that are dropped.
-    const DataResumePoint& resume = job_.data_resume.points.at(static_cast<size_t>(topo_.role_index));
+    const DataResumePoint& resume = job_.plan.resume.data.points.at(static_cast<size_t>(topo_.role_index));
     Loader loader(dataset, lo, resume.position);
     end_index_ = resume.position.batches;
     const auto& nt = topo_.node_targets;
@@ -56,7 +56,7 @@ class TargetRank {
     wait_eval_features(job_, [&] { endpoint.pump(); });
     report_ = TargetReport{};  // the eval forwards are not training work
     report_.rank = topo_.world_rank;
-    TestTrace trace(o_.inject_trace_dir, topo_.world_rank, job_.resume_step);
+    TestTrace trace(o_.inject_trace_dir, topo_.world_rank, job_.plan.resume.step);
     LoadedBatch lb;
     while (!endpoint.stopped()) {
       // 1. the next packed batch from the loader thread

@@ -143,10 +143,6 @@ int32_t wait_for_end(const JobContext& job) {
 
 }  // namespace
 
-int32_t JobContext::own_end_code() const {
-  if (stop_for_requeue) return static_cast<int32_t>(ExitCode::Requeue);
-  return resplit_to.empty() ? 0 : kResplitCode;
-}
 
 int end_of_run(const JobContext& job) {
   const Topology& topo = job.topo;

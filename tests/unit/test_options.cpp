@@ -1,12 +1,15 @@
 // dflash-train's command line: defaults, --config precedence, and the errors (exit 2 / 3).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <string>
 #include <vector>
 
 #include "dflash/options.h"
+#include "runtime/job.h"  // segment_record
+#include "runtime/run_plan.h"  // grad_accum_of, grad_accum_line
 
 using namespace dflash;
 
@@ -370,16 +373,22 @@ TEST(OptionsDeath, SeedMustBeANonNegativeWholeNumber) {
 
 // --grad-accum / --global-batch-tokens: one of them; K resolved from the drafters and recorded as --grad-accum.
 TEST(Options, GlobalBatchTokensResolvesGradAccum) {
-  Options o = parse(with_required({"--token-budget", "32768", "--global-batch-tokens", "98304"})).options;
-  EXPECT_EQ(o.grad_accum, 1);
-  const std::string line = resolve_grad_accum(o, 2);
-  EXPECT_EQ(o.grad_accum, 2);
-  EXPECT_EQ(resolved(o, "grad-accum"), "2");
+  const Options o = parse(with_required({"--token-budget", "32768", "--global-batch-tokens", "98304"})).options;
+  EXPECT_EQ(o.grad_accum, 1);  // as typed: the segment resolves K (run_plan.h)
+  EXPECT_EQ(grad_accum_of(o, 2), 2);
+  const std::string line = grad_accum_line(o, grad_accum_of(o, 2), 2);
   EXPECT_NE(line.find("2 micro-batch(es) per optimizer step x 2 drafter(s) x <= 32768 tokens = <= 131072 tokens"),
             std::string::npos) << line;
-  Options k = parse(with_required({"--grad-accum", "3"})).options;
-  EXPECT_NE(resolve_grad_accum(k, 4).find("(--grad-accum 3)"), std::string::npos);
-  EXPECT_EQ(k.grad_accum, 3);
+  SegmentStart seg;
+  seg.split = o.topology;
+  const auto record = segment_record(o, seg, grad_accum_of(o, 2));
+  const auto k_recorded = std::find_if(record.begin(), record.end(), [](const auto& kv) { return kv.first == "grad-accum"; });
+  ASSERT_NE(k_recorded, record.end());
+  EXPECT_EQ(k_recorded->second, "2");
+  EXPECT_EQ(resolved(o, "grad-accum"), "1");  // Options itself is never written after parsing
+  const Options k = parse(with_required({"--grad-accum", "3"})).options;
+  EXPECT_EQ(grad_accum_of(k, 4), 3);
+  EXPECT_NE(grad_accum_line(k, grad_accum_of(k, 4), 4).find("(--grad-accum 3)"), std::string::npos);
 }
 TEST(OptionsDeath, GradAccumAndGlobalBatchTokensExclusive) {
   EXPECT_EXIT(parse(with_required({"--grad-accum", "2", "--global-batch-tokens", "1000"})), testing::ExitedWithCode(2),

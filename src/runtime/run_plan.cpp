@@ -1,11 +1,14 @@
-// JobPlan: see job_plan.h.
-#include "job_plan.h"
+// ModelPlan and RunPlan: see run_plan.h.
+#include "run_plan.h"
+
+#include <sstream>
 
 #include "dflash/backend.h"
+#include "dflash/schedule.h"  // grad_accum_for
 
 namespace dflash {
 
-DrafterSource JobPlan::drafter_source(const Options& o) const {
+DrafterSource ModelPlan::drafter_source(const Options& o) const {
   DrafterSource s;
   s.target = target.text;
   s.target_dir = o.target_dir;
@@ -14,21 +17,21 @@ DrafterSource JobPlan::drafter_source(const Options& o) const {
   return s;
 }
 
-double JobPlan::wire_bytes_per_token() const {
+double ModelPlan::wire_bytes_per_token() const {
   return static_cast<double>(slot_shape.hidden) *
          static_cast<double>(slot_shape.num_layers + (slot_shape.final_norm ? 1 : 0)) *
          static_cast<double>(dtype_size(slot_shape.dtype));
 }
 
-EvalBudget JobPlan::eval_budget(const Options& o) const {
+EvalBudget ModelPlan::eval_budget(const Options& o) const {
   EvalBudget b;
   if (o.inject_eval_budget_bytes > 0) b.bytes_per_drafter = o.inject_eval_budget_bytes;
   b.bytes_per_token = wire_bytes_per_token();
   return b;
 }
 
-JobPlan plan_job(const Options& o) {
-  JobPlan p;
+ModelPlan plan_job(const Options& o) {
+  ModelPlan p;
   p.target = load_target_config(o.target_dir);
   const Qwen3Config& t = p.target.text;
   // --drafter brings its own layers and ids; a fresh drafter's recipe options must fit the target.
@@ -49,5 +52,27 @@ JobPlan plan_job(const Options& o) {
   p.loader.long_record = o.long_record == LongRecordPolicy::Skip ? LongRecord::Skip : LongRecord::Cut;
   return p;
 }
+
+int grad_accum_of(const Options& o, int num_drafters) {
+  return o.global_batch_tokens > 0 ? grad_accum_for(o.global_batch_tokens, o.token_budget, num_drafters) : o.grad_accum;
+}
+
+std::string grad_accum_line(const Options& o, int grad_accum, int num_drafters) {
+  const long long D = num_drafters, K = grad_accum, per_step = static_cast<long long>(o.token_budget) * D * K;
+  std::ostringstream os;
+  os << "[dflash] batch: " << K << " micro-batch(es) per optimizer step x " << D << " drafter(s) x <= "
+     << o.token_budget << " tokens = <= " << per_step << " tokens per optimizer step";
+  if (o.global_batch_tokens > 0) os << " (--global-batch-tokens " << o.global_batch_tokens << ")";
+  else os << " (--grad-accum " << K << ")";
+  return os.str();
+}
+
+void set_resolved(std::vector<std::pair<std::string, std::string>>& resolved, const std::string& name,
+                  const std::string& value) {
+  for (auto& [k, v] : resolved)
+    if (k == name) v = value;
+}
+
+std::string RunPlan::resolved_json(const Options& o) const { return resolved_options_json(resolved, o.resolved_kind); }
 
 }  // namespace dflash
