@@ -35,16 +35,9 @@ std::string resolve_resume_collective(const Options& o, const std::string& resum
 }
 
 CheckpointerConfig checkpointer_config(const Options& o, const RunPlan& plan) {
-  CheckpointerConfig c;
-  c.dir = checkpoint_dir_of(o);
-  c.every = parse_checkpoint_every(o.checkpoint_every);
-  c.keep = o.keep_checkpoints;
-  c.export_drafter = o.export_checkpoints;
-  c.export_dtype = o.export_dtype;
-  c.grad_accum = plan.grad_accum;
-  c.peer_timeout_s = o.peer_timeout_s;
-  c.inject_stop_step = o.inject_stop_step;
-  return c;
+  return CheckpointerConfig{checkpoint_dir_of(o), parse_checkpoint_every(o.checkpoint_every), o.keep_checkpoints,
+                            o.export_checkpoints, o.export_dtype, plan.grad_accum, o.peer_timeout_s,
+                            o.inject_stop_step};
 }
 
 }  // namespace dflash

@@ -45,19 +45,20 @@ TEST(TauSums, TauIsTheMeanOverPromptsOfEachPromptsMeanAndSumsAddUp) {
 
 TEST(TauSchedule, EveryNStepsAndAtThePlannedLastStep) {
   Options o;
+  RunPlan plan;
   o.eval_tau_every = 10;
   o.max_steps = 25;
-  EXPECT_FALSE(tau_due(0, o));
-  EXPECT_FALSE(tau_due(5, o));
-  EXPECT_TRUE(tau_due(10, o));
-  EXPECT_TRUE(tau_due(20, o));
-  EXPECT_TRUE(tau_due(25, o));  // the run's last step
+  EXPECT_FALSE(tau_due(0, o, plan));
+  EXPECT_FALSE(tau_due(5, o, plan));
+  EXPECT_TRUE(tau_due(10, o, plan));
+  EXPECT_TRUE(tau_due(20, o, plan));
+  EXPECT_TRUE(tau_due(25, o, plan));  // the run's last step
   o.max_steps = 0;
-  o.train.total_steps = 33;  // planned from the data
-  EXPECT_TRUE(tau_due(33, o));
-  EXPECT_FALSE(tau_due(25, o));
+  plan.schedule.total_steps = 33;  // planned from the data
+  EXPECT_TRUE(tau_due(33, o, plan));
+  EXPECT_FALSE(tau_due(25, o, plan));
   o.eval_tau_every = 0;
-  EXPECT_FALSE(tau_due(10, o));
+  EXPECT_FALSE(tau_due(10, o, plan));
 }
 
 TEST(TauSchedule, ThePromptLimitLeavesRoomForNewTokensAndTheBlock) {
