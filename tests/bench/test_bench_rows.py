@@ -1,0 +1,49 @@
+#!/usr/bin/env python3
+"""bench/bench_rows.py, the Python twin of the bench writer, prints what tests/bench/test_bench_writer.cpp
+expects of the C++ one (the same table, byte for byte), its --json lines parse, and read_rows / read_cases
+read both back."""
+import io
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bench"))
+import bench_rows as br  # noqa: E402
+
+
+def run(json_lines):
+    out = io.StringIO()
+    w = br.Writer("test_bench", json_lines=json_lines, out=out, argv=["test_bench", "--model", "8b"])
+    w.begin('0 "Fake GPU", 1.0 GiB', br.timing_line(2, 5))
+    w.meta("model", "8b")
+    w.columns([br.text("case", 10), br.text("model", 5), br.num("T", "", 0), br.num("step_ms", "ms", 2),
+               br.num("tok_per_s", "tok/s", 0)])
+    w.row(["forward", "8b", 16384, 98.214, 166823.4])
+    w.row(["gemm", "8b", 16384, 70.5])
+    w.note("all checks passed")
+    return out.getvalue().splitlines()
+
+
+def main():
+    t = run(False)
+    assert t[0] == "# bench: test_bench", t[0]
+    assert t[1] == "# command: test_bench --model 8b", t[1]
+    assert t[6] == "# timing: 2 warm-up + 5 timed, CUDA events, median", t[6]
+    want = ["# case       model      T step_ms tok_per_s",
+            "#                            (ms)   (tok/s)",
+            "  forward    8b     16384   98.21    166823",
+            "  gemm       8b     16384   70.50         -",
+            "# all checks passed"]
+    assert t[9:14] == want, "\n".join(t[9:14])
+    rows = br.read_rows(t)
+    assert rows == [{"case": "forward", "model": "8b", "T": 16384.0, "step_ms": 98.21, "tok_per_s": 166823.0},
+                    {"case": "gemm", "model": "8b", "T": 16384.0, "step_ms": 70.5, "tok_per_s": None}], rows
+    j = br.read_cases(run(True))
+    assert len(j) == 2 and j[0]["case"] == "forward" and j[0]["step_ms"] == 98.21 and j[1]["tok_per_s"] is None, j
+    assert j[0]["bench"] == "test_bench" and j[0]["device"] == '0 "Fake GPU", 1.0 GiB', j[0]
+    json.dumps(j)
+    print("PASS")
+
+
+if __name__ == "__main__":
+    main()
