@@ -168,3 +168,82 @@ def read_rows(lines):
                         d[k] = v
             cases.append(d)
     return cases
+
+
+# The C++ drivers' tables, for the references that sit beside them (same keys, units and widths).
+def forward_columns():  # bench_target_forward.cpp: forward_columns()
+    return [text("case", 14), text("impl", 8), text("model", 5), num("T", "", 0), num("nseq", "", 0),
+            num("ms", "ms", 2, 8), num("min_ms", "ms", 2), num("pct", "%", 1), num("tok_per_s", "tok/s", 0, 9),
+            num("tflops", "TFLOP/s", 1), num("gb_per_s", "GB/s", 0), num("mem_gib", "GiB", 2)]
+
+
+def hybrid_columns():  # bench_hybrid_forward.cpp: hybrid_columns()
+    return [text("case", 19), text("impl", 8), text("model", 11), num("T", "", 0), num("nseq", "", 0),
+            num("ms", "ms", 2, 8), num("min_ms", "ms", 2), num("max_ms", "ms", 2), num("pct", "%", 1),
+            num("ops", "", 0), num("tok_per_s", "tok/s", 1, 9), num("tflops", "TFLOP/s", 1), num("peak_gib", "GiB", 2),
+            num("growth_gib", "GiB", 2)]
+
+
+def step_columns():  # drafter_bench.cpp: step_columns()
+    return [text("case", 18), text("impl", 18), text("model", 5), text("arch", 7), num("block", "", 0),
+            text("objective", 9), text("state", 5), num("det", "", 0), num("ms", "ms", 1, 7), num("min_ms", "ms", 1),
+            num("max_ms", "ms", 1), num("pct", "%", 1), num("tflop", "TFLOP", 2), num("tflops", "TFLOP/s", 0),
+            num("mem_gib", "GiB", 2)]
+
+
+def _read_any(lines):
+    """Both formats from one file; each case gets the `# bench:` it came under."""
+    out, bench, table = [], None, []
+    for l in lines:
+        l = l.rstrip("\n")
+        if l.startswith("# bench: "):
+            if table:
+                out += [dict(bench=bench, **c) for c in read_rows(table)]
+            bench, table = l[len("# bench: "):], []
+        elif l.startswith("{"):
+            out.append(json.loads(l))
+        else:
+            table.append(l)
+    if table:
+        out += [dict(bench=bench, **c) for c in read_rows(table)]
+    return out
+
+
+def main(argv=None):
+    """Side by side: the cases of one or more outputs (ours and the references', rows or JSON lines) as one
+    table, e.g. python3 bench/bench_rows.py out/bench.txt --case step."""
+    import argparse
+    ap = argparse.ArgumentParser(description=main.__doc__)
+    ap.add_argument("files", nargs="+")
+    ap.add_argument("--case", action="append", help="only these cases (repeatable)")
+    ap.add_argument("--json", action="store_true", help="print JSON lines instead")
+    a = ap.parse_args(argv)
+    cases = []
+    for f in a.files:
+        with open(f, errors="replace") as fh:
+            cases += _read_any(fh.readlines())
+    if a.case:
+        cases = [c for c in cases if c.get("case") in a.case]
+    if a.json:
+        for c in cases:
+            print(json.dumps(c))
+        return 0
+    keys = []  # every key some case has a value for, in first-seen order
+    for c in cases:
+        keys += [k for k, v in c.items() if v is not None and k not in keys and k not in ("commit", "device")]
+    def fmt(v):
+        if v is None:
+            return "-"
+        if isinstance(v, float):
+            return ("%.0f" % v) if v == int(v) and abs(v) >= 1000 else ("%g" % v if abs(v) < 1e6 else "%.0f" % v)
+        return str(v)
+    grid = [[fmt(c.get(k)) for k in keys] for c in cases]
+    w = [max([len(k)] + [len(r[i]) for r in grid]) for i, k in enumerate(keys)]
+    print(("#" + "".join(" " + k.ljust(w[i]) for i, k in enumerate(keys))).rstrip())
+    for r in grid:
+        print((" " + "".join(" " + v.ljust(w[i]) for i, v in enumerate(r))).rstrip())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -136,7 +136,7 @@ using bench::median;
 std::vector<bench::Column> step_columns() {
   using bench::num;
   using bench::text;
-  return {text("case", 10), text("impl", 12), text("model", 5), text("arch", 7), num("block", "", 0),
+  return {text("case", 18), text("impl", 18), text("model", 5), text("arch", 7), num("block", "", 0),
           text("objective", 9), text("state", 5), num("det", "", 0), num("ms", "ms", 1, 7), num("min_ms", "ms", 1),
           num("max_ms", "ms", 1), num("pct", "%", 1), num("tflop", "TFLOP", 2), num("tflops", "TFLOP/s", 0),
           num("mem_gib", "GiB", 2)};

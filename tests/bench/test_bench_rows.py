@@ -42,6 +42,19 @@ def main():
     assert len(j) == 2 and j[0]["case"] == "forward" and j[0]["step_ms"] == 98.21 and j[1]["tok_per_s"] is None, j
     assert j[0]["bench"] == "test_bench" and j[0]["device"] == '0 "Fake GPU", 1.0 GiB', j[0]
     json.dumps(j)
+    # Side by side: a file with two drivers' tables (ours, then a reference's) and a JSON line.
+    ours, ref, js = io.StringIO(), io.StringIO(), io.StringIO()
+    for out, bench, impl, js_lines in ((ours, "drafter_bench", "ours", False), (ref, "ref_drafter_step", "torch-flex", False),
+                                       (js, "ref_dflash2_step", "torch-sdpa", True)):
+        w = br.Writer(bench, json_lines=js_lines, out=out, argv=[bench])
+        w.begin("dev", br.timing_line(2, 10))
+        w.columns(br.step_columns())
+        w.row(["step", impl, "8b", "dflash", 16, "ce", "fp32", None, 150.0, 149.0, 151.0, None, None, None, 40.0])
+        w.row(["gemm", impl, "8b", "dflash", 16, "ce", "fp32", None, 60.0])
+    lines = ("nvidia-smi line\n" + ours.getvalue() + ref.getvalue() + js.getvalue()).splitlines(True)
+    cases = [c for c in br._read_any(lines) if c["case"] == "step"]
+    assert [c["bench"] for c in cases] == ["drafter_bench", "ref_drafter_step", "ref_dflash2_step"], cases
+    assert [c["impl"] for c in cases] == ["ours", "torch-flex", "torch-sdpa"] and all(c["ms"] == 150.0 for c in cases), cases
     print("PASS")
 
 
