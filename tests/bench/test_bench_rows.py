@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
 """bench/bench_rows.py, the Python twin of the bench writer, prints what tests/bench/test_bench_writer.cpp
-expects of the C++ one (the same table, byte for byte), its --json lines parse, and read_rows / read_cases
-read both back."""
+expects of the C++ one (the same table, byte for byte), its --json lines parse, read_rows / read_cases read
+both back, and the references' column sets are the C++ drivers' (read from their sources)."""
 import io
 import json
 import os
+import re
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bench"))
@@ -24,7 +25,28 @@ def run(json_lines):
     return out.getvalue().splitlines()
 
 
+def cpp_columns(path, fn):
+    """The columns a C++ driver's `fn()` returns, read from its source: text("key", w) and num("key", "unit", p[, w])."""
+    src = open(path).read()
+    i = src.index("std::vector<bench::Column> %s() {" % fn)
+    body = src[i:src.index("\n}\n", i)]
+    cols = []
+    for kind, args in re.findall(r'\b(text|num)\(([^()]*)\)', body):
+        a = [x.strip().strip('"') for x in args.split(",")]
+        cols.append(br.text(a[0], int(a[1])) if kind == "text" else
+                    br.num(a[0], a[1], int(a[2]), int(a[3]) if len(a) > 3 else 0))
+    return [(c.key, c.unit, c.precision, c.width) for c in cols]
+
+
 def main():
+    # The references' tables are the drivers' (same keys, units, precision, widths): ours and theirs line up.
+    bench_dir = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bench")
+    for fn, src in (("forward_columns", "bench_target_forward.cpp"), ("hybrid_columns", "bench_hybrid_forward.cpp"),
+                    ("step_columns", "drafter_bench.cpp")):
+        want = cpp_columns(os.path.join(bench_dir, src), fn)
+        got = [(c.key, c.unit, c.precision, c.width) for c in getattr(br, fn)()]
+        assert want and got == want, (fn, got, want)
+
     t = run(False)
     assert t[0] == "# bench: test_bench", t[0]
     assert t[1] == "# command: test_bench --model 8b", t[1]
