@@ -178,10 +178,15 @@ class Writer {
     std::fflush(out_);
   }
 
-  // The table text of a cell (no padding): "-" for a missing one.
+  // The table text of a cell (no padding): "-" for a missing one; blanks in text become '_' (a row splits on
+  // blanks).
   static std::string cell_text(const Cell& c, const Column& col) {
     if (c.kind == Cell::Missing) return "-";
-    if (c.kind == Cell::Text) return c.s;
+    if (c.kind == Cell::Text) {
+      std::string t = c.s.empty() ? "-" : c.s;
+      std::replace(t.begin(), t.end(), ' ', '_');
+      return t;
+    }
     return format("%.*f", std::max(col.precision, 0), c.v);
   }
 

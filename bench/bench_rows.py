@@ -104,7 +104,7 @@ class Writer:
         if _missing(v):
             return "-"
         if isinstance(v, str):
-            return v
+            return v.replace(" ", "_") or "-"  # a row splits on blanks
         return "%.*f" % (max(c.precision, 0), v)
 
     @staticmethod

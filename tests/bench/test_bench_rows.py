@@ -21,6 +21,7 @@ def run(json_lines):
                br.num("tok_per_s", "tok/s", 0)])
     w.row(["forward", "8b", 16384, 98.214, 166823.4])
     w.row(["gemm", "8b", 16384, 70.5])
+    w.row(["b c", "", float("nan")])
     w.note("all checks passed")
     return out.getvalue().splitlines()
 
@@ -55,13 +56,15 @@ def main():
             "#                            (ms)   (tok/s)",
             "  forward    8b     16384   98.21    166823",
             "  gemm       8b     16384   70.50         -",
+            "  b_c        -          -       -         -",
             "# all checks passed"]
-    assert t[9:14] == want, "\n".join(t[9:14])
+    assert t[9:15] == want, "\n".join(t[9:15])
     rows = br.read_rows(t)
     assert rows == [{"case": "forward", "model": "8b", "T": 16384.0, "step_ms": 98.21, "tok_per_s": 166823.0},
-                    {"case": "gemm", "model": "8b", "T": 16384.0, "step_ms": 70.5, "tok_per_s": None}], rows
+                    {"case": "gemm", "model": "8b", "T": 16384.0, "step_ms": 70.5, "tok_per_s": None},
+                    {"case": "b_c", "model": None, "T": None, "step_ms": None, "tok_per_s": None}], rows
     j = br.read_cases(run(True))
-    assert len(j) == 2 and j[0]["case"] == "forward" and j[0]["step_ms"] == 98.21 and j[1]["tok_per_s"] is None, j
+    assert len(j) == 3 and j[0]["case"] == "forward" and j[0]["step_ms"] == 98.21 and j[1]["tok_per_s"] is None, j
     assert j[0]["bench"] == "test_bench" and j[0]["device"] == '0 "Fake GPU", 1.0 GiB', j[0]
     json.dumps(j)
     # Side by side: a file with two drivers' tables (ours, then a reference's) and a JSON line.

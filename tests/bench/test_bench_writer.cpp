@@ -89,7 +89,7 @@ TEST(BenchWriter, JsonOneLinePerCase) {
   EXPECT_TRUE(cases[0].contains("commit"));
 }
 
-TEST(BenchWriter, DisabledPrintsNothingAndNonFiniteIsMissing) {
+TEST(BenchWriter, DisabledPrintsNothingNonFiniteIsMissingNoBlanksInText) {
   char a0[] = "x";
   char* argv[] = {a0, nullptr};
   int argc = 1;
@@ -97,13 +97,15 @@ TEST(BenchWriter, DisabledPrintsNothingAndNonFiniteIsMissing) {
   Writer w("x", argc, argv, f);
   w.columns({text("case"), num("ms", "ms", 1)});
   w.row({"a", 0.0 / 0.0});
+  w.row({"b c", 1.0});
   w.set_enabled(false);
   w.row({"b", 1.0});
   w.meta("k", "v");
   const auto out = lines_of(f);
   std::fclose(f);
-  ASSERT_EQ(out.size(), 3u);
+  ASSERT_EQ(out.size(), 4u);
   EXPECT_EQ(out[2], "  a             -");
+  EXPECT_EQ(out[3], "  b_c         1.0");  // blanks in text: '_', so a row splits into its columns
 }
 
 }  // namespace
