@@ -16,7 +16,8 @@
 //   bench_hybrid_forward --model tiny-hybrid --mixed                  (smoke: every op, uneven packing)
 //   bench_hybrid_forward --model 27b --dry-run                        (no GPU: the shape and memory plan only)
 //   options: --iters N (5), --warmup N (2), --no-lm-head (skip the unused lm_head allocation),
-//            --no-final-norm (a CE job's forward: stops after the last capture)
+//            --no-final-norm (a CE job's forward: stops after the last capture),
+//            --json (one JSON line per case instead of the rows; bench/README.md, "Output format")
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -371,7 +372,18 @@ constexpr double kGiB = 1073741824.0;
 
 }  // namespace
 
+// One table for the forward and its breakdown: the columns ref_hybrid_forward.py prints too.
+std::vector<bench::Column> hybrid_columns() {
+  using bench::num;
+  using bench::text;
+  return {text("case", 19), text("impl", 8), text("model", 11), num("T", "", 0), num("nseq", "", 0),
+          num("ms", "ms", 2, 8), num("min_ms", "ms", 2), num("max_ms", "ms", 2), num("pct", "%", 1),
+          num("ops", "", 0), num("tok_per_s", "tok/s", 1, 9), num("tflops", "TFLOP/s", 1), num("peak_gib", "GiB", 2),
+          num("growth_gib", "GiB", 2)};
+}
+
 int main(int argc, char** argv) {
+  bench::Writer w("bench_hybrid_forward", argc, argv);
   bench::ForwardOptions opt;
   opt.model = "27b";
   opt.seqlens = "4096,4096,4096,4096,4096,4096,4096,4096";
@@ -413,51 +425,45 @@ int main(int argc, char** argv) {
   const int64_t H = tc.hidden_size, K = static_cast<int64_t>(capture.size());
   // The shape, memory plan and method as `# ` lines (also all that --dry-run prints).
   auto header = [&](const std::string& device_line, const Model& m) {
-    std::printf("# bench_hybrid_forward: Qwen3.5/3.6 hybrid target forward (src/model/qwen35_target.cpp op "
-                "sequence), CUDA, random bf16 weights\n");
-    std::printf("# device %s\n", device_line.c_str());
-    std::printf("# model %s: vocab %d, hidden %d, intermediate %d, %d layers = %d GDN + %d full attention "
-                "(layers %s)\n",
-                model.c_str(), tc.vocab_size, tc.hidden_size, tc.intermediate_size, L, n_gdn, n_full,
-                join(full_layers).c_str());
-    std::printf("# GDN %lld key / %lld value heads x %lld, conv %d; attention %d q / %d kv heads x %d, rotary %d, "
-                "theta %.0e, eps %.0e\n",
-                (long long)gh.nk, (long long)gh.nv, (long long)gh.dk, cfg.linear_conv_kernel_dim,
-                tc.num_attention_heads, tc.num_key_value_heads, tc.head_dim, cfg.rotary_dim, tc.rope_theta,
-                tc.rms_norm_eps);
-    std::printf("# batch %zu sequences, T = %lld tokens (seqlens %s)\n", seqlens.size(), (long long)T,
-                opt.seqlens.c_str());
-    std::printf("# capture %s + final -> send buffer [%lld, %lld, %lld] bf16 %.2f GiB, final norm %.2f GiB\n",
-                join(capture).c_str(), (long long)K, (long long)T, (long long)H,
-                bytes_of(DType::BF16, {K, T, H}) / kGiB, bytes_of(DType::BF16, {T, H}) / kGiB);
-    std::printf("# weights %.2f GiB (bf16; A_log, dt_bias float32; incl. lm_head %.2f GiB, allocated as the target "
-                "holds it, unused), activations %.2f GiB (allocated once for T)\n",
-                m.weight_bytes / kGiB, m.lm_head_bytes / kGiB, m.act_bytes / kGiB);
-    std::printf("# timing: %d warm-up + %d timed forwards (CUDA events), median; breakdown from one more forward "
-                "with events around every op\n",
-                warmup, iters);
-    std::printf("# peak device memory: total - lowest free (cudaMemGetInfo after allocation, after each forward, "
-                "after each op of the instrumented one); incl. CUDA context\n");
+    w.begin(device_line, bench::timing_line(warmup, iters) + "; breakdown from one more forward with events around every op");
+    w.meta("what", "Qwen3.5/3.6 hybrid target forward (src/model/qwen35_target.cpp op sequence), CUDA, random bf16 weights");
+    w.meta("model", bench::format("%s: vocab %d, hidden %d, intermediate %d, %d layers = %d GDN + %d full attention "
+                                  "(layers %s)",
+                                  model.c_str(), tc.vocab_size, tc.hidden_size, tc.intermediate_size, L, n_gdn, n_full,
+                                  join(full_layers).c_str()));
+    w.meta("heads", bench::format("GDN %lld key / %lld value heads x %lld, conv %d; attention %d q / %d kv heads x %d, "
+                                  "rotary %d, theta %.0e, eps %.0e",
+                                  (long long)gh.nk, (long long)gh.nv, (long long)gh.dk, cfg.linear_conv_kernel_dim,
+                                  tc.num_attention_heads, tc.num_key_value_heads, tc.head_dim, cfg.rotary_dim,
+                                  tc.rope_theta, tc.rms_norm_eps));
+    w.meta("batch", bench::format("%zu sequences, T = %lld tokens (seqlens %s)", seqlens.size(), (long long)T,
+                                  opt.seqlens.c_str()));
+    w.meta("capture", bench::format("%s + final -> send buffer [%lld, %lld, %lld] bf16 %.2f GiB, final norm %.2f GiB",
+                                    join(capture).c_str(), (long long)K, (long long)T, (long long)H,
+                                    bytes_of(DType::BF16, {K, T, H}) / kGiB, bytes_of(DType::BF16, {T, H}) / kGiB));
+    w.meta("memory", bench::format("weights %.2f GiB (bf16; A_log, dt_bias float32; incl. lm_head %.2f GiB, allocated "
+                                   "as the target holds it, unused), activations %.2f GiB (allocated once for T)",
+                                   m.weight_bytes / kGiB, m.lm_head_bytes / kGiB, m.act_bytes / kGiB));
+    w.meta("peak", "peak_gib = total - lowest free (cudaMemGetInfo after allocation, after each forward, after each op "
+                   "of the instrumented one), incl. CUDA context; growth_gib = this program's part");
     if (model == "27b")
-      std::printf("# HF transformers 5.17 + flash-linear-attention 0.6.0 on this shape (H200): 8.9 K tokens/s, "
-                  "102.6 GiB peak; goal >= 13.4 K tokens/s, < 64 GiB\n");
+      w.meta("reference", "HF transformers 5.17 + flash-linear-attention 0.6.0 on this shape (H200): 8.9 K tokens/s, "
+                          "102.6 GiB peak; goal >= 13.4 K tokens/s, < 64 GiB");
     else
-      std::printf("# HF reference and goal: recorded for --model 27b only (this shape is a smoke run)\n");
+      w.meta("reference", "HF reference and goal recorded for --model 27b only (this shape is a smoke run)");
   };
   if (dry) {
     const Model plan(cfg, Ctx{}, capture, T, lm_head, /*dry=*/true);
     header("none (--dry-run: shape and memory plan only)", plan);
-    std::printf("# planned allocations: %.2f GiB (weights + activations + send buffer + final norm; no CUDA context, "
-                "no cuBLASLt workspace)\n",
-                (plan.weight_bytes + plan.act_bytes + bytes_of(DType::BF16, {K, T, H}) +
-                 bytes_of(DType::BF16, {T, H})) / kGiB);
+    w.meta("planned", bench::format("%.2f GiB allocations (weights + activations + send buffer + final norm; no CUDA "
+                                    "context, no cuBLASLt workspace)",
+                                    (plan.weight_bytes + plan.act_bytes + bytes_of(DType::BF16, {K, T, H}) +
+                                     bytes_of(DType::BF16, {T, H})) / kGiB));
     return 0;
   }
 
   DF_CHECK(cuda_device_count() > 0, DeviceFailure, "no CUDA device visible");
   Ctx ctx = make_ctx(Device::CUDA, 0);
-  cudaDeviceProp prop{};
-  BENCH_CUDA(cudaGetDeviceProperties(&prop, 0));
   size_t free0 = 0, total = 0;
   BENCH_CUDA(cudaMemGetInfo(&free0, &total));
   size_t min_free = free0;
@@ -477,10 +483,7 @@ int main(int argc, char** argv) {
   synchronize(ctx);
   sample_free();
   // The shape first, flushed: an op without a CUDA twin yet stops the run with a fatal error at that op.
-  header("\"" + std::string(prop.name) + "\" " + std::to_string(total >> 30) + " GiB, " +
-             std::to_string(prop.multiProcessorCount) + " SMs",
-         m);
-  std::fflush(stdout);
+  header(bench::device_line(0), m);
 
   cudaStream_t stream = static_cast<cudaStream_t>(ctx.stream);
   Timer off, on;
@@ -521,7 +524,7 @@ int main(int argc, char** argv) {
   const int full_run = static_cast<int>(std::count_if(full_layers.begin(), full_layers.end(),
                                                       [&](int l) { return l < layers_run; }));
   const int gdn_run = layers_run - full_run;
-  if (opt.no_final_norm) std::printf("# no final norm (a CE job): layers 0..%d of %d run\n", layers_run - 1, L);
+  if (opt.no_final_norm) w.meta("final norm", bench::format("none (a CE job): layers 0..%d of %d run", layers_run - 1, L));
   const double flop_gemm_gdn = 2.0 * T * gdn_params * gdn_run, flop_gemm_attn = 2.0 * T * attn_params * full_run;
   const double flop_gemm_mlp = 2.0 * T * mlp_params * layers_run;
   const double flop_gemm = flop_gemm_gdn + flop_gemm_attn + flop_gemm_mlp;
@@ -535,16 +538,6 @@ int main(int argc, char** argv) {
   const double tok_s = T / t_med;
   const double peak_gib = (total - min_free) / kGiB, growth_gib = (free0 - min_free) / kGiB;
 
-  std::printf("%-34s %12s\n", "metric", "value");
-  std::printf("%-34s %12.1f\n", "tokens_per_s", tok_s);
-  std::printf("%-34s %12.2f\n", "ms_per_forward_median", t_med * 1e3);
-  std::printf("%-34s %12.2f\n", "ms_per_forward_min", *std::min_element(ms.begin(), ms.end()));
-  std::printf("%-34s %12.2f\n", "ms_per_forward_max", *std::max_element(ms.begin(), ms.end()));
-  std::printf("%-34s %12.1f\n", "model_tflops_per_s", (flop_gemm + flop_attn + flop_delta) / t_med / 1e12);
-  std::printf("%-34s %12.2f\n", "peak_device_gib", peak_gib);
-  std::printf("%-34s %12.2f\n", "program_growth_gib", growth_gib);
-  std::printf("\n");
-
   struct Row {
     const char* name;
     std::pair<double, int> t;
@@ -556,38 +549,40 @@ int main(int argc, char** argv) {
                                  Part::SigmoidGate, Part::Embedding, Part::Norms, Part::Swiglu})
                                .first;
   const std::vector<Row> table = {
-      {"GEMMs", part({Part::GemmGdn, Part::GemmAttn, Part::GemmMlp}), flop_gemm, 0},
-      {"GDN projections", part({Part::GemmGdn}), flop_gemm_gdn, 1},
-      {"attention projections", part({Part::GemmAttn}), flop_gemm_attn, 1},
-      {"MLP", part({Part::GemmMlp}), flop_gemm_mlp, 1},
-      {"GDN", part({Part::Conv, Part::Gates, Part::DeltaRule, Part::GatedNorm}), 0, 0},
-      {"causal_conv1d_silu", part({Part::Conv}), 0, 1},
-      {"gdn_gates", part({Part::Gates}), 0, 1},
-      {"gated_delta_rule", part({Part::DeltaRule}), flop_delta, 1},
-      {"gated_rmsnorm", part({Part::GatedNorm}), 0, 1},
+      {"gemm", part({Part::GemmGdn, Part::GemmAttn, Part::GemmMlp}), flop_gemm, 0},
+      {"gemm.gdn_proj", part({Part::GemmGdn}), flop_gemm_gdn, 1},
+      {"gemm.attn_proj", part({Part::GemmAttn}), flop_gemm_attn, 1},
+      {"gemm.mlp", part({Part::GemmMlp}), flop_gemm_mlp, 1},
+      {"gdn", part({Part::Conv, Part::Gates, Part::DeltaRule, Part::GatedNorm}), 0, 0},
+      {"gdn.conv1d_silu", part({Part::Conv}), 0, 1},
+      {"gdn.gates", part({Part::Gates}), 0, 1},
+      {"gdn.delta_rule", part({Part::DeltaRule}), flop_delta, 1},
+      {"gdn.gated_rmsnorm", part({Part::GatedNorm}), 0, 1},
       {"attention", part({Part::HeadNormRope, Part::Attention, Part::SigmoidGate}), 0, 0},
-      {"head_norm_rope", part({Part::HeadNormRope}), 0, 1},
-      {"attention_varlen_causal", part({Part::Attention}), flop_attn, 1},
-      {"sigmoid_gate", part({Part::SigmoidGate}), 0, 1},
+      {"attention.norm_rope", part({Part::HeadNormRope}), 0, 1},
+      {"attention.varlen", part({Part::Attention}), flop_attn, 1},
+      {"attention.gate", part({Part::SigmoidGate}), 0, 1},
       {"rest", part({Part::Embedding, Part::Norms, Part::Swiglu}), 0, 0},
-      {"embedding", part({Part::Embedding}), 0, 1},
-      {"rmsnorm (2 per layer)", part({Part::Norms}), 0, 1},
-      {"swiglu_fused", part({Part::Swiglu}), 0, 1},
-      {"unbracketed (final norm, gaps)", {profiled_ms - bracketed, 0}, 0, 0},
+      {"rest.embedding", part({Part::Embedding}), 0, 1},
+      {"rest.rmsnorm", part({Part::Norms}), 0, 1},
+      {"rest.swiglu", part({Part::Swiglu}), 0, 1},
+      {"unbracketed", {profiled_ms - bracketed, 0}, 0, 0},
   };
-  std::printf("# breakdown: instrumented forward %.2f ms end to end (%.2f ms inside op brackets); %% of the end-to-end "
-              "time; TFLOP/s from the model math above\n",
-              profiled_ms, bracketed);
-  std::printf("%-34s %10s %7s %7s %10s\n", "phase", "ms", "%", "ops", "TFLOP/s");
-  for (const Row& r : table) {
-    std::string name = std::string(r.indent ? "  " : "") + r.name;
-    std::printf("%-34s %10.2f %6.1f%% %7d ", name.c_str(), r.t.first, 100.0 * r.t.first / profiled_ms, r.t.second);
-    if (r.flop > 0 && r.t.first > 0) std::printf("%10.1f\n", r.flop / (r.t.first * 1e-3) / 1e12);
-    else std::printf("%10s\n", "-");
-  }
-  std::printf("RESULT model=%s T=%lld nseq=%zu tokens_per_s=%.1f ms=%.2f peak_gib=%.2f gemm_ms=%.2f gdn_ms=%.2f "
-              "attention_ms=%.2f rest_ms=%.2f other_ms=%.2f\n",
-              model.c_str(), (long long)T, seqlens.size(), tok_s, t_med * 1e3, peak_gib, table[0].t.first,
-              table[4].t.first, table[9].t.first, table[13].t.first, table[17].t.first);
+  w.meta("cases", bench::format("forward: the timed forwards (median, min, max); the others: the instrumented "
+                                "forward, %.2f ms end to end (%.2f ms inside op brackets), pct of its end-to-end "
+                                "time, ops = op calls; TFLOP/s from the model math; gemm.*: GDN, attention, MLP "
+                                "projections; gdn.*: causal_conv1d_silu, gdn_gates, gated_delta_rule, gated_rmsnorm; "
+                                "attention.*: head norm + rope, attention_varlen_causal, sigmoid gate; rest.*: "
+                                "embedding, rmsnorm (2 per layer), swiglu_fused; unbracketed: final norm, gaps",
+                                profiled_ms, bracketed));
+  w.columns(hybrid_columns());
+  const bench::Cell mc = model, tt = static_cast<long long>(T), ns = seqlens.size(), _ = bench::none;
+  w.row({"forward", "ours", mc, tt, ns, t_med * 1e3, *std::min_element(ms.begin(), ms.end()),
+         *std::max_element(ms.begin(), ms.end()), _, _, tok_s, (flop_gemm + flop_attn + flop_delta) / t_med / 1e12,
+         peak_gib, growth_gib});
+  for (const Row& r : table)
+    w.row({r.name, "ours", mc, tt, ns, r.t.first, _, _, 100.0 * r.t.first / profiled_ms,
+           r.t.second ? bench::Cell(r.t.second) : _, _,
+           r.flop > 0 && r.t.first > 0 ? bench::Cell(r.flop / (r.t.first * 1e-3) / 1e12) : _});
   return 0;
 }

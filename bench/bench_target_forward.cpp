@@ -10,6 +10,7 @@
 //   bench_target_forward --model 32b --mixed
 //   bench_target_forward --model 8b --no-final-norm     (a CE job's forward: stops after the last capture)
 //   bench_target_forward --gemm-peak
+//   options: --iters N (5), --warmup N (2), --json (one JSON line per case; bench/README.md, "Output format")
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -205,7 +206,8 @@ struct Model {
 
 namespace {
 
-double gemm_peak_tflops(const Ctx& ctx) {
+// 10 timed (after 3 warm-up) bf16 8192^3 GEMMs: median ms.
+double gemm_peak_ms(const Ctx& ctx) {
   const int64_t n = 8192;
   Buffer a(Device::CUDA, DType::BF16, {n, n}), b(Device::CUDA, DType::BF16, {n, n}), c(Device::CUDA, DType::BF16, {n, n});
   cuda::fill_random(ctx, a, 101, 0.f, 1.f);
@@ -223,12 +225,22 @@ double gemm_peak_tflops(const Ctx& ctx) {
     BENCH_CUDA(cudaEventElapsedTime(&t, e0, e1));
     if (i >= 3) ms.push_back(t);
   }
-  return 2.0 * n * n * n / (median(ms) * 1e-3) / 1e12;
+  return median(ms);
+}
+
+// One table for the forward and its breakdown (and the GEMM peak): the columns ref_target_forward.py prints too.
+std::vector<bench::Column> forward_columns() {
+  using bench::num;
+  using bench::text;
+  return {text("case", 14), text("impl", 8), text("model", 5), num("T", "", 0), num("nseq", "", 0),
+          num("ms", "ms", 2, 8), num("min_ms", "ms", 2), num("pct", "%", 1), num("tok_per_s", "tok/s", 0, 9),
+          num("tflops", "TFLOP/s", 1), num("gb_per_s", "GB/s", 0), num("mem_gib", "GiB", 2)};
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
+  bench::Writer w("bench_target_forward", argc, argv);
   bench::ForwardOptions opt;
   opt.model = "8b";
   opt.seqlens = "4096,4096,4096,4096";
@@ -241,10 +253,13 @@ int main(int argc, char** argv) {
   }
   DF_CHECK(cuda_device_count() > 0, DeviceFailure, "no CUDA device visible");
   Ctx ctx = make_ctx(Device::CUDA, 0);
-  cudaDeviceProp prop{};
-  BENCH_CUDA(cudaGetDeviceProperties(&prop, 0));
   if (gemm_peak) {
-    std::printf("gemm_peak device=\"%s\" bf16 8192^3 cuBLASLt: %.1f TFLOP/s\n", prop.name, gemm_peak_tflops(ctx));
+    w.begin(bench::device_line(0), bench::timing_line(3, 10));
+    w.meta("case", "gemm_peak: bf16 8192^3 through cuBLASLt (ops::matmul_forward)");
+    w.columns(forward_columns());
+    const double ms = gemm_peak_ms(ctx);
+    w.row({"gemm_peak", "ours", bench::none, bench::none, bench::none, ms, bench::none, bench::none, bench::none,
+           2.0 * 8192.0 * 8192.0 * 8192.0 / (ms * 1e-3) / 1e12});
     return 0;
   }
   const Shape* shape = nullptr;
@@ -302,30 +317,39 @@ int main(int argc, char** argv) {
   // fused row and writes q, k, v (as many values); swiglu_fused reads 2I and writes I values per token.
   const double norm_rope_bytes = 2.0 * 2 * T * double(s.nh + 2 * s.nkv) * s.hd * layers_run;
   const double swiglu_bytes = 2.0 * 3 * T * double(s.inter) * layers_run;
-  std::printf("model=%s layers=%lld T=%lld nseq=%zu capture=", s.name, (long long)s.layers, (long long)T, seqlens.size());
-  for (size_t i = 0; i < capture.size(); ++i) std::printf("%s%d", i ? "," : "", capture[i]);
-  if (opt.no_final_norm)
-    std::printf(", no final norm (CE job: layers 0..%lld of %lld run)\n", (long long)layers_run - 1, (long long)s.layers);
-  else
-    std::printf("+final\n");
-  std::printf("  forward median %.2f ms (min %.2f, %d iters) -> %.1f K tokens/s, %.1f TFLOP/s model math\n",
-              t_med * 1e3, *std::min_element(ms.begin(), ms.end()), opt.iters, T / t_med / 1e3,
-              (gemm_flop + attn_flop) / t_med / 1e12);
-  std::printf("  device memory in use: %.2f GiB (process incl. context: total - free), this program's growth %.2f GiB\n",
-              (total - free1) / 1073741824.0, (free0 - free1) / 1073741824.0);
-  std::printf("  layer scratch (one buffer for max_tokens=%lld): attention half %.2f GiB, MLP half %.2f GiB -> %.2f GiB\n",
-              (long long)T, m.attn_half_bytes / 1073741824.0, m.mlp_half_bytes / 1073741824.0,
-              std::max(m.attn_half_bytes, m.mlp_half_bytes) / 1073741824.0);
-  std::printf("  where time goes (instrumented pass, %.2f ms):\n", total_parts);
-  std::printf("    %-10s %9.2f ms %5.1f%%  %.1f TFLOP/s\n", "GEMMs", parts[Part::Gemm],
-              100 * parts[Part::Gemm] / total_parts, gemm_flop / (parts[Part::Gemm] * 1e-3) / 1e12);
-  std::printf("    %-10s %9.2f ms %5.1f%%  %.1f TFLOP/s\n", "attention", parts[Part::Attention],
-              100 * parts[Part::Attention] / total_parts, attn_flop / (parts[Part::Attention] * 1e-3) / 1e12);
-  std::printf("    %-10s %9.2f ms %5.1f%%  (embedding, norms, qkv_norm_rope, fused SwiGLU)\n", "rest", rest,
-              100 * rest / total_parts);
-  std::printf("      %-14s %9.2f ms %5.1f%%  %.0f GB/s\n", "qkv_norm_rope", parts[Part::NormRope],
-              100 * parts[Part::NormRope] / total_parts, norm_rope_bytes / (parts[Part::NormRope] * 1e-3) / 1e9);
-  std::printf("      %-14s %9.2f ms %5.1f%%  %.0f GB/s\n", "swiglu_fused", parts[Part::Swiglu],
-              100 * parts[Part::Swiglu] / total_parts, swiglu_bytes / (parts[Part::Swiglu] * 1e-3) / 1e9);
+  std::string cap;
+  for (size_t i = 0; i < capture.size(); ++i) cap += (i ? "," : "") + std::to_string(capture[i]);
+  w.begin(bench::device_line(0), bench::timing_line(opt.warmup, opt.iters));
+  w.meta("model", bench::format("%s (Qwen3 dense, random bf16 weights), %lld layers", s.name, (long long)s.layers));
+  w.meta("batch", bench::format("%zu sequences, T = %lld tokens (seqlens %s)", seqlens.size(), (long long)T,
+                                opt.seqlens.c_str()));
+  w.meta("capture", opt.no_final_norm
+                        ? bench::format("%s, no final norm (CE job: layers 0..%lld of %lld run)", cap.c_str(),
+                                        (long long)layers_run - 1, (long long)s.layers)
+                        : cap + " + final");
+  w.meta("memory", bench::format("in use %.2f GiB (process incl. context: total - free), this program's growth "
+                                 "%.2f GiB; layer scratch (one buffer for %lld tokens): attention half %.2f GiB, "
+                                 "MLP half %.2f GiB -> %.2f GiB",
+                                 (total - free1) / 1073741824.0, (free0 - free1) / 1073741824.0, (long long)T,
+                                 m.attn_half_bytes / 1073741824.0, m.mlp_half_bytes / 1073741824.0,
+                                 std::max(m.attn_half_bytes, m.mlp_half_bytes) / 1073741824.0));
+  w.meta("cases", bench::format("forward: the timed forwards (median); the others: one instrumented forward "
+                                "(%.2f ms, events around every op), pct of it; rest = embedding, norms, "
+                                "qkv_norm_rope, swiglu_fused; TFLOP/s from the model math, GB/s bf16 read + write",
+                                total_parts));
+  w.columns(forward_columns());
+  const bench::Cell model = s.name, tt = static_cast<long long>(T), ns = seqlens.size(), _ = bench::none;
+  auto pct = [&](double ms) { return 100 * ms / total_parts; };
+  w.row({"forward", "ours", model, tt, ns, t_med * 1e3, *std::min_element(ms.begin(), ms.end()), _, T / t_med,
+         (gemm_flop + attn_flop) / t_med / 1e12, _, (total - free1) / 1073741824.0});
+  w.row({"gemm", "ours", model, tt, ns, parts[Part::Gemm], _, pct(parts[Part::Gemm]), _,
+         gemm_flop / (parts[Part::Gemm] * 1e-3) / 1e12});
+  w.row({"attention", "ours", model, tt, ns, parts[Part::Attention], _, pct(parts[Part::Attention]), _,
+         attn_flop / (parts[Part::Attention] * 1e-3) / 1e12});
+  w.row({"rest", "ours", model, tt, ns, rest, _, pct(rest)});
+  w.row({"qkv_norm_rope", "ours", model, tt, ns, parts[Part::NormRope], _, pct(parts[Part::NormRope]), _, _,
+         norm_rope_bytes / (parts[Part::NormRope] * 1e-3) / 1e9});
+  w.row({"swiglu_fused", "ours", model, tt, ns, parts[Part::Swiglu], _, pct(parts[Part::Swiglu]), _, _,
+         swiglu_bytes / (parts[Part::Swiglu] * 1e-3) / 1e9});
   return 0;
 }

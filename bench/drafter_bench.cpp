@@ -1,7 +1,7 @@
 // Times the DFlash drafter's training step on CUDA (src/drafter/cuda/drafter_step*.cu): forward, backward, fused
 // lm_head loss, clip + AdamW, on random weights and features of a real drafter shape, and prints the time
 // per step (CUDA events, warm-up, median), the device memory the step holds, a breakdown by phase and the
-// bf16 GEMM ceiling measured on the same GPU.
+// bf16 GEMM ceiling measured on the same GPU, through the bench writer (bench_common.h).
 //
 //   drafter_bench --model 8b  --context 3072 --anchors 512 --objective ce     (the headline shape)
 //   drafter_bench --model 8b  --objective kl
@@ -11,6 +11,7 @@
 //   drafter_bench --model 8b --deterministic                                 (the cost of --deterministic)
 //   drafter_bench --model 8b --optimizer-state bf16        (bf16 weights and AdamW moments, stochastic rounding)
 //   drafter_bench --model 8b --chunk-blocks 7      (loss chunks of 7 x 15 rows instead of the trainer's rule)
+//   any of them with --json: one JSON line per case instead of the rows (bench/README.md, "Output format")
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -32,6 +33,7 @@
 #include "dflash/drafter_ops.h"
 #include "drafter_blas.cuh"
 #include "drafter/cuda/drafter_step.cuh"
+#include "bench_common.h"
 #include "random_fill.cuh"
 #include "drafter/loss_chunk.h"
 #include "drafter/objective.h"
@@ -128,9 +130,16 @@ DrafterConfig drafter_shape(const std::string& model) {
   return c;
 }
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
+using bench::median;
+
+// The step's table (ref_drafter_step.py and ref_dflash2_step.py print it too) and the GEMM peak's.
+std::vector<bench::Column> step_columns() {
+  using bench::num;
+  using bench::text;
+  return {text("case", 18), text("impl", 18), text("model", 5), text("arch", 7), num("block", "", 0),
+          text("objective", 9), text("state", 5), num("det", "", 0), num("ms", "ms", 1, 7), num("min_ms", "ms", 1),
+          num("max_ms", "ms", 1), num("pct", "%", 1), num("tflop", "TFLOP", 2), num("tflops", "TFLOP/s", 0),
+          num("mem_gib", "GiB", 2)};
 }
 
 size_t used_bytes() {
@@ -139,8 +148,9 @@ size_t used_bytes() {
   return total_b - free_b;
 }
 
-// bf16 GEMM ceiling: out [M, N] = in [M, K] · W [N, K]^T through the same cuBLASLt path the step uses.
-double gemm_tflops(const Ctx& ctx, int64_t M, int64_t N, int64_t K) {
+// bf16 GEMM ceiling: out [M, N] = in [M, K] · W [N, K]^T through the same cuBLASLt path the step uses;
+// median ms of 10 after 3 warm-up.
+double gemm_ms(const Ctx& ctx, int64_t M, int64_t N, int64_t K) {
   Buffer in(Device::CUDA, DType::BF16, {M, K}), W(Device::CUDA, DType::BF16, {N, K}), out(Device::CUDA, DType::BF16, {M, N});
   cuda::fill_random(ctx, in, 1, 0.f, 1.f);
   cuda::fill_random(ctx, W, 2, 0.f, 1.f);
@@ -157,7 +167,7 @@ double gemm_tflops(const Ctx& ctx, int64_t M, int64_t N, int64_t K) {
     cudaEventElapsedTime(&ms, a, b);
     if (i >= 3) t.push_back(ms);
   }
-  return 2.0 * M * N * K / (median(t) * 1e-3) / 1e12;
+  return median(t);
 }
 
 // Block attention alone on one layer's shape: 8b (N=512 sorted anchors x 16, T=3072, 32/8 heads of 128,
@@ -166,7 +176,7 @@ double gemm_tflops(const Ctx& ctx, int64_t M, int64_t N, int64_t K) {
 // GPU time means the op is launch-bound (many cuBLAS calls per chunk), not bandwidth- or math-bound.
 // TFLOP/s counts the visible-key work only, as the step's breakdown does: 4·hd flops per (query row, head,
 // visible key) forward (2 products), 2.5 times that backward (5 products: S recomputed, dP, dq, dk, dv).
-void attention_probe(const Ctx& ctx, const Args& args) {
+void attention_probe(const Ctx& ctx, const Args& args, bench::Writer& w) {
   const bool big = args.model == "27b";
   const int64_t N = 512, B = 16, T = big ? args.context : 3072, nh = big ? 24 : 32, nkv = big ? 4 : 8,
                 hd = big ? 256 : 128, NB = N * B;
@@ -195,6 +205,16 @@ void attention_probe(const Ctx& ctx, const Args& args) {
   cudaEventCreate(&a);
   cudaEventCreate(&b);
   cudaEventCreate(&c);
+  using bench::num;
+  using bench::text;
+  w.meta("probe", bench::format("block attention alone, one %s layer: %lld sorted anchors x %lld, T = %lld, %lld/%lld "
+                                "heads of %lld; GPU time (CUDA events) vs host enqueue time; TFLOP/s over the "
+                                "visible keys (backward 2.5x the forward's work)",
+                                big ? "27b" : "8b", (long long)N, (long long)B, (long long)T, (long long)nh,
+                                (long long)nkv, (long long)hd));
+  w.columns({text("case", 9), text("impl", 7), text("model", 5), num("window", "", 0), num("budget_mi", "Mi scores", 0),
+             num("fwd_ms", "ms", 2), num("fwd_tflops", "TFLOP/s", 0), num("bwd_ms", "ms", 2),
+             num("bwd_tflops", "TFLOP/s", 0), num("host_ms", "ms", 2)});
   const std::vector<int64_t> budgets = big ? std::vector<int64_t>{int64_t(192) << 20}
                                            : std::vector<int64_t>{int64_t(96) << 20, int64_t(192) << 20, int64_t(384) << 20};
   for (int window : big ? std::vector<int>{2048, 0} : std::vector<int>{0}) {
@@ -232,10 +252,8 @@ void attention_probe(const Ctx& ctx, const Args& args) {
         }
       }
       const double mf = median(fwd), mb = median(bwd);
-      std::printf("attention probe (%s layer, %s, window %d, budget %lld Mi scores): fwd %.2f ms (%.0f TFLOP/s), "
-                  "bwd %.2f ms (%.0f TFLOP/s) on the GPU; host enqueue %.2f ms\n",
-                  big ? "27b" : "8b", fused ? "fused" : "chunked", window, (long long)(budget >> 20), mf,
-                  fwd_flop / (mf * 1e9), mb, 2.5 * fwd_flop / (mb * 1e9), median(host));
+      w.row({"attention", fused ? "fused" : "chunked", big ? "27b" : "8b", window, (long long)(budget >> 20), mf,
+             fwd_flop / (mf * 1e9), mb, 2.5 * fwd_flop / (mb * 1e9), median(host)});
     }
   }
   cuda::set_block_attention_score_budget(0);
@@ -244,19 +262,29 @@ void attention_probe(const Ctx& ctx, const Args& args) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  bench::Writer w("drafter_bench", argc, argv);
   const Args args = parse(argc, argv);
   DF_CHECK(cuda_device_count() > 0, DeviceFailure, "no CUDA device visible");
   set_deterministic_kernels(args.deterministic);  // before the context: it sizes the mode's scratch
   Ctx ctx = make_ctx(Device::CUDA, 0);
   const size_t base_used = used_bytes();
   if (args.attention_probe) {
-    attention_probe(ctx, args);
+    w.begin(bench::device_line(0), bench::timing_line(1, 5));
+    attention_probe(ctx, args, w);
     return 0;
   }
   if (args.gemm_peak) {
-    std::printf("bf16 GEMM 8192^3: %.0f TFLOP/s\n", gemm_tflops(ctx, 8192, 8192, 8192));
-    std::printf("bf16 GEMM lm_head chunk [2048 x 151936 x 4096]: %.0f TFLOP/s\n", gemm_tflops(ctx, 2048, 151936, 4096));
-    std::printf("bf16 GEMM MLP [8192 x 12288 x 4096]: %.0f TFLOP/s\n", gemm_tflops(ctx, 8192, 12288, 4096));
+    w.begin(bench::device_line(0), bench::timing_line(3, 10));
+    w.meta("cases", "bf16 GEMMs out [M, N] = in [M, K] W^T through the step's cuBLASLt path: gemm.square "
+                    "8192 x 8192 x 8192, gemm.lm_head_chunk 2048 x 151936 x 4096, gemm.mlp 8192 x 12288 x 4096");
+    w.columns(step_columns());
+    const struct { const char* name; int64_t M, N, K; } gemms[] = {
+        {"gemm.square", 8192, 8192, 8192}, {"gemm.lm_head_chunk", 2048, 151936, 4096}, {"gemm.mlp", 8192, 12288, 4096}};
+    for (const auto& g : gemms) {
+      const double ms = gemm_ms(ctx, g.M, g.N, g.K), flop = 2.0 * g.M * g.N * g.K;
+      w.row({g.name, "ours", bench::none, bench::none, bench::none, bench::none, bench::none, bench::none, ms,
+             bench::none, bench::none, bench::none, flop / 1e12, flop / (ms * 1e-3) / 1e12});
+    }
     return 0;
   }
   DrafterConfig c = drafter_shape(args.model);
@@ -269,8 +297,9 @@ int main(int argc, char** argv) {
   if (args.block > 0) c.block_size = args.block;
   c.output_multiplier = args.multiplier;
   c.final_logit_softcapping = args.softcap;
-  std::printf("# draft-arch %s block %d softcap %g multiplier %g\n", args.draft_arch.c_str(), c.block_size, c.final_logit_softcapping,
-              c.output_multiplier);
+  w.begin(bench::device_line(0), bench::timing_line(args.warmup, args.steps));
+  w.meta("drafter", bench::format("draft-arch %s block %d softcap %g multiplier %g", args.draft_arch.c_str(),
+                                  c.block_size, c.final_logit_softcapping, c.output_multiplier));
   const ops::LossObjective objective = args.objective == "kl" ? ops::LossObjective::KL : ops::LossObjective::CE;
   const int64_t T = args.context, N = args.anchors, B = c.block_size, H = c.layers.hidden_size, V = c.layers.vocab_size;
   const int64_t K = static_cast<int64_t>(c.target_layer_ids.size());
@@ -278,7 +307,7 @@ int main(int argc, char** argv) {
   const int64_t chunk_rows = args.chunk_blocks > 0 ? args.chunk_blocks * (B - 1)
                                                   : train::loss_chunk_rows(Device::CUDA, V, N * (B - 1));
   cuda::DrafterStepCuda step(c, layout, ctx, T, N, chunk_rows, args.state, /*sr_seed=*/7);
-  std::printf("# optimizer state %s\n", optimizer_state_name(args.state));
+  w.meta("optimizer state", optimizer_state_name(args.state));
   // random weights: linear ~ U with std 0.02, norms 1 (as init_drafter_weights), fp32 master then bf16 copy
   // (the bf16 state: the bf16 weights directly)
   const bool bf16_state = args.state == OptimizerState::Bf16;
@@ -365,29 +394,34 @@ int main(int argc, char** argv) {
   for (int64_t n = 0; n < N; ++n) keys += double(B) * (step_in.anchors[n] + B);
   const double attn_flops_full = 4 * keys * L.num_attention_heads * L.head_dim * 3.5;  // fwd 2 GEMMs, bwd 5 (x2 recompute)
   const double step_ms = median(times);
-  const char* phase_names[] = {"GEMMs (cuBLAS, linear + lm_head)", "block attention fwd+bwd", "lm_head GEMMs + loss kernels",
-                               "clip + AdamW", "norms/RoPE/SwiGLU/copies"};
-  std::printf("drafter step %s objective=%s context=%lld anchors=%lld (rows %lld, loss chunks of %lld rows%s) params=%.2fB\n",
-              args.model.c_str(), args.objective.c_str(), (long long)T, (long long)N, (long long)rows.size(),
-              (long long)chunk_rows, args.chunk_blocks > 0 ? ", --chunk-blocks" : " as the trainer",
-              double(step.params_bf16().numel()) / 1e9);
-  std::printf("  step: median %.1f ms over %d steps (min %.1f, max %.1f); loss %.4f -> %.4f; grad norm %.3f\n", step_ms,
-              args.steps, *std::min_element(times.begin(), times.end()), *std::max_element(times.begin(), times.end()),
-              loss0, loss, norm);
-  std::printf("  device memory held by the step (cudaMemGetInfo delta, incl. cuBLAS workspaces): %.2f GiB\n", used);
-  std::printf("  drafter scratch (attention/loss/optimizer): %.2f GiB\n", double(cuda::scratch_bytes(ctx)) / (1ull << 30));
+  w.meta("step", bench::format("%s objective=%s context=%lld anchors=%lld (rows %lld, loss chunks of %lld rows%s) "
+                               "params=%.2fB%s",
+                               args.model.c_str(), args.objective.c_str(), (long long)T, (long long)N,
+                               (long long)rows.size(), (long long)chunk_rows,
+                               args.chunk_blocks > 0 ? ", --chunk-blocks" : " as the trainer",
+                               double(step.params_bf16().numel()) / 1e9, args.deterministic ? ", --deterministic" : ""));
+  w.meta("loss", bench::format("%.4f -> %.4f; grad norm %.3f", loss0, loss, norm));
+  w.meta("memory", bench::format("mem_gib = device memory held by the step (cudaMemGetInfo delta, incl. cuBLAS "
+                                 "workspaces); drafter scratch (attention/loss/optimizer) %.2f GiB",
+                                 double(cuda::scratch_bytes(ctx)) / (1ull << 30)));
   double total = 0;
   for (double x : ph) total += x;
-  std::printf("  breakdown (one profiled step, %.1f ms):\n", total);
-  for (int i = 0; i < 5; ++i) std::printf("    %-34s %7.1f ms  %5.1f%%\n", phase_names[i], ph[i], 100 * ph[i] / total);
-  std::printf("  layer/fc GEMM work %.1f TFLOP -> %.0f TFLOP/s in the GEMM phase\n", gemm_flops / 1e12,
-              gemm_flops / (ph[0] * 1e-3) / 1e12);
-  std::printf("  lm_head GEMM work %.1f TFLOP -> %.0f TFLOP/s over the loss phase\n", head_flops / 1e12,
-              head_flops / (ph[2] * 1e-3) / 1e12);
-  std::printf("  attention work ~%.2f TFLOP (visible keys only) -> %.0f TFLOP/s in the attention phase\n",
-              attn_flops_full / 1e12, attn_flops_full / (ph[1] * 1e-3) / 1e12);
-  std::printf("RESULT model=%s arch=%s block=%d objective=%s deterministic=%d optimizer_state=%s step_ms=%.1f mem_gib=%.2f\n",
-              args.model.c_str(), args.draft_arch.c_str(), c.block_size, args.objective.c_str(),
-              args.deterministic ? 1 : 0, optimizer_state_name(args.state), step_ms, used);
+  w.meta("cases", bench::format("step: the timed steps (median, min, max); the others: one profiled step (%.1f ms, "
+                                "events around every op), pct of it: gemm = cuBLAS linear + fc GEMMs, attention = "
+                                "block attention fwd+bwd (visible keys only), loss = lm_head GEMMs + loss kernels, "
+                                "optimizer = clip + AdamW, rest = norms/RoPE/SwiGLU/copies; tflop = the phase's "
+                                "model work",
+                                total));
+  w.columns(step_columns());
+  const bench::Cell mdl = args.model, arch = args.draft_arch, blk = c.block_size, obj = args.objective,
+                    st = optimizer_state_name(args.state), det = args.deterministic ? 1 : 0, _ = bench::none;
+  w.row({"step", "ours", mdl, arch, blk, obj, st, det, step_ms, *std::min_element(times.begin(), times.end()),
+         *std::max_element(times.begin(), times.end()), _, _, _, used});
+  const char* phase_cases[] = {"gemm", "attention", "loss", "optimizer", "rest"};
+  const double phase_flop[] = {gemm_flops, attn_flops_full, head_flops, 0, 0};
+  for (int i = 0; i < 5; ++i)
+    w.row({phase_cases[i], "ours", mdl, arch, blk, obj, st, det, ph[i], _, _, 100 * ph[i] / total,
+           phase_flop[i] > 0 ? bench::Cell(phase_flop[i] / 1e12) : _,
+           phase_flop[i] > 0 ? bench::Cell(phase_flop[i] / (ph[i] * 1e-3) / 1e12) : _});
   return 0;
 }

@@ -46,4 +46,5 @@ for w in $WHAT; do
          python3 "$here/ref_drafter_step.py" --model 27b --context 4096 --attention flex 2>&1 | tee -a "$OUT/bench.txt" ;;
   esac
 done
-grep RESULT "$OUT/bench.txt"
+# every step of the file side by side, ours and the references' (bench/README.md, "Output format")
+python3 "$here/bench_rows.py" "$OUT/bench.txt" --case step

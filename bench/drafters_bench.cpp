@@ -9,10 +9,11 @@
 //   - the exposed cost of the gradient sum: step time with one bucket summed after the backward and with
 //     --bucket-mb buckets launched during it, against the same step with no sum (each rank alone), and
 //     the sum of the whole gradient alone.
-// nccl-tests style: `# ` metadata, a fixed-width table with units, exit 1 when a check fails.
+// The bench writer of bench_common.h: `# ` metadata, a fixed-width row per mode with units, --json for JSON
+// lines; exit 1 when a check fails.
 //
 //   mpirun -np 2 dflash-drafters-bench --target DIR [--draft-layers 5] [--tokens 16384 --seq-len 4096]
-//          [--anchors 512] [--warmup 2 --steps 6] [--bucket-mb 25] [--union-check] [--seed 1]
+//          [--anchors 512] [--warmup 2 --steps 6] [--bucket-mb 25] [--union-check] [--seed 1] [--json]
 // DIR: a target checkpoint (its embedding and lm_head; dflash-make-random --preset qwen3-8b writes one).
 #include <mpi.h>
 #include <unistd.h>
@@ -34,6 +35,7 @@
 #include "dflash/grad_reducer.h"
 #include "dflash/mpi_typed.h"
 #include "dflash/topology.h"
+#include "bench_common.h"
 #include "random_fill.cuh"
 
 using namespace dflash;
@@ -82,10 +84,7 @@ Args parse(int argc, char** argv) {
   return a;
 }
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
-}
+using bench::median;
 
 // One rank's batch of one step, a pure function of (seed, rank, step): random tokens in sequences of
 // seq_len (the last one shorter), every token with loss, features and final norm uniform noise.
@@ -149,8 +148,10 @@ struct Batch {
 };
 
 enum class SumMode { None, OneBucket, Buckets };
+// The case names: the whole gradient summed in one bucket after the backward, in buckets launched during it,
+// not summed (each rank alone: the baseline of exposed_ms).
 const char* mode_name(SumMode m) {
-  return m == SumMode::None ? "no sum (alone)" : m == SumMode::OneBucket ? "one bucket after" : "buckets during";
+  return m == SumMode::None ? "no_sum" : m == SumMode::OneBucket ? "one_bucket_after" : "buckets_during";
 }
 
 class Harness {
@@ -233,7 +234,7 @@ class Harness {
 
   // Rank 0: the union of every rank's batch of `step`, stepped by a second trainer from the same init;
   // compared with this (already summed and stepped) trainer: the gradient and the update. Returns pass.
-  bool union_check(int64_t step, const std::vector<float>& w0, const std::vector<float>& summed_grad) {
+  bool union_check(int64_t step, const std::vector<float>& w0, const std::vector<float>& summed_grad, bench::Writer& out) {
     if (rank_ != 0) return true;
     const int64_t Tu = a_.tokens * size_;
     auto ref = make_trainer(a_.anchors * size_, Tu);
@@ -270,11 +271,11 @@ class Harness {
     }
     const double grad_rel = std::sqrt(gd / std::max(gn, 1e-300)), cos = dot / std::sqrt(std::max(nu * ns, 1e-300));
     const bool ok = grad_rel <= a_.max_grad_rel && cos >= a_.min_update_cos;
-    std::printf("# union check (step %lld, %d ranks x %lld tokens vs one trainer on %lld): summed gradient vs the union's "
-                "rel L2 %.2e (<= %.0e), update cosine %.5f (>= %.2f), max |w diff| %.2e -> %s\n",
-                static_cast<long long>(step), size_, static_cast<long long>(a_.tokens), static_cast<long long>(Tu), grad_rel,
-                a_.max_grad_rel, cos, a_.min_update_cos, wmax, ok ? "ok" : "FAILED");
-    std::fflush(stdout);
+    out.note(bench::format("union check (step %lld, %d ranks x %lld tokens vs one trainer on %lld): summed gradient vs "
+                           "the union's rel L2 %.2e (<= %.0e), update cosine %.5f (>= %.2f), max |w diff| %.2e -> %s",
+                           static_cast<long long>(step), size_, static_cast<long long>(a_.tokens),
+                           static_cast<long long>(Tu), grad_rel, a_.max_grad_rel, cos, a_.min_update_cos, wmax,
+                           ok ? "ok" : "FAILED"));
     return ok;
   }
 
@@ -305,10 +306,12 @@ class Harness {
 int main(int argc, char** argv) {
   int provided = 0;
   MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
+  bench::Writer out("dflash-drafters-bench", argc, argv);
   const Args a = parse(argc, argv);
   int rank = 0, size = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &size);
+  out.set_enabled(rank == 0);  // rank 0 prints
   const int gpus = cuda_device_count();
   DF_CHECK(gpus > 0, DeviceFailure, "no CUDA device visible");
   // Every rank a drafter: the job's topology rules bind the GPUs and say whether NCCL can sum.
@@ -323,18 +326,18 @@ int main(int argc, char** argv) {
   Harness h(a, ctx, kind);
   const size_t P = h.params();
   int failures = 0;
-  if (rank == 0) {
-    std::printf("# dflash-drafters-bench: %d drafter rank(s) on %d GPU(s), gradient sum by %s\n", size, std::min(size, gpus),
-                grad_reduce_name(kind));
-    std::printf("# drafter: %d layers of %s, %zu trainable parameters (fp32 gradient %.2f GB); batch %lld tokens "
-                "(sequences of %lld), %d anchors; %d warm-up + %d timed steps per mode\n",
-                a.draft_layers, a.target.c_str(), P, P * 4 / 1e9, static_cast<long long>(a.tokens),
-                static_cast<long long>(a.seq_len), a.anchors, a.warmup, a.steps);
-    std::fflush(stdout);
-  }
+  out.begin(bench::device_line(topo.gpu) + " (rank 0's)",
+            bench::format("%d warm-up + %d timed steps per mode, wall clock from a barrier to the optimizer step's "
+                          "end, median of each rank, slowest rank's", a.warmup, a.steps));
+  out.meta("ranks", bench::format("%d drafter rank(s) on %d GPU(s), gradient sum by %s", size, std::min(size, gpus),
+                                  grad_reduce_name(kind)));
+  out.meta("drafter", bench::format("%d layers of %s, %zu trainable parameters (fp32 gradient %.2f GB); batch %lld "
+                                    "tokens (sequences of %lld), %d anchors; buckets of %g MB",
+                                    a.draft_layers, a.target.c_str(), P, P * 4 / 1e9, static_cast<long long>(a.tokens),
+                                    static_cast<long long>(a.seq_len), a.anchors, a.bucket_mb));
   DrafterTrainer& tr = h.trainer();
   if (!same_weights_everywhere(tr)) {
-    if (rank == 0) std::printf("# the ranks start from different weights: FAILED\n");
+    out.note("the ranks start from different weights: FAILED");
     ++failures;
   }
   int64_t step = 0;
@@ -346,7 +349,7 @@ int main(int argc, char** argv) {
     std::memcpy(w0.data(), w.data, P * sizeof(float));
     h.load_batch(step);
     h.step(SumMode::Buckets, red.get(), &g);
-    failures += h.union_check(step, w0, g) ? 0 : 1;
+    failures += h.union_check(step, w0, g, out) ? 0 : 1;
     failures += same_weights_everywhere(tr) ? 0 : 1;
     ++step;
   }
@@ -391,23 +394,22 @@ int main(int argc, char** argv) {
     alone_ms = median(ms);
     mpi::allreduce(&alone_ms, 1, MPI_MAX, MPI_COMM_WORLD);
   }
-  if (rank == 0) {
-    double base = 0;
-    for (const Row& r : rows)
-      if (r.mode == SumMode::None) base = r.ms;
-    std::printf("# %-18s %8s %12s %12s %14s\n", "gradient sum", "buckets", "step ms", "exposed ms", "same weights");
-    for (const Row& r : rows) {
-      char same[32] = "-", exposed[32] = "-";
-      if (r.checked) std::snprintf(same, sizeof same, "%d/%d steps", r.same, r.checked);
-      if (r.mode != SumMode::None && base > 0) std::snprintf(exposed, sizeof exposed, "%.1f", r.ms - base);
-      std::printf("  %-18s %8zu %12.1f %12s %14s\n", mode_name(r.mode), r.buckets, r.ms, exposed, same);
-    }
-    if (size > 1)
-      std::printf("  %-18s %8d %12.1f %12s %14s   (%.1f GB/s algorithm bandwidth)\n", "sum alone", 1, alone_ms, "-", "-",
-                  P * 4 / 1e6 / alone_ms);
-    std::printf("# %s\n", failures ? "FAILED" : "all checks passed");
-    std::fflush(stdout);
-  }
+  double base = 0;
+  for (const Row& r : rows)
+    if (r.mode == SumMode::None) base = r.ms;
+  using bench::num;
+  using bench::text;
+  out.meta("cases", "exposed_ms = a mode's step ms - no_sum's; same_weights = steps after which every rank's fp32 "
+                    "master weights hashed the same; sum_alone: the whole gradient summed with nothing else running "
+                    "(gb_per_s: algorithm bandwidth)");
+  out.columns({text("case", 16), num("ranks", "", 0), num("buckets", "", 0), num("ms", "ms", 1, 8),
+               num("exposed_ms", "ms", 1), num("gb_per_s", "GB/s", 1), text("same_weights", 12)});
+  for (const Row& r : rows)
+    out.row({mode_name(r.mode), size, r.buckets, r.ms,
+             r.mode != SumMode::None && base > 0 ? bench::Cell(r.ms - base) : bench::none, bench::none,
+             r.checked ? bench::format("%d/%d", r.same, r.checked) : std::string("-")});
+  if (size > 1) out.row({"sum_alone", size, 1, alone_ms, bench::none, P * 4 / 1e6 / alone_ms, "-"});
+  out.note(failures ? "FAILED" : "all checks passed");
   mpi::allreduce(&failures, 1, MPI_MAX, MPI_COMM_WORLD);
   free_topology(topo);
   MPI_Finalize();

@@ -20,4 +20,5 @@ for w in $WHAT; do
     *) echo "unknown: $w (tiny 27b 27b-mixed)" >&2 ;;
   esac
 done
-grep -h RESULT "$OUT"/*.txt
+# the forwards side by side (bench/README.md, "Output format")
+python3 "$(dirname "$0")/bench_rows.py" "$OUT"/*.txt --case forward

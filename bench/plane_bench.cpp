@@ -2,11 +2,11 @@
 // own data planes (data_plane.h), under credits as the job does, checks the bytes and reports the rate
 // against a device-to-device copy of the same size on the drafter's GPU and, when the two ranks have a GPU
 // each, against raw ncclSend/ncclRecv of the same bytes (no credits, headers or index arrays) in the same
-// run (nccl-tests style: `# ` metadata, a fixed-width table, exit 1 when a check fails; the drafter
-// regenerates the expected bytes from the seed).
+// run (the bench writer of bench_common.h: `# ` metadata, a fixed-width row per plane, --json for JSON lines;
+// exit 1 when a check fails; the drafter regenerates the expected bytes from the seed).
 //
 //   mpirun -np 2 dflash-plane-bench [--planes host,cuda-mpi,nccl] [--layers 5 --tokens 32768 --hidden 5120]
-//                                   [--iters 10 --warmup 3 --depth 2 --seed 1]
+//                                   [--iters 10 --warmup 3 --depth 2 --seed 1] [--json]
 // Rank 0 is the target, rank 1 the drafter (topology 1-1); both may share one GPU (host, cuda-mpi), nccl
 // needs two. A plane that cannot run here is listed with the reason and skipped, unless named with
 // --require, which makes that an error.
@@ -30,6 +30,7 @@
 #include "dflash/mpi_typed.h"
 #include "dflash/topology.h"
 #include "backend.cuh"
+#include "bench_common.h"
 #include "random_fill.cuh"
 
 using namespace dflash;
@@ -76,10 +77,7 @@ Args parse(int argc, char** argv) {
   return a;
 }
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
-}
+using bench::median;
 
 // What send buffer b holds: features and final norm from the seed, one sequence of random tokens.
 uint64_t buffer_seed(const Args& a, int64_t batch_index) { return a.seed * 1000 + static_cast<uint64_t>(batch_index % 2); }
@@ -263,12 +261,14 @@ Result run_drafter(DataPlane& plane, const Ctx& ctx, const Topology& topo, const
 int main(int argc, char** argv) {
   int provided = 0;
   MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
+  bench::Writer w("dflash-plane-bench", argc, argv);
   const Args a = parse(argc, argv);
   DF_CHECK(cuda_device_count() > 0, DeviceFailure, "no CUDA device visible");
   Topology topo = create_topology(MPI_COMM_WORLD, TopologySpec{1, 1}, Device::CUDA);
   DF_CHECK_HINT(topo.world_size == 2, BadOptions, "dflash-plane-bench runs on 2 ranks", "mpirun -np 2 dflash-plane-bench ...");
   const Ctx ctx = make_ctx(Device::CUDA, topo.gpu);
   const bool drafter = topo.role == Role::Drafter;
+  w.set_enabled(drafter);  // the drafter rank measures and prints
   SlotShape shape;
   shape.max_tokens = a.tokens;
   shape.num_layers = a.layers;
@@ -279,36 +279,37 @@ int main(int argc, char** argv) {
   const double copy_ms = drafter ? d2d_copy_ms(ctx, bytes, a) : 0;
   const std::string no_raw = unavailable("nccl", topo);  // raw NCCL needs a GPU per rank, as the plane does
   const double raw_ms = no_raw.empty() ? raw_nccl_ms(ctx, topo, bytes, a) : 0;
-  auto vs_raw = [&](double ms) {
-    char b[32];
-    if (raw_ms > 0) std::snprintf(b, sizeof b, "%8.0f%%", 100.0 * raw_ms / ms);
-    else std::snprintf(b, sizeof b, "%9s", "-");
-    return std::string(b);
-  };
+  using bench::num;
+  using bench::text;
+  const bench::Cell gb = bytes / 1e9, _ = bench::none;
+  auto vs_raw = [&](double ms) { return raw_ms > 0 ? bench::Cell(100.0 * raw_ms / ms) : _; };
+  w.begin(bench::device_line(cuda::backend_of(ctx).device) + " (the drafter's)",
+          bench::format("%d warm-up (checked byte for byte) + %d timed batches, median; planes: interval between "
+                        "completed batches on the drafter (host clock); d2d-copy, nccl-raw: CUDA events",
+                        a.warmup, a.iters));
+  w.meta("ranks", bench::format("target rank %d -> drafter rank %d, %s", topo.node_targets.at(0), topo.node_drafters.at(0),
+                                topo.to_string().c_str()));
+  w.meta("batch", bench::format("%lld layers x %lld tokens x %lld hidden, bf16 = %.3f GB (+ %lld tokens, mask); "
+                                "%d slots",
+                                static_cast<long long>(a.layers), static_cast<long long>(a.tokens),
+                                static_cast<long long>(a.hidden), bytes / 1e9, static_cast<long long>(a.tokens),
+                                a.depth));
+  w.meta("MPI CUDA-aware", drafter ? query_cuda_aware_mpi().describe() : "");
+  w.meta("yardsticks", "d2d-copy on the drafter's GPU; nccl-raw = ncclSend/ncclRecv of the same bytes, no credits" +
+                           (no_raw.empty() ? std::string() : " (not run: " + no_raw + ")"));
+  w.columns({text("case", 10), num("gb", "GB", 3), num("ms", "ms", 2, 8), num("gb_per_s", "GB/s", 1),
+             num("vs_copy", "%", 0), num("vs_raw", "%", 0), text("check", 7)});
   if (drafter) {
-    std::printf("# dflash-plane-bench: target rank %d -> drafter rank %d, %s\n", topo.node_targets.at(0), topo.world_rank,
-                topo.to_string().c_str());
-    std::printf("# batch: %lld layers x %lld tokens x %lld hidden, bf16 = %.3f GB (+ %lld tokens, mask); %d warm-up "
-                "(checked byte for byte) + %d timed, %d slots\n",
-                static_cast<long long>(a.layers), static_cast<long long>(a.tokens), static_cast<long long>(a.hidden), bytes / 1e9,
-                static_cast<long long>(a.tokens), a.warmup, a.iters, a.depth);
-    std::printf("# MPI CUDA-aware: %s\n", query_cuda_aware_mpi().describe().c_str());
-    std::printf("# yardsticks: d2d-copy on the drafter's GPU; nccl-raw = ncclSend/ncclRecv of the same bytes, no credits%s\n",
-                no_raw.empty() ? "" : (" (not run: " + no_raw + ")").c_str());
-    std::printf("# %-10s %10s %12s %10s %9s %9s  %s\n", "plane", "GB", "median ms", "GB/s", "vs copy", "vs raw", "check");
-    std::printf("  %-10s %10.3f %12.2f %10.1f %8.0f%% %9s  %s\n", "d2d-copy", bytes / 1e9, copy_ms, bytes / 1e6 / copy_ms, 100.0,
-                "-", "-");
-    if (raw_ms > 0)
-      std::printf("  %-10s %10.3f %12.2f %10.1f %8.0f%% %s  %s\n", "nccl-raw", bytes / 1e9, raw_ms, bytes / 1e6 / raw_ms,
-                  100.0 * copy_ms / raw_ms, vs_raw(raw_ms).c_str(), "-");
-    std::fflush(stdout);
+    w.row({"d2d-copy", gb, copy_ms, bytes / 1e6 / copy_ms, 100.0, _, "-"});
+    if (raw_ms > 0) w.row({"nccl-raw", gb, raw_ms, bytes / 1e6 / raw_ms, 100.0 * copy_ms / raw_ms, vs_raw(raw_ms), "-"});
   }
   int failures = 0;
   for (const std::string& p : a.planes) {
     const std::string why = unavailable(p, topo);
     if (!why.empty()) {
       const bool required = std::find(a.required.begin(), a.required.end(), p) != a.required.end();
-      if (drafter) std::printf("  %-10s skipped: %s%s\n", p.c_str(), why.c_str(), required ? " (required: FAIL)" : "");
+      w.note(p + " skipped: " + why + (required ? " (required: FAIL)" : ""));
+      w.row({p, gb, _, _, _, _, required ? "FAILED" : "skipped"});
       failures += required ? 1 : 0;
       continue;
     }
@@ -326,15 +327,11 @@ int main(int argc, char** argv) {
     int32_t ok = r.checked_ok ? 1 : 0;  // both ranks are done with this plane before the next one starts
     MPI_Request done = mpi::iallreduce(&ok, 1, MPI_MIN, MPI_COMM_WORLD);
     mpi::wait(done, a.timeout_s, [] { return std::string("lost peer: the other rank never finished the plane"); });
-    if (drafter) {
-      std::printf("  %-10s %10.3f %12.2f %10.1f %8.0f%% %s  %s\n", p.c_str(), bytes / 1e9, r.ms, bytes / 1e6 / r.ms,
-                  100.0 * copy_ms / r.ms, vs_raw(r.ms).c_str(), r.checked_ok ? "ok" : "FAILED");
-      std::fflush(stdout);
-    }
+    w.row({p, gb, r.ms, bytes / 1e6 / r.ms, 100.0 * copy_ms / r.ms, vs_raw(r.ms), r.checked_ok ? "ok" : "FAILED"});
     failures += r.checked_ok ? 0 : 1;
   }
   mpi::allreduce(&failures, 1, MPI_MAX, MPI_COMM_WORLD);
-  if (drafter) std::printf("# %s\n", failures ? "FAILED" : "all checks passed");
+  w.note(failures ? "FAILED" : "all checks passed");
   free_topology(topo);
   MPI_Finalize();
   return failures ? 1 : 0;

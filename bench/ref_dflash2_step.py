@@ -39,8 +39,10 @@ window 2048). A release config with is_causal: false would make the block fully 
   python3 bench/ref_dflash2_step.py --model 8b --objective kl --selector-stop-gradient
   python3 bench/ref_dflash2_step.py --model tiny --device cpu --context 256 --anchors 16 --steps 2
   python3 bench/ref_dflash2_step.py --self-check [--official-model /work/dflash_ref/model.py]
-Prints a RESULT line: step_ms (median of --steps after --warmup; CUDA events on cuda, wall clock on cpu) and
-peak_gib (torch.cuda.max_memory_allocated over the whole run, optimizer state included; 0 on cpu).
+Prints drafter_bench's rows (bench/bench_rows.py: the same `# ` metadata and columns, --json for JSON lines):
+case step, impl torch-<attention>[-keep][-cc] (-keep: --recompute-loss-chunks off, -cc: --compile-conv on), ms the
+median of --steps after --warmup (CUDA events on cuda, wall clock on cpu), mem_gib
+torch.cuda.max_memory_allocated over the whole run (optimizer state included; none on cpu).
 
 --self-check (CPU, float64, needs transformers + safetensors and the official z-lab dflash/model.py, which
 is third-party and not in this repository: pass its path) loads tests/data/golden/dflash2-tiny-a (its
@@ -68,6 +70,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 from ref_drafter_step import dense_mask, flex_attention_compiled, flex_block_mask  # noqa: E402
+import bench_rows as br  # noqa: E402
 
 SHAPES = {
     # as ref_drafter_step.py (27b = Qwen3.6-27B's shapes, bench/README.md), plus DFlash2's selector width
@@ -404,12 +407,19 @@ def main_bench(args):
             f"top_k={args.top_k} rank={args.selector_rank} alpha={args.alpha:g} "
             f"sg={int(args.stop_gradient)} mult={args.output_multiplier:g} softcap={args.logit_softcap:g} "
             f"gamma={gamma:g}")
-    print(f"pytorch dflash2 drafter step {conf} rows={row_idx.numel()} "
-          f"params={sum(p.numel() for p in model.parameters()) / 1e9:.3f}B (convs {n_conv / 1e6:.1f}M, selector "
-          f"{n_sel / 1e6:.1f}M) device={dev.type} torch {torch.__version__}")
-    print(f"  step: median {times[len(times) // 2]:.1f} ms over {len(times)} steps (min {times[0]:.1f}, max {times[-1]:.1f});"
-          f" loss {loss0:.4f} -> {loss.item():.4f}; grad norm {norm.item():.3f}; peak {peak:.2f} GiB")
-    print(f"RESULT ref_dflash2 {conf} step_ms={times[len(times) // 2]:.1f} peak_gib={peak:.2f}")
+    w = br.Writer("ref_dflash2_step", json_lines=args.json)
+    w.begin(br.device_line() if cuda else f"cpu (torch {torch.__version__})",
+            br.timing_line(args.warmup, args.steps, "CUDA events" if cuda else "wall clock"))
+    w.meta("step", f"pytorch dflash2 drafter step {conf} rows={row_idx.numel()} "
+                   f"params={sum(p.numel() for p in model.parameters()) / 1e9:.3f}B (convs {n_conv / 1e6:.1f}M, "
+                   f"selector {n_sel / 1e6:.1f}M) device={dev.type} torch {torch.__version__}")
+    w.meta("loss", f"{loss0:.4f} -> {loss.item():.4f}; grad norm {norm.item():.3f}")
+    w.meta("memory", "mem_gib = torch.cuda.max_memory_allocated over the whole run (optimizer state included)")
+    w.columns(br.step_columns())
+    impl = (f"torch-{args.attention}" + ("-keep" if args.recompute_loss_chunks == "off" else "")
+            + ("-cc" if args.compile_conv == "on" else ""))
+    w.row(["step", impl, args.model, "dflash2", B, args.objective, "fp32", None, times[len(times) // 2], times[0],
+           times[-1], None, None, None, peak if cuda else None])
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -608,6 +618,7 @@ def main():
     ap.add_argument("--compile-conv", default="off", choices=["on", "off"])
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     ap.add_argument("--self-check", action="store_true")
+    br.add_json_flag(ap)
     ap.add_argument("--official-model", default="/work/dflash_ref/model.py",
                     help="z-lab/dflash dflash/model.py (DFlash2 version; third-party, not in this repository)")
     ap.add_argument("--golden-case", default=os.path.join(REPO, "tests", "data", "golden", "dflash2-tiny-a"))

@@ -19,16 +19,22 @@ fp32 RMSNorm (as HF Qwen3RMSNorm). Random weights and features; one packed seque
   python3 bench/ref_drafter_step.py --model 8b --objective ce [--attention flex]
   python3 bench/ref_drafter_step.py --model 27b --context 4096
   python3 bench/ref_drafter_step.py --model 8b --attention flex --recompute-loss-chunks off   # the strongest that fits
-Prints a RESULT line: step_ms (median of --steps after --warmup, CUDA events) and peak_gib
-(torch.cuda.max_memory_allocated over the whole run, optimizer state included).
+Prints drafter_bench's rows (bench/bench_rows.py: the same `# ` metadata and columns, --json for JSON lines):
+case step, impl torch-<attention>[-keep] (-keep: --recompute-loss-chunks off), ms the median of --steps after
+--warmup (CUDA events), mem_gib torch.cuda.max_memory_allocated over the whole run (optimizer state included).
 """
 import argparse
 import math
+import os
+import sys
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bench_rows as br  # noqa: E402
 
 SHAPES = {
     # hidden, intermediate, heads, kv heads, head dim, vocab, layer types (W = sliding window)
@@ -172,6 +178,7 @@ def main():
     ap.add_argument("--recompute-loss-chunks", default="on", choices=["on", "off"],
                     help="on: lm_head + loss chunks under activation checkpointing (logits of one chunk at a time, "
                          "computed twice); off: every chunk's logits kept for the backward (faster where memory allows)")
+    br.add_json_flag(ap)
     args = ap.parse_args()
     s = SHAPES[args.model]
     dev = torch.device("cuda")
@@ -257,13 +264,17 @@ def main():
             loss0 = loss.item()
     times.sort()
     peak = torch.cuda.max_memory_allocated() / 2**30
-    print(f"pytorch drafter step {args.model} objective={args.objective} attention={args.attention} "
-          f"recompute_loss_chunks={args.recompute_loss_chunks} context={T} anchors={N} rows={row_idx.numel()} "
-          f"params={sum(p.numel() for p in model.parameters()) / 1e9:.2f}B torch {torch.__version__}")
-    print(f"  step: median {times[len(times) // 2]:.1f} ms over {len(times)} steps (min {times[0]:.1f}, max {times[-1]:.1f});"
-          f" loss {loss0:.4f} -> {loss.item():.4f}; grad norm {norm.item():.3f}; peak {peak:.2f} GiB")
-    print(f"RESULT ref model={args.model} objective={args.objective} attention={args.attention} "
-          f"recompute={args.recompute_loss_chunks} step_ms={times[len(times) // 2]:.1f} peak_gib={peak:.2f}")
+    w = br.Writer("ref_drafter_step", json_lines=args.json)
+    w.begin(br.device_line(), br.timing_line(args.warmup, args.steps))
+    w.meta("step", f"pytorch drafter step {args.model} objective={args.objective} attention={args.attention} "
+                   f"recompute_loss_chunks={args.recompute_loss_chunks} context={T} anchors={N} rows={row_idx.numel()} "
+                   f"params={sum(p.numel() for p in model.parameters()) / 1e9:.2f}B torch {torch.__version__}")
+    w.meta("loss", f"{loss0:.4f} -> {loss.item():.4f}; grad norm {norm.item():.3f}")
+    w.meta("memory", "mem_gib = torch.cuda.max_memory_allocated over the whole run (optimizer state included)")
+    w.columns(br.step_columns())
+    impl = f"torch-{args.attention}" + ("-keep" if args.recompute_loss_chunks == "off" else "")
+    w.row(["step", impl, args.model, "dflash", B, args.objective, "fp32", None, times[len(times) // 2], times[0],
+           times[-1], None, None, None, peak])
 
 
 if __name__ == "__main__":

@@ -5,17 +5,23 @@ partial rotary 0.25, hidden 5120, intermediate 17408, vocab 248320), random bf16
 batch of equal-length sequences with every hidden state returned (the capture), SDPA attention, no lm_head.
 The Gated DeltaNet layers run flash-linear-attention's chunk_gated_delta_rule when the `fla` package
 imports (transformers' kernel-hub wrapper picks it and warns on a fallback; the script refuses to run
-without `fla` unless --allow-torch-fallback). Prints tokens/s and peak memory in the format of ref_target_forward.py.
+without `fla` unless --allow-torch-fallback). Prints bench_hybrid_forward's rows (bench/bench_rows.py: the same
+`# ` metadata and columns, --json for JSON lines): case forward, impl hf+fla (hf+torch on the fallback),
+peak_gib = torch.cuda.max_memory_allocated.
 
   PYTHONPATH=/tmp/fla python3 bench/ref_hybrid_forward.py --model 27b --batch 8 --seqlen 4096
   (wheels: pip download --no-deps --only-binary=:all: flash-linear-attention==0.6.0 fla-core==0.6.0, then
    pip install --no-deps --target /tmp/fla *.whl on the GPU machine)
 """
 import argparse
+import os
 import statistics
 import sys
 
 import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bench_rows as br  # noqa: E402
 
 SHAPES = {
     "27b": dict(vocab_size=248320, hidden_size=5120, intermediate_size=17408, num_hidden_layers=64,
@@ -36,7 +42,9 @@ def main():
     ap.add_argument("--iters", type=int, default=3)
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--allow-torch-fallback", action="store_true")
+    br.add_json_flag(ap)
     args = ap.parse_args()
+    w = br.Writer("ref_hybrid_forward", json_lines=args.json)
 
     import transformers
     from transformers.models.qwen3_5 import configuration_qwen3_5 as cq
@@ -59,9 +67,12 @@ def main():
     # falls back to the reference PyTorch code, as it does for causal_conv1d, which is not installed).
     import importlib.util
     have_fla = importlib.util.find_spec("fla") is not None
-    print(f"torch {torch.__version__} transformers {transformers.__version__} attn={model.config._attn_implementation} "
-          f"params={sum(p.numel() for p in model.parameters()) / 1e9:.2f}B flash-linear-attention importable: {have_fla}",
-          flush=True)
+    w.begin(br.device_line(), br.timing_line(args.warmup, args.iters))
+    w.meta("model", f"{args.model} (transformers Qwen3_5 text model, random bf16 weights), torch {torch.__version__} "
+                    f"transformers {transformers.__version__} attn={model.config._attn_implementation} "
+                    f"params={sum(p.numel() for p in model.parameters()) / 1e9:.2f}B")
+    w.meta("flash-linear-attention importable", str(have_fla))
+    w.meta("batch", f"{args.batch} x {args.seqlen} tokens, every hidden state returned, no lm_head")
     if not have_fla and not args.allow_torch_fallback:
         sys.exit("flash-linear-attention does not import (the torch fallback would be far slower): put the fla wheels "
                  "on PYTHONPATH, or pass --allow-torch-fallback")
@@ -82,9 +93,9 @@ def main():
     tokens = args.batch * args.seqlen
     ms = statistics.median(times)
     peak = torch.cuda.max_memory_allocated() / 2**30
-    print(f"hf {args.model}: batch {args.batch} x {args.seqlen}: median {ms:.1f} ms (min {min(times):.1f}, "
-          f"{len(times)} iters) -> {tokens / ms:.2f} K tokens/s; peak {peak:.1f} GiB")
-    print(f"RESULT ref model={args.model} T={tokens} tokens_per_s={tokens / ms * 1e3:.1f} ms={ms:.2f} peak_gib={peak:.2f}")
+    w.columns(br.hybrid_columns())
+    w.row(["forward", "hf+fla" if have_fla else "hf+torch", args.model, tokens, args.batch, ms, min(times), max(times),
+           None, None, tokens / ms * 1e3, None, peak])
 
 
 if __name__ == "__main__":

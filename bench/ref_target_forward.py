@@ -1,15 +1,21 @@
 #!/usr/bin/env python3
 """PyTorch/transformers reference for bench_target_forward: the same Qwen3 shape, random bf16 weights,
 a forward over a batch of equal-length sequences with every hidden state returned (the capture), SDPA
-attention, no lm_head. Prints tokens/s and peak memory in the same format as the C++ bench.
+attention, no lm_head. Prints the C++ bench's rows (bench/bench_rows.py: the same `# ` metadata and
+columns, --json for JSON lines): case forward, impl hf-sdpa, mem_gib = torch.cuda.max_memory_allocated.
 
   python3 bench/ref_target_forward.py --model 8b --batch 4 --seqlen 4096
 """
 import argparse
+import os
 import statistics
+import sys
 
 import torch
 from transformers import Qwen3Config, Qwen3Model
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bench_rows as br  # noqa: E402
 
 SHAPES = {
     "8b": dict(hidden_size=4096, intermediate_size=12288, num_hidden_layers=36, num_attention_heads=32,
@@ -26,7 +32,9 @@ def main():
     ap.add_argument("--seqlen", type=int, default=4096)
     ap.add_argument("--iters", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=2)
+    br.add_json_flag(ap)
     args = ap.parse_args()
+    w = br.Writer("ref_target_forward", json_lines=args.json)
 
     cfg = Qwen3Config(vocab_size=151936, head_dim=128, max_position_embeddings=40960, rope_theta=1e6,
                       rms_norm_eps=1e-6, tie_word_embeddings=False, use_cache=False, **SHAPES[args.model])
@@ -36,8 +44,10 @@ def main():
     with torch.device("cuda"):
         model = Qwen3Model(cfg)
     model.eval()
-    print(f"torch {torch.__version__} attn={model.config._attn_implementation} "
-          f"params={sum(p.numel() for p in model.parameters()) / 1e9:.2f}B", flush=True)
+    w.begin(br.device_line(), br.timing_line(args.warmup, args.iters))
+    w.meta("model", f"{args.model} (transformers Qwen3Model, random bf16 weights), torch {torch.__version__} "
+                    f"attn={model.config._attn_implementation} params={sum(p.numel() for p in model.parameters()) / 1e9:.2f}B")
+    w.meta("batch", f"{args.batch} x {args.seqlen} tokens, every hidden state returned, no lm_head")
 
     ids = torch.randint(0, cfg.vocab_size, (args.batch, args.seqlen), device="cuda")
     T = args.batch * args.seqlen
@@ -58,9 +68,9 @@ def main():
     pairs = args.batch * args.seqlen * (args.seqlen + 1) / 2
     flop = 2 * linear * T + 4 * nh * hd * pairs * L
     t = statistics.median(times) / 1e3
-    print(f"ref model={args.model} T={T} ({args.batch} x {args.seqlen}) forward median {t * 1e3:.2f} ms "
-          f"(min {min(times):.2f}) -> {T / t / 1e3:.1f} K tokens/s, {flop / t / 1e12:.1f} TFLOP/s model math, "
-          f"peak memory {torch.cuda.max_memory_allocated() / 2**30:.2f} GiB", flush=True)
+    w.columns(br.forward_columns())
+    w.row(["forward", "hf-sdpa", args.model, T, args.batch, t * 1e3, min(times), None, T / t, flop / t / 1e12, None,
+           torch.cuda.max_memory_allocated() / 2**30])
 
 
 if __name__ == "__main__":

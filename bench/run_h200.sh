@@ -21,3 +21,5 @@ grep -E "rel err" "$OUT/tests.txt"
   timeout 150 $B --model 32b
 } 2>&1 | tee "$OUT/bench.txt"
 timeout 200 python3 bench/ref_target_forward.py --model 8b 2>&1 | tee "$OUT/ref.txt" | tail -1
+# ours and the reference side by side (bench/README.md, "Output format")
+python3 bench/bench_rows.py "$OUT/bench.txt" "$OUT/ref.txt" --case forward --case gemm_peak

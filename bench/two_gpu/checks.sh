@@ -51,6 +51,6 @@ if want planes && have_cudampi; then (
 # 4.
 want drafters && step drafters_tiny mpirun -np 2 "$B/dflash-drafters-bench" --target tests/data/golden/qwen3-tiny-a/target \
   --draft-layers 2 --tokens 512 --seq-len 128 --anchors 16 --warmup 2 --steps 10 --bucket-mb 0.01 --union-check
-grep -h "^  \|^# union\|^# all\|FAILED\|vs raw" "$OUT"/planes_27b_*.log "$OUT"/drafters_tiny.log 2>/dev/null
+grep -h "^  \|^# case\|^# union\|^# all\|FAILED" "$OUT"/planes_27b_*.log "$OUT"/drafters_tiny.log 2>/dev/null
 grep -h "rel diff" "$OUT"/tiny_1-1_*.log
 exit $rc

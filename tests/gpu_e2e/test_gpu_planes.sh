@@ -14,6 +14,18 @@ cat "$WORK/bench.log"
 [ $RC -eq 0 ] || fail "dflash-plane-bench: exit $RC"
 grep -q "^  host .* ok$" "$WORK/bench.log" || fail "the host plane did not deliver checked batches"
 grep -q "# all checks passed" "$WORK/bench.log" || fail "a plane's check failed"
+# The bench writer's shape (bench/README.md, "Output format"): metadata, the header with its units line, and
+# with --json one JSON line per case.
+grep -q "^# device: " "$WORK/bench.log" || fail "no device line"
+grep -A1 "^# case " "$WORK/bench.log" | grep -q "(GB/s)" || fail "no units under the table header"
+timeout -k 5 120 mpirun -np 2 --oversubscribe "$DFLASH_BIN/dflash-plane-bench" --planes host --require host --layers 2 \
+  --tokens 1024 --hidden 256 --iters 2 --warmup 1 --json >"$WORK/bench_json.log" 2>&1 || fail "dflash-plane-bench --json"
+python3 - "$WORK/bench_json.log" <<'PY' || fail "--json did not print one JSON line per case"
+import json, sys
+cases = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
+assert [c["case"] for c in cases] == ["d2d-copy", "host"] or cases[-1]["case"] == "host", cases
+assert cases[-1]["check"] == "ok" and cases[-1]["gb_per_s"] > 0 and cases[-1]["bench"] == "dflash-plane-bench", cases
+PY
 if grep -q "CUDA-aware: compile-time yes, run-time yes" "$WORK/bench.log"; then
   grep -q "^  cuda-mpi .* ok$" "$WORK/bench.log" || fail "the MPI is CUDA-aware but cuda-mpi did not deliver checked batches"
 else
