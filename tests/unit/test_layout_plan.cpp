@@ -77,6 +77,35 @@ TEST(CostModelPlan, PerBatchDensityOn8xH100IsTargetHeavy) {
   EXPECT_NEAR(rec.tokens_per_s / 181e3, 1.0, 0.15);
 }
 
+// jobs/recipes/qwen36-27b.cfg: 16384-token batches of records up to 4096 tokens, 2048 anchors, the CE job's
+// 62-layer forward; fixed memory as the dry run prints it (issue 44: drafter 83.5 GiB; target 50.1 GiB of
+// weights, bench/README.md, + two send buffers). Predictions until the 8-GPU machines measure them.
+PlanRequest recipe_27b(const char* gpu, TransportLink link) {
+  PlanRequest r;
+  r.cluster.gpu = calibration_for(gpu);
+  r.cluster.link = link;
+  r.job.target = qwen36_27b_target(62);
+  r.job.target_batch = packed_batch_uniform(16384, 4096);
+  r.job.drafter = qwen36_27b_drafter();
+  r.job.drafter_batch = DrafterBatchShape{16384, 2048, 4096};
+  r.job.global_batch_tokens = 98304;
+  r.memory = RoleMemory{51.7 * kGiB, 83.5 * kGiB, 0};
+  r.chosen = Layout{LayoutKind::Split, 6, 2};  // what the recipe file says today
+  return r;
+}
+
+TEST(CostModelPlan, Recipe27BOnH200AndRtxPro6000) {
+  for (const auto& [gpu, link] : {std::pair{"h200", TransportLink::NvLink}, std::pair{"rtx-pro-6000", TransportLink::Pcie}}) {
+    const Plan p = plan_layouts(recipe_27b(gpu, link));
+    ASSERT_GE(p.recommended, 0) << gpu;
+    EXPECT_EQ(p.layouts[static_cast<size_t>(p.recommended)].layout.name(), "4-4") << gpu << "\n" << render_plan_table(p);
+    EXPECT_GT(p.chosen_shortfall_pct, 30) << gpu;  // 6-2 is drafter-bound
+    EXPECT_EQ(row(p, "6-2").binds, BindingRole::Drafter);
+    // both roles on one GPU: 135.2 GiB fits the H200's 140.4, not the RTX PRO's 95.6
+    EXPECT_EQ(row(p, "colocated").fit, std::string(gpu) == "h200" ? MemoryFit::Fits : MemoryFit::DoesNotFit) << gpu;
+  }
+}
+
 TEST(CostModelPlan, MemoryFitAndAccumulator) {
   PlanRequest r = issue44_8b(3072);
   // A drafter that does not fit an H100 rules every split out; colocated needs both roles on one GPU.
