@@ -1,0 +1,60 @@
+// Per-GPU-kind constants of the cost model (src/plan/cost_model.h): achieved rates, not peaks. H100 and H200
+// are fitted to the measurements recorded in bench/README.md, bench/README-drafter.md and issue 44; the other
+// kinds are scaled from those by their documented peak dense bf16 FLOP/s, memory bandwidth and links, and say
+// so ("scaled, not measured"). The table is versioned; src/plan/calibration/gpus.json is its JSON form (a unit
+// test keeps the two equal) and the form a later `--calibration FILE` (a user's own cluster) takes.
+// docs/cost_model.md lists which measurement each constant came from and how to recalibrate.
+#pragma once
+#include <string>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+namespace dflash::plan {
+
+// Version of the table's layout and fit; a calibration file of another version is refused.
+constexpr int kCalibrationVersion = 1;
+
+enum class CalibrationSource : uint8_t { Measured, Scaled, User };
+const char* calibration_source_name(CalibrationSource s);  // "measured", "scaled, not measured", "user"
+
+struct GpuCalibration {
+  std::string name;   // "h100", as --gpu names it
+  std::string model;  // "NVIDIA H100 80GB HBM3"
+  CalibrationSource source = CalibrationSource::Measured;
+  std::string basis;  // which measurements (or which scaling) the constants come from
+  double memory_bytes = 0;
+  // Achieved rates (what the project's kernels reach on this kind, power-limited clocks included).
+  double gemm_tflops = 0;               // bf16 GEMMs of the layers and the lm_head (cuBLASLt)
+  double target_attention_tflops = 0;   // the target's varlen causal attention, forward (4 nh hd per pair)
+  double drafter_attention_tflops = 0;  // the drafter's block attention, forward + backward (3.5 x the forward)
+  double drafter_block_overhead_us = 0; // per (anchor block, drafter layer): the block attention's fixed cost
+  double linear_attention_tflops = 0;   // the gated delta rule (8 dk dv per token and value head)
+  double memory_tbps = 0;               // elementwise / memory-bound passes, AdamW
+  double layer_overhead_us = 0;         // per target layer: launches and gaps
+  double step_overhead_ms = 0;          // per drafter step: host work, launches
+  // Power and links.
+  double tdp_watts = 0;                 // board power at full load; 0 = unknown
+  double nvlink_gbps = 0;               // achieved point-to-point, one direction, GB/s; 0 = no NVLink
+  double pcie_gbps = 0;                 // achieved peer-to-peer over PCIe, one direction
+  double host_staged_gbps = 0;          // D2H -> MPI -> H2D through host memory
+  double allreduce_busbw_gbps = 0;      // NCCL ring bus bandwidth inside one node (NVLink, else PCIe)
+};
+
+// The repository's table, version kCalibrationVersion: h100, h200 (measured), b200, rtx-pro-6000 (scaled).
+const std::vector<GpuCalibration>& builtin_calibrations();
+// By --gpu's name (h100, h200, b200, rtx-pro-6000), or a size in GiB ("96"): a GiB-only GPU gets the H100's
+// rates (scaled, not measured: only its memory is known). Fatal BadOptions on anything else.
+GpuCalibration calibration_for(const std::string& gpu_name);
+// A kind scaled from a measured reference by documented peaks: compute by peak dense bf16 FLOP/s, memory-bound
+// phases by memory bandwidth, links as given. Marked Scaled, with the ratios in `basis`.
+GpuCalibration scaled_calibration(const GpuCalibration& reference, const std::string& name, const std::string& model,
+                                  double memory_bytes, double peak_bf16_tflops_ratio, double memory_bw_ratio,
+                                  double tdp_watts, double nvlink_gbps, double pcie_gbps, double allreduce_busbw_gbps);
+
+// JSON form: {"version": 1, "gpus": [{...}, ...]}. from_json refuses (fatal BadInput) another version, a
+// missing field or a non-positive rate.
+nlohmann::json calibrations_to_json(const std::vector<GpuCalibration>& gpus);
+std::vector<GpuCalibration> calibrations_from_json(const nlohmann::json& j, const std::string& where);
+
+}  // namespace dflash::plan
