@@ -25,6 +25,7 @@
 #include "dflash/runtime.h"
 #include "dflash/topology.h"
 #include "dry_run_plan.h"
+#include "layout_plan_inputs.h"
 #include "run_plan.h"
 
 namespace dflash {
@@ -202,10 +203,33 @@ std::string schedule(const Options& o, int num_drafters) {
   return os.str();
 }
 
+// Every layout this world allows, predicted by the cost model (src/plan/layout_plan.h) for the GPU planned
+// for, with the recommendation and how far --topology is from it; a line saying why not where no GPU kind is
+// known (the CPU backend, or no --gpu and no GPU here).
+std::string layout_plan_text(const Options& o, const ModelPlan& model, const RoleMemory& memory, const PlannedGpu& gpu,
+                             const PlannedWorld& world) {
+  const std::optional<plan::GpuCalibration> cal = planned_calibration(o, gpu.bytes);
+  if (!cal)
+    return o.backend == Device::CUDA
+               ? "[dflash] layout plan: no GPU kind to predict for: give --gpu h100|h200|b200|rtx-pro-6000\n"
+               : "[dflash] layout plan: GPU layouts only (--backend cuda --gpu NAME)\n";
+  const std::optional<double> record = mean_record_tokens(o);
+  const plan::Plan p = plan::plan_layouts(layout_plan_request(o, model, memory, *cal, world.num_nodes,
+                                                              world.ranks_per_node,
+                                                              record ? *record : static_cast<double>(o.token_budget)));
+  std::ostringstream os;
+  os << "[dflash] layout plan (cost model, docs/cost_model.md; " << world.num_nodes << " node(s) x "
+     << world.ranks_per_node << " GPU(s); records of "
+     << (record ? std::to_string(std::llround(*record)) + " tokens on average in --data" : std::string("unknown length"))
+     << "): predictions, not measurements\n";
+  std::istringstream lines(plan::render_plan_table(p));
+  for (std::string line; std::getline(lines, line);) os << "[dflash]   " << line << "\n";
+  return os.str();
+}
+
 }  // namespace
 
-int dry_run(const Options& given) {
-  Options o = given;  // --global-batch-tokens resolved once the drafters are known
+int dry_run(const Options& o) {
   int rank = 0;
   DF_MPI(MPI_Comm_rank(MPI_COMM_WORLD, &rank));
   if (rank == 0) check_input_paths(o);  // cheap (stat); a bad path is worth knowing before the real launch
@@ -279,6 +303,7 @@ int dry_run(const Options& given) {
   os << memory.line << "\n";
   const MemoryVerdict verdict = check_memory(o, gpu, memory, target_ranks, drafter_ranks);
   os << verdict.line << "\n";
+  os << layout_plan_text(o, plan, memory, gpu, world);
   std::fputs(os.str().c_str(), stdout);
   std::fflush(stdout);
   if (!verdict.fits) DF_FAIL(BadOptions, verdict.what, verdict.hint);

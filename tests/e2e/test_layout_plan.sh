@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# The layout plan in the dry run (issue 44; docs/cost_model.md): for the recipe files, with only the target's
+# config.json (a login node) and a dataset of the recipe's 3072-token records, every split of 8 GPUs is
+# predicted by the cost model for an H200 (measured calibration) and an RTX PRO 6000 (scaled, not measured),
+# and the recommendation is pinned: the 8B recipe's anchor density (512 per 3072-token record) makes the
+# drafter the expensive role, so the plan gives most GPUs to drafters, not the 7-1 of habit. The CPU backend
+# says there is nothing to predict.
+source "$(dirname "$0")/lib.sh"
+tiny=$(tiny_dir)
+
+dry() {  # dry NAME ARGS...: dflash-train --dry-run as one plain process; log in $WORK/NAME.log, exit code in $RC
+  local name=$1
+  shift
+  set +e
+  timeout -k 5 60 "$TRAIN" --dry-run --out "$WORK/$name" "$@" >"$WORK/$name.log" 2>&1
+  RC=$?
+  set -e
+  note "$name: exit $RC"
+}
+plan_row() { grep -E "^\[dflash\]   [*> ]{0,2}$2 " "$WORK/$1.log" | head -1; }
+
+mkdir -p "$WORK/qwen3-8b"
+cat >"$WORK/qwen3-8b/config.json" <<'JSON'
+{"architectures": ["Qwen3ForCausalLM"], "attention_bias": false, "head_dim": 128, "hidden_act": "silu",
+ "hidden_size": 4096, "intermediate_size": 12288, "max_position_embeddings": 40960, "model_type": "qwen3",
+ "num_attention_heads": 32, "num_hidden_layers": 36, "num_key_value_heads": 8, "rms_norm_eps": 1e-06,
+ "rope_theta": 1000000, "tie_word_embeddings": false, "torch_dtype": "bfloat16", "vocab_size": 151936}
+JSON
+"$PY" - "$WORK/records3072.h5" <<'PYEOF'
+import sys, h5py, numpy as np
+lengths = np.full(400, 3072)
+n = int(lengths.sum())
+with h5py.File(sys.argv[1], 'w') as f:
+    f['tokens'] = np.zeros(n, np.int32)
+    f['loss_mask'] = np.ones(n, np.uint8)
+    f['offsets'] = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    f.attrs['vocab_size'] = 151936
+    f.attrs['format_version'] = 1
+PYEOF
+Q8=(--config "$DFLASH_SRC/jobs/recipes/qwen3-8b.cfg" --target "$WORK/qwen3-8b" --data "$WORK/records3072.h5"
+    --ranks 8 --topology 7-1)
+
+dry q8h200 "${Q8[@]}" --gpu h200
+expect_rc 0 q8h200
+expect_log q8h200 "[dflash] layout plan (cost model, docs/cost_model.md; 1 node(s) x 8 GPU(s); records of 3072 tokens on average in --data): predictions, not measurements"
+# every split of 8 GPUs (T + D <= 8) and the colocated layout
+for l in 1-1 1-7 2-6 4-4 6-2 7-1 colocated; do [ -n "$(plan_row q8h200 "$l")" ] || fail "q8h200: no row for $l"; done
+rec=$(sed -n 's/.*recommended (\*) \([0-9]*-[0-9]*\).*/\1/p' "$WORK/q8h200.log")
+note "8B recipe on 8x H200: recommended $rec"
+[ "$rec" = "2-6" ] || fail "q8h200: the recipe's density should make the drafters bind (2-6), the plan says '$rec'"
+plan_row q8h200 7-1 | grep -q "^\[dflash\]   >" || fail "q8h200: the chosen 7-1 is not marked: $(plan_row q8h200 7-1)"
+grep -q "chosen (>) 7-1 is [0-9]* % slower" "$WORK/q8h200.log" || fail "q8h200: no distance of 7-1 from the recommendation"
+
+dry q8pro "${Q8[@]}" --gpu rtx-pro-6000
+expect_rc 0 q8pro
+grep -q "scaled, not measured" "$WORK/q8pro.log" || fail "q8pro: the RTX PRO 6000's calibration is not marked scaled"
+rec=$(sed -n 's/.*recommended (\*) \([0-9]*-[0-9]*\).*/\1/p' "$WORK/q8pro.log")
+note "8B recipe on 8x RTX PRO 6000: recommended $rec"
+[ "$rec" = "2-6" ] || fail "q8pro: recommended '$rec', expected 2-6"
+
+# The per-batch density (512 anchors per 16K batch): the target binds, so the plan moves GPUs to targets.
+dry q8batch "${Q8[@]}" --gpu h200 --anchors-per-record 0 --max-anchors 512
+expect_rc 0 q8batch
+rec=$(sed -n 's/.*recommended (\*) \([0-9]*-[0-9]*\).*/\1/p' "$WORK/q8batch.log")
+note "8B, 512 anchors per batch, on 8x H200: recommended $rec"
+case "$rec" in 4-4|5-3|6-2) ;; *) fail "q8batch: recommended '$rec', expected a target-heavy split" ;; esac
+
+# The CPU backend: no GPU kind to predict for.
+dry tinycpu --ranks 4 --topology 2-1 --target "$tiny/target" --data "$tiny/data.h5" --draft-layers 1 --token-budget 512
+expect_rc 0 tinycpu
+expect_log tinycpu "[dflash] layout plan: GPU layouts only (--backend cuda --gpu NAME)"
+echo "PASS"
