@@ -193,6 +193,53 @@ void record_resolved(Options& o, const std::vector<OptionRow>& rows, const po::v
 
 bool given(const po::variables_map& vm, const char* name) { return vm.count(name) && !vm[name].defaulted(); }
 
+// The checks of options together (each alone is its row's check, src/runtime/option_table.cpp), and the
+// values one option gives another: --epochs from --max-steps, the anchor cap, a fresh drafter's recipe.
+void check_together(Options& o, const po::variables_map& vm) {
+  const char* usage_hint = "dflash-train --help lists every option";
+  DF_CHECK_HINT(!o.measure_only || o.topology_auto, BadOptions, "--measure-only measures for --topology auto",
+                "add --topology auto, or drop --measure-only");
+  DF_CHECK_HINT(o.backend == Device::CUDA || o.data_plane == DataPlaneChoice::Auto || o.data_plane == DataPlaneChoice::Host,
+                BadOptions, "--data-plane " << data_plane_choice_name(o.data_plane) << " moves device tensors; the CPU backend has none",
+                "use --backend cuda, or --data-plane host (or auto)");
+  // HF Trainer's convention: --max-steps without --epochs trains for --max-steps, the data repeating as often
+  // as it takes (with both, whichever ends first ends the run, and the startup says which: plan_lr_schedule).
+  if (o.max_steps > 0 && !given(vm, "epochs")) o.epochs = 0;
+  DF_CHECK_HINT(o.epochs > 0 || o.max_steps > 0, BadOptions, "--epochs 0 (forever) without --max-steps never ends",
+                "give --max-steps N or --epochs N");
+  if (o.train.anchors_per_record > 0 && !given(vm, "max-anchors"))
+    o.train.max_anchors = default_max_anchors(o.train.anchors_per_record, o.token_budget);
+  DF_CHECK_HINT(o.warmup_ratio == 0 || o.train.warmup_steps == 0, BadOptions,
+                "--warmup-ratio and --warmup-steps both set the warmup", "give one of them");
+  DF_CHECK_HINT(o.global_batch_tokens == 0 || !given(vm, "grad-accum"), BadOptions,
+                "--grad-accum and --global-batch-tokens both set the micro-batches per step", "give one of them");
+  if (o.train.draft_arch != DraftArch::DFlash2)
+    for (const char* n : {"conv-kernel-size", "conv-group-size", "selector-top-k", "selector-rank"})
+      DF_CHECK_HINT(!given(vm, n), BadOptions, "--" << n << " shapes a DFlash2 drafter",
+                    "add --draft-arch dflash2, or drop --" + std::string(n));
+  std::vector<std::string> recipe_given;  // the fresh-drafter options given explicitly
+  for (const char* n : {"block-size", "mask-token", "target-layers", "draft-layer-types", "draft-sliding-window",
+                        "draft-arch", "conv-kernel-size", "conv-group-size", "selector-top-k", "selector-rank",
+                        "output-multiplier", "logit-softcap"})
+    if (given(vm, n)) recipe_given.push_back(n);
+  resolve_drafter_recipe(o, recipe_given);
+  DF_CHECK_HINT((o.inject_fail_rank >= 0) == (o.inject_fail_step >= 0), BadOptions,
+                "--inject-fail-rank and --inject-fail-step go together", "give both or neither");
+  DF_CHECK_HINT(o.target_dir.size() && !o.data.empty() && o.out_dir.size(), BadOptions,
+                "--target, --data and --out are required", usage_hint);
+  DF_CHECK_HINT(o.rebalance == RebalanceMode::Off || parse_checkpoint_every(o.checkpoint_every).unit != CheckpointUnit::Off, BadOptions,
+                "--rebalance auto changes the split at a checkpoint, and this run writes none before its end",
+                "add --checkpoint-every (e.g. 500 or 30m)");
+  DF_CHECK_HINT(!vm.count("eval-every") || !o.eval_data.empty(), BadOptions, "--eval-every without --eval-data: there is nothing to evaluate",
+                "give --eval-data FILE.h5 (a held-out dataset), or drop --eval-every");
+  DF_CHECK_HINT(!given(vm, "eval-max-tokens") || !o.eval_data.empty(), BadOptions,
+                "--eval-max-tokens without --eval-data: there is nothing to evaluate",
+                "give --eval-data FILE.h5 (a held-out dataset), or drop --eval-max-tokens");
+  DF_CHECK_HINT(o.eval_tau_every == 0 || !o.eval_data.empty(), BadOptions,
+                "--eval-tau-every without --eval-data: there are no prompts to decode",
+                "give --eval-data FILE.h5 (a held-out dataset; its prompts are the tokens before each record's first loss_mask 1)");
+}
+
 }  // namespace
 
 ParseResult parse_options(int argc, const char* const* argv) {
@@ -249,48 +296,7 @@ ParseResult parse_options(int argc, const char* const* argv) {
   for (const OptionRow& row : rows)
     if (row.check && vm.count(row.name)) row.check(vm[row.name]);
 
-  // Options together.
-  DF_CHECK_HINT(!o.measure_only || o.topology_auto, BadOptions, "--measure-only measures for --topology auto",
-                "add --topology auto, or drop --measure-only");
-  DF_CHECK_HINT(o.backend == Device::CUDA || o.data_plane == DataPlaneChoice::Auto || o.data_plane == DataPlaneChoice::Host,
-                BadOptions, "--data-plane " << data_plane_choice_name(o.data_plane) << " moves device tensors; the CPU backend has none",
-                "use --backend cuda, or --data-plane host (or auto)");
-  // HF Trainer's convention: --max-steps without --epochs trains for --max-steps, the data repeating as often
-  // as it takes (with both, whichever ends first ends the run, and the startup says which: plan_lr_schedule).
-  if (o.max_steps > 0 && !given(vm, "epochs")) o.epochs = 0;
-  DF_CHECK_HINT(o.epochs > 0 || o.max_steps > 0, BadOptions, "--epochs 0 (forever) without --max-steps never ends",
-                "give --max-steps N or --epochs N");
-  if (o.train.anchors_per_record > 0 && !given(vm, "max-anchors"))
-    o.train.max_anchors = default_max_anchors(o.train.anchors_per_record, o.token_budget);
-  DF_CHECK_HINT(o.warmup_ratio == 0 || o.train.warmup_steps == 0, BadOptions,
-                "--warmup-ratio and --warmup-steps both set the warmup", "give one of them");
-  DF_CHECK_HINT(o.global_batch_tokens == 0 || !given(vm, "grad-accum"), BadOptions,
-                "--grad-accum and --global-batch-tokens both set the micro-batches per step", "give one of them");
-  if (o.train.draft_arch != DraftArch::DFlash2)
-    for (const char* n : {"conv-kernel-size", "conv-group-size", "selector-top-k", "selector-rank"})
-      DF_CHECK_HINT(!given(vm, n), BadOptions, "--" << n << " shapes a DFlash2 drafter",
-                    "add --draft-arch dflash2, or drop --" + std::string(n));
-  std::vector<std::string> recipe_given;  // the fresh-drafter options given explicitly
-  for (const char* n : {"block-size", "mask-token", "target-layers", "draft-layer-types", "draft-sliding-window",
-                        "draft-arch", "conv-kernel-size", "conv-group-size", "selector-top-k", "selector-rank",
-                        "output-multiplier", "logit-softcap"})
-    if (given(vm, n)) recipe_given.push_back(n);
-  resolve_drafter_recipe(o, recipe_given);
-  DF_CHECK_HINT((o.inject_fail_rank >= 0) == (o.inject_fail_step >= 0), BadOptions,
-                "--inject-fail-rank and --inject-fail-step go together", "give both or neither");
-  DF_CHECK_HINT(o.target_dir.size() && !o.data.empty() && o.out_dir.size(), BadOptions,
-                "--target, --data and --out are required", usage_hint);
-  DF_CHECK_HINT(o.rebalance == RebalanceMode::Off || parse_checkpoint_every(o.checkpoint_every).unit != CheckpointUnit::Off, BadOptions,
-                "--rebalance auto changes the split at a checkpoint, and this run writes none before its end",
-                "add --checkpoint-every (e.g. 500 or 30m)");
-  DF_CHECK_HINT(!vm.count("eval-every") || !o.eval_data.empty(), BadOptions, "--eval-every without --eval-data: there is nothing to evaluate",
-                "give --eval-data FILE.h5 (a held-out dataset), or drop --eval-every");
-  DF_CHECK_HINT(!given(vm, "eval-max-tokens") || !o.eval_data.empty(), BadOptions,
-                "--eval-max-tokens without --eval-data: there is nothing to evaluate",
-                "give --eval-data FILE.h5 (a held-out dataset), or drop --eval-max-tokens");
-  DF_CHECK_HINT(o.eval_tau_every == 0 || !o.eval_data.empty(), BadOptions,
-                "--eval-tau-every without --eval-data: there are no prompts to decode",
-                "give --eval-data FILE.h5 (a held-out dataset; its prompts are the tokens before each record's first loss_mask 1)");
+  check_together(o, vm);
   resolve_planned_world(o, vm.count("ranks") > 0, vm.count("nodes") > 0, vm.count("gpus-per-node") > 0);
   o.train.total_steps = o.max_steps;
   o.command_line = shell_line(argc, argv);
