@@ -17,7 +17,7 @@ namespace dflash {
 
 struct Topology;
 
-// --data-plane: how hidden-state tensors travel from targets to drafters (include/dflash/data_plane.h).
+// --data-plane: how hidden-state tensors travel from targets to drafters (setup_data_plane picks a DataPlaneKind).
 enum class DataPlaneChoice : uint8_t {
   Auto,     // nccl when every target-drafter pair has GPUs of its own and NCCL initialises, else cuda-mpi when
             // the MPI library is CUDA-aware, else host
