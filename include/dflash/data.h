@@ -147,6 +147,11 @@ class TokenDataset : public RecordSource {
 // What happens to a record longer than the token budget (--long-record).
 enum class LongRecord { Cut, Skip };  // Cut: keep its first token_budget tokens; Skip: drop it
 
+// What happens to a record longer than --token-budget. Error (the default) refuses to start, naming the
+// record, so nothing is silently cut or dropped; Cut and Skip map onto the loader's LongRecord.
+enum class LongRecordPolicy : uint8_t { Error, Cut, Skip };
+const char* long_record_name(LongRecordPolicy p);
+
 // ---- epochs begun under another split -----------------------------------------------------------------
 // A run resumed on another number of targets (docs/checkpoint.md "Changing the split") finishes the epochs
 // its earlier split had begun: each such epoch keeps the set of records the earlier split consumed (trained

@@ -11,12 +11,21 @@
 #include <string>
 
 #include "dflash/hs_batch.h"
-#include "dflash/options.h"  // DataPlaneChoice
 #include "dflash/tensor.h"
 
 namespace dflash {
 
 struct Topology;
+
+// --data-plane: how hidden-state tensors travel from targets to drafters (setup_data_plane picks a DataPlaneKind).
+enum class DataPlaneChoice : uint8_t {
+  Auto,     // nccl when every target-drafter pair has GPUs of its own and NCCL initialises, else cuda-mpi when
+            // the MPI library is CUDA-aware, else host
+  Nccl,     // ncclSend/ncclRecv between the pair's GPUs
+  CudaMpi,  // MPI_Isend/MPI_Irecv on device pointers (a CUDA-aware MPI only)
+  Host,     // host MPI, device tensors staged through page-locked host memory
+};
+const char* data_plane_choice_name(DataPlaneChoice c);
 
 enum class DataPlaneKind : uint8_t {
   Host,     // host MPI; device tensors are staged through page-locked host buffers (every cluster can)

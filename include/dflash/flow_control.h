@@ -20,6 +20,13 @@
 
 namespace dflash {
 
+// --batch-order: how a drafter picks its next batch among the targets of its node (docs/pipeline.md
+// "Order and determinism"). Arrival: whatever arrived first (the faster side takes more, best
+// throughput). Fixed: a pure function of the topology (FixedBatchOrder below), so the same
+// seed gives the same losses, and a resume the uninterrupted run's, with several targets per drafter.
+enum class BatchOrder : uint8_t { Arrival, Fixed };
+const char* batch_order_name(BatchOrder b);
+
 // ---- drafter side: who gets the next credit ------------------------------------------------------
 // Each freed slot goes to the active target holding the fewest outstanding credits from this drafter
 // (granted and not yet consumed), ties broken round-robin. With depth >= targets each target keeps its

@@ -1,5 +1,9 @@
 // dflash-train's command line (docs/pipeline.md "Options"): parsed once, on every rank, into Options.
 //
+// Each option is one row of src/runtime/option_table.cpp (name, help, the field below, its check); a row's
+// default is the field's initialiser here, the only place it is written. --help, the resolved record and
+// docs/pipeline.md's options table (--help-markdown) are made from the rows.
+//
 // Sources: the command line, then --config FILE (key = value, the same names without "--"); the command
 // line wins because Boost.ProgramOptions keeps the first value stored. Within one source a repeated option
 // resolves last-wins (as launchers and job scripts expect), except --data: every one is kept (several make
@@ -11,32 +15,15 @@
 #include <string>
 #include <vector>
 
+#include "dflash/data.h"         // LongRecordPolicy (--long-record)
+#include "dflash/data_plane.h"   // DataPlaneChoice (--data-plane)
 #include "dflash/data_source.h"  // DataSource (--data)
 #include "dflash/drafter.h"  // TrainOptions, LossKind
+#include "dflash/flow_control.h"  // BatchOrder (--batch-order)
 #include "dflash/tensor.h"   // DType, Device (--backend is a Device: one enum for both)
+#include "dflash/topology.h"  // TopologySpec (--topology)
 
 namespace dflash {
-
-// What happens to a record longer than --token-budget. Error (the default) refuses to start, naming the
-// record, so nothing is silently cut or dropped; Cut and Skip map onto the loader's LongRecord.
-enum class LongRecordPolicy : uint8_t { Error, Cut, Skip };
-const char* long_record_name(LongRecordPolicy p);
-
-// --batch-order: how a drafter picks its next batch among the targets of its node (docs/pipeline.md
-// "Order and determinism"). Arrival: whatever arrived first (the faster side takes more, best
-// throughput). Fixed: a pure function of the topology (FixedBatchOrder, flow_control.h), so the same
-// seed gives the same losses, and a resume the uninterrupted run's, with several targets per drafter.
-enum class BatchOrder : uint8_t { Arrival, Fixed };
-const char* batch_order_name(BatchOrder b);
-
-// --topology T-D: T target and D drafter ranks per node; the node's other ranks idle.
-struct TopologySpec {
-  int targets_per_node = 0;
-  int drafters_per_node = 0;
-  std::string to_string() const;  // "2-1"
-};
-// Parses "T-D" (both >= 1). Fatal BadOptions on anything else ("auto" is handled by parse_options).
-TopologySpec parse_topology_spec(const std::string& text);
 
 enum class RebalanceMode { Off, Auto };  // --rebalance
 
@@ -45,16 +32,6 @@ enum class FailMode : uint8_t {
   Kill,  // SIGKILL itself: mpirun notices the dead process and ends the job
   Hang,  // SIGSTOP itself: alive but silent, so its peers' deadlines (--peer-timeout) must end the job
 };
-
-// --data-plane: how hidden-state tensors travel from targets to drafters (include/dflash/data_plane.h).
-enum class DataPlaneChoice : uint8_t {
-  Auto,     // nccl when every target-drafter pair has GPUs of its own and NCCL initialises, else cuda-mpi when
-            // the MPI library is CUDA-aware, else host
-  Nccl,     // ncclSend/ncclRecv between the pair's GPUs
-  CudaMpi,  // MPI_Isend/MPI_Irecv on device pointers (a CUDA-aware MPI only)
-  Host,     // host MPI, device tensors staged through page-locked host memory
-};
-const char* data_plane_choice_name(DataPlaneChoice c);
 
 // --gpu: the GPU a dry run checks each rank's memory against: a known model's memory as its driver reports
 // it (nvidia-smi's memory.total), or a size in GiB. Fatal BadOptions on anything else, naming the known ones.
@@ -112,7 +89,7 @@ struct Options {
   // --global-batch-tokens T (0 = not given) once the drafters are known (grad_accum_of, src/runtime/run_plan.h).
   int grad_accum = 1;
   int64_t global_batch_tokens = 0;
-  DType export_dtype = DType::F32;
+  DType export_dtype = DType::BF16;  // --export-dtype: the release format serving engines load
   TrainOptions train;           // loss, dpace, gamma, max_anchors, hs_noise, lr, warmup, seed, ...
   // A fresh drafter's recipe as typed (parse_options resolves them into train): --mask-token auto | ID |
   // TOKEN (looked up in the target's tokenizer.json), --target-layers "1,16,31,46,61",

@@ -12,9 +12,18 @@
 #include <string>
 #include <vector>
 
-#include "dflash/options.h"
+#include "dflash/tensor.h"  // Device
 
 namespace dflash {
+
+// --topology T-D: T target and D drafter ranks per node; the node's other ranks idle.
+struct TopologySpec {
+  int targets_per_node = 0;
+  int drafters_per_node = 0;
+  std::string to_string() const;  // "2-1"
+};
+// Parses "T-D" (both >= 1). Fatal BadOptions on anything else ("auto" is handled by parse_options).
+TopologySpec parse_topology_spec(const std::string& text);
 
 enum class Role : uint8_t { Target, Drafter, Idle };
 

@@ -6,6 +6,8 @@
 
 namespace dflash {
 
+const char* batch_order_name(BatchOrder b) { return b == BatchOrder::Arrival ? "arrival" : "fixed"; }
+
 // ---- CreditLedger ----------------------------------------------------------------------------------
 CreditLedger::CreditLedger(std::vector<int> targets)
     : targets_(std::move(targets)), outstanding_(targets_.size(), 0), finished_(targets_.size(), false) {

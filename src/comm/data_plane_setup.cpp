@@ -47,6 +47,16 @@ int partner_sharing_gpu(const Topology& topo) {
 
 }  // namespace
 
+const char* data_plane_choice_name(DataPlaneChoice c) {
+  switch (c) {
+    case DataPlaneChoice::Auto: return "auto";
+    case DataPlaneChoice::Nccl: return "nccl";
+    case DataPlaneChoice::CudaMpi: return "cuda-mpi";
+    case DataPlaneChoice::Host: return "host";
+  }
+  return "?";
+}
+
 const char* data_plane_name(DataPlaneKind k) {
   switch (k) {
     case DataPlaneKind::Host: return "host";

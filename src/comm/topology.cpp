@@ -15,6 +15,27 @@
 
 namespace dflash {
 
+std::string TopologySpec::to_string() const {
+  return std::to_string(targets_per_node) + "-" + std::to_string(drafters_per_node);
+}
+
+TopologySpec parse_topology_spec(const std::string& text) {
+  const char* hint = "--topology T-D: T target ranks and D drafter ranks per node, both >= 1, e.g. 7-1 or 6-2";
+  DF_CHECK_HINT(text != "auto", BadOptions, "--topology auto is resolved at startup, not parsed as T-D", hint);
+  size_t dash = text.find('-');
+  auto is_count = [](const std::string& s) {
+    return !s.empty() && s.size() <= 4 && s.find_first_not_of("0123456789") == std::string::npos;
+  };
+  DF_CHECK_HINT(dash != std::string::npos && is_count(text.substr(0, dash)) && is_count(text.substr(dash + 1)),
+                BadOptions, "bad --topology '" << text << "'", hint);
+  TopologySpec spec;
+  spec.targets_per_node = std::stoi(text.substr(0, dash));
+  spec.drafters_per_node = std::stoi(text.substr(dash + 1));
+  DF_CHECK_HINT(spec.targets_per_node >= 1 && spec.drafters_per_node >= 1, BadOptions,
+                "bad --topology '" << text << "': a job needs at least one target and one drafter per node", hint);
+  return spec;
+}
+
 const char* role_name(Role r) {
   switch (r) {
     case Role::Target: return "target";

@@ -9,6 +9,15 @@
 
 namespace dflash {
 
+const char* long_record_name(LongRecordPolicy p) {
+  switch (p) {
+    case LongRecordPolicy::Error: return "error";
+    case LongRecordPolicy::Cut: return "cut";
+    case LongRecordPolicy::Skip: return "skip";
+  }
+  return "?";
+}
+
 // ---- deterministic shuffle -------------------------------------------------------------------------
 // Our own generator and Fisher-Yates: std::shuffle's algorithm differs between standard libraries, and
 // a resumed job (maybe built elsewhere) must see the same order.

@@ -158,6 +158,36 @@ TEST(Options, Help) {
   EXPECT_NE(r.help_text.find("--peer-timeout"), std::string::npos);
 }
 
+// The struct's initialisers are the defaults: a job without flags gets what Options{} holds (the command line
+// once said bf16 for --export-dtype while the struct said f32).
+TEST(Options, DefaultsAreTheStructs) {
+  const Options d = parse(kRequired).options, s;
+  EXPECT_EQ(d.export_dtype, DType::BF16);
+  EXPECT_EQ(d.export_dtype, s.export_dtype);
+  EXPECT_EQ(d.token_budget, s.token_budget);
+  EXPECT_EQ(d.backend, s.backend);
+  EXPECT_EQ(d.long_record, s.long_record);
+  EXPECT_EQ(d.train.lr, s.train.lr);
+  EXPECT_EQ(d.train.seed, s.train.seed);
+  EXPECT_EQ(d.eval_max_tokens, s.eval_max_tokens);
+  EXPECT_EQ(resolved(d, "export-dtype"), "bf16");
+}
+
+TEST(Options, HelpOpensWithAFirstJobAndGroupsDFlash2) {
+  const std::string h = parse({"--help"}).help_text;
+  const size_t first = h.find("Start here"), dflash2 = h.find("DFlash2 drafters");
+  ASSERT_NE(first, std::string::npos) << h;
+  ASSERT_NE(dflash2, std::string::npos) << h;
+  EXPECT_LT(first, h.find("  --target DIR"));  // (not the usage line above)
+  EXPECT_LT(h.find("--resume"), h.find("--draft-layers"));  // the first block comes before the rest
+  for (const char* n : {"--conv-kernel-size", "--selector-top-k", "--selector-loss-alpha", "--selector-stop-gradient"})
+    EXPECT_GT(h.find(n), dflash2) << n;
+  EXPECT_EQ(h.find("help-markdown"), std::string::npos);  // hidden
+  const std::string md = parse({"--help-markdown"}).help_text;
+  EXPECT_NE(md.find("| `--export-dtype DTYPE` | bf16 |"), std::string::npos) << md;
+  EXPECT_NE(md.find("| `--lr LR` | 6e-4 |"), std::string::npos) << md;
+}
+
 TEST(Options, HelpShowsPlaceholdersAndReadableDefaultsButNoTestHooks) {
   const std::string h = parse({"--help"}).help_text;
   EXPECT_NE(h.find("--target DIR"), std::string::npos) << h;
@@ -296,6 +326,12 @@ TEST(OptionsDeath, MistypedFlagNamesTheNearestOption) {
   EXPECT_EXIT(parse(with_required({"--topolgy", "1-1"})), testing::ExitedWithCode(2),
               "unrecognised option '--topolgy'; did you mean --topology\\?");
   EXPECT_EXIT(parse(with_required({"--wramup-steps=5"})), testing::ExitedWithCode(2), "did you mean --warmup-steps\\?");
+  // Boost no longer takes a prefix for the whole name: --max-anchor was quietly --max-anchors.
+  EXPECT_EXIT(parse(with_required({"--max-anchor", "64"})), testing::ExitedWithCode(2),
+              "unrecognised option '--max-anchor'; did you mean --max-anchors\\?");
+  EXPECT_EXIT(parse(with_required({"--eval-tau-max", "64"})), testing::ExitedWithCode(2),
+              "did you mean --eval-tau-max-new-tokens\\?");
+  EXPECT_EXIT(parse(with_required({"--eval", "1"})), testing::ExitedWithCode(2), "unrecognised option '--eval'\n");
   // Nothing close: no guess.
   EXPECT_EXIT(parse(with_required({"--frobnicate", "3"})), testing::ExitedWithCode(2),
               "unrecognised option '--frobnicate'\n");
