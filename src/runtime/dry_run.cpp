@@ -223,7 +223,8 @@ std::string layout_plan_text(const Options& o, const ModelPlan& model, const Rol
      << (record ? std::to_string(std::llround(*record)) + " tokens on average in --data" : std::string("unknown length"))
      << "): predictions, not measurements\n";
   std::istringstream lines(plan::render_plan_table(p));
-  for (std::string line; std::getline(lines, line);) os << "[dflash]   " << line << "\n";
+  for (std::string line; std::getline(lines, line);)
+    os << (line.rfind("[dflash]", 0) == 0 ? "" : "[dflash]   ") << line << "\n";
   return os.str();
 }
 
