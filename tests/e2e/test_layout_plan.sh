@@ -49,7 +49,7 @@ for l in 1-1 1-7 2-6 4-4 6-2 7-1 colocated; do [ -n "$(plan_row q8h200 "$l")" ] 
 rec=$(sed -n 's/.*recommended (\*) \([0-9]*-[0-9]*\).*/\1/p' "$WORK/q8h200.log")
 note "8B recipe on 8x H200: recommended $rec"
 [ "$rec" = "3-5" ] || fail "q8h200: the recipe's density should make the drafters bind (3-5), the plan says '$rec'"
-plan_row q8h200 7-1 | grep -q "^\[dflash\]   >" || fail "q8h200: the chosen 7-1 is not marked: $(plan_row q8h200 7-1)"
+plan_row q8h200 7-1 | grep -q "^\[dflash\] *>7-1 " || fail "q8h200: the chosen 7-1 is not marked: $(plan_row q8h200 7-1)"
 grep -q "chosen (>) 7-1 is [0-9]* % slower" "$WORK/q8h200.log" || fail "q8h200: no distance of 7-1 from the recommendation"
 
 dry q8pro "${Q8[@]}" --gpu rtx-pro-6000
