@@ -65,7 +65,7 @@ DrafterStepCuda::DrafterStepCuda(const DrafterConfig& cfg, const std::vector<Par
   s.eps = L.rms_norm_eps;
   s.V = L.vocab_size;
   s.d2 = cfg.arch == DraftArch::DFlash2;
-  s.logit = {cfg.output_multiplier, cfg.final_logit_softcapping};
+  s.logit = ops::logit_spec(cfg);
   if (s.d2) {
     s.conv = {static_cast<int>(s.B), cfg.d2.conv_kernel_size, cfg.d2.conv_group_size};
     s.D2 = 2 * static_cast<int64_t>(cfg.d2.conv_kernel_size) * (s.H / cfg.d2.conv_group_size);
