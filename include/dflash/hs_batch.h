@@ -8,8 +8,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "dflash/data.h"    // DataPosition
-#include "dflash/nvml.h"    // GpuReading
+#include "dflash/data_position.h"
+#include "dflash/gpu_reading.h"
 #include "dflash/packed_batch.h"
 #include "dflash/tensor.h"
 
