@@ -30,6 +30,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "dflash/clock.h"
 #include "dflash/data.h"
 #include "dflash/error.h"
 #include "dflash/tool_args.h"
@@ -164,10 +165,6 @@ nlohmann::ordered_json make_config(const Spec& s) {
   c["torch_dtype"] = "bfloat16";
   c["dflash_random"] = {{"seed", s.seed}, {"preset", s.preset}, {"generator", "dflash-make-random"}};
   return c;
-}
-
-double seconds_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
 // Writes the shards one at a time: fill one BF16 buffer (all threads over the shard's elements), write it.

@@ -27,6 +27,7 @@
 #include "dflash/data_plane.h"
 #include "dflash/device_async.h"
 #include "dflash/error.h"
+#include "dflash/message_tags.h"
 #include "dflash/mpi_typed.h"
 #include "dflash/topology.h"
 #include "backend.cuh"

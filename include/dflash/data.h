@@ -24,6 +24,7 @@
 #include <utility>
 #include <vector>
 
+#include "dflash/data_position.h"
 #include "dflash/packed_batch.h"
 
 namespace dflash {
@@ -200,22 +201,6 @@ struct BatchExtent {
 };
 BatchExtent pack_extent(const RecordSource& ds, const std::vector<int64_t>& order, int64_t cursor, int64_t token_budget,
                         LongRecord long_record);
-
-// Where the next batch starts: enough to restart the loader so it produces exactly the batches a
-// run that never stopped would have produced. The shuffle of epoch e is a pure function of
-// (seed, e), so (epoch, cursor) is the whole RNG state; seed and sharding are kept to refuse a
-// position from a different setup.
-struct DataPosition {
-  int64_t epoch = 0;     // 0-based
-  int64_t cursor = 0;    // index into this shard's record order of the epoch
-  int64_t batches = 0;   // batches produced before this position (LoadedBatch::index continues from it)
-  uint64_t seed = 0;
-  int shard_index = 0;
-  int num_shards = 1;
-  std::string to_string() const;                        // "dflash-data-pos v1 epoch=.. cursor=.. ..."
-  static DataPosition parse(const std::string& text);   // fatal BadInput on a malformed string
-  bool operator==(const DataPosition& o) const;
-};
 
 struct LoadedBatch {
   PackedBatch batch;

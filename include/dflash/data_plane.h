@@ -109,8 +109,4 @@ std::unique_ptr<DataPlane> make_data_plane(const DataPlaneSpec& spec);
 std::unique_ptr<DataPlane> make_mpi_data_plane(const DataPlaneSpec& spec);
 std::unique_ptr<DataPlane> make_nccl_data_plane(const DataPlaneSpec& spec);
 
-// Tags of the host messages of slot s: kTagSlotBase + s * kSlotTags + part (flow_control.h uses 1, 2).
-constexpr int kTagSlotBase = 100;
-constexpr int kSlotTags = 8;
-
 }  // namespace dflash

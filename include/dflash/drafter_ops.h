@@ -64,6 +64,16 @@ struct LogitSpec {
   float softcap = 0.f;  // 0 = off
   bool identity() const { return multiplier == 1.f && softcap == 0.f; }
 };
+// A drafter config's compute_logits (DrafterConfig::output_multiplier, final_logit_softcapping).
+inline LogitSpec logit_spec(const DrafterConfig& c) { return {c.output_multiplier, c.final_logit_softcapping}; }
+// The transform of one drafter logits row of V entries, in place: z = c tanh(m x / c) (softcap c > 0), else
+// m x. The CPU loss (src/ops/lm_loss.cpp) and speculative decoding's DFlash drafter rows
+// (src/eval/spec_decode.cpp) both apply this one; kernels/lm_loss.cu is its CUDA twin.
+inline void transform_logits_in_place(float* x, int64_t V, const LogitSpec& spec) {
+  if (spec.identity()) return;
+  const float m = spec.multiplier, c = spec.softcap;
+  for (int64_t i = 0; i < V; ++i) x[i] = c > 0.f ? c * std::tanh(m * x[i] / c) : m * x[i];
+}
 struct LmLossRowsOut {
   Tensor ce;        // [R] F32
   Tensor kl;        // [R] F32, empty = skip (needs teacher)

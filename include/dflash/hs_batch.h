@@ -8,8 +8,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "dflash/data.h"    // DataPosition
-#include "dflash/nvml.h"    // GpuReading
+#include "dflash/data_position.h"
+#include "dflash/gpu_reading.h"
 #include "dflash/packed_batch.h"
 #include "dflash/tensor.h"
 
@@ -29,8 +29,7 @@ struct ControlMsg {
   int64_t value = 0;
   int64_t end_index = -1;  // EndOfData: the target's loader batch index after its last batch (--batch-order fixed)
 };
-constexpr int kTagToTarget = 1;
-constexpr int kTagToDrafter = 2;
+// They travel on kTagToTarget / kTagToDrafter (include/dflash/message_tags.h).
 
 // What a target reports about itself, cumulative since its start; carried in every batch header so the
 // metrics writer learns about every target without extra messages.

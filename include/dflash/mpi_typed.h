@@ -12,6 +12,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "dflash/clock.h"
 #include "dflash/error.h"
 
 namespace dflash::mpi {
@@ -97,8 +98,8 @@ bool test(MPI_Request& r, MPI_Status* st = nullptr);
 void cancel(MPI_Request& r);
 
 // ---- deadlines and polling ----------------------------------------------------------------------
-using Clock = std::chrono::steady_clock;
-double seconds_since(Clock::time_point t);
+using dflash::Clock;  // the one clock (dflash/clock.h)
+using dflash::seconds_since;
 
 class Deadline {
  public:

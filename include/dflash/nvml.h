@@ -13,18 +13,10 @@
 #include <string>
 #include <vector>
 
+#include "dflash/gpu_reading.h"
 #include "dflash/tensor.h"  // Device (the --backend)
 
 namespace dflash {
-
-// One reading of one GPU. Travels inside the ranks' timing reports (trivially copyable, fixed size).
-struct GpuReading {
-  int32_t valid = 0;          // 1: the fields hold a reading; 0: none (no NVML, or the query failed)
-  float power_w = 0;          // board power draw (nvmlDeviceGetPowerUsage, mW / 1000)
-  float util_pct = 0;         // share of NVML's last sample period a kernel ran (0..100)
-  float mem_used_mib = 0;     // device memory in use (all processes), MiB
-  float mem_total_mib = 0;
-};
 
 // The NVML library to open: the driver's. Tests pass other names to exercise the failure paths.
 constexpr const char* kNvmlLibrary = "libnvidia-ml.so.1";

@@ -84,5 +84,5 @@ void attention_varlen_causal_forward(const Ctx& ctx, const Tensor& out, const Te
 
 // [CPU only], on a declaration above: a backward op without a CUDA twin behind the op layer. On the CUDA
 // backend it is fatal (BadOptions, exit 2: detail::cuda_op_missing in src/ops/op_checks.h); the CUDA drafter
-// step calls its kernels (cuda::rmsnorm_backward etc., kernels/drafter_backward.cuh) directly instead.
+// step calls its kernels (cuda::rmsnorm_backward etc., src/drafter/cuda/drafter_backward.cuh) directly instead.
 // Today: rmsnorm_backward, head_norm_rope_backward, swiglu_backward.

@@ -16,8 +16,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "dflash/anchors.h"
 #include "dflash/drafter.h"
+#include "dflash/rng.h"
 #include "dflash/target.h"
 #include "dflash/tensor.h"
 

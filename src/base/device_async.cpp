@@ -2,21 +2,15 @@
 // CUDA library's (src/core/cuda/device_runtime.cpp, through base/device_runtime.h).
 #include "dflash/device_async.h"
 
-#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <utility>
 
 #include "base/device_runtime.h"
+#include "dflash/clock.h"
 #include "dflash/error.h"
 
 namespace dflash {
-
-namespace {
-double host_now_ms() {
-  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-}  // namespace
 
 // Events and pinned memory on a CUDA context go through the CUDA library's runtime (device_runtime.h); on
 // the CPU backend events are always done, there is one stream and host memory is plain.
@@ -28,7 +22,7 @@ Event::~Event() {
   if (ev_) device_runtime()->event_destroy(ev_);
 }
 void Event::record(const Ctx& ctx) {
-  host_ms_ = host_now_ms();
+  host_ms_ = monotonic_s() * 1e3;
   if (ev_) device_runtime()->event_record(ev_, ctx);
 }
 bool Event::done() const { return !ev_ || device_runtime()->event_done(ev_); }

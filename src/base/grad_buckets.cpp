@@ -1,4 +1,4 @@
-// Gradient reducers' shared half (include/dflash/grad_reducer.h): the bucket plan and the bucket bookkeeping
+// Gradient reducers' shared half (include/dflash/grad_buckets.h): the bucket plan and the bucket bookkeeping
 // every reducer does. In the base library: the host-MPI reducer (src/comm/grad_reducer.cpp) and the NCCL one
 // (src/comm/cuda/nccl_reducer.cpp, in the CUDA library) both derive from it.
 #include <algorithm>
@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "dflash/error.h"
-#include "dflash/grad_reducer.h"
+#include "dflash/grad_buckets.h"
 
 namespace dflash {
 

@@ -18,10 +18,6 @@ void cancel(MPI_Request& r) {
   DF_MPI(MPI_Wait(&r, MPI_STATUS_IGNORE));
 }
 
-double seconds_since(Clock::time_point t) {
-  return std::chrono::duration<double>(Clock::now() - t).count();
-}
-
 void Backoff::idle() {
   ++n_;
   if (n_ <= 4) {

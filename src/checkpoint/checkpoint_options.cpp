@@ -1,6 +1,5 @@
 // --checkpoint-every parsing, the save timer, and the options a resume must not change.
 #include <cerrno>
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -9,15 +8,11 @@
 #include <sstream>
 
 #include "dflash/checkpoint.h"
+#include "dflash/clock.h"
 #include "dflash/error.h"
 
 namespace dflash {
 namespace {
-
-double steady_seconds() {
-  using namespace std::chrono;
-  return duration<double>(steady_clock::now().time_since_epoch()).count();
-}
 
 constexpr const char* kEveryRule = "N (steps, N >= 1), Nm (minutes, N > 0), or 0 (off): e.g. 500 or 30m";
 
@@ -59,18 +54,18 @@ CheckpointEvery parse_checkpoint_every(const std::string& text) {
   return e;
 }
 
-CheckpointTimer::CheckpointTimer(const CheckpointEvery& every) : every_(every), last_save_s_(steady_seconds()) {}
+CheckpointTimer::CheckpointTimer(const CheckpointEvery& every) : every_(every), last_save_s_(monotonic_s()) {}
 
 bool CheckpointTimer::due(int64_t step) const {
   switch (every_.unit) {
     case CheckpointUnit::Off: return false;
     case CheckpointUnit::Steps: return step > 0 && step % every_.steps == 0;
-    case CheckpointUnit::Minutes: return steady_seconds() - last_save_s_ >= every_.minutes * 60.0;
+    case CheckpointUnit::Minutes: return monotonic_s() - last_save_s_ >= every_.minutes * 60.0;
   }
   return false;
 }
 
-void CheckpointTimer::saved() { last_save_s_ = steady_seconds(); }
+void CheckpointTimer::saved() { last_save_s_ = monotonic_s(); }
 
 // ---- resume invariants ------------------------------------------------------------------------
 

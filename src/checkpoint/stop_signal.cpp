@@ -8,9 +8,14 @@
 
 #include "dflash/checkpoint.h"
 #include "dflash/error.h"
+#include "dflash/message_tags.h"
 #include "dflash/mpi_typed.h"
 
 namespace dflash {
+
+// The stop signal's tag is still declared in dflash/checkpoint.h: it must not be any other message's.
+static_assert(message_tag_is_free(kTagStopSignal), "kTagStopSignal collides with a tag of dflash/message_tags.h");
+
 namespace {
 
 volatile std::sig_atomic_t g_stop_signal = 0;

@@ -12,6 +12,7 @@
 #include "dflash/data_plane.h"
 #include "dflash/device_async.h"
 #include "dflash/error.h"
+#include "dflash/message_tags.h"
 #include "dflash/mpi_typed.h"
 #include "comm/batch_messages.h"
 

@@ -5,7 +5,7 @@
 #include "base/device_runtime.h"
 #include "core/cuda_entry.h"
 #include "dflash/data_plane.h"
-#include "dflash/grad_reducer.h"
+#include "dflash/grad_buckets.h"
 #include "drafter/trainer_engine.h"
 
 namespace dflash {

@@ -3,10 +3,10 @@
 #include <cstdlib>
 #include <filesystem>
 
-#include "dflash/anchors.h"
 #include "dflash/drafter.h"
 #include "dflash/drafter_model.h"
 #include "dflash/error.h"
+#include "dflash/rng.h"
 #include "dflash/safetensors.h"
 
 namespace dflash {

@@ -7,11 +7,11 @@
 #include <cstring>
 #include <memory>
 
-#include "dflash/anchors.h"
 #include "dflash/drafter_model.h"
 #include "dflash/drafter_ops.h"
 #include "dflash/error.h"
 #include "dflash/ops.h"
+#include "dflash/rng.h"
 
 namespace dflash {
 namespace {

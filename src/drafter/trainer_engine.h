@@ -12,11 +12,11 @@
 #include <memory>
 #include <vector>
 
-#include "dflash/anchors.h"
 #include "dflash/drafter.h"
 #include "dflash/drafter_model.h"
 #include "dflash/error.h"
 #include "dflash/optim.h"
+#include "dflash/rng.h"
 #include "drafter/objective.h"
 
 namespace dflash::train {

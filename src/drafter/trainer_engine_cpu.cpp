@@ -29,7 +29,7 @@ class CpuEngine final : public TrainerEngine {
       : ctx_(s.ctx), cfg_(s.cfg), objective_(s.loss == LossKind::KL ? ops::LossObjective::KL : ops::LossObjective::CE),
         chunk_rows_(s.chunk_rows), embed_(std::move(s.embed)), lm_head_(std::move(s.lm_head)),
         params_(std::move(s.params)), d2_(s.cfg.arch == DraftArch::DFlash2),
-        logit_{s.cfg.output_multiplier, s.cfg.final_logit_softcapping}, sel_alpha_(s.selector_alpha),
+        logit_(ops::logit_spec(s.cfg)), sel_alpha_(s.selector_alpha),
         sel_stop_gradient_(s.selector_stop_gradient), state_(s.optimizer_state), sr_seed_(s.sr_seed) {
     const int64_t P = static_cast<int64_t>(params_.numel());
     // The bf16 state's twin: fp32 storage, bf16 values from the start (a fresh init, a --drafter).

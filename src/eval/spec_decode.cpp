@@ -7,6 +7,7 @@
 #include <numeric>
 
 #include "dflash/backend.h"
+#include "dflash/drafter_ops.h"
 #include "dflash/error.h"
 
 namespace dflash {
@@ -315,14 +316,11 @@ void SpecDecoder::draft_sampled(const std::vector<int32_t>& x, int64_t seq_len, 
   target_.lm_head_forward(lg, h);
   std::vector<float> host(static_cast<size_t>(n * vocab_));
   copy_tensor(ctx_, cpu_view(host.data(), {n, vocab_}), lg);
-  const DrafterConfig& dc = drafter_.config();
+  const ops::LogitSpec logit = ops::logit_spec(drafter_.config());
   out.resize(static_cast<size_t>(n));
   for (int j = 0; j < n; ++j) {
     float* row = host.data() + static_cast<size_t>(j) * vocab_;
-    for (int64_t v = 0; v < vocab_; ++v) {
-      const float z = dc.output_multiplier * row[v];
-      row[v] = dc.final_logit_softcapping > 0 ? dc.final_logit_softcapping * std::tanh(z / dc.final_logit_softcapping) : z;
-    }
+    ops::transform_logits_in_place(row, vocab_, logit);
     sampling_probs(row, vocab_, sampling_, q_rows_[j]);
     out[j] = draw(q_rows_[j]);
   }

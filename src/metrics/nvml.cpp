@@ -5,7 +5,6 @@
 
 #include <dlfcn.h>
 
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -13,6 +12,7 @@
 #include <type_traits>
 
 #include "core/cuda_entry.h"
+#include "dflash/clock.h"
 
 namespace dflash {
 
@@ -31,10 +31,6 @@ struct nvmlMemory_t {  // the v1 struct of nvmlDeviceGetMemoryInfo, in bytes
   unsigned long long free;
   unsigned long long used;
 };
-
-double monotonic_s() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
 
 }  // namespace
 

@@ -61,12 +61,6 @@ void check_common(const char* op, const Ctx& ctx, const Tensor& h, const Tensor&
     DF_CHECK(lab[r] >= 0 && lab[r] < V, BadInput, op << ": label " << lab[r] << " outside the vocabulary of " << V);
 }
 
-// The drafter's logits row, in place: z = c tanh(m x / c) (softcap c > 0), else m x (LogitSpec).
-void transform_in_place(float* x, int64_t V, const LogitSpec& spec) {
-  if (spec.identity()) return;
-  const float m = spec.multiplier, c = spec.softcap;
-  for (int64_t i = 0; i < V; ++i) x[i] = c > 0.f ? c * std::tanh(m * x[i] / c) : m * x[i];
-}
 // dz/dx of the transform, from z itself: m (1 - (z / c)^2), or m.
 inline float transform_slope(float z, const LogitSpec& spec) {
   return spec.softcap > 0.f ? spec.multiplier * (1.f - (z / spec.softcap) * (z / spec.softcap)) : spec.multiplier;
@@ -166,7 +160,7 @@ void lm_loss_forward(const Ctx& ctx, const LmLossRowsOut& out, const Tensor& h, 
     for (int64_t c = 0; c < C; ++c) {
       const int64_t r = r0 + c;
       float* x = ws + static_cast<size_t>(c) * V;
-      transform_in_place(x, V, logit);
+      transform_logits_in_place(x, V, logit);
       const RowSoftmax sq = row_softmax_stats(x, V);
       ce[r] = sq.lse - x[lab[r]];
       am_q[r] = sq.argmax;
@@ -229,7 +223,7 @@ void lm_loss_backward(const Ctx& ctx, const Tensor& dh, const Tensor& row_weight
     for (int64_t c = 0; c < C; ++c) {
       float* x = ws + static_cast<size_t>(c) * V;
       const float* t = use_teacher ? ws_t + static_cast<size_t>(c) * V : nullptr;
-      transform_in_place(x, V, logit);
+      transform_logits_in_place(x, V, logit);
       const float lse_q = row_softmax_stats(x, V).lse;
       const float lse_p = t ? row_softmax_stats(t, V).lse : 0.f;
       const int64_t r = r0 + c;

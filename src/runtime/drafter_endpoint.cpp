@@ -5,6 +5,7 @@
 
 #include "dflash/checkpoint.h"
 #include "dflash/error.h"
+#include "dflash/message_tags.h"
 
 namespace dflash {
 

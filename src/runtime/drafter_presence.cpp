@@ -1,12 +1,9 @@
 #include "drafter_presence.h"
 
 #include "dflash/error.h"
+#include "dflash/message_tags.h"
 
 namespace dflash {
-
-namespace {
-constexpr int kTagRound = 3;  // drafter -> drafter: the lockstep round it enters
-}
 
 DrafterPresence::DrafterPresence(const Topology& topo, double timeout_s) : timeout_s_(timeout_s) {
   if (topo.role != Role::Drafter) return;

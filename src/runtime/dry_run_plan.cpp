@@ -19,6 +19,7 @@
 #include "dflash/nvml.h"
 #include "core/cuda_entry.h"       // cuda::in_build
 #include "drafter/loss_chunk.h"
+#include "drafter/step_buffers.h"
 #include "model/qwen35_config.h"
 
 namespace dflash {
@@ -113,27 +114,11 @@ PlannedWorld mpi_world(MPI_Comm world, Device backend) {
   return w;
 }
 
-// Bytes of the drafter step's block activations per anchor (its B rows through every layer, with the
-// backward's scratch and the loss rows): the per-row buffers DrafterStepCuda allocates
-// (src/drafter/cuda/drafter_step.cu), bf16 on CUDA; the CPU net keeps about the same tensors in float32. They grow
-// with --max-anchors: the term that decides whether a cap fits the GPU.
+// Bytes of the drafter step's block activations per anchor: the buffers of the step's one list
+// (drafter/step_buffers.h, which the CUDA step allocates) that grow with --max-anchors, bf16 on CUDA; the
+// CPU net keeps about the same tensors in float32. The term that decides whether a cap fits the GPU.
 double drafter_bytes_per_anchor(const DrafterConfig& d, bool cuda) {
-  const Qwen3Config& L = d.layers;
-  const double H = L.hidden_size, I = L.intermediate_size, QD = double(L.num_attention_heads) * L.head_dim,
-               KV = double(L.num_key_value_heads) * L.head_dim, e = cuda ? 2 : 4, B = d.block_size;
-  const double per_layer = (4 * H + 3 * QD + 3 * KV + 3 * I) * e +
-                           (2 + 2 * L.num_attention_heads + L.num_key_value_heads) * 4.0;  // norms' rstd, lse
-  const double shared = (6 * H + 3 * I + 3 * QD + 3 * KV) * e + 4.0 * 2;  // block input/output, backward scratch
-  double loss_row = 3 * H * e + 8 * 4.0;                                   // rows of a block's B - 1 labels
-  double d2_layer = 0, d2_shared = 0;
-  if (d.arch == DraftArch::DFlash2) {  // the convs' dynamic kernels and inputs/outputs; the selector's rows
-    const double D2 = 2.0 * d.d2.conv_kernel_size * (H / d.d2.conv_group_size), K = d.d2.selector_top_k,
-                 r = d.d2.selector_rank;
-    d2_layer = (4 * H + 2 * D2) * e;
-    d2_shared = (H + D2) * e;
-    loss_row += 6 * K * 4 + 2 * r * 4 + r * e + H * e + 7 * 4.0;
-  }
-  return B * (L.num_hidden_layers * (per_layer + d2_layer) + shared + d2_shared) + (B - 1) * loss_row;
+  return train::drafter_step_bytes_per_anchor(d, cuda ? 2 : 4);
 }
 
 double target_param_count(const TargetConfig& tc) {

@@ -40,7 +40,8 @@ PlannedWorld planned_world(int nodes, int ranks_per_node, Device backend);
 // a login node). No device is opened.
 PlannedWorld mpi_world(MPI_Comm world, Device backend);
 
-// Bytes of the drafter step's block activations per anchor (drafter_step.cu's per-row buffers).
+// Bytes of the drafter step's block activations per anchor: the buffers of drafter/step_buffers.h that
+// grow with --max-anchors.
 double drafter_bytes_per_anchor(const DrafterConfig& d, bool cuda);
 
 // The target's weights on --backend, and where the number comes from: the checkpoint's *.safetensors

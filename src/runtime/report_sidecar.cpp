@@ -13,17 +13,13 @@
 #include <sstream>
 #include <thread>
 
+#include "dflash/clock.h"
 #include "dflash/error.h"
 
 extern char** environ;
 
 namespace dflash {
 namespace {
-
-double now_s() {
-  using namespace std::chrono;
-  return duration<double>(steady_clock::now().time_since_epoch()).count();
-}
 
 bool is_executable(const std::string& p) { return !p.empty() && ::access(p.c_str(), X_OK) == 0; }
 
@@ -78,7 +74,7 @@ ReportSidecar::ReportSidecar(const Options& o)
   DF_CHECK_HINT(!program_.empty(), BadOptions, "--report-to needs tools/dflash-report, and it was not found",
                 "set DFLASH_REPORT to its path (it is tools/dflash-report in the source tree), or put it on PATH");
   log_path_ = out_dir_ + "/report-to.log";
-  last_start_s_ = now_s();  // the first export after --report-every, when there is something to show
+  last_start_s_ = monotonic_s();  // the first export after --report-every, when there is something to show
 }
 
 ReportSidecar::~ReportSidecar() {
@@ -126,10 +122,10 @@ void ReportSidecar::start(bool final_export) {
     return;
   }
   child_ = pid;
-  last_start_s_ = now_s();
+  last_start_s_ = monotonic_s();
 }
 
-bool ReportSidecar::due() { return !targets_.empty() && !running() && now_s() - last_start_s_ >= every_s_; }
+bool ReportSidecar::due() { return !targets_.empty() && !running() && monotonic_s() - last_start_s_ >= every_s_; }
 
 void ReportSidecar::tick() {
   if (due()) start(/*final_export=*/false);
@@ -137,11 +133,11 @@ void ReportSidecar::tick() {
 
 void ReportSidecar::finish(double wait_s) {
   if (targets_.empty()) return;
-  const double t0 = now_s();
-  while (running() && now_s() - t0 < wait_s) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  const double t0 = monotonic_s();
+  while (running() && monotonic_s() - t0 < wait_s) std::this_thread::sleep_for(std::chrono::milliseconds(50));
   if (running()) return;  // the periodic one is still at it: leave it
   start(/*final_export=*/true);
-  while (running() && now_s() - t0 < wait_s) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  while (running() && monotonic_s() - t0 < wait_s) std::this_thread::sleep_for(std::chrono::milliseconds(50));
   if (child_ <= 0) {
     std::string where;
     for (ReportTarget t : targets_)

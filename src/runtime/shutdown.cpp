@@ -18,14 +18,12 @@
 
 #include "dflash/checkpoint.h"
 #include "dflash/error.h"
+#include "dflash/message_tags.h"
 #include "dflash/metrics.h"  // format_duration
 #include "job.h"
 
 namespace dflash {
 namespace {
-
-constexpr int kTagShutdown = 6;  // working rank -> rank 0: done (its code); rank 0 -> every rank: the job's code;
-                                 // idle rank -> rank 0: the answer
 
 std::string who(const JobContext& job, int rank) {
   const RankCard& c = job.cards.at(static_cast<size_t>(rank));

@@ -5,6 +5,7 @@
 
 #include "dflash/checkpoint.h"  // forward_stop_signal
 #include "dflash/error.h"
+#include "dflash/message_tags.h"
 
 namespace dflash {
 namespace {

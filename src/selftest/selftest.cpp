@@ -13,6 +13,7 @@
 #include "dflash/error.h"
 #include "dflash/tool_args.h"
 #include "io/json_file.h"
+#include "model/qwen35_config.h"
 
 namespace dflash {
 
@@ -31,25 +32,6 @@ bool path_exists(const std::string& p) {
 
 nlohmann::json read_json(const std::string& path) {
   return read_json_file(path, "a case directory holds target/config.json", JsonExpect::Any);
-}
-
-// Qwen3.5/3.6 hybrids (Gated DeltaNet + gated attention) say so in architectures / model_type /
-// layer_types, at the top level or under text_config.
-bool is_qwen35_hybrid(const nlohmann::json& cfg) {
-  auto check = [](const nlohmann::json& j) {
-    if (!j.is_object()) return false;
-    if (j.contains("architectures") && j["architectures"].is_array())
-      for (const auto& a : j["architectures"])
-        if (a.is_string() && a.get<std::string>().rfind("Qwen3_5", 0) == 0) return true;
-    if (j.contains("model_type") && j["model_type"].is_string() &&
-        j["model_type"].get<std::string>().rfind("qwen3_5", 0) == 0)
-      return true;
-    if (j.contains("layer_types") && j["layer_types"].is_array())
-      for (const auto& t : j["layer_types"])
-        if (t == "linear_attention") return true;
-    return false;
-  };
-  return check(cfg) || (cfg.contains("text_config") && check(cfg["text_config"]));
 }
 
 const char* kUsage = "usage: dflash-selftest CASE_DIR [--backend cpu|cuda]\n";
@@ -163,7 +145,7 @@ int selftest_main(int argc, char** argv) {
   }
   SelftestReport report(std::cout);
   report.note("case: " + name + " (" + case_dir + ")");
-  if (is_qwen35_hybrid(read_json(case_dir + "/target/config.json")))
+  if (is_qwen35_config(read_json(case_dir + "/target/config.json")))
     report.note("target architecture: Qwen3.5/3.6 hybrid (Gated DeltaNet + gated attention)");
   const Device device = backend == "cuda" ? Device::CUDA : Device::CPU;
   const Ctx ctx = make_ctx(device, 0);

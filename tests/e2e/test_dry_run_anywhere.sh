@@ -76,7 +76,7 @@ expect_rc 0 q8
 for r in 0 3 6; do expect_row q8 $r 0 $r target gpu$r; done
 expect_row q8 7 0 7 drafter gpu7
 expect_log q8 "weights 15.3 GiB from config.json's 8.19 B parameters x 2 B (no safetensors in $WORK/qwen3-8b)"
-expect_log q8 "block activations for --max-anchors 3072 x 16 rows 39.6 GiB = 13.2 MiB per anchor"
+expect_log q8 "block activations for --max-anchors 3072 x 16 rows 39.9 GiB = 13.3 MiB per anchor"
 # The recipe's held-out set at the 8B shape: a sample within one drafter's 2 GiB (52,428 tokens at 40 KiB).
 expect_log q8 "[dflash] eval: $WORK/heldout.h5 has 2000 records (4.6 M tokens); using "
 expect_log q8 "a fixed sample that fits --eval-max-tokens auto (52.4 K tokens: 2 GiB of eval features per drafter at 40 KiB per token, this drafter's shape)"

@@ -5,10 +5,13 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <set>
+#include <string>
 
 #include "dflash/options.h"
 #include "dflash/target.h"
 #include "dflash/topology.h"
+#include "drafter/step_buffers.h"
 #include "runtime/dry_run_plan.h"
 #include "test_support.h"
 
@@ -117,4 +120,36 @@ TEST(DryRunPlan, TheMemoryCheckNamesTheRanksThatDoNotFit) {
   EXPECT_NE(check_memory(o, PlannedGpu{}, m, {0}, {1}).line.find("give --gpu"), std::string::npos);
   o.backend = Device::CPU;
   EXPECT_EQ(check_memory(o, PlannedGpu{}, m, {0}, {1}).line, "[dflash] memory check: none (--backend cpu: host memory)");
+}
+
+// The drafter's block activations come from the step's own buffer list (drafter/step_buffers.h): an
+// 8B-shaped DFlash drafter (5 layers, H 4096, I 12288, 32/8 heads x 128, B 16) counted by hand from it.
+TEST(DryRunPlan, DrafterBytesPerAnchorSumTheStepsBuffers) {
+  DrafterConfig d;
+  d.layers.hidden_size = 4096;
+  d.layers.intermediate_size = 12288;
+  d.layers.num_attention_heads = 32;
+  d.layers.num_key_value_heads = 8;
+  d.layers.head_dim = 128;
+  d.layers.num_hidden_layers = 5;
+  d.block_size = 16;
+  d.target_layer_ids = {1, 9, 17, 25, 33};
+  const double H = 4096, I = 12288, QD = 4096, KV = 1024, B = 16;
+  const double layer = (4 * H + 3 * QD + 3 * KV + 3 * I) * 2 + (2 + 2 * 32 + 8) * 4.0;
+  const double shared = (7 * H + 3 * I + 3 * QD + 3 * KV) * 2 + 3 * 4.0;  // block rows, the backward's scratch
+  const double loss_row = 3 * H * 2 + 8 * 4.0;
+  EXPECT_DOUBLE_EQ(drafter_bytes_per_anchor(d, true), B * (5 * layer + shared) + (B - 1) * loss_row + 2 * 4.0);
+  EXPECT_GT(drafter_bytes_per_anchor(d, false), drafter_bytes_per_anchor(d, true));  // float32 activations
+
+  // Every buffer has a name of its own (the CUDA step finds its members by them); DFlash2 only adds.
+  const std::vector<train::StepBuffer> dflash = train::drafter_step_buffers(d);
+  d.arch = DraftArch::DFlash2;
+  const std::vector<train::StepBuffer> d2 = train::drafter_step_buffers(d);
+  std::set<std::string> names;
+  for (const train::StepBuffer& b : d2) EXPECT_TRUE(names.insert(b.name).second) << b.name;
+  EXPECT_GT(d2.size(), dflash.size());
+  // The allocation's floor: a byte mask of at least 16, 16-byte vectors of bf16.
+  for (const train::StepBuffer& b : d2)
+    if (b.name == "covered") EXPECT_EQ(b.elements(1, 1, 2), 16);
+  EXPECT_EQ(dflash.front().elements(0, 0, 16), 8);
 }

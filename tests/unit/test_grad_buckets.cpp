@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "dflash/drafter_model.h"
-#include "dflash/grad_reducer.h"
+#include "dflash/grad_buckets.h"
 #include "dflash/hf_config.h"
 #include "dflash/options.h"
 

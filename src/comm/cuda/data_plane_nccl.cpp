@@ -27,6 +27,7 @@
 #include "dflash/data_plane.h"
 #include "dflash/device_async.h"
 #include "dflash/error.h"
+#include "dflash/message_tags.h"
 #include "dflash/mpi_typed.h"
 #include "dflash/pair_order.h"
 #include "dflash/topology.h"
@@ -34,8 +35,6 @@
 #include "nccl_comm.h"
 
 namespace dflash {
-
-constexpr int kTagNcclId = 4;  // target -> drafter: the pair communicator's unique id
 
 // One target-drafter pair: a 2-rank communicator (the target is rank 0, the drafter rank 1) and a stream.
 struct NcclPair {

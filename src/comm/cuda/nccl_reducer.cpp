@@ -21,7 +21,7 @@
 #include "core/cuda_entry.h"
 #include "dflash/device_async.h"
 #include "dflash/error.h"
-#include "dflash/grad_reducer.h"
+#include "dflash/grad_buckets.h"
 #include "dflash/mpi_typed.h"
 #include "nccl_comm.h"
 

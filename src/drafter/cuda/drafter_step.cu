@@ -8,11 +8,13 @@
 
 #include <algorithm>
 #include <map>
+#include <set>
 #include <string>
 
 #include "adamw.cuh"
 #include "backend.cuh"
 #include "cuda_check.cuh"
+#include "drafter/step_buffers.h"
 #include "drafter_step_common.cuh"
 #include "lm_loss.cuh"
 
@@ -65,7 +67,7 @@ DrafterStepCuda::DrafterStepCuda(const DrafterConfig& cfg, const std::vector<Par
   s.eps = L.rms_norm_eps;
   s.V = L.vocab_size;
   s.d2 = cfg.arch == DraftArch::DFlash2;
-  s.logit = {cfg.output_multiplier, cfg.final_logit_softcapping};
+  s.logit = ops::logit_spec(cfg);
   if (s.d2) {
     s.conv = {static_cast<int>(s.B), cfg.d2.conv_kernel_size, cfg.d2.conv_group_size};
     s.D2 = 2 * static_cast<int64_t>(cfg.d2.conv_kernel_size) * (s.H / cfg.d2.conv_group_size);
@@ -160,106 +162,121 @@ DrafterStepCuda::DrafterStepCuda(const DrafterConfig& cfg, const std::vector<Par
     bind_master("candidate_selector.predecessor_codebook", s.w.sel_pred_codebook, s.g.sel_pred_codebook);
     bind_master("candidate_selector.successor_codebook", s.w.sel_succ_codebook, s.g.sel_succ_codebook);
   }
-  const int64_t T = s.max_T, NB = s.max_NB, H = s.H;
-  s.x_ctx = s.bf(T, s.K * H);
-  s.fc_out = s.bf(T, H);
-  s.th = s.bf(T, H);
-  s.rstd_h = s.f32(T);
-  s.pos_ctx = s.i32(T);
-  s.block_ids = s.i32(NB);
-  s.pos_blk = s.i32(NB);
-  s.anchors = s.i32(s.max_N);
-  s.seq_begin = s.i32(s.max_N);
-  s.x0 = s.bf(NB, H);
+  // The activations and scratch, each from the one list the dry run sums (drafter/step_buffers.h); every
+  // entry of it is taken, and only those.
+  std::map<std::string, train::StepBuffer> plan;
+  for (const train::StepBuffer& b : train::drafter_step_buffers(cfg)) plan.emplace(b.name, b);
+  std::set<std::string> taken;
+  auto take = [&](const std::string& name) {
+    const auto it = plan.find(name);
+    DF_CHECK(it != plan.end(), Internal, "drafter step (CUDA): no buffer " << name << " in drafter_step_buffers");
+    taken.insert(name);
+    const train::StepBuffer& b = it->second;
+    const DType dt = b.elem == train::StepElem::Act ? DType::BF16
+                     : b.elem == train::StepElem::F32 ? DType::F32
+                     : b.elem == train::StepElem::I32 ? DType::I32
+                                                      : DType::U8;
+    return Buffer(Device::CUDA, dt, {b.elements(s.max_T, s.max_N, s.B)});
+  };
+  s.x_ctx = take("x_ctx");
+  s.fc_out = take("fc_out");
+  s.th = take("th");
+  s.rstd_h = take("rstd_h");
+  s.pos_ctx = take("pos_ctx");
+  s.block_ids = take("block_ids");
+  s.pos_blk = take("pos_blk");
+  s.anchors = take("anchors");
+  s.seq_begin = take("seq_begin");
+  s.x0 = take("x0");
   s.layers.resize(s.w.layers.size());
   for (LayerActs& a : s.layers) {
-    a.kc_raw = s.bf(T, s.KV);
-    a.kc = s.bf(T, s.KV);
-    a.kc_rstd = s.f32(T * s.nkv);
-    a.vc = s.bf(T, s.KV);
-    a.x_in = s.bf(NB, H);
-    a.xn = s.bf(NB, H);
-    a.rstd1 = s.f32(NB);
-    a.q_raw = s.bf(NB, s.QD);
-    a.q = s.bf(NB, s.QD);
-    a.q_rstd = s.f32(NB * s.nh);
-    a.kb_raw = s.bf(NB, s.KV);
-    a.kb = s.bf(NB, s.KV);
-    a.kb_rstd = s.f32(NB * s.nkv);
-    a.vb = s.bf(NB, s.KV);
-    a.attn = s.bf(NB, s.QD);
-    a.lse = s.f32(NB * s.nh);
-    a.x2 = s.bf(NB, H);
-    a.xn2 = s.bf(NB, H);
-    a.rstd2 = s.f32(NB);
-    a.g = s.bf(NB, s.I);
-    a.u = s.bf(NB, s.I);
-    a.act = s.bf(NB, s.I);
+    a.kc_raw = take("layer.kc_raw");
+    a.kc = take("layer.kc");
+    a.kc_rstd = take("layer.kc_rstd");
+    a.vc = take("layer.vc");
+    a.x_in = take("layer.x_in");
+    a.xn = take("layer.xn");
+    a.rstd1 = take("layer.rstd1");
+    a.q_raw = take("layer.q_raw");
+    a.q = take("layer.q");
+    a.q_rstd = take("layer.q_rstd");
+    a.kb_raw = take("layer.kb_raw");
+    a.kb = take("layer.kb");
+    a.kb_rstd = take("layer.kb_rstd");
+    a.vb = take("layer.vb");
+    a.attn = take("layer.attn");
+    a.lse = take("layer.lse");
+    a.x2 = take("layer.x2");
+    a.xn2 = take("layer.xn2");
+    a.rstd2 = take("layer.rstd2");
+    a.g = take("layer.g");
+    a.u = take("layer.u");
+    a.act = take("layer.act");
     if (s.d2) {
-      a.dyn_attn = s.bf(NB, s.D2);
-      a.x_attn = s.bf(NB, H);
-      a.o = s.bf(NB, H);
-      a.dyn_mlp = s.bf(NB, s.D2);
-      a.x_mlp = s.bf(NB, H);
-      a.f = s.bf(NB, H);
+      a.dyn_attn = take("layer.dyn_attn");
+      a.x_attn = take("layer.x_attn");
+      a.o = take("layer.o");
+      a.dyn_mlp = take("layer.dyn_mlp");
+      a.x_mlp = take("layer.x_mlp");
+      a.f = take("layer.f");
     }
   }
-  s.x_last = s.bf(NB, H);
-  s.h_final = s.bf(NB, H);
-  s.rstd_f = s.f32(NB);
-  const int64_t R = s.max_R;
-  s.h_rows = s.bf(R, H);
-  s.t_rows = s.bf(R, H);
-  s.dh_rows = s.bf(R, H);
-  s.row_idx = s.i32(R);
-  s.teacher_idx = s.i32(R);
-  s.labels = s.i32(R);
-  s.row_w = s.f32(R);
-  s.loss_r = s.f32(R);
-  s.kl_r = s.f32(R);
-  s.am_q = s.i32(R);
-  s.am_p = s.i32(R);
+  s.x_last = take("x_last");
+  s.h_final = take("h_final");
+  s.rstd_f = take("rstd_f");
+  s.h_rows = take("h_rows");
+  s.t_rows = take("t_rows");
+  s.dh_rows = take("dh_rows");
+  s.row_idx = take("row_idx");
+  s.teacher_idx = take("teacher_idx");
+  s.labels = take("labels");
+  s.row_w = take("row_w");
+  s.loss_r = take("loss_r");
+  s.kl_r = take("kl_r");
+  s.am_q = take("am_q");
+  s.am_p = take("am_p");
   s.workspace = s.f32(static_cast<int64_t>(ops::lm_loss_workspace_floats(s.chunk_rows, s.V, true)));
-  s.dx = s.bf(NB, H);
-  s.dtmp = s.bf(NB, H);
-  s.dxn = s.bf(NB, H);
-  s.d_act = s.bf(NB, s.I);
-  s.dg = s.bf(NB, s.I);
-  s.du = s.bf(NB, s.I);
-  s.d_attn = s.bf(NB, s.QD);
-  s.dq = s.bf(NB, s.QD);
-  s.dq_raw = s.bf(NB, s.QD);
-  s.dkb = s.bf(NB, s.KV);
-  s.dvb = s.bf(NB, s.KV);
-  s.dkb_raw = s.bf(NB, s.KV);
-  s.dkc = s.bf(T, s.KV);
-  s.dvc = s.bf(T, s.KV);
-  s.dkc_raw = s.bf(T, s.KV);
-  s.d_th = s.bf(T, H);
-  s.d_fc = s.bf(T, H);
-  s.d_out = s.bf(NB, H);
+  s.dx = take("dx");
+  s.dtmp = take("dtmp");
+  s.dxn = take("dxn");
+  s.d_act = take("d_act");
+  s.dg = take("dg");
+  s.du = take("du");
+  s.d_attn = take("d_attn");
+  s.dq = take("dq");
+  s.dq_raw = take("dq_raw");
+  s.dkb = take("dkb");
+  s.dvb = take("dvb");
+  s.dkb_raw = take("dkb_raw");
+  s.dkc = take("dkc");
+  s.dvc = take("dvc");
+  s.dkc_raw = take("dkc_raw");
+  s.d_th = take("d_th");
+  s.d_fc = take("d_fc");
+  s.d_out = take("d_out");
   if (s.d2) {
-    s.d_dyn = s.bf(NB, s.D2);
-    s.d_conv = s.bf(NB, H);
-    const int64_t K = s.SK, r = s.SR;
-    s.topk_ids = s.i32(R * K);
-    s.topk_vals = s.f32(R * K);
-    s.label_logit = s.f32(R);
-    s.cand = s.i32(R * K);
-    s.unary = s.f32(R * K);
-    s.gold = s.i32(R);
-    s.covered = Buffer(Device::CUDA, DType::U8, {std::max<int64_t>(R, 16)});
-    s.pred = s.i32(R);
-    s.u = s.f32(R * r);
-    s.sel_du = s.f32(R * r);
-    s.du_bf = s.bf(R, r);
-    s.scores = s.f32(R * K);
-    s.d_unary = s.f32(R * K);
-    s.sel_ce = s.f32(R);
-    s.sel_slot = s.i32(R);
-    s.sel_w = s.f32(R);
-    s.dh_sel = s.bf(R, H);
+    s.d_dyn = take("d_dyn");
+    s.d_conv = take("d_conv");
+    s.topk_ids = take("topk_ids");
+    s.topk_vals = take("topk_vals");
+    s.label_logit = take("label_logit");
+    s.cand = take("cand");
+    s.unary = take("unary");
+    s.gold = take("gold");
+    s.covered = take("covered");
+    s.pred = take("pred");
+    s.u = take("u");
+    s.sel_du = take("sel_du");
+    s.du_bf = take("du_bf");
+    s.scores = take("scores");
+    s.d_unary = take("d_unary");
+    s.sel_ce = take("sel_ce");
+    s.sel_slot = take("sel_slot");
+    s.sel_w = take("sel_w");
+    s.dh_sel = take("dh_sel");
   }
+  DF_CHECK(taken.size() == plan.size(), Internal,
+           "drafter step (CUDA): " << plan.size() - taken.size() << " buffer(s) of drafter_step_buffers not allocated");
 }
 
 DrafterStepCuda::~DrafterStepCuda() { delete impl_; }

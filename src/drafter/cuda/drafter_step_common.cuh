@@ -120,9 +120,7 @@ struct DrafterStepCuda::Impl {
     phases.push_back(static_cast<int>(ph));
   }
 
-  Buffer bf(int64_t rows, int64_t cols) { return Buffer(Device::CUDA, DType::BF16, {std::max<int64_t>(rows * cols, 8)}); }
   Buffer f32(int64_t n) { return Buffer(Device::CUDA, DType::F32, {std::max<int64_t>(n, 4)}); }
-  Buffer i32(int64_t n) { return Buffer(Device::CUDA, DType::I32, {std::max<int64_t>(n, 4)}); }
   static Tensor dev(DType t, void* p, std::initializer_list<int64_t> dims) { return Tensor(p, t, Device::CUDA, dims); }
   static Tensor v2(const Buffer& b, int64_t r, int64_t c) { return dev(b.t().dtype, b.t().data, {r, c}); }
   static Tensor v3(const Buffer& b, int64_t r, int64_t h, int64_t d) { return dev(b.t().dtype, b.t().data, {r, h, d}); }
