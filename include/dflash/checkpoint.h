@@ -243,7 +243,6 @@ int32_t agree_step_decision(MPI_Comm comm, int32_t local);
 // forward_stop_signal(first drafter) while they wait or work; the first time it sees the flag it sends the
 // signal's number to that drafter (once, non-blocking). The drafters' step decision counts
 // peer_stop_signal() (0, or the first number a peer passed on) as a signal of their own.
-constexpr int kTagStopSignal = 5;  // a target or idle rank -> the first drafter: the stop signal it received
 void forward_stop_signal(int first_drafter);
 int peer_stop_signal();
 

@@ -31,9 +31,19 @@ struct BlockAttnSpec {
   bool full_block = false;
 };
 // The spec of drafter layer `layer`: the config's block size, head_dim^-0.5, and its sliding window when
-// layer_types names that layer "sliding_attention". One rule for the CPU net and the CUDA step (both
-// libraries link it: src/base/op_rules.cpp).
-BlockAttnSpec drafter_attn_spec(const DrafterConfig& c, size_t layer);
+// layer_types names that layer "sliding_attention". One rule for the CPU net and the CUDA step (inline: the
+// two libraries share only the base one, a floor below the drafter's config).
+inline BlockAttnSpec drafter_attn_spec(const DrafterConfig& c, size_t layer) {
+  BlockAttnSpec s;
+  s.block_size = c.block_size;
+  s.scale = 1.0f / std::sqrt(static_cast<float>(c.layers.head_dim));
+  const auto& types = c.layers.layer_types;
+  if (layer < types.size() && types[layer] == "sliding_attention") {
+    s.window = c.layers.sliding_window;
+    s.full_block = c.is_causal == 0;  // config.json's is_causal: false (docs/dflash2.md 2.6)
+  }
+  return s;
+}
 // out [N*B, nh, hd]; lse [N*B, nh] (log-sum-exp of the scaled scores, saved for backward);
 // q [N*B, nh, hd]; k_ctx, v_ctx [T, nkv, hd] (context keys/values of the whole packed batch);
 // k_blk, v_blk [N*B, nkv, hd]; anchors, seq_begin [N] (I32, host memory on CPU).
@@ -86,9 +96,11 @@ struct LmLossRowsOut {
 };
 enum class LossObjective : uint8_t { CE, KL };
 // Workspace [chunk_rows, V] F32 for the drafter logits and, when a teacher is given, the same again
-// for the teacher logits: lm_loss_workspace_floats() says how many floats (src/base/op_rules.cpp: the
-// CPU op and the CUDA step size it by this one rule).
-size_t lm_loss_workspace_floats(int64_t chunk_rows, int64_t vocab, bool with_teacher);
+// for the teacher logits: lm_loss_workspace_floats() says how many floats (the CPU op and the CUDA step size
+// it by this one rule).
+inline size_t lm_loss_workspace_floats(int64_t chunk_rows, int64_t vocab, bool with_teacher) {
+  return static_cast<size_t>(chunk_rows) * static_cast<size_t>(vocab) * (with_teacher ? 2u : 1u);
+}
 // h [R, H]; lm_head [V, H]; labels [R] I32; teacher [R, H] or empty; workspace as above.
 // Fused gradient (optional): when dh [R, H] is non-empty, also writes dh = d(sum_r w[r]·loss[r])/dh for the
 // `objective` with row weights row_weight [R] (already divided by the global weight sum) in the same pass

@@ -9,8 +9,8 @@ constexpr int kTagToTarget = 1;   // drafter -> target: a ControlMsg (include/df
 constexpr int kTagToDrafter = 2;  // target -> drafter: a ControlMsg
 constexpr int kTagRound = 3;      // drafter -> drafter: the lockstep round it enters (src/runtime/drafter_presence.cpp)
 constexpr int kTagNcclId = 4;     // target -> drafter: the pair communicator's unique id (src/comm/cuda/data_plane_nccl.cpp)
-// 5 is kTagStopSignal (a target or idle rank -> the first drafter: the stop signal it received), still
-// declared in include/dflash/checkpoint.h; src/checkpoint/stop_signal.cpp checks it with message_tag_is_free.
+constexpr int kTagStopSignal = 5; // a target or idle rank -> the first drafter: the stop signal it received
+                                  // (src/checkpoint/stop_signal.cpp)
 constexpr int kTagShutdown = 6;   // working rank -> rank 0: done (its code); rank 0 -> every rank: the job's code;
                                   // idle rank -> rank 0: the answer (src/runtime/shutdown.cpp)
 
@@ -20,7 +20,7 @@ constexpr int kTagSlotBase = 100;
 constexpr int kSlotTags = 8;
 
 namespace message_tags {
-constexpr int kSingle[] = {kTagToTarget, kTagToDrafter, kTagRound, kTagNcclId, kTagShutdown};
+constexpr int kSingle[] = {kTagToTarget, kTagToDrafter, kTagRound, kTagNcclId, kTagStopSignal, kTagShutdown};
 }  // namespace message_tags
 
 // True when tag is a valid tag below the slot range that none of the single-message tags above takes.

@@ -14,7 +14,6 @@
 namespace dflash {
 
 // The stop signal's tag is still declared in dflash/checkpoint.h: it must not be any other message's.
-static_assert(message_tag_is_free(kTagStopSignal), "kTagStopSignal collides with a tag of dflash/message_tags.h");
 
 namespace {
 

@@ -6,7 +6,7 @@ header of a higher floor is an up-arrow, and this check fails naming it. Floors 
 folders, data and metrics, io and core, eval and checkpoint) may use each other. A public header belongs to the
 folder that implements it (OWNERS); a private header to its folder.
 
-Usage: tests/lint/check_floors.py [REPO]   (exit 1 on an up-arrow, 0 otherwise)
+Usage: tests/repo/check_floors.py [REPO]   (exit 1 on an up-arrow, 0 otherwise)
 """
 import os
 import re
@@ -29,7 +29,7 @@ RANK = {
 # include/dflash/<name>.h -> the floor that owns it (where it is implemented, or whose contract it is).
 OWNERS = {
     "anchors": "drafter", "auto_topology": "runtime", "backend": "core", "checkpoint": "checkpoint",
-    "clock": "base", "cost_model": "plan",
+    "clock": "base", "cost_model": "plan", "data_position": "base", "gpu_reading": "base", "grad_buckets": "base",
     "data": "data", "data_mix": "data", "data_plane": "comm", "data_source": "data", "device_async": "base",
     "drafter": "drafter", "drafter_model": "drafter", "drafter_ops": "ops", "error": "base",
     "eval_prompts": "eval", "eval_set": "data", "eval_stats": "drafter", "flow_control": "comm",
@@ -100,7 +100,7 @@ def main():
             if RANK[there] > RANK[here]:
                 bad.append(f"{rel} ({here}) includes {target} ({there})")
     for u in sorted(unknown):
-        bad.append(f"{u}: no floor known for this public header (add it to OWNERS in tests/lint/check_floors.py)")
+        bad.append(f"{u}: no floor known for this public header (add it to OWNERS in tests/repo/check_floors.py)")
     for b in bad:
         print("up-arrow:", b)
     print(f"# floors: {len(files)} files checked, {len(bad)} up-arrow(s)")
