@@ -1,7 +1,8 @@
 // The CUDA backend behind a Ctx: device, stream, cuBLASLt handle and workspace, and a mapped flag
 // through which kernels report bad input (a token id out of range) without a host sync.
 // The CUDA library's own header (src/core/cuda/backend.cpp defines it); kernels/*.cu reach the backend
-// through backend_of(ctx). The entry points code outside the library calls are in core/cuda_entry.h.
+// through backend_of(ctx). Its entry points (backend_entry.cuh) reach code outside the library through the
+// CUDA library's table (core/cuda_entry.h).
 #pragma once
 #include <cublasLt.h>
 #include <cuda_runtime.h>
@@ -10,7 +11,8 @@
 #include <map>
 #include <tuple>
 
-#include "core/cuda_entry.h"
+#include "backend_entry.cuh"
+#include "core/cuda_entry.h"  // the ops' twins (kernels/<op>.cuh), which kernels/*.cu reach through here
 #include "dflash/tensor.h"
 
 namespace dflash::cuda {

@@ -8,6 +8,9 @@
 
 namespace dflash::cuda {
 
+// Each `decltype(ops::<op>) <op>;` declares the op's CUDA twin with the op's own signature (written once,
+// in the op's header; core/cuda_entry.h says why).
+
 // Same contract as ops::block_attention_forward/backward (include/dflash/drafter_ops.h), with
 // q/k/v/out/dout and every gradient BF16, lse F32, anchors/seq_begin I32 in device memory.
 //
@@ -18,14 +21,8 @@ namespace dflash::cuda {
 // through cuBLAS (scores in fp32, probabilities in bf16, masked to each query's visible range by a
 // softmax kernel), and the block's own B keys (seen by that block alone) are handled inside small kernels.
 // With anchors in increasing order (the sampler's), a chunk's key range is close to what its blocks see.
-void block_attention_forward(const Ctx& ctx, const Tensor& out, const Tensor& lse, const Tensor& q,
-                             const Tensor& k_ctx, const Tensor& v_ctx, const Tensor& k_blk, const Tensor& v_blk,
-                             const Tensor& anchors, const Tensor& seq_begin, const ops::BlockAttnSpec& spec);
-void block_attention_backward(const Ctx& ctx, const Tensor& dq, const Tensor& dk_ctx, const Tensor& dv_ctx,
-                              const Tensor& dk_blk, const Tensor& dv_blk, const Tensor& dout, const Tensor& out,
-                              const Tensor& lse, const Tensor& q, const Tensor& k_ctx, const Tensor& v_ctx,
-                              const Tensor& k_blk, const Tensor& v_blk, const Tensor& anchors,
-                              const Tensor& seq_begin, const ops::BlockAttnSpec& spec);
+decltype(ops::block_attention_forward) block_attention_forward;
+decltype(ops::block_attention_backward) block_attention_backward;
 
 // The same, with anchors/seq_begin also given in host memory (the training step has them there): no
 // device-to-host copy, so no stream synchronization inside the op. Host and device copies must agree.

@@ -5,6 +5,9 @@
 
 namespace dflash::cuda {
 
+// Each `decltype(ops::<op>) <op>;` declares the op's CUDA twin with the op's own signature (written once,
+// in the op's header; core/cuda_entry.h says why).
+
 // Same recurrence as ops::gated_delta_rule_forward (src/ops/gated_delta.h), per packed sequence and value
 // head, run in chunks of 64 tokens:
 //   out [T, nv*dv] BF16;  qkv [T, 2*nk*dk + nv*dv] BF16 (q | k | v per token, after the conv);
@@ -14,9 +17,7 @@ namespace dflash::cuda {
 //     inverse of each chunk's unit-lower-triangular system, one 64-wide row per token and value head.
 // Head dims: dk and dv multiples of 8, at most 128 (padded to 64 or 128 in shared memory); nv % nk == 0.
 // qkv, out and workspace 16-byte aligned.
-void gated_delta_rule_forward(const Ctx& ctx, const Tensor& out, const Tensor& state, const Tensor& qkv,
-                              const Tensor& g, const Tensor& beta, const Tensor& cu_seqlens, ops::GdnHeads heads,
-                              const Tensor& workspace);
+decltype(ops::gated_delta_rule_forward) gated_delta_rule_forward;
 
 // Which chunk-scan kernel runs. kAuto: the pipelined one (the next chunk's tiles copied by cp.async during
 // the current one; 106.5 KB of shared memory per block at dk or dv > 64, 73.5 KB below) where the device

@@ -6,7 +6,9 @@
 
 namespace dflash::cuda {
 
-void grad_accumulate(const Ctx& ctx, const Tensor& acc, const Tensor& g, float s, ops::AccumInto into);
-void grad_fold(const Ctx& ctx, const Tensor& g, const Tensor& acc, float s);
+// Each `decltype(ops::<op>) <op>;` declares the op's CUDA twin with the op's own signature (written once,
+// in the op's header; core/cuda_entry.h says why).
+decltype(ops::grad_accumulate) grad_accumulate;
+decltype(ops::grad_fold) grad_fold;
 
 }  // namespace dflash::cuda

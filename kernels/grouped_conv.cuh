@@ -4,13 +4,13 @@
 
 namespace dflash::cuda {
 
+// Each `decltype(ops::<op>) <op>;` declares the op's CUDA twin with the op's own signature (written once,
+// in the op's header; core/cuda_entry.h says why).
+
 // Same contracts as ops::grouped_conv_forward / ops::grouped_conv_backward (include/dflash/drafter_ops.h):
 // in, out, dyn, dout, din, d_dyn BF16; base F32 [k, H] (the fp32 master weight) and dbase F32 [k, H]
 // (accumulated, fp32); every sum in fp32.
-void grouped_conv_forward(const Ctx& ctx, const Tensor& out, const Tensor& in, const Tensor& dyn, int side,
-                          const Tensor& base, const ops::GroupedConvSpec& spec);
-void grouped_conv_backward(const Ctx& ctx, const Tensor& din, const Tensor& d_dyn, const Tensor& dbase,
-                           const Tensor& dout, const Tensor& in, const Tensor& dyn, int side, const Tensor& base,
-                           const ops::GroupedConvSpec& spec);
+decltype(ops::grouped_conv_forward) grouped_conv_forward;
+decltype(ops::grouped_conv_backward) grouped_conv_backward;
 
 }  // namespace dflash::cuda

@@ -4,6 +4,9 @@
 
 namespace dflash::cuda {
 
+// Each `decltype(ops::<op>) <op>;` declares the op's CUDA twin with the op's own signature (written once,
+// in the op's header; core/cuda_entry.h says why).
+
 // Same contracts as ops::lm_loss_forward / ops::lm_loss_backward (include/dflash/drafter_ops.h) with
 // h, lm_head, teacher and dh BF16; labels I32, row_weight and the outputs F32/I32, all in device memory;
 // workspace F32 [lm_loss_workspace_floats(chunk_rows, V, teacher given)].
@@ -19,18 +22,11 @@ namespace dflash::cuda {
 // the backward's sparse addend (extra_ids / extra_dz, K <= 64 a row) is added at z in the gradient pass.
 // The DFlash path (identity, no top-K, no addend) runs the same kernel as before (template flags off).
 // A label outside [0, V) yields NaN for that row's CE (the data loader validates tokens first).
-void lm_loss_forward(const Ctx& ctx, const ops::LmLossRowsOut& out, const Tensor& h, const Tensor& lm_head,
-                     const Tensor& labels, const Tensor& teacher, const Tensor& workspace, int64_t chunk_rows,
-                     const Tensor& dh, const Tensor& row_weight, ops::LossObjective objective,
-                     const ops::LogitSpec& logit);
-void lm_loss_backward(const Ctx& ctx, const Tensor& dh, const Tensor& row_weight, ops::LossObjective objective,
-                      const Tensor& h, const Tensor& lm_head, const Tensor& labels, const Tensor& teacher,
-                      const Tensor& workspace, int64_t chunk_rows, const ops::LogitSpec& logit,
-                      const Tensor& extra_ids, const Tensor& extra_dz);
+decltype(ops::lm_loss_forward) lm_loss_forward;
+decltype(ops::lm_loss_backward) lm_loss_backward;
 
 // ops::lm_loss_sparse_backward: dh BF16 [R, H] (read, fp32 sum, rounded once), lm_head BF16 [V, H], ids I32,
 // z and dz F32 [R, K], K <= 64; one block a row.
-void lm_loss_sparse_backward(const Ctx& ctx, const Tensor& dh, const Tensor& ids, const Tensor& z, const Tensor& dz,
-                             const Tensor& lm_head, const ops::LogitSpec& logit, const Tensor& extra);
+decltype(ops::lm_loss_sparse_backward) lm_loss_sparse_backward;
 
 }  // namespace dflash::cuda

@@ -4,11 +4,12 @@
 
 namespace dflash::cuda {
 
+// Each `decltype(ops::<op>) <op>;` declares the op's CUDA twin with the op's own signature (written once,
+// in the op's header; core/cuda_entry.h says why).
+
 // qkv [T, (nh + 2 nkv) * hd] (BF16) -> q [T, nh, hd], k [T, nkv, hd] (normed and rotated), v [T, nkv, hd]
 // (copied), all BF16 and not overlapping qkv; q_norm, k_norm [hd] (BF16), pos [T] (I32, device memory).
 // hd <= 256, rotary_dim (resolved, not 0) even and <= hd.
-void qkv_norm_rope_forward(const Ctx& ctx, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& qkv,
-                           const Tensor& q_norm, const Tensor& k_norm, const Tensor& pos, ops::RopeSpec rope,
-                           float eps);
+decltype(ops::qkv_norm_rope_forward) qkv_norm_rope_forward;
 
 }  // namespace dflash::cuda

@@ -4,8 +4,10 @@
 
 namespace dflash::cuda {
 
+// Each `decltype(ops::<op>) <op>;` declares the op's CUDA twin with the op's own signature (written once,
+// in the op's header; core/cuda_entry.h says why).
+
 // out [N, C] (BF16) = in [N, C] (BF16) * rstd * w [C] (BF16); rstd [N] (F32) may be empty.
-void rmsnorm_forward(const Ctx& ctx, const Tensor& out, const Tensor& rstd, const Tensor& in, const Tensor& w,
-                     float eps);
+decltype(ops::rmsnorm_forward) rmsnorm_forward;
 
 }  // namespace dflash::cuda

@@ -4,10 +4,13 @@
 
 namespace dflash::cuda {
 
+// Each `decltype(ops::<op>) <op>;` declares the op's CUDA twin with the op's own signature (written once,
+// in the op's header; core/cuda_entry.h says why).
+
 // out [N, I] = silu(gate [N, I]) * up [N, I]  (BF16; out may alias gate or up)
-void swiglu_forward(const Ctx& ctx, const Tensor& out, const Tensor& gate, const Tensor& up);
+decltype(ops::swiglu_forward) swiglu_forward;
 
 // out [N, I] = silu(gate_up [N, 2I][:, :I]) * gate_up[:, I:]  (BF16; out must not overlap gate_up)
-void swiglu_fused_forward(const Ctx& ctx, const Tensor& out, const Tensor& gate_up);
+decltype(ops::swiglu_fused_forward) swiglu_fused_forward;
 
 }  // namespace dflash::cuda

@@ -105,8 +105,17 @@ struct DataPlaneSpec {
 };
 std::unique_ptr<DataPlane> make_data_plane(const DataPlaneSpec& spec);
 
-// The planes behind the factory (data_plane_mpi.cpp: Host and CudaMpi; cuda/data_plane_nccl.cpp).
+// The planes behind the factory (data_plane_mpi.cpp: Host and CudaMpi; cuda/data_plane_nccl.cpp: nccl).
 std::unique_ptr<DataPlane> make_mpi_data_plane(const DataPlaneSpec& spec);
-std::unique_ptr<DataPlane> make_nccl_data_plane(const DataPlaneSpec& spec);
+
+// The comm floor's CUDA factories (src/comm/cuda/data_plane_nccl.cpp): slots the CUDA library defines, null
+// in a build without it (src/comm/no_cuda.cpp; src/core/cuda_entry.h tells the mechanism): the nccl
+// plane, and every target-drafter pair's communicators (on failure null, *error saying why).
+using MakeNcclDataPlane = std::unique_ptr<DataPlane>(const DataPlaneSpec& spec);
+extern MakeNcclDataPlane* const make_nccl_data_plane;
+struct Topology;
+using MakeNcclPairs = std::shared_ptr<NcclPairs>(const Topology& topo, const Ctx& ctx, double timeout_s,
+                                                 std::string* error);
+extern MakeNcclPairs* const make_nccl_pairs;
 
 }  // namespace dflash

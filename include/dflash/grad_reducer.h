@@ -33,4 +33,10 @@ std::unique_ptr<GradientReducer> make_gradient_reducer(GradReduceKind kind, MPI_
 struct Topology;
 GradReduceKind choose_grad_reducer(const Topology& topo, const Ctx& ctx);
 
+// The Nccl kind (src/comm/cuda/nccl_reducer.cpp): a slot the CUDA library defines, null in a build without
+// it (src/comm/no_cuda.cpp; src/core/cuda_entry.h tells the mechanism).
+using MakeNcclReducer = std::unique_ptr<GradientReducer>(MPI_Comm drafter_comm, const Ctx& ctx,
+                                                         std::vector<GradRange> buckets, double timeout_s);
+extern MakeNcclReducer* const make_nccl_reducer;
+
 }  // namespace dflash

@@ -39,7 +39,7 @@ const DeviceRuntime* device_runtime();
 const DeviceRuntime& device_runtime_for(const char* what);
 
 // Fatal BadOptions (exit 2) "<what>: this build has no CUDA backend", with the fix: what a CPU-only build
-// answers to every CUDA request (here, and in src/core/cuda_entry_stub.cpp for the CUDA entry points).
+// answers to every CUDA request (here, and through src/core/cuda_entry.h's library_for for the CUDA library).
 [[noreturn]] void fatal_no_cuda(const std::string& what);
 
 }  // namespace dflash

@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "core/cuda_entry.h"
+#include "base/device_runtime.h"  // fatal_no_cuda
 #include "dflash/data_plane.h"
 #include "dflash/error.h"
 #include "dflash/mpi_typed.h"
@@ -96,7 +96,10 @@ DataPlaneSetup setup_data_plane(DataPlaneChoice choice, Device backend, const To
                   "run one rank per GPU, or use --data-plane cuda-mpi (a CUDA-aware MPI) or host");
     if (all_ranks_agree(shared < 0, timeout_s, "which GPUs the ranks use")) {
       std::string error;
-      if (topo.role != Role::Idle) s.nccl = make_nccl_pairs(topo, ctx, timeout_s, &error);
+      if (!make_nccl_pairs)
+        error = "this build has no NCCL";
+      else if (topo.role != Role::Idle)
+        s.nccl = make_nccl_pairs(topo, ctx, timeout_s, &error);
       DF_CHECK_HINT(choice != DataPlaneChoice::Nccl || error.empty(), BadOptions, "--data-plane nccl: " << error,
                     "rerun with NCCL_DEBUG=WARN to see why, or use --data-plane cuda-mpi or host");
       if (all_ranks_agree(error.empty(), timeout_s, "whether NCCL set up")) {
@@ -130,6 +133,7 @@ std::unique_ptr<DataPlane> make_data_plane(const DataPlaneSpec& spec) {
     case DataPlaneKind::Host:
     case DataPlaneKind::CudaMpi: return make_mpi_data_plane(spec);
     case DataPlaneKind::Nccl:
+      if (!make_nccl_data_plane) fatal_no_cuda("the nccl data plane");
       return make_nccl_data_plane(spec);
   }
   DF_FAIL(Internal, "unknown data plane kind " << static_cast<int>(spec.kind), "");

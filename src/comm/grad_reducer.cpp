@@ -7,7 +7,8 @@
 #include <vector>
 
 #include "dflash/device_async.h"
-#include "core/cuda_entry.h"
+#include "base/device_runtime.h"  // fatal_no_cuda
+#include "core/cuda_entry.h"    // cuda::in_build
 #include "dflash/error.h"
 #include "dflash/grad_reducer.h"
 #include "dflash/mpi_typed.h"
@@ -153,6 +154,7 @@ std::unique_ptr<GradientReducer> make_gradient_reducer(GradReduceKind kind, MPI_
                                                        std::vector<GradRange> buckets, double timeout_s) {
   if (kind == GradReduceKind::HostMpi) return std::make_unique<HostMpiReducer>(comm, ctx, std::move(buckets), timeout_s);
   DF_CHECK(ctx.device == Device::CUDA, BadOptions, "the NCCL gradient reducer needs the CUDA backend");
+  if (!make_nccl_reducer) fatal_no_cuda("the NCCL gradient reducer");
   return make_nccl_reducer(comm, ctx, std::move(buckets), timeout_s);
 }
 

@@ -239,7 +239,7 @@ Topology create_topology(MPI_Comm world, const TopologySpec& spec, Device backen
   here.gpu = t.gpu;
   if (t.role != Role::Idle && t.gpu >= 0) {
     // The bus id answers "same GPU?" (same_gpu): without it two ranks on one GPU would be told apart.
-    const std::string bus = cuda::pci_bus_id(t.gpu);
+    const std::string bus = cuda::library_for("the GPU's PCI bus id").pci_bus_id(t.gpu);
     DF_CHECK(!bus.empty(), DeviceFailure, "cudaDeviceGetPCIBusId failed for CUDA device " << t.gpu);
     std::strncpy(here.gpu_bus, bus.c_str(), sizeof(here.gpu_bus) - 1);
   }

@@ -38,25 +38,33 @@ void convert_host(void* dst, DType dst_type, const void* src, DType src_type, si
 
 DType compute_dtype(Device device) { return device == Device::CPU ? DType::F32 : DType::BF16; }
 
-int cuda_device_count() { return cuda::device_count(); }
+int cuda_device_count() { return cuda::in_build() ? cuda::library->device_count() : 0; }
 
-void set_deterministic_kernels(bool on) { cuda::set_deterministic(on); }
+namespace {
+// Recorded without the CUDA library (the CPU backend is deterministic anyway), so the switch reads back.
+bool g_deterministic_no_cuda = false;
+}  // namespace
 
-bool deterministic_kernels() { return cuda::deterministic(); }
+void set_deterministic_kernels(bool on) {
+  if (cuda::in_build()) return cuda::library->set_deterministic(on);
+  g_deterministic_no_cuda = on;
+}
+
+bool deterministic_kernels() { return cuda::in_build() ? cuda::library->deterministic() : g_deterministic_no_cuda; }
 
 Ctx make_ctx(Device device, int gpu) {
   if (device == Device::CPU) return cpu_ctx();
-  return cuda::context(gpu);
+  return cuda::library_for("a CUDA context was requested").context(gpu);
 }
 
 void synchronize(const Ctx& ctx) {
   if (ctx.device == Device::CPU) return;
-  cuda::synchronize_stream(ctx);
+  cuda::library_for("synchronize").synchronize_stream(ctx);
 }
 
 void check_device_errors(const Ctx& ctx) {
   if (ctx.device == Device::CPU) return;
-  cuda::check_device_errors(ctx);
+  cuda::library_for("check_device_errors").check_device_errors(ctx);
 }
 
 void copy_tensor(const Ctx& ctx, const Tensor& dst, const Tensor& src) {
@@ -72,16 +80,17 @@ void copy_tensor(const Ctx& ctx, const Tensor& dst, const Tensor& src) {
     return;
   }
   DF_CHECK(ctx.device == Device::CUDA, Internal, "copy_tensor: a device tensor needs a CUDA context");
+  const auto copy_bytes = cuda::library_for("copy_bytes").copy_bytes;
   if (dst.dtype == src.dtype) {
-    cuda::copy_bytes(ctx, dst.data, src.data, dst.nbytes());
+    copy_bytes(ctx, dst.data, src.data, dst.nbytes());
   } else if (src.device == Device::CPU) {  // convert on the host, then upload
     std::vector<char> staged(dst.nbytes());
     convert_host(staged.data(), dst.dtype, src.data, src.dtype, n);
-    cuda::copy_bytes(ctx, dst.data, staged.data(), staged.size());
+    copy_bytes(ctx, dst.data, staged.data(), staged.size());
     synchronize(ctx);  // staged must outlive the copy
   } else if (dst.device == Device::CPU) {  // download, then convert on the host
     std::vector<char> staged(src.nbytes());
-    cuda::copy_bytes(ctx, staged.data(), src.data, staged.size());
+    copy_bytes(ctx, staged.data(), src.data, staged.size());
     convert_host(dst.data, dst.dtype, staged.data(), src.dtype, n);
   } else {
     fatal(ExitCode::Internal, "copy_tensor: device-to-device dtype conversion is not supported");

@@ -1,32 +1,34 @@
-// The CUDA library's entry points: every function of the CUDA backend that code outside it calls (the op
-// layer, the backend context, the drafter trainer, the metrics sampler). Always declared, so callers choose
-// with a plain `if (ctx.device == Device::CUDA) return cuda::op(...)`; a CUDA build defines them in the
-// CUDA library (kernels/*.cu, src/**/cuda/), a CPU-only build in src/core/cuda_entry_stub.cpp, where each
-// is a fatal BadOptions error "<what>: this build has no CUDA backend" (exit 2) with the fix.
+// The one way from code outside the CUDA library into it: the CUDA library's table. The op layer (after its
+// checks), the backend context (core/backend.cpp) and the other floors' queries reach every CUDA function
+// through `cuda::library_for(what).<entry>(...)`; a CUDA build defines `cuda::library` in the CUDA library
+// (src/core/cuda/library.cpp), a CPU-only build as null (src/core/no_cuda.cpp), where library_for is the one
+// fatal BadOptions error "<what>: this build has no CUDA backend" (exit 2) with the fix, and in_build() says
+// "no CUDA". The cost over a direct call: one load of the table pointer, one test, one indirect call.
 //
-// Plain C++, no CUDA header, so the op layer compiles the same in both builds. The ops' twins are declared,
-// each with its contract, in their op's own header kernels/<op>.cuh (plain C++ too, included here; one op,
-// one file pair); the backend's entry points below (kernels/backend.cuh includes this header for them).
+// Each twin's signature is written at most twice. An op's twin with the op's own signature is declared in
+// its op's CUDA header as `decltype(ops::<op>) <op>;` (kernels/<op>.cuh) and its entry here is typed the
+// same way, so only the op's header and the .cu definition spell it; a twin or backend call with a
+// signature of its own (attention_varlen_causal_forward, kernels/backend_entry.cuh) is declared once in its
+// header and typed here by decltype of that declaration. The other floors' CUDA factories are declared where
+// each floor lives, as slots of the same kind (a const function pointer the CUDA library defines, null in a
+// CPU-only build: dflash/data_plane.h, dflash/grad_reducer.h, drafter/trainer_engine.h).
+//
+// Plain C++, no CUDA header, so the op layer compiles the same in both builds. Call the CUDA library only
+// through the table: a direct cuda::<op>(...) call links in a CUDA build but not in a CPU-only one.
 #pragma once
-#include <cstddef>
-#include <cstdint>
-#include <memory>
-#include <string>
-#include <vector>
-
 #include "adamw.cuh"
 #include "attention.cuh"
+#include "backend_entry.cuh"
+#include "base/device_runtime.h"  // fatal_no_cuda
 #include "block_attention.cuh"
 #include "causal_conv1d.cuh"
-#include <mpi.h>
-
 #include "dflash/tensor.h"
 #include "embedding.cuh"
 #include "gated_delta_rule.cuh"
 #include "gated_rmsnorm.cuh"
 #include "gdn_gates.cuh"
-#include "grouped_conv.cuh"
 #include "grad_accum.cuh"
+#include "grouped_conv.cuh"
 #include "head_norm_rope.cuh"
 #include "lm_loss.cuh"
 #include "matmul.cuh"
@@ -36,49 +38,65 @@
 #include "sigmoid_gate.cuh"
 #include "swiglu.cuh"
 
-namespace dflash::train {
-struct EngineSetup;
-class TrainerEngine;
-// The drafter trainer's CUDA engine (src/drafter/cuda/trainer_engine_cuda.cpp; drafter/trainer_engine.h).
-std::unique_ptr<TrainerEngine> make_cuda_trainer_engine(EngineSetup setup);
-}  // namespace dflash::train
-
 namespace dflash::cuda {
 
-// Whether this build has the CUDA backend (false from the stub).
-bool in_build();
+struct Library {
+  // ---- the backend (kernels/backend_entry.cuh) ----
+  decltype(&cuda::device_count) device_count;
+  decltype(&cuda::context) context;
+  decltype(&cuda::set_deterministic) set_deterministic;
+  decltype(&cuda::deterministic) deterministic;
+  decltype(&cuda::check_device_errors) check_device_errors;
+  decltype(&cuda::copy_bytes) copy_bytes;
+  decltype(&cuda::synchronize_stream) synchronize_stream;
+  decltype(&cuda::pci_bus_id) pci_bus_id;
+  // ---- the ops' twins: dflash/ops.h ----
+  decltype(&ops::matmul_forward) matmul_forward;
+  decltype(&ops::matmul_residual_forward) matmul_residual_forward;
+  decltype(&ops::matmul_backward) matmul_backward;
+  decltype(&ops::embedding_forward) embedding_forward;
+  decltype(&ops::rmsnorm_forward) rmsnorm_forward;
+  decltype(&ops::head_norm_rope_forward) head_norm_rope_forward;
+  decltype(&ops::qkv_norm_rope_forward) qkv_norm_rope_forward;
+  decltype(&ops::swiglu_forward) swiglu_forward;
+  decltype(&ops::swiglu_fused_forward) swiglu_fused_forward;
+  decltype(&cuda::attention_varlen_causal_forward) attention_varlen_causal_forward;  // + kernel choice
+  // ---- dflash/drafter_ops.h ----
+  decltype(&ops::block_attention_forward) block_attention_forward;
+  decltype(&ops::block_attention_backward) block_attention_backward;
+  decltype(&ops::lm_loss_forward) lm_loss_forward;
+  decltype(&ops::lm_loss_backward) lm_loss_backward;
+  decltype(&ops::lm_loss_sparse_backward) lm_loss_sparse_backward;
+  decltype(&ops::grouped_conv_forward) grouped_conv_forward;
+  decltype(&ops::grouped_conv_backward) grouped_conv_backward;
+  decltype(&ops::selector_candidates) selector_candidates;
+  decltype(&ops::selector_forward) selector_forward;
+  decltype(&ops::selector_backward) selector_backward;
+  // ---- ops/gated_delta.h ----
+  decltype(&ops::gated_delta_rule_forward) gated_delta_rule_forward;
+  decltype(&ops::gated_rmsnorm_forward) gated_rmsnorm_forward;
+  decltype(&ops::gdn_gates_forward) gdn_gates_forward;
+  decltype(&ops::causal_conv1d_silu_forward) causal_conv1d_silu_forward;
+  decltype(&ops::sigmoid_gate_forward) sigmoid_gate_forward;
+  // ---- dflash/optim.h ----
+  decltype(&ops::adamw_step) adamw_step;
+  decltype(&ops::adamw_step_bf16state) adamw_step_bf16state;
+  decltype(&ops::grad_sumsq) grad_sumsq;
+  decltype(&ops::scale_inplace) scale_inplace;
+  decltype(&ops::grad_accumulate) grad_accumulate;
+  decltype(&ops::grad_fold) grad_fold;
+};
 
-// ---- the backend (src/core/cuda/backend.cpp) ------------------------------------------------------
-int device_count();  // visible CUDA devices (0 without any)
-// A context on device `gpu` (made current on this thread): its stream, cuBLASLt handle and workspace.
-Ctx context(int gpu);
-// Deterministic kernels (dflash::set_deterministic_kernels): a process-wide switch, read by launchers.
-void set_deterministic(bool on);
-bool deterministic();
-// Fatal (BadInput) if a kernel flagged an error since the last check; call after a stream sync.
-void check_device_errors(const Ctx& ctx);
-// Raw copies on the context's stream (cudaMemcpyDefault decides the direction). Copies that land in
-// host memory are complete on return.
-void copy_bytes(const Ctx& ctx, void* dst, const void* src, size_t bytes);
-void synchronize_stream(const Ctx& ctx);
-// The PCI bus id of CUDA device `device` ("" when CUDA cannot name it): NVML's handle for the same board.
-std::string pci_bus_id(int device);
+// The CUDA library's table; null in a build without it.
+extern const Library* const library;
+
+// Whether this build has the CUDA backend.
+inline bool in_build() { return library != nullptr; }
+
+// The table; without one, fatal_no_cuda(what) (BadOptions, exit 2, "<what>: this build has no CUDA backend").
+inline const Library& library_for(const char* what) {
+  if (!library) fatal_no_cuda(what);
+  return *library;
+}
 
 }  // namespace dflash::cuda
-
-// ---- NCCL (src/comm/cuda/): the data plane's pair communicators, the plane, the gradient reducer --------
-namespace dflash {
-class NcclPairs;
-class DataPlane;
-struct DataPlaneSpec;
-class GradientReducer;
-struct GradRange;
-struct Topology;
-// Every target-drafter pair's communicator; on failure null and *error says why (the stub: no NCCL).
-std::shared_ptr<NcclPairs> make_nccl_pairs(const Topology& topo, const Ctx& ctx, double timeout_s, std::string* error);
-// The nccl data plane (DataPlaneKind::Nccl; declared with the others in dflash/data_plane.h).
-std::unique_ptr<DataPlane> make_nccl_data_plane(const DataPlaneSpec& spec);
-// The drafters' gradient sum by ncclAllReduce, one per bucket, overlapping the backward.
-std::unique_ptr<GradientReducer> make_nccl_reducer(MPI_Comm drafter_comm, const Ctx& ctx, std::vector<GradRange> buckets,
-                                                   double timeout_s);
-}  // namespace dflash

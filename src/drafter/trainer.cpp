@@ -15,7 +15,7 @@
 #include <utility>
 #include <vector>
 
-#include "core/cuda_entry.h"
+#include "base/device_runtime.h"  // fatal_no_cuda
 #include "dflash/anchors.h"
 #include "dflash/backend.h"
 #include "dflash/drafter.h"
@@ -155,7 +155,7 @@ DrafterTrainer::DrafterTrainer(const DrafterSource& source, const TrainOptions& 
                 "the CUDA drafter step does not scale the noise embedding (input_embedding_scale "
                     << s.cfg.input_embedding_scale << ") yet",
                 "train this drafter with --backend cpu (docs/dflash2.md says what is built)");
-  if (ctx.device == Device::CUDA && s.cfg.arch == DraftArch::DFlash2 && cuda::deterministic())
+  if (ctx.device == Device::CUDA && s.cfg.arch == DraftArch::DFlash2 && deterministic_kernels())
     std::printf("[dflash] note: deterministic kernels are on, but DFlash2's conv base-kernel and codebook gradients "
                 "on CUDA are summed with atomics: steps are close, not bit-identical, across runs (docs/dflash2.md)\n");
   s.layout = drafter_param_layout(s.cfg);
@@ -201,8 +201,12 @@ DrafterTrainer::DrafterTrainer(const DrafterSource& source, const TrainOptions& 
   // The stochastic rounding's key: from --seed, as the other streams above (Impl's constructor), so the
   // drafters, which all apply the same summed gradient, round alike and stay identical.
   es.sr_seed = opt.seed * 0x9e3779b97f4a7c15ULL + 3;
-  s.engine = ctx.device == Device::CPU ? train::make_cpu_trainer_engine(std::move(es))
-                                       : train::make_cuda_trainer_engine(std::move(es));
+  if (ctx.device == Device::CPU) {
+    s.engine = train::make_cpu_trainer_engine(std::move(es));
+  } else {
+    if (!train::make_cuda_trainer_engine) fatal_no_cuda("the drafter was asked to train on CUDA");
+    s.engine = train::make_cuda_trainer_engine(std::move(es));
+  }
 }
 
 namespace train {

@@ -3,8 +3,8 @@
 // must mean the same on every backend (batch checks, anchors, loss rows and their weights, D-PACE
 // factors, metrics, schedule, RNG state) and drives an engine:
 //   CPU  (trainer_engine_cpu.cpp): DrafterNet + ops::lm_loss + ops::adamw, float32, host buffers;
-//   CUDA (cuda/trainer_engine_cuda.cpp, in the CUDA library; make_cuda_trainer_engine is a CUDA entry
-//        point, core/cuda_entry.h): cuda::DrafterStepCuda, bf16 compute with fp32 master weights,
+//   CUDA (cuda/trainer_engine_cuda.cpp, in the CUDA library; make_cuda_trainer_engine is its slot,
+//        below): cuda::DrafterStepCuda, bf16 compute with fp32 master weights,
 //        gradients and AdamW state on the device (--optimizer-state bf16: bf16 weights and moments).
 #pragma once
 #include <cstdint>
@@ -106,6 +106,9 @@ class TrainerEngine {
 void check_grad_norm(double norm, int64_t step);
 
 std::unique_ptr<TrainerEngine> make_cpu_trainer_engine(EngineSetup setup);
-// make_cuda_trainer_engine: core/cuda_entry.h.
+// The CUDA engine's factory: a slot the CUDA library defines (cuda/trainer_engine_cuda.cpp), null in a
+// build without it (no_cuda.cpp beside this file; core/cuda_entry.h tells the mechanism).
+using MakeCudaTrainerEngine = std::unique_ptr<TrainerEngine>(EngineSetup setup);
+extern MakeCudaTrainerEngine* const make_cuda_trainer_engine;
 
 }  // namespace dflash::train

@@ -101,7 +101,8 @@ PowerSampler::PowerSampler(Device backend, int cuda_device, const std::string& l
   // runtime but creates no context (none on GPU 0 from every rank before it binds its own). When CUDA
   // cannot name the device, the NVML index is the best guess (the rank fails binding it anyway).
   nvmlDevice_t dev = nullptr;
-  const std::string bus = api_->handle_by_pci ? cuda::pci_bus_id(cuda_device) : "";  // "" without CUDA
+  const std::string bus =
+      api_->handle_by_pci && cuda::in_build() ? cuda::library->pci_bus_id(cuda_device) : "";  // "" without CUDA
   if (!bus.empty()) {
     pci_bus_id_ = bus;
     r = api_->handle_by_pci(bus.c_str(), &dev);

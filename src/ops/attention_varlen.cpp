@@ -107,8 +107,9 @@ void attention_varlen_causal_forward(const Ctx& ctx, const Tensor& out, const Te
   DF_CHECK(!cu_seqlens.empty() && cu_seqlens.ndim == 1 && cu_seqlens.shape[0] >= 1 &&
                cu_seqlens.dtype == DType::I32,
            Internal, op << ": cu_seqlens must be a non-empty I32 vector, got " << cu_seqlens.shape_str());
-  if (ctx.device == Device::CUDA) return (void)cuda::attention_varlen_causal_forward(ctx, out, q, k, v, cu_seqlens,
-                                          scale);
+  if (ctx.device == Device::CUDA)
+    return (void)cuda::library_for(op).attention_varlen_causal_forward(ctx, out, q, k, v, cu_seqlens, scale,
+                                                                       cuda::AttentionKernel::Auto, 0);
   DF_CHECK(cu_seqlens.device == Device::CPU, Internal, op << ": cu_seqlens must be in host memory on the CPU");
   for (const Tensor* t : {&q, &k, &v, &out}) detail::check_cpu_dtype(op, "q/k/v/out", *t, DType::F32);
   const int32_t* cu = cu_seqlens.ptr<int32_t>();

@@ -332,8 +332,9 @@ void block_attention_forward(const Ctx& ctx, const Tensor& out, const Tensor& ls
   detail::check_shape(op, "out", out, {d.N * d.B, d.nh, d.hd});
   detail::check_tensor(op, "lse", lse, ctx, 2);
   detail::check_shape(op, "lse", lse, {d.N * d.B, d.nh});
-  if (ctx.device == Device::CUDA) return cuda::block_attention_forward(ctx, out, lse, q, k_ctx, v_ctx, k_blk, v_blk,
-                                                                       anchors, seq_begin, spec);
+  if (ctx.device == Device::CUDA)
+    return cuda::library_for("block_attention_forward")
+        .block_attention_forward(ctx, out, lse, q, k_ctx, v_ctx, k_blk, v_blk, anchors, seq_begin, spec);
   cpu_forward(out, lse, q, k_ctx, v_ctx, k_blk, v_blk, anchors, seq_begin, spec, d);
 }
 
@@ -358,9 +359,10 @@ void block_attention_backward(const Ctx& ctx, const Tensor& dq, const Tensor& dk
   }
   detail::check_tensor(op, "lse", lse, ctx, 2);
   detail::check_shape(op, "lse", lse, {d.N * d.B, d.nh});
-  if (ctx.device == Device::CUDA) return cuda::block_attention_backward(ctx, dq, dk_ctx, dv_ctx, dk_blk, dv_blk, dout,
-                                                                        out, lse, q, k_ctx, v_ctx, k_blk, v_blk,
-                                                                        anchors, seq_begin, spec);
+  if (ctx.device == Device::CUDA)
+    return cuda::library_for("block_attention_backward")
+        .block_attention_backward(ctx, dq, dk_ctx, dv_ctx, dk_blk, dv_blk, dout, out, lse, q, k_ctx, v_ctx, k_blk,
+                                  v_blk, anchors, seq_begin, spec);
   cpu_backward(dq, dk_ctx, dv_ctx, dk_blk, dv_blk, dout, out, lse, q, k_ctx, v_ctx, k_blk, v_blk, anchors,
                seq_begin, spec, d);
 }

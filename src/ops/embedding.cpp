@@ -26,7 +26,8 @@ void embedding_forward(const Ctx& ctx, const Tensor& out, const Tensor& tokens, 
   const int64_t T = tokens.shape[0], V = table.shape[0], H = table.shape[1];
   detail::check_shape(op, "out", out, {T, H});
   DF_CHECK(tokens.dtype == DType::I32, Internal, op << ": tokens must be I32, got " << dtype_name(tokens.dtype));
-  if (ctx.device == Device::CUDA) return cuda::embedding_forward(ctx, out, tokens, table);
+  if (ctx.device == Device::CUDA)
+    return cuda::library_for("embedding_forward").embedding_forward(ctx, out, tokens, table);
   detail::check_cpu_dtype(op, "out", out, DType::F32);
   detail::check_cpu_dtype(op, "table", table, DType::F32);
   embedding_forward_cpu(out.ptr<float>(), tokens.ptr<int32_t>(), table.ptr<float>(), T, V, H);

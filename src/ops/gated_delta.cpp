@@ -116,7 +116,8 @@ void causal_conv1d_silu_forward(const Ctx& ctx, const Tensor& out, const Tensor&
   detail::check_shape(op, "w", w, {C, -1});
   DF_CHECK(w.shape[1] >= 1, Internal, op << ": conv kernel size must be >= 1, got " << w.shape_str());
   DF_CHECK(out.data != in.data, Internal, op << ": out must not alias in");
-  if (ctx.device == Device::CUDA) return cuda::causal_conv1d_silu_forward(ctx, out, in, w, cu_seqlens);
+  if (ctx.device == Device::CUDA)
+    return cuda::library_for("causal_conv1d_silu_forward").causal_conv1d_silu_forward(ctx, out, in, w, cu_seqlens);
   for (const Tensor* t : {&out, &in, &w}) detail::check_cpu_dtype(op, "out/in/w", *t, DType::F32);
   const int nseq = check_cu_seqlens(op, cu_seqlens, T);
   causal_conv1d_silu_cpu(out.ptr<float>(), in.ptr<float>(), w.ptr<float>(), cu_seqlens.ptr<int32_t>(), nseq, C,
@@ -136,7 +137,8 @@ void gdn_gates_forward(const Ctx& ctx, const Tensor& g, const Tensor& beta, cons
     detail::check_tensor(op, "A_log/dt_bias", *t, ctx, 1);
     detail::check_shape(op, "A_log/dt_bias", *t, {nv});
   }
-  if (ctx.device == Device::CUDA) return cuda::gdn_gates_forward(ctx, g, beta, a, b, A_log, dt_bias);
+  if (ctx.device == Device::CUDA)
+    return cuda::library_for("gdn_gates_forward").gdn_gates_forward(ctx, g, beta, a, b, A_log, dt_bias);
   for (const Tensor* t : {&g, &beta, &a, &b, &A_log, &dt_bias})
     detail::check_cpu_dtype(op, "g/beta/a/b/A_log/dt_bias", *t, DType::F32);
   float* gp = g.ptr<float>();
@@ -172,8 +174,9 @@ void gated_delta_rule_forward(const Ctx& ctx, const Tensor& out, const Tensor& s
     detail::check_shape(op, "g/beta", *t, {T, heads.nv});
   }
   DF_CHECK(out.data != qkv.data, Internal, op << ": out must not alias qkv");
-  if (ctx.device == Device::CUDA) return cuda::gated_delta_rule_forward(ctx, out, state, qkv, g, beta, cu_seqlens,
-                                                                        heads, workspace);
+  if (ctx.device == Device::CUDA)
+    return cuda::library_for("gated_delta_rule_forward")
+        .gated_delta_rule_forward(ctx, out, state, qkv, g, beta, cu_seqlens, heads, workspace);
   for (const Tensor* t : {&out, &state, &qkv, &g, &beta})
     detail::check_cpu_dtype(op, "out/state/qkv/g/beta", *t, DType::F32);
   const int nseq = check_cu_seqlens(op, cu_seqlens, T);

@@ -29,7 +29,8 @@ void gated_rmsnorm_forward(const Ctx& ctx, const Tensor& out, const Tensor& in, 
   const int64_t N = in.shape[0], C = in.shape[1];
   detail::check_tensor(op, "w", w, ctx, 1);
   detail::check_shape(op, "w", w, {C});
-  if (ctx.device == Device::CUDA) return cuda::gated_rmsnorm_forward(ctx, out, in, z, w, eps);
+  if (ctx.device == Device::CUDA)
+    return cuda::library_for("gated_rmsnorm_forward").gated_rmsnorm_forward(ctx, out, in, z, w, eps);
   for (const Tensor* t : {&out, &in, &z, &w}) detail::check_cpu_dtype(op, "out/in/z/w", *t, DType::F32);
   float* o = out.ptr<float>();
   const float *x = in.ptr<float>(), *zp = z.ptr<float>(), *wp = w.ptr<float>();
@@ -48,7 +49,8 @@ void gated_rmsnorm_forward(const Ctx& ctx, const Tensor& out, const Tensor& in, 
 void sigmoid_gate_forward(const Ctx& ctx, const Tensor& out, const Tensor& x, const Tensor& gate) {
   constexpr const char* op = "sigmoid_gate_forward";
   check_same_2d(op, ctx, x, {&out, &gate});
-  if (ctx.device == Device::CUDA) return cuda::sigmoid_gate_forward(ctx, out, x, gate);
+  if (ctx.device == Device::CUDA)
+    return cuda::library_for("sigmoid_gate_forward").sigmoid_gate_forward(ctx, out, x, gate);
   for (const Tensor* t : {&out, &x, &gate}) detail::check_cpu_dtype(op, "out/x/gate", *t, DType::F32);
   float* o = out.ptr<float>();
   const float *xp = x.ptr<float>(), *gp = gate.ptr<float>();

@@ -22,7 +22,7 @@ void check_pair(const char* op, const Ctx& ctx, const Tensor& a, const char* a_n
 void grad_accumulate(const Ctx& ctx, const Tensor& acc, const Tensor& g, float s, AccumInto into) {
   const char* op = "grad_accumulate";
   check_pair(op, ctx, acc, "acc", g, "g");
-  if (ctx.device == Device::CUDA) return cuda::grad_accumulate(ctx, acc, g, s, into);
+  if (ctx.device == Device::CUDA) return cuda::library_for("grad_accumulate").grad_accumulate(ctx, acc, g, s, into);
   float* a = acc.ptr<float>();
   const float* x = g.ptr<float>();
   const size_t n = acc.numel();
@@ -35,7 +35,7 @@ void grad_accumulate(const Ctx& ctx, const Tensor& acc, const Tensor& g, float s
 void grad_fold(const Ctx& ctx, const Tensor& g, const Tensor& acc, float s) {
   const char* op = "grad_fold";
   check_pair(op, ctx, g, "g", acc, "acc");
-  if (ctx.device == Device::CUDA) return cuda::grad_fold(ctx, g, acc, s);
+  if (ctx.device == Device::CUDA) return cuda::library_for("grad_fold").grad_fold(ctx, g, acc, s);
   float* x = g.ptr<float>();
   const float* a = acc.ptr<float>();
   const size_t n = g.numel();

@@ -94,7 +94,8 @@ void grouped_conv_forward(const Ctx& ctx, const Tensor& out, const Tensor& in, c
   detail::check_tensor(op, "out", out, ctx, 2);
   detail::check_shape(op, "out", out, {d.R, d.H});
   DF_CHECK(!detail::overlaps(out, in), Internal, op << ": out must not alias in");
-  if (ctx.device == Device::CUDA) return cuda::grouped_conv_forward(ctx, out, in, dyn, side, base, spec);
+  if (ctx.device == Device::CUDA)
+    return cuda::library_for("grouped_conv_forward").grouped_conv_forward(ctx, out, in, dyn, side, base, spec);
   detail::check_cpu_dtype(op, "out", out, DType::F32);
   conv_forward_cpu(out.ptr<float>(), in.ptr<float>(), dyn.ptr<float>(), side, base.ptr<float>(), d);
 }
@@ -115,7 +116,8 @@ void grouped_conv_backward(const Ctx& ctx, const Tensor& din, const Tensor& d_dy
   check_shape(op, "dbase", dbase, {d.k, d.H});
   DF_CHECK(!overlaps(din, dout) && !overlaps(din, in), Internal, op << ": din must not alias dout or in");
   if (ctx.device == Device::CUDA)
-    return cuda::grouped_conv_backward(ctx, din, d_dyn, dbase, dout, in, dyn, side, base, spec);
+    return cuda::library_for("grouped_conv_backward")
+        .grouped_conv_backward(ctx, din, d_dyn, dbase, dout, in, dyn, side, base, spec);
   for (const auto& [name, t] : {std::pair<const char*, const Tensor*>{"din", &din}, {"d_dyn", &d_dyn}, {"dbase", &dbase}, {"dout", &dout}})
     check_cpu_dtype(op, name, *t, DType::F32);
   conv_backward_cpu(din.ptr<float>(), d_dyn.ptr<float>(), dbase.ptr<float>(), dout.ptr<float>(), in.ptr<float>(),

@@ -98,7 +98,8 @@ void head_norm_rope_forward(const Ctx& ctx, const Tensor& out, const Tensor& rst
   rope.rotary_dim = check_args(op, ctx, in, w, rstd, pos, rope);
   detail::check_tensor(op, "out", out, ctx, 3);
   detail::check_shape(op, "out", out, {in.shape[0], in.shape[1], in.shape[2]});
-  if (ctx.device == Device::CUDA) return cuda::head_norm_rope_forward(ctx, out, rstd, in, w, pos, rope, eps);
+  if (ctx.device == Device::CUDA)
+    return cuda::library_for("head_norm_rope_forward").head_norm_rope_forward(ctx, out, rstd, in, w, pos, rope, eps);
   detail::check_cpu_dtype(op, "out", out, DType::F32);
   head_norm_rope_forward_cpu(out.ptr<float>(), rstd.empty() ? nullptr : rstd.ptr<float>(), in.ptr<float>(),
                              w.ptr<float>(), pos.ptr<int32_t>(), in.shape[0], in.shape[1], in.shape[2], rope, eps);

@@ -141,8 +141,10 @@ void lm_loss_forward(const Ctx& ctx, const LmLossRowsOut& out, const Tensor& h, 
     detail::check_shape(op, "dh", dh, {R, H});
     detail::check_shape(op, "row_weight", row_weight, {R});
   }
-  if (ctx.device == Device::CUDA) return cuda::lm_loss_forward(ctx, out, h, lm_head, labels, teacher, workspace,
-                                                               chunk_rows, dh, row_weight, objective, logit);
+  if (ctx.device == Device::CUDA)
+    return cuda::library_for("lm_loss_forward")
+        .lm_loss_forward(ctx, out, h, lm_head, labels, teacher, workspace, chunk_rows, dh, row_weight, objective,
+                         logit);
   const bool with_teacher = !teacher.empty();
   float* ws = workspace.ptr<float>();
   float* ws_t = with_teacher ? ws + static_cast<size_t>(chunk_rows) * V : nullptr;
@@ -205,8 +207,10 @@ void lm_loss_backward(const Ctx& ctx, const Tensor& dh, const Tensor& row_weight
     detail::check_shape(op, "extra_dz", extra_dz, {R, E});
     DF_CHECK(E <= 64, Internal, op << ": " << E << " sparse entries per row (at most 64)");
   }
-  if (ctx.device == Device::CUDA) return cuda::lm_loss_backward(ctx, dh, row_weight, objective, h, lm_head, labels,
-                                                                teacher, workspace, chunk_rows, logit, extra_ids, extra_dz);
+  if (ctx.device == Device::CUDA)
+    return cuda::library_for("lm_loss_backward")
+        .lm_loss_backward(ctx, dh, row_weight, objective, h, lm_head, labels, teacher, workspace, chunk_rows, logit,
+                          extra_ids, extra_dz);
   for (int64_t i = 0; i < R * E; ++i)
     DF_CHECK(extra_ids.ptr<int32_t>()[i] >= 0 && extra_ids.ptr<int32_t>()[i] < V, Internal,
              op << ": extra id " << extra_ids.ptr<int32_t>()[i] << " outside [0, " << V << ")");
@@ -248,7 +252,9 @@ void lm_loss_sparse_backward(const Ctx& ctx, const Tensor& dh, const Tensor& ids
   check_shape(op, "lm_head", lm_head, {V, H});
   DF_CHECK(K >= 1 && K <= 64, Internal, op << ": " << K << " entries per row (1 .. 64)");
   if (!extra.empty()) check_shape(op, "extra", extra, {R, H});
-  if (ctx.device == Device::CUDA) return cuda::lm_loss_sparse_backward(ctx, dh, ids, z, dz, lm_head, logit, extra);
+  if (ctx.device == Device::CUDA)
+    return cuda::library_for("lm_loss_sparse_backward")
+        .lm_loss_sparse_backward(ctx, dh, ids, z, dz, lm_head, logit, extra);
   if (!extra.empty())
     for (size_t i = 0, n = dh.numel(); i < n; ++i) dh.ptr<float>()[i] += extra.ptr<float>()[i];
   const int32_t* id = ids.ptr<int32_t>();

@@ -176,7 +176,7 @@ void matmul_forward(const Ctx& ctx, const Tensor& out, const Tensor& in, const T
   const int64_t N = in.shape[0], I = in.shape[1], O = W.shape[0];
   detail::check_shape(op, "W", W, {O, I});
   detail::check_shape(op, "out", out, {N, O});
-  if (ctx.device == Device::CUDA) return cuda::matmul_forward(ctx, out, in, W, acc);
+  if (ctx.device == Device::CUDA) return cuda::library_for("matmul_forward").matmul_forward(ctx, out, in, W, acc);
   detail::check_cpu_dtype(op, "out", out, DType::F32);
   detail::check_cpu_dtype(op, "in", in, DType::F32);
   detail::check_cpu_dtype(op, "W", W, DType::F32);
@@ -197,7 +197,8 @@ void matmul_residual_forward(const Ctx& ctx, const Tensor& out, const Tensor& in
   DF_CHECK(residual.data == out.data || !detail::overlaps(residual, out), Internal,
            op << ": residual must be out itself or not overlap it");
   DF_CHECK(!detail::overlaps(in, out), Internal, op << ": in must not overlap out");
-  if (ctx.device == Device::CUDA) return cuda::matmul_residual_forward(ctx, out, in, W, residual);
+  if (ctx.device == Device::CUDA)
+    return cuda::library_for("matmul_residual_forward").matmul_residual_forward(ctx, out, in, W, residual);
   for (const Tensor* t : {&out, &in, &W, &residual}) detail::check_cpu_dtype(op, "out/in/W/residual", *t, DType::F32);
   if (residual.data != out.data) std::memcpy(out.data, residual.data, out.nbytes());
   matmul_forward_cpu(out.ptr<float>(), in.ptr<float>(), W.ptr<float>(), N, I, O, Accumulate::Yes);
@@ -220,7 +221,8 @@ void matmul_backward(const Ctx& ctx, const Tensor& din, const Tensor& dW, const 
     detail::check_tensor(op, "dW", dW, ctx, 2);
     detail::check_shape(op, "dW", dW, {O, I});
   }
-  if (ctx.device == Device::CUDA) return cuda::matmul_backward(ctx, din, dW, dout, in, W);
+  if (ctx.device == Device::CUDA)
+    return cuda::library_for("matmul_backward").matmul_backward(ctx, din, dW, dout, in, W);
   detail::check_cpu_dtype(op, "dout", dout, DType::F32);
   detail::check_cpu_dtype(op, "in", in, DType::F32);
   detail::check_cpu_dtype(op, "W", W, DType::F32);

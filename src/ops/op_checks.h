@@ -1,8 +1,8 @@
 // Shared argument checks and backend dispatch helpers for the op layer (src/ops/*.cpp).
 //
 // Every public op validates its arguments here (a mismatch is a bug in the caller: ExitCode::Internal),
-// then dispatches on ctx.device: `if (ctx.device == Device::CUDA) return cuda::op(...);` (the CUDA twin,
-// declared in core/cuda_entry.h in every build), then its CPU reference.
+// then dispatches on ctx.device: `if (ctx.device == Device::CUDA) return cuda::library_for(op).op(...);` (the
+// CUDA twin, through the CUDA library's table, core/cuda_entry.h), then its CPU reference.
 #pragma once
 #include <initializer_list>
 #include <string>
@@ -16,7 +16,7 @@ namespace dflash::ops::detail {
 
 // Fatal (BadOptions) for an op run on the CUDA backend that has no CUDA twin: "this build has no CUDA
 // backend" in a CPU-only build, else "CUDA backend not built for this op". Ops with a twin call it
-// instead: `if (ctx.device == Device::CUDA) return cuda::op(...);` (core/cuda_entry.h).
+// instead: `if (ctx.device == Device::CUDA) return cuda::library_for(op).op(...);` (core/cuda_entry.h).
 [[noreturn]] inline void cuda_op_missing(const char* op) {
   if (!cuda::in_build()) fatal_no_cuda(op);
   fatal(ExitCode::BadOptions, std::string(op) + ": CUDA backend not built for this op",

@@ -32,7 +32,7 @@ void adamw_step(const Ctx& ctx, const Tensor& params, const Tensor& grads, const
     detail::check_shape(op, "params/grads/m/v", *t, {n});
   }
   DF_CHECK(step >= 1, Internal, op << ": step " << step << " (1-based)");
-  if (ctx.device == Device::CUDA) return cuda::adamw_step(ctx, params, grads, m, v, hp, step);
+  if (ctx.device == Device::CUDA) return cuda::library_for("adamw_step").adamw_step(ctx, params, grads, m, v, hp, step);
   float* p = params.ptr<float>();
   const float* g = grads.ptr<float>();
   float* mm = m.ptr<float>();
@@ -85,7 +85,8 @@ void adamw_step_bf16state(const Ctx& ctx, const Tensor& params, const Tensor& gr
   DF_CHECK(grads.dtype == DType::F32, Internal, op << ": grads must be F32");
   DF_CHECK(params.dtype == m.dtype && params.dtype == v.dtype, Internal, op << ": params, m and v in one dtype");
   DF_CHECK(step >= 1, Internal, op << ": step " << step << " (1-based)");
-  if (ctx.device == Device::CUDA) return cuda::adamw_step_bf16state(ctx, params, grads, m, v, hp, step, seed);
+  if (ctx.device == Device::CUDA)
+    return cuda::library_for("adamw_step_bf16state").adamw_step_bf16state(ctx, params, grads, m, v, hp, step, seed);
   DF_CHECK(params.dtype == DType::F32 || params.dtype == DType::BF16, Internal,
            op << ": the CPU state is F32 (holding bf16 values) or BF16, got " << dtype_name(params.dtype));
   const double bc1 = 1.0 - std::pow(static_cast<double>(hp.beta1), static_cast<double>(step));
@@ -108,7 +109,7 @@ void round_to_bf16_inplace(const Tensor& x) {
 
 double grad_sumsq(const Ctx& ctx, const Tensor& grads) {
   detail::check_tensor("grad_sumsq", "grads", grads, ctx, 1);
-  if (ctx.device == Device::CUDA) return cuda::grad_sumsq(ctx, grads);
+  if (ctx.device == Device::CUDA) return cuda::library_for("grad_sumsq").grad_sumsq(ctx, grads);
   const float* g = grads.ptr<float>();
   const size_t n = grads.numel();
   double s = 0.0;
@@ -118,7 +119,7 @@ double grad_sumsq(const Ctx& ctx, const Tensor& grads) {
 
 void scale_inplace(const Ctx& ctx, const Tensor& grads, float factor) {
   detail::check_tensor("scale_inplace", "grads", grads, ctx, 1);
-  if (ctx.device == Device::CUDA) return cuda::scale_inplace(ctx, grads, factor);
+  if (ctx.device == Device::CUDA) return cuda::library_for("scale_inplace").scale_inplace(ctx, grads, factor);
   float* g = grads.ptr<float>();
   const size_t n = grads.numel();
   for (size_t i = 0; i < n; ++i) g[i] *= factor;

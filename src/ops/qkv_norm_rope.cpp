@@ -60,7 +60,9 @@ void qkv_norm_rope_forward(const Ctx& ctx, const Tensor& q, const Tensor& k, con
   // Every output is written while other heads of the same token are still to be read.
   DF_CHECK(!detail::overlaps(q, qkv) && !detail::overlaps(k, qkv) && !detail::overlaps(v, qkv), Internal,
            op << ": q, k, v must not overlap qkv");
-  if (ctx.device == Device::CUDA) return cuda::qkv_norm_rope_forward(ctx, q, k, v, qkv, q_norm, k_norm, pos, rope, eps);
+  if (ctx.device == Device::CUDA)
+    return cuda::library_for("qkv_norm_rope_forward")
+        .qkv_norm_rope_forward(ctx, q, k, v, qkv, q_norm, k_norm, pos, rope, eps);
   detail::check_cpu_dtype(op, "q", q, DType::F32);
   detail::check_cpu_dtype(op, "k", k, DType::F32);
   detail::check_cpu_dtype(op, "v", v, DType::F32);

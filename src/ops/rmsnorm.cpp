@@ -62,7 +62,8 @@ void rmsnorm_forward(const Ctx& ctx, const Tensor& out, const Tensor& rstd, cons
     detail::check_tensor(op, "rstd", rstd, ctx, 1);
     detail::check_shape(op, "rstd", rstd, {N});
   }
-  if (ctx.device == Device::CUDA) return cuda::rmsnorm_forward(ctx, out, rstd, in, w, eps);
+  if (ctx.device == Device::CUDA)
+    return cuda::library_for("rmsnorm_forward").rmsnorm_forward(ctx, out, rstd, in, w, eps);
   detail::check_cpu_dtype(op, "in", in, DType::F32);
   detail::check_cpu_dtype(op, "out", out, DType::F32);
   detail::check_cpu_dtype(op, "w", w, DType::F32);

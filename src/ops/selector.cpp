@@ -62,7 +62,8 @@ void selector_candidates(const Ctx& ctx, const Tensor& cand, const Tensor& unary
              op << ": argument '" << name << "' has shape " << t->shape_str());
   }
   if (ctx.device == Device::CUDA)
-    return cuda::selector_candidates(ctx, cand, unary, gold, covered, topk_ids, topk_vals, labels, label_logit);
+    return cuda::library_for("selector_candidates")
+        .selector_candidates(ctx, cand, unary, gold, covered, topk_ids, topk_vals, labels, label_logit);
   const int32_t *ids = topk_ids.ptr<int32_t>(), *lab = labels.ptr<int32_t>();
   const float *vals = topk_vals.ptr<float>(), *lab_logit = label_logit.ptr<float>();
   int32_t *c = cand.ptr<int32_t>(), *gd = gold.ptr<int32_t>();
@@ -104,7 +105,8 @@ void selector_forward(const Ctx& ctx, const Tensor& scores, const Tensor& ce, co
     check_shape(op, "gold", gold, {R});
   }
   if (ctx.device == Device::CUDA)
-    return cuda::selector_forward(ctx, scores, ce, argmax, u, unary, cand, pred, gold, P, S);
+    return cuda::library_for("selector_forward")
+        .selector_forward(ctx, scores, ce, argmax, u, unary, cand, pred, gold, P, S);
   for (const auto& [name, t] : {std::pair<const char*, const Tensor*>{"u", &u}, {"unary", &unary}, {"P", &P}, {"S", &S}})
     check_cpu_dtype(op, name, *t, DType::F32);
   check_ids(op, "cand", cand, V);
@@ -144,7 +146,8 @@ void selector_backward(const Ctx& ctx, const Tensor& d_unary, const Tensor& du, 
   check_shape(op, "pred", pred, {R});
   check_shape(op, "gold", gold, {R});
   if (ctx.device == Device::CUDA)
-    return cuda::selector_backward(ctx, d_unary, du, dP, dS, scores, row_weight, u, cand, pred, gold, P, S);
+    return cuda::library_for("selector_backward")
+        .selector_backward(ctx, d_unary, du, dP, dS, scores, row_weight, u, cand, pred, gold, P, S);
   const float *ps = scores.ptr<float>(), *pw = row_weight.ptr<float>(), *pu = u.ptr<float>(), *pP = P.ptr<float>(),
               *pS = S.ptr<float>();
   const int32_t *pc = cand.ptr<int32_t>(), *pp = pred.ptr<int32_t>(), *pg = gold.ptr<int32_t>();

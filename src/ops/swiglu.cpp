@@ -50,7 +50,7 @@ void check_same_2d(const char* op, const Ctx& ctx, const Tensor& gate, std::init
 void swiglu_forward(const Ctx& ctx, const Tensor& out, const Tensor& gate, const Tensor& up) {
   constexpr const char* op = "swiglu_forward";
   check_same_2d(op, ctx, gate, {&out, &gate, &up}, {"out", "gate", "up"});
-  if (ctx.device == Device::CUDA) return cuda::swiglu_forward(ctx, out, gate, up);
+  if (ctx.device == Device::CUDA) return cuda::library_for("swiglu_forward").swiglu_forward(ctx, out, gate, up);
   swiglu_forward_cpu(out.ptr<float>(), gate.ptr<float>(), up.ptr<float>(), gate.numel());
 }
 
@@ -62,7 +62,8 @@ void swiglu_fused_forward(const Ctx& ctx, const Tensor& out, const Tensor& gate_
   detail::check_shape(op, "gate_up", gate_up, {N, 2 * I});
   // A row of out is written while later rows of gate_up are still to be read.
   DF_CHECK(!detail::overlaps(out, gate_up), Internal, op << ": out must not overlap gate_up");
-  if (ctx.device == Device::CUDA) return cuda::swiglu_fused_forward(ctx, out, gate_up);
+  if (ctx.device == Device::CUDA)
+    return cuda::library_for("swiglu_fused_forward").swiglu_fused_forward(ctx, out, gate_up);
   detail::check_cpu_dtype(op, "out", out, DType::F32);
   detail::check_cpu_dtype(op, "gate_up", gate_up, DType::F32);
   swiglu_fused_forward_cpu(out.ptr<float>(), gate_up.ptr<float>(), N, I);

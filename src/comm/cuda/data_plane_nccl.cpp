@@ -23,7 +23,6 @@
 
 #include "backend.cuh"
 #include "cuda_check.cuh"
-#include "core/cuda_entry.h"
 #include "dflash/data_plane.h"
 #include "dflash/device_async.h"
 #include "dflash/error.h"
@@ -128,12 +127,16 @@ class NcclPairs {
   std::string error_;
 };
 
-std::shared_ptr<NcclPairs> make_nccl_pairs(const Topology& topo, const Ctx& ctx, double timeout_s, std::string* error) {
+namespace {
+std::shared_ptr<NcclPairs> make_pairs(const Topology& topo, const Ctx& ctx, double timeout_s, std::string* error) {
   auto pairs = std::make_shared<NcclPairs>(topo, ctx, timeout_s);
   if (pairs->error().empty()) return pairs;
   *error = pairs->error();
   return nullptr;
 }
+}  // namespace
+
+MakeNcclPairs* const make_nccl_pairs = &make_pairs;
 
 namespace {
 
@@ -350,8 +353,10 @@ class NcclDataPlane final : public DataPlane {
   std::map<int, Lane> lanes_;        // by the partner's world rank
 };
 
+std::unique_ptr<DataPlane> make_plane(const DataPlaneSpec& spec) { return std::make_unique<NcclDataPlane>(spec); }
+
 }  // namespace
 
-std::unique_ptr<DataPlane> make_nccl_data_plane(const DataPlaneSpec& spec) { return std::make_unique<NcclDataPlane>(spec); }
+MakeNcclDataPlane* const make_nccl_data_plane = &make_plane;
 
 }  // namespace dflash

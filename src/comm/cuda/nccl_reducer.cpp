@@ -18,7 +18,6 @@
 #include "adamw.cuh"  // cuda::scale_inplace
 #include "backend.cuh"
 #include "cuda_check.cuh"
-#include "core/cuda_entry.h"
 #include "dflash/device_async.h"
 #include "dflash/error.h"
 #include "dflash/grad_buckets.h"
@@ -132,11 +131,13 @@ class NcclReducer final : public GradientReducer {
   bool finished_ = false;
 };
 
-}  // namespace
-
-std::unique_ptr<GradientReducer> make_nccl_reducer(MPI_Comm comm, const Ctx& ctx, std::vector<GradRange> buckets,
-                                                   double timeout_s) {
+std::unique_ptr<GradientReducer> make_reducer(MPI_Comm comm, const Ctx& ctx, std::vector<GradRange> buckets,
+                                              double timeout_s) {
   return std::make_unique<NcclReducer>(comm, ctx, std::move(buckets), timeout_s);
 }
+
+}  // namespace
+
+MakeNcclReducer* const make_nccl_reducer = &make_reducer;
 
 }  // namespace dflash

@@ -1,4 +1,4 @@
-// The CUDA backend (kernels/backend.cuh) and the backend's entry points (core/cuda_entry.h).
+// The CUDA backend (kernels/backend.cuh) and its entry points (kernels/backend_entry.cuh).
 #include "backend.cuh"
 
 #include <atomic>
@@ -47,8 +47,6 @@ std::unique_ptr<Backend> create_backend(int gpu) {
   return b;
 }
 }  // namespace
-
-bool in_build() { return true; }
 
 int device_count() {
   install_device_runtime();

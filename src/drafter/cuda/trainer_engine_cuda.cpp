@@ -144,10 +144,10 @@ class CudaEngine final : public TrainerEngine {
   cuda::DrafterStepResult res_;
 };
 
+std::unique_ptr<TrainerEngine> make_engine(EngineSetup setup) { return std::make_unique<CudaEngine>(std::move(setup)); }
+
 }  // namespace
 
-std::unique_ptr<TrainerEngine> make_cuda_trainer_engine(EngineSetup setup) {
-  return std::make_unique<CudaEngine>(std::move(setup));
-}
+MakeCudaTrainerEngine* const make_cuda_trainer_engine = &make_engine;
 
 }  // namespace dflash::train
