@@ -66,6 +66,45 @@ rec=$(sed -n 's/.*recommended (\*) \([0-9]*-[0-9]*\).*/\1/p' "$WORK/q8batch.log"
 note "8B, 512 anchors per batch, on 8x H200: recommended $rec"
 [ "$rec" = "5-3" ] || fail "q8batch: recommended '$rec', expected the target-heavy 5-3"
 
+# The 27B recipes (DFlash, DFlash2) on a Qwen3.6-27B-shaped hybrid (config.json only; 48 Gated DeltaNet + 16
+# gated attention layers, the 27B's per-head sizes), records of 3072 tokens.
+mkdir -p "$WORK/qwen36-27b"
+cat >"$WORK/qwen36-27b/config.json" <<'JSON'
+{"architectures": ["Qwen3_5ForCausalLM"], "model_type": "qwen3_5_text", "vocab_size": 248320, "hidden_size": 5120,
+ "intermediate_size": 17408, "num_hidden_layers": 64, "num_attention_heads": 24, "num_key_value_heads": 4,
+ "head_dim": 256, "hidden_act": "silu", "attn_output_gate": true, "rms_norm_eps": 1e-06,
+ "rope_parameters": {"rope_type": "default", "rope_theta": 10000000.0, "partial_rotary_factor": 0.25},
+ "full_attention_interval": 4, "linear_conv_kernel_dim": 4, "linear_num_key_heads": 16, "linear_num_value_heads": 48,
+ "linear_key_head_dim": 128, "linear_value_head_dim": 128, "tie_word_embeddings": false, "dtype": "bfloat16"}
+JSON
+"$PY" - "$WORK/records3072-27b.h5" <<'PYEOF'
+import sys, h5py, numpy as np
+lengths = np.full(400, 3072)
+n = int(lengths.sum())
+with h5py.File(sys.argv[1], 'w') as f:
+    f['tokens'] = np.zeros(n, np.int32)
+    f['loss_mask'] = np.ones(n, np.uint8)
+    f['offsets'] = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    f.attrs['vocab_size'] = 248320
+    f.attrs['format_version'] = 1
+PYEOF
+for recipe in qwen36-27b qwen38-27b-dflash2; do
+  for gpu in h200 rtx-pro-6000; do
+    name=${recipe}-$gpu
+    dry "$name" --config "$DFLASH_SRC/jobs/recipes/$recipe.cfg" --target "$WORK/qwen36-27b" \
+      --data "$WORK/records3072-27b.h5" --ranks 8 --topology 6-2 --gpu $gpu
+    expect_rc 0 "$name"
+    rec=$(sed -n 's/.*recommended (\*) \([0-9]*-[0-9]*\).*/\1/p' "$WORK/$name.log")
+    note "$recipe on 8x $gpu: recommended $rec"
+    [ -n "$rec" ] || fail "$name: no recommendation"
+    eval "rec_${recipe//-/_}_${gpu//-/_}=$rec"
+  done
+done
+[ "$rec_qwen36_27b_h200" = "4-4" ] || fail "27B recipe on H200: recommended $rec_qwen36_27b_h200"
+[ "$rec_qwen36_27b_rtx_pro_6000" = "4-4" ] || fail "27B recipe on RTX PRO 6000: recommended $rec_qwen36_27b_rtx_pro_6000"
+[ "$rec_qwen38_27b_dflash2_h200" = "5-3" ] || fail "DFlash2 27B recipe on H200: recommended $rec_qwen38_27b_dflash2_h200"
+[ "$rec_qwen38_27b_dflash2_rtx_pro_6000" = "5-3" ] || fail "DFlash2 27B recipe on RTX PRO 6000: recommended $rec_qwen38_27b_dflash2_rtx_pro_6000"
+
 # The CPU backend: no GPU kind to predict for.
 dry tinycpu --ranks 4 --topology 2-1 --target "$tiny/target" --data "$tiny/data.h5" --draft-layers 1 --token-budget 512
 expect_rc 0 tinycpu

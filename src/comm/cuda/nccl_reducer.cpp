@@ -21,6 +21,7 @@
 #include "dflash/device_async.h"
 #include "dflash/error.h"
 #include "dflash/grad_buckets.h"
+#include "dflash/grad_reducer.h"  // the make_nccl_reducer slot this file fills
 #include "dflash/mpi_typed.h"
 #include "nccl_comm.h"
 
