@@ -49,8 +49,9 @@ for path in sys.argv[1:3]:
     for p in j["prompts"]:
         acc = p["acceptance"]
         assert all(1 <= a <= j["block_size"] for a in acc), acc
-        # every step adds its acceptance length; the prefill adds the first token; the last step may overshoot
-        assert sum(acc) >= new and sum(acc) - acc[-1] < new, (sum(acc), acc[-1])
+        # the prefill adds the first token, every step the tokens it keeps (the official count: the step
+        # that reaches the limit counts only the tokens that fit)
+        assert sum(acc) == new - 1, (sum(acc), new)
         assert len(p["tokens"]) == new == p["new_tokens"]
         assert abs(p["tau"] - sum(acc) / len(acc)) < 1e-9
         taus.append(p["tau"])
