@@ -71,6 +71,18 @@ std::string run_extension_of(const CheckpointState& saved, const OptionMap& inva
   return changes;
 }
 
+// Whether the checkpoint resumed is the end of a run already exported (run_dir.h), decided by world rank 0
+// (it reads OUT) for every rank: a finished run's command run again (jobs/mpirun/train.sh adds --resume
+// auto) must not append an empty segment and a second last /eval row to metrics.h5.
+RunState share_run_state(const Options& o, const Topology& topo, const CheckpointState& saved,
+                         const std::string& run_extended) {
+  int32_t complete = 0;
+  if (topo.world_rank == 0)
+    complete = run_extended.empty() && run_state_at(o.out_dir, saved.run_id, saved.step) == RunState::AlreadyComplete;
+  mpi::bcast(&complete, 1, 0, MPI_COMM_WORLD);
+  return complete ? RunState::AlreadyComplete : RunState::GoesOn;
+}
+
 // Where every target starts, decided by the first target (it has the dataset open: a resplit replays the
 // saved targets' packing) and sent to every rank: the targets' loaders, the drafters' checkpoints and
 // --batch-order fixed all go by it.
@@ -221,8 +233,14 @@ RunPlan plan_segment(const Options& o, const SegmentStart& seg, const Topology& 
     const CheckpointState saved = read_checkpoint_state(p.resume.dir);
     p.resume.split = resume_split_of(saved, p.resume.invariants, topo);
     p.resume.run_extended = run_extension_of(saved, p.resume.invariants);
-    if (topo.world_rank == 0) check_resume_compatible(saved.options, p.resume.invariants, p.resume.dir, p.resume.split);
+    if (topo.world_rank == 0) {
+      for (const std::string& note : check_resume_compatible(saved.options, p.resume.invariants, p.resume.dir, p.resume.split))
+        std::printf("[dflash] %s\n", note.c_str());
+      std::fflush(stdout);
+    }
     p.resume.step = saved.step;
+    if (!seg.in_place) p.resume.state = share_run_state(o, topo, saved, p.resume.run_extended);
+    if (p.resume.state == RunState::AlreadyComplete) return p;  // nothing to plan: run_segment ends the job
     saved_schedule = saved.schedule;
     p.resume.data = share_data_resume(o, seg, topo, in, p, p.resume, saved);
     if (topo.world_rank == 0 && !p.resume.run_extended.empty()) {
