@@ -1,13 +1,15 @@
 // See run_dir.h.
 #include "run_dir.h"
 
+#include <fcntl.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 
 #include <nlohmann/json.hpp>
 
@@ -18,6 +20,22 @@ namespace dflash {
 namespace {
 
 constexpr const char* kCompleteFile = ".dflash-complete";
+
+// The record's text, read only from a regular file at the name (--out may be shared: a link or a FIFO
+// planted there must neither redirect the read nor block it); "" otherwise.
+std::string read_record(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) return "";
+  struct stat st;
+  std::string text;
+  if (::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_size > 0 && st.st_size < 4096) {
+    text.resize(static_cast<size_t>(st.st_size));
+    const ssize_t got = ::read(fd, text.data(), text.size());
+    text.resize(got > 0 ? static_cast<size_t>(got) : 0);
+  }
+  ::close(fd);
+  return text;
+}
 
 }  // namespace
 
@@ -52,9 +70,9 @@ void record_run_complete(const std::string& out_dir, const std::string& run_id, 
 }
 
 RunState run_state_at(const std::string& out_dir, const std::string& run_id, int64_t step) {
-  std::ifstream in(out_dir + "/" + kCompleteFile);
-  if (!in || run_id.empty()) return RunState::GoesOn;
-  const nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  const std::string text = read_record(out_dir + "/" + kCompleteFile);
+  if (text.empty() || run_id.empty()) return RunState::GoesOn;
+  const nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (!j.is_object() || !j.contains("run_id") || !j["run_id"].is_string() || !j.contains("step") ||
       !j["step"].is_number_integer())
     return RunState::GoesOn;
