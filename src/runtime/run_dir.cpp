@@ -60,7 +60,8 @@ void set_aside_previous_drafter(const std::string& out_dir) {
                 "cannot move the previous run's exported drafter " << dir.string() << " to " << aside.string() << ": "
                                                                    << std::strerror(errno),
                 "check that the --out directory is writable; the previous drafter is left as it was");
-  std::printf("[dflash] the previous run's %s is kept as %s (a fresh run exports its own)\n", dir.c_str(), aside.c_str());
+  std::printf("[dflash] the previous run's %s is kept as %s (a fresh run exports its own)\n", dir.c_str(),
+              aside.c_str());
   std::fflush(stdout);
 }
 

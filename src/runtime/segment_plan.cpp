@@ -79,7 +79,9 @@ RunState share_run_state(const Options& o, const Topology& topo, const Checkpoin
   int32_t complete = 0;
   if (topo.world_rank == 0)
     complete = run_extended.empty() && run_state_at(o.out_dir, saved.run_id, saved.step) == RunState::AlreadyComplete;
-  mpi::bcast(&complete, 1, 0, MPI_COMM_WORLD);
+  MPI_Request r = mpi::ibcast(&complete, 1, 0, MPI_COMM_WORLD);
+  mpi::wait(r, 10 * o.peer_timeout_s,
+            [] { return std::string("world rank 0 did not say whether the run is complete (lost?)"); });
   return complete ? RunState::AlreadyComplete : RunState::GoesOn;
 }
 
@@ -234,8 +236,10 @@ RunPlan plan_segment(const Options& o, const SegmentStart& seg, const Topology& 
     p.resume.split = resume_split_of(saved, p.resume.invariants, topo);
     p.resume.run_extended = run_extension_of(saved, p.resume.invariants);
     if (topo.world_rank == 0) {
-      for (const std::string& note : check_resume_compatible(saved.options, p.resume.invariants, p.resume.dir, p.resume.split))
-        std::printf("[dflash] %s\n", note.c_str());
+      // "--target moved: ..., same content", an identity the checkpoint predates
+      const std::vector<std::string> notes =
+          check_resume_compatible(saved.options, p.resume.invariants, p.resume.dir, p.resume.split);
+      for (const std::string& note : notes) std::printf("[dflash] %s\n", note.c_str());
       std::fflush(stdout);
     }
     p.resume.step = saved.step;
