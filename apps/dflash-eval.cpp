@@ -6,7 +6,9 @@
 // Prompts come from a token dataset (docs/data.md): each record's tokens before its first loss_mask = 1
 // position (what dflash-tokenize writes for a conversation: the chat up to the assistant's answer).
 // tau is reported as the reference benchmark does: the mean over prompts of each prompt's mean
-// acceptance length (accepted drafts + 1 per target verification).
+// acceptance length per target verification, counted as the official dflash_generate counts it (the tokens
+// a step keeps: accepted drafts + 1, cut at the token limit and after a stop token; the last block verifies
+// only the rows left before the limit: official_step_count, include/dflash/spec_decode.h).
 #include <algorithm>
 #include <cmath>
 #include <cstdio>

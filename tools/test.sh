@@ -6,7 +6,10 @@ tools/setup.sh --tests
 # One CUDA architecture keeps CI's build time down (the default build covers 90a;100;120); the tests
 # that run here are CPU tests anyway. Override with CUDA_ARCHS.
 echo "# CUDA architectures for this build: ${CUDA_ARCHS:-90a} (the default build: 90a;100;120)"
-tools/build.sh -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCHS:-90a}" "$@"
+# DFLASH_CUDA=AUTO given, not left to the cache: jobs/default/run.sh (the README's first command) configures
+# the same build/ with -DDFLASH_CUDA=OFF where no GPU is visible, and a cached OFF would build the suite
+# without the CUDA backend wherever a toolkit is installed. Arguments given here still win (e.g. OFF).
+tools/build.sh -DDFLASH_CUDA=AUTO -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCHS:-90a}" "$@"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
 cd "${BUILD_DIR:-build}"
 # The GPU-labelled tests first: where there is no GPU they are skipped (each with its reason), and the run

@@ -78,8 +78,11 @@ bool option_follows_split(const std::string& name);
 bool option_extends_run(const std::string& name);
 // Fatal BadOptions listing every option that differs ("--loss: saved ce, now kl"), added or dropped; when only
 // content identities differ (below), fatal BadInput naming the input and what changed. An identity that one
-// side lacks (a checkpoint of a build before them) is not compared.
-void check_resume_compatible(const OptionMap& saved, const OptionMap& now, const std::string& checkpoint,
+// side lacks (a checkpoint of a build before them) is not compared. --target or --data at another path is
+// accepted when every content identity of that input is recorded on both sides and equal (a model staged on
+// node-local scratch per job). Returns what the resume should say ("--target moved: /a -> /b, same content",
+// an identity the checkpoint predates), one line each.
+std::vector<std::string> check_resume_compatible(const OptionMap& saved, const OptionMap& now, const std::string& checkpoint,
                              ResumeSplit split = ResumeSplit::Same);
 
 // ---- what the inputs were (src/checkpoint/input_identity.cpp) -------------------------------------
@@ -90,6 +93,9 @@ void check_resume_compatible(const OptionMap& saved, const OptionMap& now, const
 constexpr const char* kIdentityKeyPrefix = "content:";
 constexpr const char* kDataIdentityKey = "content:data";
 constexpr const char* kTargetIdentityKey = "content:target";
+// The target's config.json (a key of its own: checkpoints written before it existed lack it, and keep
+// resuming with the weights alone compared; the resume says so).
+constexpr const char* kTargetConfigIdentityKey = "content:target-config";
 // bytes, records, tokens, vocab_size, a hash of every record offset, a hash of 64 records spread over the file.
 std::string dataset_identity(const TokenDataset& data);
 // --data: one file's identity as above (a job on one file records what it recorded before mixing existed);
@@ -98,6 +104,9 @@ std::string dataset_identity(const TokenDataset& data);
 std::string dataset_identity(const DatasetMix& data);
 // Per shard: size, safetensors header, first and last MiB of tensor data.
 std::string target_weights_identity(const std::string& target_dir);
+// config.json without the fields no computation reads (transformers_version, _name_or_path): "fields=N" and
+// a hash of each top-level field's parsed value ("rope_theta=..."), so formatting and key order do not count.
+std::string target_config_identity(const std::string& target_dir);
 // "bytes 1000 -> 2000, sampled_records differ" (the fields that differ).
 std::string describe_identity_change(const std::string& saved, const std::string& now);
 
@@ -287,6 +296,8 @@ class DrafterCheckpointer {
   // Saved: a checkpoint of `step` was just written and the run goes on (where --rebalance auto decides).
   enum class Next { Continue, Saved, StopForRequeue };
   // The step directory of the last checkpoint written or resumed from ("" when none).
+  // This run's lineage (a fresh one's, or the checkpoint's once restored).
+  const std::string& run_id() const { return run_id_; }
   std::string last_checkpoint() const { return saved_step_ > 0 ? checkpoint_step_dir(dir_, saved_step_) : std::string(); }
   Next after_step(int64_t step, DrafterTrainer& trainer, const nlohmann::json& schedule,
                   const std::function<void()>& progress);

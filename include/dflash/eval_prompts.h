@@ -5,8 +5,9 @@
 //   prompt of a record = its tokens before the first loss_mask 1 (what dflash-tokenize writes for a chat:
 //                        the conversation up to the assistant's answer); records without one, or with a
 //                        longer one than max_prompt_length, are skipped and counted
-//   tau                = the mean over prompts of each prompt's mean acceptance length (accepted drafts + 1
-//                        per target verification), as the reference benchmark reports it
+//   tau                = the mean over prompts of each prompt's mean acceptance length (the tokens each
+//                        target verification keeps, official_step_count in spec_decode.h), as the
+//                        reference benchmark reports it
 #pragma once
 #include <cstdint>
 #include <string>

@@ -94,6 +94,11 @@ enum class MetricsOpen {
 
 struct EvalMetrics;
 
+// The space the writer keeps allocated next to metrics.h5 (.metrics.h5.reserve, docs/metrics.md "A full
+// disk") for `num_series` series flushed every `flush_every` steps; fewer than 40 series count as 40, so
+// (flush_every, 0) is what any writer reserves at least (the startup disk check counts it).
+size_t metrics_reserve_bytes(int flush_every, size_t num_series);
+
 class MetricsWriter {
  public:
   MetricsWriter(const std::string& path, const MetricsLayout& layout, MetricsOpen mode = MetricsOpen::Create);

@@ -42,9 +42,24 @@ struct SamplingSpec {
 // renormalised. probs [V] out.
 void sampling_probs(const float* logits, int64_t V, const SamplingSpec& s, std::vector<double>& probs);
 
+// How the official dflash_generate (z-lab dflash, dflash/model.py) counts a verification step, so that a tau
+// printed here can be set beside a published one. With the sequence's latest token at index `start` and the
+// limit max_length = prompt + max_new_tokens, a step runs while start + 1 < max_length; it verifies
+// verify_rows = min(B, max_length - start) rows (the last block is shorter: only its verify_rows - 1 drafts
+// can be accepted); of the accepted drafts + 1 it keeps produced = min(that, max_length - start - 1), cut
+// after the first stop token among them; that is the step's acceptance length.
+int official_verify_rows(int block_size, int64_t start, int64_t max_length);
+struct OfficialStep {
+  int produced = 0;      // the step's acceptance length (tokens kept)
+  bool stopped = false;  // a stop token was among them
+};
+// kept: the step's accepted drafts then its bonus token (accepted <= verify_rows - 1 of them + 1).
+OfficialStep official_step_count(const std::vector<int32_t>& kept, int64_t start, int64_t max_length,
+                                 const std::vector<int32_t>& stop);
+
 struct SpecDecodeResult {
   std::vector<int32_t> tokens;   // generated after the prompt; cut after the first stop token
-  std::vector<int> acceptance;   // per verification step: accepted drafts + 1 (1..B)
+  std::vector<int> acceptance;   // per verification step: tokens kept (official_step_count: 1..B)
   double seconds = 0;            // wall time of prefill + decode
   double tau() const;            // mean of acceptance (0 without a step)
 };

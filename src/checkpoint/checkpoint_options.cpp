@@ -154,13 +154,31 @@ bool is_identity_key(const std::string& k) { return k.rfind(kIdentityKeyPrefix, 
 std::string identity_subject(const std::string& k) {
   if (k == kDataIdentityKey) return "the dataset (--data)";
   if (k == kTargetIdentityKey) return "the target's weights (--target)";
+  if (k == kTargetConfigIdentityKey) return "the target's config.json (--target)";
   return k;
+}
+// The content identities that stand for an input option's path: the path may change when they all match.
+std::vector<std::string> identities_of_path(const std::string& option) {
+  if (option == "target") return {kTargetIdentityKey, kTargetConfigIdentityKey};
+  if (option == "data") return {kDataIdentityKey};
+  return {};
+}
+// Whether every identity of `option`'s input is recorded on both sides, and equal: the same content at
+// another path (a model staged on node-local scratch per Slurm job).
+bool same_content_elsewhere(const std::string& option, const OptionMap& saved, const OptionMap& now) {
+  const std::vector<std::string> keys = identities_of_path(option);
+  if (keys.empty()) return false;
+  for (const std::string& k : keys) {
+    const auto a = saved.find(k), b = now.find(k);
+    if (a == saved.end() || b == now.end() || a->second != b->second) return false;
+  }
+  return true;
 }
 }  // namespace
 
-void check_resume_compatible(const OptionMap& saved, const OptionMap& now, const std::string& checkpoint,
-                             ResumeSplit split) {
-  std::vector<std::string> changes, content;
+std::vector<std::string> check_resume_compatible(const OptionMap& saved, const OptionMap& now,
+                                                 const std::string& checkpoint, ResumeSplit split) {
+  std::vector<std::string> changes, content, notes;
   for (const auto& [k, v] : saved) {
     auto it = now.find(k);
     if (split == ResumeSplit::Changed && option_follows_split(k)) continue;
@@ -172,6 +190,8 @@ void check_resume_compatible(const OptionMap& saved, const OptionMap& now, const
                           describe_identity_change(v, it->second));
     } else if (it == now.end()) {
       changes.push_back("--" + k + ": saved '" + v + "', now not set");
+    } else if (it->second != v && same_content_elsewhere(k, saved, now)) {
+      notes.push_back("--" + k + " moved: " + v + " -> " + it->second + ", same content");
     } else if (it->second != v) {
       changes.push_back("--" + k + ": saved '" + v + "', now '" + it->second + "'");
     }
@@ -180,14 +200,19 @@ void check_resume_compatible(const OptionMap& saved, const OptionMap& now, const
     if (!saved.count(k) && !is_identity_key(k) && !option_absent_means(k, v) &&
         !(split == ResumeSplit::Changed && option_follows_split(k)) && !option_extends_run(k))
       changes.push_back("--" + k + ": not in the checkpoint, now '" + v + "'");
-  if (changes.empty() && content.empty()) return;
+  // A checkpoint of a build before config.json was fingerprinted: its weights are compared, its config
+  // cannot be (docs/checkpoint.md "What a resume checks").
+  if (saved.count(kTargetIdentityKey) && !saved.count(kTargetConfigIdentityKey) && now.count(kTargetConfigIdentityKey))
+    notes.push_back("the checkpoint predates config.json fingerprints: the target's weights are compared, its "
+                    "config.json cannot be (keep it as it was); checkpoints written from now on record it");
+  if (changes.empty() && content.empty()) return notes;
   std::string list;
   for (const std::string& c : changes) list += "\n    " + c;
   for (const std::string& c : content) list += "\n    " + c;
   if (changes.empty())
     DF_FAIL(BadInput, "cannot resume from " << checkpoint << ": its inputs changed:" << list,
-            "resume on the dataset and target weights the checkpoint was trained on (put them back at their "
-            "paths), or start a new run (another --out or --checkpoint-dir, or no --resume)");
+            "resume on the dataset and target (weights and config.json) the checkpoint was trained on (put them "
+            "back at their paths), or start a new run (another --out or --checkpoint-dir, or no --resume)");
   DF_FAIL(BadOptions,
           "cannot resume from " << checkpoint << ": " << changes.size()
                                 << " option(s) that must not change across a resume differ" << (content.empty() ? "" : ", and its inputs changed") << ":" << list,

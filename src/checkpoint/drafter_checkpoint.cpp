@@ -77,7 +77,7 @@ DrafterCheckpointer::DrafterCheckpointer(CheckpointerConfig config, MPI_Comm dra
 int64_t DrafterCheckpointer::restore(DrafterTrainer& trainer) {
   if (resume_dir_.empty()) return 0;
   CheckpointState st = read_checkpoint_state(resume_dir_);
-  check_resume_compatible(st.options, invariants_, resume_dir_, split_);
+  (void)check_resume_compatible(st.options, invariants_, resume_dir_, split_);  // its notes: plan_segment prints them
   DF_CHECK_HINT(split_ == ResumeSplit::Changed || st.rng_states.size() == static_cast<size_t>(size_), BadInput,
                 resume_dir_ << " was written by " << st.rng_states.size() << " drafters, this job has " << size_,
                 "the checkpoint is damaged: its options name this split");

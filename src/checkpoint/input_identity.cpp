@@ -5,7 +5,8 @@
 // Identities are cheap fingerprints, not full hashes (a job must not read 50 GB of weights to start): for the
 // data, the file's size, its record offsets in full and the tokens and loss mask of 64 records spread over
 // the file; for the target, each shard's size, its safetensors header (every tensor's name, dtype, shape and
-// place) and its first and last MiB of tensor data.
+// place) and its first and last MiB of tensor data; and its config.json, field by field (every field the
+// model reads: rope_theta, rms_norm_eps, ... edited in place change the losses as surely as the weights).
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -14,8 +15,11 @@
 #include <cerrno>
 #include <cstring>
 #include <cstdio>
+#include <fstream>
 #include <sstream>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "dflash/checkpoint.h"
 #include "dflash/data.h"
@@ -149,6 +153,30 @@ std::string target_weights_identity(const std::string& target_dir) {
   const std::vector<std::string> shards = ckpt.shard_files();
   id << "shards=" << shards.size();
   for (const std::string& shard : shards) id << " " << shard << "=" << shard_identity(target_dir + "/" + shard);
+  return id.str();
+}
+
+std::string target_config_identity(const std::string& target_dir) {
+  const std::string path = target_dir + "/config.json";
+  std::ifstream in(path);
+  DF_CHECK(in.good(), BadInput, "cannot open " << path);
+  nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  DF_CHECK(j.is_object(), BadInput, path << " is not a JSON object");
+  // Written by the tools that saved the model, read by nothing that computes: a re-save by a newer
+  // transformers must not refuse a resume.
+  for (const char* meta : {"transformers_version", "_name_or_path"}) j.erase(meta);
+  // One field per top-level key (nested ones, text_config of a multimodal target, as a whole): a change
+  // then names the field ("rope_theta differ"). The parsed value is hashed, so formatting and key order
+  // do not count (nlohmann's object keeps its keys sorted).
+  std::ostringstream id;
+  id << "fields=" << j.size();
+  for (const auto& [k, v] : j.items()) {
+    std::string key = k;
+    for (char& c : key)
+      if (c == '=' || static_cast<unsigned char>(c) <= ' ') c = '_';
+    const std::string text = v.dump();
+    id << " " << key << "=" << hex(content_hash64(text.data(), text.size()));
+  }
   return id.str();
 }
 

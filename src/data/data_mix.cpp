@@ -58,6 +58,12 @@ void check_data_sources(const std::vector<DataSource>& sources) {
                 "--data is given " << sources.size() << " times, and " << unweighted
                                    << " without a weight: a mix of datasets needs a weight on each file",
                 kMixHint);
+  // Each weight is finite, their sum need not be (1e308 + 1e308): every share would be 0 %.
+  double sum = 0;
+  for (const DataSource& s : sources) sum += s.weight;
+  DF_CHECK_HINT(std::isfinite(sum), BadOptions,
+                "--data weights sum to " << sum << ": too large to share the mix by (every file would get 0 %)",
+                "give weights of a usual size: they are relative (0.7 and 0.3, or 7 and 3)");
   for (size_t i = 0; i < sources.size(); ++i)
     for (size_t j = i + 1; j < sources.size(); ++j)
       DF_CHECK_HINT(sources[i].path != sources[j].path, BadOptions, "--data " << sources[i].path << " is given twice",

@@ -13,8 +13,19 @@ namespace dflash {
 
 int default_max_anchors(int per_record, int64_t token_budget) {
   DF_ASSERT(per_record >= 1 && token_budget >= 1);
-  const int64_t sequences = (token_budget + kReferenceSequenceTokens - 1) / kReferenceSequenceTokens;
-  return static_cast<int>(std::min<int64_t>(INT32_MAX, static_cast<int64_t>(per_record) * sequences));
+  const int64_t sequences = token_budget / kReferenceSequenceTokens + (token_budget % kReferenceSequenceTokens != 0 ? 1 : 0);
+  // The bound an explicit --max-anchors has (src/runtime/options.cpp): the drafter's buffers are sized by
+  // it, and a derived cap must not plan terabytes and exit 0. Compared by division: --token-budget is not
+  // yet bounded here, and the product could overflow.
+  constexpr int64_t kMostAnchors = int64_t{1} << 20;
+  const bool fits = sequences <= kMostAnchors / per_record;
+  DF_CHECK_HINT(fits, BadOptions,
+                "--anchors-per-record " << per_record << " with --token-budget " << token_budget
+                                        << " gives a --max-anchors of " << per_record << " x " << sequences << " ("
+                                        << per_record << " per " << kReferenceSequenceTokens
+                                        << " tokens), above the most a batch may hold, 1048576",
+                "lower --anchors-per-record (the reference uses 512), or give --max-anchors in [1, 1048576]");
+  return static_cast<int>(static_cast<int64_t>(per_record) * sequences);
 }
 
 std::string anchor_rule_summary(int max_anchors, int per_record) {

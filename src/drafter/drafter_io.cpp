@@ -66,6 +66,10 @@ DrafterConfig fresh_drafter_config(const Qwen3Config& target, int num_layers, co
     // The releases say is_causal false: every row sees its whole block, in sliding layers too (the window then
     // bounds the context only: BlockAttnSpec::full_block).
     d.is_causal = 0;
+    // Positive before the division: 0 divided (SIGFPE) and a negative size passed it (SIGSEGV later).
+    DF_CHECK_HINT(d.d2.conv_group_size >= 1, BadOptions,
+                  "bad value " << d.d2.conv_group_size << " for --conv-group-size: channels per conv group must be >= 1",
+                  "the releases use 16; it must divide the target's hidden size " + std::to_string(target.hidden_size));
     DF_CHECK_HINT(target.hidden_size % d.d2.conv_group_size == 0, BadOptions,
                   "--conv-group-size " << d.d2.conv_group_size << " does not divide the target's hidden size "
                                        << target.hidden_size,

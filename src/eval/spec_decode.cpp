@@ -25,6 +25,23 @@ double SpecDecodeResult::tau() const {
   return s / static_cast<double>(acceptance.size());
 }
 
+int official_verify_rows(int block_size, int64_t start, int64_t max_length) {
+  return static_cast<int>(std::min<int64_t>(block_size, max_length - start));
+}
+
+OfficialStep official_step_count(const std::vector<int32_t>& kept, int64_t start, int64_t max_length,
+                                 const std::vector<int32_t>& stop) {
+  OfficialStep s;
+  s.produced = static_cast<int>(std::min<int64_t>(static_cast<int64_t>(kept.size()), max_length - start - 1));
+  for (int i = 0; i < s.produced; ++i)
+    if (std::find(stop.begin(), stop.end(), kept[static_cast<size_t>(i)]) != stop.end()) {
+      s.produced = i + 1;
+      s.stopped = true;
+      break;
+    }
+  return s;
+}
+
 namespace {
 
 // A [dims] view of the start of buffer b (contiguous, so any leading part of it is a valid tensor).
@@ -152,8 +169,13 @@ SpecDecodeResult SpecDecoder::generate(const std::vector<int32_t>& prompt, int m
   x.push_back(first);
   bool stopped = is_stop(first, stop);
   const int B = block_;
-  while (!stopped && static_cast<int64_t>(x.size()) - 1 < m + max_new_tokens) {
+  // The official loop's bounds and count (official_step_count): x[n] is its output_ids[start].
+  const int64_t max_length = m + max_new_tokens;
+  while (!stopped && static_cast<int64_t>(x.size()) < max_length) {
     const int64_t n = static_cast<int64_t>(x.size()) - 1;
+    // The last block verifies fewer rows: only its first V - 1 drafts can be accepted. (The drafter still
+    // drafts all B - 1: its block attention then sees B rows where the official one sees V.)
+    const int V = official_verify_rows(B, n, max_length);
     if (sampled) draft_sampled(x, seq_len, drafts);
     else draft(x, seq_len, drafts);
     std::vector<int32_t> verify = x;
@@ -164,7 +186,7 @@ SpecDecodeResult SpecDecoder::generate(const std::vector<int32_t>& prompt, int m
     int32_t bonus = 0;
     if (!sampled) {
       target_argmax(n, B, posterior);
-      a = accepted_prefix(drafts.data(), posterior.data(), B - 1);
+      a = accepted_prefix(drafts.data(), posterior.data(), V - 1);
       bonus = posterior[a];
     } else {
       target_logits(n, B);
@@ -176,12 +198,12 @@ SpecDecodeResult SpecDecoder::generate(const std::vector<int32_t>& prompt, int m
         for (size_t i = 0; i < K; ++i) q += q_ids_[j * K + i] == d ? q_rows_[j][i] : 0.0;
         return q;
       };
-      for (; a < B - 1; ++a) {  // accept while u q(d) < p(d)
+      for (; a < V - 1; ++a) {  // accept while u q(d) < p(d)
         target_probs(a);
         if (!(rng_.uniform() * q_of(a, drafts[a]) < p[static_cast<size_t>(drafts[a])])) break;
       }
-      target_probs(a);  // row a: the bonus's distribution (all accepted: the last row, p itself)
-      if (a < B - 1) {  // the residual max(0, p - q), renormalised; p itself where it is all zero
+      target_probs(a);  // row a: the bonus's distribution (all accepted: the last verified row, p itself)
+      if (a < V - 1) {  // the residual max(0, p - q), renormalised; p itself where it is all zero
         std::vector<double> r = p;
         if (q_ids_.empty()) {
           for (size_t v = 0; v < r.size(); ++v) r[v] -= q_rows_[a][v];
@@ -196,15 +218,12 @@ SpecDecodeResult SpecDecoder::generate(const std::vector<int32_t>& prompt, int m
         bonus = draw(p);
       }
     }
-    for (int j = 0; j < a && !stopped; ++j) {
-      x.push_back(drafts[j]);
-      stopped = is_stop(drafts[j], stop);
-    }
-    if (!stopped) {
-      x.push_back(bonus);
-      stopped = is_stop(bonus, stop);
-    }
-    res.acceptance.push_back(a + 1);
+    std::vector<int32_t> kept(drafts.begin(), drafts.begin() + a);
+    kept.push_back(bonus);
+    const OfficialStep step = official_step_count(kept, n, max_length, stop);
+    x.insert(x.end(), kept.begin(), kept.begin() + step.produced);
+    stopped = step.stopped;
+    res.acceptance.push_back(step.produced);
   }
   const int64_t end = std::min<int64_t>(static_cast<int64_t>(x.size()), m + max_new_tokens);
   res.tokens.assign(x.begin() + m, x.begin() + end);

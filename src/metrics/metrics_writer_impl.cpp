@@ -55,10 +55,12 @@ std::string MetricsWriter::Impl::dir() const {
   return slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
 }
 
-size_t MetricsWriter::Impl::reserve_bytes(int flush_every) const {
+size_t metrics_reserve_bytes(int flush_every, size_t num_series) {
   const size_t chunks = static_cast<size_t>(std::max<int>(flush_every, 1)) / 16 + 1;
-  return std::min<size_t>(64u << 20, (512u << 10) + std::max<size_t>(series.size(), 40) * (8u << 10) * chunks);
+  return std::min<size_t>(64u << 20, (512u << 10) + std::max<size_t>(num_series, 40) * (8u << 10) * chunks);
 }
+
+size_t MetricsWriter::Impl::reserve_bytes(int flush_every) const { return metrics_reserve_bytes(flush_every, series.size()); }
 
 void MetricsWriter::Impl::flush_or_stop(const std::string& when) {
   const double free = free_bytes(dir());

@@ -199,6 +199,19 @@ SegmentEnd run_segment(const Options& o, const SegmentStart& seg, PowerSampler* 
   open_run_log(o.out_dir + "/train.log");
   const RunPlan plan = plan_segment(o, seg, topo, inputs.handles, std::move(inputs.model), grad_accum,
                                     std::move(resolved), std::move(resume));
+  if (plan.resume.state == RunState::AlreadyComplete) {  // a finished run resumed: nothing is written
+    if (topo.world_rank == 0) {
+      std::printf("[dflash] already complete at step %lld: %s/drafter holds its export, nothing to do (a larger "
+                  "--max-steps or --epochs trains on; move %s/drafter away to export again)\n",
+                  static_cast<long long>(plan.resume.step), o.out_dir.c_str(), o.out_dir.c_str());
+      std::fflush(stdout);
+    }
+    free_topology(topo);
+    return SegmentEnd{};
+  }
+  // A fresh run exports into OUT/drafter: an earlier run's export there is set aside first, as its
+  // metrics.h5 is (docs/checkpoint.md "Reruns in one --out").
+  if (topo.world_rank == 0 && plan.resume.fresh() && !seg.in_place) set_aside_previous_drafter(o.out_dir);
   JobContext job(o, plan, topo, start, std::move(cards), std::move(inputs.handles));
   job.gpu_sampler = gpu_sampler;
 

@@ -162,12 +162,13 @@ void lock_run_dirs(const Options& o);
 // --eval-data, OUT/drafter-best too (two exports while a better one replaces it: drafter_best.h).
 struct DiskNeed {
   double export_bytes = 0, checkpoint_bytes = 0, best_bytes = 0;
+  double metrics_reserve_bytes = 0;  // OUT/.metrics.h5.reserve, at least (include/dflash/metrics.h)
   int checkpoints_kept = 1;
 };
 DiskNeed disk_need(size_t drafter_params, const Options& o);
 // World rank 0, after lock_run_dirs: fatal SystemFailure when the filesystem of --out cannot hold the
-// final export (and one checkpoint when they share it), or that of --checkpoint-dir one checkpoint;
-// a warning when all the checkpoints --keep-checkpoints keeps may not fit.
+// final export and metrics.h5's reserve (and one checkpoint when they share it), or that of
+// --checkpoint-dir one checkpoint; a warning when all the checkpoints --keep-checkpoints keeps may not fit.
 void check_disk_space(const Options& o, const DiskNeed& need);
 
 }  // namespace dflash

@@ -21,6 +21,7 @@
 #include "dflash/error.h"
 #include "dflash/safe_file.h"
 #include "dflash/hf_config.h"
+#include "dflash/metrics.h"  // metrics_reserve_bytes
 #include "drafter_tau.h"
 #include "job.h"
 #include "run_resume.h"
@@ -212,6 +213,9 @@ DiskNeed disk_need(size_t drafter_params, const Options& o) {
   // fp32 master weights and both AdamW moments, the RNG states and manifest, the optional export.
   n.checkpoint_bytes = 3.0 * p * 4.0 + 65536 + (o.export_checkpoints ? n.export_bytes : 0.0);
   n.best_bytes = o.eval_data.empty() ? 0.0 : 2.0 * n.export_bytes;
+  // The metrics writer allocates its reserve at open, after the models loaded: a disk without room for it
+  // failed there, late, instead of here.
+  n.metrics_reserve_bytes = static_cast<double>(metrics_reserve_bytes(o.metrics_flush_every, 0));
   // With periodic checkpoints, keep_last complete ones plus the one being written before the oldest goes.
   n.checkpoints_kept = parse_checkpoint_every(o.checkpoint_every).unit == CheckpointUnit::Off ? 1 : o.keep_checkpoints + 1;
   return n;
@@ -231,7 +235,8 @@ void check_disk_space(const Options& o, const DiskNeed& need) {
   if (!free_space(probe, &ckpt_free, &ckpt_dev)) return;
   const bool shared = out_dev == ckpt_dev;
   // At least: the final export, and one checkpoint (a stop signal always writes one).
-  const double out_min = need.export_bytes + need.best_bytes + (shared ? need.checkpoint_bytes : 0.0);
+  const double out_min =
+      need.export_bytes + need.best_bytes + need.metrics_reserve_bytes + (shared ? need.checkpoint_bytes : 0.0);
   const double ckpt_min = need.checkpoint_bytes + (shared ? need.export_bytes : 0.0);
   const std::string where = shared ? "--out " + o.out_dir + " (checkpoints in " + ckpt + " on the same filesystem)"
                                    : "--out " + o.out_dir;
@@ -239,6 +244,8 @@ void check_disk_space(const Options& o, const DiskNeed& need) {
                 "not enough free space on " << where << ": " << mib(out_free) << " free, the final drafter export needs "
                                             << mib(need.export_bytes)
                                             << (need.best_bytes > 0 ? ", OUT/drafter-best (two while one replaces the other) " + mib(need.best_bytes) : std::string())
+                                            << ", the metrics reserve (--metrics-flush-every " << o.metrics_flush_every
+                                            << ") " << mib(need.metrics_reserve_bytes)
                                             << (shared ? " and one checkpoint " + mib(need.checkpoint_bytes) : std::string())
                                             << "; the run would train and then lose its weights when the disk is full",
                 "free space there, or give --out (and --checkpoint-dir) on a filesystem with room");

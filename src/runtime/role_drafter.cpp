@@ -14,6 +14,7 @@
 #include "dflash/checkpoint.h"
 #include "dflash/drafter.h"
 #include "dflash/error.h"
+#include "run_dir.h"
 #include "dflash/grad_reducer.h"
 #include "drafter_best.h"
 #include "drafter_endpoint.h"
@@ -155,6 +156,8 @@ class DrafterLoop {
                                                                ": fix the cause, then run the same command with --resume auto "
                                                                "to export it without training again");
       trainer.export_release(o_.out_dir + "/drafter", o_.export_dtype);
+      // The run's end is on disk: the same command with --resume auto then has nothing to do (run_dir.h).
+      if (!final_checkpoint.empty()) record_run_complete(o_.out_dir, ckpt.run_id(), step);
       std::printf("[dflash] %lld steps; drafter exported to %s/drafter\n", static_cast<long long>(step), o_.out_dir.c_str());
       std::fflush(stdout);
     }

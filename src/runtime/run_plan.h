@@ -24,6 +24,7 @@
 #include "dflash/hs_batch.h"
 #include "dflash/options.h"
 #include "dflash/target.h"
+#include "run_dir.h"  // RunState
 
 namespace dflash {
 
@@ -87,6 +88,9 @@ struct ResumeFrom {
   int64_t step = 0;                    // its step
   ResumeSplit split = ResumeSplit::Same;  // Changed: the checkpoint was made on another split
   std::string run_extended;            // "--max-steps 40 -> 80" when a resume changes --epochs / --max-steps
+  // AlreadyComplete: the checkpoint is the end of a run whose export is in OUT/drafter, and the resume does
+  // not extend it: the job says so and ends (exit 0), changing nothing (run_dir.h).
+  RunState state = RunState::GoesOn;
   DataResume data;                     // where every target starts (checkpoint.h)
   std::shared_ptr<const ConsumedRecords> consumed;  // data.consumed, for the targets' loaders
   OptionMap invariants;  // what a checkpoint records and a resume must match: options, world size, the

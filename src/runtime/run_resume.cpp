@@ -20,7 +20,9 @@ OptionMap resume_invariants_of(const std::vector<std::pair<std::string, std::str
 }
 
 OptionMap input_identities_of(const Options& o, const DatasetMix& data) {
-  return {{kDataIdentityKey, dataset_identity(data)}, {kTargetIdentityKey, target_weights_identity(o.target_dir)}};
+  return {{kDataIdentityKey, dataset_identity(data)},
+          {kTargetIdentityKey, target_weights_identity(o.target_dir)},
+          {kTargetConfigIdentityKey, target_config_identity(o.target_dir)}};
 }
 
 std::string resolve_resume_collective(const Options& o, const std::string& resume, MPI_Comm world) {

@@ -21,8 +21,8 @@ std::string checkpoint_dir_of(const Options& o);
 // spec is per node) and the inputs' content identities (input_identities_of).
 OptionMap resume_invariants_of(const std::vector<std::pair<std::string, std::string>>& resolved, int world_size,
                                const OptionMap& identities);
-// The inputs' content identities (kDataIdentityKey, kTargetIdentityKey) of --data, opened as `data`, and
-// --target.
+// The inputs' content identities (kDataIdentityKey, kTargetIdentityKey, kTargetConfigIdentityKey) of --data,
+// opened as `data`, and --target.
 OptionMap input_identities_of(const Options& o, const DatasetMix& data);
 // Collective over `world`: world rank 0 resolves `resume` (--resume, or the checkpoint a re-split continues
 // from; resolve_resume with --checkpoint-dir, default OUT/checkpoints) and every rank gets the same answer

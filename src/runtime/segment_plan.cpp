@@ -71,6 +71,20 @@ std::string run_extension_of(const CheckpointState& saved, const OptionMap& inva
   return changes;
 }
 
+// Whether the checkpoint resumed is the end of a run already exported (run_dir.h), decided by world rank 0
+// (it reads OUT) for every rank: a finished run's command run again (jobs/mpirun/train.sh adds --resume
+// auto) must not append an empty segment and a second last /eval row to metrics.h5.
+RunState share_run_state(const Options& o, const Topology& topo, const CheckpointState& saved,
+                         const std::string& run_extended) {
+  int32_t complete = 0;
+  if (topo.world_rank == 0)
+    complete = run_extended.empty() && run_state_at(o.out_dir, saved.run_id, saved.step) == RunState::AlreadyComplete;
+  MPI_Request r = mpi::ibcast(&complete, 1, 0, MPI_COMM_WORLD);
+  mpi::wait(r, 10 * o.peer_timeout_s,
+            [] { return std::string("world rank 0 did not say whether the run is complete (lost?)"); });
+  return complete ? RunState::AlreadyComplete : RunState::GoesOn;
+}
+
 // Where every target starts, decided by the first target (it has the dataset open: a resplit replays the
 // saved targets' packing) and sent to every rank: the targets' loaders, the drafters' checkpoints and
 // --batch-order fixed all go by it.
@@ -221,8 +235,16 @@ RunPlan plan_segment(const Options& o, const SegmentStart& seg, const Topology& 
     const CheckpointState saved = read_checkpoint_state(p.resume.dir);
     p.resume.split = resume_split_of(saved, p.resume.invariants, topo);
     p.resume.run_extended = run_extension_of(saved, p.resume.invariants);
-    if (topo.world_rank == 0) check_resume_compatible(saved.options, p.resume.invariants, p.resume.dir, p.resume.split);
+    if (topo.world_rank == 0) {
+      // "--target moved: ..., same content", an identity the checkpoint predates
+      const std::vector<std::string> notes =
+          check_resume_compatible(saved.options, p.resume.invariants, p.resume.dir, p.resume.split);
+      for (const std::string& note : notes) std::printf("[dflash] %s\n", note.c_str());
+      std::fflush(stdout);
+    }
     p.resume.step = saved.step;
+    if (!seg.in_place) p.resume.state = share_run_state(o, topo, saved, p.resume.run_extended);
+    if (p.resume.state == RunState::AlreadyComplete) return p;  // nothing to plan: run_segment ends the job
     saved_schedule = saved.schedule;
     p.resume.data = share_data_resume(o, seg, topo, in, p, p.resume, saved);
     if (topo.world_rank == 0 && !p.resume.run_extended.empty()) {

@@ -31,6 +31,24 @@ for gpu in none one; do
   esac
 done
 
+# ---- the README's second command (tools/test.sh) after it: the build it configures does not inherit the
+# first run's -DDFLASH_CUDA=OFF from the shared build/ cache (a copy of tools/ with a setup.sh that does
+# nothing; the same recording cmake)
+mkdir -p "$WORK/repo/tools"
+cp "$DFLASH_SRC/tools/test.sh" "$DFLASH_SRC/tools/build.sh" "$WORK/repo/tools/"
+printf '#!/bin/sh
+exit 0
+' >"$WORK/repo/tools/setup.sh"
+chmod +x "$WORK/repo/tools/"*.sh
+rm -f "$shim/cmake.args"
+if PATH="$shim:$PATH" BUILD_DIR="$WORK/fresh-build" "$WORK/repo/tools/test.sh" >"$WORK/test-sh.log" 2>&1; then
+  fail "tools/test.sh went on past a failed configure"
+fi
+configure=$(head -1 "$shim/cmake.args" 2>/dev/null || true)
+note "tools/test.sh: cmake $configure"
+[[ " $configure " == *" -DDFLASH_CUDA=AUTO "* ]] ||
+  fail "tools/test.sh leaves DFLASH_CUDA to the cache (jobs/default/run.sh may have left OFF there): $configure"
+
 # ---- two runs: learning, and the same output twice ---------------------------------------------------
 run_default() {  # run_default NAME: jobs/default/run.sh into $WORK/NAME (its own tiny target, made afresh)
   set +e

@@ -15,6 +15,17 @@ expect_log full "not enough free space on --out $SMALL/run"
 expect_log full "the final drafter export needs"
 [ ! -e "$SMALL/run/metrics.h5" ] || fail "the refused job wrote metrics"
 
+# Room for the export and a checkpoint, not for metrics.h5's reserve (64 MiB with a flush every 100000
+# steps): refused at startup too, naming the reserve, not after the models loaded.
+umount "$SMALL"
+mount -t tmpfs -o size=3m tmpfs "$SMALL"
+run_job reserve 2 60 --topology 1-1 --max-steps 2 --out "$SMALL/run" --metrics-flush-every 100000
+expect_rc 8 reserve
+expect_log reserve "not enough free space on --out $SMALL/run"
+expect_log reserve "the metrics reserve (--metrics-flush-every 100000) 64.0 MiB"
+[ ! -e "$SMALL/run/metrics.h5" ] || fail "the refused job wrote metrics"
+rm -rf "$SMALL/run"
+
 # 3 MiB: room for the export and a checkpoint (0.8 MiB on the tiny drafter), not for the 4 that
 # --keep-checkpoints 3 can hold at once: a warning, and the run completes.
 umount "$SMALL"

@@ -41,7 +41,8 @@ check_victim reserve
 [ ! -L "$WORK/reserve/.metrics.h5.reserve" ] || fail "the planted reserve link is still there"
 [ ! -e "$WORK/reserve/drafter/model.safetensors.tmp.Ab3xQ9" ] || fail "a stale export temp file is still there"
 [ ! -e "$WORK/reserve/.drafter-best.tmp" ] || fail "a stale best-drafter staging directory is still there"
-[ -e "$WORK/reserve/drafter/notes.tmp.keep" ] || fail "a file not of mkstemp's pattern was removed"
+[ -e "$WORK/reserve/drafter.1/notes.tmp.keep" ] ||
+  fail "a file not of mkstemp's pattern was removed (it goes aside with the earlier OUT/drafter, as drafter.1)"
 expect_log reserve "removed 2 stale temp file(s) of an interrupted write"
 for f in drafter/model.safetensors drafter/config.json metrics.h5; do
   mode=$(stat -c %a "$WORK/reserve/$f")

@@ -38,6 +38,40 @@ TEST(SpecDecode, TauIsTheMeanAcceptanceLength) {
 
 // For each drafter (the reference release's and a fresh one), several prompts and lengths: the output is
 // the target's greedy output, and the steps' acceptance lengths add up to the tokens generated.
+// The official dflash_generate's count (z-lab dflash, dflash/model.py) on constructed steps, against the
+// count before it (accepted drafts + 1, over B - 1 drafts, however near the limit or a stop token).
+TEST(SpecDecode, StepCountIsTheOfficialOne) {
+  const int B = 4;
+  // Prompt of 2, 3 new tokens: max_length 5; the prefill's token is at start 2. The last block verifies
+  // min(4, 5 - 2) = 3 rows: 2 drafts, both accepted, then the bonus; only 2 tokens fit before the limit.
+  EXPECT_EQ(official_verify_rows(B, 2, 5), 3);
+  EXPECT_EQ(official_verify_rows(B, 10, 100), B);
+  OfficialStep s = official_step_count({11, 12, 13}, 2, 5, {});
+  EXPECT_EQ(s.produced, 2);  // the count before: 3 drafts accepted of B - 1 + 1 = 4
+  EXPECT_FALSE(s.stopped);
+  // A stop token among the accepted drafts: the step keeps it and nothing after it.
+  s = official_step_count({11, 99, 12, 13}, 10, 100, {99});
+  EXPECT_EQ(s.produced, 2);  // the count before: 4
+  EXPECT_TRUE(s.stopped);
+  // A stop token past the limit's cut is not seen.
+  s = official_step_count({11, 12, 13, 99}, 10, 13, {99});
+  EXPECT_EQ(s.produced, 2);
+  EXPECT_FALSE(s.stopped);
+  // Far from both: accepted drafts + 1.
+  EXPECT_EQ(official_step_count({11, 12}, 10, 100, {99}).produced, 2);
+  // tau over a run of 7 new tokens, B 4, every draft accepted: the official steps keep 4, then 2 of the last
+  // block's 3 (6 after the prefill's token), tau 3.0; the count before counted 4, 4: tau 4.0.
+  SpecDecodeResult r;
+  for (int64_t start = 2, max_length = 2 + 7; start + 1 < max_length;) {
+    const std::vector<int32_t> kept(static_cast<size_t>(official_verify_rows(B, start, max_length)), 11);
+    const OfficialStep step = official_step_count(kept, start, max_length, {});
+    r.acceptance.push_back(step.produced);
+    start += step.produced;
+  }
+  EXPECT_EQ(r.acceptance, (std::vector<int>{4, 2}));
+  EXPECT_DOUBLE_EQ(r.tau(), 3.0);
+}
+
 TEST(SpecDecode, LosslessAgainstGreedyOnTheGoldenTarget) {
   const Ctx ctx = cpu_ctx();
   const TargetConfig tcfg = load_target_config(kTarget);
@@ -57,10 +91,10 @@ TEST(SpecDecode, LosslessAgainstGreedyOnTheGoldenTarget) {
       ASSERT_EQ(static_cast<int>(g.size()), max_new);
       EXPECT_EQ(r.tokens, g) << "drafter '" << drafter_dir << "', max_new " << max_new;
       const int sum = std::accumulate(r.acceptance.begin(), r.acceptance.end(), 0);
-      // Steps run while fewer than max_new tokens follow the prefill's (the reference's loop condition).
-      ASSERT_FALSE(r.acceptance.empty());
-      EXPECT_GE(sum, max_new);
-      EXPECT_LT(sum - r.acceptance.back(), max_new);
+      // Steps run while fewer than max_new tokens are there (the reference's loop condition), and each counts
+      // the tokens it kept (official_step_count): they add up to the tokens after the prefill's.
+      EXPECT_EQ(r.acceptance.empty(), max_new == 1);
+      EXPECT_EQ(sum, max_new - 1);
       for (int a : r.acceptance) {
         EXPECT_GE(a, 1);
         EXPECT_LE(a, B);
@@ -71,6 +105,7 @@ TEST(SpecDecode, LosslessAgainstGreedyOnTheGoldenTarget) {
       const auto at = std::find(g.begin(), g.end(), stop);
       EXPECT_EQ(rs.tokens, std::vector<int32_t>(g.begin(), at + 1));
       EXPECT_EQ(dec.greedy(prompt, max_new, {stop}), rs.tokens);
+      EXPECT_EQ(std::accumulate(rs.acceptance.begin(), rs.acceptance.end(), 0), static_cast<int>(rs.tokens.size()) - 1);
     }
   }
 }
@@ -161,8 +196,9 @@ TEST(SpecDecodeSampling, LosslessInDistribution) {
     for (int i = 0; i < N; ++i) {
       spec.seed = 1000 + static_cast<uint64_t>(i);
       dec.set_sampling(spec);
-      const SpecDecodeResult r = dec.generate(prompt, 2, {});
-      ASSERT_EQ(r.tokens.size(), 2u);
+      // 3 new tokens: with 2, the official count keeps one token of the only step (its cut at the limit).
+      const SpecDecodeResult r = dec.generate(prompt, 3, {});
+      ASSERT_EQ(r.tokens.size(), 3u);
       ++seen[{r.tokens[0], r.tokens[1]}];
       accepted_drafts += r.acceptance[0] > 1;
     }
