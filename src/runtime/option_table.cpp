@@ -14,6 +14,7 @@
 
 #include "dflash/checkpoint.h"  // parse_checkpoint_every
 #include "dflash/error.h"
+#include "dflash/schedule.h"  // kMostMicroBatches
 #include "report_sidecar.h"  // parse_report_to
 
 namespace po = boost::program_options;
@@ -307,7 +308,8 @@ std::vector<OptionRow> option_rows(Options& o) {
            std::function<bool(int)>([](int v) { return v >= 0 && v <= kMostAnchors; }), "in [0, 1048576] (0 = per batch only)")
       .doc = "up to N anchors in each record (sequence) of a batch, uniformly among its valid positions, redrawn every step (the reference trainers' rule: 512); more draws than `--max-anchors` are subsampled uniformly; 0 = the per-batch rule alone (include/dflash/anchors.h)";
   t.number("hs-noise", &tr.hs_noise, "STD", "std of Gaussian noise on target features", std::function<bool(float)>([](float v) { return v >= 0; }), ">= 0");
-  t.number("grad-accum", &o.grad_accum, "K", "micro-batches (packed batches) per optimizer step on each drafter, the loss normalised over all of them as one large batch; the lr schedule, --max-steps and checkpoints count optimizer steps", at_least(1), ">= 1")
+  t.number("grad-accum", &o.grad_accum, "K", "micro-batches (packed batches) per optimizer step on each drafter, the loss normalised over all of them as one large batch; the lr schedule, --max-steps and checkpoints count optimizer steps",
+           [](int v) { return v >= 1 && v <= kMostMicroBatches; }, "in [1, 1048576]")
       .doc = "micro-batches (packed batches) per optimizer step on each drafter, one large batch's normalisation over all of them (see \"Gradient accumulation\"); may not change on a resume";
   t.number("global-batch-tokens", &o.global_batch_tokens, "T", "pick --grad-accum so one optimizer step holds about T tokens: K = ceil(T / (--token-budget x drafters)); 0 = --grad-accum decides (the reference recipes step on ~98K to ~262K tokens)",
            at_least(int64_t{0}), ">= 0 (0 = --grad-accum decides)");

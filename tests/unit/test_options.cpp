@@ -430,4 +430,7 @@ TEST(OptionsDeath, GradAccumAndGlobalBatchTokensExclusive) {
   EXPECT_EXIT(parse(with_required({"--grad-accum", "2", "--global-batch-tokens", "1000"})), testing::ExitedWithCode(2),
               "--grad-accum and --global-batch-tokens both set");
   EXPECT_EXIT(parse(with_required({"--grad-accum", "0"})), testing::ExitedWithCode(2), "grad-accum");
+  // bounded as the K --global-batch-tokens derives is (issue 48: 2147483647 was accepted)
+  EXPECT_EXIT(parse(with_required({"--grad-accum", "2147483647"})), testing::ExitedWithCode(2), "grad-accum.*in \\[1, 1048576\\]");
+  EXPECT_EQ(parse(with_required({"--grad-accum", "1048576"})).options.grad_accum, 1048576);
 }
