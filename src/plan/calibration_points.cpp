@@ -3,64 +3,47 @@
 
 namespace dflash::plan {
 
+// The shapes as their config.json files give them (TargetShape / DrafterShape field order).
 TargetShape qwen3_8b_target(int layers_run) {
-  TargetShape t;
-  t.arch = TargetArch::DenseQwen3;
-  t.layers_run = layers_run;
-  t.hidden = 4096;
-  t.intermediate = 12288;
-  t.heads = 32;
-  t.kv_heads = 8;
-  t.head_dim = 128;
-  return t;
+  return TargetShape{TargetArch::DenseQwen3, layers_run, /*hidden*/ 4096, /*intermediate*/ 12288, /*heads*/ 32,
+                     /*kv_heads*/ 8, /*head_dim*/ 128};
 }
 
 TargetShape qwen36_27b_target(int layers_run) {
-  TargetShape t;
-  t.arch = TargetArch::HybridQwen35;
-  t.layers_run = layers_run;
-  t.hidden = 5120;
-  t.intermediate = 17408;
-  t.heads = 24;
-  t.kv_heads = 4;
-  t.head_dim = 256;
-  t.linear_layers_run = layers_run - layers_run / 4;  // full attention at 3, 7, ..., so layers_run / 4 of them
-  t.linear_key_heads = 16;
-  t.linear_value_heads = 48;
-  t.linear_key_head_dim = 128;
-  t.linear_value_head_dim = 128;
-  return t;
+  // full attention at layers 3, 7, ...: layers_run / 4 of them, the rest Gated DeltaNet (16 key, 48 value heads
+  // of 128)
+  return TargetShape{TargetArch::HybridQwen35, layers_run, 5120, 17408, 24, 4, 256, layers_run - layers_run / 4,
+                     16, 48, 128, 128};
 }
 
-DrafterShape qwen3_8b_drafter(LossObjective objective, OptimizerState state) {
+namespace {
+
+DrafterShape drafter_of(int64_t hidden, int64_t intermediate, int64_t heads, int64_t kv_heads, int64_t head_dim,
+                        int64_t vocab, std::vector<int64_t> windows, OptimizerState state) {
   DrafterShape d;
-  d.hidden = 4096;
-  d.intermediate = 12288;
-  d.heads = 32;
-  d.kv_heads = 8;
-  d.head_dim = 128;
-  d.vocab = 151936;
+  d.hidden = hidden;
+  d.intermediate = intermediate;
+  d.heads = heads;
+  d.kv_heads = kv_heads;
+  d.head_dim = head_dim;
+  d.vocab = vocab;
   d.block = 16;
   d.captured_layers = 5;
-  d.layer_windows.assign(5, 0);
-  d.objective = objective;
+  d.layer_windows = std::move(windows);
   d.state = state;
+  return d;
+}
+
+}  // namespace
+
+DrafterShape qwen3_8b_drafter(LossObjective objective, OptimizerState state) {
+  DrafterShape d = drafter_of(4096, 12288, 32, 8, 128, 151936, {0, 0, 0, 0, 0}, state);
+  d.objective = objective;
   return d;
 }
 
 DrafterShape qwen36_27b_drafter(OptimizerState state) {
-  DrafterShape d;
-  d.hidden = 5120;
-  d.intermediate = 17408;
-  d.heads = 24;
-  d.kv_heads = 4;
-  d.head_dim = 256;
-  d.vocab = 248320;
-  d.block = 16;
-  d.captured_layers = 5;
-  d.layer_windows = {2048, 2048, 2048, 2048, 0};
-  d.state = state;
-  return d;
+  return drafter_of(5120, 17408, 24, 4, 256, 248320, {2048, 2048, 2048, 2048, 0}, state);
 }
 
 DrafterShape qwen36_27b_dflash2_drafter(OptimizerState state) {
@@ -72,30 +55,30 @@ DrafterShape qwen36_27b_dflash2_drafter(OptimizerState state) {
 
 namespace {
 
-CalibrationPoint forward(std::string label, std::string gpu, std::string source, TargetShape t, PackedBatchShape b,
-                         double ms) {
+CalibrationPoint point(std::string label, std::string gpu, std::string source, MeasuredRole role, double ms) {
   CalibrationPoint p;
   p.label = std::move(label);
   p.gpu = std::move(gpu);
   p.source = std::move(source);
-  p.role = MeasuredRole::TargetForward;
+  p.role = role;
+  p.measured_ms = ms;
+  return p;
+}
+
+CalibrationPoint forward(std::string label, std::string gpu, std::string source, TargetShape t, PackedBatchShape b,
+                         double ms) {
+  CalibrationPoint p = point(std::move(label), std::move(gpu), std::move(source), MeasuredRole::TargetForward, ms);
   p.target = t;
   p.target_batch = b;
-  p.measured_ms = ms;
   return p;
 }
 
 // drafter_bench's batch: one packed sequence of `context` tokens, anchors uniform over it.
 CalibrationPoint step(std::string label, std::string gpu, std::string source, DrafterShape d, int64_t context,
                       int64_t anchors, double ms) {
-  CalibrationPoint p;
-  p.label = std::move(label);
-  p.gpu = std::move(gpu);
-  p.source = std::move(source);
-  p.role = MeasuredRole::DrafterStep;
+  CalibrationPoint p = point(std::move(label), std::move(gpu), std::move(source), MeasuredRole::DrafterStep, ms);
   p.drafter = d;
   p.drafter_batch = DrafterBatchShape{context, anchors, context};
-  p.measured_ms = ms;
   return p;
 }
 

@@ -125,3 +125,31 @@ PYEOF
   cmp -s "$WORK/$straight/drafter/model.safetensors" "$WORK/$resumed/drafter/model.safetensors" ||
     fail "the drafter exported after resuming differs from the $straight run's"
 }
+
+# dry NAME ARGS...: dflash-train --dry-run as one plain process (no mpirun), --out $WORK/NAME (never created),
+# log in $WORK/NAME.log, exit code in $RC
+dry() {
+  local name=$1
+  shift
+  set +e
+  timeout -k 5 60 "$TRAIN" --dry-run --out "$WORK/$name" "$@" >"$WORK/$name.log" 2>&1
+  RC=$?
+  set -e
+  note "$name: exit $RC"
+}
+
+# records_h5 PATH VOCAB N LENGTH: a token dataset of N records of LENGTH tokens (zeros, every loss_mask 1):
+# what a dry run reads of --data (its shapes and /offsets) without the cost of real tokens
+records_h5() {
+  "$PY" - "$@" <<'PYEOF'
+import sys, h5py, numpy as np
+path, vocab, n, length = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+lengths = np.full(n, length)
+with h5py.File(path, 'w') as f:
+    f['tokens'] = np.zeros(int(lengths.sum()), np.int32)
+    f['loss_mask'] = np.ones(int(lengths.sum()), np.uint8)
+    f['offsets'] = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    f.attrs['vocab_size'] = vocab
+    f.attrs['format_version'] = 1
+PYEOF
+}

@@ -13,16 +13,6 @@
 source "$(dirname "$0")/lib.sh"
 tiny=$(tiny_dir)
 
-# dry NAME ARGS...: dflash-train as one plain process, log in $WORK/NAME.log, exit code in $RC
-dry() {
-  local name=$1
-  shift
-  set +e
-  timeout -k 5 60 "$TRAIN" --dry-run --out "$WORK/$name" "$@" >"$WORK/$name.log" 2>&1
-  RC=$?
-  set -e
-  note "$name: exit $RC"
-}
 # row NAME RANK: the rank's row of the topology table ("rank node local role host device memory...")
 row() { sed -n "s/^\[dflash\] *$2  .*/&/p" "$WORK/$1.log" | sed 's/^\[dflash\] *//'; }
 expect_row() {  # expect_row NAME RANK NODE LOCAL ROLE DEVICE

@@ -9,15 +9,6 @@
 source "$(dirname "$0")/lib.sh"
 tiny=$(tiny_dir)
 
-dry() {  # dry NAME ARGS...: dflash-train --dry-run as one plain process; log in $WORK/NAME.log, exit code in $RC
-  local name=$1
-  shift
-  set +e
-  timeout -k 5 60 "$TRAIN" --dry-run --out "$WORK/$name" "$@" >"$WORK/$name.log" 2>&1
-  RC=$?
-  set -e
-  note "$name: exit $RC"
-}
 plan_row() { grep -E "^\[dflash\]   [*> ]{0,2}$2 " "$WORK/$1.log" | head -1; }
 
 mkdir -p "$WORK/qwen3-8b"
@@ -27,17 +18,7 @@ cat >"$WORK/qwen3-8b/config.json" <<'JSON'
  "num_attention_heads": 32, "num_hidden_layers": 36, "num_key_value_heads": 8, "rms_norm_eps": 1e-06,
  "rope_theta": 1000000, "tie_word_embeddings": false, "torch_dtype": "bfloat16", "vocab_size": 151936}
 JSON
-"$PY" - "$WORK/records3072.h5" <<'PYEOF'
-import sys, h5py, numpy as np
-lengths = np.full(400, 3072)
-n = int(lengths.sum())
-with h5py.File(sys.argv[1], 'w') as f:
-    f['tokens'] = np.zeros(n, np.int32)
-    f['loss_mask'] = np.ones(n, np.uint8)
-    f['offsets'] = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
-    f.attrs['vocab_size'] = 151936
-    f.attrs['format_version'] = 1
-PYEOF
+records_h5 "$WORK/records3072.h5" 151936 400 3072
 Q8=(--config "$DFLASH_SRC/jobs/recipes/qwen3-8b.cfg" --target "$WORK/qwen3-8b" --data "$WORK/records3072.h5"
     --ranks 8 --topology 7-1)
 
@@ -77,17 +58,7 @@ cat >"$WORK/qwen36-27b/config.json" <<'JSON'
  "full_attention_interval": 4, "linear_conv_kernel_dim": 4, "linear_num_key_heads": 16, "linear_num_value_heads": 48,
  "linear_key_head_dim": 128, "linear_value_head_dim": 128, "tie_word_embeddings": false, "dtype": "bfloat16"}
 JSON
-"$PY" - "$WORK/records3072-27b.h5" <<'PYEOF'
-import sys, h5py, numpy as np
-lengths = np.full(400, 3072)
-n = int(lengths.sum())
-with h5py.File(sys.argv[1], 'w') as f:
-    f['tokens'] = np.zeros(n, np.int32)
-    f['loss_mask'] = np.ones(n, np.uint8)
-    f['offsets'] = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
-    f.attrs['vocab_size'] = 248320
-    f.attrs['format_version'] = 1
-PYEOF
+records_h5 "$WORK/records3072-27b.h5" 248320 400 3072
 for recipe in qwen36-27b qwen38-27b-dflash2; do
   for gpu in h200 rtx-pro-6000; do
     name=${recipe}-$gpu
