@@ -20,18 +20,9 @@ namespace {
 
 DrafterShape drafter_of(int64_t hidden, int64_t intermediate, int64_t heads, int64_t kv_heads, int64_t head_dim,
                         int64_t vocab, std::vector<int64_t> windows, OptimizerState state) {
-  DrafterShape d;
-  d.hidden = hidden;
-  d.intermediate = intermediate;
-  d.heads = heads;
-  d.kv_heads = kv_heads;
-  d.head_dim = head_dim;
-  d.vocab = vocab;
-  d.block = 16;
-  d.captured_layers = 5;
-  d.layer_windows = std::move(windows);
-  d.state = state;
-  return d;
+  // block 16, 5 target layers captured, CE (DrafterShape field order)
+  return DrafterShape{DrafterArch::DFlash, hidden, intermediate, heads, kv_heads, head_dim, vocab, 16, 5,
+                      std::move(windows), LossObjective::CE, state};
 }
 
 }  // namespace
