@@ -85,6 +85,11 @@ class RecordSource {
   virtual const std::string& path() const = 0;  // for messages: the file (a mix: its files, "a.h5 + b.h5")
 };
 
+// Fatal BadInput naming the file when a dataset tokenized for a vocabulary of dataset_vocab ids cannot be
+// the target's (target_vocab embedding rows: the same, or a few padding rows more). TokenDataset and the dry
+// run (which reads only the attribute) ask it.
+void check_dataset_vocabulary(const std::string& path, int dataset_vocab, int target_vocab);
+
 // An open, validated dataset. Offsets live in memory (8 bytes per record); tokens and masks are read
 // per record (hyperslabs), so a dataset of billions of tokens does not have to fit in every rank's RAM.
 class TokenDataset : public RecordSource {

@@ -135,6 +135,20 @@ bool stat_file(const std::string& path, uint64_t* dev, uint64_t* ino, int64_t* s
 
 }  // namespace
 
+// The attribute is the vocabulary the ids were made for. A target's embedding has that many rows or a few
+// padding rows more (Qwen3: 151669 tokenizer ids, 151936 rows); a dataset made for another vocabulary passes
+// the id check whenever its ids happen to be smaller, and trains on the wrong tokens.
+void check_dataset_vocabulary(const std::string& path, int dataset_vocab, int target_vocab) {
+  const int64_t padding = static_cast<int64_t>(target_vocab) - dataset_vocab;
+  const int64_t max_padding = std::min<int64_t>(2048, target_vocab / 16);
+  DF_CHECK_HINT(padding >= 0 && padding <= max_padding, BadInput,
+                "dataset " << path << " was tokenized for a vocabulary of " << dataset_vocab << " ids (its vocab_size"
+                           << " attribute), the target has " << target_vocab << " embedding rows"
+                           << (padding < 0 ? "" : " (more padding rows than any tokenizer leaves)"),
+                "tokenize the data with the target's own tokenizer (dflash-tokenize TARGET_DIR IN.jsonl OUT.h5, "
+                "dflash-prep --target TARGET_DIR)");
+}
+
 TokenDataset::TokenDataset(const std::string& path, int target_vocab_size) : path_(path) {
   h5::quiet_errors();
   std::lock_guard<std::mutex> lock(hdf5_mutex());
@@ -161,19 +175,7 @@ TokenDataset::TokenDataset(const std::string& path, int target_vocab_size) : pat
   h5::read_attr_string(file, "tokenizer", &tokenizer_);
   const int vocab = target_vocab_size > 0 ? target_vocab_size : vocab_size_;
   DF_CHECK(vocab > 0, BadInput, "dataset " << path << ": vocab_size " << vocab_size_ << " is not positive");
-  // The attribute is the vocabulary the ids were made for. A target's embedding has that many rows or a few
-  // padding rows more (Qwen3: 151669 tokenizer ids, 151936 rows); a dataset made for another vocabulary
-  // passes the id check whenever its ids happen to be smaller, and trains on the wrong tokens.
-  if (target_vocab_size > 0) {
-    const int64_t padding = static_cast<int64_t>(target_vocab_size) - vocab_size_;
-    const int64_t max_padding = std::min<int64_t>(2048, target_vocab_size / 16);
-    DF_CHECK_HINT(padding >= 0 && padding <= max_padding, BadInput,
-                  "dataset " << path << " was tokenized for a vocabulary of " << vocab_size_ << " ids (its vocab_size"
-                             << " attribute), the target has " << target_vocab_size << " embedding rows"
-                             << (padding < 0 ? "" : " (more padding rows than any tokenizer leaves)"),
-                  "tokenize the data with the target's own tokenizer (dflash-tokenize TARGET_DIR IN.jsonl OUT.h5, "
-                  "dflash-prep --target TARGET_DIR)");
-  }
+  if (target_vocab_size > 0) check_dataset_vocabulary(path, vocab_size_, target_vocab_size);
 
   Handle tokens = open_1d(file, "tokens", H5T_INTEGER, path);
   Handle offsets = open_1d(file, "offsets", H5T_INTEGER, path);

@@ -25,6 +25,7 @@
 #include "dflash/runtime.h"
 #include "dflash/topology.h"
 #include "dry_run_plan.h"
+#include "job.h"  // the job's input checks
 #include "layout_plan_inputs.h"
 #include "run_plan.h"
 
@@ -53,23 +54,44 @@ std::pair<int64_t, int64_t> dataset_shape(const std::string& path) {
 // per drafter (include/dflash/eval_set.h); a given --eval-max-tokens the drafters cannot keep fails it as it
 // would fail the job. The job checks the rest of the file when it starts. num_drafters 0: not known yet
 // (--topology auto), so only one drafter's budget is certain.
-std::string eval_summary(const Options& o, int num_drafters, const ModelPlan& job_plan) {
-  if (o.eval_data.empty()) return "";
+// A token dataset's /offsets and its vocab_size attribute (-1 when absent), nothing else read; empty offsets
+// when the file does not have them (the job reports what is wrong with it).
+std::vector<int64_t> read_offsets(const std::string& path, double* vocab_size = nullptr) {
   std::vector<int64_t> offsets;
-  {
-    std::lock_guard<std::mutex> lock(hdf5_mutex());
-    h5::quiet_errors();
-    h5::Handle fapl(h5::fapl_no_locking(), h5::Handle::Kind::PropList);
-    h5::Handle file(H5Fopen(o.eval_data.c_str(), H5F_ACC_RDONLY, fapl), h5::Handle::Kind::File);
-    if (file.valid() && h5::link_exists(file, "offsets")) {
-      h5::Handle ds(H5Dopen2(file, "offsets", H5P_DEFAULT), h5::Handle::Kind::Dataset);
-      const std::vector<hsize_t> d = ds.valid() ? h5::dims(ds) : std::vector<hsize_t>{};
-      if (d.size() == 1 && d[0] >= 2) {
-        offsets.resize(d[0]);
-        if (H5Dread(ds, H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, offsets.data()) < 0) offsets.clear();
-      }
+  std::lock_guard<std::mutex> lock(hdf5_mutex());
+  h5::quiet_errors();
+  h5::Handle fapl(h5::fapl_no_locking(), h5::Handle::Kind::PropList);
+  h5::Handle file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, fapl), h5::Handle::Kind::File);
+  if (vocab_size && (!file.valid() || !h5::read_attr_number(file, "vocab_size", vocab_size))) *vocab_size = -1;
+  if (file.valid() && h5::link_exists(file, "offsets")) {
+    h5::Handle ds(H5Dopen2(file, "offsets", H5P_DEFAULT), h5::Handle::Kind::Dataset);
+    const std::vector<hsize_t> d = ds.valid() ? h5::dims(ds) : std::vector<hsize_t>{};
+    if (d.size() == 1 && d[0] >= 2) {
+      offsets.resize(d[0]);
+      if (H5Dread(ds, H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, offsets.data()) < 0) offsets.clear();
     }
   }
+  return offsets;
+}
+
+// What the job would die of in its first seconds, checked here so a Slurm job does not queue for hours to
+// fail at once (the same checks as the job's: src/runtime/job_inputs.cpp, include/dflash/data.h): --data
+// tokenized for another vocabulary, records longer than --token-budget under --long-record error (or none
+// left under skip), --draft-layers above the target's layers.
+void check_inputs_as_the_job(const Options& o, const ModelPlan& plan) {
+  check_draft_layers(o, plan, false);
+  for (const DataSource& d : o.data) {
+    double vocab = -1;
+    const std::vector<int64_t> offsets = read_offsets(d.path, &vocab);
+    if (vocab > 0) check_dataset_vocabulary(d.path, static_cast<int>(vocab), plan.target.text.vocab_size);
+    if (offsets.size() >= 2)
+      check_record_lengths(o, d.path, [&](size_t r) { return offsets[r + 1] - offsets[r]; }, offsets.size() - 1);
+  }
+}
+
+std::string eval_summary(const Options& o, int num_drafters, const ModelPlan& job_plan) {
+  if (o.eval_data.empty()) return "";
+  const std::vector<int64_t> offsets = read_offsets(o.eval_data);
   std::ostringstream os;
   if (offsets.empty()) {
     os << "[dflash] eval: " << o.eval_data << ": no /offsets to size it (the job will say why)\n";
@@ -244,6 +266,7 @@ int dry_run(const Options& o) {
   }
   const int size = static_cast<int>(world.seats.size());
   const ModelPlan plan = plan_job(o);  // the config.json files only
+  check_inputs_as_the_job(o, plan);
   const RoleMemory memory = plan_role_memory(o, plan);
   const PlannedGpu gpu = gpu_to_check(o);
   std::ostringstream os;

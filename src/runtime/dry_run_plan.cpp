@@ -212,6 +212,7 @@ RoleMemory plan_role_memory(const Options& o, const ModelPlan& plan) {
   // evaluation (src/runtime/drafter_eval.cpp); the kept features themselves are in host memory.
   const double eval_buffer = cuda && !o.eval_data.empty() ? batch : 0.0;
   m.drafter = state + frozen + slots + loss_ws + blocks + accum + tau_target + eval_buffer;
+  m.drafter_bf16_saving = P * (state_bytes - optimizer_state_bytes_per_param(OptimizerState::Bf16, o.backend));
   std::ostringstream os;
   os << "[dflash] memory per rank, fixed part (" << (cuda ? "bf16 on the GPU" : "float32 in host memory")
      << "; the target's activations come on top): target " << gib(m.target) << " (weights " << gib(weights) << " from "
@@ -272,9 +273,17 @@ MemoryVerdict check_memory(const Options& o, const PlannedGpu& gpu, const RoleMe
     v.fits = false;
     v.what = "the plan does not fit " + label + ": " + v.what;
     std::string hint;
-    if (drafter_misfit)
-      hint = "the drafter: lower --max-anchors (its block activations grow with it) or --hs-queue-depth / "
-             "--token-budget (its slots)";
+    if (drafter_misfit) {
+      // The cheapest fix where it is enough: the bf16 optimizer state (docs/pipeline.md "Optimizer state").
+      const double bf16 = memory.drafter - memory.drafter_bf16_saving;
+      if (memory.drafter_bf16_saving > 0 && bf16 <= gpu.bytes)
+        hint = "the drafter: --optimizer-state bf16 makes it fit (" + gib(bf16) + " fixed, " +
+               gib(memory.drafter_bf16_saving) + " less); or ";
+      else
+        hint = "the drafter: ";
+      hint += "lower --max-anchors (its block activations grow with it) or --hs-queue-depth / --token-budget "
+              "(its slots)";
+    }
     if (target_misfit)
       hint += std::string(hint.empty() ? "" : "; ") +
               "the target: its weights alone need a GPU with more memory (or a smaller --token-budget for its send buffers)";

@@ -58,6 +58,7 @@ double target_param_count(const TargetConfig& t);  // what config.json describes
 // The fixed memory of each role (allocated once at startup; activations come on top), and its line.
 struct RoleMemory {
   double target = 0, drafter = 0;
+  double drafter_bf16_saving = 0;  // what --optimizer-state bf16 would take off the drafter (0: already bf16)
   std::string line;  // "[dflash] memory per rank, fixed part (...): target ...; drafter ..."
 };
 RoleMemory plan_role_memory(const Options& o, const ModelPlan& plan);

@@ -141,6 +141,14 @@ struct CheckedInputs {
 CheckedInputs validate_inputs(const Options& o, const Topology& topo, const std::vector<RankCard>& cards,
                               std::optional<ModelPlan> planned);
 
+// The input checks the dry run repeats (job_inputs.cpp), so a job queued for hours does not die of them in a
+// second: records longer than --token-budget under --long-record error (or none left under skip), with
+// `length(r)` the length of record r of `records`; --draft-layers against the target's depth (print_note:
+// say where the default layer ids repeat a layer).
+void check_record_lengths(const Options& o, const std::string& path, const std::function<int64_t(size_t)>& length,
+                          size_t records);
+void check_draft_layers(const Options& o, const ModelPlan& plan, bool print_note);
+
 // The segment's plan (segment_plan.cpp), in three collective steps around the run directory's lock and
 // log: the resolved record with what the segment resolved (K; the split and checkpoint of a re-split),
 // where it resumes from (the inputs' identities shared, --resume resolved), then the rest (the checkpoint

@@ -27,25 +27,31 @@
 #include "run_resume.h"
 
 namespace dflash {
-namespace {
 
-// A record longer than --token-budget: refused (Error), cut or skipped; and skipping everything is refused.
-void check_records_fit(const Options& o, const TokenDataset& ds) {
+void check_record_lengths(const Options& o, const std::string& path, const std::function<int64_t(size_t)>& length,
+                          size_t records) {
   size_t longest = 0, fitting = 0;
-  for (size_t r = 0; r < ds.num_records(); ++r) {
-    if (ds.record_length(r) > ds.record_length(longest)) longest = r;
-    if (ds.record_length(r) <= o.token_budget) ++fitting;
+  for (size_t r = 0; r < records; ++r) {
+    if (length(r) > length(longest)) longest = r;
+    if (length(r) <= o.token_budget) ++fitting;
   }
-  const int64_t len = ds.record_length(longest);
+  const int64_t len = records ? length(longest) : 0;
   DF_CHECK_HINT(o.long_record != LongRecordPolicy::Error || len <= o.token_budget, BadOptions,
-                "--token-budget " << o.token_budget << " is smaller than record " << longest << " of " << ds.path()
+                "--token-budget " << o.token_budget << " is smaller than record " << longest << " of " << path
                                   << " (" << len << " tokens), and --long-record is error",
                 "raise --token-budget to at least " + std::to_string(len) + ", or pass --long-record cut (keep the first " +
                     std::to_string(o.token_budget) + " tokens) or --long-record skip (drop such records)");
   DF_CHECK_HINT(o.long_record != LongRecordPolicy::Skip || fitting > 0, BadOptions,
-                "--long-record skip drops every record of " << ds.path() << ": all are longer than --token-budget "
-                                                            << o.token_budget,
+                "--long-record skip drops every record of " << path << ": all are longer than --token-budget "
+                                                        << o.token_budget,
                 "raise --token-budget");
+}
+
+namespace {
+
+// A record longer than --token-budget: refused (Error), cut or skipped; and skipping everything is refused.
+void check_records_fit(const Options& o, const TokenDataset& ds) {
+  check_record_lengths(o, ds.path(), [&](size_t r) { return ds.record_length(r); }, ds.num_records());
 }
 
 // A dataset whose loss mask allows no anchor (a position p with loss_mask[p] and loss_mask[p + 1]) would
@@ -58,6 +64,8 @@ void check_trainable(const TokenDataset& ds) {
                 "mark the completions (the tokens the drafter should predict) with loss_mask 1 when converting "
                 "(dflash-prep: \"loss_mask\" in the JSONL, or leave it out for all 1)");
 }
+
+}  // namespace
 
 // --draft-layers against the target (a fresh drafter only: --drafter brings its own layers and ids; plan_job
 // checked the other recipe options), and a note where its default layer ids repeat a layer.
@@ -82,6 +90,8 @@ void check_draft_layers(const Options& o, const ModelPlan& plan, bool print_note
               o.draft_layers, L, list.c_str());
   std::fflush(stdout);
 }
+
+namespace {
 
 // --token-budget against this rank's memory: the hidden-state buffers alone — a drafter's
 // --hs-queue-depth receive slots, a target's two send buffers, each [T, H] per captured layer (+ the final

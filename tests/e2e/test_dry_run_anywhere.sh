@@ -59,7 +59,9 @@ with h5py.File(sys.argv[1], 'w') as f:
     f.attrs['format_version'] = 1
 print(len(lengths), n)
 PYEOF
-Q8=(--config "$DFLASH_SRC/jobs/recipes/qwen3-8b.cfg" --target "$WORK/qwen3-8b" --data "$tiny/data.h5"
+# (--data of the target's vocabulary: a dry run refuses one tokenized for another, as the job does)
+records_h5 "$WORK/q8data.h5" 151936 64 512
+Q8=(--config "$DFLASH_SRC/jobs/recipes/qwen3-8b.cfg" --target "$WORK/qwen3-8b" --data "$WORK/q8data.h5"
     --eval-data "$WORK/heldout.h5" --ranks 8 --topology 7-1)
 dry q8 "${Q8[@]}" --gpu h200
 expect_rc 0 q8
@@ -94,7 +96,7 @@ expect_rc 2 q8nvmlbig
 expect_log q8nvmlbig "the plan does not fit this node's GPU 0 (NVML: 81920 MiB): drafter rank(s) 7 need"
 
 # ---- two nodes of 4 ranks, 3-1 -----------------------------------------------------------------------
-dry nodes --config "$DFLASH_SRC/jobs/recipes/qwen3-8b.cfg" --target "$WORK/qwen3-8b" --data "$tiny/data.h5" \
+dry nodes --config "$DFLASH_SRC/jobs/recipes/qwen3-8b.cfg" --target "$WORK/qwen3-8b" --data "$WORK/q8data.h5" \
   --nodes 2 --gpus-per-node 4 --topology 3-1 --gpu b200
 expect_rc 0 nodes
 expect_log nodes "topology 3-1 on 2 node(s) x 4 rank(s), backend cuda: 6 target(s), 2 drafter(s), 0 idle"
@@ -105,7 +107,7 @@ expect_log nodes "the 2 drafters allreduce their gradients; rank 3 (the first dr
 expect_log nodes "memory check against --gpu b200 (NVIDIA B200, 179.1 GiB as its driver reports it): target rank(s) 0-2,4-6: "
 
 # ---- under mpirun: --backend cuda without a GPU plans (no exit 5) --------------------------------------
-run_job mpi 8 60 --topology 7-1 --backend cuda --target "$WORK/qwen3-8b" --dry-run
+run_job mpi 8 60 --topology 7-1 --backend cuda --target "$WORK/qwen3-8b" --data "$WORK/q8data.h5" --dry-run
 expect_rc 0 mpi
 expect_log mpi "topology 7-1 on 1 node(s) x 8 rank(s), backend cuda: 7 target(s), 1 drafter(s), 0 idle"
 if ! command -v nvidia-smi >/dev/null 2>&1; then
@@ -113,12 +115,12 @@ if ! command -v nvidia-smi >/dev/null 2>&1; then
   expect_row mpi 5 0 5 target gpu5
   expect_log mpi "memory check: none (no --gpu, and NVML sees no GPU here): give --gpu"
 fi
-run_job mpigpu 8 60 --topology 7-1 --backend cuda --target "$WORK/qwen3-8b" --dry-run --gpu 10
+run_job mpigpu 8 60 --topology 7-1 --backend cuda --target "$WORK/qwen3-8b" --data "$WORK/q8data.h5" --dry-run --gpu 10
 expect_rc 2 mpigpu
 expect_log mpigpu "the plan does not fit --gpu 10 (10.0 GiB): target rank(s) 0-6 need"
 
 # ---- what a single process without --ranks says; the flags belong to a dry run -----------------------
-dry alone --topology 7-1 --backend cuda --target "$WORK/qwen3-8b" --data "$tiny/data.h5"
+dry alone --topology 7-1 --backend cuda --target "$WORK/qwen3-8b" --data "$WORK/q8data.h5"
 expect_rc 4 alone
 expect_log alone "--topology 7-1 needs 8 ranks per node but 1 run per node"
 expect_log alone "HINT: a dry run plans another world in one process, without mpirun: --ranks N, or --nodes N --gpus-per-node G"

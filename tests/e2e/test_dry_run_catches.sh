@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# The dry run catches what the job would die of at startup (issue 44 item 5), so a Slurm job does not queue
+# for hours to fail in a second; each with the job's own message and exit code, from config.json and the
+# dataset's attributes and /offsets only:
+#  - --data tokenized for another vocabulary (exit 3);
+#  - --draft-layers above the target's layer count (exit 2);
+#  - records longer than --token-budget under --long-record error (exit 2);
+#  - a drafter that does not fit its GPU, where --optimizer-state bf16 makes it fit: the HINT says so (exit 2).
+source "$(dirname "$0")/lib.sh"
+
+mkdir -p "$WORK/qwen3-8b"
+cat >"$WORK/qwen3-8b/config.json" <<'JSON'
+{"architectures": ["Qwen3ForCausalLM"], "attention_bias": false, "head_dim": 128, "hidden_act": "silu",
+ "hidden_size": 4096, "intermediate_size": 12288, "max_position_embeddings": 40960, "model_type": "qwen3",
+ "num_attention_heads": 32, "num_hidden_layers": 36, "num_key_value_heads": 8, "rms_norm_eps": 1e-06,
+ "rope_theta": 1000000, "tie_word_embeddings": false, "torch_dtype": "bfloat16", "vocab_size": 151936}
+JSON
+records_h5 "$WORK/ok.h5" 151669 50 3072       # the Qwen3 tokenizer's ids: 267 padding rows, as the job allows
+records_h5 "$WORK/othervocab.h5" 32000 50 3072
+T8=(--target "$WORK/qwen3-8b" --ranks 8 --topology 3-5 --backend cuda --gpu h200)
+
+dry fine "${T8[@]}" --data "$WORK/ok.h5" --token-budget 16384
+expect_rc 0 fine
+
+dry vocab "${T8[@]}" --data "$WORK/othervocab.h5" --token-budget 16384
+expect_rc 3 vocab
+expect_log vocab "was tokenized for a vocabulary of 32000 ids (its vocab_size attribute), the target has 151936 embedding rows"
+
+dry layers "${T8[@]}" --data "$WORK/ok.h5" --token-budget 16384 --draft-layers 40
+expect_rc 2 layers
+expect_log layers "--draft-layers 40 is more than the target's 36 layers"
+
+dry long "${T8[@]}" --data "$WORK/ok.h5" --token-budget 2048
+expect_rc 2 long
+expect_log long "--token-budget 2048 is smaller than record 0 of $WORK/ok.h5 (3072 tokens), and --long-record is error"
+dry longcut "${T8[@]}" --data "$WORK/ok.h5" --token-budget 2048 --long-record cut
+expect_rc 0 longcut
+
+# The 8B recipe's drafter (about 68 GiB with the fp32 state, 8 B/param less with bf16) on a 64 GiB GPU.
+dry bf16hint --config "$DFLASH_SRC/jobs/recipes/qwen3-8b.cfg" "${T8[@]}" --data "$WORK/ok.h5" --gpu 64
+expect_rc 2 bf16hint
+expect_log bf16hint "HINT: the drafter: --optimizer-state bf16 makes it fit"
+dry bf16 --config "$DFLASH_SRC/jobs/recipes/qwen3-8b.cfg" "${T8[@]}" --data "$WORK/ok.h5" --gpu 64 --optimizer-state bf16
+expect_rc 0 bf16
+echo "PASS"
