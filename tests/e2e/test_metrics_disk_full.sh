@@ -29,7 +29,8 @@ if grep -q "check that the path is writable" "$WORK/tiny.log"; then fail "tiny: 
 [ ! -e "$SMALL/run/metrics.h5" ] || fail "tiny: refused at startup, yet metrics.h5 was written"
 
 # 1050 KiB: the export, the file and its reserve fit (the startup check); the first flushes with rows use up
-# the room, the reserve cannot be allocated again: exit 8 with every row so far in a readable file, and no reserve left behind.
+# the room, the reserve cannot be allocated again: exit 8 with every row so far in a readable file, and no
+# reserve left behind.
 release_small
 mount -t tmpfs -o size=1050k tmpfs "$SMALL"
 run_job low 2 90 "${ARGS[@]}" --out "$SMALL/run"
