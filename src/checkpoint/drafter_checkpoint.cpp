@@ -1,5 +1,6 @@
 // The drafters' side of checkpointing: their agreement on when to save or stop, gathering every drafter's
-// trained batches and RNG state to the first drafter, which writes the checkpoint on a helper thread while its main thread keeps MPI moving.
+// trained batches and RNG state to the first drafter, which writes the checkpoint on a helper thread while
+// its main thread keeps MPI moving.
 #include <unistd.h>
 
 #include <atomic>
