@@ -27,6 +27,7 @@
 #include "dry_run_plan.h"
 #include "job.h"  // the job's input checks
 #include "layout_plan_inputs.h"
+#include "report_sidecar.h"  // check_report_to
 #include "run_plan.h"
 
 namespace dflash {
@@ -77,9 +78,11 @@ std::vector<int64_t> read_offsets(const std::string& path, double* vocab_size = 
 // What the job would die of in its first seconds, checked here so a Slurm job does not queue for hours to
 // fail at once (the same checks as the job's: src/runtime/job_inputs.cpp, include/dflash/data.h): --data
 // tokenized for another vocabulary, records longer than --token-budget under --long-record error (or none
-// left under skip), --draft-layers above the target's layers.
-void check_inputs_as_the_job(const Options& o, const ModelPlan& plan) {
+// left under skip), --draft-layers above the target's layers, --report-to wandb where wandb cannot be imported.
+// Returns what it has to say ("" or lines ending in a newline).
+std::string check_inputs_as_the_job(const Options& o, const ModelPlan& plan) {
   check_draft_layers(o, plan, false);
+  const std::string report = check_report_to(o);
   for (const DataSource& d : o.data) {
     double vocab = -1;
     const std::vector<int64_t> offsets = read_offsets(d.path, &vocab);
@@ -87,6 +90,7 @@ void check_inputs_as_the_job(const Options& o, const ModelPlan& plan) {
     if (offsets.size() >= 2)
       check_record_lengths(o, d.path, [&](size_t r) { return offsets[r + 1] - offsets[r]; }, offsets.size() - 1);
   }
+  return report.empty() ? report : report + "\n";
 }
 
 std::string eval_summary(const Options& o, int num_drafters, const ModelPlan& job_plan) {
@@ -266,7 +270,7 @@ int dry_run(const Options& o) {
   }
   const int size = static_cast<int>(world.seats.size());
   const ModelPlan plan = plan_job(o);  // the config.json files only
-  check_inputs_as_the_job(o, plan);
+  const std::string input_notes = check_inputs_as_the_job(o, plan);
   const RoleMemory memory = plan_role_memory(o, plan);
   const PlannedGpu gpu = gpu_to_check(o);
   std::ostringstream os;
@@ -327,6 +331,7 @@ int dry_run(const Options& o) {
   os << memory.line << "\n";
   const MemoryVerdict verdict = check_memory(o, gpu, memory, target_ranks, drafter_ranks);
   os << verdict.line << "\n";
+  os << input_notes;
   os << layout_plan_text(o, plan, memory, gpu, world);
   std::fputs(os.str().c_str(), stdout);
   std::fflush(stdout);

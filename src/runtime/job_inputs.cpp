@@ -24,6 +24,7 @@
 #include "dflash/metrics.h"  // metrics_reserve_bytes
 #include "drafter_tau.h"
 #include "job.h"
+#include "report_sidecar.h"  // check_report_to
 #include "run_resume.h"
 
 namespace dflash {
@@ -311,6 +312,10 @@ CheckedInputs validate_inputs(const Options& o, const Topology& topo, const std:
   CheckedInputs c{planned ? std::move(*planned) : plan_job(o), JobInputs{}};
   const ModelPlan& plan = c.model;
   check_draft_layers(o, plan, topo.world_rank == 0);
+  if (topo.world_rank == 0) {  // the exporters --report-to needs, before hours of training (one rank asks)
+    const std::string line = check_report_to(o);
+    if (!line.empty()) std::printf("%s\n", line.c_str());
+  }
   check_token_budget_fits(o, topo, cards, plan);
   if (!o.eval_data.empty() && topo.role != Role::Idle) load_eval_data(o, topo, plan, c.handles);
   if (topo.role != Role::Target) return c;

@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -65,6 +66,32 @@ std::string find_dflash_report() {
       if (is_executable(d + "/dflash-report")) return d + "/dflash-report";
   }
   return "";
+}
+
+std::string check_report_to(const Options& o) {
+  const std::vector<ReportTarget> targets = parse_report_to(o.report_to);
+  if (targets.empty()) return "";
+  const std::string program = find_dflash_report();
+  DF_CHECK_HINT(!program.empty(), BadOptions, "--report-to needs tools/dflash-report, and it was not found",
+                "set DFLASH_REPORT to its path (it is tools/dflash-report in the source tree), or put it on PATH");
+  if (std::find(targets.begin(), targets.end(), ReportTarget::Wandb) == targets.end()) return "";
+  // The program's own answer (it imports wandb the way its --wandb export will, re-running under the project
+  // venv where that has it), its stdout and stderr together; the path single-quoted for the shell.
+  std::string quoted = "'";
+  for (char c : program) quoted += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  quoted += "'";
+  std::string out;
+  FILE* p = ::popen((quoted + " --check-wandb 2>&1").c_str(), "r");
+  DF_CHECK_HINT(p != nullptr, SystemFailure, "--report-to wandb: cannot run " << program << " --check-wandb",
+                "drop wandb from --report-to, or check the environment");
+  char buf[256];
+  while (std::fgets(buf, sizeof buf, p)) out += buf;
+  const int status = ::pclose(p);
+  while (!out.empty() && (out.back() == '\n' || out.back() == ' ')) out.pop_back();
+  DF_CHECK_HINT(WIFEXITED(status) && WEXITSTATUS(status) == 0, BadOptions,
+                "--report-to wandb, but " << program << " cannot log to W&B: " << out,
+                "install wandb for it (tools/setup.sh --tests puts it in the project venv), or drop wandb from --report-to");
+  return "[dflash] --report-to wandb: " + out + " (" + program + ")";
 }
 
 ReportSidecar::ReportSidecar(const Options& o)

@@ -20,6 +20,10 @@ std::vector<ReportTarget> parse_report_to(const std::string& text);
 // The dflash-report program the job runs: $DFLASH_REPORT, else tools/dflash-report of the source tree the
 // binary was built from (next to its build directory), else the one on PATH; "" when none is found.
 std::string find_dflash_report();
+// --report-to's exporters, checked before the job trains (world rank 0, with the other input checks) and in
+// --dry-run: dflash-report must be found, and with wandb, its Python must import wandb (`dflash-report
+// --check-wandb`). Fatal BadOptions naming what is missing; the W&B line ("" without wandb) otherwise.
+std::string check_report_to(const Options& o);
 
 class ReportSidecar {
  public:

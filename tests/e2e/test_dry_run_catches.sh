@@ -5,7 +5,8 @@
 #  - --data tokenized for another vocabulary (exit 3);
 #  - --draft-layers above the target's layer count (exit 2);
 #  - records longer than --token-budget under --long-record error (exit 2);
-#  - a drafter that does not fit its GPU, where --optimizer-state bf16 makes it fit: the HINT says so (exit 2).
+#  - a drafter that does not fit its GPU, where --optimizer-state bf16 makes it fit: the HINT says so (exit 2);
+#  - --report-to wandb where dflash-report's Python cannot import wandb (exit 2), and the version where it can.
 source "$(dirname "$0")/lib.sh"
 
 mkdir -p "$WORK/qwen3-8b"
@@ -42,4 +43,23 @@ expect_rc 2 bf16hint
 expect_log bf16hint "HINT: the drafter: --optimizer-state bf16 makes it fit"
 dry bf16 --config "$DFLASH_SRC/jobs/recipes/qwen3-8b.cfg" "${T8[@]}" --data "$WORK/ok.h5" --gpu 64 --optimizer-state bf16
 expect_rc 0 bf16
+
+# --report-to wandb: dflash-report answers --check-wandb as its export would (this python, else the project venv).
+REPORT="$DFLASH_SRC/tools/dflash-report"
+if "$REPORT" --check-wandb >/dev/null 2>&1; then
+  dry wandb "${T8[@]}" --data "$WORK/ok.h5" --token-budget 16384 --report-to csv,wandb
+  expect_rc 0 wandb
+  expect_log wandb "[dflash] --report-to wandb: wandb "
+else
+  note "wandb importable nowhere here: the positive case is skipped"
+fi
+if ! python3 -c 'import wandb' >/dev/null 2>&1; then  # (dflash-report's own python: #!/usr/bin/env python3)
+  DFLASH_VENV="$WORK/no-venv" dry nowandb "${T8[@]}" --data "$WORK/ok.h5" --token-budget 16384 --report-to csv,wandb
+  expect_rc 2 nowandb
+  expect_log nowandb "--report-to wandb, but "
+  expect_log nowandb "cannot log to W&B: dflash-report: error: --wandb needs the Python package wandb"
+  expect_log nowandb "HINT: install wandb for it"
+else
+  note "wandb importable without the venv: the refusal is not tried"
+fi
 echo "PASS"
