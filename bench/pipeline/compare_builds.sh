@@ -21,6 +21,7 @@ for c in "${cases[@]}"; do
     bin=$OLD; [ $which = new ] && bin=$NEW
     echo "### $name $which: $cmd" | tee -a "$OUT/compare.txt"
     timeout 300 "$bin/"$cmd >"$OUT/$name-$which.txt" 2>&1; echo "# rc=$?" >>"$OUT/$name-$which.txt"
-    grep -E "RESULT|median|ms|tok/s|tokens/s" "$OUT/$name-$which.txt" | grep -v "^#  " | tail -6 | tee -a "$OUT/compare.txt"
+    # the old drivers' RESULT / "forward median" lines, the new writer's timed row (bench/README.md "Output format")
+    grep -E "^RESULT|forward median|^  (step|forward) " "$OUT/$name-$which.txt" | tee -a "$OUT/compare.txt"
   done
 done

@@ -13,6 +13,7 @@
 #include <string>
 
 #include "dflash/data.h"
+#include "dflash/micro_batches.h"  // kMostMicroBatches, micro_batches_for
 
 namespace dflash {
 
@@ -45,10 +46,6 @@ struct ScheduleStart {
 PlannedSchedule plan_schedule(const RecordSource& ds, const LoaderOptions& base, int num_targets, int num_drafters,
                               int epochs, int64_t max_steps, int warmup_steps, double warmup_ratio, int grad_accum = 1,
                               const ScheduleStart& from = {});
-
-// The most micro-batches per optimizer step, given (--grad-accum) or derived (--global-batch-tokens): far
-// beyond any recipe (they step on ~98K to ~262K tokens), and no counter of them can overflow.
-constexpr int kMostMicroBatches = 1 << 20;
 
 // --global-batch-tokens T: the micro-batches per optimizer step that reach T tokens at most --token-budget
 // per micro-batch on each of num_drafters drafters, ceil(T / (token_budget x num_drafters)), at least 1.

@@ -76,13 +76,12 @@ namespace dflash {
 int grad_accum_for(int64_t global_batch_tokens, int64_t token_budget, int num_drafters) {
   DF_CHECK(global_batch_tokens > 0 && token_budget > 0 && num_drafters > 0, Internal,
            "grad_accum_for(" << global_batch_tokens << ", " << token_budget << ", " << num_drafters << ")");
-  const int64_t per_micro = token_budget * num_drafters;  // token_budget <= INT32_MAX: no overflow
-  // Rounded up without global + per_micro - 1, which overflowed near INT64_MAX to K = 1.
-  const int64_t k = global_batch_tokens / per_micro + (global_batch_tokens % per_micro != 0 ? 1 : 0);
+  // token_budget <= INT32_MAX: the product does not overflow
+  const int64_t k = micro_batches_for(global_batch_tokens, token_budget * num_drafters);
   DF_CHECK_HINT(k <= kMostMicroBatches, BadOptions, "--global-batch-tokens " << global_batch_tokens << " needs " << k
                                                                   << " micro-batches per step",
                 "give a global batch near the reference recipes' (~98K to ~262K tokens)");
-  return static_cast<int>(std::max<int64_t>(k, 1));
+  return static_cast<int>(k);
 }
 
 }  // namespace dflash

@@ -6,6 +6,7 @@
 #include <limits>
 
 #include "dflash/error.h"
+#include "dflash/micro_batches.h"
 
 namespace dflash::plan {
 
@@ -34,10 +35,12 @@ const char* memory_fit_name(MemoryFit f) {
 
 namespace {
 
+// The job's K for this many drafters (include/dflash/micro_batches.h: the job's own rule), capped where the
+// job would refuse the step.
 int grad_accum_for(const JobCostInputs& j, int drafters_total) {
   if (j.global_batch_tokens <= 0) return std::max(1, j.grad_accum);
-  const double per_step = double(j.target_batch.tokens) * drafters_total;  // as resolve_grad_accum: ceil
-  return std::max(1, static_cast<int>(std::ceil(double(j.global_batch_tokens) / per_step)));
+  const int64_t k = micro_batches_for(j.global_batch_tokens, j.target_batch.tokens * drafters_total);
+  return static_cast<int>(std::min<int64_t>(k, kMostMicroBatches));
 }
 
 // Fit of one GPU holding `bytes` (0: unknown).

@@ -239,7 +239,18 @@ std::string layout_plan_text(const Options& o, const ModelPlan& model, const Rol
     return o.backend == Device::CUDA
                ? "[dflash] layout plan: no GPU kind to predict for: give --gpu h100|h200|b200|rtx-pro-6000\n"
                : "[dflash] layout plan: GPU layouts only (--backend cuda --gpu NAME)\n";
-  const std::optional<double> record = mean_record_tokens(o);
+  // The records' mean length, from the shapes of every --data file (dataset_shape: nothing else read).
+  double records = 0, tokens = 0;
+  for (const DataSource& d : o.data) {
+    const auto [r, t] = dataset_shape(d.path);
+    if (r <= 0 || t < 0) {
+      records = 0;
+      break;
+    }
+    records += static_cast<double>(r);
+    tokens += static_cast<double>(t);
+  }
+  const std::optional<double> record = records > 0 ? std::optional<double>(tokens / records) : std::nullopt;
   const plan::Plan p = plan::plan_layouts(layout_plan_request(o, model, memory, *cal, world.num_nodes,
                                                               world.ranks_per_node,
                                                               record ? *record : static_cast<double>(o.token_budget)));

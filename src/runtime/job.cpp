@@ -271,7 +271,6 @@ int run_job(const Options& o) {
     seg.split = *end.next_split;  // (the auto record stays: metrics.h5 keeps how the run began)
     seg.resume = end.checkpoint;
     seg.in_place = true;
-    seg.resplit = true;
     int world_rank = 0;
     DF_MPI(MPI_Comm_rank(MPI_COMM_WORLD, &world_rank));
     if (world_rank == 0) {

@@ -4,36 +4,13 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <mutex>
 #include <vector>
 
-#include "data/h5_util.h"
-#include "dflash/data.h"  // hdf5_mutex()
 #include "dflash/drafter_model.h"  // drafter_param_count
 #include "dry_run_plan.h"
 #include "model/qwen35_config.h"
 
 namespace dflash {
-
-std::optional<double> mean_record_tokens(const Options& o) {
-  double records = 0, tokens = 0;
-  std::lock_guard<std::mutex> lock(hdf5_mutex());
-  h5::quiet_errors();
-  for (const DataSource& d : o.data) {
-    h5::Handle fapl(h5::fapl_no_locking(), h5::Handle::Kind::PropList);
-    h5::Handle file(H5Fopen(d.path.c_str(), H5F_ACC_RDONLY, fapl), h5::Handle::Kind::File);
-    if (!file.valid() || !h5::link_exists(file, "tokens") || !h5::link_exists(file, "offsets")) return std::nullopt;
-    h5::Handle t(H5Dopen2(file, "tokens", H5P_DEFAULT), h5::Handle::Kind::Dataset);
-    h5::Handle off(H5Dopen2(file, "offsets", H5P_DEFAULT), h5::Handle::Kind::Dataset);
-    if (!t.valid() || !off.valid()) return std::nullopt;
-    const std::vector<hsize_t> td = h5::dims(t), od = h5::dims(off);
-    if (td.size() != 1 || od.size() != 1 || od[0] < 2) return std::nullopt;
-    records += static_cast<double>(od[0] - 1);
-    tokens += static_cast<double>(td[0]);
-  }
-  if (records <= 0) return std::nullopt;
-  return tokens / records;
-}
 
 std::optional<plan::GpuCalibration> planned_calibration(const Options& o, double gpu_bytes) {
   if (o.backend != Device::CUDA) return std::nullopt;

@@ -13,16 +13,13 @@ namespace dflash {
 
 struct RoleMemory;
 
-// The mean record length of --data (its /offsets' shape; every file of a mix), or nullopt when it cannot be
-// read (the job reports what is wrong with the file).
-std::optional<double> mean_record_tokens(const Options& o);
-
 // The calibration of the GPU a dry run plans for: --gpu's kind (h100, h200, b200, rtx-pro-6000, or a size in
 // GiB: scaled, not measured), else this node's GPU by its memory; nullopt without either (the CPU backend).
 std::optional<plan::GpuCalibration> planned_calibration(const Options& o, double gpu_bytes);
 
 // The plan's request for this job on `nodes` nodes of `gpus_per_node` GPUs; chosen: --topology (none with
-// auto). record_tokens: mean_record_tokens, or the token budget when unknown.
+// auto). record_tokens: the mean record length of --data (the dry run reads it from the files' shapes), or the
+// token budget when unknown.
 plan::PlanRequest layout_plan_request(const Options& o, const ModelPlan& model, const RoleMemory& memory,
                                       const plan::GpuCalibration& gpu, int nodes, int gpus_per_node,
                                       double record_tokens);

@@ -203,7 +203,7 @@ void check_together(Options& o, const po::variables_map& vm) {
                 BadOptions, "--data-plane " << data_plane_choice_name(o.data_plane) << " moves device tensors; the CPU backend has none",
                 "use --backend cuda, or --data-plane host (or auto)");
   // HF Trainer's convention: --max-steps without --epochs trains for --max-steps, the data repeating as often
-  // as it takes (with both, whichever ends first ends the run, and the startup says which: plan_lr_schedule).
+  // as it takes (with both, whichever ends first ends the run, and the startup says which: src/runtime/segment_plan.cpp).
   if (o.max_steps > 0 && !given(vm, "epochs")) o.epochs = 0;
   DF_CHECK_HINT(o.epochs > 0 || o.max_steps > 0, BadOptions, "--epochs 0 (forever) without --max-steps never ends",
                 "give --max-steps N or --epochs N");

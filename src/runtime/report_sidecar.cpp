@@ -76,12 +76,13 @@ std::string check_report_to(const Options& o) {
                 "set DFLASH_REPORT to its path (it is tools/dflash-report in the source tree), or put it on PATH");
   if (std::find(targets.begin(), targets.end(), ReportTarget::Wandb) == targets.end()) return "";
   // The program's own answer (it imports wandb the way its --wandb export will, re-running under the project
-  // venv where that has it), its stdout and stderr together; the path single-quoted for the shell.
+  // venv where that has it), its stdout and stderr together; the path single-quoted for the shell; at most
+  // 120 s (coreutils' timeout: an import that hangs ends in exit 124, refused like any other answer).
   std::string quoted = "'";
   for (char c : program) quoted += c == '\'' ? std::string("'\\''") : std::string(1, c);
   quoted += "'";
   std::string out;
-  FILE* p = ::popen((quoted + " --check-wandb 2>&1").c_str(), "r");
+  FILE* p = ::popen(("timeout -k 5 120 " + quoted + " --check-wandb 2>&1").c_str(), "r");
   DF_CHECK_HINT(p != nullptr, SystemFailure, "--report-to wandb: cannot run " << program << " --check-wandb",
                 "drop wandb from --report-to, or check the environment");
   char buf[256];

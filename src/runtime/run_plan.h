@@ -56,8 +56,9 @@ ModelPlan plan_job(const Options& o);
 struct SegmentStart {
   TopologySpec split;
   std::string resume;           // --resume as this segment takes it (the checkpoint a re-split continues from)
-  bool in_place = false;        // continues a run in the same processes (not the first segment)
-  bool resplit = false;         // split and resume came from the drafters' choice, not the command line
+  // Not the first segment: the run goes on in the same processes, on the split and from the checkpoint the
+  // drafters chose (--rebalance auto), not the command line's.
+  bool in_place = false;
   std::string auto_record;      // --topology auto: JSON of its measurement, what-if table and choice ("" = none)
 };
 

@@ -204,7 +204,7 @@ void plan_eval(const Options& o, const Topology& topo, const JobInputs& in, RunP
 std::vector<std::pair<std::string, std::string>> segment_record(const Options& o, const SegmentStart& seg, int grad_accum) {
   std::vector<std::pair<std::string, std::string>> r = o.resolved;
   set_resolved(r, "grad-accum", std::to_string(grad_accum));
-  if (seg.resplit) {
+  if (seg.in_place) {
     set_resolved(r, "topology", seg.split.to_string());
     set_resolved(r, "resume", seg.resume);
   }

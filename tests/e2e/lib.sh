@@ -153,3 +153,14 @@ with h5py.File(path, 'w') as f:
     f.attrs['format_version'] = 1
 PYEOF
 }
+
+# qwen3_8b_config DIR: a Qwen3-8B target of which only config.json exists (a login node): what a dry run plans
+qwen3_8b_config() {
+  mkdir -p "$1"
+  cat >"$1/config.json" <<'JSON'
+{"architectures": ["Qwen3ForCausalLM"], "attention_bias": false, "head_dim": 128, "hidden_act": "silu",
+ "hidden_size": 4096, "intermediate_size": 12288, "max_position_embeddings": 40960, "model_type": "qwen3",
+ "num_attention_heads": 32, "num_hidden_layers": 36, "num_key_value_heads": 8, "rms_norm_eps": 1e-06,
+ "rope_theta": 1000000, "tie_word_embeddings": false, "torch_dtype": "bfloat16", "vocab_size": 151936}
+JSON
+}

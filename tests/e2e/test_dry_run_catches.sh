@@ -9,13 +9,7 @@
 #  - --report-to wandb where dflash-report's Python cannot import wandb (exit 2), and the version where it can.
 source "$(dirname "$0")/lib.sh"
 
-mkdir -p "$WORK/qwen3-8b"
-cat >"$WORK/qwen3-8b/config.json" <<'JSON'
-{"architectures": ["Qwen3ForCausalLM"], "attention_bias": false, "head_dim": 128, "hidden_act": "silu",
- "hidden_size": 4096, "intermediate_size": 12288, "max_position_embeddings": 40960, "model_type": "qwen3",
- "num_attention_heads": 32, "num_hidden_layers": 36, "num_key_value_heads": 8, "rms_norm_eps": 1e-06,
- "rope_theta": 1000000, "tie_word_embeddings": false, "torch_dtype": "bfloat16", "vocab_size": 151936}
-JSON
+qwen3_8b_config "$WORK/qwen3-8b"  # config.json only, as on a login node
 records_h5 "$WORK/ok.h5" 151669 50 3072       # the Qwen3 tokenizer's ids: 267 padding rows, as the job allows
 records_h5 "$WORK/othervocab.h5" 32000 50 3072
 T8=(--target "$WORK/qwen3-8b" --ranks 8 --topology 3-5 --backend cuda --gpu h200)

@@ -11,13 +11,7 @@ tiny=$(tiny_dir)
 
 plan_row() { grep -E "^\[dflash\]   [*> ]{0,2}$2 " "$WORK/$1.log" | head -1; }
 
-mkdir -p "$WORK/qwen3-8b"
-cat >"$WORK/qwen3-8b/config.json" <<'JSON'
-{"architectures": ["Qwen3ForCausalLM"], "attention_bias": false, "head_dim": 128, "hidden_act": "silu",
- "hidden_size": 4096, "intermediate_size": 12288, "max_position_embeddings": 40960, "model_type": "qwen3",
- "num_attention_heads": 32, "num_hidden_layers": 36, "num_key_value_heads": 8, "rms_norm_eps": 1e-06,
- "rope_theta": 1000000, "tie_word_embeddings": false, "torch_dtype": "bfloat16", "vocab_size": 151936}
-JSON
+qwen3_8b_config "$WORK/qwen3-8b"  # config.json only, as on a login node
 records_h5 "$WORK/records3072.h5" 151936 400 3072
 Q8=(--config "$DFLASH_SRC/jobs/recipes/qwen3-8b.cfg" --target "$WORK/qwen3-8b" --data "$WORK/records3072.h5"
     --ranks 8 --topology 7-1)
