@@ -42,11 +42,16 @@ struct PlannedGpu {
 };
 PlannedGpu parse_planned_gpu(const std::string& text);
 
+// How --topology names the first segment's split: given (T-D), measured (auto: src/runtime/auto_measure.h) or
+// predicted (plan: the cost model's recommendation, src/runtime/layout_forecast.h, without measuring).
+enum class TopologyChoice : uint8_t { Given, Auto, Plan };
+
 struct Options {
   std::string config_file;
   std::string topology_text = "1-1";
-  TopologySpec topology;        // {0, 0} with --topology auto (run_job measures and chooses the segment's split)
-  bool topology_auto = false;   // --topology auto (src/runtime/auto_measure.h)
+  TopologySpec topology;        // {0, 0} with --topology auto|plan (run_job chooses the segment's split)
+  TopologyChoice topology_choice = TopologyChoice::Given;  // how --topology names the split
+  std::string calibration_file;  // --calibration: the layout plan's GPU constants (dflash-report's calibration.json)
   Device backend = Device::CPU;  // --backend: where the job's tensors live (device_name() spells it)
   std::string target_dir;       // HF Qwen3 checkpoint (config.json + safetensors)
   std::string drafter_dir;      // release-format drafter to start from; empty = fresh

@@ -104,6 +104,8 @@ TargetForwardCost target_forward_cost(const TargetShape& t, const PackedBatchSha
   c.linear_attention_s = linear > 0 ? c.linear_attention_flops / (gpu.linear_attention_tflops * 1e12) : 0;
   c.elementwise_s = c.elementwise_bytes / (gpu.memory_tbps * 1e12);
   c.overhead_s = t.layers_run * gpu.layer_overhead_us * 1e-6;
+  for (double* s : {&c.gemm_s, &c.attention_s, &c.linear_attention_s, &c.elementwise_s, &c.overhead_s})
+    *s *= gpu.target_time_scale;  // a run's correction (1 in the built-in table)
   return c;
 }
 
@@ -161,6 +163,8 @@ DrafterStepCost drafter_step_cost(const DrafterShape& d, const DrafterBatchShape
   c.optimizer_s = c.optimizer_bytes / (gpu.memory_tbps * 1e12);
   c.elementwise_s = c.elementwise_bytes / (gpu.memory_tbps * 1e12);
   c.overhead_s = gpu.step_overhead_ms * 1e-3;
+  for (double* s : {&c.gemm_s, &c.lm_head_s, &c.attention_s, &c.optimizer_s, &c.elementwise_s, &c.overhead_s})
+    *s *= gpu.drafter_time_scale;  // a run's correction (1 in the built-in table)
   return c;
 }
 

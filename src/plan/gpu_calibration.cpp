@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 
 #include <nlohmann/json.hpp>
 
@@ -158,6 +159,14 @@ GpuCalibration calibration_for(const std::string& gpu_name) {
   return g;
 }
 
+GpuCalibration calibration_for_memory(double bytes) {
+  for (const GpuCalibration& g : builtin_calibrations())
+    if (std::abs(g.memory_bytes - bytes) <= 0.005 * g.memory_bytes) return g;
+  char gib[32];
+  std::snprintf(gib, sizeof gib, "%.0f", bytes / 1073741824.0);
+  return calibration_for(gib);
+}
+
 // ---- JSON ------------------------------------------------------------------------------------------------
 
 nlohmann::json calibrations_to_json(const std::vector<GpuCalibration>& gpus) {
@@ -181,6 +190,10 @@ nlohmann::json calibrations_to_json(const std::vector<GpuCalibration>& gpus) {
                    {"pcie_gbps", g.pcie_gbps},
                    {"host_staged_gbps", g.host_staged_gbps},
                    {"allreduce_busbw_gbps", g.allreduce_busbw_gbps}});
+  for (size_t i = 0; i < gpus.size(); ++i) {
+    if (gpus[i].target_time_scale != 1) arr[i]["target_time_scale"] = gpus[i].target_time_scale;
+    if (gpus[i].drafter_time_scale != 1) arr[i]["drafter_time_scale"] = gpus[i].drafter_time_scale;
+  }
   return {{"version", kCalibrationVersion}, {"gpus", arr}};
 }
 
@@ -230,9 +243,33 @@ std::vector<GpuCalibration> calibrations_from_json(const nlohmann::json& j, cons
     g.pcie_gbps = number("pcie_gbps", false);
     g.host_staged_gbps = number("host_staged_gbps", false);
     g.allreduce_busbw_gbps = number("allreduce_busbw_gbps", false);
+    g.target_time_scale = e.contains("target_time_scale") ? number("target_time_scale", true) : 1.0;
+    g.drafter_time_scale = e.contains("drafter_time_scale") ? number("drafter_time_scale", true) : 1.0;
     out.push_back(g);
   }
   return out;
+}
+
+GpuCalibration calibration_from_file(const std::string& path, const std::string& gpu_name) {
+  std::ifstream in(path);
+  if (!in)
+    fatal(ExitCode::BadInput, "--calibration " + path + ": cannot be read",
+          "give the calibration.json dflash-report wrote (OUT/calibration.json), or drop --calibration");
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(in);
+  } catch (const nlohmann::json::exception& e) {
+    fatal(ExitCode::BadInput, "--calibration " + path + ": not JSON (" + e.what() + ")",
+          "give the calibration.json dflash-report wrote (OUT/calibration.json)");
+  }
+  const std::vector<GpuCalibration> gpus = calibrations_from_json(j, "--calibration " + path);
+  for (const GpuCalibration& g : gpus)
+    if (g.name == gpu_name) return g;
+  if (gpus.size() == 1) return gpus.front();
+  std::string names;
+  for (const GpuCalibration& g : gpus) names += (names.empty() ? "" : ", ") + g.name;
+  fatal(ExitCode::BadInput, "--calibration " + path + ": no entry for GPU '" + gpu_name + "' (it has: " + names + ")",
+        "give --gpu one of the file's GPUs, or a file made on this GPU kind");
 }
 
 }  // namespace dflash::plan

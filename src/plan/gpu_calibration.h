@@ -39,6 +39,10 @@ struct GpuCalibration {
   double pcie_gbps = 0;                 // achieved peer-to-peer over PCIe, one direction
   double host_staged_gbps = 0;          // D2H -> MPI -> H2D through host memory
   double allreduce_busbw_gbps = 0;      // NCCL ring bus bandwidth inside one node (NVLink, else PCIe)
+  // A run's correction (dflash-report's calibration.json, source "user"): observed / predicted seconds of the
+  // target's forward and of the drafter's step, multiplied into every phase of each. 1 in the built-in table;
+  // optional in a file (absent = 1), written only where not 1.
+  double target_time_scale = 1, drafter_time_scale = 1;
 };
 
 // The repository's table, version kCalibrationVersion: h100, h200 (measured), b200, rtx-pro-6000 (scaled).
@@ -52,9 +56,16 @@ GpuCalibration scaled_calibration(const GpuCalibration& reference, const std::st
                                   double memory_bytes, double peak_bf16_tflops_ratio, double memory_bw_ratio,
                                   double tdp_watts, double nvlink_gbps, double pcie_gbps, double allreduce_busbw_gbps);
 
+// The GPU a job sees, known by its memory (NVML's total): the built-in kind whose memory it is (within 0.5 %:
+// an H100 80GB, an H200, ...), else calibration_for(its size in GiB).
+GpuCalibration calibration_for_memory(double bytes);
+
 // JSON form: {"version": 1, "gpus": [{...}, ...]}. from_json refuses (fatal BadInput) another version, a
 // missing field or a non-positive rate.
 nlohmann::json calibrations_to_json(const std::vector<GpuCalibration>& gpus);
 std::vector<GpuCalibration> calibrations_from_json(const nlohmann::json& j, const std::string& where);
+// A calibration file (--calibration): its entry for `gpu_name`, or its only entry; fatal BadInput when the file
+// cannot be read or holds neither.
+GpuCalibration calibration_from_file(const std::string& path, const std::string& gpu_name);
 
 }  // namespace dflash::plan

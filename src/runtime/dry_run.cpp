@@ -26,29 +26,13 @@
 #include "dflash/topology.h"
 #include "dry_run_plan.h"
 #include "job.h"  // the job's input checks
-#include "layout_plan_inputs.h"
+#include "layout_forecast.h"
 #include "report_sidecar.h"  // check_report_to
 #include "run_plan.h"
 
 namespace dflash {
 
 namespace {
-
-// Records and tokens of --data from the shapes of /offsets and /tokens (no data read); {-1, -1} when the
-// file does not have them (the job itself reports what is wrong with it).
-std::pair<int64_t, int64_t> dataset_shape(const std::string& path) {
-  std::lock_guard<std::mutex> lock(hdf5_mutex());
-  h5::quiet_errors();
-  h5::Handle fapl(h5::fapl_no_locking(), h5::Handle::Kind::PropList);
-  h5::Handle file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, fapl), h5::Handle::Kind::File);
-  if (!file.valid() || !h5::link_exists(file, "tokens") || !h5::link_exists(file, "offsets")) return {-1, -1};
-  h5::Handle tokens(H5Dopen2(file, "tokens", H5P_DEFAULT), h5::Handle::Kind::Dataset);
-  h5::Handle offsets(H5Dopen2(file, "offsets", H5P_DEFAULT), h5::Handle::Kind::Dataset);
-  if (!tokens.valid() || !offsets.valid()) return {-1, -1};
-  const std::vector<hsize_t> t = h5::dims(tokens), o = h5::dims(offsets);
-  if (t.size() != 1 || o.size() != 1 || o[0] < 1) return {-1, -1};
-  return {static_cast<int64_t>(o[0]) - 1, static_cast<int64_t>(t[0])};
-}
 
 // --eval-data from its /offsets alone (no token read): records, tokens, the sample --eval-max-tokens keeps
 // of a larger file (the job's own rule: select_eval_records, the same records), the batches it packs into
@@ -229,40 +213,15 @@ std::string schedule(const Options& o, int num_drafters) {
   return os.str();
 }
 
-// Every layout this world allows, predicted by the cost model (src/plan/layout_plan.h) for the GPU planned
-// for, with the recommendation and how far --topology is from it; a line saying why not where no GPU kind is
-// known (the CPU backend, or no --gpu and no GPU here).
-std::string layout_plan_text(const Options& o, const ModelPlan& model, const RoleMemory& memory, const PlannedGpu& gpu,
-                             const PlannedWorld& world) {
-  const std::optional<plan::GpuCalibration> cal = planned_calibration(o, gpu.bytes);
-  if (!cal)
+// Every layout this world allows, predicted by the cost model (src/runtime/layout_forecast.h) for the GPU
+// planned for, with the recommendation and how far --topology is from it; a line saying why not where no GPU
+// kind is known (the CPU backend, or no --gpu and no GPU here).
+std::string layout_plan_text(const std::optional<LayoutForecast>& f, const Options& o) {
+  if (!f)
     return o.backend == Device::CUDA
                ? "[dflash] layout plan: no GPU kind to predict for: give --gpu h100|h200|b200|rtx-pro-6000\n"
                : "[dflash] layout plan: GPU layouts only (--backend cuda --gpu NAME)\n";
-  // The records' mean length, from the shapes of every --data file (dataset_shape: nothing else read).
-  double records = 0, tokens = 0;
-  for (const DataSource& d : o.data) {
-    const auto [r, t] = dataset_shape(d.path);
-    if (r <= 0 || t < 0) {
-      records = 0;
-      break;
-    }
-    records += static_cast<double>(r);
-    tokens += static_cast<double>(t);
-  }
-  const std::optional<double> record = records > 0 ? std::optional<double>(tokens / records) : std::nullopt;
-  const plan::Plan p = plan::plan_layouts(layout_plan_request(o, model, memory, *cal, world.num_nodes,
-                                                              world.ranks_per_node,
-                                                              record ? *record : static_cast<double>(o.token_budget)));
-  std::ostringstream os;
-  os << "[dflash] layout plan (cost model, docs/cost_model.md; " << world.num_nodes << " node(s) x "
-     << world.ranks_per_node << " GPU(s); records of "
-     << (record ? std::to_string(std::llround(*record)) + " tokens on average in --data" : std::string("unknown length"))
-     << "): predictions, not measurements\n";
-  std::istringstream lines(plan::render_plan_table(p));
-  for (std::string line; std::getline(lines, line);)
-    os << (line.rfind("[dflash]", 0) == 0 ? "" : "[dflash]   ") << line << "\n";
-  return os.str();
+  return forecast_text(*f);
 }
 
 }  // namespace
@@ -292,9 +251,19 @@ int dry_run(const Options& o) {
   const std::string planned = world.source == WorldSource::Planned
                                   ? " (planned here by --ranks/--nodes: one process, no mpirun, no GPU)"
                                   : std::string();
+  const std::optional<LayoutForecast> forecast =
+      forecast_layouts(o, plan, memory, gpu.bytes, world.num_nodes, world.ranks_per_node);
+  TopologySpec split = o.topology;
+  if (o.topology_choice == TopologyChoice::Plan) {
+    DF_CHECK_HINT(forecast, BadOptions, "--topology plan: no GPU kind to plan for",
+                  "give --gpu h100|h200|b200|rtx-pro-6000 (or its memory in GiB), or --topology T-D");
+    split = recommended_split(*forecast);
+    os << "[dflash] topology: plan over " << size << " rank(s): " << split.to_string()
+       << ", the layout plan's recommendation (below)\n";
+  }
   int num_drafters = 1;
   std::vector<int> target_ranks, drafter_ranks;  // empty under --topology auto: the roles are not known yet
-  if (o.topology_auto) {
+  if (o.topology_choice == TopologyChoice::Auto) {
     // The split comes from timing both roles on the real model and data: exactly what a dry run skips.
     os << "[dflash] topology: auto over " << size << " rank(s)" << planned
        << ": chosen at startup by timing both roles (not in a dry run)\n";
@@ -304,12 +273,12 @@ int dry_run(const Options& o) {
     if (world.source == WorldSource::Mpi)
       note.emplace("a dry run plans another world in one process, without mpirun: --ranks N, or --nodes N "
                    "--gpus-per-node G");
-    const Topology t = assign_roles(0, world.slots(), o.topology);
+    const Topology t = assign_roles(0, world.slots(), split);
     note.reset();
     num_drafters = static_cast<int>(t.drafters.size());
     target_ranks = t.targets;
     drafter_ranks = t.drafters;
-    os << "[dflash] topology " << o.topology.to_string() << " on " << t.num_nodes << " node(s) x " << t.ranks_per_node
+    os << "[dflash] topology " << split.to_string() << " on " << t.num_nodes << " node(s) x " << t.ranks_per_node
        << " rank(s), backend " << device_name(o.backend) << ": " << t.targets.size() << " target(s), "
        << t.drafters.size() << " drafter(s), " << (size - static_cast<int>(t.targets.size() + t.drafters.size()))
        << " idle" << planned << "\n";
@@ -332,18 +301,20 @@ int dry_run(const Options& o) {
                                  : std::string("one drafter: no gradient allreduce"))
        << "; rank " << t.metrics_rank() << " (the first drafter) writes metrics.h5\n";
   }
-  if (o.topology_auto && o.global_batch_tokens > 0)
+  if (o.topology_choice == TopologyChoice::Auto && o.global_batch_tokens > 0)
     os << "[dflash] batch: --global-batch-tokens " << o.global_batch_tokens
        << ": the micro-batches per optimizer step are picked at startup, once --topology auto has chosen the drafters\n";
   else
     os << grad_accum_line(o, grad_accum_of(o, num_drafters), num_drafters) << "\n";
   os << schedule(o, num_drafters);
-  os << eval_summary(o, o.topology_auto ? 0 : num_drafters, plan);
+  os << eval_summary(o, o.topology_choice == TopologyChoice::Auto ? 0 : num_drafters, plan);
   os << memory.line << "\n";
   const MemoryVerdict verdict = check_memory(o, gpu, memory, target_ranks, drafter_ranks);
   os << verdict.line << "\n";
   os << input_notes;
-  os << layout_plan_text(o, plan, memory, gpu, world);
+  os << layout_plan_text(forecast, o);
+  if (forecast)
+    os << other_density_line(o, plan, memory, gpu.bytes, world.num_nodes, world.ranks_per_node, *forecast);
   std::fputs(os.str().c_str(), stdout);
   std::fflush(stdout);
   if (!verdict.fits) DF_FAIL(BadOptions, verdict.what, verdict.hint);

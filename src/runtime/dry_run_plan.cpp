@@ -8,12 +8,15 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
 
+#include "data/h5_util.h"
 #include "dflash/backend.h"        // cuda_device_count, compute_dtype
 #include "dflash/drafter_model.h"  // drafter_param_count
+#include "dflash/data.h"  // hdf5_mutex()
 #include "dflash/error.h"
 #include "dflash/mpi_typed.h"
 #include "dflash/nvml.h"
@@ -303,6 +306,22 @@ PlannedGpu gpu_to_check(const Options& o) {
   char name[64];
   std::snprintf(name, sizeof name, "this node's GPU 0 (NVML: %.0f MiB)", static_cast<double>(r.mem_total_mib));
   return PlannedGpu{name, "", static_cast<double>(r.mem_total_mib) * 1048576.0};
+}
+
+// Records and tokens of --data from the shapes of /offsets and /tokens (no data read); {-1, -1} when the
+// file does not have them (the job itself reports what is wrong with it).
+std::pair<int64_t, int64_t> dataset_shape(const std::string& path) {
+  std::lock_guard<std::mutex> lock(hdf5_mutex());
+  h5::quiet_errors();
+  h5::Handle fapl(h5::fapl_no_locking(), h5::Handle::Kind::PropList);
+  h5::Handle file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, fapl), h5::Handle::Kind::File);
+  if (!file.valid() || !h5::link_exists(file, "tokens") || !h5::link_exists(file, "offsets")) return {-1, -1};
+  h5::Handle tokens(H5Dopen2(file, "tokens", H5P_DEFAULT), h5::Handle::Kind::Dataset);
+  h5::Handle offsets(H5Dopen2(file, "offsets", H5P_DEFAULT), h5::Handle::Kind::Dataset);
+  if (!tokens.valid() || !offsets.valid()) return {-1, -1};
+  const std::vector<hsize_t> t = h5::dims(tokens), o = h5::dims(offsets);
+  if (t.size() != 1 || o.size() != 1 || o[0] < 1) return {-1, -1};
+  return {static_cast<int64_t>(o[0]) - 1, static_cast<int64_t>(t[0])};
 }
 
 }  // namespace dflash

@@ -6,6 +6,7 @@
 #include <mpi.h>
 
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "dflash/options.h"
@@ -62,6 +63,10 @@ struct RoleMemory {
   std::string line;  // "[dflash] memory per rank, fixed part (...): target ...; drafter ..."
 };
 RoleMemory plan_role_memory(const Options& o, const ModelPlan& plan);
+
+// Records and tokens of a token dataset from the shapes of /offsets and /tokens (no data read); {-1, -1} when
+// the file does not have them (the job itself reports what is wrong with it).
+std::pair<int64_t, int64_t> dataset_shape(const std::string& path);
 
 // Each role's fixed memory against the GPU's: which ranks do not fit. The ranks of each role (empty under
 // --topology auto: then a role is checked without them).

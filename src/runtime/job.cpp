@@ -21,6 +21,7 @@
 #include "dflash/run_log.h"
 #include "dflash/runtime.h"
 #include "auto_measure.h"
+#include "layout_forecast.h"
 #include "job.h"
 #include "run_plan.h"
 
@@ -259,8 +260,12 @@ int run_job(const Options& o) {
   seg.split = o.topology;
   seg.resume = o.resume;
   std::optional<ModelPlan> planned;  // --topology auto plans the job first: its measurement runs both models
-  if (o.topology_auto)
+  if (o.topology_choice == TopologyChoice::Auto)
     seg.split = choose_topology_auto(o, MPI_COMM_WORLD, gpu_sampler.get(), &seg.auto_record, &planned);
+  if (o.topology_choice == TopologyChoice::Plan) {  // the cost model's recommendation, nothing measured
+    check_input_paths(o);
+    seg.split = choose_topology_plan(o, planned.emplace(plan_job(o)), MPI_COMM_WORLD);
+  }
   if (o.measure_only) return 0;  // --measure-only: the table above is the answer
   // One segment per split: --rebalance auto may end one at a checkpoint with another split chosen; every
   // rank then takes its role on it in place, resuming that checkpoint (docs/checkpoint.md "Re-splitting live").

@@ -2,8 +2,10 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <ctime>
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <thread>
 #include <utility>
@@ -12,6 +14,8 @@
 
 #include "dflash/error.h"
 #include "dflash/nvml.h"
+#include "dry_run_plan.h"  // plan_role_memory
+#include "layout_forecast.h"
 
 #if __has_include("dflash_git_commit.h")
 #include "dflash_git_commit.h"  // generated at build time (cmake/git_commit.cmake)
@@ -23,6 +27,35 @@
 namespace dflash {
 
 namespace {
+
+// The layout plan of the GPU this run is on (or --gpu names, --topology plan): what metrics.h5 keeps so
+// dflash-report can set it beside what the run measured (src/runtime/layout_forecast.h). GPUs per node: the
+// distinct GPUs of the first node's ranks; the roles share GPUs where a target and a drafter sit on one (a
+// one-GPU 1-1). nullopt where no GPU kind is known (the CPU backend without --gpu).
+std::optional<nlohmann::json> layout_prediction(const JobContext& job) {
+  const Topology& t = job.topo;
+  double gpu_bytes = 0;
+  for (const RankCard& c : job.cards)
+    if (c.startup_gpu.valid && c.startup_gpu.mem_total_mib > 0) gpu_bytes = static_cast<double>(c.startup_gpu.mem_total_mib) * 1048576.0;
+  int gpus = 0;
+  bool shared = false;
+  if (job.opt.backend == Device::CUDA) {
+    for (int r = 0; r < t.world_size; ++r) {
+      const RankPlace& p = t.places[static_cast<size_t>(r)];
+      if (p.gpu < 0 || std::strcmp(p.host, t.places.front().host) != 0) continue;  // the first node's GPUs
+      bool seen = false;
+      for (int q = 0; q < r; ++q) seen = seen || t.same_gpu(q, r);
+      gpus += seen ? 0 : 1;
+    }
+    for (int a : t.targets)
+      for (int b : t.drafters) shared = shared || t.same_gpu(a, b);
+  }
+  if (gpus <= 0) gpus = t.ranks_per_node;
+  const std::optional<LayoutForecast> f = forecast_layouts(job.opt, job.plan, plan_role_memory(job.opt, job.plan),
+                                                           gpu_bytes, t.num_nodes, gpus);
+  if (!f) return std::nullopt;
+  return forecast_record(*f, job.plan.split(), shared, job.opt.topology_choice);
+}
 
 // "2026-12-01T10:05:00Z"
 std::string utc_now_iso8601() {
@@ -140,6 +173,7 @@ MetricsHub::MetricsHub(const JobContext& job, int block_size, bool selector_metr
   writer_->set_attribute("num_nodes", static_cast<int64_t>(t.num_nodes));
   writer_->set_attribute("gpus_per_node", static_cast<int64_t>(t.ranks_per_node));  // what dflash-report splits
   if (!job.plan.segment.auto_record.empty()) writer_->set_attribute("auto_topology", job.plan.segment.auto_record);
+  if (const std::optional<nlohmann::json> f = layout_prediction(job)) writer_->set_attribute("layout_plan", f->dump());
   writer_->set_attribute("ranks", ranks.dump());
   writer_->set_attribute("backend", std::string(device_name(job.opt.backend)));
   writer_->set_attribute("version", std::string(DFLASH_VERSION));

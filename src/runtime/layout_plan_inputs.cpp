@@ -12,18 +12,6 @@
 
 namespace dflash {
 
-std::optional<plan::GpuCalibration> planned_calibration(const Options& o, double gpu_bytes) {
-  if (o.backend != Device::CUDA) return std::nullopt;
-  if (!o.plan_gpu.empty()) {
-    const PlannedGpu g = parse_planned_gpu(o.plan_gpu);
-    if (!g.model.empty()) return plan::calibration_for(g.name);
-  }
-  if (gpu_bytes <= 0) return std::nullopt;
-  char gib[32];
-  std::snprintf(gib, sizeof gib, "%.0f", gpu_bytes / 1073741824.0);
-  return plan::calibration_for(gib);
-}
-
 namespace {
 
 plan::TargetShape target_shape(const Options& o, const ModelPlan& m) {
@@ -113,7 +101,7 @@ plan::PlanRequest layout_plan_request(const Options& o, const ModelPlan& model, 
   r.memory.drafter_bytes = memory.drafter - (o.grad_accum > 1 || o.global_batch_tokens > 0 ? accum : 0);
   r.memory.accumulator_bytes = accum;
   r.power_budget_w = o.power_budget_w;
-  if (!o.topology_auto) r.chosen = plan::Layout{plan::LayoutKind::Split, o.topology.targets_per_node, o.topology.drafters_per_node};
+  if (o.topology_choice == TopologyChoice::Given) r.chosen = plan::Layout{plan::LayoutKind::Split, o.topology.targets_per_node, o.topology.drafters_per_node};
   return r;
 }
 

@@ -13,10 +13,6 @@ namespace dflash {
 
 struct RoleMemory;
 
-// The calibration of the GPU a dry run plans for: --gpu's kind (h100, h200, b200, rtx-pro-6000, or a size in
-// GiB: scaled, not measured), else this node's GPU by its memory; nullopt without either (the CPU backend).
-std::optional<plan::GpuCalibration> planned_calibration(const Options& o, double gpu_bytes);
-
 // The plan's request for this job on `nodes` nodes of `gpus_per_node` GPUs; chosen: --topology (none with
 // auto). record_tokens: the mean record length of --data (the dry run reads it from the files' shapes), or the
 // token budget when unknown.

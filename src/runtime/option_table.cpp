@@ -191,18 +191,23 @@ std::vector<OptionRow> option_rows(Options& o) {
   t.optional_number("ranks", &o.plan_ranks, "N", "with --dry-run: plan a world of N ranks (on one node, or over --nodes) in this one process, without mpirun", "the MPI world");
   t.optional_number("nodes", &o.plan_nodes, "N", "with --dry-run: plan N nodes of --gpus-per-node ranks each", "the MPI world");
   t.optional_number("gpus-per-node", &o.plan_ranks_per_node, "G", "with --dry-run: ranks (one per GPU) on each planned node", "the MPI world");
-  t.text("gpu", &o.plan_gpu, "NAME|GIB", "with --dry-run --backend cuda: check each rank's memory against this GPU: h100 | h200 | b200 | rtx-pro-6000, or its memory in GiB (default: this node's GPU 0 when NVML sees one)",
+  t.text("gpu", &o.plan_gpu, "NAME|GIB", "with --dry-run --backend cuda: check each rank's memory against this GPU: h100 | h200 | b200 | rtx-pro-6000, or its memory in GiB (default: this node's GPU 0 when NVML sees one); with --topology plan: the GPU kind the plan is for",
          "this node's GPU 0 (NVML), else none")
-      .doc = "with `--dry-run --backend cuda`: check each rank's fixed memory against `h100`, `h200`, `b200`, `rtx-pro-6000` or a size in GiB; a rank that does not fit ends the dry run with exit 2";
+      .doc = "with `--dry-run --backend cuda`: check each rank's fixed memory against `h100`, `h200`, `b200`, `rtx-pro-6000` or a size in GiB; a rank that does not fit ends the dry run with exit 2. With `--topology plan`: the GPU kind whose layout plan picks the split (needed on the CPU backend, where the plan chooses as for that GPU)";
+  t.text("calibration", &o.calibration_file, "FILE", "the layout plan's GPU constants: a calibration.json dflash-report wrote from an earlier run (replaces the built-in table's entry of that GPU)", "the built-in table")
+      .doc = "the layout plan's GPU constants (`--dry-run`, `--topology plan`): the `calibration.json` `dflash-report` writes from a run, fitted to what that run measured; its GPU's entry replaces the built-in table's (docs/cost_model.md)";
   t.section = S::Job;
   t.text("config", &o.config_file, "FILE", "key = value file with the same option names; the command line overrides it");
-  t.word("topology", o.topology_text, "T-D", "T-D: target and drafter ranks per node (the rest idle), or auto: measure both roles, pick the fastest split")
+  t.word("topology", o.topology_text, "T-D", "T-D: target and drafter ranks per node (the rest idle); auto: measure both roles, pick the fastest split; plan: run the cost model's recommended split without measuring")
       .check = [&o](const po::variable_value& v) {
         o.topology_text = v.as<std::string>();
-        o.topology_auto = o.topology_text == "auto";  // measured and chosen by run_job (auto_measure.h)
-        if (!o.topology_auto) o.topology = parse_topology_spec(o.topology_text);
+        // auto and plan are chosen by run_job (auto_measure.h, layout_forecast.h)
+        o.topology_choice = o.topology_text == "auto"   ? TopologyChoice::Auto
+                            : o.topology_text == "plan" ? TopologyChoice::Plan
+                                                        : TopologyChoice::Given;
+        if (o.topology_choice == TopologyChoice::Given) o.topology = parse_topology_spec(o.topology_text);
       };
-  t.rows.back().doc = "targets and drafters per node, the rest idle; `auto` measures both roles first and picks the split (docs/report.md)";
+  t.rows.back().doc = "targets and drafters per node, the rest idle; `auto` measures both roles first and picks the split (docs/report.md); `plan` runs the split the layout plan recommends (the cost model, docs/cost_model.md), measuring nothing";
   t.choice("backend", &o.backend, "NAME", "cpu | cuda", named({Device::CPU, Device::CUDA}, device_name))
       .doc = "cpu: float32 reference; cuda: bf16 on the rank's GPU";
   t.text("target", &o.target_dir, "DIR", "Hugging Face Qwen3 checkpoint directory (config.json + safetensors)", "required");

@@ -115,8 +115,11 @@ void resolve_planned_world(Options& o, bool ranks, bool nodes, bool per_node) {
                      "plan for this world here, or drop the flag";
   DF_CHECK_HINT(o.dry_run || !(ranks || nodes || per_node), BadOptions,
                 "--ranks, --nodes and --gpus-per-node plan a --dry-run's world", hint);
-  DF_CHECK_HINT(o.dry_run || o.plan_gpu.empty(), BadOptions, "--gpu names the GPU a --dry-run plans for", hint);
-  DF_CHECK_HINT(o.plan_gpu.empty() || o.backend == Device::CUDA, BadOptions,
+  const bool plan = o.topology_choice == TopologyChoice::Plan;
+  DF_CHECK_HINT(o.dry_run || plan || o.plan_gpu.empty(), BadOptions,
+                "--gpu names the GPU a --dry-run or --topology plan plans for", hint);
+  // --topology plan on the CPU backend chooses the split the plan gives that GPU kind (how CI runs it).
+  DF_CHECK_HINT(o.plan_gpu.empty() || o.backend == Device::CUDA || plan, BadOptions,
                 "--gpu " << o.plan_gpu << " with --backend cpu: the CPU backend keeps its tensors in host memory",
                 "add --backend cuda to plan a GPU job, or drop --gpu");
   if (!o.plan_gpu.empty()) parse_planned_gpu(o.plan_gpu);  // a bad name fails here, before anything is planned
@@ -197,7 +200,7 @@ bool given(const po::variables_map& vm, const char* name) { return vm.count(name
 // values one option gives another: --epochs from --max-steps, the anchor cap, a fresh drafter's recipe.
 void check_together(Options& o, const po::variables_map& vm) {
   const char* usage_hint = "dflash-train --help lists every option";
-  DF_CHECK_HINT(!o.measure_only || o.topology_auto, BadOptions, "--measure-only measures for --topology auto",
+  DF_CHECK_HINT(!o.measure_only || o.topology_choice == TopologyChoice::Auto, BadOptions, "--measure-only measures for --topology auto",
                 "add --topology auto, or drop --measure-only");
   DF_CHECK_HINT(o.backend == Device::CUDA || o.data_plane == DataPlaneChoice::Auto || o.data_plane == DataPlaneChoice::Host,
                 BadOptions, "--data-plane " << data_plane_choice_name(o.data_plane) << " moves device tensors; the CPU backend has none",

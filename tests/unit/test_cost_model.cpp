@@ -68,6 +68,40 @@ TEST(CostModelCalibration, JsonRoundTripAndRefusals) {
   EXPECT_EXIT(calibrations_from_json(missing, "f.json"), testing::ExitedWithCode(3), "memory_tbps");
 }
 
+// dflash-report's calibration.json (tools/dflash_report/forecast.py): the run's observed / predicted factors
+// multiply every phase of their role, survive the JSON round trip, and --calibration picks the file's entry.
+TEST(CostModelCalibration, RunCorrectionScalesEachRoleAndReadsBack) {
+  GpuCalibration h100 = calibration_for("h100");
+  const TargetShape t{TargetArch::DenseQwen3, 36, 4096, 12288, 32, 8, 128};
+  const PackedBatchShape b = packed_batch_uniform(16384, 4096);
+  DrafterShape d;
+  d.hidden = 4096, d.intermediate = 12288, d.heads = 32, d.kv_heads = 8, d.head_dim = 128, d.vocab = 151936;
+  d.layer_windows = {0, 0, 0, 0, 0};
+  const DrafterBatchShape db{16384, 512, 4096};
+  const double t0 = target_forward_cost(t, b, h100).seconds(), d0 = drafter_step_cost(d, db, h100).seconds();
+  GpuCalibration fitted = h100;
+  fitted.target_time_scale = 1.25;
+  fitted.drafter_time_scale = 0.8;
+  fitted.source = CalibrationSource::User;
+  EXPECT_NEAR(target_forward_cost(t, b, fitted).seconds(), 1.25 * t0, 1e-9 * t0);
+  EXPECT_NEAR(drafter_step_cost(d, db, fitted).seconds(), 0.8 * d0, 1e-9 * d0);
+  const nlohmann::json j = calibrations_to_json({fitted, calibration_for("h200")});
+  EXPECT_EQ(j["gpus"][0]["target_time_scale"].get<double>(), 1.25);
+  EXPECT_FALSE(j["gpus"][1].contains("target_time_scale"));  // 1: not written (the built-in file has none)
+  const std::string path = testing::TempDir() + "/calibration.json";
+  std::ofstream(path) << j.dump();
+  const GpuCalibration back = calibration_from_file(path, "h100");
+  EXPECT_EQ(back.source, CalibrationSource::User);
+  EXPECT_DOUBLE_EQ(back.drafter_time_scale, 0.8);
+  EXPECT_DOUBLE_EQ(calibration_from_file(path, "h200").target_time_scale, 1.0);
+  EXPECT_EXIT(calibration_from_file(path, "b200"), testing::ExitedWithCode(3), "no entry for GPU 'b200'");
+  EXPECT_EXIT(calibration_from_file(path + ".absent", "h100"), testing::ExitedWithCode(3), "cannot be read");
+  nlohmann::json bad = j;
+  bad["gpus"][0]["drafter_time_scale"] = -1;
+  std::ofstream(path) << bad.dump();
+  EXPECT_EXIT(calibration_from_file(path, "h100"), testing::ExitedWithCode(3), "drafter_time_scale");
+}
+
 TEST(CostModelCalibration, ScaledKindsAreMarked) {
   EXPECT_EQ(calibration_for("h100").source, CalibrationSource::Measured);
   EXPECT_EQ(calibration_for("h200").source, CalibrationSource::Measured);

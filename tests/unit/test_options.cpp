@@ -307,7 +307,7 @@ TEST(Options, DryRunPlansItsOwnWorld) {
 TEST(OptionsDeath, DryRunWorldFlags) {
   EXPECT_EXIT(parse(with_required({"--ranks", "8"})), testing::ExitedWithCode(2), "plan a --dry-run's world");
   EXPECT_EXIT(parse(with_required({"--backend", "cuda", "--gpu", "h200"})), testing::ExitedWithCode(2),
-              "--gpu names the GPU a --dry-run plans for");
+              "--gpu names the GPU a --dry-run or --topology plan plans for");
   EXPECT_EXIT(parse(with_required({"--dry-run", "--gpu", "h200"})), testing::ExitedWithCode(2), "--gpu h200 with --backend cpu");
   EXPECT_EXIT(parse(with_required({"--dry-run", "--backend", "cuda", "--gpu", "v100"})), testing::ExitedWithCode(2),
               "unknown --gpu 'v100'");

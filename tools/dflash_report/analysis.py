@@ -7,7 +7,7 @@ from datetime import datetime, timezone
 
 import numpy as np
 
-from . import anchors, model
+from . import anchors, forecast, model
 from .load import ROLE_DRAFTER, ROLE_IDLE, ROLE_TARGET, ReportError
 
 NOISE_FRACTION = 0.03  # a predicted gain smaller than this is not worth a restart
@@ -379,6 +379,7 @@ def analyse(run, power_budget_w=None, idle_power_w=None, allreduce_gbps=None):
         "eval": held_out(run),
         "tau": tau_progress(run),
     }
+    out["layout_plan"] = forecast.compare(run, tgt, dft, observed_bps)
     out["anchors"] = anchors.whatif(run, sel, start_s, meas, dft, own, seg_steps)
     out["verdict"] = verdict(out, preds, own, best, best_budget)
     out["segments"] = segments_table(run)

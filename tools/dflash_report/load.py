@@ -162,6 +162,7 @@ class Run:
             self.options = _json_attr(f, "options", {})
             self.rank_cards = _json_attr(f, "ranks", [])
             self.auto_topology = _json_attr(f, "auto_topology", None)  # --topology auto's measurement + choice
+            self.layout_plan = _json_attr(f, "layout_plan", None)  # the cost model's plan at start (forecast.py)
             # --eval-data's held-out rows (docs/metrics.md "/eval"); {} in runs without it
             self.eval = ({k: np.asarray(v[()]) for k, v in f["eval"].items() if isinstance(v, h5py.Dataset)}
                          if "eval" in f else {})

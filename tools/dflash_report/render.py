@@ -145,6 +145,9 @@ def text(rep):
                      f"  {w['batches_per_s']:8.3f} {w['ktok_per_s']:8.2f}  {w['kblocks_per_s']:9.3f} "
                      f"{100 * w['vs_run_frac']:+6.1f}%  {w['limit']}")
         L.append("  (* = this run; = = the most anchors per batch at which the drafters still keep up with the targets)")
+    if rep.get("layout_plan"):
+        from . import forecast
+        L.extend(forecast.text(rep["layout_plan"], rep.get("calibration_written")))
     L.append("")
     L.append("VERDICT")
     L.extend(textwrap.wrap(rep["verdict"], width=110, initial_indent="  ", subsequent_indent="  "))
