@@ -328,6 +328,7 @@ void MetricsHub::report(const DrafterReport& mine, const std::vector<TargetRepor
     in.q_pre_capacity = job_.opt.prefetch_depth;
     in.q_hs_capacity = job_.opt.hs_queue_depth;
     in.grad_accum = job_.plan.grad_accum;
+    in.colocated = job_.topo.spec.colocated();
     if (gpu_row) {
       // Ranks that share a GPU read the same device: count each GPU once (a rank without a bound GPU,
       // e.g. the NVML test hook on the CPU backend, is its own device).

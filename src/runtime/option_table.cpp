@@ -196,13 +196,13 @@ std::vector<OptionRow> option_rows(Options& o) {
       .doc = "with `--dry-run --backend cuda`: check each rank's fixed memory against `h100`, `h200`, `b200`, `rtx-pro-6000` or a size in GiB; a rank that does not fit ends the dry run with exit 2";
   t.section = S::Job;
   t.text("config", &o.config_file, "FILE", "key = value file with the same option names; the command line overrides it");
-  t.word("topology", o.topology_text, "T-D", "T-D: target and drafter ranks per node (the rest idle), or auto: measure both roles, pick the fastest split")
+  t.word("topology", o.topology_text, "T-D", "T-D: target and drafter ranks per node (the rest idle); colocated: every rank holds a target and a drafter (one GPU: no mpirun needed); or auto: measure both roles, pick the fastest split")
       .check = [&o](const po::variable_value& v) {
         o.topology_text = v.as<std::string>();
         o.topology_auto = o.topology_text == "auto";  // measured and chosen by run_job (auto_measure.h)
         if (!o.topology_auto) o.topology = parse_topology_spec(o.topology_text);
       };
-  t.rows.back().doc = "targets and drafters per node, the rest idle; `auto` measures both roles first and picks the split (docs/report.md)";
+  t.rows.back().doc = "targets and drafters per node, the rest idle; `colocated`: every rank runs a target and a drafter in one process (one GPU: `dflash-train --topology colocated ...` without mpirun; see \"The colocated layout\"); `auto` measures both roles first and picks the split (docs/report.md)";
   t.choice("backend", &o.backend, "NAME", "cpu | cuda", named({Device::CPU, Device::CUDA}, device_name))
       .doc = "cpu: float32 reference; cuda: bf16 on the rank's GPU";
   t.text("target", &o.target_dir, "DIR", "Hugging Face Qwen3 checkpoint directory (config.json + safetensors)", "required");
@@ -384,7 +384,7 @@ std::vector<OptionRow> option_rows(Options& o) {
   t.number("inject-delay-target-ms", &o.inject_delay_target_ms, "MS", "sleep per batch on targets", at_least(0), ">= 0");
   t.number("inject-delay-drafter-ms", &o.inject_delay_drafter_ms, "MS", "sleep per step on drafters", at_least(0), ">= 0");
   t.number("inject-fail-rank", &o.inject_fail_rank, "RANK", "world rank that fails on purpose");
-  t.number("inject-fail-step", &o.inject_fail_step, "N", "batch (target) or step (drafter) at which it fails; an idle rank fails as soon as it waits for the end of the run");
+  t.number("inject-fail-step", &o.inject_fail_step, "N", "batch (target) or step (drafter; a colocated rank: its drafter's step) at which it fails; an idle rank fails as soon as it waits for the end of the run");
   t.choice("inject-fail-mode", &o.inject_fail_mode, "MODE", "kill (SIGKILL) | hang (SIGSTOP: silent, alive)", {{"kill", FailMode::Kill}, {"hang", FailMode::Hang}})
       .doc = "SIGKILL itself, or SIGSTOP itself (alive and silent: the peers' deadlines end the job)";
   t.number("inject-stop-step", &o.inject_stop_step, "N", "the drafters act as on a stop signal after optimizer step N: checkpoint, exit 75");
