@@ -5,7 +5,8 @@
 # both): the same /steps and /eval numbers bit for bit and a byte-identical exported drafter.
 #  - colocated on 2 ranks (mpirun) against 2-2 on 4, to the end of the data, with --eval-data and checkpoints;
 #  - colocated as one plain process (no mpirun: a singleton MPI world, the one-GPU user's command) against 1-1;
-#  - metrics.h5 and the startup name the layout; a different seed changes the losses (the check can fail);
+#  - metrics.h5, the startup, the status line and dflash-report (its what-if row and verdict) name the layout;
+#    a different seed changes the losses (the check can fail);
 #  - --rebalance auto is refused on a colocated run (exit 2).
 source "$(dirname "$0")/lib.sh"
 tiny=$(tiny_dir)
@@ -21,6 +22,10 @@ expect_log coloc2 "topology colocated"
 expect_log coloc2 "local plane"
 ls -d "$WORK/coloc2/checkpoints/"step-* >/dev/null 2>&1 || fail "coloc2 wrote no checkpoint"
 h5check "$WORK/coloc2/metrics.h5" "f.attrs['topology'] in ('colocated', b'colocated')"
+grep -qE '^\[[0-9]+s\] step=[0-9]+ .* \| colocated \| q_pre=' "$WORK/coloc2.log" || fail "coloc2: no '| colocated' status line"
+"$DFLASH_SRC/tools/dflash-report" "$WORK/coloc2/metrics.h5" >"$WORK/coloc2.report" 2>&1 || { cat "$WORK/coloc2.report" >&2; fail "dflash-report on a colocated run failed"; }
+grep -q "run: topology colocated on 1 node(s) x 2 rank(s)" "$WORK/coloc2.report" || fail "dflash-report does not name the colocated layout"
+grep -qE '^ \*colocated ' "$WORK/coloc2.report" || fail "dflash-report's what-if lacks the run's colocated row"
 
 # One plain process: the singleton MPI world a user with one GPU starts (no mpirun).
 singleton() {  # singleton NAME ARGS...: like run_job with np 1, without mpirun
