@@ -287,7 +287,7 @@ MemoryVerdict check_memory(const Options& o, const PlannedGpu& gpu, const RoleMe
       hint += "lower --max-anchors (its block activations grow with it) or --hs-queue-depth / --token-budget "
               "(its slots)";
     }
-    if (target_misfit)
+    if (target_misfit && !colocated)
       hint += std::string(hint.empty() ? "" : "; ") +
               "the target: its weights alone need a GPU with more memory (or a smaller --token-budget for its send buffers)";
     if (colocated) hint += "; or a split (--topology T-D): a colocated rank holds the target's weights and the drafter both";

@@ -7,7 +7,9 @@
 #  - colocated as one plain process (no mpirun: a singleton MPI world, the one-GPU user's command) against 1-1;
 #  - metrics.h5, the startup, the status line and dflash-report (its what-if row and verdict) name the layout;
 #    a different seed changes the losses (the check can fail);
-#  - --rebalance auto is refused on a colocated run (exit 2).
+#  - --rebalance auto is refused on a colocated run (exit 2);
+#  - --dry-run counts a colocated rank's memory as the target's and the drafter's together, and says whether it
+#    fits (Qwen3-8B's recipe on one GPU: an H200 holds it, 80 GiB only with --optimizer-state bf16).
 source "$(dirname "$0")/lib.sh"
 tiny=$(tiny_dir)
 split_eval_set "$tiny/data.h5" "$WORK/train.h5" "$WORK/eval.h5" 40
@@ -76,4 +78,19 @@ done
 run_job rebal 2 60 --topology colocated --rebalance auto --checkpoint-every 4 --max-steps 4
 expect_rc 2 rebal
 expect_log rebal "a --topology colocated run stays colocated"
+
+qwen3_8b_config "$WORK/qwen3-8b"
+records_h5 "$WORK/records3072.h5" 151936 40 3072
+Q8=(--ranks 1 --topology colocated --backend cuda --config "$DFLASH_SRC/jobs/recipes/qwen3-8b.cfg" --target "$WORK/qwen3-8b"
+    --data "$WORK/records3072.h5")
+dry dryh200 "${Q8[@]}" --gpu h200
+expect_rc 0 dryh200
+expect_log dryh200 "colocated rank(s) 0: 84.7 GiB fixed, 55.7 GiB left for the activations"
+expect_log dryh200 "a colocated rank holds both: 84.7 GiB fixed (target + drafter)"
+dry dry80 "${Q8[@]}" --gpu 80
+expect_rc 2 dry80
+expect_log dry80 "colocated rank(s) 0 need 84.7 GiB of fixed memory, more than the GPU's 80.0 GiB"
+expect_log dry80 "--optimizer-state bf16 makes it fit (76.9 GiB fixed"
+dry dry80bf16 "${Q8[@]}" --gpu 80 --optimizer-state bf16
+expect_rc 0 dry80bf16
 echo "PASS"
