@@ -27,9 +27,10 @@ static void announce_ready() {
 int main(int argc, char** argv) {
   // First of all: mpirun may forward SIGUSR1 at any moment, and its default action ends the process.
   dflash::install_stop_signal_handlers();
-  // The loader thread never calls MPI; only the main thread does.
+  // The loader thread never calls MPI. A colocated rank's target and drafter threads both do
+  // (src/runtime/role_colocated.cpp, which refuses a library that gives less than MPI_THREAD_MULTIPLE).
   int provided = 0;
-  MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
   int rank = 0, size = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &size);

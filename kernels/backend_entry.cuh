@@ -11,7 +11,9 @@ namespace dflash::cuda {
 
 int device_count();  // visible CUDA devices (0 without any)
 // A context on device `gpu` (made current on this thread): its stream, cuBLASLt handle and workspace.
-Ctx context(int gpu);
+// lane 0 is the rank's compute context; lane 1 a second one on the same GPU with its own stream, handle and
+// workspace (a colocated rank's target computes on it while its drafter uses lane 0: include/dflash/backend.h).
+Ctx context(int gpu, int lane);
 // Deterministic kernels (dflash::set_deterministic_kernels): a process-wide switch, read by launchers.
 void set_deterministic(bool on);
 bool deterministic();

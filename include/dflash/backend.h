@@ -18,6 +18,11 @@ DType compute_dtype(Device device);
 
 // CPU: the float32 reference backend. CUDA: device `gpu` (made current on this thread).
 Ctx make_ctx(Device device, int gpu = 0);
+// A second compute context on GPU `gpu`, with its own stream, cuBLASLt handle and workspace (made once
+// per GPU, kept for the process's lifetime): a colocated rank's target computes on it, so its forward
+// overlaps the drafter's step on make_ctx's (src/runtime/role_colocated.cpp). The CPU context on the CPU
+// backend.
+Ctx colocated_target_ctx(Device device, int gpu);
 
 // Waits until everything enqueued on ctx has finished (no-op on CPU); fatal if a kernel flagged bad input.
 void synchronize(const Ctx& ctx);

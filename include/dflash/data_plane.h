@@ -31,6 +31,7 @@ enum class DataPlaneKind : uint8_t {
   Host,     // host MPI; device tensors are staged through page-locked host buffers (every cluster can)
   CudaMpi,  // MPI_Isend/MPI_Irecv straight on device pointers (a CUDA-aware MPI: UCX or smcuda move them)
   Nccl,     // headers on host MPI, tensors by ncclSend/ncclRecv on a stream per target-drafter pair
+  Local,    // --topology colocated: the target and the drafter of one process share the batches (no transfer)
 };
 const char* data_plane_name(DataPlaneKind k);
 
@@ -49,6 +50,14 @@ CudaAwareMpi query_cuda_aware_mpi();
 // drafters on a node, one communicator can order T1->D1 behind T1->D2 on one rank and T2->D2 behind
 // T2->D1 on another, a cycle. Pairs never wait on each other.
 class NcclPairs;
+
+// --topology colocated: the receive slots and send buffers one process's target and drafter share
+// (opaque; data_plane_local.cpp). A send hands the filled send buffer to the drafter's slot as it is
+// (the buffers swap places: no copy, no host staging) and the drafter's slot is "received" at once; events
+// order the drafter's reads after the forward that wrote the batch, and the next forward into a batch
+// after the drafter step that read it (two streams of one GPU on CUDA). Made once per segment by the job.
+class LocalSlots;
+std::shared_ptr<LocalSlots> make_local_slots(const SlotShape& shape, int num_slots, int num_send_buffers, const Ctx& ctx);
 
 // The job's plane, agreed by every rank. Collective over the world (idle ranks too: they only vote).
 struct DataPlaneSetup {
@@ -97,6 +106,7 @@ class DataPlane {
 struct DataPlaneSpec {
   DataPlaneKind kind = DataPlaneKind::Host;
   NcclPairs* nccl = nullptr;      // the nccl plane's communicators (DataPlaneSetup::nccl)
+  std::shared_ptr<LocalSlots> local;  // the local plane's shared batches (colocated)
   MPI_Comm comm = MPI_COMM_NULL;  // the world: credits, headers and host messages address world ranks
   Ctx ctx;                        // this rank's compute context: where the batches' tensors live
   SlotShape shape;
@@ -105,8 +115,10 @@ struct DataPlaneSpec {
 };
 std::unique_ptr<DataPlane> make_data_plane(const DataPlaneSpec& spec);
 
-// The planes behind the factory (data_plane_mpi.cpp: Host and CudaMpi; cuda/data_plane_nccl.cpp: nccl).
+// The planes behind the factory (data_plane_mpi.cpp: Host and CudaMpi; cuda/data_plane_nccl.cpp: nccl;
+// data_plane_local.cpp: Local, the drafter's side when spec.num_slots > 0, else the target's).
 std::unique_ptr<DataPlane> make_mpi_data_plane(const DataPlaneSpec& spec);
+std::unique_ptr<DataPlane> make_local_data_plane(const DataPlaneSpec& spec);
 
 // The comm floor's CUDA factories (src/comm/cuda/data_plane_nccl.cpp): slots the CUDA library defines, null
 // in a build without it (src/comm/no_cuda.cpp; src/core/cuda_entry.h tells the mechanism): the nccl

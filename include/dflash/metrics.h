@@ -224,12 +224,14 @@ struct StatusInputs {
   double epoch = 0;                  // fractional epochs done
   std::optional<double> eta_s;       // unknown (infinite epochs, no rate yet): "ETA=?"
   int grad_accum = 1;                // micro-batches per optimizer step: "step=58 (x4 mb)" when > 1
+  bool colocated = false;            // --topology colocated: "| colocated" after the throughput group (tgt and
+                                     // dft are then the same ranks' two threads)
 };
 
 // [5m] step=58 loss=2.2577 acc=0.029 streak=0.04 lr=9.84e-06 noise=0.1000 | tgt=0.88 batch/s dft=0.81 batch/s
 // (25.1Ktok/s) | q_pre=[50/64, 49/64] q_hs=[20/32] | epoch~0.01 ETA=4.7d     (one line; pwr=4.2kW after
 // the throughput group when power_w is set; step=58 (x4 mb) with --grad-accum 4: steps are optimizer steps
-// of 4 micro-batches each, dft=... batch/s counts micro-batches). loss, acc and streak are whatever the caller passes: the job
+// of 4 micro-batches each, dft=... batch/s counts micro-batches; "| colocated" before the queues on a colocated run). loss, acc and streak are whatever the caller passes: the job
 // passes their means over the logging interval (per-step values are in metrics.h5).
 std::string format_status_line(const StatusInputs& in);
 

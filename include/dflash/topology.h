@@ -3,7 +3,8 @@
 //
 // Per node (ranks sharing memory, MPI_COMM_TYPE_SHARED): the first T node-local ranks are targets, the
 // next D drafters, the rest idle. Targets feed the drafters of their own node; drafters allreduce their
-// gradients over all nodes (drafter_comm).
+// gradients over all nodes (drafter_comm). --topology colocated: every rank holds both roles in one process
+// (Role::Colocated): it is in both `targets` and `drafters`, its target feeds only its own drafter.
 #pragma once
 #include <mpi.h>
 
@@ -16,16 +17,25 @@
 
 namespace dflash {
 
-// --topology T-D: T target and D drafter ranks per node; the node's other ranks idle.
+// How a node's ranks share the two roles: a split (T target ranks, D drafter ranks, the rest idle), or
+// colocated (every rank runs a target and a drafter in one process; docs/pipeline.md "The colocated layout").
+enum class Layout : uint8_t { Split, Colocated };
+
+// --topology T-D: T target and D drafter ranks per node; the node's other ranks idle. --topology colocated:
+// every rank of the node is both (the counts are 0 until assign_roles knows the node's size).
 struct TopologySpec {
   int targets_per_node = 0;
   int drafters_per_node = 0;
-  std::string to_string() const;  // "2-1"
+  Layout layout = Layout::Split;
+  bool colocated() const { return layout == Layout::Colocated; }
+  std::string to_string() const;  // "2-1", or "colocated"
 };
-// Parses "T-D" (both >= 1). Fatal BadOptions on anything else ("auto" is handled by parse_options).
+// Parses "T-D" (both >= 1) or "colocated". Fatal BadOptions on anything else ("auto" is handled by parse_options).
 TopologySpec parse_topology_spec(const std::string& text);
+TopologySpec colocated_spec();  // --topology colocated
 
-enum class Role : uint8_t { Target, Drafter, Idle };
+// Colocated: one process holds a target and a drafter (a thread each; role_colocated.cpp).
+enum class Role : uint8_t { Target, Drafter, Idle, Colocated };
 
 // --eval-data: one eval batch's way from the target that forwards it to the drafter that keeps it.
 struct EvalRoute {
@@ -60,13 +70,18 @@ struct Topology {
   std::vector<Role> roles;            // [world_size] every rank's role
   std::vector<int> targets;           // world ranks of all targets, by role index
   std::vector<int> drafters;          // world ranks of all drafters, by role index
-  std::vector<int> node_targets;      // world ranks of this node's targets
-  std::vector<int> node_drafters;     // world ranks of this node's drafters
+  // The peers of this rank's data plane: the targets that feed its drafter and the drafters its target
+  // feeds. In a split: this node's targets and drafters. Colocated: this rank alone (its target feeds its
+  // own drafter), so the credit protocol, --batch-order fixed and the eval routes run per rank unchanged.
+  std::vector<int> node_targets;      // world ranks of the targets feeding this rank's drafter
+  std::vector<int> node_drafters;     // world ranks of the drafters this rank's target feeds
   std::string host;
   int gpu = -1;                       // device ordinal (node-local rank) on the CUDA backend, -1 on the CPU
   std::vector<RankPlace> places;      // [world_size] every rank's host and GPU (create_topology)
   MPI_Comm drafter_comm = MPI_COMM_NULL;  // drafters only: gradient allreduce, lockstep agreement
 
+  bool runs_target() const { return role == Role::Target || role == Role::Colocated; }
+  bool runs_drafter() const { return role == Role::Drafter || role == Role::Colocated; }
   int metrics_rank() const { return drafters.front(); }  // the first drafter writes metrics.h5
   bool is_metrics_writer() const { return world_rank == metrics_rank(); }
   int target_index_of(int world_rank) const;   // role index of a target rank (-1 if not a target)

@@ -62,6 +62,7 @@ const char* data_plane_name(DataPlaneKind k) {
     case DataPlaneKind::Host: return "host";
     case DataPlaneKind::CudaMpi: return "cuda-mpi";
     case DataPlaneKind::Nccl: return "nccl";
+    case DataPlaneKind::Local: return "local";
   }
   return "?";
 }
@@ -83,6 +84,12 @@ CudaAwareMpi query_cuda_aware_mpi() {
 
 DataPlaneSetup setup_data_plane(DataPlaneChoice choice, Device backend, const Topology& topo, const Ctx& ctx, double timeout_s) {
   DataPlaneSetup s;
+  if (topo.spec.colocated()) {  // every rank is colocated: nothing to agree on, nothing travels
+    s.kind = DataPlaneKind::Local;
+    s.why = std::string("colocated: each rank's target forward writes into its own drafter's slots, no transfer") +
+            (choice == DataPlaneChoice::Auto ? "" : std::string("; --data-plane ") + data_plane_choice_name(choice) + " does not apply");
+    return s;
+  }
   if (backend == Device::CPU || choice == DataPlaneChoice::Host) {
     s.why = backend == Device::CPU ? "the CPU backend's tensors are host memory" : "--data-plane host";
     return s;
@@ -135,6 +142,7 @@ std::unique_ptr<DataPlane> make_data_plane(const DataPlaneSpec& spec) {
     case DataPlaneKind::Nccl:
       if (!make_nccl_data_plane) fatal_no_cuda("the nccl data plane");
       return make_nccl_data_plane(spec);
+    case DataPlaneKind::Local: return make_local_data_plane(spec);
   }
   DF_FAIL(Internal, "unknown data plane kind " << static_cast<int>(spec.kind), "");
 }

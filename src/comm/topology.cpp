@@ -16,12 +16,21 @@
 namespace dflash {
 
 std::string TopologySpec::to_string() const {
+  if (colocated()) return "colocated";
   return std::to_string(targets_per_node) + "-" + std::to_string(drafters_per_node);
 }
 
+TopologySpec colocated_spec() {
+  TopologySpec spec;
+  spec.layout = Layout::Colocated;
+  return spec;
+}
+
 TopologySpec parse_topology_spec(const std::string& text) {
-  const char* hint = "--topology T-D: T target ranks and D drafter ranks per node, both >= 1, e.g. 7-1 or 6-2";
+  const char* hint = "--topology T-D: T target ranks and D drafter ranks per node, both >= 1, e.g. 7-1 or 6-2; or "
+                     "colocated: every rank holds both";
   DF_CHECK_HINT(text != "auto", BadOptions, "--topology auto is resolved at startup, not parsed as T-D", hint);
+  if (text == "colocated") return colocated_spec();
   size_t dash = text.find('-');
   auto is_count = [](const std::string& s) {
     return !s.empty() && s.size() <= 4 && s.find_first_not_of("0123456789") == std::string::npos;
@@ -41,6 +50,7 @@ const char* role_name(Role r) {
     case Role::Target: return "target";
     case Role::Drafter: return "drafter";
     case Role::Idle: return "idle";
+    case Role::Colocated: return "colocated";
   }
   return "?";
 }
@@ -93,6 +103,42 @@ std::string Topology::to_string() const {
   return s;
 }
 
+namespace {
+
+// Role index and count of this rank's role (world order).
+void count_role(Topology& t) {
+  int index = 0, count = 0;
+  for (int r = 0; r < t.world_size; ++r) {
+    if (t.roles[r] != t.role) continue;
+    if (r < t.world_rank) ++index;
+    ++count;
+  }
+  t.role_index = index;
+  t.role_count = count;
+}
+
+// --topology colocated: every rank is a target and a drafter; its target feeds its own drafter only (with
+// --batch-order fixed this is the N-N split's target i -> drafter i, so both train the same batches).
+Topology assign_colocated(int world_rank, const std::vector<RankSlot>& slots, int per, int num_nodes, Topology t) {
+  t.num_nodes = num_nodes;
+  t.ranks_per_node = per;
+  t.spec.targets_per_node = t.spec.drafters_per_node = per;
+  t.node = slots[world_rank].node;
+  t.local_rank = slots[world_rank].local_rank;
+  t.roles.assign(t.world_size, Role::Colocated);
+  for (int r = 0; r < t.world_size; ++r) {
+    t.targets.push_back(r);
+    t.drafters.push_back(r);
+  }
+  t.node_targets = {world_rank};
+  t.node_drafters = {world_rank};
+  t.role = Role::Colocated;
+  count_role(t);
+  return t;
+}
+
+}  // namespace
+
 Topology assign_roles(int world_rank, const std::vector<RankSlot>& slots, const TopologySpec& spec) {
   Topology t;
   t.world_size = static_cast<int>(slots.size());
@@ -109,6 +155,7 @@ Topology assign_roles(int world_rank, const std::vector<RankSlot>& slots, const 
     DF_CHECK_HINT(per_node[n] == per, TopologyMismatch,
                   "nodes hold different numbers of ranks (node 0: " << per << ", node " << n << ": " << per_node[n] << ")",
                   "start the same number of ranks on every node (mpirun --map-by ppr:N:node)");
+  if (spec.colocated()) return assign_colocated(world_rank, slots, per, num_nodes, std::move(t));
   const int T = spec.targets_per_node, D = spec.drafters_per_node;
   DF_CHECK_HINT(T + D <= per, TopologyMismatch,
                 "--topology " << spec.to_string() << " needs " << T + D << " ranks per node but " << per
@@ -131,14 +178,7 @@ Topology assign_roles(int world_rank, const std::vector<RankSlot>& slots, const 
     if (slots[r].node == t.node && role == Role::Drafter) t.node_drafters.push_back(r);
   }
   t.role = t.roles[world_rank];
-  int index = 0, count = 0;
-  for (int r = 0; r < t.world_size; ++r) {
-    if (t.roles[r] != t.role) continue;
-    if (r < world_rank) ++index;
-    ++count;
-  }
-  t.role_index = index;
-  t.role_count = count;
+  count_role(t);
   return t;
 }
 
@@ -246,7 +286,7 @@ Topology create_topology(MPI_Comm world, const TopologySpec& spec, Device backen
   t.places.resize(static_cast<size_t>(size));
   mpi::allgather(&here, 1, t.places.data(), world);
 
-  DF_MPI(MPI_Comm_split(world, t.role == Role::Drafter ? 0 : MPI_UNDEFINED, rank, &t.drafter_comm));
+  DF_MPI(MPI_Comm_split(world, t.runs_drafter() ? 0 : MPI_UNDEFINED, rank, &t.drafter_comm));
   id.role = role_name(t.role);
   id.host = t.host;
   id.gpu = t.gpu;

@@ -54,7 +54,12 @@ bool deterministic_kernels() { return cuda::in_build() ? cuda::library->determin
 
 Ctx make_ctx(Device device, int gpu) {
   if (device == Device::CPU) return cpu_ctx();
-  return cuda::library_for("a CUDA context was requested").context(gpu);
+  return cuda::library_for("a CUDA context was requested").context(gpu, 0);
+}
+
+Ctx colocated_target_ctx(Device device, int gpu) {
+  if (device == Device::CPU) return cpu_ctx();
+  return cuda::library_for("a second CUDA context was requested").context(gpu, 1);
 }
 
 void synchronize(const Ctx& ctx) {

@@ -71,6 +71,7 @@ std::string format_status_line(const StatusInputs& in) {
   s += printf_str(" dft=%.2f batch/s", in.drafter_batches_per_s);
   s += " (" + si_count(in.tokens_per_s) + "tok/s)";
   if (in.power_w) s += " pwr=" + power(*in.power_w);
+  if (in.colocated) s += " | colocated";
   s += " | q_pre=" + depth_list(in.q_pre, in.q_pre_capacity) + " q_hs=" + depth_list(in.q_hs, in.q_hs_capacity);
   s += printf_str(" | epoch~%.2f", in.epoch);
   s += " ETA=" + (in.eta_s ? format_duration(*in.eta_s) : std::string("?"));

@@ -6,7 +6,7 @@
 namespace dflash {
 
 DrafterPresence::DrafterPresence(const Topology& topo, double timeout_s) : timeout_s_(timeout_s) {
-  if (topo.role != Role::Drafter) return;
+  if (!topo.runs_drafter()) return;
   for (int r : topo.drafters) {
     if (r == topo.world_rank) continue;
     Peer p;

@@ -1,6 +1,7 @@
 // dflash-train --dry-run: what the job would do — the resolved options, every rank's role and the
 // schedule — without loading a model or reading the dataset's tokens, so a launch line (mpirun/srun,
 // --topology, the Slurm script's arguments) can be checked in seconds before a GPU is busy for days.
+#include <algorithm>
 #include <mpi.h>
 
 #include <cmath>
@@ -278,16 +279,20 @@ int dry_run(const Options& o) {
     num_drafters = static_cast<int>(t.drafters.size());
     target_ranks = t.targets;
     drafter_ranks = t.drafters;
+    const int idle = static_cast<int>(std::count(t.roles.begin(), t.roles.end(), Role::Idle));
     os << "[dflash] topology " << split.to_string() << " on " << t.num_nodes << " node(s) x " << t.ranks_per_node
        << " rank(s), backend " << device_name(o.backend) << ": " << t.targets.size() << " target(s), "
-       << t.drafters.size() << " drafter(s), " << (size - static_cast<int>(t.targets.size() + t.drafters.size()))
+       << t.drafters.size() << " drafter(s)" << (split.colocated() ? " (every rank both)" : "") << ", " << idle
        << " idle" << planned << "\n";
     if (!world.device_note.empty()) os << "[dflash] devices: " << world.device_note << "\n";
     os << "[dflash]   rank  node  local  role     host                 device  fixed memory\n";
     for (int r = 0; r < size; ++r) {
       const PlannedSeat& st = world.seats[static_cast<size_t>(r)];
       const Role role = t.roles[static_cast<size_t>(r)];
-      const double need = role == Role::Target ? memory.target : role == Role::Drafter ? memory.drafter : 0;
+      const double need = role == Role::Target      ? memory.target
+                          : role == Role::Drafter   ? memory.drafter
+                          : role == Role::Colocated ? memory.colocated()
+                                                    : 0;
       std::string mem = role == Role::Idle ? "-" : gib_text(need);
       if (gpu.bytes > 0 && need > gpu.bytes) mem += "  does not fit";
       const std::string dev = st.gpu >= 0 ? "gpu" + std::to_string(st.gpu) : "cpu";
@@ -296,7 +301,8 @@ int dry_run(const Options& o) {
                     role_name(role), st.host.empty() ? "-" : st.host.c_str(), dev.c_str(), mem.c_str());
       os << line;
     }
-    os << "[dflash] targets feed the drafters of their own node; "
+    os << (split.colocated() ? "[dflash] each rank's target feeds its own drafter in the process (no transfer); "
+                                  : "[dflash] targets feed the drafters of their own node; ")
        << (t.drafters.size() > 1 ? "the " + std::to_string(t.drafters.size()) + " drafters allreduce their gradients"
                                  : std::string("one drafter: no gradient allreduce"))
        << "; rank " << t.metrics_rank() << " (the first drafter) writes metrics.h5\n";
@@ -309,7 +315,11 @@ int dry_run(const Options& o) {
   os << schedule(o, num_drafters);
   os << eval_summary(o, o.topology_choice == TopologyChoice::Auto ? 0 : num_drafters, plan);
   os << memory.line << "\n";
-  const MemoryVerdict verdict = check_memory(o, gpu, memory, target_ranks, drafter_ranks);
+  if (o.topology_choice != TopologyChoice::Auto && split.colocated())
+    os << "[dflash] a colocated rank holds both: " << gib_text(memory.colocated())
+       << " fixed (target + drafter), both roles' activations on top\n";
+  const MemoryVerdict verdict = check_memory(o, gpu, memory, target_ranks, drafter_ranks,
+                                             o.topology_choice == TopologyChoice::Auto ? Layout::Split : split.layout);
   os << verdict.line << "\n";
   os << input_notes;
   os << layout_plan_text(forecast, o);

@@ -234,7 +234,7 @@ RoleMemory plan_role_memory(const Options& o, const ModelPlan& plan) {
 }
 
 MemoryVerdict check_memory(const Options& o, const PlannedGpu& gpu, const RoleMemory& memory,
-                           const std::vector<int>& target_ranks, const std::vector<int>& drafter_ranks) {
+                           const std::vector<int>& target_ranks, const std::vector<int>& drafter_ranks, Layout layout) {
   MemoryVerdict v;
   if (o.backend != Device::CUDA) {
     v.line = "[dflash] memory check: none (--backend cpu: host memory)";
@@ -256,18 +256,21 @@ MemoryVerdict check_memory(const Options& o, const PlannedGpu& gpu, const RoleMe
     double need;
     const std::vector<int>* ranks;
   };
-  const RoleCheck checks[] = {{"target", memory.target, &target_ranks}, {"drafter", memory.drafter, &drafter_ranks}};
+  const bool colocated = layout == Layout::Colocated;
+  std::vector<RoleCheck> checks = {{"target", memory.target, &target_ranks}, {"drafter", memory.drafter, &drafter_ranks}};
+  if (colocated) checks = {{"colocated", memory.colocated(), &target_ranks}};
   bool target_misfit = false, drafter_misfit = false;
   for (const RoleCheck& c : checks) {
     const std::string who = roles_known ? std::string(c.name) + " rank(s) " + rank_ranges(*c.ranks)
                                         : std::string("a ") + c.name + " rank";
-    line << (c.name[0] == 't' ? " " : "; ") << who << ": " << gib(c.need) << " fixed";
+    line << (&c == &checks.front() ? " " : "; ") << who << ": " << gib(c.need) << " fixed";
     if (c.need <= gpu.bytes) {
       line << ", " << gib(gpu.bytes - c.need) << " left for the activations";
       continue;
     }
     line << ": does NOT fit";
-    (c.name[0] == 't' ? target_misfit : drafter_misfit) = true;
+    if (colocated) target_misfit = drafter_misfit = true;  // either part may give way
+    else (c.name[0] == 't' ? target_misfit : drafter_misfit) = true;
     if (!v.what.empty()) what << "; ";
     what << who << " need " << gib(c.need) << " of fixed memory, more than the GPU's " << gib(gpu.bytes);
     v.what = what.str();
@@ -278,7 +281,7 @@ MemoryVerdict check_memory(const Options& o, const PlannedGpu& gpu, const RoleMe
     std::string hint;
     if (drafter_misfit) {
       // The cheapest fix where it is enough: the bf16 optimizer state (docs/pipeline.md "Optimizer state").
-      const double bf16 = memory.drafter - memory.drafter_bf16_saving;
+      const double bf16 = (colocated ? memory.colocated() : memory.drafter) - memory.drafter_bf16_saving;
       if (memory.drafter_bf16_saving > 0 && bf16 <= gpu.bytes)
         hint = "the drafter: --optimizer-state bf16 makes it fit (" + gib(bf16) + " fixed, " +
                gib(memory.drafter_bf16_saving) + " less); or ";
@@ -287,9 +290,10 @@ MemoryVerdict check_memory(const Options& o, const PlannedGpu& gpu, const RoleMe
       hint += "lower --max-anchors (its block activations grow with it) or --hs-queue-depth / --token-budget "
               "(its slots)";
     }
-    if (target_misfit)
+    if (target_misfit && !colocated)
       hint += std::string(hint.empty() ? "" : "; ") +
               "the target: its weights alone need a GPU with more memory (or a smaller --token-budget for its send buffers)";
+    if (colocated) hint += "; or a split (--topology T-D): a colocated rank holds the target's weights and the drafter both";
     v.hint = hint + "; or plan for a larger GPU (--gpu)";
   }
   v.line = line.str();

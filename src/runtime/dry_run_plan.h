@@ -59,6 +59,8 @@ double target_param_count(const TargetConfig& t);  // what config.json describes
 // The fixed memory of each role (allocated once at startup; activations come on top), and its line.
 struct RoleMemory {
   double target = 0, drafter = 0;
+  // A colocated rank holds both roles' fixed parts (and both roles' activations come on top).
+  double colocated() const { return target + drafter; }
   double drafter_bf16_saving = 0;  // what --optimizer-state bf16 would take off the drafter (0: already bf16)
   std::string line;  // "[dflash] memory per rank, fixed part (...): target ...; drafter ..."
 };
@@ -69,14 +71,16 @@ RoleMemory plan_role_memory(const Options& o, const ModelPlan& plan);
 std::pair<int64_t, int64_t> dataset_shape(const std::string& path);
 
 // Each role's fixed memory against the GPU's: which ranks do not fit. The ranks of each role (empty under
-// --topology auto: then a role is checked without them).
+// --topology auto: then a role is checked without them); layout Colocated: every rank holds both (its ranks
+// are target_ranks, checked against RoleMemory::colocated()).
 struct MemoryVerdict {
   bool fits = true;
   std::string line;       // "[dflash] memory check against --gpu h200 (...): ...", or why nothing was checked
   std::string what, hint;  // when !fits: the fatal error's message and HINT
 };
 MemoryVerdict check_memory(const Options& o, const PlannedGpu& gpu, const RoleMemory& memory,
-                           const std::vector<int>& target_ranks, const std::vector<int>& drafter_ranks);
+                           const std::vector<int>& target_ranks, const std::vector<int>& drafter_ranks,
+                           Layout layout = Layout::Split);
 
 std::string gib_text(double bytes);                 // "16.7 GiB", or MiB below one GiB
 std::string rank_ranges(const std::vector<int>& ranks);  // {0,1,2,5} -> "0-2,5"

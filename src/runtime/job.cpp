@@ -22,6 +22,7 @@
 #include "dflash/runtime.h"
 #include "auto_measure.h"
 #include "layout_forecast.h"
+#include "colocated.h"
 #include "job.h"
 #include "run_plan.h"
 
@@ -29,6 +30,8 @@ namespace dflash {
 
 void maybe_inject_failure(const JobContext& job, int64_t step) {
   if (job.opt.inject_fail_rank != job.topo.world_rank || job.opt.inject_fail_step != step) return;
+  // A colocated rank counts its drafter's steps (its target runs up to the queue's depth ahead).
+  if (job.topo.role == Role::Colocated && job.thread_role == Role::Target) return;
   const bool hang = job.opt.inject_fail_mode == FailMode::Hang;
   std::fprintf(stderr, "[dflash] rank %d (%s): test hook --inject-fail-step %lld: %s\n", job.topo.world_rank,
                role_name(job.topo.role), static_cast<long long>(step),
@@ -105,7 +108,7 @@ void choose_backend_parts(JobContext& job) {
   const Topology& topo = job.topo;
   set_deterministic_kernels(o.deterministic);  // before the first CUDA context: it sizes the mode's scratch
   job.ctx = o.backend == Device::CUDA ? make_ctx(Device::CUDA, topo.gpu) : cpu_ctx();
-  if (topo.role == Role::Drafter)
+  if (topo.runs_drafter())
     job.grad_reduce = choose_grad_reducer(topo, job.ctx);
 }
 
@@ -116,6 +119,10 @@ void choose_data_plane(JobContext& job) {
   DataPlaneSetup planes = setup_data_plane(job.opt.data_plane, job.opt.backend, topo, job.ctx, job.opt.peer_timeout_s);
   job.data_plane = planes.kind;
   job.nccl_pairs = std::move(planes.nccl);
+  if (job.data_plane == DataPlaneKind::Local) {  // colocated: its target and drafter share these batches
+    job.local_slots = make_local_slots(job.plan.slot_shape, job.opt.hs_queue_depth, kTargetSendBuffers, job.ctx);
+    job.colocated_meet = std::make_shared<ColocatedMeet>();
+  }
   if (!topo.is_metrics_writer()) return;
   const std::string grads = topo.drafters.size() > 1 ? std::string(grad_reduce_name(job.grad_reduce)) + " allreduce over " +
                                                               std::to_string(topo.drafters.size()) + " drafters"
@@ -127,13 +134,30 @@ void choose_data_plane(JobContext& job) {
 
 }  // namespace
 
+namespace {
+
+// A world barrier every rank passes once; on a colocated rank its drafter thread passes it for the process
+// once its target thread arrived there (colocated.h).
+void meet(const JobContext& job, ColocatedMeet::Point point, const std::function<void()>& world_barrier,
+          const std::function<void()>& poll) {
+  if (!job.colocated_meet) return world_barrier();
+  const double timeout_s = 10 * job.opt.peer_timeout_s;
+  if (job.thread_role == Role::Target) return job.colocated_meet->target_arrives(point, timeout_s, poll);
+  job.colocated_meet->drafter_passes(point, timeout_s, poll, world_barrier);
+}
+
+}  // namespace
+
 void wait_all_loaded(const JobContext& job) {
-  barrier(MPI_COMM_WORLD, 10 * job.opt.peer_timeout_s, "waiting for every rank to load its model");
+  meet(job, ColocatedMeet::Point::Loaded,
+       [&] { barrier(MPI_COMM_WORLD, 10 * job.opt.peer_timeout_s, "waiting for every rank to load its model"); }, {});
 }
 
 void wait_eval_features(const JobContext& job, const std::function<void()>& poll) {
   if (job.opt.eval_data.empty()) return;
-  barrier(MPI_COMM_WORLD, 10 * job.opt.peer_timeout_s, "computing the eval set's features (--eval-data)", poll);
+  meet(job, ColocatedMeet::Point::EvalFeatures,
+       [&] { barrier(MPI_COMM_WORLD, 10 * job.opt.peer_timeout_s, "computing the eval set's features (--eval-data)", poll); },
+       poll);
 }
 
 namespace {
@@ -216,12 +240,14 @@ SegmentEnd run_segment(const Options& o, const SegmentStart& seg, PowerSampler* 
   JobContext job(o, plan, topo, start, std::move(cards), std::move(inputs.handles));
   job.gpu_sampler = gpu_sampler;
 
+  job.thread_role = topo.role;
   if (topo.role != Role::Idle) choose_backend_parts(job);
   choose_data_plane(job);
 
   switch (topo.role) {
     case Role::Target: run_target(job); break;
     case Role::Drafter: run_drafter(job); break;
+    case Role::Colocated: run_colocated(job); break;
     case Role::Idle:
       wait_all_loaded(job);
       wait_eval_features(job);

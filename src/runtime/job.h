@@ -41,6 +41,11 @@ struct JobInputs {
   std::shared_ptr<const EvalPrompts> tau_prompts;  // drafters with --eval-tau-every: its prompts (drafter_tau.h)
 };
 
+class ColocatedMeet;  // colocated.h
+
+// Send buffers of a target: the forward of batch n+1 overlaps the send of batch n.
+constexpr int kTargetSendBuffers = 2;
+
 // One segment's per-rank context: what was typed (opt), what the segment planned (plan, immutable), where
 // this rank sits (topo), and the handles this rank holds. Nothing here is a decision of the run.
 struct JobContext {
@@ -57,8 +62,13 @@ struct JobContext {
   std::shared_ptr<const EvalSet> eval;
   std::shared_ptr<const EvalPrompts> tau_prompts;
   Ctx ctx;                         // this rank's backend, chosen once at rank start (CPU, or its GPU's stream)
+  // The role this context serves: the rank's, or on a colocated rank the thread's (Target or Drafter: each
+  // has a context of its own, role_colocated.cpp; on CUDA the target's computes on a second stream).
+  Role thread_role = Role::Idle;
   DataPlaneKind data_plane = DataPlaneKind::Host;  // agreed by every rank (setup_data_plane)
   std::shared_ptr<NcclPairs> nccl_pairs;           // the nccl plane's pair communicators
+  std::shared_ptr<LocalSlots> local_slots;         // colocated: the batches its target and drafter share
+  std::shared_ptr<ColocatedMeet> colocated_meet;   // colocated: where its two threads meet (colocated.h)
   GradReduceKind grad_reduce = GradReduceKind::HostMpi;  // drafters only
   PowerSampler* gpu_sampler = nullptr;  // this rank's GPU through NVML (run_job owns it)
   // How the drafters end this segment (they decide; the others learn it at the end of the run): code
@@ -99,6 +109,7 @@ inline DataPlaneSpec data_plane_spec(const JobContext& job) {
   DataPlaneSpec ps;
   ps.kind = job.data_plane;
   ps.nccl = job.nccl_pairs.get();
+  ps.local = job.local_slots;
   ps.comm = MPI_COMM_WORLD;
   ps.ctx = job.ctx;
   ps.shape = job.plan.slot_shape;
@@ -110,8 +121,10 @@ void maybe_inject_failure(const JobContext& job, int64_t step);
 
 void run_target(JobContext& job);
 void run_drafter(JobContext& job);
+void run_colocated(JobContext& job);  // role_colocated.cpp: both, a thread each
 
-// After loading: every rank waits here until all have loaded (a long deadline: loading is slow).
+// After loading: every rank waits here until all have loaded (a long deadline: loading is slow). On a
+// colocated rank its drafter thread passes the barrier for the process, once its target thread arrived.
 void wait_all_loaded(const JobContext& job);
 // --eval-data: every rank (idle ones too) waits here until the targets have sent every eval batch and the
 // drafters hold their shares, so training starts together (a deadline like loading's: the forwards of the

@@ -106,9 +106,10 @@ void check_token_budget_fits(const Options& o, const Topology& topo, const std::
                 "bad value " << o.token_budget << " for --token-budget: out of range (packed batches index tokens "
                              << "with 32-bit offsets)",
                 "give --token-budget in [2, 2147483647]; 32768 is the DFlash recipe's");
-  if (topo.role != Role::Target && topo.role != Role::Drafter) return;
+  if (!topo.runs_target() && !topo.runs_drafter()) return;
   const double per_token = plan.wire_bytes_per_token();
-  const int buffers = topo.role == Role::Drafter ? o.hs_queue_depth : 2;
+  // A drafter's slots, a target's send buffers; a colocated rank holds both.
+  const int buffers = (topo.runs_drafter() ? o.hs_queue_depth : 0) + (topo.runs_target() ? kTargetSendBuffers : 0);
   const double need = per_token * static_cast<double>(o.token_budget) * buffers;
   double have = 0;
   std::string what;
@@ -134,7 +135,7 @@ void check_token_budget_fits(const Options& o, const Topology& topo, const std::
                             << " rank's " << buffers << " hidden-state buffers alone need " << need_gib
                             << " GiB, more than " << what,
           "give --token-budget below " + std::to_string(fit) +
-              (topo.role == Role::Drafter ? " (or a smaller --hs-queue-depth)" : std::string()) +
+              (topo.runs_drafter() ? " (or a smaller --hs-queue-depth)" : std::string()) +
               "; the DFlash recipe uses 32768");
 }
 
@@ -301,7 +302,7 @@ void load_eval_data(const Options& o, const Topology& topo, const ModelPlan& pla
   check_eval_share_fits(eval->batch_tokens(), drafters, budget, ds.path());
   in.eval = std::move(eval);
   // --eval-tau-every: the drafters decode the set's prompts (src/runtime/drafter_tau.h)
-  if (o.eval_tau_every > 0 && topo.role == Role::Drafter) in.tau_prompts = load_tau_prompts(o, plan.drafter.block_size, ds);
+  if (o.eval_tau_every > 0 && topo.runs_drafter()) in.tau_prompts = load_tau_prompts(o, plan.drafter.block_size, ds);
 }
 
 }  // namespace
@@ -318,7 +319,7 @@ CheckedInputs validate_inputs(const Options& o, const Topology& topo, const std:
   }
   check_token_budget_fits(o, topo, cards, plan);
   if (!o.eval_data.empty() && topo.role != Role::Idle) load_eval_data(o, topo, plan, c.handles);
-  if (topo.role != Role::Target) return c;
+  if (!topo.runs_target()) return c;
   // Only the targets read the data; they keep it open for the loader. Every file of a mix is checked as a
   // whole (a record too long for the budget is refused even where the mix leaves it out: one rule per file).
   auto dataset = std::make_shared<DatasetMix>(o.data, o.train.seed, plan.target.text.vocab_size);

@@ -48,7 +48,7 @@ std::optional<nlohmann::json> layout_prediction(const JobContext& job) {
       gpus += seen ? 0 : 1;
     }
     for (int a : t.targets)
-      for (int b : t.drafters) shared = shared || t.same_gpu(a, b);
+      for (int b : t.drafters) shared = shared || (a != b && t.same_gpu(a, b));  // a colocated rank is its own pair
   }
   if (gpus <= 0) gpus = t.ranks_per_node;
   const std::optional<LayoutForecast> f = forecast_layouts(job.opt, job.plan, plan_role_memory(job.opt, job.plan),
@@ -362,6 +362,7 @@ void MetricsHub::report(const DrafterReport& mine, const std::vector<TargetRepor
     in.q_pre_capacity = job_.opt.prefetch_depth;
     in.q_hs_capacity = job_.opt.hs_queue_depth;
     in.grad_accum = job_.plan.grad_accum;
+    in.colocated = job_.topo.spec.colocated();
     if (gpu_row) {
       // Ranks that share a GPU read the same device: count each GPU once (a rank without a bound GPU,
       // e.g. the NVML test hook on the CPU backend, is its own device).

@@ -115,14 +115,14 @@ TopologySpec recommended_split(const LayoutForecast& f) {
           "--power-budget-w, or give --topology T-D");
   }
   const plan::Layout& l = p.layouts[static_cast<size_t>(p.recommended)].layout;
-  return TopologySpec{l.targets, l.drafters};
+  return l.kind == plan::LayoutKind::Colocated ? colocated_spec() : TopologySpec{l.targets, l.drafters};
 }
 
 TopologySpec choose_topology_plan(const Options& o, const ModelPlan& model, MPI_Comm world) {
   int rank = 0;
   DF_MPI(MPI_Comm_rank(world, &rank));
   const PlannedWorld w = mpi_world(world, o.backend);  // collective
-  int split[2] = {0, 0};
+  int split[3] = {0, 0, 0};
   if (rank == 0) {
     // --gpu's kind, else this node's GPU 0 by its memory (NVML, read without opening the device): the dry run's.
     const std::optional<LayoutForecast> f = forecast_layouts(o, model, plan_role_memory(o, model),
@@ -141,9 +141,10 @@ TopologySpec choose_topology_plan(const Options& o, const ModelPlan& model, MPI_
     std::fflush(stdout);
     split[0] = s.targets_per_node;
     split[1] = s.drafters_per_node;
+    split[2] = s.colocated() ? 1 : 0;
   }
-  DF_MPI(MPI_Bcast(split, 2, MPI_INT, 0, world));
-  return TopologySpec{split[0], split[1]};
+  DF_MPI(MPI_Bcast(split, 3, MPI_INT, 0, world));
+  return split[2] ? colocated_spec() : TopologySpec{split[0], split[1]};
 }
 
 nlohmann::json forecast_record(const LayoutForecast& f, const TopologySpec& running, bool gpus_shared,
@@ -160,8 +161,9 @@ nlohmann::json forecast_record(const LayoutForecast& f, const TopologySpec& runn
     run["anchors_per_s"] = bps * f.anchors_per_batch;
   } else {
     for (const plan::LayoutPrediction& lp : p.layouts)
-      if (lp.layout.kind == plan::LayoutKind::Split && lp.layout.targets == running.targets_per_node &&
-          lp.layout.drafters == running.drafters_per_node) {
+      if (running.colocated() ? lp.layout.kind == plan::LayoutKind::Colocated
+                              : lp.layout.kind == plan::LayoutKind::Split && lp.layout.targets == running.targets_per_node &&
+                                    lp.layout.drafters == running.drafters_per_node) {
         run["batches_per_s"] = lp.batches_per_s;
         run["tokens_per_s"] = lp.tokens_per_s;
         run["anchors_per_s"] = lp.anchors_per_s;

@@ -101,7 +101,9 @@ plan::PlanRequest layout_plan_request(const Options& o, const ModelPlan& model, 
   r.memory.drafter_bytes = memory.drafter - (o.grad_accum > 1 || o.global_batch_tokens > 0 ? accum : 0);
   r.memory.accumulator_bytes = accum;
   r.power_budget_w = o.power_budget_w;
-  if (o.topology_choice == TopologyChoice::Given) r.chosen = plan::Layout{plan::LayoutKind::Split, o.topology.targets_per_node, o.topology.drafters_per_node};
+  if (o.topology_choice == TopologyChoice::Given)
+    r.chosen = o.topology.colocated() ? plan::Layout{plan::LayoutKind::Colocated, gpus_per_node, gpus_per_node}
+                                      : plan::Layout{plan::LayoutKind::Split, o.topology.targets_per_node, o.topology.drafters_per_node};
   return r;
 }
 

@@ -198,7 +198,7 @@ std::vector<OptionRow> option_rows(Options& o) {
       .doc = "the layout plan's GPU constants (`--dry-run`, `--topology plan`): the `calibration.json` `dflash-report` writes from a run, fitted to what that run measured; its GPU's entry replaces the built-in table's (docs/cost_model.md)";
   t.section = S::Job;
   t.text("config", &o.config_file, "FILE", "key = value file with the same option names; the command line overrides it");
-  t.word("topology", o.topology_text, "T-D", "T-D: target and drafter ranks per node (the rest idle); auto: measure both roles, pick the fastest split; plan: run the cost model's recommended split without measuring")
+  t.word("topology", o.topology_text, "T-D", "T-D: target and drafter ranks per node (the rest idle); colocated: every rank holds a target and a drafter (one GPU: no mpirun needed); auto: measure both roles, pick the fastest split; plan: run the cost model's recommended layout without measuring")
       .check = [&o](const po::variable_value& v) {
         o.topology_text = v.as<std::string>();
         // auto and plan are chosen by run_job (auto_measure.h, layout_forecast.h)
@@ -207,7 +207,7 @@ std::vector<OptionRow> option_rows(Options& o) {
                                                         : TopologyChoice::Given;
         if (o.topology_choice == TopologyChoice::Given) o.topology = parse_topology_spec(o.topology_text);
       };
-  t.rows.back().doc = "targets and drafters per node, the rest idle; `auto` measures both roles first and picks the split (docs/report.md); `plan` runs the split the layout plan recommends (the cost model, docs/cost_model.md), measuring nothing";
+  t.rows.back().doc = "targets and drafters per node, the rest idle; `colocated`: every rank runs a target and a drafter in one process (one GPU: `dflash-train --topology colocated ...` without mpirun; see \"The colocated layout\"); `auto` measures both roles first and picks the split (docs/report.md); `plan` runs the layout the layout plan recommends (the cost model, docs/cost_model.md), measuring nothing";
   t.choice("backend", &o.backend, "NAME", "cpu | cuda", named({Device::CPU, Device::CUDA}, device_name))
       .doc = "cpu: float32 reference; cuda: bf16 on the rank's GPU";
   t.text("target", &o.target_dir, "DIR", "Hugging Face Qwen3 checkpoint directory (config.json + safetensors)", "required");
@@ -389,7 +389,7 @@ std::vector<OptionRow> option_rows(Options& o) {
   t.number("inject-delay-target-ms", &o.inject_delay_target_ms, "MS", "sleep per batch on targets", at_least(0), ">= 0");
   t.number("inject-delay-drafter-ms", &o.inject_delay_drafter_ms, "MS", "sleep per step on drafters", at_least(0), ">= 0");
   t.number("inject-fail-rank", &o.inject_fail_rank, "RANK", "world rank that fails on purpose");
-  t.number("inject-fail-step", &o.inject_fail_step, "N", "batch (target) or step (drafter) at which it fails; an idle rank fails as soon as it waits for the end of the run");
+  t.number("inject-fail-step", &o.inject_fail_step, "N", "batch (target) or step (drafter; a colocated rank: its drafter's step) at which it fails; an idle rank fails as soon as it waits for the end of the run");
   t.choice("inject-fail-mode", &o.inject_fail_mode, "MODE", "kill (SIGKILL) | hang (SIGSTOP: silent, alive)", {{"kill", FailMode::Kill}, {"hang", FailMode::Hang}})
       .doc = "SIGKILL itself, or SIGSTOP itself (alive and silent: the peers' deadlines end the job)";
   t.number("inject-stop-step", &o.inject_stop_step, "N", "the drafters act as on a stop signal after optimizer step N: checkpoint, exit 75");

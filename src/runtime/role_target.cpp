@@ -29,21 +29,22 @@ class TargetRank {
     const std::shared_ptr<const DatasetMix> dataset = job_.dataset;  // opened and checked by validate_inputs
     model_ = make_target_model(job_.plan.target, o_.target_dir, job_.ctx, job_.plan.capture_layers, o_.token_budget);
     DataPlaneSpec ps = data_plane_spec(job_);
-    ps.num_send_buffers = kSendBuffers;
+    ps.num_send_buffers = kTargetSendBuffers;
     TargetEndpoint endpoint(job_, make_data_plane(ps));
     endpoint_ = &endpoint;
-    for (int b = 0; b < kSendBuffers; ++b) {
+    for (int b = 0; b < kTargetSendBuffers; ++b) {
       forward_timing_[b][0] = Event(job_.ctx, /*timing=*/true);
       forward_timing_[b][1] = Event(job_.ctx, /*timing=*/true);
     }
 
     LoaderOptions lo = job_.plan.loader;
-    lo.shard_index = topo_.role_index;
-    lo.num_shards = topo_.role_count;
+    const int target_index = topo_.target_index_of(topo_.world_rank);
+    lo.shard_index = target_index;
+    lo.num_shards = static_cast<int>(topo_.targets.size());
     lo.consumed = job_.plan.resume.consumed;  // epochs an earlier split began (a resume on another split)
     wait_all_loaded(job_);
     // Resuming: the loader restarts where the checkpoint says; batches trained on after that are dropped.
-    const DataResumePoint& resume = job_.plan.resume.data.points.at(static_cast<size_t>(topo_.role_index));
+    const DataResumePoint& resume = job_.plan.resume.data.points.at(static_cast<size_t>(target_index));
     Loader loader(dataset, lo, resume.position);
     end_index_ = resume.position.batches;
     const auto& nt = topo_.node_targets;
@@ -175,9 +176,8 @@ class TargetRank {
   const Topology& topo_;
   std::unique_ptr<TargetModel> model_;
   TargetEndpoint* endpoint_ = nullptr;
-  static constexpr int kSendBuffers = 2;  // the forward of batch n+1 overlaps the send of batch n
-  Event forward_timing_[kSendBuffers][2];  // begin, end of the forward that filled each send buffer
-  bool forward_pending_[kSendBuffers] = {false, false};
+  Event forward_timing_[kTargetSendBuffers][2];  // begin, end of the forward that filled each send buffer
+  bool forward_pending_[kTargetSendBuffers] = {false, false};
   TargetReport report_;
   int64_t end_index_ = 0;  // loader batch index after the last batch popped (EndOfData, --batch-order fixed)
 };

@@ -66,6 +66,35 @@ TEST(Topology, TwoNodesTargetsFeedTheirOwnNode) {
   EXPECT_EXIT(b.node_target_index_of(3), testing::ExitedWithCode(9), "not a target of this node");
 }
 
+// --topology colocated: every rank both roles; its data-plane peers are itself alone (its target feeds its own
+// drafter), so --batch-order fixed and the eval routes make rank i what target i and drafter i of the N-N split are.
+TEST(Topology, ColocatedEveryRankBothRoles) {
+  auto slots = blocked(2, 2);
+  Topology t = assign_roles(3, slots, colocated_spec());
+  EXPECT_EQ(t.role, Role::Colocated);
+  EXPECT_TRUE(t.runs_target() && t.runs_drafter());
+  EXPECT_EQ(t.targets, std::vector<int>({0, 1, 2, 3}));
+  EXPECT_EQ(t.drafters, std::vector<int>({0, 1, 2, 3}));
+  EXPECT_EQ(t.node_targets, std::vector<int>({3}));
+  EXPECT_EQ(t.node_drafters, std::vector<int>({3}));
+  EXPECT_EQ(t.target_index_of(3), 3);
+  EXPECT_EQ(t.drafter_index_of(3), 3);
+  EXPECT_EQ(t.spec.targets_per_node, 2);
+  EXPECT_EQ(t.spec.to_string(), "colocated");
+  EXPECT_EQ(t.metrics_rank(), 0);
+  EXPECT_STREQ(role_name(t.role), "colocated");
+  // Eval batch i belongs to drafter i % 4 and is forwarded by that same rank, as target i of 4-4 would.
+  for (const EvalRoute& r : t.eval_routes(10)) {
+    EXPECT_EQ(r.drafter, 3);
+    EXPECT_EQ(r.target, 3);
+    EXPECT_EQ(r.batch % 4, 3);
+  }
+  // One process, no mpirun: a world of one.
+  Topology one = assign_roles(0, blocked(1, 1), colocated_spec());
+  EXPECT_EQ(one.role, Role::Colocated);
+  EXPECT_EQ(one.node_targets, std::vector<int>({0}));
+}
+
 TEST(Topology, InterleavedPlacementUsesNodeLocalRanks) {
   // --map-by node: world ranks alternate between two nodes.
   std::vector<RankSlot> slots;
@@ -100,6 +129,8 @@ TEST(TopologySpecParse, Valid) {
   EXPECT_EQ(s.targets_per_node, 7);
   EXPECT_EQ(s.drafters_per_node, 1);
   EXPECT_EQ(parse_topology_spec("6-2").to_string(), "6-2");
+  EXPECT_TRUE(parse_topology_spec("colocated").colocated());
+  EXPECT_EQ(parse_topology_spec("colocated").to_string(), "colocated");
 }
 
 TEST(TopologySpecParseDeath, Invalid) {

@@ -317,7 +317,16 @@ def analyse(run, power_budget_w=None, idle_power_w=None, allreduce_gbps=None):
         allreduce_coeff_s=coeff, tokens_per_batch=tokens_per_batch, power_target_w=pw.get("target_w"),
         power_drafter_w=pw.get("drafter_w"), power_idle_w=pw.get("idle_w"), remaining_tokens=rem)
     preds = model.all_splits(meas)
-    own = model.predict(meas, T, D)
+    colocated_overlap_s = None
+    if run.topology == "colocated":
+        # Every GPU both roles: the overlap of the two is what the rank's wall time per batch saved on their sum.
+        a_own = (coeff or 0.0) * model.ring_allreduce_factor(N * G)
+        wall = (N * G) / observed_bps if observed_bps > 0 else None
+        colocated_overlap_s = max(0.0, tgt["s_per_batch"] + dft["s_per_batch"] + a_own - wall) if wall else 0.0
+        own = model.predict_colocated(meas, colocated_overlap_s)
+        preds = preds + [own]
+    else:
+        own = model.predict(meas, T, D)
     base = own.batches_per_s
     over = oversubscription(run)
     too_many = (lambda p: p.targets + p.drafters > over["cores_per_node"]) if over else (lambda p: False)  # noqa: E731

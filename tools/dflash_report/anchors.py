@@ -62,9 +62,11 @@ def fit_cost(samples, s_per_batch, optimizer_s_per_batch, anchors_run):
 
 
 def whatif(run, sel, start_s, meas, dft, own, steps_mask=None):
-    """The anchors section of the report, or None when the run recorded no anchors. steps_mask: the /steps rows
+    """The anchors section of the report, or None when the run recorded no anchors (or is colocated). steps_mask: the /steps rows
     of the measured segment (None: all)."""
     st = run.steps
+    if own.split == "colocated":  # its budget is a split's (the drafter side keeping up with the targets)
+        return None
     if "anchors" not in st or not len(st["anchors"]) or float(np.sum(st["anchors"])) <= 0:
         return None
     drafters_total = own.drafters * meas.nodes

@@ -207,6 +207,9 @@ class Run:
                                   "file")
             row["kind_name"] = SEGMENT_KINDS.get(row["kind"], f"kind {row['kind']}")
             row["topology"] = f"{row['targets_per_node']}-{row['drafters_per_node']}"
+            ws = row.get("world_size")
+            if ws and row["targets_per_node"] == row["drafters_per_node"] == ws // row["nodes"]:
+                row["topology"] = "colocated"  # every rank a target and a drafter (docs/pipeline.md)
             rows.append(row)
         return rows
 
@@ -331,6 +334,15 @@ class Run:
             self._derive_layout_from(seg)
             return
         topo = self.attrs.get("topology")
+        if str(topo) == "colocated":  # every rank both: T = D = the ranks per node
+            self.nodes = _count(self.path, "num_nodes", self.attrs.get("num_nodes", 1), 1, MAX_NODES, "number of nodes")
+            gpus = self.attrs.get("gpus_per_node")
+            if gpus is None:
+                raise ReportError(f"{self.path}: topology 'colocated' without gpus_per_node: a damaged metrics file")
+            self.targets_per_node = self.drafters_per_node = int(gpus)
+            self.topology = "colocated"
+            self._derive_sizes(gpus, "gpus_per_node")
+            return
         if not topo or "-" not in str(topo):
             raise ReportError(f"{self.path}: no 'topology' attribute (T-D); the run did not record its split")
         t, d = str(topo).split("-", 1)
@@ -372,8 +384,10 @@ class Run:
         # world rank -> role (from the ranks attribute, else from /ranks/role)
         self.role_of_rank = {}
         for c in self.rank_cards:
-            self.role_of_rank[int(c.get("rank", -1))] = {"target": ROLE_TARGET, "drafter": ROLE_DRAFTER}.get(
-                c.get("role"), ROLE_IDLE)
+            self.role_of_rank[int(c.get("rank", -1))] = {"target": ROLE_TARGET, "drafter": ROLE_DRAFTER,
+                                                          # a colocated rank's GPU power counts as its target's
+                                                          # (as the job's /gpus accounting does)
+                                                          "colocated": ROLE_TARGET}.get(c.get("role"), ROLE_IDLE)
         if "rank" in self.ranks and "role" in self.ranks:  # the measured segment's roles first, then the newest
             rk, rl = np.asarray(self.ranks["rank"]), np.asarray(self.ranks["role"])
             order = np.concatenate([self.report_rows, np.arange(len(rk))[::-1]]).astype(np.int64)
@@ -392,7 +406,7 @@ class Run:
         refuses anything else), the ranks attribute lists each rank once, /ranks has no rank beyond them."""
         n, g = self.nodes, self.gpus_per_node
         sizes = f"num_nodes {n} x gpus_per_node {g} = {n * g} ranks"
-        if self.targets_per_node + self.drafters_per_node > g:
+        if self.topology != "colocated" and self.targets_per_node + self.drafters_per_node > g:
             raise ReportError(f"{self.path}: topology attribute {self.topology} needs "
                               f"{self.targets_per_node + self.drafters_per_node} ranks per node, but attribute "
                               f"gpus_per_node = {g}: a damaged metrics file")

@@ -11,6 +11,12 @@ Per node: T targets, D drafters, the node's other GPUs idle; N nodes; drafters a
   predicted b/s = min(target side, drafter side)
   power         = N * (T * P_t + D * P_d + (G - T - D) * P_idle)   (measured per-role draw; None if unknown)
 
+Colocated (--topology colocated: every GPU runs a target and a drafter, docs/pipeline.md "The colocated
+layout"), predicted only for a run that is colocated (from its own measurements; the C++ twin and the
+verdict of split runs do not price it yet):
+
+  colocated b/s = N * G / (s_t + s_d + a(N * G) - o)    o: the measured overlap of the two per batch
+
 c (seconds) is the allreduce cost at factor 1 (bytes / bandwidth): from the allreduce time measured at the
 run's own D when D > 1 (c = a_measured / (2 (D - 1) / D)), else from the gradient size and an assumed
 bandwidth, else unknown (then a = 0, and the report says so).
@@ -79,6 +85,26 @@ def predict(m: Measurements, targets: int, drafters: int) -> Prediction:
     return Prediction(targets, drafters, idle, target_cap, drafter_cap, bps, ktok,
                       "target" if target_cap <= drafter_cap else "drafter", a, power, per_kw, eta,
                       split=f"{targets}-{drafters}")
+
+
+def predict_colocated(m: Measurements, overlap_s: float = 0.0) -> Prediction:
+    """Every GPU both roles: a batch costs the target's forward plus the drafter's step, less what of the
+    two overlapped (measured: the next forward on its own stream while the drafter steps; 0 when unknown)."""
+    g, n = m.gpus_per_node, m.nodes
+    a = (m.allreduce_coeff_s or 0.0) * ring_allreduce_factor(n * g)
+    per_batch = max(m.target_s_per_batch + m.drafter_s_per_batch + a - max(overlap_s, 0.0),
+                    max(m.target_s_per_batch, m.drafter_s_per_batch + a))
+    bps = n * g / per_batch
+    ktok = bps * m.tokens_per_batch / 1000.0
+    power = None
+    if m.power_target_w is not None and m.power_drafter_w is not None:
+        # a GPU that runs both draws each role's power for that role's share of the batch's time
+        busy = m.target_s_per_batch + m.drafter_s_per_batch
+        power = n * g * (m.power_target_w * m.target_s_per_batch + m.power_drafter_w * m.drafter_s_per_batch) / busy
+    per_kw = ktok / (power / 1000.0) if power else None
+    eta = m.remaining_tokens / (ktok * 1000.0) if (m.remaining_tokens is not None and ktok > 0) else None
+    limit = "target" if m.target_s_per_batch >= m.drafter_s_per_batch + a else "drafter"
+    return Prediction(g, g, 0, bps, bps, bps, ktok, limit, a, power, per_kw, eta, split="colocated")
 
 
 # The most GPUs (CPU ranks) per node the model splits: there are ~G^2/2 splits, so a size read from a damaged

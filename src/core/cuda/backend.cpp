@@ -59,22 +59,27 @@ int device_count() {
 }
 
 namespace {
+constexpr int kLanes = 2;  // the rank's compute context, and a colocated target's (backend_entry.cuh)
 std::mutex g_backends_mu;
-std::vector<std::unique_ptr<Backend>> g_backends;  // never destroyed: lives as long as the process
-}  // namespace
+std::vector<std::unique_ptr<Backend>> g_backends;  // [gpu * kLanes + lane]; never destroyed: lives as long as the process
 
-Backend& backend_for_device(int gpu) {
+Backend& backend_for_lane(int gpu, int lane) {
+  DF_CHECK(lane >= 0 && lane < kLanes, Internal, "CUDA context lane " << lane);
   std::lock_guard<std::mutex> lock(g_backends_mu);
-  if (gpu >= 0 && static_cast<size_t>(gpu) < g_backends.size() && g_backends[gpu]) return *g_backends[gpu];
+  const size_t i = static_cast<size_t>(gpu) * kLanes + static_cast<size_t>(lane);
+  if (gpu >= 0 && i < g_backends.size() && g_backends[i]) return *g_backends[i];
   install_device_runtime();
   auto b = create_backend(gpu);
   // Said once per device, so a run (or a test log) under DFLASH_DEVICE_LIMITS shows it was not the real GPU's.
   const DeviceLimits& limits = device_limits(gpu);
-  if (limits.source == LimitsSource::ForcedSm120) std::fprintf(stderr, "[dflash] %s\n", describe(limits).c_str());
-  if (g_backends.size() <= static_cast<size_t>(gpu)) g_backends.resize(gpu + 1);
-  g_backends[gpu] = std::move(b);
-  return *g_backends[gpu];
+  if (lane == 0 && limits.source == LimitsSource::ForcedSm120) std::fprintf(stderr, "[dflash] %s\n", describe(limits).c_str());
+  if (g_backends.size() <= i) g_backends.resize(i + 1);
+  g_backends[i] = std::move(b);
+  return *g_backends[i];
 }
+}  // namespace
+
+Backend& backend_for_device(int gpu) { return backend_for_lane(gpu, 0); }
 
 void set_deterministic(bool on) {
   std::lock_guard<std::mutex> lock(g_backends_mu);
@@ -104,8 +109,8 @@ void check_device_errors(const Backend& b) {
 
 void check_device_errors(const Ctx& ctx) { check_device_errors(backend_of(ctx)); }
 
-Ctx context(int gpu) {
-  Backend& b = backend_for_device(gpu);
+Ctx context(int gpu, int lane) {
+  Backend& b = backend_for_lane(gpu, lane);
   DF_CHECK(cudaSetDevice(gpu) == cudaSuccess, DeviceFailure, "cudaSetDevice(" << gpu << ") failed");
   Ctx ctx;
   ctx.device = Device::CUDA;

@@ -52,12 +52,14 @@ struct DeviceState {
   cudnnHandle_t handle = nullptr;
   bool unusable = false;  // cudnnCreate failed here (e.g. a libcudnn that does not match the driver)
   std::map<GraphKey, std::unique_ptr<SdpaGraph>> graphs;
-  void* workspace = nullptr;  // shared by the graphs of this device (one stream): the largest any needs
+  void* workspace = nullptr;  // shared by the graphs of this context (one stream): the largest any needs
   int64_t workspace_bytes = 0;
 };
 
 std::mutex g_mutex;
-std::map<int, DeviceState> g_devices;
+// Per compute context (its Backend), not per device: a colocated rank computes on two streams of one GPU
+// (include/dflash/backend.h colocated_target_ctx), and a handle's workspace and offsets serve one stream.
+std::map<const void*, DeviceState> g_devices;
 
 #define DF_CUDNN(call)                                                                                       \
   do {                                                                                                       \
@@ -157,7 +159,7 @@ bool attention_cudnn_forward(const Ctx& ctx, const Tensor& out, const Tensor& q,
   const int device = backend_of(ctx).device;
 
   std::lock_guard<std::mutex> lock(g_mutex);
-  DeviceState& ds = g_devices[device];
+  DeviceState& ds = g_devices[ctx.backend];
   if (ds.unusable) return false;
   if (!ds.handle) {
     // A cuDNN that cannot start on this device is not fatal: the project's kernel serves every call then.
