@@ -152,7 +152,8 @@ void hold_run_dir(const std::string& path, const std::string& what) {
   fs::create_directories(path, ec);
   const int fd = ::open(path.c_str(), kDirFlags);
   if (fd < 0 && (errno == ELOOP || errno == ENOTDIR)) {
-    const bool link = errno == ELOOP;
+    struct stat st;  // (O_DIRECTORY|O_NOFOLLOW at a link says ENOTDIR: lstat tells which)
+    const bool link = errno == ELOOP || (::lstat(path.c_str(), &st) == 0 && S_ISLNK(st.st_mode));
     DF_FAIL(BadOptions,
             what << " " << path << (link ? " is a symbolic link: refused (the run directory is held by its own name)"
                                           : " is not a directory"),

@@ -380,10 +380,15 @@ void lock_run_dirs(const Options& o) {
   // link would carry the writes elsewhere, a hard link write into a file elsewhere, a FIFO block the open.
   // Each write also checks again when it happens, relative to --out's descriptor (include/dflash/safe_dir.h):
   // these only make the common case an early, plain refusal.
-  for (const char* name : {"metrics.h5", "train.log", "report-to.log", ".dflash-complete"})
+  for (const char* name : {"metrics.h5", "train.log", ".dflash-complete"})
     refuse_planted(o.out_dir + "/" + name, EntryKind::File, "--out's entry");
-  for (const char* name : {"drafter", "drafter-best", "csv", "tensorboard", "wandb"})
+  for (const char* name : {"drafter", "drafter-best"})
     refuse_planted(o.out_dir + "/" + name, EntryKind::Directory, "--out's entry");
+  if (!parse_report_to(o.report_to).empty()) {  // what dflash-report writes (tools/dflash_report/safe_out.py)
+    refuse_planted(o.out_dir + "/report-to.log", EntryKind::File, "--out's entry");
+    for (const char* name : {"csv", "tensorboard", "wandb"})
+      refuse_planted(o.out_dir + "/" + name, EntryKind::Directory, "--out's entry");
+  }
   if (o.checkpoint_dir.empty()) refuse_planted(o.out_dir + "/checkpoints", EntryKind::Directory, "--out's entry");
   remove_stale_temp_files(o);
   const std::string ckpt = checkpoint_dir_of(o);
