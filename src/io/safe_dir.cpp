@@ -75,6 +75,9 @@ int step_into(int dir, const std::string& name, MissingDirs missing) {
     if (::mkdirat(dir, name.c_str(), 0777) != 0 && errno != EEXIST) return -1;
     fd = ::openat(dir, name.c_str(), kDirFlags);
   }
+  struct stat st;  // O_DIRECTORY|O_NOFOLLOW at a link says ENOTDIR: a link is named as one (ELOOP)
+  if (fd < 0 && errno == ENOTDIR && ::fstatat(dir, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISLNK(st.st_mode))
+    errno = ELOOP;
   return fd;
 }
 

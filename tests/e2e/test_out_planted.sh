@@ -85,7 +85,7 @@ done
 steps_in() { grep -c '^\[[0-9.smhd]*\] step=' "$1" 2>/dev/null || true; }
 wait_steps() {  # wait_steps NAME K: until NAME's log shows K steps (fails after 60 s)
   local t0=$SECONDS
-  until [ "$(steps_in "$WORK/$1.log")" -ge "$2" ]; do
+  until [ "$(steps_in "$WORK/$1.log")" -ge "$2" ] 2>/dev/null; do
     [ $((SECONDS - t0)) -lt 60 ] || { tail -20 "$WORK/$1.log" >&2; fail "$1: no step $2 after 60 s"; }
     sleep 0.2
   done
