@@ -8,7 +8,8 @@
 #   3. mid-run, OUT/drafter planted as a link before the export and OUT/checkpoints swapped for a link between
 #      two checkpoints: the write is refused (exit 2) when it happens, nothing lands in the link's target;
 #   4. a run directory given as a link is refused; a resume with metrics.h5 hard-linked elsewhere is refused.
-# dflash-report's own exports (csv, tensorboard through a link, old event files): tests/e2e/test_out_planted_report.sh.
+#   5. dflash-report's exports with a link at OUT/csv or OUT/tensorboard: refused, nothing written or deleted
+#      where the link points; two exports in a row keep the newest earlier event file.
 source "$(dirname "$0")/lib.sh"
 victim="$WORK/victim"
 printf 'precious\n' >"$victim"
@@ -122,4 +123,31 @@ run_job resume 2 120 --topology 1-1 --max-steps 6 --checkpoint-every 2 --resume 
 expect_rc 2 resume
 expect_log resume "metrics.h5 has more than one hard link"
 cmp -s "$WORK/metrics-elsewhere.h5" "$WORK/metrics-before.h5" || fail "resume: metrics.h5 was written through its hard link"
+
+# ---- 5. dflash-report's exports (tools/dflash_report/safe_out.py) ---------------------------------------------
+if "$PY" -c "import h5py, numpy" 2>/dev/null; then
+  rep() { set +e; "$PY" "$DFLASH_SRC/tools/dflash-report" "$WORK/resume/metrics.h5" "$@" >"$WORK/rep.log" 2>&1; RC=$?; set -e; }
+  mkdir -p "$WORK/victim_tb"
+  touch "$WORK/victim_tb/events.out.tfevents.0000000001.host.1.dflash-report" "$WORK/victim_tb/keep"
+  for name in csv tensorboard; do
+    rm -rf "${WORK:?}/resume/$name"
+    ln -s "$WORK/victim_tb" "$WORK/resume/$name"
+    rep "--$name" "$WORK/resume/$name"
+    [ "$RC" -ne 0 ] || fail "dflash-report --$name through a link at OUT/$name: exit 0"
+    grep -q "symbolic link" "$WORK/rep.log" || { cat "$WORK/rep.log" >&2; fail "report $name: no refusal naming the link"; }
+    [ "$(ls "$WORK/victim_tb" | wc -l)" = 2 ] || fail "report $name: files changed where the link points: $(ls "$WORK/victim_tb")"
+    rm "$WORK/resume/$name"
+  done
+  rep --tensorboard "$WORK/resume/tensorboard" --tensorboard-writer builtin
+  [ "$RC" -eq 0 ] || { cat "$WORK/rep.log" >&2; fail "report: the export into a fresh tensorboard/ failed"; }
+  sleep 1
+  rep --tensorboard "$WORK/resume/tensorboard" --tensorboard-writer builtin
+  [ "$RC" -eq 0 ] || { cat "$WORK/rep.log" >&2; fail "report: the second export failed"; }
+  [ "$(ls "$WORK/resume/tensorboard" | grep -c tfevents)" = 2 ] || fail "report: not the newest earlier event file and the new one: $(ls -a "$WORK/resume/tensorboard")"
+  rep --csv "$WORK/resume/csv"
+  [ "$RC" -eq 0 ] && [ -s "$WORK/resume/csv/steps.csv" ] || { cat "$WORK/rep.log" >&2; fail "report: csv export"; }
+  if ls -a "$WORK/resume" | grep -q '^\.\(csv\|tensorboard\)\.'; then fail "report: a staging directory was left: $(ls -a "$WORK/resume")"; fi
+else
+  note "no h5py for $PY: dflash-report's exports not tried"
+fi
 echo "PASS"
