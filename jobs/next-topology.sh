@@ -46,13 +46,29 @@ next_topology_out() {
 }
 
 next_topology_read() {
-  local dir=$1 line value="" n=0 shown
+  local dir=$1 line value="" n=0 shown text
   next_topology="" next_topology_error=""
   next_topology_file=${dir:+$dir/next-topology}
   [ -n "$dir" ] || return 0
   [ -e "$next_topology_file" ] || [ -L "$next_topology_file" ] || return 0
+  # --out may be shared: a link planted at the name would print a file of anyone's into the job's log, a FIFO
+  # would block the read. Refused: a link, anything but a regular file with one link. The text is read
+  # through one descriptor that must be the very file checked (device, inode; under a deadline, so a FIFO
+  # swapped in after the check cannot block it), at most 4 KiB of it.
+  if [ -L "$next_topology_file" ]; then
+    next_topology_error="$next_topology_file is a symbolic link: refused (it is read from the run directory itself); delete it and write the split into the file"
+    return 2
+  fi
   if [ ! -f "$next_topology_file" ] || [ ! -r "$next_topology_file" ]; then
     next_topology_error="$next_topology_file is not a readable file: it should hold one line T-D (e.g. 6-2) or auto; fix it, or delete it to use the --topology of the command"
+    return 2
+  fi
+  if ! text=$(timeout -k 1 5 bash -c '
+      exec 3<"$1" || exit 3
+      [ "$(stat -L -c %F:%d:%i:%h /proc/self/fd/3)" = "$(stat -c %F:%d:%i:%h -- "$1")" ] || exit 4
+      [ "$(stat -c %F:%h -- "$1")" = "regular file:1" ] || [ "$(stat -c %F:%h -- "$1")" = "regular empty file:1" ] || exit 4
+      head -c 4096 <&3' _ "$next_topology_file"); then
+    next_topology_error="$next_topology_file is not a plain file of its own (a link, hard link or FIFO, or it changed while read): refused; delete it and write the split into the file"
     return 2
   fi
   while IFS= read -r line || [ -n "$line" ]; do
@@ -62,7 +78,7 @@ next_topology_read() {
     [ -n "$line" ] || continue
     n=$((n + 1))
     [ $n -eq 1 ] && value=$line
-  done <"$next_topology_file"
+  done <<<"$text"
   if [ $n -eq 1 ] && { [[ $value =~ ^[0-9]+-[0-9]+$ ]] || [ "$value" = auto ]; }; then
     next_topology=$value
     return 0
@@ -70,7 +86,8 @@ next_topology_read() {
   if [ $n -eq 0 ]; then
     shown="nothing"
   else
-    shown=$(head -c 60 "$next_topology_file" | tr -d "\r'" | tr '\n' ' ' | sed 's/[[:space:]]*$//')
+    # Only [0-9A-Za-z_.-] and spaces are ever printed: anything else (a terminal escape, a quote) shows as '?'.
+    shown=$(printf '%s' "${text:0:60}" | tr '\n' ' ' | LC_ALL=C tr -c '0-9A-Za-z_. -' '?' | sed 's/[[:space:]]*$//')
     shown="\"$shown\""
   fi
   next_topology_error="$next_topology_file holds $shown: it should hold one line T-D (e.g. 6-2) or auto; fix it, or delete it to use the --topology of the command"

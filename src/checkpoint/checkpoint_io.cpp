@@ -18,6 +18,7 @@
 
 #include "dflash/checkpoint.h"
 #include "dflash/error.h"
+#include "dflash/safe_dir.h"
 #include "dflash/safetensors.h"
 #include "io/json_file.h"
 
@@ -104,29 +105,27 @@ std::vector<std::pair<int64_t, std::string>> list_step_dirs(const std::string& c
 }
 
 void fsync_dir(const std::string& dir) {
-  int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  DF_CHECK(fd >= 0, SystemFailure, "cannot open directory " << dir << " to fsync it: " << std::strerror(errno));
-  const int rc = ::fsync(fd);
+  const DirFd d = open_dir(dir, MissingDirs::Refuse);  // never through a link under --out (safe_dir.h)
+  DF_CHECK(d.valid(), SystemFailure, "cannot open directory " << dir << " to fsync it: " << std::strerror(errno));
+  const int rc = ::fsync(d.get());
   const int err = errno;
-  ::close(fd);
   // Some network filesystems refuse fsync on directories; that is not a write failure.
   DF_CHECK(rc == 0 || err == EINVAL || err == EROFS, SystemFailure,
            "fsync of directory " << dir << " failed: " << std::strerror(err));
 }
 
+// Made (or walked) from the held run directory's descriptor: a link on the way, planted before the start or
+// swapped in mid-run, is refused instead of written through (include/dflash/safe_dir.h).
 void make_dirs(const std::string& dir) {
-  std::error_code ec;
-  fs::create_directories(dir, ec);
-  DF_CHECK_HINT(!ec && fs::is_directory(dir), SystemFailure, "cannot create directory " << dir << ": " << ec.message(),
-                "check that the parent of --checkpoint-dir exists and is writable");
+  create_dirs(dir, "check that the parent of --checkpoint-dir exists and is writable");
 }
 
+// Through descriptors only: a link inside (or at) the step directory is unlinked, what it names untouched.
 void remove_tree(const std::string& dir) {
-  std::error_code ec;
   // The manifest goes first: a directory half-deleted by a crash must never look complete.
-  fs::remove(fs::path(dir) / kManifest, ec);
-  fs::remove_all(dir, ec);
-  if (ec) note("warning: could not remove " + dir + ": " + ec.message());
+  int err = remove_tree_at((fs::path(dir) / kManifest).string());
+  if (err == 0) err = remove_tree_at(dir);
+  if (err != 0) note("warning: could not remove " + dir + ": " + std::strerror(err));
 }
 
 // Every regular file under step_dir (relative path -> size), temp files of atomic writes excluded.
@@ -217,8 +216,8 @@ void set_aside(const std::string& dir, const std::string& suffix, const std::str
   std::error_code ec;
   std::string aside = dir + suffix;
   for (int n = 2; fs::exists(aside, ec); ++n) aside = dir + suffix + "." + std::to_string(n);
-  fs::rename(dir, aside, ec);
-  note("set aside " + dir + " (" + why + ") as " + aside + (ec ? ": " + ec.message() : ""));
+  const int err = rename_path(dir, aside);
+  note("set aside " + dir + " (" + why + ") as " + aside + (err ? std::string(": ") + std::strerror(err) : ""));
 }
 
 // The run that wrote step_dir: the manifest's run_id when committed, else the marker a save writes first

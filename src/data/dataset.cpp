@@ -154,6 +154,7 @@ TokenDataset::TokenDataset(const std::string& path, int target_vocab_size) : pat
   std::lock_guard<std::mutex> lock(hdf5_mutex());
   DF_CHECK_HINT(access(path.c_str(), R_OK) == 0, BadInput, "cannot read dataset " << path,
                 "check --data; convert JSONL with dflash-prep");
+  check_regular_input(path, "dataset");  // before HDF5 touches it: a FIFO would block H5Fis_hdf5 for ever
   DF_CHECK_HINT(H5Fis_hdf5(path.c_str()) > 0, BadInput, "dataset " << path << " is not an HDF5 file",
                 "convert JSONL records with dflash-prep IN.jsonl OUT.h5 (docs/data.md)");
   // Stamped before it is opened: a change during the validation below is caught by the first read.

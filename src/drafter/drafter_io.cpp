@@ -6,6 +6,7 @@
 #include "dflash/drafter.h"
 #include "dflash/drafter_model.h"
 #include "dflash/error.h"
+#include "dflash/safe_dir.h"
 #include "dflash/rng.h"
 #include "dflash/safetensors.h"
 
@@ -145,10 +146,8 @@ void init_drafter_weights(const DrafterConfig& c, uint64_t seed, float* flat) {
 void export_drafter(const std::string& dir, const DrafterConfig& c, const float* flat, DType dtype) {
   DF_CHECK(dtype == DType::F32 || dtype == DType::BF16, BadOptions,
            "drafter export dtype " << dtype_name(dtype) << " (F32 or BF16)");
-  std::error_code ec;
-  std::filesystem::create_directories(dir, ec);
-  DF_CHECK_HINT(!ec, SystemFailure, "cannot create the export directory " << dir << ": " << ec.message(),
-                "check the path and its permissions");
+  // Under --out, walked from its descriptor at the time of writing (a link swapped in mid-run is refused).
+  create_dirs(dir, "check the path and its permissions");
   std::vector<TensorToWrite> tensors;
   for (const ParamSpec& p : drafter_param_layout(c)) {
     TensorToWrite t;

@@ -32,13 +32,12 @@ std::string parent_dir(const std::string& path) {
 // Writes to an open temp file; the first failure is fatal and removes the temp file.
 class TempFileWriter {
  public:
-  TempFileWriter(int fd, std::string tmp_path, std::string final_path)
-      : fd_(fd), tmp_(std::move(tmp_path)), final_(std::move(final_path)) {}
+  TempFileWriter(TempFile& temp, std::string final_path) : t_(temp), final_(std::move(final_path)) {}
 
   void write(const void* p, size_t n) {
     const char* c = static_cast<const char*>(p);
     while (n > 0) {
-      ssize_t w = ::write(fd_, c, n);
+      ssize_t w = ::write(t_.fd, c, n);
       if (w < 0 && errno == EINTR) continue;
       if (w <= 0) fail("write");
       c += w;
@@ -48,52 +47,40 @@ class TempFileWriter {
 
   [[noreturn]] void fail(const char* what) {
     const int err = errno;
-    ::close(fd_);
-    ::unlink(tmp_.c_str());
-    DF_FAIL(SystemFailure, "cannot write " << final_ << ": " << what << " of " << tmp_ << " failed: "
+    discard_temp(t_);
+    DF_FAIL(SystemFailure, "cannot write " << final_ << ": " << what << " of " << t_.path << " failed: "
                                            << std::strerror(err),
             "check free disk space and write permission in " + parent_dir(final_));
   }
 
-  int fd() const { return fd_; }
-
  private:
-  int fd_;
-  std::string tmp_, final_;
+  TempFile& t_;
+  std::string final_;
 };
 
-// temp file next to `path` -> fill(writer) -> fsync -> rename -> fsync(dir).
+// temp file next to `path` -> fill(writer) -> fsync -> rename -> fsync(dir), all relative to the one
+// descriptor of the directory (include/dflash/safe_file.h): a link swapped in on the way while the file is
+// written cannot move the rename elsewhere.
 void write_atomically(const std::string& path, const std::function<void(TempFileWriter&)>& fill) {
   const std::string dir = parent_dir(path);
   // mkstemp's name (unpredictable, O_EXCL) with the mode creat(2) would give: exported models and configs are
   // read by others as the user's umask allows (include/dflash/safe_file.h).
   TempFile temp = create_temp_next_to(path);
-  std::string tmpl = temp.path;
-  const int fd = temp.fd;
-  TempFileWriter w(fd, tmpl, path);
+  TempFileWriter w(temp, path);
   fill(w);
-  if (::fsync(fd) != 0) w.fail("fsync");
+  if (::fsync(temp.fd) != 0) w.fail("fsync");
+  const int fd = temp.fd;
+  temp.fd = -1;
   if (::close(fd) != 0) {
     const int err = errno;
-    ::unlink(tmpl.c_str());
+    discard_temp(temp);
     DF_FAIL(SystemFailure, "cannot write " << path << ": close failed: " << std::strerror(err),
             "check free disk space in " + dir);
   }
-  if (::rename(tmpl.c_str(), path.c_str()) != 0) {
-    const int err = errno;
-    ::unlink(tmpl.c_str());
-    DF_FAIL(SystemFailure, "cannot rename " << tmpl << " to " << path << ": " << std::strerror(err),
-            "check write permission in " + dir);
-  }
-  // The rename is durable only once the directory entry is on disk.
-  int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd >= 0) {
-    int rc = ::fsync(dfd);
-    const int err = errno;
-    ::close(dfd);
-    // Some filesystems (e.g. certain network mounts) refuse fsync on directories; that is not a write failure.
-    DF_CHECK(rc == 0 || err == EINVAL || err == EROFS, SystemFailure,
-             "fsync of directory " << dir << " failed: " << std::strerror(err));
+  if (const int err = commit_temp(temp); err != 0) {
+    discard_temp(temp);
+    DF_FAIL(SystemFailure, "cannot rename " << temp.path << " to " << path << ": " << std::strerror(err),
+            "check write permission in " + dir + " (and that " + path + " is not a directory)");
   }
 }
 

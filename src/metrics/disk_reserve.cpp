@@ -20,14 +20,14 @@ int DiskReserve::create(const std::string& path, size_t bytes) {
   bytes_ = bytes;
   // Always a new file of our own: whatever sits at the name (a stale reserve, or a link planted in a shared
   // --out) is unlinked, never written through (unlinking a link removes the link, not what it names).
-  if (::unlink(path.c_str()) != 0 && errno != ENOENT) return errno;
+  if (const int err = remove_tree_at(path); err != 0) return err;
   const int fd = open_own_file(path, O_WRONLY | O_CREAT | O_EXCL);
   if (fd < 0) return errno;
   int err = ::posix_fallocate(fd, 0, static_cast<off_t>(bytes));  // glibc writes zeros where unsupported
   if (err == 0 && ::fsync(fd) != 0) err = errno;
   ::close(fd);
   if (err != 0) {
-    ::unlink(path.c_str());
+    remove_tree_at(path);
     return err;
   }
   held_ = true;
@@ -36,7 +36,7 @@ int DiskReserve::create(const std::string& path, size_t bytes) {
 
 void DiskReserve::release() {
   if (!held_) return;
-  ::unlink(path_.c_str());
+  remove_tree_at(path_);
   held_ = false;
 }
 

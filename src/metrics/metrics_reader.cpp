@@ -9,6 +9,7 @@
 #include "data/h5_util.h"
 #include "dflash/data.h"  // hdf5_mutex()
 #include "dflash/error.h"
+#include "dflash/safe_file.h"
 #include "dflash/metrics.h"
 
 namespace dflash {
@@ -19,6 +20,7 @@ MetricsReader::MetricsReader(const std::string& path) : path_(path) {
   h5::quiet_errors();
   std::lock_guard<std::mutex> lock(hdf5_mutex());
   DF_CHECK(access(path.c_str(), R_OK) == 0, BadInput, "cannot read metrics file " << path);
+  check_regular_input(path, "metrics file");  // a FIFO would block H5Fis_hdf5 for ever
   DF_CHECK(H5Fis_hdf5(path.c_str()) > 0, BadInput, "metrics file " << path << " is not an HDF5 file");
   Handle fapl(h5::fapl_no_locking(), Handle::Kind::PropList);
   file_ = H5Fopen(path.c_str(), H5F_ACC_RDONLY, fapl);

@@ -15,6 +15,7 @@
 #include "dflash/data.h"  // hdf5_mutex()
 #include "dflash/error.h"
 #include "dflash/metrics.h"
+#include "dflash/safe_file.h"
 #include "disk_reserve.h"
 #include "metrics_writer_impl.h"
 
@@ -91,11 +92,22 @@ void move_split_series(hid_t file, const std::string& path) {
 
 bool file_exists(const std::string& path) {
   struct stat st;
-  return ::stat(path.c_str(), &st) == 0;
+  return ::lstat(path.c_str(), &st) == 0;
+}
+
+// The existing metrics file, checked through a descriptor before any HDF5 call touches its name
+// (include/dflash/safe_file.h's PinnedPath): a link, a hard link or a FIFO planted at the name (H5Fis_hdf5
+// and H5Fopen would block on a FIFO for ever) is refused, naming the file.
+PinnedPath pin_metrics_file(const std::string& path) {
+  PinnedPath p = pin_existing_file(path);
+  if (!p.fd.valid())
+    DF_FAIL(BadInput, "metrics file " << path << " cannot be used: " << own_file_error(errno),
+            "remove it (or move it away), or use a new --out directory");
+  return p;
 }
 
 // Rows of /steps/step in an existing metrics file; -1 when it cannot be read as one (then it is kept:
-// nobody knows what it holds). Called with hdf5_mutex() held.
+// nobody knows what it holds). Called with hdf5_mutex() held; `path` as pin_metrics_file gives it.
 int64_t stored_steps(const std::string& path) {
   if (H5Fis_hdf5(path.c_str()) <= 0) return -1;
   Handle fapl(h5::fapl_no_locking(), Handle::Kind::PropList);
@@ -113,10 +125,11 @@ int64_t stored_steps(const std::string& path) {
 void set_aside_previous(const std::string& path) {
   namespace fs = std::filesystem;
   if (!file_exists(path)) return;
-  const int64_t steps = stored_steps(path);
+  const int64_t steps = stored_steps(pin_metrics_file(path).path);
   if (steps == 0) {
-    DF_CHECK_HINT(std::remove(path.c_str()) == 0, SystemFailure,
-                  "cannot remove the step-less " << path << " of a failed start: " << std::strerror(errno),
+    const int err = remove_tree_at(path);
+    DF_CHECK_HINT(err == 0, SystemFailure,
+                  "cannot remove the step-less " << path << " of a failed start: " << std::strerror(err),
                   "check that the --out directory is writable");
     return;
   }
@@ -136,9 +149,11 @@ void set_aside_previous(const std::string& path) {
   }
   const std::string aside = (dir / (stem + "." + std::to_string(highest + 1) + ext)).string();
   // No other job writes here meanwhile (the run holds the --out lock), so nothing can appear at `aside`.
-  DF_CHECK_HINT(!file_exists(aside) && std::rename(path.c_str(), aside.c_str()) == 0, SystemFailure,
+  // Renamed relative to --out's descriptor (include/dflash/safe_dir.h).
+  const int err = file_exists(aside) ? EEXIST : rename_path(path, aside);
+  DF_CHECK_HINT(err == 0, SystemFailure,
                 "cannot move the previous run's " << path << " (" << (steps < 0 ? std::string("unreadable") : std::to_string(steps) + " steps")
-                                                  << ") to " << aside << ": " << std::strerror(errno),
+                                                  << ") to " << aside << ": " << std::strerror(err),
                 "check that the --out directory is writable; the previous file is left as it was");
   std::fprintf(stderr, "[dflash] the previous run's %s (%s) is kept as %s\n", path.c_str(),
                steps < 0 ? "not readable as a metrics file" : (std::to_string(steps) + " steps").c_str(), aside.c_str());
@@ -225,14 +240,19 @@ MetricsWriter::MetricsWriter(const std::string& path, const MetricsLayout& layou
                 io_failure_hint(reserve_err, impl_->dir()));
   Handle fapl(h5::fapl_no_locking(), Handle::Kind::PropList);
   if (append) {
-    DF_CHECK_HINT(H5Fis_hdf5(path.c_str()) > 0, BadInput, "metrics file " << path << " is not an HDF5 file",
+    // HDF5 is handed the very file checked (a hard link written through on resume would change a file
+    // elsewhere; a FIFO would block H5Fis_hdf5).
+    const PinnedPath pinned = pin_metrics_file(path);
+    DF_CHECK_HINT(H5Fis_hdf5(pinned.path.c_str()) > 0, BadInput, "metrics file " << path << " is not an HDF5 file",
                   "move it away or use a new --out directory");
-    impl_->file = Handle(H5Fopen(path.c_str(), H5F_ACC_RDWR, fapl), Handle::Kind::File);
+    impl_->file = Handle(H5Fopen(pinned.path.c_str(), H5F_ACC_RDWR, fapl), Handle::Kind::File);
     DF_CHECK_HINT(impl_->file.valid(), BadInput, "cannot open metrics file " << path << " for appending",
                   "move it away or use a new --out directory");
   } else {
     set_aside_previous(path);
-    impl_->file = Handle(H5Fcreate(path.c_str(), H5F_ACC_EXCL, H5P_DEFAULT, fapl), Handle::Kind::File);
+    // Created O_EXCL (never through a link at the name) in the directory reached through --out's descriptor.
+    const PinnedPath pinned = pin_new_file(path);
+    impl_->file = Handle(H5Fcreate(pinned.path.c_str(), H5F_ACC_EXCL, H5P_DEFAULT, fapl), Handle::Kind::File);
     if (!impl_->file.valid()) {
       const int err = hdf5_failure_errno();
       fatal(ExitCode::SystemFailure, "cannot create " + path + (err ? std::string(": ") + std::strerror(err) : ""),

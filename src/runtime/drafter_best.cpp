@@ -1,18 +1,17 @@
 // DrafterBest: src/runtime/drafter_best.h.
 #include "drafter_best.h"
 
-#include <stdio.h>  // renameat2 (glibc >= 2.28)
-#include <fcntl.h>
+#include <sys/stat.h>
 
 #include <cerrno>
 #include <cstdint>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
-#include <filesystem>
 
 #include "dflash/checkpoint.h"
 #include "dflash/error.h"
+#include "dflash/safe_file.h"
 #include "dflash/safetensors.h"  // write_file_atomic
 #include "io/json_file.h"
 
@@ -56,29 +55,36 @@ bool DrafterBest::offer(const EvalMetrics& m) {
 }
 
 void DrafterBest::write(const EvalMetrics& m, DrafterTrainer& trainer) const {
-  namespace fs = std::filesystem;
-  const std::string dir = dir_of(o_), tmp = o_.out_dir + "/.drafter-best.tmp";
-  std::error_code ec;
-  fs::remove_all(tmp, ec);  // an interrupted write's leftovers
+  const std::string dir = dir_of(o_);
+  // A staging directory of its own, made by mkdirat under an unpredictable name (include/dflash/safe_dir.h):
+  // a fixed name (.drafter-best.tmp) could be planted as a link by anyone who can write --out, and the
+  // export would follow it. Its files are written through --out's descriptor; it gets the mode a new
+  // directory would (mkdirat made it 0700) before it takes the place of OUT/drafter-best.
+  const std::string tmp = make_temp_dir(o_.out_dir, ".drafter-best.");
   trainer.export_release(tmp, o_.export_dtype);
   write_file_atomic(tmp + "/best.json", record_.dump(1) + "\n");
+  if (const DirFd staged = open_dir(tmp, MissingDirs::Refuse); staged.valid())
+    ::fchmod(staged.get(), 0777 & ~current_umask());
   // One rename replaces the old directory: RENAME_EXCHANGE swaps the two (then the old one, now at tmp,
-  // goes); where the filesystem cannot (EINVAL), the old one is moved aside first.
-  int rc = -1;
-  if (fs::exists(dir, ec)) {
-    rc = ::renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, dir.c_str(), RENAME_EXCHANGE);
-    if (rc != 0 && errno == EINVAL) {
-      const std::string old = o_.out_dir + "/.drafter-best.old";
-      fs::remove_all(old, ec);
-      rc = std::rename(dir.c_str(), old.c_str()) == 0 ? std::rename(tmp.c_str(), dir.c_str()) : -1;
-      fs::remove_all(old, ec);
+  // goes); where the filesystem cannot (EINVAL), the old one is moved aside first. Every name is renamed
+  // relative to --out's descriptor, never followed: a link planted at OUT/drafter-best is swapped out and
+  // removed as a link.
+  struct stat st;
+  int err = 0;
+  if (::lstat(dir.c_str(), &st) == 0) {
+    err = exchange_paths(tmp, dir);
+    if (err == EINVAL) {
+      const std::string old = make_temp_dir(o_.out_dir, ".drafter-best.");
+      err = rename_path(dir, old + "/previous");
+      if (err == 0) err = rename_path(tmp, dir);
+      remove_tree_at(old);
     }
   } else {
-    rc = std::rename(tmp.c_str(), dir.c_str());
+    err = rename_path(tmp, dir);
   }
-  DF_CHECK_HINT(rc == 0, SystemFailure, "cannot move the best drafter into " << dir << ": " << std::strerror(errno),
+  DF_CHECK_HINT(err == 0, SystemFailure, "cannot move the best drafter into " << dir << ": " << std::strerror(err),
                 "check that --out is writable (the trained drafter is still in memory and in the checkpoints)");
-  fs::remove_all(tmp, ec);
+  remove_tree_at(tmp);
   char tau[32] = "not measured";
   if (std::isfinite(m.tau)) std::snprintf(tau, sizeof(tau), "%.3f", m.tau);
   std::printf("[dflash] best drafter so far (by eval %s): step %lld, tau %s, loss %.4f -> %s\n", by_name(by_),

@@ -220,7 +220,9 @@ SegmentEnd run_segment(const Options& o, const SegmentStart& seg, PowerSampler* 
   // --resume: one answer for the whole job; a checkpoint of another model/objective/data is refused while
   // planning, before any model loads; one of another split continues on this one (docs/checkpoint.md).
   ResumeFrom resume = find_resume(o, seg, topo, inputs.handles, resolved);
-  // --out is locked and checked: every rank's output since its start goes into OUT/train.log (run_log.h).
+  // --out is locked and checked: every rank holds it by descriptor (writes under it never follow a link
+  // planted there, include/dflash/safe_dir.h), and its output since its start goes into OUT/train.log.
+  hold_run_dirs(o);
   open_run_log(o.out_dir + "/train.log");
   const RunPlan plan = plan_segment(o, seg, topo, inputs.handles, std::move(inputs.model), grad_accum,
                                     std::move(resolved), std::move(resume));

@@ -178,6 +178,10 @@ RunPlan plan_segment(const Options& o, const SegmentStart& seg, const Topology& 
 // has it. Creates the directories.
 void lock_run_dirs(const Options& o);
 
+// Every rank, before it writes: --out (and an explicit --checkpoint-dir) made and held open by descriptor for
+// the process's life; every later write under them is resolved from it (include/dflash/safe_dir.h).
+void hold_run_dirs(const Options& o);
+
 // What a run writes that a full disk would cost: the final export, one checkpoint, and how many
 // checkpoints exist at once (1 without periodic checkpoints: a stop signal still writes one); with
 // --eval-data, OUT/drafter-best too (two exports while a better one replaces it: drafter_best.h).

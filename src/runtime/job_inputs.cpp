@@ -151,16 +151,12 @@ std::string read_holder(const std::string& path) {
 // when the process ends, however it ends: no stale lock after a crash or kill -9). Returns false, with the
 // holder's line, when another process holds it.
 bool lock_dir(const std::string& dir, const std::string& what, std::string* holder) {
-  std::error_code ec;
-  std::filesystem::create_directories(dir, ec);
-  DF_CHECK_HINT(!ec && std::filesystem::is_directory(dir), SystemFailure,
-                "cannot create " << what << " " << dir << ": " << (ec ? ec.message() : "not a directory"),
-                "give a writable directory");
+  create_dirs(dir, "give a writable " + what);  // through --out's descriptor when inside it (hold_run_dirs)
   const std::string path = dir + "/.dflash.lock";
   // Not unlinked and re-created as the reserve is: another job may hold a lock on this very inode. A link
   // planted at the name is refused (exit 2) instead of written through.
   const int fd = open_own_file(path, O_RDWR | O_CREAT);
-  if (fd < 0 && (errno == ELOOP || errno == EINVAL || errno == EMLINK))
+  if (fd < 0 && (errno == ELOOP || errno == EINVAL || errno == EMLINK || errno == ENOTDIR))
     DF_FAIL(BadOptions, "the lock file " << path << " cannot be used: " << own_file_error(errno),
             "remove " + path + " (no job holds a lock through a link)");
   DF_CHECK_HINT(fd >= 0, SystemFailure, "cannot open the lock file " << path << ": " << std::strerror(errno),
@@ -350,12 +346,16 @@ static void remove_stale_temp_files(const Options& o) {
     const fs::path dir = fs::path(o.out_dir) / sub;
     if (!fs::is_directory(fs::symlink_status(dir, ec))) continue;
     for (const auto& e : fs::directory_iterator(dir, ec))
-      if (e.is_regular_file(ec) && is_temp_name(e.path().filename().string()) && fs::remove(e.path(), ec))
+      if (e.is_regular_file(ec) && is_temp_name(e.path().filename().string()) && remove_tree_at(e.path().string()) == 0)
         removed.push_back(e.path().string());
   }
-  for (const char* name : {".drafter-best.tmp", ".drafter-best.old"}) {
-    const fs::path p = fs::path(o.out_dir) / name;
-    if (fs::exists(fs::symlink_status(p, ec)) && fs::remove_all(p, ec) > 0) removed.push_back(p.string());
+  // The best drafter's staging directories (.drafter-best.XXXXXX, src/runtime/drafter_best.cpp; the fixed
+  // names of builds before them): removed through descriptors, a link among them unlinked, never followed.
+  for (const auto& e : fs::directory_iterator(o.out_dir, ec)) {
+    const std::string name = e.path().filename().string();
+    const bool staging = name.rfind(".drafter-best.", 0) == 0 && (name.size() == 14 + 6 || name == ".drafter-best.tmp" ||
+                                                                  name == ".drafter-best.old");
+    if (staging && remove_tree_at(e.path().string()) == 0) removed.push_back(e.path().string());
   }
   if (removed.empty()) return;
   std::printf("[dflash] removed %zu stale temp file(s) of an interrupted write: %s%s\n", removed.size(),
@@ -363,19 +363,34 @@ static void remove_stale_temp_files(const Options& o) {
   std::fflush(stdout);
 }
 
+void hold_run_dirs(const Options& o) {
+  hold_run_dir(o.out_dir, "--out");
+  if (!o.checkpoint_dir.empty()) hold_run_dir(o.checkpoint_dir, "--checkpoint-dir");
+}
+
 void lock_run_dirs(const Options& o) {
   const std::string hint = "two jobs writing one --out mix their checkpoints and metrics: wait for the other job to "
                            "end, or give this one another --out (and --checkpoint-dir)";
+  hold_run_dirs(o);  // made, and held by their descriptors from now on (include/dflash/safe_dir.h)
   std::string holder;
   DF_CHECK_HINT(lock_dir(o.out_dir, "--out", &holder), BadOptions,
                 "--out " << o.out_dir << " is in use by another job (" << (holder.empty() ? "holder unknown" : holder)
                          << ")",
                 hint);
-  // The names the job writes under --out: a link planted at one would carry its writes elsewhere (the lock
-  // file and metrics.h5's reserve are opened in include/dflash/safe_file.h's way; these are refused here).
-  for (const char* name : {"metrics.h5", "drafter", "drafter-best", "train.log"})
-    refuse_symlink(o.out_dir + "/" + name, "--out's entry");
-  if (o.checkpoint_dir.empty()) refuse_symlink(o.out_dir + "/checkpoints", "--out's entry");
+  // The names the job writes under --out, refused before anything starts when something else sits there: a
+  // link would carry the writes elsewhere, a hard link write into a file elsewhere, a FIFO block the open.
+  // Each write also checks again when it happens, relative to --out's descriptor (include/dflash/safe_dir.h):
+  // these only make the common case an early, plain refusal.
+  for (const char* name : {"metrics.h5", "train.log", ".dflash-complete"})
+    refuse_planted(o.out_dir + "/" + name, EntryKind::File, "--out's entry");
+  for (const char* name : {"drafter", "drafter-best"})
+    refuse_planted(o.out_dir + "/" + name, EntryKind::Directory, "--out's entry");
+  if (!parse_report_to(o.report_to).empty()) {  // what dflash-report writes (tools/dflash_report/safe_out.py)
+    refuse_planted(o.out_dir + "/report-to.log", EntryKind::File, "--out's entry");
+    for (const char* name : {"csv", "tensorboard", "wandb"})
+      refuse_planted(o.out_dir + "/" + name, EntryKind::Directory, "--out's entry");
+  }
+  if (o.checkpoint_dir.empty()) refuse_planted(o.out_dir + "/checkpoints", EntryKind::Directory, "--out's entry");
   remove_stale_temp_files(o);
   const std::string ckpt = checkpoint_dir_of(o);
   auto absolute = [](const std::string& p) {
@@ -388,6 +403,7 @@ void lock_run_dirs(const Options& o) {
   // The checkpoint directory has a lock of its own even inside --out: another job's --checkpoint-dir may
   // name this job's OUT/checkpoints, and the --out lock alone would not stop it.
   if (ckpt_abs == out_abs) return;  // the --out lock covers it
+  // A --checkpoint-dir inside --out is reached through --out's descriptor; one elsewhere is held on its own.
   DF_CHECK_HINT(lock_dir(ckpt, "--checkpoint-dir", &holder), BadOptions,
                 "--checkpoint-dir " << ckpt << " is in use by another job ("
                                     << (holder.empty() ? "holder unknown" : holder) << ")",

@@ -17,6 +17,7 @@
 #include "dflash/anchors.h"     // default_max_anchors
 #include "dflash/checkpoint.h"  // parse_checkpoint_every (--rebalance needs a checkpoint)
 #include "dflash/error.h"
+#include "dflash/safe_file.h"  // check_regular_input
 #include "dflash/schedule.h"  // grad_accum_for
 #include "option_table.h"
 
@@ -335,12 +336,17 @@ std::string resolved_options_json(const std::vector<std::pair<std::string, std::
 void check_input_paths(const Options& o) {
   DF_CHECK_HINT(path_exists(o.target_dir + "/config.json"), BadInput,
                 "--target " << o.target_dir << ": no config.json there", "point --target at a Hugging Face checkpoint directory");
-  for (const DataSource& d : o.data)
+  // A FIFO (or device) given as a dataset would block HDF5's first open for ever: refused by its type first.
+  for (const DataSource& d : o.data) {
     DF_CHECK_HINT(path_exists(d.path), BadInput, "--data " << d.path << ": no such file",
                   "make one with dflash-make-tiny or dflash-prep");
-  if (!o.eval_data.empty())
+    check_regular_input(d.path, "--data");
+  }
+  if (!o.eval_data.empty()) {
     DF_CHECK_HINT(path_exists(o.eval_data), BadInput, "--eval-data " << o.eval_data << ": no such file",
                   "make a held-out dataset with dflash-prep or dflash-tokenize (the --data format)");
+    check_regular_input(o.eval_data, "--eval-data");
+  }
   if (!o.drafter_dir.empty())
     DF_CHECK_HINT(path_exists(o.drafter_dir + "/config.json"), BadInput,
                   "--drafter " << o.drafter_dir << ": no config.json there", "point --drafter at a release-format drafter (config.json + model.safetensors)");

@@ -16,6 +16,7 @@
 
 #include "dflash/clock.h"
 #include "dflash/error.h"
+#include "dflash/safe_file.h"
 
 extern char** environ;
 
@@ -134,17 +135,27 @@ void ReportSidecar::start(bool final_export) {
     any = any || t != ReportTarget::Wandb || final_export;
   }
   if (!any) return;
+  // The log is opened here, not by the spawn's file actions: through --out's descriptor, never through a
+  // link or hard link planted at OUT/report-to.log, and without blocking on a FIFO there
+  // (include/dflash/safe_file.h). The child gets it as stdout and stderr.
+  const int log_fd = open_own_file(log_path_, O_WRONLY | O_CREAT | O_APPEND, new_file_mode());
+  if (log_fd < 0) {
+    std::fprintf(stderr, "[dflash] warning: --report-to: cannot open its log %s: %s; no export this time, the run "
+                 "goes on\n", log_path_.c_str(), own_file_error(errno).c_str());
+    return;
+  }
   std::vector<char*> argv;
   for (std::string& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
   posix_spawn_file_actions_t fa;
   posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_addopen(&fa, STDOUT_FILENO, log_path_.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0666);
-  posix_spawn_file_actions_adddup2(&fa, STDOUT_FILENO, STDERR_FILENO);
+  posix_spawn_file_actions_adddup2(&fa, log_fd, STDOUT_FILENO);
+  posix_spawn_file_actions_adddup2(&fa, log_fd, STDERR_FILENO);
   posix_spawn_file_actions_addclose(&fa, STDIN_FILENO);
   pid_t pid = -1;
   const int rc = posix_spawn(&pid, program_.c_str(), &fa, nullptr, argv.data(), environ);
   posix_spawn_file_actions_destroy(&fa);
+  ::close(log_fd);
   if (rc != 0) {
     std::fprintf(stderr, "[dflash] warning: --report-to: cannot start %s (error %d); the run goes on\n", program_.c_str(), rc);
     return;

@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "dflash/error.h"
+#include "dflash/safe_dir.h"
 #include "dflash/safetensors.h"  // write_file_atomic
 
 namespace dflash {
@@ -55,10 +56,12 @@ void set_aside_previous_drafter(const std::string& out_dir) {
   }
   const fs::path aside = fs::path(out_dir) / ("drafter." + std::to_string(highest + 1));
   // No other job writes here meanwhile (rank 0 holds the --out lock), so nothing can appear at `aside`.
-  DF_CHECK_HINT(!fs::exists(fs::symlink_status(aside, ec)) && std::rename(dir.c_str(), aside.c_str()) == 0,
+  // Renamed relative to --out's descriptor (include/dflash/safe_dir.h).
+  const int err = fs::exists(fs::symlink_status(aside, ec)) ? EEXIST : rename_path(dir.string(), aside.string());
+  DF_CHECK_HINT(err == 0,
                 SystemFailure,
                 "cannot move the previous run's exported drafter " << dir.string() << " to " << aside.string() << ": "
-                                                                   << std::strerror(errno),
+                                                                   << std::strerror(err),
                 "check that the --out directory is writable; the previous drafter is left as it was");
   std::printf("[dflash] the previous run's %s is kept as %s (a fresh run exports its own)\n", dir.c_str(),
               aside.c_str());

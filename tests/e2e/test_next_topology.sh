@@ -104,6 +104,32 @@ expect_log bad_two "holds \"2-1 1-2\""
 expect_log bad_empty "holds nothing"
 expect_log bad_dir "is not a readable file"
 
+# --out may be shared (issue 48 item 3): a link at the name is refused, not read (it would print a file of
+# anyone's into the job's log), as are a hard link and a FIFO (no hang: launch's timeout); a malformed file's
+# text is printed only in [0-9A-Za-z_. -], a terminal escape never raw.
+printf 'root:secret-hash\n' >"$WORK/secret"
+for bad in link hardlink fifo; do
+  rm -rf "$nt"
+  case $bad in
+    link) ln -s "$WORK/secret" "$nt" ;;
+    hardlink) ln "$WORK/secret" "$nt" ;;
+    fifo) mkfifo "$nt" ;;
+  esac
+  train "planted_$bad"
+  expect_rc 2 "planted_$bad"
+  if grep -q 'secret' "$WORK/planted_$bad.log"; then fail "planted_$bad: the linked file's text was printed"; fi
+  if grep -q '^\[dflash\]' "$WORK/planted_$bad.log"; then fail "planted_$bad: dflash-train started"; fi
+  expect_log "planted_$bad" "[train.sh] status=failed rc=2 reason='$nt "
+done
+expect_log planted_link "is a symbolic link: refused"
+expect_log planted_hardlink "is not a plain file of its own"
+rm -rf "$nt"
+printf '6-2\033]0;pwned\007\033[2J\n' >"$nt"
+train escape
+expect_rc 2 escape
+if grep -q $'\033' "$WORK/escape.log"; then fail "escape: a terminal escape was echoed raw into the log"; fi
+expect_log escape 'holds "6-2??0?pwned???2J"'
+
 rm -rf "$nt"
 train deleted
 expect_rc 0 deleted

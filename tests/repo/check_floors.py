@@ -36,7 +36,7 @@ OWNERS = {
     "grad_reducer": "comm", "hf_config": "io", "hs_batch": "base", "jsonl_prep": "data", "message_tags": "base", "micro_batches": "base",
     "metrics": "metrics", "mpi_typed": "base", "nvml": "metrics", "ops": "ops", "optim": "ops",
     "options": "runtime", "packed_batch": "base", "pair_order": "comm", "rng": "base", "run_log": "base",
-    "runtime": "runtime", "safe_file": "io", "safetensors": "io", "schedule": "drafter", "spec_decode": "eval",
+    "runtime": "runtime", "safe_dir": "io", "safe_file": "io", "safetensors": "io", "schedule": "drafter", "spec_decode": "eval",
     "stochastic_round": "ops", "target": "model", "tensor": "base", "tool_args": "io", "topology": "comm",
     "version": "base",
 }

@@ -17,10 +17,8 @@ in a file without those attributes, the file's modification time less the run's 
 """
 
 import csv
-import glob
 import math
 import os
-import shutil
 import socket
 import struct
 import sys
@@ -31,6 +29,7 @@ import numpy as np
 
 from .analysis import _gpu_column_ranks
 from .load import ROLE_DRAFTER, ROLE_TARGET
+from . import safe_out
 
 STEP_SERIES = ("loss", "acc", "agree", "streak", "lr", "noise", "grad_norm", "epoch")  # train/<name>, in this order
 EVAL_SERIES = ("loss", "acc", "streak", "tau")
@@ -462,17 +461,24 @@ def tensorboard_writer(logdir, which="auto"):
 
 def write_tensorboard(run, logdir, which="auto"):
     """Writes the run's series to one event file in logdir, replacing the one this tool wrote there before
-    (a TensorBoard that is watching moves on to the new file, whose START event drops what it had). The writer writes
-    into a scratch directory inside logdir; its file is then moved in under this tool's name. Returns a
-    summary (file, writer, series, points, tags)."""
-    os.makedirs(logdir, exist_ok=True)
-    before = set(glob.glob(os.path.join(logdir, "events.out.tfevents.*" + EVENT_SUFFIX)))
+    (a TensorBoard that is watching moves on to the new file, whose START event drops what it had). The whole
+    directory is staged afresh and renamed into place (safe_out.StagedDir: never through a link planted at
+    logdir, and nothing a link points at is deleted); the newest earlier file is carried over as a hard link
+    (a TensorBoard reading it must finish it before it moves on to the new one), the older ones go with the
+    old directory. Returns a summary (file, writer, series, points, tags)."""
     series = scalar_series(run)
-    scratch = os.path.join(logdir, f".dflash-report.{os.getpid()}")
-    shutil.rmtree(scratch, ignore_errors=True)
-    os.makedirs(scratch)
-    try:
-        w = tensorboard_writer(scratch, which)
+    with safe_out.StagedDir(logdir) as stage:
+        before = []
+        if stage.old_fd is not None:
+            before = sorted(n for n in os.listdir(stage.old_fd)
+                            if n.startswith("events.out.tfevents.") and n.endswith(EVENT_SUFFIX))
+        if before:  # carried over as the same file (a hard link: not written), only if it is a plain file
+            st = os.stat(before[-1], dir_fd=stage.old_fd, follow_symlinks=False)
+            if st.st_mode & 0o170000 == 0o100000:
+                os.link(before[-1], before[-1], src_dir_fd=stage.old_fd, dst_dir_fd=stage.fd, follow_symlinks=False)
+        scratch = ".dflash-report.scratch"
+        os.mkdir(scratch, 0o700, dir_fd=stage.fd)
+        w = tensorboard_writer(os.path.join(stage.path, scratch), which)
         # SessionLog START (at step 0, the run's start): a TensorBoard that read an earlier export drops its
         # points from step 0 on when it moves on to this file, instead of showing both
         w.add_session_start(min([float(s.wall.min()) for s in series if len(s)] + [time.time()]))
@@ -492,24 +498,20 @@ def write_tensorboard(run, logdir, which="auto"):
             w.add_scalar(tags[k], values[k][i], int(steps[j]), walls[k][i])
         points = len(steps)
         w.close()
-        (made,) = glob.glob(os.path.join(scratch, "*tfevents*"))
-        wall = time.time()
-        path = event_file_name(logdir, wall)
-        while before and path <= max(before):  # TensorBoard reads the files in name order: this one goes last
-            wall += 1
-            path = event_file_name(logdir, wall)
-        os.replace(made, path)
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
-    # The newest earlier file stays (a TensorBoard reading it must finish it before it moves on to the new
-    # one: a file deleted under it stops its reading); the older ones go.
-    for old in sorted(before)[:-1]:
+        scratch_fd = os.open(scratch, safe_out.DIR_FLAGS, dir_fd=stage.fd)
         try:
-            os.remove(old)
-        except OSError:
-            pass
-    return {"dir": logdir, "file": path, "writer": w.name, "series": len(series), "points": points,
-            "tags": [s.tag for s in series]}
+            (made,) = [n for n in os.listdir(scratch_fd) if "tfevents" in n]
+            wall = time.time()
+            name = os.path.basename(event_file_name(logdir, wall))
+            while before and name <= before[-1]:  # TensorBoard reads the files in name order: this one goes last
+                wall += 1
+                name = os.path.basename(event_file_name(logdir, wall))
+            os.rename(made, name, src_dir_fd=scratch_fd, dst_dir_fd=stage.fd)
+        finally:
+            os.close(scratch_fd)
+        os.rmdir(scratch, dir_fd=stage.fd)
+    return {"dir": logdir, "file": os.path.join(logdir, name), "writer": w.name, "series": len(series),
+            "points": points, "tags": [s.tag for s in series]}
 
 
 # ---- CSV --------------------------------------------------------------------------------------------------
@@ -624,30 +626,28 @@ def time_tables(run):
     return out
 
 
-def _write_csv(path, header, rows):
-    tmp = path + ".part"
-    with open(tmp, "w", newline="") as f:
+def _csv_writer(header, rows):
+    def write(f):
         w = csv.writer(f)
         w.writerow(header)
         w.writerows(rows)
-    os.replace(tmp, path)
+    return write
 
 
 def write_csv(run, target, as_dir):
     """as_dir False: the step table to the file target. True: target/steps.csv and the tables of time_tables
-    (intervals.csv, queues.csv, eval.csv, power.csv: those the run has). Returns the paths written."""
+    (intervals.csv, queues.csv, eval.csv, power.csv: those the run has), the directory staged afresh and
+    renamed into place (safe_out.StagedDir). Never through a link at target. Returns the paths written."""
     header, rows = step_table(run)
     if not as_dir:
-        d = os.path.dirname(os.path.abspath(target))
-        os.makedirs(d, exist_ok=True)
-        _write_csv(target, header, rows)
+        safe_out.replace_file(target, _csv_writer(header, rows))
         return [target]
-    os.makedirs(target, exist_ok=True)
     paths = [os.path.join(target, "steps.csv")]
-    _write_csv(paths[0], header, rows)
-    for name, (h, r) in time_tables(run).items():
-        paths.append(os.path.join(target, f"{name}.csv"))
-        _write_csv(paths[-1], h, r)
+    with safe_out.StagedDir(target) as stage:
+        safe_out.write_file(stage.fd, "steps.csv", _csv_writer(header, rows))
+        for name, (h, r) in time_tables(run).items():
+            paths.append(os.path.join(target, f"{name}.csv"))
+            safe_out.write_file(stage.fd, f"{name}.csv", _csv_writer(h, r))
     return paths
 
 
@@ -686,9 +686,43 @@ def write_wandb(run, project, name, directory=None, mode=None):
             "x_disable_meta": True, "x_disable_machine_info": True}
     fields = getattr(wandb.Settings, "model_fields", {})
     settings = wandb.Settings(**{k: v for k, v in want.items() if k in fields}) if fields else None
-    if directory:
-        os.makedirs(directory, exist_ok=True)
     rows = wandb_rows(run)
+    if not directory:
+        return _wandb_log(wandb, run, rows, project, name, None, mode, settings)
+    # W&B writes DIRECTORY/wandb/<run>/... by path: it writes into a fresh staging directory of ours instead
+    # (through its descriptor), whose entries are then renamed into DIRECTORY/wandb, itself reached without
+    # following a link (safe_out.py: nothing lands outside DIRECTORY through a planted link).
+    out = os.path.join(directory, "wandb")
+    pfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        try:
+            os.mkdir("wandb", dir_fd=pfd)
+        except FileExistsError:
+            pass
+        try:
+            wfd = os.open("wandb", safe_out.DIR_FLAGS, dir_fd=pfd)
+        except OSError as e:
+            raise safe_out.Refused(f"{out} is not a directory of its own (a symbolic link, or a file): refused") from e
+        try:
+            with safe_out.StagedDir(os.path.join(directory, ".wandb-stage")) as stage:
+                summary = _wandb_log(wandb, run, rows, project, name, stage.path, mode, settings)
+                sub_fd = os.open("wandb", safe_out.DIR_FLAGS, dir_fd=stage.fd)
+                try:
+                    for entry in os.listdir(sub_fd):  # the run's own directory, and latest-run (a link W&B makes)
+                        os.replace(entry, entry, src_dir_fd=sub_fd, dst_dir_fd=wfd)
+                finally:
+                    os.close(sub_fd)
+                if summary["dir"]:
+                    summary["dir"] = os.path.join(out, os.path.basename(summary["dir"]))
+                stage.discard = True
+        finally:
+            os.close(wfd)
+    finally:
+        os.close(pfd)
+    return summary
+
+
+def _wandb_log(wandb, run, rows, project, name, directory, mode, settings):
     r = wandb.init(project=project, name=name, dir=directory, mode=mode, config=run_config(run),
                    tags=[run.topology, run.backend], settings=settings)
     try:
