@@ -90,7 +90,8 @@ void print_startup(const Options& o, const TopologySpec& split,
   if (!cards.empty() && !cards[0].startup_gpu.valid) os << "[dflash] GPU power: not measured (" << cards[0].gpu_note << ")\n";
   os << "[dflash] options:";
   for (const auto& [k, v] : resolved) os << " --" << k << "=" << v;
-  os << "\n[dflash] anchors: " << anchor_rule_summary(o.train.max_anchors, o.train.anchors_per_record) << "\n";
+  os << "\n" << backend_line(o) << "\n";
+  os << "[dflash] anchors: " << anchor_rule_summary(o.train.max_anchors, o.train.anchors_per_record) << "\n";
   if (const std::string line = optimizer_state_line(o); !line.empty()) os << line << "\n";
   std::fputs(os.str().c_str(), stdout);
   std::fflush(stdout);
