@@ -22,6 +22,7 @@
 #include "dflash/runtime.h"
 #include "auto_measure.h"
 #include "job.h"
+#include "remembered_split.h"
 #include "run_plan.h"
 
 namespace dflash {
@@ -257,7 +258,7 @@ int run_job(const Options& o) {
       PowerSampler::for_rank(o.backend, o.backend == Device::CUDA ? bind_gpu(local_rank) : local_rank);
   const GpuReading startup_gpu = gpu_sampler->sample();
   SegmentStart seg;
-  seg.split = o.topology;
+  seg.split = o.topology_auto ? o.topology : split_at_start(o);  // at a resume, OUT/next-topology may win
   seg.resume = o.resume;
   std::optional<ModelPlan> planned;  // --topology auto plans the job first: its measurement runs both models
   if (o.topology_auto)
@@ -275,6 +276,8 @@ int run_job(const Options& o) {
     int world_rank = 0;
     DF_MPI(MPI_Comm_rank(MPI_COMM_WORLD, &world_rank));
     if (world_rank == 0) {
+      // Remembered where a restart looks (a kill or requeue would otherwise resume on the launch's split).
+      remember_split(o.out_dir, seg.split);
       std::printf("[rebalance] every rank takes its role on %s in place, from %s\n", seg.split.to_string().c_str(),
                   end.checkpoint.c_str());
       std::fflush(stdout);
