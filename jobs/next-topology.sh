@@ -18,7 +18,8 @@
 #
 # Use:
 #   next_topology_out "$@"               the run directory, in $next_topology_out: --out DIR / --out=DIR (the
-#                                        last one), else the `out = DIR` line of --config FILE; "" when neither
+#                                        last one), else the out line of --config FILE (`out = DIR`, YAML's
+#                                        `out: DIR`, TOML's `out = "DIR"`); "" when neither
 #   next_topology_read DIR               $next_topology: the file's split ("" without a file), $next_topology_file
 #                                        its path; returns 2 on a malformed file, the reason in
 #                                        $next_topology_error
@@ -38,9 +39,17 @@ next_topology_out() {
     prev=$a
   done
   if [ -z "$next_topology_out" ] && [ -n "$cfg" ] && [ -r "$cfg" ]; then
-    # key = value lines; '#' starts a comment (as dflash-train reads the file)
-    next_topology_out=$(sed -n 's/#.*//; s/^[[:space:]]*out[[:space:]]*=[[:space:]]*//p' "$cfg" | head -n 1 |
-      sed 's/[[:space:]]*$//')
+    case "$cfg" in
+      *.yaml | *.yml | *.YAML | *.YML)  # out: DIR (flat YAML, src/runtime/config_file.h), quotes dropped
+        next_topology_out=$(sed -n 's/[[:space:]]#.*//; s/^out:[[:space:]]*//p' "$cfg" | head -n 1 |
+          sed "s/[[:space:]]*\$//; s/^\"\(.*\)\"\$/\1/; s/^'\(.*\)'\$/\1/") ;;
+      *.toml | *.TOML)  # out = "DIR"
+        next_topology_out=$(sed -n 's/^[[:space:]]*out[[:space:]]*=[[:space:]]*//p' "$cfg" | head -n 1 |
+          sed "s/[[:space:]]*#[^\"']*\$//; s/[[:space:]]*\$//; s/^\"\(.*\)\"\$/\1/; s/^'\(.*\)'\$/\1/") ;;
+      *)  # key = value lines; '#' starts a comment (as dflash-train reads the file)
+        next_topology_out=$(sed -n 's/#.*//; s/^[[:space:]]*out[[:space:]]*=[[:space:]]*//p' "$cfg" | head -n 1 |
+          sed 's/[[:space:]]*$//') ;;
+    esac
   fi
   return 0
 }

@@ -5,12 +5,24 @@
 // ctx.stream and return at once; synchronize() waits for them and reports errors that kernels flagged
 // (a token id outside the vocabulary).
 #pragma once
+#include <string>
+
 #include "dflash/tensor.h"
 
 namespace dflash {
 
 // Number of visible CUDA devices (0 in a CPU-only build or with none).
 int cuda_device_count();
+
+// --backend's default (--backend auto): cuda where this build has the CUDA backend and a GPU is visible,
+// else cpu; `why` says which of the two facts decided ("this build has no CUDA backend", "this build has
+// CUDA and sees 8 GPU(s)"). Asks the CUDA library's table (src/core/cuda_entry.h), so a CPU-only build
+// answers without any CUDA code.
+struct BackendDefault {
+  Device device = Device::CPU;
+  std::string why;
+};
+BackendDefault default_backend();
 
 // The dtype of activations, captured features and the hidden states on the wire: F32 on the CPU (the
 // float32 reference), BF16 on CUDA. The one place this rule is written.

@@ -59,6 +59,9 @@ struct RankTiming {
   int64_t batches = 0;   // batches finished in the interval
   double busy_s = 0, wait_s = 0;
   double compute_s = 0, credit_wait_s = 0, data_wait_s = 0, allreduce_s = 0, optimizer_s = 0;
+  // drafters: evaluating --eval-data (and decoding the --eval-tau-every prompts): neither busy_s (it trains
+  // no batch, so the service rates leave it out) nor wait_s; busy_s + wait_s + eval_s ~ interval length
+  double eval_s = 0;
 };
 
 // Fixed at creation: the widths of the 2-D series.
@@ -223,6 +226,7 @@ struct StatusInputs {
   int q_hs_capacity = 0;             // --hs-queue-depth: q_hs=[3/4]; 0 = unknown, q_hs=[3]
   double epoch = 0;                  // fractional epochs done
   std::optional<double> eta_s;       // unknown (infinite epochs, no rate yet): "ETA=?"
+  double eta_eval_s = 0;             // the part of eta_s that is evaluation: "ETA=4.7d (eval 3h10m)" when > 0
   int grad_accum = 1;                // micro-batches per optimizer step: "step=58 (x4 mb)" when > 1
   bool colocated = false;            // --topology colocated: "| colocated" after the throughput group (tgt and
                                      // dft are then the same ranks' two threads)
@@ -245,10 +249,20 @@ struct EtaInputs {
   int64_t max_steps = 0;           // --max-steps (0 = none)
   int epochs = 0;                  // --epochs (0 = forever)
   double epoch = 0;                // fractional epochs done (absolute)
+  // --eval-data: the evaluations this segment has run and their seconds (inside segment_train_s), and
+  // --eval-every (0: only the one after the last step; -1: no eval set).
+  int64_t evals_done = 0;
+  double eval_s = 0;
+  int64_t eval_every = -1;
 };
-// Seconds left: the nearer of the --max-steps and the --epochs ends, at this segment's steps per second
-// (steps per epoch = step / epoch, both absolute). None until this segment has trained a step, or when
-// neither end is known.
+// Seconds left: the nearer of the --max-steps and the --epochs ends, at this segment's training steps per
+// second (its time less its evaluations; steps per epoch = step / epoch, both absolute), plus the
+// evaluations still due (remaining_eval_s). None until this segment has trained a step, or when neither
+// end is known.
 std::optional<double> estimate_eta_s(const EtaInputs& in);
+// The evaluations due after `in.step` up to the end `end_step` (every --eval-every step, and the one after
+// the last step when that is not on the schedule) times the mean of this segment's measured ones; 0 before
+// one is measured.
+double remaining_eval_s(const EtaInputs& in, double end_step);
 
 }  // namespace dflash

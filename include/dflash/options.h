@@ -53,6 +53,7 @@ struct Options {
   TopologyChoice topology_choice = TopologyChoice::Given;  // how --topology names the split
   std::string calibration_file;  // --calibration: the layout plan's GPU constants (dflash-report's calibration.json)
   Device backend = Device::CPU;  // --backend: where the job's tensors live (device_name() spells it)
+  std::string backend_why;       // how --backend was decided ("chosen by --backend auto: ..."; backend_line says it)
   std::string target_dir;       // HF Qwen3 checkpoint (config.json + safetensors)
   std::string drafter_dir;      // release-format drafter to start from; empty = fresh
   int draft_layers = 5;
@@ -164,6 +165,10 @@ void check_input_paths(const Options& o);
 // The startup line of --optimizer-state bf16 (printed by the job and --dry-run): what is kept and the bytes
 // per parameter against fp32 on this backend. "" with the fp32 state (the default prints nothing).
 std::string optimizer_state_line(const Options& o);
+
+// The startup line of the backend (printed by the job and --dry-run): which, and why ("[dflash] backend: cpu,
+// chosen by --backend auto: this build has no CUDA backend (--backend cpu or cuda to choose)").
+std::string backend_line(const Options& o);
 
 // parse_options' last step for a fresh drafter's recipe (src/runtime/drafter_recipe.cpp): --mask-token,
 // --target-layers and --draft-layer-types into o.train. `given` names the recipe options set explicitly;

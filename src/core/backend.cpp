@@ -1,6 +1,7 @@
 #include "dflash/backend.h"
 
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "core/cuda_entry.h"
@@ -39,6 +40,13 @@ void convert_host(void* dst, DType dst_type, const void* src, DType src_type, si
 DType compute_dtype(Device device) { return device == Device::CPU ? DType::F32 : DType::BF16; }
 
 int cuda_device_count() { return cuda::in_build() ? cuda::library->device_count() : 0; }
+
+BackendDefault default_backend() {
+  if (!cuda::in_build()) return {Device::CPU, "this build has no CUDA backend"};
+  const int gpus = cuda_device_count();
+  if (gpus == 0) return {Device::CPU, "this build has CUDA but sees no GPU"};
+  return {Device::CUDA, "this build has CUDA and sees " + std::to_string(gpus) + " GPU(s)"};
+}
 
 namespace {
 // Recorded without the CUDA library (the CPU backend is deterministic anyway), so the switch reads back.

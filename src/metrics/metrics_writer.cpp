@@ -100,6 +100,7 @@ void MetricsWriter::append_rank_timing(const RankTiming& r) {
   impl_->append("ranks/data_wait_s", H5T_NATIVE_DOUBLE, &r.data_wait_s, 0);
   impl_->append("ranks/allreduce_s", H5T_NATIVE_DOUBLE, &r.allreduce_s, 0);
   impl_->append("ranks/optimizer_s", H5T_NATIVE_DOUBLE, &r.optimizer_s, 0);
+  impl_->append("ranks/eval_s", H5T_NATIVE_DOUBLE, &r.eval_s, 0);
   count_append();
 }
 

@@ -190,6 +190,7 @@ const SeriesNote kSeriesNotes[] = {
     {"ranks/data_wait_s", "s", "target: waiting for its loader; drafter: waiting for a batch"},
     {"ranks/allreduce_s", "s", "drafter: gradient allreduce"},
     {"ranks/optimizer_s", "s", "drafter: AdamW step"},
+    {"ranks/eval_s", "s", "drafter: evaluating --eval-data and decoding the --eval-tau-every prompts (in neither busy_s nor wait_s; NaN: written before it was recorded)"},
     {"ranks/segment", "1", "the /segments row of the job that measured the interval (-1: written before segments were recorded)"},
     {"segments/first_step", "1", "the step the segment continued from (0: a fresh start; else the checkpoint's)"},
     {"segments/kind", "1", "0 start, 1 resume on the same split, 2 resume on another split, 3 live rebalance"},
@@ -284,6 +285,9 @@ MetricsWriter::MetricsWriter(const std::string& path, const MetricsLayout& layou
     // A resumed file of an earlier format lacks the segment table and /ranks/segment (-1 over its rows).
     const hsize_t rank_rows = h5::dims(impl_->series.at("ranks/interval"))[0];
     impl_->open_series("ranks/segment", Elem::I64, 0, true, rank_rows, /*int_fill=*/-1);
+    // Added after format 2 without a new version (a reader takes it as absent or NaN = not recorded):
+    // NaN over the rows of a resumed file that had none.
+    impl_->open_series("ranks/eval_s", Elem::F64, 0, true, rank_rows);
     impl_->group("segments", true);
     for (const SeriesSpec& s : kSegmentSeries) impl_->open_series(std::string("segments/") + s.name, s.elem, 0, true);
   }

@@ -75,6 +75,7 @@ std::string format_status_line(const StatusInputs& in) {
   s += " | q_pre=" + depth_list(in.q_pre, in.q_pre_capacity) + " q_hs=" + depth_list(in.q_hs, in.q_hs_capacity);
   s += printf_str(" | epoch~%.2f", in.epoch);
   s += " ETA=" + (in.eta_s ? format_duration(*in.eta_s) : std::string("?"));
+  if (in.eta_s && in.eta_eval_s > 0) s += " (eval " + format_duration(in.eta_eval_s) + ")";
   return s;
 }
 
@@ -89,10 +90,21 @@ std::string format_eval_line(const EvalMetrics& m) {
   return s;
 }
 
+double remaining_eval_s(const EtaInputs& in, double end_step) {
+  if (in.eval_every < 0 || in.evals_done <= 0 || !(in.eval_s > 0)) return 0;
+  const int64_t end = static_cast<int64_t>(std::ceil(end_step));
+  if (end <= in.step) return 0;
+  int64_t due = 0;
+  if (in.eval_every > 0) due = end / in.eval_every - in.step / in.eval_every;
+  if (in.eval_every == 0 || end % in.eval_every != 0) ++due;  // the one after the last step
+  return static_cast<double>(due) * in.eval_s / static_cast<double>(in.evals_done);
+}
+
 std::optional<double> estimate_eta_s(const EtaInputs& in) {
   const int64_t done = in.step - in.segment_first_step;
-  if (done <= 0 || !(in.segment_train_s > 0)) return std::nullopt;
-  const double steps_per_s = static_cast<double>(done) / in.segment_train_s;
+  const double train_s = in.segment_train_s - std::max(0.0, in.eval_s);  // the evaluations are counted apart
+  if (done <= 0 || !(train_s > 0)) return std::nullopt;
+  const double steps_per_s = static_cast<double>(done) / train_s;
   std::optional<double> remaining_steps;
   if (in.max_steps > 0) remaining_steps = static_cast<double>(std::max<int64_t>(in.max_steps - in.step, 0));
   if (in.epochs > 0 && in.epoch > 0) {
@@ -101,7 +113,7 @@ std::optional<double> estimate_eta_s(const EtaInputs& in) {
     remaining_steps = remaining_steps ? std::min(*remaining_steps, by_epochs) : by_epochs;
   }
   if (!remaining_steps) return std::nullopt;
-  return *remaining_steps / steps_per_s;
+  return *remaining_steps / steps_per_s + remaining_eval_s(in, static_cast<double>(in.step) + *remaining_steps);
 }
 
 }  // namespace dflash

@@ -247,7 +247,7 @@ int dry_run(const Options& o) {
   std::ostringstream os;
   os << "[dflash] dflash-train " << DFLASH_VERSION << " --dry-run: nothing is loaded, nothing is written\n[dflash] options:";
   for (const auto& [k, v] : o.resolved) os << " --" << k << "=" << v;
-  os << "\n[dflash] anchors: " << anchor_rule_summary(o.train.max_anchors, o.train.anchors_per_record) << "\n";
+  os << "\n" << backend_line(o) << "\n[dflash] anchors: " << anchor_rule_summary(o.train.max_anchors, o.train.anchors_per_record) << "\n";
   if (const std::string line = optimizer_state_line(o); !line.empty()) os << line << "\n";
   const std::string planned = world.source == WorldSource::Planned
                                   ? " (planned here by --ranks/--nodes: one process, no mpirun, no GPU)"

@@ -24,6 +24,7 @@
 #include "layout_forecast.h"
 #include "colocated.h"
 #include "job.h"
+#include "remembered_split.h"
 #include "run_plan.h"
 
 namespace dflash {
@@ -94,7 +95,8 @@ void print_startup(const Options& o, const TopologySpec& split,
   if (!cards.empty() && !cards[0].startup_gpu.valid) os << "[dflash] GPU power: not measured (" << cards[0].gpu_note << ")\n";
   os << "[dflash] options:";
   for (const auto& [k, v] : resolved) os << " --" << k << "=" << v;
-  os << "\n[dflash] anchors: " << anchor_rule_summary(o.train.max_anchors, o.train.anchors_per_record) << "\n";
+  os << "\n" << backend_line(o) << "\n";
+  os << "[dflash] anchors: " << anchor_rule_summary(o.train.max_anchors, o.train.anchors_per_record) << "\n";
   if (const std::string line = optimizer_state_line(o); !line.empty()) os << line << "\n";
   std::fputs(os.str().c_str(), stdout);
   std::fflush(stdout);
@@ -285,7 +287,7 @@ int run_job(const Options& o) {
       PowerSampler::for_rank(o.backend, o.backend == Device::CUDA ? bind_gpu(local_rank) : local_rank);
   const GpuReading startup_gpu = gpu_sampler->sample();
   SegmentStart seg;
-  seg.split = o.topology;
+  seg.split = o.topology_auto ? o.topology : split_at_start(o);  // at a resume, OUT/next-topology may win
   seg.resume = o.resume;
   std::optional<ModelPlan> planned;  // --topology auto plans the job first: its measurement runs both models
   if (o.topology_choice == TopologyChoice::Auto)
@@ -307,6 +309,8 @@ int run_job(const Options& o) {
     int world_rank = 0;
     DF_MPI(MPI_Comm_rank(MPI_COMM_WORLD, &world_rank));
     if (world_rank == 0) {
+      // Remembered where a restart looks (a kill or requeue would otherwise resume on the launch's split).
+      remember_split(o.out_dir, seg.split);
       std::printf("[rebalance] every rank takes its role on %s in place, from %s\n", seg.split.to_string().c_str(),
                   end.checkpoint.c_str());
       std::fflush(stdout);

@@ -99,6 +99,7 @@ struct DrafterReport {
   double compute_s = 0;      // forward + backward
   double allreduce_s = 0;    // lockstep agreement + gradient allreduce (includes waiting for slower drafters)
   double optimizer_s = 0;
+  double eval_s = 0;         // evaluating --eval-data (and decoding --eval-tau-every's prompts)
   double time_s = 0;
   GpuReading gpu;            // this rank's GPU when the report was made (valid = 0 without NVML)
 };

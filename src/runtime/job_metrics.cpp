@@ -222,6 +222,8 @@ void MetricsHub::record_step(StepMetrics s, const std::vector<TargetReport>& tar
 
 void MetricsHub::record_eval(const EvalMetrics& m) {
   if (!writer_) return;
+  ++evals_.count;
+  evals_.seconds += m.seconds;
   writer_->append_eval(m);
   writer_->flush();  // an evaluation is rare and worth keeping at once
   std::string line = format_eval_line(m) + "\n";
@@ -294,6 +296,7 @@ void MetricsHub::report(const DrafterReport& mine, const std::vector<TargetRepor
     rt.compute_s = a.compute_s - p.compute_s;
     rt.allreduce_s = a.allreduce_s - p.allreduce_s;
     rt.optimizer_s = a.optimizer_s - p.optimizer_s;
+    rt.eval_s = a.eval_s - p.eval_s;
     rt.busy_s = rt.compute_s + rt.optimizer_s;
     rt.wait_s = rt.data_wait_s + rt.allreduce_s;
     writer_->append_rank_timing(rt);
@@ -382,7 +385,13 @@ void MetricsHub::report(const DrafterReport& mine, const std::vector<TargetRepor
     eta.max_steps = job_.opt.max_steps;
     eta.epochs = job_.opt.epochs;
     eta.epoch = epoch;
+    eta.evals_done = evals_.count;
+    eta.eval_s = evals_.seconds;
+    eta.eval_every = job_.eval ? job_.plan.eval_every : -1;
     in.eta_s = estimate_eta_s(eta);
+    EtaInputs no_evals_due = eta;  // the same rate, without the evaluations still due: the part they are
+    no_evals_due.eval_every = -1;
+    if (in.eta_s) in.eta_eval_s = *in.eta_s - estimate_eta_s(no_evals_due).value_or(*in.eta_s);
     std::string line = format_status_line(in) + "\n";
     std::fputs(line.c_str(), stdout);
     std::fflush(stdout);

@@ -62,6 +62,10 @@ class MetricsHub {
   std::vector<TargetReport> prev_targets_;
   std::vector<DrafterReport> prev_drafters_;
   int64_t segment_ = 0;         // this job's /segments row
+  struct Evals {                // this segment's evaluations (the ETA predicts the rest from them)
+    int64_t count = 0;
+    double seconds = 0;
+  } evals_;
   struct ServiceSums {          // this segment's report intervals after the first (measurements())
     double target_busy_s = 0, drafter_busy_s = 0, allreduce_s = 0, tokens = 0;
     int64_t target_batches = 0, drafter_batches = 0, intervals = 0;

@@ -12,6 +12,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "dflash/backend.h"     // default_backend (--backend auto)
 #include "dflash/checkpoint.h"  // parse_checkpoint_every
 #include "dflash/error.h"
 #include "dflash/schedule.h"  // kMostMicroBatches
@@ -141,8 +142,17 @@ template <class E> std::vector<std::pair<std::string, E>> named(std::initializer
 
 }  // namespace
 
+namespace {
+thread_local std::string g_option_origin;  // OptionOrigin's: the --config line of the value being checked
+}  // namespace
+
+OptionOrigin::OptionOrigin(const std::string& where) { g_option_origin = where; }
+OptionOrigin::~OptionOrigin() { g_option_origin.clear(); }
+
 void check_range(bool ok, const std::string& flag, const std::string& value, const std::string& rule) {
-  DF_CHECK_HINT(ok, BadOptions, "bad value " << value << " for --" << flag, "--" + flag + " must be " + rule);
+  DF_CHECK_HINT(ok, BadOptions,
+                "bad value " << value << " for --" << flag << (g_option_origin.empty() ? "" : " (" + g_option_origin + ")"),
+                "--" + flag + " must be " + rule);
 }
 
 std::string person_number(double v, bool single_precision) {
@@ -197,7 +207,7 @@ std::vector<OptionRow> option_rows(Options& o) {
   t.text("calibration", &o.calibration_file, "FILE", "the layout plan's GPU constants: a calibration.json dflash-report wrote from an earlier run (replaces the built-in table's entry of that GPU)", "the built-in table")
       .doc = "the layout plan's GPU constants (`--dry-run`, `--topology plan`): the `calibration.json` `dflash-report` writes from a run, fitted to what that run measured; its GPU's entry replaces the built-in table's (docs/cost_model.md)";
   t.section = S::Job;
-  t.text("config", &o.config_file, "FILE", "key = value file with the same option names; the command line overrides it");
+  t.text("config", &o.config_file, "FILE", "key = value, YAML (.yaml, .yml) or TOML (.toml) file with the same option names; the command line overrides it");
   t.word("topology", o.topology_text, "T-D", "T-D: target and drafter ranks per node (the rest idle); colocated: every rank holds a target and a drafter (one GPU: no mpirun needed); auto: measure both roles, pick the fastest split; plan: run the cost model's recommended layout without measuring")
       .check = [&o](const po::variable_value& v) {
         o.topology_text = v.as<std::string>();
@@ -208,8 +218,27 @@ std::vector<OptionRow> option_rows(Options& o) {
         if (o.topology_choice == TopologyChoice::Given) o.topology = parse_topology_spec(o.topology_text);
       };
   t.rows.back().doc = "targets and drafters per node, the rest idle; `colocated`: every rank runs a target and a drafter in one process (one GPU: `dflash-train --topology colocated ...` without mpirun; see \"The colocated layout\"); `auto` measures both roles first and picks the split (docs/report.md); `plan` runs the layout the layout plan recommends (the cost model, docs/cost_model.md), measuring nothing";
-  t.choice("backend", &o.backend, "NAME", "cpu | cuda", named({Device::CPU, Device::CUDA}, device_name))
-      .doc = "cpu: float32 reference; cuda: bf16 on the rank's GPU";
+  t.word("backend", "auto", "NAME", "auto | cpu | cuda (auto: cuda where this build has CUDA and a GPU is visible, or a --dry-run names --gpu; else cpu)")
+      .check = [&o](const po::variable_value& v) {
+        const std::string& w = v.as<std::string>();
+        if (w == "auto") {
+          // (--gpu also names the GPU kind --topology plan picks for, on any backend: only a dry run's means cuda)
+          const BackendDefault d = o.plan_gpu.empty() || !o.dry_run
+                                       ? default_backend()
+                                       : BackendDefault{Device::CUDA, "--gpu names the GPU this dry run plans for"};
+          o.backend = d.device;
+          o.backend_why = "chosen by --backend auto: " + d.why;
+          return;
+        }
+        for (Device d : {Device::CPU, Device::CUDA})
+          if (w == device_name(d)) return void((o.backend = d, o.backend_why = "as given"));
+        check_range(false, "backend", w, "auto, cpu or cuda");
+      };
+  {
+    OptionRow& r = t.rows.back();
+    r.doc = "cpu: float32 reference; cuda: bf16 on the rank's GPU; auto: cuda where this build has the CUDA backend and a GPU is visible (or a `--dry-run` names `--gpu`), else cpu. The startup and the dry run say which and why; the resolved record holds the backend chosen";
+    r.resolved_text = [&o] { return std::string(device_name(o.backend)); };
+  }
   t.text("target", &o.target_dir, "DIR", "Hugging Face Qwen3 checkpoint directory (config.json + safetensors)", "required");
   t.text("drafter", &o.drafter_dir, "DIR", "release-format drafter to start from (default: a fresh one)", "fresh")
       .doc = "release-format drafter to start from (its `target_layer_ids` are captured)";

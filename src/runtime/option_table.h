@@ -61,7 +61,18 @@ std::string options_markdown(const std::vector<OptionRow>& rows);
 // A default as a person writes it: the shortest text that reads back as the same value (6e-4, 0.999, 120).
 std::string person_number(double v, bool single_precision);
 
-// The one form of a bad value's error: "bad value V for --flag", HINT "--flag must be RULE" (exit 2).
+// The one form of a bad value's error: "bad value V for --flag", HINT "--flag must be RULE" (exit 2), with
+// "(--config FILE:LINE)" while an OptionOrigin says the value came from there.
 void check_range(bool ok, const std::string& flag, const std::string& value, const std::string& rule);
+
+// While alive: where the option being checked was given, when a --config line gave it ("" otherwise), so
+// check_range names the line. parse_options holds one around each row's check.
+class OptionOrigin {
+ public:
+  explicit OptionOrigin(const std::string& where);
+  ~OptionOrigin();
+  OptionOrigin(const OptionOrigin&) = delete;
+  OptionOrigin& operator=(const OptionOrigin&) = delete;
+};
 
 }  // namespace dflash

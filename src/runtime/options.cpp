@@ -7,8 +7,8 @@
 #include <boost/program_options.hpp>
 #include <algorithm>
 #include <climits>
+#include <map>
 #include <cmath>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
@@ -19,6 +19,7 @@
 #include "dflash/error.h"
 #include "dflash/safe_file.h"  // check_regular_input
 #include "dflash/schedule.h"  // grad_accum_for
+#include "config_file.h"
 #include "option_table.h"
 
 namespace po = boost::program_options;
@@ -108,6 +109,45 @@ std::string nearest_option(std::string given, const po::options_description& des
     best = name;
   }
   return best;
+}
+
+// A --config file (any of its spellings, src/runtime/config_file.h) as the parser's options: every entry's
+// option known and its value readable by that option, or the fatal error naming FILE:LINE (Boost's own
+// parser named neither the file nor the line).
+// `origins`: each option's FILE:LINE (its last line), for the range checks' errors.
+po::parsed_options config_file_options(const std::string& path, const po::options_description& desc,
+                                       std::map<std::string, std::string>& origins) {
+  po::parsed_options parsed(&desc);
+  for (const ConfigEntry& e : read_config_file(path)) {
+    const std::string where = "--config " + path + ":" + std::to_string(e.line) + ": ";
+    const char* hint = "dflash-train --help lists every option; a --config file names them without the --";
+    const po::option_description* d = desc.find_nothrow(e.key, false, false, false);
+    if (!d) {
+      const std::string near = nearest_option(e.key, desc);
+      DF_FAIL(BadOptions, where << "unknown option '" << e.written << "'" << (near.empty() ? "" : "; did you mean " + near + "?"),
+              hint);
+    }
+    DF_CHECK_HINT(!e.list || e.values.size() == 1 || e.key == "data", BadOptions,
+                  where << e.written << " takes one value, the list gives " << e.values.size(),
+                  "a list is for an option given several times (data)");
+    for (const std::string& v : e.values) {
+      // The value read as the option will read it, so a bad one is refused here, where its line is known.
+      try {
+        boost::any scratch;
+        d->semantic()->parse(scratch, {v}, true);
+      } catch (po::error_with_option_name& err) {
+        err.set_option_name(e.key);  // (parse() alone does not know it)
+        DF_FAIL(BadOptions, where << "bad value '" << v << "' for " << e.written << " (" << err.what() << ")", hint);
+      } catch (const po::error& err) {
+        DF_FAIL(BadOptions, where << "bad value '" << v << "' for " << e.written << " (" << err.what() << ")", hint);
+      }
+      origins[e.key] = "--config " + path + ":" + std::to_string(e.line);
+      po::option opt(e.key, {v});
+      opt.original_tokens = {e.key, v};
+      parsed.options.push_back(std::move(opt));
+    }
+  }
+  return parsed;
 }
 
 // --ranks / --nodes / --gpus-per-node / --gpu: a dry run's own world and GPU (docs/pipeline.md "Options").
@@ -259,6 +299,7 @@ ParseResult parse_options(int argc, const char* const* argv) {
   const OptionDescriptions described = describe_options(rows);
   const po::options_description& desc = described.all;
   po::variables_map vm;
+  std::map<std::string, std::string> config_origins;  // options whose value a --config line gave: FILE:LINE
   const char* usage_hint = "dflash-train --help lists every option";
   try {
     // Exact names only: Boost's default style also takes an unambiguous prefix, so --max-anchor was quietly
@@ -287,10 +328,8 @@ ParseResult parse_options(int argc, const char* const* argv) {
       return r;
     }
     if (vm.count("config")) {
-      const std::string path = vm["config"].as<std::string>();
-      std::ifstream in(path);
-      DF_CHECK_HINT(in.good(), BadOptions, "cannot read --config " << path, "give an existing key = value file");
-      po::parsed_options file = po::parse_config_file(in, desc);
+      po::parsed_options file = config_file_options(vm["config"].as<std::string>(), desc, config_origins);
+      for (const po::option& opt : cli.options) config_origins.erase(opt.string_key);  // the command line won
       keep_last_occurrence(file);
       po::store(file, vm);
     }
@@ -304,7 +343,11 @@ ParseResult parse_options(int argc, const char* const* argv) {
   }
   // Each option alone: its range, its text into an enum (fatal BadOptions naming the flag).
   for (const OptionRow& row : rows)
-    if (row.check && vm.count(row.name)) row.check(vm[row.name]);
+    if (row.check && vm.count(row.name)) {
+      const auto from = config_origins.find(row.name);
+      const OptionOrigin origin(from == config_origins.end() ? "" : from->second);
+      row.check(vm[row.name]);
+    }
 
   check_together(o, vm);
   resolve_planned_world(o, vm.count("ranks") > 0, vm.count("nodes") > 0, vm.count("gpus-per-node") > 0);
@@ -355,6 +398,16 @@ void check_input_paths(const Options& o) {
 }  // namespace dflash
 
 namespace dflash {
+
+std::string backend_line(const Options& o) {
+  std::ostringstream os;
+  os << "[dflash] backend: " << device_name(o.backend);
+  if (o.backend_why.rfind("chosen", 0) == 0)
+    os << ", " << o.backend_why << " (--backend cpu or --backend cuda to choose)";
+  else if (!o.backend_why.empty())
+    os << " (" << o.backend_why << ")";
+  return os.str();
+}
 
 std::string optimizer_state_line(const Options& o) {
   if (o.train.optimizer_state != OptimizerState::Bf16) return "";

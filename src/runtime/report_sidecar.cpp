@@ -116,6 +116,7 @@ bool ReportSidecar::running() {
   int status = 0;
   const pid_t r = ::waitpid(child_, &status, WNOHANG);
   if (r == 0) return true;
+  if (r == child_) last_exit_ = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   if (r == child_ && !(WIFEXITED(status) && WEXITSTATUS(status) == 0)) {
     std::fprintf(stderr, "[dflash] warning: --report-to: %s exited with %d (see %s); the run goes on\n",
                  program_.c_str(), WIFEXITED(status) ? WEXITSTATUS(status) : -1, log_path_.c_str());
@@ -158,6 +159,7 @@ void ReportSidecar::start(bool final_export) {
   ::close(log_fd);
   if (rc != 0) {
     std::fprintf(stderr, "[dflash] warning: --report-to: cannot start %s (error %d); the run goes on\n", program_.c_str(), rc);
+    last_exit_ = 127;  // as a shell says of a program it cannot start
     return;
   }
   child_ = pid;
@@ -177,7 +179,11 @@ void ReportSidecar::finish(double wait_s) {
   if (running()) return;  // the periodic one is still at it: leave it
   start(/*final_export=*/true);
   while (running() && monotonic_s() - t0 < wait_s) std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  if (child_ <= 0) {
+  if (child_ <= 0 && last_exit_ != 0) {  // the last export failed: never reported as exported
+    std::printf("[dflash] --report-to: the last export failed (exit %d): nothing new was exported to %s; see %s\n",
+                last_exit_, out_dir_.c_str(), log_path_.c_str());
+    std::fflush(stdout);
+  } else if (child_ <= 0) {
     std::string where;
     for (ReportTarget t : targets_)
       where += std::string(where.empty() ? "" : ", ") +

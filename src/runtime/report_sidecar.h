@@ -46,6 +46,7 @@ class ReportSidecar {
   std::string program_, out_dir_, log_path_;
   double every_s_ = 600, last_start_s_ = 0;
   pid_t child_ = -1;
+  int last_exit_ = 0;  // the exit status of the last export that ended (-1: killed by a signal)
 };
 
 }  // namespace dflash

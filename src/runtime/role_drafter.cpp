@@ -359,6 +359,7 @@ class DrafterLoop {
     m.step = step;
     m.time_s = job_.elapsed();
     m.seconds = mpi::seconds_since(t0);
+    report_.eval_s += m.seconds;  // its own share of the rank's time, not fwd+bwd (/ranks/eval_s)
     hub.record_eval(m);
     if (best_.offer(m) && topo_.is_metrics_writer()) best_.write(m, trainer);
     return step;

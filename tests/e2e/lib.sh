@@ -38,8 +38,9 @@ run_job() {
   tiny=$(tiny_dir)
   local t0=$SECONDS
   set +e
-  # Defaults through --config, so a test's own flags override them (the command line wins).
-  printf 'target = %s\ndata = %s\nout = %s\ndraft-layers = 1\ntoken-budget = 512\npeer-timeout = 20\n' \
+  # Defaults through --config, so a test's own flags override them (the command line wins). The CPU backend
+  # named, so these tests run the float32 reference on a GPU machine too (--backend auto would pick cuda there).
+  printf 'target = %s\ndata = %s\nout = %s\nbackend = cpu\ndraft-layers = 1\ntoken-budget = 512\npeer-timeout = 20\n' \
     "$tiny/target" "$tiny/data.h5" "$WORK/$name" >"$WORK/$name.cfg"
   timeout -k 5 "$limit" mpirun -np "$np" --oversubscribe "$TRAIN" --config "$WORK/$name.cfg" "$@" >"$WORK/$name.log" 2>&1
   RC=$?

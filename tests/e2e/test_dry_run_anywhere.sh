@@ -130,9 +130,13 @@ RC=$?
 set -e
 expect_rc 2 nodry
 expect_log nodry "--ranks, --nodes and --gpus-per-node plan a --dry-run's world"
-dry cpugpu --ranks 2 --gpu h200 --target "$tiny/target" --data "$tiny/data.h5"
+dry cpugpu --ranks 2 --backend cpu --gpu h200 --target "$tiny/target" --data "$tiny/data.h5"
 expect_rc 2 cpugpu
 expect_log cpugpu "--gpu h200 with --backend cpu"
+# Without --backend (auto), a dry run naming --gpu plans the CUDA job, and says why.
+dry autogpu --ranks 2 --gpu h200 --draft-layers 1 --target "$tiny/target" --data "$tiny/data.h5"
+expect_rc 0 autogpu
+expect_log autogpu "[dflash] backend: cuda, chosen by --backend auto: --gpu names the GPU this dry run plans for"
 dry badgpu --ranks 2 --backend cuda --gpu a100 --target "$tiny/target" --data "$tiny/data.h5"
 expect_rc 2 badgpu
 expect_log badgpu "HINT: give h100, h200, b200 or rtx-pro-6000, or the GPU's memory in GiB"

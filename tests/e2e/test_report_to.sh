@@ -39,6 +39,13 @@ if wandb_py:
     assert runs, "no W&B offline run under OUT/wandb"
     print(f"# wandb: {runs[0]}")
 PY
+# An export that fails is never reported as exported (issue 48 item 11): a stand-in dflash-report exits 4.
+printf '#!/bin/sh\necho "dflash-report: error: --wandb: the W&B export of x failed" >&2\nexit 4\n' >"$WORK/failing-report"
+chmod +x "$WORK/failing-report"
+DFLASH_REPORT="$WORK/failing-report" run_job failing 3 120 --topology 2-1 --max-steps 4 --report-to csv
+expect_rc 0 failing
+expect_log failing "[dflash] --report-to: the last export failed (exit 4): nothing new was exported to $WORK/failing"
+grep -q -- "--report-to: exported to" "$WORK/failing.log" && fail "failing: a failed export was reported as exported"
 run_job bad 3 60 --topology 2-1 --max-steps 4 --report-to tensorbord
 expect_rc 2 bad
 expect_log bad "bad value 'tensorbord' in --report-to"

@@ -12,7 +12,7 @@ REPORT="$DFLASH_SRC/tools/dflash-report"
 
 # The dry run's recommendation for 3 ranks of H200s.
 dry plan_dry --target "$tiny/target" --data "$tiny/data.h5" --draft-layers 1 --token-budget 512 --ranks 3 \
-  --topology plan --gpu h200
+  --topology plan --gpu h200 --backend cpu
 expect_rc 0 plan_dry
 want=$(sed -n 's/.*topology: plan over 3 rank(s): \([0-9]*-[0-9]*\), the layout plan.*/\1/p' "$WORK/plan_dry.log")
 [ -n "$want" ] || { cat "$WORK/plan_dry.log"; fail "plan_dry: the dry run names no planned split"; }
@@ -67,7 +67,7 @@ for role, key in (("target", "target_forward_s"), ("drafter", "drafter_step_s"))
 print("ok   the calibrated plan predicts the observed", obs)
 PY
 dry recal_dry --target "$tiny/target" --data "$tiny/data.h5" --draft-layers 1 --token-budget 512 --ranks 3 \
-  --topology plan --gpu h200 --calibration "$WORK/planned/calibration.json"
+  --topology plan --gpu h200 --backend cpu --calibration "$WORK/planned/calibration.json"
 expect_rc 0 recal_dry
 grep -q -- "--calibration fitted to" "$WORK/recal_dry.log" || fail "recal_dry: the plan does not say it uses the run's calibration"
 
@@ -79,7 +79,7 @@ expect_log no_kind "HINT: give --gpu"
 run_job gpu_alone 2 60 --topology 1-1 --gpu h200 --max-steps 1
 expect_rc 2 gpu_alone
 echo '{"version": 1, "gpus": [{"name": "h200"}]}' > "$WORK/broken.json"
-dry broken --target "$tiny/target" --data "$tiny/data.h5" --draft-layers 1 --ranks 3 --topology plan --gpu h200 \
+dry broken --target "$tiny/target" --data "$tiny/data.h5" --draft-layers 1 --ranks 3 --topology plan --gpu h200 --backend cpu \
   --calibration "$WORK/broken.json"
 expect_rc 3 broken
 expect_log broken "--calibration $WORK/broken.json: a GPU entry lacks"

@@ -589,6 +589,70 @@ def read_wandb(path):
     return hist, config
 
 
+class WandbModeTest(unittest.TestCase):
+    """--wandb's mode (issue 48 item 11): online where the environment is logged in, offline otherwise, and a
+    failed export never reported as one. Needs no wandb package: a stand-in module fails on purpose."""
+
+    def setUp(self):
+        self.tmp = tempfile.mkdtemp(prefix="dflash-wandb-")
+
+    def tearDown(self):
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def test_mode_follows_the_login(self):
+        netrc = os.path.join(self.tmp, "netrc")
+        self.assertEqual(export.wandb_mode({"NETRC": netrc})[0], "offline")  # no key, no netrc
+        self.assertEqual(export.wandb_mode({"WANDB_API_KEY": "k", "NETRC": netrc})[0], "online")
+        with open(netrc, "w") as f:
+            f.write("machine api.wandb.ai\n  login user\n  password k\n")
+        mode, why = export.wandb_mode({"NETRC": netrc})
+        self.assertEqual(mode, "online")
+        self.assertIn("api.wandb.ai", why)
+        # another server's login is not W&B's; WANDB_MODE always wins
+        self.assertEqual(export.wandb_mode({"NETRC": netrc, "WANDB_BASE_URL": "https://wandb.example.org"})[0], "offline")
+        self.assertEqual(export.wandb_mode({"NETRC": netrc, "WANDB_MODE": "offline"})[0], "offline")
+        self.assertEqual(export.wandb_mode({"NETRC": netrc, "WANDB_MODE": "disabled"})[0], "disabled")
+
+    def fake_wandb(self, init_body):
+        pkg = os.path.join(self.tmp, "fake", "wandb")
+        os.makedirs(pkg, exist_ok=True)
+        with open(os.path.join(pkg, "__init__.py"), "w") as f:
+            f.write("__version__ = '0.0-fake'\n"
+                    "class Settings:\n    model_fields = {}\n"
+                    "calls = []\n"
+                    "def init(**kw):\n" + init_body)
+        return os.path.dirname(pkg)
+
+    def run_report(self, fake, extra_env=None):
+        os.makedirs(os.path.join(self.tmp, "myrun"), exist_ok=True)
+        p = rich_run(os.path.join(self.tmp, "myrun", "metrics.h5"))
+        env = {**os.environ, "PYTHONPATH": fake, "DFLASH_NO_REEXEC": "1", "NETRC": os.path.join(self.tmp, "none")}
+        env.pop("WANDB_MODE", None)
+        env.pop("WANDB_API_KEY", None)
+        env.update(extra_env or {})
+        return subprocess.run([sys.executable, REPORT, p, "--csv", os.path.join(self.tmp, "csv"), "--wandb",
+                               "--wandb-dir", os.path.join(self.tmp, "wb")], capture_output=True, text=True,
+                              timeout=300, env=env)
+
+    def test_failed_export_is_never_said_exported(self):
+        r = self.run_report(self.fake_wandb("    raise RuntimeError('no network here')\n"))
+        self.assertEqual(r.returncode, 4, r.stdout + r.stderr)
+        self.assertRegex(r.stderr, r"dflash-report: error: --wandb: the W&B export of myrun failed "
+                                   r"\(RuntimeError: no network here\); nothing was logged")
+        self.assertNotIn("wandb: ", r.stdout)  # no "wandb: offline run ..." line
+        self.assertIn("csv: ", r.stdout)      # what did go out is still said
+
+    def test_online_start_that_fails_is_logged_offline(self):
+        body = ("    if kw['mode'] == 'online':\n        raise RuntimeError('cannot reach api.wandb.ai')\n"
+                "    class R:\n        dir = None\n        id = 'abc'\n"
+                "        def log(self, row, step): pass\n        def finish(self): pass\n"
+                "    return R()\n")
+        r = self.run_report(self.fake_wandb(body), {"WANDB_API_KEY": "k"})
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        self.assertRegex(r.stdout, r"wandb: offline run abc \(dflash-train/myrun, \d+ steps\) "
+                                   r"\[online failed \(RuntimeError: cannot reach api.wandb.ai\)\]")
+
+
 class OverlayTest(unittest.TestCase):
     def setUp(self):
         self.tmp = tempfile.TemporaryDirectory()

@@ -589,3 +589,39 @@ TEST(Status, EtaFromThisSegmentsRateAndTheAbsoluteProgress) {
   e.epochs = 0;
   EXPECT_FALSE(estimate_eta_s(e).has_value());
 }
+
+// Issue 48 item 10: evaluation is counted apart. 100 steps in 80 s of which 30 s were 3 evaluations (every
+// 30 steps): training ran 2 steps/s; 200 steps to --max-steps 300 take 100 s, and the evaluations due at
+// 120, 150, ..., 300 (7 of them, 300 on the schedule: no extra one) 10 s each. Before, the rate was
+// 100 / 80 steps/s and the evaluations were not counted: 160 s.
+TEST(Status, EtaCountsTheEvaluationsApart) {
+  EtaInputs e;
+  e.step = 100;
+  e.segment_train_s = 80;
+  e.max_steps = 300;
+  e.epochs = 0;
+  e.evals_done = 3;
+  e.eval_s = 30;
+  e.eval_every = 30;
+  EXPECT_NEAR(remaining_eval_s(e, 300), 70, 1e-9);
+  ASSERT_TRUE(estimate_eta_s(e).has_value());
+  EXPECT_NEAR(*estimate_eta_s(e), 100 + 70, 1e-9);
+  // --max-steps 290 is off the schedule: 120 .. 270 (6) and the one after the last.
+  e.max_steps = 290;
+  EXPECT_NEAR(remaining_eval_s(e, 290), 70, 1e-9);
+  // Only after the last (--eval-every 0): one more.
+  e.eval_every = 0;
+  EXPECT_NEAR(remaining_eval_s(e, 290), 10, 1e-9);
+  // None measured yet: nothing to predict from; no eval set: none due.
+  e.evals_done = 0;
+  e.eval_s = 0;
+  EXPECT_DOUBLE_EQ(remaining_eval_s(e, 290), 0);
+  e.eval_every = -1;
+  EXPECT_DOUBLE_EQ(remaining_eval_s(e, 290), 0);
+  // The status line says the evaluation part.
+  StatusInputs in;
+  in.eta_s = 170;
+  in.eta_eval_s = 70;
+  const std::string s = format_status_line(in);
+  EXPECT_NE(s.find("ETA=2m (eval 1m)"), std::string::npos) << s;
+}

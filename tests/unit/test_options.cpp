@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "dflash/backend.h"  // default_backend
 #include "dflash/options.h"
 #include "runtime/job.h"  // segment_record
 #include "runtime/run_plan.h"  // grad_accum_of, grad_accum_line
@@ -165,7 +166,7 @@ TEST(Options, DefaultsAreTheStructs) {
   EXPECT_EQ(d.export_dtype, DType::BF16);
   EXPECT_EQ(d.export_dtype, s.export_dtype);
   EXPECT_EQ(d.token_budget, s.token_budget);
-  EXPECT_EQ(d.backend, s.backend);
+  EXPECT_EQ(d.backend, default_backend().device);  // --backend auto: the struct's cpu only where no GPU is usable
   EXPECT_EQ(d.long_record, s.long_record);
   EXPECT_EQ(d.train.lr, s.train.lr);
   EXPECT_EQ(d.train.seed, s.train.seed);
@@ -308,7 +309,8 @@ TEST(OptionsDeath, DryRunWorldFlags) {
   EXPECT_EXIT(parse(with_required({"--ranks", "8"})), testing::ExitedWithCode(2), "plan a --dry-run's world");
   EXPECT_EXIT(parse(with_required({"--backend", "cuda", "--gpu", "h200"})), testing::ExitedWithCode(2),
               "--gpu names the GPU a --dry-run or --topology plan plans for");
-  EXPECT_EXIT(parse(with_required({"--dry-run", "--gpu", "h200"})), testing::ExitedWithCode(2), "--gpu h200 with --backend cpu");
+  EXPECT_EXIT(parse(with_required({"--dry-run", "--backend", "cpu", "--gpu", "h200"})), testing::ExitedWithCode(2),
+              "--gpu h200 with --backend cpu");
   EXPECT_EXIT(parse(with_required({"--dry-run", "--backend", "cuda", "--gpu", "v100"})), testing::ExitedWithCode(2),
               "unknown --gpu 'v100'");
   EXPECT_EXIT(parse(with_required({"--dry-run", "--nodes", "2"})), testing::ExitedWithCode(2), "--nodes 2 without the ranks on each");
@@ -396,7 +398,7 @@ TEST(Options, DataPlane) {
 TEST(OptionsDeath, DataPlane) {
   EXPECT_EXIT(parse(with_required({"--data-plane", "rdma"})), testing::ExitedWithCode(2), "--data-plane");
   // The CPU backend's tensors are host memory: a device plane makes no sense there.
-  EXPECT_EXIT(parse(with_required({"--data-plane", "nccl"})), testing::ExitedWithCode(2), "the CPU backend has none");
+  EXPECT_EXIT(parse(with_required({"--backend", "cpu", "--data-plane", "nccl"})), testing::ExitedWithCode(2), "the CPU backend has none");
 }
 TEST(OptionsDeath, SeedMustBeANonNegativeWholeNumber) {
   // An unsigned parse would wrap "-1" to 2^64-1 and train on a seed nobody asked for.

@@ -11,6 +11,8 @@ from . import anchors, forecast, model
 from .load import ROLE_DRAFTER, ROLE_IDLE, ROLE_TARGET, ReportError
 
 NOISE_FRACTION = 0.03  # a predicted gain smaller than this is not worth a restart
+# The drafters' eval share of the window from which the verdict explains it (observed vs predicted).
+EVAL_SHARE_WORTH_SAYING = 0.02
 
 # --json's layout version: bumped when a key changes meaning or goes away (adding keys does not bump it).
 # 1: the layout before the version was written; 2: schema_version, oversubscription, whatif[].oversubscribed,
@@ -115,6 +117,8 @@ def service_stats(run, sel, role):
     batches = r["batches"][rows].astype(float)
     busy = r["busy_s"][rows].astype(float)
     wait = r["wait_s"][rows].astype(float)
+    # Evaluating --eval-data: neither busy nor waiting (NaN or absent in files written before it was recorded).
+    evaluating = float(np.nansum(r["eval_s"][rows].astype(float))) if "eval_s" in r else 0.0
     ok = (batches > 0) & (busy > 0)
     rates = batches[ok] / busy[ok]
     out = {
@@ -126,9 +130,10 @@ def service_stats(run, sel, role):
         "samples": int(ok.sum()),
     }
     out["rate_bps_per_gpu"] = _ratio(1.0, out["s_per_batch"]) if out["s_per_batch"] else None
-    for k in ("compute_s", "credit_wait_s", "data_wait_s", "allreduce_s", "optimizer_s"):
+    total = float(busy.sum() + wait.sum()) + evaluating
+    for k in ("compute_s", "credit_wait_s", "data_wait_s", "allreduce_s", "optimizer_s", "eval_s"):
         if k in r:
-            out[k.replace("_s", "_frac")] = _ratio(float(r[k][rows].sum()), float(busy.sum() + wait.sum()))
+            out[k.replace("_s", "_frac")] = _ratio(float(np.nansum(r[k][rows].astype(float))), total)
     if "allreduce_s" in r:
         out["allreduce_s_per_batch"] = _ratio(float(r["allreduce_s"][rows].sum()), float(batches.sum()))
     return out
@@ -240,6 +245,19 @@ def remaining_tokens(run, tokens_per_step):
     return max(0.0, rem), src
 
 
+def eval_share(run, dft_rows, span):
+    """The drafters' share of the window spent evaluating --eval-data (/ranks/eval_s summed over the drafter
+    ranks, over ranks x window), or None where the file does not record it (written before /ranks/eval_s)."""
+    r = run.ranks
+    if "eval_s" not in r or not len(dft_rows):
+        return None
+    v = np.asarray(r["eval_s"][dft_rows], dtype=float)
+    if not np.isfinite(v).any():
+        return None
+    ranks = len(set(int(x) for x in r["rank"][dft_rows]))
+    return float(min(max(np.nansum(v) / (ranks * span), 0.0), 1.0))
+
+
 def analyse(run, power_budget_w=None, idle_power_w=None, allreduce_gbps=None):
     sel, start_s, end_s, window_note = steady_window(run)
     span = max(end_s - start_s, 1e-9)
@@ -302,6 +320,9 @@ def analyse(run, power_budget_w=None, idle_power_w=None, allreduce_gbps=None):
                           "splits with more drafters are predicted WITHOUT allreduce cost (optimistic)")
 
     observed_bps = dft_batches / span
+    # The observed rate includes the drafters' evaluations; every prediction is of training alone.
+    eval_frac = eval_share(run, dft_rows, span)
+    training_bps = observed_bps / (1.0 - eval_frac) if eval_frac is not None and eval_frac < 1.0 else None
     # the measured segment's steps in its window (time_s restarts in every segment)
     win_steps = (seg_steps & (st["time_s"] > start_s) & (st["time_s"] <= end_s)
                  if len(st.get("time_s", [])) == len(seg_steps) and len(seg_steps) else None)
@@ -366,6 +387,8 @@ def analyse(run, power_budget_w=None, idle_power_w=None, allreduce_gbps=None):
             "bottleneck": own.limit,
             "fraction_of_target_ceiling": observed_bps / ceiling_t,
             "fraction_of_drafter_ceiling": observed_bps / ceiling_d,
+            # the drafters' share of the window spent evaluating (None: not recorded), and the rate without it
+            "eval_frac": eval_frac, "batches_per_s_without_eval": training_bps,
             "headroom_frac": max(ceiling_t, ceiling_d) / min(ceiling_t, ceiling_d) - 1.0,
             "queues": qp,
         },
@@ -375,6 +398,7 @@ def analyse(run, power_budget_w=None, idle_power_w=None, allreduce_gbps=None):
         "measurements": meas.to_json(),
         "run_prediction": own.to_json(),
         "prediction_vs_observed_frac": base / observed_bps - 1.0 if observed_bps else None,
+        "prediction_vs_training_frac": base / training_bps - 1.0 if training_bps else None,
         "whatif": rows,
         "best": best.split if best else None,
         "auto_topology": ({"chosen": auto.get("chosen"), "predicted_bps": next(
@@ -642,6 +666,13 @@ def verdict(out, preds, own, best, best_budget):
     else:
         s[-1] += (f"; the targets are the bottleneck (the drafters could take "
                   f"{100 * (obs['drafter_ceiling_bps'] / obs['target_ceiling_bps'] - 1):.0f}% more).")
+    ev = obs.get("eval_frac")
+    if ev is not None and EVAL_SHARE_WORTH_SAYING <= ev < 1.0:
+        s.append(f"The drafters spent {100 * ev:.0f}% of the measured window evaluating --eval-data: the observed "
+                 f"rate includes that time, the predictions here do not (training alone ran at "
+                 f"{obs['batches_per_s_without_eval']:.2f} b/s; the model predicts "
+                 f"{100 * out['prediction_vs_training_frac']:+.0f}% vs that, {100 * out['prediction_vs_observed_frac']:+.0f}% "
+                 "vs observed); a larger --eval-every or a smaller --eval-max-tokens gives training that time back.")
     at = out.get("auto_topology")
     if at and at.get("predicted_bps"):
         s.append(f"--topology auto chose {at['chosen']} from a start-up measurement predicting "

@@ -53,9 +53,9 @@ def interval_table(run):
         row = {"t": end, "dt": end - prev, "first": interval == 0 or not rows}
         for role, name in ((ROLE_TARGET, "target"), (ROLE_DRAFTER, "drafter")):
             m = idx[r["role"][idx] == role]
-            row[name] = {k: float(r[k][m].sum()) for k in ("batches", "busy_s", "wait_s", "compute_s",
+            row[name] = {k: float(np.nansum(r[k][m].astype(float))) for k in ("batches", "busy_s", "wait_s", "compute_s",
                                                              "credit_wait_s", "data_wait_s", "allreduce_s",
-                                                             "optimizer_s") if k in r}
+                                                             "optimizer_s", "eval_s") if k in r}
         rows.append(row)
         prev = end
     return rows
@@ -142,18 +142,19 @@ SPLITS = {
     "target": [("compute_s", "forward", "C2"), ("credit_wait_s", "wait: credit", FULL_COLOR),
                ("data_wait_s", "wait: data", EMPTY_COLOR), (None, "wait: send", "0.6")],
     "drafter": [("compute_s", "fwd+bwd", "C1"), ("optimizer_s", "optimiser", "C4"),
-                ("data_wait_s", "wait: data", EMPTY_COLOR), ("allreduce_s", "allreduce", "C5")],
+                ("data_wait_s", "wait: data", EMPTY_COLOR), ("allreduce_s", "allreduce", "C5"),
+                ("eval_s", "eval", "C6")],
 }
 
 
 def _time_split(a, run, rows, role):
     """Each component's share of the role's rank-seconds per interval (stacked: the parts sum to 1)."""
-    keep = [r for r in rows if r[role].get("busy_s", 0) + r[role].get("wait_s", 0) > 0]
+    keep = [r for r in rows if r[role].get("busy_s", 0) + r[role].get("wait_s", 0) + r[role].get("eval_s", 0) > 0]
     if not keep:
         a.text(0.5, 0.5, f"no {role} timings", ha="center", va="center", transform=a.transAxes)
         return
     t = np.array([r["t"] for r in keep]) / 60
-    total = np.array([r[role]["busy_s"] + r[role]["wait_s"] for r in keep])
+    total = np.array([r[role]["busy_s"] + r[role]["wait_s"] + r[role].get("eval_s", 0.0) for r in keep])
     ys, labels, colors = [], [], []
     for key, label, c in SPLITS[role]:
         if key is None:  # what wait_s holds beyond the named waits (a target's sends in flight)

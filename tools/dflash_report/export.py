@@ -677,18 +677,48 @@ def run_config(run):
     return cfg
 
 
+WANDB_HOST = "api.wandb.ai"
+
+
+def wandb_mode(environ=None, home=None):
+    """(mode, why): WANDB_MODE when set; else online where this environment is logged in to W&B (WANDB_API_KEY
+    set, or `wandb login`'s entry for its host in the netrc file, $NETRC or ~/.netrc); else offline (`wandb
+    sync DIR` uploads it later)."""
+    env = os.environ if environ is None else environ
+    if env.get("WANDB_MODE"):
+        return env["WANDB_MODE"], "WANDB_MODE"
+    if env.get("WANDB_API_KEY"):
+        return "online", "WANDB_API_KEY is set"
+    host = WANDB_HOST
+    base = env.get("WANDB_BASE_URL")
+    if base:
+        host = base.split("://", 1)[-1].split("/", 1)[0].split(":", 1)[0] or host
+    netrc = env.get("NETRC") or os.path.join(home or os.path.expanduser("~"), ".netrc")
+    try:
+        with open(netrc) as f:
+            words = f.read().split()
+    except OSError:
+        words = []
+    if any(words[i] == "machine" and words[i + 1] == host for i in range(len(words) - 1)):
+        return "online", f"logged in ({netrc} has {host})"
+    return "offline", "not logged in (no WANDB_API_KEY, no wandb login)"
+
+
 def write_wandb(run, project, name, directory=None, mode=None):
-    """Logs the run to W&B: mode WANDB_MODE when set, else offline (`wandb sync DIR` uploads it later).
-    Returns a summary (the run's directory, id, rows)."""
+    """Logs the run to W&B in wandb_mode()'s mode (an online start that fails, e.g. without network, is
+    logged offline instead and says so). Returns a summary (mode, why, the run's directory, id, rows);
+    raises whatever wandb raises when the run cannot be logged at all."""
     import wandb
-    mode = mode or os.environ.get("WANDB_MODE") or "offline"
+    why = "asked"
+    if not mode:
+        mode, why = wandb_mode()
     want = {"silent": True, "console": "off", "save_code": False, "disable_git": True, "x_disable_stats": True,
             "x_disable_meta": True, "x_disable_machine_info": True}
     fields = getattr(wandb.Settings, "model_fields", {})
     settings = wandb.Settings(**{k: v for k, v in want.items() if k in fields}) if fields else None
     rows = wandb_rows(run)
     if not directory:
-        return _wandb_log(wandb, run, rows, project, name, None, mode, settings)
+        return _wandb_log(wandb, run, rows, project, name, None, mode, why, settings)
     # W&B writes DIRECTORY/wandb/<run>/... by path: it writes into a fresh staging directory of ours instead
     # (through its descriptor), whose entries are then renamed into DIRECTORY/wandb, itself reached without
     # following a link (safe_out.py: nothing lands outside DIRECTORY through a planted link).
@@ -705,7 +735,7 @@ def write_wandb(run, project, name, directory=None, mode=None):
             raise safe_out.Refused(f"{out} is not a directory of its own (a symbolic link, or a file): refused") from e
         try:
             with safe_out.StagedDir(os.path.join(directory, ".wandb-stage")) as stage:
-                summary = _wandb_log(wandb, run, rows, project, name, stage.path, mode, settings)
+                summary = _wandb_log(wandb, run, rows, project, name, stage.path, mode, why, settings)
                 sub_fd = os.open("wandb", safe_out.DIR_FLAGS, dir_fd=stage.fd)
                 try:
                     for entry in os.listdir(sub_fd):  # the run's own directory, and latest-run (a link W&B makes)
@@ -722,9 +752,16 @@ def write_wandb(run, project, name, directory=None, mode=None):
     return summary
 
 
-def _wandb_log(wandb, run, rows, project, name, directory, mode, settings):
-    r = wandb.init(project=project, name=name, dir=directory, mode=mode, config=run_config(run),
-                   tags=[run.topology, run.backend], settings=settings)
+def _wandb_log(wandb, run, rows, project, name, directory, mode, why, settings):
+    init = dict(project=project, name=name, dir=directory, config=run_config(run), tags=[run.topology, run.backend],
+                settings=settings)
+    try:
+        r = wandb.init(mode=mode, **init)
+    except Exception as e:  # noqa: BLE001 (wandb raises its own types; any failure to go online)
+        if mode != "online":
+            raise
+        mode, why = "offline", f"online failed ({type(e).__name__}: {e})"
+        r = wandb.init(mode=mode, **init)
     try:
         for step, row in rows:
             r.log(row, step=int(step))
@@ -732,4 +769,4 @@ def _wandb_log(wandb, run, rows, project, name, directory, mode, settings):
         rid = r.id
     finally:
         r.finish()
-    return {"mode": mode, "dir": run_dir, "id": rid, "project": project, "name": name, "rows": len(rows)}
+    return {"mode": mode, "why": why, "dir": run_dir, "id": rid, "project": project, "name": name, "rows": len(rows)}

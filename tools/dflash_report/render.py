@@ -83,6 +83,11 @@ def text(rep):
              f"{100 * obs['fraction_of_drafter_ceiling']:.1f}% of the drafter side; the model predicts "
              f"{rep['run_prediction']['batches_per_s']:.3f} b/s for {run['topology']} "
              f"({100 * rep['prediction_vs_observed_frac']:+.1f}% vs observed)")
+    if obs.get("eval_frac") is not None:
+        L.append(f"  evaluation           the drafters spent {100 * obs['eval_frac']:.1f}% of the window evaluating "
+                 "--eval-data" + (f": training alone {obs['batches_per_s_without_eval']:.3f} b/s, the model's "
+                                  f"{100 * rep['prediction_vs_training_frac']:+.1f}% vs that"
+                                  if obs.get("batches_per_s_without_eval") else ""))
     L.append("")
     L.append(f"SERVICE RATES (batches per busy second per {unit}; busy = target forward | drafter fwd+bwd+optimizer)")
     L.append("  role      ranks  busy     p10       p50       p90       mean      s/batch   allreduce s/batch")
@@ -117,6 +122,9 @@ def text(rep):
     if any(w.get("oversubscribed") for w in rep["whatif"]):
         L.append(f"  (! = more busy ranks than the {over['cores_per_node']} cores per node: the prediction assumes "
                  "a core per rank and cannot hold; left out of the choice)")
+    if (obs.get("eval_frac") or 0) > 0:
+        L.append(f"  (predictions and ETAs are of training alone: evaluation took {100 * obs['eval_frac']:.1f}% of "
+                 "this run's drafter time, on top of them)")
     L.append(f"  (* = this run; remaining tokens: "
              f"{'?' if rep['remaining_tokens'] is None else format(rep['remaining_tokens'] / 1e6, '.1f') + ' M'}"
              f" from {rep['remaining_source']})")
