@@ -287,7 +287,7 @@ int run_job(const Options& o) {
       PowerSampler::for_rank(o.backend, o.backend == Device::CUDA ? bind_gpu(local_rank) : local_rank);
   const GpuReading startup_gpu = gpu_sampler->sample();
   SegmentStart seg;
-  seg.split = o.topology_auto ? o.topology : split_at_start(o);  // at a resume, OUT/next-topology may win
+  seg.split = o.topology_choice != TopologyChoice::Given ? o.topology : split_at_start(o);  // at a resume, OUT/next-topology may win
   seg.resume = o.resume;
   std::optional<ModelPlan> planned;  // --topology auto plans the job first: its measurement runs both models
   if (o.topology_choice == TopologyChoice::Auto)

@@ -206,7 +206,7 @@ std::vector<std::pair<std::string, std::string>> segment_record(const Options& o
   set_resolved(r, "grad-accum", std::to_string(grad_accum));
   // The split this segment trains on: a live re-split's, or OUT/next-topology's at a resume
   // (remembered_split.h), where it is not the command's --topology (auto keeps its word: how the run began).
-  if (seg.in_place || !o.topology_auto) set_resolved(r, "topology", seg.split.to_string());
+  if (seg.in_place || o.topology_choice != TopologyChoice::Auto) set_resolved(r, "topology", seg.split.to_string());
   if (seg.in_place) set_resolved(r, "resume", seg.resume);
   return r;
 }

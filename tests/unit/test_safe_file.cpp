@@ -104,14 +104,23 @@ TEST(SafeFile, SameFileThroughALink) {
   EXPECT_FALSE(is_same_file(dir + "/in.jsonl", dir + "/missing"));
 }
 
-TEST(SafeFile, RefuseSymlinkExitsTwo) {
+TEST(SafeFile, RefusePlantedExitsTwo) {
   const std::string dir = temp_dir();
   ASSERT_FALSE(dir.empty());
   write_text(dir + "/victim", "x");
   ASSERT_EQ(::symlink((dir + "/victim").c_str(), (dir + "/metrics.h5").c_str()), 0);
-  refuse_symlink(dir + "/victim", "--out's entry");  // a regular file: nothing to say
-  refuse_symlink(dir + "/none", "--out's entry");    // absent: nothing to say
-  EXPECT_EXIT(refuse_symlink(dir + "/metrics.h5", "--out's entry"), testing::ExitedWithCode(2), "is a symbolic link");
+  refuse_planted(dir + "/none", EntryKind::File, "--out's entry");  // absent: nothing to say
+  refuse_planted(dir, EntryKind::Directory, "--out's entry");       // what belongs there
+  EXPECT_EXIT(refuse_planted(dir + "/metrics.h5", EntryKind::File, "--out's entry"), testing::ExitedWithCode(2),
+              "is a symbolic link");
+  ASSERT_EQ(::link((dir + "/victim").c_str(), (dir + "/train.log").c_str()), 0);
+  EXPECT_EXIT(refuse_planted(dir + "/train.log", EntryKind::File, "--out's entry"), testing::ExitedWithCode(2),
+              "more than one hard link");
+  ASSERT_EQ(::mkfifo((dir + "/fifo").c_str(), 0600), 0);
+  EXPECT_EXIT(refuse_planted(dir + "/fifo", EntryKind::File, "--out's entry"), testing::ExitedWithCode(2),
+              "not a regular file");
+  EXPECT_EXIT(refuse_planted(dir + "/fifo", EntryKind::Directory, "--out's entry"), testing::ExitedWithCode(2),
+              "is not a directory");
 }
 
 TEST(SafeFile, DiskReserveReplacesAPlantedLinkInsteadOfWritingThroughIt) {
