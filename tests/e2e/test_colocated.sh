@@ -14,7 +14,7 @@ source "$(dirname "$0")/lib.sh"
 tiny=$(tiny_dir)
 split_eval_set "$tiny/data.h5" "$WORK/train.h5" "$WORK/eval.h5" 40
 COMMON=(--data "$WORK/train.h5" --eval-data "$WORK/eval.h5" --batch-order fixed --seed 5 --log-every 4
-        --checkpoint-every 6 --eval-every 6)
+        --checkpoint-every 6 --eval-every 6 --peer-timeout 120)  # 4 ranks on a loaded 2-core CI machine
 
 run_job split22 4 400 --topology 2-2 "${COMMON[@]}"
 expect_rc 0 split22
@@ -33,7 +33,7 @@ grep -qE '^ \*colocated ' "$WORK/coloc2.report" || fail "dflash-report's what-if
 singleton() {  # singleton NAME ARGS...: like run_job with np 1, without mpirun
   local name=$1
   shift
-  printf 'target = %s\ndata = %s\nout = %s\ndraft-layers = 1\ntoken-budget = 512\npeer-timeout = 20\n' \
+  printf 'target = %s\ndata = %s\nout = %s\ndraft-layers = 1\ntoken-budget = 512\npeer-timeout = 120\nbackend = cpu\n' \
     "$tiny/target" "$tiny/data.h5" "$WORK/$name" >"$WORK/$name.cfg"
   set +e
   (unset OMPI_COMM_WORLD_SIZE SLURM_STEP_NUM_TASKS SLURM_NTASKS
@@ -42,7 +42,7 @@ singleton() {  # singleton NAME ARGS...: like run_job with np 1, without mpirun
   set -e
   note "$name: exit $RC"
 }
-ONE=(--data "$WORK/train.h5" --eval-data "$WORK/eval.h5" --seed 5 --max-steps 8 --log-every 4 --eval-every 4)
+ONE=(--data "$WORK/train.h5" --eval-data "$WORK/eval.h5" --seed 5 --max-steps 8 --log-every 4 --eval-every 4 --peer-timeout 120)
 run_job split11 2 300 --topology 1-1 "${ONE[@]}"
 expect_rc 0 split11
 singleton coloc1 --topology colocated "${ONE[@]}"
