@@ -1,20 +1,24 @@
 #!/usr/bin/env bash
-# Issue 44's check on one GPU (docs/cost_model.md "Validation"): the cost model's predictions against what
-# the landed binaries measure on this GPU, at the shapes issue 44 names, in one call.
+# Issues 44 and 45 on one GPU (docs/cost_model.md "Validation", docs/pipeline.md "The colocated layout"): the cost
+# model's predictions against what the landed binaries measure on this GPU, and the layouts one GPU runs.
 #
-#   bash bench/plan/validate_one_gpu.sh BUILD OUT
+#   bash bench/plan/validate_one_gpu.sh BUILD OUT [sweep] [pipeline]      (default: both; each fits one 10-min call)
 #
-# 1. bench/calibrate_sweep.sh's target and drafter parts (8B dense and 27B hybrid forwards, 8B steps at two anchor
-#    densities, 27B DFlash and DFlash2 steps): every median beside the model's prediction
-#    (dflash_unit_tests' CostModelCalibration points, src/plan/calibration_points.cpp, once the numbers land there).
-# 2. The layout one GPU runs, through the real job: 1-1 with both ranks on the GPU (a random Qwen3-8B, records of
-#    1024..8192 tokens, 16384-token batches) at 512 anchors per batch and at 512 anchors per record; metrics.h5
-#    keeps the plan's prediction (attribute layout_plan) and dflash-report prints LAYOUT PLAN VS OBSERVED.
+# sweep:    bench/calibrate_sweep.sh's target and drafter parts (8B dense and 27B hybrid forwards, 8B steps at two
+#           anchor densities, 27B DFlash and DFlash2 steps): every median, to set beside the model's prediction
+#           (src/plan/calibration_points.cpp holds them once they land; dflash_unit_tests CostModel* checks).
+# pipeline: the layouts of one GPU through the real job on a random Qwen3-8B (records of 1024..8192 tokens,
+#           16384-token batches, 5 drafter layers, CE): 1-1 (two ranks time-sharing the GPU, hidden states staged
+#           through host memory) and colocated (one process, no mpirun), each at 512 anchors per batch and at 512
+#           per record (at most 2048 a batch, to fit an 80 GB card with both roles); metrics.h5 keeps the plan's
+#           prediction and dflash-report prints LAYOUT PLAN VS OBSERVED (report-*.txt), summary.txt the rates.
 # Needs: BUILD/{bench_target_forward, bench_hybrid_forward, drafter_bench, dflash-train, dflash-make-random}
 # (flat or in bench/) and python3 with h5py + numpy (tools/dflash-report).
 set -u
-B=${1:?usage: bench/plan/validate_one_gpu.sh BUILD OUT}
-OUT=${2:?usage: bench/plan/validate_one_gpu.sh BUILD OUT}
+B=${1:?usage: bench/plan/validate_one_gpu.sh BUILD OUT [sweep] [pipeline]}
+OUT=${2:?usage: bench/plan/validate_one_gpu.sh BUILD OUT [sweep] [pipeline]}
+shift 2
+PARTS=${*:-sweep pipeline}
 HERE=$(cd "$(dirname "$0")/../.." && pwd)
 mkdir -p "$OUT"
 export NCCL_NVLS_ENABLE=0 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
@@ -24,10 +28,11 @@ mkdir -p "$W"
 echo "# $(date -u +%FT%TZ) $(git -C "$HERE" rev-parse --short HEAD 2>/dev/null || echo '?')"
 nvidia-smi --query-gpu=name,memory.total,power.limit --format=csv,noheader | tee "$OUT/gpu.txt"
 
-if [ "${SKIP_SWEEP:-0}" != 1 ]; then
+if [[ " $PARTS " == *" sweep "* ]]; then
   bash "$HERE/bench/calibrate_sweep.sh" "$B" "$OUT/sweep" target drafter > "$OUT/sweep.log" 2>&1
   echo "# sweep: $(grep -c '^## ' "$OUT/sweep/summary.txt" 2>/dev/null) runs"
 fi
+[[ " $PARTS " == *" pipeline "* ]] || exit 0
 
 T=$B/dflash-train
 [ -x "$T" ] || T=$B/../dflash-train
@@ -35,17 +40,26 @@ MR=$B/dflash-make-random
 [ -x "$MR" ] || MR=$B/../dflash-make-random
 [ -f "$W/q8/data.h5" ] || "$MR" "$W/q8" --preset qwen3-8b --records 600 --min-len 1024 --max-len 8192 > "$OUT/make-random.txt" 2>&1
 COMMON=(--backend cuda --target "$W/q8/target" --data "$W/q8/data.h5" --token-budget 16384 --long-record cut
-        --loss ce --draft-layers 5 --lr 6e-4 --peer-timeout 300 --topology 1-1 --log-every 10 --hs-queue-depth 4)
+        --loss ce --draft-layers 5 --lr 6e-4 --peer-timeout 300 --log-every 10 --hs-queue-depth 4)
 for density in batch record; do
   case $density in
-    batch) extra=(--max-anchors 512 --anchors-per-record 0 --max-steps 50) ;;
-    record) extra=(--anchors-per-record 512 --max-steps 25) ;;
+    batch) dens=(--max-anchors 512 --max-steps 50) ;;
+    record) dens=(--anchors-per-record 512 --max-anchors 2048 --max-steps 25) ;;
   esac
-  rm -rf "$W/run-$density"
-  echo "# 1-1 on one GPU, 512 anchors per $density"
-  mpirun -np 2 -x NCCL_NVLS_ENABLE "$T" "${COMMON[@]}" "${extra[@]}" --out "$W/run-$density" > "$OUT/run-$density.txt" 2>&1
-  echo "# exit $?"
-  python3 "$HERE/tools/dflash-report" "$W/run-$density/metrics.h5" --calibration-out "$OUT/calibration-$density.json" \
-    > "$OUT/report-$density.txt" 2>&1
-  sed -n '/LAYOUT PLAN VS OBSERVED/,/^$/p' "$OUT/report-$density.txt"
+  for layout in 1-1 colocated; do
+    name=$layout-$density
+    rm -rf "$W/run-$name"
+    echo "# $layout on one GPU, 512 anchors per $density"
+    if [ "$layout" = colocated ]; then
+      "$T" "${COMMON[@]}" "${dens[@]}" --topology colocated --out "$W/run-$name" > "$OUT/run-$name.txt" 2>&1
+    else
+      mpirun -np 2 -x NCCL_NVLS_ENABLE "$T" "${COMMON[@]}" "${dens[@]}" --topology 1-1 --out "$W/run-$name" \
+        > "$OUT/run-$name.txt" 2>&1
+    fi
+    echo "# exit $?"
+    python3 "$HERE/tools/dflash-report" "$W/run-$name/metrics.h5" --calibration-out "$OUT/calibration-$name.json" \
+      > "$OUT/report-$name.txt" 2>&1
+    { echo "## $name"; grep -E "^  trained \(drafters\)|^OBSERVED|tok/s" "$OUT/report-$name.txt" | head -3
+      sed -n '/LAYOUT PLAN VS OBSERVED/,/^$/p' "$OUT/report-$name.txt"; } | tee -a "$OUT/summary.txt"
+  done
 done
