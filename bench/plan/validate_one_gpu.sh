@@ -59,7 +59,7 @@ for density in batch record; do
     echo "# exit $?"
     python3 "$HERE/tools/dflash-report" "$W/run-$name/metrics.h5" --calibration-out "$OUT/calibration-$name.json" \
       > "$OUT/report-$name.txt" 2>&1
-    { echo "## $name"; grep -E "^  trained \(drafters\)|^OBSERVED|tok/s" "$OUT/report-$name.txt" | head -3
+    { echo "## $name"; grep -E "^  trained \(drafters\)|^  this run: " "$OUT/report-$name.txt"
       sed -n '/LAYOUT PLAN VS OBSERVED/,/^$/p' "$OUT/report-$name.txt"; } | tee -a "$OUT/summary.txt"
   done
 done
