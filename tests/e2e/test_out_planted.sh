@@ -92,7 +92,7 @@ wait_steps() {  # wait_steps NAME K: until NAME's log shows K steps (fails after
   done
 }
 # A slowed drafter (--inject-delay-drafter-ms) leaves seconds between the plant and the write.
-(run_job mid_drafter 2 120 --topology 1-1 --max-steps 16 --log-every 1 --inject-delay-drafter-ms 150 &&
+(run_job mid_drafter 2 600 --topology 1-1 --max-steps 16 --log-every 1 --inject-delay-drafter-ms 150 &&
   echo "$RC" >"$WORK/mid_drafter.rc") &
 wait_steps mid_drafter 2
 [ ! -e "$WORK/mid_drafter/drafter" ] || fail "mid_drafter: OUT/drafter exists before the export"
@@ -101,7 +101,7 @@ wait
 RC=$(cat "$WORK/mid_drafter.rc")
 refused mid_drafter "is a symbolic link"
 
-(run_job mid_ckpt 2 120 --topology 1-1 --max-steps 16 --log-every 1 --checkpoint-every 4 --inject-delay-drafter-ms 150 &&
+(run_job mid_ckpt 2 600 --topology 1-1 --max-steps 16 --log-every 1 --checkpoint-every 4 --inject-delay-drafter-ms 150 &&
   echo "$RC" >"$WORK/mid_ckpt.rc") &
 t0=$SECONDS
 until ls "$WORK"/mid_ckpt/checkpoints/step-*/manifest.json >/dev/null 2>&1; do
@@ -115,11 +115,11 @@ RC=$(cat "$WORK/mid_ckpt.rc")
 refused mid_ckpt "is a symbolic link"
 
 # ---- 4. a resume whose metrics.h5 was hard-linked to a file elsewhere -------------------------------------------
-run_job resume 2 120 --topology 1-1 --max-steps 4 --checkpoint-every 2
+run_job resume 2 300 --topology 1-1 --max-steps 4 --checkpoint-every 2
 expect_rc 0 resume
 ln "$WORK/resume/metrics.h5" "$WORK/metrics-elsewhere.h5"
 cp "$WORK/metrics-elsewhere.h5" "$WORK/metrics-before.h5"
-run_job resume 2 120 --topology 1-1 --max-steps 6 --checkpoint-every 2 --resume auto
+run_job resume 2 300 --topology 1-1 --max-steps 6 --checkpoint-every 2 --resume auto
 expect_rc 2 resume
 expect_log resume "metrics.h5 has more than one hard link"
 cmp -s "$WORK/metrics-elsewhere.h5" "$WORK/metrics-before.h5" || fail "resume: metrics.h5 was written through its hard link"
