@@ -19,7 +19,7 @@ namespace dflash {
 namespace {
 
 constexpr const char* kFile = "next-topology";
-constexpr size_t kMostBytes = 256;  // one line T-D; more is not a split
+constexpr size_t kMostBytes = 256;  // one line T-D or colocated; more is not a split
 
 std::string trim(const std::string& s) {
   const size_t b = s.find_first_not_of(" \t\r");
@@ -89,7 +89,7 @@ RememberedSplit read_remembered_split(const std::string& out_dir) {
   if (lines != 1) return r;
   if (line == "auto") {
     r.kind = RememberedSplit::Kind::Auto;
-  } else if (is_split(line) && line[0] != '0' && line[line.find('-') + 1] != '0') {
+  } else if (line == "colocated" || (is_split(line) && line[0] != '0' && line[line.find('-') + 1] != '0')) {
     r.kind = RememberedSplit::Kind::Split;
     r.split = parse_topology_spec(line);
   }
@@ -109,7 +109,7 @@ void remember_split(const std::string& out_dir, const TopologySpec& split) {
 TopologySpec split_at_start(const Options& o) {
   int rank = 0;
   DF_MPI(MPI_Comm_rank(MPI_COMM_WORLD, &rank));
-  int32_t split[2] = {o.topology.targets_per_node, o.topology.drafters_per_node};
+  int32_t split[3] = {o.topology.targets_per_node, o.topology.drafters_per_node, o.topology.colocated() ? 1 : 0};
   // A resume: --resume auto that finds a checkpoint (found again, without printing, by resolve_resume later),
   // or a checkpoint named (checked there).
   const bool resuming = o.resume == "auto" ? !find_latest_checkpoint(checkpoint_dir_of(o)).empty() : !o.resume.empty();
@@ -118,7 +118,7 @@ TopologySpec split_at_start(const Options& o) {
     const std::string path = o.out_dir + "/" + kFile;
     const std::string command = o.topology.to_string();
     DF_CHECK_HINT(r.kind != RememberedSplit::Kind::Malformed, BadOptions,
-                  path << " holds " << r.text << ": it should hold one line T-D (e.g. 6-2) or auto",
+                  path << " holds " << r.text << ": it should hold one line T-D (e.g. 6-2), colocated or auto",
                   "fix it, or delete it to use the --topology of the command");
     if (r.kind == RememberedSplit::Kind::Split && r.split.to_string() != command) {
       std::printf("[dflash] split: %s from %s, the run's remembered split (--rebalance auto or the operator wrote it): "
@@ -126,6 +126,7 @@ TopologySpec split_at_start(const Options& o) {
                   r.text.c_str(), path.c_str(), command.c_str());
       split[0] = r.split.targets_per_node;
       split[1] = r.split.drafters_per_node;
+      split[2] = r.split.colocated() ? 1 : 0;
     } else if (r.kind == RememberedSplit::Kind::Split) {
       std::printf("[dflash] split: %s, as %s remembers it\n", command.c_str(), path.c_str());
     } else if (r.kind == RememberedSplit::Kind::Auto) {
@@ -134,9 +135,9 @@ TopologySpec split_at_start(const Options& o) {
     }
     std::fflush(stdout);
   }
-  MPI_Request req = mpi::ibcast(split, 2, 0, MPI_COMM_WORLD);
+  MPI_Request req = mpi::ibcast(split, 3, 0, MPI_COMM_WORLD);
   mpi::wait(req, 10 * o.peer_timeout_s, [] { return std::string("world rank 0 did not say which split this start trains on (lost?)"); });
-  return TopologySpec{split[0], split[1]};
+  return split[2] ? colocated_spec() : TopologySpec{split[0], split[1]};
 }
 
 }  // namespace dflash

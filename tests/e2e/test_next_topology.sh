@@ -42,7 +42,7 @@ expect_not_started() {  # expect_not_started NAME TAG: the last line is TAG's st
   local last
   last=$(tail -n 1 "$WORK/$1.log")
   case "$last" in
-    "$2"*"status=failed rc=2 reason='$nt "*"it should hold one line T-D (e.g. 6-2) or auto; fix it, or delete it"*) ;;
+    "$2"*"status=failed rc=2 reason='$nt "*"it should hold one line T-D (e.g. 6-2), colocated or auto; fix it, or delete it"*) ;;
     *) cat "$WORK/$1.log" >&2; fail "$1: last line is not a status=failed rc=2 naming $nt: $last" ;;
   esac
   if grep -q '^\[dflash\]' "$WORK/$1.log"; then fail "$1: dflash-train started despite the malformed file"; fi
