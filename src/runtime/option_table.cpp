@@ -417,7 +417,7 @@ std::vector<OptionRow> option_rows(Options& o) {
   t.section = S::TestHooks;
   t.number("inject-delay-target-ms", &o.inject_delay_target_ms, "MS", "sleep per batch on targets", at_least(0), ">= 0");
   t.number("inject-delay-drafter-ms", &o.inject_delay_drafter_ms, "MS", "sleep per step on drafters", at_least(0), ">= 0");
-  t.number("inject-delay-colocated-ms", &o.inject_delay_colocated_ms, "MS", "sleep per batch on a colocated rank's drafter, and in --topology auto's colocated phase after both roles' work: two roles contending for one device (a split is not slowed)", at_least(0), ">= 0");
+  t.number("inject-delay-colocated-ms", &o.inject_delay_colocated_ms, "MS", "sleep per batch on a colocated rank's drafter outside its busy time, and in --topology auto's colocated phase after both roles' work: two roles contending for one device (a split is not slowed)", at_least(0), ">= 0");
   t.number("inject-fail-rank", &o.inject_fail_rank, "RANK", "world rank that fails on purpose");
   t.number("inject-fail-step", &o.inject_fail_step, "N", "batch (target) or step (drafter; a colocated rank: its drafter's step) at which it fails; an idle rank fails as soon as it waits for the end of the run");
   t.choice("inject-fail-mode", &o.inject_fail_mode, "MODE", "kill (SIGKILL) | hang (SIGSTOP: silent, alive)", {{"kill", FailMode::Kill}, {"hang", FailMode::Hang}})

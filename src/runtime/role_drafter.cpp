@@ -222,9 +222,11 @@ class DrafterLoop {
     ckpt.trained_on(topo_.target_index_of(hb.header.report.rank), hb.header.batch_index, hb.header.next_position);
     trace_.trained(hb.header.report.rank, hb.header.batch_index);
     if (o_.inject_delay_drafter_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(o_.inject_delay_drafter_ms));
+    report_.compute_s += mpi::seconds_since(t0);
+    // Contention of two roles on one device, which neither role's own busy time shows: only the rank's wall
+    // time per batch (its colocated overlap, job_metrics.cpp) and auto's colocated phase see it.
     if (o_.inject_delay_colocated_ms > 0 && topo_.role == Role::Colocated)
       std::this_thread::sleep_for(std::chrono::milliseconds(o_.inject_delay_colocated_ms));
-    report_.compute_s += mpi::seconds_since(t0);
     endpoint.pump();  // batches sent during the compute complete now (host MPI progresses only inside MPI calls)
     endpoint.release(slot);  // the slot is free again: its credit goes back before the optimizer runs
     maybe_inject_failure(job_, step);

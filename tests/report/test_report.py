@@ -351,7 +351,7 @@ class ReportTest(unittest.TestCase):
         self.assertIn("needs 3 busy ranks on 2 cores", rep["verdict"])
         txt = render.text(rep)
         self.assertIn("DISTORTED: 3 busy ranks per node shared 2 cores", txt)
-        self.assertIn("best split: none recommended", txt)
+        self.assertIn("best layout: none recommended", txt)
         self.assertTrue(all(w["oversubscribed"] == (w["targets"] + w["drafters"] > 2) for w in rep["whatif"]))
         # With every split within the cores as slow as the run, the model's pick is still reported as not one.
         p = write_run(self.path("b.h5"), ranks=3, cores=2, t_s=0.2, d_s=1.0)
