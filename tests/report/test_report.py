@@ -466,7 +466,8 @@ class ReportTest(unittest.TestCase):
         rep = analysis.analyse(Run(write_run(self.path("a.h5"), topology="7-1", backend="cuda", ranks=8, power=True,
                                              t_s=7.0, d_s=0.9)))
         rows = dashboard.whatif_rows(rep)
-        self.assertEqual(len({w["targets"] + w["drafters"] for w in rows}), 7)  # 2..8 GPUs used
+        self.assertEqual(len({w["targets"] + w["drafters"] for w in rows if w["layout"] == "split"}), 7)  # 2..8 used
+        self.assertEqual([w["split"] for w in rows if w["layout"] == "colocated"], ["colocated"])
         self.assertIn("7-1", [w["split"] for w in rows])
         self.assertEqual([w["ktok_per_s"] for w in rows], sorted((w["ktok_per_s"] for w in rows), reverse=True))
 
