@@ -11,7 +11,7 @@ source "$(dirname "$0")/lib.sh"
 DATA="$(tiny_dir)/data.h5"
 mkdir -p "$WORK/trace"
 run_job live 2 300 --topology colocated --batch-order fixed --seed 5 --epochs 1 --log-every 2 --lr 3e-3 \
-  --rebalance auto --checkpoint-every 6 --inject-delay-colocated-ms 400 --inject-trace-dir "$WORK/trace"
+  --rebalance auto --checkpoint-every 6 --inject-delay-colocated-ms 2000 --inject-trace-dir "$WORK/trace"
 expect_rc 0 live
 expect_log live "[rebalance] colocated -> 1-1 at step 6: predicted +"
 expect_log live "[rebalance] $WORK/live/next-topology now holds 1-1"
