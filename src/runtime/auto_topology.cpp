@@ -154,6 +154,13 @@ RebalanceChoice choose_rebalance(const RoleMeasurements& m, const TopologySpec& 
     std::snprintf(line, sizeof(line), "%s predicted %.3f b/s, the best of every layout: keep it", c.now.split().c_str(),
                   c.now.batches_per_s);
   c.why = line;
+  // A faster colocated row that is no candidate: say why it is not the choice.
+  const SplitPrediction co = predict_colocated(m);
+  if (!c.now.spec().colocated() && co.batches_per_s > c.best->batches_per_s && (!co.overlap || co.fit == ColocatedFit::DoesNotFit)) {
+    std::snprintf(line, sizeof(line), " (colocated would predict %.3f b/s, but %s)", co.batches_per_s,
+                  !co.overlap ? "its overlap is not measured: --topology auto measures it" : "a colocated rank does not fit");
+    c.why += line;
+  }
   return c;
 }
 

@@ -244,6 +244,12 @@ TEST(AutoTopology, RebalanceToAndFromColocated) {
   EXPECT_EQ(to.to->split(), "colocated");
   EXPECT_NE(to.why.find("the best, colocated"), std::string::npos) << to.why;
   EXPECT_FALSE(choose_rebalance(m, colocated_spec(), 0.0).to.has_value());  // already the best
+  // Not measured: never the choice, and the line says why.
+  RoleMeasurements guess = m;
+  guess.colocated_overlap.reset();
+  const RebalanceChoice kept = choose_rebalance(guess, TopologySpec{7, 1}, 0.05);
+  EXPECT_FALSE(kept.to.has_value());
+  EXPECT_NE(kept.why.find("but its overlap is not measured"), std::string::npos) << kept.why;
   // A colocated run whose roles contend: a split is predicted faster, and it moves there.
   m.colocated_overlap = -1.0;
   const RebalanceChoice from = choose_rebalance(m, colocated_spec(), 0.05);
