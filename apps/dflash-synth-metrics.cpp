@@ -225,7 +225,9 @@ int predict(const std::string& path) {
   rm.power_drafter_w = opt_num(m, "power_drafter_w");
   rm.power_idle_w = opt_num(m, "power_idle_w");
   rm.remaining_tokens = opt_num(m, "remaining_tokens");
-  const auto preds = dflash::predict_all_splits(rm);
+  rm.colocated_overlap = opt_num(m, "colocated_overlap");
+  rm.colocated_fit = dflash::parse_colocated_fit(m.value("colocated_fit", std::string("unknown")));
+  const auto preds = dflash::predict_all_layouts(rm);
   json out = json::parse(dflash::whatif_json(rm, preds, dflash::best_split(preds)));
   if (auto budget = opt_num(j, "power_budget_w")) {
     auto b = dflash::best_split(preds, budget);

@@ -9,7 +9,8 @@
 #
 #   echo 6-2 > RUN/next-topology; kill -USR1 <train.sh pid>            (or: scancel --signal=USR1 --batch JOBID)
 #
-# The file holds one line: T-D (digits-digits: targets and drafters per node) or auto. It overrides the
+# The file holds one line: T-D (digits-digits: targets and drafters per node), colocated (every rank both
+# roles, docs/pipeline.md "The colocated layout") or auto. It overrides the
 # command's --topology (it is appended after the command's arguments: a repeated option resolves last-wins,
 # src/runtime/options.cpp) and is kept, so every later start (each requeue) stays on that split; delete it to
 # go back to the command's own. Anything else in it (two lines, 6_2, an empty file) ends the script with
@@ -69,7 +70,7 @@ next_topology_read() {
     return 2
   fi
   if [ ! -f "$next_topology_file" ] || [ ! -r "$next_topology_file" ]; then
-    next_topology_error="$next_topology_file is not a readable file: it should hold one line T-D (e.g. 6-2) or auto; fix it, or delete it to use the --topology of the command"
+    next_topology_error="$next_topology_file is not a readable file: it should hold one line T-D (e.g. 6-2), colocated or auto; fix it, or delete it to use the --topology of the command"
     return 2
   fi
   if ! text=$(timeout -k 1 5 bash -c '
@@ -88,7 +89,7 @@ next_topology_read() {
     n=$((n + 1))
     [ $n -eq 1 ] && value=$line
   done <<<"$text"
-  if [ $n -eq 1 ] && { [[ $value =~ ^[0-9]+-[0-9]+$ ]] || [ "$value" = auto ]; }; then
+  if [ $n -eq 1 ] && { [[ $value =~ ^[0-9]+-[0-9]+$ ]] || [ "$value" = auto ] || [ "$value" = colocated ]; }; then
     next_topology=$value
     return 0
   fi
@@ -99,6 +100,6 @@ next_topology_read() {
     shown=$(printf '%s' "${text:0:60}" | tr '\n' ' ' | LC_ALL=C tr -c '0-9A-Za-z_. -' '?' | sed 's/[[:space:]]*$//')
     shown="\"$shown\""
   fi
-  next_topology_error="$next_topology_file holds $shown: it should hold one line T-D (e.g. 6-2) or auto; fix it, or delete it to use the --topology of the command"
+  next_topology_error="$next_topology_file holds $shown: it should hold one line T-D (e.g. 6-2), colocated or auto; fix it, or delete it to use the --topology of the command"
   return 2
 }

@@ -126,6 +126,7 @@ struct Options {
   // Test hooks.
   int inject_delay_target_ms = 0;
   int inject_delay_drafter_ms = 0;
+  int inject_delay_colocated_ms = 0;  // per batch while both roles of a colocated rank run (auto's colocated phase too)
   int inject_fail_rank = -1;
   int64_t inject_fail_step = -1;
   FailMode inject_fail_mode = FailMode::Kill;

@@ -18,6 +18,7 @@
 #include "dflash/mpi_typed.h"
 #include "dflash/target.h"
 #include "dflash/topology.h"  // node_seat, bind_gpu
+#include "dry_run_plan.h"  // check_colocated_fit
 #include "run_plan.h"
 
 namespace dflash {
@@ -36,6 +37,7 @@ double median(std::vector<double> v) {
 struct RankSample {
   double target_s = 0;     // median target forward seconds per batch
   double drafter_s = 0;    // median drafter fwd + bwd + optimizer seconds per batch
+  double both_s = 0;       // median seconds of a forward and a step at once (the colocated phase; 0: not run)
   double tokens = 0;       // mean tokens per batch
   double allreduce_s = 0;  // fastest gradient allreduce over all ranks
   double idle_w = 0, target_w = 0, drafter_w = 0;  // mean GPU power (0 = not measured: no NVML)
@@ -55,11 +57,44 @@ struct PowerMean {
   double mean() const { return n ? sum / n : 0; }
 };
 
-// The roles are measured one after the other, the target model released before the drafter is built,
-// so a rank never holds both (on a GPU they may not fit together). The target's captured features of
-// each measured batch are kept (on the device) for the drafter's steps.
+// Whether the rank times its two roles at once, as a colocated rank runs them.
+enum class ColocatedPhase : uint8_t { Skip, Run };
+
+void sleep_ms(int ms) {
+  if (ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+}
+
+// One drafter step (fwd + bwd + AdamW) on a captured batch; returns once it has finished on the device
+// (optimizer_step returns the gradient norm).
+void drafter_step(DrafterTrainer& trainer, const HsBatch& b, const Options& o) {
+  FeatureBatch fb;
+  fb.batch = &b.batch;
+  fb.features = b.features_view();
+  fb.final_norm = b.final_norm_view();
+  trainer.forward_backward(fb);
+  trainer.optimizer_step();
+  // The test hooks slow a role down in the run; they must in the measurement too (tests pick splits with them).
+  sleep_ms(o.inject_delay_drafter_ms);
+}
+
+void target_forward(TargetModel& model, HsBatch& b, const Ctx& ctx, const Options& o) {
+  CaptureOut out;
+  out.features = b.features_view();
+  out.final_norm = b.final_norm_view();
+  model.forward(b.batch, out);
+  synchronize(ctx);
+  sleep_ms(o.inject_delay_target_ms);
+}
+
+// The roles are measured one after the other. Without the colocated phase the target model is released
+// before the drafter is built, so a rank never holds both (on a GPU they may not fit together); with it
+// (the colocated rank's memory fits: check_colocated_fit) the target stays, on the context a colocated
+// rank's target computes on (colocated_target_ctx: on CUDA a second stream), and after the standalone
+// timings each measured batch is a target forward (on a thread of its own, into a spare batch) and a
+// drafter step at once, timed together: s_both (auto_topology.h). The target's captured features of each
+// measured batch are kept (on the device) for the drafter's steps.
 RankSample measure_rank(const Options& o, const ModelPlan& plan, MPI_Comm world, int world_size, const Ctx& ctx,
-                        PowerSampler* gpu) {
+                        int gpu_index, ColocatedPhase colocated, PowerSampler* gpu) {
   auto dataset = std::make_shared<DatasetMix>(o.data, o.train.seed, plan.target.text.vocab_size);
   RankSample s;
   const GpuReading idle = gpu ? gpu->sample() : GpuReading{};
@@ -74,56 +109,65 @@ RankSample measure_rank(const Options& o, const ModelPlan& plan, MPI_Comm world,
 
   const SlotShape& shape = plan.slot_shape;
   std::vector<std::unique_ptr<HsBatch>> batches;
-  std::vector<double> target_s, drafter_s;
+  std::vector<double> target_s, drafter_s, both_s;
   PowerMean target_w, drafter_w;
   double tokens = 0;
-  {
-    const std::unique_ptr<TargetModel> model = make_target_model(plan.target, o.target_dir, ctx, plan.capture_layers, o.token_budget);
-    for (int i = 0; i <= kMeasuredBatches; ++i) {
-      LoadedBatch lb;
-      const PopResult got = loader.pop(lb, std::chrono::milliseconds(static_cast<int64_t>(o.peer_timeout_s * 1000)));
-      DF_CHECK_HINT(got == PopResult::Batch, BadInput, "--topology auto: no batch from " << dataset->path() << " to measure on",
-                    "check the dataset (dflash-prep), or give --topology T-D");
-      batches.push_back(std::make_unique<HsBatch>(shape));
-      HsBatch& b = *batches.back();
-      b.fill_from(lb.batch);
-      CaptureOut out;
-      out.features = b.features_view();
-      out.final_norm = b.final_norm_view();
-      const auto t0 = mpi::Clock::now();
-      model->forward(b.batch, out);
-      synchronize(ctx);
-      // The test hooks slow a role down in the run; they must in the measurement too (tests pick splits with them).
-      if (o.inject_delay_target_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(o.inject_delay_target_ms));
-      const double t = mpi::seconds_since(t0);
-      if (i == 0) continue;  // warm-up
-      target_s.push_back(t);
-      target_w.add(gpu ? gpu->sample() : GpuReading{});
-      tokens += static_cast<double>(b.num_tokens());
-    }
-  }  // the target's weights are released here
+  const Ctx target_ctx = colocated == ColocatedPhase::Run ? colocated_target_ctx(o.backend, gpu_index) : ctx;
+  std::unique_ptr<TargetModel> model = make_target_model(plan.target, o.target_dir, target_ctx, plan.capture_layers, o.token_budget);
+  for (int i = 0; i <= kMeasuredBatches; ++i) {
+    LoadedBatch lb;
+    const PopResult got = loader.pop(lb, std::chrono::milliseconds(static_cast<int64_t>(o.peer_timeout_s * 1000)));
+    DF_CHECK_HINT(got == PopResult::Batch, BadInput, "--topology auto: no batch from " << dataset->path() << " to measure on",
+                  "check the dataset (dflash-prep), or give --topology T-D");
+    batches.push_back(std::make_unique<HsBatch>(shape));
+    HsBatch& b = *batches.back();
+    b.fill_from(lb.batch);
+    const auto t0 = mpi::Clock::now();
+    target_forward(*model, b, target_ctx, o);
+    const double t = mpi::seconds_since(t0);
+    if (i == 0) continue;  // warm-up
+    target_s.push_back(t);
+    target_w.add(gpu ? gpu->sample() : GpuReading{});
+    tokens += static_cast<double>(b.num_tokens());
+  }
   loader.stop();
+  if (colocated == ColocatedPhase::Skip) model.reset();  // the target's weights are released here
 
   DrafterTrainer trainer(plan.drafter_source(o), o.train, ctx, o.token_budget);
   for (int i = 0; i <= kMeasuredBatches; ++i) {
-    const HsBatch& b = *batches[static_cast<size_t>(i)];
-    FeatureBatch fb;
-    fb.batch = &b.batch;
-    fb.features = b.features_view();
-    fb.final_norm = b.final_norm_view();
     const auto t0 = mpi::Clock::now();
-    trainer.forward_backward(fb);
-    trainer.optimizer_step();  // returns the gradient norm: the step has finished on the device
-    if (o.inject_delay_drafter_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(o.inject_delay_drafter_ms));
+    drafter_step(trainer, *batches[static_cast<size_t>(i)], o);
     const double t = mpi::seconds_since(t0);
     if (i == 0) continue;  // warm-up
     drafter_s.push_back(t);
     drafter_w.add(gpu ? gpu->sample() : GpuReading{});
   }
+  if (colocated == ColocatedPhase::Run) {
+    // Batch i's step while the next batch's forward runs, as on a colocated rank (its queue holds the
+    // forward's output apart from the batch the step reads: here a spare batch).
+    HsBatch spare(shape);
+    for (int i = 0; i <= kMeasuredBatches; ++i) {
+      spare.fill_from(batches[static_cast<size_t>((i + 1) % (kMeasuredBatches + 1))]->batch);
+      const auto t0 = mpi::Clock::now();
+      std::thread forward([&] {
+        // Made on this thread: on CUDA it also makes the rank's GPU this thread's current device.
+        const Ctx tctx = colocated_target_ctx(o.backend, gpu_index);
+        target_forward(*model, spare, tctx, o);
+      });
+      drafter_step(trainer, *batches[static_cast<size_t>(i)], o);
+      forward.join();
+      sleep_ms(o.inject_delay_colocated_ms);
+      const double t = mpi::seconds_since(t0);
+      if (i == 0) continue;  // warm-up
+      both_s.push_back(t);
+    }
+    model.reset();
+  }
   batches.clear();
 
   s.target_s = median(target_s);
   s.drafter_s = median(drafter_s);
+  s.both_s = both_s.empty() ? 0 : median(both_s);
   s.tokens = tokens / kMeasuredBatches;
   s.target_w = target_w.mean();
   s.drafter_w = drafter_w.mean();
@@ -171,11 +215,18 @@ TopologySpec choose_topology_auto(const Options& o, MPI_Comm world, PowerSampler
 
   // The GPU this rank will bind (create_topology's).
   set_deterministic_kernels(o.deterministic);
-  const Ctx ctx = o.backend == Device::CUDA ? make_ctx(Device::CUDA, bind_gpu(seat.local_rank)) : cpu_ctx();
-  const RankSample mine = measure_rank(o, plan, world, size, ctx, gpu);
-  double sums[8] = {mine.target_s, mine.drafter_s, mine.tokens, mine.allreduce_s,
-                    mine.idle_w, mine.target_w, mine.drafter_w, mine.power_known};
-  mpi::allreduce(sums, 8, MPI_SUM, world);
+  const int gpu_index = o.backend == Device::CUDA ? bind_gpu(seat.local_rank) : seat.local_rank;
+  const Ctx ctx = o.backend == Device::CUDA ? make_ctx(Device::CUDA, gpu_index) : cpu_ctx();
+  // The colocated phase holds both models: only where a colocated rank is known to fit its GPU, or in host
+  // memory (the CPU backend). Every rank agrees (a node's NVML may differ).
+  const ColocatedFitCheck fit = check_colocated_fit(o, plan);
+  int run_phase = fit.fit == ColocatedFit::Fits || (fit.fit == ColocatedFit::Unknown && o.backend == Device::CPU) ? 1 : 0;
+  mpi::allreduce(&run_phase, 1, MPI_MIN, world);
+  const ColocatedPhase phase = run_phase ? ColocatedPhase::Run : ColocatedPhase::Skip;
+  const RankSample mine = measure_rank(o, plan, world, size, ctx, gpu_index, phase, gpu);
+  double sums[9] = {mine.target_s, mine.drafter_s, mine.tokens, mine.allreduce_s,
+                    mine.idle_w, mine.target_w, mine.drafter_w, mine.power_known, mine.both_s};
+  mpi::allreduce(sums, 9, MPI_SUM, world);
   RoleMeasurements m;
   m.gpus_per_node = per_node;
   m.nodes = size / per_node;
@@ -189,6 +240,9 @@ TopologySpec choose_topology_auto(const Options& o, MPI_Comm world, PowerSampler
     m.power_target_w = sums[5] / size;
     m.power_drafter_w = sums[6] / size;
   }
+  m.colocated_fit = fit.fit;
+  if (phase == ColocatedPhase::Run)
+    m.colocated_overlap = colocated_overlap(m.target_s_per_batch, m.drafter_s_per_batch, sums[8] / size);
   if (o.epochs > 0 && o.max_steps == 0) {
     m.remaining_tokens = static_cast<double>(DatasetMix(o.data, o.train.seed, plan.target.text.vocab_size).num_tokens()) * o.epochs;
   }
@@ -200,6 +254,15 @@ TopologySpec choose_topology_auto(const Options& o, MPI_Comm world, PowerSampler
                   m.target_s_per_batch, m.drafter_s_per_batch, m.allreduce_coeff_s.value_or(0.0), m.tokens_per_batch,
                   m.nodes, m.gpus_per_node);
     std::string line = head;
+    if (phase == ColocatedPhase::Run)
+      line += "[dflash] --topology auto: colocated (a forward and a step at once) " +
+              std::to_string(sums[8] / size).substr(0, 6) + " s/batch: overlap " +
+              std::to_string(*m.colocated_overlap).substr(0, 5) + " of the shorter role; memory " +
+              colocated_fit_name(fit.fit) + " (" + fit.why + ")\n";
+    else
+      line += std::string("[dflash] --topology auto: colocated not timed: a colocated rank's memory ") +
+              (fit.fit == ColocatedFit::DoesNotFit ? "does not fit (" : "fit is unknown (") + fit.why +
+              "), so it is not a candidate\n";
     if (m.power_target_w)
       line += "[dflash] --topology auto: power (NVML, mean over ranks) idle " + std::to_string(static_cast<int>(*m.power_idle_w)) +
               " W, target " + std::to_string(static_cast<int>(*m.power_target_w)) + " W, drafter " +
@@ -214,7 +277,7 @@ TopologySpec choose_topology_auto(const Options& o, MPI_Comm world, PowerSampler
     if (record_json) *record_json = "{}";
     return TopologySpec{};
   }
-  const std::vector<SplitPrediction> preds = predict_all_splits(m);
+  const std::vector<SplitPrediction> preds = predict_all_layouts(m);
   const bool power_known = preds.front().power_w.has_value();
   std::optional<double> budget;
   if (o.power_budget_w > 0 && power_known) budget = o.power_budget_w;
@@ -222,16 +285,14 @@ TopologySpec choose_topology_auto(const Options& o, MPI_Comm world, PowerSampler
   std::string note;
   if (o.power_budget_w > 0 && !power_known) note = "--power-budget-w ignored: no power readings on this backend";
   if (!best) {
-    note = "no split fits --power-budget-w " + std::to_string(static_cast<int64_t>(o.power_budget_w)) + " W; the fastest is used";
+    note = "no layout fits --power-budget-w " + std::to_string(static_cast<int64_t>(o.power_budget_w)) + " W; the fastest is used";
     best = best_split(preds);
   }
   DF_ASSERT(best.has_value());
   // Every rank computed the same table from the same sums; rank 0's choice is the job's all the same.
-  int chosen[2] = {best->targets, best->drafters};
-  mpi::bcast(chosen, 2, 0, world);
-  TopologySpec spec;
-  spec.targets_per_node = chosen[0];
-  spec.drafters_per_node = chosen[1];
+  int chosen[3] = {best->targets, best->drafters, best->layout == Layout::Colocated ? 1 : 0};
+  mpi::bcast(chosen, 3, 0, world);
+  const TopologySpec spec = chosen[2] ? colocated_spec() : TopologySpec{chosen[0], chosen[1]};
 
   nlohmann::json rec = nlohmann::json::parse(whatif_json(m, preds, best));
   rec["chosen"] = spec.to_string();
@@ -241,7 +302,7 @@ TopologySpec choose_topology_auto(const Options& o, MPI_Comm world, PowerSampler
   rec["note"] = note;
   if (record_json) *record_json = rec.dump();
   if (rank == 0) {
-    std::string out = measured_line() + format_whatif_table(preds, spec.to_string());
+    std::string out = measured_line() + format_whatif_table(m, preds, spec.to_string());
     out += "[dflash] --topology auto chose " + spec.to_string() + " (predicted " +
            std::to_string(best->batches_per_s).substr(0, 6) + " b/s, " + split_limit_name(best->limit) + "-bound)" +
            (note.empty() ? "" : "; " + note) + "\n";

@@ -312,6 +312,24 @@ PlannedGpu gpu_to_check(const Options& o) {
   return PlannedGpu{name, "", static_cast<double>(r.mem_total_mib) * 1048576.0};
 }
 
+ColocatedFitCheck check_colocated_fit(const Options& o, const ModelPlan& plan) {
+  ColocatedFitCheck c;
+  if (o.backend != Device::CUDA) {
+    c.why = "host memory (--backend cpu): not checked";
+    return c;
+  }
+  const PlannedGpu gpu = gpu_to_check(o);
+  if (gpu.bytes <= 0) {
+    c.why = "no GPU size known (NVML sees no GPU here)";
+    return c;
+  }
+  const double need = plan_role_memory(o, plan).colocated();
+  c.fit = need <= gpu.bytes ? ColocatedFit::Fits : ColocatedFit::DoesNotFit;
+  c.why = gib(need) + " fixed (target + drafter) " + (c.fit == ColocatedFit::Fits ? "within" : "over") + " the GPU's " +
+          gib(gpu.bytes);
+  return c;
+}
+
 // Records and tokens of --data from the shapes of /offsets and /tokens (no data read); {-1, -1} when the
 // file does not have them (the job itself reports what is wrong with it).
 std::pair<int64_t, int64_t> dataset_shape(const std::string& path) {

@@ -9,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "dflash/auto_topology.h"  // ColocatedFit
 #include "dflash/options.h"
 #include "dflash/topology.h"
 #include "run_plan.h"
@@ -88,5 +89,15 @@ std::string rank_ranges(const std::vector<int>& ranks);  // {0,1,2,5} -> "0-2,5"
 // The GPU the memory is checked against: --gpu, else this node's GPU 0 through NVML (CUDA backend), else
 // none (bytes 0). Never opens a CUDA context.
 PlannedGpu gpu_to_check(const Options& o);
+
+// Whether a colocated rank's fixed memory (RoleMemory::colocated()) fits this job's GPU (gpu_to_check), as
+// the dry run checks it: what --topology auto, --rebalance auto and dflash-report (metrics.h5 attribute
+// colocated_fit) go by before they choose the colocated layout. Unknown on the CPU backend (host memory) and
+// where no GPU size is known; `why` says which, or the two sizes.
+struct ColocatedFitCheck {
+  ColocatedFit fit = ColocatedFit::Unknown;
+  std::string why;
+};
+ColocatedFitCheck check_colocated_fit(const Options& o, const ModelPlan& plan);
 
 }  // namespace dflash

@@ -165,28 +165,31 @@ void wait_eval_features(const JobContext& job, const std::function<void()>& poll
 namespace {
 
 // The drafters' choice of a new split, from the first drafter to every rank (all have ended their roles):
-// the split as two counts and the checkpoint it starts from.
+// the split as two counts and a colocated flag (its counts are the node's size, set by assign_roles) and the
+// checkpoint it starts from.
 SegmentEnd share_resplit(const JobContext& job) {
   const int root = job.topo.drafters.front();
   const bool mine = job.topo.world_rank == root;
-  int32_t split[2] = {0, 0};
+  int32_t split[3] = {0, 0, 0};
   if (mine && job.outcome.next_split) {
     split[0] = job.outcome.next_split->targets_per_node;
     split[1] = job.outcome.next_split->drafters_per_node;
+    split[2] = job.outcome.next_split->colocated() ? 1 : 0;
   }
   std::string checkpoint = mine ? job.outcome.checkpoint : std::string();
   int64_t len = static_cast<int64_t>(checkpoint.size());
   auto why = [] { return std::string("the first drafter did not say which split comes next (lost?)"); };
-  MPI_Request r = mpi::ibcast(split, 2, root, MPI_COMM_WORLD);
+  MPI_Request r = mpi::ibcast(split, 3, root, MPI_COMM_WORLD);
   mpi::wait(r, job.opt.peer_timeout_s, why);
   r = mpi::ibcast(&len, 1, root, MPI_COMM_WORLD);
   mpi::wait(r, job.opt.peer_timeout_s, why);
   checkpoint.resize(static_cast<size_t>(len));
   r = mpi::ibcast(checkpoint.data(), checkpoint.size(), root, MPI_COMM_WORLD);
   mpi::wait(r, job.opt.peer_timeout_s, why);
-  DF_CHECK(split[0] >= 1 && split[1] >= 1 && !checkpoint.empty(), Internal,
-           "the next split " << split[0] << "-" << split[1] << " from '" << checkpoint << "' is malformed");
-  return SegmentEnd{kResplitCode, TopologySpec{split[0], split[1]}, checkpoint};
+  DF_CHECK((split[2] == 1 || (split[0] >= 1 && split[1] >= 1)) && !checkpoint.empty(), Internal,
+           "the next split " << split[0] << "-" << split[1] << (split[2] ? " (colocated)" : "") << " from '" << checkpoint
+                             << "' is malformed");
+  return SegmentEnd{kResplitCode, split[2] ? colocated_spec() : TopologySpec{split[0], split[1]}, checkpoint};
 }
 
 // One job on one split, from the communicator split to the end of the run (or of this split: segments

@@ -172,7 +172,16 @@ MetricsHub::MetricsHub(const JobContext& job, int block_size, bool selector_metr
   writer_->set_attribute("topology", job.plan.split().to_string());
   writer_->set_attribute("num_nodes", static_cast<int64_t>(t.num_nodes));
   writer_->set_attribute("gpus_per_node", static_cast<int64_t>(t.ranks_per_node));  // what dflash-report splits
-  if (!job.plan.segment.auto_record.empty()) writer_->set_attribute("auto_topology", job.plan.segment.auto_record);
+  if (!job.plan.segment.auto_record.empty()) {
+    writer_->set_attribute("auto_topology", job.plan.segment.auto_record);
+    const nlohmann::json rec = nlohmann::json::parse(job.plan.segment.auto_record, nullptr, false);
+    if (rec.is_object() && rec.contains("measurements") && rec["measurements"].value("colocated_overlap", nlohmann::json()).is_number())
+      auto_overlap_ = rec["measurements"]["colocated_overlap"].get<double>();
+  }
+  // Whether a colocated rank fits this job's GPU: --rebalance auto's and dflash-report's (docs/report.md).
+  const ColocatedFitCheck fit = check_colocated_fit(job.opt, job.plan);
+  colocated_fit_ = fit.fit;
+  writer_->set_attribute("colocated_fit", nlohmann::json({{"fit", colocated_fit_name(fit.fit)}, {"why", fit.why}}).dump());
   if (const std::optional<nlohmann::json> f = layout_prediction(job)) writer_->set_attribute("layout_plan", f->dump());
   writer_->set_attribute("ranks", ranks.dump());
   writer_->set_attribute("backend", std::string(device_name(job.opt.backend)));
@@ -396,7 +405,10 @@ void MetricsHub::report(const DrafterReport& mine, const std::vector<TargetRepor
     std::fputs(line.c_str(), stdout);
     std::fflush(stdout);
   }
-  if (interval_ > 0) service_.intervals++;
+  if (interval_ > 0) {
+    service_.intervals++;
+    service_.wall_s += dt;
+  }
   interval_sums_ = IntervalMeans{};
   prev_targets_ = targets;
   prev_drafters_ = drafters;
@@ -425,6 +437,16 @@ std::optional<RoleMeasurements> MetricsHub::measurements() const {
   if (s.target_power_n > 0) m.power_target_w = s.target_power_w / static_cast<double>(s.target_power_n);
   if (s.drafter_power_n > 0) m.power_drafter_w = s.drafter_power_w / static_cast<double>(s.drafter_power_n);
   m.power_idle_w = idle_power_w_;
+  m.colocated_fit = colocated_fit_;
+  if (t.spec.colocated() && s.wall_s > 0) {
+    // Each rank's wall seconds per batch against its roles' busy seconds and its allreduce (the model's
+    // per-batch time, s_t + s_d + a - o min(s_t, s_d)), as dflash-report's analysis computes it.
+    const double wall_per_batch = s.wall_s * static_cast<double>(drafters_total) / static_cast<double>(s.drafter_batches);
+    const double a = s.allreduce_s / static_cast<double>(s.drafter_batches);
+    m.colocated_overlap = colocated_overlap(m.target_s_per_batch, m.drafter_s_per_batch, wall_per_batch - a);
+  } else {
+    m.colocated_overlap = auto_overlap_;
+  }
   return m;
 }
 

@@ -42,8 +42,10 @@ class MetricsHub {
   void flush();
   void close();
   // The writer: this split's measured service times over this segment's report intervals after the first
-  // (the start-up), as the what-if model takes them (auto_topology.h; --rebalance auto). nullopt before two
-  // such intervals, and on the other drafters.
+  // (the start-up), as the what-if model takes them (auto_topology.h; --rebalance auto). The colocated
+  // overlap: a colocated run's own (its roles' busy times against its wall time per batch), else what
+  // --topology auto measured at the run's start, else none. nullopt before two such intervals, and on the
+  // other drafters.
   std::optional<RoleMeasurements> measurements() const;
 
  private:
@@ -68,11 +70,14 @@ class MetricsHub {
   } evals_;
   struct ServiceSums {          // this segment's report intervals after the first (measurements())
     double target_busy_s = 0, drafter_busy_s = 0, allreduce_s = 0, tokens = 0;
+    double wall_s = 0;          // the intervals' length (a colocated rank's overlap: its batches' wall time)
     int64_t target_batches = 0, drafter_batches = 0, intervals = 0;
     double target_power_w = 0, drafter_power_w = 0;  // sums of readings
     int64_t target_power_n = 0, drafter_power_n = 0;
   } service_;
   std::optional<double> idle_power_w_;  // the GPUs' mean draw before any model loaded
+  ColocatedFit colocated_fit_ = ColocatedFit::Unknown;  // check_colocated_fit (writer only)
+  std::optional<double> auto_overlap_;  // the colocated overlap --topology auto measured (its record), if it did
   std::vector<int> gpu_ranks_;  // world rank of each /gpus column (empty: no GPU series)
 };
 

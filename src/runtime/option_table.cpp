@@ -208,7 +208,7 @@ std::vector<OptionRow> option_rows(Options& o) {
       .doc = "the layout plan's GPU constants (`--dry-run`, `--topology plan`): the `calibration.json` `dflash-report` writes from a run, fitted to what that run measured; its GPU's entry replaces the built-in table's (docs/cost_model.md)";
   t.section = S::Job;
   t.text("config", &o.config_file, "FILE", "key = value, YAML (.yaml, .yml) or TOML (.toml) file with the same option names; the command line overrides it");
-  t.word("topology", o.topology_text, "T-D", "T-D: target and drafter ranks per node (the rest idle); colocated: every rank holds a target and a drafter (one GPU: no mpirun needed); auto: measure both roles, pick the fastest split; plan: run the cost model's recommended layout without measuring")
+  t.word("topology", o.topology_text, "T-D", "T-D: target and drafter ranks per node (the rest idle); colocated: every rank holds a target and a drafter (one GPU: no mpirun needed); auto: measure both roles (and colocated), pick the fastest layout; plan: run the cost model's recommended layout without measuring")
       .check = [&o](const po::variable_value& v) {
         o.topology_text = v.as<std::string>();
         // auto and plan are chosen by run_job (auto_measure.h, layout_forecast.h)
@@ -217,7 +217,7 @@ std::vector<OptionRow> option_rows(Options& o) {
                                                         : TopologyChoice::Given;
         if (o.topology_choice == TopologyChoice::Given) o.topology = parse_topology_spec(o.topology_text);
       };
-  t.rows.back().doc = "targets and drafters per node, the rest idle; `colocated`: every rank runs a target and a drafter in one process (one GPU: `dflash-train --topology colocated ...` without mpirun; see \"The colocated layout\"); `auto` measures both roles first and picks the split (docs/report.md); `plan` runs the layout the layout plan recommends (the cost model, docs/cost_model.md), measuring nothing";
+  t.rows.back().doc = "targets and drafters per node, the rest idle; `colocated`: every rank runs a target and a drafter in one process (one GPU: `dflash-train --topology colocated ...` without mpirun; see \"The colocated layout\"); `auto` measures both roles (and the two at once, colocated) first and picks the fastest layout (docs/report.md); `plan` runs the layout the layout plan recommends (the cost model, docs/cost_model.md), measuring nothing";
   t.word("backend", "auto", "NAME", "auto | cpu | cuda (auto: cuda where this build has CUDA and a GPU is visible, or a --dry-run names --gpu; else cpu)")
       .check = [&o](const po::variable_value& v) {
         const std::string& w = v.as<std::string>();
@@ -400,16 +400,16 @@ std::vector<OptionRow> option_rows(Options& o) {
   t.number("keep-checkpoints", &o.keep_checkpoints, "N", "complete checkpoints kept (older ones are deleted)", at_least(1), ">= 1");
   t.flag("export-checkpoints", &o.export_checkpoints, "also export each checkpoint's drafter into STEP_DIR/drafter");
   t.text("resume", &o.resume, "auto|PATH", "auto (the newest complete checkpoint, or a fresh start) | PATH (a checkpoint or checkpoint dir)", "a fresh start");
-  t.number("power-budget-w", &o.power_budget_w, "W", "with --topology auto: the fastest split within this many watts (needs power readings)")
-      .doc = "with `--topology auto` and `--rebalance auto`: the fastest split within W watts (0 = no budget)";
+  t.number("power-budget-w", &o.power_budget_w, "W", "with --topology auto: the fastest layout within this many watts (needs power readings)")
+      .doc = "with `--topology auto` and `--rebalance auto`: the fastest layout (a split, or colocated) within W watts (0 = no budget)";
   t.text("report-to", &o.report_to, "LIST", "tensorboard,csv,wandb: the run's series in OUT/tensorboard, OUT/csv and (at the end of each job, offline) OUT/wandb while it trains, by tools/dflash-report in the background", "none")
       .check = [&o](const po::variable_value&) { parse_report_to(o.report_to); };  // fatal, naming a bad word
   t.rows.back().doc = "`tensorboard,csv,wandb`: the run's series in `OUT/tensorboard`, `OUT/csv`, `OUT/wandb` while it trains (docs/metrics.md \"Your own tools while it trains\")";
   t.number("report-every", &o.report_every_min, "MIN", "--report-to: minutes between exports",
            std::function<bool(double)>([](double v) { return v > 0 && std::isfinite(v); }), "> 0 minutes");
-  t.choice("rebalance", &o.rebalance, "auto|off", "auto: at each checkpoint, when this run's measured service times predict another split of the node's GPUs --rebalance-min-gain faster (within --power-budget-w), every rank takes its new role in place (needs --checkpoint-every)",
+  t.choice("rebalance", &o.rebalance, "auto|off", "auto: at each checkpoint, when this run's measured service times predict another split of the node's GPUs (or colocated) --rebalance-min-gain faster (within --power-budget-w), every rank takes its new role in place (needs --checkpoint-every)",
            {{"auto", RebalanceMode::Auto}, {"off", RebalanceMode::Off}})
-      .doc = "at each checkpoint, when this split's measured service times predict another split of the node's ranks `--rebalance-min-gain` faster (within `--power-budget-w`), every rank takes its new role in place and the run goes on from that checkpoint, in the same mpirun (docs/checkpoint.md \"Re-splitting live\"); needs `--checkpoint-every`";
+      .doc = "at each checkpoint, when this layout's measured service times predict another split of the node's ranks (or the colocated layout) `--rebalance-min-gain` faster (within `--power-budget-w`), every rank takes its new role in place and the run goes on from that checkpoint, in the same mpirun (docs/checkpoint.md \"Re-splitting live\"); needs `--checkpoint-every`";
   t.number("rebalance-min-gain", &o.rebalance_min_gain_pct, "PCT", "--rebalance auto: the predicted gain (percent) a change of split must reach",
            std::function<bool(double)>([](double v) { return v >= 0 && v < 1000; }), "a percentage in [0, 1000)");
   t.flag("measure-only", &o.measure_only, "with --topology auto: measure each role standalone on every rank, print the what-if table, exit (no training; any rank count)");
@@ -417,6 +417,7 @@ std::vector<OptionRow> option_rows(Options& o) {
   t.section = S::TestHooks;
   t.number("inject-delay-target-ms", &o.inject_delay_target_ms, "MS", "sleep per batch on targets", at_least(0), ">= 0");
   t.number("inject-delay-drafter-ms", &o.inject_delay_drafter_ms, "MS", "sleep per step on drafters", at_least(0), ">= 0");
+  t.number("inject-delay-colocated-ms", &o.inject_delay_colocated_ms, "MS", "sleep per batch on a colocated rank's drafter outside its busy time, and in --topology auto's colocated phase after both roles' work: two roles contending for one device (a split is not slowed)", at_least(0), ">= 0");
   t.number("inject-fail-rank", &o.inject_fail_rank, "RANK", "world rank that fails on purpose");
   t.number("inject-fail-step", &o.inject_fail_step, "N", "batch (target) or step (drafter; a colocated rank: its drafter's step) at which it fails; an idle rank fails as soon as it waits for the end of the run");
   t.choice("inject-fail-mode", &o.inject_fail_mode, "MODE", "kill (SIGKILL) | hang (SIGSTOP: silent, alive)", {{"kill", FailMode::Kill}, {"hang", FailMode::Hang}})

@@ -274,12 +274,6 @@ void check_together(Options& o, const po::variables_map& vm) {
   DF_CHECK_HINT(o.rebalance == RebalanceMode::Off || parse_checkpoint_every(o.checkpoint_every).unit != CheckpointUnit::Off, BadOptions,
                 "--rebalance auto changes the split at a checkpoint, and this run writes none before its end",
                 "add --checkpoint-every (e.g. 500 or 30m)");
-  // The what-if model behind --rebalance prices splits of a node's ranks from a split's measured roles; a
-  // colocated run measures both roles on one rank, which it does not (yet) turn into a split's rates.
-  DF_CHECK_HINT(o.rebalance == RebalanceMode::Off || !o.topology.colocated(), BadOptions,
-                "--rebalance auto moves between splits; a --topology colocated run stays colocated",
-                "drop --rebalance, or give a split (e.g. --topology 1-1); a checkpoint of either resumes on the other "
-                "(docs/pipeline.md \"The colocated layout\")");
   DF_CHECK_HINT(!vm.count("eval-every") || !o.eval_data.empty(), BadOptions, "--eval-every without --eval-data: there is nothing to evaluate",
                 "give --eval-data FILE.h5 (a held-out dataset), or drop --eval-every");
   DF_CHECK_HINT(!given(vm, "eval-max-tokens") || !o.eval_data.empty(), BadOptions,

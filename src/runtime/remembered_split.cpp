@@ -19,7 +19,7 @@ namespace dflash {
 namespace {
 
 constexpr const char* kFile = "next-topology";
-constexpr size_t kMostBytes = 256;  // one line T-D; more is not a split
+constexpr size_t kMostBytes = 256;  // one line T-D or colocated; more is not a split
 
 std::string trim(const std::string& s) {
   const size_t b = s.find_first_not_of(" \t\r");

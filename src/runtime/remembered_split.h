@@ -2,7 +2,7 @@
 // scripts read it at every start (jobs/next-topology.sh), and the job itself at a resume, so a split chosen
 // by --rebalance auto, or written there by the operator, survives a kill or a requeue. The rule, the same
 // for both: at a resume, a T-D in the file wins over the command's --topology; delete the file to train on
-// the command's.
+// the command's. `colocated` is a layout like a split here (--rebalance auto may move a run to or from it).
 #pragma once
 #include <cstdint>
 #include <string>
@@ -22,10 +22,11 @@ struct RememberedSplit {
 
 // Read only from a regular file at the name (O_NOFOLLOW | O_NONBLOCK: a link or FIFO planted in a shared
 // --out neither redirects the read nor blocks it; either is Malformed), at most 256 bytes. The format is
-// jobs/next-topology.sh's: one non-blank line, T-D or auto, blanks and a CR around it ignored.
+// jobs/next-topology.sh's: one non-blank line, T-D, colocated or auto, blanks and a CR around it ignored.
 RememberedSplit read_remembered_split(const std::string& out_dir);
 
 // World rank 0, when --rebalance auto has just changed the split to `split`: OUT/next-topology := "T-D\n"
+// (or "colocated\n")
 // (written atomically), and says so.
 void remember_split(const std::string& out_dir, const TopologySpec& split);
 

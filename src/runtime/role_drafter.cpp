@@ -223,6 +223,10 @@ class DrafterLoop {
     trace_.trained(hb.header.report.rank, hb.header.batch_index);
     if (o_.inject_delay_drafter_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(o_.inject_delay_drafter_ms));
     report_.compute_s += mpi::seconds_since(t0);
+    // Contention of two roles on one device, which neither role's own busy time shows: only the rank's wall
+    // time per batch (its colocated overlap, job_metrics.cpp) and auto's colocated phase see it.
+    if (o_.inject_delay_colocated_ms > 0 && topo_.role == Role::Colocated)
+      std::this_thread::sleep_for(std::chrono::milliseconds(o_.inject_delay_colocated_ms));
     endpoint.pump();  // batches sent during the compute complete now (host MPI progresses only inside MPI calls)
     endpoint.release(slot);  // the slot is free again: its credit goes back before the optimizer runs
     maybe_inject_failure(job_, step);
@@ -276,7 +280,7 @@ class DrafterLoop {
   // True when the run moves to another split: job_.outcome says which, and from which checkpoint.
   bool decide_rebalance(const MetricsHub& hub, int64_t step, const std::string& checkpoint,
                         const std::function<void()>& progress) {
-    int32_t to[2] = {0, 0};  // targets, drafters per node (0: keep the split)
+    int32_t to[3] = {0, 0, 0};  // targets, drafters per node, colocated (1) (all 0: keep the layout)
     if (topo_.is_metrics_writer()) {
       const std::optional<RoleMeasurements> m = hub.measurements();
       const std::string now = job_.plan.split().to_string();
@@ -285,11 +289,11 @@ class DrafterLoop {
                     static_cast<long long>(step), now.c_str(), o_.log_every);
       } else {
         const std::optional<double> budget = o_.power_budget_w > 0 ? std::optional<double>(o_.power_budget_w) : std::nullopt;
-        const RebalanceChoice c = choose_rebalance(*m, job_.plan.split().targets_per_node, job_.plan.split().drafters_per_node,
-                                                   o_.rebalance_min_gain_pct / 100.0, budget);
+        const RebalanceChoice c = choose_rebalance(*m, job_.plan.split(), o_.rebalance_min_gain_pct / 100.0, budget);
         if (c.to) {
           to[0] = c.to->targets;
           to[1] = c.to->drafters;
+          to[2] = c.to->layout == Layout::Colocated ? 1 : 0;
           std::printf("[rebalance] %s -> %s at step %lld: predicted %+.0f %% (%s)\n", now.c_str(), c.to->split().c_str(),
                       static_cast<long long>(step), 100 * c.gain, c.why.c_str());
         } else {
@@ -300,11 +304,11 @@ class DrafterLoop {
     }
     if (group_.size() > 1) {
       enter_collective();
-      MPI_Request r = mpi::ibcast(to, 2, 0, topo_.drafter_comm);
+      MPI_Request r = mpi::ibcast(to, 3, 0, topo_.drafter_comm);
       mpi::wait(r, o_.peer_timeout_s, [] { return std::string("drafters did not agree on a new split (one is lost)"); }, progress);
     }
     if (to[0] <= 0) return false;
-    job_.outcome = SegmentEnd{kResplitCode, TopologySpec{to[0], to[1]}, checkpoint};
+    job_.outcome = SegmentEnd{kResplitCode, to[2] ? colocated_spec() : TopologySpec{to[0], to[1]}, checkpoint};
     return true;
   }
 

@@ -7,7 +7,6 @@
 #  - colocated as one plain process (no mpirun: a singleton MPI world, the one-GPU user's command) against 1-1;
 #  - metrics.h5, the startup, the status line and dflash-report (its what-if row and verdict) name the layout;
 #    a different seed changes the losses (the check can fail);
-#  - --rebalance auto is refused on a colocated run (exit 2);
 #  - --dry-run counts a colocated rank's memory as the target's and the drafter's together, and says whether it
 #    fits (Qwen3-8B's recipe on one GPU: an H200 holds it, 80 GiB only with --optimizer-state bf16).
 source "$(dirname "$0")/lib.sh"
@@ -74,10 +73,6 @@ for pair in "split22 coloc2" "split11 coloc1"; do
   cmp -s "$WORK/$1/drafter/model.safetensors" "$WORK/$2/drafter/model.safetensors" ||
     fail "the drafter $2 exported differs from $1's"
 done
-
-run_job rebal 2 60 --topology colocated --rebalance auto --checkpoint-every 4 --max-steps 4
-expect_rc 2 rebal
-expect_log rebal "a --topology colocated run stays colocated"
 
 qwen3_8b_config "$WORK/qwen3-8b"
 records_h5 "$WORK/records3072.h5" 151936 40 3072

@@ -5,6 +5,7 @@
 #   - no file: the command's --topology 1-2;
 #   - `2-1` in the file (also with spaces, CR and blank lines around it; --out=DIR; out = DIR in --config):
 #     the line "[train.sh] topology from OUT/next-topology: 2-1 ...", dflash-train resolves 2-1, the file stays;
+#   - `colocated`: dflash-train resolves the colocated layout;
 #   - `auto`: dflash-train resolves --topology auto;
 #   - malformed (6_2, two splits, empty, a directory): status=failed rc=2 and dflash-train never started;
 #   - the file deleted: 1-2 again.
@@ -42,7 +43,7 @@ expect_not_started() {  # expect_not_started NAME TAG: the last line is TAG's st
   local last
   last=$(tail -n 1 "$WORK/$1.log")
   case "$last" in
-    "$2"*"status=failed rc=2 reason='$nt "*"it should hold one line T-D (e.g. 6-2) or auto; fix it, or delete it"*) ;;
+    "$2"*"status=failed rc=2 reason='$nt "*"it should hold one line T-D (e.g. 6-2), colocated or auto; fix it, or delete it"*) ;;
     *) cat "$WORK/$1.log" >&2; fail "$1: last line is not a status=failed rc=2 naming $nt: $last" ;;
   esac
   if grep -q '^\[dflash\]' "$WORK/$1.log"; then fail "$1: dflash-train started despite the malformed file"; fi
@@ -62,6 +63,13 @@ expect_log file "[train.sh] topology from $nt: 2-1 (delete the file to use the c
 expect_topology file 2-1
 [ "$(cat "$nt")" = "2-1" ] || fail "the next-topology file was not kept as it was"
 
+echo colocated >"$nt"  # the colocated layout, as --rebalance auto writes it (docs/pipeline.md "The colocated layout")
+train coloc
+expect_rc 0 coloc
+expect_log coloc "[train.sh] topology from $nt: colocated (delete the file to use the command's own)"
+expect_log coloc "[dflash] topology colocated on 1 node(s) x 3 rank(s)"
+
+echo 2-1 >"$nt"
 train file_after --topology 1-1  # a --topology at the end of the command is overridden too
 expect_rc 0 file_after
 expect_topology file_after 2-1

@@ -42,5 +42,5 @@ expect_log run "resuming on another split: the checkpoint's 1-2 on 3 rank(s)"
 printf '6_2\n' >"$out/next-topology"
 run_job run 3 120 "${COMMON[@]}" --max-steps 24
 expect_rc 2 run
-expect_log run "$out/next-topology holds \"6_2\": it should hold one line T-D (e.g. 6-2) or auto"
+expect_log run "$out/next-topology holds \"6_2\": it should hold one line T-D (e.g. 6-2), colocated or auto"
 echo "PASS"

@@ -31,7 +31,8 @@ check(rep["power"]["available"] is False and rep["power"]["target_w"] is None, "
 check(all(w["power_w"] is None for w in rep["whatif"]), "what-if rows carry no invented power")
 check("No power data" in rep["verdict"], "the verdict says power is missing")
 check(rep["service"]["target"]["rate_bps_per_gpu"] > 0 and rep["service"]["drafter"]["rate_bps_per_gpu"] > 0, "service rates measured")
-check(len(rep["whatif"]) == 3, "3 splits of 3 ranks: 2-1, 1-1, 1-2")
+check([w["split"] for w in rep["whatif"]] == ["2-1", "1-1", "1-2", "colocated"],
+      "3 splits of 3 ranks: 2-1, 1-1, 1-2, and colocated")
 sys.exit(0 if ok else 1)
 PYEOF
   head -c 8 "$WORK/$name.png" | od -An -c | grep -q "P   N   G" || fail "$name: no PNG dashboard"

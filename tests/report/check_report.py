@@ -70,14 +70,15 @@ def main(scenario_path, report_path, cxx_path=None):
                 check(False, f"C++ split {c['split']} missing in the report")
                 continue
             for k in ("target_cap_bps", "drafter_cap_bps", "batches_per_s", "ktok_per_s", "power_w", "ktok_per_kw",
-                      "eta_s", "allreduce_s_per_batch"):
+                      "eta_s", "allreduce_s_per_batch", "overlap"):
                 a, b = c[k], p[k]
                 if (a is None) != (b is None):
                     check(False, f"{c['split']}.{k}: C++ {a} vs Python {b}")
                 elif a is not None:
                     worst = max(worst, abs(a - b) / max(abs(b), 1e-12))
-            if c["limit"] != p["limit"]:
-                check(False, f"{c['split']}.limit: C++ {c['limit']} vs Python {p['limit']}")
+            for k in ("limit", "layout", "fit"):
+                if c[k] != p[k]:
+                    check(False, f"{c['split']}.{k}: C++ {c[k]} vs Python {p[k]}")
         check(worst < 1e-9, f"C++ and Python what-if agree (worst relative difference {worst:.2e})")
         check(cxx["best"] == rep["best"], f"C++ best {cxx['best']} = Python best {rep['best']}")
         if rep.get("power_budget_w"):

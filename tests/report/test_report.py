@@ -312,6 +312,41 @@ class ReportTest(unittest.TestCase):
             model.all_splits(model.Measurements(gpus_per_node=10 ** 9, nodes=1, target_s_per_batch=1.0,
                                                 drafter_s_per_batch=1.0, allreduce_coeff_s=None, tokens_per_batch=1.0))
 
+    def test_model_colocated_row(self):
+        # The Python twin of tests/unit/test_auto_topology.cpp's AutoTopology.ColocatedRate and
+        # ColocatedIsChosenOnlyMeasuredAndFitting: the same numbers (dflash-synth-metrics --predict compares the
+        # two row by row in tests/e2e/test_report_scenarios.sh).
+        from dflash_report import model
+        t, d = 7 / 0.92, 1 / 0.86
+        m = model.Measurements(gpus_per_node=8, nodes=2, target_s_per_batch=t, drafter_s_per_batch=d,
+                               allreduce_coeff_s=0.05, tokens_per_batch=32768, colocated_overlap=0.4)
+        a = 0.05 * model.ring_allreduce_factor(16)
+        p = model.predict_colocated(m)
+        self.assertEqual((p.split, p.layout, p.gpus, p.idle), ("colocated", "colocated", 8, 0))
+        self.assertAlmostEqual(p.batches_per_s, 16 / (t + d + a - 0.4 * d), places=12)
+        self.assertAlmostEqual(p.target_cap_bps, 16 / t, places=12)
+        self.assertAlmostEqual(p.drafter_cap_bps, 16 / (d + a), places=12)
+        self.assertEqual(p.limit, "target")
+        m.colocated_overlap = 1.7  # more than 1: the longer role alone
+        self.assertAlmostEqual(model.predict_colocated(m).batches_per_s, 16 / (t + a), places=12)
+        m.colocated_overlap = -0.5  # contention, as measured
+        self.assertAlmostEqual(model.predict_colocated(m).batches_per_s, 16 / (t + d + a + 0.5 * d), places=12)
+        self.assertAlmostEqual(model.colocated_overlap(1.0, 0.5, 1.25), 0.5)
+        self.assertAlmostEqual(model.colocated_overlap(1.0, 0.5, 2.0), -1.0)
+        self.assertEqual(model.colocated_overlap(0.0, 0.5, 0.5), 0.0)
+        # The choice: only measured and not known not to fit.
+        m = model.Measurements(gpus_per_node=8, nodes=1, target_s_per_batch=t, drafter_s_per_batch=d,
+                               allreduce_coeff_s=None, tokens_per_batch=32768)
+        rows = model.all_layouts(m)
+        self.assertEqual((len(rows), rows[-1].split), (29, "colocated"))
+        self.assertEqual(model.best_split(rows).split, "7-1")  # faster, but its overlap is a guess
+        m.colocated_overlap = 0.0
+        self.assertEqual(model.best_split(model.all_layouts(m)).split, "colocated")
+        m.colocated_fit = "does not fit"
+        self.assertEqual(model.best_split(model.all_layouts(m)).split, "7-1")
+        m.colocated_fit, m.colocated_overlap = "unknown", -1.0
+        self.assertEqual(model.best_split(model.all_layouts(m)).split, "7-1")
+
     def test_json_has_schema_version(self):
         p = write_run(self.path("a.h5"))
         r = report(p, "--json")
@@ -351,7 +386,7 @@ class ReportTest(unittest.TestCase):
         self.assertIn("needs 3 busy ranks on 2 cores", rep["verdict"])
         txt = render.text(rep)
         self.assertIn("DISTORTED: 3 busy ranks per node shared 2 cores", txt)
-        self.assertIn("best split: none recommended", txt)
+        self.assertIn("best layout: none recommended", txt)
         self.assertTrue(all(w["oversubscribed"] == (w["targets"] + w["drafters"] > 2) for w in rep["whatif"]))
         # With every split within the cores as slow as the run, the model's pick is still reported as not one.
         p = write_run(self.path("b.h5"), ranks=3, cores=2, t_s=0.2, d_s=1.0)
@@ -466,7 +501,8 @@ class ReportTest(unittest.TestCase):
         rep = analysis.analyse(Run(write_run(self.path("a.h5"), topology="7-1", backend="cuda", ranks=8, power=True,
                                              t_s=7.0, d_s=0.9)))
         rows = dashboard.whatif_rows(rep)
-        self.assertEqual(len({w["targets"] + w["drafters"] for w in rows}), 7)  # 2..8 GPUs used
+        self.assertEqual(len({w["targets"] + w["drafters"] for w in rows if w["layout"] == "split"}), 7)  # 2..8 used
+        self.assertEqual([w["split"] for w in rows if w["layout"] == "colocated"], ["colocated"])
         self.assertIn("7-1", [w["split"] for w in rows])
         self.assertEqual([w["ktok_per_s"] for w in rows], sorted((w["ktok_per_s"] for w in rows), reverse=True))
 

@@ -262,6 +262,43 @@ class SegmentsTest(unittest.TestCase):
         self.assertNotIn("To switch", render.text(rep))
         self.assertIsNone(json.loads(report(p, "--json").stdout)["switch"])
 
+    def test_switch_to_colocated_with_autos_overlap(self):
+        # 6-2 (targets 4 s, drafters 2 s per batch): 1 b/s. --topology auto measured a colocated overlap of 1 (the
+        # step hides under the forward) and a colocated rank fits: 8 / (4 + 2 - 1 x 2) = 2 b/s, the best of all.
+        p = write_segments_run(self.path("coloc"), [dict(topology="6-2", t_s=4.0, d_s=2.0, kind=0)])
+        with h5py.File(p, "a") as f:
+            f.attrs["auto_topology"] = json.dumps({"chosen": "6-2", "measurements": {"colocated_overlap": 1.0},
+                                                   "whatif": [{"split": "6-2", "batches_per_s": 1.0}]})
+            f.attrs["colocated_fit"] = json.dumps({"fit": "fits", "why": "20.0 GiB fixed within the GPU's 80.0 GiB"})
+        rep = analysis.analyse(Run(p))
+        w = {x["split"]: x for x in rep["whatif"]}
+        self.assertAlmostEqual(w["colocated"]["batches_per_s"], 2.0)
+        self.assertEqual(w["colocated"]["layout"], "colocated")
+        self.assertEqual(rep["best"], "colocated")
+        self.assertEqual(rep["colocated"]["overlap_source"], "--topology auto's colocated phase at the run's start")
+        self.assertIn("Switch to colocated: predicted 2.00 b/s (+100%)", rep["verdict"])
+        sw = rep["switch"]
+        self.assertEqual((sw["to"], sw["from"]), ("colocated", "6-2"))
+        self.assertIn("echo colocated > ", sw["steps"][0])
+        self.assertIn("--topology colocated --resume auto", sw["steps"][1])
+        self.assertIn("colocated: overlap +1.00 of the shorter role", render.text(rep))
+        # Known not to fit: shown, never recommended, and the verdict says why.
+        with h5py.File(p, "a") as f:
+            f.attrs["colocated_fit"] = json.dumps({"fit": "does not fit", "why": "90.0 GiB fixed over the GPU's 80.0 GiB"})
+        rep = analysis.analyse(Run(p))
+        self.assertEqual(rep["best"], "5-3")
+        self.assertIn("a colocated rank does not fit (90.0 GiB fixed over the GPU's 80.0 GiB): not a candidate",
+                      rep["verdict"])
+        # No overlap measured (no --topology auto): predicted with o = 0, 8 / 6 b/s, shown, not recommended.
+        with h5py.File(p, "a") as f:
+            del f.attrs["auto_topology"]
+            del f.attrs["colocated_fit"]
+        rep = analysis.analyse(Run(p))
+        self.assertAlmostEqual({x["split"]: x for x in rep["whatif"]}["colocated"]["batches_per_s"], 8 / 6)
+        self.assertEqual(rep["best"], "5-3")
+        self.assertEqual(rep["colocated"]["fit"], "unknown")
+        self.assertIn("their overlap was not measured: not a recommendation", rep["verdict"])
+
     def test_switch_within_a_power_budget(self):
         # 5-3 draws 5 x 600 + 3 x 500 = 4.5 kW, the run's 6-2 4.6 kW: within 4.5 kW the best is 5-3, within 4.2 kW
         # it is 5-2 at 4.08 kW (1.0 b/s: +0%, no gain worth a restart: no steps)

@@ -1,6 +1,7 @@
 """From a Run (load.py) to the report's numbers: observed pipeline, service rates, power, what-if, verdict."""
 
 import json
+import math
 import os
 import shlex
 from datetime import datetime, timezone
@@ -258,6 +259,36 @@ def eval_share(run, dft_rows, span):
     return float(min(max(np.nansum(v) / (ranks * span), 0.0), 1.0))
 
 
+def colocated_basis(run, tgt, dft, coeff, observed_bps):
+    """Where the colocated row's overlap and memory fit come from (model.py): {overlap, overlap_source, fit,
+    fit_why}. The overlap: a colocated run's own (each rank's wall time per batch against its roles' busy
+    times and its allreduce), else what --topology auto measured at the run's start (attribute auto_topology),
+    else None (not measured). The fit: the job's check (attribute colocated_fit), else unknown."""
+    N, G = run.nodes, run.gpus_per_node
+    overlap, source = None, "not measured (--topology auto, or a colocated run, measures it)"
+    if run.topology == "colocated":
+        a_own = (coeff or 0.0) * model.ring_allreduce_factor(N * G)
+        if observed_bps > 0:
+            wall = N * G / observed_bps
+            overlap = model.colocated_overlap(tgt["s_per_batch"], dft["s_per_batch"], wall - a_own)
+            source = "this run's wall time per batch against its roles' busy times"
+    else:
+        auto_meas = (run.auto_topology or {}).get("measurements") or {}
+        o = auto_meas.get("colocated_overlap")
+        if isinstance(o, (int, float)) and math.isfinite(o):
+            overlap, source = float(o), "--topology auto's colocated phase at the run's start"
+    fit, why = "unknown", "not recorded (a metrics file from before the job checked it)"
+    raw = run.attrs.get("colocated_fit")
+    if raw:
+        try:
+            rec = json.loads(raw if isinstance(raw, str) else raw.decode())
+            if rec.get("fit") in model.COLOCATED_FITS:
+                fit, why = rec["fit"], str(rec.get("why", ""))
+        except (ValueError, AttributeError, UnicodeDecodeError):
+            why = "unreadable (attribute colocated_fit is not JSON)"
+    return {"overlap": overlap, "overlap_source": source, "fit": fit, "fit_why": why}
+
+
 def analyse(run, power_budget_w=None, idle_power_w=None, allreduce_gbps=None):
     sel, start_s, end_s, window_note = steady_window(run)
     span = max(end_s - start_s, 1e-9)
@@ -333,24 +364,17 @@ def analyse(run, power_budget_w=None, idle_power_w=None, allreduce_gbps=None):
 
     pw = power_stats(run, start_s, end_s, idle_power_w)
     rem, rem_src = remaining_tokens(run, tokens_per_step)
+    coloc = colocated_basis(run, tgt, dft, coeff, observed_bps)
     meas = model.Measurements(
         gpus_per_node=G, nodes=N, target_s_per_batch=tgt["s_per_batch"], drafter_s_per_batch=dft["s_per_batch"],
         allreduce_coeff_s=coeff, tokens_per_batch=tokens_per_batch, power_target_w=pw.get("target_w"),
-        power_drafter_w=pw.get("drafter_w"), power_idle_w=pw.get("idle_w"), remaining_tokens=rem)
-    preds = model.all_splits(meas)
-    colocated_overlap_s = None
-    if run.topology == "colocated":
-        # Every GPU both roles: the overlap of the two is what the rank's wall time per batch saved on their sum.
-        a_own = (coeff or 0.0) * model.ring_allreduce_factor(N * G)
-        wall = (N * G) / observed_bps if observed_bps > 0 else None
-        colocated_overlap_s = max(0.0, tgt["s_per_batch"] + dft["s_per_batch"] + a_own - wall) if wall else 0.0
-        own = model.predict_colocated(meas, colocated_overlap_s)
-        preds = preds + [own]
-    else:
-        own = model.predict(meas, T, D)
+        power_drafter_w=pw.get("drafter_w"), power_idle_w=pw.get("idle_w"), remaining_tokens=rem,
+        colocated_overlap=coloc["overlap"], colocated_fit=coloc["fit"])
+    preds = model.all_layouts(meas)
+    own = preds[-1] if run.topology == "colocated" else model.predict(meas, T, D)
     base = own.batches_per_s
     over = oversubscription(run)
-    too_many = (lambda p: p.targets + p.drafters > over["cores_per_node"]) if over else (lambda p: False)  # noqa: E731
+    too_many = (lambda p: p.gpus > over["cores_per_node"]) if over else (lambda p: False)  # noqa: E731
     rows = []
     for p in preds:
         j = p.to_json()
@@ -406,6 +430,7 @@ def analyse(run, power_budget_w=None, idle_power_w=None, allreduce_gbps=None):
             if auto else None),
         "power_budget_w": power_budget_w,
         "best_within_budget": best_budget.split if best_budget else None,
+        "colocated": coloc,
         "oversubscription": over,
         # series and attributes left out as not finite (load.py): nothing above is built on them
         "unusable": dict(getattr(run, "unusable", {})),
@@ -647,9 +672,37 @@ def _watts(w):
 
 
 def _why(p):
+    if p.layout == "colocated":
+        o = "not measured, taken as 0" if p.overlap is None else f"{p.overlap:+.2f} of the shorter role"
+        return f"every GPU runs both roles one batch at a time (overlap {o})"
     if p.limit == "target":
         return f"{_n(p.targets, 'target')} cannot feed {_n(p.drafters, 'drafter')}"
     return f"{_n(p.drafters, 'drafter')} cannot keep up with {_n(p.targets, 'target')}"
+
+
+def _colocated_sentences(out, co, own, best, rel, distorted):
+    """What the verdict says of the colocated row where it is not simply the run or the recommendation: why it
+    is not a candidate, or what its recommendation rests on."""
+    basis = out["colocated"]
+    if co is None or own.layout == "colocated" or distorted:
+        return []
+    gain = rel(co)
+    if best is not None and best.split == "colocated":
+        said = [f"The colocated overlap comes from {basis['overlap_source']}."]
+        if co.fit == "unknown":
+            said.append(f"Whether a colocated rank fits is unknown ({basis['fit_why']}): `dflash-train --dry-run "
+                        "--topology colocated --gpu NAME ...` checks it before you switch.")
+        return said
+    if gain < NOISE_FRACTION:
+        return []
+    if co.fit == "does not fit":
+        return [f"Colocated would give {co.batches_per_s:.2f} b/s ({100 * gain:+.0f}%) but a colocated rank does not "
+                f"fit ({basis['fit_why']}): not a candidate."]
+    if co.overlap is None:
+        return [f"Colocated would give {co.batches_per_s:.2f} b/s ({100 * gain:+.0f}%) if its two roles took turns on "
+                "each GPU, but their overlap was not measured: not a recommendation (`--topology auto` times it beside "
+                "the splits)."]
+    return []
 
 
 def verdict(out, preds, own, best, best_budget):
@@ -661,7 +714,11 @@ def verdict(out, preds, own, best, best_budget):
     s = [f"{split} runs at {obs['batches_per_s']:.2f} b/s ({obs['ktok_per_s']:.1f} Ktok/s), "
          f"{100 * obs['fraction_of_target_ceiling']:.0f}% of its target-side ceiling "
          f"({obs['target_ceiling_bps']:.2f} b/s)"]
-    if own.limit == "drafter":
+    if own.layout == "colocated":
+        s[-1] = (f"{split} runs at {obs['batches_per_s']:.2f} b/s ({obs['ktok_per_s']:.1f} Ktok/s): {_why(own)}; "
+                 f"the targets alone would run {obs['target_ceiling_bps']:.2f} b/s, the drafters alone "
+                 f"{obs['drafter_ceiling_bps']:.2f} b/s.")
+    elif own.limit == "drafter":
         s[-1] += f"; the drafter side ({obs['drafter_ceiling_bps']:.2f} b/s) is the bottleneck."
     else:
         s[-1] += (f"; the targets are the bottleneck (the drafters could take "
@@ -689,7 +746,7 @@ def verdict(out, preds, own, best, best_budget):
                  + "; ".join(f"{k} ({w})" for k, w in out["unusable"].items()) + ".")
     unit = run.get("unit", "GPU")
     if best is None or best.split == split:
-        s.append(f"Keep {split}: no other split of the {run['gpus_per_node']} {unit}s is predicted faster.")
+        s.append(f"Keep {split}: no other layout of the {run['gpus_per_node']} {unit}s is predicted faster.")
     elif rel(best) < NOISE_FRACTION:
         s.append(f"Keep {split}: the best alternative, {best.split}, is predicted only {100 * rel(best):+.0f}%, "
                  "within measurement noise.")
@@ -698,7 +755,8 @@ def verdict(out, preds, own, best, best_budget):
                  "recommendation.")
     else:
         s.append(f"Switch to {best.split}: predicted {best.batches_per_s:.2f} b/s ({100 * rel(best):+.0f}%) "
-                 f"because {_why(own)}.")
+                 f"because {_why(own)}" + (f"; colocated: {_why(best)}." if best.layout == "colocated" else "."))
+    s.extend(_colocated_sentences(out, by.get("colocated"), own, best, rel, distorted))
     if over and not distorted:
         s.append(f"Splits with more than {over['cores_per_node']} busy ranks per node would share cores and are "
                  "left out of the choice.")

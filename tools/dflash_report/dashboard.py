@@ -184,15 +184,17 @@ def _time_split(a, run, rows, role):
 
 
 def whatif_rows(rep):
-    """The bars worth drawing: this run's split, the best one, and the fastest split for every number of
-    GPUs used (the others are in the text report); fastest first."""
+    """The bars worth drawing: this run's split, the best one, the fastest split for every number of GPUs used
+    (the others are in the text report) and the colocated row; fastest first."""
     rows = rep["whatif"]
     best_per_used = {}
     for w in rows:
+        if w.get("layout") == "colocated":
+            continue
         used = w["targets"] + w["drafters"]
         if used not in best_per_used or w["ktok_per_s"] > best_per_used[used]["ktok_per_s"]:
             best_per_used[used] = w
-    keep = {w["split"] for w in best_per_used.values()} | {rep["run"]["topology"], rep["best"]}
+    keep = {w["split"] for w in best_per_used.values()} | {rep["run"]["topology"], rep["best"], "colocated"}
     return sorted((w for w in rows if w["split"] in keep), key=lambda w: -w["ktok_per_s"])
 
 

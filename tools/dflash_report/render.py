@@ -107,18 +107,24 @@ def text(rep):
     else:
         L.append(f"  no power data: {pw['reason']} (power columns below are blank, not invented)")
     L.append("")
-    L.append(f"WHAT-IF (every split of the {run['gpus_per_node']} {unit}s per node; predicted from service rates)")
+    L.append(f"WHAT-IF (every split of the {run['gpus_per_node']} {unit}s per node and colocated; predicted from "
+             "service rates)")
     over = rep.get("oversubscription")
     if over and over["run_distorted"]:
         L.append(f"  !! DISTORTED: {over['busy_ranks_per_node']} busy ranks per node shared {over['cores_per_node']} "
                  "cores (oversubscribed): the service rates above and every row below include waiting for a core.")
         L.append("  !! Do not choose a split from them; measure with a core per rank, or on the GPUs.")
-    L.append("  split  idle  tgt cap b/s  dft cap b/s  pred b/s   Ktok/s  vs run  limit     power W  Ktok/s/kW  ETA")
+    L.append("  layout     idle  tgt cap b/s  dft cap b/s  pred b/s   Ktok/s  vs run  limit     power W  Ktok/s/kW  ETA")
     for w in rep["whatif"]:
         mark = "*" if w["split"] == run["topology"] else ("!" if w.get("oversubscribed") else " ")
-        L.append(f" {mark}{w['split']:<6}{w['idle']:4d}  {w['target_cap_bps']:11.3f}  {w['drafter_cap_bps']:11.3f}"
+        L.append(f" {mark}{w['split']:<10}{w['idle']:4d}  {w['target_cap_bps']:11.3f}  {w['drafter_cap_bps']:11.3f}"
                  f"  {w['batches_per_s']:8.3f} {w['ktok_per_s']:8.2f} {100 * w['vs_run_frac']:+6.1f}%  {w['limit']:<8}"
                  f"{_f(w['power_w'], '.0f', 8)}  {_f(w['ktok_per_kw'], '.2f', 9)}  {_dur(w['eta_s'])}")
+    co = rep.get("colocated")
+    if co:
+        o = "not measured (taken as 0; not a candidate)" if co["overlap"] is None else f"{co['overlap']:+.2f}"
+        L.append(f"  (colocated: overlap {o} of the shorter role, from {co['overlap_source']}; memory {co['fit']}"
+                 f" ({co['fit_why']}){'; not a candidate' if co['fit'] == 'does not fit' else ''})")
     if any(w.get("oversubscribed") for w in rep["whatif"]):
         L.append(f"  (! = more busy ranks than the {over['cores_per_node']} cores per node: the prediction assumes "
                  "a core per rank and cannot hold; left out of the choice)")
@@ -131,7 +137,7 @@ def text(rep):
     best = rep["best"]
     if over and over["run_distorted"]:
         best = f"none recommended (from these distorted timings the model would pick {rep['best']})"
-    L.append(f"  best split: {best}" +
+    L.append(f"  best layout: {best}" +
              (f"; best within {rep['power_budget_w']:.0f} W: {rep['best_within_budget'] or 'none fits'}"
               if rep["power_budget_w"] else ""))
     an = rep.get("anchors")
