@@ -7,8 +7,9 @@
 // position (what dflash-tokenize writes for a conversation: the chat up to the assistant's answer).
 // tau is reported as the reference benchmark does: the mean over prompts of each prompt's mean
 // acceptance length per target verification, counted as the official dflash_generate counts it (the tokens
-// a step keeps: accepted drafts + 1, cut at the token limit and after a stop token; the last block verifies
-// only the rows left before the limit: official_step_count, include/dflash/spec_decode.h).
+// a step keeps: accepted drafts + 1, cut at the token limit and after a stop token; the last block is
+// drafted and verified over only the rows left before the limit: official_verify_rows, official_step_count,
+// include/dflash/spec_decode.h; docs/recipe.md section 6 cites the official code read).
 #include <algorithm>
 #include <cmath>
 #include <cstdio>

@@ -41,6 +41,7 @@ struct Geometry {
   int64_t N, B, nh, nkv, G, hd, T, QD, KVD;
   int window;
   bool full_block;
+  int block_rows;  // the block keys each query may see: the first block_rows (BlockAttnSpec::visible_block_rows)
   float scale;
 };
 
@@ -141,6 +142,7 @@ struct KernelArgs {
   int64_t ld;  // row stride of S and P: Tk rounded up to 32 (aligned rows keep cuBLAS on its vector paths)
   int B, nh, nkv, hd, window;
   bool full_block;  // sliding layers: the whole block visible (BlockAttnSpec::full_block)
+  int block_rows;   // block keys at offsets >= block_rows are hidden (BlockAttnSpec::block_rows; forward only)
   float scale;
   const int32_t* anchors;    // [N] global
   const int32_t* seq_begin;  // [N] global
@@ -159,6 +161,7 @@ __device__ __forceinline__ void row_visibility(const KernelArgs& p, int64_t r, i
     lo = s0 > wlo ? s0 : wlo;
     blk_hi = p.full_block ? p.B : o + 1;
   }
+  if (blk_hi > p.block_rows) blk_hi = p.block_rows;
   if (lo > hi) lo = hi;
   jlo = lo - p.k0;
   jhi = hi - p.k0;
@@ -391,6 +394,7 @@ Geometry geometry_of(const Tensor& q, const Tensor& k_ctx, const Tensor& anchors
   g.KVD = g.nkv * g.hd;
   g.window = spec.window;
   g.full_block = spec.full_block;
+  g.block_rows = spec.visible_block_rows();
   g.scale = spec.scale;
   DF_CHECK(g.B <= kMaxBlock, Internal, "block attention (CUDA): block size " << g.B << " > " << kMaxBlock);
   return g;
@@ -425,6 +429,7 @@ KernelArgs kernel_args(const Geometry& g, const Chunk& c, const Tensor& anchors,
   p.hd = static_cast<int>(g.hd);
   p.window = g.window;
   p.full_block = g.full_block;
+  p.block_rows = static_cast<int>(g.block_rows);
   p.scale = g.scale;
   p.anchors = static_cast<const int32_t*>(anchors.data);
   p.seq_begin = static_cast<const int32_t*>(seq_begin.data);
@@ -477,6 +482,7 @@ void block_attention_forward(const Ctx& ctx, const Tensor& out, const Tensor& ls
                              const Tensor& anchors, const Tensor& seq_begin, const std::vector<int32_t>& an,
                              const std::vector<int32_t>& sb, const ops::BlockAttnSpec& spec) {
   const char* op = "block_attention_forward (CUDA)";
+  ops::check_block_rows(op, spec, ops::AttnPass::Forward);
   check_bf16(op, {&out, &q, &k_ctx, &v_ctx, &k_blk, &v_blk});
   DF_CHECK(lse.dtype == DType::F32, Internal, op << ": lse must be F32");
   const Geometry g = geometry_of(q, k_ctx, anchors, spec);
@@ -529,6 +535,7 @@ void block_attention_backward(const Ctx& ctx, const Tensor& dq, const Tensor& dk
                               const Tensor& seq_begin, const std::vector<int32_t>& an, const std::vector<int32_t>& sb,
                               const ops::BlockAttnSpec& spec) {
   const char* op = "block_attention_backward (CUDA)";
+  ops::check_block_rows(op, spec, ops::AttnPass::Backward);
   check_bf16(op, {&dq, &dk_ctx, &dv_ctx, &dk_blk, &dv_blk, &dout, &out, &q, &k_ctx, &v_ctx, &k_blk, &v_blk});
   DF_CHECK(lse.dtype == DType::F32, Internal, op << ": lse must be F32");
   const Geometry g = geometry_of(q, k_ctx, anchors, spec);

@@ -55,6 +55,7 @@ struct FusedArgs {
   const int32_t *anchors, *seq_begin;
   int N, B, nh, nkv, G, M, window, T;
   bool full_block;  // sliding layers: the whole block visible (BlockAttnSpec::full_block)
+  int block_rows;   // block keys at offsets >= block_rows are hidden (BlockAttnSpec::block_rows; forward only)
   int split_blocks;  // blocks per dkv CTA: kSplitBlocks, or N in deterministic mode (one CTA per key tile
                      // and head, so each dK/dV element gets exactly one atomic add: no order to vary)
   int64_t QD, KVD;
@@ -237,8 +238,8 @@ struct RowView {
 __device__ __forceinline__ RowView row_view(const FusedArgs& p, int i, int a, int s0) {
   if (i >= p.M) return {a, 0};  // padding row: nothing visible
   const int o = i % p.B;
-  if (p.window > 0) return {max(s0, a + o - (p.window - 1)), p.full_block ? p.B : o + 1};
-  return {s0, p.B};
+  if (p.window > 0) return {max(s0, a + o - (p.window - 1)), min(p.full_block ? p.B : o + 1, p.block_rows)};
+  return {s0, p.block_rows};
 }
 // Whether every real row sees all of context tile [j0, j0 + KEYS) (CTA-uniform). Callers add their own
 // padding-row condition (padding rows must be masked: they see nothing).
@@ -309,6 +310,7 @@ inline FusedArgs make_args(const Tensor& q, const Tensor& k_ctx, const Tensor& v
   p.M = p.G * p.B;
   p.window = spec.window;
   p.full_block = spec.full_block;
+  p.block_rows = spec.visible_block_rows();
   p.T = static_cast<int>(k_ctx.shape[0]);
   p.QD = int64_t(p.nh) * q.shape[2];
   p.KVD = int64_t(p.nkv) * q.shape[2];

@@ -204,20 +204,23 @@ class DrafterTrainer {
   // Forward only (evaluation, no noise): metrics and loss.
   StepStats evaluate(const FeatureBatch& fb, const std::vector<int64_t>& anchors = {});
   // Speculative decoding's draft (spec_decode.h): the drafter's greedy guesses (argmax over the lm_head)
-  // for positions 1..B-1 of the block anchored at `anchor` (global token index in fb's batch), conditioned,
-  // as DFlash's inference is, on the features of the anchor's sequence strictly before it. The batch
-  // must hold the whole block inside the anchor's sequence with loss_mask 1 after the anchor (the ids
-  // there are not read as inputs). Returns B-1 token ids. Forward only: no noise, no gradient.
-  std::vector<int32_t> draft_block(const FeatureBatch& fb, int64_t anchor);
+  // for positions 1..V-1 of the block of V = block_rows rows (2..B) anchored at `anchor` (global token
+  // index in fb's batch), conditioned, as DFlash's inference is, on the features of the anchor's sequence
+  // strictly before it. V < B is the official loop's last block, shortened to the tokens left: the
+  // drafter then runs as one of block size V would (its block attention sees V rows: BlockAttnSpec::
+  // block_rows). The batch must hold all B positions of the block inside the anchor's sequence with
+  // loss_mask 1 after the anchor (the ids there are not read as inputs). Returns V-1 token ids. Forward
+  // only: no noise, no gradient.
+  std::vector<int32_t> draft_block(const FeatureBatch& fb, int64_t anchor, int block_rows);
   // DFlash2 at temperature T > 0 (dflash-eval's sampled decoding): the same forward, then the selector's
-  // sampled walk (docs/dflash2.md 2.4): returns the B-1 draws; q [B-1, K] the walk's distribution over cand
-  // [B-1, K] (the strict unary top-K, the draft probabilities rejection sampling needs).
-  std::vector<int32_t> draft_block_sampled(const FeatureBatch& fb, int64_t anchor, float temperature,
+  // sampled walk (docs/dflash2.md 2.4): returns the V-1 draws; q [V-1, K] the walk's distribution over cand
+  // [V-1, K] (the strict unary top-K, the draft probabilities rejection sampling needs).
+  std::vector<int32_t> draft_block_sampled(const FeatureBatch& fb, int64_t anchor, int block_rows, float temperature,
                                            const std::function<double()>& uniform, std::vector<float>& q,
                                            std::vector<int32_t>& cand);
-  // The final-normed hidden states [B, H] of the last draft_block's block (the trainer's device and dtype):
-  // a DFlash drafter's logits at T > 0 are the target's lm_head over rows 1..B-1 (then compute_logits'
-  // transform).
+  // The final-normed hidden states [B, H] of the last draft_block's block (the trainer's device and dtype;
+  // rows V.. of a block of V rows mean nothing): a DFlash drafter's logits at T > 0 are the target's lm_head
+  // over rows 1..V-1 (then compute_logits' transform).
   Tensor draft_hidden();
 
   // Release-format I/O: config.json + model.safetensors (dtype F32 or BF16), atomic.

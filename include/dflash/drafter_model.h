@@ -65,6 +65,10 @@ struct DrafterStepInput {
   std::vector<int32_t> seq_begin;  // [N] global index of the first token of the anchor's sequence
   std::vector<int32_t> ctx_pos;    // [T] position of each token within its sequence
   float noise_std = 0.f;           // Gaussian noise on the fused features (training only)
+  // Forward only: every block keeps its first block_rows rows (ops::BlockAttnSpec::block_rows: the block's
+  // later keys are hidden from its attention); 0 = the whole block. Speculative decoding's last block
+  // (src/eval/spec_decode.cpp); a backward after such a forward is refused.
+  int block_rows = 0;
 };
 
 class Rng;

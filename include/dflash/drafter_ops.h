@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <functional>
 
+#include "dflash/error.h"
 #include "dflash/hf_config.h"
 #include "dflash/tensor.h"
 
@@ -29,6 +30,13 @@ struct BlockAttnSpec {
   // Sliding layers only: every query row sees its whole block (a DFlash2 release's is_causal: false; the
   // window then bounds the context alone). false = the block is causal in sliding layers (DFlash's rule).
   bool full_block = false;
+  // Forward only: each block keeps its first block_rows rows (1..B): keys at later offsets of the block are
+  // hidden from every query, as if the block were block_rows long. Speculative decoding's last block: the
+  // official dflash_generate drafts only the tokens left before its limit (docs/recipe.md section 6).
+  // Queries at those later offsets are still computed (from the same visible keys) and mean nothing.
+  // 0 = the whole block (training; the backward takes nothing else).
+  int block_rows = 0;
+  int visible_block_rows() const { return block_rows > 0 ? block_rows : block_size; }
 };
 // The spec of drafter layer `layer`: the config's block size, head_dim^-0.5, and its sliding window when
 // layer_types names that layer "sliding_attention". One rule for the CPU net and the CUDA step (inline: the
@@ -44,10 +52,21 @@ inline BlockAttnSpec drafter_attn_spec(const DrafterConfig& c, size_t layer) {
   }
   return s;
 }
+// The one check of spec.block_rows, by every implementation's entry (the CPU ops and the CUDA launchers,
+// which the drafter's CUDA step calls directly): 0..B for the forward; the whole block for the backward.
+enum class AttnPass { Forward, Backward };
+inline void check_block_rows(const char* op, const BlockAttnSpec& s, AttnPass pass) {
+  DF_CHECK(s.block_rows >= 0 && s.block_rows <= s.block_size, Internal,
+           op << ": block_rows " << s.block_rows << " outside 0.." << s.block_size);
+  DF_CHECK(pass == AttnPass::Forward || s.visible_block_rows() == s.block_size, Internal,
+           op << ": a backward over blocks of " << s.block_rows << " of " << s.block_size
+              << " rows (block_rows is forward-only)");
+}
 // out [N*B, nh, hd]; lse [N*B, nh] (log-sum-exp of the scaled scores, saved for backward);
 // q [N*B, nh, hd]; k_ctx, v_ctx [T, nkv, hd] (context keys/values of the whole packed batch);
 // k_blk, v_blk [N*B, nkv, hd]; anchors, seq_begin [N] (I32, host memory on CPU).
 // nh must be a multiple of nkv (GQA: query head h reads kv head h / (nh / nkv)).
+// spec.block_rows in 0..B (forward); the backward requires the whole block (block_rows 0 or B).
 void block_attention_forward(const Ctx& ctx, const Tensor& out, const Tensor& lse, const Tensor& q,
                              const Tensor& k_ctx, const Tensor& v_ctx, const Tensor& k_blk, const Tensor& v_blk,
                              const Tensor& anchors, const Tensor& seq_begin, const BlockAttnSpec& spec);

@@ -2,11 +2,13 @@
 // it: what dflash-eval measures a drafter's acceptance length tau with.
 //
 // One decode step with the accepted sequence x[0..n] (x[n], the target's latest token, has no features yet):
-//   1. draft:  the drafter gets the block [x[n], mask, ..., mask] (B tokens at positions n..n+B-1) and the
-//              target's captured features of positions 0..n-1, and guesses d[1..B-1] (argmax of lm_head);
-//   2. verify: the target runs over x[0..n] d[1..B-1]; its greedy choice p[j] at position n+j;
+//   1. draft:  the drafter gets the block [x[n], mask, ..., mask] (V tokens at positions n..n+V-1) and the
+//              target's captured features of positions 0..n-1, and guesses d[1..V-1] (argmax of lm_head);
+//   2. verify: the target runs over x[0..n] d[1..V-1]; its greedy choice p[j] at position n+j;
 //   3. accept: a = the leading run of d[j+1] == p[j]; x gains d[1..a] and p[a] (the target's own token
 //              comes free), so a step yields a + 1 tokens: that is the step's acceptance length.
+// V = B, except near the token limit, where the official loop shortens the block to the rows left
+// (official_verify_rows): the drafter then drafts as one of block size V would (DrafterTrainer::draft_block).
 // The output equals the target's plain greedy decoding token for token (generate() vs greedy()).
 //
 // No KV cache: every step recomputes the target and the drafter over the whole sequence (simple and
@@ -45,8 +47,8 @@ void sampling_probs(const float* logits, int64_t V, const SamplingSpec& s, std::
 // How the official dflash_generate (z-lab dflash, dflash/model.py) counts a verification step, so that a tau
 // printed here can be set beside a published one. With the sequence's latest token at index `start` and the
 // limit max_length = prompt + max_new_tokens, a step runs while start + 1 < max_length; it verifies
-// verify_rows = min(B, max_length - start) rows (the last block is shorter: only its verify_rows - 1 drafts
-// can be accepted); of the accepted drafts + 1 it keeps produced = min(that, max_length - start - 1), cut
+// verify_rows = min(B, max_length - start) rows (the last block is shorter: the drafter drafts its
+// verify_rows - 1 tokens as a drafter of that block size would, the target verifies them); of the accepted drafts + 1 it keeps produced = min(that, max_length - start - 1), cut
 // after the first stop token among them; that is the step's acceptance length.
 int official_verify_rows(int block_size, int64_t start, int64_t max_length);
 struct OfficialStep {
@@ -90,12 +92,12 @@ class SpecDecoder {
   void target_forward(const std::vector<int32_t>& seq);
   // Greedy tokens at positions [first, first + count) of the last target_forward.
   void target_argmax(int64_t first, int count, std::vector<int32_t>& out);
-  // The drafter's B-1 guesses for the block anchored at x.size()-1, from the target features of the
-  // positions before it (of the last target_forward over seq_len tokens).
-  void draft(const std::vector<int32_t>& x, int64_t seq_len, std::vector<int32_t>& out);
+  // The drafter's V-1 guesses for the block of V = block_rows rows anchored at x.size()-1, from the target
+  // features of the positions before it (of the last target_forward over seq_len tokens).
+  void draft(const std::vector<int32_t>& x, int64_t seq_len, int block_rows, std::vector<int32_t>& out);
   // At temperature > 0: the drafter's draws and their draft distributions, q_rows[j] over q_ids[j] (DFlash: the
   // whole vocabulary, q_ids empty; DFlash2: the K candidates).
-  void draft_sampled(const std::vector<int32_t>& x, int64_t seq_len, std::vector<int32_t>& out);
+  void draft_sampled(const std::vector<int32_t>& x, int64_t seq_len, int block_rows, std::vector<int32_t>& out);
   int32_t draw(const std::vector<double>& p);
   // Rows [first, first + count) of the target's logits of the last target_forward into host_logits_.
   void target_logits(int64_t first, int count);
@@ -113,7 +115,7 @@ class SpecDecoder {
   Rng rng_;
   Buffer draft_logits_;                        // [B-1, V] (DFlash at T > 0)
   std::vector<std::vector<double>> q_rows_;   // per draft row: its draft distribution
-  std::vector<int32_t> q_ids_;                // DFlash2: [B-1, K] the candidates q_rows_ are over
+  std::vector<int32_t> q_ids_;                // DFlash2: [block_rows - 1, K] the candidates q_rows_ are over
 };
 
 }  // namespace dflash

@@ -176,7 +176,14 @@ struct DrafterNet::Impl {
     DF_ASSERT(static_cast<size_t>(n) <= a.buf.numel());
     return Tensor(a.buf.t().data, DType::I32, a.buf.t().device, {n});
   }
-  ops::BlockAttnSpec attn_spec(size_t layer) const { return ops::drafter_attn_spec(c, layer); }
+  // The last forward's DrafterStepInput::block_rows rides along: a backward after a forward of shortened
+  // blocks is refused by the op (block_attention_backward takes whole blocks only).
+  int block_rows = 0;
+  ops::BlockAttnSpec attn_spec(size_t layer) const {
+    ops::BlockAttnSpec s = ops::drafter_attn_spec(c, layer);
+    s.block_rows = block_rows;
+    return s;
+  }
 };
 
 namespace {
@@ -215,6 +222,7 @@ Tensor DrafterNet::forward(const DrafterViews& w, const Tensor& embed, const Dra
   m.T = T;
   m.N = N;
   m.NB = N * B;
+  m.block_rows = in.block_rows;
   const int64_t NB = m.NB;
 
   // ---- context: x_ctx [T, k*H] gathered per token from features [k, T, H]; th = hidden_norm(fc(x_ctx))

@@ -63,8 +63,9 @@ struct DrafterTrainer::Impl {
                                               noise_rng(o.seed * 0x9e3779b97f4a7c15ULL + 1),
                                               noise_seed(o.seed * 0x9e3779b97f4a7c15ULL + 2) {}
 
+  // block_rows: DrafterStepInput::block_rows (draft_block's shortened last block; 0 = whole blocks).
   StepStats run(const FeatureBatch& fb, const std::vector<int64_t>& given, bool train, const GradHooks* hooks,
-                MicroBatch micro = MicroBatch::Whole);
+                MicroBatch micro = MicroBatch::Whole, int block_rows = 0);
   // grads() = s * grads() + accum over [b, e) (MicroBatch::Last, range by range).
   void fold(size_t b, size_t e, float s) {
     const Tensor g = engine->grads();
@@ -255,7 +256,7 @@ namespace {
 }  // namespace
 
 StepStats DrafterTrainer::Impl::run(const FeatureBatch& fb, const std::vector<int64_t>& given, bool train,
-                                    const GradHooks* hooks, MicroBatch micro) {
+                                    const GradHooks* hooks, MicroBatch micro, int block_rows) {
   DF_CHECK(train || micro == MicroBatch::Whole, Internal, "evaluation is not a micro-batch");
   DF_CHECK(!train || micro != MicroBatch::Whole || accumulated == 0, Internal,
            "MicroBatch::Whole inside an accumulated step (" << accumulated << " micro-batch(es) accumulated)");
@@ -291,6 +292,8 @@ StepStats DrafterTrainer::Impl::run(const FeatureBatch& fb, const std::vector<in
   DF_CHECK(static_cast<int64_t>(anchors64.size()) <= opt.max_anchors, Internal,
            anchors64.size() << " anchors exceed max_anchors " << opt.max_anchors);
   if (!train) eval_argmax.clear();
+  DF_CHECK(!train || block_rows == 0, Internal, "a training step over shortened blocks (" << block_rows << " rows)");
+  in.block_rows = block_rows;
   in.anchors.clear();
   in.seq_begin.clear();
   seq_end.clear();
@@ -424,21 +427,24 @@ StepStats DrafterTrainer::evaluate(const FeatureBatch& fb, const std::vector<int
   return impl_->run(fb, anchors, false, nullptr);
 }
 
-std::vector<int32_t> DrafterTrainer::draft_block(const FeatureBatch& fb, int64_t anchor) {
+std::vector<int32_t> DrafterTrainer::draft_block(const FeatureBatch& fb, int64_t anchor, int block_rows) {
   Impl& s = *impl_;
-  s.run(fb, {anchor}, false, nullptr);
   const int B = s.cfg.block_size;
+  DF_CHECK(block_rows >= 2 && block_rows <= B, Internal, "draft_block: a block of " << block_rows << " rows (B " << B << ")");
+  // A shorter block: the forward hides the block's later keys (its rows there are computed and dropped).
+  s.run(fb, {anchor}, false, nullptr, MicroBatch::Whole, block_rows < B ? block_rows : 0);
   DF_CHECK(static_cast<int>(s.eval_argmax.size()) == B - 1 && static_cast<int>(s.rows.size()) == B - 1, Internal,
            "draft_block at " << anchor << ": " << s.rows.size() << " block positions with loss_mask 1, expected "
                              << B - 1);
-  std::vector<int32_t> out(static_cast<size_t>(B - 1));
-  for (int r = 0; r < B - 1; ++r) {
+  const int n = block_rows - 1;
+  std::vector<int32_t> out(static_cast<size_t>(n));
+  for (int r = 0; r < n; ++r) {
     DF_CHECK(s.rows.offset[r] == r + 1, Internal, "draft_block: rows out of block order");
     out[static_cast<size_t>(r)] = s.eval_argmax[r];
   }
   if (s.cfg.arch != DraftArch::DFlash2) return out;
-  // DFlash2 (docs/dflash2.md 2.4): the selector walks the unary top-K of rows 1..B-1 from the anchor token.
-  const int64_t K = s.cfg.d2.selector_top_k, rank = s.cfg.d2.selector_rank, n = B - 1;
+  // DFlash2 (docs/dflash2.md 2.4): the selector walks the unary top-K of rows 1..n from the anchor token.
+  const int64_t K = s.cfg.d2.selector_top_k, rank = s.cfg.d2.selector_rank;
   const DrafterViews w = bind_drafter_views(s.cfg, s.engine->master_weights().ptr<float>());
   int32_t anchor_token = fb.batch->tokens[static_cast<size_t>(anchor)];
   ops::selector_walk(cpu_ctx(), cpu_view(out.data(), {1, n}), Tensor(), cpu_view(s.eval_topk_ids.data(), {1, n, K}),
@@ -447,17 +453,17 @@ std::vector<int32_t> DrafterTrainer::draft_block(const FeatureBatch& fb, int64_t
   return out;
 }
 
-std::vector<int32_t> DrafterTrainer::draft_block_sampled(const FeatureBatch& fb, int64_t anchor, float temperature,
-                                                         const std::function<double()>& uniform, std::vector<float>& q,
-                                                         std::vector<int32_t>& cand) {
+std::vector<int32_t> DrafterTrainer::draft_block_sampled(const FeatureBatch& fb, int64_t anchor, int block_rows,
+                                                         float temperature, const std::function<double()>& uniform,
+                                                         std::vector<float>& q, std::vector<int32_t>& cand) {
   Impl& s = *impl_;
   DF_CHECK(s.cfg.arch == DraftArch::DFlash2 && temperature > 0.f, Internal,
            "draft_block_sampled: a DFlash2 drafter at a positive temperature");
-  draft_block(fb, anchor);  // the forward; eval_topk_* and eval_u are this block's
-  const int64_t K = s.cfg.d2.selector_top_k, rank = s.cfg.d2.selector_rank, n = s.cfg.block_size - 1;
+  draft_block(fb, anchor, block_rows);  // the forward; eval_topk_* and eval_u are this block's
+  const int64_t K = s.cfg.d2.selector_top_k, rank = s.cfg.d2.selector_rank, n = block_rows - 1;
   std::vector<int32_t> out(static_cast<size_t>(n));
   q.assign(static_cast<size_t>(n * K), 0.f);
-  cand = s.eval_topk_ids;
+  cand.assign(s.eval_topk_ids.begin(), s.eval_topk_ids.begin() + n * K);
   const DrafterViews w = bind_drafter_views(s.cfg, s.engine->master_weights().ptr<float>());
   int32_t anchor_token = fb.batch->tokens[static_cast<size_t>(anchor)];
   ops::selector_walk(cpu_ctx(), cpu_view(out.data(), {1, n}), cpu_view(q.data(), {1, n, K}),

@@ -118,12 +118,13 @@ void SpecDecoder::target_argmax(int64_t first, int count, std::vector<int32_t>& 
   }
 }
 
-void SpecDecoder::draft(const std::vector<int32_t>& x, int64_t seq_len, std::vector<int32_t>& out) {
+void SpecDecoder::draft(const std::vector<int32_t>& x, int64_t seq_len, int block_rows, std::vector<int32_t>& out) {
   const int64_t n = static_cast<int64_t>(x.size()) - 1;  // the anchor: x[n] has no features yet
   const int64_t T = n + block_;
   DF_CHECK(n <= seq_len && T <= max_tokens_, Internal, "draft at " << n << " of " << seq_len << " tokens");
   // The block after the anchor: any ids (the drafter sees mask tokens there), loss_mask 1 so that every
-  // position gets its row.
+  // position gets its row. All B positions, also for a shorter block: the drafter hides the rows from
+  // block_rows on (draft_block).
   batch_.tokens.assign(x.begin(), x.end());
   batch_.tokens.resize(static_cast<size_t>(T), mask_token_);
   batch_.cu_seqlens = {0, static_cast<int32_t>(T)};
@@ -136,7 +137,7 @@ void SpecDecoder::draft(const std::vector<int32_t>& x, int64_t seq_len, std::vec
   FeatureBatch fb;
   fb.batch = &batch_;
   fb.features = dst;
-  out = drafter_.draft_block(fb, n);
+  out = drafter_.draft_block(fb, n, block_rows);
 }
 
 SpecDecodeResult SpecDecoder::generate(const std::vector<int32_t>& prompt, int max_new_tokens,
@@ -173,23 +174,24 @@ SpecDecodeResult SpecDecoder::generate(const std::vector<int32_t>& prompt, int m
   const int64_t max_length = m + max_new_tokens;
   while (!stopped && static_cast<int64_t>(x.size()) < max_length) {
     const int64_t n = static_cast<int64_t>(x.size()) - 1;
-    // The last block verifies fewer rows: only its first V - 1 drafts can be accepted. (The drafter still
-    // drafts all B - 1: its block attention then sees B rows where the official one sees V.)
+    // The block of V rows: B, or near the limit the rows left (the official loop's verify_size): the drafter
+    // drafts V - 1 tokens as a drafter of block size V would, the target verifies V rows.
     const int V = official_verify_rows(B, n, max_length);
-    if (sampled) draft_sampled(x, seq_len, drafts);
-    else draft(x, seq_len, drafts);
+    if (sampled) draft_sampled(x, seq_len, V, drafts);
+    else draft(x, seq_len, V, drafts);
+    DF_CHECK(static_cast<int>(drafts.size()) == V - 1, Internal, drafts.size() << " drafts for a block of " << V);
     std::vector<int32_t> verify = x;
     verify.insert(verify.end(), drafts.begin(), drafts.end());
     target_forward(verify);
-    seq_len = n + B;
+    seq_len = n + V;
     int a = 0;
     int32_t bonus = 0;
     if (!sampled) {
-      target_argmax(n, B, posterior);
+      target_argmax(n, V, posterior);
       a = accepted_prefix(drafts.data(), posterior.data(), V - 1);
       bonus = posterior[a];
     } else {
-      target_logits(n, B);
+      target_logits(n, V);
       // the draft probability of token d at row j: q over the vocabulary (DFlash) or over the candidates
       auto q_of = [&](int j, int32_t d) {
         if (q_ids_.empty()) return q_rows_[j][static_cast<size_t>(d)];
@@ -309,28 +311,30 @@ int32_t SpecDecoder::draw(const std::vector<double>& p) {  // inverse CDF in id 
   return last;
 }
 
-void SpecDecoder::draft_sampled(const std::vector<int32_t>& x, int64_t seq_len, std::vector<int32_t>& out) {
-  const int n = block_ - 1;
+void SpecDecoder::draft_sampled(const std::vector<int32_t>& x, int64_t seq_len, int block_rows,
+                                std::vector<int32_t>& out) {
+  const int n = block_rows - 1;
   q_rows_.assign(static_cast<size_t>(n), {});
   if (drafter_.config().arch == DraftArch::DFlash2) {
     // the selector's sampled walk: q over the candidates (temperature only, as the official propose)
     std::vector<int32_t> greedy;
-    draft(x, seq_len, greedy);  // builds the block and runs the forward (the walk below reuses it)
+    draft(x, seq_len, block_rows, greedy);  // builds the block and runs the forward (the walk below reuses it)
     std::vector<float> q;
     const int64_t anchor = static_cast<int64_t>(x.size()) - 1;
     FeatureBatch fb;
     fb.batch = &batch_;
     fb.features = leading_view(drf_features_, {k_, anchor + block_, hidden_});
-    out = drafter_.draft_block_sampled(fb, anchor, sampling_.temperature, [this] { return rng_.uniform(); }, q, q_ids_);
+    out = drafter_.draft_block_sampled(fb, anchor, block_rows, sampling_.temperature, [this] { return rng_.uniform(); },
+                                       q, q_ids_);
     const size_t K = q.size() / static_cast<size_t>(n);
     for (int j = 0; j < n; ++j) q_rows_[j].assign(q.begin() + j * K, q.begin() + (j + 1) * K);
     return;
   }
-  // DFlash: the drafter's logits = the target's lm_head over its hidden rows 1..B-1, compute_logits' transform,
+  // DFlash: the drafter's logits = the target's lm_head over its hidden rows 1..V-1, compute_logits' transform,
   // then sampling_probs with the same top-p / top-k, one draw a row
   std::vector<int32_t> greedy;
-  draft(x, seq_len, greedy);
-  const Tensor h = drafter_.draft_hidden().slice_rows(1, block_);
+  draft(x, seq_len, block_rows, greedy);
+  const Tensor h = drafter_.draft_hidden().slice_rows(1, block_rows);
   const Tensor lg = leading_view(draft_logits_, {n, vocab_});
   target_.lm_head_forward(lg, h);
   std::vector<float> host(static_cast<size_t>(n * vocab_));

@@ -223,7 +223,8 @@ DF_ATTN_CLONES void cpu_forward(const Tensor& out, const Tensor& lse, const Tens
   const int64_t M = d.B * geo.group, hd = d.hd;
   Scratch& sc = tl_scratch;
   for (int64_t n = 0; n < d.N; ++n) {
-    const BlockKeys bk = block_keys(an[n], sb[n], d.B, spec.window);
+    // The block's own keys come last in its key list: a block of block_rows rows is its first ones.
+    const BlockKeys bk = block_keys(an[n], sb[n], spec.visible_block_rows(), spec.window);
     sc.reserve(static_cast<size_t>(M), static_cast<size_t>(hd), static_cast<size_t>(bk.nkeys));
     float* s = sc.s.data();
     for (int64_t kvh = 0; kvh < d.nkv; ++kvh) {
@@ -328,6 +329,7 @@ void block_attention_forward(const Ctx& ctx, const Tensor& out, const Tensor& ls
                              const Tensor& anchors, const Tensor& seq_begin, const BlockAttnSpec& spec) {
   const char* op = "block_attention_forward";
   const Dims d = check_args(op, ctx, q, k_ctx, v_ctx, k_blk, v_blk, anchors, seq_begin, spec);
+  check_block_rows(op, spec, AttnPass::Forward);
   detail::check_tensor(op, "out", out, ctx, 3);
   detail::check_shape(op, "out", out, {d.N * d.B, d.nh, d.hd});
   detail::check_tensor(op, "lse", lse, ctx, 2);
@@ -345,6 +347,7 @@ void block_attention_backward(const Ctx& ctx, const Tensor& dq, const Tensor& dk
                               const Tensor& seq_begin, const BlockAttnSpec& spec) {
   const char* op = "block_attention_backward";
   const Dims d = check_args(op, ctx, q, k_ctx, v_ctx, k_blk, v_blk, anchors, seq_begin, spec);
+  check_block_rows(op, spec, AttnPass::Backward);
   for (const Tensor* t : {&dq, &dout, &out}) {
     detail::check_tensor(op, "dq/dout/out", *t, ctx, 3);
     detail::check_shape(op, "dq/dout/out", *t, {d.N * d.B, d.nh, d.hd});

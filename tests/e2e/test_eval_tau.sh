@@ -7,8 +7,9 @@ EVAL="$DFLASH_BIN/dflash-eval"
 tiny=$(tiny_dir)
 NEW=40
 
-# One target in a fixed batch order: the same drafter on every machine (tau 1.152 with the official count,
-# 1.155 with the count before it, which ran one more step per prompt; untrained 1.00).
+# One target in a fixed batch order: the same drafter on every machine (tau 1.151 with the official count and
+# the last block drafted over the rows left; 1.152 with that block over B rows; 1.155 with the count before
+# it, which ran one more step per prompt; untrained 1.00).
 run_job train 2 500 --topology 1-1 --batch-order fixed --lr 0.02 --warmup-steps 10 --epochs 0 --max-steps 320 --log-every 80
 expect_rc 0 train
 expect_log train "drafter exported to"

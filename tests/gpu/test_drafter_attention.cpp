@@ -2,7 +2,8 @@
 // data: several packed sequences, GQA groups of 1 to 12, head dims 16 to 256, full and sliding-window
 // layers, a block whose own keys run past its sequence's end, a block with no context; both implementations
 // (the fused kernels where they apply, and the chunked cuBLAS path with one chunk and many chunks), relative
-// error <= 1e-2 (tol::kOp) on every output and gradient.
+// error <= 1e-2 (tol::kOp) on every output and gradient. Blocks shortened to their first block_rows rows
+// (BlockAttnSpec::block_rows: speculative decoding's last block; forward only) the same way.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -31,6 +32,7 @@ struct AttnCase {
   std::vector<int32_t> lens = {70, 45, 91};
   int per_seq = 4;
   bool full_block = false;  // sliding layers: the whole block visible (BlockAttnSpec::full_block)
+  int block_rows = 0;       // forward only: block keys at offsets >= block_rows hidden (0 = all B)
 };
 
 // Packed sequences of the given lengths with `per_seq` sorted anchors each (anchor + 1 inside the sequence).
@@ -70,7 +72,9 @@ void run_case(const AttnCase& c, uint32_t seed, cuda::BlockAttentionImpl impl) {
   spec.block_size = static_cast<int>(c.B);
   spec.window = c.window;
   spec.full_block = c.full_block;
+  spec.block_rows = c.block_rows;
   spec.scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  const bool backward = c.block_rows == 0 || c.block_rows == c.B;
 
   // CPU twin
   std::vector<float> out(NB * nh * hd), lse(NB * nh), dq(q.size()), dkc(kc.size()), dvc(vc.size()),
@@ -80,11 +84,12 @@ void run_case(const AttnCase& c, uint32_t seed, cuda::BlockAttentionImpl impl) {
   ops::block_attention_forward(cpu, v3(out, NB, nh, hd), cpu_view(lse.data(), {NB, nh}), v3(q, NB, nh, hd),
                                v3(kc, T, nkv, hd), v3(vc, T, nkv, hd), v3(kb, NB, nkv, hd), v3(vb, NB, nkv, hd),
                                an_h, sb_h, spec);
-  ops::block_attention_backward(cpu, v3(dq, NB, nh, hd), v3(dkc, T, nkv, hd), v3(dvc, T, nkv, hd),
-                                v3(dkb, NB, nkv, hd), v3(dvb, NB, nkv, hd), v3(dout, NB, nh, hd),
-                                v3(out, NB, nh, hd), cpu_view(lse.data(), {NB, nh}), v3(q, NB, nh, hd),
-                                v3(kc, T, nkv, hd), v3(vc, T, nkv, hd), v3(kb, NB, nkv, hd), v3(vb, NB, nkv, hd),
-                                an_h, sb_h, spec);
+  if (backward)
+    ops::block_attention_backward(cpu, v3(dq, NB, nh, hd), v3(dkc, T, nkv, hd), v3(dvc, T, nkv, hd),
+                                  v3(dkb, NB, nkv, hd), v3(dvb, NB, nkv, hd), v3(dout, NB, nh, hd),
+                                  v3(out, NB, nh, hd), cpu_view(lse.data(), {NB, nh}), v3(q, NB, nh, hd),
+                                  v3(kc, T, nkv, hd), v3(vc, T, nkv, hd), v3(kb, NB, nkv, hd), v3(vb, NB, nkv, hd),
+                                  an_h, sb_h, spec);
 
   // CUDA (outputs poisoned with NaN)
   cuda::set_block_attention_score_budget(c.score_budget);
@@ -98,17 +103,19 @@ void run_case(const AttnCase& c, uint32_t seed, cuda::BlockAttentionImpl impl) {
   Buffer d_lse(Device::CUDA, DType::F32, {NB, nh});
   Buffer d_an = test::to_device_i32(g, anchors), d_sb = test::to_device_i32(g, seq_begin);
   ops::block_attention_forward(g, d_out, d_lse, d_q, d_kc, d_vc, d_kb, d_vb, d_an, d_sb, spec);
-  ops::block_attention_backward(g, d_dq, d_dkc, d_dvc, d_dkb, d_dvb, d_dout, d_out, d_lse, d_q, d_kc, d_vc, d_kb,
-                                d_vb, d_an, d_sb, spec);
+  if (backward)
+    ops::block_attention_backward(g, d_dq, d_dkc, d_dvc, d_dkb, d_dvb, d_dout, d_out, d_lse, d_q, d_kc, d_vc, d_kb,
+                                  d_vb, d_an, d_sb, spec);
   synchronize(g);
   cuda::set_block_attention_score_budget(0);
   cuda::set_block_attention_impl(cuda::BlockAttentionImpl::Default);
   const bool fused = impl == cuda::BlockAttentionImpl::Fused && cuda::block_attention_fused_supported(nh, nkv, hd, c.B);
   const std::string what = std::string(fused ? "fused" : "chunked") + " N=" + std::to_string(N) + " nh=" + std::to_string(nh) + " nkv=" + std::to_string(nkv) + " hd=" +
                            std::to_string(hd) + " B=" + std::to_string(c.B) + " window=" + std::to_string(c.window) +
-                           " budget=" + std::to_string(c.score_budget);
+                           " budget=" + std::to_string(c.score_budget) + " block_rows=" + std::to_string(c.block_rows);
   EXPECT_LT(rel_err(to_host(g, d_out), out), test::tol::kOp) << "out " << what;
   EXPECT_LT(rel_err(to_host(g, d_lse), lse), test::tol::kF32Output) << "lse " << what;
+  if (!backward) return;
   EXPECT_LT(rel_err(to_host(g, d_dq), dq), test::tol::kOp) << "dq " << what;
   EXPECT_LT(rel_err(to_host(g, d_dkc), dkc), test::tol::kOp) << "dk_ctx " << what;
   EXPECT_LT(rel_err(to_host(g, d_dvc), dvc), test::tol::kOp) << "dv_ctx " << what;
@@ -231,6 +238,26 @@ TEST(GpuDrafterAttention, SlidingWindowFullBlock) {
     c.lens = {300, 170, 260};
     c.per_seq = 20;
     run_both(c, seed++);
+  }
+}
+}  // namespace
+namespace {
+// Blocks shortened to their first block_rows rows (speculative decoding's last block), forward, on both CUDA
+// paths: the fused narrow kernels (head dims 16 and 128), the fused wide one (head dim 256, G 6, B 16) and
+// the chunked path (every case through run_both; one case with many chunks), full attention and a sliding
+// window with the whole block visible, down to the anchor's row alone (block_rows 1).
+TEST(GpuDrafterAttention, ShortBlocksForward) {
+  SKIP_WITHOUT_GPU();
+  std::vector<AttnCase> cases = {{4, 2, 16, 4, 0, 0}, {8, 2, 128, 16, 0, 0}, {24, 4, 256, 16, 0, 0},
+                                 {4, 2, 64, 8, 0, 4096}, {8, 2, 128, 16, 100, 0}};
+  const std::vector<int> rows = {2, 5, 9, 1, 7};
+  cases[4].full_block = true;
+  cases[4].lens = {300, 170, 260};
+  cases[4].per_seq = 20;
+  uint32_t seed = 90;
+  for (size_t i = 0; i < cases.size(); ++i) {
+    cases[i].block_rows = rows[i];
+    run_both(cases[i], seed++);
   }
 }
 }  // namespace

@@ -35,9 +35,8 @@ usage:
 
 Stop tokens default to dflash-eval's: eos_token_id of the target's config.json and generation_config.json.
 acceptance_lengths are the official ones: per verification step, the tokens it added (accepted drafts + 1),
-cut at a stop token and at the N-token limit; dflash-eval's "acceptance" is accepted + 1 per step without that
-cut (its last entry can be larger) and its last block is always B rows where the official one shrinks to
-what is left. --temperature > 0 runs the official sampled path (seeded by --seed): not token-comparable.
+cut at a stop token and at the N-token limit, the last block shrunk to the rows left; dflash-eval's
+"acceptance" counts the same way (docs/recipe.md section 6), step for step. --temperature > 0 runs the official sampled path (seeded by --seed): not token-comparable.
 
 The official dflash_generate calls torch.cuda.synchronize() in its timer when asked for acceptance lengths
 (return_stats=True); on a machine without CUDA this script replaces that timer with a plain clock.

@@ -1,7 +1,10 @@
 // Block-prefix attention: forward against a dense float64 reference that builds the mask from the rules
-// in the golden README, backward against central finite differences of that reference.
+// in the golden README, backward against central finite differences of that reference. Blocks shortened
+// to their first block_rows rows (BlockAttnSpec::block_rows, forward only) against the same reference, and
+// against a call whose block size is block_rows.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 #include <vector>
@@ -20,6 +23,7 @@ struct Case {
   std::vector<int32_t> anchors;  // global
   int B, nh, nkv, hd, window;
   bool full_block = false;  // sliding layers: the whole block visible (a DFlash2 release's is_causal: false)
+  int block_rows = 0;       // forward only: block keys at offsets >= block_rows hidden (0 = all B)
 };
 
 struct Inputs {
@@ -54,7 +58,7 @@ std::vector<double> reference(const Case& c, const Inputs& in) {
           v = &in.vc[(kv * c.nkv + kvh) * hd];
         } else {
           const int64_t m = (kv - T) / B, b = (kv - T) % B;
-          vis = m == n && (c.window == 0 || c.full_block || b <= o);
+          vis = m == n && (c.window == 0 || c.full_block || b <= o) && (c.block_rows == 0 || b < c.block_rows);
           k = &in.kb[((kv - T) * c.nkv + kvh) * hd];
           v = &in.vb[((kv - T) * c.nkv + kvh) * hd];
         }
@@ -111,6 +115,7 @@ void run_case(const Case& c, uint32_t seed) {
   spec.block_size = c.B;
   spec.window = c.window;
   spec.full_block = c.full_block;
+  spec.block_rows = c.block_rows;
   spec.scale = 1.0f / std::sqrt(static_cast<float>(c.hd));
   auto q3 = [&](std::vector<float>& v, int64_t rows, int64_t heads) { return cpu_view(v.data(), {rows, heads, c.hd}); };
   const auto an = cpu_view(c.anchors.data(), {N});
@@ -119,6 +124,7 @@ void run_case(const Case& c, uint32_t seed) {
                                        q3(q, NB, c.nh), q3(kc, T, c.nkv), q3(vc, T, c.nkv), q3(kb, NB, c.nkv),
                                        q3(vb, NB, c.nkv), an, sb, spec);
   EXPECT_LT(rel_err(out, reference(c, in)), 1e-5) << "forward";
+  if (c.block_rows != 0 && c.block_rows != c.B) return;  // shortened blocks: forward only
 
   std::vector<float> dq(q.size()), dkc(kc.size()), dvc(vc.size()), dkb(kb.size()), dvb(vb.size());
   dflash::ops::block_attention_backward(cpu_ctx(), q3(dq, NB, c.nh), q3(dkc, T, c.nkv), q3(dvc, T, c.nkv),
@@ -228,6 +234,93 @@ TEST(BlockAttention, BlocksSeeOnlyTheirOwnSequenceAndBlock) {
   run(out2);
   for (int64_t r = 3 * B * 2 * 8; r < NB * 2 * 8; ++r) EXPECT_EQ(out[r], out2[r]) << "block of sequence 1, row " << r;
   EXPECT_NE(out[0], out2[0]);  // block 0 sees its own values
+}
+
+// Shortened blocks (speculative decoding's last block: BlockAttnSpec::block_rows) against the reference.
+TEST(BlockAttention, ShortBlocksFullAttentionGqa2) {
+  Case c = base_case(4, 2, 0);
+  c.block_rows = 3;
+  run_case(c, 7);
+  c.block_rows = 1;  // the anchor's own key only
+  run_case(c, 8);
+}
+TEST(BlockAttention, ShortBlocksSlidingWindowFullBlock) {
+  Case c = base_case(4, 2, 3);
+  c.full_block = true;
+  c.block_rows = 2;
+  run_case(c, 9);
+  c.full_block = false;  // causal in the block: a short block changes none of its first rows
+  run_case(c, 10);
+}
+
+// Rows 0..V-1 of blocks of B rows with block_rows V are those of blocks of V rows (a drafter of block size V):
+// the same visible keys in the same order, so the same values up to the vector lanes' rounding.
+TEST(BlockAttention, ShortBlockIsABlockOfThatSize) {
+  const int B = 6, V = 4, nh = 4, nkv = 2, hd = 16;
+  std::vector<int32_t> anchors = {3, 9, 14}, seq_begin = {0, 0, 12};
+  const int64_t N = 3, T = 20;
+  std::mt19937 gen(11);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  auto rnd = [&](int64_t n) {
+    std::vector<float> v(static_cast<size_t>(n));
+    for (float& x : v) x = nd(gen);
+    return v;
+  };
+  std::vector<float> q = rnd(N * B * nh * hd), kc = rnd(T * nkv * hd), vc = rnd(T * nkv * hd),
+                     kb = rnd(N * B * nkv * hd), vb = rnd(N * B * nkv * hd);
+  // the first V rows of each block, packed as blocks of V
+  auto first_rows = [&](const std::vector<float>& x, int64_t width) {
+    std::vector<float> y;
+    for (int64_t n = 0; n < N; ++n) y.insert(y.end(), x.begin() + n * B * width, x.begin() + (n * B + V) * width);
+    return y;
+  };
+  std::vector<float> qv = first_rows(q, nh * hd), kbv = first_rows(kb, nkv * hd), vbv = first_rows(vb, nkv * hd);
+  auto run = [&](std::vector<float>& q_, std::vector<float>& kb_, std::vector<float>& vb_, int block, int rows) {
+    BlockAttnSpec spec;
+    spec.block_size = block;
+    spec.block_rows = rows;
+    spec.scale = 0.25f;
+    const int64_t NB = N * block;
+    std::vector<float> out(static_cast<size_t>(NB * nh * hd)), lse(static_cast<size_t>(NB * nh));
+    dflash::ops::block_attention_forward(
+        cpu_ctx(), cpu_view(out.data(), {NB, nh, hd}), cpu_view(lse.data(), {NB, nh}), cpu_view(q_.data(), {NB, nh, hd}),
+        cpu_view(kc.data(), {T, nkv, hd}), cpu_view(vc.data(), {T, nkv, hd}), cpu_view(kb_.data(), {NB, nkv, hd}),
+        cpu_view(vb_.data(), {NB, nkv, hd}), cpu_view(anchors.data(), {N}),
+        cpu_view(seq_begin.data(), {N}), spec);
+    return out;
+  };
+  const std::vector<float> shortened = first_rows(run(q, kb, vb, B, V), nh * hd);
+  const std::vector<float> of_size_v = run(qv, kbv, vbv, V, 0);
+  const std::vector<float> whole = first_rows(run(q, kb, vb, B, 0), nh * hd);
+  double diff = 0, whole_diff = 0;
+  for (size_t i = 0; i < shortened.size(); ++i) {
+    diff = std::max(diff, static_cast<double>(std::fabs(shortened[i] - of_size_v[i])));
+    whole_diff = std::max(whole_diff, static_cast<double>(std::fabs(whole[i] - of_size_v[i])));
+  }
+  EXPECT_LT(diff, 1e-6);
+  EXPECT_GT(whole_diff, 1e-2);  // the whole block's later keys do change the first rows
+}
+
+// block_rows is forward-only: a backward over shortened blocks, or block_rows beyond the block, is a bug.
+TEST(BlockAttentionDeathTest, ShortBlocksRefusedByTheBackward) {
+  const int64_t N = 1, B = 4, T = 3;
+  std::vector<float> x(static_cast<size_t>(N * B * 8), 0.5f), c(static_cast<size_t>(T * 8), 0.5f), lse(N * B);
+  std::vector<int32_t> an = {2}, sb = {0};
+  BlockAttnSpec spec;
+  spec.block_size = 4;
+  spec.block_rows = 2;
+  auto v = [](std::vector<float>& d, int64_t r) { return cpu_view(d.data(), {r, 1, 8}); };
+  std::vector<float> o(x.size()), dq(x.size()), dkb(x.size()), dvb(x.size()), dkc(c.size()), dvc(c.size());
+  EXPECT_DEATH(dflash::ops::block_attention_backward(cpu_ctx(), v(dq, 4), v(dkc, T), v(dvc, T), v(dkb, 4), v(dvb, 4),
+                                                     v(x, 4), v(o, 4), cpu_view(lse.data(), {4, 1}), v(x, 4), v(c, T),
+                                                     v(c, T), v(x, 4), v(x, 4), cpu_view(an.data(), {1}),
+                                                     cpu_view(sb.data(), {1}), spec),
+               "block_rows is forward-only");
+  spec.block_rows = 5;
+  EXPECT_DEATH(dflash::ops::block_attention_forward(cpu_ctx(), v(o, 4), cpu_view(lse.data(), {4, 1}), v(x, 4), v(c, T),
+                                                    v(c, T), v(x, 4), v(x, 4), cpu_view(an.data(), {1}),
+                                                    cpu_view(sb.data(), {1}), spec),
+               "block_rows 5 outside 0..4");
 }
 
 }  // namespace

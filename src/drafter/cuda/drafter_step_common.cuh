@@ -126,7 +126,14 @@ struct DrafterStepCuda::Impl {
   static Tensor v3(const Buffer& b, int64_t r, int64_t h, int64_t d) { return dev(b.t().dtype, b.t().data, {r, h, d}); }
   static Tensor v1(const Buffer& b, int64_t n) { return dev(b.t().dtype, b.t().data, {n}); }
 
-  ops::BlockAttnSpec attn_spec(size_t layer) const { return ops::drafter_attn_spec(c, layer); }
+  // The last forward's DrafterStepInput::block_rows rides along: a backward after a forward of shortened
+  // blocks is refused by the op (block_attention_backward takes whole blocks only).
+  int block_rows = 0;
+  ops::BlockAttnSpec attn_spec(size_t layer) const {
+    ops::BlockAttnSpec s = ops::drafter_attn_spec(c, layer);
+    s.block_rows = block_rows;
+    return s;
+  }
 
   // y += x (bf16, numel % 8 == 0)
   void add(const Tensor& y, const Tensor& x);

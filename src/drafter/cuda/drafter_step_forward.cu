@@ -47,6 +47,7 @@ Tensor DrafterStepCuda::Impl::forward(const train::DrafterBatch& b) {
   T = Tn;
   N = Nn;
   NB = N * B;
+  block_rows = in.block_rows;
   cudaStream_t st = stream_of(ctx);
   mark(Phase::Other);
   // ---- context: x_ctx [T, K*H]; th = hidden_norm(fc(x_ctx))
