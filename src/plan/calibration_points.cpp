@@ -112,6 +112,29 @@ const std::vector<CalibrationPoint>& calibration_points() {
                      qwen36_27b_dflash2_drafter(OptimizerState::Bf16), 4096, 512, 160.4));
     v.push_back(step("8B step CE S16384 3072x16 (recipe density)", "h100", issue44, qwen3_8b_drafter(), 16384, 3072, 1494));
     v.push_back(step("8B step CE S16384 512x16 (per-batch density)", "h100", issue44, qwen3_8b_drafter(), 16384, 512, 271));
+    // Issue 44's check on one H100 (bench/plan/validate_one_gpu.sh sweep; bench/results/h100-issue44-plan): the
+    // same drivers, the landed binaries of 79eaab9; kept beside the fit as the measured kind's second card.
+    const char* h100 = "bench/results/h100-issue44-plan (calibrate_sweep.sh on one H100, 2026-12-06)";
+    v.push_back(forward("8B forward 4x4096, 36 layers", "h100", h100, qwen3_8b_target(36), b8b, 394.50));
+    v.push_back(forward("8B forward 4x4096, CE cut 34 layers", "h100", h100, qwen3_8b_target(34), b8b, 374.02));
+    v.push_back(forward("8B forward mixed 12 records, 36 layers", "h100", h100, qwen3_8b_target(36), mixed, 375.99));
+    v.push_back(forward("8B forward 8x2048, 36 layers", "h100", h100, qwen3_8b_target(36),
+                        packed_batch_uniform(16384, 2048), 374.10));
+    v.push_back(forward("27B hybrid forward 8x4096, 64 layers", "h100", h100, qwen36_27b_target(64), b27b, 2602.28));
+    v.push_back(forward("27B hybrid forward 8x4096, CE cut 62 layers", "h100", h100, qwen36_27b_target(62), b27b, 2529.38));
+    v.push_back(step("8B step CE S3072 512x16", "h100", h100, qwen3_8b_drafter(), 3072, 512, 154.9));
+    v.push_back(step("8B step CE S3072 512x16 bf16 state", "h100", h100,
+                     qwen3_8b_drafter(LossObjective::CE, OptimizerState::Bf16), 3072, 512, 150.3));
+    v.push_back(step("8B step KL S3072 512x16", "h100", h100, qwen3_8b_drafter(LossObjective::KL), 3072, 512, 171.2));
+    v.push_back(step("8B step CE S16384 512x16 (per-batch density)", "h100", h100, qwen3_8b_drafter(), 16384, 512, 273.4));
+    v.push_back(step("8B step CE S16384 3072x16 (recipe density)", "h100", h100, qwen3_8b_drafter(), 16384, 3072, 1504.3));
+    v.push_back(step("27B step CE S4096 512x16", "h100", h100, qwen36_27b_drafter(), 4096, 512, 278.7));
+    v.push_back(step("27B step CE S4096 512x16 bf16 state", "h100", h100, qwen36_27b_drafter(OptimizerState::Bf16), 4096,
+                     512, 270.2));
+    v.push_back(step("27B DFlash step block 8 S4096 512x8", "h100", h100, dflash_b8, 4096, 512, 160.6));
+    v.push_back(step("27B DFlash2 step block 8 S4096 512x8", "h100", h100, qwen36_27b_dflash2_drafter(), 4096, 512, 173.1));
+    v.push_back(step("27B DFlash2 step block 8 S4096 512x8 bf16 state", "h100", h100,
+                     qwen36_27b_dflash2_drafter(OptimizerState::Bf16), 4096, 512, 166.0));
     return v;
   }();
   return points;

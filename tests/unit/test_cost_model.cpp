@@ -3,6 +3,7 @@
 // monotonicity (more anchors, longer context, more tokens: slower).
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <fstream>
 #include <set>
 
@@ -20,6 +21,8 @@ TEST(CostModelCalibration, EveryMeasuredShapeWithin15Percent) {
   int forwards = 0, steps = 0;
   for (const CalibrationPoint& p : calibration_points()) {
     const double ms = predicted_ms(p);
+    std::printf("  %-5s %-58s measured %8.1f ms  predicted %8.1f ms  %+5.1f %%\n", p.gpu.c_str(), p.label.c_str(),
+                p.measured_ms, ms, 100.0 * (ms / p.measured_ms - 1.0));
     EXPECT_NEAR(ms / p.measured_ms, 1.0, 0.15) << p.label << " on " << p.gpu << ": predicted " << ms << " ms, measured "
                                                << p.measured_ms << " ms (" << p.source << ")";
     gpus.insert(p.gpu);

@@ -20,7 +20,8 @@ def compare(run, tgt, dft, observed_bps):
     if not lp or "plan" not in lp:
         return None
     plan, running = lp["plan"], lp.get("running") or {}
-    shared = bool(running.get("gpus_shared"))
+    # Roles sharing a GPU (a one-GPU 1-1, or colocated): each role's busy time includes the other's turns.
+    shared = bool(running.get("gpus_shared")) or running.get("layout") == "colocated"
     allreduce = running.get("allreduce_s") or 0.0
     obs_allreduce = dft.get("allreduce_s_per_batch") or 0.0
     rows = []
@@ -36,7 +37,7 @@ def compare(run, tgt, dft, observed_bps):
             "s/batch")
         if allreduce or obs_allreduce:
             row("gradient allreduce", allreduce or None, obs_allreduce or None, "s/batch")
-    row(f"pipeline ({running.get('layout', '?')}{', roles sharing GPUs' if shared else ''})",
+    row(f"pipeline ({running.get('layout', '?')}{', roles sharing GPUs' if running.get('gpus_shared') else ''})",
         running.get("batches_per_s"), observed_bps, "batches/s")
     cal = ((lp.get("calibration") or {}).get("gpus") or [{}])[0]
     return {"gpu": plan.get("gpu"), "calibration_source": plan.get("gpu_calibration"), "choice": lp.get("choice"),
