@@ -29,7 +29,8 @@ constexpr int kBwdThreads = 256;
 __global__ void candidates_kernel(int64_t R, int K, int32_t* __restrict__ cand, float* __restrict__ unary,
                                   int32_t* __restrict__ gold, uint8_t* __restrict__ covered,
                                   const int32_t* __restrict__ ids, const float* __restrict__ vals,
-                                  const int32_t* __restrict__ labels, const float* __restrict__ label_logit) {
+                                  const int32_t* __restrict__ labels, const float* __restrict__ label_logit,
+                                  bool insert) {
   for (int64_t r = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; r < R; r += int64_t(gridDim.x) * blockDim.x) {
     const int32_t y = labels[r];
     int slot = -1;
@@ -39,11 +40,11 @@ __global__ void candidates_kernel(int64_t R, int K, int32_t* __restrict__ cand, 
       unary[r * K + i] = vals[r * K + i];
       if (slot < 0 && id == y) slot = i;
     }
-    if (slot < 0) {
+    if (slot < 0 && insert) {
       cand[r * K + K - 1] = y;
       unary[r * K + K - 1] = label_logit[r];
     }
-    gold[r] = slot < 0 ? K - 1 : slot;
+    gold[r] = slot >= 0 ? slot : insert ? K - 1 : -1;  // -1: no selector term (strict)
     covered[r] = slot < 0 ? 0 : 1;
   }
 }
@@ -118,7 +119,7 @@ __global__ void __launch_bounds__(kFwdThreads) selector_fwd_kernel(SelArgs p, fl
   const float s = warp_sum((lane < K ? expf(v0 - m) : 0.f) + (lane + 32 < K ? expf(v1 - m) : 0.f));
   if (lane == 0) {
     const int32_t g = p.gold[row];
-    ce[row] = g >= 0 && g < K ? m + logf(s) - sc[g] : NAN;
+    ce[row] = g < 0 ? 0.f : g < K ? m + logf(s) - sc[g] : NAN;  // g = -1: no selector term (strict)
   }
 }
 
@@ -132,7 +133,7 @@ __global__ void __launch_bounds__(kBwdThreads) selector_bwd_kernel(SelArgs p, fl
   __shared__ int all_ok;
   const int64_t row = blockIdx.x;
   const int r = p.rank, K = p.K;
-  const float w = row_weight[row];
+  const float w = p.gold[row] < 0 ? 0.f : row_weight[row];  // gold -1: no selector term (strict candidates)
   const int32_t pr = p.pred[row];
   const int lane = threadIdx.x & 31;
   if (threadIdx.x < 32) {
@@ -226,7 +227,7 @@ SelArgs sel_args(const Ctx& ctx, const char* op, const Tensor& u, const Tensor& 
 
 void selector_candidates(const Ctx& ctx, const Tensor& cand, const Tensor& unary, const Tensor& gold,
                          const Tensor& covered, const Tensor& topk_ids, const Tensor& topk_vals,
-                         const Tensor& labels, const Tensor& label_logit) {
+                         const Tensor& labels, const Tensor& label_logit, SelectorCandidates mode) {
   const char* op = "selector_candidates (CUDA)";
   backend_of(ctx);
   DF_CHECK(topk_ids.ndim == 2, Internal, op << ": topk_ids " << topk_ids.shape_str());
@@ -247,7 +248,7 @@ void selector_candidates(const Ctx& ctx, const Tensor& cand, const Tensor& unary
       R, int(K), static_cast<int32_t*>(cand.data), static_cast<float*>(unary.data), static_cast<int32_t*>(gold.data),
       static_cast<uint8_t*>(covered.data), static_cast<const int32_t*>(topk_ids.data),
       static_cast<const float*>(topk_vals.data), static_cast<const int32_t*>(labels.data),
-      static_cast<const float*>(label_logit.data));
+      static_cast<const float*>(label_logit.data), mode == SelectorCandidates::Insert);
   DF_CUDA_LAUNCH();
 }
 

@@ -47,6 +47,9 @@ struct TrainOptions {
   std::vector<int> target_layer_ids;
   std::vector<std::string> layer_types;  // "full_attention" | "sliding_attention", one per drafter layer
   int sliding_window = 0;
+  // A fresh drafter's attention heads (--draft-heads, --draft-head-dim, --draft-kv-heads; 0 = the target's):
+  // the Qwen3.8-27B release has 32 x 128 with 8 KV heads on a 24 x 256 target.
+  int draft_heads = 0, draft_head_dim = 0, draft_kv_heads = 0;
   // DFlash2 (docs/dflash2.md 3): the architecture of a fresh drafter (a --drafter DIR's config decides
   // otherwise), its shape, and the objective L = (sum w l_unary + alpha sum w l_sel) / sum w.
   DraftArch draft_arch = DraftArch::DFlash;
@@ -55,6 +58,11 @@ struct TrainOptions {
   float logit_softcap = 0.0f;      // 0 = off
   float selector_loss_alpha = 1.0f;
   bool selector_stop_gradient = false;  // the selector's inputs (unary logits, hidden) detached
+  // The selector's training candidates (SpecForge now: the strict top-K) and alpha's schedule over the run's
+  // total_steps (selector_alpha_schedule, include/dflash/optim.h): 0 for the first warmup_ratio of the
+  // steps, a linear ramp over the next ramp_ratio, then alpha. Doubles: int(total * ratio) as Python's.
+  SelectorCandidates selector_candidates = SelectorCandidates::Strict;
+  double selector_warmup_ratio = 0.0, selector_ramp_ratio = 0.0;
 };
 
 // The config of a fresh drafter for `target`: num_layers Qwen3 layers with the target's widths, full
@@ -98,6 +106,8 @@ struct StepStats {
   double candidate_recall = std::numeric_limits<double>::quiet_NaN();
   double selector_acc = std::numeric_limits<double>::quiet_NaN();
   double covered_rows = 0, selector_correct_rows = 0, loss_rows = 0;
+  // DFlash2: the selector term's weight at this step (--selector-loss-alpha through its warmup and ramp).
+  double selector_alpha = std::numeric_limits<double>::quiet_NaN();
 };
 
 // A feature batch as the drafter receives it (wire layout of TargetModel's CaptureOut). The tensors live

@@ -170,20 +170,25 @@ void grouped_conv_backward(const Ctx& ctx, const Tensor& din, const Tensor& d_dy
                            const GroupedConvSpec& spec);
 
 // ---- DFlash2: candidate selector ----------------------------------------------------------------------
-// Training candidates from lm_loss_forward's top-K: cand [R, K] I32 = topk_ids with the gold label put in
-// slot K-1 when it is not among them; unary [R, K] F32 the transformed logits of cand (topk_vals, and
-// label_logit in the replaced slot); gold [R] I32 the label's slot; covered [R] U8 = label within top-K.
+// Training candidates from lm_loss_forward's top-K (the one place that applies SelectorCandidates):
+// cand [R, K] I32 = topk_ids; unary [R, K] F32 = topk_vals (the transformed logits of cand); gold [R] I32
+// the label's slot; covered [R] U8 = label within the top-K. A row whose label is missing gets
+//   Insert: the label put into slot K-1 (cand), its label_logit there (unary), gold = K-1;
+//   Strict: cand and unary untouched, gold = -1: the row has no selector term (selector_forward's ce is 0,
+//           selector_backward gives it no gradient), as serving never sees that label among the candidates.
 void selector_candidates(const Ctx& ctx, const Tensor& cand, const Tensor& unary, const Tensor& gold,
                          const Tensor& covered, const Tensor& topk_ids, const Tensor& topk_vals,
-                         const Tensor& labels, const Tensor& label_logit);
+                         const Tensor& labels, const Tensor& label_logit, SelectorCandidates mode);
 // u [R, r] = h W_h^T (the caller's matmul_forward). Per row, P and S the codebooks [V, r]:
 //   scores[r, i] = unary[r, i] + sum_q P[pred[r], q] u[r, q] S[cand[r, i], q]
-//   ce[r] = logsumexp_i scores[r, i] - scores[r, gold[r]];  argmax[r] = the best slot (ties: lower slot)
+//   ce[r] = logsumexp_i scores[r, i] - scores[r, gold[r]] (0 where gold[r] = -1: no selector term);
+//   argmax[r] = the best slot (ties: lower slot)
 // scores [R, K] F32; ce [R] F32 and gold [R] (both empty = scores and argmax only); argmax [R] I32.
 void selector_forward(const Ctx& ctx, const Tensor& scores, const Tensor& ce, const Tensor& argmax, const Tensor& u,
                       const Tensor& unary, const Tensor& cand, const Tensor& pred, const Tensor& gold,
                       const Tensor& P, const Tensor& S);
-// The gradient of sum_r row_weight[r] ce[r], with g[r, i] = row_weight[r] (softmax(scores[r])_i - [i = gold[r]]):
+// The gradient of sum_r row_weight[r] ce[r], with g[r, i] = row_weight[r] (softmax(scores[r])_i - [i = gold[r]])
+// (a row with gold[r] = -1 has none: its weight counts as 0):
 //   d_unary[r, i] = g[r, i]                                         OVERWRITTEN (empty = skip)
 //   du[r, q]      = P[pred[r], q] sum_i g[r, i] S[cand[r, i], q]     OVERWRITTEN
 //   dP[pred[r]]  += u[r] * sum_i g[r, i] S[cand[r, i]]               ACCUMULATED (rows pred only)

@@ -52,6 +52,12 @@ enum class DraftArch : uint8_t { DFlash, DFlash2 };
 const char* draft_arch_name(DraftArch a);         // "dflash" / "dflash2" (the --draft-arch words)
 const char* draft_arch_architecture(DraftArch a);  // "DFlashDraftModel" / "DFlash2DraftModel" (config.json)
 
+// DFlash2's training candidates for the selector's CE (docs/dflash2.md 3): Strict = the unary top-K as
+// serving sees it, a row whose label is not among them has no selector term (SpecForge now); Insert = the
+// label put into slot K-1 when missing (speculators; this project's objective before issue 47).
+enum class SelectorCandidates : uint8_t { Strict, Insert };
+const char* selector_candidates_name(SelectorCandidates c);  // "strict" / "insert" (the option's words)
+
 // DFlash2's extra shape (dflash_config in config.json; unused for DFlash).
 struct DFlash2Shape {
   int conv_kernel_size = 2;   // k taps of each grouped dynamic causal conv

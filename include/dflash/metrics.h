@@ -41,6 +41,7 @@ struct StepMetrics {
   // DFlash2 drafters (NaN otherwise; written only where MetricsLayout::selector_metrics): the selector term of
   // the loss, candidate recall (the gold within the unary top-K) and the selector's teacher-forced accuracy.
   double loss_sel = std::nan(""), candidate_recall = std::nan(""), selector_acc = std::nan("");
+  double selector_alpha = std::nan("");  // the selector term's weight at the step (warmup, ramp)
 };
 
 // Stored as the HDF5 enum /ranks/role_t (int8 base: target 0, drafter 1, idle 2).
@@ -73,7 +74,7 @@ struct MetricsLayout {
   std::string gpu_unavailable_reason;  // e.g. "CPU backend: no NVML" (stored when !gpu_available)
   int flush_every = 10;   // H5Fflush after this many appends (any series); --metrics-flush-every
   int block_size = 16;    // the drafter's: /steps/acc_by_pos has block_size - 1 columns (at least 2)
-  bool selector_metrics = false;  // a DFlash2 drafter: /steps/loss_sel, candidate_recall, selector_acc
+  bool selector_metrics = false;  // a DFlash2 drafter: /steps/loss_sel, candidate_recall, selector_acc, selector_alpha
 };
 
 // One job start on the file (/segments, one row each): a run and each of its resumes is a segment. The

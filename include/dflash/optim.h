@@ -77,5 +77,11 @@ namespace dflash {
 // Learning rate for the 0-based optimizer step `step`: linear warmup over warmup_steps ((step+1)/warmup),
 // then cosine decay from lr to min_lr_ratio*lr at total_steps (total_steps <= warmup_steps: constant lr).
 double lr_schedule(int64_t step, double lr, int warmup_steps, int64_t total_steps, double min_lr_ratio);
+// DFlash2's selector weight at 0-based `step` (the optimizer steps already completed), as SpecForge computes
+// it (docs/dflash2.md 3.2 cites its code): W = int(total *
+// warmup_ratio), Rp = int(total * ramp_ratio); 0 while step < W; then alpha * min(1, (step - W + 1) / Rp)
+// (alpha itself when Rp = 0). total_steps 0 (no horizon) or alpha <= 0: alpha.
+double selector_alpha_schedule(int64_t step, double alpha, double warmup_ratio, double ramp_ratio,
+                               int64_t total_steps);
 
 }  // namespace dflash

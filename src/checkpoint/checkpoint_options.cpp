@@ -137,6 +137,14 @@ bool option_absent_means(const std::string& name, const std::string& value) {
       {"logit-softcap", "0"},
       {"selector-loss-alpha", "1"},
       {"selector-stop-gradient", "false"},
+      // Issue 47: before it the selector trained on the label-inserted candidates with a constant alpha.
+      {"selector-candidates", "insert"},
+      {"selector-warmup-ratio", "0"},
+      {"selector-ramp-ratio", "0"},
+      // a fresh drafter's heads: the target's
+      {"draft-heads", "0"},
+      {"draft-head-dim", "0"},
+      {"draft-kv-heads", "0"},
   };
   const auto it = before_it_existed.find(name);
   return it != before_it_existed.end() && it->second == value;

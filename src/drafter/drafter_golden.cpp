@@ -160,6 +160,35 @@ GoldenInputs load_golden_inputs(const std::string& case_dir) {
 
 namespace {
 
+// case.json "selector_schedule" (issue 47): AdamW steps on d2 under --selector-warmup-ratio and
+// --selector-ramp-ratio over total_steps (constant lr: min_lr_ratio 1), each step's selector weight and loss
+// against SpecForge's schedule as the generator transcribes it (alphas 0, then the ramp, then alpha).
+void run_schedule_golden(const json& cj, const GoldenInputs& in, const FeatureBatch& fb, const Ctx& ctx,
+                         SelectorCandidates mode, const Tolerances& tol, DrafterGoldenReport& rep) {
+  const json& s = cj.at("selector_schedule");
+  TrainOptions opt = in.opt;
+  opt.loss = LossKind::CE;
+  opt.selector_loss_alpha = cj.at("selector_loss_alpha").get<float>();
+  opt.selector_candidates = mode;
+  opt.total_steps = s.at("total_steps").get<int64_t>();
+  opt.selector_warmup_ratio = s.at("warmup_ratio").get<double>();
+  opt.selector_ramp_ratio = s.at("ramp_ratio").get<double>();
+  opt.min_lr_ratio = 1.0f;  // the cosine from lr to lr: the generator's constant lr
+  const auto alphas = s.at("alphas").get<std::vector<double>>(), losses = s.at("losses").get<std::vector<double>>();
+  DF_CHECK(alphas.size() == losses.size() && !alphas.empty(), BadInput, "selector_schedule: alphas and losses differ");
+  DrafterTrainer tr(in.target_dir, in.drafter_dir, 0, opt, ctx, in.batch.num_tokens());
+  for (size_t i = 0; i < alphas.size(); ++i) {
+    const StepStats st = tr.forward_backward(fb, in.anchors);
+    const std::string at = "[" + std::to_string(i) + "]";
+    rep.checks.push_back({"schedule.alpha" + at, scalar_err(st.selector_alpha, alphas[i]), kScalarTol, {},
+                          std::fabs(st.selector_alpha - alphas[i])});
+    rep.checks.push_back({"schedule.loss" + at, std::isfinite(st.loss) ? scalar_err(st.loss, losses[i])
+                                                                       : std::numeric_limits<double>::infinity(),
+                          tol.loss, {}, std::fabs(st.loss - losses[i])});
+    tr.optimizer_step();
+  }
+}
+
 // A DFlash2 case (case.json has "objectives"; docs/dflash2.md 5): four objectives (ce = the unary CE
 // alone, d2 = CE + alpha * selector, d2sg = the same with the selector's inputs detached, kl2 = KL + alpha *
 // selector), each with its loss, both terms, gradient norm and every gradient; the metrics; two AdamW steps
@@ -187,6 +216,10 @@ void run_dflash2_golden(const json& cj, SafetensorsFile& gold, const GoldenInput
   };
   const int64_t T = in.batch.num_tokens();
   const json& objectives = cj.at("objectives");
+  // The training candidates (issue 47): the cases made before it inserted the gold and say nothing.
+  const std::string candidates = cj.value("selector_candidates", std::string("insert"));
+  DF_CHECK(candidates == "strict" || candidates == "insert", BadInput, "case.json: selector_candidates " << candidates);
+  const SelectorCandidates mode = candidates == "strict" ? SelectorCandidates::Strict : SelectorCandidates::Insert;
   struct Objective {
     const char* name;
     LossKind loss;
@@ -200,6 +233,7 @@ void run_dflash2_golden(const json& cj, SafetensorsFile& gold, const GoldenInput
     opt.loss = o.loss;
     opt.selector_loss_alpha = o.alpha ? cj.at("selector_loss_alpha").get<float>() : 0.0f;
     opt.selector_stop_gradient = o.stop_gradient;
+    opt.selector_candidates = mode;
     DrafterTrainer tr(in.target_dir, in.drafter_dir, 0, opt, ctx, T);
     DF_CHECK(tr.config().arch == DraftArch::DFlash2, BadInput, "the case's drafter_init is not a DFlash2 drafter");
     DF_CHECK(tr.config().block_size == cj.at("block_size").get<int>(), BadInput, "block_size differs from case.json");
@@ -251,6 +285,7 @@ void run_dflash2_golden(const json& cj, SafetensorsFile& gold, const GoldenInput
       rep.checks.push_back(tensor_check(name, p.shape, wp + p.offset, read_f32(gold, name, p.numel())));
     }
   }
+  if (cj.contains("selector_schedule")) run_schedule_golden(cj, in, fb, ctx, mode, tol, rep);
 }
 
 }  // namespace

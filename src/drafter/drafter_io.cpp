@@ -59,6 +59,19 @@ DrafterConfig fresh_drafter_config(const Qwen3Config& target, int num_layers, co
                 "--draft-sliding-window " << opt.sliding_window << " without a sliding layer does nothing",
                 "name the sliding layers with --draft-layer-types, or drop --draft-sliding-window");
   d.layers.sliding_window = any_sliding ? opt.sliding_window : 0;
+  // The heads are the drafter's own (its attention reads the fused context through its own k/v projections):
+  // any shape the block attention takes, the target's by default.
+  if (opt.draft_heads > 0) d.layers.num_attention_heads = opt.draft_heads;
+  if (opt.draft_head_dim > 0) d.layers.head_dim = opt.draft_head_dim;
+  if (opt.draft_kv_heads > 0) d.layers.num_key_value_heads = opt.draft_kv_heads;
+  const Qwen3Config& L = d.layers;
+  DF_CHECK_HINT(L.num_key_value_heads >= 1 && L.num_attention_heads % L.num_key_value_heads == 0, BadOptions,
+                "a fresh drafter's " << L.num_attention_heads << " query heads are not a multiple of its "
+                                     << L.num_key_value_heads << " KV heads",
+                "give --draft-heads a multiple of --draft-kv-heads (the Qwen3.8-27B release: 32 and 8)");
+  DF_CHECK_HINT(L.head_dim >= 2 && L.head_dim % 2 == 0, BadOptions,
+                "--draft-head-dim " << L.head_dim << ": RoPE rotates pairs of channels, the head dim must be even",
+                "the Qwen3.8-27B release uses 128");
   d.arch = opt.draft_arch;
   d.output_multiplier = opt.output_multiplier;
   d.final_logit_softcapping = opt.logit_softcap;
@@ -135,7 +148,9 @@ void init_drafter_weights(const DrafterConfig& c, uint64_t seed, float* flat) {
     } else if (p.is_conv_base()) {  // [2, k, H]: tap 0 passes the row through, as speculators' reset_parameters
       const size_t k = static_cast<size_t>(p.shape[1]), H = static_cast<size_t>(p.shape[2]);
       for (size_t i = 0; i < n; ++i) w[i] = (i / H) % k == 0 ? 1.0f : 0.0f;
-    } else if (p.is_conv_projection()) {
+    } else if (p.is_conv_projection() || p.name == "candidate_selector.successor_codebook") {
+      // Zero: a fresh conv and selector start as exact no-ops (the reference's init, docs/dflash2.md 4.2);
+      // with S = 0 only the successor codebook moves at first, the other two once it is nonzero.
       for (size_t i = 0; i < n; ++i) w[i] = 0.0f;
     } else {
       for (size_t i = 0; i < n; ++i) w[i] = static_cast<float>(0.02 * rng.normal());

@@ -196,7 +196,7 @@ DrafterTrainer::DrafterTrainer(const DrafterSource& source, const TrainOptions& 
   es.loss = opt.loss;
   es.max_tokens = max_tokens;
   es.max_anchors = opt.max_anchors;
-  es.selector_alpha = opt.selector_loss_alpha;
+  es.selector_candidates = opt.selector_candidates;
   es.selector_stop_gradient = opt.selector_stop_gradient;
   es.optimizer_state = opt.optimizer_state;
   // The stochastic rounding's key: from --seed, as the other streams above (Impl's constructor), so the
@@ -312,6 +312,9 @@ StepStats DrafterTrainer::Impl::run(const FeatureBatch& fb, const std::vector<in
   st.tokens = T;
   st.anchors = static_cast<int64_t>(in.anchors.size());
   st.lr = lr_schedule(step, opt.lr, opt.warmup_steps, opt.total_steps, opt.min_lr_ratio);
+  if (cfg.arch == DraftArch::DFlash2)
+    st.selector_alpha = selector_alpha_schedule(step, opt.selector_loss_alpha, opt.selector_warmup_ratio,
+                                                opt.selector_ramp_ratio, opt.total_steps);
   st.noise = train ? opt.hs_noise : 0.0;
   st.per_pos_acc.assign(static_cast<size_t>(B), 0.0);
   st.per_pos_rows.assign(static_cast<size_t>(B), 0.0);
@@ -360,6 +363,7 @@ StepStats DrafterTrainer::Impl::run(const FeatureBatch& fb, const std::vector<in
   eb.rows = &rows;
   eb.noise_std = train ? opt.hs_noise : 0.f;
   eb.noise_rng = &noise_rng;
+  if (cfg.arch == DraftArch::DFlash2) eb.selector_alpha = static_cast<float>(st.selector_alpha);
   eb.noise_seed = noise_seed;
   eb.noise_counter = noise_calls;
   if (eb.noise_std > 0.f) ++noise_calls;

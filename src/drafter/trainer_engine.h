@@ -35,8 +35,9 @@ struct EngineSetup {
   uint64_t sr_seed = 0;
   Buffer embed, lm_head;    // F32 [V, H] host: the target's frozen tables; the engine takes them
   bool tied = false;        // lm_head is a copy of embed (tie_word_embeddings)
-  // DFlash2's selector term (cfg.arch == DFlash2): its weight alpha and whether its inputs are detached.
-  float selector_alpha = 1.0f;
+  // DFlash2's selector term (cfg.arch == DFlash2): its training candidates and whether its inputs are
+  // detached (its weight comes with each batch: DrafterBatch::selector_alpha).
+  SelectorCandidates selector_candidates = SelectorCandidates::Strict;
   bool selector_stop_gradient = false;
 };
 
@@ -48,6 +49,7 @@ struct DrafterBatch {
   const LossRows* rows = nullptr;        // R >= 1 rows
   float noise_std = 0.f;                 // training noise on the fused features (0 = none)
   Rng* noise_rng = nullptr;              // the CPU's generator
+  float selector_alpha = 1.f;            // DFlash2: the selector term's weight at this step (its schedule)
   uint64_t noise_seed = 0, noise_counter = 0;  // the CUDA's counter-based noise (feature_noise.cuh)
   // Called by the backward as ranges of grads() become final (GradHooks::ready); may be empty. An engine
   // need not report everything: the trainer reports what is left once the engine returns.
@@ -61,7 +63,8 @@ struct EngineRows {
   const int32_t* argmax_q = nullptr;  // [R]
   const int32_t* argmax_p = nullptr;  // [R] or null without a teacher (final_norm)
   // DFlash2 (null for DFlash): loss = unary + alpha * sel_ce per row; the selector's CE over the training
-  // candidates, whether the gold is in the unary top-K, and the selector's teacher-forced pick (a token).
+  // candidates (0 for a row without a selector term: strict candidates, label not among them), whether the
+  // gold is in the unary top-K, and the selector's teacher-forced pick (a token).
   const float* unary = nullptr;         // [R] the unary term (CE or KL)
   const float* sel_ce = nullptr;        // [R]
   const uint8_t* covered = nullptr;     // [R]

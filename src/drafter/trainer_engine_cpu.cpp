@@ -29,7 +29,7 @@ class CpuEngine final : public TrainerEngine {
       : ctx_(s.ctx), cfg_(s.cfg), objective_(s.loss == LossKind::KL ? ops::LossObjective::KL : ops::LossObjective::CE),
         chunk_rows_(s.chunk_rows), embed_(std::move(s.embed)), lm_head_(std::move(s.lm_head)),
         params_(std::move(s.params)), d2_(s.cfg.arch == DraftArch::DFlash2),
-        logit_(ops::logit_spec(s.cfg)), sel_alpha_(s.selector_alpha),
+        logit_(ops::logit_spec(s.cfg)), sel_candidates_(s.selector_candidates),
         sel_stop_gradient_(s.selector_stop_gradient), state_(s.optimizer_state), sr_seed_(s.sr_seed) {
     const int64_t P = static_cast<int64_t>(params_.numel());
     // The bf16 state's twin: fp32 storage, bf16 values from the start (a fresh init, a --drafter).
@@ -89,6 +89,7 @@ class CpuEngine final : public TrainerEngine {
     const int64_t H = cfg_.layers.hidden_size, R = static_cast<int64_t>(rows.size());
     const bool have_teacher = !fb.final_norm.empty(), kl_loss = objective_ == ops::LossObjective::KL;
     if (with_grad) grads_.zero();
+    sel_alpha_ = b.selector_alpha;
     in_ = *b.in;
     in_.features = fb.features;
     in_.noise_std = b.noise_std;
@@ -155,6 +156,7 @@ class CpuEngine final : public TrainerEngine {
     const int64_t R = static_cast<int64_t>(rows.size());
     DF_CHECK(weight.size() == rows.size(), Internal, "drafter engine: " << weight.size() << " weights for " << R << " rows");
     grads_.zero();
+    sel_alpha_ = b.selector_alpha;
     std::memcpy(row_w_.ptr<float>(), weight.data(), sizeof(float) * weight.size());
     const Tensor teacher = b.fb->final_norm.empty() ? Tensor() : rows_view(t_rows_, R);
     if (d2_) selector_backward(R);
@@ -195,15 +197,15 @@ class CpuEngine final : public TrainerEngine {
     const float* ds = dh_sel_.ptr<float>();
     for (size_t i = 0, n = static_cast<size_t>(R * cfg_.layers.hidden_size); i < n; ++i) dh[i] += ds[i];
   }
-  // DFlash2 (docs/dflash2.md 3), after lm_loss_forward filled the top-K: the training candidates (the gold
-  // put into slot K-1 when missing), u = h W_h^T, the teacher-forced scores (predecessor = token a+k-1) and
+  // DFlash2 (docs/dflash2.md 3), after lm_loss_forward filled the top-K: the training candidates
+  // (ops::selector_candidates applies --selector-candidates), u = h W_h^T, the teacher-forced scores (predecessor = token a+k-1) and
   // the selector CE per row.
   void selector_forward(const LossRows& rows, int64_t R) {
     int32_t* pred = pred_.ptr<int32_t>();
     for (int64_t r = 0; r < R; ++r) pred[r] = in_.tokens[rows.teacher_at[r]];
     ops::selector_candidates(ctx_, rows_view(cand_, R), rows_view(unary_, R), rows_view(gold_, R),
                              rows_view(covered_, R), rows_view(topk_ids_, R), rows_view(topk_vals_, R),
-                             rows_view(labels_, R), rows_view(label_logit_, R));
+                             rows_view(labels_, R), rows_view(label_logit_, R), sel_candidates_);
     ops::matmul_forward(ctx_, rows_view(u_, R), rows_view(h_rows_, R), w_.sel_hidden_proj);
     ops::selector_forward(ctx_, rows_view(scores_, R), rows_view(sel_ce_, R), rows_view(sel_slot_, R),
                           rows_view(u_, R), rows_view(unary_, R), rows_view(cand_, R), rows_view(pred_, R),
@@ -263,7 +265,8 @@ class CpuEngine final : public TrainerEngine {
   // DFlash2
   bool d2_;
   ops::LogitSpec logit_;
-  float sel_alpha_;
+  float sel_alpha_ = 1.f;  // the batch's (DrafterBatch::selector_alpha)
+  SelectorCandidates sel_candidates_;
   bool sel_stop_gradient_;
   OptimizerState state_;  // Bf16: params_, m_, v_ hold bf16 values (ops::adamw_step_bf16state)
   uint64_t sr_seed_;

@@ -293,6 +293,9 @@ Qwen3Config load_qwen3_config(const std::string& config_json_path) {
 json read_config_json(const std::string& config_json_path) { return read_json_file(config_json_path, kConfigJsonHint); }
 
 const char* draft_arch_name(DraftArch a) { return a == DraftArch::DFlash2 ? "dflash2" : "dflash"; }
+const char* selector_candidates_name(SelectorCandidates c) {
+  return c == SelectorCandidates::Insert ? "insert" : "strict";
+}
 const char* draft_arch_architecture(DraftArch a) {
   return a == DraftArch::DFlash2 ? "DFlash2DraftModel" : "DFlashDraftModel";
 }

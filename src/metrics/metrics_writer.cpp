@@ -60,6 +60,7 @@ void MetricsWriter::append_step(const StepMetrics& s) {
     impl_->append("steps/loss_sel", H5T_NATIVE_DOUBLE, &s.loss_sel, 0);
     impl_->append("steps/candidate_recall", H5T_NATIVE_DOUBLE, &s.candidate_recall, 0);
     impl_->append("steps/selector_acc", H5T_NATIVE_DOUBLE, &s.selector_acc, 0);
+    impl_->append("steps/selector_alpha", H5T_NATIVE_DOUBLE, &s.selector_alpha, 0);
   }
   count_append();
 }

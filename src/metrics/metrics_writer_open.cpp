@@ -175,9 +175,10 @@ const SeriesNote kSeriesNotes[] = {
     {"steps/epoch", "1", "fractional epochs done after the step (mean over the targets' loaders, as the status line's epoch~)"},
     {"steps/acc_by_pos", "1", "[step, block_position] share of trained positions at each block position whose drafter argmax equals the label (mean over drafters)"},
     {"steps/block_position", "1", "position in the block: 1 = the token right after the anchor"},
-    {"steps/loss_sel", "1", "DFlash2: the selector's CE over the unary top-K (the gold inserted when missing), position-weighted; loss = unary + alpha * loss_sel"},
+    {"steps/loss_sel", "1", "DFlash2: the selector's CE over its training candidates (--selector-candidates), position-weighted over every trained position (0 for a label outside the strict top-K); loss = unary + selector_alpha * loss_sel"},
     {"steps/candidate_recall", "1", "DFlash2: share of trained positions whose label is among the drafter's unary top-K"},
     {"steps/selector_acc", "1", "DFlash2: share of trained positions where the selector, given the true predecessor, picks the label from the unary top-K"},
+    {"steps/selector_alpha", "1", "DFlash2: the selector term's weight at the step: --selector-loss-alpha through --selector-warmup-ratio and --selector-ramp-ratio"},
     {"ranks/interval", "1", "report interval (every --log-every steps; restarts at 0 in a resumed segment)"},
     {"ranks/time_s", "s", "end of the interval, seconds since this segment's job start"},
     {"ranks/rank", "1", "world rank"},
@@ -272,7 +273,7 @@ MetricsWriter::MetricsWriter(const std::string& path, const MetricsLayout& layou
     impl_->block_positions(layout.block_size);  // first: another block size is named as such
     impl_->open_series("steps/acc_by_pos", Elem::F64, layout.block_size - 1, true, rows);
     if (layout.selector_metrics)  // DFlash2 (issue 29): NaN over rows of a file that had none
-      for (const char* n : {"steps/loss_sel", "steps/candidate_recall", "steps/selector_acc"})
+      for (const char* n : {"steps/loss_sel", "steps/candidate_recall", "steps/selector_acc", "steps/selector_alpha"})
         impl_->open_series(n, Elem::F64, 0, true, rows);
   }
   {

@@ -49,7 +49,7 @@ void check_ids(const char* op, const char* arg, const Tensor& ids, int64_t V) {
 
 void selector_candidates(const Ctx& ctx, const Tensor& cand, const Tensor& unary, const Tensor& gold,
                          const Tensor& covered, const Tensor& topk_ids, const Tensor& topk_vals, const Tensor& labels,
-                         const Tensor& label_logit) {
+                         const Tensor& label_logit, SelectorCandidates mode) {
   constexpr const char* op = "selector_candidates";
   check_tensor(op, "topk_ids", topk_ids, ctx, 2);
   const int64_t R = topk_ids.shape[0], K = topk_ids.shape[1];
@@ -63,7 +63,7 @@ void selector_candidates(const Ctx& ctx, const Tensor& cand, const Tensor& unary
   }
   if (ctx.device == Device::CUDA)
     return cuda::library_for("selector_candidates")
-        .selector_candidates(ctx, cand, unary, gold, covered, topk_ids, topk_vals, labels, label_logit);
+        .selector_candidates(ctx, cand, unary, gold, covered, topk_ids, topk_vals, labels, label_logit, mode);
   const int32_t *ids = topk_ids.ptr<int32_t>(), *lab = labels.ptr<int32_t>();
   const float *vals = topk_vals.ptr<float>(), *lab_logit = label_logit.ptr<float>();
   int32_t *c = cand.ptr<int32_t>(), *gd = gold.ptr<int32_t>();
@@ -77,6 +77,8 @@ void selector_candidates(const Ctx& ctx, const Tensor& cand, const Tensor& unary
     cov[r] = at < K;
     if (at < K) {
       gd[r] = static_cast<int32_t>(at);
+    } else if (mode == SelectorCandidates::Strict) {  // no selector term (SpecForge's strict top-K)
+      gd[r] = -1;
     } else {  // the gold replaces the weakest candidate (speculators' selector_training_candidates)
       c[r * K + K - 1] = lab[r];
       un[r * K + K - 1] = lab_logit[r];
@@ -124,7 +126,7 @@ void selector_forward(const Ctx& ctx, const Tensor& scores, const Tensor& ce, co
     float* s = ps + i * K;
     row_scores(s, pun + i * K, pc + i * K, c.data(), pS, K, r);
     pam[i] = first_argmax(s, K);
-    if (pce) pce[i] = static_cast<float>(log_sum_exp(s, K) - s[pg[i]]);
+    if (pce) pce[i] = pg[i] < 0 ? 0.f : static_cast<float>(log_sum_exp(s, K) - s[pg[i]]);
   }
 }
 
@@ -157,8 +159,9 @@ void selector_backward(const Ctx& ctx, const Tensor& d_unary, const Tensor& du, 
   for (int64_t i = 0; i < R; ++i) {
     const float* s = ps + i * K;
     const double lse = log_sum_exp(s, K);
+    const float wi = pg[i] < 0 ? 0.f : pw[i];  // gold -1: no selector term (selector_candidates, Strict)
     for (int64_t j = 0; j < K; ++j)
-      g[j] = pw[i] * static_cast<float>(std::exp(static_cast<double>(s[j]) - lse) - (j == pg[i] ? 1.0 : 0.0));
+      g[j] = wi * static_cast<float>(std::exp(static_cast<double>(s[j]) - lse) - (j == pg[i] ? 1.0 : 0.0));
     if (pdun) std::copy(g.begin(), g.end(), pdun + i * K);
     // e = sum_j g_j S[cand_j]
     std::fill(e.begin(), e.end(), 0.f);

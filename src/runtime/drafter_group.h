@@ -21,12 +21,13 @@ struct StepSums {
   double weighted_loss = 0, weight_sum = 0, acc = 0, agree = 0, streak = 0, lr = 0, noise = 0, tokens = 0, anchors = 0;
   // DFlash2 (0 for DFlash): the selector term's weighted sum, and row counts behind recall and selector acc.
   double weighted_sel = 0, loss_rows = 0, covered_rows = 0, selector_correct_rows = 0;
+  double selector_alpha = 0;  // the same on every drafter (the schedule's value): a mean, as lr
   // Every field, in the order the allreduce sums them.
   static constexpr double StepSums::*kFields[] = {
       &StepSums::weighted_loss, &StepSums::weight_sum, &StepSums::acc,          &StepSums::agree,
       &StepSums::streak,        &StepSums::lr,         &StepSums::noise,        &StepSums::tokens,
       &StepSums::anchors,       &StepSums::weighted_sel, &StepSums::loss_rows, &StepSums::covered_rows,
-      &StepSums::selector_correct_rows};
+      &StepSums::selector_correct_rows, &StepSums::selector_alpha};
 };
 
 class DrafterGroup {

@@ -252,11 +252,15 @@ std::vector<OptionRow> option_rows(Options& o) {
   t.text("draft-layer-types", &o.draft_layer_types, "T1,T2,...", "a fresh drafter's attention, one per layer: full | sliding (default: all full; the Qwen3.6-27B recipe: sliding,sliding,sliding,sliding,full)", "all full");
   t.number("draft-sliding-window", &tr.sliding_window, "N", "keys a sliding drafter layer sees (the Qwen3.6-27B recipe: 2048)")
       .doc = "keys a sliding layer sees (the Qwen3.6-27B recipe: 2048); needed with a sliding layer, refused without one";
+  auto heads_ok = std::function<bool(int)>([](int v) { return v >= 0 && v <= 1024; });
+  t.number("draft-heads", &tr.draft_heads, "N", "a fresh drafter's query heads (0 = the target's; the Qwen3.8-27B release: 32)", heads_ok, "in [0, 1024]");
+  t.number("draft-head-dim", &tr.draft_head_dim, "D", "a fresh drafter's head dim (0 = the target's; the Qwen3.8-27B release: 128)", heads_ok, "in [0, 1024]");
+  t.number("draft-kv-heads", &tr.draft_kv_heads, "N", "a fresh drafter's KV heads (0 = the target's; the Qwen3.8-27B release: 8)", heads_ok, "in [0, 1024]");
   t.choice("draft-arch", &tr.draft_arch, "NAME", "a fresh drafter's architecture: dflash | dflash2 (grouped dynamic causal convs + a candidate selector, docs/dflash2.md); a --drafter DIR's config.json says its own",
            {{"dflash", DraftArch::DFlash}, {"dflash2", DraftArch::DFlash2}});
   {
     OptionRow& r = t.rows.back();
-    r.doc = "a fresh drafter's architecture; DFlash2 adds grouped dynamic causal convs around every attention and MLP sublayer and a candidate selector (docs/dflash2.md); a `--drafter DIR` brings its own (`architectures` in its config.json) and the flag beside it is refused. CPU backend only for now";
+    r.doc = "a fresh drafter's architecture; DFlash2 adds grouped dynamic causal convs around every attention and MLP sublayer and a candidate selector (docs/dflash2.md); a `--drafter DIR` brings its own (`architectures` in its config.json) and the flag beside it is refused. CPU and CUDA backends";
     r.check = [&o, to_enum = r.check](const po::variable_value& v) {
       to_enum(v);
       o.draft_arch = v.as<std::string>();  // as given (resolve_drafter_recipe names it)
@@ -326,8 +330,13 @@ std::vector<OptionRow> option_rows(Options& o) {
       .doc = "ce | kl: the drafter's loss against the target (include/dflash/drafter.h)";
   t.flag("dpace", &tr.dpace, "D-PACE position weights");
   t.section = S::DFlash2;
-  t.number("selector-loss-alpha", &tr.selector_loss_alpha, "X", "dflash2: weight of the selector's CE over the unary top-K (the gold inserted when missing) beside the unary loss",
+  t.number("selector-loss-alpha", &tr.selector_loss_alpha, "X", "dflash2: weight of the selector's CE over its training candidates beside the unary loss",
            std::function<bool(float)>([](float v) { return std::isfinite(v) && v >= 0; }), ">= 0");
+  t.choice("selector-candidates", &tr.selector_candidates, "NAME", "dflash2: the selector's training candidates: strict (the unary top-K as serving sees it; a label outside it gives no selector term: SpecForge now) | insert (the label put into slot K-1 when missing: speculators, and this project before issue 47)",
+           {{"strict", SelectorCandidates::Strict}, {"insert", SelectorCandidates::Insert}});
+  auto ratio = std::function<bool(double)>([](double v) { return std::isfinite(v) && v >= 0 && v <= 1; });
+  t.number("selector-warmup-ratio", &tr.selector_warmup_ratio, "X", "dflash2: the selector term's weight is 0 for the first int(X x the run's planned steps) steps (SpecForge's dflash2_selector_warmup_ratio)", ratio, "in [0, 1]");
+  t.number("selector-ramp-ratio", &tr.selector_ramp_ratio, "X", "dflash2: then rises linearly to --selector-loss-alpha over int(X x the run's planned steps) steps (SpecForge's dflash2_selector_ramp_ratio)", ratio, "in [0, 1]");
   t.flag("selector-stop-gradient", &tr.selector_stop_gradient, "dflash2: detach the selector's inputs (its loss moves only the selector)");
   t.section = S::Training;
   t.number("gamma", &tr.gamma, "X", "position decay exp(-(k-1)/gamma)", std::function<bool(float)>([](float v) { return v > 0; }), "> 0");

@@ -263,6 +263,7 @@ void check_together(Options& o, const po::variables_map& vm) {
                     "add --draft-arch dflash2, or drop --" + std::string(n));
   std::vector<std::string> recipe_given;  // the fresh-drafter options given explicitly
   for (const char* n : {"block-size", "mask-token", "target-layers", "draft-layer-types", "draft-sliding-window",
+                        "draft-heads", "draft-head-dim", "draft-kv-heads",
                         "draft-arch", "conv-kernel-size", "conv-group-size", "selector-top-k", "selector-rank",
                         "output-multiplier", "logit-softcap"})
     if (given(vm, n)) recipe_given.push_back(n);

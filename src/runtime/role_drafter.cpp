@@ -244,6 +244,7 @@ class DrafterLoop {
       sums.loss_rows += st.loss_rows;
       sums.covered_rows += st.covered_rows;
       sums.selector_correct_rows += st.selector_correct_rows;
+      sums.selector_alpha += st.selector_alpha;
     }
     const std::vector<double> pos = positions_after_anchor(st.per_pos_acc, trainer.config().block_size);
     for (size_t i = 0; i < pos.size() && i < acc_by_pos.size(); ++i) acc_by_pos[i] += pos[i];
@@ -398,6 +399,7 @@ class DrafterLoop {
       m.loss_sel = sums.weight_sum > 0 ? sums.weighted_sel / sums.weight_sum : 0.0;
       m.candidate_recall = sums.covered_rows / sums.loss_rows;
       m.selector_acc = sums.selector_correct_rows / sums.loss_rows;
+      m.selector_alpha = sums.selector_alpha / n;
     }
     DF_CHECK_HINT(std::isfinite(m.loss) && std::isfinite(grad_norm), NonFiniteLoss,
                   "step " << step << ": loss " << m.loss << ", grad norm " << grad_norm,

@@ -130,9 +130,10 @@ TEST(GpuDFlash2Ops, GroupedConvQwen38Shape) {
 
 // ---- candidate selector -----------------------------------------------------------------------------------
 
-void run_selector(int64_t R, int64_t V, int r, int K, int pred_pool, uint32_t seed) {
+void run_selector(int64_t R, int64_t V, int r, int K, int pred_pool, uint32_t seed,
+                  SelectorCandidates mode = SelectorCandidates::Insert) {
   SCOPED_TRACE("selector R=" + std::to_string(R) + " V=" + std::to_string(V) + " r=" + std::to_string(r) +
-               " K=" + std::to_string(K));
+               " K=" + std::to_string(K) + " " + selector_candidates_name(mode));
   Ctx g = gpu();
   const Ctx cpu = cpu_ctx();
   std::mt19937 rng(seed);
@@ -175,7 +176,7 @@ void run_selector(int64_t R, int64_t V, int r, int K, int pred_pool, uint32_t se
   const Tensor covered_c(covered.data(), DType::U8, Device::CPU, {R});
   ops::selector_candidates(cpu, cpu_view(cand.data(), {R, K}), cpu_view(unary.data(), {R, K}), cpu_view(gold.data(), {R}),
                            covered_c, cpu_view(topk_ids.data(), {R, K}), cpu_view(topk_vals.data(), {R, K}),
-                           cpu_view(labels.data(), {R}), cpu_view(label_logit.data(), {R}));
+                           cpu_view(labels.data(), {R}), cpu_view(label_logit.data(), {R}), mode);
   const Tensor u_c = cpu_view(u.data(), {R, int64_t(r)}), P_c = cpu_view(P.data(), {V, int64_t(r)}),
                S_c = cpu_view(S.data(), {V, int64_t(r)});
   const Tensor cand_c = cpu_view(cand.data(), {R, K}), pred_c = cpu_view(pred.data(), {R}),
@@ -196,7 +197,9 @@ void run_selector(int64_t R, int64_t V, int r, int K, int pred_pool, uint32_t se
   Buffer g_cand(Device::CUDA, DType::I32, {R, K}), g_gold(Device::CUDA, DType::I32, {R}), g_am(Device::CUDA, DType::I32, {R});
   Buffer g_covered(Device::CUDA, DType::U8, {R});
   Buffer g_unary = to_device_f32(g, {}, {R, K}), g_scores = to_device_f32(g, {}, {R, K}), g_ce = to_device_f32(g, {}, {R});
-  ops::selector_candidates(g, g_cand, g_unary, g_gold, g_covered, g_topk_ids, g_topk_vals, g_labels, g_label_logit);
+  ops::selector_candidates(g, g_cand, g_unary, g_gold, g_covered, g_topk_ids, g_topk_vals, g_labels, g_label_logit, mode);
+  if (mode == SelectorCandidates::Strict)  // half the rows' labels are outside their top-K: gold -1 there
+    EXPECT_EQ(std::count(gold.begin(), gold.end(), -1), std::count(covered.begin(), covered.end(), uint8_t{0}));
   EXPECT_EQ(to_host_i32(g, g_cand), cand) << "cand";
   EXPECT_EQ(to_host_i32(g, g_gold), gold) << "gold";
   EXPECT_EQ(to_host_u8(g, g_covered), covered) << "covered";
@@ -237,6 +240,14 @@ TEST(GpuDFlash2Ops, SelectorTiny) {
 TEST(GpuDFlash2Ops, SelectorQwen38Shape) {
   SKIP_WITHOUT_GPU();
   run_selector(256, 248320, 256, 16, 1000, 211);
+}
+// --selector-candidates strict (issue 47): a missing label leaves the top-K as it is, gold -1, ce 0 and no
+// gradient for its row, on CUDA as on the CPU.
+TEST(GpuDFlash2Ops, SelectorStrictCandidates) {
+  SKIP_WITHOUT_GPU();
+  run_selector(24, 50, 16, 8, 6, 203, SelectorCandidates::Strict);
+  run_selector(9, 300, 40, 64, 300, 204, SelectorCandidates::Strict);
+  run_selector(256, 248320, 256, 16, 1000, 212, SelectorCandidates::Strict);
 }
 
 // ---- lm_loss with a LogitSpec and top-K ---------------------------------------------------------------------

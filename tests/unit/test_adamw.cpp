@@ -70,3 +70,31 @@ TEST(AdamW, WarmupThenCosineSchedule) {
 }
 
 }  // namespace
+
+// DFlash2's selector weight over the run (issue 47), SpecForge's rule: W = int(total * warmup_ratio) steps of
+// 0, then Rp = int(total * ramp_ratio) steps rising by alpha / Rp from alpha / Rp (the step after the last
+// zero already has alpha / Rp), then alpha. SpecForge's own test case: alpha 0.75, warmup 0, ramp 0.5,
+// total 100: 0.015 at the first step.
+TEST(SelectorSchedule, WarmupRampConstantAsSpecForge) {
+  using dflash::selector_alpha_schedule;
+  EXPECT_NEAR(selector_alpha_schedule(0, 0.75, 0.0, 0.5, 100), 0.015, 1e-15);
+  EXPECT_NEAR(selector_alpha_schedule(49, 0.75, 0.0, 0.5, 100), 0.75, 1e-15);
+  // total 1000, warmup 0.01 (10 steps), ramp 0.02 (20 steps), alpha 2
+  for (int64_t s = 0; s < 10; ++s) EXPECT_EQ(selector_alpha_schedule(s, 2.0, 0.01, 0.02, 1000), 0.0) << s;
+  EXPECT_DOUBLE_EQ(selector_alpha_schedule(10, 2.0, 0.01, 0.02, 1000), 0.1);
+  EXPECT_DOUBLE_EQ(selector_alpha_schedule(19, 2.0, 0.01, 0.02, 1000), 1.0);
+  EXPECT_DOUBLE_EQ(selector_alpha_schedule(29, 2.0, 0.01, 0.02, 1000), 2.0);
+  EXPECT_DOUBLE_EQ(selector_alpha_schedule(500, 2.0, 0.01, 0.02, 1000), 2.0);
+  // int() of the products: the Qwen3.8 recipe's 0.0005 over 1999 steps is 0 warmup and 0 ramp steps
+  EXPECT_DOUBLE_EQ(selector_alpha_schedule(0, 1.0, 0.0005, 0.0005, 1999), 1.0);
+  // 4000 steps: 2 steps of 0, a ramp of 2 (0.5, 1.0)
+  EXPECT_EQ(selector_alpha_schedule(1, 1.0, 0.0005, 0.0005, 4000), 0.0);
+  EXPECT_DOUBLE_EQ(selector_alpha_schedule(2, 1.0, 0.0005, 0.0005, 4000), 0.5);
+  EXPECT_DOUBLE_EQ(selector_alpha_schedule(3, 1.0, 0.0005, 0.0005, 4000), 1.0);
+  // the product in double as Python computes it (10 x 0.7 = 7.0): 7 steps of warmup; a float ratio would give 6
+  EXPECT_EQ(selector_alpha_schedule(6, 1.0, 0.7, 0.0, 10), 0.0);
+  EXPECT_EQ(selector_alpha_schedule(7, 1.0, 0.7, 0.0, 10), 1.0);
+  // no horizon, or no selector term: alpha as given
+  EXPECT_EQ(selector_alpha_schedule(0, 0.5, 0.5, 0.5, 0), 0.5);
+  EXPECT_EQ(selector_alpha_schedule(0, 0.0, 0.5, 0.5, 100), 0.0);
+}

@@ -3,6 +3,7 @@
 // tokenizer.json), turned into the drafter config, and each impossible combination refused with exit 2.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -92,4 +93,71 @@ TEST(DrafterRecipeDeath, ImpossibleRecipesAreRefused) {
               "without a sliding layer");
   EXPECT_EXIT(fresh({"--draft-layers", "1", "--target-layers", "1,6"}), testing::ExitedWithCode(2),
               "layer 6 is not one of the target's 6 layers");
+}
+
+// Issue 47: the selector's candidates (strict by default, as SpecForge now) and its schedule's ratios.
+TEST(DrafterRecipe, SelectorCandidatesAndSchedule) {
+  const Options d = parse({"--draft-arch", "dflash2"});
+  EXPECT_EQ(d.train.selector_candidates, SelectorCandidates::Strict);
+  EXPECT_EQ(d.train.selector_warmup_ratio, 0.0);
+  EXPECT_EQ(d.train.selector_ramp_ratio, 0.0);
+  const Options o = parse({"--draft-arch", "dflash2", "--selector-candidates", "insert", "--selector-warmup-ratio",
+                           "0.0005", "--selector-ramp-ratio", "0.25"});
+  EXPECT_EQ(o.train.selector_candidates, SelectorCandidates::Insert);
+  EXPECT_EQ(o.train.selector_warmup_ratio, 0.0005);  // a double: int(total * ratio) as Python's
+  EXPECT_EQ(o.train.selector_ramp_ratio, 0.25);
+}
+
+TEST(DrafterRecipeDeath, SelectorOptionsOutOfRange) {
+  EXPECT_EXIT(parse({"--selector-candidates", "gold"}), testing::ExitedWithCode(2), "selector-candidates");
+  EXPECT_EXIT(parse({"--selector-warmup-ratio", "1.5"}), testing::ExitedWithCode(2), "selector-warmup-ratio");
+  EXPECT_EXIT(parse({"--selector-ramp-ratio", "-0.1"}), testing::ExitedWithCode(2), "selector-ramp-ratio");
+}
+
+// A fresh DFlash2 drafter starts with a zero successor codebook and zero conv projections (exact no-ops: the
+// reference's init), the predecessor codebook and hidden projection random.
+TEST(DrafterRecipe, FreshDFlash2SelectorStartsAsANoOp) {
+  const Options o = parse({"--draft-arch", "dflash2", "--draft-layers", "1", "--block-size", "4", "--selector-rank", "4",
+                           "--selector-top-k", "4", "--conv-group-size", "8"});
+  const DrafterConfig d = fresh_drafter_config(tiny(), o.draft_layers, o.train);
+  ASSERT_EQ(d.arch, DraftArch::DFlash2);
+  std::vector<float> flat(drafter_param_count(d), 1.f);
+  init_drafter_weights(d, 7, flat.data());
+  for (const ParamSpec& p : drafter_param_layout(d)) {
+    double sum_abs = 0;
+    for (size_t i = 0; i < p.numel(); ++i) sum_abs += std::fabs(flat[p.offset + i]);
+    if (p.name == "candidate_selector.successor_codebook" || p.is_conv_projection())
+      EXPECT_EQ(sum_abs, 0.0) << p.name;
+    else
+      EXPECT_GT(sum_abs, 0.0) << p.name;
+  }
+}
+
+// --draft-heads/--draft-head-dim/--draft-kv-heads (issue 47): a fresh drafter of another head shape than the
+// target's (tiny target: 4 heads x 24, 2 KV heads); its config.json says the new heads; 0 keeps the target's.
+TEST(DrafterRecipe, DraftHeadsOtherThanTheTargets) {
+  const DrafterConfig same = fresh_drafter_config(tiny(), 1, parse({}).train);
+  EXPECT_EQ(same.layers.num_attention_heads, tiny().num_attention_heads);
+  EXPECT_EQ(same.layers.head_dim, tiny().head_dim);
+  const Options o = parse({"--draft-layers", "2", "--draft-heads", "6", "--draft-head-dim", "8", "--draft-kv-heads", "3"});
+  const DrafterConfig d = fresh_drafter_config(tiny(), o.draft_layers, o.train);
+  EXPECT_EQ(d.layers.num_attention_heads, 6);
+  EXPECT_EQ(d.layers.head_dim, 8);
+  EXPECT_EQ(d.layers.num_key_value_heads, 3);
+  const nlohmann::json j = drafter_config_to_json(d);
+  EXPECT_EQ(j.at("num_attention_heads").get<int>(), 6);
+  EXPECT_EQ(j.at("head_dim").get<int>(), 8);
+  EXPECT_EQ(j.at("num_key_value_heads").get<int>(), 3);
+  for (const ParamSpec& p : drafter_param_layout(d))
+    if (p.name == "layers.0.self_attn.q_proj.weight") EXPECT_EQ(p.shape, (std::vector<int64_t>{48, tiny().hidden_size}));
+}
+
+TEST(DrafterRecipeDeath, DraftHeadsThatCannotBeBuilt) {
+  auto fresh = [](std::vector<std::string> args) {
+    const Options o = parse(args);
+    fresh_drafter_config(tiny(), o.draft_layers, o.train);
+  };
+  EXPECT_EXIT(fresh({"--draft-heads", "6", "--draft-kv-heads", "4"}), testing::ExitedWithCode(2), "not a multiple");
+  EXPECT_EXIT(fresh({"--draft-head-dim", "7"}), testing::ExitedWithCode(2), "must be even");
+  EXPECT_EXIT(parse({"--drafter", "X", "--draft-heads", "8"}), testing::ExitedWithCode(2), "--draft-heads describes a fresh drafter");
 }

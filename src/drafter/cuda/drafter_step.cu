@@ -320,14 +320,15 @@ void DrafterStepCuda::set_frozen(const Tensor& embed, const Tensor& lm_head) {
   s.lm_head = lm_head;
 }
 
-void DrafterStepCuda::set_selector_objective(float alpha, bool stop_gradient) {
-  impl_->sel_alpha = alpha;
+void DrafterStepCuda::set_selector_objective(SelectorCandidates candidates, bool stop_gradient) {
+  impl_->sel_candidates = candidates;
   impl_->sel_stop_gradient = stop_gradient;
 }
 
 DrafterStepResult DrafterStepCuda::forward_backward(const train::DrafterBatch& b, ops::LossObjective objective) {
   Impl& s = *impl_;
   DF_CHECK(!s.embed.empty(), Internal, "drafter step (CUDA): set_frozen() first");
+  s.sel_alpha = b.selector_alpha;
   s.mark(Phase::Other);
   DF_CUDA(cudaMemsetAsync(s.grads.t().data, 0, s.grads.t().nbytes(), stream_of(s.ctx)));
   Tensor hf = s.forward(b);
@@ -348,6 +349,7 @@ DrafterStepResult DrafterStepCuda::forward_backward(const train::DrafterBatch& b
 DrafterStepResult DrafterStepCuda::forward_loss(const train::DrafterBatch& b, ops::LossObjective objective) {
   Impl& s = *impl_;
   DF_CHECK(!s.embed.empty(), Internal, "drafter step (CUDA): set_frozen() first");
+  s.sel_alpha = b.selector_alpha;
   s.mark(Phase::Other);
   Tensor hf = s.forward(b);
   DrafterStepResult res;
@@ -365,6 +367,7 @@ void DrafterStepCuda::backward_rows(const train::DrafterBatch& b, const std::vec
            "drafter step (CUDA): " << row_weight.size() << " row weights for the last forward's " << s.R << " rows");
   DF_CHECK(objective != ops::LossObjective::KL || s.have_teacher, Internal,
            "drafter step (CUDA): the KL objective needs final_norm");
+  s.sel_alpha = b.selector_alpha;
   cudaStream_t st = stream_of(s.ctx);
   s.mark(Phase::Other);
   DF_CUDA(cudaMemsetAsync(s.grads.t().data, 0, s.grads.t().nbytes(), st));

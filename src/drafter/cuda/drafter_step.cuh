@@ -59,8 +59,9 @@ class DrafterStepCuda {
   void reset_from_params();
   // The target's frozen embedding and lm_head, BF16 [V, H] on the device (not owned).
   void set_frozen(const Tensor& embed, const Tensor& lm_head);
-  // DFlash2: the selector term's weight and whether its inputs are detached (docs/dflash2.md 3).
-  void set_selector_objective(float alpha, bool stop_gradient);
+  // DFlash2: the selector's training candidates and whether its inputs are detached (docs/dflash2.md 3);
+  // the term's weight comes with each batch (DrafterBatch::selector_alpha, the schedule's value).
+  void set_selector_objective(SelectorCandidates candidates, bool stop_gradient);
 
   // The batch (train::DrafterBatch, read in place): fb->features [k, T, H] BF16 on the device (wire
   // layout), fb->final_norm [T, H] BF16 or empty (the KL objective needs it); in->tokens, ctx_pos, anchors,

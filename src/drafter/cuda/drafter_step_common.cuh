@@ -71,7 +71,8 @@ struct DrafterStepCuda::Impl {
   int64_t D2 = 0, SK = 0, SR = 0;  // dyn columns 2kG; selector top-K and rank
   ops::GroupedConvSpec conv;
   ops::LogitSpec logit;
-  float sel_alpha = 1.f;
+  float sel_alpha = 1.f;  // this batch's (DrafterBatch::selector_alpha)
+  SelectorCandidates sel_candidates = SelectorCandidates::Strict;
   bool sel_stop_gradient = false;
   Buffer d_dyn, d_conv;  // backward scratch [NB, D2], [NB, H]
   Buffer topk_ids, topk_vals, label_logit, cand, unary, gold, covered, pred, u, sel_du, du_bf, scores, d_unary, sel_ce,

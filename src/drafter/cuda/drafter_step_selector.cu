@@ -36,7 +36,7 @@ void DrafterStepCuda::Impl::selector_forward(const train::DrafterBatch& b) {
   for (int64_t r = 0; r < R; ++r) p[r] = b.in->tokens[b.rows->teacher_at[r]];
   upload_i32(pred, p);
   cuda::selector_candidates(ctx, v2(cand, R, SK), v2(unary, R, SK), v1(gold, R), v1(covered, R), v2(topk_ids, R, SK),
-                            v2(topk_vals, R, SK), v1(labels, R), v1(label_logit, R));
+                            v2(topk_vals, R, SK), v1(labels, R), v1(label_logit, R), sel_candidates);
   cuda::matmul_forward(ctx, v2(u, R, SR), v2(h_rows, R, H), w.sel_hidden_proj, ops::Accumulate::No);
   cuda::selector_forward(ctx, v2(scores, R, SK), v1(sel_ce, R), v1(sel_slot, R), v2(u, R, SR), v2(unary, R, SK),
                          v2(cand, R, SK), v1(pred, R), v1(gold, R), w.sel_pred_codebook, w.sel_succ_codebook);

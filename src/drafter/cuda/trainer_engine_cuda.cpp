@@ -46,7 +46,7 @@ class CudaEngine final : public TrainerEngine {
       upload_bf16(ctx_, lm_head_.t(), s.lm_head.ptr<float>());
     }
     step_.set_frozen(embed_.t(), s.tied ? embed_.t() : lm_head_.t());
-    step_.set_selector_objective(s.selector_alpha, s.selector_stop_gradient);
+    step_.set_selector_objective(s.selector_candidates, s.selector_stop_gradient);
     // Upload the weights (the fp32 masters, or the bf16 state rounded to nearest); reset_from_params writes
     // the bf16 copy (fp32 state) and zeroes m and v.
     upload_weights();

@@ -24,8 +24,19 @@ Each case directory holds (layout of gen_golden.py's qwen3-tiny-a, plus the DFla
   golden.safetensors see GOLDEN_DOC below (also written into case.json as "golden_layout")
   case.json          scalars: shapes, anchors, losses, metrics, grad norms, AdamW settings, provenance
 
+The strict case (issue 47, dflash2-tiny-strict) transcribes SpecForge's current objective instead: the
+selector's CE over the strict unary top-K, a row whose gold is not among them contributing no selector term
+(sgl-project/SpecForge specforge/algorithms/common/dflash_family_model.py `_selector_chunk_terms` at
+36eb793a; selector weights = loss weights x covered, one DFlash denominator), and its selector-weight
+schedule (specforge/training/torchtitan/runtime.py `_selector_alpha` at 36eb793a): AdamW steps on
+CE + alpha_s x selector with alpha_s = 0 for the first int(total x warmup_ratio) completed steps, then
+alpha x min(1, (s - W + 1) / int(total x ramp_ratio)). The zero-weighted term stays in the graph (SpecForge
+keeps it so DDP sees every selector parameter): its parameters get zero gradients and AdamW still steps them.
+docs/dflash2.md section 3 cites both.
+
 usage: python gen_golden_dflash2.py OFFICIAL_MODEL_PY OUTDIR [CASE ...]
-       (cases: dflash2-tiny-a, dflash2-tiny-b; default both. Needs torch, transformers, safetensors.)
+       (cases: dflash2-tiny-a, dflash2-tiny-b, dflash2-tiny-strict; default all. Needs torch, transformers,
+       safetensors.)
 """
 import copy
 import hashlib
@@ -49,8 +60,10 @@ GOLDEN_DOC = {
     "rows.pred [N, B] I32": "teacher-forced predecessor: token a+k-1 (the anchor token for k = 1)",
     "rows.w0 [N, B]": "[a+k < end][k > 0] loss_mask[a+k]",
     "rows.w [N, B]": "rows.w0 * exp(-(k-1)/gamma)",
-    "sel.cand [N, B, K] I32": "training candidates: unary top-K (descending), the gold replacing slot K-1 when missing",
-    "sel.gold_index [N, B] I32": "slot of the gold token in sel.cand",
+    "sel.cand [N, B, K] I32": "training candidates: unary top-K (descending), the gold replacing slot K-1 when missing "
+        "(case.json selector_candidates insert; strict: the top-K unchanged)",
+    "sel.gold_index [N, B] I32": "slot of the gold token in sel.cand (strict: -1 where it is not among them: no "
+        "selector term, sel.ce 0 there)",
     "sel.covered [N, B] U8": "gold within the strict unary top-K",
     "sel.scores [N, B, K]": "teacher-forced selector scores over sel.cand (unary + transition)",
     "sel.ce [N, B]": "-log softmax(sel.scores)[gold_index]",
@@ -77,6 +90,14 @@ CASES = {
                            output_multiplier=2.5, softcap=4.0, alpha=0.7, hot=24,
                            sample_temperature=0.8, sample_seed=7),
     # the held-out shape: other widths, 3 drafter layers, block 6, 3 taps, groups of 8, no softcap
+    # issue 47: SpecForge's strict top-K objective and the selector schedule (tiny-a's shape, another seed)
+    "dflash2-tiny-strict": dict(seed=2903, V=512, H=64, L=6, NH=4, NKV=2, HD=24, I=128, theta=1e6,
+                                seqs=[37, 29, 53], n_anchor=[5, 4, 7], lossmask_holes=True,
+                                D=2, DNH=4, DNKV=2, DHD=16, DI=96, layer_ids=[1, 3], block=8, gamma=7.0,
+                                conv_kernel=2, conv_group=16, top_k=16, rank=16,
+                                output_multiplier=2.5, softcap=4.0, alpha=0.7, hot=24,
+                                sample_temperature=0.8, sample_seed=7, candidates="strict",
+                                schedule=dict(total_steps=8, warmup_ratio=0.125, ramp_ratio=0.25, steps=4)),
     "dflash2-tiny-b": dict(seed=2902, V=384, H=48, L=6, NH=4, NKV=2, HD=12, I=96, theta=1e7,
                            seqs=[41, 23, 30], n_anchor=[6, 3, 4], lossmask_holes=True,
                            D=3, DNH=3, DNKV=1, DHD=16, DI=80, layer_ids=[0, 2, 4], block=6, gamma=4.0,
@@ -228,11 +249,17 @@ def check_from_pretrained(off, outdir, drafter):
 # ------------------------------------------------------------------------------------------------------
 # the selector objective (this project's reference; docs/dflash2.md "Training objective")
 # ------------------------------------------------------------------------------------------------------
-def training_candidates(z, labels, K):
-    """Unary top-K (descending) with the gold put into slot K-1 when missing. -> cand, gold_index, covered."""
+def training_candidates(z, labels, K, mode="insert"):
+    """Unary top-K (descending). insert: the gold put into slot K-1 when missing (speculators'
+    selector_training_candidates). strict: the top-K unchanged (SpecForge's _selector_chunk_terms); its
+    gold index is argmax over no match = slot 0 where the gold is missing, as SpecForge's, and that row's CE
+    is weighted 0 by the caller. -> cand, gold_index, covered."""
     top = torch.topk(z, K, dim=-1).indices
     match = top.eq(labels.unsqueeze(-1))
     covered = match.any(-1)
+    if mode == "strict":
+        return top, match.long().argmax(-1), covered
+    assert mode == "insert", mode
     gold_index = torch.where(covered, match.long().argmax(-1), torch.full_like(labels, K - 1))
     cand = top.clone()
     cand[..., K - 1] = torch.where(covered, top[..., K - 1], labels)
@@ -247,11 +274,29 @@ def selector_scores(z, h, pred, cand, P, S, Wh):
     return unary + trans
 
 
-def selector_ce(z, h, labels, pred, P, S, Wh, K):
-    cand, gold_index, covered = training_candidates(z.detach(), labels, K)
+def selector_ce(z, h, labels, pred, P, S, Wh, K, mode="insert"):
+    """The per-row selector CE; strict: times covered (SpecForge's selector_loss_weights = loss_weights x
+    target_is_candidate), and gold_index -1 where the gold is missing (this project's convention for "no
+    selector term", include/dflash/drafter_ops.h)."""
+    cand, gold_index, covered = training_candidates(z.detach(), labels, K, mode)
     scores = selector_scores(z, h, pred, cand, P, S, Wh)
     ce = -torch.log_softmax(scores, -1).gather(-1, gold_index.unsqueeze(-1)).squeeze(-1)
+    if mode == "strict":
+        ce = ce * covered.to(ce.dtype)
+        gold_index = torch.where(covered, gold_index, torch.full_like(gold_index, -1))
     return ce, scores, cand, gold_index, covered
+
+
+def selector_alpha(completed, alpha, warmup_ratio, ramp_ratio, total_steps):
+    """SpecForge's schedule (specforge/training/torchtitan/runtime.py _selector_alpha): `completed` optimizer
+    steps done before this one."""
+    warmup = int(total_steps * warmup_ratio)
+    if completed < warmup:
+        return 0.0
+    ramp = int(total_steps * ramp_ratio)
+    if ramp <= 0:
+        return alpha
+    return alpha * min(max((completed - warmup + 1) / ramp, 0.0), 1.0)
 
 
 def greedy_walk(z, h, anchor, P, S, Wh, K):
@@ -408,7 +453,9 @@ def make_case(off, off_sha, off_path, outdir, name, c):
         cs = model.candidate_selector
         return cs.predecessor_codebook.weight, cs.successor_codebook.weight, cs.hidden_projection.weight
 
-    def objective(model, alpha, stop_gradient=False, kind="ce"):
+    mode = c.get("candidates", "insert")
+
+    def objective(model, alpha, stop_gradient=False, kind="ce", keep_graph=False):
         h = forward_blocks(model)
         z = model.compute_logits(h, lm_head)
         logq = torch.log_softmax(z, -1)
@@ -421,9 +468,10 @@ def make_case(off, off_sha, off_path, outdir, name, c):
         unary_num = (w * unary).sum()
         P, S, Wh = selector_params(model)
         zs, hs = (z.detach(), h.detach()) if stop_gradient else (z, h)
-        sce, scores, cand, gold_index, covered = selector_ce(zs, hs, labels, preds, P, S, Wh, K)
+        sce, scores, cand, gold_index, covered = selector_ce(zs, hs, labels, preds, P, S, Wh, K, mode)
         sel_num = (w * sce).sum()
-        loss = (unary_num + alpha * sel_num) / den if alpha else unary_num / den
+        # keep_graph (the schedule): alpha 0 still multiplies the term, so the selector gets zero gradients
+        loss = (unary_num + alpha * sel_num) / den if (alpha or keep_graph) else unary_num / den
         return dict(loss=loss, unary=unary_num / den, sel=sel_num / den, h=h, z=z, scores=scores, cand=cand,
                     gold_index=gold_index, covered=covered, sce=sce)
 
@@ -466,7 +514,7 @@ def make_case(off, off_sha, off_path, outdir, name, c):
             per_pos_acc=per_pos(pred_u == labels),
             per_pos_recall=per_pos(covered),
             per_pos_selector_acc=per_pos(sel_tok == labels),
-            covered_rows=int((covered & valid).sum()), inserted_rows=int((~covered & valid).sum()),
+            covered_rows=int((covered & valid).sum()), uncovered_rows=int((~covered & valid).sum()),
             valid_rows=int(nvalid), weight_sum=float(w.sum()),
         )
     if not 0 < metrics["covered_rows"] < metrics["valid_rows"]:
@@ -526,9 +574,32 @@ def make_case(off, off_sha, off_path, outdir, name, c):
     for n, p in d2.named_parameters():
         golden[f"after2.{release_name(n)}"] = p.detach().float().clone()
 
+    # ---------------- the selector schedule (SpecForge's _selector_alpha), AdamW on d2 ----------------
+    schedule = None
+    if c.get("schedule"):
+        sc = c["schedule"]
+        ds = copy.deepcopy(drafter)
+        opt_s = torch.optim.AdamW(ds.parameters(), lr=ADAM["lr"], betas=(ADAM["beta1"], ADAM["beta2"]),
+                                  eps=ADAM["eps"], weight_decay=ADAM["weight_decay"])
+        alphas, losses = [], []
+        for s in range(sc["steps"]):
+            a = selector_alpha(s, c["alpha"], sc["warmup_ratio"], sc["ramp_ratio"], sc["total_steps"])
+            opt_s.zero_grad(set_to_none=True)
+            rr = objective(ds, a, keep_graph=True)
+            alphas.append(a)
+            losses.append(rr["loss"].item())
+            rr["loss"].backward()
+            torch.nn.utils.clip_grad_norm_(ds.parameters(), ADAM["clip"])
+            opt_s.step()
+        assert alphas[0] == 0.0 and 0.0 < alphas[1] < c["alpha"] and alphas[-1] == c["alpha"], alphas
+        schedule = dict(total_steps=sc["total_steps"], warmup_ratio=sc["warmup_ratio"], ramp_ratio=sc["ramp_ratio"],
+                        alphas=alphas, losses=losses,
+                        doc="AdamW steps on d2 (constant lr) with alpha_s = SpecForge's _selector_alpha(s); "
+                            "losses[s] before step s's update")
+
     # ---------------- op-level goldens ----------------
     golden.update(conv_op_golden(off, g, c))
-    sel_op, sel_op_loss = selector_op_golden(g, c)
+    sel_op, sel_op_loss = selector_op_golden(g, c, mode)
     golden.update(sel_op)
 
     save_file({k: v.contiguous() for k, v in golden.items()}, os.path.join(outdir, "golden.safetensors"))
@@ -548,6 +619,10 @@ def make_case(off, off_sha, off_path, outdir, name, c):
         grad_norm={k: v["grad_norm"] for k, v in case_grads.items()}, objectives=case_grads,
         selector_op_loss=sel_op_loss, metrics=metrics, golden_layout=GOLDEN_DOC,
     )
+    if mode != "insert":  # cases made before issue 47 have neither key: they inserted, with a constant alpha
+        case["selector_candidates"] = mode
+    if schedule:
+        case["selector_schedule"] = schedule
     with open(os.path.join(outdir, "case.json"), "w") as f:
         json.dump(case, f, indent=1)
     print(name, "N=%d ce=%.6f sel=%.6f d2=%.6f kl2=%.6f acc=%.3f recall=%.3f sel_acc=%.3f serve_streak=%.3f "
@@ -584,7 +659,7 @@ def conv_op_golden(off, g, c):
     return {kk: v.detach().float().clone() for kk, v in out.items()}
 
 
-def selector_op_golden(g, c):
+def selector_op_golden(g, c, mode="insert"):
     """The selector objective alone on random rows, with covered and inserted golds both present."""
     R, Hs, Vs, rk, K = 24, c["H"], 96, c["rank"], c["top_k"]
     f = lambda *s, sc=1.0: (sc * torch.randn(*s, generator=g, dtype=torch.float32)).double()
@@ -600,7 +675,7 @@ def selector_op_golden(g, c):
         label[rr] = top[rr, (rr // 2) % K]
     wr = torch.rand(R, generator=g).double()
     wr[3] = 0.0  # a row without weight
-    ce, scores, cand, gold_index, covered = selector_ce(z, h, label, pred, P, S, Wh, K)
+    ce, scores, cand, gold_index, covered = selector_ce(z, h, label, pred, P, S, Wh, K, mode)
     loss = (wr * ce).sum()
     loss.backward()
     out = {"op.sel.h": h, "op.sel.z": z, "op.sel.P": P, "op.sel.S": S, "op.sel.Wh": Wh, "op.sel.w": wr,
