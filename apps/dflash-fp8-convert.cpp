@@ -9,7 +9,7 @@
 //                     dynamic per-token activations, ignore = ["lm_head"] + the --ignore entries (exact names
 //                     or "re:" regular expressions).
 // Every 2-D "*_proj.weight" of a decoder layer the config does not exclude is quantized (round to nearest
-// even, the arithmetic of include/dflash/fp8.h; the writer is src/io/fp8_convert.cpp); every other tensor and
+// even, the arithmetic of include/dflash/fp8.h; the writer is src/model/fp8_convert.cpp); every other tensor and
 // file is copied as it is.
 #include <cstdio>
 #include <string>

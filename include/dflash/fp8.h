@@ -4,8 +4,8 @@
 //   e4m3fn: 1 sign, 4 exponent (bias 7), 3 mantissa bits; no infinities; 0x7F / 0xFF are NaN; the
 //   largest finite value is 448 (0x7E). Subnormals: m/8 * 2^-6.
 //
-// The quantizers follow transformers' fine-grained FP8 (src/transformers/integrations/finegrained_fp8.py,
-// recorded in docs/fp8.md) bit for bit:
+// The quantizers follow transformers' fine-grained FP8 (its finegrained_fp8 integration, recorded in
+// docs/fp8.md) bit for bit:
 //   weights, blocks of 128x128:  scale = 448 / amax (1 when amax = 0);  q = e4m3(clamp(w * scale, ±448));
 //                                weight_scale_inv = 1 / scale;          w ≈ q * weight_scale_inv
 //   activations, per token in groups of `group` input channels (128; a whole row for compressed-tensors'
