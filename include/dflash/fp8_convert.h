@@ -18,8 +18,8 @@ struct Fp8ConvertResult {
   int converted = 0;         // linear projections written in FP8
 };
 
-// Writes dst (a new directory): src's config.json with a quantization_config, every 2-D "*_proj.weight"
-// of a decoder layer the config does not exclude (`ignore`: modules_to_not_convert patterns, or
+// Writes dst (a new directory): src's config.json with a quantization_config, every decoder layer's
+// linear (a 2-D "<module>.weight": *_proj, the Gated DeltaNet's in_proj_qkv/z/a/b) the config does not exclude (`ignore`: modules_to_not_convert patterns, or
 // compressed-tensors ignore entries) as F8_E4M3 + its scale, every other tensor and file copied. Fatal
 // BadOptions when dst exists, BadInput when src is already quantized.
 Fp8ConvertResult write_fp8_checkpoint(const std::string& src, const std::string& dst, Fp8ConvertFormat format,

@@ -39,8 +39,13 @@ nlohmann::json quantization_config(bool block, const std::vector<std::string>& i
           {"ignore", ct_ignore}};
 }
 
+// A decoder layer's nn.Linear weight: every 2-D "<module>.weight" under ".layers." (q/k/v/o_proj, the MLP's
+// projections, the Gated DeltaNet's in_proj_qkv/in_proj_z/in_proj_a/in_proj_b/out_proj). Norms, A_log and
+// dt_bias are 1-D, the Gated DeltaNet's conv1d is 3-D: transformers' replace_with_fp8_linear converts
+// exactly the nn.Linear modules, and which of those stay bf16 is the written config's list (stores_fp8),
+// so the copy stores what its config.json says.
 bool is_layer_linear(const std::string& name, const TensorInfo& t) {
-  const std::string suffix = "_proj.weight";
+  const std::string suffix = ".weight";
   return t.shape.size() == 2 && name.find(".layers.") != std::string::npos && name.size() > suffix.size() &&
          name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
