@@ -38,7 +38,8 @@ Qwen3Config load_qwen3_config(const std::string& config_json_path);
 // Refuses (fatal BadInput naming the field) a target config.json that describes a model this build does
 // not implement, which would otherwise load and train silently wrong: a model_type or architectures
 // entry of another family or an MoE (hybrid: whether it is a Qwen3.5/3.6 hybrid, is_qwen35_config),
-// attention_bias or mlp_bias true, hidden_act other than silu, a quantization_config. Absent fields pass.
+// attention_bias or mlp_bias true, hidden_act other than silu, a quantization_config other than the FP8
+// formats parse_target_quantization reads (dflash/target_quant.h). Absent fields pass.
 void check_target_config_supported(const nlohmann::json& root, const std::string& source, bool hybrid);
 
 // A config.json read as a JSON object (fatal BadInput when it cannot be opened, parsed, or is not an

@@ -27,6 +27,24 @@ void matmul_residual_forward(const Ctx& ctx, const Tensor& out, const Tensor& in
 void matmul_backward(const Ctx& ctx, const Tensor& din, const Tensor& dW, const Tensor& dout, const Tensor& in,
                      const Tensor& W);
 
+// ---- FP8 linears (docs/fp8.md, the host arithmetic in dflash/fp8.h) -----------------------------------
+// out [N, K] = dequantize(quantize(in [N, K])): each row's groups of `group` input channels (the last one
+// may be partial) scaled by amax / 448 and rounded to e4m3 (round to nearest even), then multiplied back:
+// the input an FP8 linear's GEMM sees. group = 128 for the fine-grained format, K for one scale per token.
+// out may alias in.
+void fp8_activation_qdq(const Ctx& ctx, const Tensor& out, const Tensor& in, int64_t group);
+// The FP8 linear: out [N, O] (+)= fp8(in [N, K]) · w^T with
+//   w = w_codes [O, K] (F8E4M3) * w_scales [KB, O] (F32, KB = ceil(K/128); scale of output row o for input
+//       channels [128 kb, 128 kb + 128), stored kb-major: a 128x128 block scale repeated over its rows, or a
+//       channel scale repeated over the groups -- cuBLASLt's VEC128_32F layout),
+//   in quantized per token in groups of 128 into act_codes [N, K] (F8E4M3) and act_scales [KB, N] (F32),
+//   both written (scratch the caller owns). CPU: fp32 in/out, the host arithmetic, act_* bit-exact with
+//   CUDA's. CUDA: BF16 in/out, the activation quantization kernel + cuBLASLt's block-scaled FP8 GEMM (sm_90
+//   only: VEC128_32F x VEC128_32F; K % 128 == 0, O % 16 == 0, N % 16 == 0 there; elsewhere DeviceFailure).
+void fp8_linear_forward(const Ctx& ctx, const Tensor& out, const Tensor& in, const Tensor& w_codes,
+                        const Tensor& w_scales, const Tensor& act_codes, const Tensor& act_scales,
+                        Accumulate acc = Accumulate::No);
+
 // ---- embedding --------------------------------------------------------------------------------
 // out [T, H] = table [V, H] rows at tokens [T] (I32). An id outside [0, V) is a BadInput error.
 void embedding_forward(const Ctx& ctx, const Tensor& out, const Tensor& tokens, const Tensor& table);

@@ -7,6 +7,7 @@
 
 #include "dflash/hf_config.h"
 #include "dflash/packed_batch.h"
+#include "dflash/target_quant.h"
 #include "dflash/tensor.h"
 
 namespace dflash {
@@ -27,6 +28,9 @@ struct TargetConfig {
   Qwen3Config text;
   // Only for Qwen35Hybrid (null otherwise): layer kinds, Gated DeltaNet heads, partial RoPE.
   std::shared_ptr<const Qwen35Config> qwen35;
+  // How the checkpoint stores its linears (config.json's quantization_config) and how the run executes
+  // them: the checkpoint's precision, unless resolve_target_precision applied --target-precision.
+  TargetQuantization quant;
 };
 
 // Reads <dir>/config.json once, decides the family, and refuses (BadInput, naming the file and field)

@@ -12,7 +12,8 @@
 
 namespace dflash {
 
-enum class DType : uint8_t { F32, BF16, F16, I32, U8, I64 };
+// F8E4M3: OCP e4m3fn bytes (FP8 checkpoints' weights, the FP8 wire; arithmetic in dflash/fp8.h).
+enum class DType : uint8_t { F32, BF16, F16, I32, U8, I64, F8E4M3 };
 enum class Device : uint8_t { CPU, CUDA };
 
 size_t dtype_size(DType t);

@@ -17,6 +17,7 @@ size_t dtype_size(DType t) {
     case DType::I32: return 4;
     case DType::U8: return 1;
     case DType::I64: return 8;
+    case DType::F8E4M3: return 1;
   }
   return 0;
 }
@@ -29,6 +30,7 @@ const char* dtype_name(DType t) {
     case DType::I32: return "I32";
     case DType::U8: return "U8";
     case DType::I64: return "I64";
+    case DType::F8E4M3: return "F8_E4M3";
   }
   return "?";
 }

@@ -24,6 +24,7 @@
 #include "causal_conv1d.cuh"
 #include "dflash/tensor.h"
 #include "embedding.cuh"
+#include "fp8_linear.cuh"
 #include "gated_delta_rule.cuh"
 #include "gated_rmsnorm.cuh"
 #include "gdn_gates.cuh"
@@ -60,6 +61,8 @@ struct Library {
   decltype(&ops::qkv_norm_rope_forward) qkv_norm_rope_forward;
   decltype(&ops::swiglu_forward) swiglu_forward;
   decltype(&ops::swiglu_fused_forward) swiglu_fused_forward;
+  decltype(&ops::fp8_activation_qdq) fp8_activation_qdq;
+  decltype(&ops::fp8_linear_forward) fp8_linear_forward;
   decltype(&cuda::attention_varlen_causal_forward) attention_varlen_causal_forward;  // + kernel choice
   // ---- dflash/drafter_ops.h ----
   decltype(&ops::block_attention_forward) block_attention_forward;

@@ -14,6 +14,7 @@
 #include <sstream>
 
 #include "dflash/error.h"
+#include "dflash/target_quant.h"
 #include "io/json_file.h"
 
 namespace dflash {
@@ -228,9 +229,14 @@ bool is_one_of(const json& v, std::initializer_list<const char*> names) {
   return false;
 }
 
+// Whether a quantization_config may be there: a target's is read by parse_target_quantization
+// (include/dflash/target_quant.h), which refuses what this build does not run; a drafter has none.
+enum class QuantizationConfig : uint8_t { Refused, ReadByTarget };
+
 // Fields whose other values describe math this build does not run (shared by targets and drafters):
-// biases in attention or MLP, an activation other than SiLU, quantized weights.
-void check_supported_math(const json& j, const std::string& where, const std::string& source) {
+// biases in attention or MLP, an activation other than SiLU, quantized weights (drafters).
+void check_supported_math(const json& j, const std::string& where, const std::string& source,
+                          QuantizationConfig quant) {
   auto at = [&](const char* key) { return "'" + where + key + "' in " + source; };
   for (const char* key : {"attention_bias", "mlp_bias"})
     DF_CHECK_HINT(!j.contains(key) || j[key].is_null() || j[key] == false, BadInput,
@@ -239,6 +245,7 @@ void check_supported_math(const json& j, const std::string& where, const std::st
   DF_CHECK_HINT(!j.contains("hidden_act") || j["hidden_act"].is_null() || j["hidden_act"] == "silu", BadInput,
                 "field " << at("hidden_act") << " is " << j["hidden_act"].dump() << ": this build's MLP is SwiGLU (silu)",
                 "the model is not a Qwen3-family model this build implements");
+  if (quant == QuantizationConfig::ReadByTarget) return;
   DF_CHECK_HINT(!j.contains("quantization_config") || j["quantization_config"].is_null(), BadInput,
                 "field " << at("quantization_config") << " is set ("
                          << (j["quantization_config"].is_object() && j["quantization_config"].contains("quant_method")
@@ -253,8 +260,9 @@ void check_supported_math(const json& j, const std::string& where, const std::st
 void check_target_config_supported(const json& root, const std::string& source, bool hybrid) {
   DF_CHECK_HINT(root.is_object(), BadInput, source << " is not a JSON object", kConfigHint);
   const bool nested = root.contains("text_config") && root["text_config"].is_object();
-  check_supported_math(root, "", source);
-  if (nested) check_supported_math(root["text_config"], "text_config.", source);
+  check_supported_math(root, "", source, QuantizationConfig::ReadByTarget);
+  if (nested) check_supported_math(root["text_config"], "text_config.", source, QuantizationConfig::ReadByTarget);
+  (void)parse_target_quantization(root, source);  // a quantization this build does not read: refused here
   const char* const hint = hybrid ? "this build runs dense Qwen3.5/3.6 hybrids (Qwen3_5ForCausalLM, "
                                     "Qwen3_5ForConditionalGeneration)"
                                   : "this build runs dense Qwen3 targets (Qwen3ForCausalLM, model_type qwen3) and "
@@ -358,7 +366,7 @@ DrafterConfig parse_drafter_config(const json& j, const std::string& source) {
   DF_CHECK_HINT(!j.contains("text_config"), BadInput, source << ": a DFlash drafter config has no text_config",
                 format_hint);
 
-  check_supported_math(j, "", source);
+  check_supported_math(j, "", source, QuantizationConfig::Refused);
   DrafterConfig d;
   d.layers = parse_qwen3_config(j, source);
   d.layers.weight_prefix = "";  // drafter keys are "layers.N.*", "fc.weight", "norm.weight"

@@ -44,14 +44,15 @@ enum class DTypeLookup { Supported, Unsupported, Unknown };
 DTypeLookup parse_dtype(const std::string& s, DType* out) {
   static const std::pair<const char*, DType> supported[] = {
       {"F32", DType::F32}, {"BF16", DType::BF16}, {"F16", DType::F16},
-      {"I32", DType::I32}, {"U8", DType::U8},     {"I64", DType::I64}};
+      {"I32", DType::I32}, {"U8", DType::U8},     {"I64", DType::I64},
+      {"F8_E4M3", DType::F8E4M3}};
   for (const auto& [name, t] : supported)
     if (s == name) {
       *out = t;
       return DTypeLookup::Supported;
     }
   static const char* const known_other[] = {"BOOL", "I8", "I16", "U16", "U32", "U64",
-                                            "F64", "F8_E4M3", "F8_E5M2", "F8_E8M0", "F4"};
+                                            "F64", "F8_E5M2", "F8_E8M0", "F4"};
   for (const char* name : known_other)
     if (s == name) return DTypeLookup::Unsupported;
   return DTypeLookup::Unknown;

@@ -23,6 +23,7 @@
 #include <utility>
 #include <vector>
 
+#include "dflash/ops.h"
 #include "dflash/target.h"
 #include "dflash/tensor.h"
 #include "model/capture_stack.h"
@@ -61,9 +62,10 @@ class DecoderStackTarget : public TargetModel {
   Tensor lm_head() const override { return weights_->lm_head_table(); }
 
  protected:
-  // text: the stack's sizes. Checks max_tokens and plans the captures (BadOptions); allocates nothing.
-  DecoderStackTarget(const Ctx& ctx, const Qwen3Config& text, const std::string& dir, std::vector<int> capture_layers,
-                     int64_t max_tokens);
+  // text: the stack's sizes; quant: how its linears are stored and run (docs/fp8.md). Checks max_tokens
+  // and plans the captures (BadOptions); allocates nothing.
+  DecoderStackTarget(const Ctx& ctx, const Qwen3Config& text, const TargetQuantization& quant, const std::string& dir,
+                     std::vector<int> capture_layers, int64_t max_tokens);
 
   // Once the family has loaded its weights (which must outlive this object and stay in place):
   // `layers` are its layers' shared parts.
@@ -76,8 +78,15 @@ class DecoderStackTarget : public TargetModel {
 
   // Allocates the activations, once: the two stream buffers and x_norm; then reserve_mixer(views), where
   // the family reserves its token mixer's phases and allocates any buffer of its own; then the MLP's
-  // phase, the one scratch allocation every phase's views share, and the device batch.
-  void allocate_activations(const std::function<void(ScratchViews& views)>& reserve_mixer);
+  // phase, the one scratch allocation every phase's views share, and the device batch. widest_mixer_input:
+  // the most input features of the mixer's linears (an FP8 run quantizes each linear's input into a buffer
+  // of max(that, H, I) per token).
+  void allocate_activations(int64_t widest_mixer_input, const std::function<void(ScratchViews& views)>& reserve_mixer);
+
+  // out [T, O] (+)= in [T, K] W^T, and out = residual + in W^T: a frozen linear, its input quantized to
+  // e4m3 first when W runs FP8 (LinearMode::Fp8, docs/fp8.md).
+  void linear(const Tensor& out, const Tensor& in, const LinearWeight& W, ops::Accumulate acc = ops::Accumulate::No);
+  void linear_residual(const Tensor& out, const Tensor& in, const LinearWeight& W, const Tensor& residual);
 
   // dst = in + the token mixer of layer l over x = input_layernorm(in); x, in and dst hold T rows, cu the
   // packed batch's cu_seqlens. May overwrite x (the stack normalises dst into it next).
@@ -92,9 +101,12 @@ class DecoderStackTarget : public TargetModel {
   Ctx ctx_;
   DType act_ = DType::F32;  // activations: float32 on the CPU, bf16 on CUDA
   Qwen3Config text_;
+  TargetQuantization quant_;
 
  private:
   void layer_forward(int layer, const Tensor& in, const Tensor& dst, int64_t T, const Tensor& cu);
+  // in itself for a Plain W; for an FP8 W, in quantized -> dequantized into fp8_in_.
+  Tensor linear_input(const Tensor& in, const LinearWeight& W);
 
   std::vector<int> capture_layers_;
   CapturePlan captures_;
@@ -108,6 +120,7 @@ class DecoderStackTarget : public TargetModel {
   Tensor mlp_gate_up_;  // [max_tokens, 2I] the fused gate|up GEMM's output   (the MLP's phase of work_)
   Tensor mlp_act_;      // [max_tokens, I] silu(gate) * up
   DeviceBatch inputs_;  // tokens, positions, cu_seqlens
+  Buffer fp8_in_;       // FP8 runs: [max_tokens * widest linear input] the quantized input of an FP8 linear
 };
 
 }  // namespace dflash

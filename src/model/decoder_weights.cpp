@@ -6,6 +6,8 @@
 
 #include "dflash/backend.h"
 #include "dflash/error.h"
+#include "dflash/fp8.h"
+#include "model/fp8_weights.h"
 
 namespace dflash {
 namespace {
@@ -45,6 +47,19 @@ WeightSpec fused_part(std::string name, int64_t rows, int64_t H, Buffer* dst, in
   return s;
 }
 
+WeightSpec linear_weight(std::string name, std::vector<int64_t> shape, LinearWeight* dst, LoadAs how) {
+  WeightSpec s = plain_weight(std::move(name), std::move(shape), dst, how);
+  s.linear = dst;
+  return s;
+}
+
+WeightSpec fused_linear_part(std::string name, int64_t rows, int64_t H, LinearWeight* dst, int64_t row0,
+                             int64_t fused_rows) {
+  WeightSpec s = fused_part(std::move(name), rows, H, dst, row0, fused_rows);
+  s.linear = dst;
+  return s;
+}
+
 std::vector<WeightSpec> decoder_weight_specs(const Qwen3Config& c, DecoderStackWeights& w,
                                              const std::vector<DecoderLayerWeights*>& layers, LoadAs norms,
                                              const MixerSpecs& mixer_specs) {
@@ -59,9 +74,9 @@ std::vector<WeightSpec> decoder_weight_specs(const Qwen3Config& c, DecoderStackW
     s.push_back(plain_weight(lp + "input_layernorm.weight", {H}, &L.input_layernorm, norms));
     mixer_specs(l, lp, s);
     s.push_back(plain_weight(lp + "post_attention_layernorm.weight", {H}, &L.post_attention_layernorm, norms));
-    s.push_back(fused_part(lp + "mlp.gate_proj.weight", I, H, &L.gate_up_proj, 0, 2 * I));
-    s.push_back(fused_part(lp + "mlp.up_proj.weight", I, H, &L.gate_up_proj, I, 2 * I));
-    s.push_back(plain_weight(lp + "mlp.down_proj.weight", {H, I}, &L.down_proj));
+    s.push_back(fused_linear_part(lp + "mlp.gate_proj.weight", I, H, &L.gate_up_proj, 0, 2 * I));
+    s.push_back(fused_linear_part(lp + "mlp.up_proj.weight", I, H, &L.gate_up_proj, I, 2 * I));
+    s.push_back(linear_weight(lp + "mlp.down_proj.weight", {H, I}, &L.down_proj));
   }
   s.push_back(plain_weight(p + "norm.weight", {H}, &w.norm, norms));
   if (!c.tie_word_embeddings) s.push_back(plain_weight("lm_head.weight", {V, H}, &w.lm_head));
@@ -83,19 +98,32 @@ void check_no_layers_beyond_config(const Checkpoint& ckpt, const Qwen3Config& cf
   }
 }
 
-void load_decoder_weights(Checkpoint& ckpt, const Qwen3Config& c, std::vector<WeightSpec> specs,
-                          const std::vector<DecoderLayerWeights*>& layers, const Ctx& ctx, DType dtype,
-                          const char* mismatch_hint) {
+void load_decoder_weights(Checkpoint& ckpt, const Qwen3Config& c, const TargetQuantization& quant,
+                          std::vector<WeightSpec> specs, const std::vector<DecoderLayerWeights*>& layers,
+                          const Ctx& ctx, DType dtype, const char* mismatch_hint) {
   // A host float32 tensor taken as stored needs no staging: it is read straight into its buffer.
   auto direct = [&](const WeightSpec& s) {
-    return s.how == LoadAs::Plain && ctx.device == Device::CPU && (s.keep_f32 || dtype == DType::F32);
+    return s.how == LoadAs::Plain && ctx.device == Device::CPU && (s.keep_f32 || dtype == DType::F32) &&
+           !s.stored_fp8 && !s.runs_fp8;
   };
 
-  // Everything present, right shape, floating dtype: before any allocation or conversion.
+  // Everything present, right shape, floating dtype (or FP8 with its scales, as config.json says): before
+  // any allocation or conversion.
   size_t staging_numel = 0;
-  for (const WeightSpec& s : specs) {
-    const TensorInfo& t = ckpt.expect_float(s.name, s.ckpt_shape, mismatch_hint);
-    if (!direct(s)) staging_numel = std::max(staging_numel, t.numel());
+  std::map<const LinearWeight*, const WeightSpec*> fused_first;  // a fused linear's parts must agree
+  for (WeightSpec& s : specs) {
+    if (s.linear) {
+      plan_linear(ckpt, quant, s, mismatch_hint);
+      const WeightSpec*& first = fused_first[s.linear];
+      if (!first) first = &s;
+      DF_CHECK_HINT(first->runs_fp8 == s.runs_fp8, BadInput,
+                    "the checkpoint " << ckpt.dir() << " stores " << first->name << " and " << s.name
+                                      << " in different precisions, but they run as one fused projection",
+                    "quantize every projection that reads the same input alike (q/k/v, gate/up)");
+    } else {
+      ckpt.expect_float(s.name, s.ckpt_shape, mismatch_hint);
+    }
+    if (!direct(s)) staging_numel = std::max(staging_numel, ckpt.get(s.name).numel());
   }
   {
     std::vector<std::string> names;
@@ -117,10 +145,18 @@ void load_decoder_weights(Checkpoint& ckpt, const Qwen3Config& c, std::vector<We
       *s.dst = make_weight(ctx, dt, {s.fused_rows, s.buf_shape[1]});
     }
     const Tensor dst = s.fused_rows == 0 ? s.dst->t() : s.dst->t().slice_rows(s.row0, s.row0 + s.buf_shape[0]);
+    for (LinearWeight* L : {s.linear, s.linear2}) {
+      if (!L || !s.runs_fp8) continue;
+      L->mode = LinearMode::Fp8;
+      L->act_group = quant.format == CheckpointFp8::None ? fp8::kBlock : quant.act_group;
+    }
     if (direct(s)) {
       ckpt.load_f32(s.name, s.ckpt_shape, dst.ptr<float>());
     } else {
-      ckpt.load_f32(s.name, s.ckpt_shape, staging.data());
+      if (s.linear)
+        load_linear_f32(ckpt, quant, s, staging.data());
+      else
+        ckpt.load_f32(s.name, s.ckpt_shape, staging.data());
       switch (s.how) {
         case LoadAs::Plain:
           upload(ctx, dst, staging.data());

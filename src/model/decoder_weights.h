@@ -10,9 +10,22 @@
 
 #include "dflash/hf_config.h"
 #include "dflash/safetensors.h"
+#include "dflash/target_quant.h"
 #include "dflash/tensor.h"
 
 namespace dflash {
+
+// How a frozen linear projection of the target runs (docs/fp8.md).
+enum class LinearMode : uint8_t {
+  Plain,  // y = x W^T in the backend's dtype
+  Fp8,    // W holds the FP8 weights' values; the input is quantized to e4m3 first (ops::fp8_activation_qdq)
+};
+
+// A frozen Linear W [out, in] (the buffer, in the backend's dtype) and how it runs.
+struct LinearWeight : Buffer {
+  LinearMode mode = LinearMode::Plain;
+  int64_t act_group = 0;  // Fp8: input channels per activation scale (0: one per token)
+};
 
 // The parts of a decoder layer outside its token mixer, torch layout (Linear W [out, in]). The MLP's
 // gate_proj and up_proj [I, H] are loaded into the two row halves of one gate_up_proj [2I, H], so the
@@ -21,9 +34,9 @@ namespace dflash {
 struct DecoderLayerWeights {
   Buffer input_layernorm;           // [H] (Qwen3.5/3.6: stored as 1 + w)
   Buffer post_attention_layernorm;  // [H] (Qwen3.5/3.6: stored as 1 + w)
-  Buffer gate_up_proj;              // [2I, H]: gate_proj | up_proj rows
+  LinearWeight gate_up_proj;        // [2I, H]: gate_proj | up_proj rows
   Tensor gate_proj, up_proj;        // views of gate_up_proj: [I, H] each
-  Buffer down_proj;                 // [H, I]
+  LinearWeight down_proj;           // [H, I]
 };
 
 // The parts of a decoder stack outside its layers.
@@ -55,12 +68,24 @@ struct WeightSpec {
   // which holds fused_rows rows in all (allocated by whichever part loads first). fused_rows = 0: dst is
   // the tensor.
   int64_t row0 = 0, fused_rows = 0;
+  // A linear projection (dst, and dst2 for SplitQueryGate, are these LinearWeights): it may be stored FP8
+  // (F8_E4M3 + its scale tensor) and may run FP8. quantize_on_load: --target-precision fp8 on a bf16
+  // checkpoint quantizes it (docs/fp8.md says which ones it leaves alone).
+  LinearWeight* linear = nullptr;
+  LinearWeight* linear2 = nullptr;
+  bool quantize_on_load = true;
+  // Decided by load_decoder_weights' checks: stored as F8_E4M3; runs FP8.
+  bool stored_fp8 = false, runs_fp8 = false;
 };
 
 // A tensor loaded as stored, into its own buffer of the checkpoint's shape.
 WeightSpec plain_weight(std::string name, std::vector<int64_t> shape, Buffer* dst, LoadAs how = LoadAs::Plain);
 // A [rows, H] tensor loaded as stored into rows [row0, row0 + rows) of a fused [fused_rows, H] buffer.
 WeightSpec fused_part(std::string name, int64_t rows, int64_t H, Buffer* dst, int64_t row0, int64_t fused_rows);
+// The same for linear projections (the spec's `linear` set).
+WeightSpec linear_weight(std::string name, std::vector<int64_t> shape, LinearWeight* dst, LoadAs how = LoadAs::Plain);
+WeightSpec fused_linear_part(std::string name, int64_t rows, int64_t H, LinearWeight* dst, int64_t row0,
+                             int64_t fused_rows);
 
 // The tensors of a decoder stack in checkpoint order: embed_tokens; per layer input_layernorm, the token
 // mixer's (mixer_specs(l, "PREFIX.layers.l.", specs) appends them), post_attention_layernorm, gate_proj,
@@ -73,13 +98,16 @@ std::vector<WeightSpec> decoder_weight_specs(const Qwen3Config& c, DecoderStackW
 
 // Loads `specs` from ckpt onto ctx's device as dtype (float32 where keep_f32): every tensor checked present with its checkpoint shape and a floating
 // dtype (BadInput naming it, with `mismatch_hint`) and the config's dtype label, all before any allocation;
+// a linear may instead be F8_E4M3 with its scale tensor, as `quant` (config.json) says, and is then
+// dequantized on load; a linear that runs FP8 (quant.precision) is marked LinearMode::Fp8, and one stored
+// in bf16 that --target-precision fp8 converts holds its quantize -> dequantize values (docs/fp8.md);
 // then shard by shard, each shard's mapping released once its last tensor is in place (a large checkpoint
 // is never mapped whole). A host float32 Plain tensor is read straight into its buffer; every other one
 // goes through one host float32 staging buffer, where the load-time rewrites happen, converted to the
 // device dtype on the way. Finally each layer's gate_proj/up_proj views of its gate_up_proj.
-void load_decoder_weights(Checkpoint& ckpt, const Qwen3Config& c, std::vector<WeightSpec> specs,
-                          const std::vector<DecoderLayerWeights*>& layers, const Ctx& ctx, DType dtype,
-                          const char* mismatch_hint);
+void load_decoder_weights(Checkpoint& ckpt, const Qwen3Config& c, const TargetQuantization& quant,
+                          std::vector<WeightSpec> specs, const std::vector<DecoderLayerWeights*>& layers,
+                          const Ctx& ctx, DType dtype, const char* mismatch_hint);
 
 // Pointers to the shared part of each layer of a family's layer vector.
 template <class LayerWeights>

@@ -12,6 +12,7 @@
 //   (the residual add in the output projection's epilogue).
 #include "model/qwen35_target.h"
 
+#include <algorithm>
 #include <cmath>
 #include <utility>
 #include <vector>
@@ -27,12 +28,12 @@ namespace {
 
 class Qwen35Target final : public DecoderStackTarget {
  public:
-  Qwen35Target(const Qwen35Config& cfg, const std::string& dir, const Ctx& ctx, std::vector<int> capture_layers,
-               int64_t max_tokens)
-      : DecoderStackTarget(ctx, cfg.text, dir, std::move(capture_layers), max_tokens), cfg_(cfg) {
+  Qwen35Target(const Qwen35Config& cfg, const TargetQuantization& quant, const std::string& dir, const Ctx& ctx,
+               std::vector<int> capture_layers, int64_t max_tokens)
+      : DecoderStackTarget(ctx, cfg.text, quant, dir, std::move(capture_layers), max_tokens), cfg_(cfg) {
     const Qwen3Config& c = text_;
     Checkpoint ckpt(dir);
-    w_ = load_qwen35_weights(ckpt, cfg_, ctx, act_);
+    w_ = load_qwen35_weights(ckpt, cfg_, ctx, act_, quant_);
     bind_weights(w_, w_.layers);
 
     bool any_linear = false, any_full = false;
@@ -40,7 +41,8 @@ class Qwen35Target final : public DecoderStackTarget {
     // The mixers' per-token activations -- a Gated DeltaNet's, then a full attention's phase -- share the
     // layer scratch with the MLP's phase: a phase's views are dead once its output GEMM has run, so the
     // scratch is the largest phase (the MLP's 3I values per token on the 27B shape) rather than their sum.
-    allocate_activations([&](ScratchViews& views) {
+    const int64_t widest_input = std::max(int64_t(c.num_attention_heads) * c.head_dim, cfg_.gdn_heads().value_dim());
+    allocate_activations(widest_input, [&](ScratchViews& views) {
       const int64_t T = max_tokens;
       const Device d = ctx.device;
       const DType act = act_, f32 = DType::F32;
@@ -81,17 +83,17 @@ class Qwen35Target final : public DecoderStackTarget {
     const ops::GdnHeads gh = cfg_.gdn_heads();
     const Tensor qkv_t = rows(qkv_, T), conv_t = rows(conv_, T), z_t = rows(z_, T), core_t = rows(core_, T);
     const Tensor a_t = rows(a_, T), b_t = rows(b_, T), g_t = rows(g_, T), beta_t = rows(beta_, T);
-    ops::matmul_forward(ctx_, qkv_t, x, A.in_proj_qkv);
+    linear(qkv_t, x, A.in_proj_qkv);
     ops::causal_conv1d_silu_forward(ctx_, conv_t, qkv_t, A.conv1d, cu);
-    ops::matmul_forward(ctx_, z_t, x, A.in_proj_z);
-    ops::matmul_forward(ctx_, b_t, x, A.in_proj_b);
-    ops::matmul_forward(ctx_, a_t, x, A.in_proj_a);
+    linear(z_t, x, A.in_proj_z);
+    linear(b_t, x, A.in_proj_b);
+    linear(a_t, x, A.in_proj_a);
     ops::gdn_gates_forward(ctx_, g_t, beta_t, a_t, b_t, A.A_log, A.dt_bias);
     ops::gated_delta_rule_forward(ctx_, core_t, state_, conv_t, g_t, beta_t, cu, gh, gdn_work_.t());
     // The output norm runs per value head: rows of dv.
     const Tensor heads = core_t.reshape({T * gh.nv, gh.dv});
     ops::gated_rmsnorm_forward(ctx_, heads, heads, z_t.reshape({T * gh.nv, gh.dv}), A.norm, text_.rms_norm_eps);
-    ops::matmul_residual_forward(ctx_, dst, core_t, A.out_proj, residual);
+    linear_residual(dst, core_t, A.out_proj, residual);
   }
 
   void full_attn_forward(const Qwen35FullAttnWeights& A, const Tensor& x, const Tensor& residual, const Tensor& dst,
@@ -101,17 +103,17 @@ class Qwen35Target final : public DecoderStackTarget {
     const ops::RopeSpec rope{c.rope_theta, cfg_.rotary_dim};
     const Tensor qt = rows(q_, T), gt = rows(gate_, T), kt = rows(k_, T), vt = rows(v_, T), at = rows(attn_, T);
     const Tensor pos = positions(T);
-    ops::matmul_forward(ctx_, qt, x, A.q_proj);
-    ops::matmul_forward(ctx_, gt, x, A.gate_proj);
-    ops::matmul_forward(ctx_, kt, x, A.k_proj);
-    ops::matmul_forward(ctx_, vt, x, A.v_proj);
+    linear(qt, x, A.q_proj);
+    linear(gt, x, A.gate_proj);
+    linear(kt, x, A.k_proj);
+    linear(vt, x, A.v_proj);
     const Tensor q3 = qt.reshape({T, nh, hd}), k3 = kt.reshape({T, nkv, hd});
     ops::head_norm_rope_forward(ctx_, q3, Tensor(), q3, A.q_norm, pos, rope, c.rms_norm_eps);
     ops::head_norm_rope_forward(ctx_, k3, Tensor(), k3, A.k_norm, pos, rope, c.rms_norm_eps);
     ops::attention_varlen_causal_forward(ctx_, at.reshape({T, nh, hd}), q3, k3, vt.reshape({T, nkv, hd}), cu,
                                          1.0f / std::sqrt(static_cast<float>(hd)));
     ops::sigmoid_gate_forward(ctx_, at, at, gt);
-    ops::matmul_residual_forward(ctx_, dst, at, A.o_proj, residual);
+    linear_residual(dst, at, A.o_proj, residual);
   }
 
   Qwen35Config cfg_;
@@ -131,9 +133,10 @@ class Qwen35Target final : public DecoderStackTarget {
 
 }  // namespace
 
-std::unique_ptr<TargetModel> make_qwen35_target(const Qwen35Config& cfg, const std::string& dir, const Ctx& ctx,
-                                                std::vector<int> capture_layers, int64_t max_tokens) {
-  return std::make_unique<Qwen35Target>(cfg, dir, ctx, std::move(capture_layers), max_tokens);
+std::unique_ptr<TargetModel> make_qwen35_target(const Qwen35Config& cfg, const TargetQuantization& quant,
+                                                const std::string& dir, const Ctx& ctx, std::vector<int> capture_layers,
+                                                int64_t max_tokens) {
+  return std::make_unique<Qwen35Target>(cfg, quant, dir, ctx, std::move(capture_layers), max_tokens);
 }
 
 }  // namespace dflash

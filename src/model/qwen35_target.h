@@ -14,7 +14,9 @@ namespace dflash {
 // cfg: the checkpoint's parsed config (*load_target_config(dir).qwen35). Loads the safetensors from dir,
 // every tensor checked before any compute; onto ctx's device (bf16 on CUDA). Its forward runs each packed
 // sequence from a zero conv/recurrent state, attending only to itself.
-std::unique_ptr<TargetModel> make_qwen35_target(const Qwen35Config& cfg, const std::string& dir, const Ctx& ctx,
-                                                std::vector<int> capture_layers, int64_t max_tokens);
+// quant: how its linears are stored and run (load_target_config(dir).quant, docs/fp8.md).
+std::unique_ptr<TargetModel> make_qwen35_target(const Qwen35Config& cfg, const TargetQuantization& quant,
+                                                const std::string& dir, const Ctx& ctx, std::vector<int> capture_layers,
+                                                int64_t max_tokens);
 
 }  // namespace dflash

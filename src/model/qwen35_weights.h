@@ -21,22 +21,22 @@ namespace dflash {
 
 // Gated DeltaNet token mixer (linear_attn.*), torch layout W [out, in].
 struct Qwen35LinearAttnWeights {
-  Buffer in_proj_qkv;  // [2*nk*dk + nv*dv, H]  q | k | v
-  Buffer in_proj_z;    // [nv*dv, H]            output-norm gate
-  Buffer in_proj_b;    // [nv, H]               beta logits
-  Buffer in_proj_a;    // [nv, H]               decay input
+  LinearWeight in_proj_qkv;  // [2*nk*dk + nv*dv, H]  q | k | v
+  LinearWeight in_proj_z;    // [nv*dv, H]            output-norm gate
+  LinearWeight in_proj_b;    // [nv, H]               beta logits
+  LinearWeight in_proj_a;    // [nv, H]               decay input
   Buffer conv1d;       // [2*nk*dk + nv*dv, K]  depthwise causal conv (checkpoint [C, 1, K])
   Buffer A_log;        // [nv]
   Buffer dt_bias;      // [nv]
   Buffer norm;         // [dv]                  gated RMSNorm weight (plain)
-  Buffer out_proj;     // [H, nv*dv]
+  LinearWeight out_proj;     // [H, nv*dv]
 };
 
 // Gated full attention (self_attn.*).
 struct Qwen35FullAttnWeights {
-  Buffer q_proj, gate_proj;  // [nh*hd, H] each (split from the checkpoint's q_proj)
-  Buffer k_proj, v_proj;     // [nkv*hd, H]
-  Buffer o_proj;             // [H, nh*hd]
+  LinearWeight q_proj, gate_proj;  // [nh*hd, H] each (split from the checkpoint's q_proj)
+  LinearWeight k_proj, v_proj;     // [nkv*hd, H]
+  LinearWeight o_proj;             // [H, nh*hd]
   Buffer q_norm, k_norm;     // [hd], stored as 1 + w
 };
 
@@ -52,6 +52,8 @@ struct Qwen35Weights : DecoderStackWeights {
 
 // Checks that every tensor the config implies is in `ckpt` with the right shape and a floating dtype,
 // before allocating anything (BadInput naming the tensor), then loads them onto ctx's device as dtype.
-Qwen35Weights load_qwen35_weights(Checkpoint& ckpt, const Qwen35Config& cfg, const Ctx& ctx, DType dtype);
+// quant: how config.json says the linears are stored and how this run executes them (docs/fp8.md).
+Qwen35Weights load_qwen35_weights(Checkpoint& ckpt, const Qwen35Config& cfg, const Ctx& ctx, DType dtype,
+                                  const TargetQuantization& quant = TargetQuantization{});
 
 }  // namespace dflash

@@ -25,12 +25,12 @@ const Qwen3Config& checked(const Qwen3Config& cfg, const std::string& dir) {
 
 class Qwen3Target final : public DecoderStackTarget {
  public:
-  Qwen3Target(const Qwen3Config& cfg, const std::string& dir, const Ctx& ctx, std::vector<int> capture_layers,
-              int64_t max_tokens)
-      : DecoderStackTarget(ctx, checked(cfg, dir), dir, std::move(capture_layers), max_tokens) {
+  Qwen3Target(const Qwen3Config& cfg, const TargetQuantization& quant, const std::string& dir, const Ctx& ctx,
+              std::vector<int> capture_layers, int64_t max_tokens)
+      : DecoderStackTarget(ctx, checked(cfg, dir), quant, dir, std::move(capture_layers), max_tokens) {
     const Qwen3Config& c = text_;
     Checkpoint ckpt(dir);
-    w_ = load_qwen3_weights(ckpt, c, ctx, act_);
+    w_ = load_qwen3_weights(ckpt, c, ctx, act_, quant_);
     bind_weights(w_, w_.layers);
 
     const int64_t q_dim = int64_t(c.num_attention_heads) * c.head_dim;
@@ -38,7 +38,7 @@ class Qwen3Target final : public DecoderStackTarget {
     // The attention's phase of the layer scratch, sized (nh + 2nkv) hd + nh hd + 2 (nh hd + nkv hd) values
     // per token against the MLP's 3I: the fused qkv output beside q/k/v costs little (on the 8B shape 36864
     // values per token for both phases against 34816 for separate q, k, v, attn, gate, up buffers).
-    allocate_activations([&](ScratchViews& views) {
+    allocate_activations(q_dim, [&](ScratchViews& views) {
       views.reserve(&qkv_, act_, q_dim + 2 * kv_dim);
       views.reserve(&q_, act_, q_dim);
       views.reserve(&k_, act_, kv_dim);
@@ -57,13 +57,13 @@ class Qwen3Target final : public DecoderStackTarget {
     const int64_t nh = c.num_attention_heads, nkv = c.num_key_value_heads, hd = c.head_dim;
     const ops::RopeSpec rope{c.rope_theta, static_cast<int>(hd)};
     const Tensor qkvt = rows(qkv_, T), qt = rows(q_, T), kt = rows(k_, T), vt = rows(v_, T), at = rows(attn_, T);
-    ops::matmul_forward(ctx_, qkvt, x, L.qkv_proj);
+    linear(qkvt, x, L.qkv_proj);
     const Tensor q3 = qt.reshape({T, nh, hd}), k3 = kt.reshape({T, nkv, hd});
     ops::qkv_norm_rope_forward(ctx_, q3, k3, vt.reshape({T, nkv, hd}), qkvt, L.q_norm, L.k_norm, positions(T), rope,
                                c.rms_norm_eps);
     ops::attention_varlen_causal_forward(ctx_, at.reshape({T, nh, hd}), q3, k3, vt.reshape({T, nkv, hd}), cu,
                                          1.0f / std::sqrt(static_cast<float>(hd)));
-    ops::matmul_residual_forward(ctx_, dst, at, L.o_proj, in);
+    linear_residual(dst, at, L.o_proj, in);
   }
 
   Qwen3Weights w_;
@@ -75,9 +75,10 @@ class Qwen3Target final : public DecoderStackTarget {
 
 }  // namespace
 
-std::unique_ptr<TargetModel> make_qwen3_target(const Qwen3Config& cfg, const std::string& dir, const Ctx& ctx,
-                                               std::vector<int> capture_layers, int64_t max_tokens) {
-  return std::make_unique<Qwen3Target>(cfg, dir, ctx, std::move(capture_layers), max_tokens);
+std::unique_ptr<TargetModel> make_qwen3_target(const Qwen3Config& cfg, const TargetQuantization& quant,
+                                               const std::string& dir, const Ctx& ctx, std::vector<int> capture_layers,
+                                               int64_t max_tokens) {
+  return std::make_unique<Qwen3Target>(cfg, quant, dir, ctx, std::move(capture_layers), max_tokens);
 }
 
 }  // namespace dflash

@@ -11,8 +11,10 @@
 namespace dflash {
 
 // cfg: the checkpoint's parsed config (load_target_config(dir).text). Loads the safetensors from dir,
-// every tensor checked for presence and shape before any compute.
-std::unique_ptr<TargetModel> make_qwen3_target(const Qwen3Config& cfg, const std::string& dir, const Ctx& ctx,
-                                               std::vector<int> capture_layers, int64_t max_tokens);
+// every tensor checked for presence and shape before any compute; quant: how its linears are stored and
+// run (load_target_config(dir).quant, docs/fp8.md).
+std::unique_ptr<TargetModel> make_qwen3_target(const Qwen3Config& cfg, const TargetQuantization& quant,
+                                               const std::string& dir, const Ctx& ctx, std::vector<int> capture_layers,
+                                               int64_t max_tokens);
 
 }  // namespace dflash

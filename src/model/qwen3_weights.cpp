@@ -15,10 +15,10 @@ void attention_specs(const Qwen3Config& c, Qwen3LayerWeights& L, const std::stri
   const int64_t q_dim = int64_t(c.num_attention_heads) * c.head_dim;
   const int64_t kv_dim = int64_t(c.num_key_value_heads) * c.head_dim;
   const int64_t qkv_rows = q_dim + 2 * kv_dim;
-  s.push_back(fused_part(lp + "self_attn.q_proj.weight", q_dim, H, &L.qkv_proj, 0, qkv_rows));
-  s.push_back(fused_part(lp + "self_attn.k_proj.weight", kv_dim, H, &L.qkv_proj, q_dim, qkv_rows));
-  s.push_back(fused_part(lp + "self_attn.v_proj.weight", kv_dim, H, &L.qkv_proj, q_dim + kv_dim, qkv_rows));
-  s.push_back(plain_weight(lp + "self_attn.o_proj.weight", {H, q_dim}, &L.o_proj));
+  s.push_back(fused_linear_part(lp + "self_attn.q_proj.weight", q_dim, H, &L.qkv_proj, 0, qkv_rows));
+  s.push_back(fused_linear_part(lp + "self_attn.k_proj.weight", kv_dim, H, &L.qkv_proj, q_dim, qkv_rows));
+  s.push_back(fused_linear_part(lp + "self_attn.v_proj.weight", kv_dim, H, &L.qkv_proj, q_dim + kv_dim, qkv_rows));
+  s.push_back(linear_weight(lp + "self_attn.o_proj.weight", {H, q_dim}, &L.o_proj));
   s.push_back(plain_weight(lp + "self_attn.q_norm.weight", {c.head_dim}, &L.q_norm));
   s.push_back(plain_weight(lp + "self_attn.k_norm.weight", {c.head_dim}, &L.k_norm));
 }
@@ -44,7 +44,8 @@ void check_qwen3_target_config(const Qwen3Config& c, const std::string& source) 
                       : "sliding-window target layers are not supported by this build");
 }
 
-Qwen3Weights load_qwen3_weights(Checkpoint& ckpt, const Qwen3Config& cfg, const Ctx& ctx, DType dtype) {
+Qwen3Weights load_qwen3_weights(Checkpoint& ckpt, const Qwen3Config& cfg, const Ctx& ctx, DType dtype,
+                                const TargetQuantization& quant) {
   check_qwen3_target_config(cfg, ckpt.dir() + "/config.json");
   check_no_layers_beyond_config(ckpt, cfg);
   Qwen3Weights w;
@@ -54,7 +55,7 @@ Qwen3Weights load_qwen3_weights(Checkpoint& ckpt, const Qwen3Config& cfg, const 
       decoder_weight_specs(cfg, w, shared, LoadAs::Plain, [&](int l, const std::string& lp, std::vector<WeightSpec>& s) {
         attention_specs(cfg, w.layers[l], lp, s);
       });
-  load_decoder_weights(ckpt, cfg, std::move(specs), shared, ctx, dtype, "the checkpoint does not match its config.json");
+  load_decoder_weights(ckpt, cfg, quant, std::move(specs), shared, ctx, dtype, "the checkpoint does not match its config.json");
 
   // The original projections as row slices of the fused buffer (the order attention_specs loads them in).
   const int64_t q_dim = int64_t(cfg.num_attention_heads) * cfg.head_dim;

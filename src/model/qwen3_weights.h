@@ -15,10 +15,10 @@ namespace dflash {
 // layer): the checkpoint's q/k/v rows are loaded straight into row ranges of qkv_proj, and each stays
 // available as a row-slice view of it.
 struct Qwen3LayerWeights : DecoderLayerWeights {
-  Buffer qkv_proj;                  // [(nh + 2 nkv) hd, H]: q_proj | k_proj | v_proj rows
+  LinearWeight qkv_proj;            // [(nh + 2 nkv) hd, H]: q_proj | k_proj | v_proj rows
   Tensor q_proj, k_proj, v_proj;    // views of qkv_proj: [nh*hd, H], [nkv*hd, H], [nkv*hd, H]
   Buffer q_norm, k_norm;            // [hd] each, shared by the heads
-  Buffer o_proj;                    // [H, nh*hd]
+  LinearWeight o_proj;              // [H, nh*hd]
 };
 
 struct Qwen3Weights : DecoderStackWeights {
@@ -29,7 +29,9 @@ struct Qwen3Weights : DecoderStackWeights {
 // every tensor the config implies is in `ckpt` with the right shape and a floating dtype, all before
 // allocating or converting anything; then loads them converted to `dtype` on ctx's device.
 // Every failure is a BadInput error naming the tensor (or the config field).
-Qwen3Weights load_qwen3_weights(Checkpoint& ckpt, const Qwen3Config& cfg, const Ctx& ctx, DType dtype);
+// quant: how config.json says the linears are stored and how this run executes them (docs/fp8.md).
+Qwen3Weights load_qwen3_weights(Checkpoint& ckpt, const Qwen3Config& cfg, const Ctx& ctx, DType dtype,
+                                const TargetQuantization& quant = TargetQuantization{});
 
 // The config checks alone (also used before building anything that depends on the shapes).
 void check_qwen3_target_config(const Qwen3Config& cfg, const std::string& source);

@@ -26,6 +26,7 @@ TargetConfig load_target_config(const std::string& dir) {
   const nlohmann::json j = read_config_json(path);
   check_target_config_supported(j, path, is_qwen35_config(j));  // another family, biases, quantized: refused
   TargetConfig c;
+  c.quant = parse_target_quantization(j, path);
   if (is_qwen35_config(j)) {
     auto hybrid = std::make_shared<Qwen35Config>(parse_qwen35_config(j, path));
     c.family = TargetFamily::Qwen35Hybrid;
@@ -50,7 +51,7 @@ std::unique_ptr<TargetModel> make_target_model(const TargetConfig& cfg, const st
                 ctx.device == Device::CUDA ? "run with --backend cpu" : "check config.json");
   switch (cfg.family) {
     case TargetFamily::Qwen3:
-      return make_qwen3_target(cfg.text, dir, ctx, std::move(capture_layers), max_tokens);
+      return make_qwen3_target(cfg.text, cfg.quant, dir, ctx, std::move(capture_layers), max_tokens);
     case TargetFamily::Qwen35Hybrid:
       DF_ASSERT(cfg.qwen35 != nullptr);
       if (ctx.device == Device::CUDA) {
@@ -63,7 +64,7 @@ std::unique_ptr<TargetModel> make_target_model(const TargetConfig& cfg, const st
                                     << " (value); the cuda backend's delta rule takes multiples of 8 up to 128",
                       "run with --backend cpu");
       }
-      return make_qwen35_target(*cfg.qwen35, dir, ctx, std::move(capture_layers), max_tokens);
+      return make_qwen35_target(*cfg.qwen35, cfg.quant, dir, ctx, std::move(capture_layers), max_tokens);
   }
   DF_FAIL(Internal, "unknown target family " << static_cast<int>(cfg.family), "");
 }

@@ -33,6 +33,7 @@ EvalBudget ModelPlan::eval_budget(const Options& o) const {
 ModelPlan plan_job(const Options& o) {
   ModelPlan p;
   p.target = load_target_config(o.target_dir);
+  resolve_target_precision(p.target.quant, o.target_precision);
   const Qwen3Config& t = p.target.text;
   // --drafter brings its own layers and ids; a fresh drafter's recipe options must fit the target.
   p.drafter = drafter_config_for(t, o.drafter_dir, o.draft_layers, o.train);

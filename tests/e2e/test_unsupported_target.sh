@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # A target the code does not implement is refused at startup naming the field (exit 3), instead of
 # loading and training silently wrong: another family or an MoE (model_type, architectures), biases,
-# an activation other than SiLU, quantized weights, and weights of more layers than config.json says.
+# an activation other than SiLU, quantized weights other than FP8 (and an FP8 config over bf16 weights),
+# and weights of more layers than config.json says.
 source "$(dirname "$0")/lib.sh"
 tiny=$(tiny_dir)
 # variant NAME 'python statement on the config dict c': a copy of the tiny target with that config.
@@ -29,8 +30,11 @@ variant bias "c['attention_bias'] = True"
 case_rc bias 3 "field 'attention_bias' in $WORK/bias/config.json is true: this build's Qwen layers have no biases"
 variant gelu "c['hidden_act'] = 'gelu'"
 case_rc gelu 3 "field 'hidden_act' in $WORK/gelu/config.json is \"gelu\""
+variant awq "c['quantization_config'] = {'quant_method': 'awq', 'bits': 4}"
+case_rc awq 3 "field 'quantization_config' in $WORK/awq/config.json is set (quant_method \"awq\")"
+# An FP8 config over bf16 weights: the config and the weights describe different models (docs/fp8.md).
 variant fp8 "c['quantization_config'] = {'quant_method': 'fp8', 'weight_block_size': [128, 128]}"
-case_rc fp8 3 "field 'quantization_config' in $WORK/fp8/config.json is set (quant_method \"fp8\")"
+case_rc fp8 3 "but config.json's quantization_config (fp8 (fine-grained)) says model.layers.0."
 # The weights have 4 decoder layers; a config that says 3 would silently drop the last one.
 variant shallow "c['num_hidden_layers'] = 3; c.pop('layer_types', None); c.pop('max_window_layers', None)"
 case_rc shallow 3 "holds model.layers.3."

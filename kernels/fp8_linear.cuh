@@ -1,0 +1,13 @@
+// FP8 linears on CUDA (docs/fp8.md): the activation quantization and the block-scaled FP8 GEMM.
+#pragma once
+#include "dflash/ops.h"
+
+namespace dflash::cuda {
+
+// in/out [N, K] BF16 (core/cuda_entry.h says why the signature is the op's own).
+decltype(ops::fp8_activation_qdq) fp8_activation_qdq;
+
+// in/out [N, K]/[N, O] BF16; sm_90 only (cuBLASLt's VEC128_32F scale mode), DeviceFailure elsewhere.
+decltype(ops::fp8_linear_forward) fp8_linear_forward;
+
+}  // namespace dflash::cuda

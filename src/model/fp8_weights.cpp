@@ -1,0 +1,113 @@
+#include "model/fp8_weights.h"
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "dflash/error.h"
+#include "dflash/fp8.h"
+
+namespace dflash {
+namespace {
+
+std::string module_of(const std::string& weight_name) {
+  const std::string suffix = ".weight";
+  return weight_name.size() > suffix.size() && weight_name.compare(weight_name.size() - suffix.size(), suffix.size(), suffix) == 0
+             ? weight_name.substr(0, weight_name.size() - suffix.size())
+             : weight_name;
+}
+
+std::string shape_text(const std::vector<int64_t>& s) {
+  std::string t = "[";
+  for (size_t i = 0; i < s.size(); ++i) t += (i ? ", " : "") + std::to_string(s[i]);
+  return t + "]";
+}
+
+// The shapes a scale tensor of a [rows, cols] weight may have in format q.
+bool scale_shape_ok(const TargetQuantization& q, const std::vector<int64_t>& shape, int64_t rows, int64_t cols) {
+  if (q.scales == WeightScales::Channels)
+    return shape == std::vector<int64_t>{rows, 1} || shape == std::vector<int64_t>{rows};
+  return shape == std::vector<int64_t>{fp8::blocks(rows, q.block_rows), fp8::blocks(cols, q.block_cols)};
+}
+
+}  // namespace
+
+void plan_linear(Checkpoint& ckpt, const TargetQuantization& q, WeightSpec& s, const char* mismatch_hint) {
+  const TensorInfo& t = ckpt.get(s.name);
+  const std::string module = module_of(s.name);
+  s.stored_fp8 = t.dtype == DType::F8E4M3;
+  if (!s.stored_fp8) {
+    ckpt.expect_float(s.name, s.ckpt_shape, mismatch_hint);
+    DF_CHECK_HINT(!q.stores_fp8(module), BadInput,
+                  "tensor " << s.name << " in " << ckpt.dir() << " is " << dtype_name(t.dtype) << ", but config.json's "
+                            << "quantization_config (" << checkpoint_fp8_name(q.format) << ") says " << module
+                            << " is stored FP8 (it is not in its "
+                            << (q.format == CheckpointFp8::CompressedTensors ? "ignore" : "modules_to_not_convert") << " list)",
+                  "the config and the weights do not belong together: re-download the FP8 checkpoint, or drop "
+                  "quantization_config from a bf16 one");
+    s.runs_fp8 = q.precision == TargetPrecision::Fp8 && q.format == CheckpointFp8::None && s.quantize_on_load;
+    return;
+  }
+  DF_CHECK_HINT(t.shape == s.ckpt_shape, BadInput,
+                "tensor " << s.name << " in " << ckpt.dir() << " has shape " << t.shape_str() << ", expected "
+                          << shape_text(s.ckpt_shape) << " from config.json",
+                mismatch_hint);
+  DF_CHECK_HINT(q.format != CheckpointFp8::None, BadInput,
+                "tensor " << s.name << " in " << ckpt.dir() << " is F8_E4M3, but config.json has no quantization_config",
+                "use the config.json that came with these weights (an FP8 release's names its quant_method)");
+  DF_CHECK_HINT(q.stores_fp8(module), BadInput,
+                "tensor " << s.name << " in " << ckpt.dir() << " is F8_E4M3, but config.json's quantization_config "
+                          << "lists " << module << " as not converted",
+                "the config and the weights do not belong together: re-download the checkpoint");
+  DF_CHECK_HINT(s.ckpt_shape.size() == 2, BadInput, "tensor " << s.name << " is F8_E4M3 but not a matrix", mismatch_hint);
+  const std::string scale_name = module + "." + q.scale_suffix;
+  DF_CHECK_HINT(ckpt.has(scale_name), BadInput,
+                "tensor " << s.name << " in " << ckpt.dir() << " is F8_E4M3 but its scale " << scale_name << " is missing",
+                "the checkpoint download is incomplete, or it is of another FP8 format than its config.json says");
+  const TensorInfo& st = ckpt.get(scale_name);
+  const int64_t rows = s.ckpt_shape[0], cols = s.ckpt_shape[1];
+  DF_CHECK_HINT(scale_shape_ok(q, st.shape, rows, cols), BadInput,
+                "scale " << scale_name << " in " << ckpt.dir() << " has shape " << st.shape_str() << "; a " << rows << "x"
+                         << cols << " weight with "
+                         << (q.scales == WeightScales::Channels
+                                 ? "per-channel scales needs [" + std::to_string(rows) + ", 1]"
+                                 : std::to_string(q.block_rows) + "x" + std::to_string(q.block_cols) + " blocks needs " +
+                                       shape_text({fp8::blocks(rows, q.block_rows), fp8::blocks(cols, q.block_cols)})),
+                "the checkpoint is of another FP8 format than its config.json says");
+  DF_CHECK_HINT(st.dtype == DType::F32 || st.dtype == DType::BF16 || st.dtype == DType::F16, BadInput,
+                "scale " << scale_name << " in " << ckpt.dir() << " has dtype " << dtype_name(st.dtype)
+                         << "; FP8 scales are floating point",
+                "re-download the checkpoint");
+  s.runs_fp8 = q.precision == TargetPrecision::Fp8;
+}
+
+void load_linear_f32(Checkpoint& ckpt, const TargetQuantization& q, const WeightSpec& s, float* dst) {
+  const int64_t rows = s.ckpt_shape[0], cols = s.ckpt_shape.size() == 2 ? s.ckpt_shape[1] : 1;
+  if (!s.stored_fp8) {
+    ckpt.load_f32(s.name, s.ckpt_shape, dst);
+    if (s.runs_fp8) {
+      std::vector<uint8_t> codes(static_cast<size_t>(rows * cols));
+      std::vector<float> scale_inv(static_cast<size_t>(fp8::blocks(rows, fp8::kBlock) * fp8::blocks(cols, fp8::kBlock)));
+      fp8::quantize_weight_blocks(dst, rows, cols, codes.data(), scale_inv.data());
+      fp8::dequantize_weight_blocks(codes.data(), scale_inv.data(), rows, cols, fp8::kBlock, fp8::kBlock, dst);
+    }
+    return;
+  }
+  const std::string scale_name = module_of(s.name) + "." + q.scale_suffix;
+  std::vector<float> scale(ckpt.get(scale_name).numel());
+  tensor_to_f32(ckpt.get(scale_name), scale.data(), ckpt.dir());
+  const TensorInfo& t = ckpt.get(s.name);  // after the scale: get() may open another shard
+  const uint8_t* codes = static_cast<const uint8_t*>(t.data);
+  if (q.scales == WeightScales::Channels)
+    fp8::dequantize_weight_channels(codes, scale.data(), rows, cols, dst);
+  else
+    fp8::dequantize_weight_blocks(codes, scale.data(), rows, cols, q.block_rows, q.block_cols, dst);
+  size_t bad = 0;
+  for (int64_t i = 0; i < rows * cols; ++i) bad += !std::isfinite(dst[i]);
+  DF_CHECK_HINT(bad == 0, BadInput,
+                "tensor " << s.name << " in " << ckpt.dir() << " dequantizes to " << bad
+                          << " non-finite value(s) (NaN codes, or non-finite scales in " << scale_name << ")",
+                "the checkpoint is damaged: re-download it");
+}
+
+}  // namespace dflash

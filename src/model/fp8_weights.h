@@ -1,0 +1,21 @@
+// FP8 linears at load time (docs/fp8.md): what load_decoder_weights (model/decoder_weights.h) asks of a
+// linear projection's checkpoint tensor -- stored FP8 or not, runs FP8 or not -- and its float32 values.
+#pragma once
+#include "dflash/safetensors.h"
+#include "dflash/target_quant.h"
+#include "model/decoder_weights.h"
+
+namespace dflash {
+
+// Checks the linear s against the checkpoint and config.json's quantization (before any allocation) and
+// sets s.stored_fp8 / s.runs_fp8. Stored F8_E4M3: its scale tensor present with the format's shape and a
+// floating dtype, and the config saying the module is converted; stored BF16/F16/F32: the config saying it
+// is not. Every disagreement is a fatal BadInput naming the tensor.
+void plan_linear(Checkpoint& ckpt, const TargetQuantization& q, WeightSpec& s, const char* mismatch_hint);
+
+// s's float32 values [ckpt_shape] into dst: dequantized from e4m3 when stored FP8; else as stored, then
+// quantized -> dequantized (128x128 blocks) when s.runs_fp8 (--target-precision fp8 on a bf16 checkpoint).
+// A non-finite dequantized weight (a NaN code) is a fatal BadInput naming the tensor.
+void load_linear_f32(Checkpoint& ckpt, const TargetQuantization& q, const WeightSpec& s, float* dst);
+
+}  // namespace dflash

@@ -1,0 +1,65 @@
+// The FP8 linear's op entry points (dflash/ops.h): the CPU twins run the host arithmetic of dflash/fp8.h.
+#include <utility>
+#include <vector>
+
+#include "core/cuda_entry.h"
+#include "dflash/fp8.h"
+#include "dflash/ops.h"
+#include "ops/op_checks.h"
+
+namespace dflash::ops {
+
+void fp8_activation_qdq(const Ctx& ctx, const Tensor& out, const Tensor& in, int64_t group) {
+  constexpr const char* op = "fp8_activation_qdq";
+  detail::check_tensor(op, "in", in, ctx, 2);
+  detail::check_tensor(op, "out", out, ctx, 2);
+  detail::check_shape(op, "out", out, {in.shape[0], in.shape[1]});
+  DF_CHECK(group > 0, Internal, op << ": group must be positive, got " << group);
+  if (ctx.device == Device::CUDA) return cuda::library_for(op).fp8_activation_qdq(ctx, out, in, group);
+  detail::check_cpu_dtype(op, "in", in, DType::F32);
+  detail::check_cpu_dtype(op, "out", out, DType::F32);
+  fp8::activation_quant_dequant(in.ptr<float>(), in.shape[0], in.shape[1], group, out.ptr<float>());
+}
+
+}  // namespace dflash::ops
+
+namespace dflash::ops {
+
+void fp8_linear_forward(const Ctx& ctx, const Tensor& out, const Tensor& in, const Tensor& w_codes,
+                        const Tensor& w_scales, const Tensor& act_codes, const Tensor& act_scales, Accumulate acc) {
+  constexpr const char* op = "fp8_linear_forward";
+  for (const auto& [name, t] : {std::pair<const char*, const Tensor*>{"out", &out}, {"in", &in}, {"w_codes", &w_codes},
+                                {"w_scales", &w_scales}, {"act_codes", &act_codes}, {"act_scales", &act_scales}})
+    detail::check_tensor(op, name, *t, ctx, 2);
+  const int64_t N = in.shape[0], K = in.shape[1], O = w_codes.shape[0], KB = fp8::blocks(K, fp8::kBlock);
+  detail::check_shape(op, "w_codes", w_codes, {O, K});
+  detail::check_shape(op, "w_scales", w_scales, {KB, O});
+  detail::check_shape(op, "out", out, {N, O});
+  detail::check_shape(op, "act_codes", act_codes, {N, K});
+  detail::check_shape(op, "act_scales", act_scales, {KB, N});
+  DF_CHECK(w_codes.dtype == DType::F8E4M3 && act_codes.dtype == DType::F8E4M3 && w_scales.dtype == DType::F32 &&
+               act_scales.dtype == DType::F32,
+           Internal, op << ": codes must be F8E4M3 and scales F32");
+  if (ctx.device == Device::CUDA)
+    return cuda::library_for(op).fp8_linear_forward(ctx, out, in, w_codes, w_scales, act_codes, act_scales, acc);
+  detail::check_cpu_dtype(op, "in", in, DType::F32);
+  detail::check_cpu_dtype(op, "out", out, DType::F32);
+  // The activations: codes and row-major [N, KB] scales, then transposed into the kb-major layout.
+  std::vector<float> row_scales(static_cast<size_t>(N * KB));
+  uint8_t* codes = static_cast<uint8_t*>(act_codes.data);
+  fp8::quantize_activation_groups(in.ptr<float>(), N, K, fp8::kBlock, codes, row_scales.data());
+  float* as = static_cast<float*>(act_scales.data);
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t kb = 0; kb < KB; ++kb) as[kb * N + n] = row_scales[n * KB + kb];
+  // Both operands dequantized to fp32, then the float32 GEMM: the reference the CUDA GEMM is held to.
+  std::vector<float> x(static_cast<size_t>(N * K)), w(static_cast<size_t>(O * K));
+  const uint8_t* wc = static_cast<const uint8_t*>(w_codes.data);
+  const float* ws = static_cast<const float*>(w_scales.data);
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t k = 0; k < K; ++k) x[n * K + k] = fp8::e4m3_to_f32(codes[n * K + k]) * as[(k / fp8::kBlock) * N + n];
+  for (int64_t o = 0; o < O; ++o)
+    for (int64_t k = 0; k < K; ++k) w[o * K + k] = fp8::e4m3_to_f32(wc[o * K + k]) * ws[(k / fp8::kBlock) * O + o];
+  matmul_forward(ctx, out, cpu_view(x.data(), {N, K}), cpu_view(w.data(), {O, K}), acc);
+}
+
+}  // namespace dflash::ops

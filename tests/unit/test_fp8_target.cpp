@@ -1,0 +1,134 @@
+// FP8 targets on the CPU backend (docs/fp8.md): the golden tiny targets (dense and hybrid) run FP8 -- as a
+// release-format checkpoint written by write_fp8_checkpoint (fine-grained blocks, compressed-tensors
+// channels) and as --target-precision fp8 on the bf16 checkpoint -- and their captured features stay within
+// a bounded relative error of the bf16 run without equalling it; the two block-128 paths are the same
+// arithmetic, so they agree bit for bit. Checkpoints whose config and dtypes disagree are refused.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "dflash/error.h"
+#include "dflash/fp8_convert.h"
+#include "dflash/target.h"
+#include "test_support.h"
+
+namespace dflash {
+namespace {
+
+const std::string kGolden = std::string(DFLASH_TEST_DATA) + "/golden";
+
+test::RunResult run(const std::string& dir, const std::string& precision, const std::string& golden_case) {
+  TargetConfig cfg = load_target_config(dir);
+  resolve_target_precision(cfg.quant, precision);
+  const PackedBatch batch = test::golden_batch(kGolden + "/" + golden_case);
+  auto model = make_target_model(cfg, dir, cpu_ctx(), test::all_layers(cfg.text.num_hidden_layers), batch.num_tokens());
+  return test::run_target(*model, batch);
+}
+
+double relative_error(const std::vector<float>& a, const std::vector<float>& ref) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    num += (double(a[i]) - ref[i]) * (double(a[i]) - ref[i]);
+    den += double(ref[i]) * ref[i];
+  }
+  return std::sqrt(num / den);
+}
+
+class Fp8Target : public testing::TestWithParam<const char*> {
+ protected:
+  std::string golden_case() const { return GetParam(); }
+  std::string bf16_dir() const { return kGolden + "/" + golden_case() + "/target"; }
+  std::string tmp_ = test::make_temp_dir("fp8_target");
+};
+
+TEST_P(Fp8Target, FeaturesStayCloseToBf16AndTheBlockPathsAgree) {
+  const test::RunResult ref = run(bf16_dir(), "", golden_case());
+  const test::RunResult ours = run(bf16_dir(), "fp8", golden_case());  // --target-precision fp8
+  // The hybrid's in_proj_a/b stay bf16 under --target-precision fp8 (docs/fp8.md): the release leaves them
+  // alone too, so both runs are the same model.
+  const Fp8ConvertResult block =
+      write_fp8_checkpoint(bf16_dir(), tmp_ + "/block", Fp8ConvertFormat::Block, {"in_proj_a", "in_proj_b"});
+  const Fp8ConvertResult channel = write_fp8_checkpoint(bf16_dir(), tmp_ + "/channel", Fp8ConvertFormat::Channel, {});
+  EXPECT_GT(block.converted, 0);
+  EXPECT_GE(channel.converted, block.converted);
+  const test::RunResult released = run(tmp_ + "/block", "", golden_case());
+  const test::RunResult ct = run(tmp_ + "/channel", "", golden_case());
+  for (const auto* r : {&ours, &released, &ct}) {
+    const double e = relative_error(r->features, ref.features);
+    // e4m3 keeps 3 mantissa bits (relative rounding error <= 2^-4, ~1.8% rms for uniform mantissas) on both
+    // the weights and the activations; through a few layers the features move by a few percent, not 0.
+    EXPECT_GT(e, 1e-3) << "FP8 changed nothing: the linears did not run FP8";
+    EXPECT_LT(e, 0.15) << "FP8 features too far from bf16";
+  }
+  // The release's block-128 weights are what --target-precision fp8 makes on load: the same forward.
+  EXPECT_EQ(released.features, ours.features);
+  EXPECT_NE(ct.features, ours.features);
+  // --target-precision bf16 on the FP8 checkpoint: dequantized weights, unquantized activations; neither
+  // the bf16 run nor the FP8 one.
+  const test::RunResult dequantized = run(tmp_ + "/block", "bf16", golden_case());
+  EXPECT_NE(dequantized.features, ref.features);
+  EXPECT_NE(dequantized.features, released.features);
+  EXPECT_LT(relative_error(dequantized.features, ref.features), relative_error(released.features, ref.features));
+}
+
+INSTANTIATE_TEST_SUITE_P(Golden, Fp8Target, testing::Values("qwen3-tiny-a", "qwen35-tiny-a"));
+
+TEST(Fp8TargetRefused, ConfigAndDtypesMustAgree) {
+  const std::string dir = kGolden + "/qwen3-tiny-a/target";
+  const std::string tmp = test::make_temp_dir("fp8_refused");
+  // An FP8 checkpoint whose config lost its quantization_config.
+  write_fp8_checkpoint(dir, tmp + "/noconf", Fp8ConvertFormat::Block, {});
+  nlohmann::json c = read_config_json(tmp + "/noconf/config.json");
+  c.erase("quantization_config");
+  std::ofstream(tmp + "/noconf/config.json") << c.dump();
+  EXPECT_EXIT(run(tmp + "/noconf", "", "qwen3-tiny-a"), testing::ExitedWithCode(static_cast<int>(ExitCode::BadInput)),
+              "is F8_E4M3, but config.json has no quantization_config");
+  // A bf16 checkpoint whose config says FP8.
+  write_fp8_checkpoint(dir, tmp + "/lying", Fp8ConvertFormat::Block, {"mlp"});
+  c = read_config_json(tmp + "/lying/config.json");
+  c["quantization_config"]["modules_to_not_convert"] = nlohmann::json::array();
+  std::ofstream(tmp + "/lying/config.json") << c.dump();
+  EXPECT_EXIT(run(tmp + "/lying", "", "qwen3-tiny-a"), testing::ExitedWithCode(static_cast<int>(ExitCode::BadInput)),
+              "mlp.gate_proj.weight in .* but config.json's quantization_config .* says .* is stored FP8");
+}
+
+TEST(Fp8TargetQuantization, NotConvertedListsMatchAsTheirLibraries) {
+  nlohmann::json root = {{"quantization_config",
+                          {{"quant_method", "fp8"},
+                           {"weight_block_size", {128, 128}},
+                           {"modules_to_not_convert", {"model.layers.*.linear_attn.in_proj_a", "mlp.gate"}}}}};
+  const TargetQuantization fg = parse_target_quantization(root, "config.json");
+  EXPECT_FALSE(fg.stores_fp8("model.layers.7.linear_attn.in_proj_a"));  // digits become '*'
+  EXPECT_FALSE(fg.stores_fp8("model.layers.0.mlp.gate_proj"));          // substring, as transformers
+  EXPECT_TRUE(fg.stores_fp8("model.layers.0.mlp.down_proj"));
+  EXPECT_FALSE(fg.stores_fp8("lm_head"));                               // always added
+  EXPECT_EQ(fg.act_group, 128);
+  root = {{"quantization_config",
+           {{"quant_method", "compressed-tensors"},
+            {"format", "float-quantized"},
+            {"config_groups",
+             {{"group_0",
+               {{"weights", {{"num_bits", 8}, {"type", "float"}, {"strategy", "channel"}}},
+                {"input_activations", {{"num_bits", 8}, {"type", "float"}, {"strategy", "token"}, {"dynamic", true}}}}}}},
+            {"ignore", {"lm_head", "re:.*in_proj_[ab]$"}}}}};
+  const TargetQuantization ct = parse_target_quantization(root, "config.json");
+  EXPECT_EQ(ct.scales, WeightScales::Channels);
+  EXPECT_EQ(ct.act_group, 0);
+  EXPECT_FALSE(ct.stores_fp8("model.layers.3.linear_attn.in_proj_b"));
+  EXPECT_TRUE(ct.stores_fp8("model.layers.3.linear_attn.in_proj_qkv"));
+  EXPECT_FALSE(ct.stores_fp8("lm_head"));
+  root["quantization_config"]["config_groups"]["group_0"]["input_activations"]["dynamic"] = false;
+  EXPECT_EXIT(parse_target_quantization(root, "config.json"),
+              testing::ExitedWithCode(static_cast<int>(ExitCode::BadInput)), "static input_scale is not read");
+  root = {{"quantization_config", {{"quant_method", "awq"}}}};
+  EXPECT_EXIT(parse_target_quantization(root, "config.json"),
+              testing::ExitedWithCode(static_cast<int>(ExitCode::BadInput)), "quant_method \"awq\"");
+}
+
+}  // namespace
+}  // namespace dflash
