@@ -472,10 +472,16 @@ def write_tensorboard(run, logdir, which="auto"):
         if stage.old_fd is not None:
             before = sorted(n for n in os.listdir(stage.old_fd)
                             if n.startswith("events.out.tfevents.") and n.endswith(EVENT_SUFFIX))
-        if before:  # carried over as the same file (a hard link: not written), only if it is a plain file
-            st = os.stat(before[-1], dir_fd=stage.old_fd, follow_symlinks=False)
+        # Carried over as the same files (hard links: not written), plain files only: the newest earlier export
+        # and every file that is not one of ours (someone else's stays); our older exports go with the old
+        # directory.
+        keep = [] if stage.old_fd is None else [
+            n for n in os.listdir(stage.old_fd) if not n.startswith(".") and (n == (before[-1] if before else None)
+                                                                                 or not n.endswith(EVENT_SUFFIX))]
+        for n in keep:
+            st = os.stat(n, dir_fd=stage.old_fd, follow_symlinks=False)
             if st.st_mode & 0o170000 == 0o100000:
-                os.link(before[-1], before[-1], src_dir_fd=stage.old_fd, dst_dir_fd=stage.fd, follow_symlinks=False)
+                os.link(n, n, src_dir_fd=stage.old_fd, dst_dir_fd=stage.fd, follow_symlinks=False)
         scratch = ".dflash-report.scratch"
         os.mkdir(scratch, 0o700, dir_fd=stage.fd)
         w = tensorboard_writer(os.path.join(stage.path, scratch), which)
@@ -717,39 +723,15 @@ def write_wandb(run, project, name, directory=None, mode=None):
     fields = getattr(wandb.Settings, "model_fields", {})
     settings = wandb.Settings(**{k: v for k, v in want.items() if k in fields}) if fields else None
     rows = wandb_rows(run)
-    if not directory:
-        return _wandb_log(wandb, run, rows, project, name, None, mode, why, settings)
-    # W&B writes DIRECTORY/wandb/<run>/... by path: it writes into a fresh staging directory of ours instead
-    # (through its descriptor), whose entries are then renamed into DIRECTORY/wandb, itself reached without
-    # following a link (safe_out.py: nothing lands outside DIRECTORY through a planted link).
-    out = os.path.join(directory, "wandb")
-    pfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        try:
-            os.mkdir("wandb", dir_fd=pfd)
-        except FileExistsError:
-            pass
-        try:
-            wfd = os.open("wandb", safe_out.DIR_FLAGS, dir_fd=pfd)
-        except OSError as e:
-            raise safe_out.Refused(f"{out} is not a directory of its own (a symbolic link, or a file): refused") from e
-        try:
-            with safe_out.StagedDir(os.path.join(directory, ".wandb-stage")) as stage:
-                summary = _wandb_log(wandb, run, rows, project, name, stage.path, mode, why, settings)
-                sub_fd = os.open("wandb", safe_out.DIR_FLAGS, dir_fd=stage.fd)
-                try:
-                    for entry in os.listdir(sub_fd):  # the run's own directory, and latest-run (a link W&B makes)
-                        os.replace(entry, entry, src_dir_fd=sub_fd, dst_dir_fd=wfd)
-                finally:
-                    os.close(sub_fd)
-                if summary["dir"]:
-                    summary["dir"] = os.path.join(out, os.path.basename(summary["dir"]))
-                stage.discard = True
-        finally:
-            os.close(wfd)
-    finally:
-        os.close(pfd)
-    return summary
+    if directory:
+        # W&B writes DIRECTORY/wandb/<run>/... by path, in its own service process: a link planted at
+        # DIRECTORY/wandb (or a file there) is refused before it starts, never written through. (Staging W&B's
+        # directory and renaming it in lost the run's .wandb file to the service's late writes.)
+        os.makedirs(directory, exist_ok=True)
+        out = os.path.join(directory, "wandb")
+        if os.path.islink(out) or (os.path.lexists(out) and not os.path.isdir(out)):
+            raise safe_out.Refused(f"{out} is not a directory of its own (a symbolic link, or a file): refused")
+    return _wandb_log(wandb, run, rows, project, name, directory, mode, why, settings)
 
 
 def _wandb_log(wandb, run, rows, project, name, directory, mode, why, settings):
