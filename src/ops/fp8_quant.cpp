@@ -97,6 +97,16 @@ void dequantize_weight_channels(const uint8_t* codes, const float* scale, int64_
     for (int64_t c = 0; c < cols; ++c) out[r * cols + c] = e4m3_to_f32(codes[r * cols + c]) * scale[r];
 }
 
+namespace {
+// One activation group's scale: amax / 448 over columns [c0, c1) of a row (0 for an all-zero group). The one
+// rule of quantize_activation_groups and its quantize -> dequantize twin.
+float group_scale(const float* xr, int64_t c0, int64_t c1) {
+  float amax = 0.0f;
+  for (int64_t c = c0; c < c1; ++c) amax = std::max(amax, std::fabs(xr[c]));
+  return amax / kE4M3Max;
+}
+}  // namespace
+
 void quantize_activation_groups(const float* x, int64_t rows, int64_t cols, int64_t group, uint8_t* codes,
                                 float* scales) {
   const int64_t ng = blocks(cols, group);
@@ -104,9 +114,7 @@ void quantize_activation_groups(const float* x, int64_t rows, int64_t cols, int6
     for (int64_t g = 0; g < ng; ++g) {
       const int64_t c0 = g * group, c1 = std::min(cols, c0 + group);
       const float* xr = x + r * cols;
-      float amax = 0.0f;
-      for (int64_t c = c0; c < c1; ++c) amax = std::max(amax, std::fabs(xr[c]));
-      const float s = amax / kE4M3Max;
+      const float s = group_scale(xr, c0, c1);
       for (int64_t c = c0; c < c1; ++c) codes[r * cols + c] = s > 0.0f ? e4m3_from_f32_sat(xr[c] / s) : 0;
       scales[r * ng + g] = s;
     }
@@ -119,9 +127,7 @@ void activation_quant_dequant(const float* x, int64_t rows, int64_t cols, int64_
     for (int64_t g = 0; g < ng; ++g) {
       const int64_t c0 = g * group, c1 = std::min(cols, c0 + group);
       const float* xr = x + r * cols;
-      float amax = 0.0f;
-      for (int64_t c = c0; c < c1; ++c) amax = std::max(amax, std::fabs(xr[c]));
-      const float s = amax / kE4M3Max;
+      const float s = group_scale(xr, c0, c1);
       float* o = out + r * cols;
       for (int64_t c = c0; c < c1; ++c) o[c] = s > 0.0f ? e4m3_to_f32(e4m3_from_f32_sat(xr[c] / s)) * s : 0.0f;
     }
