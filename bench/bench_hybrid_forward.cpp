@@ -196,6 +196,12 @@ struct Model {
       cuda::fill_random(ctx, buf, seed++, mean, std);
       return buf;
     };
+    // A frozen projection: the bench runs them in bf16 (LinearMode::Plain), as the target does without FP8.
+    auto linear = [&](std::initializer_list<int64_t> dims, float mean, float std) {
+      LinearWeight lw;
+      static_cast<Buffer&>(lw) = weight(dims, mean, std);
+      return lw;
+    };
     auto activation = [&](DType dt, std::initializer_list<int64_t> dims) {
       act_bytes += bytes_of(dt, dims);
       return dry ? Buffer() : Buffer(Device::CUDA, dt, dims);
@@ -218,28 +224,28 @@ struct Model {
       L.input_layernorm = weight({H}, 1.f, 0.05f);
       if (L.kind == Qwen35LayerKind::LinearAttention) {
         Qwen35LinearAttnWeights& A = L.linear;
-        A.in_proj_qkv = weight({gh.qkv_dim(), H}, 0.f, 0.02f);
-        A.in_proj_z = weight({gh.value_dim(), H}, 0.f, 0.02f);
-        A.in_proj_b = weight({gh.nv, H}, 0.f, 0.02f);
-        A.in_proj_a = weight({gh.nv, H}, 0.f, 0.02f);
+        A.in_proj_qkv = linear({gh.qkv_dim(), H}, 0.f, 0.02f);
+        A.in_proj_z = linear({gh.value_dim(), H}, 0.f, 0.02f);
+        A.in_proj_b = linear({gh.nv, H}, 0.f, 0.02f);
+        A.in_proj_a = linear({gh.nv, H}, 0.f, 0.02f);
         A.conv1d = weight({gh.qkv_dim(), K}, 0.f, 0.3f);
         A.A_log = weight({gh.nv}, 1.4f, 0.8f, DType::F32);
         A.dt_bias = weight({gh.nv}, 1.f, 0.3f, DType::F32);
         A.norm = weight({gh.dv}, 1.f, 0.05f);
-        A.out_proj = weight({H, gh.value_dim()}, 0.f, 0.02f);
+        A.out_proj = linear({H, gh.value_dim()}, 0.f, 0.02f);
       } else {
         Qwen35FullAttnWeights& A = L.attn;
-        A.q_proj = weight({nh * hd, H}, 0.f, 0.02f);
-        A.gate_proj = weight({nh * hd, H}, 0.f, 0.02f);
-        A.k_proj = weight({nkv * hd, H}, 0.f, 0.02f);
-        A.v_proj = weight({nkv * hd, H}, 0.f, 0.02f);
-        A.o_proj = weight({H, nh * hd}, 0.f, 0.02f);
+        A.q_proj = linear({nh * hd, H}, 0.f, 0.02f);
+        A.gate_proj = linear({nh * hd, H}, 0.f, 0.02f);
+        A.k_proj = linear({nkv * hd, H}, 0.f, 0.02f);
+        A.v_proj = linear({nkv * hd, H}, 0.f, 0.02f);
+        A.o_proj = linear({H, nh * hd}, 0.f, 0.02f);
         A.q_norm = weight({hd}, 1.f, 0.05f);
         A.k_norm = weight({hd}, 1.f, 0.05f);
       }
       L.post_attention_layernorm = weight({H}, 1.f, 0.05f);
-      L.gate_up_proj = weight({2 * I, H}, 0.f, 0.02f);  // gate_proj | up_proj rows, as the loader fuses them
-      L.down_proj = weight({H, I}, 0.f, 0.02f);
+      L.gate_up_proj = linear({2 * I, H}, 0.f, 0.02f);  // gate_proj | up_proj rows, as the loader fuses them
+      L.down_proj = linear({H, I}, 0.f, 0.02f);
       w.layers.push_back(std::move(L));
     }
 
