@@ -2,6 +2,7 @@
 // with leading dimension c, so out = in · W^T becomes out^T = W · in^T with W transposed ("TN", the
 // layout cuBLASLt's fastest Hopper kernels take).
 #include "matmul.cuh"
+#include "matmul_plans.cuh"
 
 #include <algorithm>
 #include <cstdlib>
@@ -12,10 +13,14 @@
 
 namespace dflash::cuda {
 
+// One plan per tuning class (tuning_class below): the descriptors, the algorithm tuned at the class's first
+// shape, and the exact shape the layouts describe now with the algorithm that runs it.
 struct MatmulPlan {
   cublasLtMatmulDesc_t desc = nullptr;
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
-  cublasLtMatmulAlgo_t algo{};
+  cublasLtMatmulAlgo_t tuned{};  // the class's algorithm (timed, or the heuristic's first choice)
+  cublasLtMatmulAlgo_t algo{};   // the algorithm of the current shape: tuned, when cuBLASLt accepts it for it
+  int m = 0, n = 0, k = 0, lda = 0, ldb = 0, ldd = 0;  // the current shape
 };
 
 namespace {
@@ -33,9 +38,25 @@ cudaDataType cuda_type(DType t) {
 }
 
 // GEMMs at least this large (m * n * k) have their algorithm picked by timing the heuristic's top
-// candidates once, at the shape's first call; the heuristic's first choice is a few percent off on some
-// of the target's shapes. DFLASH_GEMM_AUTOTUNE=0 keeps the heuristic's choice.
+// candidates once, at the first shape of its tuning class (below); the heuristic's first choice is a few
+// percent off on some of the target's shapes. DFLASH_GEMM_AUTOTUNE=0 keeps the heuristic's choice.
 constexpr double kAutotuneMinWork = 1 << 30;
+
+// A job's GEMMs change shape with every batch: the token count T of a packed batch is one of their
+// dimensions (the target's projections, the drafter's fc and context k/v and their weight gradients), and
+// it is rarely the same twice. Timing the candidates at each new shape cost a job more than the GEMMs
+// themselves (eight candidates x four runs, a scratch allocation and its synchronizing free, per shape and
+// batch: the H100 job's target forward took 0.650 s where the kernels take 0.38, bench/results/
+// h100-issue44-plan/README.md). So the algorithm is chosen once per tuning class: every dimension rounded
+// up to its three leading bits (at most eight classes per octave; the models' widths, 4096, 6144, 12288,
+// 5120, ..., are their own class), and each new shape of a class takes the class's algorithm when
+// cuBLASLt accepts it for that shape (cublasLtMatmulAlgoCheck), else the heuristic's first choice for it.
+int tuning_class(int v) {
+  int shift = 0;
+  while ((v >> shift) >= 8) ++shift;  // v < 8 << shift: keep the three leading bits
+  const int unit = 1 << shift;
+  return (v + unit - 1) / unit * unit;
+}
 
 bool autotune_enabled() {
   static const bool on = [] {
@@ -84,13 +105,51 @@ int fastest_candidate(Backend& be, cudaStream_t stream, const MatmulPlan& p,
 
 // D [m, n] (column-major, ld ldd) = op(A) [m, k] · op(B) [k, n] + beta · C, C of D's type and layout: D
 // itself (in place) when C is null. A and B are bf16; D is bf16 or fp32.
+void set_layout(cublasLtMatrixLayout_t l, int rows, int cols, int ld) {
+  const uint64_t r = uint64_t(rows), c = uint64_t(cols);
+  const int64_t l64 = ld;
+  DF_CUBLAS(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_ROWS, &r, sizeof(r)));
+  DF_CUBLAS(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_COLS, &c, sizeof(c)));
+  DF_CUBLAS(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_LD, &l64, sizeof(l64)));
+}
+
+// The heuristic's candidates (at most kCandidates) for the plan's current shape and these alignments.
+constexpr int kCandidates = 8;
+int heuristic(Backend& be, const MatmulPlan& p, const uint32_t align[3], cublasLtMatmulHeuristicResult_t* results) {
+  cublasLtMatmulPreference_t pref;
+  DF_CUBLAS(cublasLtMatmulPreferenceCreate(&pref));
+  uint64_t ws = be.workspace_bytes;
+  DF_CUBLAS(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
+  DF_CUBLAS(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align[0], 4));
+  DF_CUBLAS(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align[1], 4));
+  DF_CUBLAS(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align[2], 4));
+  DF_CUBLAS(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align[2], 4));
+  int found = 0;
+  DF_CUBLAS(cublasLtMatmulAlgoGetHeuristic(be.lt, p.desc, p.a, p.b, p.c, p.c, pref, kCandidates, results, &found));
+  cublasLtMatmulPreferenceDestroy(pref);
+  DF_CHECK(found > 0, DeviceFailure,
+           "cuBLASLt found no algorithm for a bf16 GEMM m=" << p.m << " n=" << p.n << " k=" << p.k);
+  return found;
+}
+
+// Whether cuBLASLt runs `algo` on the plan's current shape within the workspace.
+bool accepts(Backend& be, const MatmulPlan& p, const cublasLtMatmulAlgo_t& algo) {
+  cublasLtMatmulHeuristicResult_t r{};
+  return cublasLtMatmulAlgoCheck(be.lt, p.desc, p.a, p.b, p.c, p.c, &algo, &r) == CUBLAS_STATUS_SUCCESS &&
+         r.workspaceSize <= be.workspace_bytes;
+}
+
+// D [m, n] (column-major, ld ldd) = op(A) [m, k] · op(B) [k, n] + beta · C, C of D's type and layout: D
+// itself (in place) when C is null. A and B are bf16; D is bf16 or fp32.
 void gemm(Backend& be, cudaStream_t stream, bool trans_a, bool trans_b, int m, int n, int k, const void* A,
           int lda, const void* B, int ldb, void* D, DType d_type, int ldd, float beta, const void* C = nullptr) {
   if (!C) C = D;
   // C and D share one layout and one alignment preference: the smaller of the two.
   int align_a = alignment_of(A), align_b = alignment_of(B), align_d = std::min(alignment_of(D), alignment_of(C));
-  MatmulKey key{trans_a, trans_b, m, n, k, lda, ldb, ldd, static_cast<int>(d_type) * 2 + (beta != 0.f),
-                align_a * 1000000 + align_b * 1000 + align_d};
+  const uint32_t align[3] = {uint32_t(align_a), uint32_t(align_b), uint32_t(align_d)};
+  MatmulKey key{trans_a, trans_b, tuning_class(m), tuning_class(n), tuning_class(k), 0, 0, 0,
+                static_cast<int>(d_type) * 2 + (beta != 0.f), align_a * 1000000 + align_b * 1000 + align_d};
+  cublasLtMatmulHeuristicResult_t results[kCandidates] = {};
   MatmulPlan*& plan = be.matmul_plans[key];
   if (!plan) {
     auto* p = new MatmulPlan();
@@ -102,28 +161,26 @@ void gemm(Backend& be, cudaStream_t stream, bool trans_a, bool trans_b, int m, i
     DF_CUBLAS(cublasLtMatrixLayoutCreate(&p->a, CUDA_R_16BF, trans_a ? k : m, trans_a ? m : k, lda));
     DF_CUBLAS(cublasLtMatrixLayoutCreate(&p->b, CUDA_R_16BF, trans_b ? n : k, trans_b ? k : n, ldb));
     DF_CUBLAS(cublasLtMatrixLayoutCreate(&p->c, cuda_type(d_type), m, n, ldd));
-    cublasLtMatmulPreference_t pref;
-    DF_CUBLAS(cublasLtMatmulPreferenceCreate(&pref));
-    uint64_t ws = be.workspace_bytes;
-    DF_CUBLAS(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
-    uint32_t al[3] = {uint32_t(align_a), uint32_t(align_b), uint32_t(align_d)};
-    DF_CUBLAS(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al[0], 4));
-    DF_CUBLAS(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al[1], 4));
-    DF_CUBLAS(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al[2], 4));
-    DF_CUBLAS(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al[2], 4));
-    constexpr int kCandidates = 8;
-    cublasLtMatmulHeuristicResult_t results[kCandidates] = {};
-    int found = 0;
-    DF_CUBLAS(cublasLtMatmulAlgoGetHeuristic(be.lt, p->desc, p->a, p->b, p->c, p->c, pref, kCandidates, results,
-                                             &found));
-    cublasLtMatmulPreferenceDestroy(pref);
-    DF_CHECK(found > 0, DeviceFailure,
-             "cuBLASLt found no algorithm for a bf16 GEMM m=" << m << " n=" << n << " k=" << k);
-    p->algo = results[0].algo;
+    p->m = m, p->n = n, p->k = k, p->lda = lda, p->ldb = ldb, p->ldd = ldd;
+    const int found = heuristic(be, *p, align, results);
+    p->tuned = results[0].algo;
     // Deterministic mode keeps the heuristic's choice: a timing may pick another algorithm next run.
     if (found > 1 && autotune_enabled() && !deterministic() && double(m) * n * k >= kAutotuneMinWork)
-      p->algo = results[fastest_candidate(be, stream, *p, results, found, m, n, A, B, d_type)].algo;
+      p->tuned = results[fastest_candidate(be, stream, *p, results, found, m, n, A, B, d_type)].algo;
+    p->algo = p->tuned;
     plan = p;
+  } else if (plan->m != m || plan->n != n || plan->k != k || plan->lda != lda || plan->ldb != ldb ||
+             plan->ldd != ldd) {
+    // Another shape of the class: the layouts describe it now (host-side attributes, no allocation).
+    MatmulPlan& p = *plan;
+    set_layout(p.a, trans_a ? k : m, trans_a ? m : k, lda);
+    set_layout(p.b, trans_b ? n : k, trans_b ? k : n, ldb);
+    set_layout(p.c, m, n, ldd);
+    p.m = m, p.n = n, p.k = k, p.lda = lda, p.ldb = ldb, p.ldd = ldd;
+    // Deterministic mode: the heuristic's first choice for this exact shape, whatever came first (a resumed
+    // run sees the shapes in another order and must run the same kernels).
+    if (deterministic()) p.algo = (heuristic(be, p, align, results), results[0].algo);
+    else p.algo = accepts(be, p, p.tuned) ? p.tuned : (heuristic(be, p, align, results), results[0].algo);
   }
   float alpha = 1.f;
   DF_CUBLAS(cublasLtMatmul(be.lt, plan->desc, &alpha, A, plan->a, B, plan->b, &beta, C, plan->c, D, plan->c,
@@ -186,5 +243,7 @@ void matmul_backward(const Ctx& ctx, const Tensor& din, const Tensor& dW, const 
     gemm(be, stream_of(ctx), false, true, I, O, N, in.data, I, dout.data, O, dW.data, dW.dtype, I, 1.f);
   }
 }
+
+int matmul_plan_count(const Ctx& ctx) { return static_cast<int>(backend_of(ctx).matmul_plans.size()); }
 
 }  // namespace dflash::cuda

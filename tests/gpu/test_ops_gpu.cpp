@@ -10,6 +10,7 @@
 #include "dflash/error.h"
 #include "dflash/ops.h"
 #include "gpu_test_util.h"
+#include "matmul_plans.cuh"
 
 namespace dflash {
 namespace {
@@ -53,6 +54,32 @@ TEST(GpuOps, MatmulResidualMatchesCpu) {
   EXPECT_EQ(to_host(g, d_res), residual);  // C is only read
   ops::matmul_residual_forward(g, d_res, d_in, d_W, d_res);
   EXPECT_LT(rel_err(to_host(g, d_res), want), test::tol::kOp);
+}
+
+// A job's token count changes with every batch (kernels/matmul.cu, tuning_class): the shapes of one class
+// share one plan (its algorithm tuned once, at the first; m*n*k above the autotune floor here) and every
+// one of them is still computed right; a shape of another class gets its own plan.
+TEST(GpuOps, MatmulTokenCountsOfOneClassShareAPlan) {
+  SKIP_WITHOUT_GPU();
+  Ctx g = gpu();
+  const int64_t I = 256, O = 640;
+  auto W = random_bf16(O * I, 31);
+  Buffer d_W = to_device(g, W, {O, I});
+  auto check = [&](int64_t N, uint64_t seed) {
+    auto in = random_bf16(N * I, seed);
+    std::vector<float> want(static_cast<size_t>(N * O));
+    ops::matmul_forward(kCpu, cpu_view(want.data(), {N, O}), cpu_view(in.data(), {N, I}), cpu_view(W.data(), {O, I}),
+                        ops::Accumulate::No);
+    Buffer d_in = to_device(g, in, {N, I}), d_out = to_device(g, {}, {N, O});
+    ops::matmul_forward(g, d_out, d_in, d_W, ops::Accumulate::No);
+    EXPECT_LT(rel_err(to_host(g, d_out), want), test::tol::kOp) << "N=" << N;
+  };
+  check(7200, 32);  // the class (7168, 8192]: its plan is made (and tuned) here
+  const int plans = cuda::matmul_plan_count(g);
+  for (int64_t N : {7777, 8192, 7169, 7200}) check(N, 33 + static_cast<uint64_t>(N));
+  EXPECT_EQ(cuda::matmul_plan_count(g), plans) << "shapes of one tuning class made new plans";
+  check(7168, 34);  // the class below
+  EXPECT_EQ(cuda::matmul_plan_count(g), plans + 1);
 }
 
 TEST(GpuOps, MatmulBackward) {
