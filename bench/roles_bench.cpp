@@ -7,7 +7,7 @@
 // heuristic, a scratch growth) shows as first - again, and the roles' medians set beside the kernels'.
 //
 //   dflash-roles-bench [--batches N] [--target-ctx main|colocated] -- DFLASH-TRAIN OPTIONS
-//   e.g. dflash-roles-bench --batches 12 -- --backend cuda --target T --data D --token-budget 16384 \
+//   e.g. dflash-roles-bench --batches 12 -- --backend cuda --target T --data D --token-budget 16384
 //        --max-anchors 512 --draft-layers 5 --loss ce
 //
 // The options after `--` are dflash-train's (parse_options): the same target, data, budget, anchors and

@@ -2,19 +2,22 @@
 # Issues 44 and 45 on one GPU (docs/cost_model.md "Validation", docs/pipeline.md "The colocated layout"): the cost
 # model's predictions against what the landed binaries measure on this GPU, and the layouts one GPU runs.
 #
-#   bash bench/plan/validate_one_gpu.sh BUILD OUT [sweep] [measure] [pipeline]   (default: sweep pipeline; each
+#   bash bench/plan/validate_one_gpu.sh BUILD OUT [sweep] [roles] [measure] [pipeline]   (default: sweep pipeline; each
 #   fits one 10-minute call; DENSITIES="batch record", LAYOUTS="1-1 colocated" choose the pipeline's runs)
 #
 # sweep:    bench/calibrate_sweep.sh's target and drafter parts (8B dense and 27B hybrid forwards, 8B steps at two
 #           anchor densities, 27B DFlash and DFlash2 steps): every median, to set beside the model's prediction
 #           (src/plan/calibration_points.cpp holds them once they land; dflash_unit_tests CostModel* checks).
+# roles:    dflash-roles-bench: the job's own target forward and drafter step on the job's own batches, each batch
+#           twice in a row (a first-time cost of a shape shows as first - again), per density; the target also on
+#           the colocated rank's second context.
 # measure:  each role alone on the GPU through the job (--topology auto --measure-only on one rank), per density.
 # pipeline: the layouts of one GPU through the real job on a random Qwen3-8B (records of 1024..8192 tokens,
 #           16384-token batches, 5 drafter layers, CE): 1-1 (two ranks time-sharing the GPU, hidden states staged
 #           through host memory) and colocated (one process, no mpirun), each at 512 anchors per batch and at 512
 #           per record (at most 2048 a batch, to fit an 80 GB card with both roles); metrics.h5 keeps the plan's
 #           prediction and dflash-report prints LAYOUT PLAN VS OBSERVED (report-*.txt), summary.txt the rates.
-# Needs: BUILD/{bench_target_forward, bench_hybrid_forward, drafter_bench, dflash-train, dflash-make-random}
+# Needs: BUILD/{bench_target_forward, bench_hybrid_forward, drafter_bench, dflash-train, dflash-make-random, dflash-roles-bench}
 # (flat or in bench/) and python3 with h5py + numpy (tools/dflash-report).
 set -u
 B=${1:?usage: bench/plan/validate_one_gpu.sh BUILD OUT [sweep] [pipeline]}
@@ -36,7 +39,7 @@ if [[ " $PARTS " == *" sweep "* ]]; then
   bash "$HERE/bench/calibrate_sweep.sh" "$B" "$OUT/sweep" target drafter > "$OUT/sweep.log" 2>&1
   echo "# sweep: $(grep -c '^## ' "$OUT/sweep/summary.txt" 2>/dev/null) runs"
 fi
-[[ " $PARTS " == *" pipeline "* || " $PARTS " == *" measure "* ]] || exit 0
+[[ " $PARTS " == *" pipeline "* || " $PARTS " == *" measure "* || " $PARTS " == *" roles "* ]] || exit 0
 
 T=$B/dflash-train
 [ -x "$T" ] || T=$B/../dflash-train
@@ -45,6 +48,14 @@ MR=$B/dflash-make-random
 [ -f "$W/q8/data.h5" ] || "$MR" "$W/q8" --preset qwen3-8b --records 600 --min-len 1024 --max-len 8192 > "$OUT/make-random.txt" 2>&1
 COMMON=(--backend cuda --target "$W/q8/target" --data "$W/q8/data.h5" --token-budget 16384 --long-record cut
         --loss ce --draft-layers 5 --lr 6e-4 --peer-timeout 300 --log-every 10 --hs-queue-depth 4)
+if [[ " $PARTS " == *" roles "* ]]; then  # the job's roles on the job's batches, first and again
+  RB=$B/dflash-roles-bench
+  [ -x "$RB" ] || RB=$B/../dflash-roles-bench
+  "$RB" --batches 10 -- "${COMMON[@]}" --max-anchors 512 > "$OUT/roles-batch.txt" 2>&1
+  "$RB" --batches 6 --target-ctx colocated -- "${COMMON[@]}" --max-anchors 512 > "$OUT/roles-batch-colocated-ctx.txt" 2>&1
+  "$RB" --batches 6 -- "${COMMON[@]}" --anchors-per-record 512 --max-anchors 2048 > "$OUT/roles-record.txt" 2>&1
+  grep -h "median over" "$OUT"/roles-*.txt
+fi
 if [[ " $PARTS " == *" measure "* ]]; then  # each role alone on the GPU, through the job (--measure-only)
   "$T" "${COMMON[@]}" --max-anchors 512 --topology auto --measure-only --out "$W/measure" > "$OUT/measure-batch.txt" 2>&1
   "$T" "${COMMON[@]}" --anchors-per-record 512 --max-anchors 2048 --topology auto --measure-only --out "$W/measure" \
