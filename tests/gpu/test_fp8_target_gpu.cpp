@@ -7,11 +7,13 @@
 // its fine-grained FP8 release-format copy (dflash-fp8-convert --format block). The batch has 100 tokens
 // (3 sequences), so the last 100 % 16 tokens take the GEMM's 16-row pad.
 //
-// Tolerance: relative L2 <= 2e-2 over all captured layers. Both sides quantize the same activations to e4m3,
+// Tolerance: relative L2 <= 3e-2 over all captured layers. Both sides quantize the same activations to e4m3,
 // but CUDA quantizes bf16 activations (each layer's residual stream rounded to bf16) and sums per-128-block
-// partial products in the GEMM, the CPU float32 ones: a bf16 rounding can move a value across an e4m3
-// rounding boundary (one e4m3 step is 2^-3 relative), which on a few elements per row gives ~1e-2 (the
-// bf16 CUDA target against the float32 CPU one is held to test::tol::kTargetForward without FP8).
+// partial products in the GEMM, the CPU float32 ones: a bf16 rounding (<= 2^-9) moves about 1 % of the
+// inputs across an e4m3 rounding boundary, each by one e4m3 step (~2^-3.5), ~1e-2 rms per linear's input, on
+// top of the 2e-2 the bf16 CUDA target keeps from the float32 CPU one without FP8 (test::tol::kTargetForward).
+// Since that is not far below FP8's own distance from bf16 (a few %), the test also asks the CUDA FP8 run to
+// be closer to the CPU emulation than the CUDA bf16 run is.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -125,6 +127,8 @@ TEST(GpuFp8Target, CudaForwardMatchesCpuEmulation) {
   const PackedBatch batch = batch_of_100();
   const bool gemm = ops::fp8_block_gemm_available(g);
   std::printf("  FP8 GEMM on this GPU: %s\n", gemm ? "yes (sm_90)" : "no (emulated: dequantized weights)");
+  const Fp8Run gpu_bf16 = run_fp8(bf16, "bf16", g, batch);
+  EXPECT_EQ(gpu_bf16.gemm_calls, 0);
   for (const auto& [dir, precision] : {std::pair<std::string, std::string>{bf16, "fp8"}, {tmp + "/block", ""}}) {
     SCOPED_TRACE(dir + " --target-precision " + (precision.empty() ? "(the checkpoint's)" : precision));
     const Fp8Run on_cpu = run_fp8(dir, precision, cpu_ctx(), batch);
@@ -133,11 +137,10 @@ TEST(GpuFp8Target, CudaForwardMatchesCpuEmulation) {
     EXPECT_EQ(on_gpu.gemm_calls, gemm ? 4 * kLayers : 0) << "the FP8 GEMM path was not taken";
     for (float v : on_gpu.features) ASSERT_TRUE(std::isfinite(v));
     const double err = rel_err(on_gpu.features, on_cpu.features);
-    std::printf("  cuda FP8 target vs the CPU emulation: rel err %.3g\n", err);
-    EXPECT_LE(err, 2e-2);
-    // Not the bf16 forward: the FP8 quantization moved the features.
-    const Fp8Run plain = run_fp8(bf16, "bf16", cpu_ctx(), batch);
-    EXPECT_GT(rel_err(on_gpu.features, plain.features), err);
+    const double bf16_err = rel_err(gpu_bf16.features, on_cpu.features);
+    std::printf("  cuda FP8 target vs the CPU emulation: rel err %.3g (the cuda bf16 target: %.3g)\n", err, bf16_err);
+    EXPECT_LE(err, 3e-2);
+    EXPECT_LT(err, bf16_err) << "the CUDA run is no closer to FP8 than the bf16 forward is";
   }
 }
 
