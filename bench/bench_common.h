@@ -291,6 +291,9 @@ struct ForwardOptions {
   std::string model, seqlens, capture;  // --model, --seqlens a,b,..., --capture l,m,...
   int iters = 5, warmup = 2;
   bool no_final_norm = false;
+  // --fp8: the decoder layers' linears as block-scaled FP8 GEMMs (bench/bench_fp8.h), as an FP8 target runs
+  // them on sm_90 (docs/fp8.md); random e4m3 weights with 128-channel scales instead of random bf16.
+  enum class Linears : uint8_t { Bf16, Fp8 } linears = Linears::Bf16;
 };
 
 // Reads argv[i] into o when it is one of ForwardOptions' (i then moves past its value) and returns true;
@@ -310,6 +313,7 @@ inline bool parse_forward_option(int argc, char** argv, int& i, ForwardOptions& 
   else if (a == "--warmup") o.warmup = std::atoi(next().c_str());
   // A CE job's target forward: no final norm, so the layers after the last capture are not run.
   else if (a == "--no-final-norm") o.no_final_norm = true;
+  else if (a == "--fp8") o.linears = ForwardOptions::Linears::Fp8;
   else return false;
   return true;
 }

@@ -15,6 +15,7 @@
 //   bench_hybrid_forward --model 27b --seqlens 4096,4096 --capture 1,16,31,46,61
 //   bench_hybrid_forward --model tiny-hybrid --mixed                  (smoke: every op, uneven packing)
 //   bench_hybrid_forward --model 27b --dry-run                        (no GPU: the shape and memory plan only)
+//   bench_hybrid_forward --model 27b --fp8      (the linears as block-scaled FP8 GEMMs: an FP8 target on sm_90)
 //   options: --iters N (5), --warmup N (2), --no-lm-head (skip the unused lm_head allocation),
 //            --no-final-norm (a CE job's forward: stops after the last capture),
 //            --json (one JSON line per case instead of the rows; bench/README.md, "Output format")
@@ -34,6 +35,7 @@
 #include <nlohmann/json.hpp>
 
 #include "bench_common.h"
+#include "bench_fp8.h"
 #include "dflash/backend.h"
 #include "dflash/error.h"
 #include "dflash/hf_config.h"
@@ -180,11 +182,12 @@ struct Model {
   Tensor mlp_gate_up;        // [T, 2I] the fused gate|up GEMM's output
   Tensor mlp_act;            // [T, I] silu(gate) * up
   Buffer tokens, pos, cu;    // [T], [T], [T + 1] I32
+  bench::Fp8Scratch fp8;     // --fp8: the linears' activation codes and scales
   int64_t T = 0, ncu = 0;
 
   // dry: count the bytes only (no device needed), for --dry-run.
   Model(const Qwen35Config& c, const Ctx& ctx_, const std::vector<int>& capture, int64_t max_tokens, bool lm_head,
-        bool dry)
+        bool dry, bench::ForwardOptions::Linears linears = bench::ForwardOptions::Linears::Bf16)
       : cfg(c), ctx(ctx_) {
     const Qwen3Config& tc = cfg.text;
     plan = plan_captures(capture, tc.num_hidden_layers, "(random weights, --model)");
@@ -196,9 +199,24 @@ struct Model {
       cuda::fill_random(ctx, buf, seed++, mean, std);
       return buf;
     };
-    // A frozen projection: the bench runs them in bf16 (LinearMode::Plain), as the target does without FP8.
-    auto linear = [&](std::initializer_list<int64_t> dims, float mean, float std) {
+    // A frozen projection: in bf16 (LinearMode::Plain), as the target runs it without FP8; with --fp8 as
+    // e4m3 codes + scales (LinearMode::Fp8Gemm), as an FP8 target runs it on sm_90 -- except in_proj_a/b,
+    // which --target-precision fp8 leaves in bf16 (docs/fp8.md): `fp8_ok` false.
+    bench::Fp8Weights w8;
+    auto linear = [&](std::initializer_list<int64_t> dims, float mean, float std, bool fp8_ok = true) {
       LinearWeight lw;
+      const std::vector<int64_t> d(dims);
+      if (linears == bench::ForwardOptions::Linears::Fp8 && fp8_ok) {
+        lw.mode = LinearMode::Fp8Gemm;
+        lw.act_group = fp8::kBlock;
+        weight_bytes += static_cast<size_t>(d[0] * d[1] + 4 * (d[1] / fp8::kBlock) * d[0]);
+        if (!dry) {
+          bench::Fp8Linear f = w8.make(ctx, d[0], d[1], std, 1);
+          lw.fp8_codes = std::move(f.codes);
+          lw.fp8_scales = std::move(f.scales);
+        }
+        return lw;
+      }
       static_cast<Buffer&>(lw) = weight(dims, mean, std);
       return lw;
     };
@@ -226,8 +244,8 @@ struct Model {
         Qwen35LinearAttnWeights& A = L.linear;
         A.in_proj_qkv = linear({gh.qkv_dim(), H}, 0.f, 0.02f);
         A.in_proj_z = linear({gh.value_dim(), H}, 0.f, 0.02f);
-        A.in_proj_b = linear({gh.nv, H}, 0.f, 0.02f);
-        A.in_proj_a = linear({gh.nv, H}, 0.f, 0.02f);
+        A.in_proj_b = linear({gh.nv, H}, 0.f, 0.02f, false);
+        A.in_proj_a = linear({gh.nv, H}, 0.f, 0.02f, false);
         A.conv1d = weight({gh.qkv_dim(), K}, 0.f, 0.3f);
         A.A_log = weight({gh.nv}, 1.4f, 0.8f, DType::F32);
         A.dt_bias = weight({gh.nv}, 1.f, 0.3f, DType::F32);
@@ -272,6 +290,11 @@ struct Model {
       for (Tensor* p : {&q, &gate, &attn}) reserve(p, act, nh * hd);
       for (Tensor* p : {&k, &v}) reserve(p, act, nkv * hd);
     }
+    if (linears == bench::ForwardOptions::Linears::Fp8) {  // the FP8 GEMMs' activation codes and scales
+      const int64_t widest = std::max({H, I, nh * hd, gh.value_dim()});
+      act_bytes += static_cast<size_t>(N * widest + 4 * N * (widest / fp8::kBlock));
+      if (!dry) fp8 = bench::Fp8Scratch(ctx, N, widest);
+    }
     scratch.new_phase();
     reserve(&mlp_gate_up, act, 2 * I);
     reserve(&mlp_act, act, I);
@@ -289,18 +312,26 @@ struct Model {
     ncu = bench::upload_packed_batch(ctx, tokens, pos, cu, tok, cu_seqlens);
   }
 
+  // DecoderStackTarget::linear / linear_residual (src/model/decoder_stack.cpp): bf16, or the FP8 GEMM.
+  void lin(const Tensor& out, const Tensor& in, const LinearWeight& W, ops::Accumulate acc = ops::Accumulate::No,
+           const Tensor& residual = Tensor()) {
+    if (W.mode == LinearMode::Fp8Gemm) return fp8.linear(ctx, out, in, W.fp8_codes, W.fp8_scales, acc, residual);
+    if (!residual.empty()) return ops::matmul_residual_forward(ctx, out, in, W, residual);
+    ops::matmul_forward(ctx, out, in, W, acc);
+  }
+
   // Qwen35Target::linear_attn_forward (src/model/qwen35_target.cpp), op for op.
   void linear_attn(const Qwen35LinearAttnWeights& A, const Tensor& x, const Tensor& residual, const Tensor& dst,
                    const Tensor& tcu, Timer& tm) {
     const ops::GdnHeads gh = cfg.gdn_heads();
     const Tensor qkv_t = rows(qkv, T), conv_t = rows(conv, T), z_t = rows(z, T), core_t = rows(core, T);
     const Tensor a_t = rows(a, T), b_t = rows(b, T), g_t = rows(g, T), beta_t = rows(beta, T);
-    tm.run(Part::GemmGdn, 1, [&] { ops::matmul_forward(ctx, qkv_t, x, A.in_proj_qkv); });
+    tm.run(Part::GemmGdn, 1, [&] { lin(qkv_t, x, A.in_proj_qkv); });
     tm.run(Part::Conv, 1, [&] { ops::causal_conv1d_silu_forward(ctx, conv_t, qkv_t, A.conv1d, tcu); });
     tm.run(Part::GemmGdn, 3, [&] {
-      ops::matmul_forward(ctx, z_t, x, A.in_proj_z);
-      ops::matmul_forward(ctx, b_t, x, A.in_proj_b);
-      ops::matmul_forward(ctx, a_t, x, A.in_proj_a);
+      lin(z_t, x, A.in_proj_z);
+      lin(b_t, x, A.in_proj_b);
+      lin(a_t, x, A.in_proj_a);
     });
     tm.run(Part::Gates, 1, [&] { ops::gdn_gates_forward(ctx, g_t, beta_t, a_t, b_t, A.A_log, A.dt_bias); });
     tm.run(Part::DeltaRule, 1,
@@ -309,7 +340,7 @@ struct Model {
     tm.run(Part::GatedNorm, 1, [&] {
       ops::gated_rmsnorm_forward(ctx, heads, heads, z_t.reshape({T * gh.nv, gh.dv}), A.norm, cfg.text.rms_norm_eps);
     });
-    tm.run(Part::GemmGdn, 1, [&] { ops::matmul_residual_forward(ctx, dst, core_t, A.out_proj, residual); });
+    tm.run(Part::GemmGdn, 1, [&] { lin(dst, core_t, A.out_proj, ops::Accumulate::No, residual); });
   }
 
   // Qwen35Target::full_attn_forward, op for op.
@@ -321,10 +352,10 @@ struct Model {
     const Tensor qt = rows(q, T), gt = rows(gate, T), kt = rows(k, T), vt = rows(v, T), at = rows(attn, T);
     const Tensor positions = rows(pos, T);
     tm.run(Part::GemmAttn, 4, [&] {
-      ops::matmul_forward(ctx, qt, x, A.q_proj);
-      ops::matmul_forward(ctx, gt, x, A.gate_proj);
-      ops::matmul_forward(ctx, kt, x, A.k_proj);
-      ops::matmul_forward(ctx, vt, x, A.v_proj);
+      lin(qt, x, A.q_proj);
+      lin(gt, x, A.gate_proj);
+      lin(kt, x, A.k_proj);
+      lin(vt, x, A.v_proj);
     });
     const Tensor q3 = qt.reshape({T, nh, hd}), k3 = kt.reshape({T, nkv, hd});
     tm.run(Part::HeadNormRope, 2, [&] {
@@ -336,7 +367,7 @@ struct Model {
                                            1.0f / std::sqrt(static_cast<float>(hd)));
     });
     tm.run(Part::SigmoidGate, 1, [&] { ops::sigmoid_gate_forward(ctx, at, at, gt); });
-    tm.run(Part::GemmAttn, 1, [&] { ops::matmul_residual_forward(ctx, dst, at, A.o_proj, residual); });
+    tm.run(Part::GemmAttn, 1, [&] { lin(dst, at, A.o_proj, ops::Accumulate::No, residual); });
   }
 
   // DecoderStackTarget::layer_forward (src/model/decoder_stack.cpp) around Qwen35Target::mixer_forward, op for op.
@@ -351,9 +382,9 @@ struct Model {
     }
     tm.run(Part::Norms, 1, [&] { ops::rmsnorm_forward(ctx, x, Tensor(), dst, L.post_attention_layernorm, eps); });
     const Tensor gu = rows(mlp_gate_up, T), at = rows(mlp_act, T);
-    tm.run(Part::GemmMlp, 1, [&] { ops::matmul_forward(ctx, gu, x, L.gate_up_proj); });
+    tm.run(Part::GemmMlp, 1, [&] { lin(gu, x, L.gate_up_proj); });
     tm.run(Part::Swiglu, 1, [&] { ops::swiglu_fused_forward(ctx, at, gu); });
-    tm.run(Part::GemmMlp, 1, [&] { ops::matmul_forward(ctx, dst, at, L.down_proj, ops::Accumulate::Yes); });
+    tm.run(Part::GemmMlp, 1, [&] { lin(dst, at, L.down_proj, ops::Accumulate::Yes); });
   }
 
   // DecoderStackTarget::forward after its host-side checks and uploads (done once in set_batch): embedding, then
@@ -429,10 +460,13 @@ int main(int argc, char** argv) {
   for (int32_t c : parse_ints(opt.capture)) capture.push_back(c);
 
   const int64_t H = tc.hidden_size, K = static_cast<int64_t>(capture.size());
+  const bool fp8_linears = opt.linears == bench::ForwardOptions::Linears::Fp8;
   // The shape, memory plan and method as `# ` lines (also all that --dry-run prints).
   auto header = [&](const std::string& device_line, const Model& m) {
     w.begin(device_line, bench::timing_line(warmup, iters) + "; breakdown from one more forward with events around every op");
-    w.meta("what", "Qwen3.5/3.6 hybrid target forward (src/model/qwen35_target.cpp op sequence), CUDA, random bf16 weights");
+    w.meta("what", std::string("Qwen3.5/3.6 hybrid target forward (src/model/qwen35_target.cpp op sequence), CUDA, ") +
+                       (fp8_linears ? "random e4m3 linears (block-scaled FP8 GEMMs; in_proj_a/b bf16) + bf16 other"
+                                    : "random bf16 weights"));
     w.meta("model", bench::format("%s: vocab %d, hidden %d, intermediate %d, %d layers = %d GDN + %d full attention "
                                   "(layers %s)",
                                   model.c_str(), tc.vocab_size, tc.hidden_size, tc.intermediate_size, L, n_gdn, n_full,
@@ -459,7 +493,7 @@ int main(int argc, char** argv) {
       w.meta("reference", "HF reference and goal recorded for --model 27b only (this shape is a smoke run)");
   };
   if (dry) {
-    const Model plan(cfg, Ctx{}, capture, T, lm_head, /*dry=*/true);
+    const Model plan(cfg, Ctx{}, capture, T, lm_head, /*dry=*/true, opt.linears);
     header("none (--dry-run: shape and memory plan only)", plan);
     w.meta("planned", bench::format("%.2f GiB allocations (weights + activations + send buffer + final norm; no CUDA "
                                     "context, no cuBLASLt workspace)",
@@ -479,7 +513,10 @@ int main(int argc, char** argv) {
     min_free = std::min(min_free, f);
   };
 
-  Model m(cfg, ctx, capture, T, lm_head, /*dry=*/false);
+  DF_CHECK_HINT(!fp8_linears || ops::fp8_block_gemm_available(ctx), DeviceFailure,
+                "--fp8: this GPU has no block-scaled FP8 GEMM (cuBLASLt's VEC128_32F scales: sm_90 only)",
+                "run --fp8 on an H100 or H200 (docs/fp8.md)");
+  Model m(cfg, ctx, capture, T, lm_head, /*dry=*/false, opt.linears);
   Buffer features(Device::CUDA, DType::BF16, {std::max<int64_t>(K, 1), T, H});
   Buffer final_out(Device::CUDA, DType::BF16, {T, H});
   const CaptureOut out{K > 0 ? features.t() : Tensor(), opt.no_final_norm ? Tensor() : final_out.t()};
@@ -583,11 +620,12 @@ int main(int argc, char** argv) {
                                 profiled_ms, bracketed));
   w.columns(hybrid_columns());
   const bench::Cell mc = model, tt = static_cast<long long>(T), ns = seqlens.size(), _ = bench::none;
-  w.row({"forward", "ours", mc, tt, ns, t_med * 1e3, *std::min_element(ms.begin(), ms.end()),
+  const bench::Cell impl = fp8_linears ? "ours-fp8" : "ours";
+  w.row({"forward", impl, mc, tt, ns, t_med * 1e3, *std::min_element(ms.begin(), ms.end()),
          *std::max_element(ms.begin(), ms.end()), _, _, tok_s, (flop_gemm + flop_attn + flop_delta) / t_med / 1e12,
          peak_gib, growth_gib});
   for (const Row& r : table)
-    w.row({r.name, "ours", mc, tt, ns, r.t.first, _, _, 100.0 * r.t.first / profiled_ms,
+    w.row({r.name, impl, mc, tt, ns, r.t.first, _, _, 100.0 * r.t.first / profiled_ms,
            r.t.second ? bench::Cell(r.t.second) : _, _,
            r.flop > 0 && r.t.first > 0 ? bench::Cell(r.flop / (r.t.first * 1e-3) / 1e12) : _});
   return 0;

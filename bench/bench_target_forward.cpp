@@ -10,6 +10,7 @@
 //   bench_target_forward --model 32b --mixed
 //   bench_target_forward --model 8b --no-final-norm     (a CE job's forward: stops after the last capture)
 //   bench_target_forward --gemm-peak
+//   bench_target_forward --model 8b --fp8      (the linears as block-scaled FP8 GEMMs: an FP8 target on sm_90)
 //   options: --iters N (5), --warmup N (2), --json (one JSON line per case; bench/README.md, "Output format")
 #include <cuda_runtime.h>
 
@@ -28,6 +29,7 @@
 #include "dflash/error.h"
 #include "dflash/ops.h"
 #include "bench_common.h"
+#include "bench_fp8.h"
 #include "model/scratch_plan.h"
 #include "random_fill.cuh"
 
@@ -47,8 +49,10 @@ const Shape kShapes[] = {
 };
 
 // The fused projections of src/model/qwen3_weights.h: qkv [(nh + 2nkv) hd, H], gate_up [2I, H].
+// --fp8: the four linears as FP8 codes + scales instead (the bf16 buffers stay empty).
 struct Layer {
   Buffer in_norm, qkv, o, q_norm, k_norm, post_norm, gate_up, down;
+  bench::Fp8Linear qkv8, o8, gate_up8, down8;
 };
 
 // Where time goes: each op is bracketed by events when `timed` is set (one instrumented pass).
@@ -99,8 +103,11 @@ struct Model {
   size_t attn_half_bytes = 0, mlp_half_bytes = 0;
   Buffer tokens, pos, cu;
   int64_t T = 0;
+  bench::ForwardOptions::Linears linears;
+  bench::Fp8Scratch fp8;  // --fp8: the activations' codes and scales
 
-  Model(const Shape& shape, const Ctx& c, int64_t max_tokens) : s(shape), ctx(c) {
+  Model(const Shape& shape, const Ctx& c, int64_t max_tokens, bench::ForwardOptions::Linears lin)
+      : s(shape), ctx(c), linears(lin) {
     uint64_t seed = 1;
     auto weight = [&](std::initializer_list<int64_t> dims, float mean, float std) {
       Buffer b(Device::CUDA, DType::BF16, dims);
@@ -110,18 +117,28 @@ struct Model {
     const int64_t H = s.hidden, I = s.inter, QD = s.nh * s.hd, KD = s.nkv * s.hd;
     embed = weight({s.vocab, H}, 0.f, 0.02f);
     final_norm = weight({H}, 1.f, 0.05f);
+    const bool fp8_linears = linears == bench::ForwardOptions::Linears::Fp8;
+    bench::Fp8Weights w8;
     for (int64_t l = 0; l < s.layers; ++l) {
       Layer L;
       L.in_norm = weight({H}, 1.f, 0.05f);
-      L.qkv = weight({QD + 2 * KD, H}, 0.f, 0.02f);
-      L.o = weight({H, QD}, 0.f, 0.02f);
       L.q_norm = weight({s.hd}, 1.f, 0.05f);
       L.k_norm = weight({s.hd}, 1.f, 0.05f);
       L.post_norm = weight({H}, 1.f, 0.05f);
-      L.gate_up = weight({2 * I, H}, 0.f, 0.02f);
-      L.down = weight({H, I}, 0.f, 0.02f);
+      if (fp8_linears) {
+        L.qkv8 = w8.make(ctx, QD + 2 * KD, H, 0.02f, 1);
+        L.o8 = w8.make(ctx, H, QD, 0.02f, 1);
+        L.gate_up8 = w8.make(ctx, 2 * I, H, 0.02f, 1);
+        L.down8 = w8.make(ctx, H, I, 0.02f, 1);
+      } else {
+        L.qkv = weight({QD + 2 * KD, H}, 0.f, 0.02f);
+        L.o = weight({H, QD}, 0.f, 0.02f);
+        L.gate_up = weight({2 * I, H}, 0.f, 0.02f);
+        L.down = weight({H, I}, 0.f, 0.02f);
+      }
       layers.push_back(std::move(L));
     }
+    if (fp8_linears) fp8 = bench::Fp8Scratch(ctx, max_tokens, std::max({H, I, QD}));
     const int64_t N = max_tokens;
     resid = Buffer(Device::CUDA, DType::BF16, {N, H});
     h = Buffer(Device::CUDA, DType::BF16, {N, H});
@@ -183,18 +200,24 @@ struct Model {
         dst = in.data == stream[0].data ? stream[1] : stream[0];
       }
       tm.run(Part::Rest, [&] { ops::rmsnorm_forward(ctx, x, Tensor(), in, L.in_norm, eps); });
-      tm.run(Part::Gemm, [&] { ops::matmul_forward(ctx, tqkv, x, L.qkv); });
+      const bool f8 = linears == bench::ForwardOptions::Linears::Fp8;
+      tm.run(Part::Gemm, [&] { f8 ? fp8.linear(ctx, tqkv, x, L.qkv8) : ops::matmul_forward(ctx, tqkv, x, L.qkv); });
       tm.run(Part::NormRope, [&] {
         ops::qkv_norm_rope_forward(ctx, tq, tk, tv, tqkv, L.q_norm, L.k_norm, tpos, rope, eps);
       });
       tm.run(Part::Attention, [&] {
         ops::attention_varlen_causal_forward(ctx, ta.reshape({T, s.nh, s.hd}), tq, tk, tv, tcu, scale);
       });
-      tm.run(Part::Gemm, [&] { ops::matmul_residual_forward(ctx, dst, ta, L.o, in); });
+      tm.run(Part::Gemm, [&] {
+        f8 ? fp8.linear(ctx, dst, ta, L.o8, ops::Accumulate::No, in) : ops::matmul_residual_forward(ctx, dst, ta, L.o, in);
+      });
       tm.run(Part::Rest, [&] { ops::rmsnorm_forward(ctx, x, Tensor(), dst, L.post_norm, eps); });
-      tm.run(Part::Gemm, [&] { ops::matmul_forward(ctx, tgu, x, L.gate_up); });
+      tm.run(Part::Gemm, [&] { f8 ? fp8.linear(ctx, tgu, x, L.gate_up8) : ops::matmul_forward(ctx, tgu, x, L.gate_up); });
       tm.run(Part::Swiglu, [&] { ops::swiglu_fused_forward(ctx, tact, tgu); });
-      tm.run(Part::Gemm, [&] { ops::matmul_forward(ctx, dst, tact, L.down, ops::Accumulate::Yes); });
+      tm.run(Part::Gemm, [&] {
+        f8 ? fp8.linear(ctx, dst, tact, L.down8, ops::Accumulate::Yes)
+           : ops::matmul_forward(ctx, dst, tact, L.down, ops::Accumulate::Yes);
+      });
       in = dst;
     }
     if (!final_out.empty())
@@ -281,7 +304,11 @@ int main(int argc, char** argv) {
 
   size_t free0 = 0, total = 0;
   BENCH_CUDA(cudaMemGetInfo(&free0, &total));
-  Model m(s, ctx, T);
+  const bool fp8_linears = opt.linears == bench::ForwardOptions::Linears::Fp8;
+  DF_CHECK_HINT(!fp8_linears || ops::fp8_block_gemm_available(ctx), DeviceFailure,
+                "--fp8: this GPU has no block-scaled FP8 GEMM (cuBLASLt's VEC128_32F scales: sm_90 only)",
+                "run --fp8 on an H100 or H200 (docs/fp8.md)");
+  Model m(s, ctx, T, opt.linears);
   const int64_t H = s.hidden, K = static_cast<int64_t>(capture.size());
   Buffer features(Device::CUDA, DType::BF16, {K, T, H}), final_buf(Device::CUDA, DType::BF16, {T, H});
   const Tensor final_out = opt.no_final_norm ? Tensor() : final_buf.t();
@@ -320,7 +347,9 @@ int main(int argc, char** argv) {
   std::string cap;
   for (size_t i = 0; i < capture.size(); ++i) cap += (i ? "," : "") + std::to_string(capture[i]);
   w.begin(bench::device_line(0), bench::timing_line(opt.warmup, opt.iters));
-  w.meta("model", bench::format("%s (Qwen3 dense, random bf16 weights), %lld layers", s.name, (long long)s.layers));
+  w.meta("model", bench::format("%s (Qwen3 dense, random %s weights), %lld layers", s.name,
+                                fp8_linears ? "e4m3 linear (block-scaled FP8 GEMMs) + bf16 other" : "bf16",
+                                (long long)s.layers));
   w.meta("batch", bench::format("%zu sequences, T = %lld tokens (seqlens %s)", seqlens.size(), (long long)T,
                                 opt.seqlens.c_str()));
   w.meta("capture", opt.no_final_norm
@@ -338,18 +367,19 @@ int main(int argc, char** argv) {
                                 "qkv_norm_rope, swiglu_fused; TFLOP/s from the model math, GB/s bf16 read + write",
                                 total_parts));
   w.columns(forward_columns());
+  const bench::Cell impl = fp8_linears ? "ours-fp8" : "ours";
   const bench::Cell model = s.name, tt = static_cast<long long>(T), ns = seqlens.size(), _ = bench::none;
   auto pct = [&](double ms) { return 100 * ms / total_parts; };
-  w.row({"forward", "ours", model, tt, ns, t_med * 1e3, *std::min_element(ms.begin(), ms.end()), _, T / t_med,
+  w.row({"forward", impl, model, tt, ns, t_med * 1e3, *std::min_element(ms.begin(), ms.end()), _, T / t_med,
          (gemm_flop + attn_flop) / t_med / 1e12, _, (total - free1) / 1073741824.0});
-  w.row({"gemm", "ours", model, tt, ns, parts[Part::Gemm], _, pct(parts[Part::Gemm]), _,
+  w.row({"gemm", impl, model, tt, ns, parts[Part::Gemm], _, pct(parts[Part::Gemm]), _,
          gemm_flop / (parts[Part::Gemm] * 1e-3) / 1e12});
-  w.row({"attention", "ours", model, tt, ns, parts[Part::Attention], _, pct(parts[Part::Attention]), _,
+  w.row({"attention", impl, model, tt, ns, parts[Part::Attention], _, pct(parts[Part::Attention]), _,
          attn_flop / (parts[Part::Attention] * 1e-3) / 1e12});
-  w.row({"rest", "ours", model, tt, ns, rest, _, pct(rest)});
-  w.row({"qkv_norm_rope", "ours", model, tt, ns, parts[Part::NormRope], _, pct(parts[Part::NormRope]), _, _,
+  w.row({"rest", impl, model, tt, ns, rest, _, pct(rest)});
+  w.row({"qkv_norm_rope", impl, model, tt, ns, parts[Part::NormRope], _, pct(parts[Part::NormRope]), _, _,
          norm_rope_bytes / (parts[Part::NormRope] * 1e-3) / 1e9});
-  w.row({"swiglu_fused", "ours", model, tt, ns, parts[Part::Swiglu], _, pct(parts[Part::Swiglu]), _, _,
+  w.row({"swiglu_fused", impl, model, tt, ns, parts[Part::Swiglu], _, pct(parts[Part::Swiglu]), _, _,
          swiglu_bytes / (parts[Part::Swiglu] * 1e-3) / 1e9});
   return 0;
 }

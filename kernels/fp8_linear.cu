@@ -7,6 +7,9 @@
 // FP8 linears as dequantized BF16 GEMMs behind ops::fp8_activation_qdq.
 #include "fp8_linear.cuh"
 
+#include <atomic>
+#include <mutex>
+
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
 
@@ -79,59 +82,102 @@ void fp8_activation_qdq(const Ctx& ctx, const Tensor& out, const Tensor& in, int
   launch_act_quant(ctx, true, out, Tensor(), Tensor(), in, group);
 }
 
-void fp8_linear_forward(const Ctx& ctx, const Tensor& out, const Tensor& in, const Tensor& w_codes,
-                        const Tensor& w_scales, const Tensor& act_codes, const Tensor& act_scales, ops::Accumulate acc) {
+namespace {
+
+// The block-scaled FP8 GEMM's cuBLASLt objects for one shape, released on scope exit. Column-major view:
+// out^T [O, N] = W [K, O]^T (A, transposed) x act^T [K, N] (B): the TN layout FP8 needs; C and D BF16 [O, N].
+struct Fp8Gemm {
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+  cublasLtMatmulPreference_t pref = nullptr;
+  cublasLtMatmulHeuristicResult_t result = {};
+  int found = 0;
+
+  Fp8Gemm(const Backend& be, int64_t N, int64_t K, int64_t O, const void* a_scale, const void* b_scale) {
+    DF_CUBLAS(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+    DF_CUBLAS(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
+    DF_CUBLAS(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
+    const cublasLtMatmulMatrixScale_t vec128 = CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
+    DF_CUBLAS(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &vec128, sizeof(vec128)));
+    DF_CUBLAS(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &vec128, sizeof(vec128)));
+    DF_CUBLAS(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &a_scale, sizeof(a_scale)));
+    DF_CUBLAS(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &b_scale, sizeof(b_scale)));
+    DF_CUBLAS(cublasLtMatrixLayoutCreate(&a, CUDA_R_8F_E4M3, K, O, K));
+    DF_CUBLAS(cublasLtMatrixLayoutCreate(&b, CUDA_R_8F_E4M3, K, N, K));
+    DF_CUBLAS(cublasLtMatrixLayoutCreate(&c, CUDA_R_16BF, O, N, O));
+    DF_CUBLAS(cublasLtMatmulPreferenceCreate(&pref));
+    uint64_t ws = be.workspace_bytes;
+    DF_CUBLAS(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
+    // A shape or scale mode this cuBLASLt (or GPU) does not serve answers NOT_SUPPORTED: found stays 0.
+    if (cublasLtMatmulAlgoGetHeuristic(be.lt, desc, a, b, c, c, pref, 1, &result, &found) != CUBLAS_STATUS_SUCCESS)
+      found = 0;
+  }
+  ~Fp8Gemm() {
+    cublasLtMatmulPreferenceDestroy(pref);
+    cublasLtMatrixLayoutDestroy(c);
+    cublasLtMatrixLayoutDestroy(b);
+    cublasLtMatrixLayoutDestroy(a);
+    cublasLtMatmulDescDestroy(desc);
+  }
+  Fp8Gemm(const Fp8Gemm&) = delete;
+  Fp8Gemm& operator=(const Fp8Gemm&) = delete;
+};
+
+// Per device: 0 not asked yet, 1 available, 2 not.
+constexpr int kMaxDevices = 64;
+std::atomic<int> g_block_gemm[kMaxDevices];
+std::mutex g_block_gemm_mutex;
+
+}  // namespace
+
+bool fp8_block_gemm_available(const Ctx& ctx) {
   Backend& be = backend_of(ctx);
-  DF_CHECK(in.dtype == DType::BF16 && out.dtype == DType::BF16, Internal, "fp8_linear_forward: in and out must be BF16");
+  DF_CHECK(be.device >= 0 && be.device < kMaxDevices, Internal, "fp8_block_gemm_available: device " << be.device);
+  std::atomic<int>& known = g_block_gemm[be.device];
+  if (const int k = known.load()) return k == 1;
+  std::lock_guard<std::mutex> lock(g_block_gemm_mutex);
+  if (const int k = known.load()) return k == 1;
+  int major = 0, minor = 0;
+  DF_CUDA(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, be.device));
+  DF_CUDA(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, be.device));
+  bool ok = major == 9 && minor == 0;
+  if (ok) {
+    // The scale pointers only have to be set for the heuristic; nothing runs.
+    const float* dummy = reinterpret_cast<const float*>(be.workspace);
+    const Fp8Gemm probe(be, 128, 128, 128, dummy, dummy);
+    ok = probe.found > 0;
+  }
+  known.store(ok ? 1 : 2);
+  return ok;
+}
+
+void fp8_linear_forward(const Ctx& ctx, const Tensor& out, const Tensor& in, const Tensor& w_codes,
+                        const Tensor& w_scales, const Tensor& act_codes, const Tensor& act_scales, ops::Accumulate acc,
+                        const Tensor& residual) {
+  Backend& be = backend_of(ctx);
+  DF_CHECK(in.dtype == DType::BF16 && out.dtype == DType::BF16 && (residual.empty() || residual.dtype == DType::BF16),
+           Internal, "fp8_linear_forward: in, out and residual must be BF16");
   const int64_t N = in.size(0), K = in.size(1), O = w_codes.size(0);
-  int dev = 0, major = 0, minor = 0;
-  DF_CUDA(cudaGetDevice(&dev));
-  DF_CUDA(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
-  DF_CUDA(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
-  DF_CHECK_HINT(major == 9 && minor == 0, DeviceFailure,
-                "fp8_linear_forward: cuBLASLt's 1x128 block-scaled FP8 GEMM runs on sm_90 only, this GPU is sm_"
-                    << major << minor,
+  DF_CHECK_HINT(fp8_block_gemm_available(ctx), DeviceFailure,
+                "fp8_linear_forward: cuBLASLt's 1x128 block-scaled FP8 GEMM runs on sm_90 only (with cuBLAS 12.9 or "
+                "later), not on this GPU",
                 "FP8 targets run their linears as dequantized BF16 GEMMs on this GPU (docs/fp8.md)");
   DF_CHECK(K % kGroup == 0 && O % 16 == 0 && N % 16 == 0, Internal,
            "fp8_linear_forward: cuBLASLt's block-scaled FP8 GEMM needs K % 128 == 0 and N, O % 16 == 0, got N "
                << N << " K " << K << " O " << O);
   launch_act_quant(ctx, false, Tensor(), act_codes, act_scales, in, kGroup);
 
-  // Column-major view: out^T [O, N] = W [K, O]^T (A, transposed) x act^T [K, N] (B): the TN layout FP8 needs.
-  cublasLtMatmulDesc_t desc = nullptr;
-  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
-  DF_CUBLAS(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-  const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
-  DF_CUBLAS(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
-  DF_CUBLAS(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
-  const cublasLtMatmulMatrixScale_t vec128 = CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
-  DF_CUBLAS(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &vec128, sizeof(vec128)));
-  DF_CUBLAS(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &vec128, sizeof(vec128)));
-  const void* a_scale = w_scales.data;
-  const void* b_scale = act_scales.data;
-  DF_CUBLAS(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &a_scale, sizeof(a_scale)));
-  DF_CUBLAS(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &b_scale, sizeof(b_scale)));
-  DF_CUBLAS(cublasLtMatrixLayoutCreate(&a, CUDA_R_8F_E4M3, K, O, K));
-  DF_CUBLAS(cublasLtMatrixLayoutCreate(&b, CUDA_R_8F_E4M3, K, N, K));
-  DF_CUBLAS(cublasLtMatrixLayoutCreate(&c, CUDA_R_16BF, O, N, O));
-  cublasLtMatmulPreference_t pref = nullptr;
-  DF_CUBLAS(cublasLtMatmulPreferenceCreate(&pref));
-  uint64_t ws = be.workspace_bytes;
-  DF_CUBLAS(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
-  cublasLtMatmulHeuristicResult_t result = {};
-  int found = 0;
-  DF_CUBLAS(cublasLtMatmulAlgoGetHeuristic(be.lt, desc, a, b, c, c, pref, 1, &result, &found));
-  DF_CHECK_HINT(found > 0, DeviceFailure,
+  const Fp8Gemm g(be, N, K, O, w_scales.data, act_scales.data);
+  DF_CHECK_HINT(g.found > 0, DeviceFailure,
                 "fp8_linear_forward: cuBLASLt has no block-scaled FP8 algorithm for N " << N << " K " << K << " O " << O,
                 "update the CUDA toolkit to 12.9 or later (1x128 block scaling on sm_90)");
-  const float alpha = 1.f, beta = acc == ops::Accumulate::Yes ? 1.f : 0.f;
-  DF_CUBLAS(cublasLtMatmul(be.lt, desc, &alpha, w_codes.data, a, act_codes.data, b, &beta, out.data, c, out.data, c,
-                           &result.algo, be.workspace, be.workspace_bytes, stream_of(ctx)));
-  cublasLtMatmulPreferenceDestroy(pref);
-  cublasLtMatrixLayoutDestroy(c);
-  cublasLtMatrixLayoutDestroy(b);
-  cublasLtMatrixLayoutDestroy(a);
-  cublasLtMatmulDescDestroy(desc);
+  // C: out itself (Accumulate::Yes), the residual, or nothing (beta = 0).
+  const bool add = acc == ops::Accumulate::Yes || !residual.empty();
+  const void* c = residual.empty() ? out.data : residual.data;
+  const float alpha = 1.f, beta = add ? 1.f : 0.f;
+  DF_CUBLAS(cublasLtMatmul(be.lt, g.desc, &alpha, w_codes.data, g.a, act_codes.data, g.b, &beta, c, g.c, out.data,
+                           g.c, &g.result.algo, be.workspace, be.workspace_bytes, stream_of(ctx)));
 }
 
 }  // namespace dflash::cuda

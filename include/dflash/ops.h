@@ -41,9 +41,15 @@ void fp8_activation_qdq(const Ctx& ctx, const Tensor& out, const Tensor& in, int
 //   both written (scratch the caller owns). CPU: fp32 in/out, the host arithmetic, act_* bit-exact with
 //   CUDA's. CUDA: BF16 in/out, the activation quantization kernel + cuBLASLt's block-scaled FP8 GEMM (sm_90
 //   only: VEC128_32F x VEC128_32F; K % 128 == 0, O % 16 == 0, N % 16 == 0 there; elsewhere DeviceFailure).
+// residual (optional, [N, O], acc must be No): out = residual + the product, residual either out itself or
+// not overlapping it (a decoder layer's output projection; on CUDA the GEMM's C operand, beta = 1).
 void fp8_linear_forward(const Ctx& ctx, const Tensor& out, const Tensor& in, const Tensor& w_codes,
                         const Tensor& w_scales, const Tensor& act_codes, const Tensor& act_scales,
-                        Accumulate acc = Accumulate::No);
+                        Accumulate acc = Accumulate::No, const Tensor& residual = Tensor());
+// Whether ctx's device runs fp8_linear_forward: a CUDA device of compute capability 9.0 whose cuBLASLt
+// offers the VEC128_32F block-scaled FP8 GEMM (asked once per device, then remembered). False on the CPU
+// backend (it runs the op as the host twin, a reference, not a fast path) and on every other GPU.
+bool fp8_block_gemm_available(const Ctx& ctx);
 
 // ---- embedding --------------------------------------------------------------------------------
 // out [T, H] = table [V, H] rows at tokens [T] (I32). An id outside [0, V) is a BadInput error.

@@ -68,6 +68,9 @@ class TargetModel {
   // Frozen tables the drafter shares (host float32 views on the CPU backend).
   virtual Tensor embed_tokens() const = 0;  // [V, H]
   virtual Tensor lm_head() const = 0;       // [V, H]
+  // How many linear projections have run as block-scaled FP8 GEMMs (ops::fp8_linear_forward) since the
+  // model was made: 0 unless an FP8 target runs on a GPU that has them (docs/fp8.md). Tests read it.
+  virtual int64_t fp8_gemm_calls() const { return 0; }
 };
 
 // Builds the target of cfg's family from the checkpoint at dir (cfg = load_target_config(dir)): every

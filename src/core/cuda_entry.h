@@ -63,6 +63,7 @@ struct Library {
   decltype(&ops::swiglu_fused_forward) swiglu_fused_forward;
   decltype(&ops::fp8_activation_qdq) fp8_activation_qdq;
   decltype(&ops::fp8_linear_forward) fp8_linear_forward;
+  decltype(&ops::fp8_block_gemm_available) fp8_block_gemm_available;
   decltype(&cuda::attention_varlen_causal_forward) attention_varlen_causal_forward;  // + kernel choice
   // ---- dflash/drafter_ops.h ----
   decltype(&ops::block_attention_forward) block_attention_forward;

@@ -4,6 +4,7 @@
 
 #include "dflash/backend.h"
 #include "dflash/error.h"
+#include "dflash/fp8.h"
 #include "dflash/ops.h"
 
 namespace dflash {
@@ -16,11 +17,25 @@ DecoderStackTarget::DecoderStackTarget(const Ctx& ctx, const Qwen3Config& text, 
   capture_layers_ = std::move(capture_layers);
 }
 
-void DecoderStackTarget::allocate_activations(int64_t widest_mixer_input,
+void DecoderStackTarget::allocate_activations(int64_t widest_mixer_input, int64_t widest_mixer_output,
                                               const std::function<void(ScratchViews& views)>& reserve_mixer) {
   const int64_t T = max_tokens_, H = text_.hidden_size, I = text_.intermediate_size;
   const Device d = ctx_.device;
-  if (quant_.precision == TargetPrecision::Fp8) fp8_in_ = Buffer(d, act_, {T * std::max({H, I, widest_mixer_input})});
+  const int64_t K = std::max({H, I, widest_mixer_input}), O = std::max({2 * I, H, widest_mixer_output});
+  DF_ASSERT(weights_ != nullptr);
+  const LinearModeCounts& modes = weights_->linear_modes;
+  if (modes.fp8_emulated > 0) fp8_in_ = Buffer(d, act_, {T * K});
+  if (modes.fp8_gemm > 0) {
+    const int64_t KB = fp8::blocks(K, fp8::kBlock);
+    fp8_act_codes_ = Buffer(d, DType::F8E4M3, {T * K});
+    fp8_act_scales_ = Buffer(d, DType::F32, {KB * T});
+    pad_in_ = Buffer(d, act_, {kGemmRows * K});
+    pad_codes_ = Buffer(d, DType::F8E4M3, {kGemmRows * K});
+    pad_scales_ = Buffer(d, DType::F32, {KB * kGemmRows});
+    pad_out_ = Buffer(d, act_, {kGemmRows * O});
+    pad_in_.zero();  // the pad's rows past T % 16 are never copied out; zeros keep them finite
+    pad_out_.zero();
+  }
   for (Buffer& s : stream_) s = Buffer(d, act_, {T, H});
   x_norm_ = Buffer(d, act_, {T, H});
   ScratchViews views(T);
@@ -56,12 +71,47 @@ Tensor DecoderStackTarget::linear_input(const Tensor& in, const LinearWeight& W)
 }
 
 void DecoderStackTarget::linear(const Tensor& out, const Tensor& in, const LinearWeight& W, ops::Accumulate acc) {
+  if (W.mode == LinearMode::Fp8Gemm) return fp8_gemm(out, in, W, acc, Tensor());
   ops::matmul_forward(ctx_, out, linear_input(in, W), W, acc);
 }
 
 void DecoderStackTarget::linear_residual(const Tensor& out, const Tensor& in, const LinearWeight& W,
                                          const Tensor& residual) {
+  if (W.mode == LinearMode::Fp8Gemm) return fp8_gemm(out, in, W, ops::Accumulate::No, residual);
   ops::matmul_residual_forward(ctx_, out, linear_input(in, W), W, residual);
+}
+
+void DecoderStackTarget::fp8_gemm(const Tensor& out, const Tensor& in, const LinearWeight& W, ops::Accumulate acc,
+                                  const Tensor& residual) {
+  const int64_t T = in.size(0), K = in.size(1), O = W.fp8_codes.t().size(0), KB = fp8::blocks(K, fp8::kBlock);
+  DF_ASSERT(!fp8_act_codes_.t().empty() && static_cast<size_t>(T * K) <= fp8_act_codes_.numel() &&
+            static_cast<size_t>(kGemmRows * O) <= pad_out_.numel());
+  auto view = [](const Buffer& b, std::initializer_list<int64_t> shape) {
+    int64_t n = 1;
+    for (int64_t s : shape) n *= s;
+    return b.t().reshape({static_cast<int64_t>(b.numel())}).slice_rows(0, n).reshape(shape);
+  };
+  auto rows_of = [](const Tensor& t, int64_t r0, int64_t r1) { return t.empty() ? Tensor() : t.slice_rows(r0, r1); };
+  // cuBLASLt's FP8 GEMM takes token counts in multiples of 16 (kernels/fp8_linear.cu): the first
+  // T - T % 16 tokens run in place, the rest through a 16-row pad.
+  const int64_t full = T / kGemmRows * kGemmRows, rest = T - full;
+  if (full > 0)
+    ops::fp8_linear_forward(ctx_, out.slice_rows(0, full), in.slice_rows(0, full), W.fp8_codes, W.fp8_scales,
+                            view(fp8_act_codes_, {full, K}), view(fp8_act_scales_, {KB, full}), acc,
+                            rows_of(residual, 0, full));
+  if (rest > 0) {
+    // The pad's rows past `rest` hold what an earlier call left there (zeros at first): a GEMM's output row
+    // depends only on its own input and C rows, so they never reach the rows copied out.
+    const Tensor pin = view(pad_in_, {kGemmRows, K}), pout = view(pad_out_, {kGemmRows, O});
+    copy_tensor(ctx_, pin.slice_rows(0, rest), in.slice_rows(full, T));
+    const Tensor base = !residual.empty() ? residual : acc == ops::Accumulate::Yes ? out : Tensor();
+    if (!base.empty()) copy_tensor(ctx_, pout.slice_rows(0, rest), base.slice_rows(full, T));
+    ops::fp8_linear_forward(ctx_, pout, pin, W.fp8_codes, W.fp8_scales, view(pad_codes_, {kGemmRows, K}),
+                            view(pad_scales_, {KB, kGemmRows}),
+                            base.empty() ? ops::Accumulate::No : ops::Accumulate::Yes);
+    copy_tensor(ctx_, out.slice_rows(full, T), pout.slice_rows(0, rest));
+  }
+  ++fp8_gemm_calls_;
 }
 
 void DecoderStackTarget::forward(const PackedBatch& batch, const CaptureOut& out) {

@@ -60,6 +60,7 @@ class DecoderStackTarget : public TargetModel {
   void lm_head_forward(const Tensor& logits, const Tensor& final_norm) override;
   Tensor embed_tokens() const override { return weights_->embed_tokens.t(); }
   Tensor lm_head() const override { return weights_->lm_head_table(); }
+  int64_t fp8_gemm_calls() const override { return fp8_gemm_calls_; }
 
  protected:
   // text: the stack's sizes; quant: how its linears are stored and run (docs/fp8.md). Checks max_tokens
@@ -78,13 +79,16 @@ class DecoderStackTarget : public TargetModel {
 
   // Allocates the activations, once: the two stream buffers and x_norm; then reserve_mixer(views), where
   // the family reserves its token mixer's phases and allocates any buffer of its own; then the MLP's
-  // phase, the one scratch allocation every phase's views share, and the device batch. widest_mixer_input:
-  // the most input features of the mixer's linears (an FP8 run quantizes each linear's input into a buffer
-  // of max(that, H, I) per token).
-  void allocate_activations(int64_t widest_mixer_input, const std::function<void(ScratchViews& views)>& reserve_mixer);
+  // phase, the one scratch allocation every phase's views share, and the device batch. widest_mixer_input /
+  // widest_mixer_output: the most input / output features of the mixer's linears (an FP8 run quantizes each
+  // linear's input into buffers of max(that, H, I) per token; an FP8 GEMM's last T % 16 tokens go through
+  // a 16-row pad of max(that, 2I, H) outputs).
+  void allocate_activations(int64_t widest_mixer_input, int64_t widest_mixer_output,
+                            const std::function<void(ScratchViews& views)>& reserve_mixer);
 
   // out [T, O] (+)= in [T, K] W^T, and out = residual + in W^T: a frozen linear, its input quantized to
-  // e4m3 first when W runs FP8 (LinearMode::Fp8, docs/fp8.md).
+  // e4m3 first when W runs FP8 (LinearMode::Fp8), or the block-scaled FP8 GEMM (LinearMode::Fp8Gemm):
+  // docs/fp8.md.
   void linear(const Tensor& out, const Tensor& in, const LinearWeight& W, ops::Accumulate acc = ops::Accumulate::No);
   void linear_residual(const Tensor& out, const Tensor& in, const LinearWeight& W, const Tensor& residual);
 
@@ -98,6 +102,9 @@ class DecoderStackTarget : public TargetModel {
   // The batch's positions (restarting at 0 per sequence) on the device, [T] I32.
   Tensor positions(int64_t T) const { return rows(inputs_.pos, T); }
 
+  // ops::fp8_linear_forward's token count is a multiple of this on CUDA (cuBLASLt's FP8 GEMM).
+  static constexpr int64_t kGemmRows = 16;
+
   Ctx ctx_;
   DType act_ = DType::F32;  // activations: float32 on the CPU, bf16 on CUDA
   Qwen3Config text_;
@@ -107,6 +114,8 @@ class DecoderStackTarget : public TargetModel {
   void layer_forward(int layer, const Tensor& in, const Tensor& dst, int64_t T, const Tensor& cu);
   // in itself for a Plain W; for an FP8 W, in quantized -> dequantized into fp8_in_.
   Tensor linear_input(const Tensor& in, const LinearWeight& W);
+  // An Fp8Gemm W: out = base + in W^T, base = residual, out itself (acc Yes) or nothing.
+  void fp8_gemm(const Tensor& out, const Tensor& in, const LinearWeight& W, ops::Accumulate acc, const Tensor& residual);
 
   std::vector<int> capture_layers_;
   CapturePlan captures_;
@@ -120,7 +129,13 @@ class DecoderStackTarget : public TargetModel {
   Tensor mlp_gate_up_;  // [max_tokens, 2I] the fused gate|up GEMM's output   (the MLP's phase of work_)
   Tensor mlp_act_;      // [max_tokens, I] silu(gate) * up
   DeviceBatch inputs_;  // tokens, positions, cu_seqlens
-  Buffer fp8_in_;       // FP8 runs: [max_tokens * widest linear input] the quantized input of an FP8 linear
+  Buffer fp8_in_;       // emulated FP8 linears: [max_tokens * widest linear input] their quantized input
+  // FP8 GEMMs (ops::fp8_linear_forward's scratch): the input's e4m3 codes [max_tokens * widest input] and
+  // kb-major scales [widest input / 128 * max_tokens]; the 16-row pad of the last T % 16 tokens: its input
+  // [16 * widest input] (bf16), codes, scales and output [16 * widest output].
+  Buffer fp8_act_codes_, fp8_act_scales_;
+  Buffer pad_in_, pad_codes_, pad_scales_, pad_out_;
+  int64_t fp8_gemm_calls_ = 0;
 };
 
 }  // namespace dflash

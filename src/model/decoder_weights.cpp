@@ -7,6 +7,7 @@
 #include "dflash/backend.h"
 #include "dflash/error.h"
 #include "dflash/fp8.h"
+#include "dflash/ops.h"
 #include "model/fp8_weights.h"
 
 namespace dflash {
@@ -26,6 +27,46 @@ void upload(const Ctx& ctx, const Tensor& dst, const float* src) {
   s.device = Device::CPU;
   copy_tensor(ctx, dst, s);
   synchronize(ctx);
+}
+
+// Per head h of a Qwen3.5 q_proj (rows of `row_elems` elements): rows [2h*hd, 2h*hd + hd) are the query,
+// the next hd rows the gate (HF: q_proj(x).view(..., nh, 2*hd).chunk(2, dim=-1)); gathered into dst,
+// queries first, then gates. Works on any element type (values, e4m3 codes, row scales).
+template <class T>
+void split_query_gate(const T* src, int64_t heads, int64_t head_dim, int64_t row_elems, T* dst) {
+  const size_t head = static_cast<size_t>(head_dim * row_elems);
+  for (int64_t h = 0; h < heads; ++h) {
+    std::memcpy(dst + h * head, src + 2 * h * head, head * sizeof(T));
+    std::memcpy(dst + (heads + h) * head, src + 2 * h * head + head, head * sizeof(T));
+  }
+}
+
+// A linear that runs as ops::fp8_linear_forward: its codes into rows [row0, row0 + rows) of L's codes
+// (allocated by the first part), its row scales into that column range of the kb-major host staging,
+// uploaded with the last part.
+struct Fp8GemmStaging {
+  std::vector<float> scales;  // [KB, out] kb-major
+  int parts_left = 0;
+};
+
+void place_fp8_gemm_rows(const Ctx& ctx, LinearWeight& L, Fp8GemmStaging& st, const uint8_t* codes,
+                         const float* row_scales, int64_t row0, int64_t rows, int64_t out, int64_t cols) {
+  const int64_t KB = fp8::blocks(cols, fp8::kBlock);
+  if (L.fp8_codes.t().empty()) {
+    L.fp8_codes = Buffer(ctx.device, DType::F8E4M3, {out, cols});
+    L.fp8_scales = Buffer(ctx.device, DType::F32, {KB, out});
+    st.scales.assign(static_cast<size_t>(KB * out), 0.f);
+  }
+  copy_tensor(ctx, L.fp8_codes.t().slice_rows(row0, row0 + rows),
+              Tensor(const_cast<uint8_t*>(codes), DType::F8E4M3, Device::CPU, {rows, cols}));
+  synchronize(ctx);  // codes is host staging, reused by the next tensor
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t kb = 0; kb < KB; ++kb) st.scales[static_cast<size_t>(kb * out + row0 + r)] = row_scales[r * KB + kb];
+  if (--st.parts_left == 0) {
+    copy_tensor(ctx, L.fp8_scales, Tensor(st.scales.data(), DType::F32, Device::CPU, {KB, out}));
+    synchronize(ctx);
+    std::vector<float>().swap(st.scales);
+  }
 }
 
 }  // namespace
@@ -98,9 +139,9 @@ void check_no_layers_beyond_config(const Checkpoint& ckpt, const Qwen3Config& cf
   }
 }
 
-void load_decoder_weights(Checkpoint& ckpt, const Qwen3Config& c, const TargetQuantization& quant,
-                          std::vector<WeightSpec> specs, const std::vector<DecoderLayerWeights*>& layers,
-                          const Ctx& ctx, DType dtype, const char* mismatch_hint) {
+LinearModeCounts load_decoder_weights(Checkpoint& ckpt, const Qwen3Config& c, const TargetQuantization& quant,
+                                      std::vector<WeightSpec> specs, const std::vector<DecoderLayerWeights*>& layers,
+                                      const Ctx& ctx, DType dtype, const char* mismatch_hint) {
   // A host float32 tensor taken as stored needs no staging: it is read straight into its buffer.
   auto direct = [&](const WeightSpec& s) {
     return s.how == LoadAs::Plain && ctx.device == Device::CPU && (s.keep_f32 || dtype == DType::F32) &&
@@ -125,6 +166,25 @@ void load_decoder_weights(Checkpoint& ckpt, const Qwen3Config& c, const TargetQu
     }
     if (!direct(s)) staging_numel = std::max(staging_numel, ckpt.get(s.name).numel());
   }
+  // Which FP8 linears run as block-scaled FP8 GEMMs: decided once, for the device, and for a fused
+  // projection by all its parts (their rows together).
+  std::map<const LinearWeight*, Fp8GemmStaging> gemm;
+  if (quant.precision == TargetPrecision::Fp8 && ops::fp8_block_gemm_available(ctx)) {
+    std::map<const LinearWeight*, bool> fits;
+    for (const WeightSpec& s : specs) {
+      if (!s.linear) continue;
+      const int64_t out = s.fused_rows > 0 ? s.fused_rows : s.how == LoadAs::SplitQueryGate ? s.ckpt_shape[0] / 2
+                                                                                            : s.ckpt_shape[0];
+      const bool ok = fp8_gemm_fits(quant, s) && out % 16 == 0;
+      auto [it, first] = fits.emplace(s.linear, ok);
+      if (!first) it->second = it->second && ok;
+    }
+    for (WeightSpec& s : specs) {
+      if (!s.linear || !fits[s.linear]) continue;
+      s.fp8_gemm = true;
+      ++gemm[s.linear].parts_left;
+    }
+  }
   {
     std::vector<std::string> names;
     for (const WeightSpec& s : specs) names.push_back(s.name);
@@ -137,20 +197,50 @@ void load_decoder_weights(Checkpoint& ckpt, const Qwen3Config& c, const TargetQu
   std::map<std::string, size_t> left_in_shard;
   for (const WeightSpec& s : specs) ++left_in_shard[ckpt.shard_of(s.name)];
   std::vector<float> staging(staging_numel);
+  std::vector<uint8_t> codes, split_codes;
+  std::vector<float> row_scales, split_scales;
+  LinearModeCounts counts;
   for (WeightSpec& s : specs) {
     const DType dt = s.keep_f32 ? DType::F32 : dtype;
-    if (s.fused_rows == 0) {
+    for (LinearWeight* L : {s.linear, s.linear2}) {
+      if (!L || !s.runs_fp8) continue;
+      L->mode = s.fp8_gemm ? LinearMode::Fp8Gemm : LinearMode::Fp8;
+      L->act_group = quant.format == CheckpointFp8::None ? fp8::kBlock : quant.act_group;
+    }
+    if (s.fp8_gemm) {
+      const int64_t rows = s.ckpt_shape[0], cols = s.ckpt_shape[1], KB = fp8::blocks(cols, fp8::kBlock);
+      codes.resize(static_cast<size_t>(rows * cols));
+      row_scales.resize(static_cast<size_t>(rows * KB));
+      load_linear_fp8(ckpt, quant, s, codes.data(), row_scales.data());
+      if (s.how == LoadAs::SplitQueryGate) {
+        split_codes.resize(codes.size());
+        split_scales.resize(row_scales.size());
+        split_query_gate(codes.data(), s.heads, s.head_dim, cols, split_codes.data());
+        split_query_gate(row_scales.data(), s.heads, s.head_dim, KB, split_scales.data());
+        const int64_t half = rows / 2;
+        for (int part = 0; part < 2; ++part) {
+          LinearWeight& L = part == 0 ? *s.linear : *s.linear2;
+          Fp8GemmStaging& st = gemm[&L];
+          if (st.parts_left == 0) st.parts_left = 1;  // the gate half: not a spec of its own
+          place_fp8_gemm_rows(ctx, L, st, split_codes.data() + part * half * cols,
+                              split_scales.data() + part * half * KB, 0, half, half, cols);
+        }
+      } else {
+        DF_ASSERT(s.how == LoadAs::Plain);
+        place_fp8_gemm_rows(ctx, *s.linear, gemm[s.linear], codes.data(), row_scales.data(), s.row0, rows,
+                            s.fused_rows > 0 ? s.fused_rows : rows, cols);
+      }
+    } else if (s.fused_rows == 0) {
       *s.dst = make_weight(ctx, dt, s.buf_shape);
     } else if (s.dst->t().empty()) {
       *s.dst = make_weight(ctx, dt, {s.fused_rows, s.buf_shape[1]});
     }
-    const Tensor dst = s.fused_rows == 0 ? s.dst->t() : s.dst->t().slice_rows(s.row0, s.row0 + s.buf_shape[0]);
-    for (LinearWeight* L : {s.linear, s.linear2}) {
-      if (!L || !s.runs_fp8) continue;
-      L->mode = LinearMode::Fp8;
-      L->act_group = quant.format == CheckpointFp8::None ? fp8::kBlock : quant.act_group;
-    }
-    if (direct(s)) {
+    const Tensor dst = s.fp8_gemm           ? Tensor()
+                       : s.fused_rows == 0 ? s.dst->t()
+                                           : s.dst->t().slice_rows(s.row0, s.row0 + s.buf_shape[0]);
+    if (s.fp8_gemm) {
+      // placed above
+    } else if (direct(s)) {
       ckpt.load_f32(s.name, s.ckpt_shape, dst.ptr<float>());
     } else {
       if (s.linear)
@@ -166,16 +256,10 @@ void load_decoder_weights(Checkpoint& ckpt, const Qwen3Config& c, const TargetQu
           upload(ctx, dst, staging.data());
           break;
         case LoadAs::SplitQueryGate: {
-          // Per head h: rows [2h*hd, 2h*hd + hd) are the query, the next hd rows the gate
-          // (HF: q_proj(x).view(..., nh, 2*hd).chunk(2, dim=-1)): gathered in place, queries first.
           *s.dst2 = make_weight(ctx, dt, s.buf_shape);
           const size_t head_rows = static_cast<size_t>(s.head_dim) * s.ckpt_shape[1];
           std::vector<float> split(2 * s.heads * head_rows);
-          for (int64_t h = 0; h < s.heads; ++h) {
-            const float* src = staging.data() + 2 * h * head_rows;
-            std::memcpy(split.data() + h * head_rows, src, head_rows * sizeof(float));
-            std::memcpy(split.data() + (s.heads + h) * head_rows, src + head_rows, head_rows * sizeof(float));
-          }
+          split_query_gate(staging.data(), s.heads, s.head_dim, s.ckpt_shape[1], split.data());
           upload(ctx, dst, split.data());
           upload(ctx, *s.dst2, split.data() + s.heads * head_rows);
           break;
@@ -189,9 +273,18 @@ void load_decoder_weights(Checkpoint& ckpt, const Qwen3Config& c, const TargetQu
 
   const int64_t I = c.intermediate_size;
   for (DecoderLayerWeights* L : layers) {
+    if (L->gate_up_proj.mode == LinearMode::Fp8Gemm) continue;  // no values buffer to view
     L->gate_proj = L->gate_up_proj.t().slice_rows(0, I);
     L->up_proj = L->gate_up_proj.t().slice_rows(I, 2 * I);
   }
+  // Each linear counted once (a fused projection's parts share one; a split q_proj is two).
+  std::map<const LinearWeight*, LinearMode> modes;
+  for (const WeightSpec& s : specs)
+    for (const LinearWeight* L : {s.linear, s.linear2})
+      if (L) modes[L] = L->mode;
+  for (const auto& [L, mode] : modes)
+    ++(mode == LinearMode::Plain ? counts.plain : mode == LinearMode::Fp8 ? counts.fp8_emulated : counts.fp8_gemm);
+  return counts;
 }
 
 }  // namespace dflash

@@ -17,14 +17,24 @@ namespace dflash {
 
 // How a frozen linear projection of the target runs (docs/fp8.md).
 enum class LinearMode : uint8_t {
-  Plain,  // y = x W^T in the backend's dtype
-  Fp8,    // W holds the FP8 weights' values; the input is quantized to e4m3 first (ops::fp8_activation_qdq)
+  Plain,    // y = x W^T in the backend's dtype
+  Fp8,      // W holds the FP8 weights' values; the input is quantized to e4m3 first (ops::fp8_activation_qdq),
+            // then the GEMM in the backend's dtype: FP8's numerics, not its speed or memory
+  Fp8Gemm,  // the buffer itself is empty; fp8_codes / fp8_scales hold the weights and ops::fp8_linear_forward
+            // runs the block-scaled FP8 GEMM (a CUDA device where ops::fp8_block_gemm_available)
 };
 
 // A frozen Linear W [out, in] (the buffer, in the backend's dtype) and how it runs.
 struct LinearWeight : Buffer {
   LinearMode mode = LinearMode::Plain;
-  int64_t act_group = 0;  // Fp8: input channels per activation scale (0: one per token)
+  int64_t act_group = 0;  // Fp8, Fp8Gemm: input channels per activation scale (0: one per token)
+  Buffer fp8_codes;       // Fp8Gemm: [out, in] F8E4M3
+  Buffer fp8_scales;      // Fp8Gemm: [ceil(in/128), out] F32, kb-major (ops::fp8_linear_forward's w_scales)
+};
+
+// How many of a target's linear projections run each way (load_decoder_weights counts them).
+struct LinearModeCounts {
+  int64_t plain = 0, fp8_emulated = 0, fp8_gemm = 0;
 };
 
 // The parts of a decoder layer outside its token mixer, torch layout (Linear W [out, in]). The MLP's
@@ -41,6 +51,7 @@ struct DecoderLayerWeights {
 
 // The parts of a decoder stack outside its layers.
 struct DecoderStackWeights {
+  LinearModeCounts linear_modes;  // what load_decoder_weights decided
   Buffer embed_tokens;  // [V, H]
   Buffer norm;          // [H] final RMSNorm (Qwen3.5/3.6: stored as 1 + w)
   Buffer lm_head;       // [V, H]; not allocated when tie_word_embeddings (embed_tokens is the head)
@@ -74,8 +85,9 @@ struct WeightSpec {
   LinearWeight* linear = nullptr;
   LinearWeight* linear2 = nullptr;
   bool quantize_on_load = true;
-  // Decided by load_decoder_weights' checks: stored as F8_E4M3; runs FP8.
-  bool stored_fp8 = false, runs_fp8 = false;
+  // Decided by load_decoder_weights' checks: stored as F8_E4M3; runs FP8; runs as an FP8 GEMM (its
+  // LinearWeight(s) LinearMode::Fp8Gemm).
+  bool stored_fp8 = false, runs_fp8 = false, fp8_gemm = false;
 };
 
 // A tensor loaded as stored, into its own buffer of the checkpoint's shape.
@@ -105,7 +117,11 @@ std::vector<WeightSpec> decoder_weight_specs(const Qwen3Config& c, DecoderStackW
 // is never mapped whole). A host float32 Plain tensor is read straight into its buffer; every other one
 // goes through one host float32 staging buffer, where the load-time rewrites happen, converted to the
 // device dtype on the way. Finally each layer's gate_proj/up_proj views of its gate_up_proj.
-void load_decoder_weights(Checkpoint& ckpt, const Qwen3Config& c, const TargetQuantization& quant,
+// On a device where ops::fp8_block_gemm_available, a linear that runs FP8 with activation groups of 128 and
+// a shape the GEMM takes (in % 128 == 0, out % 16 == 0; a fused projection's parts all of them) keeps its
+// e4m3 codes and kb-major scales on the device instead (LinearMode::Fp8Gemm, no values buffer): 1 byte a
+// weight. Returns how many linears run each way.
+LinearModeCounts load_decoder_weights(Checkpoint& ckpt, const Qwen3Config& c, const TargetQuantization& quant,
                           std::vector<WeightSpec> specs, const std::vector<DecoderLayerWeights*>& layers,
                           const Ctx& ctx, DType dtype, const char* mismatch_hint);
 

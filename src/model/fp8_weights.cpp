@@ -1,6 +1,7 @@
 #include "model/fp8_weights.h"
 
 #include <cmath>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -107,6 +108,47 @@ void load_linear_f32(Checkpoint& ckpt, const TargetQuantization& q, const Weight
   DF_CHECK_HINT(bad == 0, BadInput,
                 "tensor " << s.name << " in " << ckpt.dir() << " dequantizes to " << bad
                           << " non-finite value(s) (NaN codes, or non-finite scales in " << scale_name << ")",
+                "the checkpoint is damaged: re-download it");
+}
+
+bool fp8_gemm_fits(const TargetQuantization& q, const WeightSpec& s) {
+  if (!s.runs_fp8 || s.ckpt_shape.size() != 2 || s.ckpt_shape[1] % fp8::kBlock != 0) return false;
+  const int64_t act_group = q.format == CheckpointFp8::None ? fp8::kBlock : q.act_group;
+  if (act_group != fp8::kBlock) return false;  // one scale per token: another quantization than the GEMM's
+  return !s.stored_fp8 || q.scales == WeightScales::Channels || q.block_cols == fp8::kBlock;
+}
+
+void load_linear_fp8(Checkpoint& ckpt, const TargetQuantization& q, const WeightSpec& s, uint8_t* codes,
+                     float* row_scales) {
+  DF_ASSERT(fp8_gemm_fits(q, s));
+  const int64_t rows = s.ckpt_shape[0], cols = s.ckpt_shape[1], KB = fp8::blocks(cols, fp8::kBlock);
+  const size_t n = static_cast<size_t>(rows * cols);
+  if (!s.stored_fp8) {  // --target-precision fp8: the same blocks load_linear_f32 quantizes into
+    std::vector<float> w(n);
+    ckpt.load_f32(s.name, s.ckpt_shape, w.data());
+    const int64_t RB = fp8::blocks(rows, fp8::kBlock);
+    std::vector<float> scale_inv(static_cast<size_t>(RB * KB));
+    fp8::quantize_weight_blocks(w.data(), rows, cols, codes, scale_inv.data());
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t kb = 0; kb < KB; ++kb) row_scales[r * KB + kb] = scale_inv[(r / fp8::kBlock) * KB + kb];
+    return;
+  }
+  const std::string scale_name = module_of(s.name) + "." + q.scale_suffix;
+  std::vector<float> scale(ckpt.get(scale_name).numel());
+  tensor_to_f32(ckpt.get(scale_name), scale.data(), ckpt.dir());
+  const TensorInfo& t = ckpt.get(s.name);  // after the scale: get() may open another shard
+  std::memcpy(codes, t.data, n);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t kb = 0; kb < KB; ++kb)
+      row_scales[r * KB + kb] = q.scales == WeightScales::Channels
+                                    ? scale[static_cast<size_t>(r)]
+                                    : scale[static_cast<size_t>((r / q.block_rows) * KB + kb)];
+  size_t bad = 0;
+  for (size_t i = 0; i < n; ++i) bad += (codes[i] & 0x7F) == 0x7F;  // e4m3fn's NaN
+  for (int64_t i = 0; i < rows * KB; ++i) bad += !std::isfinite(row_scales[i]);
+  DF_CHECK_HINT(bad == 0, BadInput,
+                "tensor " << s.name << " in " << ckpt.dir() << " holds " << bad
+                          << " NaN code(s) or non-finite scale(s) (" << scale_name << ")",
                 "the checkpoint is damaged: re-download it");
 }
 

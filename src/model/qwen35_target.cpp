@@ -42,7 +42,8 @@ class Qwen35Target final : public DecoderStackTarget {
     // layer scratch with the MLP's phase: a phase's views are dead once its output GEMM has run, so the
     // scratch is the largest phase (the MLP's 3I values per token on the 27B shape) rather than their sum.
     const int64_t widest_input = std::max(int64_t(c.num_attention_heads) * c.head_dim, cfg_.gdn_heads().value_dim());
-    allocate_activations(widest_input, [&](ScratchViews& views) {
+    const int64_t widest_output = std::max(int64_t(c.num_attention_heads) * c.head_dim, cfg_.gdn_heads().qkv_dim());
+    allocate_activations(widest_input, widest_output, [&](ScratchViews& views) {
       const int64_t T = max_tokens;
       const Device d = ctx.device;
       const DType act = act_, f32 = DType::F32;

@@ -70,7 +70,7 @@ Qwen35Weights load_qwen35_weights(Checkpoint& ckpt, const Qwen35Config& cfg, con
   std::vector<WeightSpec> specs = decoder_weight_specs(
       cfg.text, w, shared, LoadAs::ZeroCentred,
       [&](int l, const std::string& lp, std::vector<WeightSpec>& s) { mixer_specs(cfg, w.layers[l], lp, s); });
-  load_decoder_weights(ckpt, cfg.text, quant, std::move(specs), shared, ctx, dtype,
+  w.linear_modes = load_decoder_weights(ckpt, cfg.text, quant, std::move(specs), shared, ctx, dtype,
                        "the checkpoint does not match its config.json (Qwen3.5 hybrid layout)");
   return w;
 }

@@ -38,7 +38,7 @@ class Qwen3Target final : public DecoderStackTarget {
     // The attention's phase of the layer scratch, sized (nh + 2nkv) hd + nh hd + 2 (nh hd + nkv hd) values
     // per token against the MLP's 3I: the fused qkv output beside q/k/v costs little (on the 8B shape 36864
     // values per token for both phases against 34816 for separate q, k, v, attn, gate, up buffers).
-    allocate_activations(q_dim, [&](ScratchViews& views) {
+    allocate_activations(q_dim, q_dim + 2 * kv_dim, [&](ScratchViews& views) {
       views.reserve(&qkv_, act_, q_dim + 2 * kv_dim);
       views.reserve(&q_, act_, q_dim);
       views.reserve(&k_, act_, kv_dim);

@@ -3,6 +3,7 @@
 #include <vector>
 
 #include "core/cuda_entry.h"
+#include "dflash/backend.h"
 #include "dflash/fp8.h"
 #include "dflash/ops.h"
 #include "ops/op_checks.h"
@@ -26,7 +27,8 @@ void fp8_activation_qdq(const Ctx& ctx, const Tensor& out, const Tensor& in, int
 namespace dflash::ops {
 
 void fp8_linear_forward(const Ctx& ctx, const Tensor& out, const Tensor& in, const Tensor& w_codes,
-                        const Tensor& w_scales, const Tensor& act_codes, const Tensor& act_scales, Accumulate acc) {
+                        const Tensor& w_scales, const Tensor& act_codes, const Tensor& act_scales, Accumulate acc,
+                        const Tensor& residual) {
   constexpr const char* op = "fp8_linear_forward";
   for (const auto& [name, t] : {std::pair<const char*, const Tensor*>{"out", &out}, {"in", &in}, {"w_codes", &w_codes},
                                 {"w_scales", &w_scales}, {"act_codes", &act_codes}, {"act_scales", &act_scales}})
@@ -40,8 +42,14 @@ void fp8_linear_forward(const Ctx& ctx, const Tensor& out, const Tensor& in, con
   DF_CHECK(w_codes.dtype == DType::F8E4M3 && act_codes.dtype == DType::F8E4M3 && w_scales.dtype == DType::F32 &&
                act_scales.dtype == DType::F32,
            Internal, op << ": codes must be F8E4M3 and scales F32");
+  if (!residual.empty()) {
+    detail::check_tensor(op, "residual", residual, ctx, 2);
+    detail::check_shape(op, "residual", residual, {N, O});
+    DF_CHECK(acc == Accumulate::No, Internal, op << ": a residual replaces Accumulate::Yes, not both");
+  }
   if (ctx.device == Device::CUDA)
-    return cuda::library_for(op).fp8_linear_forward(ctx, out, in, w_codes, w_scales, act_codes, act_scales, acc);
+    return cuda::library_for(op).fp8_linear_forward(ctx, out, in, w_codes, w_scales, act_codes, act_scales, acc,
+                                                    residual);
   detail::check_cpu_dtype(op, "in", in, DType::F32);
   detail::check_cpu_dtype(op, "out", out, DType::F32);
   // The activations: codes and row-major [N, KB] scales, then transposed into the kb-major layout.
@@ -59,7 +67,16 @@ void fp8_linear_forward(const Ctx& ctx, const Tensor& out, const Tensor& in, con
     for (int64_t k = 0; k < K; ++k) x[n * K + k] = fp8::e4m3_to_f32(codes[n * K + k]) * as[(k / fp8::kBlock) * N + n];
   for (int64_t o = 0; o < O; ++o)
     for (int64_t k = 0; k < K; ++k) w[o * K + k] = fp8::e4m3_to_f32(wc[o * K + k]) * ws[(k / fp8::kBlock) * O + o];
+  if (!residual.empty()) {
+    if (residual.data != out.data) copy_tensor(ctx, out, residual);
+    acc = Accumulate::Yes;
+  }
   matmul_forward(ctx, out, cpu_view(x.data(), {N, K}), cpu_view(w.data(), {O, K}), acc);
+}
+
+bool fp8_block_gemm_available(const Ctx& ctx) {
+  if (ctx.device != Device::CUDA) return false;
+  return cuda::library_for("fp8_block_gemm_available").fp8_block_gemm_available(ctx);
 }
 
 }  // namespace dflash::ops

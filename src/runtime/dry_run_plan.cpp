@@ -24,6 +24,7 @@
 #include "drafter/loss_chunk.h"
 #include "drafter/step_buffers.h"
 #include "model/qwen35_config.h"
+#include "plan/gpu_calibration.h"
 
 namespace dflash {
 
@@ -124,12 +125,14 @@ double drafter_bytes_per_anchor(const DrafterConfig& d, bool cuda) {
   return train::drafter_step_bytes_per_anchor(d, cuda ? 2 : 4);
 }
 
-double target_param_count(const TargetConfig& tc) {
+double target_param_count(const TargetConfig& tc) { return target_params(tc).total; }
+
+TargetParams target_params(const TargetConfig& tc) {
   const Qwen3Config& t = tc.text;
   const double H = t.hidden_size, I = t.intermediate_size, V = t.vocab_size, hd = t.head_dim;
   const double QD = double(t.num_attention_heads) * hd, KV = double(t.num_key_value_heads) * hd;
   const double mlp = 3 * H * I, norms = 2 * H;
-  double layers = 0;
+  double layers = 0, fp8 = 0;
   for (int l = 0; l < t.num_hidden_layers; ++l) {
     const bool linear = tc.qwen35 && tc.qwen35->kinds.at(static_cast<size_t>(l)) == Qwen35LayerKind::LinearAttention;
     if (linear) {  // Gated DeltaNet: in_proj_qkv, in_proj_z, in_proj_b/a, the conv, dt_bias, A_log, norm, out_proj
@@ -138,12 +141,15 @@ double target_param_count(const TargetConfig& tc) {
                    Vd = double(q.linear_num_value_heads) * q.linear_value_head_dim, nv = q.linear_num_value_heads;
       layers += H * (2 * K + Vd) + H * Vd + 2 * H * nv + (2 * K + Vd) * q.linear_conv_kernel_dim + 2 * nv +
                 q.linear_value_head_dim + Vd * H;
+      fp8 += H * (2 * K + Vd) + H * Vd + Vd * H;  // in_proj_a/b stay bf16 (docs/fp8.md)
     } else {  // q (doubled by the output gate in the hybrid's attention), k, v, o, q/k norms
       layers += H * QD * (tc.qwen35 ? 2 : 1) + 2 * H * KV + QD * H + 2 * hd;
+      fp8 += H * QD * (tc.qwen35 ? 2 : 1) + 2 * H * KV + QD * H;
     }
     layers += mlp + norms;
+    fp8 += mlp;
   }
-  return V * H * (t.tie_word_embeddings ? 1 : 2) + layers + H;
+  return TargetParams{V * H * (t.tie_word_embeddings ? 1 : 2) + layers + H, fp8};
 }
 
 TargetWeights target_weights(const Options& o, const TargetConfig& t) {
@@ -174,9 +180,33 @@ TargetWeights target_weights(const Options& o, const TargetConfig& t) {
   }
   // The target holds its weights in the backend's compute dtype (bf16 on CUDA, float32 on the CPU), whatever
   // the checkpoint's (config.json's dtype label; bf16 when it has none).
-  const double stored = t.text.dtype_label == "float32" ? 4 : 2;
-  w.bytes = w.file_bytes / stored * static_cast<double>(dtype_size(compute_dtype(o.backend)));
+  const double element = static_cast<double>(dtype_size(compute_dtype(o.backend)));
+  if (t.quant.precision != TargetPrecision::Fp8) {
+    const double stored = t.text.dtype_label == "float32" ? 4 : 2;
+    w.bytes = w.file_bytes / stored * element;
+    return w;
+  }
+  // An FP8 target (docs/fp8.md): counted from config.json (an FP8 checkpoint's files mix 1- and 2-byte
+  // tensors). Where the GPU kind has the block-scaled FP8 GEMM, its linears are e4m3 codes (1 byte) plus a
+  // float32 scale per output row per 128 input channels; elsewhere they are dequantized to the compute dtype.
+  const TargetParams p = target_params(t);
+  const bool gemm = o.backend == Device::CUDA && fp8_gemm_gpu(o);
+  w.bytes = gemm ? (p.total - p.fp8_linear) * element + p.fp8_linear * (1.0 + 4.0 / 128) : p.total * element;
+  w.source += gemm ? "; FP8 linears as e4m3 codes + scales (" + gib(p.fp8_linear * (1.0 + 4.0 / 128)) +
+                         ": the block-scaled FP8 GEMM of this GPU kind)"
+                   : std::string("; FP8 linears dequantized to ") + dtype_name(compute_dtype(o.backend)) +
+                         (o.backend == Device::CUDA ? " (no block-scaled FP8 GEMM known on this GPU kind: sm_90 only)"
+                                                    : " (the CPU backend's emulation)");
   return w;
+}
+
+bool fp8_gemm_gpu(const Options& o) {
+  if (!o.plan_gpu.empty()) {
+    const PlannedGpu g = parse_planned_gpu(o.plan_gpu);
+    return plan::has_fp8_block_gemm(plan::calibration_for(g.model.empty() ? o.plan_gpu : g.name));
+  }
+  const PlannedGpu g = gpu_to_check(o);
+  return g.bytes > 0 && plan::has_fp8_block_gemm(plan::calibration_for_memory(g.bytes));
 }
 
 // The fixed memory of each role: what is allocated once at startup, sized by the model, --token-budget,

@@ -195,4 +195,23 @@ TEST(CostModel, TransportAndAllreduce) {
 }
 
 }  // namespace
+
+// An FP8 target (docs/fp8.md): the GEMM phase / fp8_gemm_speedup on the sm_90 kinds, unchanged where the
+// linears run emulated (b200); nothing else moves.
+TEST(CostModel, Fp8TargetDividesOnlyTheGemmsWhereTheKindHasTheFp8Gemm) {
+  TargetShape t{TargetArch::DenseQwen3, 36, 4096, 12288, 32, 8, 128};
+  const PackedBatchShape b = packed_batch_uniform(16384, 4096);
+  for (const char* kind : {"h100", "h200", "b200", "rtx-pro-6000"}) {
+    const GpuCalibration g = calibration_for(kind);
+    t.linears = TargetShape::Linears::Bf16;
+    const TargetForwardCost bf16 = target_forward_cost(t, b, g);
+    t.linears = TargetShape::Linears::Fp8;
+    const TargetForwardCost fp8 = target_forward_cost(t, b, g);
+    const double factor = has_fp8_block_gemm(g) ? 1.6 : 1.0;
+    EXPECT_EQ(g.fp8_gemm_speedup, factor) << kind;
+    EXPECT_NEAR(fp8.gemm_s, bf16.gemm_s / factor, 1e-12) << kind;
+    EXPECT_EQ(fp8.attention_s, bf16.attention_s) << kind;
+  }
+}
+
 }  // namespace dflash::plan

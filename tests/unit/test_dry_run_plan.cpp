@@ -67,6 +67,23 @@ TEST(DryRunPlan, TargetParametersFromConfigJson) {
           "vocab_size": 151936, "tie_word_embeddings": false, "rms_norm_eps": 1e-6, "rope_theta": 1000000,
           "torch_dtype": "bfloat16"})");
   EXPECT_EQ(target_param_count(q8), 8190735360.0);
+  {  // --target-precision fp8 (docs/fp8.md): the decoder linears at 1 byte + scales on an H100, bf16 on a B200.
+    TargetConfig fp8 = q8;
+    fp8.quant.precision = TargetPrecision::Fp8;
+    const TargetParams p = target_params(fp8);
+    EXPECT_EQ(p.fp8_linear, 36 * (4096.0 * (4096 + 2 * 1024 + 4096) + 3 * 4096.0 * 12288));
+    Options o;
+    o.target_dir = test::make_temp_dir("dflash-dry-plan-fp8-");  // no weights: counted from config.json
+    o.backend = Device::CUDA;
+    o.plan_gpu = "h100";
+    const TargetWeights h100 = target_weights(o, fp8);
+    EXPECT_DOUBLE_EQ(h100.bytes, (p.total - p.fp8_linear) * 2 + p.fp8_linear * (1 + 4.0 / 128));
+    EXPECT_NE(h100.source.find("e4m3 codes"), std::string::npos) << h100.source;
+    o.plan_gpu = "b200";
+    const TargetWeights b200 = target_weights(o, fp8);
+    EXPECT_DOUBLE_EQ(b200.bytes, p.total * 2);
+    EXPECT_NE(b200.source.find("dequantized"), std::string::npos) << b200.source;
+  }
   // The golden targets, dense and hybrid (Gated DeltaNet layers; float32): their index's total_size is
   // exactly these parameters x 4 bytes. Without the shards the index says it; without the index, config.json.
   for (const char* c : {"qwen3-tiny-a", "qwen35-tiny-a"}) {
