@@ -22,6 +22,12 @@ using nlohmann::json;
 
 constexpr double kScalarTol = 1e-5;  // losses, metrics (float32 vs the float64 reference)
 constexpr double kTensorTol = 1e-4;  // gradients, weights after two AdamW steps
+// A loss after AdamW steps (the selector schedule's): a gradient entry that clipping brings near Adam's eps
+// (|g| x clip / norm ~ 1e-8) gets a first update g / (|g| + eps) that float32 rounding moves by a good part
+// of lr, and the steps after amplify it. dflash2-tiny-strict: every gradient within 1.3e-6 of
+// the float64 reference, fc.weight[481] 2.2e-7 there and 3.3e-7 here, the weight 1e-4 apart after one step,
+// the loss after three steps 2.1e-5 apart. The weights after AdamW steps have kTensorTol already.
+constexpr double kSteppedLossTol = kTensorTol;
 
 // Tolerances of one backend (see run_drafter_golden in the header).
 struct Tolerances {
@@ -162,7 +168,8 @@ namespace {
 
 // case.json "selector_schedule" (issue 47): AdamW steps on d2 under --selector-warmup-ratio and
 // --selector-ramp-ratio over total_steps (constant lr: min_lr_ratio 1), each step's selector weight and loss
-// against SpecForge's schedule as the generator transcribes it (alphas 0, then the ramp, then alpha).
+// against SpecForge's schedule as the generator transcribes it (alphas 0, then the ramp, then alpha). The
+// losses after the first step: kSteppedLossTol.
 void run_schedule_golden(const json& cj, const GoldenInputs& in, const FeatureBatch& fb, const Ctx& ctx,
                          SelectorCandidates mode, const Tolerances& tol, DrafterGoldenReport& rep) {
   const json& s = cj.at("selector_schedule");
@@ -184,7 +191,7 @@ void run_schedule_golden(const json& cj, const GoldenInputs& in, const FeatureBa
                           std::fabs(st.selector_alpha - alphas[i])});
     rep.checks.push_back({"schedule.loss" + at, std::isfinite(st.loss) ? scalar_err(st.loss, losses[i])
                                                                        : std::numeric_limits<double>::infinity(),
-                          tol.loss, {}, std::fabs(st.loss - losses[i])});
+                          i == 0 ? tol.loss : std::max(tol.loss, kSteppedLossTol), {}, std::fabs(st.loss - losses[i])});
     tr.optimizer_step();
   }
 }

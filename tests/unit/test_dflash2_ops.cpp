@@ -36,15 +36,7 @@ double rel_err(const std::vector<float>& x, const std::vector<float>& ref) {
 
 int64_t dim(SafetensorsFile& f, const std::string& name, int i) { return f.get(name).shape.at(static_cast<size_t>(i)); }
 
-// A case of the strict objective (issue 47) is generated on the GPU machine (tests/data/golden/README.md);
-// until it is committed its tests skip, saying so.
-class DFlash2Ops : public ::testing::TestWithParam<std::string> {
- protected:
-  void SetUp() override {
-    if (!std::ifstream(kGolden + GetParam() + "/case.json"))
-      GTEST_SKIP() << GetParam() << " is not generated yet (tests/data/golden/README.md says how)";
-  }
-};
+class DFlash2Ops : public ::testing::TestWithParam<std::string> {};
 
 // The case's training candidates: case.json "selector_candidates" (cases made before issue 47 have none:
 // they inserted the gold).

@@ -89,7 +89,6 @@ CASES = {
                            conv_kernel=2, conv_group=16, top_k=16, rank=16,
                            output_multiplier=2.5, softcap=4.0, alpha=0.7, hot=24,
                            sample_temperature=0.8, sample_seed=7),
-    # the held-out shape: other widths, 3 drafter layers, block 6, 3 taps, groups of 8, no softcap
     # issue 47: SpecForge's strict top-K objective and the selector schedule (tiny-a's shape, another seed)
     "dflash2-tiny-strict": dict(seed=2903, V=512, H=64, L=6, NH=4, NKV=2, HD=24, I=128, theta=1e6,
                                 seqs=[37, 29, 53], n_anchor=[5, 4, 7], lossmask_holes=True,
@@ -98,6 +97,7 @@ CASES = {
                                 output_multiplier=2.5, softcap=4.0, alpha=0.7, hot=24,
                                 sample_temperature=0.8, sample_seed=7, candidates="strict",
                                 schedule=dict(total_steps=8, warmup_ratio=0.125, ramp_ratio=0.25, steps=4)),
+    # the held-out shape: other widths, 3 drafter layers, block 6, 3 taps, groups of 8, no softcap
     "dflash2-tiny-b": dict(seed=2902, V=384, H=48, L=6, NH=4, NKV=2, HD=12, I=96, theta=1e7,
                            seqs=[41, 23, 30], n_anchor=[6, 3, 4], lossmask_holes=True,
                            D=3, DNH=3, DNKV=1, DHD=16, DI=80, layer_ids=[0, 2, 4], block=6, gamma=4.0,
