@@ -92,8 +92,8 @@ std::string render_plan_table(const Plan& p) {
                     "its roles back to back, as measured where both roles filled an H100 (docs/cost_model.md)\n",
                     100 * p.colocated_fill, kColocatedMemoryFullRate);
     else
-      std::snprintf(note, sizeof note, "[dflash] plan: colocated overlaps %.2f of the shorter role (%s's %s constant; "
-                    "docs/cost_model.md)%s\n", p.colocated_overlap, p.gpu_name.c_str(), p.gpu_source.c_str(),
+      std::snprintf(note, sizeof note, "[dflash] plan: colocated overlaps %.2f of the shorter role (the %s calibration's "
+                    "colocated_overlap, docs/cost_model.md)%s\n", p.colocated_overlap, p.gpu_name.c_str(),
                     c->fit == MemoryFit::Unknown      ? "; its memory is not known"
                     : c->fit == MemoryFit::DoesNotFit ? "; it does not fit (both roles' fixed memory)"
                                                       : "");
