@@ -39,6 +39,10 @@ struct GpuCalibration {
   double pcie_gbps = 0;                 // achieved peer-to-peer over PCIe, one direction
   double host_staged_gbps = 0;          // D2H -> MPI -> H2D through host memory
   double allreduce_busbw_gbps = 0;      // NCCL ring bus bandwidth inside one node (NVLink, else PCIe)
+  // The colocated layout (both roles on every GPU, two streams): the share of the shorter role's time hidden
+  // under the longer one, in [0, 1] (docs/cost_model.md "The colocated layout"). Optional in a file (absent =
+  // 0: the roles take turns).
+  double colocated_overlap = 0;
   // A run's correction (dflash-report's calibration.json, source "user"): observed / predicted seconds of the
   // target's forward and of the drafter's step, multiplied into every phase of each. 1 in the built-in table;
   // optional in a file (absent = 1), written only where not 1.

@@ -10,6 +10,8 @@
 
 namespace dflash::plan {
 
+int Layout::gpus() const { return kind == LayoutKind::Colocated ? targets : targets + drafters; }
+
 std::string Layout::name() const {
   return kind == LayoutKind::Colocated ? std::string("colocated") : std::to_string(targets) + "-" + std::to_string(drafters);
 }
@@ -33,6 +35,17 @@ const char* memory_fit_name(MemoryFit f) {
   return "?";
 }
 
+MemoryFit memory_fit(double bytes, double gpu_bytes) {
+  if (bytes <= 0 || gpu_bytes <= 0) return MemoryFit::Unknown;
+  return bytes <= gpu_bytes ? MemoryFit::Fits : MemoryFit::DoesNotFit;
+}
+
+double colocated_seconds_per_batch(double target_s, double drafter_s, double allreduce_s, double overlap) {
+  const double o = std::min(overlap, 1.0);
+  const double both = target_s + drafter_s + allreduce_s - o * std::min(target_s, drafter_s);
+  return std::max(both, std::max(target_s, drafter_s + allreduce_s));
+}
+
 namespace {
 
 // The job's K for this many drafters (include/dflash/micro_batches.h: the job's own rule), capped where the
@@ -41,12 +54,6 @@ int grad_accum_for(const JobCostInputs& j, int drafters_total) {
   if (j.global_batch_tokens <= 0) return std::max(1, j.grad_accum);
   const int64_t k = micro_batches_for(j.global_batch_tokens, j.target_batch.tokens * drafters_total);
   return static_cast<int>(std::min<int64_t>(k, kMostMicroBatches));
-}
-
-// Fit of one GPU holding `bytes` (0: unknown).
-MemoryFit fit_of(double bytes, double gpu_bytes) {
-  if (bytes <= 0 || gpu_bytes <= 0) return MemoryFit::Unknown;
-  return bytes <= gpu_bytes ? MemoryFit::Fits : MemoryFit::DoesNotFit;
 }
 
 // Two rates within 0.5 % of each other: both roles bind (a balanced split).
@@ -65,15 +72,16 @@ Plan plan_layouts(const PlanRequest& r) {
   if (c.gpus_per_node < 1 || c.nodes < 1)
     fatal(ExitCode::BadOptions, "plan: a node of " + std::to_string(c.gpus_per_node) + " GPUs, " +
                                     std::to_string(c.nodes) + " nodes", "plan at least one node of at least one GPU");
-  if (!(r.colocated_overlap >= 0 && r.colocated_overlap <= 1))
-    fatal(ExitCode::BadOptions, "plan: colocated overlap " + std::to_string(r.colocated_overlap) + " outside [0, 1]");
+  if (!(c.gpu.colocated_overlap >= 0 && c.gpu.colocated_overlap <= 1))
+    fatal(ExitCode::BadOptions, "plan: colocated overlap " + std::to_string(c.gpu.colocated_overlap) + " of " + c.gpu.name +
+                                    " outside [0, 1]", "a calibration's colocated_overlap is a share of the shorter role's time");
   Plan p;
   p.gpu_name = c.gpu.name;
   p.gpu_source = calibration_source_name(c.gpu.source);
   p.link = transport_link_name(c.link);
   p.nodes = c.nodes;
   p.gpus_per_node = c.gpus_per_node;
-  p.colocated_overlap = r.colocated_overlap;
+  p.colocated_overlap = c.gpu.colocated_overlap;
   p.target_forward_s = target_forward_cost(j.target, j.target_batch, c.gpu).seconds();
   const DrafterStepCost step = drafter_step_cost(j.drafter, j.drafter_batch, c.gpu);
   p.drafter_step_s = step.seconds();
@@ -113,7 +121,7 @@ Plan plan_layouts(const PlanRequest& r) {
       lp.transport_batches_per_s = N * std::min(t, d) / p.transport_s;
       const double accum = lp.grad_accum > 1 ? r.memory.accumulator_bytes : 0;
       const double drafter_bytes = r.memory.drafter_bytes > 0 ? r.memory.drafter_bytes + accum : 0;
-      const MemoryFit ft = fit_of(r.memory.target_bytes, c.gpu.memory_bytes), fd = fit_of(drafter_bytes, c.gpu.memory_bytes);
+      const MemoryFit ft = memory_fit(r.memory.target_bytes, c.gpu.memory_bytes), fd = memory_fit(drafter_bytes, c.gpu.memory_bytes);
       lp.fit = ft == MemoryFit::DoesNotFit || fd == MemoryFit::DoesNotFit ? MemoryFit::DoesNotFit
                : ft == MemoryFit::Fits && fd == MemoryFit::Fits           ? MemoryFit::Fits
                                                                           : MemoryFit::Unknown;
@@ -123,25 +131,31 @@ Plan plan_layouts(const PlanRequest& r) {
     }
 
   if (r.include_colocated) {
-    // Every GPU forwards a batch and trains on it: G / (t_target + t_drafter - overlap x the shorter), the
-    // allreduce over all G x N drafters; no transport between GPUs (the features stay on the GPU).
+    // Every GPU forwards a batch and trains on it (colocated_seconds_per_batch), the allreduce over all G x N
+    // drafters; no transport between GPUs (the features stay on the GPU). Its memory: both roles' fixed parts
+    // on one GPU, as the job checks a colocated rank.
     LayoutPrediction lp;
     const int G = c.gpus_per_node;
     lp.layout = Layout{LayoutKind::Colocated, G, G};
     lp.grad_accum = grad_accum_for(j, G * c.nodes);
     lp.allreduce_s = allreduce_seconds(step.parameters, G * c.nodes, c.nodes, c.gpu, c.internode_gbps) / lp.grad_accum;
     lp.drafter_step_s = p.drafter_step_s + lp.allreduce_s;
-    const double per_batch =
-        p.target_forward_s + lp.drafter_step_s - r.colocated_overlap * std::min(p.target_forward_s, lp.drafter_step_s);
-    lp.target_batches_per_s = lp.drafter_batches_per_s = N * G / per_batch;
+    lp.fit = memory_fit(r.memory.colocated_bytes, c.gpu.memory_bytes);
+    lp.largest_role_bytes = lp.fit == MemoryFit::Unknown ? 0 : r.memory.colocated_bytes;
+    p.colocated_fill = lp.fit == MemoryFit::Unknown ? 0 : r.memory.colocated_bytes / c.gpu.memory_bytes;
+    // (A rank that does not fit is priced as if it did: what a GPU with more memory would give.)
+    p.colocated_regime = lp.fit == MemoryFit::Fits && p.colocated_fill >= kColocatedMemoryFullFill ? ColocatedRegime::MemoryFull
+                                                                                          : ColocatedRegime::Overlapped;
+    const double per_batch = p.colocated_regime == ColocatedRegime::MemoryFull
+                                 ? (p.target_forward_s + lp.drafter_step_s) / kColocatedMemoryFullRate
+                                 : colocated_seconds_per_batch(p.target_forward_s, p.drafter_step_s, lp.allreduce_s,
+                                                               c.gpu.colocated_overlap);
+    lp.batches_per_s = N * G / per_batch;
+    // Each role's own ceiling on these GPUs (what it would give if the other cost nothing): which one binds.
+    lp.target_batches_per_s = N * G / p.target_forward_s;
+    lp.drafter_batches_per_s = N * G / lp.drafter_step_s;
     lp.transport_batches_per_s = std::numeric_limits<double>::infinity();
-    const double accum = lp.grad_accum > 1 ? r.memory.accumulator_bytes : 0;
-    const double both = r.memory.target_bytes > 0 && r.memory.drafter_bytes > 0
-                            ? r.memory.target_bytes + r.memory.drafter_bytes + accum : 0;
-    lp.fit = fit_of(both, c.gpu.memory_bytes);
-    lp.largest_role_bytes = both;
-    lp.batches_per_s = lp.target_batches_per_s;
-    lp.binds = BindingRole::Both;
+    lp.binds = binding(lp.target_batches_per_s, lp.drafter_batches_per_s, lp.transport_batches_per_s);
     lp.tokens_per_s = lp.batches_per_s * tokens;
     lp.anchors_per_s = lp.batches_per_s * anchors;
     if (c.gpu.tdp_watts > 0) {
@@ -158,7 +172,6 @@ Plan plan_layouts(const PlanRequest& r) {
   for (size_t i = 0; i < p.layouts.size(); ++i) {
     const LayoutPrediction& lp = p.layouts[i];
     if (lp.fit == MemoryFit::DoesNotFit || !lp.within_power_budget) continue;
-    if (lp.layout.kind == LayoutKind::Colocated) continue;  // not a layout the job runs yet
     if (p.recommended < 0) {
       p.recommended = static_cast<int>(i);
       continue;
@@ -166,7 +179,7 @@ Plan plan_layouts(const PlanRequest& r) {
     const LayoutPrediction& best = p.layouts[static_cast<size_t>(p.recommended)];
     const bool faster = lp.batches_per_s > best.batches_per_s * 1.005;
     const bool tie = !faster && lp.batches_per_s >= best.batches_per_s * 0.995;
-    const int gpus = lp.layout.targets + lp.layout.drafters, best_gpus = best.layout.targets + best.layout.drafters;
+    const int gpus = lp.layout.gpus(), best_gpus = best.layout.gpus();
     const bool cheaper = lp.power_w >= 0 && best.power_w >= 0 ? lp.power_w < best.power_w * 0.995 : gpus < best_gpus;
     if (faster || (tie && cheaper)) p.recommended = static_cast<int>(i);
   }

@@ -1,8 +1,8 @@
 // The plan of a job's layouts (issue 44, item 2): for a node of G GPUs (and N such nodes) every split T-D the
-// world allows (T + D <= G, the rest idle) and the colocated layout (every GPU runs both roles; not a layout
-// the job runs yet), each with its predicted service rates, the pipeline's rate, which role binds, memory fit
-// and power; the recommendation (fastest that fits, within a power budget) and how far a chosen layout is from
-// it. Pure: the role times come from src/plan/cost_model.h, the memory from the caller (the dry run's
+// world allows (T + D <= G, the rest idle) and the colocated layout (every GPU runs both roles, issue 45), each
+// with its predicted service rates, the pipeline's rate, which role binds, memory fit and power; the
+// recommendation (fastest that fits, within a power budget; colocated included) and how far a chosen layout is
+// from it. Pure: the role times come from src/plan/cost_model.h, the memory from the caller (the dry run's
 // src/runtime/dry_run_plan.cpp computes each role's fixed memory).
 #pragma once
 #include <optional>
@@ -16,13 +16,14 @@
 namespace dflash::plan {
 
 // Split: `targets` target ranks and `drafters` drafter ranks on each node, one GPU each. Colocated: every GPU
-// runs a target and a drafter (a future layout; its prediction is here so the plan can show it once it exists).
+// runs a target and a drafter in one process (--topology colocated, docs/pipeline.md "The colocated layout").
 enum class LayoutKind : uint8_t { Split, Colocated };
 
 struct Layout {
   LayoutKind kind = LayoutKind::Split;
   int targets = 0, drafters = 0;  // per node; Colocated: both = the GPUs per node
   std::string name() const;       // "6-2", "colocated"
+  int gpus() const;               // per node: T + D, or G colocated
   bool operator==(const Layout& o) const { return kind == o.kind && targets == o.targets && drafters == o.drafters; }
 };
 
@@ -30,11 +31,16 @@ enum class BindingRole : uint8_t { Target, Drafter, Transport, Both };
 const char* binding_role_name(BindingRole r);
 enum class MemoryFit : uint8_t { Fits, DoesNotFit, Unknown };
 const char* memory_fit_name(MemoryFit f);
+// The one fit rule: `bytes` of fixed memory on a GPU of `gpu_bytes` (either 0: unknown). The job's own check of
+// a colocated rank (check_colocated_fit, src/runtime/dry_run_plan.h) decides by it too.
+MemoryFit memory_fit(double bytes, double gpu_bytes);
 
 // Each role's fixed memory on its GPU (what the dry run prints); 0 = not known. The gradient accumulator is
-// added to the drafter where its layout needs --grad-accum > 1.
+// added to the drafter where its layout needs --grad-accum > 1. colocated_bytes: a colocated rank's, as the
+// job counts it (src/runtime/dry_run_plan.h RoleMemory::colocated(): both roles' fixed parts).
 struct RoleMemory {
   double target_bytes = 0, drafter_bytes = 0, accumulator_bytes = 0;
+  double colocated_bytes = 0;
 };
 
 // The job, as the plan sees it.
@@ -61,8 +67,7 @@ struct PlanRequest {
   RoleMemory memory;
   double power_budget_w = 0;           // 0: none
   std::optional<Layout> chosen;        // --topology as given, to say how far it is from the recommendation
-  bool include_colocated = true;
-  double colocated_overlap = 0;        // 0..1: share of the shorter role hidden under the other on one GPU
+  bool include_colocated = true;       // its overlap: cluster.gpu.colocated_overlap
 };
 
 struct LayoutPrediction {
@@ -81,6 +86,24 @@ struct LayoutPrediction {
   bool within_power_budget = true;
 };
 
+// How the colocated row is priced: the roles overlapping by the GPU kind's measured share, or, where both
+// roles' fixed memory fills the GPU as far as the H100 run that measured less than back to back did, at that
+// run's measured fraction of back to back (docs/cost_model.md "The colocated layout").
+enum class ColocatedRegime : uint8_t { Overlapped, MemoryFull };
+// Where both roles fill the GPU (bench/results/h100-issue44-plan, one H100, 512 anchors per record): a colocated
+// rank's fixed part was 67.5 GiB of the card's 79.6 (the dry run of that run's options) and it ran at 0.372
+// b/s against the back-to-back bound of its roles' own times, 0.595: the two roles slowed each other beyond
+// taking turns. At 47.6 GiB (512 anchors per batch) the same job overlapped (GpuCalibration::colocated_overlap).
+// So from that fill on, the plan prices a colocated rank that fits at that measured fraction of back to back.
+constexpr double kColocatedMemoryFullFill = 67.5 / 79.6;
+constexpr double kColocatedMemoryFullRate = 0.372 / 0.595;
+
+// A colocated GPU's seconds per batch: the target's forward t, the drafter's step d, its share of the
+// gradient allreduce a, the share `overlap` of the shorter of t and d hidden under the other (at most 1; below
+// 0 where measured contention made them slower than back to back), never less than the slower role alone.
+// --topology auto's what-if (src/runtime/auto_topology.cpp) prices its colocated row by it too.
+double colocated_seconds_per_batch(double target_s, double drafter_s, double allreduce_s, double overlap);
+
 struct Plan {
   std::vector<LayoutPrediction> layouts;  // splits by targets then drafters, then colocated
   int recommended = -1;                  // index into layouts; -1 when none fits the memory and the budget
@@ -89,15 +112,17 @@ struct Plan {
   double target_forward_s = 0, drafter_step_s = 0, transport_s = 0, batch_bytes = 0;
   std::string gpu_name, gpu_source, link;
   int nodes = 1, gpus_per_node = 1;
-  double colocated_overlap = 0;
+  double colocated_overlap = 0;          // the GPU kind's (cluster.gpu.colocated_overlap)
+  ColocatedRegime colocated_regime = ColocatedRegime::Overlapped;
+  double colocated_fill = 0;             // a colocated rank's fixed memory / the GPU's (0: unknown)
 };
 
 // Every layout and the recommendation. Fatal BadOptions on a node of no GPU or an overlap outside [0, 1].
 Plan plan_layouts(const PlanRequest& r);
 
 // The fixed-width table the dry run prints, one line per layout ("*" the recommended, ">" the chosen), with a
-// header and a closing line naming the recommendation, the chosen layout's distance from it, and the GPU's
-// calibration source.
+// header and closing lines naming the recommendation, the chosen layout's distance from it, the GPU's
+// calibration source and how the colocated row is priced.
 std::string render_plan_table(const Plan& p);
 // The same as JSON (for metrics.h5 and calibration files).
 nlohmann::json plan_to_json(const Plan& p);

@@ -37,6 +37,12 @@ std::string power(const LayoutPrediction& lp) {
   return b;
 }
 
+const LayoutPrediction* colocated_row(const Plan& p) {
+  for (const LayoutPrediction& lp : p.layouts)
+    if (lp.layout.kind == LayoutKind::Colocated) return &lp;
+  return nullptr;
+}
+
 }  // namespace
 
 std::string render_plan_table(const Plan& p) {
@@ -76,10 +82,23 @@ std::string render_plan_table(const Plan& p) {
   } else {
     out += "[dflash] plan: no layout fits the GPU's memory and the power budget\n";
   }
-  char note[256];
-  std::snprintf(note, sizeof note, "[dflash] plan: predictions from the %s calibration of %s (docs/cost_model.md); colocated "
-                "is not a layout the job runs yet (overlap %.2f)\n", p.gpu_source.c_str(), p.gpu_name.c_str(), p.colocated_overlap);
+  char note[400];
+  std::snprintf(note, sizeof note, "[dflash] plan: predictions from the %s calibration of %s (docs/cost_model.md)\n",
+                p.gpu_source.c_str(), p.gpu_name.c_str());
   out += note;
+  if (const LayoutPrediction* c = colocated_row(p)) {
+    if (p.colocated_regime == ColocatedRegime::MemoryFull)
+      std::snprintf(note, sizeof note, "[dflash] plan: colocated holds %.0f %% of the GPU's memory fixed: priced at %.2fx "
+                    "its roles back to back, as measured where both roles filled an H100 (docs/cost_model.md)\n",
+                    100 * p.colocated_fill, kColocatedMemoryFullRate);
+    else
+      std::snprintf(note, sizeof note, "[dflash] plan: colocated overlaps %.2f of the shorter role (the %s calibration's "
+                    "colocated_overlap, docs/cost_model.md)%s\n", p.colocated_overlap, p.gpu_name.c_str(),
+                    c->fit == MemoryFit::Unknown      ? "; its memory is not known"
+                    : c->fit == MemoryFit::DoesNotFit ? "; it does not fit (both roles' fixed memory)"
+                                                      : "");
+    out += note;
+  }
   return out;
 }
 
@@ -118,6 +137,8 @@ nlohmann::json plan_to_json(const Plan& p) {
           {"transport_s", p.transport_s},
           {"batch_bytes", p.batch_bytes},
           {"colocated_overlap", p.colocated_overlap},
+          {"colocated_regime", p.colocated_regime == ColocatedRegime::MemoryFull ? "memory full" : "overlapped"},
+          {"colocated_fill", p.colocated_fill},
           {"recommended", name_at(p.recommended)},
           {"chosen", name_at(p.chosen)},
           {"chosen_shortfall_pct", p.chosen >= 0 && p.recommended >= 0 ? nlohmann::json(p.chosen_shortfall_pct) : nlohmann::json(nullptr)},

@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "dflash/error.h"
+#include "plan/layout_plan.h"  // colocated_seconds_per_batch: the layout plan prices its colocated row the same way
 
 namespace dflash {
 
@@ -87,8 +88,7 @@ SplitPrediction predict_colocated(const RoleMeasurements& m) {
   p.drafter_cap_bps = n * g / (d + p.allreduce_s_per_batch);
   // At most 1: a batch never takes less than its longer role. Below 0 it is what was measured (contention).
   if (m.colocated_overlap) p.overlap = std::min(*m.colocated_overlap, 1.0);
-  const double overlap = p.overlap.value_or(0.0);
-  p.batches_per_s = n * g / (t + d + p.allreduce_s_per_batch - overlap * std::min(t, d));
+  p.batches_per_s = n * g / plan::colocated_seconds_per_batch(t, d, p.allreduce_s_per_batch, p.overlap.value_or(0.0));
   p.ktok_per_s = p.batches_per_s * m.tokens_per_batch / 1000.0;
   p.limit = t >= d + p.allreduce_s_per_batch ? SplitLimit::Target : SplitLimit::Drafter;
   if (m.power_target_w && m.power_drafter_w) {

@@ -25,6 +25,7 @@
 #include "drafter/step_buffers.h"
 #include "model/qwen35_config.h"
 #include "plan/gpu_calibration.h"
+#include "plan/layout_plan.h"  // memory_fit
 
 namespace dflash {
 
@@ -354,7 +355,8 @@ ColocatedFitCheck check_colocated_fit(const Options& o, const ModelPlan& plan) {
     return c;
   }
   const double need = plan_role_memory(o, plan).colocated();
-  c.fit = need <= gpu.bytes ? ColocatedFit::Fits : ColocatedFit::DoesNotFit;
+  // The layout plan's rule (its colocated row gets the same bytes: layout_plan_inputs.cpp).
+  c.fit = plan::memory_fit(need, gpu.bytes) == plan::MemoryFit::Fits ? ColocatedFit::Fits : ColocatedFit::DoesNotFit;
   c.why = gib(need) + " fixed (target + drafter) " + (c.fit == ColocatedFit::Fits ? "within" : "over") + " the GPU's " +
           gib(gpu.bytes);
   return c;

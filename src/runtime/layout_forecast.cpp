@@ -103,7 +103,7 @@ TopologySpec recommended_split(const LayoutForecast& f) {
     std::string closest;
     double best = 0;
     for (const plan::LayoutPrediction& lp : p.layouts)
-      if (lp.layout.kind == plan::LayoutKind::Split && lp.batches_per_s > best) {
+      if (lp.batches_per_s > best) {
         best = lp.batches_per_s;
         closest = lp.layout.name() + " (fits: " + plan::memory_fit_name(lp.fit) +
                   (lp.within_power_budget ? "" : ", over --power-budget-w") + ")";

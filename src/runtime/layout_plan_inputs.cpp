@@ -102,6 +102,7 @@ plan::PlanRequest layout_plan_request(const Options& o, const ModelPlan& model, 
   r.memory.target_bytes = memory.target;
   r.memory.drafter_bytes = memory.drafter - (o.grad_accum > 1 || o.global_batch_tokens > 0 ? accum : 0);
   r.memory.accumulator_bytes = accum;
+  r.memory.colocated_bytes = memory.colocated();  // what check_colocated_fit and the dry run's check hold it to
   r.power_budget_w = o.power_budget_w;
   if (o.topology_choice == TopologyChoice::Given)
     r.chosen = o.topology.colocated() ? plan::Layout{plan::LayoutKind::Colocated, gpus_per_node, gpus_per_node}

@@ -413,8 +413,8 @@ std::vector<OptionRow> option_rows(Options& o) {
   t.number("keep-checkpoints", &o.keep_checkpoints, "N", "complete checkpoints kept (older ones are deleted)", at_least(1), ">= 1");
   t.flag("export-checkpoints", &o.export_checkpoints, "also export each checkpoint's drafter into STEP_DIR/drafter");
   t.text("resume", &o.resume, "auto|PATH", "auto (the newest complete checkpoint, or a fresh start) | PATH (a checkpoint or checkpoint dir)", "a fresh start");
-  t.number("power-budget-w", &o.power_budget_w, "W", "with --topology auto: the fastest layout within this many watts (needs power readings)")
-      .doc = "with `--topology auto` and `--rebalance auto`: the fastest layout (a split, or colocated) within W watts (0 = no budget)";
+  t.number("power-budget-w", &o.power_budget_w, "W", "with --topology auto (needs power readings) or plan (the GPU kind's board power): the fastest layout within this many watts")
+      .doc = "with `--topology auto` and `--rebalance auto` (measured power) and `--topology plan` or `--dry-run`'s layout plan (the GPU kind's board power, docs/cost_model.md): the fastest layout (a split, or colocated) within W watts (0 = no budget)";
   t.text("report-to", &o.report_to, "LIST", "tensorboard,csv,wandb: the run's series in OUT/tensorboard, OUT/csv and (at the end of each job, offline) OUT/wandb while it trains, by tools/dflash-report in the background", "none")
       .check = [&o](const po::variable_value&) { parse_report_to(o.report_to); };  // fatal, naming a bad word
   t.rows.back().doc = "`tensorboard,csv,wandb`: the run's series in `OUT/tensorboard`, `OUT/csv`, `OUT/wandb` while it trains (docs/metrics.md \"Your own tools while it trains\")";

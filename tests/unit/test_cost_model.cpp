@@ -71,6 +71,21 @@ TEST(CostModelCalibration, JsonRoundTripAndRefusals) {
   EXPECT_EXIT(calibrations_from_json(missing, "f.json"), testing::ExitedWithCode(3), "memory_tbps");
 }
 
+// The colocated overlap (docs/cost_model.md "The colocated layout"): the measured kinds carry the H100's 0.20;
+// a file written before it (no key) reads as 0, the roles taking turns; above 1 or below 0 is refused.
+TEST(CostModelCalibration, ColocatedOverlapInTheTableAndFiles) {
+  EXPECT_DOUBLE_EQ(calibration_for("h100").colocated_overlap, 0.20);
+  EXPECT_DOUBLE_EQ(calibration_for("h200").colocated_overlap, 0.20);
+  EXPECT_EQ(calibration_for("rtx-pro-6000").source, CalibrationSource::Scaled);
+  nlohmann::json j = calibrations_to_json({calibration_for("h100")});
+  j["gpus"][0].erase("colocated_overlap");
+  EXPECT_DOUBLE_EQ(calibrations_from_json(j, "old.json").front().colocated_overlap, 0);
+  j["gpus"][0]["colocated_overlap"] = 1.5;
+  EXPECT_EXIT(calibrations_from_json(j, "f.json"), testing::ExitedWithCode(3), "colocated_overlap");
+  j["gpus"][0]["colocated_overlap"] = -0.1;
+  EXPECT_EXIT(calibrations_from_json(j, "f.json"), testing::ExitedWithCode(3), "colocated_overlap");
+}
+
 // dflash-report's calibration.json (tools/dflash_report/forecast.py): the run's observed / predicted factors
 // multiply every phase of their role, survive the JSON round trip, and --calibration picks the file's entry.
 TEST(CostModelCalibration, RunCorrectionScalesEachRoleAndReadsBack) {
