@@ -35,7 +35,7 @@ constexpr int64_t kEvalShareLimitBytes = int64_t{2} << 30;
 
 struct EvalBudget {
   int64_t bytes_per_drafter = kEvalShareLimitBytes;  // (the test hook --inject-eval-budget-bytes lowers it)
-  double bytes_per_token = 0;  // one token's features: captured layers (+ final norm) x hidden x wire dtype
+  double bytes_per_token = 0;  // one token's features: captured layers (+ final norm) x hidden x the backend's dtype
   int64_t tokens_per_drafter() const;  // the tokens one drafter's budget holds
 };
 

@@ -51,6 +51,15 @@ void fp8_linear_forward(const Ctx& ctx, const Tensor& out, const Tensor& in, con
 // backend (it runs the op as the host twin, a reference, not a fast path) and on every other GPU.
 bool fp8_block_gemm_available(const Ctx& ctx);
 
+// The FP8 hidden-state wire (--hs-dtype fp8, docs/fp8.md "The FP8 wire"): one float32 scale per row, as
+// speculators' FP8 connector. fp8_rows_quantize: codes [N, H] (F8E4M3) = e4m3(in / s) and scales [N] (F32)
+// = s = amax(|in row|) / 448 (0 and codes 0 for an all-zero row), in [N, H] of the backend's dtype; the host
+// arithmetic is fp8::quantize_activation_groups with one group per row, bit-exact on CUDA.
+// fp8_rows_dequantize: out [N, H] (the backend's dtype) = e4m3_to_f32(codes) * scales[row], computed in
+// fp32 and rounded once to out's dtype (fp8::dequantize_weight_channels on the host).
+void fp8_rows_quantize(const Ctx& ctx, const Tensor& codes, const Tensor& scales, const Tensor& in);
+void fp8_rows_dequantize(const Ctx& ctx, const Tensor& out, const Tensor& codes, const Tensor& scales);
+
 // ---- embedding --------------------------------------------------------------------------------
 // out [T, H] = table [V, H] rows at tokens [T] (I32). An id outside [0, V) is a BadInput error.
 void embedding_forward(const Ctx& ctx, const Tensor& out, const Tensor& tokens, const Tensor& table);

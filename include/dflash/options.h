@@ -17,6 +17,7 @@
 
 #include "dflash/data.h"         // LongRecordPolicy (--long-record)
 #include "dflash/data_plane.h"   // DataPlaneChoice (--data-plane)
+#include "dflash/hs_batch.h"     // HsDType (--hs-dtype)
 #include "dflash/data_source.h"  // DataSource (--data)
 #include "dflash/drafter.h"  // TrainOptions, LossKind
 #include "dflash/flow_control.h"  // BatchOrder (--batch-order)
@@ -78,6 +79,7 @@ struct Options {
   int prefetch_depth = 4;
   int hs_queue_depth = 4;       // receive slots (= credits) per drafter
   DataPlaneChoice data_plane = DataPlaneChoice::Auto;
+  HsDType hs_dtype = HsDType::Backend;  // --hs-dtype bf16|fp8: hidden states on the wire (docs/fp8.md)
   BatchOrder batch_order = BatchOrder::Arrival;
   // CUDA kernels that sum in a fixed order (set_deterministic_kernels, about 4% of the 8B step): identical
   // inputs give bit-identical steps, so a resumed run reproduces the straight run bit for bit.

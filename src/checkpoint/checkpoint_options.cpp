@@ -145,6 +145,8 @@ bool option_absent_means(const std::string& name, const std::string& value) {
       {"draft-heads", "0"},
       {"draft-head-dim", "0"},
       {"draft-kv-heads", "0"},
+      // Issue 46: before --hs-dtype, hidden states travelled in the backend's dtype.
+      {"hs-dtype", "bf16"},
   };
   const auto it = before_it_existed.find(name);
   return it != before_it_existed.end() && it->second == value;

@@ -5,7 +5,7 @@
 //  - cuda-mpi: the tensor messages read and write device memory directly (a CUDA-aware MPI moves them by
 //    CUDA IPC or UCX); a send is posted once the forward's event says the buffer is written, since MPI
 //    knows nothing of streams.
-// bf16 on the wire on CUDA.
+// On the wire: the backend's dtype (bf16 on CUDA) or, with --hs-dtype fp8, the fp8 parts' bytes (hs_batch.h).
 #include <array>
 #include <deque>
 
@@ -24,19 +24,23 @@ namespace {
 enum TensorPart : int { kFeatures = kHostParts, kFinalNorm, kParts };
 static_assert(kParts <= kSlotTags, "a slot's messages need distinct tags");
 
-// Tensor bytes as MPI elements of the wire dtype (count and type from the element type, never bytes).
-MPI_Request isend_tensor(const void* p, DType t, size_t n, int dest, int tag, MPI_Comm comm) {
-  if (t == DType::F32) return mpi::isend(static_cast<const float*>(p), n, dest, tag, comm);
-  DF_CHECK(t == DType::BF16, Internal, "hidden states travel as F32 or BF16, not " << dtype_name(t));
-  return mpi::isend(static_cast<const uint16_t*>(p), n, dest, tag, comm);
+// A wire part as MPI elements of its dtype (count and type from the element type, never bytes): F32 or BF16
+// on the Backend wire, bytes on the fp8 wire (hs_batch.h).
+MPI_Request isend_part(const void* p, const WirePart& w, int dest, int tag, MPI_Comm comm) {
+  if (w.dtype == DType::F32) return mpi::isend(static_cast<const float*>(p), w.count, dest, tag, comm);
+  if (w.dtype == DType::U8) return mpi::isend(static_cast<const uint8_t*>(p), w.count, dest, tag, comm);
+  DF_CHECK(w.dtype == DType::BF16, Internal, "hidden states travel as F32, BF16 or fp8 bytes, not " << dtype_name(w.dtype));
+  return mpi::isend(static_cast<const uint16_t*>(p), w.count, dest, tag, comm);
 }
-MPI_Request irecv_tensor(void* p, DType t, size_t n, int source, int tag, MPI_Comm comm) {
-  if (t == DType::F32) return mpi::irecv(static_cast<float*>(p), n, source, tag, comm);
-  DF_CHECK(t == DType::BF16, Internal, "hidden states travel as F32 or BF16, not " << dtype_name(t));
-  return mpi::irecv(static_cast<uint16_t*>(p), n, source, tag, comm);
+MPI_Request irecv_part(void* p, const WirePart& w, int source, int tag, MPI_Comm comm) {
+  if (w.dtype == DType::F32) return mpi::irecv(static_cast<float*>(p), w.count, source, tag, comm);
+  if (w.dtype == DType::U8) return mpi::irecv(static_cast<uint8_t*>(p), w.count, source, tag, comm);
+  DF_CHECK(w.dtype == DType::BF16, Internal, "hidden states travel as F32, BF16 or fp8 bytes, not " << dtype_name(w.dtype));
+  return mpi::irecv(static_cast<uint16_t*>(p), w.count, source, tag, comm);
 }
 size_t received_elements(const MPI_Status& st, DType t) {
-  return t == DType::F32 ? mpi::received_count<float>(st) : mpi::received_count<uint16_t>(st);
+  if (t == DType::F32) return mpi::received_count<float>(st);
+  return t == DType::U8 ? mpi::received_count<uint8_t>(st) : mpi::received_count<uint16_t>(st);
 }
 
 class MpiDataPlane final : public DataPlane {
@@ -100,13 +104,11 @@ class MpiDataPlane final : public DataPlane {
     HsBatch& b = e.buf;
     b.clear();
     const int tag = kTagSlotBase + s * kSlotTags;
-    const SlotShape& sh = b.shape;
-    void* features = staged_ ? e.stage_features.data() : b.features.t().data;
-    void* final_norm = staged_ ? e.stage_final_norm.data() : b.final_norm.t().data;
+    const WirePart features = b.feature_capacity(), final_norm = b.final_norm_capacity();
     irecv_host_parts(b, sender, tag, comm_, e.req.data());
-    e.req[kFeatures] = irecv_tensor(features, sh.dtype, b.features.numel(), sender, tag + kFeatures, comm_);
-    e.req[kFinalNorm] = irecv_tensor(final_norm, sh.dtype, sh.final_norm ? b.final_norm.numel() : 0, sender,
-                                     tag + kFinalNorm, comm_);
+    e.req[kFeatures] = irecv_part(staged_ ? e.stage_features.data() : features.data, features, sender, tag + kFeatures, comm_);
+    e.req[kFinalNorm] = irecv_part(staged_ ? e.stage_final_norm.data() : final_norm.data, final_norm, sender,
+                                   tag + kFinalNorm, comm_);
     e.peer = sender;
     e.header_in = false;
     e.state = State::Transferring;
@@ -195,23 +197,21 @@ class MpiDataPlane final : public DataPlane {
  private:
   void post_tensor_sends(Entry& e, const void* features, const void* final_norm) {
     const HsBatch& hb = e.buf;
-    const SlotShape& sh = hb.shape;
-    e.req[kFeatures] = isend_tensor(features, sh.dtype, hb.features_view().numel(), e.peer, e.tag + kFeatures, comm_);
-    e.req[kFinalNorm] = isend_tensor(final_norm, sh.dtype, sh.final_norm ? hb.final_norm_view().numel() : 0, e.peer,
-                                     e.tag + kFinalNorm, comm_);
+    e.req[kFeatures] = isend_part(features, hb.feature_part(), e.peer, e.tag + kFeatures, comm_);
+    e.req[kFinalNorm] = isend_part(final_norm, hb.final_norm_part(), e.peer, e.tag + kFinalNorm, comm_);
     e.state = State::Transferring;
   }
 
   // The header says how much of each buffer the sender filled; the messages must agree.
   void check_counts(int s, const Entry& e, const std::array<MPI_Status, kParts>& st) const {
     const BatchHeader& h = e.buf.header;
-    const DType t = e.buf.shape.dtype;
-    const size_t T = static_cast<size_t>(h.num_tokens), H = static_cast<size_t>(h.hidden);
+    const size_t T = static_cast<size_t>(h.num_tokens);
+    // The parts' sizes for the header's token count (layers and width: set_filled checks them next).
+    const auto part_fits = [&st](int p, const WirePart& w) { return received_elements(st[p], w.dtype) == w.count; };
     DF_CHECK(h.num_tokens > 0 && h.num_tokens <= e.buf.shape.max_tokens && mpi::received_count<int32_t>(st[kTokens]) == T &&
                  mpi::received_count<int32_t>(st[kCuSeqlens]) == static_cast<size_t>(h.num_seqs + 1) &&
-                 mpi::received_count<uint8_t>(st[kLossMask]) == T &&
-                 received_elements(st[kFeatures], t) == static_cast<size_t>(h.num_layers) * T * H &&
-                 received_elements(st[kFinalNorm], t) == (h.has_final_norm ? T * H : 0),
+                 mpi::received_count<uint8_t>(st[kLossMask]) == T && part_fits(kFeatures, e.buf.feature_part()) &&
+                 part_fits(kFinalNorm, e.buf.final_norm_part()) && (h.has_final_norm != 0) == e.buf.shape.final_norm,
              Internal, "batch in slot " << s << " from rank " << e.peer << " does not match its header");
   }
 

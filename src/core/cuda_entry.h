@@ -25,6 +25,7 @@
 #include "dflash/tensor.h"
 #include "embedding.cuh"
 #include "fp8_linear.cuh"
+#include "fp8_rows.cuh"
 #include "gated_delta_rule.cuh"
 #include "gated_rmsnorm.cuh"
 #include "gdn_gates.cuh"
@@ -64,6 +65,8 @@ struct Library {
   decltype(&ops::fp8_activation_qdq) fp8_activation_qdq;
   decltype(&ops::fp8_linear_forward) fp8_linear_forward;
   decltype(&ops::fp8_block_gemm_available) fp8_block_gemm_available;
+  decltype(&ops::fp8_rows_quantize) fp8_rows_quantize;
+  decltype(&ops::fp8_rows_dequantize) fp8_rows_dequantize;
   decltype(&cuda::attention_varlen_causal_forward) attention_varlen_causal_forward;  // + kernel choice
   // ---- dflash/drafter_ops.h ----
   decltype(&ops::block_attention_forward) block_attention_forward;

@@ -178,10 +178,15 @@ const char* transport_link_name(TransportLink l) {
   return "?";
 }
 
-double batch_wire_bytes(int64_t tokens, int64_t hidden, int captured_layers, bool final_norm) {
+double batch_wire_bytes(int64_t tokens, int64_t hidden, int captured_layers, bool final_norm, HsDType wire) {
   require(tokens > 0 && hidden > 0 && captured_layers > 0, "a batch of no tokens, width or layers");
-  return double(tokens) * double(hidden) * double(captured_layers + (final_norm ? 1 : 0)) * kBf16 +
-         double(tokens) * kIndexBytesPerToken;
+  SlotShape s;  // a CUDA job's batch
+  s.num_layers = captured_layers;
+  s.hidden = hidden;
+  s.final_norm = final_norm;
+  s.dtype = DType::BF16;
+  s.wire = wire;
+  return double(tokens) * s.wire_bytes_per_token() + double(tokens) * kIndexBytesPerToken;
 }
 
 bool has_link(TransportLink link, const GpuCalibration& gpu) {

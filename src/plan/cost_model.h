@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "dflash/hs_batch.h"  // HsDType, SlotShape
 #include "plan/gpu_calibration.h"
 
 namespace dflash::plan {
@@ -76,8 +77,10 @@ enum class TransportLink : uint8_t { NvLink, Pcie, HostStaged };
 const char* transport_link_name(TransportLink l);
 
 // Bytes of one batch on the wire: the captured layers (and the final norm when the objective needs it) x
-// tokens x hidden in bf16, plus the index arrays.
-double batch_wire_bytes(int64_t tokens, int64_t hidden, int captured_layers, bool final_norm);
+// tokens x hidden in bf16 (--hs-dtype fp8: a byte each + a float32 scale per token row; SlotShape's rule),
+// plus the index arrays.
+double batch_wire_bytes(int64_t tokens, int64_t hidden, int captured_layers, bool final_norm,
+                        HsDType wire = HsDType::Backend);
 
 // ---- times -----------------------------------------------------------------------------------------------
 // Each phase's time in seconds and the counts it came from, so a report can show what dominates.

@@ -85,7 +85,8 @@ Plan plan_layouts(const PlanRequest& r) {
   p.target_forward_s = target_forward_cost(j.target, j.target_batch, c.gpu).seconds();
   const DrafterStepCost step = drafter_step_cost(j.drafter, j.drafter_batch, c.gpu);
   p.drafter_step_s = step.seconds();
-  p.batch_bytes = batch_wire_bytes(j.target_batch.tokens, j.target.hidden, j.drafter.captured_layers, j.final_norm_sent);
+  p.batch_bytes = batch_wire_bytes(j.target_batch.tokens, j.target.hidden, j.drafter.captured_layers, j.final_norm_sent,
+                                   j.hs_dtype);
   p.transport_s = transport_seconds(p.batch_bytes, c.link, c.gpu);
   const double tokens = static_cast<double>(j.target_batch.tokens), anchors = static_cast<double>(j.drafter_batch.anchors);
   const double N = c.nodes;

@@ -50,6 +50,7 @@ struct JobCostInputs {
   DrafterShape drafter;
   DrafterBatchShape drafter_batch;     // the same batch on the drafter side, with its anchors
   bool final_norm_sent = false;        // KL: the target also sends its final norm
+  HsDType hs_dtype = HsDType::Backend; // --hs-dtype: the form the hidden states travel in
   int64_t global_batch_tokens = 0;     // > 0: --grad-accum K = ceil(global / (tokens x drafters)), as the job
   int grad_accum = 1;                  // used when global_batch_tokens is 0
 };

@@ -10,6 +10,7 @@
 #include "dflash/auto_topology.h"
 #include "dflash/backend.h"
 #include "dflash/hs_batch.h"
+#include "dflash/hs_wire.h"
 #include "dflash/nvml.h"
 #include "dflash/data_mix.h"
 #include "dflash/drafter.h"
@@ -66,22 +67,26 @@ void sleep_ms(int ms) {
 
 // One drafter step (fwd + bwd + AdamW) on a captured batch; returns once it has finished on the device
 // (optimizer_step returns the gradient norm).
-void drafter_step(DrafterTrainer& trainer, const HsBatch& b, const Options& o) {
+// The codecs are the roles' own (hs_wire.h): --hs-dtype fp8's quantize and dequantize are measured with them.
+void drafter_step(DrafterTrainer& trainer, HsCodec& codec, const Ctx& ctx, const HsBatch& b, const Options& o) {
   FeatureBatch fb;
   fb.batch = &b.batch;
-  fb.features = b.features_view();
-  fb.final_norm = b.final_norm_view();
+  const HsValues values = codec.decode(ctx, b);
+  fb.features = values.features;
+  fb.final_norm = values.final_norm;
   trainer.forward_backward(fb);
   trainer.optimizer_step();
   // The test hooks slow a role down in the run; they must in the measurement too (tests pick splits with them).
   sleep_ms(o.inject_delay_drafter_ms);
 }
 
-void target_forward(TargetModel& model, HsBatch& b, const Ctx& ctx, const Options& o) {
+void target_forward(TargetModel& model, HsCodec& codec, HsBatch& b, const Ctx& ctx, const Options& o) {
   CaptureOut out;
-  out.features = b.features_view();
-  out.final_norm = b.final_norm_view();
+  const HsValues into = codec.forward_into(b);
+  out.features = into.features;
+  out.final_norm = into.final_norm;
   model.forward(b.batch, out);
+  codec.encode(ctx, b);
   synchronize(ctx);
   sleep_ms(o.inject_delay_target_ms);
 }
@@ -108,6 +113,7 @@ RankSample measure_rank(const Options& o, const ModelPlan& plan, MPI_Comm world,
   Loader loader(dataset, lo);
 
   const SlotShape& shape = plan.slot_shape;
+  HsCodec target_codec(shape), drafter_codec(shape);
   std::vector<std::unique_ptr<HsBatch>> batches;
   std::vector<double> target_s, drafter_s, both_s;
   PowerMean target_w, drafter_w;
@@ -123,7 +129,7 @@ RankSample measure_rank(const Options& o, const ModelPlan& plan, MPI_Comm world,
     HsBatch& b = *batches.back();
     b.fill_from(lb.batch);
     const auto t0 = mpi::Clock::now();
-    target_forward(*model, b, target_ctx, o);
+    target_forward(*model, target_codec, b, target_ctx, o);
     const double t = mpi::seconds_since(t0);
     if (i == 0) continue;  // warm-up
     target_s.push_back(t);
@@ -136,7 +142,7 @@ RankSample measure_rank(const Options& o, const ModelPlan& plan, MPI_Comm world,
   DrafterTrainer trainer(plan.drafter_source(o), o.train, ctx, o.token_budget);
   for (int i = 0; i <= kMeasuredBatches; ++i) {
     const auto t0 = mpi::Clock::now();
-    drafter_step(trainer, *batches[static_cast<size_t>(i)], o);
+    drafter_step(trainer, drafter_codec, ctx, *batches[static_cast<size_t>(i)], o);
     const double t = mpi::seconds_since(t0);
     if (i == 0) continue;  // warm-up
     drafter_s.push_back(t);
@@ -152,9 +158,9 @@ RankSample measure_rank(const Options& o, const ModelPlan& plan, MPI_Comm world,
       std::thread forward([&] {
         // Made on this thread: on CUDA it also makes the rank's GPU this thread's current device.
         const Ctx tctx = colocated_target_ctx(o.backend, gpu_index);
-        target_forward(*model, spare, tctx, o);
+        target_forward(*model, target_codec, spare, tctx, o);
       });
-      drafter_step(trainer, *batches[static_cast<size_t>(i)], o);
+      drafter_step(trainer, drafter_codec, ctx, *batches[static_cast<size_t>(i)], o);
       forward.join();
       sleep_ms(o.inject_delay_colocated_ms);
       const double t = mpi::seconds_since(t0);

@@ -42,7 +42,7 @@ Tensor DrafterEval::host_view(const Kept& k, const HostBuffer& buf, bool feature
   return Tensor(buf.data(), sh.dtype, Device::CPU, {T, sh.hidden});
 }
 
-void DrafterEval::keep(const HsBatch& b) {
+void DrafterEval::keep(const HsBatch& b, const HsValues& values) {
   const BatchHeader& h = b.header;
   auto it = std::find_if(share_.begin(), share_.end(), [&](const Kept& k) { return k.index == h.batch_index; });
   DF_CHECK(h.kind == BatchKind::Eval && it != share_.end() && !it->received, Internal,
@@ -51,11 +51,11 @@ void DrafterEval::keep(const HsBatch& b) {
   DF_CHECK(b.batch.tokens == k.batch->tokens && b.batch.cu_seqlens == k.batch->cu_seqlens && b.batch.loss_mask == k.batch->loss_mask,
            Internal, "eval batch " << h.batch_index << " from rank " << h.report.rank << " differs from the one this rank packed");
   // Host memory, pageable: a share may be large, and it moves only every --eval-every steps.
-  k.features = HostBuffer(b.feature_bytes(), HostMemory::Pageable);
-  copy_tensor(job_.ctx, host_view(k, k.features, true), b.features_view());
+  k.features = HostBuffer(values.features.nbytes(), HostMemory::Pageable);
+  copy_tensor(job_.ctx, host_view(k, k.features, true), values.features);
   if (b.shape.final_norm) {
-    k.final_norm = HostBuffer(b.final_norm_bytes(), HostMemory::Pageable);
-    copy_tensor(job_.ctx, host_view(k, k.final_norm, false), b.final_norm_view());
+    k.final_norm = HostBuffer(values.final_norm.nbytes(), HostMemory::Pageable);
+    copy_tensor(job_.ctx, host_view(k, k.final_norm, false), values.final_norm);
   }
   k.received = true;
 }

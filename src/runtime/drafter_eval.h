@@ -1,5 +1,6 @@
 // A drafter's share of the held-out eval set (--eval-data, docs/pipeline.md "Evaluation"): its features
-// arrive once at startup (DrafterEndpoint::receive_eval), stay on the host in the wire dtype, and every
+// arrive once at startup (DrafterEndpoint::receive_eval), stay on the host in the backend's dtype (an fp8 wire's batch
+// dequantized first: --hs-dtype), and every
 // --eval-every steps (and after the last) go through DrafterTrainer::evaluate on fixed anchors. The sums
 // over the drafters make one /eval row.
 #pragma once
@@ -10,6 +11,7 @@
 #include "dflash/device_async.h"
 #include "dflash/drafter.h"
 #include "dflash/eval_stats.h"
+#include "dflash/hs_wire.h"
 #include "dflash/tensor.h"
 #include "job.h"
 
@@ -24,8 +26,8 @@ class DrafterEval {
   // The node target that forwards each batch of the share, in batch order (DrafterEndpoint::receive_eval).
   const std::vector<int>& senders() const { return senders_; }
   // Keeps a received eval batch: checks it is one of this drafter's, with the tokens this rank packed
-  // itself, and copies its tensors to the host.
-  void keep(const HsBatch& b);
+  // itself, and copies its values (HsCodec::decode of b) to the host.
+  void keep(const HsBatch& b, const HsValues& values);
   bool complete() const;
   int64_t num_batches() const { return static_cast<int64_t>(share_.size()); }
   // Evaluates this drafter's share with the trainer's current weights (forward only, fixed anchors).
@@ -41,7 +43,7 @@ class DrafterEval {
     int64_t index = -1;              // in the packed eval set
     const PackedBatch* batch = nullptr;
     std::vector<int64_t> anchors;
-    HostBuffer features, final_norm;  // wire dtype, [k, T, H] and [T, H]
+    HostBuffer features, final_norm;  // the backend's dtype, [k, T, H] and [T, H]
     bool received = false;
   };
   Tensor host_view(const Kept& k, const HostBuffer& buf, bool features) const;

@@ -18,6 +18,7 @@
 #include "dflash/drafter_model.h"  // drafter_param_count
 #include "dflash/data.h"  // hdf5_mutex()
 #include "dflash/error.h"
+#include "dflash/hs_wire.h"        // HsCodec::staging_bytes
 #include "dflash/mpi_typed.h"
 #include "dflash/nvml.h"
 #include "core/cuda_entry.h"       // cuda::in_build
@@ -220,9 +221,13 @@ RoleMemory plan_role_memory(const Options& o, const ModelPlan& plan) {
   const double act = static_cast<double>(dtype_size(plan.slot_shape.dtype));  // per activation / weight element
   const TargetWeights tw = target_weights(o, plan.target);
   const double weights = tw.bytes;
-  const double batch = plan.wire_bytes_per_token() * static_cast<double>(o.token_budget);  // features (+ final norm)
+  // One batch as it travels (features + final norm; --hs-dtype fp8: e4m3 codes + a scale per row), and with
+  // fp8 the backend-dtype batch each end quantizes from or dequantizes into (hs_wire.h).
+  const SlotShape& shape = plan.slot_shape;
+  const double batch = static_cast<double>(shape.slot_bytes());
+  const double staging = static_cast<double>(HsCodec::staging_bytes(shape));
   RoleMemory m;
-  m.target = weights + 2 * batch;  // two send buffers: the next forward fills one while one moves
+  m.target = weights + 2 * batch + staging;  // two send buffers: the next forward fills one while one moves
   const DrafterConfig& d = plan.drafter;
   const double P = static_cast<double>(drafter_param_count(d));
   // Weights, gradients and AdamW m and v as --optimizer-state keeps them on this backend (fp32 masters +
@@ -244,16 +249,18 @@ RoleMemory plan_role_memory(const Options& o, const ModelPlan& plan) {
   const double accum = o.grad_accum > 1 || o.global_batch_tokens > 0 ? P * 4 : 0;
   // --eval-data on CUDA: one device buffer of an eval batch's features, uploaded from the host at each
   // evaluation (src/runtime/drafter_eval.cpp); the kept features themselves are in host memory.
-  const double eval_buffer = cuda && !o.eval_data.empty() ? batch : 0.0;
-  m.drafter = state + frozen + slots + loss_ws + blocks + accum + tau_target + eval_buffer;
+  const double eval_buffer = cuda && !o.eval_data.empty() ? static_cast<double>(shape.value_bytes(o.token_budget)) : 0.0;
+  m.drafter = state + frozen + slots + staging + loss_ws + blocks + accum + tau_target + eval_buffer;
   m.drafter_bf16_saving = P * (state_bytes - optimizer_state_bytes_per_param(OptimizerState::Bf16, o.backend));
   std::ostringstream os;
   os << "[dflash] memory per rank, fixed part (" << (cuda ? "bf16 on the GPU" : "float32 in host memory")
      << "; the target's activations come on top): target " << gib(m.target) << " (weights " << gib(weights) << " from "
-     << tw.source << ", 2 send buffers of " << gib(batch) << "); drafter " << gib(m.drafter) << " ("
+     << tw.source << ", 2 send buffers of " << gib(batch) << " (" << shape.wire_name() << " on the wire)"
+     << (staging > 0 ? ", the fp8 wire's quantize staging " + gib(staging) : std::string()) << "); drafter " << gib(m.drafter) << " ("
      << static_cast<long long>(P) << " parameters x " << state_bytes << " B of state"
      << (o.train.optimizer_state == OptimizerState::Bf16 ? " (--optimizer-state bf16)" : "") << " " << gib(state)
      << ", frozen embedding + lm_head " << gib(frozen) << ", " << o.hs_queue_depth << " slots " << gib(slots)
+     << (staging > 0 ? ", the fp8 wire's dequantize staging " + gib(staging) : std::string())
      << ", loss logits for " << loss_rows << " rows " << gib(loss_ws) << ", block activations for --max-anchors "
      << o.train.max_anchors << " x " << d.block_size << " rows " << gib(blocks) << " = "
      << gib(drafter_bytes_per_anchor(d, cuda)) << " per anchor"

@@ -129,8 +129,13 @@ void choose_data_plane(JobContext& job) {
   const std::string grads = topo.drafters.size() > 1 ? std::string(grad_reduce_name(job.grad_reduce)) + " allreduce over " +
                                                               std::to_string(topo.drafters.size()) + " drafters"
                                                         : std::string("one drafter, no allreduce");
-  std::printf("[dflash] hidden states: %s plane (%s), %s on the wire; gradients: %s\n", data_plane_name(job.data_plane),
-              planes.why.c_str(), dtype_name(job.plan.slot_shape.dtype), grads.c_str());
+  const SlotShape& sh = job.plan.slot_shape;
+  // The wire's form and one full batch's bytes (--hs-dtype fp8: e4m3 codes + a float32 scale per token row).
+  const std::string wire = sh.wire == HsDType::Fp8 ? std::string("FP8 (e4m3, a float32 scale per token row)")
+                                                   : std::string(dtype_name(sh.dtype));
+  std::printf("[dflash] hidden states: %s plane (%s), %s on the wire, %.1f MiB per full batch; gradients: %s\n",
+              data_plane_name(job.data_plane), planes.why.c_str(), wire.c_str(),
+              static_cast<double>(sh.slot_bytes()) / 1048576.0, grads.c_str());
   std::fflush(stdout);
 }
 

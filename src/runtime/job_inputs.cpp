@@ -107,10 +107,13 @@ void check_token_budget_fits(const Options& o, const Topology& topo, const std::
                              << "with 32-bit offsets)",
                 "give --token-budget in [2, 2147483647]; 32768 is the DFlash recipe's");
   if (!topo.runs_target() && !topo.runs_drafter()) return;
-  const double per_token = plan.wire_bytes_per_token();
-  // A drafter's slots, a target's send buffers; a colocated rank holds both.
+  // A drafter's slots, a target's send buffers; a colocated rank holds both. With --hs-dtype fp8 each role
+  // also holds one batch in the backend's dtype (its staging, dflash/hs_wire.h).
+  const SlotShape& sh = plan.slot_shape;
   const int buffers = (topo.runs_drafter() ? o.hs_queue_depth : 0) + (topo.runs_target() ? kTargetSendBuffers : 0);
-  const double need = per_token * static_cast<double>(o.token_budget) * buffers;
+  const int stagings = sh.wire == HsDType::Fp8 ? (topo.runs_drafter() ? 1 : 0) + (topo.runs_target() ? 1 : 0) : 0;
+  const double per_token = sh.wire_bytes_per_token() * buffers + static_cast<double>(sh.value_bytes(1)) * stagings;
+  const double need = per_token * static_cast<double>(o.token_budget);
   double have = 0;
   std::string what;
   if (o.backend == Device::CUDA) {
@@ -127,7 +130,7 @@ void check_token_budget_fits(const Options& o, const Topology& topo, const std::
            std::to_string(topo.ranks_per_node) + " ranks)";
   }
   if (need <= have) return;
-  const int64_t fit = static_cast<int64_t>(have / (per_token * buffers));
+  const int64_t fit = static_cast<int64_t>(have / per_token);
   char need_gib[32];
   std::snprintf(need_gib, sizeof(need_gib), "%.1f", need / 1073741824.0);
   DF_FAIL(BadOptions,

@@ -87,6 +87,7 @@ plan::PlanRequest layout_plan_request(const Options& o, const ModelPlan& model, 
                               : o.train.max_anchors;
   j.drafter_batch = plan::DrafterBatchShape{budget, anchors, record};
   j.final_norm_sent = o.train.loss == LossKind::KL;
+  j.hs_dtype = o.hs_dtype;
   j.global_batch_tokens = o.global_batch_tokens;
   j.grad_accum = o.grad_accum;
   r.cluster.gpu = gpu;

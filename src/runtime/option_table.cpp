@@ -303,6 +303,9 @@ std::vector<OptionRow> option_rows(Options& o) {
   t.choice("data-plane", &o.data_plane, "NAME", "how hidden states travel: auto (nccl, else cuda-mpi, else host) | nccl (GPU to GPU; a GPU per rank) | cuda-mpi (a CUDA-aware MPI) | host (through host memory; always works)",
            named({DataPlaneChoice::Auto, DataPlaneChoice::Nccl, DataPlaneChoice::CudaMpi, DataPlaneChoice::Host}, data_plane_choice_name))
       .doc = "how hidden-state tensors travel: auto (nccl, else cuda-mpi, else host) | nccl | cuda-mpi | host (see \"Backends and the GPU job\"); may change on a resume";
+  t.choice("hs-dtype", &o.hs_dtype, "DTYPE", "hidden states on the wire: bf16 (the backend's dtype: bf16 on CUDA, float32 on the CPU backend) | fp8 (e4m3 with one float32 scale per token row, dequantized by the drafter: about half of bf16's bytes)",
+           named({HsDType::Backend, HsDType::Fp8}, hs_dtype_name))
+      .doc = "the form hidden states take between a target's forward and a drafter's step, on every data plane: `bf16` = the backend's activation dtype as computed (bf16 on CUDA; float32 on the CPU backend), `fp8` = e4m3 codes with one float32 scale per token row (amax / 448, speculators' FP8 connector), quantized by the target after its forward and dequantized by the drafter: slots, send buffers and the bytes per batch about halve on CUDA (docs/fp8.md \"The FP8 wire\"); may not change on a resume";
   t.choice("batch-order", &o.batch_order, "NAME", "arrival (first come, best throughput) | fixed (a pure function of the topology: same losses on every run and across a resume)",
            named({BatchOrder::Arrival, BatchOrder::Fixed}, batch_order_name))
       .doc = "which batch a drafter trains next: the first to arrive (best throughput), or a pure function of the topology (same losses on every run and across a resume with several targets; see \"Order and determinism\"); may not change on a resume";

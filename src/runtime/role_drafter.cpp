@@ -16,6 +16,7 @@
 #include "dflash/error.h"
 #include "run_dir.h"
 #include "dflash/grad_reducer.h"
+#include "dflash/hs_wire.h"
 #include "drafter_best.h"
 #include "drafter_endpoint.h"
 #include "drafter_eval.h"
@@ -33,7 +34,7 @@ namespace {
 class DrafterLoop {
  public:
   explicit DrafterLoop(JobContext& job)
-      : job_(job), o_(job.opt), topo_(job.topo), group_(job), best_(o_, job.plan.resume.dir),
+      : job_(job), o_(job.opt), topo_(job.topo), group_(job), codec_(job.plan.slot_shape), best_(o_, job.plan.resume.dir),
         trace_(o_.inject_trace_dir, topo_.world_rank, job.plan.resume.step) {}
 
   void run() {
@@ -69,7 +70,7 @@ class DrafterLoop {
     std::unique_ptr<DrafterEval> eval;
     if (job_.eval) {
       eval = std::make_unique<DrafterEval>(job_, trainer.config().block_size);
-      endpoint.receive_eval(eval->senders(), [&](const HsBatch& b) { eval->keep(b); });
+      endpoint.receive_eval(eval->senders(), [&](const HsBatch& b) { eval->keep(b, codec_.decode(job_.ctx, b)); });
     }
     wait_eval_features(job_, progress);
     int64_t last_eval = -1, last_tau = -1;  // steps of the last evaluation, and of the last that measured tau
@@ -216,8 +217,9 @@ class DrafterLoop {
     const HsBatch& hb = endpoint.batch(slot);
     FeatureBatch fb;
     fb.batch = &hb.batch;
-    fb.features = hb.features_view();
-    fb.final_norm = hb.final_norm_view();
+    const HsValues values = codec_.decode(job_.ctx, hb);  // --hs-dtype fp8: dequantized on the step's stream
+    fb.features = values.features;
+    fb.final_norm = values.final_norm;
     const StepStats st = mb == MicroBatch::Whole ? trainer.forward_backward(fb, hooks) : trainer.forward_backward(fb, mb, hooks);
     ckpt.trained_on(topo_.target_index_of(hb.header.report.rank), hb.header.batch_index, hb.header.next_position);
     trace_.trained(hb.header.report.rank, hb.header.batch_index);
@@ -419,6 +421,7 @@ class DrafterLoop {
   const Options& o_;
   const Topology& topo_;
   DrafterGroup group_;  // the collectives over the drafters
+  HsCodec codec_;       // a received batch's values (the fp8 wire dequantizes into its staging)
   int lost_by_ = INT32_MAX;  // world rank of the drafter that lost a target (agreed by the drafters)
   DrafterEndpoint* endpoint_ = nullptr;
   std::unique_ptr<GradientReducer> reducer_;

@@ -13,6 +13,7 @@
 #include "dflash/error.h"
 #include "dflash/eval_set.h"
 #include "dflash/hf_config.h"
+#include "dflash/hs_wire.h"
 #include "dflash/target.h"
 #include "job.h"
 #include "target_endpoint.h"
@@ -23,7 +24,7 @@ namespace {
 
 class TargetRank {
  public:
-  explicit TargetRank(JobContext& job) : job_(job), o_(job.opt), topo_(job.topo) {}
+  explicit TargetRank(JobContext& job) : job_(job), o_(job.opt), topo_(job.topo), codec_(job.plan.slot_shape) {}
 
   void run() {
     const std::shared_ptr<const DatasetMix> dataset = job_.dataset;  // opened and checked by validate_inputs
@@ -129,9 +130,11 @@ class TargetRank {
     b.fill_from(batch);
     forward_timing_[buf][0].record(job_.ctx);
     CaptureOut out;
-    out.features = b.features_view();
-    out.final_norm = b.final_norm_view();
+    const HsValues into = codec_.forward_into(b);
+    out.features = into.features;
+    out.final_norm = into.final_norm;
     model_->forward(b.batch, out);
+    codec_.encode(job_.ctx, b);  // --hs-dtype fp8: quantized into the send buffer, on the forward's stream
     if (o_.inject_delay_target_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(o_.inject_delay_target_ms));
     forward_timing_[buf][1].record(job_.ctx);
     forward_pending_[buf] = true;
@@ -174,6 +177,7 @@ class TargetRank {
   JobContext& job_;
   const Options& o_;
   const Topology& topo_;
+  HsCodec codec_;  // where the forward writes (the fp8 wire's staging, or the send buffer itself)
   std::unique_ptr<TargetModel> model_;
   TargetEndpoint* endpoint_ = nullptr;
   Event forward_timing_[kTargetSendBuffers][2];  // begin, end of the forward that filled each send buffer

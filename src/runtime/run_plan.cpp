@@ -17,16 +17,10 @@ DrafterSource ModelPlan::drafter_source(const Options& o) const {
   return s;
 }
 
-double ModelPlan::wire_bytes_per_token() const {
-  return static_cast<double>(slot_shape.hidden) *
-         static_cast<double>(slot_shape.num_layers + (slot_shape.final_norm ? 1 : 0)) *
-         static_cast<double>(dtype_size(slot_shape.dtype));
-}
-
 EvalBudget ModelPlan::eval_budget(const Options& o) const {
   EvalBudget b;
   if (o.inject_eval_budget_bytes > 0) b.bytes_per_drafter = o.inject_eval_budget_bytes;
-  b.bytes_per_token = wire_bytes_per_token();
+  b.bytes_per_token = static_cast<double>(slot_shape.value_bytes(1));  // kept as values (drafter_eval.cpp)
   return b;
 }
 
@@ -45,6 +39,7 @@ ModelPlan plan_job(const Options& o) {
   p.slot_shape.final_norm = o.train.loss == LossKind::KL;
   p.slot_shape.device = o.backend;
   p.slot_shape.dtype = compute_dtype(o.backend);
+  p.slot_shape.wire = o.hs_dtype;
 
   p.loader.token_budget = o.token_budget;
   p.loader.prefetch_depth = o.prefetch_depth;

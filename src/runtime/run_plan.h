@@ -37,11 +37,9 @@ struct ModelPlan {
 
   // The trainer's inputs: these configs and where the weights are.
   DrafterSource drafter_source(const Options& o) const;
-  // Bytes one token of a batch takes on the wire (features of every captured layer, + the final norm for
-  // --loss kl): what slots, send buffers and kept eval shares are sized by.
-  double wire_bytes_per_token() const;
   // What one drafter may keep of --eval-data's features (kEvalShareLimitBytes, or the test hook's), at
-  // wire_bytes_per_token: --eval-max-tokens auto's budget (the job and --dry-run decide the sample by it).
+  // slot_shape.value_bytes per token (a drafter keeps an eval batch's values, in the backend's dtype, whatever
+  // --hs-dtype): --eval-max-tokens auto's budget (the job and --dry-run decide the sample by it).
   EvalBudget eval_budget(const Options& o) const;
 };
 

@@ -33,7 +33,7 @@ OWNERS = {
     "data": "data", "data_mix": "data", "data_plane": "comm", "data_source": "data", "device_async": "base",
     "drafter": "drafter", "drafter_model": "drafter", "drafter_ops": "ops", "error": "base",
     "eval_prompts": "eval", "eval_set": "data", "eval_stats": "drafter", "flow_control": "comm",
-    "grad_reducer": "comm", "hf_config": "io", "fp8": "ops", "fp8_convert": "model", "target_quant": "io", "hs_batch": "base", "jsonl_prep": "data", "message_tags": "base", "micro_batches": "base",
+    "grad_reducer": "comm", "hf_config": "io", "fp8": "ops", "fp8_convert": "model", "target_quant": "io", "hs_batch": "base", "hs_wire": "comm", "jsonl_prep": "data", "message_tags": "base", "micro_batches": "base",
     "metrics": "metrics", "mpi_typed": "base", "nvml": "metrics", "ops": "ops", "optim": "ops",
     "options": "runtime", "packed_batch": "base", "pair_order": "comm", "rng": "base", "run_log": "base",
     "runtime": "runtime", "safe_dir": "io", "safe_file": "io", "safetensors": "io", "schedule": "drafter", "spec_decode": "eval",

@@ -141,8 +141,9 @@ MakeNcclPairs* const make_nccl_pairs = &make_pairs;
 namespace {
 
 ncclDataType_t nccl_type(DType t) {
-  DF_CHECK(t == DType::BF16 || t == DType::F32, Internal, "hidden states travel as F32 or BF16, not " << dtype_name(t));
-  return t == DType::BF16 ? ncclBfloat16 : ncclFloat32;
+  DF_CHECK(t == DType::BF16 || t == DType::F32 || t == DType::U8, Internal,
+           "hidden states travel as F32, BF16 or fp8 bytes, not " << dtype_name(t));
+  return t == DType::BF16 ? ncclBfloat16 : t == DType::U8 ? ncclUint8 : ncclFloat32;
 }
 
 class NcclDataPlane final : public DataPlane {
@@ -298,12 +299,11 @@ class NcclDataPlane final : public DataPlane {
 
   void issue(NcclPair& p, Entry& e) {
     const HsBatch& hb = e.buf;
-    const BatchHeader& h = hb.header;
     const bool send = e.outgoing;
-    const size_t T = static_cast<size_t>(h.num_tokens), H = static_cast<size_t>(h.hidden);
-    const size_t n_features = static_cast<size_t>(h.num_layers) * T * H;
-    const size_t n_final = h.has_final_norm ? T * H : 0;
-    const ncclDataType_t t = nccl_type(hb.shape.dtype);
+    // The parts' sizes follow the header's token count (check_header ran on a receive).
+    const WirePart features = hb.feature_part(), final_norm = hb.final_norm_part();
+    const size_t n_features = features.count, n_final = final_norm.count;
+    const ncclDataType_t t = nccl_type(features.dtype);
     cudaStream_t stream = cuda::stream_of(p.ctx);
     ncclComm_t c = p.comm.get();
     const std::string with = " with rank " + std::to_string(p.peer);
