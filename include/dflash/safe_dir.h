@@ -36,11 +36,11 @@ class DirFd {
 // Creates `path` (mkdir -p: the components above it are the user's to choose) and holds it open for the
 // process's life: O_DIRECTORY|O_NOFOLLOW, so a link at its own name is refused. Idempotent per path. `what`
 // names it in errors ("--out"). Fatal BadOptions for a link or a non-directory, SystemFailure when it cannot
-// be created. Every rank that writes under it calls this once (src/runtime/job_inputs.cpp).
-void hold_run_dir(const std::string& path, const std::string& what);
-
-// How a walk treats a missing directory on the way.
-enum class MissingDirs { Refuse, Create };
+// be created. Every rank that writes under it calls this once (src/runtime/job_inputs.cpp). With
+// MissingDirs::Refuse nothing is created: a missing `path` is left unheld (a reader before the job has made
+// --out: there is nothing in it to read yet).
+enum class MissingDirs { Refuse, Create };  // how a walk treats a missing directory on the way
+void hold_run_dir(const std::string& path, const std::string& what, MissingDirs missing = MissingDirs::Create);
 
 // The directory that holds `path`'s last component (opened, owned) and that component. Under a held run
 // directory it is walked from the held descriptor with O_NOFOLLOW and ".." refused; elsewhere opened by path.

@@ -142,7 +142,7 @@ DirFd::~DirFd() {
   if (fd_ >= 0) ::close(fd_);
 }
 
-void hold_run_dir(const std::string& path, const std::string& what) {
+void hold_run_dir(const std::string& path, const std::string& what, MissingDirs missing) {
   const std::string abs = normal_absolute(path);
   {
     std::lock_guard<std::mutex> lock(held_mutex());
@@ -152,7 +152,9 @@ void hold_run_dir(const std::string& path, const std::string& what) {
   // The directories above it are the user's choice (a link among them is theirs); its own name is not
   // followed: a link planted there by someone else would move the whole run.
   std::error_code ec;
-  fs::create_directories(path, ec);
+  struct stat lst;
+  if (missing == MissingDirs::Refuse && ::lstat(path.c_str(), &lst) != 0 && errno == ENOENT) return;
+  if (missing == MissingDirs::Create) fs::create_directories(path, ec);
   const int fd = ::open(path.c_str(), kDirFlags);
   if (fd < 0 && (errno == ELOOP || errno == ENOTDIR)) {
     struct stat st;  // (O_DIRECTORY|O_NOFOLLOW at a link says ENOTDIR: lstat tells which)
