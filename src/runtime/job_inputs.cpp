@@ -159,7 +159,7 @@ bool lock_dir(const std::string& dir, const std::string& what, std::string* hold
   const int fd = open_own_file(path, O_RDWR | O_CREAT);
   if (fd < 0 && (errno == ELOOP || errno == EINVAL || errno == EMLINK || errno == ENOTDIR || errno == EISDIR))
     DF_FAIL(BadOptions, "the lock file " << path << " cannot be used: " << own_file_error(errno),
-            "remove " + path + " (no job holds a lock through a link)");
+            "remove " + path + " (the job makes its own lock file there; no job holds a lock through a link)");
   DF_CHECK_HINT(fd >= 0, SystemFailure, "cannot open the lock file " << path << ": " << std::strerror(errno),
                 "give a writable " + what);
   if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
