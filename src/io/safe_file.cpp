@@ -51,8 +51,9 @@ int list_own_dir(const std::string& path, std::vector<DirEntry>* entries) {
   entries->clear();
   DirFd d = open_dir(path, MissingDirs::Refuse);
   if (!d.valid()) return errno;
-  // fdopendir takes the descriptor over; a dup keeps `d` (and fstatat's base) valid until the end.
-  const int fd = ::fcntl(d.get(), F_DUPFD_CLOEXEC, 0);
+  // fdopendir takes the descriptor over, and reads from its offset: a new open of "." (not a dup, which
+  // would share the held directory's offset with every other listing of it), `d` kept for fstatat.
+  const int fd = ::openat(d.get(), ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   DIR* dir = fd >= 0 ? ::fdopendir(fd) : nullptr;
   if (dir == nullptr) {
     const int err = errno;

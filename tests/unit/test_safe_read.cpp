@@ -88,6 +88,13 @@ TEST(SafeRead, UnderAHeldDirectoryALinkOnTheWayIsNeverFollowed) {
   const JsonFile refused = try_read_json_file(dir + "/checkpoints/manifest.json", JsonExpect::Object, LinkPolicy::Refuse);
   EXPECT_EQ(refused.status, JsonFileStatus::Unreadable);
   EXPECT_NE(refused.error.find("symbolic link"), std::string::npos) << refused.error;
+  // The held directory itself, listed twice: each listing reads it from its start (the held descriptor's
+  // offset is not shared with the listings).
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_EQ(list_own_dir(dir, &entries), 0);
+    ASSERT_EQ(entries.size(), 1u) << "listing " << i;
+    EXPECT_EQ(entries[0].name, "checkpoints");
+  }
   // The user's own path (LinkPolicy::Follow, the default) is read through its links, as before.
   EXPECT_TRUE(try_read_json_file(dir + "/checkpoints/manifest.json").ok());
 }
