@@ -56,7 +56,8 @@ ParentDir open_parent(const std::string& path, MissingDirs missing);
 DirFd open_dir(const std::string& path, MissingDirs missing);
 
 // Fatal unless `path` is (or is made into) a directory reached without following a link under a held run
-// directory: BadOptions naming the link, SystemFailure otherwise. `hint` says what to check.
+// directory: BadOptions naming the link, or a file or FIFO in a directory's place; SystemFailure otherwise.
+// `hint` says what to check.
 void create_dirs(const std::string& path, const std::string& hint);
 
 // rename(from, to), both resolved as above (renameat: neither name is followed). 0 or errno.

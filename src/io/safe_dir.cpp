@@ -205,6 +205,11 @@ void create_dirs(const std::string& path, const std::string& hint) {
             "cannot write into " << path << ": it, or a directory on its way in the run directory, is a symbolic link "
                                  << "(refused: the job's files must not go elsewhere)",
             "remove the link; if the data belongs elsewhere, give --out (or --checkpoint-dir) there instead");
+  if (err == ENOTDIR)  // a file, FIFO or socket planted where the job makes a directory (or on its way)
+    DF_FAIL(BadOptions,
+            "cannot write into " << path << ": it, or a directory on its way, is not a directory (a file or FIFO "
+                                 << "is in its place: refused)",
+            "move it away; the job makes its own directory there");
   DF_FAIL(SystemFailure, "cannot create directory " << path << ": " << std::strerror(err), hint);
 }
 

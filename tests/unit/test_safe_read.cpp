@@ -107,6 +107,15 @@ TEST(SafeReadDeath, AFifoGivenAsASafetensorsFileIsRefusedNotWaitedOn) {
               "not a regular file");
 }
 
+TEST(SafeReadDeath, AFifoWhereTheJobMakesADirectoryIsRefusedNamingIt) {
+  const std::string dir = temp_dir();
+  ASSERT_FALSE(dir.empty());
+  hold_run_dir(dir, "--out");
+  ASSERT_EQ(::mkfifo((dir + "/drafter").c_str(), 0600), 0);  // swapped in before the export
+  EXPECT_EXIT(create_dirs(dir + "/drafter", "-"), testing::ExitedWithCode(static_cast<int>(ExitCode::BadOptions)),
+              "drafter: it, or a directory on its way, is not a directory");
+}
+
 // A checkpoint to plant around: one real step directory saved by save_checkpoint.
 std::string saved_checkpoint(const std::string& ckpt_dir, int64_t step) {
   static std::vector<float> master(8, 0.5f), m(8, 0.0f), v(8, 0.0f);
