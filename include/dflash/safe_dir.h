@@ -60,8 +60,12 @@ DirFd open_dir(const std::string& path, MissingDirs missing);
 // `hint` says what to check.
 void create_dirs(const std::string& path, const std::string& hint);
 
-// rename(from, to), both resolved as above (renameat: neither name is followed). 0 or errno.
-int rename_path(const std::string& from, const std::string& to);
+// rename(from, to), both resolved as above (renameat: neither name is followed). 0 or errno. With
+// RenameOver::Never (a set-aside name: metrics.N.h5, drafter.N, step-X.incomplete, ...) an entry that
+// appeared at `to` since the caller looked is never replaced (renameat2 RENAME_NOREPLACE: EEXIST; plain
+// renameat after a look where the filesystem cannot, EINVAL).
+enum class RenameOver { Replace, Never };
+int rename_path(const std::string& from, const std::string& to, RenameOver over = RenameOver::Replace);
 
 // renameat2(RENAME_EXCHANGE) of two existing names: 0 or errno (EINVAL where the filesystem cannot).
 int exchange_paths(const std::string& a, const std::string& b);

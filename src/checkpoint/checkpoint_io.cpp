@@ -236,8 +236,11 @@ bool read_manifest(const std::string& step_dir, nlohmann::json* out, std::string
 // way (a name that is not step-XXXXXXXX is never listed).
 void set_aside(const std::string& dir, const std::string& suffix, const std::string& why) {
   std::string aside = dir + suffix;
-  for (int n = 2; entry_exists(aside); ++n) aside = dir + suffix + "." + std::to_string(n);
-  const int err = rename_path(dir, aside);
+  int err = EEXIST;  // an entry that appears at the name meanwhile is never replaced: the next number
+  for (int n = 2; err == EEXIST && n < 1000; ++n) {
+    if (!entry_exists(aside)) err = rename_path(dir, aside, RenameOver::Never);
+    if (err == EEXIST) aside = dir + suffix + "." + std::to_string(n);
+  }
   note("set aside " + dir + " (" + why + ") as " + aside + (err ? std::string(": ") + std::strerror(err) : ""));
 }
 

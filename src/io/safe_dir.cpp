@@ -213,11 +213,17 @@ void create_dirs(const std::string& path, const std::string& hint) {
   DF_FAIL(SystemFailure, "cannot create directory " << path << ": " << std::strerror(err), hint);
 }
 
-int rename_path(const std::string& from, const std::string& to) {
+int rename_path(const std::string& from, const std::string& to, RenameOver over) {
   const ParentDir a = open_parent(from, MissingDirs::Refuse);
   if (!a.dir.valid()) return errno;
   const ParentDir b = open_parent(to, MissingDirs::Refuse);
   if (!b.dir.valid()) return errno;
+  if (over == RenameOver::Never) {
+    if (::renameat2(a.dir.get(), a.name.c_str(), b.dir.get(), b.name.c_str(), RENAME_NOREPLACE) == 0) return 0;
+    if (errno != EINVAL) return errno;
+    struct stat st;  // no RENAME_NOREPLACE here: look, then rename (the narrow race of a plain rename)
+    if (::fstatat(b.dir.get(), b.name.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0) return EEXIST;
+  }
   return ::renameat(a.dir.get(), a.name.c_str(), b.dir.get(), b.name.c_str()) == 0 ? 0 : errno;
 }
 

@@ -53,7 +53,7 @@ void set_aside_previous_drafter(const std::string& out_dir) {
   // No other job writes here meanwhile (rank 0 holds the --out lock), so nothing can appear at `aside`.
   // Renamed relative to --out's descriptor (include/dflash/safe_dir.h).
   struct stat st;
-  const int err = stat_own_entry(aside.string(), &st) == 0 ? EEXIST : rename_path(dir.string(), aside.string());
+  const int err = stat_own_entry(aside.string(), &st) == 0 ? EEXIST : rename_path(dir.string(), aside.string(), RenameOver::Never);
   DF_CHECK_HINT(err == 0,
                 SystemFailure,
                 "cannot move the previous run's exported drafter " << dir.string() << " to " << aside.string() << ": "

@@ -116,6 +116,18 @@ TEST(SafeReadDeath, AFifoWhereTheJobMakesADirectoryIsRefusedNamingIt) {
               "drafter: it, or a directory on its way, is not a directory");
 }
 
+TEST(SafeRead, ASetAsideRenameNeverReplacesAnEntry) {
+  const std::string dir = temp_dir();
+  ASSERT_FALSE(dir.empty());
+  write_text(dir + "/metrics.h5", "ours");
+  ASSERT_EQ(::symlink("/nonexistent", (dir + "/metrics.1.h5").c_str()), 0);  // planted at the set-aside name
+  EXPECT_EQ(rename_path(dir + "/metrics.h5", dir + "/metrics.1.h5", RenameOver::Never), EEXIST);
+  struct stat st;
+  EXPECT_EQ(::lstat((dir + "/metrics.1.h5").c_str(), &st), 0);
+  EXPECT_TRUE(S_ISLNK(st.st_mode));  // left as it was
+  EXPECT_EQ(rename_path(dir + "/metrics.h5", dir + "/metrics.2.h5", RenameOver::Never), 0);
+}
+
 // A checkpoint to plant around: one real step directory saved by save_checkpoint.
 std::string saved_checkpoint(const std::string& ckpt_dir, int64_t step) {
   static std::vector<float> master(8, 0.5f), m(8, 0.0f), v(8, 0.0f);
