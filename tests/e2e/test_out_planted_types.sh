@@ -7,7 +7,8 @@
 #   2. mid-run, between two checkpoints: a link and a FIFO at the next checkpoints' step directories, a hard
 #      link swapped in at train.log, a link at metrics.h5 and .dflash-complete, a FIFO at report-to.log: the
 #      run ends normally, nothing outside --out is written, the FIFO is named and never blocks;
-#   3. dflash-report's calibration.json at a link: refused; at a FIFO: replaced, no hang.
+#   3. dflash-report's calibration.json at a link: refused; at a FIFO: replaced, no hang; a FIFO given as the
+#      metrics file it reads: refused naming it, no hang.
 # (tests/e2e/test_out_planted.sh: links, hard links and FIFOs at the files; test_out_planted_resume.sh: a
 # resume's reads.)
 source "$(dirname "$0")/lib.sh"
@@ -117,6 +118,15 @@ except OSError as e:
   out=$(cal "$WORK/cal_fifo.json") || fail "calibration.json at a FIFO: no answer in 20 s"
   [ "$out" = written ] && [ -f "$WORK/cal_fifo.json" ] && [ ! -p "$WORK/cal_fifo.json" ] ||
     fail "calibration.json at a FIFO: $out"
+  # A FIFO at OUT/metrics.h5 (what the job's --report-to export reads): refused, no hang in HDF5's open.
+  mkfifo "$WORK/fifo_metrics.h5"
+  set +e
+  out=$(timeout 20 "$PY" "$DFLASH_SRC/tools/dflash-report" "$WORK/fifo_metrics.h5" 2>&1)
+  rc=$?
+  set -e
+  [ "$rc" -ne 124 ] || fail "dflash-report on a FIFO: hung"
+  [ "$rc" -ne 0 ] && case $out in *"fifo_metrics.h5: not a regular file"*) true ;; *) false ;; esac ||
+    fail "dflash-report on a FIFO: exit $rc, $out"
 else
   note "no h5py for $PY: dflash-report's calibration.json not tried"
 fi
