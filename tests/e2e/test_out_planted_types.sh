@@ -6,7 +6,8 @@
 #      within seconds; a link at .metrics.h5.reserve is replaced, never written through;
 #   2. mid-run, between two checkpoints: a link and a FIFO at the next checkpoints' step directories, a hard
 #      link swapped in at train.log, a link at metrics.h5 and .dflash-complete, a FIFO at report-to.log: the
-#      run ends normally, nothing outside --out is written, the FIFO is named and never blocks;
+#      run ends normally, nothing outside --out is written, the FIFO is named and never blocks; a link at
+#      drafter-best after the first evaluation is swapped out by the next better drafter, never written into;
 #   3. dflash-report's calibration.json at a link: refused; at a FIFO: replaced, no hang; a FIFO given as the
 #      metrics file it reads: refused naming it, no hang.
 # (tests/e2e/test_out_planted.sh: links, hard links and FIFOs at the files; test_out_planted_resume.sh: a
@@ -96,6 +97,33 @@ for s in 8 12; do
 done
 [ -f "$mid/.dflash-complete" ] && [ ! -L "$mid/.dflash-complete" ] || fail "mid: .dflash-complete is not the job's own file"
 grep -q "step=12" "$mid/train.log.moved" || fail "mid: the job's log did not go on in its own file"
+
+# OUT/drafter-best swapped for a link after the first evaluation wrote it: the next better drafter swaps the
+# link out (RENAME_EXCHANGE) and removes it as a link; nothing lands where it pointed.
+if "$PY" -c "import h5py, numpy" 2>/dev/null; then
+  tiny=$(tiny_dir)
+  split_eval_set "$tiny/data.h5" "$WORK/train.h5" "$WORK/eval.h5" 16
+  best="$WORK/mid_best"
+  (run_job mid_best 2 600 --topology 1-1 --max-steps 12 --log-every 1 --data "$WORK/train.h5" --eval-data "$WORK/eval.h5" \
+    --eval-every 2 --inject-delay-drafter-ms 150 && echo "$RC" >"$WORK/mid_best.rc") &
+  t0=$SECONDS
+  until [ -f "$best/drafter-best/best.json" ]; do
+    [ $((SECONDS - t0)) -lt 60 ] || fail "mid_best: no drafter-best after 60 s"
+    sleep 0.1
+  done
+  rm -rf "${best:?}/drafter-best" && ln -s "$WORK/victim_dir" "$best/drafter-best"
+  planted_at=$(grep -c "best drafter so far" "$WORK/mid_best.log" || true)
+  wait
+  RC=$(cat "$WORK/mid_best.rc")
+  expect_rc 0 mid_best
+  check_victims mid_best
+  if [ "$(grep -c "best drafter so far" "$WORK/mid_best.log")" -gt "$planted_at" ]; then
+    [ -d "$best/drafter-best" ] && [ ! -L "$best/drafter-best" ] && [ -f "$best/drafter-best/best.json" ] ||
+      fail "mid_best: a better drafter came, yet drafter-best is not the job's own directory"
+  else
+    note "mid_best: no better evaluation after the plant (the link was left alone)"
+  fi
+fi
 
 # ---- 3. dflash-report's calibration.json (tools/dflash_report/forecast.py) ------------------------------
 if "$PY" -c "import h5py, numpy" 2>/dev/null; then
