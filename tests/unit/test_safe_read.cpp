@@ -128,6 +128,15 @@ TEST(SafeRead, ASetAsideRenameNeverReplacesAnEntry) {
   EXPECT_EQ(rename_path(dir + "/metrics.h5", dir + "/metrics.2.h5", RenameOver::Never), 0);
 }
 
+TEST(SafeReadDeath, ADirectoryWhereTheJobWritesAFileIsNamedAsOne) {
+  const std::string dir = temp_dir();
+  ASSERT_FALSE(dir.empty());
+  ASSERT_EQ(::mkdir((dir + "/.dflash-complete").c_str(), 0700), 0);  // swapped in before the run's end
+  ASSERT_EQ(::mkdir((dir + "/.dflash-complete/x").c_str(), 0700), 0);
+  EXPECT_EXIT(write_file_atomic(dir + "/.dflash-complete", "{}\n"),
+              testing::ExitedWithCode(static_cast<int>(ExitCode::BadOptions)), ".dflash-complete: it is a directory");
+}
+
 // A checkpoint to plant around: one real step directory saved by save_checkpoint.
 std::string saved_checkpoint(const std::string& ckpt_dir, int64_t step) {
   static std::vector<float> master(8, 0.5f), m(8, 0.0f), v(8, 0.0f);
