@@ -36,11 +36,11 @@ class DirFd {
 // Creates `path` (mkdir -p: the components above it are the user's to choose) and holds it open for the
 // process's life: O_DIRECTORY|O_NOFOLLOW, so a link at its own name is refused. Idempotent per path. `what`
 // names it in errors ("--out"). Fatal BadOptions for a link or a non-directory, SystemFailure when it cannot
-// be created. Every rank that writes under it calls this once (src/runtime/job_inputs.cpp).
-void hold_run_dir(const std::string& path, const std::string& what);
-
-// How a walk treats a missing directory on the way.
-enum class MissingDirs { Refuse, Create };
+// be created. Every rank that writes under it calls this once (src/runtime/job_inputs.cpp). With
+// MissingDirs::Refuse nothing is created: a missing `path` is left unheld (a reader before the job has made
+// --out: there is nothing in it to read yet).
+enum class MissingDirs { Refuse, Create };  // how a walk treats a missing directory on the way
+void hold_run_dir(const std::string& path, const std::string& what, MissingDirs missing = MissingDirs::Create);
 
 // The directory that holds `path`'s last component (opened, owned) and that component. Under a held run
 // directory it is walked from the held descriptor with O_NOFOLLOW and ".." refused; elsewhere opened by path.
@@ -56,11 +56,16 @@ ParentDir open_parent(const std::string& path, MissingDirs missing);
 DirFd open_dir(const std::string& path, MissingDirs missing);
 
 // Fatal unless `path` is (or is made into) a directory reached without following a link under a held run
-// directory: BadOptions naming the link, SystemFailure otherwise. `hint` says what to check.
+// directory: BadOptions naming the link, or a file or FIFO in a directory's place; SystemFailure otherwise.
+// `hint` says what to check.
 void create_dirs(const std::string& path, const std::string& hint);
 
-// rename(from, to), both resolved as above (renameat: neither name is followed). 0 or errno.
-int rename_path(const std::string& from, const std::string& to);
+// rename(from, to), both resolved as above (renameat: neither name is followed). 0 or errno. With
+// RenameOver::Never (a set-aside name: metrics.N.h5, drafter.N, step-X.incomplete, ...) an entry that
+// appeared at `to` since the caller looked is never replaced (renameat2 RENAME_NOREPLACE: EEXIST; plain
+// renameat after a look where the filesystem cannot, EINVAL).
+enum class RenameOver { Replace, Never };
+int rename_path(const std::string& from, const std::string& to, RenameOver over = RenameOver::Replace);
 
 // renameat2(RENAME_EXCHANGE) of two existing names: 0 or errno (EINVAL where the filesystem cannot).
 int exchange_paths(const std::string& a, const std::string& b);

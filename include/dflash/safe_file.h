@@ -5,20 +5,49 @@
 // (docs/checkpoint.md says what is checked; metrics.h5 itself is created O_EXCL by HDF5).
 #pragma once
 
+#include <sys/stat.h>
 #include <sys/types.h>
 
 #include <string>
+#include <vector>
 
 #include "dflash/safe_dir.h"
 
 namespace dflash {
 
+// Whether a file with more than one hard link is accepted. Refuse for every file the job writes or whose
+// text it prints (a hard link to a file elsewhere is as good as a symlink to it); Accept only for the files
+// a resume reads back without showing them (a checkpoint's manifest and state: `cp -al` snapshots of a
+// checkpoint directory are hard links, and what is read is only parsed and hash-checked).
+enum class HardLinks { Refuse, Accept };
+
 // open(path, flags | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK, mode), its directory reached from the held run
-// directory (include/dflash/safe_dir.h), that also refuses, once open, anything but a regular file with one
-// link (a hard link to a file elsewhere is as good as a symlink to it); O_NONBLOCK is cleared again unless
-// asked for. -1 with errno on failure: ELOOP for a symbolic link (at the name or on the way), EINVAL for a
-// non-regular file (a FIFO there never blocks the open), EMLINK for a hard-linked one.
-int open_own_file(const std::string& path, int flags, mode_t mode = 0666);
+// directory (include/dflash/safe_dir.h), that also refuses, once open, anything but a regular file (with one
+// link unless `links` accepts more); O_NONBLOCK is cleared again unless asked for. -1 with errno on
+// failure: ELOOP for a symbolic link (at the name or on the way), EINVAL for a non-regular file (a FIFO
+// there never blocks the open), EMLINK for a hard-linked one.
+int open_own_file(const std::string& path, int flags, mode_t mode = 0666, HardLinks links = HardLinks::Refuse);
+
+// How a reader reaches a file: Follow for a path the user gave (a link in it is the user's choice, a HF
+// cache is made of links); Refuse for a fixed name under the run directory (open_own_file: no link, no
+// FIFO, through the held descriptor), where anyone who can write --out could have planted one.
+enum class LinkPolicy { Follow, Refuse };
+
+// The entry at `path` itself, never followed (fstatat AT_SYMLINK_NOFOLLOW in its directory, reached as
+// open_own_file reaches it): 0, or errno (ENOENT: nothing there; ELOOP: a link on the way).
+int stat_own_entry(const std::string& path, struct stat* st);
+
+// The entries of the directory at `path` (reached as open_dir does: never through a link under a held run
+// directory), each with its own type, never followed (S_IFLNK for a link). 0, or errno.
+struct DirEntry {
+  std::string name;
+  mode_t type = 0;  // st_mode & S_IFMT of the entry itself
+};
+int list_own_dir(const std::string& path, std::vector<DirEntry>* entries);
+
+// The whole text of a small file under the run directory, opened with open_own_file(O_RDONLY, `links`):
+// 0, EFBIG when it is larger than `most` bytes, or open_own_file's errno.
+int read_own_text(const std::string& path, size_t most, HardLinks links, std::string* text);
 
 // Fatal BadInput, naming `what` and the file, when `path` exists and is not a regular file (a FIFO, device or
 // socket given as --data or --eval-data would block the first open, HDF5's too, for ever). Opened

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "dflash/safe_file.h"  // LinkPolicy
 #include "dflash/tensor.h"
 
 namespace dflash {
@@ -25,7 +26,10 @@ struct TensorInfo {
 // One memory-mapped .safetensors file.
 class SafetensorsFile {
  public:
-  explicit SafetensorsFile(const std::string& path);  // validates everything; fatal BadInput on violation
+  // Validates everything; fatal BadInput on violation. A FIFO at the path never blocks the open.
+  // LinkPolicy::Refuse for a file under the run directory (a checkpoint's state): opened through the held
+  // descriptor, never through a link (include/dflash/safe_file.h).
+  explicit SafetensorsFile(const std::string& path, LinkPolicy links = LinkPolicy::Follow);
   ~SafetensorsFile();
   SafetensorsFile(const SafetensorsFile&) = delete;
   SafetensorsFile& operator=(const SafetensorsFile&) = delete;

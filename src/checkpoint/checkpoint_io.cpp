@@ -5,6 +5,7 @@
 // at any point before the manifest's rename leaves a directory without a manifest, which discovery
 // skips; the manifest records every file's size, so a file truncated after the fact is caught as well.
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -13,12 +14,12 @@
 #include <cstring>
 #include <ctime>
 #include <filesystem>
-#include <fstream>
 #include <sstream>
 
 #include "dflash/checkpoint.h"
 #include "dflash/error.h"
 #include "dflash/safe_dir.h"
+#include "dflash/safe_file.h"
 #include "dflash/safetensors.h"
 #include "io/json_file.h"
 
@@ -91,17 +92,29 @@ int64_t parse_step_name(const std::string& name) {
   return v;
 }
 
-// Step directories in checkpoint_dir, newest first.
-std::vector<std::pair<int64_t, std::string>> list_step_dirs(const std::string& checkpoint_dir) {
+// Step directories in checkpoint_dir, newest first. Listed through the held run directory's descriptor
+// (include/dflash/safe_dir.h: a link at checkpoint_dir, or on its way under --out, lists nothing), each
+// entry's own type, never followed: a step-XXXXXXXX that is a link (or a file) is not a checkpoint of this
+// directory, and goes into `refused` (when given) for discovery to name.
+std::vector<std::pair<int64_t, std::string>> list_step_dirs(const std::string& checkpoint_dir,
+                                                            std::vector<std::string>* refused = nullptr) {
   std::vector<std::pair<int64_t, std::string>> out;
-  std::error_code ec;
-  if (!fs::is_directory(checkpoint_dir, ec)) return out;
-  for (const auto& entry : fs::directory_iterator(checkpoint_dir, ec)) {
-    const int64_t step = parse_step_name(entry.path().filename().string());
-    if (step >= 0 && entry.is_directory(ec)) out.emplace_back(step, entry.path().string());
+  std::vector<DirEntry> entries;
+  if (list_own_dir(checkpoint_dir, &entries) != 0) return out;
+  for (const DirEntry& e : entries) {
+    const int64_t step = parse_step_name(e.name);
+    const std::string path = (fs::path(checkpoint_dir) / e.name).string();
+    if (step >= 0 && e.type == S_IFDIR) out.emplace_back(step, path);
+    else if (step >= 0 && refused != nullptr) refused->push_back(path);
   }
   std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
   return out;
+}
+
+// Whether anything (a link included) is at `path`, looked at through the held descriptor.
+bool entry_exists(const std::string& path) {
+  struct stat st;
+  return stat_own_entry(path, &st) == 0;
 }
 
 void fsync_dir(const std::string& dir) {
@@ -128,11 +141,13 @@ void remove_tree(const std::string& dir) {
   if (err != 0) note("warning: could not remove " + dir + ": " + std::strerror(err));
 }
 
-// Every regular file under step_dir (relative path -> size), temp files of atomic writes excluded.
+// Every regular file under step_dir (relative path -> size), temp files of atomic writes excluded; a link
+// found there (planted mid-save) is not one of them, nor followed (the directory iterator does not descend
+// into linked directories either).
 std::map<std::string, uint64_t> list_files(const std::string& step_dir) {
   std::map<std::string, uint64_t> files;
   for (const auto& entry : fs::recursive_directory_iterator(step_dir)) {
-    if (!entry.is_regular_file()) continue;
+    if (!entry.is_regular_file() || entry.is_symlink()) continue;
     const std::string rel = fs::relative(entry.path(), step_dir).string();
     if (rel == kManifest || rel.find(".tmp.") != std::string::npos) continue;
     files[rel] = static_cast<uint64_t>(entry.file_size());
@@ -149,17 +164,20 @@ std::string now_utc_iso() {
   return buf;
 }
 
-bool has_manifest(const std::string& step_dir) {
-  std::error_code ec;
-  return fs::exists(fs::path(step_dir) / kManifest, ec);
-}
+bool has_manifest(const std::string& step_dir) { return entry_exists((fs::path(step_dir) / kManifest).string()); }
 
 // The parsed manifest, or a reason it is not a committed checkpoint.
 bool read_manifest(const std::string& step_dir, nlohmann::json* out, std::string* why) {
   const std::string path = (fs::path(step_dir) / kManifest).string();
-  JsonFile manifest = try_read_json_file(path);
-  if (manifest.status == JsonFileStatus::Missing || manifest.status == JsonFileStatus::Unreadable) {
+  // Through the held descriptor, never through a link (include/dflash/safe_file.h's LinkPolicy::Refuse): a
+  // link planted at a manifest, or at a directory on its way, cannot make a resume read a file elsewhere.
+  JsonFile manifest = try_read_json_file(path, JsonExpect::Object, LinkPolicy::Refuse);
+  if (manifest.status == JsonFileStatus::Missing) {
     *why = "no " + std::string(kManifest) + " (never committed: interrupted while saving)";
+    return false;
+  }
+  if (manifest.status == JsonFileStatus::Unreadable) {
+    *why = manifest.error;
     return false;
   }
   if (!manifest.ok()) {
@@ -189,17 +207,21 @@ bool read_manifest(const std::string& step_dir, nlohmann::json* out, std::string
     return false;
   }
   for (const auto& [rel, size] : j["files"].items()) {
-    std::error_code ec;
     const fs::path f = fs::path(step_dir) / rel;
     if (!size.is_number_unsigned()) {
       *why = path + ": bad size for " + rel;
       return false;
     }
-    const uintmax_t actual = fs::file_size(f, ec);
-    if (ec) {
-      *why = f.string() + " is missing";
+    struct stat st;  // the entry itself, reached through the held descriptor: a link is not the file
+    const int err = stat_own_entry(f.string(), &st);
+    if (err != 0 || !S_ISREG(st.st_mode)) {
+      *why = f.string() + (err == ENOENT ? std::string(" is missing")
+                           : err != 0   ? ": " + own_file_error(err)
+                           : S_ISLNK(st.st_mode) ? ": " + own_file_error(ELOOP)
+                                                 : ": " + own_file_error(EINVAL));
       return false;
     }
+    const uintmax_t actual = static_cast<uintmax_t>(st.st_size);
     if (actual != size.get<uint64_t>()) {
       *why = f.string() + " has " + std::to_string(actual) + " bytes, the manifest says " +
              std::to_string(size.get<uint64_t>()) + " (truncated or overwritten)";
@@ -213,10 +235,12 @@ bool read_manifest(const std::string& step_dir, nlohmann::json* out, std::string
 // Renames dir to dir + suffix (".2", ".3", ... appended when that exists): kept, but out of discovery's
 // way (a name that is not step-XXXXXXXX is never listed).
 void set_aside(const std::string& dir, const std::string& suffix, const std::string& why) {
-  std::error_code ec;
   std::string aside = dir + suffix;
-  for (int n = 2; fs::exists(aside, ec); ++n) aside = dir + suffix + "." + std::to_string(n);
-  const int err = rename_path(dir, aside);
+  int err = EEXIST;  // an entry that appears at the name meanwhile is never replaced: the next number
+  for (int n = 2; err == EEXIST && n < 1000; ++n) {
+    if (!entry_exists(aside)) err = rename_path(dir, aside, RenameOver::Never);
+    if (err == EEXIST) aside = dir + suffix + "." + std::to_string(n);
+  }
   note("set aside " + dir + " (" + why + ") as " + aside + (err ? std::string(": ") + std::strerror(err) : ""));
 }
 
@@ -230,9 +254,9 @@ bool lineage_of(const std::string& step_dir, bool complete, std::string* run_id)
     *run_id = m.value("run_id", "");
     return true;
   }
-  std::ifstream in(fs::path(step_dir) / kWriterFile);
-  if (!in) return false;
-  std::getline(in, *run_id);
+  std::string text;  // through the held descriptor, never a link (a few bytes: 16 hex digits and a newline)
+  if (read_own_text((fs::path(step_dir) / kWriterFile).string(), 4096, HardLinks::Accept, &text) != 0) return false;
+  *run_id = text.substr(0, text.find('\n'));
   return true;
 }
 
@@ -352,8 +376,7 @@ std::string save_checkpoint(const std::string& checkpoint_dir, const CheckpointS
 
   std::string why, owner;
   bool complete = checkpoint_is_complete(step_dir, &why);
-  std::error_code ec;
-  if (fs::exists(step_dir, ec)) {
+  if (entry_exists(step_dir)) {
     // This run's own (a resumed run saving the step it resumed at, or its interrupted save) is kept or
     // redone; anything else there is set aside, never deleted and never passed off as this run's state.
     const bool ours = lineage_of(step_dir, complete, &owner) && owner == state.run_id;
@@ -459,7 +482,21 @@ bool checkpoint_is_complete(const std::string& step_dir, std::string* why) {
 }
 
 std::string find_latest_checkpoint(const std::string& checkpoint_dir) {
-  for (const auto& [step, dir] : list_step_dirs(checkpoint_dir)) {
+  // A link at the checkpoint directory (or on its way under --out) would silently list nothing, and a
+  // requeue would start from scratch: refused, naming it.
+  if (const DirFd d = open_dir(checkpoint_dir, MissingDirs::Refuse); !d.valid() && errno != ENOENT)
+    DF_FAIL(BadOptions, "cannot look for checkpoints in " << checkpoint_dir << ": "
+                            << (errno == ELOOP ? "it, or a directory on its way in the run directory, is a symbolic link "
+                                                 "(refused: a resume reads only the run directory's own files)"
+                                               : std::string(std::strerror(errno))),
+            "remove the link (or the file in its place); if the checkpoints are elsewhere, give --checkpoint-dir there");
+  std::vector<std::string> refused;
+  const auto dirs = list_step_dirs(checkpoint_dir, &refused);
+  if (is_first_rank())
+    for (const std::string& r : refused)
+      note("skipping " + r + ": it is a symbolic link or not a directory (refused: a resume reads only the "
+           "checkpoint directory's own step directories)");
+  for (const auto& [step, dir] : dirs) {
     std::string why;
     if (checkpoint_is_complete(dir, &why)) return dir;
     // No manifest: a save interrupted before its commit, which the protocol expects. A manifest that is
@@ -522,7 +559,7 @@ CheckpointState read_checkpoint_state(const std::string& step_dir) {
   const size_t num_rng = field<size_t>(m, "num_rng_states", manifest);
   const auto hashes = field<nlohmann::json>(m, "content_hashes", manifest);
 
-  SafetensorsFile f((fs::path(step_dir) / field<std::string>(m, "state_file", manifest)).string());
+  SafetensorsFile f((fs::path(step_dir) / field<std::string>(m, "state_file", manifest)).string(), LinkPolicy::Refuse);
   for (size_t r = 0; r < num_rng; ++r) {
     const TensorInfo& t = state_tensor(f, rng_tensor_name(r), DType::U8);
     check_hash(hashes, t.name, t.data, t.nbytes, step_dir);
@@ -550,7 +587,7 @@ void load_checkpoint_tensors(const std::string& step_dir, const CheckpointTensor
                 kCorruptHint);
   const auto hashes = field<nlohmann::json>(m, "content_hashes", manifest);
   const size_t n = into.master.numel();
-  SafetensorsFile f((fs::path(step_dir) / field<std::string>(m, "state_file", manifest)).string());
+  SafetensorsFile f((fs::path(step_dir) / field<std::string>(m, "state_file", manifest)).string(), LinkPolicy::Refuse);
   const std::pair<const char*, const Tensor*> parts[] = {
       {kMaster, &into.master}, {kAdamM, &into.adam_m}, {kAdamV, &into.adam_v}};
   for (const auto& [name, dst] : parts) {

@@ -142,7 +142,7 @@ DirFd::~DirFd() {
   if (fd_ >= 0) ::close(fd_);
 }
 
-void hold_run_dir(const std::string& path, const std::string& what) {
+void hold_run_dir(const std::string& path, const std::string& what, MissingDirs missing) {
   const std::string abs = normal_absolute(path);
   {
     std::lock_guard<std::mutex> lock(held_mutex());
@@ -152,7 +152,9 @@ void hold_run_dir(const std::string& path, const std::string& what) {
   // The directories above it are the user's choice (a link among them is theirs); its own name is not
   // followed: a link planted there by someone else would move the whole run.
   std::error_code ec;
-  fs::create_directories(path, ec);
+  struct stat lst;
+  if (missing == MissingDirs::Refuse && ::lstat(path.c_str(), &lst) != 0 && errno == ENOENT) return;
+  if (missing == MissingDirs::Create) fs::create_directories(path, ec);
   const int fd = ::open(path.c_str(), kDirFlags);
   if (fd < 0 && (errno == ELOOP || errno == ENOTDIR)) {
     struct stat st;  // (O_DIRECTORY|O_NOFOLLOW at a link says ENOTDIR: lstat tells which)
@@ -203,14 +205,25 @@ void create_dirs(const std::string& path, const std::string& hint) {
             "cannot write into " << path << ": it, or a directory on its way in the run directory, is a symbolic link "
                                  << "(refused: the job's files must not go elsewhere)",
             "remove the link; if the data belongs elsewhere, give --out (or --checkpoint-dir) there instead");
+  if (err == ENOTDIR)  // a file, FIFO or socket planted where the job makes a directory (or on its way)
+    DF_FAIL(BadOptions,
+            "cannot write into " << path << ": it, or a directory on its way, is not a directory (a file or FIFO "
+                                 << "is in its place: refused)",
+            "move it away; the job makes its own directory there");
   DF_FAIL(SystemFailure, "cannot create directory " << path << ": " << std::strerror(err), hint);
 }
 
-int rename_path(const std::string& from, const std::string& to) {
+int rename_path(const std::string& from, const std::string& to, RenameOver over) {
   const ParentDir a = open_parent(from, MissingDirs::Refuse);
   if (!a.dir.valid()) return errno;
   const ParentDir b = open_parent(to, MissingDirs::Refuse);
   if (!b.dir.valid()) return errno;
+  if (over == RenameOver::Never) {
+    if (::renameat2(a.dir.get(), a.name.c_str(), b.dir.get(), b.name.c_str(), RENAME_NOREPLACE) == 0) return 0;
+    if (errno != EINVAL) return errno;
+    struct stat st;  // no RENAME_NOREPLACE here: look, then rename (the narrow race of a plain rename)
+    if (::fstatat(b.dir.get(), b.name.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0) return EEXIST;
+  }
   return ::renameat(a.dir.get(), a.name.c_str(), b.dir.get(), b.name.c_str()) == 0 ? 0 : errno;
 }
 

@@ -1,5 +1,6 @@
 #include "dflash/safe_file.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -15,7 +16,7 @@
 
 namespace dflash {
 
-int open_own_file(const std::string& path, int flags, mode_t mode) {
+int open_own_file(const std::string& path, int flags, mode_t mode, HardLinks links) {
   // The directory through the held run directory's descriptor (include/dflash/safe_dir.h), the name itself
   // without following it and without blocking: a FIFO planted at the name would block open(2) until a
   // writer came (O_NONBLOCK returns at once, or ENXIO for a write-only FIFO without a reader).
@@ -30,7 +31,7 @@ int open_own_file(const std::string& path, int flags, mode_t mode) {
   int err = 0;
   if (::fstat(fd, &st) != 0) err = errno;
   else if (!S_ISREG(st.st_mode)) err = EINVAL;
-  else if (st.st_nlink > 1) err = EMLINK;
+  else if (st.st_nlink > 1 && links == HardLinks::Refuse) err = EMLINK;
   else if ((flags & O_NONBLOCK) == 0 && ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK) != 0) err = errno;
   if (err != 0) {
     ::close(fd);
@@ -38,6 +39,59 @@ int open_own_file(const std::string& path, int flags, mode_t mode) {
     return -1;
   }
   return fd;
+}
+
+int stat_own_entry(const std::string& path, struct stat* st) {
+  const ParentDir parent = open_parent(path, MissingDirs::Refuse);
+  if (!parent.dir.valid()) return errno;
+  return ::fstatat(parent.dir.get(), parent.name.c_str(), st, AT_SYMLINK_NOFOLLOW) == 0 ? 0 : errno;
+}
+
+int list_own_dir(const std::string& path, std::vector<DirEntry>* entries) {
+  entries->clear();
+  DirFd d = open_dir(path, MissingDirs::Refuse);
+  if (!d.valid()) return errno;
+  // fdopendir takes the descriptor over, and reads from its offset: a new open of "." (not a dup, which
+  // would share the held directory's offset with every other listing of it), `d` kept for fstatat.
+  const int fd = ::openat(d.get(), ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  DIR* dir = fd >= 0 ? ::fdopendir(fd) : nullptr;
+  if (dir == nullptr) {
+    const int err = errno;
+    if (fd >= 0) ::close(fd);
+    return err;
+  }
+  while (const dirent* e = ::readdir(dir)) {
+    if (std::strcmp(e->d_name, ".") == 0 || std::strcmp(e->d_name, "..") == 0) continue;
+    struct stat st;  // the entry itself: a link is reported as one, never followed
+    if (::fstatat(d.get(), e->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0) continue;  // gone meanwhile
+    entries->push_back({e->d_name, static_cast<mode_t>(st.st_mode & S_IFMT)});
+  }
+  ::closedir(dir);
+  return 0;
+}
+
+int read_own_text(const std::string& path, size_t most, HardLinks links, std::string* text) {
+  text->clear();
+  const int fd = open_own_file(path, O_RDONLY, 0, links);
+  if (fd < 0) return errno;
+  struct stat st;
+  int err = ::fstat(fd, &st) != 0 ? errno : static_cast<uint64_t>(st.st_size) > most ? EFBIG : 0;
+  if (err == 0) {
+    text->resize(static_cast<size_t>(st.st_size));
+    size_t got = 0;
+    while (got < text->size()) {
+      const ssize_t n = ::read(fd, text->data() + got, text->size() - got);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) {
+        err = n < 0 ? errno : 0;
+        break;
+      }
+      got += static_cast<size_t>(n);
+    }
+    text->resize(got);
+  }
+  ::close(fd);
+  return err;
 }
 
 void check_regular_input(const std::string& path, const std::string& what) {
@@ -82,7 +136,9 @@ std::string own_file_error(int err) {
       return "it is a symbolic link, or a directory on its way in the run directory is (refused: a file the job "
              "writes must not point elsewhere)";
     case EINVAL: return "it is not a regular file (a FIFO, device, socket or directory: refused)";
-    case ENOTDIR: return "a component of its path is not a directory";
+    case ENOTDIR: return "a component of its path is not a directory (refused)";
+    case EISDIR: return "it is a directory, not the file the job writes there (refused)";
+    case EFBIG: return "it is larger than any file the job writes there";
     case EMLINK: return "it has more than one hard link (refused: writing it would change a file elsewhere)";
     default: return std::strerror(err);
   }

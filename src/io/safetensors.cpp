@@ -158,9 +158,12 @@ size_t TensorInfo::numel() const {
 std::string TensorInfo::shape_str() const { return shape_to_string(shape); }
 
 // ---- SafetensorsFile ------------------------------------------------------------------------------
-SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  DF_CHECK_HINT(fd >= 0, BadInput, "cannot open safetensors file " << path << ": " << std::strerror(errno),
+SafetensorsFile::SafetensorsFile(const std::string& path, LinkPolicy links) : path_(path) {
+  // O_NONBLOCK: a FIFO at the path is refused below (not a regular file) instead of blocking the open.
+  int fd = links == LinkPolicy::Refuse ? open_own_file(path, O_RDONLY, 0, HardLinks::Accept)
+                                       : ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  DF_CHECK_HINT(fd >= 0, BadInput, "cannot open safetensors file " << path << ": "
+                                                  << (links == LinkPolicy::Refuse ? own_file_error(errno) : std::strerror(errno)),
                 "check the path and its permissions");
   struct stat st;
   if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {

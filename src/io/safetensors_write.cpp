@@ -79,6 +79,10 @@ void write_atomically(const std::string& path, const std::function<void(TempFile
   }
   if (const int err = commit_temp(temp); err != 0) {
     discard_temp(temp);
+    // A directory where the job writes a file (planted in a shared --out): named as one, not a system failure.
+    if (err == EISDIR || err == ENOTEMPTY || err == EEXIST)
+      DF_FAIL(BadOptions, "cannot write " << path << ": " << own_file_error(EISDIR),
+              "move it away (mv " + path + " " + path + ".moved); the job writes its own file there");
     DF_FAIL(SystemFailure, "cannot rename " << temp.path << " to " << path << ": " << std::strerror(err),
             "check write permission in " + dir + " (and that " + path + " is not a directory)");
   }

@@ -150,7 +150,7 @@ void set_aside_previous(const std::string& path) {
   const std::string aside = (dir / (stem + "." + std::to_string(highest + 1) + ext)).string();
   // No other job writes here meanwhile (the run holds the --out lock), so nothing can appear at `aside`.
   // Renamed relative to --out's descriptor (include/dflash/safe_dir.h).
-  const int err = file_exists(aside) ? EEXIST : rename_path(path, aside);
+  const int err = file_exists(aside) ? EEXIST : rename_path(path, aside, RenameOver::Never);
   DF_CHECK_HINT(err == 0, SystemFailure,
                 "cannot move the previous run's " << path << " (" << (steps < 0 ? std::string("unreadable") : std::to_string(steps) + " steps")
                                                   << ") to " << aside << ": " << std::strerror(err),

@@ -31,7 +31,7 @@ DrafterBest::DrafterBest(const Options& o, const std::string& resume_dir)
   const CheckpointState st = read_checkpoint_state(resume_dir);
   nlohmann::json saved = st.schedule.value("best", nlohmann::json::object());
   if (saved.empty()) {  // a checkpoint of a build before drafter-best: the export's own record, if not newer
-    const JsonFile f = try_read_json_file(dir_of(o) + "/best.json");
+    const JsonFile f = try_read_json_file(dir_of(o) + "/best.json", JsonExpect::Object, LinkPolicy::Refuse);
     if (f.ok() && f.value.value("step", INT64_MAX) <= st.step) saved = f.value;
   }
   // A record by the other criterion (--eval-tau-every given or dropped on resume) compares nothing.
@@ -71,7 +71,7 @@ void DrafterBest::write(const EvalMetrics& m, DrafterTrainer& trainer) const {
   // removed as a link.
   struct stat st;
   int err = 0;
-  if (::lstat(dir.c_str(), &st) == 0) {
+  if (stat_own_entry(dir, &st) == 0) {
     err = exchange_paths(tmp, dir);
     if (err == EINVAL) {
       const std::string old = make_temp_dir(o_.out_dir, ".drafter-best.");

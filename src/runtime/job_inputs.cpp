@@ -13,7 +13,6 @@
 #include <cstring>
 #include <ctime>
 #include <filesystem>
-#include <fstream>
 #include <sstream>
 #include <vector>
 
@@ -142,12 +141,14 @@ void check_token_budget_fits(const Options& o, const Topology& topo, const std::
               "; the DFlash recipe uses 32768");
 }
 
-// The pid, host and start time a lock file's holder wrote into it ("" when it wrote nothing readable).
-std::string read_holder(const std::string& path) {
-  std::ifstream in(path);
-  std::string line;
-  std::getline(in, line);
-  return line;
+// The pid, host and start time a lock file's holder wrote into it ("" when it wrote nothing readable): read
+// from the descriptor the lock was tried on, never the name again (a link swapped in meanwhile would print a
+// line of another file into the error).
+std::string read_holder(int fd) {
+  char buf[256];
+  const ssize_t n = ::pread(fd, buf, sizeof buf, 0);
+  const std::string text(buf, n > 0 ? static_cast<size_t>(n) : 0);
+  return text.substr(0, text.find('\n'));
 }
 
 // Takes an exclusive flock on DIR/.dflash.lock for the rest of the process's life (the kernel releases it
@@ -159,13 +160,14 @@ bool lock_dir(const std::string& dir, const std::string& what, std::string* hold
   // Not unlinked and re-created as the reserve is: another job may hold a lock on this very inode. A link
   // planted at the name is refused (exit 2) instead of written through.
   const int fd = open_own_file(path, O_RDWR | O_CREAT);
-  if (fd < 0 && (errno == ELOOP || errno == EINVAL || errno == EMLINK || errno == ENOTDIR))
+  if (fd < 0 && (errno == ELOOP || errno == EINVAL || errno == EMLINK || errno == ENOTDIR || errno == EISDIR))
     DF_FAIL(BadOptions, "the lock file " << path << " cannot be used: " << own_file_error(errno),
-            "remove " + path + " (no job holds a lock through a link)");
+            "remove " + path + " (the job makes its own lock file there; no job holds a lock through a link)");
   DF_CHECK_HINT(fd >= 0, SystemFailure, "cannot open the lock file " << path << ": " << std::strerror(errno),
                 "give a writable " + what);
   if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
     const int err = errno;
+    if (err == EWOULDBLOCK) *holder = read_holder(fd);
     ::close(fd);
     // A filesystem without locks (NFS mounted nolock, some FUSE): the job runs, unguarded, and says so.
     if (err == ENOLCK || err == EOPNOTSUPP || err == ENOSYS) {
@@ -176,7 +178,6 @@ bool lock_dir(const std::string& dir, const std::string& what, std::string* hold
     }
     DF_CHECK_HINT(err == EWOULDBLOCK, SystemFailure, "cannot lock " << path << ": " << std::strerror(err),
                   "check the permissions of " + what);
-    *holder = read_holder(path);
     return false;
   }
   // Ours now: say who holds it, for the error of a job that finds it taken. The fd stays open (and
@@ -339,26 +340,29 @@ CheckedInputs validate_inputs(const Options& o, const Topology& topo, const std:
 // --out's lock removes them before it writes. Only mkstemp's pattern is matched: ".tmp." and six characters.
 static void remove_stale_temp_files(const Options& o) {
   namespace fs = std::filesystem;
-  std::error_code ec;
   std::vector<std::string> removed;
   auto is_temp_name = [](const std::string& name) {
     const size_t at = name.rfind(".tmp.");
     return at != std::string::npos && at > 0 && name.size() == at + 5 + 6;
   };
+  // Listed through --out's descriptor (include/dflash/safe_file.h: a link at drafter/ lists nothing).
+  std::vector<DirEntry> entries;
   for (const char* sub : {"drafter", "drafter-best"}) {
     const fs::path dir = fs::path(o.out_dir) / sub;
-    if (!fs::is_directory(fs::symlink_status(dir, ec))) continue;
-    for (const auto& e : fs::directory_iterator(dir, ec))
-      if (e.is_regular_file(ec) && is_temp_name(e.path().filename().string()) && remove_tree_at(e.path().string()) == 0)
-        removed.push_back(e.path().string());
+    if (list_own_dir(dir.string(), &entries) != 0) continue;
+    for (const DirEntry& e : entries)
+      if (e.type == S_IFREG && is_temp_name(e.name) && remove_tree_at((dir / e.name).string()) == 0)
+        removed.push_back((dir / e.name).string());
   }
   // The best drafter's staging directories (.drafter-best.XXXXXX, src/runtime/drafter_best.cpp; the fixed
   // names of builds before them): removed through descriptors, a link among them unlinked, never followed.
-  for (const auto& e : fs::directory_iterator(o.out_dir, ec)) {
-    const std::string name = e.path().filename().string();
+  if (list_own_dir(o.out_dir, &entries) != 0) entries.clear();
+  for (const DirEntry& e : entries) {
+    const std::string& name = e.name;
     const bool staging = name.rfind(".drafter-best.", 0) == 0 && (name.size() == 14 + 6 || name == ".drafter-best.tmp" ||
                                                                   name == ".drafter-best.old");
-    if (staging && remove_tree_at(e.path().string()) == 0) removed.push_back(e.path().string());
+    const std::string path = (fs::path(o.out_dir) / name).string();
+    if (staging && remove_tree_at(path) == 0) removed.push_back(path);
   }
   if (removed.empty()) return;
   std::printf("[dflash] removed %zu stale temp file(s) of an interrupted write: %s%s\n", removed.size(),

@@ -11,6 +11,8 @@
 #include "dflash/checkpoint.h"   // find_latest_checkpoint
 #include "dflash/error.h"
 #include "dflash/mpi_typed.h"
+#include "dflash/safe_dir.h"
+#include "dflash/safe_file.h"
 #include "dflash/safetensors.h"  // write_file_atomic
 #include "run_resume.h"          // checkpoint_dir_of
 
@@ -27,12 +29,14 @@ std::string trim(const std::string& s) {
   return s.substr(b, s.find_last_not_of(" \t\r") - b + 1);
 }
 
-// What is shown of the file: printable ASCII only (no terminal escapes into the log), at most 60 characters.
+// What is shown of the file: [0-9A-Za-z_. -] only, as jobs/next-topology.sh shows it (no terminal escape,
+// no quote into the log; anything else is '?', a newline a space), at most 60 characters.
 std::string shown(const std::string& s) {
   std::string out;
   for (char c : s) {
     if (out.size() >= 60) break;
-    out += std::isprint(static_cast<unsigned char>(c)) ? c : c == '\n' ? ' ' : '?';
+    const bool allowed = std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '.' || c == ' ' || c == '-';
+    out += allowed && static_cast<unsigned char>(c) < 128 ? c : c == '\n' ? ' ' : '?';
   }
   return trim(out);
 }
@@ -51,28 +55,19 @@ RememberedSplit read_remembered_split(const std::string& out_dir) {
   RememberedSplit r;
   const std::string path = out_dir + "/" + kFile;
   struct stat lst;
-  if (::lstat(path.c_str(), &lst) != 0) return r;  // no file
+  if (stat_own_entry(path, &lst) == ENOENT) return r;  // no file
   r.kind = RememberedSplit::Kind::Malformed;
-  const int fd = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
-  if (fd < 0) {
-    r.text = "(not a readable regular file)";
-    return r;
-  }
-  struct stat st;
+  // Through --out's descriptor, a regular file of one link only (include/dflash/safe_file.h): a link or hard
+  // link planted at the name would print someone else's file into the log, a FIFO block the read. As
+  // jobs/next-topology.sh refuses them.
   std::string text;
-  const bool regular = ::fstat(fd, &st) == 0 && S_ISREG(st.st_mode);
-  if (regular && static_cast<size_t>(st.st_size) <= kMostBytes) {
-    text.resize(kMostBytes);
-    const ssize_t got = ::read(fd, text.data(), text.size());
-    text.resize(got > 0 ? static_cast<size_t>(got) : 0);
-  }
-  ::close(fd);
-  if (!regular) {
-    r.text = "(not a regular file)";
+  const int err = read_own_text(path, kMostBytes, HardLinks::Refuse, &text);
+  if (err == EFBIG) {
+    r.text = "(over " + std::to_string(kMostBytes) + " bytes)";
     return r;
   }
-  if (static_cast<size_t>(st.st_size) > kMostBytes) {
-    r.text = "(over " + std::to_string(kMostBytes) + " bytes)";
+  if (err != 0) {
+    r.text = "(unread: " + own_file_error(err) + ")";
     return r;
   }
   std::string line;
@@ -112,7 +107,15 @@ TopologySpec split_at_start(const Options& o) {
   int32_t split[3] = {o.topology.targets_per_node, o.topology.drafters_per_node, o.topology.colocated() ? 1 : 0};
   // A resume: --resume auto that finds a checkpoint (found again, without printing, by resolve_resume later),
   // or a checkpoint named (checked there).
-  const bool resuming = o.resume == "auto" ? !find_latest_checkpoint(checkpoint_dir_of(o)).empty() : !o.resume.empty();
+  // World rank 0 reads the run directory before the job holds it (src/runtime/job.cpp): an existing --out
+  // (and --checkpoint-dir) is held by its descriptor now, nothing created, so these reads never follow a link
+  // planted under it (include/dflash/safe_dir.h).
+  if (rank == 0) {
+    hold_run_dir(o.out_dir, "--out", MissingDirs::Refuse);
+    if (!o.checkpoint_dir.empty()) hold_run_dir(o.checkpoint_dir, "--checkpoint-dir", MissingDirs::Refuse);
+  }
+  const bool resuming =
+      rank == 0 && (o.resume == "auto" ? !find_latest_checkpoint(checkpoint_dir_of(o)).empty() : !o.resume.empty());
   if (rank == 0 && resuming) {
     const RememberedSplit r = read_remembered_split(o.out_dir);
     const std::string path = o.out_dir + "/" + kFile;

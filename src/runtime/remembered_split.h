@@ -17,11 +17,12 @@ struct RememberedSplit {
   enum class Kind : uint8_t { None, Split, Auto, Malformed };
   Kind kind = Kind::None;
   TopologySpec split;  // Kind::Split
-  std::string text;    // the file's line as shown (printable characters only, at most 60)
+  std::string text;    // the file's line as shown ([0-9A-Za-z_. -] only, at most 60)
 };
 
-// Read only from a regular file at the name (O_NOFOLLOW | O_NONBLOCK: a link or FIFO planted in a shared
-// --out neither redirects the read nor blocks it; either is Malformed), at most 256 bytes. The format is
+// Read only from a regular file of one link at the name, through --out's descriptor (O_NOFOLLOW |
+// O_NONBLOCK: a link, hard link or FIFO planted in a shared --out neither redirects the read nor blocks it;
+// each is Malformed, its text never shown), at most 256 bytes. The format is
 // jobs/next-topology.sh's: one non-blank line, T-D, colocated or auto, blanks and a CR around it ignored.
 RememberedSplit read_remembered_split(const std::string& out_dir);
 

@@ -141,10 +141,12 @@ void ReportSidecar::start(bool final_export) {
   // (include/dflash/safe_file.h). The child gets it as stdout and stderr.
   const int log_fd = open_own_file(log_path_, O_WRONLY | O_CREAT | O_APPEND, new_file_mode());
   if (log_fd < 0) {
-    std::fprintf(stderr, "[dflash] warning: --report-to: cannot open its log %s: %s; no export this time, the run "
-                 "goes on\n", log_path_.c_str(), own_file_error(errno).c_str());
+    last_unstarted_ = "cannot open its log " + log_path_ + ": " + own_file_error(errno);
+    std::fprintf(stderr, "[dflash] warning: --report-to: %s; no export this time, the run goes on\n",
+                 last_unstarted_.c_str());
     return;
   }
+  last_unstarted_.clear();
   std::vector<char*> argv;
   for (std::string& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
@@ -179,7 +181,11 @@ void ReportSidecar::finish(double wait_s) {
   if (running()) return;  // the periodic one is still at it: leave it
   start(/*final_export=*/true);
   while (running() && monotonic_s() - t0 < wait_s) std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  if (child_ <= 0 && last_exit_ != 0) {  // the last export failed: never reported as exported
+  if (child_ <= 0 && !last_unstarted_.empty()) {  // the last export never started: never reported as exported
+    std::printf("[dflash] --report-to: the last export was not started (%s): nothing new was exported to %s\n",
+                last_unstarted_.c_str(), out_dir_.c_str());
+    std::fflush(stdout);
+  } else if (child_ <= 0 && last_exit_ != 0) {  // the last export failed: never reported as exported
     std::printf("[dflash] --report-to: the last export failed (exit %d): nothing new was exported to %s; see %s\n",
                 last_exit_, out_dir_.c_str(), log_path_.c_str());
     std::fflush(stdout);

@@ -47,6 +47,7 @@ class ReportSidecar {
   double every_s_ = 600, last_start_s_ = 0;
   pid_t child_ = -1;
   int last_exit_ = 0;  // the exit status of the last export that ended (-1: killed by a signal)
+  std::string last_unstarted_;  // why the last export was not started at all ("" when it was)
 };
 
 }  // namespace dflash

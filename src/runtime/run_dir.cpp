@@ -15,6 +15,7 @@
 
 #include "dflash/error.h"
 #include "dflash/safe_dir.h"
+#include "dflash/safe_file.h"
 #include "dflash/safetensors.h"  // write_file_atomic
 
 namespace dflash {
@@ -22,20 +23,12 @@ namespace {
 
 constexpr const char* kCompleteFile = ".dflash-complete";
 
-// The record's text, read only from a regular file at the name (--out may be shared: a link or a FIFO
-// planted there must neither redirect the read nor block it); "" otherwise.
+// The record's text, read only from a regular file of one link at the name, through --out's descriptor
+// (--out may be shared: a link or a FIFO planted there must neither redirect the read nor block it;
+// include/dflash/safe_file.h); "" otherwise.
 std::string read_record(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
-  if (fd < 0) return "";
-  struct stat st;
   std::string text;
-  if (::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_size > 0 && st.st_size < 4096) {
-    text.resize(static_cast<size_t>(st.st_size));
-    const ssize_t got = ::read(fd, text.data(), text.size());
-    text.resize(got > 0 ? static_cast<size_t>(got) : 0);
-  }
-  ::close(fd);
-  return text;
+  return read_own_text(path, 4096, HardLinks::Refuse, &text) == 0 ? text : std::string();
 }
 
 }  // namespace
@@ -43,12 +36,14 @@ std::string read_record(const std::string& path) {
 void set_aside_previous_drafter(const std::string& out_dir) {
   namespace fs = std::filesystem;
   const fs::path dir = fs::path(out_dir) / "drafter";
-  std::error_code ec;
-  // lock_run_dirs refused a link at the name already; only a real directory with something in it is an export.
-  if (!fs::is_directory(fs::symlink_status(dir, ec)) || fs::is_empty(dir, ec)) return;
+  // Listed through --out's descriptor (lock_run_dirs refused a link at the name already, and a link swapped
+  // in since lists as nothing): only a real directory with something in it is an export.
+  std::vector<DirEntry> inside, names;
+  if (list_own_dir(dir.string(), &inside) != 0 || inside.empty()) return;
   int64_t highest = 0;
-  for (const auto& entry : fs::directory_iterator(out_dir, ec)) {
-    const std::string name = entry.path().filename().string();
+  if (list_own_dir(out_dir, &names) != 0) names.clear();
+  for (const DirEntry& entry : names) {
+    const std::string& name = entry.name;
     if (name.rfind("drafter.", 0) != 0) continue;
     const std::string digits = name.substr(8);
     if (digits.empty() || digits.size() > 9 || digits.find_first_not_of("0123456789") != std::string::npos) continue;
@@ -57,7 +52,8 @@ void set_aside_previous_drafter(const std::string& out_dir) {
   const fs::path aside = fs::path(out_dir) / ("drafter." + std::to_string(highest + 1));
   // No other job writes here meanwhile (rank 0 holds the --out lock), so nothing can appear at `aside`.
   // Renamed relative to --out's descriptor (include/dflash/safe_dir.h).
-  const int err = fs::exists(fs::symlink_status(aside, ec)) ? EEXIST : rename_path(dir.string(), aside.string());
+  struct stat st;
+  const int err = stat_own_entry(aside.string(), &st) == 0 ? EEXIST : rename_path(dir.string(), aside.string(), RenameOver::Never);
   DF_CHECK_HINT(err == 0,
                 SystemFailure,
                 "cannot move the previous run's exported drafter " << dir.string() << " to " << aside.string() << ": "
@@ -80,8 +76,8 @@ RunState run_state_at(const std::string& out_dir, const std::string& run_id, int
   if (!j.is_object() || !j.contains("run_id") || !j["run_id"].is_string() || !j.contains("step") ||
       !j["step"].is_number_integer())
     return RunState::GoesOn;
-  struct stat st;
-  const bool exported = ::lstat((out_dir + "/drafter/model.safetensors").c_str(), &st) == 0 && S_ISREG(st.st_mode);
+  struct stat st;  // through --out's descriptor: a link at drafter/ or at the file is no export
+  const bool exported = stat_own_entry(out_dir + "/drafter/model.safetensors", &st) == 0 && S_ISREG(st.st_mode);
   const bool same = j["run_id"].get<std::string>() == run_id && j["step"].get<int64_t>() == step;
   return same && exported ? RunState::AlreadyComplete : RunState::GoesOn;
 }

@@ -10,7 +10,8 @@ reads back (a later dry run or --topology plan then predicts this cluster's time
 
 import json
 import os
-import secrets
+
+from . import safe_out
 
 
 def compare(run, tgt, dft, observed_bps):
@@ -73,24 +74,20 @@ def fitted_calibration(cmp, run_path, backend, start_utc=None):
 
 
 def write_calibration(path, table):
-    """Writes table to path atomically: a fresh temporary name beside it (created exclusively, never through a
-    link), then renamed over path; a link at path is refused, not followed."""
+    """Writes table to path atomically, as every file this tool puts into a run directory is written
+    (safe_out.replace_file: a fresh name beside it created O_EXCL|O_NOFOLLOW relative to the directory's
+    descriptor, renamed over path there): a link, hard link or FIFO planted at path is replaced, never written
+    through; a directory there is refused."""
     if os.path.islink(path):
         raise OSError(f"{path} is a symbolic link: not written (remove it, or give --calibration-out another path)")
-    d = os.path.dirname(os.path.abspath(path))
-    tmp = os.path.join(d, f".calibration.{secrets.token_hex(6)}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o644)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(table, f, indent=1, sort_keys=True)
-            f.write("\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+
+    def write(f):
+        json.dump(table, f, indent=1, sort_keys=True)
+        f.write("\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+    safe_out.replace_file(path, write)
 
 
 def text(cmp, written=None):

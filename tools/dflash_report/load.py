@@ -2,6 +2,7 @@
 
 import json
 import os
+import stat
 
 os.environ.setdefault("HDF5_USE_FILE_LOCKING", "FALSE")  # read a file the job is still writing
 
@@ -132,10 +133,23 @@ class Run:
         self.path = path
         if not os.path.exists(path):
             raise ReportError(f"{path}: no such file (give the run's metrics.h5, e.g. RUN/metrics.h5)")
+        # A FIFO or device at the path (planted in a shared run directory) would block HDF5's open for ever:
+        # opened without blocking (O_NONBLOCK), checked (fstat), and HDF5 handed /proc/self/fd/N, the very
+        # file checked (as dflash-train opens metrics.h5, include/dflash/safe_file.h's PinnedPath).
         try:
-            f = h5py.File(path, "r")
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
         except OSError as e:
-            raise ReportError(f"{path}: not a readable HDF5 metrics file ({e})")
+            raise ReportError(f"{path}: cannot be opened ({e})")
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise ReportError(f"{path}: not a regular file (a FIFO, device or socket): refused")
+            pinned = f"/proc/self/fd/{fd}" if os.path.isdir("/proc/self/fd") else path
+            try:
+                f = h5py.File(pinned, "r")
+            except OSError as e:
+                raise ReportError(f"{path}: not a readable HDF5 metrics file ({e})")
+        finally:
+            os.close(fd)
         with f:
             self.format_version = int(_attr(f, "format_version", 1))
             if self.format_version not in FORMAT_VERSIONS:
