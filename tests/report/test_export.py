@@ -19,6 +19,7 @@ import csv
 import glob
 import json
 import os
+import re
 import shutil
 import struct
 import subprocess
@@ -524,29 +525,39 @@ class ExportTest(unittest.TestCase):
         os.makedirs(self.path("myrun"))
         p = rich_run(self.path("myrun", "metrics.h5"))
         wdir = self.path("wb")
-        env = {"WANDB_MODE": "offline", "WANDB_SILENT": "true", "WANDB_API_KEY": "",
+        private_tmp = self.path("private-tmp")  # $TMPDIR: where W&B writes before the run is copied into wdir
+        os.makedirs(private_tmp)
+        env = {"WANDB_MODE": "offline", "WANDB_SILENT": "true", "WANDB_API_KEY": "", "TMPDIR": private_tmp,
                "WANDB_BASE_URL": "http://127.0.0.1:9"}  # nothing listens there: any upload would fail
         cmd = [sys.executable, REPORT, p, "--wandb", "--wandb-project", "proj", "--wandb-dir", wdir]
         # without network at all where this machine lets us (a new network namespace: loopback only, down)
         if shutil.which("unshare") and subprocess.run(["unshare", "-n", "true"], capture_output=True).returncode == 0:
             cmd = ["unshare", "-n"] + cmd
-        r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env={**os.environ, **env})
-        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
-        self.assertRegex(r.stdout, r"wandb: offline run \w+ \(proj/myrun, \d+ steps\) in .*: upload it with: "
-                                   r"wandb sync ")
-        (run_dir,) = glob.glob(os.path.join(wdir, "wandb", "offline-run-*"))
-        (log,) = glob.glob(os.path.join(run_dir, "run-*.wandb"))
-        hist, config = read_wandb(log)
-        self.assertEqual(config.get("topology"), "2-1")
-        self.assertEqual(config.get("options", {}).get("hs-queue-depth"), "4")
+        dirs = []
+        for _ in range(2):  # a second export (the next job of a resumed run) keeps the first one's run
+            r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env={**os.environ, **env})
+            self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+            m = re.search(r"wandb: offline run \w+ \(proj/myrun, \d+ steps\) in (.*): upload it with: "
+                          r"wandb sync (\S+)", r.stdout)
+            self.assertTrue(m, r.stdout)
+            self.assertEqual(m.group(1), m.group(2))
+            self.assertEqual(os.path.dirname(m.group(1)), os.path.join(wdir, "wandb"))
+            dirs.append(m.group(1))
+            self.assertEqual(os.listdir(private_tmp), [])  # W&B's private directory removed
+        self.assertEqual(sorted(glob.glob(os.path.join(wdir, "wandb", "offline-run-*"))), sorted(set(dirs)))
+        self.assertEqual(os.path.realpath(os.path.join(wdir, "wandb", "latest-run")), os.path.realpath(dirs[1]))
         want = self.expected(p)
-        for tag, (steps, values, walls) in want.items():
-            got = [(st, row[tag]) for st, row in sorted(hist.items()) if tag in row]
-            self.assertEqual([g[0] for g in got], [int(x) for x in steps], tag)
-            np.testing.assert_allclose([g[1] for g in got], values, rtol=1e-12, err_msg=tag)
         loss_steps, _, loss_walls = want["train/loss"]
-        np.testing.assert_allclose([hist[int(s)]["_timestamp"] for s in loss_steps], loss_walls, atol=1e-3)
-
+        for run_dir in dirs:  # each run whole: the first one carried over, the second one copied in
+            (log,) = glob.glob(os.path.join(run_dir, "run-*.wandb"))
+            hist, config = read_wandb(log)
+            self.assertEqual(config.get("topology"), "2-1")
+            self.assertEqual(config.get("options", {}).get("hs-queue-depth"), "4")
+            for tag, (steps, values, walls) in want.items():
+                got = [(st, row[tag]) for st, row in sorted(hist.items()) if tag in row]
+                self.assertEqual([g[0] for g in got], [int(x) for x in steps], tag)
+                np.testing.assert_allclose([g[1] for g in got], values, rtol=1e-12, err_msg=tag)
+            np.testing.assert_allclose([hist[int(s)]["_timestamp"] for s in loss_steps], loss_walls, atol=1e-3)
 
 def read_wandb(path):
     """An offline run's .wandb log (W&B's LevelDB-style record log: a 7-byte header, 32 KiB blocks of records

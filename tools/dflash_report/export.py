@@ -19,9 +19,11 @@ in a file without those attributes, the file's modification time less the run's 
 import csv
 import math
 import os
+import shutil
 import socket
 import struct
 import sys
+import tempfile
 import time
 from datetime import datetime, timezone
 
@@ -712,8 +714,17 @@ def wandb_mode(environ=None, home=None):
 
 def write_wandb(run, project, name, directory=None, mode=None):
     """Logs the run to W&B in wandb_mode()'s mode (an online start that fails, e.g. without network, is
-    logged offline instead and says so). Returns a summary (mode, why, the run's directory, id, rows);
-    raises whatever wandb raises when the run cannot be logged at all."""
+    logged offline instead and says so), into DIRECTORY/wandb/<run>/ (DIRECTORY: default $WANDB_DIR, else the
+    current directory). Returns a summary (mode, why, the run's directory, id, rows); raises whatever wandb
+    raises when the run cannot be logged at all, and safe_out.Refused for a link or a file at DIRECTORY/wandb.
+
+    W&B writes its directory by path, from its own service process, until that process ends: were it given
+    DIRECTORY (a shared --out), a link swapped in at DIRECTORY/wandb while it writes would be followed. So it
+    writes into a private directory of ours (tempfile.mkdtemp under $TMPDIR: mode 0700, nobody else can
+    plant anything there), the export waits until W&B's service has ended (_wandb_done), and the finished
+    tree is then copied into DIRECTORY/wandb the way csv/ and tensorboard/ are written (safe_out.StagedDir:
+    staged in a fresh directory beside it, through descriptors, renamed in; the earlier runs there carried
+    over as hard links), and the private directory removed (docs/metrics.md "The run directory")."""
     import wandb
     why = "asked"
     if not mode:
@@ -723,15 +734,48 @@ def write_wandb(run, project, name, directory=None, mode=None):
     fields = getattr(wandb.Settings, "model_fields", {})
     settings = wandb.Settings(**{k: v for k, v in want.items() if k in fields}) if fields else None
     rows = wandb_rows(run)
-    if directory:
-        # W&B writes DIRECTORY/wandb/<run>/... by path, in its own service process: a link planted at
-        # DIRECTORY/wandb (or a file there) is refused before it starts, never written through. (Staging W&B's
-        # directory and renaming it in lost the run's .wandb file to the service's late writes.)
-        os.makedirs(directory, exist_ok=True)
-        out = os.path.join(directory, "wandb")
-        if os.path.islink(out) or (os.path.lexists(out) and not os.path.isdir(out)):
-            raise safe_out.Refused(f"{out} is not a directory of its own (a symbolic link, or a file): refused")
-    return _wandb_log(wandb, run, rows, project, name, directory, mode, why, settings)
+    out = os.path.join(directory or os.environ.get("WANDB_DIR") or os.getcwd(), "wandb")
+    safe_out.refuse_non_directory(out)  # before W&B runs at all; StagedDir checks again when it copies in
+    # our own service, the one _wandb_done waits for (not one a parent process shares through this variable)
+    os.environ.pop("WANDB_SERVICE", None)
+    private = tempfile.mkdtemp(prefix="dflash-report-wandb.")
+    try:
+        summary = _wandb_log(wandb, run, rows, project, name, private, mode, why, settings)
+        _wandb_done(wandb)
+        summary["dir"] = _wandb_copy_in(os.path.join(private, "wandb"), out, summary["dir"])
+    finally:
+        shutil.rmtree(private, ignore_errors=True)
+    return summary
+
+
+def _wandb_done(wandb):
+    """Returns once W&B's service process has ended (wandb.teardown waits for the process it started), so
+    nothing writes the private directory any more, the run's .wandb log included."""
+    teardown = getattr(wandb, "teardown", None)
+    if teardown is None:  # a wandb without a service (before 0.13): run.finish() waited for its writer
+        return
+    try:
+        teardown()
+    except SystemExit as e:  # wandb's teardown exits the process when its service failed: say it instead
+        raise RuntimeError(f"W&B's service process ended with exit code {e.code}: the run may be incomplete") from None
+
+
+def _wandb_copy_in(private, out, run_dir):
+    """The finished tree PRIVATE (W&B's wandb/ directory: the run's directory, its latest-run and debug*.log
+    links) copied into OUT, staged and renamed in (safe_out.StagedDir; the earlier runs at OUT carried over
+    as hard links, W&B's links at the top replaced by the new run's). Returns the run's directory in OUT."""
+    with safe_out.StagedDir(out) as stage:
+        src = os.open(private, safe_out.DIR_FLAGS) if os.path.isdir(private) else None
+        try:
+            new = os.listdir(src) if src is not None else []
+            if stage.old_fd is not None:
+                safe_out.copy_tree(stage.old_fd, stage.fd, safe_out.link_file, skip=set(new))
+            if src is not None:
+                safe_out.copy_tree(src, stage.fd, safe_out.copy_file)
+        finally:
+            if src is not None:
+                os.close(src)
+    return os.path.join(out, os.path.basename(run_dir)) if run_dir else None
 
 
 def _wandb_log(wandb, run, rows, project, name, directory, mode, why, settings):

@@ -6,7 +6,9 @@ descriptor (os.open(..., dir_fd=) or /proc/self/fd/N for libraries that take a p
 swapped in mid-export cannot redirect it), and then renamed into place relative to the parent's
 descriptor. A link or a non-directory at the target's name is refused, never followed; what is removed
 (the previous export) is removed through descriptors (shutil.rmtree with dir_fd, which does not follow
-links), so nothing a link points at is ever deleted. docs/metrics.md "The run directory" says the same.
+links), so nothing a link points at is ever deleted. A tree written elsewhere (W&B's private directory,
+tools/dflash_report/export.py write_wandb) is copied into a staged directory by copy_tree, through
+descriptors as well. docs/metrics.md "The run directory" says the same.
 """
 
 import os
@@ -45,6 +47,16 @@ def _check_dir_entry(pfd, name, target):
     if not stat.S_ISDIR(st.st_mode):
         raise Refused(f"{target} is not a directory: refused (move it away)")
     return "dir"
+
+
+def refuse_non_directory(target):
+    """Refused unless target is a real directory or absent: the early check before a slow export starts
+    (StagedDir checks again when it stages and when it swaps in)."""
+    pfd, _, name = _parent(target)
+    try:
+        _check_dir_entry(pfd, name, target)
+    finally:
+        os.close(pfd)
 
 
 class StagedDir:
@@ -134,3 +146,55 @@ def replace_file(target, write):
             raise
     finally:
         os.close(pfd)
+
+
+def link_file(name, st, src_fd, dst_fd):
+    """copy_tree's way for a file that stays where it is (an earlier export carried over): a hard link."""
+    os.link(name, name, src_dir_fd=src_fd, dst_dir_fd=dst_fd, follow_symlinks=False)
+
+
+def copy_file(name, st, src_fd, dst_fd):
+    """copy_tree's way for a file whose source goes away (another file system, a private directory): its
+    bytes, its mode and its times, into a new file (O_EXCL|O_NOFOLLOW)."""
+    src = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0), dir_fd=src_fd)
+    try:
+        dst = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0),
+                      st.st_mode & 0o777, dir_fd=dst_fd)
+        with os.fdopen(src, "rb", closefd=False) as fin, os.fdopen(dst, "wb") as fout:
+            shutil.copyfileobj(fin, fout, 1 << 20)
+            fout.flush()
+            os.utime(fout.fileno(), ns=(st.st_atime_ns, st.st_mtime_ns))
+    finally:
+        os.close(src)
+
+
+def copy_tree(src_fd, dst_fd, place_file, skip=()):
+    """Every entry of the directory src_fd (but the names in skip) recreated in the directory dst_fd, both
+    held by descriptor: directories made (mkdir, never through a link) and walked O_NOFOLLOW, symbolic links
+    made anew with the same text (never followed), regular files placed by place_file (link_file or
+    copy_file); anything else (a FIFO, a device) is left out. Returns the names made in dst_fd."""
+    made = []
+    for name in sorted(os.listdir(src_fd)):
+        if name in skip:
+            continue
+        st = os.stat(name, dir_fd=src_fd, follow_symlinks=False)
+        if stat.S_ISDIR(st.st_mode):
+            os.mkdir(name, 0o700, dir_fd=dst_fd)
+            sub_src = os.open(name, DIR_FLAGS, dir_fd=src_fd)
+            try:
+                sub_dst = os.open(name, DIR_FLAGS, dir_fd=dst_fd)
+                try:
+                    copy_tree(sub_src, sub_dst, place_file)
+                    os.chmod(sub_dst, st.st_mode & 0o777)
+                finally:
+                    os.close(sub_dst)
+            finally:
+                os.close(sub_src)
+        elif stat.S_ISLNK(st.st_mode):
+            os.symlink(os.readlink(name, dir_fd=src_fd), name, dir_fd=dst_fd)
+        elif stat.S_ISREG(st.st_mode):
+            place_file(name, st, src_fd, dst_fd)
+        else:
+            continue
+        made.append(name)
+    return made
