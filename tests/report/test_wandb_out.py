@@ -175,6 +175,19 @@ class WandbPrivateDirTest(unittest.TestCase):
             self.export(stand_in)
         self.assertIn(f"{self.wandb_dir} is not a directory: refused", str(refused.exception))
 
+    def test_failed_start_still_waits_for_the_service(self):
+        stand_in = StandInWandb()
+
+        def init(**kw):
+            stand_in.calls.append("init")
+            raise RuntimeError("no network here")
+        stand_in.module.init = init
+        with self.assertRaisesRegex(RuntimeError, "no network here"):
+            self.export(stand_in)
+        self.assertEqual(stand_in.calls, ["init", "teardown"])
+        self.assertEqual(os.listdir(self.private_tmp), [])
+        self.assertEqual(sorted(os.listdir(self.wandb_dir)), ["latest-run", "offline-run-old"])
+
     def test_service_that_fails_at_teardown_is_an_error(self):
         stand_in = StandInWandb()
 

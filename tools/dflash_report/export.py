@@ -740,8 +740,10 @@ def write_wandb(run, project, name, directory=None, mode=None):
     os.environ.pop("WANDB_SERVICE", None)
     private = tempfile.mkdtemp(prefix="dflash-report-wandb.")
     try:
-        summary = _wandb_log(wandb, run, rows, project, name, private, mode, why, settings)
-        _wandb_done(wandb)
+        try:
+            summary = _wandb_log(wandb, run, rows, project, name, private, mode, why, settings)
+        finally:  # also after a failed start: its service must not write the directory while it is removed
+            _wandb_done(wandb)
         summary["dir"] = _wandb_copy_in(os.path.join(private, "wandb"), out, summary["dir"])
     finally:
         shutil.rmtree(private, ignore_errors=True)
@@ -752,7 +754,7 @@ def _wandb_done(wandb):
     """Returns once W&B's service process has ended (wandb.teardown waits for the process it started), so
     nothing writes the private directory any more, the run's .wandb log included."""
     teardown = getattr(wandb, "teardown", None)
-    if teardown is None:  # a wandb without a service (before 0.13): run.finish() waited for its writer
+    if teardown is None:  # an older wandb without it: run.finish() is all there is to wait for
         return
     try:
         teardown()
