@@ -54,6 +54,9 @@ struct Args {
   std::string draft_arch = "dflash";  // dflash2: convs + selector (docs/dflash2.md), block 8 unless --block
   int block = 0;                      // 0: 16 (dflash) / 8 (dflash2)
   float softcap = 0.f, multiplier = 1.f;
+  // A fresh drafter's own attention heads (dflash-train --draft-heads/--draft-head-dim/--draft-kv-heads; 0: the
+  // target's): the Qwen3.8-27B DFlash2 release has 32 x 128 with 8 KV heads on a 24 x 256 target.
+  int draft_heads = 0, draft_head_dim = 0, draft_kv_heads = 0;
   OptimizerState state = OptimizerState::Fp32;  // --optimizer-state fp32|bf16
 };
 
@@ -87,6 +90,9 @@ Args parse(int argc, char** argv) {
     else if (k == "--block") a.block = std::stoi(val());
     else if (k == "--logit-softcap") a.softcap = std::stof(val());
     else if (k == "--output-multiplier") a.multiplier = std::stof(val());
+    else if (k == "--draft-heads") a.draft_heads = std::stoi(val());
+    else if (k == "--draft-head-dim") a.draft_head_dim = std::stoi(val());
+    else if (k == "--draft-kv-heads") a.draft_kv_heads = std::stoi(val());
     else fatal(ExitCode::BadOptions, "unknown option " + k, "see the usage lines at the top of bench/drafter_bench.cpp");
   }
   return a;
@@ -295,6 +301,11 @@ int main(int argc, char** argv) {
     fatal(ExitCode::BadOptions, "--draft-arch must be dflash or dflash2");
   }
   if (args.block > 0) c.block_size = args.block;
+  if (args.draft_heads > 0) c.layers.num_attention_heads = args.draft_heads;
+  if (args.draft_head_dim > 0) c.layers.head_dim = args.draft_head_dim;
+  if (args.draft_kv_heads > 0) c.layers.num_key_value_heads = args.draft_kv_heads;
+  if (c.layers.num_attention_heads % c.layers.num_key_value_heads != 0)
+    fatal(ExitCode::BadOptions, "--draft-heads must be a multiple of --draft-kv-heads");
   c.output_multiplier = args.multiplier;
   c.final_logit_softcapping = args.softcap;
   w.begin(bench::device_line(0), bench::timing_line(args.warmup, args.steps));

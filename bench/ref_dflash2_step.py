@@ -311,6 +311,12 @@ def chunk_terms(h, lab, pred, w, t_rows, lm_head, sel, cfg, parts=False):
 def main_bench(args):
     global _CONV
     s = dict(SHAPES[args.model])
+    # a fresh drafter's own heads (dflash-train --draft-heads ...; the DFlash2 27B release: 32 x 128, 8 KV)
+    for key, v in (("nh", args.draft_heads), ("hd", args.draft_head_dim), ("nkv", args.draft_kv_heads)):
+        if v:
+            s[key] = v
+    if s["nh"] % s["nkv"]:
+        sys.exit("--draft-heads must be a multiple of --draft-kv-heads")
     dev = torch.device(args.device)
     cuda = dev.type == "cuda"
     if cuda and not torch.cuda.is_available():
@@ -605,6 +611,9 @@ def main():
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--attention", default="sdpa", choices=["sdpa", "flex"])
     ap.add_argument("--block", type=int, default=8)
+    ap.add_argument("--draft-heads", type=int, default=0, help="the drafter's attention heads (0: the shape's)")
+    ap.add_argument("--draft-head-dim", type=int, default=0, help="its head dim (0: the shape's)")
+    ap.add_argument("--draft-kv-heads", type=int, default=0, help="its KV heads (0: the shape's)")
     ap.add_argument("--gamma", type=float, default=0.0, help="loss decay (default 7 * block / 16)")
     ap.add_argument("--conv-kernel-size", type=int, default=2)
     ap.add_argument("--conv-group-size", type=int, default=16)
