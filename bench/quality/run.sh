@@ -10,6 +10,7 @@
 #     ours-a   dflash-train, its per-batch default (512 anchors per packed batch of 4096 tokens)
 #     ours-b   dflash-train, per-record anchors (512 per record) with gradient accumulation (B_GRAD_ACCUM)
 #     eval     dflash-eval (greedy, the same held-out prompts) on every saved drafter
+#     speed    rates only (no tau): each of SPEED_RECIPES on each of SPEED_LAYOUTS (colocated, 1-1) for CALIB_STEPS
 #     table    OUT_DIR/results.json and OUT_DIR/results.md (the table and the goal check)
 #
 # Every stage is idempotent: it skips work whose output is complete (FORCE=1 redoes it) and re-creates the
@@ -53,6 +54,9 @@ B_GRAD_ACCUM=${B_GRAD_ACCUM:-2}
 B_ARGS=${B_ARGS:---anchors-per-record 512 --max-anchors 2048 --grad-accum $B_GRAD_ACCUM}
 OURS_RECIPE=${OURS_RECIPE:---lr 6e-4 --warmup-ratio 0.04 --gamma 7 --loss ce}   # the reference's lr, warmup, gamma
 OURS_EXTRA=${OURS_EXTRA:-}                 # more dflash-train options for both recipes
+OURS_LAYOUT=${OURS_LAYOUT:-1-1}            # 1-1 (two ranks sharing the GPU) or colocated (one process)
+SPEED_RECIPES=${SPEED_RECIPES:-b a}          # speed stage: which recipes (a: per batch, b: per record)
+SPEED_LAYOUTS=${SPEED_LAYOUTS:-colocated 1-1}  # speed stage: which layouts
 EVAL_TAU_EVERY=${EVAL_TAU_EVERY:-}         # N: ours also measure tau every N steps (--eval-data heldout --eval-tau-every N)
 CALIB_STEPS=${CALIB_STEPS:-100}            # ours: a short run that times the steps (A_RATE / B_RATE skip it)
 A_CALIB_STEPS=${A_CALIB_STEPS:-$CALIB_STEPS} B_CALIB_STEPS=${B_CALIB_STEPS:-$CALIB_STEPS}  # per recipe
@@ -121,12 +125,15 @@ stage_ref() {
 
 layer_ids() { "$PY" "$Q/collect.py" layer-ids "$TARGET_LAYERS" "$DRAFT_LAYERS"; }
 
-# dflash-train on the GPU, topology 1-1: both ranks on GPU 0, hidden states through host memory.
+# dflash-train on the GPU. OURS_LAYOUT=1-1 (default): both ranks on GPU 0, hidden states through host memory;
+# OURS_LAYOUT=colocated: one process (no mpirun) holding the target and the drafter, hidden states never leave the GPU.
 train_ours() {  # OUT_DIR MAX_STEPS CKPT_EVERY RECIPE_ARGS...
   local out=$1 steps=$2 every=$3; shift 3
   rm -rf "$out"
+  local launch=(mpirun -np 2 -x NCCL_NVLS_ENABLE "$BIN/dflash-train" --topology 1-1 --data-plane host)
+  [ "$OURS_LAYOUT" = colocated ] && launch=("$BIN/dflash-train" --topology colocated)
   # shellcheck disable=SC2086
-  mpirun -np 2 -x NCCL_NVLS_ENABLE "$BIN/dflash-train" --backend "$BACKEND" --topology 1-1 --data-plane host \
+  "${launch[@]}" --backend "$BACKEND" \
     --target "$T" --data "$D/train.h5" --out "$out" --draft-layers "$DRAFT_LAYERS" --target-layers "$(layer_ids)" \
     --block-size 16 --mask-token "$MASK_TOKEN" --token-budget "$TOKEN_BUDGET" --long-record cut --epochs 0 \
     --seed "$SEED" --max-steps "$steps" --checkpoint-every "$every" --log-every 50 --peer-timeout 300 \
@@ -153,6 +160,27 @@ stage_ours() {  # LABEL RATE_OVERRIDE CALIB_STEPS RECIPE_ARGS
     --target "$T" --command "dflash-train ... $args (max-steps $steps, checkpoint-every $every)"
   rm -f "$WORK/$label"/checkpoints/*/state.safetensors  # optimizer state, 12 bytes per parameter: not measured
   touch "$WORK/$label.done"
+}
+
+# speed: no tau, only rates (issue 45's one-GPU comparison): each recipe of SPEED_RECIPES on each layout of
+# SPEED_LAYOUTS for CALIB_STEPS (A_CALIB_STEPS / B_CALIB_STEPS) steps; dflash-report's rates (speed-*.txt in OUT_DIR,
+# which the summary greps) beside the reference's (ref stage: steps, tokens and anchors over its training seconds).
+stage_speed() {
+  need_target
+  local r layout args steps run
+  for r in $SPEED_RECIPES; do
+    for layout in $SPEED_LAYOUTS; do
+      case $r in a) args=$A_ARGS steps=$A_CALIB_STEPS ;; b) args=$B_ARGS steps=$B_CALIB_STEPS ;; esac
+      run=$WORK/speed-$r-$layout
+      say "speed: ours-$r on $layout, $steps steps"
+      # shellcheck disable=SC2086
+      OURS_LAYOUT=$layout train_ours "$run" "$steps" 0 $args > "$run.log" 2>&1 || { tail -20 "$run.log"; return 1; }
+      { echo "## ours-$r $layout ($args): second-half steps/s $("$PY" "$Q/collect.py" rate "$run/metrics.h5")"
+        "$PY" "$ROOT/tools/dflash-report" "$run/metrics.h5" 2>&1 | grep -E "^  trained \(drafters\)|^  this run: |^  step time"
+      } | tee -a "$OUT/speed-summary.txt"
+      rm -rf "$run"
+    done
+  done
 }
 
 stage_eval() {
@@ -200,7 +228,8 @@ for s in "${STAGES[@]}"; do
     ours-a) stage_ours ours-a "${A_RATE:-}" "$A_CALIB_STEPS" "$A_ARGS" ;;
     ours-b) stage_ours ours-b "${B_RATE:-}" "$B_CALIB_STEPS" "$B_ARGS" ;;
     eval) stage_eval ;;
-    *) echo "unknown stage $s (data target ref ours-a ours-b eval table)" >&2; exit 2 ;;
+    speed) stage_speed ;;
+    *) echo "unknown stage $s (data target ref ours-a ours-b eval speed table)" >&2; exit 2 ;;
   esac 2>&1 | tee -a "$OUT/$s.log"  # (table's log is results.md: 6 logs + results.json + .md = 8 files)
   [ "${PIPESTATUS[0]}" -eq 0 ] || { say "stage $s failed (log: $OUT/$s.log)"; exit 1; }
 done
