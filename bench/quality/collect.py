@@ -71,7 +71,14 @@ def cmd_rate(a):
     i0 = n // 2  # the second half: the first steps build cuDNN plans and warm the data plane
     dt = float(st["time_s"][-1] - st["time_s"][i0])
     ds = int(st["step"][-1] - st["step"][i0])
-    print(f"{ds / dt:.4f}")
+    if not a.all:
+        print(f"{ds / dt:.4f}")
+        return
+    # the same window's tokens and anchors (rows after i0 hold the steps ds counts)
+    tok = float(st["tokens"][i0 + 1:].sum()) / dt
+    anc = float(st["anchors"][i0 + 1:].sum()) / dt
+    print(f"{ds / dt:.4f} steps/s, {tok / 1e3:.2f} K tokens/s, {anc / 1e3:.3f} K anchors/s "
+          f"(steps {int(st['step'][i0])}..{int(st['step'][-1])}, {dt:.1f} s)")
 
 
 def budgets_of(s):
@@ -268,6 +275,7 @@ def main():
     sub = ap.add_subparsers(dest="cmd", required=True)
     p = sub.add_parser("rate")
     p.add_argument("metrics")
+    p.add_argument("--all", action="store_true", help="also tokens/s and anchors/s (the speed stage)")
     p = sub.add_parser("plan")
     p.add_argument("--rate", type=float, required=True)
     p.add_argument("--budgets", required=True)

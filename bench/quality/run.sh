@@ -9,9 +9,12 @@
 #     ref      ref_train_dflash.py: the reference's drafters at BUDGETS
 #     ours-a   dflash-train, its per-batch default (512 anchors per packed batch of 4096 tokens)
 #     ours-b   dflash-train, per-record anchors (512 per record) with gradient accumulation (B_GRAD_ACCUM)
+#     ours-c   dflash-train, a DFlash2 drafter (block 8), the strict selector objective (issue 47)
+#     ours-d   dflash-train, a DFlash2 drafter (block 8), the gold-inserted selector objective
 #     eval     dflash-eval (greedy, the same held-out prompts) on every saved drafter
 #     speed    rates only (no tau): each of SPEED_RECIPES on each of SPEED_LAYOUTS (colocated, 1-1) for CALIB_STEPS
-#     table    OUT_DIR/results.json and OUT_DIR/results.md (the table and the goal check)
+#     table    OUT_DIR/results.json and OUT_DIR/results.md (the table and the goal check; results-tT.* for
+#              EVAL_TEMPERATURE=T > 0, sampled decoding)
 #
 # Every stage is idempotent: it skips work whose output is complete (FORCE=1 redoes it) and re-creates the
 # inputs it lacks (seeded), so the stages can be split over several calls of the GPU machine as long as
@@ -52,6 +55,9 @@ TOKEN_BUDGET=${TOKEN_BUDGET:-4096}         # ours: tokens per packed batch (the 
 A_ARGS=${A_ARGS:---max-anchors 512}
 B_GRAD_ACCUM=${B_GRAD_ACCUM:-2}
 B_ARGS=${B_ARGS:---anchors-per-record 512 --max-anchors 2048 --grad-accum $B_GRAD_ACCUM}
+DFLASH2_ARGS=${DFLASH2_ARGS:---draft-arch dflash2 --block-size 8 --max-anchors 512}   # ours-c / ours-d's drafter
+C_ARGS=${C_ARGS:-$DFLASH2_ARGS --selector-candidates strict}
+D_ARGS=${D_ARGS:-$DFLASH2_ARGS --selector-candidates insert}
 OURS_RECIPE=${OURS_RECIPE:---lr 6e-4 --warmup-ratio 0.04 --gamma 7 --loss ce}   # the reference's lr, warmup, gamma
 OURS_EXTRA=${OURS_EXTRA:-}                 # more dflash-train options for both recipes
 OURS_LAYOUT=${OURS_LAYOUT:-1-1}            # 1-1 (two ranks sharing the GPU) or colocated (one process)
@@ -64,13 +70,16 @@ REF_ARGS=${REF_ARGS:-}                     # extra ref_train_dflash.py options
 EVAL_PROMPTS=${EVAL_PROMPTS:-64}
 EVAL_NEW=${EVAL_NEW:-128}
 EVAL_ARGS=${EVAL_ARGS:---max-prompt-length $MAX_LEN}
-EVAL_RUNS=${EVAL_RUNS:-ours-a ours-b reference}   # whose drafters the eval stage measures
+EVAL_RUNS=${EVAL_RUNS:-ours-a ours-b ours-c ours-d reference}   # whose drafters the eval stage measures (missing: skipped)
+EVAL_TEMPERATURE=${EVAL_TEMPERATURE:-0}   # 0: greedy; T > 0: sampled (its taus and table apart: eval-tT, results-tT.*)
 EVAL_JOBS=${EVAL_JOBS:-1}                  # dflash-eval processes at a time (on a GPU, several fit side by side)
 FORCE=${FORCE:-0}
 
 export NCCL_NVLS_ENABLE=0 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
 export OMPI_MCA_hwloc_base_binding_policy=none PYTHONUNBUFFERED=1 DFLASH_NO_REEXEC=1 TRANSFORMERS_VERBOSITY=error
 D=$WORK/data T=$WORK/target R=$WORK/results E=$WORK/eval
+TSUFFIX=""; [ "$EVAL_TEMPERATURE" = 0 ] || TSUFFIX=-t$EVAL_TEMPERATURE
+E=$E$TSUFFIX
 mkdir -p "$WORK" "$D" "$R" "$E"
 say() { echo "[quality $(date -u +%H:%M:%S)] $*"; }
 done_mark() { [ "$FORCE" != 1 ] && [ -f "$WORK/$1.done" ]; }
@@ -105,7 +114,7 @@ stage_target() {
   # shellcheck disable=SC2086
   "$PY" "$Q/train_target.py" --data "$D/train.h5" --eval-data "$D/heldout.h5" --out "$T" --hidden "$HIDDEN" \
     --layers "$TARGET_LAYERS" --seconds "$TARGET_SECONDS" --seed "$SEED" --tokenizer-dir "$WORK/tokenizer" $TARGET_ARGS
-  rm -f "$WORK"/ref.done "$WORK"/ours-a.done "$WORK"/ours-b.done  # drafters of another target are stale
+  rm -f "$WORK"/ref.done "$WORK"/ours-?.done  # drafters of another target are stale
   touch "$WORK/target.done"
 }
 
@@ -130,12 +139,14 @@ layer_ids() { "$PY" "$Q/collect.py" layer-ids "$TARGET_LAYERS" "$DRAFT_LAYERS"; 
 train_ours() {  # OUT_DIR MAX_STEPS CKPT_EVERY RECIPE_ARGS...
   local out=$1 steps=$2 every=$3; shift 3
   rm -rf "$out"
+  local block=(--block-size 16)  # DFlash's; a recipe that names its own block (DFlash2: 8) keeps it
+  [[ " $* " == *" --block-size "* ]] && block=()
   local launch=(mpirun -np 2 -x NCCL_NVLS_ENABLE "$BIN/dflash-train" --topology 1-1 --data-plane host)
   [ "$OURS_LAYOUT" = colocated ] && launch=("$BIN/dflash-train" --topology colocated)
   # shellcheck disable=SC2086
   "${launch[@]}" --backend "$BACKEND" \
     --target "$T" --data "$D/train.h5" --out "$out" --draft-layers "$DRAFT_LAYERS" --target-layers "$(layer_ids)" \
-    --block-size 16 --mask-token "$MASK_TOKEN" --token-budget "$TOKEN_BUDGET" --long-record cut --epochs 0 \
+    "${block[@]}" --mask-token "$MASK_TOKEN" --token-budget "$TOKEN_BUDGET" --long-record cut --epochs 0 \
     --seed "$SEED" --max-steps "$steps" --checkpoint-every "$every" --log-every 50 --peer-timeout 300 \
     $OURS_RECIPE "$@" $OURS_EXTRA ${EVAL_TAU_EVERY:+--eval-data "$D/heldout.h5" --eval-tau-every "$EVAL_TAU_EVERY"}
 }
@@ -175,9 +186,8 @@ stage_speed() {
       say "speed: ours-$r on $layout, $steps steps"
       # shellcheck disable=SC2086
       OURS_LAYOUT=$layout train_ours "$run" "$steps" 0 $args > "$run.log" 2>&1 || { tail -20 "$run.log"; return 1; }
-      { echo "## ours-$r $layout ($args): second-half steps/s $("$PY" "$Q/collect.py" rate "$run/metrics.h5")"
-        "$PY" "$ROOT/tools/dflash-report" "$run/metrics.h5" 2>&1 | grep -E "^  trained \(drafters\)|^  this run: |^  step time"
-      } | tee -a "$OUT/speed-summary.txt"
+      echo "## ours-$r $layout ($args): second half $("$PY" "$Q/collect.py" rate --all "$run/metrics.h5")" \
+        | tee -a "$OUT/speed-summary.txt"
       rm -rf "$run"
     done
   done
@@ -196,6 +206,7 @@ stage_eval() {
       # tau does not depend on the speed. Each writes its own log, printed once it is done.
       # shellcheck disable=SC2086
       ( "$BIN/dflash-eval" --backend "$BACKEND" --target "$T" --drafter "$dir" --prompts "$D/heldout.h5" \
+          --temperature "$EVAL_TEMPERATURE" \
           --max-prompts "$EVAL_PROMPTS" --max-new-tokens "$EVAL_NEW" $EVAL_ARGS --json "$E/$name.tmp" \
           >"$E/$name.log" 2>&1 && mv "$E/$name.tmp" "$E/$name" ) &
       pending+=("$name")
@@ -213,9 +224,9 @@ stage_eval() {
 
 stage_table() {
   local runs=()
-  for n in ours-a ours-b reference; do [ -f "$R/$n.json" ] && runs+=("$R/$n.json"); done
+  for n in ours-a ours-b ours-c ours-d reference; do [ -f "$R/$n.json" ] && runs+=("$R/$n.json"); done
   "$PY" "$Q/collect.py" summarise --runs "${runs[@]}" --eval-dir "$E" --budgets "$BUDGETS" \
-    --target-info "$T/train_info.json" --out-json "$OUT/results.json" --out-md "$OUT/results.md"
+    --target-info "$T/train_info.json" --out-json "$OUT/results$TSUFFIX.json" --out-md "$OUT/results$TSUFFIX.md"
 }
 
 say "stages: ${STAGES[*]}; work dir $WORK; budgets $BUDGETS s; hidden $HIDDEN"
@@ -227,9 +238,11 @@ for s in "${STAGES[@]}"; do
     ref) stage_ref ;;
     ours-a) stage_ours ours-a "${A_RATE:-}" "$A_CALIB_STEPS" "$A_ARGS" ;;
     ours-b) stage_ours ours-b "${B_RATE:-}" "$B_CALIB_STEPS" "$B_ARGS" ;;
+    ours-c) stage_ours ours-c "${C_RATE:-}" "$CALIB_STEPS" "$C_ARGS" ;;
+    ours-d) stage_ours ours-d "${D_RATE:-}" "$CALIB_STEPS" "$D_ARGS" ;;
     eval) stage_eval ;;
     speed) stage_speed ;;
-    *) echo "unknown stage $s (data target ref ours-a ours-b eval speed table)" >&2; exit 2 ;;
+    *) echo "unknown stage $s (data target ref ours-a ours-b ours-c ours-d eval speed table)" >&2; exit 2 ;;
   esac 2>&1 | tee -a "$OUT/$s.log"  # (table's log is results.md: 6 logs + results.json + .md = 8 files)
   [ "${PIPESTATUS[0]}" -eq 0 ] || { say "stage $s failed (log: $OUT/$s.log)"; exit 1; }
 done

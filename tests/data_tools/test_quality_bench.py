@@ -276,8 +276,8 @@ class RunSh(unittest.TestCase):
             self.assertAlmostEqual(float(loss), theirs, delta=2e-3 * theirs)
 
     def test_stages_end_to_end(self):
-        """run.sh's target, ref, ours-a, eval and table stages on the CPU (data made here; ours-b needs options
-        of later builds)."""
+        """run.sh's target, ref, ours-a, ours-c (DFlash2), eval (greedy and sampled), table and speed stages on the
+        CPU (data made here; ours-b needs options of later builds)."""
         with tempfile.TemporaryDirectory() as tmp:
             work, out = os.path.join(tmp, "work"), os.path.join(tmp, "out")
             os.makedirs(os.path.join(work, "data"))
@@ -290,15 +290,21 @@ class RunSh(unittest.TestCase):
                        TARGET_ARGS="--device cpu --max-steps 3 --seq-len 64 --batch-tokens 256 --micro-batch 4",
                        REF_ARGS="--device cpu --attention sdpa --dtype float32 --calib-steps 3 --batch-size 2 --num-anchors 16",
                        TOKEN_BUDGET="256", A_ARGS="--max-anchors 8", A_RATE="0.25", EVAL_PROMPTS="2", EVAL_NEW="8")
+            env["C_RATE"] = "0.25"  # ours-c: a DFlash2 drafter (block 8, the strict selector), issue 47's comparison
             r = subprocess.run(["bash", os.path.join(SRC, "bench", "quality", "run.sh"), out,
-                                "target", "ref", "ours-a", "eval", "table"], env=env, capture_output=True, text=True)
+                                "target", "ref", "ours-a", "ours-c", "eval", "table"], env=env, capture_output=True,
+                               text=True)
             self.assertEqual(r.returncode, 0, r.stdout[-4000:] + r.stderr[-4000:])
             with open(os.path.join(out, "results.json")) as f:
                 res = json.load(f)
             self.assertEqual(res["budgets_s"], [8.0, 16.0])
             self.assertTrue(res["same_target"])
             names = [run["trainer"] for run in res["runs"]]
-            self.assertEqual(names, ["ours-a", "reference"])
+            self.assertEqual(names, ["ours-a", "ours-c", "reference"])
+            with open(os.path.join(res["runs"][1]["snapshots"][0]["dir"], "config.json")) as f:
+                cfg = json.load(f)  # a DFlash2 release keeps its block in dflash_config
+                self.assertEqual(cfg["architectures"], ["DFlash2DraftModel"])
+                self.assertEqual(cfg.get("block_size", cfg["dflash_config"].get("block_size")), 8)  # not DFlash's 16
             for run in res["runs"]:
                 self.assertTrue(run["snapshots"])
                 for s in run["snapshots"]:
@@ -314,15 +320,36 @@ class RunSh(unittest.TestCase):
             self.assertGreater(float(rate.stdout), 0)
             with open(os.path.join(out, "results.md")) as f:
                 md = f.read()
-            self.assertIn("| budget (s) | τ ours-a | τ reference |", md)
+            self.assertIn("| budget (s) | τ ours-a | τ ours-c | τ reference |", md)
             self.assertLessEqual(len(os.listdir(out)), 8)  # what the GPU tool brings back
-            for stage in ("target", "ref", "ours-a", "eval"):
+            for stage in ("target", "ref", "ours-a", "ours-c", "eval"):
                 self.assertTrue(os.path.exists(os.path.join(out, stage + ".log")), stage)
             # idempotent: a second call finds every stage done and redoes nothing
             r2 = subprocess.run(["bash", os.path.join(SRC, "bench", "quality", "run.sh"), out, "target", "ref", "ours-a"],
                                 env=env, capture_output=True, text=True)
             self.assertEqual(r2.returncode, 0, r2.stdout[-2000:] + r2.stderr[-2000:])
             self.assertIn("done earlier", r2.stdout)
+            # sampled decoding (T = 1): its taus and table apart from the greedy ones
+            env1 = dict(env, EVAL_TEMPERATURE="1", EVAL_RUNS="ours-c")
+            r3 = subprocess.run(["bash", os.path.join(SRC, "bench", "quality", "run.sh"), out, "eval", "table"],
+                                env=env1, capture_output=True, text=True)
+            self.assertEqual(r3.returncode, 0, r3.stdout[-4000:] + r3.stderr[-4000:])
+            self.assertTrue(os.listdir(os.path.join(work, "eval-t1")))
+            with open(os.path.join(out, "results-t1.json")) as f:
+                sampled = json.load(f)
+            for s in sampled["runs"][1]["snapshots"]:  # ours-c
+                self.assertIsNotNone(s["tau"], s)
+            # the speed stage: ours-a on the colocated layout and on 1-1, rates only
+            out_speed = os.path.join(tmp, "speed")
+            env2 = dict(env, SPEED_RECIPES="a", SPEED_LAYOUTS="colocated 1-1", A_CALIB_STEPS="6")
+            r4 = subprocess.run(["bash", os.path.join(SRC, "bench", "quality", "run.sh"), out_speed, "speed"],
+                                env=env2, capture_output=True, text=True)
+            self.assertEqual(r4.returncode, 0, r4.stdout[-4000:] + r4.stderr[-4000:])
+            with open(os.path.join(out_speed, "speed-summary.txt")) as f:
+                summary = f.read()
+            self.assertIn("## ours-a colocated", summary)
+            self.assertIn("## ours-a 1-1", summary)
+            self.assertEqual(summary.count("K anchors/s"), 2)
 
 
 if __name__ == "__main__":
