@@ -51,9 +51,9 @@ COMMON=(--backend cuda --target "$W/q8/target" --data "$W/q8/data.h5" --token-bu
 if [[ " $PARTS " == *" roles "* ]]; then  # the job's roles on the job's batches, first and again
   RB=$B/dflash-roles-bench
   [ -x "$RB" ] || RB=$B/../dflash-roles-bench
-  "$RB" --batches 10 -- "${COMMON[@]}" --max-anchors 512 > "$OUT/roles-batch.txt" 2>&1
-  "$RB" --batches 6 --target-ctx colocated -- "${COMMON[@]}" --max-anchors 512 > "$OUT/roles-batch-colocated-ctx.txt" 2>&1
-  "$RB" --batches 6 -- "${COMMON[@]}" --anchors-per-record 512 --max-anchors 2048 > "$OUT/roles-record.txt" 2>&1
+  "$RB" --batches 10 -- "${COMMON[@]}" --out "$W/roles" --max-anchors 512 > "$OUT/roles-batch.txt" 2>&1
+  "$RB" --batches 6 --target-ctx colocated -- "${COMMON[@]}" --out "$W/roles" --max-anchors 512 > "$OUT/roles-batch-colocated-ctx.txt" 2>&1
+  "$RB" --batches 6 -- "${COMMON[@]}" --out "$W/roles" --anchors-per-record 512 --max-anchors 2048 > "$OUT/roles-record.txt" 2>&1
   grep -h "median over" "$OUT"/roles-*.txt
 fi
 if [[ " $PARTS " == *" measure "* ]]; then  # each role alone on the GPU, through the job (--measure-only)

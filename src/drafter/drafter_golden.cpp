@@ -28,14 +28,19 @@ constexpr double kTensorTol = 1e-4;  // gradients, weights after two AdamW steps
 // the float64 reference, fc.weight[481] 2.2e-7 there and 3.3e-7 here, the weight 1e-4 apart after one step,
 // the loss after three steps 2.1e-5 apart. The weights after AdamW steps have kTensorTol already.
 constexpr double kSteppedLossTol = kTensorTol;
+// The same on CUDA (bf16): each step's update carries the step's gradient error (the budget of all gradients
+// together, 3e-2 below) and the selector's strict top-K can swap a near-tied candidate in bf16. Measured on an
+// H100 (bench/results/h100-issue44-45-46-20261206b): dflash2-tiny-strict's loss after three steps 1.64e-2 from
+// the float64 reference, the first step's within the 1e-2 loss budget.
+constexpr double kSteppedLossTolCuda = 3e-2;
 
 // Tolerances of one backend (see run_drafter_golden in the header).
 struct Tolerances {
-  double loss, grad_norm, grad_tensor, metric;
+  double loss, grad_norm, grad_tensor, metric, stepped_loss;
 };
 Tolerances tolerances_for(Device d) {
-  if (d == Device::CPU) return {kScalarTol, kScalarTol, kTensorTol, kScalarTol};
-  return {1e-2, 3e-2, 6e-2, 0.1};
+  if (d == Device::CPU) return {kScalarTol, kScalarTol, kTensorTol, kScalarTol, kSteppedLossTol};
+  return {1e-2, 3e-2, 6e-2, 0.1, kSteppedLossTolCuda};
 }
 
 double scalar_err(double x, double ref) {
@@ -169,7 +174,7 @@ namespace {
 // case.json "selector_schedule" (issue 47): AdamW steps on d2 under --selector-warmup-ratio and
 // --selector-ramp-ratio over total_steps (constant lr: min_lr_ratio 1), each step's selector weight and loss
 // against SpecForge's schedule as the generator transcribes it (alphas 0, then the ramp, then alpha). The
-// losses after the first step: kSteppedLossTol.
+// losses after the first step: Tolerances::stepped_loss.
 void run_schedule_golden(const json& cj, const GoldenInputs& in, const FeatureBatch& fb, const Ctx& ctx,
                          SelectorCandidates mode, const Tolerances& tol, DrafterGoldenReport& rep) {
   const json& s = cj.at("selector_schedule");
@@ -191,7 +196,7 @@ void run_schedule_golden(const json& cj, const GoldenInputs& in, const FeatureBa
                           std::fabs(st.selector_alpha - alphas[i])});
     rep.checks.push_back({"schedule.loss" + at, std::isfinite(st.loss) ? scalar_err(st.loss, losses[i])
                                                                        : std::numeric_limits<double>::infinity(),
-                          i == 0 ? tol.loss : std::max(tol.loss, kSteppedLossTol), {}, std::fabs(st.loss - losses[i])});
+                          i == 0 ? tol.loss : tol.stepped_loss, {}, std::fabs(st.loss - losses[i])});
     tr.optimizer_step();
   }
 }

@@ -91,13 +91,16 @@ struct LayoutPrediction {
 // roles' fixed memory fills the GPU as far as the H100 run that measured less than back to back did, at that
 // run's measured fraction of back to back (docs/cost_model.md "The colocated layout").
 enum class ColocatedRegime : uint8_t { Overlapped, MemoryFull };
-// Where both roles fill the GPU (bench/results/h100-issue44-plan, one H100, 512 anchors per record): a colocated
-// rank's fixed part was 67.5 GiB of the card's 79.6 (the dry run of that run's options) and it ran at 0.372
-// b/s against the back-to-back bound of its roles' own times, 0.595: the two roles slowed each other beyond
-// taking turns. At 47.6 GiB (512 anchors per batch) the same job overlapped (GpuCalibration::colocated_overlap).
-// So from that fill on, the plan prices a colocated rank that fits at that measured fraction of back to back.
-constexpr double kColocatedMemoryFullFill = 67.5 / 79.6;
-constexpr double kColocatedMemoryFullRate = 0.372 / 0.595;
+// Where both roles fill the GPU (bench/results/h100-issue44-45-46-20261206b, one H100, 512 anchors per record,
+// after the GEMM autotune fix): a colocated rank's fixed part was 67.5 GiB of the card's 79.6 (85 %, the dry run
+// of that run's options) and it ran at 0.547 b/s against the back-to-back bound of the model's role times,
+// 0.966 b/s: the two roles slowed each other beyond taking turns (0.372 of 0.595 before the fix). At 47.6 GiB
+// (60 %, 512 anchors per batch) the same job overlapped (GpuCalibration::colocated_overlap). The regime starts
+// between the two fills; the plan takes 80 % (a threshold set at the measured 85 % put that very run, its fill
+// rounded just below, on the overlapped side) and prices a colocated rank that fits from there at the measured
+// fraction of back to back.
+constexpr double kColocatedMemoryFullFill = 0.80;
+constexpr double kColocatedMemoryFullRate = 0.547 / 0.966;
 
 // A colocated GPU's seconds per batch: the target's forward t, the drafter's step d, its share of the
 // gradient allreduce a, the share `overlap` of the shorter of t and d hidden under the other (at most 1; below

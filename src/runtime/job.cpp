@@ -133,7 +133,7 @@ void choose_data_plane(JobContext& job) {
   // The wire's form and one full batch's bytes (--hs-dtype fp8: e4m3 codes + a float32 scale per token row).
   const std::string wire = sh.wire == HsDType::Fp8 ? std::string("FP8 (e4m3, a float32 scale per token row)")
                                                    : std::string(dtype_name(sh.dtype));
-  std::printf("[dflash] hidden states: %s plane (%s), %s on the wire, %.1f MiB per full batch; gradients: %s\n",
+  std::printf("[dflash] hidden states: %s plane (%s), %s on the wire, %.3f MiB per full batch; gradients: %s\n",
               data_plane_name(job.data_plane), planes.why.c_str(), wire.c_str(),
               static_cast<double>(sh.slot_bytes()) / 1048576.0, grads.c_str());
   std::fflush(stdout);

@@ -28,7 +28,7 @@ rec=$(sed -n 's/.*recommended (\*) \([0-9a-z-]*\).*/\1/p' "$WORK/q8h200.log")
 note "8B recipe on 8x H200: recommended $rec"
 [ "$rec" = "colocated" ] || fail "q8h200: both roles fit an H200 with room: the plan should recommend colocated, it says '$rec'"
 plan_row q8h200 colocated | grep -qE "^\[dflash\] +\* colocated .* drafter +yes " || fail "q8h200: the colocated row: $(plan_row q8h200 colocated)"
-expect_log q8h200 "[dflash] plan: colocated overlaps 0.20 of the shorter role (the h200 calibration's colocated_overlap, docs/cost_model.md)"
+expect_log q8h200 "[dflash] plan: colocated overlaps 0.23 of the shorter role (the h200 calibration's colocated_overlap, docs/cost_model.md)"
 
 plan_row q8h200 7-1 | grep -q "^\[dflash\] *>7-1 " || fail "q8h200: the chosen 7-1 is not marked: $(plan_row q8h200 7-1)"
 grep -q "chosen (>) 7-1 is [0-9]* % slower" "$WORK/q8h200.log" || fail "q8h200: no distance of 7-1 from the recommendation"
@@ -39,7 +39,7 @@ grep -q "scaled, not measured" "$WORK/q8pro.log" || fail "q8pro: the RTX PRO 600
 rec=$(sed -n 's/.*recommended (\*) \([0-9a-z-]*\).*/\1/p' "$WORK/q8pro.log")
 note "8B recipe on 8x RTX PRO 6000: recommended $rec"
 [ "$rec" = "2-6" ] || fail "q8pro: recommended '$rec', expected 2-6"
-expect_log q8pro "[dflash] plan: colocated holds 89 % of the GPU's memory fixed: priced at 0.63x its roles back to back"
+expect_log q8pro "[dflash] plan: colocated holds 89 % of the GPU's memory fixed: priced at 0.57x its roles back to back"
 
 # The per-batch density (512 anchors per 16K batch): the target binds; both roles fit one H200 with room.
 dry q8batch "${Q8[@]}" --gpu h200 --anchors-per-record 0 --max-anchors 512

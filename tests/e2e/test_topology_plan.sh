@@ -22,7 +22,7 @@ expect_rc 0 plan_co_dry
 grep -q "recommended (\*) colocated" "$WORK/plan_co_dry.log" || fail "plan_co_dry: colocated is not the table's recommendation"
 grep -q "topology colocated on 1 node(s) x 3 rank(s), backend cpu: 3 target(s), 3 drafter(s) (every rank both)" \
   "$WORK/plan_co_dry.log" || fail "plan_co_dry: the dry run does not plan every rank colocated"
-grep -q "plan: colocated overlaps 0.20 of the shorter role (the h200 calibration's colocated_overlap" "$WORK/plan_co_dry.log" \
+grep -q "plan: colocated overlaps 0.23 of the shorter role (the h200 calibration's colocated_overlap" "$WORK/plan_co_dry.log" \
   || fail "plan_co_dry: no line on how colocated is priced"
 if grep -q "not a layout the job runs yet" "$WORK/plan_co_dry.log"; then fail "plan_co_dry: the stale note is back"; fi
 
@@ -40,7 +40,7 @@ with h5py.File(sys.argv[1], "r") as f:
     topo = topo.decode() if isinstance(topo, bytes) else str(topo)
 assert lp["choice"] == "plan" and lp["plan"]["recommended"] == "colocated", lp["plan"]["recommended"]
 assert lp["running"]["layout"] == "colocated" and lp["running"]["batches_per_s"] > 0, lp["running"]
-assert lp["plan"]["colocated_overlap"] == 0.2 and lp["plan"]["colocated_regime"] == "overlapped", lp["plan"]
+assert lp["plan"]["colocated_overlap"] == 0.23 and lp["plan"]["colocated_regime"] == "overlapped", lp["plan"]
 assert topo.startswith("colocated"), topo
 print("ok   ran colocated:", lp["running"])
 PY

@@ -71,11 +71,11 @@ TEST(CostModelCalibration, JsonRoundTripAndRefusals) {
   EXPECT_EXIT(calibrations_from_json(missing, "f.json"), testing::ExitedWithCode(3), "memory_tbps");
 }
 
-// The colocated overlap (docs/cost_model.md "The colocated layout"): the measured kinds carry the H100's 0.20;
+// The colocated overlap (docs/cost_model.md "The colocated layout"): the measured kinds carry the H100's 0.23;
 // a file written before it (no key) reads as 0, the roles taking turns; above 1 or below 0 is refused.
 TEST(CostModelCalibration, ColocatedOverlapInTheTableAndFiles) {
-  EXPECT_DOUBLE_EQ(calibration_for("h100").colocated_overlap, 0.20);
-  EXPECT_DOUBLE_EQ(calibration_for("h200").colocated_overlap, 0.20);
+  EXPECT_DOUBLE_EQ(calibration_for("h100").colocated_overlap, 0.23);
+  EXPECT_DOUBLE_EQ(calibration_for("h200").colocated_overlap, 0.23);
   EXPECT_EQ(calibration_for("rtx-pro-6000").source, CalibrationSource::Scaled);
   nlohmann::json j = calibrations_to_json({calibration_for("h100")});
   j["gpus"][0].erase("colocated_overlap");

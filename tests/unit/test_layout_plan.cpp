@@ -98,9 +98,9 @@ TEST(CostModelPlan, ColocatedWinsWhereBothRolesFitOneGpu) {
   EXPECT_EQ(p.colocated_regime, ColocatedRegime::Overlapped);
   EXPECT_NEAR(p.colocated_fill, 51.5 / 79.65, 0.01);
   EXPECT_GT(rec.batches_per_s, row(p, "5-3").batches_per_s * 1.05);
-  EXPECT_DOUBLE_EQ(p.colocated_overlap, 0.20);  // the H100's measured constant (gpu_calibration.cpp)
+  EXPECT_DOUBLE_EQ(p.colocated_overlap, 0.23);  // the H100's measured constant (gpu_calibration.cpp)
   EXPECT_NEAR(rec.batches_per_s,
-              8.0 / colocated_seconds_per_batch(p.target_forward_s, p.drafter_step_s, rec.allreduce_s, 0.20), 1e-9);
+              8.0 / colocated_seconds_per_batch(p.target_forward_s, p.drafter_step_s, rec.allreduce_s, 0.23), 1e-9);
   EXPECT_GT(rec.allreduce_s, 0);  // the gradient over all 8 drafters
   EXPECT_EQ(rec.binds, BindingRole::Target);  // the forward is the longer role at this density
   // The chosen 7-1 against it, and its JSON.
@@ -113,7 +113,7 @@ TEST(CostModelPlan, ColocatedWinsWhereBothRolesFitOneGpu) {
   const Plan q = plan_layouts(one);
   ASSERT_EQ(q.layouts.size(), 1u);
   EXPECT_EQ(recommended(q).layout.name(), "colocated");
-  EXPECT_NEAR(recommended(q).batches_per_s, 1.0 / colocated_seconds_per_batch(q.target_forward_s, q.drafter_step_s, 0, 0.20), 1e-9);
+  EXPECT_NEAR(recommended(q).batches_per_s, 1.0 / colocated_seconds_per_batch(q.target_forward_s, q.drafter_step_s, 0, 0.23), 1e-9);
 }
 
 // At the recipe's density the drafter's 68.2 GiB and the target's 16.5 do not fit one H100 together: colocated is
@@ -131,8 +131,8 @@ TEST(CostModelPlan, ColocatedThatDoesNotFitIsNotRecommended) {
   EXPECT_EQ(plan_layouts(r).recommended, -1);
 }
 
-// Both roles filling the GPU (at or beyond the H100 run's 67.5 of 79.6 GiB, where it measured 0.372 b/s against
-// 0.595 back to back): colocated is priced at that measured fraction of back to back, and a split wins again.
+// Both roles filling the GPU (from 80 %; the H100 run at 67.5 of 79.6 GiB measured 0.547 b/s against 0.966 back
+// to back): colocated is priced at that measured fraction of back to back, and a split wins again.
 TEST(CostModelPlan, ColocatedFillingTheGpuIsPricedBelowBackToBack) {
   PlanRequest r = issue44_8b(512);
   r.memory.colocated_bytes = 0.9 * r.cluster.gpu.memory_bytes;
@@ -141,12 +141,15 @@ TEST(CostModelPlan, ColocatedFillingTheGpuIsPricedBelowBackToBack) {
   EXPECT_EQ(c.fit, MemoryFit::Fits);
   EXPECT_EQ(p.colocated_regime, ColocatedRegime::MemoryFull);
   EXPECT_NEAR(c.batches_per_s, 8.0 * kColocatedMemoryFullRate / (p.target_forward_s + c.drafter_step_s), 1e-9);
-  EXPECT_NEAR(kColocatedMemoryFullRate, 0.625, 0.001);
+  EXPECT_NEAR(kColocatedMemoryFullRate, 0.566, 0.001);
   EXPECT_EQ(recommended(p).layout.name(), "5-3") << render_plan_table(p);
-  EXPECT_NE(render_plan_table(p).find("colocated holds 90 % of the GPU's memory fixed: priced at 0.63x"),
+  EXPECT_NE(render_plan_table(p).find("colocated holds 90 % of the GPU's memory fixed: priced at 0.57x"),
             std::string::npos) << render_plan_table(p);
-  // Just below that fill, the measured overlap again.
-  r.memory.colocated_bytes = 0.8 * r.cluster.gpu.memory_bytes;
+  // The H100 run's own fill (67.5 of 79.6 GiB, its dry run's figures rounded) is in the regime.
+  r.memory.colocated_bytes = 67.47 / 79.6 * r.cluster.gpu.memory_bytes;
+  EXPECT_EQ(plan_layouts(r).colocated_regime, ColocatedRegime::MemoryFull);
+  // Just below the threshold, the measured overlap again.
+  r.memory.colocated_bytes = 0.79 * r.cluster.gpu.memory_bytes;
   EXPECT_EQ(plan_layouts(r).colocated_regime, ColocatedRegime::Overlapped);
 }
 
