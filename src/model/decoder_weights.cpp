@@ -55,12 +55,12 @@ LinearMode fp8_mode(Fp8LinearChoice choice, Device device, bool gemm_fits, bool 
 // A linear that keeps its e4m3 codes (holds_fp8_codes): its codes into rows [row0, row0 + rows) of L's codes
 // (allocated by the first part), its row scales into that column range of the kb-major host staging,
 // uploaded with the last part.
-struct Fp8GemmStaging {
+struct Fp8CodesStaging {
   std::vector<float> scales;  // [KB, out] kb-major
   int parts_left = 0;
 };
 
-void place_fp8_gemm_rows(const Ctx& ctx, LinearWeight& L, Fp8GemmStaging& st, const uint8_t* codes,
+void place_fp8_code_rows(const Ctx& ctx, LinearWeight& L, Fp8CodesStaging& st, const uint8_t* codes,
                          const float* row_scales, int64_t row0, int64_t rows, int64_t out, int64_t cols) {
   const int64_t KB = fp8::blocks(cols, fp8::kBlock);
   if (L.fp8_codes.t().empty()) {
@@ -191,7 +191,7 @@ LinearModeCounts load_decoder_weights(Checkpoint& ckpt, const Qwen3Config& c, co
   // How each FP8 linear runs (docs/fp8.md): decided once, for the device, and for a fused projection by
   // all its parts (their rows together). The linears that keep their codes (Fp8Gemm, Fp8Dequant) are
   // staged alike.
-  std::map<const LinearWeight*, Fp8GemmStaging> gemm;
+  std::map<const LinearWeight*, Fp8CodesStaging> staged;
   if (quant.precision == TargetPrecision::Fp8) {
     const Fp8LinearChoice choice = fp8_linear_choice();
     const bool has_gemm = ops::fp8_block_gemm_available(ctx);
@@ -215,7 +215,7 @@ LinearModeCounts load_decoder_weights(Checkpoint& ckpt, const Qwen3Config& c, co
       if (!s.linear || !s.runs_fp8) continue;
       const Fits& f = fits[s.linear];
       s.mode = fp8_mode(choice, ctx.device, f.gemm, f.codes);
-      if (holds_fp8_codes(s.mode)) ++gemm[s.linear].parts_left;
+      if (holds_fp8_codes(s.mode)) ++staged[s.linear].parts_left;
     }
   }
   {
@@ -254,14 +254,14 @@ LinearModeCounts load_decoder_weights(Checkpoint& ckpt, const Qwen3Config& c, co
         const int64_t half = rows / 2;
         for (int part = 0; part < 2; ++part) {
           LinearWeight& L = part == 0 ? *s.linear : *s.linear2;
-          Fp8GemmStaging& st = gemm[&L];
+          Fp8CodesStaging& st = staged[&L];
           if (st.parts_left == 0) st.parts_left = 1;  // the gate half: not a spec of its own
-          place_fp8_gemm_rows(ctx, L, st, split_codes.data() + part * half * cols,
+          place_fp8_code_rows(ctx, L, st, split_codes.data() + part * half * cols,
                               split_scales.data() + part * half * KB, 0, half, half, cols);
         }
       } else {
         DF_ASSERT(s.how == LoadAs::Plain);
-        place_fp8_gemm_rows(ctx, *s.linear, gemm[s.linear], codes.data(), row_scales.data(), s.row0, rows,
+        place_fp8_code_rows(ctx, *s.linear, staged[s.linear], codes.data(), row_scales.data(), s.row0, rows,
                             s.fused_rows > 0 ? s.fused_rows : rows, cols);
       }
     } else if (s.fused_rows == 0) {
