@@ -1,7 +1,8 @@
 // The forward benches' FP8 linears (--fp8): random e4m3 weights with per-(row, 128 input channels) scales on
-// the device, and the one activation scratch every linear of a forward reuses, so a bench's linear runs as
-// src/model/decoder_stack.cpp runs an LinearMode::Fp8Gemm one: ops::fp8_linear_forward (the activation
-// quantization kernel + cuBLASLt's block-scaled FP8 GEMM, sm_90 only; docs/fp8.md).
+// the device, and the one scratch every linear of a forward reuses, so a bench's linear runs as
+// src/model/decoder_stack.cpp runs an FP8 one: LinearMode::Fp8Gemm, ops::fp8_linear_forward (the activation
+// quantization kernel + cuBLASLt's block-scaled FP8 GEMM, sm_90 only), or LinearMode::Fp8Dequant, the weight
+// dequantized into one bf16 scratch + the activation qdq + the bf16 GEMM (every other GPU; docs/fp8.md).
 #pragma once
 #include <cmath>
 #include <cstdint>
@@ -12,8 +13,30 @@
 #include "dflash/error.h"
 #include "dflash/fp8.h"
 #include "dflash/ops.h"
+#include "model/decoder_weights.h"  // fp8_linear_choice
 
 namespace dflash::bench {
+
+// Which of the two an FP8 target would run on this GPU: the GEMM where the GPU has it, else dequantize;
+// DFLASH_FP8_LINEAR as the target reads it (fp8_linear_choice: dequant forces Dequant, gemm refuses a GPU
+// without the GEMM, emulate has no --fp8 of its own: the bf16 run is its speed). ctx null (--dry-run): from
+// the variable alone.
+enum class Fp8Path : uint8_t { Gemm, Dequant };
+inline Fp8Path fp8_path(const Ctx* ctx) {
+  const Fp8LinearChoice c = fp8_linear_choice();
+  DF_CHECK_HINT(c != Fp8LinearChoice::Emulate, BadOptions, "--fp8 with DFLASH_FP8_LINEAR=emulate",
+                "the emulation runs at the bf16 run's speed: drop --fp8, or set DFLASH_FP8_LINEAR=gemm|dequant");
+  if (c == Fp8LinearChoice::Dequant) return Fp8Path::Dequant;
+  const bool gemm = ctx == nullptr || ops::fp8_block_gemm_available(*ctx);
+  DF_CHECK_HINT(gemm || c != Fp8LinearChoice::Gemm, DeviceFailure,
+                "--fp8 with DFLASH_FP8_LINEAR=gemm: this GPU has no block-scaled FP8 GEMM (cuBLASLt's VEC128_32F "
+                "scales: sm_90 only)",
+                "unset DFLASH_FP8_LINEAR: this GPU runs FP8 linears as dequantize + bf16 GEMM (docs/fp8.md)");
+  return gemm ? Fp8Path::Gemm : Fp8Path::Dequant;
+}
+inline const char* fp8_path_name(Fp8Path p) {
+  return p == Fp8Path::Gemm ? "block-scaled FP8 GEMMs" : "dequantized per GEMM into one bf16 scratch";
+}
 
 // A linear W [out, in] as e4m3 codes and kb-major scales [in / 128, out].
 struct Fp8Linear {
@@ -47,13 +70,26 @@ class Fp8Weights {
   std::vector<uint8_t> pattern_;
 };
 
-// The activation codes and scales of the widest linear input, for max_tokens tokens (a multiple of 16).
+// Gemm: the activation codes and scales of the widest linear input, for max_tokens tokens (a multiple of 16).
+// Dequant: the widest input's quantized -> dequantized values, and the largest weight (out x in) in bf16.
 class Fp8Scratch {
  public:
   Fp8Scratch() = default;
-  Fp8Scratch(const Ctx& ctx, int64_t max_tokens, int64_t widest_in)
-      : codes_(ctx.device, DType::F8E4M3, {max_tokens * widest_in}),
-        scales_(ctx.device, DType::F32, {max_tokens * (widest_in / fp8::kBlock)}) {}
+  Fp8Scratch(const Ctx& ctx, Fp8Path path, int64_t max_tokens, int64_t widest_in, int64_t largest_weight)
+      : path_(path) {
+    if (path == Fp8Path::Gemm) {
+      codes_ = Buffer(ctx.device, DType::F8E4M3, {max_tokens * widest_in});
+      scales_ = Buffer(ctx.device, DType::F32, {max_tokens * (widest_in / fp8::kBlock)});
+    } else {
+      qdq_ = Buffer(ctx.device, DType::BF16, {max_tokens * widest_in});
+      weight_ = Buffer(ctx.device, DType::BF16, {largest_weight});
+    }
+  }
+  // The bytes such a scratch takes.
+  static size_t bytes(Fp8Path path, int64_t max_tokens, int64_t widest_in, int64_t largest_weight) {
+    return static_cast<size_t>(path == Fp8Path::Gemm ? max_tokens * widest_in + 4 * max_tokens * (widest_in / fp8::kBlock)
+                                                     : 2 * max_tokens * widest_in + 2 * largest_weight);
+  }
   // out [T, O] = (residual or, with acc, out) + in [T, K] W^T.
   void linear(const Ctx& ctx, const Tensor& out, const Tensor& in, const Fp8Linear& w,
               ops::Accumulate acc = ops::Accumulate::No, const Tensor& residual = Tensor()) const {
@@ -62,6 +98,14 @@ class Fp8Scratch {
   void linear(const Ctx& ctx, const Tensor& out, const Tensor& in, const Tensor& w_codes, const Tensor& w_scales,
               ops::Accumulate acc = ops::Accumulate::No, const Tensor& residual = Tensor()) const {
     const int64_t T = in.size(0), K = in.size(1);
+    if (path_ == Fp8Path::Dequant) {  // DecoderStackTarget::linear_weight_values + linear_input
+      const int64_t O = w_codes.size(0);
+      const Tensor w = weight_.t().slice_rows(0, O * K).reshape({O, K}), x = qdq_.t().slice_rows(0, T * K).reshape({T, K});
+      ops::fp8_weight_dequantize(ctx, w, w_codes, w_scales);
+      ops::fp8_activation_qdq(ctx, x, in, fp8::kBlock);
+      if (!residual.empty()) return ops::matmul_residual_forward(ctx, out, x, w, residual);
+      return ops::matmul_forward(ctx, out, x, w, acc);
+    }
     DF_CHECK_HINT(T % 16 == 0, BadOptions, "--fp8: T = " << T << " tokens; the FP8 GEMM takes multiples of 16",
                   "use --seqlens that sum to a multiple of 16");
     const Tensor c = codes_.t().slice_rows(0, T * K).reshape({T, K});
@@ -70,7 +114,8 @@ class Fp8Scratch {
   }
 
  private:
-  Buffer codes_, scales_;
+  Fp8Path path_ = Fp8Path::Gemm;
+  Buffer codes_, scales_, qdq_, weight_;
 };
 
 }  // namespace dflash::bench

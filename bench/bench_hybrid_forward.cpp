@@ -15,7 +15,8 @@
 //   bench_hybrid_forward --model 27b --seqlens 4096,4096 --capture 1,16,31,46,61
 //   bench_hybrid_forward --model tiny-hybrid --mixed                  (smoke: every op, uneven packing)
 //   bench_hybrid_forward --model 27b --dry-run                        (no GPU: the shape and memory plan only)
-//   bench_hybrid_forward --model 27b --fp8      (the linears as block-scaled FP8 GEMMs: an FP8 target on sm_90)
+//   bench_hybrid_forward --model 27b --fp8      (the linears as block-scaled FP8 GEMMs: an FP8 target on sm_90;
+//                                               elsewhere, or with DFLASH_FP8_LINEAR=dequant, dequantized per GEMM)
 //   options: --iters N (5), --warmup N (2), --no-lm-head (skip the unused lm_head allocation),
 //            --no-final-norm (a CE job's forward: stops after the last capture),
 //            --json (one JSON line per case instead of the rows; bench/README.md, "Output format")
@@ -187,7 +188,8 @@ struct Model {
 
   // dry: count the bytes only (no device needed), for --dry-run.
   Model(const Qwen35Config& c, const Ctx& ctx_, const std::vector<int>& capture, int64_t max_tokens, bool lm_head,
-        bool dry, bench::ForwardOptions::Linears linears = bench::ForwardOptions::Linears::Bf16)
+        bool dry, bench::ForwardOptions::Linears linears = bench::ForwardOptions::Linears::Bf16,
+        bench::Fp8Path fp8_path = bench::Fp8Path::Gemm)
       : cfg(c), ctx(ctx_) {
     const Qwen3Config& tc = cfg.text;
     plan = plan_captures(capture, tc.num_hidden_layers, "(random weights, --model)");
@@ -200,14 +202,16 @@ struct Model {
       return buf;
     };
     // A frozen projection: in bf16 (LinearMode::Plain), as the target runs it without FP8; with --fp8 as
-    // e4m3 codes + scales (LinearMode::Fp8Gemm), as an FP8 target runs it on sm_90 -- except in_proj_a/b,
-    // which --target-precision fp8 leaves in bf16 (docs/fp8.md): `fp8_ok` false.
+    // e4m3 codes + scales (LinearMode::Fp8Gemm, or Fp8Dequant), as an FP8 target runs it -- except
+    // in_proj_a/b, which --target-precision fp8 leaves in bf16 (docs/fp8.md): `fp8_ok` false.
     bench::Fp8Weights w8;
+    int64_t largest_fp8 = 0;  // the dequantize path's weight scratch
     auto linear = [&](std::initializer_list<int64_t> dims, float mean, float std, bool fp8_ok = true) {
       LinearWeight lw;
       const std::vector<int64_t> d(dims);
       if (linears == bench::ForwardOptions::Linears::Fp8 && fp8_ok) {
-        lw.mode = LinearMode::Fp8Gemm;
+        lw.mode = fp8_path == bench::Fp8Path::Gemm ? LinearMode::Fp8Gemm : LinearMode::Fp8Dequant;
+        largest_fp8 = std::max(largest_fp8, d[0] * d[1]);
         lw.act_group = fp8::kBlock;
         weight_bytes += static_cast<size_t>(d[0] * d[1] + 4 * (d[1] / fp8::kBlock) * d[0]);
         if (!dry) {
@@ -290,10 +294,10 @@ struct Model {
       for (Tensor* p : {&q, &gate, &attn}) reserve(p, act, nh * hd);
       for (Tensor* p : {&k, &v}) reserve(p, act, nkv * hd);
     }
-    if (linears == bench::ForwardOptions::Linears::Fp8) {  // the FP8 GEMMs' activation codes and scales
+    if (linears == bench::ForwardOptions::Linears::Fp8) {  // the FP8 linears' one scratch
       const int64_t widest = std::max({H, I, nh * hd, gh.value_dim()});
-      act_bytes += static_cast<size_t>(N * widest + 4 * N * (widest / fp8::kBlock));
-      if (!dry) fp8 = bench::Fp8Scratch(ctx, N, widest);
+      act_bytes += bench::Fp8Scratch::bytes(fp8_path, N, widest, largest_fp8);
+      if (!dry) fp8 = bench::Fp8Scratch(ctx, fp8_path, N, widest, largest_fp8);
     }
     scratch.new_phase();
     reserve(&mlp_gate_up, act, 2 * I);
@@ -315,7 +319,7 @@ struct Model {
   // DecoderStackTarget::linear / linear_residual (src/model/decoder_stack.cpp): bf16, or the FP8 GEMM.
   void lin(const Tensor& out, const Tensor& in, const LinearWeight& W, ops::Accumulate acc = ops::Accumulate::No,
            const Tensor& residual = Tensor()) {
-    if (W.mode == LinearMode::Fp8Gemm) return fp8.linear(ctx, out, in, W.fp8_codes, W.fp8_scales, acc, residual);
+    if (holds_fp8_codes(W.mode)) return fp8.linear(ctx, out, in, W.fp8_codes, W.fp8_scales, acc, residual);
     if (!residual.empty()) return ops::matmul_residual_forward(ctx, out, in, W, residual);
     ops::matmul_forward(ctx, out, in, W, acc);
   }
@@ -461,12 +465,14 @@ int main(int argc, char** argv) {
 
   const int64_t H = tc.hidden_size, K = static_cast<int64_t>(capture.size());
   const bool fp8_linears = opt.linears == bench::ForwardOptions::Linears::Fp8;
+  bench::Fp8Path fp8_path = fp8_linears ? bench::fp8_path(nullptr) : bench::Fp8Path::Gemm;  // the GPU's, below
   // The shape, memory plan and method as `# ` lines (also all that --dry-run prints).
   auto header = [&](const std::string& device_line, const Model& m) {
     w.begin(device_line, bench::timing_line(warmup, iters) + "; breakdown from one more forward with events around every op");
     w.meta("what", std::string("Qwen3.5/3.6 hybrid target forward (src/model/qwen35_target.cpp op sequence), CUDA, ") +
-                       (fp8_linears ? "random e4m3 linears (block-scaled FP8 GEMMs; in_proj_a/b bf16) + bf16 other"
-                                    : "random bf16 weights"));
+                       (fp8_linears ? std::string("random e4m3 linears (") + bench::fp8_path_name(fp8_path) +
+                                          "; in_proj_a/b bf16) + bf16 other"
+                                    : std::string("random bf16 weights")));
     w.meta("model", bench::format("%s: vocab %d, hidden %d, intermediate %d, %d layers = %d GDN + %d full attention "
                                   "(layers %s)",
                                   model.c_str(), tc.vocab_size, tc.hidden_size, tc.intermediate_size, L, n_gdn, n_full,
@@ -493,7 +499,7 @@ int main(int argc, char** argv) {
       w.meta("reference", "HF reference and goal recorded for --model 27b only (this shape is a smoke run)");
   };
   if (dry) {
-    const Model plan(cfg, Ctx{}, capture, T, lm_head, /*dry=*/true, opt.linears);
+    const Model plan(cfg, Ctx{}, capture, T, lm_head, /*dry=*/true, opt.linears, fp8_path);
     header("none (--dry-run: shape and memory plan only)", plan);
     w.meta("planned", bench::format("%.2f GiB allocations (weights + activations + send buffer + final norm; no CUDA "
                                     "context, no cuBLASLt workspace)",
@@ -513,10 +519,8 @@ int main(int argc, char** argv) {
     min_free = std::min(min_free, f);
   };
 
-  DF_CHECK_HINT(!fp8_linears || ops::fp8_block_gemm_available(ctx), DeviceFailure,
-                "--fp8: this GPU has no block-scaled FP8 GEMM (cuBLASLt's VEC128_32F scales: sm_90 only)",
-                "run --fp8 on an H100 or H200 (docs/fp8.md)");
-  Model m(cfg, ctx, capture, T, lm_head, /*dry=*/false, opt.linears);
+  if (fp8_linears) fp8_path = bench::fp8_path(&ctx);
+  Model m(cfg, ctx, capture, T, lm_head, /*dry=*/false, opt.linears, fp8_path);
   Buffer features(Device::CUDA, DType::BF16, {std::max<int64_t>(K, 1), T, H});
   Buffer final_out(Device::CUDA, DType::BF16, {T, H});
   const CaptureOut out{K > 0 ? features.t() : Tensor(), opt.no_final_norm ? Tensor() : final_out.t()};
@@ -620,7 +624,7 @@ int main(int argc, char** argv) {
                                 profiled_ms, bracketed));
   w.columns(hybrid_columns());
   const bench::Cell mc = model, tt = static_cast<long long>(T), ns = seqlens.size(), _ = bench::none;
-  const bench::Cell impl = fp8_linears ? "ours-fp8" : "ours";
+  const bench::Cell impl = !fp8_linears ? "ours" : fp8_path == bench::Fp8Path::Gemm ? "ours-fp8" : "ours-fp8-dequant";
   w.row({"forward", impl, mc, tt, ns, t_med * 1e3, *std::min_element(ms.begin(), ms.end()),
          *std::max_element(ms.begin(), ms.end()), _, _, tok_s, (flop_gemm + flop_attn + flop_delta) / t_med / 1e12,
          peak_gib, growth_gib});

@@ -10,7 +10,8 @@
 //   bench_target_forward --model 32b --mixed
 //   bench_target_forward --model 8b --no-final-norm     (a CE job's forward: stops after the last capture)
 //   bench_target_forward --gemm-peak
-//   bench_target_forward --model 8b --fp8      (the linears as block-scaled FP8 GEMMs: an FP8 target on sm_90)
+//   bench_target_forward --model 8b --fp8      (the linears as block-scaled FP8 GEMMs: an FP8 target on sm_90;
+//                                               elsewhere, or with DFLASH_FP8_LINEAR=dequant, dequantized per GEMM)
 //   options: --iters N (5), --warmup N (2), --json (one JSON line per case; bench/README.md, "Output format")
 #include <cuda_runtime.h>
 
@@ -104,9 +105,10 @@ struct Model {
   Buffer tokens, pos, cu;
   int64_t T = 0;
   bench::ForwardOptions::Linears linears;
-  bench::Fp8Scratch fp8;  // --fp8: the activations' codes and scales
+  bench::Fp8Scratch fp8;  // --fp8: the activations' codes and scales, or the dequantize path's scratch
 
-  Model(const Shape& shape, const Ctx& c, int64_t max_tokens, bench::ForwardOptions::Linears lin)
+  Model(const Shape& shape, const Ctx& c, int64_t max_tokens, bench::ForwardOptions::Linears lin,
+        bench::Fp8Path fp8_path = bench::Fp8Path::Gemm)
       : s(shape), ctx(c), linears(lin) {
     uint64_t seed = 1;
     auto weight = [&](std::initializer_list<int64_t> dims, float mean, float std) {
@@ -138,7 +140,9 @@ struct Model {
       }
       layers.push_back(std::move(L));
     }
-    if (fp8_linears) fp8 = bench::Fp8Scratch(ctx, max_tokens, std::max({H, I, QD}));
+    if (fp8_linears)
+      fp8 = bench::Fp8Scratch(ctx, fp8_path, max_tokens, std::max({H, I, QD}),
+                              std::max({(QD + 2 * KD) * H, H * QD, 2 * I * H, H * I}));
     const int64_t N = max_tokens;
     resid = Buffer(Device::CUDA, DType::BF16, {N, H});
     h = Buffer(Device::CUDA, DType::BF16, {N, H});
@@ -305,10 +309,8 @@ int main(int argc, char** argv) {
   size_t free0 = 0, total = 0;
   BENCH_CUDA(cudaMemGetInfo(&free0, &total));
   const bool fp8_linears = opt.linears == bench::ForwardOptions::Linears::Fp8;
-  DF_CHECK_HINT(!fp8_linears || ops::fp8_block_gemm_available(ctx), DeviceFailure,
-                "--fp8: this GPU has no block-scaled FP8 GEMM (cuBLASLt's VEC128_32F scales: sm_90 only)",
-                "run --fp8 on an H100 or H200 (docs/fp8.md)");
-  Model m(s, ctx, T, opt.linears);
+  const bench::Fp8Path fp8_path = fp8_linears ? bench::fp8_path(&ctx) : bench::Fp8Path::Gemm;
+  Model m(s, ctx, T, opt.linears, fp8_path);
   const int64_t H = s.hidden, K = static_cast<int64_t>(capture.size());
   Buffer features(Device::CUDA, DType::BF16, {K, T, H}), final_buf(Device::CUDA, DType::BF16, {T, H});
   const Tensor final_out = opt.no_final_norm ? Tensor() : final_buf.t();
@@ -348,7 +350,9 @@ int main(int argc, char** argv) {
   for (size_t i = 0; i < capture.size(); ++i) cap += (i ? "," : "") + std::to_string(capture[i]);
   w.begin(bench::device_line(0), bench::timing_line(opt.warmup, opt.iters));
   w.meta("model", bench::format("%s (Qwen3 dense, random %s weights), %lld layers", s.name,
-                                fp8_linears ? "e4m3 linear (block-scaled FP8 GEMMs) + bf16 other" : "bf16",
+                                fp8_linears ? (std::string("e4m3 linear (") + bench::fp8_path_name(fp8_path) +
+                                               ") + bf16 other").c_str()
+                                            : "bf16",
                                 (long long)s.layers));
   w.meta("batch", bench::format("%zu sequences, T = %lld tokens (seqlens %s)", seqlens.size(), (long long)T,
                                 opt.seqlens.c_str()));
@@ -367,7 +371,7 @@ int main(int argc, char** argv) {
                                 "qkv_norm_rope, swiglu_fused; TFLOP/s from the model math, GB/s bf16 read + write",
                                 total_parts));
   w.columns(forward_columns());
-  const bench::Cell impl = fp8_linears ? "ours-fp8" : "ours";
+  const bench::Cell impl = !fp8_linears ? "ours" : fp8_path == bench::Fp8Path::Gemm ? "ours-fp8" : "ours-fp8-dequant";
   const bench::Cell model = s.name, tt = static_cast<long long>(T), ns = seqlens.size(), _ = bench::none;
   auto pct = [&](double ms) { return 100 * ms / total_parts; };
   w.row({"forward", impl, model, tt, ns, t_med * 1e3, *std::min_element(ms.begin(), ms.end()), _, T / t_med,

@@ -46,6 +46,12 @@ void fp8_activation_qdq(const Ctx& ctx, const Tensor& out, const Tensor& in, int
 void fp8_linear_forward(const Ctx& ctx, const Tensor& out, const Tensor& in, const Tensor& w_codes,
                         const Tensor& w_scales, const Tensor& act_codes, const Tensor& act_scales,
                         Accumulate acc = Accumulate::No, const Tensor& residual = Tensor());
+// An FP8 linear's weight, dequantized for an ordinary GEMM (LinearMode::Fp8Dequant, docs/fp8.md): out [O, K]
+// = e4m3_to_f32(codes [O, K] (F8E4M3)) * scales [KB, O] (F32, kb-major, KB = ceil(K/128): the layout of
+// fp8_linear_forward's w_scales), one fp32 multiply rounded once to out's dtype: the values the loader's
+// host dequantization (fp8::dequantize_weight_blocks / _channels) gives, bit for bit. CPU: out F32. CUDA:
+// out BF16 or F32.
+void fp8_weight_dequantize(const Ctx& ctx, const Tensor& out, const Tensor& codes, const Tensor& scales);
 // Whether ctx's device runs fp8_linear_forward: a CUDA device of compute capability 9.0 whose cuBLASLt
 // offers the VEC128_32F block-scaled FP8 GEMM (asked once per device, then remembered). False on the CPU
 // backend (it runs the op as the host twin, a reference, not a fast path) and on every other GPU.

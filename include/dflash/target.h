@@ -71,6 +71,9 @@ class TargetModel {
   // How many linear projections have run as block-scaled FP8 GEMMs (ops::fp8_linear_forward) since the
   // model was made: 0 unless an FP8 target runs on a GPU that has them (docs/fp8.md). Tests read it.
   virtual int64_t fp8_gemm_calls() const { return 0; }
+  // How many linear projections have run as dequantize (ops::fp8_weight_dequantize) + GEMM, their weights
+  // kept as e4m3 codes (LinearMode::Fp8Dequant, docs/fp8.md). Tests read it.
+  virtual int64_t fp8_dequant_calls() const { return 0; }
 };
 
 // Builds the target of cfg's family from the checkpoint at dir (cfg = load_target_config(dir)): every

@@ -45,6 +45,15 @@ struct TargetQuantization {
 
   // Whether the config says `module` (e.g. "model.layers.3.mlp.down_proj") is stored FP8. None: false.
   bool stores_fp8(const std::string& module) const;
+  // Input channels per activation scale when the linears run FP8: 128 under --target-precision fp8 on a
+  // bf16 checkpoint (None: quantized on load into the fine-grained format), else act_group.
+  int64_t activation_group() const { return format == CheckpointFp8::None ? 128 : act_group; }
+  // Whether an FP8 weight's scales are (or, quantized on load, become) one per output row per 128 input
+  // channels: channel scales, blocks 128 columns wide, or --target-precision fp8's 128x128 blocks. Such
+  // weights can stay e4m3 on the device with kb-major scales (docs/fp8.md "How a target's FP8 linears run").
+  bool scales_per_128_channels() const {
+    return format == CheckpointFp8::None || scales == WeightScales::Channels || block_cols == 128;
+  }
 };
 
 // Parses root["quantization_config"] (or text_config's) of a target config.json: absent -> None. A

@@ -26,6 +26,7 @@
 #include "embedding.cuh"
 #include "fp8_linear.cuh"
 #include "fp8_rows.cuh"
+#include "fp8_weight.cuh"
 #include "gated_delta_rule.cuh"
 #include "gated_rmsnorm.cuh"
 #include "gdn_gates.cuh"
@@ -65,6 +66,7 @@ struct Library {
   decltype(&ops::fp8_activation_qdq) fp8_activation_qdq;
   decltype(&ops::fp8_linear_forward) fp8_linear_forward;
   decltype(&ops::fp8_block_gemm_available) fp8_block_gemm_available;
+  decltype(&ops::fp8_weight_dequantize) fp8_weight_dequantize;
   decltype(&ops::fp8_rows_quantize) fp8_rows_quantize;
   decltype(&ops::fp8_rows_dequantize) fp8_rows_dequantize;
   decltype(&cuda::attention_varlen_causal_forward) attention_varlen_causal_forward;  // + kernel choice

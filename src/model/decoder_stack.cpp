@@ -24,7 +24,8 @@ void DecoderStackTarget::allocate_activations(int64_t widest_mixer_input, int64_
   const int64_t K = std::max({H, I, widest_mixer_input}), O = std::max({2 * I, H, widest_mixer_output});
   DF_ASSERT(weights_ != nullptr);
   const LinearModeCounts& modes = weights_->linear_modes;
-  if (modes.fp8_emulated > 0) fp8_in_ = Buffer(d, act_, {T * K});
+  if (modes.fp8_emulated > 0 || modes.fp8_dequant > 0) fp8_in_ = Buffer(d, act_, {T * K});
+  if (modes.fp8_dequant > 0) fp8_weight_ = Buffer(d, act_, {modes.fp8_dequant_largest});
   if (modes.fp8_gemm > 0) {
     const int64_t KB = fp8::blocks(K, fp8::kBlock);
     fp8_act_codes_ = Buffer(d, DType::F8E4M3, {T * K});
@@ -70,15 +71,25 @@ Tensor DecoderStackTarget::linear_input(const Tensor& in, const LinearWeight& W)
   return q;
 }
 
+Tensor DecoderStackTarget::linear_weight_values(const LinearWeight& W) {
+  if (W.mode != LinearMode::Fp8Dequant) return W.t();
+  const int64_t O = W.fp8_codes.t().size(0), K = W.fp8_codes.t().size(1);
+  DF_ASSERT(static_cast<size_t>(O * K) <= fp8_weight_.numel());
+  const Tensor w = fp8_weight_.t().slice_rows(0, O * K).reshape({O, K});
+  ops::fp8_weight_dequantize(ctx_, w, W.fp8_codes, W.fp8_scales);
+  ++fp8_dequant_calls_;
+  return w;
+}
+
 void DecoderStackTarget::linear(const Tensor& out, const Tensor& in, const LinearWeight& W, ops::Accumulate acc) {
   if (W.mode == LinearMode::Fp8Gemm) return fp8_gemm(out, in, W, acc, Tensor());
-  ops::matmul_forward(ctx_, out, linear_input(in, W), W, acc);
+  ops::matmul_forward(ctx_, out, linear_input(in, W), linear_weight_values(W), acc);
 }
 
 void DecoderStackTarget::linear_residual(const Tensor& out, const Tensor& in, const LinearWeight& W,
                                          const Tensor& residual) {
   if (W.mode == LinearMode::Fp8Gemm) return fp8_gemm(out, in, W, ops::Accumulate::No, residual);
-  ops::matmul_residual_forward(ctx_, out, linear_input(in, W), W, residual);
+  ops::matmul_residual_forward(ctx_, out, linear_input(in, W), linear_weight_values(W), residual);
 }
 
 void DecoderStackTarget::fp8_gemm(const Tensor& out, const Tensor& in, const LinearWeight& W, ops::Accumulate acc,

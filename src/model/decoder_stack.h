@@ -61,6 +61,7 @@ class DecoderStackTarget : public TargetModel {
   Tensor embed_tokens() const override { return weights_->embed_tokens.t(); }
   Tensor lm_head() const override { return weights_->lm_head_table(); }
   int64_t fp8_gemm_calls() const override { return fp8_gemm_calls_; }
+  int64_t fp8_dequant_calls() const override { return fp8_dequant_calls_; }
 
  protected:
   // text: the stack's sizes; quant: how its linears are stored and run (docs/fp8.md). Checks max_tokens
@@ -82,13 +83,14 @@ class DecoderStackTarget : public TargetModel {
   // phase, the one scratch allocation every phase's views share, and the device batch. widest_mixer_input /
   // widest_mixer_output: the most input / output features of the mixer's linears (an FP8 run quantizes each
   // linear's input into buffers of max(that, H, I) per token; an FP8 GEMM's last T % 16 tokens go through
-  // a 16-row pad of max(that, 2I, H) outputs).
+  // a 16-row pad of max(that, 2I, H) outputs; Fp8Dequant linears share one weight scratch the size of the
+  // largest of them, LinearModeCounts::fp8_dequant_largest).
   void allocate_activations(int64_t widest_mixer_input, int64_t widest_mixer_output,
                             const std::function<void(ScratchViews& views)>& reserve_mixer);
 
   // out [T, O] (+)= in [T, K] W^T, and out = residual + in W^T: a frozen linear, its input quantized to
-  // e4m3 first when W runs FP8 (LinearMode::Fp8), or the block-scaled FP8 GEMM (LinearMode::Fp8Gemm):
-  // docs/fp8.md.
+  // e4m3 first when W runs FP8 (LinearMode::Fp8; Fp8Dequant: W's codes dequantized into the weight scratch
+  // first), or the block-scaled FP8 GEMM (LinearMode::Fp8Gemm): docs/fp8.md.
   void linear(const Tensor& out, const Tensor& in, const LinearWeight& W, ops::Accumulate acc = ops::Accumulate::No);
   void linear_residual(const Tensor& out, const Tensor& in, const LinearWeight& W, const Tensor& residual);
 
@@ -114,6 +116,9 @@ class DecoderStackTarget : public TargetModel {
   void layer_forward(int layer, const Tensor& in, const Tensor& dst, int64_t T, const Tensor& cu);
   // in itself for a Plain W; for an FP8 W, in quantized -> dequantized into fp8_in_.
   Tensor linear_input(const Tensor& in, const LinearWeight& W);
+  // The values the GEMM multiplies by: W's buffer, or for an Fp8Dequant W its codes dequantized into
+  // fp8_weight_ (valid until the next Fp8Dequant linear).
+  Tensor linear_weight_values(const LinearWeight& W);
   // An Fp8Gemm W: out = base + in W^T, base = residual, out itself (acc Yes) or nothing.
   void fp8_gemm(const Tensor& out, const Tensor& in, const LinearWeight& W, ops::Accumulate acc, const Tensor& residual);
 
@@ -129,13 +134,16 @@ class DecoderStackTarget : public TargetModel {
   Tensor mlp_gate_up_;  // [max_tokens, 2I] the fused gate|up GEMM's output   (the MLP's phase of work_)
   Tensor mlp_act_;      // [max_tokens, I] silu(gate) * up
   DeviceBatch inputs_;  // tokens, positions, cu_seqlens
-  Buffer fp8_in_;       // emulated FP8 linears: [max_tokens * widest linear input] their quantized input
+  Buffer fp8_in_;       // Fp8 and Fp8Dequant linears: [max_tokens * widest linear input] their quantized input
+  // Fp8Dequant linears: [largest one's out x in] its weight dequantized to the activations' dtype (one for
+  // all: the linears run one at a time on the target's stream).
+  Buffer fp8_weight_;
   // FP8 GEMMs (ops::fp8_linear_forward's scratch): the input's e4m3 codes [max_tokens * widest input] and
   // kb-major scales [widest input / 128 * max_tokens]; the 16-row pad of the last T % 16 tokens: its input
   // [16 * widest input] (bf16), codes, scales and output [16 * widest output].
   Buffer fp8_act_codes_, fp8_act_scales_;
   Buffer pad_in_, pad_codes_, pad_scales_, pad_out_;
-  int64_t fp8_gemm_calls_ = 0;
+  int64_t fp8_gemm_calls_ = 0, fp8_dequant_calls_ = 0;
 };
 
 }  // namespace dflash

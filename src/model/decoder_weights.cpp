@@ -1,6 +1,7 @@
 #include "model/decoder_weights.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 
@@ -41,15 +42,25 @@ void split_query_gate(const T* src, int64_t heads, int64_t head_dim, int64_t row
   }
 }
 
-// A linear that runs as ops::fp8_linear_forward: its codes into rows [row0, row0 + rows) of L's codes
+// The mode of one FP8 linear (all its parts together): gemm_fits / codes_fit say whether every part passes
+// fp8_gemm_fits (with the GEMM's row count, on a device that has it) / fp8_codes_fit.
+LinearMode fp8_mode(Fp8LinearChoice choice, Device device, bool gemm_fits, bool codes_fit) {
+  if (choice == Fp8LinearChoice::Emulate) return LinearMode::Fp8;
+  if (gemm_fits && choice != Fp8LinearChoice::Dequant) return LinearMode::Fp8Gemm;
+  // The CPU backend keeps its weights dequantized (memory is not its point) unless a test asks.
+  if (codes_fit && (device == Device::CUDA || choice == Fp8LinearChoice::Dequant)) return LinearMode::Fp8Dequant;
+  return LinearMode::Fp8;
+}
+
+// A linear that keeps its e4m3 codes (holds_fp8_codes): its codes into rows [row0, row0 + rows) of L's codes
 // (allocated by the first part), its row scales into that column range of the kb-major host staging,
 // uploaded with the last part.
-struct Fp8GemmStaging {
+struct Fp8CodesStaging {
   std::vector<float> scales;  // [KB, out] kb-major
   int parts_left = 0;
 };
 
-void place_fp8_gemm_rows(const Ctx& ctx, LinearWeight& L, Fp8GemmStaging& st, const uint8_t* codes,
+void place_fp8_code_rows(const Ctx& ctx, LinearWeight& L, Fp8CodesStaging& st, const uint8_t* codes,
                          const float* row_scales, int64_t row0, int64_t rows, int64_t out, int64_t cols) {
   const int64_t KB = fp8::blocks(cols, fp8::kBlock);
   if (L.fp8_codes.t().empty()) {
@@ -70,6 +81,17 @@ void place_fp8_gemm_rows(const Ctx& ctx, LinearWeight& L, Fp8GemmStaging& st, co
 }
 
 }  // namespace
+
+Fp8LinearChoice fp8_linear_choice() {
+  const char* e = std::getenv("DFLASH_FP8_LINEAR");
+  const std::string v = e ? e : "";
+  if (v.empty() || v == "auto") return Fp8LinearChoice::Auto;
+  if (v == "gemm") return Fp8LinearChoice::Gemm;
+  if (v == "dequant") return Fp8LinearChoice::Dequant;
+  if (v == "emulate") return Fp8LinearChoice::Emulate;
+  DF_FAIL(BadOptions, "DFLASH_FP8_LINEAR='" << v << "' is not a way to run FP8 linears",
+          "set it to auto, gemm, dequant or emulate, or unset it (docs/fp8.md \"How a target's FP8 linears run\")");
+}
 
 WeightSpec plain_weight(std::string name, std::vector<int64_t> shape, Buffer* dst, LoadAs how) {
   WeightSpec s;
@@ -166,23 +188,34 @@ LinearModeCounts load_decoder_weights(Checkpoint& ckpt, const Qwen3Config& c, co
     }
     if (!direct(s)) staging_numel = std::max(staging_numel, ckpt.get(s.name).numel());
   }
-  // Which FP8 linears run as block-scaled FP8 GEMMs: decided once, for the device, and for a fused
-  // projection by all its parts (their rows together).
-  std::map<const LinearWeight*, Fp8GemmStaging> gemm;
-  if (quant.precision == TargetPrecision::Fp8 && ops::fp8_block_gemm_available(ctx)) {
-    std::map<const LinearWeight*, bool> fits;
+  // How each FP8 linear runs (docs/fp8.md): decided once, for the device, and for a fused projection by
+  // all its parts (their rows together). The linears that keep their codes (Fp8Gemm, Fp8Dequant) are
+  // staged alike.
+  std::map<const LinearWeight*, Fp8CodesStaging> staged;
+  if (quant.precision == TargetPrecision::Fp8) {
+    const Fp8LinearChoice choice = fp8_linear_choice();
+    const bool has_gemm = ops::fp8_block_gemm_available(ctx);
+    DF_CHECK_HINT(choice != Fp8LinearChoice::Gemm || has_gemm, BadOptions,
+                  "DFLASH_FP8_LINEAR=gemm, but " << device_name(ctx.device)
+                                                 << " has no block-scaled FP8 GEMM (cuBLASLt's VEC128_32F: sm_90 only)",
+                  "unset DFLASH_FP8_LINEAR (or set dequant): this GPU runs FP8 linears as dequantize + bf16 GEMM");
+    struct Fits {
+      bool gemm = true, codes = true;
+    };
+    std::map<const LinearWeight*, Fits> fits;
     for (const WeightSpec& s : specs) {
       if (!s.linear) continue;
       const int64_t out = s.fused_rows > 0 ? s.fused_rows : s.how == LoadAs::SplitQueryGate ? s.ckpt_shape[0] / 2
                                                                                             : s.ckpt_shape[0];
-      const bool ok = fp8_gemm_fits(quant, s) && out % 16 == 0;
-      auto [it, first] = fits.emplace(s.linear, ok);
-      if (!first) it->second = it->second && ok;
+      Fits& f = fits[s.linear];
+      f.gemm = f.gemm && has_gemm && fp8_gemm_fits(quant, s) && out % 16 == 0;
+      f.codes = f.codes && fp8_codes_fit(quant, s);
     }
     for (WeightSpec& s : specs) {
-      if (!s.linear || !fits[s.linear]) continue;
-      s.fp8_gemm = true;
-      ++gemm[s.linear].parts_left;
+      if (!s.linear || !s.runs_fp8) continue;
+      const Fits& f = fits[s.linear];
+      s.mode = fp8_mode(choice, ctx.device, f.gemm, f.codes);
+      if (holds_fp8_codes(s.mode)) ++staged[s.linear].parts_left;
     }
   }
   {
@@ -204,10 +237,11 @@ LinearModeCounts load_decoder_weights(Checkpoint& ckpt, const Qwen3Config& c, co
     const DType dt = s.keep_f32 ? DType::F32 : dtype;
     for (LinearWeight* L : {s.linear, s.linear2}) {
       if (!L || !s.runs_fp8) continue;
-      L->mode = s.fp8_gemm ? LinearMode::Fp8Gemm : LinearMode::Fp8;
-      L->act_group = quant.format == CheckpointFp8::None ? fp8::kBlock : quant.act_group;
+      L->mode = s.mode;
+      L->act_group = quant.activation_group();
     }
-    if (s.fp8_gemm) {
+    const bool codes_on_device = holds_fp8_codes(s.mode);
+    if (codes_on_device) {
       const int64_t rows = s.ckpt_shape[0], cols = s.ckpt_shape[1], KB = fp8::blocks(cols, fp8::kBlock);
       codes.resize(static_cast<size_t>(rows * cols));
       row_scales.resize(static_cast<size_t>(rows * KB));
@@ -220,14 +254,14 @@ LinearModeCounts load_decoder_weights(Checkpoint& ckpt, const Qwen3Config& c, co
         const int64_t half = rows / 2;
         for (int part = 0; part < 2; ++part) {
           LinearWeight& L = part == 0 ? *s.linear : *s.linear2;
-          Fp8GemmStaging& st = gemm[&L];
+          Fp8CodesStaging& st = staged[&L];
           if (st.parts_left == 0) st.parts_left = 1;  // the gate half: not a spec of its own
-          place_fp8_gemm_rows(ctx, L, st, split_codes.data() + part * half * cols,
+          place_fp8_code_rows(ctx, L, st, split_codes.data() + part * half * cols,
                               split_scales.data() + part * half * KB, 0, half, half, cols);
         }
       } else {
         DF_ASSERT(s.how == LoadAs::Plain);
-        place_fp8_gemm_rows(ctx, *s.linear, gemm[s.linear], codes.data(), row_scales.data(), s.row0, rows,
+        place_fp8_code_rows(ctx, *s.linear, staged[s.linear], codes.data(), row_scales.data(), s.row0, rows,
                             s.fused_rows > 0 ? s.fused_rows : rows, cols);
       }
     } else if (s.fused_rows == 0) {
@@ -235,10 +269,10 @@ LinearModeCounts load_decoder_weights(Checkpoint& ckpt, const Qwen3Config& c, co
     } else if (s.dst->t().empty()) {
       *s.dst = make_weight(ctx, dt, {s.fused_rows, s.buf_shape[1]});
     }
-    const Tensor dst = s.fp8_gemm           ? Tensor()
+    const Tensor dst = codes_on_device      ? Tensor()
                        : s.fused_rows == 0 ? s.dst->t()
                                            : s.dst->t().slice_rows(s.row0, s.row0 + s.buf_shape[0]);
-    if (s.fp8_gemm) {
+    if (codes_on_device) {
       // placed above
     } else if (direct(s)) {
       ckpt.load_f32(s.name, s.ckpt_shape, dst.ptr<float>());
@@ -273,7 +307,7 @@ LinearModeCounts load_decoder_weights(Checkpoint& ckpt, const Qwen3Config& c, co
 
   const int64_t I = c.intermediate_size;
   for (DecoderLayerWeights* L : layers) {
-    if (L->gate_up_proj.mode == LinearMode::Fp8Gemm) continue;  // no values buffer to view
+    if (holds_fp8_codes(L->gate_up_proj.mode)) continue;  // no values buffer to view
     L->gate_proj = L->gate_up_proj.t().slice_rows(0, I);
     L->up_proj = L->gate_up_proj.t().slice_rows(I, 2 * I);
   }
@@ -282,8 +316,17 @@ LinearModeCounts load_decoder_weights(Checkpoint& ckpt, const Qwen3Config& c, co
   for (const WeightSpec& s : specs)
     for (const LinearWeight* L : {s.linear, s.linear2})
       if (L) modes[L] = L->mode;
-  for (const auto& [L, mode] : modes)
-    ++(mode == LinearMode::Plain ? counts.plain : mode == LinearMode::Fp8 ? counts.fp8_emulated : counts.fp8_gemm);
+  for (const auto& [L, mode] : modes) {
+    switch (mode) {
+      case LinearMode::Plain: ++counts.plain; break;
+      case LinearMode::Fp8: ++counts.fp8_emulated; break;
+      case LinearMode::Fp8Gemm: ++counts.fp8_gemm; break;
+      case LinearMode::Fp8Dequant:
+        ++counts.fp8_dequant;
+        counts.fp8_dequant_largest = std::max(counts.fp8_dequant_largest, static_cast<int64_t>(L->fp8_codes.numel()));
+        break;
+    }
+  }
   return counts;
 }
 

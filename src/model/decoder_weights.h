@@ -22,19 +22,35 @@ enum class LinearMode : uint8_t {
             // then the GEMM in the backend's dtype: FP8's numerics, not its speed or memory
   Fp8Gemm,  // the buffer itself is empty; fp8_codes / fp8_scales hold the weights and ops::fp8_linear_forward
             // runs the block-scaled FP8 GEMM (a CUDA device where ops::fp8_block_gemm_available)
+  Fp8Dequant,  // the buffer itself is empty; fp8_codes / fp8_scales hold the weights (as Fp8Gemm's), and each
+               // call dequantizes them (ops::fp8_weight_dequantize) into the target's one scratch, then runs
+               // as Fp8: Fp8's numerics bit for bit at 1 byte a weight (GPUs without the block-scaled GEMM)
 };
+
+// Whether a linear of this mode holds its weights as e4m3 codes + kb-major scales (no values buffer).
+inline bool holds_fp8_codes(LinearMode m) { return m == LinearMode::Fp8Gemm || m == LinearMode::Fp8Dequant; }
+
+// DFLASH_FP8_LINEAR (docs/fp8.md "How a target's FP8 linears run"): which mode an FP8 target's linears may
+// take, for tests and benchmarks. Auto (unset): Fp8Gemm where the device has the GEMM and the linear fits
+// it, else Fp8Dequant on CUDA where the stored scales allow it, else Fp8. Gemm: as Auto, but a device
+// without the GEMM is a fatal BadOptions. Dequant: Fp8Dequant where the stored scales allow it (the CPU
+// backend too), else Fp8. Emulate: Fp8. Another value is a fatal BadOptions. Read at each load.
+enum class Fp8LinearChoice : uint8_t { Auto, Gemm, Dequant, Emulate };
+Fp8LinearChoice fp8_linear_choice();
 
 // A frozen Linear W [out, in] (the buffer, in the backend's dtype) and how it runs.
 struct LinearWeight : Buffer {
   LinearMode mode = LinearMode::Plain;
-  int64_t act_group = 0;  // Fp8, Fp8Gemm: input channels per activation scale (0: one per token)
-  Buffer fp8_codes;       // Fp8Gemm: [out, in] F8E4M3
-  Buffer fp8_scales;      // Fp8Gemm: [ceil(in/128), out] F32, kb-major (ops::fp8_linear_forward's w_scales)
+  int64_t act_group = 0;  // Fp8, Fp8Gemm, Fp8Dequant: input channels per activation scale (0: one per token)
+  Buffer fp8_codes;       // Fp8Gemm, Fp8Dequant: [out, in] F8E4M3
+  Buffer fp8_scales;      // Fp8Gemm, Fp8Dequant: [ceil(in/128), out] F32, kb-major (ops::fp8_linear_forward's w_scales)
 };
 
 // How many of a target's linear projections run each way (load_decoder_weights counts them).
 struct LinearModeCounts {
-  int64_t plain = 0, fp8_emulated = 0, fp8_gemm = 0;
+  int64_t plain = 0, fp8_emulated = 0, fp8_gemm = 0, fp8_dequant = 0;
+  int64_t fp8_dequant_largest = 0;  // weights (out x in) of the largest Fp8Dequant linear: the target's one
+                                    // dequantize scratch holds that many values
 };
 
 // The parts of a decoder layer outside its token mixer, torch layout (Linear W [out, in]). The MLP's
@@ -85,9 +101,10 @@ struct WeightSpec {
   LinearWeight* linear = nullptr;
   LinearWeight* linear2 = nullptr;
   bool quantize_on_load = true;
-  // Decided by load_decoder_weights' checks: stored as F8_E4M3; runs FP8; runs as an FP8 GEMM (its
-  // LinearWeight(s) LinearMode::Fp8Gemm).
-  bool stored_fp8 = false, runs_fp8 = false, fp8_gemm = false;
+  // Decided by load_decoder_weights' checks: stored as F8_E4M3; runs FP8; the LinearMode its LinearWeight(s)
+  // get (Plain unless runs_fp8).
+  bool stored_fp8 = false, runs_fp8 = false;
+  LinearMode mode = LinearMode::Plain;
 };
 
 // A tensor loaded as stored, into its own buffer of the checkpoint's shape.
@@ -120,7 +137,9 @@ std::vector<WeightSpec> decoder_weight_specs(const Qwen3Config& c, DecoderStackW
 // On a device where ops::fp8_block_gemm_available, a linear that runs FP8 with activation groups of 128 and
 // a shape the GEMM takes (in % 128 == 0, out % 16 == 0; a fused projection's parts all of them) keeps its
 // e4m3 codes and kb-major scales on the device instead (LinearMode::Fp8Gemm, no values buffer): 1 byte a
-// weight. Returns how many linears run each way.
+// weight. On any other CUDA device (and where the GEMM does not fit), a linear whose stored scales are per
+// output row per 128 input channels keeps the same codes and scales and dequantizes them per call
+// (LinearMode::Fp8Dequant). fp8_linear_choice() may narrow the choice. Returns how many linears run each way.
 LinearModeCounts load_decoder_weights(Checkpoint& ckpt, const Qwen3Config& c, const TargetQuantization& quant,
                           std::vector<WeightSpec> specs, const std::vector<DecoderLayerWeights*>& layers,
                           const Ctx& ctx, DType dtype, const char* mismatch_hint);

@@ -111,16 +111,18 @@ void load_linear_f32(Checkpoint& ckpt, const TargetQuantization& q, const Weight
                 "the checkpoint is damaged: re-download it");
 }
 
+bool fp8_codes_fit(const TargetQuantization& q, const WeightSpec& s) {
+  return s.runs_fp8 && s.ckpt_shape.size() == 2 && q.scales_per_128_channels();
+}
+
 bool fp8_gemm_fits(const TargetQuantization& q, const WeightSpec& s) {
-  if (!s.runs_fp8 || s.ckpt_shape.size() != 2 || s.ckpt_shape[1] % fp8::kBlock != 0) return false;
-  const int64_t act_group = q.format == CheckpointFp8::None ? fp8::kBlock : q.act_group;
-  if (act_group != fp8::kBlock) return false;  // one scale per token: another quantization than the GEMM's
-  return !s.stored_fp8 || q.scales == WeightScales::Channels || q.block_cols == fp8::kBlock;
+  // One scale per token is another quantization than the GEMM's (its activations go in groups of 128).
+  return fp8_codes_fit(q, s) && s.ckpt_shape[1] % fp8::kBlock == 0 && q.activation_group() == fp8::kBlock;
 }
 
 void load_linear_fp8(Checkpoint& ckpt, const TargetQuantization& q, const WeightSpec& s, uint8_t* codes,
                      float* row_scales) {
-  DF_ASSERT(fp8_gemm_fits(q, s));
+  DF_ASSERT(fp8_codes_fit(q, s));
   const int64_t rows = s.ckpt_shape[0], cols = s.ckpt_shape[1], KB = fp8::blocks(cols, fp8::kBlock);
   const size_t n = static_cast<size_t>(rows * cols);
   if (!s.stored_fp8) {  // --target-precision fp8: the same blocks load_linear_f32 quantizes into

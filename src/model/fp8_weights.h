@@ -18,16 +18,20 @@ void plan_linear(Checkpoint& ckpt, const TargetQuantization& q, WeightSpec& s, c
 // A non-finite dequantized weight (a NaN code) is a fatal BadInput naming the tensor.
 void load_linear_f32(Checkpoint& ckpt, const TargetQuantization& q, const WeightSpec& s, float* dst);
 
-// Whether the FP8 linear s (s.runs_fp8) can run as ops::fp8_linear_forward, apart from its row count (the
-// caller checks the whole, possibly fused, projection's): activations in groups of 128 (not one scale per
-// token), in % 128 == 0, and stored scales that are per output row per 128 input channels (channel scales,
-// or blocks 128 columns wide).
+// Whether the FP8 linear s (s.runs_fp8) can keep its e4m3 codes and kb-major scales on the device
+// (LinearMode::Fp8Gemm, Fp8Dequant): a matrix whose stored scales are per output row per 128 input channels
+// (TargetQuantization::scales_per_128_channels).
+bool fp8_codes_fit(const TargetQuantization& q, const WeightSpec& s);
+
+// Whether the FP8 linear s can run as ops::fp8_linear_forward, apart from its row count (the caller checks
+// the whole, possibly fused, projection's): fp8_codes_fit, activations in groups of 128 (not one scale per
+// token) and in % 128 == 0.
 bool fp8_gemm_fits(const TargetQuantization& q, const WeightSpec& s);
 
 // s's e4m3 codes [rows, cols] and its scales per output row per 128 input channels, row-major
 // [rows, ceil(cols/128)] (a block scale repeated over its block's rows, a channel scale over the groups):
 // as stored when stored FP8, else quantized into 128x128 blocks (--target-precision fp8). A NaN code or a
-// non-finite scale is a fatal BadInput naming the tensor. s must pass fp8_gemm_fits.
+// non-finite scale is a fatal BadInput naming the tensor. s must pass fp8_codes_fit.
 void load_linear_fp8(Checkpoint& ckpt, const TargetQuantization& q, const WeightSpec& s, uint8_t* codes,
                      float* row_scales);
 

@@ -62,7 +62,7 @@ Qwen3Weights load_qwen3_weights(Checkpoint& ckpt, const Qwen3Config& cfg, const 
   const int64_t q_dim = int64_t(cfg.num_attention_heads) * cfg.head_dim;
   const int64_t kv_dim = int64_t(cfg.num_key_value_heads) * cfg.head_dim;
   for (Qwen3LayerWeights& L : w.layers) {
-    if (L.qkv_proj.mode == LinearMode::Fp8Gemm) continue;  // codes and scales only: no values buffer to view
+    if (holds_fp8_codes(L.qkv_proj.mode)) continue;  // codes and scales only: no values buffer to view
     L.q_proj = L.qkv_proj.t().slice_rows(0, q_dim);
     L.k_proj = L.qkv_proj.t().slice_rows(q_dim, q_dim + kv_dim);
     L.v_proj = L.qkv_proj.t().slice_rows(q_dim + kv_dim, q_dim + 2 * kv_dim);

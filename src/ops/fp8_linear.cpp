@@ -61,12 +61,9 @@ void fp8_linear_forward(const Ctx& ctx, const Tensor& out, const Tensor& in, con
     for (int64_t kb = 0; kb < KB; ++kb) as[kb * N + n] = row_scales[n * KB + kb];
   // Both operands dequantized to fp32, then the float32 GEMM: the reference the CUDA GEMM is held to.
   std::vector<float> x(static_cast<size_t>(N * K)), w(static_cast<size_t>(O * K));
-  const uint8_t* wc = static_cast<const uint8_t*>(w_codes.data);
-  const float* ws = static_cast<const float*>(w_scales.data);
   for (int64_t n = 0; n < N; ++n)
     for (int64_t k = 0; k < K; ++k) x[n * K + k] = fp8::e4m3_to_f32(codes[n * K + k]) * as[(k / fp8::kBlock) * N + n];
-  for (int64_t o = 0; o < O; ++o)
-    for (int64_t k = 0; k < K; ++k) w[o * K + k] = fp8::e4m3_to_f32(wc[o * K + k]) * ws[(k / fp8::kBlock) * O + o];
+  fp8_weight_dequantize(ctx, cpu_view(w.data(), {O, K}), w_codes, w_scales);
   if (!residual.empty()) {
     if (residual.data != out.data) copy_tensor(ctx, out, residual);
     acc = Accumulate::Yes;

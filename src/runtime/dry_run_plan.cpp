@@ -3,6 +3,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -18,6 +19,7 @@
 #include "dflash/drafter_model.h"  // drafter_param_count
 #include "dflash/data.h"  // hdf5_mutex()
 #include "dflash/error.h"
+#include "dflash/fp8.h"          // fp8::kBlock
 #include "dflash/hs_wire.h"        // HsCodec::staging_bytes
 #include "dflash/mpi_typed.h"
 #include "dflash/nvml.h"
@@ -135,6 +137,9 @@ TargetParams target_params(const TargetConfig& tc) {
   const double QD = double(t.num_attention_heads) * hd, KV = double(t.num_key_value_heads) * hd;
   const double mlp = 3 * H * I, norms = 2 * H;
   double layers = 0, fp8 = 0;
+  // The largest linear as the forward runs it (fused: Qwen3's q|k|v, the MLP's gate|up; split: the hybrid's
+  // query and gate halves of q_proj): the size of an Fp8Dequant target's one weight scratch.
+  double largest = std::max(2 * I * H, H * I);
   for (int l = 0; l < t.num_hidden_layers; ++l) {
     const bool linear = tc.qwen35 && tc.qwen35->kinds.at(static_cast<size_t>(l)) == Qwen35LayerKind::LinearAttention;
     if (linear) {  // Gated DeltaNet: in_proj_qkv, in_proj_z, in_proj_b/a, the conv, dt_bias, A_log, norm, out_proj
@@ -144,14 +149,16 @@ TargetParams target_params(const TargetConfig& tc) {
       layers += H * (2 * K + Vd) + H * Vd + 2 * H * nv + (2 * K + Vd) * q.linear_conv_kernel_dim + 2 * nv +
                 q.linear_value_head_dim + Vd * H;
       fp8 += H * (2 * K + Vd) + H * Vd + Vd * H;  // in_proj_a/b stay bf16 (docs/fp8.md)
+      largest = std::max({largest, H * (2 * K + Vd), H * Vd});
     } else {  // q (doubled by the output gate in the hybrid's attention), k, v, o, q/k norms
       layers += H * QD * (tc.qwen35 ? 2 : 1) + 2 * H * KV + QD * H + 2 * hd;
       fp8 += H * QD * (tc.qwen35 ? 2 : 1) + 2 * H * KV + QD * H;
+      largest = std::max(largest, tc.qwen35 ? H * QD : H * (QD + 2 * KV));
     }
     layers += mlp + norms;
     fp8 += mlp;
   }
-  return TargetParams{V * H * (t.tie_word_embeddings ? 1 : 2) + layers + H, fp8};
+  return TargetParams{V * H * (t.tie_word_embeddings ? 1 : 2) + layers + H, fp8, largest};
 }
 
 TargetWeights target_weights(const Options& o, const TargetConfig& t) {
@@ -188,17 +195,29 @@ TargetWeights target_weights(const Options& o, const TargetConfig& t) {
     w.bytes = w.file_bytes / stored * element;
     return w;
   }
-  // An FP8 target (docs/fp8.md): counted from config.json (an FP8 checkpoint's files mix 1- and 2-byte
-  // tensors). Where the GPU kind has the block-scaled FP8 GEMM, its linears are e4m3 codes (1 byte) plus a
-  // float32 scale per output row per 128 input channels; elsewhere they are dequantized to the compute dtype.
+  // An FP8 target (docs/fp8.md "How a target's FP8 linears run"): counted from config.json (an FP8
+  // checkpoint's files mix 1- and 2-byte tensors). On every CUDA GPU its linears stay e4m3 codes (1 byte)
+  // plus a float32 scale per output row per 128 input channels (the scale layout every format this build
+  // loads has but blocks of another width, which run dequantized at load); where the kind has no
+  // block-scaled FP8 GEMM (or the activations are one scale per token, which it does not take), each linear
+  // is dequantized per call into one scratch of the largest linear in the compute dtype. The CPU backend
+  // dequantizes the weights at load.
   const TargetParams p = target_params(t);
-  const bool gemm = o.backend == Device::CUDA && fp8_gemm_gpu(o);
-  w.bytes = gemm ? (p.total - p.fp8_linear) * element + p.fp8_linear * (1.0 + 4.0 / 128) : p.total * element;
-  w.source += gemm ? "; FP8 linears as e4m3 codes + scales (" + gib(p.fp8_linear * (1.0 + 4.0 / 128)) +
-                         ": the block-scaled FP8 GEMM of this GPU kind)"
-                   : std::string("; FP8 linears dequantized to ") + dtype_name(compute_dtype(o.backend)) +
-                         (o.backend == Device::CUDA ? " (no block-scaled FP8 GEMM known on this GPU kind: sm_90 only)"
-                                                    : " (the CPU backend's emulation)");
+  const bool codes = o.backend == Device::CUDA && t.quant.scales_per_128_channels();
+  if (!codes) {
+    w.bytes = p.total * element;
+    w.source += std::string("; FP8 linears dequantized to ") + dtype_name(compute_dtype(o.backend)) +
+                (o.backend == Device::CUDA ? " (their scales are not per 128 input channels)"
+                                           : " (the CPU backend's emulation)");
+    return w;
+  }
+  const bool gemm = fp8_gemm_gpu(o) && t.quant.activation_group() == fp8::kBlock;
+  const double stored = p.fp8_linear * (1.0 + 4.0 / 128), scratch = gemm ? 0.0 : p.fp8_largest_linear * element;
+  w.bytes = (p.total - p.fp8_linear) * element + stored + scratch;
+  w.source += "; FP8 linears as e4m3 codes + scales (" + gib(stored) +
+              (gemm ? ": the block-scaled FP8 GEMM of this GPU kind)"
+                    : ", dequantized per GEMM into one " + std::string(dtype_name(compute_dtype(o.backend))) +
+                          " scratch of the largest linear, " + gib(scratch) + ")");
   return w;
 }
 

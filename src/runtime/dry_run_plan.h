@@ -54,14 +54,16 @@ struct TargetWeights {
   double bytes = 0;       // on --backend: its parameters in the compute dtype (bf16 on CUDA, float32 on the CPU)
   std::string source;     // "0.6 MiB of safetensors", "config.json: 8.19 B parameters (no weights in DIR)"
 };
-// An FP8 target's weights (--target-precision fp8 or an FP8 checkpoint): e4m3 codes + scales where the GPU kind
-// (--gpu, else this node's GPU 0 known by its memory) has the block-scaled FP8 GEMM, else dequantized; `source`
-// says which.
+// An FP8 target's weights (--target-precision fp8 or an FP8 checkpoint): on CUDA e4m3 codes + scales, plus,
+// where the GPU kind (--gpu, else this node's GPU 0 known by its memory) has no block-scaled FP8 GEMM, one
+// compute-dtype scratch of the largest linear (dequantized per GEMM); on the CPU dequantized; `source` says
+// which.
 TargetWeights target_weights(const Options& o, const TargetConfig& t);
 double target_param_count(const TargetConfig& t);  // what config.json describes (embeddings and lm_head included)
 struct TargetParams {
   double total = 0;       // target_param_count
   double fp8_linear = 0;  // the decoder layers' linears an FP8 target runs in FP8 (not lm_head, in_proj_a/b)
+  double fp8_largest_linear = 0;  // the most weights of one such linear as the forward runs it (gate|up fused)
 };
 TargetParams target_params(const TargetConfig& t);
 // Whether the GPU this job plans for (--gpu, else this node's GPU 0) runs FP8 linears as FP8 GEMMs.

@@ -3,7 +3,8 @@
 // 2 x 128 query heads, 1 key/value head): the shapes cuBLASLt's block-scaled FP8 GEMM takes, so on sm_90
 // every linear runs as ops::fp8_linear_forward (LinearMode::Fp8Gemm) and the test asserts it did
 // (TargetModel::fp8_gemm_calls: 4 per layer -- qkv, o, gate|up, down -- per forward). Elsewhere the
-// emulated path runs and no GEMM is counted. Two checkpoints: the bf16 one under --target-precision fp8, and
+// dequantize-per-GEMM path runs (LinearMode::Fp8Dequant) and no GEMM is counted; the last test forces that
+// path on any GPU and holds it to the emulated mode bit for bit, and its weights to ~1 byte each. Two checkpoints: the bf16 one under --target-precision fp8, and
 // its fine-grained FP8 release-format copy (dflash-fp8-convert --format block). The batch has 100 tokens
 // (3 sequences), so the last 100 % 16 tokens take the GEMM's 16-row pad.
 //
@@ -18,6 +19,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <random>
 #include <string>
 #include <vector>
@@ -38,11 +41,16 @@ using test::rel_err;
 
 constexpr int kLayers = 2;
 
-// A random dense Qwen3 target with 128-aligned linears, bf16, one safetensors file.
-std::string write_aligned_target(const std::string& dir) {
+// The test target's shape: every linear's sizes multiples of 128.
+Qwen3Shape aligned_shape() {
   Qwen3Shape s;
   s.vocab = 512, s.hidden = 256, s.layers = kLayers, s.heads = 2, s.kv_heads = 1, s.head_dim = 128;
   s.intermediate = 384;
+  return s;
+}
+
+// A random dense Qwen3 target of shape s (kLayers layers), bf16, one safetensors file.
+std::string write_aligned_target(const std::string& dir, Qwen3Shape s = aligned_shape()) {
   nlohmann::ordered_json c = qwen3_config_json(s);
   c["torch_dtype"] = "bfloat16";
   make_dir(dir);
@@ -94,7 +102,7 @@ PackedBatch batch_of_100() {
 
 struct Fp8Run {
   std::vector<float> features;
-  int64_t gemm_calls = 0;
+  int64_t gemm_calls = 0, dequant_calls = 0;
 };
 
 Fp8Run run_fp8(const std::string& dir, const std::string& precision, const Ctx& ctx, const PackedBatch& batch) {
@@ -114,7 +122,27 @@ Fp8Run run_fp8(const std::string& dir, const std::string& precision, const Ctx& 
     copy_tensor(ctx, Tensor(r.features.data(), DType::F32, Device::CPU, {kLayers, T, H}), features);
   }
   r.gemm_calls = model->fp8_gemm_calls();
+  r.dequant_calls = model->fp8_dequant_calls();
   return r;
+}
+
+// DFLASH_FP8_LINEAR for one scope (model/decoder_weights.h reads it at each load).
+struct ScopedFp8Linear {
+  explicit ScopedFp8Linear(const char* v) { setenv("DFLASH_FP8_LINEAR", v, 1); }
+  ~ScopedFp8Linear() { unsetenv("DFLASH_FP8_LINEAR"); }
+};
+
+// Device bytes a target of dir takes once made (weights + activations), as cudaMemGetInfo sees them.
+double model_device_bytes(const std::string& dir, const std::string& precision, const Ctx& ctx) {
+  TargetConfig cfg = load_target_config(dir);
+  resolve_target_precision(cfg.quant, precision);
+  size_t free0 = 0, free1 = 0, total = 0;
+  synchronize(ctx);
+  cudaMemGetInfo(&free0, &total);
+  auto model = make_target_model(cfg, dir, ctx, test::all_layers(kLayers), 64);
+  synchronize(ctx);
+  cudaMemGetInfo(&free1, &total);
+  return static_cast<double>(free0) - static_cast<double>(free1);
 }
 
 TEST(GpuFp8Target, CudaForwardMatchesCpuEmulation) {
@@ -146,6 +174,78 @@ TEST(GpuFp8Target, CudaForwardMatchesCpuEmulation) {
     EXPECT_LE(err, 5e-2);
     EXPECT_LT(err, 0.85 * bf16_err) << "the CUDA run is not clearly closer to FP8 than the bf16 forward is";
   }
+}
+
+}  // namespace
+}  // namespace dflash
+
+namespace dflash {
+namespace {
+
+// LinearMode::Fp8Dequant forced on any GPU (DFLASH_FP8_LINEAR=dequant; the default on GPUs without the
+// block-scaled GEMM, B200 and RTX PRO 6000): the weights stay e4m3 codes + kb-major scales and each linear
+// dequantizes its codes into the one bf16 scratch, then runs the emulation's activation qdq and GEMM. Its
+// features must equal the emulated mode's (DFLASH_FP8_LINEAR=emulate: weights dequantized at load) bit for bit
+// -- ops::fp8_weight_dequantize gives the loader's values exactly (tests/gpu/test_fp8_weight_gpu.cpp), and the
+// GEMM is the same call on the same shapes and alignments, in one context, so one plan -- in the three
+// formats: --target-precision fp8, the block release, the compressed-tensors channel one (per-token
+// activations). Then the memory: on a larger target (hidden 2048, intermediate 4096, 2 layers: 68 Mi linear
+// weights, every weight buffer a multiple of cudaMalloc's 2 MiB granule), the dequant model takes less
+// device memory than the emulated one by 2 - (1 + 4/128) bytes a linear weight, less its bf16 scratch (the
+// largest linear, gate|up: 8192 x 2048 x 2 B = 32 MiB): 136 MiB - 70.1 MiB - 32 MiB = 33.9 MiB. Tolerance
+// 16 MiB: the 8 small scale buffers may each take a 2 MiB granule (a dequant path that kept bf16 weights as
+// well would be ~68 MiB off).
+TEST(GpuFp8Target, DequantModeEqualsTheEmulationBitForBit) {
+  SKIP_WITHOUT_GPU();
+  const Ctx g = test::gpu();
+  const std::string tmp = test::make_temp_dir("fp8_target_dequant_gpu");
+  const std::string bf16 = write_aligned_target(tmp + "/bf16");
+  write_fp8_checkpoint(bf16, tmp + "/block", Fp8ConvertFormat::Block, {});
+  write_fp8_checkpoint(bf16, tmp + "/channel", Fp8ConvertFormat::Channel, {});
+  const PackedBatch batch = batch_of_100();
+  for (const auto& [dir, precision] : {std::pair<std::string, std::string>{bf16, "fp8"}, {tmp + "/block", ""},
+                                       {tmp + "/channel", ""}}) {
+    SCOPED_TRACE(dir + " --target-precision " + (precision.empty() ? "(the checkpoint's)" : precision));
+    Fp8Run emulated, dequant;
+    {
+      ScopedFp8Linear env("emulate");
+      emulated = run_fp8(dir, precision, g, batch);
+    }
+    {
+      ScopedFp8Linear env("dequant");
+      dequant = run_fp8(dir, precision, g, batch);
+    }
+    EXPECT_EQ(emulated.gemm_calls + emulated.dequant_calls, 0);
+    EXPECT_EQ(dequant.gemm_calls, 0);
+    EXPECT_EQ(dequant.dequant_calls, 4 * kLayers) << "qkv, o, gate|up, down per layer";
+    for (float v : dequant.features) ASSERT_TRUE(std::isfinite(v));
+    EXPECT_EQ(dequant.features, emulated.features) << "rel err " << rel_err(dequant.features, emulated.features);
+  }
+
+  Qwen3Shape big = aligned_shape();
+  big.hidden = 2048, big.heads = 16, big.kv_heads = 4, big.intermediate = 4096;
+  const std::string wide = write_aligned_target(tmp + "/wide", big);
+  const double H = big.hidden, I = big.intermediate, QKV = (16 + 2 * 4) * 128.0;
+  const double weights = kLayers * (QKV * H + H * 2048 + 2 * I * H + H * I);
+  const double scratch = 2 * I * H * 2;
+  const double expected = 2 * weights - weights * (1 + 4.0 / 128) - scratch;
+  {
+    ScopedFp8Linear env("emulate");
+    model_device_bytes(wide, "fp8", g);  // warm-up: whatever the first model allocates once
+  }
+  double e = 0, d = 0;
+  {
+    ScopedFp8Linear env("emulate");
+    e = model_device_bytes(wide, "fp8", g);
+  }
+  {
+    ScopedFp8Linear env("dequant");
+    d = model_device_bytes(wide, "fp8", g);
+  }
+  const double MiB = 1048576.0;
+  std::printf("  device memory: emulated %.1f MiB, dequant %.1f MiB: %.1f MiB less (expected %.1f MiB)\n", e / MiB,
+              d / MiB, (e - d) / MiB, expected / MiB);
+  EXPECT_NEAR((e - d) / MiB, expected / MiB, 16.0) << "the dequant mode does not hold ~1 byte per linear weight";
 }
 
 }  // namespace

@@ -67,11 +67,14 @@ TEST(DryRunPlan, TargetParametersFromConfigJson) {
           "vocab_size": 151936, "tie_word_embeddings": false, "rms_norm_eps": 1e-6, "rope_theta": 1000000,
           "torch_dtype": "bfloat16"})");
   EXPECT_EQ(target_param_count(q8), 8190735360.0);
-  {  // --target-precision fp8 (docs/fp8.md): the decoder linears at 1 byte + scales on an H100, bf16 on a B200.
+  {  // --target-precision fp8 (docs/fp8.md): the decoder linears at 1 byte + scales on every GPU kind; where
+     // the kind has no block-scaled FP8 GEMM (B200) plus one bf16 scratch of the largest linear, gate|up
+     // [2 x 12288, 4096] = 100,663,296 weights = 201,326,592 B; the CPU backend dequantizes at load.
     TargetConfig fp8 = q8;
     fp8.quant.precision = TargetPrecision::Fp8;
     const TargetParams p = target_params(fp8);
     EXPECT_EQ(p.fp8_linear, 36 * (4096.0 * (4096 + 2 * 1024 + 4096) + 3 * 4096.0 * 12288));
+    EXPECT_EQ(p.fp8_largest_linear, 100663296.0);
     Options o;
     o.target_dir = test::make_temp_dir("dflash-dry-plan-fp8-");  // no weights: counted from config.json
     o.backend = Device::CUDA;
@@ -81,8 +84,52 @@ TEST(DryRunPlan, TargetParametersFromConfigJson) {
     EXPECT_NE(h100.source.find("e4m3 codes"), std::string::npos) << h100.source;
     o.plan_gpu = "b200";
     const TargetWeights b200 = target_weights(o, fp8);
-    EXPECT_DOUBLE_EQ(b200.bytes, p.total * 2);
-    EXPECT_NE(b200.source.find("dequantized"), std::string::npos) << b200.source;
+    EXPECT_DOUBLE_EQ(b200.bytes, h100.bytes + 201326592.0);
+    EXPECT_NE(b200.source.find("dequantized per GEMM"), std::string::npos) << b200.source;
+    // compressed-tensors' per-token activations do not fit the GEMM: the scratch on an H100 too.
+    TargetConfig ct = fp8;
+    ct.quant.format = CheckpointFp8::CompressedTensors;
+    ct.quant.scales = WeightScales::Channels;
+    ct.quant.act_group = 0;
+    o.plan_gpu = "h100";
+    EXPECT_DOUBLE_EQ(target_weights(o, ct).bytes, b200.bytes);
+    // Blocks of another width than 128 columns: dequantized at load, bf16.
+    TargetConfig wide = fp8;
+    wide.quant.format = CheckpointFp8::FineGrained;
+    wide.quant.block_cols = 64;
+    EXPECT_DOUBLE_EQ(target_weights(o, wide).bytes, p.total * 2);
+    o.backend = Device::CPU;
+    const TargetWeights cpu = target_weights(o, fp8);
+    EXPECT_DOUBLE_EQ(cpu.bytes, p.total * 4);
+    EXPECT_NE(cpu.source.find("dequantized to F32"), std::string::npos) << cpu.source;
+  }
+  {  // Qwen3.6-27B FP8 on an RTX PRO 6000 (bench/bench_hybrid_forward.cpp's shape: H 5120, I 17408, V 248320,
+     // 48 GDN + 16 attention layers). By hand: FP8 linears per GDN layer H(2K + Vd) + H Vd + Vd H =
+     // 5120 x 10240 + 2 x 5120 x 6144 = 115,343,360 (in_proj_a/b stay bf16), per attention layer
+     // 3 x H x 6144 + 2 x H x 1024 = 104,857,600, MLP 3 x H x I = 267,386,880 per layer: 24,326,963,200
+     // in all, of 26,895,998,464 parameters. Bytes: 2,569,035,264 x 2 (bf16) + 24,326,963,200 x (1 + 4/128)
+     // + the scratch of gate|up, 2 x 17408 x 5120 x 2 B = 356,515,840: 30,581,767,168 B = 28.5 GiB (50.1 GiB
+     // with the weights dequantized at load, as before Fp8Dequant); on an H200 (the GEMM) no scratch.
+    TargetConfig q27 = config_of(
+        R"({"architectures": ["Qwen3_5ForCausalLM"], "model_type": "qwen3_5_text", "vocab_size": 248320,
+            "hidden_size": 5120, "intermediate_size": 17408, "num_hidden_layers": 64, "num_attention_heads": 24,
+            "num_key_value_heads": 4, "head_dim": 256, "hidden_act": "silu", "attn_output_gate": true,
+            "rms_norm_eps": 1e-6, "rope_parameters": {"rope_type": "default", "rope_theta": 1e7,
+            "partial_rotary_factor": 0.25}, "full_attention_interval": 4, "linear_conv_kernel_dim": 4,
+            "linear_num_key_heads": 16, "linear_num_value_heads": 48, "linear_key_head_dim": 128,
+            "linear_value_head_dim": 128, "tie_word_embeddings": false, "torch_dtype": "bfloat16"})");
+    q27.quant.precision = TargetPrecision::Fp8;
+    const TargetParams p = target_params(q27);
+    EXPECT_EQ(p.total, 26895998464.0);
+    EXPECT_EQ(p.fp8_linear, 24326963200.0);
+    EXPECT_EQ(p.fp8_largest_linear, 178257920.0);
+    Options o;
+    o.target_dir = test::make_temp_dir("dflash-dry-plan-fp8-27b-");
+    o.backend = Device::CUDA;
+    o.plan_gpu = "rtx-pro-6000";
+    EXPECT_DOUBLE_EQ(target_weights(o, q27).bytes, 30581767168.0);
+    o.plan_gpu = "h200";
+    EXPECT_DOUBLE_EQ(target_weights(o, q27).bytes, 30581767168.0 - 356515840.0);
   }
   // The golden targets, dense and hybrid (Gated DeltaNet layers; float32): their index's total_size is
   // exactly these parameters x 4 bytes. Without the shards the index says it; without the index, config.json.

@@ -8,6 +8,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -113,7 +114,66 @@ TEST_P(Fp8Target, MatchesTransformersFp8Arithmetic) {
   EXPECT_LT(e, tol(L));
 }
 
+// DFLASH_FP8_LINEAR for one scope (model/decoder_weights.h reads it at each load).
+struct ScopedFp8Linear {
+  explicit ScopedFp8Linear(const char* v) { setenv("DFLASH_FP8_LINEAR", v, 1); }
+  ~ScopedFp8Linear() { unsetenv("DFLASH_FP8_LINEAR"); }
+};
+
+// LinearMode::Fp8Dequant forced on the CPU backend (its default there is Fp8): the weights stay e4m3 codes
+// + kb-major scales and each linear dequantizes them per call, which must give the emulation's features bit
+// for bit (the same values, the same GEMM) in every format: --target-precision fp8, the block release, the
+// compressed-tensors channel one (per-token activations); the tiny shapes divide neither 128 nor 16.
+TEST_P(Fp8Target, DequantModeEqualsTheEmulationBitForBit) {
+  write_fp8_checkpoint(bf16_dir(), tmp_ + "/block", Fp8ConvertFormat::Block, {"in_proj_a", "in_proj_b"});
+  write_fp8_checkpoint(bf16_dir(), tmp_ + "/channel", Fp8ConvertFormat::Channel, {});
+  const PackedBatch batch = test::golden_batch(kGolden + "/" + golden_case());
+  struct Run {
+    test::RunResult r;
+    int64_t dequant_calls = 0;
+  };
+  auto run_with = [&](const std::string& dir, const std::string& precision, const char* mode) {
+    ScopedFp8Linear env(mode);
+    TargetConfig cfg = load_target_config(dir);
+    resolve_target_precision(cfg.quant, precision);
+    auto model = make_target_model(cfg, dir, cpu_ctx(), test::all_layers(cfg.text.num_hidden_layers), batch.num_tokens());
+    Run r{test::run_target(*model, batch), 0};
+    r.dequant_calls = model->fp8_dequant_calls();
+    EXPECT_EQ(model->fp8_gemm_calls(), 0);
+    return r;
+  };
+  for (const auto& [dir, precision] :
+       {std::pair<std::string, std::string>{bf16_dir(), "fp8"}, {tmp_ + "/block", ""}, {tmp_ + "/channel", ""}}) {
+    SCOPED_TRACE(dir + " " + precision);
+    const Run emulated = run_with(dir, precision, "auto");
+    const Run dequant = run_with(dir, precision, "dequant");
+    EXPECT_EQ(emulated.dequant_calls, 0) << "the CPU backend's default is the emulation";
+    EXPECT_GT(dequant.dequant_calls, 0) << "DFLASH_FP8_LINEAR=dequant did not take the dequantize path";
+    EXPECT_EQ(dequant.r.features, emulated.r.features);
+    EXPECT_EQ(dequant.r.final_norm, emulated.r.final_norm);
+    EXPECT_EQ(run_with(dir, precision, "emulate").dequant_calls, 0);
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Golden, Fp8Target, testing::Values("qwen3-tiny-a", "qwen35-tiny-a"));
+
+TEST(Fp8TargetRefused, Fp8LinearOverrideIsChecked) {
+  const std::string dir = kGolden + "/qwen3-tiny-a/target";
+  EXPECT_EXIT(
+      {
+        ScopedFp8Linear env("fast");
+        run(dir, "fp8", "qwen3-tiny-a");
+      },
+      testing::ExitedWithCode(static_cast<int>(ExitCode::BadOptions)), "DFLASH_FP8_LINEAR='fast' is not a way");
+  EXPECT_EXIT(
+      {
+        ScopedFp8Linear env("gemm");
+        run(dir, "fp8", "qwen3-tiny-a");
+      },
+      testing::ExitedWithCode(static_cast<int>(ExitCode::BadOptions)), "DFLASH_FP8_LINEAR=gemm, but cpu has no");
+  ScopedFp8Linear env("fast");
+  run(dir, "bf16", "qwen3-tiny-a");  // a bf16 target never reads it
+}
 
 TEST(Fp8TargetRefused, ConfigAndDtypesMustAgree) {
   const std::string dir = kGolden + "/qwen3-tiny-a/target";
