@@ -17,6 +17,7 @@
 #           through host memory) and colocated (one process, no mpirun), each at 512 anchors per batch and at 512
 #           per record (at most 2048 a batch, to fit an 80 GB card with both roles); metrics.h5 keeps the plan's
 #           prediction and dflash-report prints LAYOUT PLAN VS OBSERVED (report-*.txt), summary.txt the rates.
+# PACK=1:   OUT keeps summary.txt and gpu.txt, the rest in one validate-rest.tar (the GPU tool brings back 8 files).
 # Needs: BUILD/{bench_target_forward, bench_hybrid_forward, drafter_bench, dflash-train, dflash-make-random, dflash-roles-bench}
 # (flat or in bench/) and python3 with h5py + numpy (tools/dflash-report).
 set -u
@@ -28,6 +29,12 @@ DENSITIES=${DENSITIES:-batch record}
 LAYOUTS=${LAYOUTS:-1-1 colocated}
 HERE=$(cd "$(dirname "$0")/../.." && pwd)
 mkdir -p "$OUT"
+# The GPU tool brings back 8 files of OUT at most: PACK=1 leaves summary.txt, gpu.txt and one tar of the rest.
+pack_out() {
+  (cd "$OUT" && tar -cf ../validate-rest.tar --exclude=./summary.txt --exclude=./gpu.txt . &&
+     find . -mindepth 1 ! -path ./summary.txt ! -path ./gpu.txt ! -path ./validate-rest.tar -delete && mv ../validate-rest.tar .)
+}
+[ -z "${PACK:-}" ] || trap pack_out EXIT
 export NCCL_NVLS_ENABLE=0 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
 export OMPI_MCA_hwloc_base_binding_policy=none
 W=${WORK_DIR:-/tmp/dflash-plan}
