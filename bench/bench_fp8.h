@@ -7,12 +7,14 @@
 #include <cmath>
 #include <cstdint>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "dflash/backend.h"
 #include "dflash/error.h"
 #include "dflash/fp8.h"
 #include "dflash/ops.h"
+#include "matmul_plans.cuh"         // cuda::fp8_plan_count
 #include "model/decoder_weights.h"  // fp8_linear_choice
 
 namespace dflash::bench {
@@ -36,6 +38,16 @@ inline Fp8Path fp8_path(const Ctx* ctx) {
 }
 inline const char* fp8_path_name(Fp8Path p) {
   return p == Fp8Path::Gemm ? "block-scaled FP8 GEMMs" : "dequantized per GEMM into one bf16 scratch";
+}
+
+// The `# fp8 gemm plans:` metadata line of a forward bench on the GEMM path, after its timed forwards: how
+// many FP8 GEMM plans the backend holds (kernels/fp8_linear.cu, one per token-count class x K x O x C read or
+// not x operand alignments), each autotuned at its first call: in the warm-up forwards, or in the first timed
+// one under --warmup 0.
+inline std::string fp8_plans_meta(const Ctx& ctx, int warmup) {
+  return std::to_string(cuda::fp8_plan_count(ctx)) + " (planned and autotuned at each class's first call: " +
+         (warmup > 0 ? "in the warm-up" : "in the first timed forward, --warmup 0") +
+         "; DFLASH_GEMM_AUTOTUNE=0 keeps cuBLASLt's first choice)";
 }
 
 // A linear W [out, in] as e4m3 codes and kb-major scales [in / 128, out].

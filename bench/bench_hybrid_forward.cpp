@@ -622,6 +622,7 @@ int main(int argc, char** argv) {
                                 "attention.*: head norm + rope, attention_varlen_causal, sigmoid gate; rest.*: "
                                 "embedding, rmsnorm (2 per layer), swiglu_fused; unbracketed: final norm, gaps",
                                 profiled_ms, bracketed));
+  if (fp8_linears && fp8_path == bench::Fp8Path::Gemm) w.meta("fp8 gemm plans", bench::fp8_plans_meta(ctx, warmup));
   w.columns(hybrid_columns());
   const bench::Cell mc = model, tt = static_cast<long long>(T), ns = seqlens.size(), _ = bench::none;
   const bench::Cell impl = !fp8_linears ? "ours" : fp8_path == bench::Fp8Path::Gemm ? "ours-fp8" : "ours-fp8-dequant";

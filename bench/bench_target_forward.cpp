@@ -370,6 +370,7 @@ int main(int argc, char** argv) {
                                 "(%.2f ms, events around every op), pct of it; rest = embedding, norms, "
                                 "qkv_norm_rope, swiglu_fused; TFLOP/s from the model math, GB/s bf16 read + write",
                                 total_parts));
+  if (fp8_linears && fp8_path == bench::Fp8Path::Gemm) w.meta("fp8 gemm plans", bench::fp8_plans_meta(ctx, opt.warmup));
   w.columns(forward_columns());
   const bench::Cell impl = !fp8_linears ? "ours" : fp8_path == bench::Fp8Path::Gemm ? "ours-fp8" : "ours-fp8-dequant";
   const bench::Cell model = s.name, tt = static_cast<long long>(T), ns = seqlens.size(), _ = bench::none;

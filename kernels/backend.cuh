@@ -20,8 +20,10 @@ namespace dflash::cuda {
 // Kernel-reported errors, OR-ed into Backend::error_flags (host memory mapped into the device).
 enum DeviceErrorBit : int { kBadTokenId = 1 };
 
-struct MatmulPlan;  // cached cuBLASLt descriptors + algorithm for one GEMM shape (matmul.cu)
+struct MatmulPlan;  // cached cuBLASLt descriptors + algorithm for one tuning class of bf16 GEMMs (matmul.cu)
 using MatmulKey = std::tuple<int, int, int, int, int, int, int, int, int, int>;
+struct Fp8Plan;  // the same for the block-scaled FP8 GEMM (fp8_linear.cu)
+using Fp8Key = std::tuple<int, int, int, int, int>;
 
 struct Backend {
   int device = 0;
@@ -33,6 +35,7 @@ struct Backend {
   int* error_flags_host = nullptr;  // pinned, mapped
   int* error_flags_dev = nullptr;   // device alias of error_flags_host
   std::map<MatmulKey, MatmulPlan*> matmul_plans;
+  std::map<Fp8Key, Fp8Plan*> fp8_plans;
   // Deterministic mode (set_deterministic): per-block partial sums, summed in block order afterwards.
   // Allocated with the backend when the mode is on: kDetScratchBlocksPerSm * sm_count * kDetScratchCols.
   float* det_scratch = nullptr;

@@ -7,6 +7,7 @@
 // FP8 linears as dequantized BF16 GEMMs behind ops::fp8_activation_qdq.
 #include "fp8_linear.cuh"
 
+#include <algorithm>
 #include <atomic>
 #include <mutex>
 
@@ -16,6 +17,8 @@
 #include "backend.cuh"
 #include "cuda_check.cuh"
 #include "dflash/error.h"
+#include "lt_plan.cuh"
+#include "matmul_plans.cuh"
 
 namespace dflash::cuda {
 namespace {
@@ -82,47 +85,44 @@ void fp8_activation_qdq(const Ctx& ctx, const Tensor& out, const Tensor& in, int
   launch_act_quant(ctx, true, out, Tensor(), Tensor(), in, group);
 }
 
+// The block-scaled FP8 GEMM, planned once per tuning class like the bf16 GEMMs (lt_plan.cuh): keyed by the
+// token count's class (N is the dimension that changes with every batch), the exact K and O (a linear's
+// own), whether C is read (beta = 1: Accumulate::Yes or a residual) and the operands' alignments. The
+// descriptor (the TN layout, the VEC128_32F scale modes) and the layouts are made once; a call sets its
+// scale pointers on the plan's descriptor (host-side attributes, read by cublasLtMatmul when it enqueues)
+// and, for another token count of the class, re-sets the layouts of B and C to it. Column-major view:
+// out^T [O, N] = W [K, O]^T (A, transposed) x act^T [K, N] (B): the TN layout FP8 needs; C and D BF16 [O, N].
+struct Fp8Plan : LtPlan {
+  int n = 0;  // the token count the layouts describe now
+};
+
 namespace {
 
-// The block-scaled FP8 GEMM's cuBLASLt objects for one shape, released on scope exit. Column-major view:
-// out^T [O, N] = W [K, O]^T (A, transposed) x act^T [K, N] (B): the TN layout FP8 needs; C and D BF16 [O, N].
-struct Fp8Gemm {
-  cublasLtMatmulDesc_t desc = nullptr;
-  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
-  cublasLtMatmulPreference_t pref = nullptr;
-  cublasLtMatmulHeuristicResult_t result = {};
-  int found = 0;
+void create_fp8_gemm(LtPlan& p, int N, int K, int O) {
+  DF_CUBLAS(cublasLtMatmulDescCreate(&p.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+  DF_CUBLAS(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
+  DF_CUBLAS(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
+  const cublasLtMatmulMatrixScale_t vec128 = CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
+  DF_CUBLAS(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &vec128, sizeof(vec128)));
+  DF_CUBLAS(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &vec128, sizeof(vec128)));
+  DF_CUBLAS(cublasLtMatrixLayoutCreate(&p.a, CUDA_R_8F_E4M3, K, O, K));
+  DF_CUBLAS(cublasLtMatrixLayoutCreate(&p.b, CUDA_R_8F_E4M3, K, N, K));
+  DF_CUBLAS(cublasLtMatrixLayoutCreate(&p.c, CUDA_R_16BF, O, N, O));
+}
 
-  Fp8Gemm(const Backend& be, int64_t N, int64_t K, int64_t O, const void* a_scale, const void* b_scale) {
-    DF_CUBLAS(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-    const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
-    DF_CUBLAS(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
-    DF_CUBLAS(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
-    const cublasLtMatmulMatrixScale_t vec128 = CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
-    DF_CUBLAS(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &vec128, sizeof(vec128)));
-    DF_CUBLAS(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &vec128, sizeof(vec128)));
-    DF_CUBLAS(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &a_scale, sizeof(a_scale)));
-    DF_CUBLAS(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &b_scale, sizeof(b_scale)));
-    DF_CUBLAS(cublasLtMatrixLayoutCreate(&a, CUDA_R_8F_E4M3, K, O, K));
-    DF_CUBLAS(cublasLtMatrixLayoutCreate(&b, CUDA_R_8F_E4M3, K, N, K));
-    DF_CUBLAS(cublasLtMatrixLayoutCreate(&c, CUDA_R_16BF, O, N, O));
-    DF_CUBLAS(cublasLtMatmulPreferenceCreate(&pref));
-    uint64_t ws = be.workspace_bytes;
-    DF_CUBLAS(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
-    // A shape or scale mode this cuBLASLt (or GPU) does not serve answers NOT_SUPPORTED: found stays 0.
-    if (cublasLtMatmulAlgoGetHeuristic(be.lt, desc, a, b, c, c, pref, 1, &result, &found) != CUBLAS_STATUS_SUCCESS)
-      found = 0;
-  }
-  ~Fp8Gemm() {
-    cublasLtMatmulPreferenceDestroy(pref);
-    cublasLtMatrixLayoutDestroy(c);
-    cublasLtMatrixLayoutDestroy(b);
-    cublasLtMatrixLayoutDestroy(a);
-    cublasLtMatmulDescDestroy(desc);
-  }
-  Fp8Gemm(const Fp8Gemm&) = delete;
-  Fp8Gemm& operator=(const Fp8Gemm&) = delete;
-};
+// The weights' (A) and the activations' (B) kb-major scales of this call.
+void set_scales(const LtPlan& p, const void* a_scale, const void* b_scale) {
+  DF_CUBLAS(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &a_scale, sizeof(a_scale)));
+  DF_CUBLAS(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &b_scale, sizeof(b_scale)));
+}
+
+void destroy_fp8_gemm(LtPlan& p) {
+  cublasLtMatrixLayoutDestroy(p.c);
+  cublasLtMatrixLayoutDestroy(p.b);
+  cublasLtMatrixLayoutDestroy(p.a);
+  cublasLtMatmulDescDestroy(p.desc);
+}
 
 // Per device: 0 not asked yet, 1 available, 2 not.
 constexpr int kMaxDevices = 64;
@@ -143,10 +143,14 @@ bool fp8_block_gemm_available(const Ctx& ctx) {
   DF_CUDA(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, be.device));
   bool ok = major == 9 && minor == 0;
   if (ok) {
-    // The scale pointers only have to be set for the heuristic; nothing runs.
-    const float* dummy = reinterpret_cast<const float*>(be.workspace);
-    const Fp8Gemm probe(be, 128, 128, 128, dummy, dummy);
-    ok = probe.found > 0;
+    // A probe shape, asked of the heuristic only (nothing runs; the scale pointers only have to be set).
+    LtPlan probe;
+    create_fp8_gemm(probe, 128, 128, 128);
+    set_scales(probe, be.workspace, be.workspace);
+    const uint32_t align[3] = {256, 256, 256};
+    cublasLtMatmulHeuristicResult_t results[kCandidates] = {};
+    ok = lt_heuristic(be, probe, align, results) > 0;
+    destroy_fp8_gemm(probe);
   }
   known.store(ok ? 1 : 2);
   return ok;
@@ -163,21 +167,52 @@ void fp8_linear_forward(const Ctx& ctx, const Tensor& out, const Tensor& in, con
                 "fp8_linear_forward: cuBLASLt's 1x128 block-scaled FP8 GEMM runs on sm_90 only (with cuBLAS 12.9 or "
                 "later), not on this GPU",
                 "FP8 targets run their linears as dequantized BF16 GEMMs on this GPU (docs/fp8.md)");
-  DF_CHECK(K % kGroup == 0 && O % 16 == 0 && N % 16 == 0, Internal,
-           "fp8_linear_forward: cuBLASLt's block-scaled FP8 GEMM needs K % 128 == 0 and N, O % 16 == 0, got N "
+  DF_CHECK(K % kGroup == 0 && O % 16 == 0 && N % 16 == 0 && std::max({N, K, O}) < (int64_t(1) << 31), Internal,
+           "fp8_linear_forward: cuBLASLt's block-scaled FP8 GEMM needs K % 128 == 0 and N, O % 16 == 0 (each < 2^31), got N "
                << N << " K " << K << " O " << O);
   launch_act_quant(ctx, false, Tensor(), act_codes, act_scales, in, kGroup);
 
-  const Fp8Gemm g(be, N, K, O, w_scales.data, act_scales.data);
-  DF_CHECK_HINT(g.found > 0, DeviceFailure,
+  const int n = static_cast<int>(N), k = static_cast<int>(K), o = static_cast<int>(O);
+  cudaStream_t stream = stream_of(ctx);
+  // C: out itself (Accumulate::Yes), the residual, or nothing (beta = 0).
+  const bool reads_c = acc == ops::Accumulate::Yes || !residual.empty();
+  const void* c = residual.empty() ? out.data : residual.data;
+  const int align_a = alignment_of(w_codes.data), align_b = alignment_of(act_codes.data),
+            align_d = std::min(alignment_of(out.data), alignment_of(c));
+  const uint32_t align[3] = {uint32_t(align_a), uint32_t(align_b), uint32_t(align_d)};
+  const Fp8Key key{tuning_class(n), k, o, reads_c ? 1 : 0, align_a * 1000000 + align_b * 1000 + align_d};
+  bool planned = true;
+  Fp8Plan*& plan = be.fp8_plans[key];
+  if (!plan) {
+    auto* p = new Fp8Plan();
+    create_fp8_gemm(*p, n, k, o);
+    p->n = n;
+    set_scales(*p, w_scales.data, act_scales.data);
+    const float alpha = 1.f, beta0 = 0.f;
+    planned = choose_first_algo(be, stream, *p, align, double(n) * k * o, size_t(n) * o * dtype_size(DType::BF16),
+                                [&](const cublasLtMatmulAlgo_t& algo, void* scratch) {
+                                  return cublasLtMatmul(be.lt, p->desc, &alpha, w_codes.data, p->a, act_codes.data,
+                                                        p->b, &beta0, scratch, p->c, scratch, p->c, &algo,
+                                                        be.workspace, be.workspace_bytes, stream);
+                                });
+    plan = p;
+  } else {
+    set_scales(*plan, w_scales.data, act_scales.data);
+    if (plan->n != n) {  // another token count of the class
+      set_layout(plan->b, k, n, k);
+      set_layout(plan->c, o, n, o);
+      plan->n = n;
+      planned = choose_algo_for_shape(be, *plan, align);
+    }
+  }
+  DF_CHECK_HINT(planned, DeviceFailure,
                 "fp8_linear_forward: cuBLASLt has no block-scaled FP8 algorithm for N " << N << " K " << K << " O " << O,
                 "update the CUDA toolkit to 12.9 or later (1x128 block scaling on sm_90)");
-  // C: out itself (Accumulate::Yes), the residual, or nothing (beta = 0).
-  const bool add = acc == ops::Accumulate::Yes || !residual.empty();
-  const void* c = residual.empty() ? out.data : residual.data;
-  const float alpha = 1.f, beta = add ? 1.f : 0.f;
-  DF_CUBLAS(cublasLtMatmul(be.lt, g.desc, &alpha, w_codes.data, g.a, act_codes.data, g.b, &beta, c, g.c, out.data,
-                           g.c, &g.result.algo, be.workspace, be.workspace_bytes, stream_of(ctx)));
+  const float alpha = 1.f, beta = reads_c ? 1.f : 0.f;
+  DF_CUBLAS(cublasLtMatmul(be.lt, plan->desc, &alpha, w_codes.data, plan->a, act_codes.data, plan->b, &beta, c,
+                           plan->c, out.data, plan->c, &plan->algo, be.workspace, be.workspace_bytes, stream));
 }
+
+int fp8_plan_count(const Ctx& ctx) { return static_cast<int>(backend_of(ctx).fp8_plans.size()); }
 
 }  // namespace dflash::cuda

@@ -1,10 +1,15 @@
-// What kernels/matmul.cu keeps per tuning class (for tests: tests/gpu/test_ops_gpu.cpp).
+// What kernels/matmul.cu and kernels/fp8_linear.cu keep per tuning class (kernels/lt_plan.cuh), for tests
+// (tests/gpu/test_ops_gpu.cpp, tests/gpu/test_fp8_linear_gpu.cpp) and the benches' metadata.
 #pragma once
 #include "dflash/backend.h"
 
 namespace dflash::cuda {
 
-// The GEMM plans ctx's backend holds: one per tuning class (matmul.cu, tuning_class) a GEMM was run in.
+// The bf16 GEMM plans ctx's backend holds: one per tuning class (lt_plan.cuh, tuning_class) a GEMM was run in.
 int matmul_plan_count(const Ctx& ctx);
+
+// The block-scaled FP8 GEMM plans ctx's backend holds: one per token-count class, K, O, C read or not, and
+// operand alignments (fp8_linear.cu, Fp8Plan) an ops::fp8_linear_forward was run in.
+int fp8_plan_count(const Ctx& ctx);
 
 }  // namespace dflash::cuda

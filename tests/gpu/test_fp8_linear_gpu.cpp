@@ -6,6 +6,9 @@
 //     CPU twin sums dequantized products in fp32; cuBLASLt scales per 128-block partial sums and rounds the
 //     output to BF16). sm_90 only (cuBLASLt's VEC128_32F scales); skipped on other GPUs, which refuse it.
 //   Shapes: 16 x 256 -> 128 and the 8B model's 512 x 4096 -> 12288 (gate|up) and 512 x 12288 -> 4096 (down).
+//   Plans: token counts of one tuning class share one FP8 GEMM plan (kernels/fp8_linear.cu, Fp8Plan; tuned at
+//     the class's first count, reused by the others when cuBLASLt accepts its algorithm), and every output
+//     still matches the CPU twin.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -17,6 +20,7 @@
 #include "dflash/fp8.h"
 #include "dflash/ops.h"
 #include "gpu_test_util.h"
+#include "matmul_plans.cuh"
 
 namespace dflash {
 namespace {
@@ -53,6 +57,44 @@ TEST(GpuFp8, ActivationQdqMatchesCpu) {
   }
 }
 
+// An FP8 linear [O, K] with random codes (NaN codes avoided) and positive scales per (kb, o), on the host
+// and on the device.
+struct RandomFp8Linear {
+  int64_t K, O, KB;
+  std::vector<uint8_t> codes;
+  std::vector<float> scales;
+  Buffer d_codes, d_scales;
+  RandomFp8Linear(int64_t k, int64_t o, uint32_t seed)
+      : K(k), O(o), KB(k / 128), codes(static_cast<size_t>(o * k)), scales(static_cast<size_t>(KB * o)),
+        d_codes(Device::CUDA, DType::F8E4M3, {o, k}), d_scales(Device::CUDA, DType::F32, {KB, o}) {
+    std::mt19937 rng(seed);
+    for (auto& c : codes) {
+      c = static_cast<uint8_t>(rng() & 0xFF);
+      if ((c & 0x7F) == 0x7F) c = 0x7E;
+    }
+    std::uniform_real_distribution<float> u(1e-4f, 2e-3f);
+    for (auto& s : scales) s = u(rng);
+    cudaMemcpy(d_codes.t().data, codes.data(), codes.size(), cudaMemcpyHostToDevice);
+    cudaMemcpy(d_scales.t().data, scales.data(), scales.size() * 4, cudaMemcpyHostToDevice);
+  }
+};
+
+Tensor f8_view(void* p, std::initializer_list<int64_t> d) { return Tensor(p, DType::F8E4M3, Device::CPU, d); }
+
+// out [N, O] of the CPU twin for input x [N, K], and its activation codes and scales.
+struct CpuTwin {
+  std::vector<float> out, act_scales;
+  std::vector<uint8_t> act_codes;
+};
+CpuTwin cpu_twin(std::vector<float>& x, RandomFp8Linear& w, int64_t N) {
+  CpuTwin t{std::vector<float>(static_cast<size_t>(N * w.O)), std::vector<float>(static_cast<size_t>(w.KB * N)),
+            std::vector<uint8_t>(static_cast<size_t>(N * w.K))};
+  ops::fp8_linear_forward(kCpu, cpu_view(t.out.data(), {N, w.O}), cpu_view(x.data(), {N, w.K}),
+                          f8_view(w.codes.data(), {w.O, w.K}), cpu_view(w.scales.data(), {w.KB, w.O}),
+                          f8_view(t.act_codes.data(), {N, w.K}), cpu_view(t.act_scales.data(), {w.KB, N}));
+  return t;
+}
+
 TEST(GpuFp8, LinearMatchesCpuTwin) {
   SKIP_WITHOUT_GPU();
   if (!is_sm90()) GTEST_SKIP() << "cuBLASLt's 1x128 block-scaled FP8 GEMM runs on sm_90 only";
@@ -61,43 +103,50 @@ TEST(GpuFp8, LinearMatchesCpuTwin) {
     SCOPED_TRACE(testing::Message() << N << "x" << K << " -> " << O);
     const int64_t KB = K / 128;
     auto x = random_bf16(static_cast<size_t>(N * K), 21, 2.f);
-    // Weights: random codes (NaN codes avoided) and positive scales per (kb, o).
-    std::mt19937 rng(22);
-    std::vector<uint8_t> wc(static_cast<size_t>(O * K));
-    for (auto& c : wc) {
-      c = static_cast<uint8_t>(rng() & 0xFF);
-      if ((c & 0x7F) == 0x7F) c = 0x7E;
-    }
-    std::vector<float> ws(static_cast<size_t>(KB * O));
-    std::uniform_real_distribution<float> u(1e-4f, 2e-3f);
-    for (auto& s : ws) s = u(rng);
-    // CPU twin.
-    std::vector<float> want(static_cast<size_t>(N * O));
-    std::vector<uint8_t> ac_cpu(static_cast<size_t>(N * K));
-    std::vector<float> as_cpu(static_cast<size_t>(KB * N));
-    auto f8 = [](void* p, std::initializer_list<int64_t> d) { return Tensor(p, DType::F8E4M3, Device::CPU, d); };
-    ops::fp8_linear_forward(kCpu, cpu_view(want.data(), {N, O}), cpu_view(x.data(), {N, K}), f8(wc.data(), {O, K}),
-                            cpu_view(ws.data(), {KB, O}), f8(ac_cpu.data(), {N, K}), cpu_view(as_cpu.data(), {KB, N}));
+    RandomFp8Linear w(K, O, 22);
+    CpuTwin want = cpu_twin(x, w, N);
     // CUDA.
     Buffer in = to_device(g, x, {N, K}), out = to_device(g, {}, {N, O});
-    Buffer d_wc(Device::CUDA, DType::F8E4M3, {O, K}), d_ac(Device::CUDA, DType::F8E4M3, {N, K});
-    Buffer d_ws(Device::CUDA, DType::F32, {KB, O}), d_as(Device::CUDA, DType::F32, {KB, N});
-    cudaMemcpy(d_wc.t().data, wc.data(), wc.size(), cudaMemcpyHostToDevice);
-    cudaMemcpy(d_ws.t().data, ws.data(), ws.size() * 4, cudaMemcpyHostToDevice);
-    ops::fp8_linear_forward(g, out, in, d_wc, d_ws, d_ac, d_as);
-    std::vector<uint8_t> ac(ac_cpu.size());
-    std::vector<float> as(as_cpu.size());
+    Buffer d_ac(Device::CUDA, DType::F8E4M3, {N, K}), d_as(Device::CUDA, DType::F32, {KB, N});
+    ops::fp8_linear_forward(g, out, in, w.d_codes, w.d_scales, d_ac, d_as);
+    std::vector<uint8_t> ac(want.act_codes.size());
+    std::vector<float> as(want.act_scales.size());
     cudaDeviceSynchronize();
     cudaMemcpy(ac.data(), d_ac.t().data, ac.size(), cudaMemcpyDeviceToHost);
     cudaMemcpy(as.data(), d_as.t().data, as.size() * 4, cudaMemcpyDeviceToHost);
-    EXPECT_EQ(as, as_cpu);
-    EXPECT_EQ(ac, ac_cpu);
-    EXPECT_LE(rel_err(to_host(g, out), want), 1e-2);
+    EXPECT_EQ(as, want.act_scales);
+    EXPECT_EQ(ac, want.act_codes);
+    EXPECT_LE(rel_err(to_host(g, out), want.out), 1e-2);
     // Accumulate: out += the same product.
-    ops::fp8_linear_forward(g, out, in, d_wc, d_ws, d_ac, d_as, ops::Accumulate::Yes);
-    for (auto& v : want) v *= 2.f;
-    EXPECT_LE(rel_err(to_host(g, out), want), 1e-2);
+    ops::fp8_linear_forward(g, out, in, w.d_codes, w.d_scales, d_ac, d_as, ops::Accumulate::Yes);
+    for (auto& v : want.out) v *= 2.f;
+    EXPECT_LE(rel_err(to_host(g, out), want.out), 1e-2);
   }
+}
+
+// Like GpuOps.MatmulTokenCountsOfOneClassShareAPlan (tests/gpu/test_ops_gpu.cpp) for the FP8 GEMM: the token
+// counts of one class (multiples of 16, as the op takes them) share the plan made (and, at 7200 x 256 x 640
+// >= 2^30 multiply-adds, autotuned) at the first, and the next class down makes its own.
+TEST(GpuFp8, TokenCountsOfOneClassShareAPlan) {
+  SKIP_WITHOUT_GPU();
+  if (!is_sm90()) GTEST_SKIP() << "cuBLASLt's 1x128 block-scaled FP8 GEMM runs on sm_90 only";
+  Ctx g = gpu();
+  const int64_t K = 256, O = 640;
+  RandomFp8Linear w(K, O, 41);
+  auto check = [&](int64_t N, uint32_t seed) {
+    auto x = random_bf16(static_cast<size_t>(N * K), seed, 2.f);
+    const CpuTwin want = cpu_twin(x, w, N);
+    Buffer in = to_device(g, x, {N, K}), out = to_device(g, {}, {N, O});
+    Buffer d_ac(Device::CUDA, DType::F8E4M3, {N, K}), d_as(Device::CUDA, DType::F32, {w.KB, N});
+    ops::fp8_linear_forward(g, out, in, w.d_codes, w.d_scales, d_ac, d_as);
+    EXPECT_LE(rel_err(to_host(g, out), want.out), 1e-2) << "N=" << N;
+  };
+  check(7200, 42);  // the class (7168, 8192]: its plan is made (and tuned) here
+  const int plans = cuda::fp8_plan_count(g);
+  for (int64_t N : {7776, 8192, 7184, 7200}) check(N, 43 + static_cast<uint32_t>(N));
+  EXPECT_EQ(cuda::fp8_plan_count(g), plans) << "token counts of one tuning class made new FP8 plans";
+  check(7168, 44);  // the class below
+  EXPECT_EQ(cuda::fp8_plan_count(g), plans + 1);
 }
 
 }  // namespace
