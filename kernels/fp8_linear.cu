@@ -147,9 +147,8 @@ bool fp8_block_gemm_available(const Ctx& ctx) {
     LtPlan probe;
     create_fp8_gemm(probe, 128, 128, 128);
     set_scales(probe, be.workspace, be.workspace);
-    const uint32_t align[3] = {256, 256, 256};
     cublasLtMatmulHeuristicResult_t results[kCandidates] = {};
-    ok = lt_heuristic(be, probe, align, results) > 0;
+    ok = lt_heuristic(be, probe, Alignments{{256, 256, 256}}, results) > 0;
     destroy_fp8_gemm(probe);
   }
   known.store(ok ? 1 : 2);
@@ -177,10 +176,8 @@ void fp8_linear_forward(const Ctx& ctx, const Tensor& out, const Tensor& in, con
   // C: out itself (Accumulate::Yes), the residual, or nothing (beta = 0).
   const bool reads_c = acc == ops::Accumulate::Yes || !residual.empty();
   const void* c = residual.empty() ? out.data : residual.data;
-  const int align_a = alignment_of(w_codes.data), align_b = alignment_of(act_codes.data),
-            align_d = std::min(alignment_of(out.data), alignment_of(c));
-  const uint32_t align[3] = {uint32_t(align_a), uint32_t(align_b), uint32_t(align_d)};
-  const Fp8Key key{tuning_class(n), k, o, reads_c ? 1 : 0, align_a * 1000000 + align_b * 1000 + align_d};
+  const Alignments align = alignments(w_codes.data, act_codes.data, c, out.data);
+  const Fp8Key key{tuning_class(n), k, o, reads_c ? 1 : 0, align.key()};
   bool planned = true;
   Fp8Plan*& plan = be.fp8_plans[key];
   if (!plan) {

@@ -2,6 +2,7 @@
 // kernels/fp8_linear.cu.
 #include "lt_plan.cuh"
 
+#include <algorithm>
 #include <cstdlib>
 #include <string>
 
@@ -22,6 +23,13 @@ bool autotune_enabled() {
     return !(v && std::string(v) == "0");
   }();
   return on;
+}
+
+int alignment_of(const void* p) {
+  auto v = reinterpret_cast<uintptr_t>(p);
+  int align = 256;
+  while (align > 2 && (v % align) != 0) align /= 2;
+  return align;
 }
 
 // Whether cuBLASLt runs `algo` on the plan's current layouts within the workspace.
@@ -71,11 +79,9 @@ int tuning_class(int v) {
   return (v + unit - 1) / unit * unit;
 }
 
-int alignment_of(const void* p) {
-  auto v = reinterpret_cast<uintptr_t>(p);
-  int align = 256;
-  while (align > 2 && (v % align) != 0) align /= 2;
-  return align;
+Alignments alignments(const void* A, const void* B, const void* C, const void* D) {
+  const int d = std::min(alignment_of(C), alignment_of(D));
+  return Alignments{{uint32_t(alignment_of(A)), uint32_t(alignment_of(B)), uint32_t(d)}};
 }
 
 void set_layout(cublasLtMatrixLayout_t l, int rows, int cols, int ld) {
@@ -86,15 +92,15 @@ void set_layout(cublasLtMatrixLayout_t l, int rows, int cols, int ld) {
   DF_CUBLAS(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_LD, &l64, sizeof(l64)));
 }
 
-int lt_heuristic(const Backend& be, const LtPlan& p, const uint32_t align[3], cublasLtMatmulHeuristicResult_t* results) {
+int lt_heuristic(const Backend& be, const LtPlan& p, const Alignments& align, cublasLtMatmulHeuristicResult_t* results) {
   cublasLtMatmulPreference_t pref;
   DF_CUBLAS(cublasLtMatmulPreferenceCreate(&pref));
   uint64_t ws = be.workspace_bytes;
   DF_CUBLAS(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
-  DF_CUBLAS(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align[0], 4));
-  DF_CUBLAS(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align[1], 4));
-  DF_CUBLAS(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align[2], 4));
-  DF_CUBLAS(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align[2], 4));
+  DF_CUBLAS(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align.bytes[0], 4));
+  DF_CUBLAS(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align.bytes[1], 4));
+  DF_CUBLAS(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align.bytes[2], 4));
+  DF_CUBLAS(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align.bytes[2], 4));
   int found = 0;
   if (cublasLtMatmulAlgoGetHeuristic(be.lt, p.desc, p.a, p.b, p.c, p.c, pref, kCandidates, results, &found) !=
       CUBLAS_STATUS_SUCCESS)
@@ -103,7 +109,7 @@ int lt_heuristic(const Backend& be, const LtPlan& p, const uint32_t align[3], cu
   return found;
 }
 
-bool choose_first_algo(Backend& be, cudaStream_t stream, LtPlan& p, const uint32_t align[3], double work,
+bool choose_first_algo(Backend& be, cudaStream_t stream, LtPlan& p, const Alignments& align, double work,
                        size_t out_bytes, const CandidateRun& run) {
   cublasLtMatmulHeuristicResult_t results[kCandidates] = {};
   const int found = lt_heuristic(be, p, align, results);
@@ -116,7 +122,7 @@ bool choose_first_algo(Backend& be, cudaStream_t stream, LtPlan& p, const uint32
   return true;
 }
 
-bool choose_algo_for_shape(Backend& be, LtPlan& p, const uint32_t align[3]) {
+bool choose_algo_for_shape(Backend& be, LtPlan& p, const Alignments& align) {
   if (!deterministic() && accepts(be, p, p.tuned)) {
     p.algo = p.tuned;
     return true;

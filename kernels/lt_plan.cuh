@@ -24,8 +24,14 @@ namespace dflash::cuda {
 // cuBLASLt accepts it for that shape (cublasLtMatmulAlgoCheck), else the heuristic's first choice for it.
 int tuning_class(int v);
 
-// The largest power of two (<= 256) that divides p's address: cuBLASLt's operand alignment preferences.
-int alignment_of(const void* p);
+// The operands' alignments (the largest power of two <= 256 that divides each address) of A, B and C = D
+// (the smaller of the two: they share one layout and one preference), as the heuristic is asked for them,
+// and as one int for a plan's key: an algorithm chosen for aligned operands may not run on less aligned ones.
+struct Alignments {
+  uint32_t bytes[3];
+  int key() const { return int(bytes[0]) * 1000000 + int(bytes[1]) * 1000 + int(bytes[2]); }
+};
+Alignments alignments(const void* A, const void* B, const void* C, const void* D);
 
 // The descriptors of one planned GEMM and its algorithms. C and D share the layout c.
 struct LtPlan {
@@ -38,12 +44,12 @@ struct LtPlan {
 // Re-describes a layout as [rows, cols] (column-major, leading dimension ld): host-side attributes only.
 void set_layout(cublasLtMatrixLayout_t l, int rows, int cols, int ld);
 
-// The heuristic's candidates for the plan's current layouts, at most kCandidates, for operands aligned to
-// align[0] (A), align[1] (B) and align[2] (C and D) bytes within the backend's workspace. Returns how many;
+// The heuristic's candidates for the plan's current layouts, at most kCandidates, for operands aligned as
+// `align` says, within the backend's workspace. Returns how many;
 // 0 when cuBLASLt has none or refuses the descriptor (NOT_SUPPORTED: a scale mode this cuBLASLt or GPU
 // does not serve).
 constexpr int kCandidates = 8;
-int lt_heuristic(const Backend& be, const LtPlan& p, const uint32_t align[3], cublasLtMatmulHeuristicResult_t* results);
+int lt_heuristic(const Backend& be, const LtPlan& p, const Alignments& align, cublasLtMatmulHeuristicResult_t* results);
 
 // Runs one candidate algorithm into `scratch` with beta = 0 (an accumulating GEMM's destination is left alone).
 using CandidateRun = std::function<cublasStatus_t(const cublasLtMatmulAlgo_t& algo, void* scratch)>;
@@ -52,13 +58,13 @@ using CandidateRun = std::function<cublasStatus_t(const cublasLtMatmulAlgo_t& al
 // (below), the fastest of its candidates, each timed once warm + three runs (CUDA events) into a scratch
 // output of `out_bytes`. Synchronizes the stream when it times. `work` = m * n * k of the shape. Returns
 // false (the plan untouched) when the heuristic has no candidate.
-bool choose_first_algo(Backend& be, cudaStream_t stream, LtPlan& p, const uint32_t align[3], double work,
+bool choose_first_algo(Backend& be, cudaStream_t stream, LtPlan& p, const Alignments& align, double work,
                        size_t out_bytes, const CandidateRun& run);
 
 // After the plan's layouts were re-set to another shape of its class: its tuned algorithm when cuBLASLt
 // accepts it for the shape, else the heuristic's first choice; in deterministic mode always the
 // heuristic's first choice for the exact shape (a resumed run sees the shapes in another order and must run
 // the same kernels). Returns false when the heuristic has no candidate.
-bool choose_algo_for_shape(Backend& be, LtPlan& p, const uint32_t align[3]);
+bool choose_algo_for_shape(Backend& be, LtPlan& p, const Alignments& align);
 
 }  // namespace dflash::cuda

@@ -4,8 +4,6 @@
 #include "matmul.cuh"
 #include "matmul_plans.cuh"
 
-#include <algorithm>
-
 #include "backend.cuh"
 #include "cuda_check.cuh"
 #include "lt_plan.cuh"
@@ -30,11 +28,9 @@ cudaDataType cuda_type(DType t) {
 void gemm(Backend& be, cudaStream_t stream, bool trans_a, bool trans_b, int m, int n, int k, const void* A,
           int lda, const void* B, int ldb, void* D, DType d_type, int ldd, float beta, const void* C = nullptr) {
   if (!C) C = D;
-  // C and D share one layout and one alignment preference: the smaller of the two.
-  int align_a = alignment_of(A), align_b = alignment_of(B), align_d = std::min(alignment_of(D), alignment_of(C));
-  const uint32_t align[3] = {uint32_t(align_a), uint32_t(align_b), uint32_t(align_d)};
+  const Alignments align = alignments(A, B, C, D);  // C and D share one layout and one alignment preference
   MatmulKey key{trans_a, trans_b, tuning_class(m), tuning_class(n), tuning_class(k), 0, 0, 0,
-                static_cast<int>(d_type) * 2 + (beta != 0.f), align_a * 1000000 + align_b * 1000 + align_d};
+                static_cast<int>(d_type) * 2 + (beta != 0.f), align.key()};
   bool planned = true;
   MatmulPlan*& plan = be.matmul_plans[key];
   if (!plan) {
