@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# The GPU runs the open issues still wait for (44-47), packed into device calls of <= 10 minutes each, in the
+# order they pay off. Run from the repository root on the GPU machine, with the programs in BIN (a build
+# directory, flat or with bench/ and tests/ below it):
+#
+#   bash bench/pending_gpu_runs.sh BIN OUT checks     # ~5 min: every GPU test of the pipeline's new paths, FP8 speed
+#   bash bench/pending_gpu_runs.sh BIN OUT layouts    # ~8 min: the roles bench, 1-1 at the record density
+#   bash bench/pending_gpu_runs.sh BIN OUT speed      # ~8 min: colocated / 1-1 / the reference at hidden 2048 and 4096
+#   bash bench/pending_gpu_runs.sh BIN OUT dflash2    # ~4 min: the 27B DFlash2 step with the release's heads vs PyTorch
+#
+# `speed` needs runs/q2048/data and runs/q4096/data (bench/quality/run.sh's data stage; make them on the CPU
+# machine with NCONV=3000 and carry them with their tokenizer dirs and data.done marks). Each part leaves at
+# most 8 files in OUT/PART (the GPU tool's limit): logs are tarred.
+set -uo pipefail
+B=$(cd "${1:?usage: bench/pending_gpu_runs.sh BIN OUT PART...}" && pwd)
+OUT=$(mkdir -p "${2:?usage: bench/pending_gpu_runs.sh BIN OUT PART...}" && cd "$2" && pwd)
+shift 2
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+export NCCL_NVLS_ENABLE=0 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+T0=$SECONDS
+say() { echo "# [$((SECONDS - T0)) s] $*"; }
+prog() {  # prog NAME: the program wherever the build keeps it
+  local p
+  for p in "$B/$1" "$B/bench/$1" "$B/tests/$1"; do [ -x "$p" ] && { echo "$p"; return; }; done
+  echo "missing program $1 in $B" >&2; return 1
+}
+pack() {  # pack DIR: everything but summary.txt into one tar
+  (cd "$1" && tar -cf ../"$(basename "$1")"-logs.tar --exclude=./summary.txt . &&
+     find . -mindepth 1 ! -path ./summary.txt -delete && mv ../"$(basename "$1")"-logs.tar .)
+}
+nvidia-smi --query-gpu=name,memory.total,power.limit --format=csv,noheader | tee "$OUT/gpu.txt"
+
+for part in "$@"; do
+  O=$OUT/$part
+  mkdir -p "$O"
+  case $part in
+    checks)
+      # the GPU tests (the Fp8Dequant path, the FP8 plan cache, the tolerances set from the H100 run of
+      # bench/results/h100-issue44-45-46-20261206b), the FP8 wire end to end, the colocated layout
+      say "checks"
+      SKIP_SM120=1 GPU_E2E="hs_fp8 colocated" timeout 200 bash "$ROOT/bench/pipeline/gpu_checks.sh" "$B" "$O/checks"
+      cp "$O/checks/summary.txt" "$O/summary.txt"
+      say "FP8 forwards: bf16, FP8 autotuned, FP8 heuristic only, FP8 dequantized (what a B200 / RTX PRO 6000 runs)"
+      for m in "bench_target_forward" "bench_hybrid_forward --model 27b"; do
+        read -r p args <<<"$m"
+        n=${p#bench_}; n=${n%_forward}
+        timeout 60 "$(prog "$p")" $args > "$O/$n-bf16.txt" 2>&1
+        timeout 60 "$(prog "$p")" $args --fp8 > "$O/$n-fp8.txt" 2>&1
+        DFLASH_GEMM_AUTOTUNE=0 timeout 60 "$(prog "$p")" $args --fp8 > "$O/$n-fp8-heuristic.txt" 2>&1
+        DFLASH_FP8_LINEAR=dequant timeout 60 "$(prog "$p")" $args --fp8 > "$O/$n-fp8-dequant.txt" 2>&1
+      done
+      grep -h "^  forward " "$O"/*-bf16.txt "$O"/*-fp8*.txt | tee -a "$O/summary.txt"
+      pack "$O" ;;
+    layouts)
+      say "roles bench and 1-1 at 512 anchors per record"
+      PACK=1 timeout 540 bash "$ROOT/bench/plan/validate_one_gpu.sh" "$B" "$O/v" roles
+      DENSITIES=record LAYOUTS=1-1 PACK=1 timeout $((560 - (SECONDS - T0))) \
+        bash "$ROOT/bench/plan/validate_one_gpu.sh" "$B" "$O/v2" pipeline ;;
+    speed)
+      for h in 2048 4096; do
+        say "speed at hidden $h"
+        WORK=$ROOT/runs/q$h BIN=$B HIDDEN=$h TARGET_SECONDS=5 TARGET_ARGS="--micro-batch 2" BUDGETS=30 \
+          A_CALIB_STEPS=100 B_CALIB_STEPS=20 SPEED_RECIPES="b a" SPEED_LAYOUTS="colocated 1-1" \
+          PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True timeout 260 \
+          bash "$ROOT/bench/quality/run.sh" "$O/q$h" target ref speed
+        { echo "## hidden $h"; cat "$O/q$h/speed-summary.txt"
+          grep -h "\[ref\] \(saved\|done\)" "$O/q$h/ref.log"; } | tee -a "$O/summary.txt"
+        rm -rf "$ROOT/runs/q$h/target" "$ROOT/runs/q$h/ref"
+      done
+      pack "$O" ;;
+    dflash2)
+      say "27B DFlash2 step with the release's heads (32 x 128, 8 KV), ours and PyTorch's fastest path"
+      H=(--draft-heads 32 --draft-head-dim 128 --draft-kv-heads 8)
+      timeout 120 "$(prog drafter_bench)" --model 27b --context 4096 --anchors 512 --draft-arch dflash2 --block 8 \
+        "${H[@]}" > "$O/ours.txt" 2>&1
+      timeout 120 "$(prog drafter_bench)" --model 27b --context 4096 --anchors 512 --draft-arch dflash2 --block 8 \
+        "${H[@]}" --optimizer-state bf16 > "$O/ours-bf16-state.txt" 2>&1
+      timeout 240 python3 "$ROOT/bench/ref_dflash2_step.py" --model 27b --context 4096 --anchors 512 --attention flex \
+        --compile-conv on --recompute-loss-chunks off "${H[@]}" > "$O/ref.txt" 2>&1
+      grep -h "step\b\|median" "$O"/*.txt | tail -20 | tee "$O/summary.txt" ;;
+    *) echo "unknown part $part (checks layouts speed dflash2)" >&2; exit 2 ;;
+  esac
+done
+say done
