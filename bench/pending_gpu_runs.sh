@@ -8,8 +8,8 @@
 #   bash bench/pending_gpu_runs.sh BIN OUT speed      # ~8 min: colocated / 1-1 / the reference at hidden 2048 and 4096
 #   bash bench/pending_gpu_runs.sh BIN OUT dflash2    # ~4 min: the 27B DFlash2 step with the release's heads vs PyTorch
 #
-# `speed` needs runs/q2048/data and runs/q4096/data (bench/quality/run.sh's data stage; make them on the CPU
-# machine with NCONV=3000 and carry them with their tokenizer dirs and data.done marks). Each part leaves at
+# `speed` needs runs/q4096/{data,tokenizer,data.done} (or runs/q2048/...): bench/quality/run.sh's data stage made
+# on the CPU machine (WORK=runs/q4096 NCONV=3000 ... data), carried; the other width copies it. Each part leaves at
 # most 8 files in OUT/PART (the GPU tool's limit): logs are tarred.
 set -uo pipefail
 B=$(cd "${1:?usage: bench/pending_gpu_runs.sh BIN OUT PART...}" && pwd)
@@ -59,6 +59,11 @@ for part in "$@"; do
     speed)
       for h in 2048 4096; do
         say "speed at hidden $h"
+        # the data and tokenizer are the same at both widths: carry one copy (the tool's 64 MiB), copy it here
+        if [ ! -f "$ROOT/runs/q$h/data.done" ]; then
+          src=$ROOT/runs/q4096; [ -f "$src/data.done" ] || src=$ROOT/runs/q2048
+          mkdir -p "$ROOT/runs/q$h" && cp -r "$src/data" "$src/tokenizer" "$src/data.done" "$ROOT/runs/q$h/"
+        fi
         WORK=$ROOT/runs/q$h BIN=$B HIDDEN=$h TARGET_SECONDS=5 TARGET_ARGS="--micro-batch 2" BUDGETS=30 \
           A_CALIB_STEPS=100 B_CALIB_STEPS=20 SPEED_RECIPES="b a" SPEED_LAYOUTS="colocated 1-1" \
           PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True timeout 260 \
