@@ -7,6 +7,13 @@
 #   bash bench/pending_gpu_runs.sh BIN OUT layouts    # ~8 min: the roles bench, 1-1 at the record density
 #   bash bench/pending_gpu_runs.sh BIN OUT speed      # ~8 min: colocated / 1-1 / the reference at hidden 2048 and 4096
 #   bash bench/pending_gpu_runs.sh BIN OUT dflash2    # ~4 min: the 27B DFlash2 step with the release's heads vs PyTorch
+#   bash bench/pending_gpu_runs.sh BIN OUT quality1   # ~6 min: tau table at hidden 2048, colocated: target, reference, ours-a
+#   bash bench/pending_gpu_runs.sh BIN OUT quality2   # ~7 min: ours-b (per record), ours-c / ours-d (DFlash2 strict / insert)
+#   bash bench/pending_gpu_runs.sh BIN OUT quality3   # ~6 min: eval greedy and sampled (T = 1), the tables
+#
+# quality1..3 must run on one warm machine, back to back (the target lives in runs/q2048 between them; a
+# target re-made in a later call is another set of weights, and the table says so). They need
+# runs/q2048/{data,tokenizer,data.done} (or runs/q4096's: the same data), carried.
 #
 # `speed` needs runs/q4096/{data,tokenizer,data.done} (or runs/q2048/...): bench/quality/run.sh's data stage made
 # on the CPU machine (WORK=runs/q4096 NCONV=3000 ... data), carried; the other width copies it. Each part leaves at
@@ -83,7 +90,29 @@ for part in "$@"; do
       timeout 240 python3 "$ROOT/bench/ref_dflash2_step.py" --model 27b --context 4096 --anchors 512 --attention flex \
         --compile-conv on --recompute-loss-chunks off "${H[@]}" > "$O/ref.txt" 2>&1
       grep -h "step\b\|median" "$O"/*.txt | tail -20 | tee "$O/summary.txt" ;;
-    *) echo "unknown part $part (checks layouts speed dflash2)" >&2; exit 2 ;;
+    quality1|quality2|quality3)
+      # issue 45's tau table with colocated, issue 47's DFlash (block 16) vs DFlash2 (block 8) strict / insert,
+      # issue 44's two densities (a: 512 per batch, b: 512 per record), all against the reference, on the
+      # hidden-2048 target (bench/results/quality-2d1274e: 90 s of training gives tau ~2)
+      h=2048
+      if [ ! -f "$ROOT/runs/q$h/data.done" ]; then
+        src=$ROOT/runs/q4096; mkdir -p "$ROOT/runs/q$h" && cp -r "$src/data" "$src/tokenizer" "$src/data.done" "$ROOT/runs/q$h/"
+      fi
+      case $part in
+        quality1) stages=(target ref ours-a) ;;
+        quality2) stages=(ours-b ours-c ours-d) ;;
+        quality3) stages=(eval table) ;;
+      esac
+      say "$part: ${stages[*]}"
+      Q=(env WORK="$ROOT/runs/q$h" BIN="$B" HIDDEN=$h TARGET_SECONDS=90 BUDGETS=40,80 OURS_LAYOUT=colocated
+         A_CALIB_STEPS=60 B_CALIB_STEPS=16 CALIB_STEPS=60 EVAL_JOBS=8 PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True)
+      "${Q[@]}" timeout $((590 - (SECONDS - T0))) bash "$ROOT/bench/quality/run.sh" "$O/q" "${stages[@]}" | tail -30
+      if [ $part = quality3 ]; then
+        "${Q[@]}" EVAL_TEMPERATURE=1 timeout $((590 - (SECONDS - T0))) bash "$ROOT/bench/quality/run.sh" "$O/q" eval table | tail -30
+        cat "$O/q"/results*.md > "$O/summary.txt"
+      fi
+      pack "$O" ;;
+    *) echo "unknown part $part (checks layouts speed dflash2 quality1 quality2 quality3)" >&2; exit 2 ;;
   esac
 done
 say done

@@ -1,0 +1,204 @@
+// fp8_gemm_modes: which FP8 scaling modes cuBLASLt runs on this GPU, and how fast, at a target's linear shapes
+// (issue 46: the block-scaled GEMM reaches ~815 TFLOP/s on an H100, 1.14x bf16; what do the other modes give?).
+// For each shape: bf16, FP8 with 1x128 block scales on both operands (VEC128_32F: the fine-grained format),
+// FP8 with per-row / per-column scales (OUTER_VEC_32F: compressed-tensors FP8-Dynamic, per token x per
+// channel), and FP8 with one scale per tensor (SCALAR_32F), the last with and without fast accumulation.
+// Each mode asks the heuristic for up to 8 algorithms and times each (CUDA events, 2 warm-ups, median of 7);
+// the fastest counts. Standalone (cuBLASLt only) so it runs on any CUDA machine:
+//   nvcc -O2 -std=c++17 -arch=sm_90a bench/fp8_gemm_modes.cu -lcublasLt -o fp8_gemm_modes && ./fp8_gemm_modes
+// Options: --tokens N (16384), --shapes 8b|27b (8b). Output: `# ` metadata, then one fixed-width row per
+// (shape, mode): the algorithms tried, the best time and TFLOP/s, or why the mode is not available.
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#define CK(x)                                                                               \
+  do {                                                                                      \
+    cudaError_t e_ = (x);                                                                   \
+    if (e_ != cudaSuccess) {                                                                \
+      std::fprintf(stderr, "CUDA error %s at %s:%d\n", cudaGetErrorString(e_), __FILE__, __LINE__); \
+      std::exit(2);                                                                         \
+    }                                                                                       \
+  } while (0)
+
+namespace {
+
+enum class Mode { Bf16, Block, Outer, Tensor, TensorFastAccum };
+const char* name(Mode m) {
+  switch (m) {
+    case Mode::Bf16: return "bf16";
+    case Mode::Block: return "fp8-block128";
+    case Mode::Outer: return "fp8-outer-vec";
+    case Mode::Tensor: return "fp8-tensor";
+    case Mode::TensorFastAccum: return "fp8-tensor-fastacc";
+  }
+  return "?";
+}
+
+struct Shape { const char* what; int k, o; };
+
+// Column-major view as the product runs it: out^T [O, N] = W [K, O]^T x act^T [K, N] (TN).
+// Returns the best median ms, or a negative number with `why` set.
+double time_mode(cublasLtHandle_t lt, Mode m, int N, int K, int O, void* w, void* x, void* out, float* sa,
+                 float* sb, void* ws, size_t ws_bytes, int* tried, std::string* why) {
+  const bool fp8 = m != Mode::Bf16;
+  cublasLtMatmulDesc_t desc;
+  cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F);
+  const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+  cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta));
+  cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb));
+  if (fp8) {
+    cublasLtMatmulMatrixScale_t mode = CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F;
+    if (m == Mode::Block) mode = CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
+    if (m == Mode::Outer) mode = CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
+    cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &mode, sizeof(mode));
+    cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mode, sizeof(mode));
+    cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sa, sizeof(sa));
+    cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sb, sizeof(sb));
+    const int8_t fast = m == Mode::TensorFastAccum ? 1 : 0;
+    cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof(fast));
+  }
+  const cudaDataType_t in_t = fp8 ? CUDA_R_8F_E4M3 : CUDA_R_16BF;
+  cublasLtMatrixLayout_t a, b, c;
+  cublasLtMatrixLayoutCreate(&a, in_t, K, O, K);
+  cublasLtMatrixLayoutCreate(&b, in_t, K, N, K);
+  cublasLtMatrixLayoutCreate(&c, CUDA_R_16BF, O, N, O);
+  cublasLtMatmulPreference_t pref;
+  cublasLtMatmulPreferenceCreate(&pref);
+  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws_bytes, sizeof(ws_bytes));
+  cublasLtMatmulHeuristicResult_t res[8] = {};
+  int found = 0;
+  const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(lt, desc, a, b, c, c, pref, 8, res, &found);
+  double best = -1;
+  *tried = 0;
+  if (st != CUBLAS_STATUS_SUCCESS || found == 0) {
+    *why = "no algorithm (heuristic status " + std::to_string(int(st)) + ")";
+  } else {
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    const float alpha = 1.f, beta = 0.f;
+    for (int i = 0; i < found; ++i) {
+      std::vector<float> t;
+      bool ok = true;
+      for (int r = 0; r < 9 && ok; ++r) {
+        CK(cudaEventRecord(e0));
+        ok = cublasLtMatmul(lt, desc, &alpha, w, a, x, b, &beta, out, c, out, c, &res[i].algo, ws, ws_bytes, 0) ==
+             CUBLAS_STATUS_SUCCESS;
+        CK(cudaEventRecord(e1));
+        CK(cudaEventSynchronize(e1));
+        float ms = 0;
+        CK(cudaEventElapsedTime(&ms, e0, e1));
+        if (r >= 2) t.push_back(ms);
+      }
+      if (!ok) continue;
+      ++*tried;
+      std::sort(t.begin(), t.end());
+      const double med = t[t.size() / 2];
+      if (best < 0 || med < best) best = med;
+    }
+    if (best < 0) *why = "every algorithm failed to run";
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+  }
+  cublasLtMatmulPreferenceDestroy(pref);
+  cublasLtMatrixLayoutDestroy(c);
+  cublasLtMatrixLayoutDestroy(b);
+  cublasLtMatrixLayoutDestroy(a);
+  cublasLtMatmulDescDestroy(desc);
+  return best;
+}
+
+__global__ void fill_kernel(unsigned char* p, size_t n, unsigned seed, bool fp8) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+    unsigned h = (unsigned(i) ^ seed) * 2654435761u;
+    h ^= h >> 13;
+    // small finite values: e4m3 codes with exponent bits below the top (no NaN), bf16 bytes ~ +-[0.5, 2)
+    p[i] = fp8 ? static_cast<unsigned char>((h & 0x80) | (0x30 + (h >> 8) % 0x18)) : static_cast<unsigned char>(i % 2 ? (h & 0x80) | 0x3f : h);
+  }
+}
+
+__global__ void fill_scales(float* p, size_t n) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
+    p[i] = 1.f / 64 + (i % 7) / 512.f;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int N = 16384;
+  std::string set = "8b";
+  for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--tokens") && i + 1 < argc) N = std::atoi(argv[++i]);
+    else if (!std::strcmp(argv[i], "--shapes") && i + 1 < argc) set = argv[++i];
+    else {
+      std::fprintf(stderr, "usage: fp8_gemm_modes [--tokens N] [--shapes 8b|27b]\n");
+      return 2;
+    }
+  }
+  // Qwen3-8B: hidden 4096, q|k|v 4096+1024+1024, MLP 12288. Qwen3.6-27B: hidden 5120, MLP 17408; its full
+  // attention q (with the gate) 2x6144 + k|v 2x1024 and the DeltaNet's in_proj_qkvz, out_proj.
+  std::vector<Shape> shapes = {{"qkv", 4096, 6144}, {"o", 4096, 4096}, {"gate_up", 4096, 24576}, {"down", 12288, 4096}};
+  if (set == "27b")
+    shapes = {{"attn_qkv", 5120, 14336}, {"attn_o", 6144, 5120}, {"gdn_qkvz", 5120, 16384},
+              {"gdn_out", 6144, 5120},   {"gate_up", 5120, 34816}, {"down", 17408, 5120}};
+  cudaDeviceProp prop;
+  CK(cudaGetDeviceProperties(&prop, 0));
+  int ver = 0;
+  ver = int(cublasLtGetVersion());
+  std::printf("# fp8_gemm_modes: %s (sm_%d%d), cuBLASLt %d, tokens %d, shapes %s\n", prop.name, prop.major,
+              prop.minor, ver, N, set.c_str());
+  std::printf("# time: median of 7 after 2 warm-ups per algorithm, best of the heuristic's <= 8 (CUDA events)\n");
+  size_t max_w = 0, max_x = 0, max_o = 0;
+  for (auto& s : shapes) {
+    max_w = std::max(max_w, size_t(s.k) * s.o);
+    max_x = std::max(max_x, size_t(s.k) * N);
+    max_o = std::max(max_o, size_t(s.o) * N);
+  }
+  void *w, *x, *out, *ws;
+  float *sa, *sb;
+  const size_t ws_bytes = size_t(64) << 20;
+  CK(cudaMalloc(&w, max_w * 2));
+  CK(cudaMalloc(&x, max_x * 2));
+  CK(cudaMalloc(&out, max_o * 2));
+  CK(cudaMalloc(&ws, ws_bytes));
+  const size_t nscale = std::max(max_w, max_x) / 128 + 65536;
+  CK(cudaMalloc(&sa, nscale * 4));
+  CK(cudaMalloc(&sb, nscale * 4));
+  fill_scales<<<1024, 256>>>(sa, nscale);
+  fill_scales<<<1024, 256>>>(sb, nscale);
+  cublasLtHandle_t lt;
+  cublasLtCreate(&lt);
+  std::printf("%-10s %6s %6s %6s  %-20s %5s %10s %9s  %s\n", "shape", "N", "K", "O", "mode", "algos", "ms", "TFLOP/s",
+              "vs bf16");
+  for (auto& s : shapes) {
+    double bf16_ms = -1;
+    for (Mode m : {Mode::Bf16, Mode::Block, Mode::Outer, Mode::Tensor, Mode::TensorFastAccum}) {
+      const bool fp8 = m != Mode::Bf16;
+      fill_kernel<<<1024, 256>>>(static_cast<unsigned char*>(w), size_t(s.k) * s.o * (fp8 ? 1 : 2), 1, fp8);
+      fill_kernel<<<1024, 256>>>(static_cast<unsigned char*>(x), size_t(s.k) * N * (fp8 ? 1 : 2), 2, fp8);
+      CK(cudaDeviceSynchronize());
+      int tried = 0;
+      std::string why;
+      const double ms = time_mode(lt, m, N, s.k, s.o, w, x, out, sa, sb, ws, ws_bytes, &tried, &why);
+      CK(cudaGetLastError());
+      if (ms < 0) {
+        std::printf("%-10s %6d %6d %6d  %-20s %5d %10s %9s  %s\n", s.what, N, s.k, s.o, name(m), tried, "-", "-",
+                    why.c_str());
+        continue;
+      }
+      if (m == Mode::Bf16) bf16_ms = ms;
+      const double tflops = 2.0 * N * s.k * s.o / (ms * 1e-3) / 1e12;
+      std::printf("%-10s %6d %6d %6d  %-20s %5d %10.3f %9.1f  %.2fx\n", s.what, N, s.k, s.o, name(m), tried, ms,
+                  tflops, bf16_ms > 0 ? bf16_ms / ms : 0.0);
+    }
+  }
+  cublasLtDestroy(lt);
+  return 0;
+}
