@@ -259,6 +259,7 @@ inline std::vector<int32_t> parse_ints(const std::string& s) {
 
 #include "dflash/backend.h"
 #include "dflash/error.h"
+#include "dflash/ops.h"
 #include "dflash/tensor.h"
 
 #define BENCH_CUDA(call)                                                                        \
@@ -294,6 +295,9 @@ struct ForwardOptions {
   // --fp8: the decoder layers' linears as block-scaled FP8 GEMMs (bench/bench_fp8.h), as an FP8 target runs
   // them on sm_90 (docs/fp8.md); random e4m3 weights with 128-channel scales instead of random bf16.
   enum class Linears : uint8_t { Bf16, Fp8 } linears = Linears::Bf16;
+  // --fp8-scaling block|token (with --fp8): the fine-grained format's 1x128 scales (default), or
+  // compressed-tensors FP8-Dynamic's one scale per token x one per output channel (ops::Fp8Scaling).
+  ops::Fp8Scaling fp8_scaling = ops::Fp8Scaling::Block128;
 };
 
 // Reads argv[i] into o when it is one of ForwardOptions' (i then moves past its value) and returns true;
@@ -314,7 +318,11 @@ inline bool parse_forward_option(int argc, char** argv, int& i, ForwardOptions& 
   // A CE job's target forward: no final norm, so the layers after the last capture are not run.
   else if (a == "--no-final-norm") o.no_final_norm = true;
   else if (a == "--fp8") o.linears = ForwardOptions::Linears::Fp8;
-  else return false;
+  else if (a == "--fp8-scaling") {
+    const std::string v = next();
+    DF_CHECK(v == "block" || v == "token", BadOptions, "--fp8-scaling must be block or token, got '" << v << "'");
+    o.fp8_scaling = v == "token" ? ops::Fp8Scaling::TokenChannel : ops::Fp8Scaling::Block128;
+  } else return false;
   return true;
 }
 

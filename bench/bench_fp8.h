@@ -24,20 +24,24 @@ namespace dflash::bench {
 // without the GEMM, emulate has no --fp8 of its own: the bf16 run is its speed). ctx null (--dry-run): from
 // the variable alone.
 enum class Fp8Path : uint8_t { Gemm, Dequant };
-inline Fp8Path fp8_path(const Ctx* ctx) {
+inline Fp8Path fp8_path(const Ctx* ctx, ops::Fp8Scaling scaling = ops::Fp8Scaling::Block128) {
   const Fp8LinearChoice c = fp8_linear_choice();
   DF_CHECK_HINT(c != Fp8LinearChoice::Emulate, BadOptions, "--fp8 with DFLASH_FP8_LINEAR=emulate",
                 "the emulation runs at the bf16 run's speed: drop --fp8, or set DFLASH_FP8_LINEAR=gemm|dequant");
   if (c == Fp8LinearChoice::Dequant) return Fp8Path::Dequant;
-  const bool gemm = ctx == nullptr || ops::fp8_block_gemm_available(*ctx);
+  const bool token = scaling == ops::Fp8Scaling::TokenChannel;
+  const bool gemm =
+      ctx == nullptr || (token ? ops::fp8_token_gemm_available(*ctx) : ops::fp8_block_gemm_available(*ctx));
   DF_CHECK_HINT(gemm || c != Fp8LinearChoice::Gemm, DeviceFailure,
-                "--fp8 with DFLASH_FP8_LINEAR=gemm: this GPU has no block-scaled FP8 GEMM (cuBLASLt's VEC128_32F "
-                "scales: sm_90 only)",
+                "--fp8 with DFLASH_FP8_LINEAR=gemm: this GPU has no "
+                    << (token ? "per-token x per-channel FP8 GEMM (cuBLASLt's OUTER_VEC_32F)"
+                              : "block-scaled FP8 GEMM (cuBLASLt's VEC128_32F scales: sm_90 only)"),
                 "unset DFLASH_FP8_LINEAR: this GPU runs FP8 linears as dequantize + bf16 GEMM (docs/fp8.md)");
   return gemm ? Fp8Path::Gemm : Fp8Path::Dequant;
 }
-inline const char* fp8_path_name(Fp8Path p) {
-  return p == Fp8Path::Gemm ? "block-scaled FP8 GEMMs" : "dequantized per GEMM into one bf16 scratch";
+inline const char* fp8_path_name(Fp8Path p, ops::Fp8Scaling scaling = ops::Fp8Scaling::Block128) {
+  if (p == Fp8Path::Dequant) return "dequantized per GEMM into one bf16 scratch";
+  return scaling == ops::Fp8Scaling::TokenChannel ? "per-token x per-channel FP8 GEMMs" : "block-scaled FP8 GEMMs";
 }
 
 // The `# fp8 gemm plans:` metadata line of a forward bench on the GEMM path, after its timed forwards: how
@@ -87,8 +91,9 @@ class Fp8Weights {
 class Fp8Scratch {
  public:
   Fp8Scratch() = default;
-  Fp8Scratch(const Ctx& ctx, Fp8Path path, int64_t max_tokens, int64_t widest_in, int64_t largest_weight)
-      : path_(path) {
+  Fp8Scratch(const Ctx& ctx, Fp8Path path, int64_t max_tokens, int64_t widest_in, int64_t largest_weight,
+             ops::Fp8Scaling scaling = ops::Fp8Scaling::Block128)
+      : path_(path), scaling_(scaling) {
     if (path == Fp8Path::Gemm) {
       codes_ = Buffer(ctx.device, DType::F8E4M3, {max_tokens * widest_in});
       scales_ = Buffer(ctx.device, DType::F32, {max_tokens * (widest_in / fp8::kBlock)});
@@ -110,23 +115,28 @@ class Fp8Scratch {
   void linear(const Ctx& ctx, const Tensor& out, const Tensor& in, const Tensor& w_codes, const Tensor& w_scales,
               ops::Accumulate acc = ops::Accumulate::No, const Tensor& residual = Tensor()) const {
     const int64_t T = in.size(0), K = in.size(1);
+    // TokenChannel: one activation scale per token, and the weights' first scale row (a channel's scale
+    // repeated over the groups, as Fp8Weights makes them and the loader stores channel scales)
+    const bool token = scaling_ == ops::Fp8Scaling::TokenChannel;
     if (path_ == Fp8Path::Dequant) {  // DecoderStackTarget::linear_weight_values + linear_input
       const int64_t O = w_codes.size(0);
       const Tensor w = weight_.t().slice_rows(0, O * K).reshape({O, K}), x = qdq_.t().slice_rows(0, T * K).reshape({T, K});
       ops::fp8_weight_dequantize(ctx, w, w_codes, w_scales);
-      ops::fp8_activation_qdq(ctx, x, in, fp8::kBlock);
+      ops::fp8_activation_qdq(ctx, x, in, token ? K : fp8::kBlock);
       if (!residual.empty()) return ops::matmul_residual_forward(ctx, out, x, w, residual);
       return ops::matmul_forward(ctx, out, x, w, acc);
     }
     DF_CHECK_HINT(T % 16 == 0, BadOptions, "--fp8: T = " << T << " tokens; the FP8 GEMM takes multiples of 16",
                   "use --seqlens that sum to a multiple of 16");
+    const int64_t KB = token ? 1 : K / fp8::kBlock;
     const Tensor c = codes_.t().slice_rows(0, T * K).reshape({T, K});
-    const Tensor s = scales_.t().slice_rows(0, T * (K / fp8::kBlock)).reshape({K / fp8::kBlock, T});
-    ops::fp8_linear_forward(ctx, out, in, w_codes, w_scales, c, s, acc, residual);
+    const Tensor s = scales_.t().slice_rows(0, T * KB).reshape({KB, T});
+    ops::fp8_linear_forward(ctx, out, in, w_codes, w_scales.slice_rows(0, KB), c, s, acc, residual, scaling_);
   }
 
  private:
   Fp8Path path_ = Fp8Path::Gemm;
+  ops::Fp8Scaling scaling_ = ops::Fp8Scaling::Block128;
   Buffer codes_, scales_, qdq_, weight_;
 };
 

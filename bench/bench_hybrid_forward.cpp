@@ -189,7 +189,7 @@ struct Model {
   // dry: count the bytes only (no device needed), for --dry-run.
   Model(const Qwen35Config& c, const Ctx& ctx_, const std::vector<int>& capture, int64_t max_tokens, bool lm_head,
         bool dry, bench::ForwardOptions::Linears linears = bench::ForwardOptions::Linears::Bf16,
-        bench::Fp8Path fp8_path = bench::Fp8Path::Gemm)
+        bench::Fp8Path fp8_path = bench::Fp8Path::Gemm, ops::Fp8Scaling fp8_scaling = ops::Fp8Scaling::Block128)
       : cfg(c), ctx(ctx_) {
     const Qwen3Config& tc = cfg.text;
     plan = plan_captures(capture, tc.num_hidden_layers, "(random weights, --model)");
@@ -212,7 +212,8 @@ struct Model {
       if (linears == bench::ForwardOptions::Linears::Fp8 && fp8_ok) {
         lw.mode = fp8_path == bench::Fp8Path::Gemm ? LinearMode::Fp8Gemm : LinearMode::Fp8Dequant;
         largest_fp8 = std::max(largest_fp8, d[0] * d[1]);
-        lw.act_group = fp8::kBlock;
+        lw.act_group = fp8_scaling == ops::Fp8Scaling::TokenChannel ? 0 : fp8::kBlock;
+        lw.gemm_scaling = fp8_scaling;
         weight_bytes += static_cast<size_t>(d[0] * d[1] + 4 * (d[1] / fp8::kBlock) * d[0]);
         if (!dry) {
           bench::Fp8Linear f = w8.make(ctx, d[0], d[1], std, 1);
@@ -297,7 +298,7 @@ struct Model {
     if (linears == bench::ForwardOptions::Linears::Fp8) {  // the FP8 linears' one scratch
       const int64_t widest = std::max({H, I, nh * hd, gh.value_dim()});
       act_bytes += bench::Fp8Scratch::bytes(fp8_path, N, widest, largest_fp8);
-      if (!dry) fp8 = bench::Fp8Scratch(ctx, fp8_path, N, widest, largest_fp8);
+      if (!dry) fp8 = bench::Fp8Scratch(ctx, fp8_path, N, widest, largest_fp8, fp8_scaling);
     }
     scratch.new_phase();
     reserve(&mlp_gate_up, act, 2 * I);
@@ -465,12 +466,12 @@ int main(int argc, char** argv) {
 
   const int64_t H = tc.hidden_size, K = static_cast<int64_t>(capture.size());
   const bool fp8_linears = opt.linears == bench::ForwardOptions::Linears::Fp8;
-  bench::Fp8Path fp8_path = fp8_linears ? bench::fp8_path(nullptr) : bench::Fp8Path::Gemm;  // the GPU's, below
+  bench::Fp8Path fp8_path = fp8_linears ? bench::fp8_path(nullptr, opt.fp8_scaling) : bench::Fp8Path::Gemm;  // the GPU's, below
   // The shape, memory plan and method as `# ` lines (also all that --dry-run prints).
   auto header = [&](const std::string& device_line, const Model& m) {
     w.begin(device_line, bench::timing_line(warmup, iters) + "; breakdown from one more forward with events around every op");
     w.meta("what", std::string("Qwen3.5/3.6 hybrid target forward (src/model/qwen35_target.cpp op sequence), CUDA, ") +
-                       (fp8_linears ? std::string("random e4m3 linears (") + bench::fp8_path_name(fp8_path) +
+                       (fp8_linears ? std::string("random e4m3 linears (") + bench::fp8_path_name(fp8_path, opt.fp8_scaling) +
                                           "; in_proj_a/b bf16) + bf16 other"
                                     : std::string("random bf16 weights")));
     w.meta("model", bench::format("%s: vocab %d, hidden %d, intermediate %d, %d layers = %d GDN + %d full attention "
@@ -499,7 +500,7 @@ int main(int argc, char** argv) {
       w.meta("reference", "HF reference and goal recorded for --model 27b only (this shape is a smoke run)");
   };
   if (dry) {
-    const Model plan(cfg, Ctx{}, capture, T, lm_head, /*dry=*/true, opt.linears, fp8_path);
+    const Model plan(cfg, Ctx{}, capture, T, lm_head, /*dry=*/true, opt.linears, fp8_path, opt.fp8_scaling);
     header("none (--dry-run: shape and memory plan only)", plan);
     w.meta("planned", bench::format("%.2f GiB allocations (weights + activations + send buffer + final norm; no CUDA "
                                     "context, no cuBLASLt workspace)",
@@ -519,8 +520,8 @@ int main(int argc, char** argv) {
     min_free = std::min(min_free, f);
   };
 
-  if (fp8_linears) fp8_path = bench::fp8_path(&ctx);
-  Model m(cfg, ctx, capture, T, lm_head, /*dry=*/false, opt.linears, fp8_path);
+  if (fp8_linears) fp8_path = bench::fp8_path(&ctx, opt.fp8_scaling);
+  Model m(cfg, ctx, capture, T, lm_head, /*dry=*/false, opt.linears, fp8_path, opt.fp8_scaling);
   Buffer features(Device::CUDA, DType::BF16, {std::max<int64_t>(K, 1), T, H});
   Buffer final_out(Device::CUDA, DType::BF16, {T, H});
   const CaptureOut out{K > 0 ? features.t() : Tensor(), opt.no_final_norm ? Tensor() : final_out.t()};
@@ -625,7 +626,11 @@ int main(int argc, char** argv) {
   if (fp8_linears && fp8_path == bench::Fp8Path::Gemm) w.meta("fp8 gemm plans", bench::fp8_plans_meta(ctx, warmup));
   w.columns(hybrid_columns());
   const bench::Cell mc = model, tt = static_cast<long long>(T), ns = seqlens.size(), _ = bench::none;
-  const bench::Cell impl = !fp8_linears ? "ours" : fp8_path == bench::Fp8Path::Gemm ? "ours-fp8" : "ours-fp8-dequant";
+  const bool token = opt.fp8_scaling == ops::Fp8Scaling::TokenChannel;
+  const bench::Cell impl = !fp8_linears                       ? "ours"
+                           : fp8_path == bench::Fp8Path::Dequant ? (token ? "ours-fp8tok-dequant" : "ours-fp8-dequant")
+                           : token                               ? "ours-fp8tok"
+                                                                 : "ours-fp8";
   w.row({"forward", impl, mc, tt, ns, t_med * 1e3, *std::min_element(ms.begin(), ms.end()),
          *std::max_element(ms.begin(), ms.end()), _, _, tok_s, (flop_gemm + flop_attn + flop_delta) / t_med / 1e12,
          peak_gib, growth_gib});

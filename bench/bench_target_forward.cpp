@@ -12,6 +12,8 @@
 //   bench_target_forward --gemm-peak
 //   bench_target_forward --model 8b --fp8      (the linears as block-scaled FP8 GEMMs: an FP8 target on sm_90;
 //                                               elsewhere, or with DFLASH_FP8_LINEAR=dequant, dequantized per GEMM)
+//   bench_target_forward --model 8b --fp8 --fp8-scaling token   (compressed-tensors FP8-Dynamic's GEMMs: one
+//                                               scale per token x one per output channel, OUTER_VEC_32F)
 //   options: --iters N (5), --warmup N (2), --json (one JSON line per case; bench/README.md, "Output format")
 #include <cuda_runtime.h>
 
@@ -108,7 +110,7 @@ struct Model {
   bench::Fp8Scratch fp8;  // --fp8: the activations' codes and scales, or the dequantize path's scratch
 
   Model(const Shape& shape, const Ctx& c, int64_t max_tokens, bench::ForwardOptions::Linears lin,
-        bench::Fp8Path fp8_path = bench::Fp8Path::Gemm)
+        bench::Fp8Path fp8_path = bench::Fp8Path::Gemm, ops::Fp8Scaling fp8_scaling = ops::Fp8Scaling::Block128)
       : s(shape), ctx(c), linears(lin) {
     uint64_t seed = 1;
     auto weight = [&](std::initializer_list<int64_t> dims, float mean, float std) {
@@ -142,7 +144,7 @@ struct Model {
     }
     if (fp8_linears)
       fp8 = bench::Fp8Scratch(ctx, fp8_path, max_tokens, std::max({H, I, QD}),
-                              std::max({(QD + 2 * KD) * H, H * QD, 2 * I * H, H * I}));
+                              std::max({(QD + 2 * KD) * H, H * QD, 2 * I * H, H * I}), fp8_scaling);
     const int64_t N = max_tokens;
     resid = Buffer(Device::CUDA, DType::BF16, {N, H});
     h = Buffer(Device::CUDA, DType::BF16, {N, H});
@@ -309,8 +311,8 @@ int main(int argc, char** argv) {
   size_t free0 = 0, total = 0;
   BENCH_CUDA(cudaMemGetInfo(&free0, &total));
   const bool fp8_linears = opt.linears == bench::ForwardOptions::Linears::Fp8;
-  const bench::Fp8Path fp8_path = fp8_linears ? bench::fp8_path(&ctx) : bench::Fp8Path::Gemm;
-  Model m(s, ctx, T, opt.linears, fp8_path);
+  const bench::Fp8Path fp8_path = fp8_linears ? bench::fp8_path(&ctx, opt.fp8_scaling) : bench::Fp8Path::Gemm;
+  Model m(s, ctx, T, opt.linears, fp8_path, opt.fp8_scaling);
   const int64_t H = s.hidden, K = static_cast<int64_t>(capture.size());
   Buffer features(Device::CUDA, DType::BF16, {K, T, H}), final_buf(Device::CUDA, DType::BF16, {T, H});
   const Tensor final_out = opt.no_final_norm ? Tensor() : final_buf.t();
@@ -350,7 +352,7 @@ int main(int argc, char** argv) {
   for (size_t i = 0; i < capture.size(); ++i) cap += (i ? "," : "") + std::to_string(capture[i]);
   w.begin(bench::device_line(0), bench::timing_line(opt.warmup, opt.iters));
   w.meta("model", bench::format("%s (Qwen3 dense, random %s weights), %lld layers", s.name,
-                                fp8_linears ? (std::string("e4m3 linear (") + bench::fp8_path_name(fp8_path) +
+                                fp8_linears ? (std::string("e4m3 linear (") + bench::fp8_path_name(fp8_path, opt.fp8_scaling) +
                                                ") + bf16 other").c_str()
                                             : "bf16",
                                 (long long)s.layers));
@@ -372,7 +374,11 @@ int main(int argc, char** argv) {
                                 total_parts));
   if (fp8_linears && fp8_path == bench::Fp8Path::Gemm) w.meta("fp8 gemm plans", bench::fp8_plans_meta(ctx, opt.warmup));
   w.columns(forward_columns());
-  const bench::Cell impl = !fp8_linears ? "ours" : fp8_path == bench::Fp8Path::Gemm ? "ours-fp8" : "ours-fp8-dequant";
+  const bool token = opt.fp8_scaling == ops::Fp8Scaling::TokenChannel;
+  const bench::Cell impl = !fp8_linears                       ? "ours"
+                           : fp8_path == bench::Fp8Path::Dequant ? (token ? "ours-fp8tok-dequant" : "ours-fp8-dequant")
+                           : token                               ? "ours-fp8tok"
+                                                                 : "ours-fp8";
   const bench::Cell model = s.name, tt = static_cast<long long>(T), ns = seqlens.size(), _ = bench::none;
   auto pct = [&](double ms) { return 100 * ms / total_parts; };
   w.row({"forward", impl, model, tt, ns, t_med * 1e3, *std::min_element(ms.begin(), ms.end()), _, T / t_med,

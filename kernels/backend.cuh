@@ -22,8 +22,8 @@ enum DeviceErrorBit : int { kBadTokenId = 1 };
 
 struct MatmulPlan;  // cached cuBLASLt descriptors + algorithm for one tuning class of bf16 GEMMs (matmul.cu)
 using MatmulKey = std::tuple<int, int, int, int, int, int, int, int, int, int>;
-struct Fp8Plan;  // the same for the block-scaled FP8 GEMM (fp8_linear.cu)
-using Fp8Key = std::tuple<int, int, int, int, int>;
+struct Fp8Plan;  // the same for the FP8 GEMMs (fp8_linear.cu: block-scaled and per-token x per-channel)
+using Fp8Key = std::tuple<int, int, int, int, int, int>;
 
 struct Backend {
   int device = 0;

@@ -4,7 +4,9 @@
 // The GEMM is cuBLASLt's block-scaled FP8 matmul: 1x128 (VEC128_32F) scales on both operands. cuBLAS 12.9+
 // offers VEC128_32F / BLK128x128_32F on sm_90 only (the cuBLAS docs' scaling-mode table; sm_100+ has
 // VEC32_UE8M0, MXFP8, another rounding of the scales); elsewhere this GEMM is refused and the target runs its
-// FP8 linears as dequantized BF16 GEMMs behind ops::fp8_activation_qdq.
+// FP8 linears as dequantized BF16 GEMMs behind ops::fp8_activation_qdq. Fp8Scaling::TokenChannel
+// (compressed-tensors FP8-Dynamic) runs the same way with one scale per row of each operand (OUTER_VEC_32F),
+// the activations quantized per token by the same kernel with one group of K.
 #include "fp8_linear.cuh"
 
 #include <algorithm>
@@ -85,9 +87,9 @@ void fp8_activation_qdq(const Ctx& ctx, const Tensor& out, const Tensor& in, int
   launch_act_quant(ctx, true, out, Tensor(), Tensor(), in, group);
 }
 
-// The block-scaled FP8 GEMM, planned once per tuning class like the bf16 GEMMs (lt_plan.cuh): keyed by the
+// The FP8 GEMM, planned once per tuning class like the bf16 GEMMs (lt_plan.cuh): keyed by the
 // token count's class (N is the dimension that changes with every batch), the exact K and O (a linear's
-// own), whether C is read (beta = 1: Accumulate::Yes or a residual) and the operands' alignments. The
+// own), whether C is read (beta = 1: Accumulate::Yes or a residual), the operands' alignments and the scaling. The
 // descriptor (the TN layout, the VEC128_32F scale modes) and the layouts are made once; a call sets its
 // scale pointers on the plan's descriptor (host-side attributes, read by cublasLtMatmul when it enqueues)
 // and, for another token count of the class, re-sets the layouts of B and C to it. Column-major view:
@@ -98,14 +100,18 @@ struct Fp8Plan : LtPlan {
 
 namespace {
 
-void create_fp8_gemm(LtPlan& p, int N, int K, int O) {
+// Block128: 1x128 scales on both operands (VEC128_32F); TokenChannel: one per row of each (OUTER_VEC_32F:
+// the weights' per output channel, the activations' per token).
+void create_fp8_gemm(LtPlan& p, int N, int K, int O, ops::Fp8Scaling scaling) {
   DF_CUBLAS(cublasLtMatmulDescCreate(&p.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
   const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
   DF_CUBLAS(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
   DF_CUBLAS(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
-  const cublasLtMatmulMatrixScale_t vec128 = CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
-  DF_CUBLAS(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &vec128, sizeof(vec128)));
-  DF_CUBLAS(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &vec128, sizeof(vec128)));
+  const cublasLtMatmulMatrixScale_t mode = scaling == ops::Fp8Scaling::TokenChannel
+                                               ? CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F
+                                               : CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
+  DF_CUBLAS(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &mode, sizeof(mode)));
+  DF_CUBLAS(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mode, sizeof(mode)));
   DF_CUBLAS(cublasLtMatrixLayoutCreate(&p.a, CUDA_R_8F_E4M3, K, O, K));
   DF_CUBLAS(cublasLtMatrixLayoutCreate(&p.b, CUDA_R_8F_E4M3, K, N, K));
   DF_CUBLAS(cublasLtMatrixLayoutCreate(&p.c, CUDA_R_16BF, O, N, O));
@@ -124,28 +130,28 @@ void destroy_fp8_gemm(LtPlan& p) {
   cublasLtMatmulDescDestroy(p.desc);
 }
 
-// Per device: 0 not asked yet, 1 available, 2 not.
+// Per scaling and device: 0 not asked yet, 1 available, 2 not.
 constexpr int kMaxDevices = 64;
-std::atomic<int> g_block_gemm[kMaxDevices];
-std::mutex g_block_gemm_mutex;
+std::atomic<int> g_gemm[2][kMaxDevices];
+std::mutex g_gemm_mutex;
 
-}  // namespace
-
-bool fp8_block_gemm_available(const Ctx& ctx) {
+// Whether this device's cuBLASLt runs the FP8 GEMM of `scaling`: the architectures that can (Block128: sm_90
+// only, the cuBLAS docs' scaling-mode table; TokenChannel: FP8 tensor cores, sm_89 and later), then the
+// heuristic asked for a probe shape (nothing runs; the scale pointers only have to be set). Once per device.
+bool fp8_gemm_available(const Ctx& ctx, ops::Fp8Scaling scaling) {
   Backend& be = backend_of(ctx);
-  DF_CHECK(be.device >= 0 && be.device < kMaxDevices, Internal, "fp8_block_gemm_available: device " << be.device);
-  std::atomic<int>& known = g_block_gemm[be.device];
+  DF_CHECK(be.device >= 0 && be.device < kMaxDevices, Internal, "fp8_gemm_available: device " << be.device);
+  std::atomic<int>& known = g_gemm[static_cast<int>(scaling)][be.device];
   if (const int k = known.load()) return k == 1;
-  std::lock_guard<std::mutex> lock(g_block_gemm_mutex);
+  std::lock_guard<std::mutex> lock(g_gemm_mutex);
   if (const int k = known.load()) return k == 1;
   int major = 0, minor = 0;
   DF_CUDA(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, be.device));
   DF_CUDA(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, be.device));
-  bool ok = major == 9 && minor == 0;
+  bool ok = scaling == ops::Fp8Scaling::Block128 ? major == 9 && minor == 0 : major * 10 + minor >= 89;
   if (ok) {
-    // A probe shape, asked of the heuristic only (nothing runs; the scale pointers only have to be set).
     LtPlan probe;
-    create_fp8_gemm(probe, 128, 128, 128);
+    create_fp8_gemm(probe, 128, 128, 128, scaling);
     set_scales(probe, be.workspace, be.workspace);
     cublasLtMatmulHeuristicResult_t results[kCandidates] = {};
     ok = lt_heuristic(be, probe, Alignments{{256, 256, 256}}, results) > 0;
@@ -155,21 +161,32 @@ bool fp8_block_gemm_available(const Ctx& ctx) {
   return ok;
 }
 
+}  // namespace
+
+bool fp8_block_gemm_available(const Ctx& ctx) { return fp8_gemm_available(ctx, ops::Fp8Scaling::Block128); }
+bool fp8_token_gemm_available(const Ctx& ctx) { return fp8_gemm_available(ctx, ops::Fp8Scaling::TokenChannel); }
+
 void fp8_linear_forward(const Ctx& ctx, const Tensor& out, const Tensor& in, const Tensor& w_codes,
                         const Tensor& w_scales, const Tensor& act_codes, const Tensor& act_scales, ops::Accumulate acc,
-                        const Tensor& residual) {
+                        const Tensor& residual, ops::Fp8Scaling scaling) {
   Backend& be = backend_of(ctx);
   DF_CHECK(in.dtype == DType::BF16 && out.dtype == DType::BF16 && (residual.empty() || residual.dtype == DType::BF16),
            Internal, "fp8_linear_forward: in, out and residual must be BF16");
   const int64_t N = in.size(0), K = in.size(1), O = w_codes.size(0);
-  DF_CHECK_HINT(fp8_block_gemm_available(ctx), DeviceFailure,
-                "fp8_linear_forward: cuBLASLt's 1x128 block-scaled FP8 GEMM runs on sm_90 only (with cuBLAS 12.9 or "
-                "later), not on this GPU",
+  const bool per_token = scaling == ops::Fp8Scaling::TokenChannel;
+  DF_CHECK_HINT(fp8_gemm_available(ctx, scaling), DeviceFailure,
+                "fp8_linear_forward: this GPU's cuBLASLt has no "
+                    << (per_token ? "per-token x per-channel (OUTER_VEC_32F) FP8 GEMM"
+                                  : "1x128 block-scaled FP8 GEMM (sm_90 only, cuBLAS 12.9 or later)"),
                 "FP8 targets run their linears as dequantized BF16 GEMMs on this GPU (docs/fp8.md)");
-  DF_CHECK(K % kGroup == 0 && O % 16 == 0 && N % 16 == 0 && std::max({N, K, O}) < (int64_t(1) << 31), Internal,
-           "fp8_linear_forward: cuBLASLt's block-scaled FP8 GEMM needs K % 128 == 0 and N, O % 16 == 0 (each < 2^31), got N "
-               << N << " K " << K << " O " << O);
-  launch_act_quant(ctx, false, Tensor(), act_codes, act_scales, in, kGroup);
+  const int64_t group = per_token ? K : kGroup;
+  DF_CHECK(K % (per_token ? 16 : kGroup) == 0 && O % 16 == 0 && N % 16 == 0 &&
+               std::max({N, K, O}) < (int64_t(1) << 31),
+           Internal,
+           "fp8_linear_forward: cuBLASLt's FP8 GEMM needs K % " << (per_token ? 16 : kGroup)
+                                                                << " == 0 and N, O % 16 == 0 (each < 2^31), got N " << N
+                                                                << " K " << K << " O " << O);
+  launch_act_quant(ctx, false, Tensor(), act_codes, act_scales, in, group);
 
   const int n = static_cast<int>(N), k = static_cast<int>(K), o = static_cast<int>(O);
   cudaStream_t stream = stream_of(ctx);
@@ -177,12 +194,12 @@ void fp8_linear_forward(const Ctx& ctx, const Tensor& out, const Tensor& in, con
   const bool reads_c = acc == ops::Accumulate::Yes || !residual.empty();
   const void* c = residual.empty() ? out.data : residual.data;
   const Alignments align = alignments(w_codes.data, act_codes.data, c, out.data);
-  const Fp8Key key{tuning_class(n), k, o, reads_c ? 1 : 0, align.key()};
+  const Fp8Key key{tuning_class(n), k, o, reads_c ? 1 : 0, align.key(), static_cast<int>(scaling)};
   bool planned = true;
   Fp8Plan*& plan = be.fp8_plans[key];
   if (!plan) {
     auto* p = new Fp8Plan();
-    create_fp8_gemm(*p, n, k, o);
+    create_fp8_gemm(*p, n, k, o, scaling);
     p->n = n;
     set_scales(*p, w_scales.data, act_scales.data);
     const float alpha = 1.f, beta0 = 0.f;
@@ -203,7 +220,8 @@ void fp8_linear_forward(const Ctx& ctx, const Tensor& out, const Tensor& in, con
     }
   }
   DF_CHECK_HINT(planned, DeviceFailure,
-                "fp8_linear_forward: cuBLASLt has no block-scaled FP8 algorithm for N " << N << " K " << K << " O " << O,
+                "fp8_linear_forward: cuBLASLt has no " << (per_token ? "per-token" : "block-scaled") << " FP8 algorithm for N "
+                                                       << N << " K " << K << " O " << O,
                 "update the CUDA toolkit to 12.9 or later (1x128 block scaling on sm_90)");
   const float alpha = 1.f, beta = reads_c ? 1.f : 0.f;
   DF_CUBLAS(cublasLtMatmul(be.lt, plan->desc, &alpha, w_codes.data, plan->a, act_codes.data, plan->b, &beta, c,

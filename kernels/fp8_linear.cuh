@@ -13,4 +13,7 @@ decltype(ops::fp8_linear_forward) fp8_linear_forward;
 // sm_90 and cuBLASLt has a VEC128_32F FP8 algorithm (asked once per device).
 decltype(ops::fp8_block_gemm_available) fp8_block_gemm_available;
 
+// compute capability >= 8.9 and cuBLASLt has an OUTER_VEC_32F FP8 algorithm (asked once per device).
+decltype(ops::fp8_token_gemm_available) fp8_token_gemm_available;
+
 }  // namespace dflash::cuda

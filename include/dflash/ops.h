@@ -43,9 +43,15 @@ void fp8_activation_qdq(const Ctx& ctx, const Tensor& out, const Tensor& in, int
 //   only: VEC128_32F x VEC128_32F; K % 128 == 0, O % 16 == 0, N % 16 == 0 there; elsewhere DeviceFailure).
 // residual (optional, [N, O], acc must be No): out = residual + the product, residual either out itself or
 // not overlapping it (a decoder layer's output projection; on CUDA the GEMM's C operand, beta = 1).
+// scaling = TokenChannel (compressed-tensors FP8-Dynamic: one scale per output channel, one per token):
+// w_scales [1, O] (a channel scale each), in quantized per token (one group of K) into act_codes [N, K] and
+// act_scales [1, N]; on CUDA cuBLASLt's FP8 GEMM with OUTER_VEC_32F scales on both operands (where
+// fp8_token_gemm_available; K % 16 == 0 there), the scales applied to the fp32 sums once.
+enum class Fp8Scaling : uint8_t { Block128, TokenChannel };
 void fp8_linear_forward(const Ctx& ctx, const Tensor& out, const Tensor& in, const Tensor& w_codes,
                         const Tensor& w_scales, const Tensor& act_codes, const Tensor& act_scales,
-                        Accumulate acc = Accumulate::No, const Tensor& residual = Tensor());
+                        Accumulate acc = Accumulate::No, const Tensor& residual = Tensor(),
+                        Fp8Scaling scaling = Fp8Scaling::Block128);
 // An FP8 linear's weight, dequantized for an ordinary GEMM (LinearMode::Fp8Dequant, docs/fp8.md): out [O, K]
 // = e4m3_to_f32(codes [O, K] (F8E4M3)) * scales [KB, O] (F32, kb-major, KB = ceil(K/128): the layout of
 // fp8_linear_forward's w_scales), one fp32 multiply rounded once to out's dtype: the values the loader's
@@ -56,6 +62,10 @@ void fp8_weight_dequantize(const Ctx& ctx, const Tensor& out, const Tensor& code
 // offers the VEC128_32F block-scaled FP8 GEMM (asked once per device, then remembered). False on the CPU
 // backend (it runs the op as the host twin, a reference, not a fast path) and on every other GPU.
 bool fp8_block_gemm_available(const Ctx& ctx);
+// Whether ctx's device runs fp8_linear_forward with Fp8Scaling::TokenChannel: a CUDA device of compute
+// capability 8.9 or later whose cuBLASLt offers an FP8 GEMM with OUTER_VEC_32F scales (asked once per
+// device, then remembered). False on the CPU backend.
+bool fp8_token_gemm_available(const Ctx& ctx);
 
 // The FP8 hidden-state wire (--hs-dtype fp8, docs/fp8.md "The FP8 wire"): one float32 scale per row, as
 // speculators' FP8 connector. fp8_rows_quantize: codes [N, H] (F8E4M3) = e4m3(in / s) and scales [N] (F32)

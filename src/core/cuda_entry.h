@@ -66,6 +66,7 @@ struct Library {
   decltype(&ops::fp8_activation_qdq) fp8_activation_qdq;
   decltype(&ops::fp8_linear_forward) fp8_linear_forward;
   decltype(&ops::fp8_block_gemm_available) fp8_block_gemm_available;
+  decltype(&ops::fp8_token_gemm_available) fp8_token_gemm_available;
   decltype(&ops::fp8_weight_dequantize) fp8_weight_dequantize;
   decltype(&ops::fp8_rows_quantize) fp8_rows_quantize;
   decltype(&ops::fp8_rows_dequantize) fp8_rows_dequantize;

@@ -94,7 +94,12 @@ void DecoderStackTarget::linear_residual(const Tensor& out, const Tensor& in, co
 
 void DecoderStackTarget::fp8_gemm(const Tensor& out, const Tensor& in, const LinearWeight& W, ops::Accumulate acc,
                                   const Tensor& residual) {
-  const int64_t T = in.size(0), K = in.size(1), O = W.fp8_codes.t().size(0), KB = fp8::blocks(K, fp8::kBlock);
+  const int64_t T = in.size(0), K = in.size(1), O = W.fp8_codes.t().size(0);
+  // Scales along K per row: ceil(K/128) (Block128), or one (TokenChannel: the weights' kb-major scales repeat
+  // each channel's over the groups, so their first row is the [1, O] the GEMM takes).
+  const bool per_token = W.gemm_scaling == ops::Fp8Scaling::TokenChannel;
+  const int64_t KB = per_token ? 1 : fp8::blocks(K, fp8::kBlock);
+  const Tensor w_scales = W.fp8_scales.t().slice_rows(0, KB);
   DF_ASSERT(!fp8_act_codes_.t().empty() && static_cast<size_t>(T * K) <= fp8_act_codes_.numel() &&
             static_cast<size_t>(kGemmRows * O) <= pad_out_.numel());
   auto view = [](const Buffer& b, std::initializer_list<int64_t> shape) {
@@ -107,9 +112,9 @@ void DecoderStackTarget::fp8_gemm(const Tensor& out, const Tensor& in, const Lin
   // T - T % 16 tokens run in place, the rest through a 16-row pad.
   const int64_t full = T / kGemmRows * kGemmRows, rest = T - full;
   if (full > 0)
-    ops::fp8_linear_forward(ctx_, out.slice_rows(0, full), in.slice_rows(0, full), W.fp8_codes, W.fp8_scales,
+    ops::fp8_linear_forward(ctx_, out.slice_rows(0, full), in.slice_rows(0, full), W.fp8_codes, w_scales,
                             view(fp8_act_codes_, {full, K}), view(fp8_act_scales_, {KB, full}), acc,
-                            rows_of(residual, 0, full));
+                            rows_of(residual, 0, full), W.gemm_scaling);
   if (rest > 0) {
     // The pad's rows past `rest` hold what an earlier call left there (zeros at first): a GEMM's output row
     // depends only on its own input and C rows, so they never reach the rows copied out.
@@ -117,9 +122,9 @@ void DecoderStackTarget::fp8_gemm(const Tensor& out, const Tensor& in, const Lin
     copy_tensor(ctx_, pin.slice_rows(0, rest), in.slice_rows(full, T));
     const Tensor base = !residual.empty() ? residual : acc == ops::Accumulate::Yes ? out : Tensor();
     if (!base.empty()) copy_tensor(ctx_, pout.slice_rows(0, rest), base.slice_rows(full, T));
-    ops::fp8_linear_forward(ctx_, pout, pin, W.fp8_codes, W.fp8_scales, view(pad_codes_, {kGemmRows, K}),
+    ops::fp8_linear_forward(ctx_, pout, pin, W.fp8_codes, w_scales, view(pad_codes_, {kGemmRows, K}),
                             view(pad_scales_, {KB, kGemmRows}),
-                            base.empty() ? ops::Accumulate::No : ops::Accumulate::Yes);
+                            base.empty() ? ops::Accumulate::No : ops::Accumulate::Yes, Tensor(), W.gemm_scaling);
     copy_tensor(ctx_, out.slice_rows(full, T), pout.slice_rows(0, rest));
   }
   ++fp8_gemm_calls_;

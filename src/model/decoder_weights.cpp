@@ -194,10 +194,17 @@ LinearModeCounts load_decoder_weights(Checkpoint& ckpt, const Qwen3Config& c, co
   std::map<const LinearWeight*, Fp8CodesStaging> staged;
   if (quant.precision == TargetPrecision::Fp8) {
     const Fp8LinearChoice choice = fp8_linear_choice();
-    const bool has_gemm = ops::fp8_block_gemm_available(ctx);
+    // The one FP8 GEMM this quantization runs as, and whether the device has it.
+    const std::optional<ops::Fp8Scaling> scaling = fp8_gemm_scaling(quant);
+    const bool has_gemm = scaling && (*scaling == ops::Fp8Scaling::Block128 ? ops::fp8_block_gemm_available(ctx)
+                                                                            : ops::fp8_token_gemm_available(ctx));
     DF_CHECK_HINT(choice != Fp8LinearChoice::Gemm || has_gemm, BadOptions,
-                  "DFLASH_FP8_LINEAR=gemm, but " << device_name(ctx.device)
-                                                 << " has no block-scaled FP8 GEMM (cuBLASLt's VEC128_32F: sm_90 only)",
+                  "DFLASH_FP8_LINEAR=gemm, but " << device_name(ctx.device) << " has no FP8 GEMM for this quantization ("
+                                                 << (!scaling ? "per-token activations over block-scaled weights: none"
+                                                     : *scaling == ops::Fp8Scaling::Block128
+                                                         ? "block-scaled: cuBLASLt's VEC128_32F, sm_90 only"
+                                                         : "per token x per channel: cuBLASLt's OUTER_VEC_32F")
+                                                 << ")",
                   "unset DFLASH_FP8_LINEAR (or set dequant): this GPU runs FP8 linears as dequantize + bf16 GEMM");
     struct Fits {
       bool gemm = true, codes = true;
@@ -239,6 +246,7 @@ LinearModeCounts load_decoder_weights(Checkpoint& ckpt, const Qwen3Config& c, co
       if (!L || !s.runs_fp8) continue;
       L->mode = s.mode;
       L->act_group = quant.activation_group();
+      if (s.mode == LinearMode::Fp8Gemm) L->gemm_scaling = *fp8_gemm_scaling(quant);
     }
     const bool codes_on_device = holds_fp8_codes(s.mode);
     if (codes_on_device) {

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "dflash/hf_config.h"
+#include "dflash/ops.h"
 #include "dflash/safetensors.h"
 #include "dflash/target_quant.h"
 #include "dflash/tensor.h"
@@ -21,7 +22,8 @@ enum class LinearMode : uint8_t {
   Fp8,      // W holds the FP8 weights' values; the input is quantized to e4m3 first (ops::fp8_activation_qdq),
             // then the GEMM in the backend's dtype: FP8's numerics, not its speed or memory
   Fp8Gemm,  // the buffer itself is empty; fp8_codes / fp8_scales hold the weights and ops::fp8_linear_forward
-            // runs the block-scaled FP8 GEMM (a CUDA device where ops::fp8_block_gemm_available)
+            // runs the FP8 GEMM: block-scaled (a CUDA device where ops::fp8_block_gemm_available) or per token x
+            // per channel (compressed-tensors FP8-Dynamic, where ops::fp8_token_gemm_available)
   Fp8Dequant,  // the buffer itself is empty; fp8_codes / fp8_scales hold the weights (as Fp8Gemm's), and each
                // call dequantizes them (ops::fp8_weight_dequantize) into the target's one scratch, then runs
                // as Fp8: Fp8's numerics bit for bit at 1 byte a weight (GPUs without the block-scaled GEMM)
@@ -42,6 +44,7 @@ Fp8LinearChoice fp8_linear_choice();
 struct LinearWeight : Buffer {
   LinearMode mode = LinearMode::Plain;
   int64_t act_group = 0;  // Fp8, Fp8Gemm, Fp8Dequant: input channels per activation scale (0: one per token)
+  ops::Fp8Scaling gemm_scaling = ops::Fp8Scaling::Block128;  // Fp8Gemm: which FP8 GEMM (fp8_gemm_scaling)
   Buffer fp8_codes;       // Fp8Gemm, Fp8Dequant: [out, in] F8E4M3
   Buffer fp8_scales;      // Fp8Gemm, Fp8Dequant: [ceil(in/128), out] F32, kb-major (ops::fp8_linear_forward's w_scales)
 };

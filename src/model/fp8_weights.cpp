@@ -115,9 +115,17 @@ bool fp8_codes_fit(const TargetQuantization& q, const WeightSpec& s) {
   return s.runs_fp8 && s.ckpt_shape.size() == 2 && q.scales_per_128_channels();
 }
 
+std::optional<ops::Fp8Scaling> fp8_gemm_scaling(const TargetQuantization& q) {
+  if (q.activation_group() == fp8::kBlock) return ops::Fp8Scaling::Block128;
+  if (q.activation_group() == 0 && q.format != CheckpointFp8::None && q.scales == WeightScales::Channels)
+    return ops::Fp8Scaling::TokenChannel;
+  return std::nullopt;
+}
+
 bool fp8_gemm_fits(const TargetQuantization& q, const WeightSpec& s) {
-  // One scale per token is another quantization than the GEMM's (its activations go in groups of 128).
-  return fp8_codes_fit(q, s) && s.ckpt_shape[1] % fp8::kBlock == 0 && q.activation_group() == fp8::kBlock;
+  const std::optional<ops::Fp8Scaling> scaling = fp8_gemm_scaling(q);
+  if (!scaling || !fp8_codes_fit(q, s)) return false;
+  return s.ckpt_shape[1] % (*scaling == ops::Fp8Scaling::Block128 ? fp8::kBlock : 16) == 0;
 }
 
 void load_linear_fp8(Checkpoint& ckpt, const TargetQuantization& q, const WeightSpec& s, uint8_t* codes,

@@ -1,6 +1,9 @@
 // FP8 linears at load time (docs/fp8.md): what load_decoder_weights (model/decoder_weights.h) asks of a
 // linear projection's checkpoint tensor -- stored FP8 or not, runs FP8 or not -- and its float32 values.
 #pragma once
+#include <optional>
+
+#include "dflash/ops.h"
 #include "dflash/safetensors.h"
 #include "dflash/target_quant.h"
 #include "model/decoder_weights.h"
@@ -23,9 +26,15 @@ void load_linear_f32(Checkpoint& ckpt, const TargetQuantization& q, const Weight
 // (TargetQuantization::scales_per_128_channels).
 bool fp8_codes_fit(const TargetQuantization& q, const WeightSpec& s);
 
+// The FP8 GEMM a quantization runs as (ops::fp8_linear_forward's scaling), on a device that has it:
+// activations in groups of 128 (the fine-grained format, FP8-Block, --target-precision fp8) -> Block128;
+// one activation scale per token with one weight scale per output channel (compressed-tensors
+// FP8-Dynamic) -> TokenChannel; anything else (per-token activations over block weights) has none.
+std::optional<ops::Fp8Scaling> fp8_gemm_scaling(const TargetQuantization& q);
+
 // Whether the FP8 linear s can run as ops::fp8_linear_forward, apart from its row count (the caller checks
-// the whole, possibly fused, projection's): fp8_codes_fit, activations in groups of 128 (not one scale per
-// token) and in % 128 == 0.
+// the whole, possibly fused, projection's) and the device: fp8_codes_fit, a scaling (above), and in % 128
+// == 0 (Block128) or in % 16 == 0 (TokenChannel).
 bool fp8_gemm_fits(const TargetQuantization& q, const WeightSpec& s);
 
 // s's e4m3 codes [rows, cols] and its scales per output row per 128 input channels, row-major

@@ -28,12 +28,15 @@ namespace dflash::ops {
 
 void fp8_linear_forward(const Ctx& ctx, const Tensor& out, const Tensor& in, const Tensor& w_codes,
                         const Tensor& w_scales, const Tensor& act_codes, const Tensor& act_scales, Accumulate acc,
-                        const Tensor& residual) {
+                        const Tensor& residual, Fp8Scaling scaling) {
   constexpr const char* op = "fp8_linear_forward";
   for (const auto& [name, t] : {std::pair<const char*, const Tensor*>{"out", &out}, {"in", &in}, {"w_codes", &w_codes},
                                 {"w_scales", &w_scales}, {"act_codes", &act_codes}, {"act_scales", &act_scales}})
     detail::check_tensor(op, name, *t, ctx, 2);
-  const int64_t N = in.shape[0], K = in.shape[1], O = w_codes.shape[0], KB = fp8::blocks(K, fp8::kBlock);
+  const int64_t N = in.shape[0], K = in.shape[1], O = w_codes.shape[0];
+  // Scales per row along K: ceil(K/128) groups (Block128) or one (TokenChannel: a token's, a channel's).
+  const bool per_token = scaling == Fp8Scaling::TokenChannel;
+  const int64_t KB = per_token ? 1 : fp8::blocks(K, fp8::kBlock), group = per_token ? K : fp8::kBlock;
   detail::check_shape(op, "w_codes", w_codes, {O, K});
   detail::check_shape(op, "w_scales", w_scales, {KB, O});
   detail::check_shape(op, "out", out, {N, O});
@@ -49,21 +52,24 @@ void fp8_linear_forward(const Ctx& ctx, const Tensor& out, const Tensor& in, con
   }
   if (ctx.device == Device::CUDA)
     return cuda::library_for(op).fp8_linear_forward(ctx, out, in, w_codes, w_scales, act_codes, act_scales, acc,
-                                                    residual);
+                                                    residual, scaling);
   detail::check_cpu_dtype(op, "in", in, DType::F32);
   detail::check_cpu_dtype(op, "out", out, DType::F32);
   // The activations: codes and row-major [N, KB] scales, then transposed into the kb-major layout.
   std::vector<float> row_scales(static_cast<size_t>(N * KB));
   uint8_t* codes = static_cast<uint8_t*>(act_codes.data);
-  fp8::quantize_activation_groups(in.ptr<float>(), N, K, fp8::kBlock, codes, row_scales.data());
+  fp8::quantize_activation_groups(in.ptr<float>(), N, K, group, codes, row_scales.data());
   float* as = static_cast<float*>(act_scales.data);
   for (int64_t n = 0; n < N; ++n)
     for (int64_t kb = 0; kb < KB; ++kb) as[kb * N + n] = row_scales[n * KB + kb];
   // Both operands dequantized to fp32, then the float32 GEMM: the reference the CUDA GEMM is held to.
   std::vector<float> x(static_cast<size_t>(N * K)), w(static_cast<size_t>(O * K));
   for (int64_t n = 0; n < N; ++n)
-    for (int64_t k = 0; k < K; ++k) x[n * K + k] = fp8::e4m3_to_f32(codes[n * K + k]) * as[(k / fp8::kBlock) * N + n];
-  fp8_weight_dequantize(ctx, cpu_view(w.data(), {O, K}), w_codes, w_scales);
+    for (int64_t k = 0; k < K; ++k) x[n * K + k] = fp8::e4m3_to_f32(codes[n * K + k]) * as[(k / group) * N + n];
+  if (per_token)  // w_scales [1, O]: one scale per output channel
+    fp8::dequantize_weight_channels(static_cast<const uint8_t*>(w_codes.data), w_scales.ptr<float>(), O, K, w.data());
+  else
+    fp8_weight_dequantize(ctx, cpu_view(w.data(), {O, K}), w_codes, w_scales);
   if (!residual.empty()) {
     if (residual.data != out.data) copy_tensor(ctx, out, residual);
     acc = Accumulate::Yes;
@@ -74,6 +80,11 @@ void fp8_linear_forward(const Ctx& ctx, const Tensor& out, const Tensor& in, con
 bool fp8_block_gemm_available(const Ctx& ctx) {
   if (ctx.device != Device::CUDA) return false;
   return cuda::library_for("fp8_block_gemm_available").fp8_block_gemm_available(ctx);
+}
+
+bool fp8_token_gemm_available(const Ctx& ctx) {
+  if (ctx.device != Device::CUDA) return false;
+  return cuda::library_for("fp8_token_gemm_available").fp8_token_gemm_available(ctx);
 }
 
 }  // namespace dflash::ops

@@ -6,6 +6,10 @@
 //     CPU twin sums dequantized products in fp32; cuBLASLt scales per 128-block partial sums and rounds the
 //     output to BF16). sm_90 only (cuBLASLt's VEC128_32F scales); skipped on other GPUs, which refuse it.
 //   Shapes: 16 x 256 -> 128 and the 8B model's 512 x 4096 -> 12288 (gate|up) and 512 x 12288 -> 4096 (down).
+//   Fp8Scaling::TokenChannel (compressed-tensors FP8-Dynamic): one activation scale per token, one weight
+//     scale per output channel, cuBLASLt's OUTER_VEC_32F modes; the same checks (codes and scales bit for
+//     bit, the GEMM within 1e-2, which it meets with room: one scale pair per output element), where the
+//     device has that GEMM (ops::fp8_token_gemm_available), else skipped with the reason.
 //   Plans: token counts of one tuning class share one FP8 GEMM plan (kernels/fp8_linear.cu, Fp8Plan; tuned at
 //     the class's first count, reused by the others when cuBLASLt accepts its algorithm), and every output
 //     still matches the CPU twin.
@@ -121,6 +125,50 @@ TEST(GpuFp8, LinearMatchesCpuTwin) {
     ops::fp8_linear_forward(g, out, in, w.d_codes, w.d_scales, d_ac, d_as, ops::Accumulate::Yes);
     for (auto& v : want.out) v *= 2.f;
     EXPECT_LE(rel_err(to_host(g, out), want.out), 1e-2);
+  }
+}
+
+TEST(GpuFp8, TokenChannelLinearMatchesCpuTwin) {
+  SKIP_WITHOUT_GPU();
+  Ctx g = gpu();
+  if (!ops::fp8_token_gemm_available(g))
+    GTEST_SKIP() << "this GPU's cuBLASLt has no FP8 GEMM with OUTER_VEC_32F (per-row) scales";
+  for (const auto& [N, K, O] : {std::tuple<int64_t, int64_t, int64_t>{16, 256, 128}, {512, 4096, 12288},
+                                {512, 12288, 4096}, {48, 1040, 144}}) {
+    SCOPED_TRACE(testing::Message() << N << "x" << K << " -> " << O);
+    auto x = random_bf16(static_cast<size_t>(N * K), 31, 2.f);
+    // One scale per output channel: the first row of a random linear's scales.
+    RandomFp8Linear w(K / 128 * 128 == K ? K : (K / 128 + 1) * 128, O, 32);
+    std::vector<uint8_t> codes(static_cast<size_t>(O * K));
+    for (int64_t o = 0; o < O; ++o)
+      for (int64_t k = 0; k < K; ++k) codes[o * K + k] = w.codes[o * w.K + k];
+    std::vector<float> ch(w.scales.begin(), w.scales.begin() + O);
+    std::vector<float> want(static_cast<size_t>(N * O)), want_as(static_cast<size_t>(N));
+    std::vector<uint8_t> want_ac(static_cast<size_t>(N * K));
+    ops::fp8_linear_forward(kCpu, cpu_view(want.data(), {N, O}), cpu_view(x.data(), {N, K}),
+                            f8_view(codes.data(), {O, K}), cpu_view(ch.data(), {1, O}),
+                            f8_view(want_ac.data(), {N, K}), cpu_view(want_as.data(), {1, N}), ops::Accumulate::No,
+                            Tensor(), ops::Fp8Scaling::TokenChannel);
+    Buffer d_codes(Device::CUDA, DType::F8E4M3, {O, K}), d_ch(Device::CUDA, DType::F32, {1, O});
+    cudaMemcpy(d_codes.t().data, codes.data(), codes.size(), cudaMemcpyHostToDevice);
+    cudaMemcpy(d_ch.t().data, ch.data(), ch.size() * 4, cudaMemcpyHostToDevice);
+    Buffer in = to_device(g, x, {N, K}), out = to_device(g, {}, {N, O});
+    Buffer d_ac(Device::CUDA, DType::F8E4M3, {N, K}), d_as(Device::CUDA, DType::F32, {1, N});
+    ops::fp8_linear_forward(g, out, in, d_codes, d_ch, d_ac, d_as, ops::Accumulate::No, Tensor(),
+                            ops::Fp8Scaling::TokenChannel);
+    std::vector<uint8_t> ac(want_ac.size());
+    std::vector<float> as(want_as.size());
+    cudaDeviceSynchronize();
+    cudaMemcpy(ac.data(), d_ac.t().data, ac.size(), cudaMemcpyDeviceToHost);
+    cudaMemcpy(as.data(), d_as.t().data, as.size() * 4, cudaMemcpyDeviceToHost);
+    EXPECT_EQ(as, want_as);
+    EXPECT_EQ(ac, want_ac);
+    EXPECT_LE(rel_err(to_host(g, out), want), 1e-2);
+    // A residual through C (beta = 1): out = out + the product.
+    ops::fp8_linear_forward(g, out, in, d_codes, d_ch, d_ac, d_as, ops::Accumulate::No, out,
+                            ops::Fp8Scaling::TokenChannel);
+    for (auto& v : want) v *= 2.f;
+    EXPECT_LE(rel_err(to_host(g, out), want), 1e-2);
   }
 }
 

@@ -152,17 +152,22 @@ TEST(GpuFp8Target, CudaForwardMatchesCpuEmulation) {
   const std::string bf16 = write_aligned_target(tmp + "/bf16");
   const Fp8ConvertResult block = write_fp8_checkpoint(bf16, tmp + "/block", Fp8ConvertFormat::Block, {});
   ASSERT_EQ(block.converted, kLayers * 7);
+  write_fp8_checkpoint(bf16, tmp + "/channel", Fp8ConvertFormat::Channel, {});
   const PackedBatch batch = batch_of_100();
-  const bool gemm = ops::fp8_block_gemm_available(g);
-  std::printf("  FP8 GEMM on this GPU: %s\n", gemm ? "yes (sm_90)" : "no (emulated: dequantized weights)");
+  const bool gemm = ops::fp8_block_gemm_available(g), token_gemm = ops::fp8_token_gemm_available(g);
+  std::printf("  FP8 GEMMs on this GPU: block-scaled %s, per token x per channel %s\n", gemm ? "yes" : "no",
+              token_gemm ? "yes" : "no");
   const Fp8Run gpu_bf16 = run_fp8(bf16, "bf16", g, batch);
   EXPECT_EQ(gpu_bf16.gemm_calls, 0);
-  for (const auto& [dir, precision] : {std::pair<std::string, std::string>{bf16, "fp8"}, {tmp + "/block", ""}}) {
+  // The compressed-tensors copy (per-token activations) runs the per-token GEMM where the GPU has it.
+  for (const auto& [dir, precision] : {std::pair<std::string, std::string>{bf16, "fp8"}, {tmp + "/block", ""},
+                                       {tmp + "/channel", ""}}) {
     SCOPED_TRACE(dir + " --target-precision " + (precision.empty() ? "(the checkpoint's)" : precision));
+    const bool has = dir == tmp + "/channel" ? token_gemm : gemm;
     const Fp8Run on_cpu = run_fp8(dir, precision, cpu_ctx(), batch);
     const Fp8Run on_gpu = run_fp8(dir, precision, g, batch);
     EXPECT_EQ(on_cpu.gemm_calls, 0);
-    EXPECT_EQ(on_gpu.gemm_calls, gemm ? 4 * kLayers : 0) << "the FP8 GEMM path was not taken";
+    EXPECT_EQ(on_gpu.gemm_calls, has ? 4 * kLayers : 0) << "the FP8 GEMM path was not taken";
     for (float v : on_gpu.features) ASSERT_TRUE(std::isfinite(v));
     const double err = rel_err(on_gpu.features, on_cpu.features);
     const double bf16_err = rel_err(gpu_bf16.features, on_cpu.features);
