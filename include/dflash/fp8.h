@@ -37,6 +37,9 @@ void quantize_weight_blocks(const float* w, int64_t rows, int64_t cols, uint8_t*
 // out [rows, cols] = codes * scale_inv of the codes' (block_rows x block_cols) block. out may not alias codes.
 void dequantize_weight_blocks(const uint8_t* codes, const float* scale_inv, int64_t rows, int64_t cols,
                               int64_t block_rows, int64_t block_cols, float* out);
+// W [rows, cols] -> codes [rows, cols] and scale [rows]: llm-compressor's FP8-Dynamic weights, scale = amax / 448
+// per output channel (1 for an all-zero row), codes = e4m3(clamp(w / scale, +-448)).
+void quantize_weight_channels(const float* w, int64_t rows, int64_t cols, uint8_t* codes, float* scale);
 // out [rows, cols] = codes * scale[row] (compressed-tensors' per-output-channel weight_scale).
 void dequantize_weight_channels(const uint8_t* codes, const float* scale, int64_t rows, int64_t cols, float* out);
 

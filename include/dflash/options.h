@@ -56,7 +56,7 @@ struct Options {
   Device backend = Device::CPU;  // --backend: where the job's tensors live (device_name() spells it)
   std::string backend_why;       // how --backend was decided ("chosen by --backend auto: ..."; backend_line says it)
   std::string target_dir;       // HF Qwen3 checkpoint (config.json + safetensors)
-  std::string target_precision;  // --target-precision bf16|fp8; "" = the checkpoint's own (docs/fp8.md)
+  std::string target_precision;  // --target-precision bf16|fp8|fp8-dynamic; "" = the checkpoint's own (docs/fp8.md)
   std::string drafter_dir;      // release-format drafter to start from; empty = fresh
   int draft_layers = 5;
   std::vector<DataSource> data;  // --data: one token dataset (.h5), or several with weights (a mix, data_mix.h)

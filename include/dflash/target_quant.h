@@ -25,6 +25,12 @@ enum class WeightScales : uint8_t {
 
 // --target-precision: how the linears run.
 enum class TargetPrecision : uint8_t { Bf16, Fp8 };
+
+// The format --target-precision quantizes a bf16 checkpoint's linears into on load: fp8 -> Block (the
+// fine-grained format of Qwen's -FP8 releases: 128x128 weight blocks, activations per token in groups of
+// 128); fp8-dynamic -> Dynamic (llm-compressor's FP8-Dynamic: one weight scale per output channel, one
+// activation scale per token).
+enum class OnLoadFp8 : uint8_t { Block, Dynamic };
 const char* target_precision_name(TargetPrecision p);  // "bf16", "fp8"
 
 struct TargetQuantization {
@@ -42,12 +48,19 @@ struct TargetQuantization {
   // How this run executes the linears: the checkpoint's own precision unless --target-precision says
   // otherwise (resolve_target_precision).
   TargetPrecision precision = TargetPrecision::Bf16;
+  OnLoadFp8 on_load = OnLoadFp8::Block;  // format None with precision Fp8: the format quantized into on load
 
   // Whether the config says `module` (e.g. "model.layers.3.mlp.down_proj") is stored FP8. None: false.
   bool stores_fp8(const std::string& module) const;
-  // Input channels per activation scale when the linears run FP8: 128 under --target-precision fp8 on a
-  // bf16 checkpoint (None: quantized on load into the fine-grained format), else act_group.
-  int64_t activation_group() const { return format == CheckpointFp8::None ? 128 : act_group; }
+  // Input channels per activation scale when the linears run FP8: on a bf16 checkpoint (None) the on-load
+  // format's (128 for fp8, 0 = one per token for fp8-dynamic), else act_group.
+  int64_t activation_group() const {
+    return format == CheckpointFp8::None ? (on_load == OnLoadFp8::Dynamic ? 0 : 128) : act_group;
+  }
+  // Whether the FP8 weights have one scale per output channel (stored so, or fp8-dynamic on load).
+  bool channel_scales() const {
+    return format == CheckpointFp8::None ? on_load == OnLoadFp8::Dynamic : scales == WeightScales::Channels;
+  }
   // Whether an FP8 weight's scales are (or, quantized on load, become) one per output row per 128 input
   // channels: channel scales, blocks 128 columns wide, or --target-precision fp8's 128x128 blocks. Such
   // weights can stay e4m3 on the device with kb-major scales (docs/fp8.md "How a target's FP8 linears run").
@@ -61,7 +74,8 @@ struct TargetQuantization {
 // is a fatal BadInput naming the field and `source`.
 TargetQuantization parse_target_quantization(const nlohmann::json& root, const std::string& source);
 
-// Applies --target-precision ("" = the checkpoint's own, "bf16", "fp8") to q.
+// Applies --target-precision ("" = the checkpoint's own, "bf16", "fp8", "fp8-dynamic") to q. fp8-dynamic
+// names a format to quantize into: on an FP8 checkpoint (already in its own format) it is a fatal BadOptions.
 void resolve_target_precision(TargetQuantization& q, const std::string& option);
 
 }  // namespace dflash

@@ -201,9 +201,14 @@ TargetQuantization parse_target_quantization(const json& root, const std::string
 
 void resolve_target_precision(TargetQuantization& q, const std::string& option) {
   if (option.empty()) return;
-  DF_CHECK_HINT(option == "bf16" || option == "fp8", BadOptions,
-                "--target-precision " << option << " is not a precision this build runs", "use bf16 or fp8");
-  q.precision = option == "fp8" ? TargetPrecision::Fp8 : TargetPrecision::Bf16;
+  DF_CHECK_HINT(option == "bf16" || option == "fp8" || option == "fp8-dynamic", BadOptions,
+                "--target-precision " << option << " is not a precision this build runs", "use bf16, fp8 or fp8-dynamic");
+  DF_CHECK_HINT(option != "fp8-dynamic" || q.format == CheckpointFp8::None, BadOptions,
+                "--target-precision fp8-dynamic quantizes a bf16 checkpoint, and this one is already FP8 ("
+                    << checkpoint_fp8_name(q.format) << ")",
+                "use --target-precision fp8 (or leave it out) to run the checkpoint's own FP8 format");
+  q.precision = option == "bf16" ? TargetPrecision::Bf16 : TargetPrecision::Fp8;
+  q.on_load = option == "fp8-dynamic" ? OnLoadFp8::Dynamic : OnLoadFp8::Block;
 }
 
 }  // namespace dflash

@@ -68,13 +68,7 @@ Quantized quantize(const std::vector<float>& w, int64_t rows, int64_t cols, bool
   }
   q.scale_shape = {rows, 1};
   q.scale.resize(static_cast<size_t>(rows));
-  for (int64_t r = 0; r < rows; ++r) {  // llm-compressor: scale = amax / 448 per output channel
-    float amax = 0.0f;
-    for (int64_t c = 0; c < cols; ++c) amax = std::max(amax, std::fabs(w[r * cols + c]));
-    const float s = amax > 0.0f ? amax / fp8::kE4M3Max : 1.0f;
-    q.scale[r] = s;
-    for (int64_t c = 0; c < cols; ++c) q.codes[r * cols + c] = fp8::e4m3_from_f32_sat(w[r * cols + c] / s);
-  }
+  fp8::quantize_weight_channels(w.data(), rows, cols, q.codes.data(), q.scale.data());  // llm-compressor's rule
   return q;
 }
 

@@ -88,9 +88,16 @@ void load_linear_f32(Checkpoint& ckpt, const TargetQuantization& q, const Weight
     ckpt.load_f32(s.name, s.ckpt_shape, dst);
     if (s.runs_fp8) {
       std::vector<uint8_t> codes(static_cast<size_t>(rows * cols));
-      std::vector<float> scale_inv(static_cast<size_t>(fp8::blocks(rows, fp8::kBlock) * fp8::blocks(cols, fp8::kBlock)));
-      fp8::quantize_weight_blocks(dst, rows, cols, codes.data(), scale_inv.data());
-      fp8::dequantize_weight_blocks(codes.data(), scale_inv.data(), rows, cols, fp8::kBlock, fp8::kBlock, dst);
+      if (q.on_load == OnLoadFp8::Dynamic) {
+        std::vector<float> scale(static_cast<size_t>(rows));
+        fp8::quantize_weight_channels(dst, rows, cols, codes.data(), scale.data());
+        fp8::dequantize_weight_channels(codes.data(), scale.data(), rows, cols, dst);
+      } else {
+        std::vector<float> scale_inv(
+            static_cast<size_t>(fp8::blocks(rows, fp8::kBlock) * fp8::blocks(cols, fp8::kBlock)));
+        fp8::quantize_weight_blocks(dst, rows, cols, codes.data(), scale_inv.data());
+        fp8::dequantize_weight_blocks(codes.data(), scale_inv.data(), rows, cols, fp8::kBlock, fp8::kBlock, dst);
+      }
     }
     return;
   }
@@ -117,8 +124,7 @@ bool fp8_codes_fit(const TargetQuantization& q, const WeightSpec& s) {
 
 std::optional<ops::Fp8Scaling> fp8_gemm_scaling(const TargetQuantization& q) {
   if (q.activation_group() == fp8::kBlock) return ops::Fp8Scaling::Block128;
-  if (q.activation_group() == 0 && q.format != CheckpointFp8::None && q.scales == WeightScales::Channels)
-    return ops::Fp8Scaling::TokenChannel;
+  if (q.activation_group() == 0 && q.channel_scales()) return ops::Fp8Scaling::TokenChannel;
   return std::nullopt;
 }
 
@@ -133,9 +139,16 @@ void load_linear_fp8(Checkpoint& ckpt, const TargetQuantization& q, const Weight
   DF_ASSERT(fp8_codes_fit(q, s));
   const int64_t rows = s.ckpt_shape[0], cols = s.ckpt_shape[1], KB = fp8::blocks(cols, fp8::kBlock);
   const size_t n = static_cast<size_t>(rows * cols);
-  if (!s.stored_fp8) {  // --target-precision fp8: the same blocks load_linear_f32 quantizes into
+  if (!s.stored_fp8) {  // --target-precision fp8 / fp8-dynamic: the codes load_linear_f32 quantizes into
     std::vector<float> w(n);
     ckpt.load_f32(s.name, s.ckpt_shape, w.data());
+    if (q.on_load == OnLoadFp8::Dynamic) {
+      std::vector<float> scale(static_cast<size_t>(rows));
+      fp8::quantize_weight_channels(w.data(), rows, cols, codes, scale.data());
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t kb = 0; kb < KB; ++kb) row_scales[r * KB + kb] = scale[static_cast<size_t>(r)];
+      return;
+    }
     const int64_t RB = fp8::blocks(rows, fp8::kBlock);
     std::vector<float> scale_inv(static_cast<size_t>(RB * KB));
     fp8::quantize_weight_blocks(w.data(), rows, cols, codes, scale_inv.data());

@@ -92,6 +92,16 @@ void dequantize_weight_blocks(const uint8_t* codes, const float* scale_inv, int6
   }
 }
 
+void quantize_weight_channels(const float* w, int64_t rows, int64_t cols, uint8_t* codes, float* scale) {
+  for (int64_t r = 0; r < rows; ++r) {
+    float amax = 0.0f;
+    for (int64_t c = 0; c < cols; ++c) amax = std::max(amax, std::fabs(w[r * cols + c]));
+    const float s = amax > 0.0f ? amax / kE4M3Max : 1.0f;
+    scale[r] = s;
+    for (int64_t c = 0; c < cols; ++c) codes[r * cols + c] = e4m3_from_f32_sat(w[r * cols + c] / s);
+  }
+}
+
 void dequantize_weight_channels(const uint8_t* codes, const float* scale, int64_t rows, int64_t cols, float* out) {
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t c = 0; c < cols; ++c) out[r * cols + c] = e4m3_to_f32(codes[r * cols + c]) * scale[r];

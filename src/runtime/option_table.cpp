@@ -240,9 +240,10 @@ std::vector<OptionRow> option_rows(Options& o) {
     r.resolved_text = [&o] { return std::string(device_name(o.backend)); };
   }
   t.text("target", &o.target_dir, "DIR", "Hugging Face Qwen3 checkpoint directory (config.json + safetensors)", "required");
-  t.text("target-precision", &o.target_precision, "bf16|fp8",
+  t.text("target-precision", &o.target_precision, "bf16|fp8|fp8-dynamic",
          "how the target's linear projections run: fp8 quantizes a bf16 checkpoint on load (128x128 blocks, "
-         "dynamic per-token groups of 128, docs/fp8.md); bf16 dequantizes an FP8 one",
+         "dynamic per-token groups of 128, as Qwen's -FP8 releases), fp8-dynamic into llm-compressor's "
+         "FP8-Dynamic (a scale per output channel, one per token; docs/fp8.md); bf16 dequantizes an FP8 one",
          "the checkpoint's own");
   t.text("drafter", &o.drafter_dir, "DIR", "release-format drafter to start from (default: a fresh one)", "fresh")
       .doc = "release-format drafter to start from (its `target_layer_ids` are captured)";

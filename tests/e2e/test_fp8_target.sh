@@ -2,7 +2,7 @@
 # FP8 targets through the whole pipeline on the CPU (docs/fp8.md; the CPU backend emulates FP8 linears:
 # dequantized weights, activations quantized -> dequantized per token). dflash-fp8-convert writes the tiny
 # target in both release formats (transformers' fine-grained blocks, compressed-tensors channels); jobs train
-# on each, and on the bf16 target with --target-precision fp8, to an exported drafter. With the same seed
+# on each, and on the bf16 target with --target-precision fp8 and fp8-dynamic, to an exported drafter. With the same seed
 # and data the first steps' losses differ from the bf16 run's (the features changed) by a few percent at
 # most (they changed little).
 source "$(dirname "$0")/lib.sh"
@@ -26,8 +26,12 @@ done
 run_job quantized 2 300 --topology 1-1 $steps --target-precision fp8
 expect_rc 0 quantized
 expect_log quantized "drafter exported to"
+# llm-compressor's FP8-Dynamic made on load: a scale per output channel, one per token
+run_job dynamic 2 300 --topology 1-1 $steps --target-precision fp8-dynamic
+expect_rc 0 dynamic
+expect_log dynamic "drafter exported to"
 
-for v in block channel quantized; do
+for v in block channel quantized dynamic; do
   "$PY" - "$WORK/bf16/metrics.h5" "$WORK/$v/metrics.h5" "$v" <<'PYEOF' || fail "$v: losses against bf16's"
 import sys, h5py, numpy as np
 ref = h5py.File(sys.argv[1], "r")["steps/loss"][:]

@@ -80,6 +80,27 @@ TEST_P(Fp8Target, FeaturesStayCloseToBf16AndTheBlockPathsAgree) {
   EXPECT_LT(relative_error(dequantized.features, ref.features), relative_error(released.features, ref.features));
 }
 
+// --target-precision fp8-dynamic quantizes a bf16 checkpoint on load into llm-compressor's FP8-Dynamic (a
+// weight scale per output channel, one activation scale per token): the same forward as the
+// compressed-tensors copy dflash-fp8-convert --format channel writes (leaving the hybrid's in_proj_a/b in
+// bf16, as the on-load quantization does), bit for bit, and another one than --target-precision fp8's.
+TEST_P(Fp8Target, Fp8DynamicOnLoadIsTheChannelRelease) {
+  const test::RunResult dynamic = run(bf16_dir(), "fp8-dynamic", golden_case());
+  write_fp8_checkpoint(bf16_dir(), tmp_ + "/channel", Fp8ConvertFormat::Channel, {"re:.*in_proj_[ab]$"});
+  const test::RunResult released = run(tmp_ + "/channel", "", golden_case());
+  EXPECT_EQ(dynamic.features, released.features);
+  EXPECT_EQ(dynamic.final_norm, released.final_norm);
+  const test::RunResult block = run(bf16_dir(), "fp8", golden_case());
+  EXPECT_NE(dynamic.features, block.features);
+  const double e = relative_error(dynamic.features, run(bf16_dir(), "", golden_case()).features);
+  EXPECT_GT(e, 1e-3) << "fp8-dynamic changed nothing: the linears did not run FP8";
+  EXPECT_LT(e, 0.15);
+  // On a checkpoint that is FP8 already, fp8-dynamic (a format to quantize into) is refused.
+  EXPECT_EXIT(run(tmp_ + "/channel", "fp8-dynamic", golden_case()),
+              testing::ExitedWithCode(static_cast<int>(ExitCode::BadOptions)),
+              "fp8-dynamic quantizes a bf16 checkpoint, and this one is already FP8");
+}
+
 // The FP8 golden (tests/data/golden/gen_golden_fp8.py, <case>/fp8.json): transformers' own model code in
 // float32 with every decoder linear replaced by transformers' fine-grained FP8 arithmetic (Fp8Quantize's
 // 128x128 weight blocks, _dequantize_fp8_weight, act_quant's per-token 128-channel groups; its CUDA GEMM
