@@ -61,6 +61,9 @@ struct TargetQuantization {
   bool channel_scales() const {
     return format == CheckpointFp8::None ? on_load == OnLoadFp8::Dynamic : scales == WeightScales::Channels;
   }
+  // Whether the FP8 linears are per token x per channel (compressed-tensors FP8-Dynamic, fp8-dynamic): one
+  // activation scale per token over weights with one scale per output channel, the per-token FP8 GEMM's.
+  bool token_channel() const { return activation_group() == 0 && channel_scales(); }
   // Whether an FP8 weight's scales are (or, quantized on load, become) one per output row per 128 input
   // channels: channel scales, blocks 128 columns wide, or --target-precision fp8's 128x128 blocks. Such
   // weights can stay e4m3 on the device with kb-major scales (docs/fp8.md "How a target's FP8 linears run").

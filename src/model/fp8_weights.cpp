@@ -124,7 +124,7 @@ bool fp8_codes_fit(const TargetQuantization& q, const WeightSpec& s) {
 
 std::optional<ops::Fp8Scaling> fp8_gemm_scaling(const TargetQuantization& q) {
   if (q.activation_group() == fp8::kBlock) return ops::Fp8Scaling::Block128;
-  if (q.activation_group() == 0 && q.channel_scales()) return ops::Fp8Scaling::TokenChannel;
+  if (q.token_channel()) return ops::Fp8Scaling::TokenChannel;
   return std::nullopt;
 }
 

@@ -100,7 +100,9 @@ TargetForwardCost target_forward_cost(const TargetShape& t, const PackedBatchSha
   const double lin_ew = (2 * Kd + Vd) * 2 * kBf16 + 3 * Vd * kBf16;
   c.elementwise_bytes = N * (t.layers_run * every + full * attn_ew + linear * lin_ew);
   c.gemm_s = c.gemm_flops / (gpu.gemm_tflops * 1e12) /
-             (t.linears == TargetShape::Linears::Fp8 ? gpu.fp8_gemm_speedup : 1.0);
+             (t.linears == TargetShape::Linears::Fp8        ? gpu.fp8_gemm_speedup
+              : t.linears == TargetShape::Linears::Fp8Token ? gpu.fp8_token_gemm_speedup
+                                                            : 1.0);
   c.attention_s = c.attention_flops / (gpu.target_attention_tflops * 1e12);
   c.linear_attention_s = linear > 0 ? c.linear_attention_flops / (gpu.linear_attention_tflops * 1e12) : 0;
   c.elementwise_s = c.elementwise_bytes / (gpu.memory_tbps * 1e12);

@@ -26,9 +26,10 @@ struct TargetShape {
   // Hybrid only: how many of the layers run are Gated DeltaNet (linear attention), and their heads.
   int linear_layers_run = 0;
   int64_t linear_key_heads = 0, linear_value_heads = 0, linear_key_head_dim = 0, linear_value_head_dim = 0;
-  // How the layers' linears run (--target-precision, docs/fp8.md): Fp8 divides their GEMM time by the kind's
-  // fp8_gemm_speedup (1 where the FP8 GEMM falls back to bf16).
-  enum class Linears : uint8_t { Bf16, Fp8 } linears = Linears::Bf16;
+  // How the layers' linears run (--target-precision, docs/fp8.md): Fp8 (the fine-grained block format)
+  // divides their GEMM time by the kind's fp8_gemm_speedup, Fp8Token (per token x per channel: FP8-Dynamic)
+  // by its fp8_token_gemm_speedup (each 1 where the FP8 GEMM falls back to bf16).
+  enum class Linears : uint8_t { Bf16, Fp8, Fp8Token } linears = Linears::Bf16;
 };
 
 // A packed batch: its tokens and the causal attention's (query, key) pairs, sum over records of L(L+1)/2,

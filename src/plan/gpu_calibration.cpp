@@ -77,6 +77,10 @@ GpuCalibration h200() {
   // cuBLASLt's block-scaled FP8 (the activation quantization included): 8B 317.0 / 279.1 ms = 1.136, 27B
   // hybrid 2239.3 / 1952.4 ms = 1.147. The H200 (same die) takes it.
   g.fp8_gemm_speedup = 1.14;
+  // The per-token x per-channel FP8 GEMM (compressed-tensors FP8-Dynamic, --target-precision fp8-dynamic), the
+  // same phases (bench/results/h100-issue46-fp8tok-20261206c): 8B 320.8 / 227.0 ms = 1.413, 27B hybrid
+  // 2202.5 / 1640.1 ms = 1.343.
+  g.fp8_token_gemm_speedup = 1.38;
   g.colocated_overlap = kColocatedOverlapH100;  // the H100's (same die); not measured on an H200
   return g;
 }
@@ -129,6 +133,7 @@ GpuCalibration scaled_calibration(const GpuCalibration& reference, const std::st
   g.pcie_gbps = pcie_gbps;
   g.allreduce_busbw_gbps = allreduce_busbw_gbps;
   g.fp8_gemm_speedup = 1;  // another architecture: no block-scaled FP8 GEMM is known to run there
+  g.fp8_token_gemm_speedup = 1;  // nor has the per-token one been measured there
   return g;
 }
 
@@ -212,6 +217,7 @@ nlohmann::json calibrations_to_json(const std::vector<GpuCalibration>& gpus) {
     if (gpus[i].target_time_scale != 1) arr[i]["target_time_scale"] = gpus[i].target_time_scale;
     if (gpus[i].drafter_time_scale != 1) arr[i]["drafter_time_scale"] = gpus[i].drafter_time_scale;
     if (gpus[i].fp8_gemm_speedup != 1) arr[i]["fp8_gemm_speedup"] = gpus[i].fp8_gemm_speedup;
+    if (gpus[i].fp8_token_gemm_speedup != 1) arr[i]["fp8_token_gemm_speedup"] = gpus[i].fp8_token_gemm_speedup;
   }
   return {{"version", kCalibrationVersion}, {"gpus", arr}};
 }
@@ -268,6 +274,8 @@ std::vector<GpuCalibration> calibrations_from_json(const nlohmann::json& j, cons
     g.target_time_scale = e.contains("target_time_scale") ? number("target_time_scale", true) : 1.0;
     g.drafter_time_scale = e.contains("drafter_time_scale") ? number("drafter_time_scale", true) : 1.0;
     g.fp8_gemm_speedup = e.contains("fp8_gemm_speedup") ? number("fp8_gemm_speedup", true) : 1.0;
+    g.fp8_token_gemm_speedup =
+        e.contains("fp8_token_gemm_speedup") ? number("fp8_token_gemm_speedup", true) : 1.0;
     out.push_back(g);
   }
   return out;

@@ -47,11 +47,13 @@ struct GpuCalibration {
   // target's forward and of the drafter's step, multiplied into every phase of each. 1 in the built-in table;
   // optional in a file (absent = 1), written only where not 1.
   double target_time_scale = 1, drafter_time_scale = 1;
-  // An FP8 target's linears (docs/fp8.md): their GEMM time is the bf16 GEMMs' divided by this. > 1 only on a
-  // kind with the block-scaled FP8 GEMM (sm_90: h100, h200; provisional, not measured); 1 where FP8 linears
-  // run emulated at bf16 speed (b200, rtx-pro-6000, a GPU known by its memory only). Optional in a file
+  // An FP8 target's linears (docs/fp8.md): their GEMM time is the bf16 GEMMs' divided by this: the
+  // fine-grained block format's (fp8_gemm_speedup), or the per-token x per-channel one's (FP8-Dynamic,
+  // fp8_token_gemm_speedup). > 1 only where measured (sm_90: h100, h200); 1 where FP8 linears run dequantized
+  // at bf16 speed (b200, rtx-pro-6000, a GPU known by its memory only: not measured). Optional in a file
   // (absent = 1), written only where not 1.
   double fp8_gemm_speedup = 1;
+  double fp8_token_gemm_speedup = 1;
 };
 
 // Whether a kind runs an FP8 target's linears as block-scaled FP8 GEMMs, with its weights at 1 byte each

@@ -26,8 +26,9 @@ plan::TargetShape target_shape(const Options& o, const ModelPlan& m) {
   s.heads = t.num_attention_heads;
   s.kv_heads = t.num_key_value_heads;
   s.head_dim = t.head_dim;
-  s.linears = m.target.quant.precision == TargetPrecision::Fp8 ? plan::TargetShape::Linears::Fp8
-                                                               : plan::TargetShape::Linears::Bf16;
+  s.linears = m.target.quant.precision != TargetPrecision::Fp8 ? plan::TargetShape::Linears::Bf16
+              : m.target.quant.token_channel()                 ? plan::TargetShape::Linears::Fp8Token
+                                                               : plan::TargetShape::Linears::Fp8;
   if (m.target.qwen35) {
     const Qwen35Config& h = *m.target.qwen35;
     s.arch = plan::TargetArch::HybridQwen35;

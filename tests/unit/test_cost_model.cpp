@@ -211,8 +211,8 @@ TEST(CostModel, TransportAndAllreduce) {
 
 }  // namespace
 
-// An FP8 target (docs/fp8.md): the GEMM phase / fp8_gemm_speedup on the sm_90 kinds, unchanged where the
-// linears run emulated (b200); nothing else moves.
+// An FP8 target (docs/fp8.md): the GEMM phase / fp8_gemm_speedup (fp8_token_gemm_speedup for FP8-Dynamic) on
+// the sm_90 kinds, unchanged where the linears run dequantized (b200, rtx-pro-6000); nothing else moves.
 TEST(CostModel, Fp8TargetDividesOnlyTheGemmsWhereTheKindHasTheFp8Gemm) {
   TargetShape t{TargetArch::DenseQwen3, 36, 4096, 12288, 32, 8, 128};
   const PackedBatchShape b = packed_batch_uniform(16384, 4096);
@@ -226,6 +226,13 @@ TEST(CostModel, Fp8TargetDividesOnlyTheGemmsWhereTheKindHasTheFp8Gemm) {
     EXPECT_EQ(g.fp8_gemm_speedup, factor) << kind;
     EXPECT_NEAR(fp8.gemm_s, bf16.gemm_s / factor, 1e-12) << kind;
     EXPECT_EQ(fp8.attention_s, bf16.attention_s) << kind;
+    // Per token x per channel (FP8-Dynamic): its own measured factor (bench/results/h100-issue46-fp8tok-20261206c).
+    t.linears = TargetShape::Linears::Fp8Token;
+    const TargetForwardCost tok = target_forward_cost(t, b, g);
+    const double token_factor = has_fp8_block_gemm(g) ? 1.38 : 1.0;
+    EXPECT_EQ(g.fp8_token_gemm_speedup, token_factor) << kind;
+    EXPECT_NEAR(tok.gemm_s, bf16.gemm_s / token_factor, 1e-12) << kind;
+    EXPECT_EQ(tok.elementwise_s, bf16.elementwise_s) << kind;
   }
 }
 
