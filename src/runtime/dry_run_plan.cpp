@@ -198,10 +198,11 @@ TargetWeights target_weights(const Options& o, const TargetConfig& t) {
   // An FP8 target (docs/fp8.md "How a target's FP8 linears run"): counted from config.json (an FP8
   // checkpoint's files mix 1- and 2-byte tensors). On every CUDA GPU its linears stay e4m3 codes (1 byte)
   // plus a float32 scale per output row per 128 input channels (the scale layout every format this build
-  // loads has but blocks of another width, which run dequantized at load); where the kind has no
-  // block-scaled FP8 GEMM (or the activations are one scale per token, which it does not take), each linear
-  // is dequantized per call into one scratch of the largest linear in the compute dtype. The CPU backend
-  // dequantizes the weights at load.
+  // loads has but blocks of another width, which run dequantized at load); where the kind has no FP8 GEMM
+  // for the format (the sm_90 kinds have both: the block-scaled one for activations in groups of 128, the
+  // per-token one for per-token activations over channel scales; per-token activations over block scales
+  // have none), each linear is dequantized per call into one scratch of the largest linear in the compute
+  // dtype. The CPU backend dequantizes the weights at load.
   const TargetParams p = target_params(t);
   const bool codes = o.backend == Device::CUDA && t.quant.scales_per_128_channels();
   if (!codes) {
@@ -211,11 +212,12 @@ TargetWeights target_weights(const Options& o, const TargetConfig& t) {
                                            : " (the CPU backend's emulation)");
     return w;
   }
-  const bool gemm = fp8_gemm_gpu(o) && t.quant.activation_group() == fp8::kBlock;
+  const bool gemm = fp8_gemm_gpu(o) && (t.quant.activation_group() == fp8::kBlock || t.quant.token_channel());
   const double stored = p.fp8_linear * (1.0 + 4.0 / 128), scratch = gemm ? 0.0 : p.fp8_largest_linear * element;
   w.bytes = (p.total - p.fp8_linear) * element + stored + scratch;
   w.source += "; FP8 linears as e4m3 codes + scales (" + gib(stored) +
-              (gemm ? ": the block-scaled FP8 GEMM of this GPU kind)"
+              (gemm ? (t.quant.token_channel() ? ": the per-token FP8 GEMM of this GPU kind)"
+                                               : ": the block-scaled FP8 GEMM of this GPU kind)")
                     : ", dequantized per GEMM into one " + std::string(dtype_name(compute_dtype(o.backend))) +
                           " scratch of the largest linear, " + gib(scratch) + ")");
   return w;

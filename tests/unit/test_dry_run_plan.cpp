@@ -86,13 +86,26 @@ TEST(DryRunPlan, TargetParametersFromConfigJson) {
     const TargetWeights b200 = target_weights(o, fp8);
     EXPECT_DOUBLE_EQ(b200.bytes, h100.bytes + 201326592.0);
     EXPECT_NE(b200.source.find("dequantized per GEMM"), std::string::npos) << b200.source;
-    // compressed-tensors' per-token activations do not fit the GEMM: the scratch on an H100 too.
+    // compressed-tensors' per-token activations over channel scales: the per-token FP8 GEMM on an H100 (no
+    // scratch, bench/results/h100-issue46-fp8tok-20261206c), the scratch on a B200; fp8-dynamic alike.
     TargetConfig ct = fp8;
     ct.quant.format = CheckpointFp8::CompressedTensors;
     ct.quant.scales = WeightScales::Channels;
     ct.quant.act_group = 0;
     o.plan_gpu = "h100";
+    const TargetWeights ct_h100 = target_weights(o, ct);
+    EXPECT_DOUBLE_EQ(ct_h100.bytes, h100.bytes);
+    EXPECT_NE(ct_h100.source.find("per-token FP8 GEMM"), std::string::npos) << ct_h100.source;
+    TargetConfig dyn = fp8;
+    dyn.quant.on_load = OnLoadFp8::Dynamic;
+    EXPECT_DOUBLE_EQ(target_weights(o, dyn).bytes, h100.bytes);
+    o.plan_gpu = "b200";
     EXPECT_DOUBLE_EQ(target_weights(o, ct).bytes, b200.bytes);
+    // per-token activations over block scales: no FP8 GEMM takes them, the scratch on an H100 too.
+    TargetConfig ct_blocks = ct;
+    ct_blocks.quant.scales = WeightScales::Blocks;
+    o.plan_gpu = "h100";
+    EXPECT_DOUBLE_EQ(target_weights(o, ct_blocks).bytes, b200.bytes);
     // Blocks of another width than 128 columns: dequantized at load, bf16.
     TargetConfig wide = fp8;
     wide.quant.format = CheckpointFp8::FineGrained;
