@@ -2,9 +2,11 @@
 // same target run bf16, per captured layer, relative L2 error ||fp8 - bf16|| / ||bf16|| over a packed batch
 // of random tokens; and each run's forward time. The two runs are sequential (one target on the GPU at a
 // time: a 27B pair would not fit), the bf16 features kept on the host.
-//   bench_fp8_fidelity --target DIR [--fp8-target DIR] [--seqlens 4096,4096,4096,4096] [--capture 1,9,17,25,33]
+//   bench_fp8_fidelity --target DIR [--fp8-target DIR | --precision fp8|fp8-dynamic] [--seqlens 4096,4096,4096,4096]
+//                      [--capture 1,9,17,25,33]
 //   --fp8-target: an FP8 checkpoint of the same weights (dflash-fp8-convert); default: DIR with
-//   --target-precision fp8 (quantized on load). The bf16 run is always DIR as stored.
+//   --target-precision PRECISION (quantized on load: fp8, the default, or fp8-dynamic). The bf16 run is
+//   always DIR as stored.
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -60,16 +62,19 @@ Run run(const std::string& dir, const std::string& precision, const Ctx& ctx, co
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string target, fp8_target, seqlens = "4096,4096,4096,4096", capture;
+  std::string target, fp8_target, precision = "fp8", seqlens = "4096,4096,4096,4096", capture;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     DF_CHECK(i + 1 < argc, BadOptions, a << " needs a value");
     const std::string v = argv[++i];
     if (a == "--target") target = v;
     else if (a == "--fp8-target") fp8_target = v;
+    else if (a == "--precision") precision = v;
     else if (a == "--seqlens") seqlens = v;
     else if (a == "--capture") capture = v;
-    else DF_FAIL(BadOptions, "unknown option " << a, "bench_fp8_fidelity --target DIR [--fp8-target DIR] [--seqlens ..] [--capture ..]");
+    else DF_FAIL(BadOptions, "unknown option " << a,
+                 "bench_fp8_fidelity --target DIR [--fp8-target DIR | --precision fp8|fp8-dynamic] [--seqlens ..] "
+                 "[--capture ..]");
   }
   DF_CHECK(!target.empty(), BadOptions, "--target DIR is required");
   const Ctx ctx = make_ctx(cuda_device_count() > 0 ? Device::CUDA : Device::CPU, 0);
@@ -88,10 +93,10 @@ int main(int argc, char** argv) {
   }
   batch.loss_mask.assign(batch.tokens.size(), 1);
   const Run ref = run(target, "bf16", ctx, layers, batch);
-  const Run fp8 = fp8_target.empty() ? run(target, "fp8", ctx, layers, batch) : run(fp8_target, "", ctx, layers, batch);
+  const Run fp8 = fp8_target.empty() ? run(target, precision, ctx, layers, batch) : run(fp8_target, "", ctx, layers, batch);
   const int64_t T = batch.num_tokens(), H = cfg.text.hidden_size;
   std::printf("# bench_fp8_fidelity %s vs %s, %lld tokens, %s\n", target.c_str(),
-              fp8_target.empty() ? "--target-precision fp8" : fp8_target.c_str(), static_cast<long long>(T),
+              fp8_target.empty() ? ("--target-precision " + precision).c_str() : fp8_target.c_str(), static_cast<long long>(T),
               device_name(ctx.device));
   std::printf("forward ms: bf16 %.1f  fp8 %.1f  (ratio bf16/fp8 %.3f; tok/s bf16 %.0f fp8 %.0f)\n", ref.ms, fp8.ms,
               ref.ms / fp8.ms, T / ref.ms * 1e3, T / fp8.ms * 1e3);

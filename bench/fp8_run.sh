@@ -3,10 +3,10 @@
 #   bash bench/fp8_run.sh BUILD_DIR OUT_DIR
 # Writes a random-weight Qwen3-8B checkpoint (dflash-make-random, ~16 GB on disk) and its FP8 release-format
 # copy (dflash-fp8-convert --format block), then bench_fp8_fidelity at 4 x 4096 tokens: per-layer relative
-# error of the captured features vs bf16 and both forward times, for --target-precision fp8 and for the
-# release format. NOTE: the target forward on CUDA runs FP8 linears as dequantized bf16 GEMMs until
-# DecoderStackTarget::linear routes to ops::fp8_linear_forward (docs/fp8.md, "CUDA"): the times measure the
-# emulation, the errors are the FP8 numerics. The 27B hybrid has no random-checkpoint maker yet.
+# error of the captured features vs bf16 and both forward times, for --target-precision fp8 (blocks), for
+# the release format, and for --target-precision fp8-dynamic (per token x per channel); the forwards run the
+# FP8 GEMMs where the GPU has them (docs/fp8.md "Which FP8 GEMM"). The 27B hybrid has no random-checkpoint
+# maker yet.
 set -u
 B=$1; OUT=$2
 mkdir -p "$OUT"
@@ -16,5 +16,6 @@ M="$OUT/models"; mkdir -p "$M"
 [ -d "$M/q8b-fp8" ] || "$B/dflash-fp8-convert" "$M/q8b/target" "$M/q8b-fp8" --format block 2>&1 | tee -a "$OUT/make.txt"
 timeout 600 "$B/bench/bench_fp8_fidelity" --target "$M/q8b/target" --capture 1,9,17,25,33 2>&1 | tee "$OUT/8b-quantized.txt"
 timeout 600 "$B/bench/bench_fp8_fidelity" --target "$M/q8b/target" --fp8-target "$M/q8b-fp8" --capture 1,9,17,25,33 2>&1 | tee "$OUT/8b-release.txt"
+timeout 600 "$B/bench/bench_fp8_fidelity" --target "$M/q8b/target" --precision fp8-dynamic --capture 1,9,17,25,33 2>&1 | tee "$OUT/8b-dynamic.txt"
 # The op alone: the CUDA FP8 GEMM against its CPU twin and timed at the 8B shapes (sm_90).
 "$B/tests/dflash_gpu_tests" --gtest_filter='GpuFp8.*' 2>&1 | tee "$OUT/gpu-fp8.txt"
