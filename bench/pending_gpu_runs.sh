@@ -45,7 +45,7 @@ for part in "$@"; do
       # the GPU tests (the Fp8Dequant path, the FP8 plan cache, the tolerances set from the H100 run of
       # bench/results/h100-issue44-45-46-20261206b), the FP8 wire end to end, the colocated layout
       say "checks"
-      SKIP_SM120=1 GPU_E2E="hs_fp8 colocated" timeout 200 bash "$ROOT/bench/pipeline/gpu_checks.sh" "$B" "$O/checks"
+      SKIP_SM120=1 GPU_E2E="hs_fp8 colocated fp8_target" timeout 260 bash "$ROOT/bench/pipeline/gpu_checks.sh" "$B" "$O/checks"
       cp "$O/checks/summary.txt" "$O/summary.txt"
       say "cuBLASLt's FP8 scaling modes at the targets' shapes"
       timeout 60 "$(prog fp8_gemm_modes)" --shapes 8b > "$O/modes-8b.txt" 2>&1
