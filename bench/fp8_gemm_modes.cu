@@ -6,8 +6,12 @@
 // Each mode asks the heuristic for up to 8 algorithms and times each (CUDA events, 2 warm-ups, median of 7);
 // the fastest counts. Standalone (cuBLASLt only) so it runs on any CUDA machine:
 //   nvcc -O2 -std=c++17 -arch=sm_90a bench/fp8_gemm_modes.cu -lcublasLt -o fp8_gemm_modes && ./fp8_gemm_modes
-// Options: --tokens N (16384), --shapes 8b|27b (8b). Output: `# ` metadata, then one fixed-width row per
-// (shape, mode): the algorithms tried, the best time and TFLOP/s, or why the mode is not available.
+// Options: --tokens N (16384), --shapes 8b|27b (8b), --search N: for the per-token mode (OUTER_VEC_32F, for
+// which the heuristic offers one algorithm) also every algorithm id x tile x stages x cluster shape cuBLASLt
+// accepts (cublasLtMatmulAlgoCheck), at most N of them timed per shape (1 warm-up + median of 3), the fastest
+// reported with its configuration: whether a better kernel than the heuristic's exists for the wide shapes.
+// Output: `# ` metadata, then one fixed-width row per (shape, mode): the algorithms tried, the best time and
+// TFLOP/s, or why the mode is not available.
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 
@@ -115,6 +119,89 @@ double time_mode(cublasLtHandle_t lt, Mode m, int N, int K, int O, void* w, void
   return best;
 }
 
+// --search: cuBLASLt's algorithm space for the per-token mode at one shape. Returns the best median ms (or -1),
+// with how many configurations were accepted and timed, and the best one's (id, tile, stages, cluster).
+double search_outer(cublasLtHandle_t lt, int N, int K, int O, void* w, void* x, void* out, float* sa, float* sb,
+                    void* ws, size_t ws_bytes, int limit, int* timed, std::string* best_cfg) {
+  cublasLtMatmulDesc_t desc;
+  cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F);
+  const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+  cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta));
+  cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb));
+  const cublasLtMatmulMatrixScale_t mode = CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
+  cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &mode, sizeof(mode));
+  cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mode, sizeof(mode));
+  cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sa, sizeof(sa));
+  cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sb, sizeof(sb));
+  cublasLtMatrixLayout_t a, b, c;
+  cublasLtMatrixLayoutCreate(&a, CUDA_R_8F_E4M3, K, O, K);
+  cublasLtMatrixLayoutCreate(&b, CUDA_R_8F_E4M3, K, N, K);
+  cublasLtMatrixLayoutCreate(&c, CUDA_R_16BF, O, N, O);
+  int ids[256];
+  int nids = 0;
+  cublasLtMatmulAlgoGetIds(lt, CUBLAS_COMPUTE_32F, CUDA_R_32F, CUDA_R_8F_E4M3, CUDA_R_8F_E4M3, CUDA_R_16BF,
+                           CUDA_R_16BF, 256, ids, &nids);
+  cudaEvent_t e0, e1;
+  CK(cudaEventCreate(&e0));
+  CK(cudaEventCreate(&e1));
+  const float alpha = 1.f, beta = 0.f;
+  double best = -1;
+  *timed = 0;
+  const uint16_t clusters[] = {CUBLASLT_CLUSTER_SHAPE_AUTO, CUBLASLT_CLUSTER_SHAPE_1x1x1, CUBLASLT_CLUSTER_SHAPE_2x1x1,
+                               CUBLASLT_CLUSTER_SHAPE_1x2x1};
+  for (int i = 0; i < nids && *timed < limit; ++i) {
+    cublasLtMatmulAlgo_t algo;
+    if (cublasLtMatmulAlgoInit(lt, CUBLAS_COMPUTE_32F, CUDA_R_32F, CUDA_R_8F_E4M3, CUDA_R_8F_E4M3, CUDA_R_16BF,
+                               CUDA_R_16BF, ids[i], &algo) != CUBLAS_STATUS_SUCCESS)
+      continue;
+    uint32_t tiles[128] = {}, stages[128] = {};
+    size_t tb_bytes = 0, sb_bytes = 0;
+    cublasLtMatmulAlgoCapGetAttribute(&algo, CUBLASLT_ALGO_CAP_TILE_IDS, tiles, sizeof(tiles), &tb_bytes);
+    cublasLtMatmulAlgoCapGetAttribute(&algo, CUBLASLT_ALGO_CAP_STAGES_IDS, stages, sizeof(stages), &sb_bytes);
+    const int ntiles = tb_bytes ? int(std::min(tb_bytes, sizeof(tiles)) / 4) : 1;
+    const int nstages = sb_bytes ? int(std::min(sb_bytes, sizeof(stages)) / 4) : 1;
+    for (int t = 0; t < ntiles && *timed < limit; ++t)
+      for (int s = 0; s < nstages && *timed < limit; ++s)
+        for (uint16_t cl : clusters) {
+          if (*timed >= limit) break;
+          cublasLtMatmulAlgoConfigSetAttribute(&algo, CUBLASLT_ALGO_CONFIG_TILE_ID, &tiles[t], sizeof(tiles[t]));
+          cublasLtMatmulAlgoConfigSetAttribute(&algo, CUBLASLT_ALGO_CONFIG_STAGES_ID, &stages[s], sizeof(stages[s]));
+          cublasLtMatmulAlgoConfigSetAttribute(&algo, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID, &cl, sizeof(cl));
+          cublasLtMatmulHeuristicResult_t check = {};
+          if (cublasLtMatmulAlgoCheck(lt, desc, a, b, c, c, &algo, &check) != CUBLAS_STATUS_SUCCESS ||
+              check.workspaceSize > ws_bytes)
+            continue;
+          std::vector<float> ts;
+          bool ok = true;
+          for (int r = 0; r < 4 && ok; ++r) {
+            CK(cudaEventRecord(e0));
+            ok = cublasLtMatmul(lt, desc, &alpha, w, a, x, b, &beta, out, c, out, c, &algo, ws, ws_bytes, 0) ==
+                 CUBLAS_STATUS_SUCCESS;
+            CK(cudaEventRecord(e1));
+            CK(cudaEventSynchronize(e1));
+            float ms = 0;
+            CK(cudaEventElapsedTime(&ms, e0, e1));
+            if (r >= 1) ts.push_back(ms);
+          }
+          if (cudaGetLastError() != cudaSuccess || !ok) continue;
+          ++*timed;
+          std::sort(ts.begin(), ts.end());
+          if (best < 0 || ts[1] < best) {
+            best = ts[1];
+            *best_cfg = "id " + std::to_string(ids[i]) + " tile " + std::to_string(tiles[t]) + " stages " +
+                        std::to_string(stages[s]) + " cluster " + std::to_string(cl);
+          }
+        }
+  }
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  cublasLtMatrixLayoutDestroy(c);
+  cublasLtMatrixLayoutDestroy(b);
+  cublasLtMatrixLayoutDestroy(a);
+  cublasLtMatmulDescDestroy(desc);
+  return best;
+}
+
 __global__ void fill_kernel(unsigned char* p, size_t n, unsigned seed, bool fp8) {
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
     unsigned h = (unsigned(i) ^ seed) * 2654435761u;
@@ -132,13 +219,14 @@ __global__ void fill_scales(float* p, size_t n) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  int N = 16384;
+  int N = 16384, search = 0;
   std::string set = "8b";
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--tokens") && i + 1 < argc) N = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--shapes") && i + 1 < argc) set = argv[++i];
+    else if (!std::strcmp(argv[i], "--search") && i + 1 < argc) search = std::atoi(argv[++i]);
     else {
-      std::fprintf(stderr, "usage: fp8_gemm_modes [--tokens N] [--shapes 8b|27b]\n");
+      std::fprintf(stderr, "usage: fp8_gemm_modes [--tokens N] [--shapes 8b|27b] [--search N]\n");
       return 2;
     }
   }
@@ -197,6 +285,19 @@ int main(int argc, char** argv) {
       const double tflops = 2.0 * N * s.k * s.o / (ms * 1e-3) / 1e12;
       std::printf("%-10s %6d %6d %6d  %-20s %5d %10.3f %9.1f  %.2fx\n", s.what, N, s.k, s.o, name(m), tried, ms,
                   tflops, bf16_ms > 0 ? bf16_ms / ms : 0.0);
+      if (m == Mode::Outer && search > 0) {
+        int timed = 0;
+        std::string cfg;
+        const double best = search_outer(lt, N, s.k, s.o, w, x, out, sa, sb, ws, ws_bytes, search, &timed, &cfg);
+        CK(cudaGetLastError());
+        if (best > 0)
+          std::printf("%-10s %6d %6d %6d  %-20s %5d %10.3f %9.1f  %.2fx  (%s)\n", s.what, N, s.k, s.o,
+                      "fp8-outer-vec-search", timed, best, 2.0 * N * s.k * s.o / (best * 1e-3) / 1e12,
+                      bf16_ms > 0 ? bf16_ms / best : 0.0, cfg.c_str());
+        else
+          std::printf("%-10s %6d %6d %6d  %-20s %5d %10s %9s  no configuration ran\n", s.what, N, s.k, s.o,
+                      "fp8-outer-vec-search", timed, "-", "-");
+      }
     }
   }
   cublasLtDestroy(lt);
