@@ -47,75 +47,94 @@ const char* name(Mode m) {
 
 struct Shape { const char* what; int k, o; };
 
-// Column-major view as the product runs it: out^T [O, N] = W [K, O]^T x act^T [K, N] (TN).
-// Returns the best median ms, or a negative number with `why` set.
+// One GEMM's cuBLASLt objects in mode m, column-major as the product runs it: out^T [O, N] = W [K, O]^T x
+// act^T [K, N] (TN), C = D bf16. Released on scope exit.
+struct LtGemm {
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+  LtGemm(Mode m, int N, int K, int O, float* sa, float* sb) {
+    const bool fp8 = m != Mode::Bf16;
+    cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F);
+    const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+    cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta));
+    cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb));
+    if (fp8) {
+      cublasLtMatmulMatrixScale_t mode = CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F;
+      if (m == Mode::Block) mode = CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
+      if (m == Mode::Outer) mode = CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
+      cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &mode, sizeof(mode));
+      cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mode, sizeof(mode));
+      cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sa, sizeof(sa));
+      cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sb, sizeof(sb));
+      const int8_t fast = m == Mode::TensorFastAccum ? 1 : 0;
+      cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof(fast));
+    }
+    const cudaDataType_t in_t = fp8 ? CUDA_R_8F_E4M3 : CUDA_R_16BF;
+    cublasLtMatrixLayoutCreate(&a, in_t, K, O, K);
+    cublasLtMatrixLayoutCreate(&b, in_t, K, N, K);
+    cublasLtMatrixLayoutCreate(&c, CUDA_R_16BF, O, N, O);
+  }
+  ~LtGemm() {
+    cublasLtMatrixLayoutDestroy(c);
+    cublasLtMatrixLayoutDestroy(b);
+    cublasLtMatrixLayoutDestroy(a);
+    cublasLtMatmulDescDestroy(desc);
+  }
+  LtGemm(const LtGemm&) = delete;
+  LtGemm& operator=(const LtGemm&) = delete;
+};
+
+// The median ms of `timed` runs of algo after `warmup` (CUDA events), or -1 when it does not run.
+double time_algo(cublasLtHandle_t lt, const LtGemm& g, const cublasLtMatmulAlgo_t& algo, int warmup, int timed,
+                 void* w, void* x, void* out, void* ws, size_t ws_bytes) {
+  cudaEvent_t e0, e1;
+  CK(cudaEventCreate(&e0));
+  CK(cudaEventCreate(&e1));
+  const float alpha = 1.f, beta = 0.f;
+  std::vector<float> t;
+  bool ok = true;
+  for (int r = 0; r < warmup + timed && ok; ++r) {
+    CK(cudaEventRecord(e0));
+    ok = cublasLtMatmul(lt, g.desc, &alpha, w, g.a, x, g.b, &beta, out, g.c, out, g.c, &algo, ws, ws_bytes, 0) ==
+         CUBLAS_STATUS_SUCCESS;
+    CK(cudaEventRecord(e1));
+    CK(cudaEventSynchronize(e1));
+    float ms = 0;
+    CK(cudaEventElapsedTime(&ms, e0, e1));
+    if (r >= warmup) t.push_back(ms);
+  }
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  if (!ok || cudaGetLastError() != cudaSuccess) return -1;
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+// The heuristic's candidates (up to 8) in mode m, each timed (2 warm-ups, median of 7). Returns the best
+// median ms, or a negative number with `why` set.
 double time_mode(cublasLtHandle_t lt, Mode m, int N, int K, int O, void* w, void* x, void* out, float* sa,
                  float* sb, void* ws, size_t ws_bytes, int* tried, std::string* why) {
-  const bool fp8 = m != Mode::Bf16;
-  cublasLtMatmulDesc_t desc;
-  cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F);
-  const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
-  cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta));
-  cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb));
-  if (fp8) {
-    cublasLtMatmulMatrixScale_t mode = CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F;
-    if (m == Mode::Block) mode = CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
-    if (m == Mode::Outer) mode = CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
-    cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &mode, sizeof(mode));
-    cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mode, sizeof(mode));
-    cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sa, sizeof(sa));
-    cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sb, sizeof(sb));
-    const int8_t fast = m == Mode::TensorFastAccum ? 1 : 0;
-    cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof(fast));
-  }
-  const cudaDataType_t in_t = fp8 ? CUDA_R_8F_E4M3 : CUDA_R_16BF;
-  cublasLtMatrixLayout_t a, b, c;
-  cublasLtMatrixLayoutCreate(&a, in_t, K, O, K);
-  cublasLtMatrixLayoutCreate(&b, in_t, K, N, K);
-  cublasLtMatrixLayoutCreate(&c, CUDA_R_16BF, O, N, O);
+  const LtGemm g(m, N, K, O, sa, sb);
   cublasLtMatmulPreference_t pref;
   cublasLtMatmulPreferenceCreate(&pref);
   cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws_bytes, sizeof(ws_bytes));
   cublasLtMatmulHeuristicResult_t res[8] = {};
   int found = 0;
-  const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(lt, desc, a, b, c, c, pref, 8, res, &found);
+  const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(lt, g.desc, g.a, g.b, g.c, g.c, pref, 8, res, &found);
+  cublasLtMatmulPreferenceDestroy(pref);
   double best = -1;
   *tried = 0;
   if (st != CUBLAS_STATUS_SUCCESS || found == 0) {
     *why = "no algorithm (heuristic status " + std::to_string(int(st)) + ")";
-  } else {
-    cudaEvent_t e0, e1;
-    CK(cudaEventCreate(&e0));
-    CK(cudaEventCreate(&e1));
-    const float alpha = 1.f, beta = 0.f;
-    for (int i = 0; i < found; ++i) {
-      std::vector<float> t;
-      bool ok = true;
-      for (int r = 0; r < 9 && ok; ++r) {
-        CK(cudaEventRecord(e0));
-        ok = cublasLtMatmul(lt, desc, &alpha, w, a, x, b, &beta, out, c, out, c, &res[i].algo, ws, ws_bytes, 0) ==
-             CUBLAS_STATUS_SUCCESS;
-        CK(cudaEventRecord(e1));
-        CK(cudaEventSynchronize(e1));
-        float ms = 0;
-        CK(cudaEventElapsedTime(&ms, e0, e1));
-        if (r >= 2) t.push_back(ms);
-      }
-      if (!ok) continue;
-      ++*tried;
-      std::sort(t.begin(), t.end());
-      const double med = t[t.size() / 2];
-      if (best < 0 || med < best) best = med;
-    }
-    if (best < 0) *why = "every algorithm failed to run";
-    cudaEventDestroy(e0);
-    cudaEventDestroy(e1);
+    return best;
   }
-  cublasLtMatmulPreferenceDestroy(pref);
-  cublasLtMatrixLayoutDestroy(c);
-  cublasLtMatrixLayoutDestroy(b);
-  cublasLtMatrixLayoutDestroy(a);
-  cublasLtMatmulDescDestroy(desc);
+  for (int i = 0; i < found; ++i) {
+    const double med = time_algo(lt, g, res[i].algo, 2, 7, w, x, out, ws, ws_bytes);
+    if (med < 0) continue;
+    ++*tried;
+    if (best < 0 || med < best) best = med;
+  }
+  if (best < 0) *why = "every algorithm failed to run";
   return best;
 }
 
@@ -123,28 +142,11 @@ double time_mode(cublasLtHandle_t lt, Mode m, int N, int K, int O, void* w, void
 // with how many configurations were accepted and timed, and the best one's (id, tile, stages, cluster).
 double search_outer(cublasLtHandle_t lt, int N, int K, int O, void* w, void* x, void* out, float* sa, float* sb,
                     void* ws, size_t ws_bytes, int limit, int* timed, std::string* best_cfg) {
-  cublasLtMatmulDesc_t desc;
-  cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F);
-  const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
-  cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta));
-  cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb));
-  const cublasLtMatmulMatrixScale_t mode = CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
-  cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &mode, sizeof(mode));
-  cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mode, sizeof(mode));
-  cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sa, sizeof(sa));
-  cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sb, sizeof(sb));
-  cublasLtMatrixLayout_t a, b, c;
-  cublasLtMatrixLayoutCreate(&a, CUDA_R_8F_E4M3, K, O, K);
-  cublasLtMatrixLayoutCreate(&b, CUDA_R_8F_E4M3, K, N, K);
-  cublasLtMatrixLayoutCreate(&c, CUDA_R_16BF, O, N, O);
+  const LtGemm g(Mode::Outer, N, K, O, sa, sb);
   int ids[256];
   int nids = 0;
   cublasLtMatmulAlgoGetIds(lt, CUBLAS_COMPUTE_32F, CUDA_R_32F, CUDA_R_8F_E4M3, CUDA_R_8F_E4M3, CUDA_R_16BF,
                            CUDA_R_16BF, 256, ids, &nids);
-  cudaEvent_t e0, e1;
-  CK(cudaEventCreate(&e0));
-  CK(cudaEventCreate(&e1));
-  const float alpha = 1.f, beta = 0.f;
   double best = -1;
   *timed = 0;
   const uint16_t clusters[] = {CUBLASLT_CLUSTER_SHAPE_AUTO, CUBLASLT_CLUSTER_SHAPE_1x1x1, CUBLASLT_CLUSTER_SHAPE_2x1x1,
@@ -168,37 +170,19 @@ double search_outer(cublasLtHandle_t lt, int N, int K, int O, void* w, void* x, 
           cublasLtMatmulAlgoConfigSetAttribute(&algo, CUBLASLT_ALGO_CONFIG_STAGES_ID, &stages[s], sizeof(stages[s]));
           cublasLtMatmulAlgoConfigSetAttribute(&algo, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID, &cl, sizeof(cl));
           cublasLtMatmulHeuristicResult_t check = {};
-          if (cublasLtMatmulAlgoCheck(lt, desc, a, b, c, c, &algo, &check) != CUBLAS_STATUS_SUCCESS ||
+          if (cublasLtMatmulAlgoCheck(lt, g.desc, g.a, g.b, g.c, g.c, &algo, &check) != CUBLAS_STATUS_SUCCESS ||
               check.workspaceSize > ws_bytes)
             continue;
-          std::vector<float> ts;
-          bool ok = true;
-          for (int r = 0; r < 4 && ok; ++r) {
-            CK(cudaEventRecord(e0));
-            ok = cublasLtMatmul(lt, desc, &alpha, w, a, x, b, &beta, out, c, out, c, &algo, ws, ws_bytes, 0) ==
-                 CUBLAS_STATUS_SUCCESS;
-            CK(cudaEventRecord(e1));
-            CK(cudaEventSynchronize(e1));
-            float ms = 0;
-            CK(cudaEventElapsedTime(&ms, e0, e1));
-            if (r >= 1) ts.push_back(ms);
-          }
-          if (cudaGetLastError() != cudaSuccess || !ok) continue;
+          const double med = time_algo(lt, g, algo, 1, 3, w, x, out, ws, ws_bytes);
+          if (med < 0) continue;
           ++*timed;
-          std::sort(ts.begin(), ts.end());
-          if (best < 0 || ts[1] < best) {
-            best = ts[1];
+          if (best < 0 || med < best) {
+            best = med;
             *best_cfg = "id " + std::to_string(ids[i]) + " tile " + std::to_string(tiles[t]) + " stages " +
                         std::to_string(stages[s]) + " cluster " + std::to_string(cl);
           }
         }
   }
-  cudaEventDestroy(e0);
-  cudaEventDestroy(e1);
-  cublasLtMatrixLayoutDestroy(c);
-  cublasLtMatrixLayoutDestroy(b);
-  cublasLtMatrixLayoutDestroy(a);
-  cublasLtMatmulDescDestroy(desc);
   return best;
 }
 

@@ -3,7 +3,7 @@
 # order they pay off. Run from the repository root on the GPU machine, with the programs in BIN (a build
 # directory, flat or with bench/ and tests/ below it):
 #
-#   bash bench/pending_gpu_runs.sh BIN OUT checks     # ~5 min: every GPU test of the pipeline's new paths, FP8 speed
+#   bash bench/pending_gpu_runs.sh BIN OUT checks     # ~8 min: every GPU test of the pipeline's new paths, FP8 speed
 #   bash bench/pending_gpu_runs.sh BIN OUT layouts    # ~8 min: the roles bench, 1-1 at the record density
 #   bash bench/pending_gpu_runs.sh BIN OUT speed      # ~8 min: colocated / 1-1 / the reference at hidden 2048 and 4096
 #   bash bench/pending_gpu_runs.sh BIN OUT dflash2    # ~4 min: the 27B DFlash2 step with the release's heads vs PyTorch

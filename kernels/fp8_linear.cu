@@ -222,7 +222,9 @@ void fp8_linear_forward(const Ctx& ctx, const Tensor& out, const Tensor& in, con
   DF_CHECK_HINT(planned, DeviceFailure,
                 "fp8_linear_forward: cuBLASLt has no " << (per_token ? "per-token" : "block-scaled") << " FP8 algorithm for N "
                                                        << N << " K " << K << " O " << O,
-                "update the CUDA toolkit to 12.9 or later (1x128 block scaling on sm_90)");
+                per_token ? "report the GPU and CUDA version; DFLASH_FP8_LINEAR=dequant runs this target's linears "
+                            "dequantized meanwhile"
+                          : "update the CUDA toolkit to 12.9 or later (1x128 block scaling on sm_90)");
   const float alpha = 1.f, beta = reads_c ? 1.f : 0.f;
   DF_CUBLAS(cublasLtMatmul(be.lt, plan->desc, &alpha, w_codes.data, plan->a, act_codes.data, plan->b, &beta, c,
                            plan->c, out.data, plan->c, &plan->algo, be.workspace, be.workspace_bytes, stream));

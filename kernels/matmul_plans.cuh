@@ -8,8 +8,8 @@ namespace dflash::cuda {
 // The bf16 GEMM plans ctx's backend holds: one per tuning class (lt_plan.cuh, tuning_class) a GEMM was run in.
 int matmul_plan_count(const Ctx& ctx);
 
-// The block-scaled FP8 GEMM plans ctx's backend holds: one per token-count class, K, O, C read or not, and
-// operand alignments (fp8_linear.cu, Fp8Plan) an ops::fp8_linear_forward was run in.
+// The FP8 GEMM plans ctx's backend holds: one per token-count class, K, O, C read or not, operand alignments
+// and scaling (fp8_linear.cu, Fp8Plan) an ops::fp8_linear_forward was run in.
 int fp8_plan_count(const Ctx& ctx);
 
 }  // namespace dflash::cuda

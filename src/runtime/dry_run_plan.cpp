@@ -26,6 +26,7 @@
 #include "core/cuda_entry.h"       // cuda::in_build
 #include "drafter/loss_chunk.h"
 #include "drafter/step_buffers.h"
+#include "model/fp8_weights.h"  // fp8_gemm_scaling
 #include "model/qwen35_config.h"
 #include "plan/gpu_calibration.h"
 #include "plan/layout_plan.h"  // memory_fit
@@ -212,12 +213,13 @@ TargetWeights target_weights(const Options& o, const TargetConfig& t) {
                                            : " (the CPU backend's emulation)");
     return w;
   }
-  const bool gemm = fp8_gemm_gpu(o) && (t.quant.activation_group() == fp8::kBlock || t.quant.token_channel());
+  const std::optional<ops::Fp8Scaling> scaling = fp8_gemm_scaling(t.quant);
+  const bool gemm = fp8_gemm_gpu(o) && scaling.has_value();
   const double stored = p.fp8_linear * (1.0 + 4.0 / 128), scratch = gemm ? 0.0 : p.fp8_largest_linear * element;
   w.bytes = (p.total - p.fp8_linear) * element + stored + scratch;
   w.source += "; FP8 linears as e4m3 codes + scales (" + gib(stored) +
-              (gemm ? (t.quant.token_channel() ? ": the per-token FP8 GEMM of this GPU kind)"
-                                               : ": the block-scaled FP8 GEMM of this GPU kind)")
+              (gemm ? (*scaling == ops::Fp8Scaling::TokenChannel ? ": the per-token FP8 GEMM of this GPU kind)"
+                                                                  : ": the block-scaled FP8 GEMM of this GPU kind)")
                     : ", dequantized per GEMM into one " + std::string(dtype_name(compute_dtype(o.backend))) +
                           " scratch of the largest linear, " + gib(scratch) + ")");
   return w;

@@ -8,6 +8,7 @@
 
 #include "dflash/drafter_model.h"  // drafter_param_count
 #include "dry_run_plan.h"
+#include "model/fp8_weights.h"  // fp8_gemm_scaling
 #include "model/qwen35_config.h"
 
 namespace dflash {
@@ -26,9 +27,12 @@ plan::TargetShape target_shape(const Options& o, const ModelPlan& m) {
   s.heads = t.num_attention_heads;
   s.kv_heads = t.num_key_value_heads;
   s.head_dim = t.head_dim;
-  s.linears = m.target.quant.precision != TargetPrecision::Fp8 ? plan::TargetShape::Linears::Bf16
-              : m.target.quant.token_channel()                 ? plan::TargetShape::Linears::Fp8Token
-                                                               : plan::TargetShape::Linears::Fp8;
+  // An FP8 target's linears at the speed of the FP8 GEMM its format runs as (fp8_gemm_scaling); a format no
+  // FP8 GEMM takes runs dequantized, at bf16 GEMM speed.
+  const std::optional<ops::Fp8Scaling> fp8 = fp8_gemm_scaling(m.target.quant);
+  s.linears = m.target.quant.precision != TargetPrecision::Fp8 || !fp8 ? plan::TargetShape::Linears::Bf16
+              : *fp8 == ops::Fp8Scaling::TokenChannel               ? plan::TargetShape::Linears::Fp8Token
+                                                                    : plan::TargetShape::Linears::Fp8;
   if (m.target.qwen35) {
     const Qwen35Config& h = *m.target.qwen35;
     s.arch = plan::TargetArch::HybridQwen35;

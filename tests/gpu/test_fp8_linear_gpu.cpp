@@ -138,7 +138,7 @@ TEST(GpuFp8, TokenChannelLinearMatchesCpuTwin) {
     SCOPED_TRACE(testing::Message() << N << "x" << K << " -> " << O);
     auto x = random_bf16(static_cast<size_t>(N * K), 31, 2.f);
     // One scale per output channel: the first row of a random linear's scales.
-    RandomFp8Linear w(K / 128 * 128 == K ? K : (K / 128 + 1) * 128, O, 32);
+    RandomFp8Linear w((K + 127) / 128 * 128, O, 32);  // codes of K rounded up to whole groups; the first K used
     std::vector<uint8_t> codes(static_cast<size_t>(O * K));
     for (int64_t o = 0; o < O; ++o)
       for (int64_t k = 0; k < K; ++k) codes[o * K + k] = w.codes[o * w.K + k];
