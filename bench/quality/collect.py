@@ -144,8 +144,8 @@ def load_tau(eval_dir, label, snap):
 
 
 def at_budget(snaps, b):
-    """The snapshot standing for budget b: the latest whose training seconds are within 3% of b or below it."""
-    ok = [s for s in snaps if s["seconds"] <= b * 1.03]
+    """The snapshot standing for budget b: the latest whose training seconds are within 5 % of b or below it (a calibrated rate lands a snapshot a few % late)."""
+    ok = [s for s in snaps if s["seconds"] <= b * 1.05]
     return max(ok, key=lambda s: s["seconds"]) if ok else None
 
 
