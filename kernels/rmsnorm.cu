@@ -83,6 +83,7 @@ __global__ void rmsnorm_kernel(__nv_bfloat16* __restrict__ out, float* __restric
 
 
 constexpr int kMaxWarpChunks = 32 * 32;  // warp path: C <= 8192
+static_assert(kMaxWarpChunks * 8 == ops::kRmsNormFp8CodesOnlyWidth, "rmsnorm_fp8_forward's codes-only rows");
 constexpr int kWarpThreads = 128;
 
 // kFull: group = 32 and C / 8 = 32 * kPerLane. lg = log2(group) (ignored when kFull). kQuant: the row's
@@ -239,7 +240,7 @@ void rmsnorm_fp8_forward(const Ctx& ctx, const Tensor& out, const Tensor& codes,
            Internal, op << ": in, w and out must be 16-byte aligned, codes 8-byte aligned");
   if (rows == 0) return;
   if (C / 8 > kMaxWarpChunks) {
-    DF_CHECK(!out.empty(), Internal, op << ": rows wider than 8192 need out (the norm, then the row quantizer)");
+    DF_ASSERT(!out.empty());  // the op's contract: ops::kRmsNormFp8CodesOnlyWidth
     rmsnorm_forward(ctx, out, Tensor(), in, w, eps);
     return launch_rows_quantize(ctx, codes.data, static_cast<float*>(scales.data), out.data, rows, C);
   }

@@ -96,6 +96,9 @@ void rmsnorm_forward(const Ctx& ctx, const Tensor& out, const Tensor& rstd, cons
 // rmsnorm_forward's (may be empty: not written), codes [N, C] (F8E4M3) and scales [N] (F32) the per-token
 // quantization of that output, bit for bit what fp8_rows_quantize(rmsnorm_forward(in)) writes (on CUDA: of
 // the bf16-rounded output). The input of per-token FP8 GEMMs (fp8_gemm_forward) after a layer norm.
+// out may be empty only for C <= kRmsNormFp8CodesOnlyWidth (CUDA runs wider rows as the norm into out, then
+// the row quantizer).
+constexpr int64_t kRmsNormFp8CodesOnlyWidth = 8192;
 void rmsnorm_fp8_forward(const Ctx& ctx, const Tensor& out, const Tensor& codes, const Tensor& scales,
                          const Tensor& in, const Tensor& w, float eps);
 // din [N, C] (overwritten), dw [C] (accumulated). [CPU only]

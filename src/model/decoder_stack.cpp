@@ -57,7 +57,7 @@ void DecoderStackTarget::allocate_activations(int64_t widest_mixer_input, int64_
     pad_scales_.zero();
     pad_out_.zero();
     if (fp8_gemm_scaling(quant_) == ops::Fp8Scaling::TokenChannel) {
-      mixer_input_codes_ = NormCodes::PerToken;
+      mixer_input_ = NormOutput::ValuesAndCodes;
       fp8_x_codes_ = Buffer(d, DType::F8E4M3, {T * H});
       fp8_x_scales_ = Buffer(d, DType::F32, {T});
     }
@@ -76,24 +76,26 @@ void DecoderStackTarget::allocate_activations(int64_t widest_mixer_input, int64_
 
 void DecoderStackTarget::layer_forward(int layer, const Tensor& in, const Tensor& dst, int64_t T, const Tensor& cu) {
   const DecoderLayerWeights& L = *layers_[static_cast<size_t>(layer)];
-  mixer_forward(layer, norm(in, L.input_layernorm, T, mixer_input_codes_), in, dst, T, cu);
+  mixer_forward(layer, norm(in, L.input_layernorm, T, mixer_input_), in, dst, T, cu);
+  // gate|up is the post-attention norm's one reader.
   const LinearInput x = norm(dst, L.post_attention_layernorm, T,
-                             per_token_gemm(L.gate_up_proj) ? NormCodes::PerToken : NormCodes::No);
+                             per_token_gemm(L.gate_up_proj) ? NormOutput::Codes : NormOutput::Values);
   const Tensor gu = rows(mlp_gate_up_, T);
   linear(gu, x, L.gate_up_proj);
   linear(dst, mlp_activation(gu, L.down_proj, T), L.down_proj, ops::Accumulate::Yes);
 }
 
-LinearInput DecoderStackTarget::norm(const Tensor& in, const Tensor& w, int64_t T, NormCodes codes) {
+LinearInput DecoderStackTarget::norm(const Tensor& in, const Tensor& w, int64_t T, NormOutput output) {
   const Tensor x = rows(x_norm_, T);
-  if (codes == NormCodes::No) {
+  if (output == NormOutput::Values) {
     ops::rmsnorm_forward(ctx_, x, Tensor(), in, w, text_.rms_norm_eps);
     return x;
   }
   const int64_t H = x.size(1);
   const Tensor c = view(fp8_x_codes_, {T, H}), s = view(fp8_x_scales_, {T});
-  ops::rmsnorm_fp8_forward(ctx_, x, c, s, in, w, text_.rms_norm_eps);
-  return LinearInput(x, c, s);
+  const Tensor values = output == NormOutput::Codes && H <= ops::kRmsNormFp8CodesOnlyWidth ? Tensor() : x;
+  ops::rmsnorm_fp8_forward(ctx_, values, c, s, in, w, text_.rms_norm_eps);
+  return LinearInput(values, c, s);
 }
 
 LinearInput DecoderStackTarget::mlp_activation(const Tensor& gu, const LinearWeight& down, int64_t T) {

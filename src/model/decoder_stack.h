@@ -134,10 +134,11 @@ class DecoderStackTarget : public TargetModel {
 
  private:
   void layer_forward(int layer, const Tensor& in, const Tensor& dst, int64_t T, const Tensor& cu);
-  // Whether a norm's output gets its per-token codes too (for per-token FP8 GEMMs that take it).
-  enum class NormCodes : uint8_t { No, PerToken };
-  // x = rmsnorm(in) * w (x: the first T rows of x_norm_), with its codes in fp8_x_codes_ when asked.
-  LinearInput norm(const Tensor& in, const Tensor& w, int64_t T, NormCodes codes);
+  // What a norm writes: its bf16 output x, x and x's per-token codes (per-token FP8 GEMMs take x, maybe other
+  // readers too: the mixer's input), or only the codes (every reader is such a GEMM: the MLP's gate|up).
+  enum class NormOutput : uint8_t { Values, ValuesAndCodes, Codes };
+  // x = rmsnorm(in) * w (x: the first T rows of x_norm_), its codes into fp8_x_codes_ where asked.
+  LinearInput norm(const Tensor& in, const Tensor& w, int64_t T, NormOutput output);
   // silu(gu[:, :I]) * gu[:, I:] for down_proj: its values in mlp_act_, or, when down_proj is a per-token FP8
   // GEMM, only its codes (in fp8_act_codes_).
   LinearInput mlp_activation(const Tensor& gu, const LinearWeight& down, int64_t T);
@@ -174,11 +175,11 @@ class DecoderStackTarget : public TargetModel {
   // [16 * widest input] (bf16), codes, scales and output [16 * widest output].
   Buffer fp8_act_codes_, fp8_act_scales_;
   Buffer pad_in_, pad_codes_, pad_scales_, pad_out_;
-  // Per-token FP8 GEMMs (NormCodes::PerToken): the norms' output codes [max_tokens * H] and scales
+  // Per-token FP8 GEMMs (NormOutput with codes): the norms' output codes [max_tokens * H] and scales
   // [max_tokens] (x's, apart from fp8_act_codes_: o_proj quantizes its input there while x's codes may
   // still have readers, a hybrid layer's input projections).
   Buffer fp8_x_codes_, fp8_x_scales_;
-  NormCodes mixer_input_codes_ = NormCodes::No;  // PerToken where the target has per-token FP8 GEMMs
+  NormOutput mixer_input_ = NormOutput::Values;  // ValuesAndCodes where the target has per-token FP8 GEMMs
   int64_t fp8_gemm_calls_ = 0, fp8_dequant_calls_ = 0;
 };
 

@@ -83,6 +83,8 @@ void rmsnorm_fp8_forward(const Ctx& ctx, const Tensor& out, const Tensor& codes,
     detail::check_tensor(op, "out", out, ctx, 2);
     detail::check_shape(op, "out", out, {N, C});
   }
+  DF_CHECK(!out.empty() || C <= kRmsNormFp8CodesOnlyWidth, Internal,
+           op << ": rows of " << C << " need out (wider than " << kRmsNormFp8CodesOnlyWidth << ")");
   detail::check_tensor(op, "w", w, ctx, 1);
   detail::check_shape(op, "w", w, {C});
   detail::check_tensor(op, "codes", codes, ctx, 2);

@@ -111,7 +111,7 @@ TEST(GpuFp8Fused, RmsNormFp8EqualsTheNormThenTheRowQuantizer) {
     EXPECT_EQ(host_bytes<uint8_t>(got.codes), want_codes);
     EXPECT_EQ(host_bytes<float>(got.scales), want_scales);
     // ... and without it (the warp kernel's widths only: wider rows need out).
-    if (C <= 8192) {
+    if (C <= ops::kRmsNormFp8CodesOnlyWidth) {
       DeviceRows bare(N, C);
       ops::rmsnorm_fp8_forward(g, Tensor(), bare.codes, bare.scales, in, wd, eps);
       EXPECT_EQ(host_bytes<uint8_t>(bare.codes), want_codes);
