@@ -18,10 +18,10 @@
 // max_tokens, in the constructor: the forward allocates nothing.
 //
 // Per-token FP8 GEMMs (compressed-tensors FP8-Dynamic, docs/fp8.md "Per-token activations, quantized
-// once"): the norms write their output's e4m3 codes beside it (ops::rmsnorm_fp8_forward), and the SwiGLU
-// only its codes when down_proj is such a GEMM (ops::swiglu_fp8_forward), so the linears that take x
-// (q|k|v, gate|up, and a hybrid layer's several input projections) and down_proj run on codes quantized
-// once (LinearInput); the other inputs (o_proj's) are quantized once per linear.
+// once"): the norms write their output's e4m3 codes beside it (ops::rmsnorm_fp8_forward; the MLP's norm
+// only the codes), and the SwiGLU only its codes when down_proj is such a GEMM (ops::swiglu_fp8_forward), so
+// the linears that take x (q|k|v, gate|up, and a hybrid layer's several input projections) and down_proj
+// run on codes quantized once (LinearInput); the other inputs (o_proj's) are quantized once per linear.
 #pragma once
 #include <cstdint>
 #include <functional>
