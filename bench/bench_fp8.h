@@ -133,6 +133,17 @@ class Fp8Scratch {
     const Tensor s = scales_.t().slice_rows(0, T * KB).reshape({KB, T});
     ops::fp8_linear_forward(ctx, out, in, w_codes, w_scales.slice_rows(0, KB), c, s, acc, residual, scaling_);
   }
+  // out [T, O] = (residual or, with acc, out) + dequant(codes [T, K], scales [T]) W^T: a per-token GEMM over an
+  // input quantized once by its producer (ops::fp8_gemm_forward, as DecoderStackTarget::fp8_token_gemm runs
+  // it). The weights' first scale row is the channels'.
+  void token_gemm(const Ctx& ctx, const Tensor& out, const Tensor& codes, const Tensor& scales, const Fp8Linear& w,
+                  ops::Accumulate acc = ops::Accumulate::No, const Tensor& residual = Tensor()) const {
+    const int64_t T = codes.size(0);
+    DF_CHECK_HINT(T % 16 == 0, BadOptions, "--fp8: T = " << T << " tokens; the FP8 GEMM takes multiples of 16",
+                  "use --seqlens that sum to a multiple of 16");
+    ops::fp8_gemm_forward(ctx, out, codes, scales.reshape({1, T}), w.codes, w.scales.t().slice_rows(0, 1), acc, residual,
+                          ops::Fp8Scaling::TokenChannel);
+  }
 
  private:
   Fp8Path path_ = Fp8Path::Gemm;

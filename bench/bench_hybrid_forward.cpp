@@ -375,7 +375,10 @@ struct Model {
     tm.run(Part::GemmAttn, 1, [&] { lin(dst, at, A.o_proj, ops::Accumulate::No, residual); });
   }
 
-  // DecoderStackTarget::layer_forward (src/model/decoder_stack.cpp) around Qwen35Target::mixer_forward, op for op.
+  // DecoderStackTarget::layer_forward (src/model/decoder_stack.cpp) around Qwen35Target::mixer_forward, op for op,
+  // except that with --fp8-scaling token each linear quantizes its own input here, where the stack's norms and
+  // SwiGLU write the codes once (docs/fp8.md "Per-token activations, quantized once"; bench_target_forward
+  // runs both).
   void layer(const Qwen35LayerWeights& L, const Tensor& in, const Tensor& dst, const Tensor& tcu, Timer& tm) {
     const float eps = cfg.text.rms_norm_eps;
     const Tensor x = rows(x_norm, T);

@@ -14,6 +14,10 @@
 //                                               elsewhere, or with DFLASH_FP8_LINEAR=dequant, dequantized per GEMM)
 //   bench_target_forward --model 8b --fp8 --fp8-scaling token   (compressed-tensors FP8-Dynamic's GEMMs: one
 //                                               scale per token x one per output channel, OUTER_VEC_32F)
+//   bench_target_forward --model 8b --fp8 --fp8-scaling token --fp8-token-quant per-linear
+//                                              (each linear quantizing its own input, the path before the
+//                                              norms and the SwiGLU wrote the codes: the A/B of docs/fp8.md
+//                                              "Per-token activations, quantized once"; default fused)
 //   options: --iters N (5), --warmup N (2), --json (one JSON line per case; bench/README.md, "Output format")
 #include <cuda_runtime.h>
 
@@ -41,6 +45,10 @@ using bench::median;
 using bench::parse_ints;
 
 namespace {
+
+// --fp8-token-quant (per-token GEMMs on the GEMM path): Fused, as DecoderStackTarget runs them (the norms
+// write x's codes beside x, the SwiGLU only down_proj's codes); PerLinear, each linear quantizing its input.
+enum class TokenQuant : uint8_t { Fused, PerLinear };
 
 struct Shape {
   const char* name;
@@ -108,9 +116,13 @@ struct Model {
   int64_t T = 0;
   bench::ForwardOptions::Linears linears;
   bench::Fp8Scratch fp8;  // --fp8: the activations' codes and scales, or the dequantize path's scratch
+  // Fused token quantization: x's codes [N, H] and scales [N] (the norms'), the SwiGLU's [N, I] and [N].
+  bool fused_token_quant = false;
+  Buffer x_codes, x_scales, act_codes, act_scales;
 
   Model(const Shape& shape, const Ctx& c, int64_t max_tokens, bench::ForwardOptions::Linears lin,
-        bench::Fp8Path fp8_path = bench::Fp8Path::Gemm, ops::Fp8Scaling fp8_scaling = ops::Fp8Scaling::Block128)
+        bench::Fp8Path fp8_path = bench::Fp8Path::Gemm, ops::Fp8Scaling fp8_scaling = ops::Fp8Scaling::Block128,
+        TokenQuant token_quant = TokenQuant::Fused)
       : s(shape), ctx(c), linears(lin) {
     uint64_t seed = 1;
     auto weight = [&](std::initializer_list<int64_t> dims, float mean, float std) {
@@ -146,6 +158,14 @@ struct Model {
       fp8 = bench::Fp8Scratch(ctx, fp8_path, max_tokens, std::max({H, I, QD}),
                               std::max({(QD + 2 * KD) * H, H * QD, 2 * I * H, H * I}), fp8_scaling);
     const int64_t N = max_tokens;
+    fused_token_quant = fp8_linears && fp8_path == bench::Fp8Path::Gemm &&
+                        fp8_scaling == ops::Fp8Scaling::TokenChannel && token_quant == TokenQuant::Fused;
+    if (fused_token_quant) {
+      x_codes = Buffer(Device::CUDA, DType::F8E4M3, {N, H});
+      x_scales = Buffer(Device::CUDA, DType::F32, {N});
+      act_codes = Buffer(Device::CUDA, DType::F8E4M3, {N, I});
+      act_scales = Buffer(Device::CUDA, DType::F32, {N});
+    }
     resid = Buffer(Device::CUDA, DType::BF16, {N, H});
     h = Buffer(Device::CUDA, DType::BF16, {N, H});
     proj = Buffer(Device::CUDA, DType::BF16, {N, H});
@@ -192,6 +212,11 @@ struct Model {
     Tensor tgu = gate_up.slice_rows(0, T), tact = act.slice_rows(0, T);
     Tensor tpos = pos.t().slice_rows(0, T), tcu = cu.t().slice_rows(0, ncu);
     Tensor stream[2] = {resid.t().slice_rows(0, T), proj.t().slice_rows(0, T)};
+    Tensor txc, txs, tac, tas;  // fused token quantization: the norms' and the SwiGLU's codes and scales
+    if (fused_token_quant) {
+      txc = x_codes.t().slice_rows(0, T), txs = x_scales.t().slice_rows(0, T);
+      tac = act_codes.t().slice_rows(0, T), tas = act_scales.t().slice_rows(0, T);
+    }
     Tensor in = stream[0];
     tm.run(Part::Rest, [&] { ops::embedding_forward(ctx, in, tokens.t().slice_rows(0, T), embed); });
     size_t slot = 0;
@@ -205,9 +230,14 @@ struct Model {
       } else {
         dst = in.data == stream[0].data ? stream[1] : stream[0];
       }
-      tm.run(Part::Rest, [&] { ops::rmsnorm_forward(ctx, x, Tensor(), in, L.in_norm, eps); });
       const bool f8 = linears == bench::ForwardOptions::Linears::Fp8;
-      tm.run(Part::Gemm, [&] { f8 ? fp8.linear(ctx, tqkv, x, L.qkv8) : ops::matmul_forward(ctx, tqkv, x, L.qkv); });
+      if (fused_token_quant) {  // DecoderStackTarget::norm with NormCodes::PerToken, then the GEMM on x's codes
+        tm.run(Part::Rest, [&] { ops::rmsnorm_fp8_forward(ctx, x, txc, txs, in, L.in_norm, eps); });
+        tm.run(Part::Gemm, [&] { fp8.token_gemm(ctx, tqkv, txc, txs, L.qkv8); });
+      } else {
+        tm.run(Part::Rest, [&] { ops::rmsnorm_forward(ctx, x, Tensor(), in, L.in_norm, eps); });
+        tm.run(Part::Gemm, [&] { f8 ? fp8.linear(ctx, tqkv, x, L.qkv8) : ops::matmul_forward(ctx, tqkv, x, L.qkv); });
+      }
       tm.run(Part::NormRope, [&] {
         ops::qkv_norm_rope_forward(ctx, tq, tk, tv, tqkv, L.q_norm, L.k_norm, tpos, rope, eps);
       });
@@ -217,6 +247,14 @@ struct Model {
       tm.run(Part::Gemm, [&] {
         f8 ? fp8.linear(ctx, dst, ta, L.o8, ops::Accumulate::No, in) : ops::matmul_residual_forward(ctx, dst, ta, L.o, in);
       });
+      if (fused_token_quant) {  // DecoderStackTarget::norm, then mlp_activation: the SwiGLU writes only codes
+        tm.run(Part::Rest, [&] { ops::rmsnorm_fp8_forward(ctx, x, txc, txs, dst, L.post_norm, eps); });
+        tm.run(Part::Gemm, [&] { fp8.token_gemm(ctx, tgu, txc, txs, L.gate_up8); });
+        tm.run(Part::Swiglu, [&] { ops::swiglu_fp8_forward(ctx, Tensor(), tac, tas, tgu); });
+        tm.run(Part::Gemm, [&] { fp8.token_gemm(ctx, dst, tac, tas, L.down8, ops::Accumulate::Yes); });
+        in = dst;
+        continue;
+      }
       tm.run(Part::Rest, [&] { ops::rmsnorm_forward(ctx, x, Tensor(), dst, L.post_norm, eps); });
       tm.run(Part::Gemm, [&] { f8 ? fp8.linear(ctx, tgu, x, L.gate_up8) : ops::matmul_forward(ctx, tgu, x, L.gate_up); });
       tm.run(Part::Swiglu, [&] { ops::swiglu_fused_forward(ctx, tact, tgu); });
@@ -274,10 +312,17 @@ int main(int argc, char** argv) {
   opt.model = "8b";
   opt.seqlens = "4096,4096,4096,4096";
   bool gemm_peak = false;
+  TokenQuant token_quant = TokenQuant::Fused;
   for (int i = 1; i < argc; ++i) {
     if (bench::parse_forward_option(argc, argv, i, opt)) continue;
     const std::string a = argv[i];
     if (a == "--gemm-peak") gemm_peak = true;
+    else if (a == "--fp8-token-quant" && i + 1 < argc) {
+      const std::string v = argv[++i];
+      DF_CHECK(v == "fused" || v == "per-linear", BadOptions,
+               "--fp8-token-quant must be fused or per-linear, got '" << v << "'");
+      token_quant = v == "fused" ? TokenQuant::Fused : TokenQuant::PerLinear;
+    }
     else DF_FAIL(BadOptions, "unknown option " << a, "see the usage at the top of bench/bench_target_forward.cpp");
   }
   DF_CHECK(cuda_device_count() > 0, DeviceFailure, "no CUDA device visible");
@@ -312,7 +357,7 @@ int main(int argc, char** argv) {
   BENCH_CUDA(cudaMemGetInfo(&free0, &total));
   const bool fp8_linears = opt.linears == bench::ForwardOptions::Linears::Fp8;
   const bench::Fp8Path fp8_path = fp8_linears ? bench::fp8_path(&ctx, opt.fp8_scaling) : bench::Fp8Path::Gemm;
-  Model m(s, ctx, T, opt.linears, fp8_path, opt.fp8_scaling);
+  Model m(s, ctx, T, opt.linears, fp8_path, opt.fp8_scaling, token_quant);
   const int64_t H = s.hidden, K = static_cast<int64_t>(capture.size());
   Buffer features(Device::CUDA, DType::BF16, {K, T, H}), final_buf(Device::CUDA, DType::BF16, {T, H});
   const Tensor final_out = opt.no_final_norm ? Tensor() : final_buf.t();
@@ -347,7 +392,8 @@ int main(int argc, char** argv) {
   // Bytes the two fused elementwise ops move over all layers (bf16 read + write): qkv_norm_rope reads the
   // fused row and writes q, k, v (as many values); swiglu_fused reads 2I and writes I values per token.
   const double norm_rope_bytes = 2.0 * 2 * T * double(s.nh + 2 * s.nkv) * s.hd * layers_run;
-  const double swiglu_bytes = 2.0 * 3 * T * double(s.inter) * layers_run;
+  // bf16 gate|up read (4 bytes a column of I) + the bf16 activation written (2), or its e4m3 codes (1: fused).
+  const double swiglu_bytes = (m.fused_token_quant ? 5.0 : 6.0) * T * double(s.inter) * layers_run;
   std::string cap;
   for (size_t i = 0; i < capture.size(); ++i) cap += (i ? "," : "") + std::to_string(capture[i]);
   w.begin(bench::device_line(0), bench::timing_line(opt.warmup, opt.iters));
@@ -373,12 +419,17 @@ int main(int argc, char** argv) {
                                 "qkv_norm_rope, swiglu_fused; TFLOP/s from the model math, GB/s bf16 read + write",
                                 total_parts));
   if (fp8_linears && fp8_path == bench::Fp8Path::Gemm) w.meta("fp8 gemm plans", bench::fp8_plans_meta(ctx, opt.warmup));
+  if (fp8_linears && fp8_path == bench::Fp8Path::Gemm && opt.fp8_scaling == ops::Fp8Scaling::TokenChannel)
+    w.meta("fp8 token quant",
+           m.fused_token_quant ? "fused: the norms write x's e4m3 codes (rmsnorm_fp8_forward, in rest), the SwiGLU only "
+                                 "down_proj's (swiglu_fp8_forward, in swiglu_fused); o_proj quantizes its input (in gemm)"
+                               : "per-linear: each linear quantizes its input (the quantization in gemm)");
   w.columns(forward_columns());
   const bool token = opt.fp8_scaling == ops::Fp8Scaling::TokenChannel;
   const bench::Cell impl = !fp8_linears                       ? "ours"
                            : fp8_path == bench::Fp8Path::Dequant ? (token ? "ours-fp8tok-dequant" : "ours-fp8-dequant")
-                           : token                               ? "ours-fp8tok"
-                                                                 : "ours-fp8";
+                           : token ? (m.fused_token_quant ? "ours-fp8tok" : "ours-fp8tok-perlinear")
+                                   : "ours-fp8";
   const bench::Cell model = s.name, tt = static_cast<long long>(T), ns = seqlens.size(), _ = bench::none;
   auto pct = [&](double ms) { return 100 * ms / total_parts; };
   w.row({"forward", impl, model, tt, ns, t_med * 1e3, *std::min_element(ms.begin(), ms.end()), _, T / t_med,

@@ -6,7 +6,9 @@
 // VEC32_UE8M0, MXFP8, another rounding of the scales); elsewhere this GEMM is refused and the target runs its
 // FP8 linears as dequantized BF16 GEMMs behind ops::fp8_activation_qdq. Fp8Scaling::TokenChannel
 // (compressed-tensors FP8-Dynamic) runs the same way with one scale per row of each operand (OUTER_VEC_32F),
-// the activations quantized per token by the same kernel with one group of K.
+// the activations quantized per token by kernels/fp8_rows.cu's row quantizer (the same arithmetic, one
+// group of K). fp8_gemm_forward is the GEMM alone, over activations a caller quantized once for several
+// linears or a fused producer wrote (ops::rmsnorm_fp8_forward, ops::swiglu_fp8_forward).
 #include "fp8_linear.cuh"
 
 #include <algorithm>
@@ -19,6 +21,7 @@
 #include "backend.cuh"
 #include "cuda_check.cuh"
 #include "dflash/error.h"
+#include "fp8_rows.cuh"
 #include "lt_plan.cuh"
 #include "matmul_plans.cuh"
 
@@ -65,6 +68,9 @@ __global__ void act_quant_kernel(__nv_bfloat16* __restrict__ qdq, __nv_fp8_stora
 void launch_act_quant(const Ctx& ctx, bool dequantize, const Tensor& qdq, const Tensor& codes, const Tensor& scales,
                       const Tensor& in, int64_t group) {
   const int64_t N = in.size(0), K = in.size(1), groups = (K + group - 1) / group;
+  // One group per row (Fp8Scaling::TokenChannel): the row quantizer (one read of the row, 16-byte loads).
+  if (!dequantize && groups == 1)
+    return launch_rows_quantize(ctx, codes.data, static_cast<float*>(scales.data), in.data, N, K);
   const int64_t warps = N * groups;
   if (warps == 0) return;
   constexpr int kThreads = 256;
@@ -169,24 +175,32 @@ bool fp8_token_gemm_available(const Ctx& ctx) { return fp8_gemm_available(ctx, o
 void fp8_linear_forward(const Ctx& ctx, const Tensor& out, const Tensor& in, const Tensor& w_codes,
                         const Tensor& w_scales, const Tensor& act_codes, const Tensor& act_scales, ops::Accumulate acc,
                         const Tensor& residual, ops::Fp8Scaling scaling) {
+  DF_CHECK(in.dtype == DType::BF16, Internal, "fp8_linear_forward: in must be BF16");
+  const int64_t K = in.size(1);
+  launch_act_quant(ctx, false, Tensor(), act_codes, act_scales, in,
+                   scaling == ops::Fp8Scaling::TokenChannel ? K : kGroup);
+  cuda::fp8_gemm_forward(ctx, out, act_codes, act_scales, w_codes, w_scales, acc, residual, scaling);  // not ops:: (ADL)
+}
+
+void fp8_gemm_forward(const Ctx& ctx, const Tensor& out, const Tensor& act_codes, const Tensor& act_scales,
+                      const Tensor& w_codes, const Tensor& w_scales, ops::Accumulate acc, const Tensor& residual,
+                      ops::Fp8Scaling scaling) {
   Backend& be = backend_of(ctx);
-  DF_CHECK(in.dtype == DType::BF16 && out.dtype == DType::BF16 && (residual.empty() || residual.dtype == DType::BF16),
-           Internal, "fp8_linear_forward: in, out and residual must be BF16");
-  const int64_t N = in.size(0), K = in.size(1), O = w_codes.size(0);
+  DF_CHECK(out.dtype == DType::BF16 && (residual.empty() || residual.dtype == DType::BF16), Internal,
+           "fp8_gemm_forward: out and residual must be BF16");
+  const int64_t N = act_codes.size(0), K = act_codes.size(1), O = w_codes.size(0);
   const bool per_token = scaling == ops::Fp8Scaling::TokenChannel;
   DF_CHECK_HINT(fp8_gemm_available(ctx, scaling), DeviceFailure,
-                "fp8_linear_forward: this GPU's cuBLASLt has no "
+                "fp8_gemm_forward: this GPU's cuBLASLt has no "
                     << (per_token ? "per-token x per-channel (OUTER_VEC_32F) FP8 GEMM"
                                   : "1x128 block-scaled FP8 GEMM (sm_90 only, cuBLAS 12.9 or later)"),
                 "FP8 targets run their linears as dequantized BF16 GEMMs on this GPU (docs/fp8.md)");
-  const int64_t group = per_token ? K : kGroup;
   DF_CHECK(K % (per_token ? 16 : kGroup) == 0 && O % 16 == 0 && N % 16 == 0 &&
                std::max({N, K, O}) < (int64_t(1) << 31),
            Internal,
-           "fp8_linear_forward: cuBLASLt's FP8 GEMM needs K % " << (per_token ? 16 : kGroup)
+           "fp8_gemm_forward: cuBLASLt's FP8 GEMM needs K % " << (per_token ? 16 : kGroup)
                                                                 << " == 0 and N, O % 16 == 0 (each < 2^31), got N " << N
                                                                 << " K " << K << " O " << O);
-  launch_act_quant(ctx, false, Tensor(), act_codes, act_scales, in, group);
 
   const int n = static_cast<int>(N), k = static_cast<int>(K), o = static_cast<int>(O);
   cudaStream_t stream = stream_of(ctx);
@@ -220,7 +234,7 @@ void fp8_linear_forward(const Ctx& ctx, const Tensor& out, const Tensor& in, con
     }
   }
   DF_CHECK_HINT(planned, DeviceFailure,
-                "fp8_linear_forward: cuBLASLt has no " << (per_token ? "per-token" : "block-scaled") << " FP8 algorithm for N "
+                "fp8_gemm_forward: cuBLASLt has no " << (per_token ? "per-token" : "block-scaled") << " FP8 algorithm for N "
                                                        << N << " K " << K << " O " << O,
                 per_token ? "report the GPU and CUDA version; DFLASH_FP8_LINEAR=dequant runs this target's linears "
                             "dequantized meanwhile"

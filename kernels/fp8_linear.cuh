@@ -10,6 +10,9 @@ decltype(ops::fp8_activation_qdq) fp8_activation_qdq;
 // in/out [N, K]/[N, O] BF16; sm_90 only (cuBLASLt's VEC128_32F scale mode), DeviceFailure elsewhere.
 decltype(ops::fp8_linear_forward) fp8_linear_forward;
 
+// fp8_linear_forward's GEMM over already-quantized activations (out BF16).
+decltype(ops::fp8_gemm_forward) fp8_gemm_forward;
+
 // sm_90 and cuBLASLt has a VEC128_32F FP8 algorithm (asked once per device).
 decltype(ops::fp8_block_gemm_available) fp8_block_gemm_available;
 

@@ -23,6 +23,8 @@
 #include "backend.cuh"
 #include "bf16_util.cuh"
 #include "cuda_check.cuh"
+#include "fp8_quant.cuh"
+#include "fp8_rows.cuh"
 
 namespace dflash::cuda {
 namespace {
@@ -81,13 +83,17 @@ __global__ void rmsnorm_kernel(__nv_bfloat16* __restrict__ out, float* __restric
 
 
 constexpr int kMaxWarpChunks = 32 * 32;  // warp path: C <= 8192
+static_assert(kMaxWarpChunks * 8 == ops::kRmsNormFp8CodesOnlyWidth, "rmsnorm_fp8_forward's codes-only rows");
 constexpr int kWarpThreads = 128;
 
-// kFull: group = 32 and C / 8 = 32 * kPerLane. lg = log2(group) (ignored when kFull).
-template <int kPerLane, bool kFull, int kMinBlocks = (kPerLane > 24 ? 2 : 4)>
+// kFull: group = 32 and C / 8 = 32 * kPerLane. lg = log2(group) (ignored when kFull). kQuant: the row's
+// per-token e4m3 codes and scale too (rmsnorm_fp8_forward; out may be null), from the bf16 values it rounds
+// (kernels/fp8_quant.cuh), so they equal fp8_rows_quantize's of out bit for bit.
+template <int kPerLane, bool kFull, bool kQuant, int kMinBlocks = (kPerLane > 24 ? 2 : 4)>
 __global__ void __launch_bounds__(kWarpThreads, kMinBlocks)
-    rmsnorm_warp_kernel(uint4* __restrict__ out, float* __restrict__ rstd, const uint4* __restrict__ in,
-                        const uint4* __restrict__ w, int64_t rows, int C, int lg, float eps) {
+    rmsnorm_warp_kernel(uint4* __restrict__ out, float* __restrict__ rstd, uint2* __restrict__ codes,
+                        float* __restrict__ scales, const uint4* __restrict__ in, const uint4* __restrict__ w,
+                        int64_t rows, int C, int lg, float eps) {
   if (kFull) lg = 5;
   const int group = 1 << lg, lane = threadIdx.x & 31, sub = lane & (group - 1);
   const int chunks = kFull ? 32 * kPerLane : C / 8;
@@ -110,10 +116,11 @@ __global__ void __launch_bounds__(kWarpThreads, kMinBlocks)
     for (int e = 0; e < 8; ++e) ss += v[e] * v[e];
   }
   ss = group_sum(ss, group);
-  if (!on) return;
+  if (!kQuant && !on) return;  // kQuant: rows past the end join the max's shuffles too (their values are 0)
   const float rs = rsqrtf(ss / C + eps);
-  if (rstd && sub == 0) rstd[row] = rs;
-  uint4* o = out + static_cast<size_t>(row) * chunks;
+  if (on && rstd && sub == 0) rstd[row] = rs;
+  uint4* o = out ? out + static_cast<size_t>(on ? row : 0) * chunks : nullptr;
+  float amax = 0.f;
 #pragma unroll
   for (int i = 0; i < kPerLane; ++i) {
     const int c = sub + i * group;
@@ -124,13 +131,30 @@ __global__ void __launch_bounds__(kWarpThreads, kMinBlocks)
     unpack8(wv, g);
 #pragma unroll
     for (int e = 0; e < 8; ++e) v[e] = v[e] * rs * g[e];
-    if (kFull || c < chunks) o[c] = pack8_u4(v);
+    if (kQuant) {
+      held[i] = pack8_u4(v);  // a chunk past the row's end: zeros (its weights are)
+      amax = amax8(held[i], amax);
+      if (o && on && (kFull || c < chunks)) o[c] = held[i];
+    } else if (kFull || c < chunks) {
+      o[c] = pack8_u4(v);
+    }
+  }
+  if (!kQuant) return;
+  const float s = fp8_row_scale(group_max(amax, group));
+  if (!on) return;
+  if (sub == 0) scales[row] = s;
+  uint2* q = codes + static_cast<size_t>(row) * chunks;
+#pragma unroll
+  for (int i = 0; i < kPerLane; ++i) {
+    const int c = sub + i * group;
+    if (kFull || c < chunks) q[c] = fp8_codes8(held[i], s);
   }
 }
 
-// kPerLane: the fewest of the instantiated counts that cover the row.
-void launch_warp(cudaStream_t st, __nv_bfloat16* out, float* rstd, const __nv_bfloat16* in, const __nv_bfloat16* w,
-                 int64_t rows, int C, float eps) {
+// kPerLane: the fewest of the instantiated counts that cover the row. kQuant: codes and scales too.
+template <bool kQuant>
+void launch_warp(cudaStream_t st, __nv_bfloat16* out, float* rstd, void* codes, float* scales,
+                 const __nv_bfloat16* in, const __nv_bfloat16* w, int64_t rows, int C, float eps) {
   const int chunks = C / 8;
   int lg = 0;
   while ((1 << lg) < chunks && lg < 5) ++lg;
@@ -141,13 +165,13 @@ void launch_warp(cudaStream_t st, __nv_bfloat16* out, float* rstd, const __nv_bf
   DF_CHECK(blocks < (int64_t(1) << 31), Internal, "rmsnorm_forward: too many rows (" << rows << ")");
   auto go = [&](auto kernel) {
     kernel<<<static_cast<unsigned>(blocks), kWarpThreads, 0, st>>>(
-        reinterpret_cast<uint4*>(out), rstd, reinterpret_cast<const uint4*>(in), reinterpret_cast<const uint4*>(w),
-        rows, C, lg, eps);
+        reinterpret_cast<uint4*>(out), rstd, static_cast<uint2*>(codes), scales, reinterpret_cast<const uint4*>(in),
+        reinterpret_cast<const uint4*>(w), rows, C, lg, eps);
   };
-#define DF_RMS_WARP(K)                                                        \
-  if (per <= K) {                                                             \
-    if (full && chunks == 32 * K) return go(rmsnorm_warp_kernel<K, true>);    \
-    return go(rmsnorm_warp_kernel<K, false>);                                 \
+#define DF_RMS_WARP(K)                                                              \
+  if (per <= K) {                                                                   \
+    if (full && chunks == 32 * K) return go(rmsnorm_warp_kernel<K, true, kQuant>);  \
+    return go(rmsnorm_warp_kernel<K, false, kQuant>);                               \
   }
   DF_RMS_WARP(1)
   DF_RMS_WARP(2)
@@ -182,8 +206,9 @@ void rmsnorm_forward(const Ctx& ctx, const Tensor& out, const Tensor& rstd, cons
   DF_CHECK(rows < (int64_t(1) << 31), Internal, op << ": too many rows (" << rows << ")");
   float* r = rstd.empty() ? nullptr : static_cast<float*>(rstd.data);
   if (C / 8 <= kMaxWarpChunks) {
-    launch_warp(stream_of(ctx), static_cast<__nv_bfloat16*>(out.data), r, static_cast<const __nv_bfloat16*>(in.data),
-                static_cast<const __nv_bfloat16*>(w.data), rows, C, eps);
+    launch_warp<false>(stream_of(ctx), static_cast<__nv_bfloat16*>(out.data), r, nullptr, nullptr,
+                       static_cast<const __nv_bfloat16*>(in.data), static_cast<const __nv_bfloat16*>(w.data), rows, C,
+                       eps);
     DF_CUDA_LAUNCH();
     return;
   }
@@ -195,6 +220,33 @@ void rmsnorm_forward(const Ctx& ctx, const Tensor& out, const Tensor& rstd, cons
   rmsnorm_kernel<<<static_cast<unsigned>(rows), threads, 0, stream_of(ctx)>>>(
       static_cast<__nv_bfloat16*>(out.data), r, static_cast<const __nv_bfloat16*>(in.data),
       static_cast<const __nv_bfloat16*>(w.data), C, eps);
+  DF_CUDA_LAUNCH();
+}
+
+// Rows the warp kernel takes (C <= 8192): one pass, the codes from the registers that hold the normed row.
+// Wider rows: the norm, then the row quantizer over its output (out required there).
+void rmsnorm_fp8_forward(const Ctx& ctx, const Tensor& out, const Tensor& codes, const Tensor& scales,
+                         const Tensor& in, const Tensor& w, float eps) {
+  constexpr const char* op = "rmsnorm_fp8_forward";
+  backend_of(ctx);
+  const int C = static_cast<int>(in.size(1));
+  const int64_t rows = in.size(0);
+  DF_CHECK(in.dtype == DType::BF16 && w.dtype == DType::BF16 && (out.empty() || out.dtype == DType::BF16), Internal,
+           op << ": in, w and out must be BF16 on the CUDA backend");
+  DF_CHECK(C > 0 && C % 8 == 0 && C <= kMaxThreads * kMaxChunks * 8, Internal,
+           op << ": C must be a multiple of 8, at most 32768, got " << C);
+  DF_CHECK((out.empty() || aligned16(out.data)) && aligned16(in.data) && aligned16(w.data) &&
+               (reinterpret_cast<uintptr_t>(codes.data) & 7) == 0,
+           Internal, op << ": in, w and out must be 16-byte aligned, codes 8-byte aligned");
+  if (rows == 0) return;
+  if (C / 8 > kMaxWarpChunks) {
+    DF_ASSERT(!out.empty());  // the op's contract: ops::kRmsNormFp8CodesOnlyWidth
+    rmsnorm_forward(ctx, out, Tensor(), in, w, eps);
+    return launch_rows_quantize(ctx, codes.data, static_cast<float*>(scales.data), out.data, rows, C);
+  }
+  launch_warp<true>(stream_of(ctx), out.empty() ? nullptr : static_cast<__nv_bfloat16*>(out.data), nullptr,
+                    codes.data, static_cast<float*>(scales.data), static_cast<const __nv_bfloat16*>(in.data),
+                    static_cast<const __nv_bfloat16*>(w.data), rows, C, eps);
   DF_CUDA_LAUNCH();
 }
 

@@ -10,4 +10,8 @@ namespace dflash::cuda {
 // out [N, C] (BF16) = in [N, C] (BF16) * rstd * w [C] (BF16); rstd [N] (F32) may be empty.
 decltype(ops::rmsnorm_forward) rmsnorm_forward;
 
+// rmsnorm_forward (no rstd) + the per-token e4m3 quantization of its bf16 output in one pass (C <= 8192;
+// wider rows run the two kernels, out required there).
+decltype(ops::rmsnorm_fp8_forward) rmsnorm_fp8_forward;
+
 }  // namespace dflash::cuda

@@ -5,6 +5,8 @@
 #include "backend.cuh"
 #include "bf16_util.cuh"
 #include "cuda_check.cuh"
+#include "fp8_quant.cuh"
+#include "fp8_rows.cuh"
 
 namespace dflash::cuda {
 namespace {
@@ -80,6 +82,42 @@ __global__ void swiglu_fused_scalar_kernel(__nv_bfloat16* out, const __nv_bfloat
   }
 }
 
+// swiglu_fp8_forward: one block per row, each thread holding up to kFp8Chunks of the row's 16-byte output
+// chunks in registers (computed by swiglu8, as the vector kernel above: the same bf16 values), all four of
+// a thread's gate and up loads issued before any math; the block's amax, then each thread converts what it
+// holds (kernels/fp8_quant.cuh) and stores 8 codes at a time. out (may be null) gets the bf16 row as well.
+constexpr int kFp8Chunks = 4;  // per thread: I up to 1024 * 4 * 8 = 32768
+
+__global__ void swiglu_fp8_kernel(uint4* __restrict__ out, uint2* __restrict__ codes, float* __restrict__ scales,
+                                  const uint4* __restrict__ gate_up, int units) {
+  __shared__ float scratch[32];
+  const int64_t row = blockIdx.x;
+  const uint4* gu = gate_up + row * 2 * units;
+  uint4 g[kFp8Chunks], u[kFp8Chunks];
+#pragma unroll
+  for (int i = 0; i < kFp8Chunks; ++i) {
+    const int c = threadIdx.x + i * blockDim.x;
+    g[i] = c < units ? __ldg(gu + c) : uint4{0, 0, 0, 0};
+    u[i] = c < units ? __ldg(gu + units + c) : uint4{0, 0, 0, 0};
+  }
+  float amax = 0.f;
+#pragma unroll
+  for (int i = 0; i < kFp8Chunks; ++i) {
+    const int c = threadIdx.x + i * blockDim.x;
+    g[i] = swiglu8(g[i], u[i]);  // a chunk past the row's end: silu(0) * 0 = 0
+    amax = amax8(g[i], amax);
+    if (out && c < units) out[row * units + c] = g[i];
+  }
+  const float s = fp8_row_scale(block_max(amax, scratch));
+  uint2* q = codes + row * units;
+#pragma unroll
+  for (int i = 0; i < kFp8Chunks; ++i) {
+    const int c = threadIdx.x + i * blockDim.x;
+    if (c < units) q[c] = fp8_codes8(g[i], s);
+  }
+  if (threadIdx.x == 0) scales[row] = s;
+}
+
 }  // namespace
 
 void swiglu_forward(const Ctx& ctx, const Tensor& out, const Tensor& gate, const Tensor& up) {
@@ -127,6 +165,32 @@ void swiglu_fused_forward(const Ctx& ctx, const Tensor& out, const Tensor& gate_
   } else {
     swiglu_fused_scalar_kernel<<<grid, kThreads, 0, stream_of(ctx)>>>(o, gu, N, I);
   }
+  DF_CUDA_LAUNCH();
+}
+
+void swiglu_fp8_forward(const Ctx& ctx, const Tensor& out, const Tensor& codes, const Tensor& scales,
+                        const Tensor& gate_up) {
+  constexpr const char* op = "swiglu_fp8_forward";
+  backend_of(ctx);
+  DF_CHECK(gate_up.dtype == DType::BF16 && (out.empty() || out.dtype == DType::BF16), Internal,
+           op << ": gate_up and out must be BF16 on the CUDA backend");
+  const int64_t N = codes.size(0), I = codes.size(1), units = I / 8;
+  DF_CHECK(I % 8 == 0 && aligned16(gate_up.data) && (out.empty() || aligned16(out.data)) &&
+               (reinterpret_cast<uintptr_t>(codes.data) & 7) == 0 && N < (int64_t(1) << 31),
+           Internal,
+           op << ": needs I % 8 == 0, gate_up and out 16-byte aligned, codes 8-byte aligned (I " << I << ")");
+  if (N == 0 || I == 0) return;
+  if (units > 1024 * kFp8Chunks) {  // wider than one block holds: the activation, then the row quantizer
+    DF_CHECK(!out.empty(), Internal, op << ": I > 32768 needs out (the activation, then the row quantizer)");
+    swiglu_fused_forward(ctx, out, gate_up);
+    return launch_rows_quantize(ctx, codes.data, static_cast<float*>(scales.data), out.data, N, I);
+  }
+  // The fewest whole warps that cover the row at kFp8Chunks chunks each: I = 12288 -> 384 threads.
+  const int64_t per_thread = (units + kFp8Chunks - 1) / kFp8Chunks;
+  const int threads = static_cast<int>(std::max<int64_t>(32, (per_thread + 31) / 32 * 32));
+  swiglu_fp8_kernel<<<static_cast<unsigned>(N), threads, 0, stream_of(ctx)>>>(
+      out.empty() ? nullptr : static_cast<uint4*>(out.data), static_cast<uint2*>(codes.data),
+      static_cast<float*>(scales.data), static_cast<const uint4*>(gate_up.data), static_cast<int>(units));
   DF_CUDA_LAUNCH();
 }
 

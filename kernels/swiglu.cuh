@@ -13,4 +13,8 @@ decltype(ops::swiglu_forward) swiglu_forward;
 // out [N, I] = silu(gate_up [N, 2I][:, :I]) * gate_up[:, I:]  (BF16; out must not overlap gate_up)
 decltype(ops::swiglu_fused_forward) swiglu_fused_forward;
 
+// swiglu_fused_forward + the per-token e4m3 quantization of its bf16 output in one pass (one block per row;
+// I % 8 == 0; I > 32768 runs the two kernels, out required there).
+decltype(ops::swiglu_fp8_forward) swiglu_fp8_forward;
+
 }  // namespace dflash::cuda

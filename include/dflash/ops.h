@@ -52,6 +52,14 @@ void fp8_linear_forward(const Ctx& ctx, const Tensor& out, const Tensor& in, con
                         const Tensor& w_scales, const Tensor& act_codes, const Tensor& act_scales,
                         Accumulate acc = Accumulate::No, const Tensor& residual = Tensor(),
                         Fp8Scaling scaling = Fp8Scaling::Block128);
+// fp8_linear_forward's GEMM alone, over activations already quantized: out [N, O] (+)= dequant(act_codes
+// [N, K], act_scales [KB, N]) · w^T, every other operand and the devices as fp8_linear_forward (which is
+// this after quantizing `in` into act_codes / act_scales). Lets linears that share an input quantize it
+// once (fp8_rows_quantize: a TokenChannel GEMM's act_scales [1, N] are its scales [N]), or take it from a
+// fused producer (rmsnorm_fp8_forward, swiglu_fp8_forward). CPU: out F32.
+void fp8_gemm_forward(const Ctx& ctx, const Tensor& out, const Tensor& act_codes, const Tensor& act_scales,
+                      const Tensor& w_codes, const Tensor& w_scales, Accumulate acc = Accumulate::No,
+                      const Tensor& residual = Tensor(), Fp8Scaling scaling = Fp8Scaling::Block128);
 // An FP8 linear's weight, dequantized for an ordinary GEMM (LinearMode::Fp8Dequant, docs/fp8.md): out [O, K]
 // = e4m3_to_f32(codes [O, K] (F8E4M3)) * scales [KB, O] (F32, kb-major, KB = ceil(K/128): the layout of
 // fp8_linear_forward's w_scales), one fp32 multiply rounded once to out's dtype: the values the loader's
@@ -84,6 +92,15 @@ void embedding_forward(const Ctx& ctx, const Tensor& out, const Tensor& tokens, 
 // out [N, C] = in * rstd * w,  rstd [N] = 1/sqrt(mean(in^2) + eps)  (rstd saved for backward)
 void rmsnorm_forward(const Ctx& ctx, const Tensor& out, const Tensor& rstd, const Tensor& in, const Tensor& w,
                      float eps);
+// rmsnorm_forward and fp8_rows_quantize of its output in one pass (forward only, no rstd): out [N, C] as
+// rmsnorm_forward's (may be empty: not written), codes [N, C] (F8E4M3) and scales [N] (F32) the per-token
+// quantization of that output, bit for bit what fp8_rows_quantize(rmsnorm_forward(in)) writes (on CUDA: of
+// the bf16-rounded output). The input of per-token FP8 GEMMs (fp8_gemm_forward) after a layer norm.
+// out may be empty only for C <= kRmsNormFp8CodesOnlyWidth (CUDA runs wider rows as the norm into out, then
+// the row quantizer).
+constexpr int64_t kRmsNormFp8CodesOnlyWidth = 8192;
+void rmsnorm_fp8_forward(const Ctx& ctx, const Tensor& out, const Tensor& codes, const Tensor& scales,
+                         const Tensor& in, const Tensor& w, float eps);
 // din [N, C] (overwritten), dw [C] (accumulated). [CPU only]
 void rmsnorm_backward(const Ctx& ctx, const Tensor& din, const Tensor& dw, const Tensor& dout, const Tensor& in,
                       const Tensor& w, const Tensor& rstd);
@@ -119,6 +136,12 @@ void swiglu_forward(const Ctx& ctx, const Tensor& out, const Tensor& gate, const
 // The same over one fused gate|up GEMM's output: out [N, I] = silu(gate_up[:, :I]) * gate_up[:, I:],
 // gate_up [N, 2I] (per row the I gate values, then the I up values). out must not overlap gate_up.
 void swiglu_fused_forward(const Ctx& ctx, const Tensor& out, const Tensor& gate_up);
+// swiglu_fused_forward and fp8_rows_quantize of its output in one pass: out [N, I] as swiglu_fused_forward's
+// (may be empty: not written), codes [N, I] (F8E4M3) and scales [N] (F32) bit for bit what
+// fp8_rows_quantize(swiglu_fused_forward(gate_up)) writes. The down projection's input when it runs as a
+// per-token FP8 GEMM. CUDA: I % 8 == 0 and 16-byte aligned tensors (codes 8-byte aligned).
+void swiglu_fp8_forward(const Ctx& ctx, const Tensor& out, const Tensor& codes, const Tensor& scales,
+                        const Tensor& gate_up);
 // dgate, dup [N, I] (overwritten). [CPU only]
 void swiglu_backward(const Ctx& ctx, const Tensor& dgate, const Tensor& dup, const Tensor& dout,
                      const Tensor& gate, const Tensor& up);

@@ -59,12 +59,15 @@ struct Library {
   decltype(&ops::matmul_backward) matmul_backward;
   decltype(&ops::embedding_forward) embedding_forward;
   decltype(&ops::rmsnorm_forward) rmsnorm_forward;
+  decltype(&ops::rmsnorm_fp8_forward) rmsnorm_fp8_forward;
   decltype(&ops::head_norm_rope_forward) head_norm_rope_forward;
   decltype(&ops::qkv_norm_rope_forward) qkv_norm_rope_forward;
   decltype(&ops::swiglu_forward) swiglu_forward;
   decltype(&ops::swiglu_fused_forward) swiglu_fused_forward;
+  decltype(&ops::swiglu_fp8_forward) swiglu_fp8_forward;
   decltype(&ops::fp8_activation_qdq) fp8_activation_qdq;
   decltype(&ops::fp8_linear_forward) fp8_linear_forward;
+  decltype(&ops::fp8_gemm_forward) fp8_gemm_forward;
   decltype(&ops::fp8_block_gemm_available) fp8_block_gemm_available;
   decltype(&ops::fp8_token_gemm_available) fp8_token_gemm_available;
   decltype(&ops::fp8_weight_dequantize) fp8_weight_dequantize;

@@ -16,6 +16,12 @@
 // A captured layer's `dst` is its slot in CaptureOut.features, so captures cost no copy; the other layers
 // alternate between two stream buffers (model/capture_stack.h). All activations are allocated once for
 // max_tokens, in the constructor: the forward allocates nothing.
+//
+// Per-token FP8 GEMMs (compressed-tensors FP8-Dynamic, docs/fp8.md "Per-token activations, quantized
+// once"): the norms write their output's e4m3 codes beside it (ops::rmsnorm_fp8_forward; the MLP's norm
+// only the codes), and the SwiGLU only its codes when down_proj is such a GEMM (ops::swiglu_fp8_forward), so
+// the linears that take x (q|k|v, gate|up, and a hybrid layer's several input projections) and down_proj
+// run on codes quantized once (LinearInput); the other inputs (o_proj's) are quantized once per linear.
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -49,6 +55,17 @@ class ScratchViews {
  private:
   ScratchPlan plan_;
   std::vector<std::pair<Tensor*, int>> views_;
+};
+
+// A linear's input [T, K]: its values, and where a producer already wrote its per-token e4m3 codes [T, K]
+// and scales [T] (ops::rmsnorm_fp8_forward, ops::swiglu_fp8_forward): every per-token FP8 GEMM taking it
+// runs on those (ops::fp8_gemm_forward) instead of quantizing the values again. values is empty only where
+// every linear that takes the input is such a GEMM (the stack's down_proj input).
+struct LinearInput {
+  LinearInput(const Tensor& v) : values(v) {}  // NOLINT(google-explicit-constructor): a plain input
+  LinearInput(const Tensor& v, const Tensor& c, const Tensor& s) : values(v), codes(c), scales(s) {}
+  bool quantized() const { return !codes.empty(); }
+  Tensor values, codes, scales;
 };
 
 class DecoderStackTarget : public TargetModel {
@@ -91,12 +108,15 @@ class DecoderStackTarget : public TargetModel {
   // out [T, O] (+)= in [T, K] W^T, and out = residual + in W^T: a frozen linear, its input quantized to
   // e4m3 first when W runs FP8 (LinearMode::Fp8; Fp8Dequant: W's codes dequantized into the weight scratch
   // first), or the block-scaled FP8 GEMM (LinearMode::Fp8Gemm): docs/fp8.md.
-  void linear(const Tensor& out, const Tensor& in, const LinearWeight& W, ops::Accumulate acc = ops::Accumulate::No);
-  void linear_residual(const Tensor& out, const Tensor& in, const LinearWeight& W, const Tensor& residual);
+  // A per-token FP8 GEMM's input with codes (LinearInput) runs on them.
+  void linear(const Tensor& out, const LinearInput& in, const LinearWeight& W,
+              ops::Accumulate acc = ops::Accumulate::No);
+  void linear_residual(const Tensor& out, const LinearInput& in, const LinearWeight& W, const Tensor& residual);
 
   // dst = in + the token mixer of layer l over x = input_layernorm(in); x, in and dst hold T rows, cu the
-  // packed batch's cu_seqlens. May overwrite x (the stack normalises dst into it next).
-  virtual void mixer_forward(int layer, const Tensor& x, const Tensor& in, const Tensor& dst, int64_t T,
+  // packed batch's cu_seqlens. x carries its per-token codes where the target has per-token FP8 GEMMs. May
+  // overwrite x's values (the stack normalises dst into it next).
+  virtual void mixer_forward(int layer, const LinearInput& x, const Tensor& in, const Tensor& dst, int64_t T,
                              const Tensor& cu) = 0;
 
   // The first T rows of an activation buffer (or a view of one) allocated for max_tokens.
@@ -114,13 +134,25 @@ class DecoderStackTarget : public TargetModel {
 
  private:
   void layer_forward(int layer, const Tensor& in, const Tensor& dst, int64_t T, const Tensor& cu);
+  // What a norm writes: its bf16 output x, x and x's per-token codes (per-token FP8 GEMMs take x, maybe other
+  // readers too: the mixer's input), or only the codes (every reader is such a GEMM: the MLP's gate|up).
+  enum class NormOutput : uint8_t { Values, ValuesAndCodes, Codes };
+  // x = rmsnorm(in) * w (x: the first T rows of x_norm_), its codes into fp8_x_codes_ where asked.
+  LinearInput norm(const Tensor& in, const Tensor& w, int64_t T, NormOutput output);
+  // silu(gu[:, :I]) * gu[:, I:] for down_proj: its values in mlp_act_, or, when down_proj is a per-token FP8
+  // GEMM, only its codes (in fp8_act_codes_).
+  LinearInput mlp_activation(const Tensor& gu, const LinearWeight& down, int64_t T);
   // in itself for a Plain W; for an FP8 W, in quantized -> dequantized into fp8_in_.
   Tensor linear_input(const Tensor& in, const LinearWeight& W);
   // The values the GEMM multiplies by: W's buffer, or for an Fp8Dequant W its codes dequantized into
   // fp8_weight_ (valid until the next Fp8Dequant linear).
   Tensor linear_weight_values(const LinearWeight& W);
-  // An Fp8Gemm W: out = base + in W^T, base = residual, out itself (acc Yes) or nothing.
-  void fp8_gemm(const Tensor& out, const Tensor& in, const LinearWeight& W, ops::Accumulate acc, const Tensor& residual);
+  // An Fp8Gemm W: out = base + in W^T, base = residual, out itself (acc Yes) or nothing. Per-token W: on
+  // in's codes, or on codes quantized here (fp8_token_gemm).
+  void fp8_gemm(const Tensor& out, const LinearInput& in, const LinearWeight& W, ops::Accumulate acc,
+                const Tensor& residual);
+  void fp8_token_gemm(const Tensor& out, const LinearInput& in, const LinearWeight& W, ops::Accumulate acc,
+                      const Tensor& residual);
 
   std::vector<int> capture_layers_;
   CapturePlan captures_;
@@ -143,6 +175,11 @@ class DecoderStackTarget : public TargetModel {
   // [16 * widest input] (bf16), codes, scales and output [16 * widest output].
   Buffer fp8_act_codes_, fp8_act_scales_;
   Buffer pad_in_, pad_codes_, pad_scales_, pad_out_;
+  // Per-token FP8 GEMMs (NormOutput with codes): the norms' output codes [max_tokens * H] and scales
+  // [max_tokens] (x's, apart from fp8_act_codes_: o_proj quantizes its input there while x's codes may
+  // still have readers, a hybrid layer's input projections).
+  Buffer fp8_x_codes_, fp8_x_scales_;
+  NormOutput mixer_input_ = NormOutput::Values;  // ValuesAndCodes where the target has per-token FP8 GEMMs
   int64_t fp8_gemm_calls_ = 0, fp8_dequant_calls_ = 0;
 };
 

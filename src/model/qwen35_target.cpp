@@ -69,7 +69,7 @@ class Qwen35Target final : public DecoderStackTarget {
   TargetFamily family() const override { return TargetFamily::Qwen35Hybrid; }
 
  private:
-  void mixer_forward(int layer, const Tensor& x, const Tensor& in, const Tensor& dst, int64_t T,
+  void mixer_forward(int layer, const LinearInput& x, const Tensor& in, const Tensor& dst, int64_t T,
                      const Tensor& cu) override {
     const Qwen35LayerWeights& L = w_.layers[static_cast<size_t>(layer)];
     if (L.kind == Qwen35LayerKind::LinearAttention) {
@@ -79,7 +79,7 @@ class Qwen35Target final : public DecoderStackTarget {
     }
   }
 
-  void linear_attn_forward(const Qwen35LinearAttnWeights& A, const Tensor& x, const Tensor& residual,
+  void linear_attn_forward(const Qwen35LinearAttnWeights& A, const LinearInput& x, const Tensor& residual,
                            const Tensor& dst, int64_t T, const Tensor& cu) {
     const ops::GdnHeads gh = cfg_.gdn_heads();
     const Tensor qkv_t = rows(qkv_, T), conv_t = rows(conv_, T), z_t = rows(z_, T), core_t = rows(core_, T);
@@ -97,8 +97,8 @@ class Qwen35Target final : public DecoderStackTarget {
     linear_residual(dst, core_t, A.out_proj, residual);
   }
 
-  void full_attn_forward(const Qwen35FullAttnWeights& A, const Tensor& x, const Tensor& residual, const Tensor& dst,
-                         int64_t T, const Tensor& cu) {
+  void full_attn_forward(const Qwen35FullAttnWeights& A, const LinearInput& x, const Tensor& residual,
+                         const Tensor& dst, int64_t T, const Tensor& cu) {
     const Qwen3Config& c = text_;
     const int64_t nh = c.num_attention_heads, nkv = c.num_key_value_heads, hd = c.head_dim;
     const ops::RopeSpec rope{c.rope_theta, cfg_.rotary_dim};

@@ -50,7 +50,7 @@ class Qwen3Target final : public DecoderStackTarget {
   TargetFamily family() const override { return TargetFamily::Qwen3; }
 
  private:
-  void mixer_forward(int layer, const Tensor& x, const Tensor& in, const Tensor& dst, int64_t T,
+  void mixer_forward(int layer, const LinearInput& x, const Tensor& in, const Tensor& dst, int64_t T,
                      const Tensor& cu) override {
     const Qwen3LayerWeights& L = w_.layers[static_cast<size_t>(layer)];
     const Qwen3Config& c = text_;

@@ -1,6 +1,8 @@
 // RMSNorm (Qwen3: y = x * rstd * w, statistics in float32).
 #include <cmath>
+#include <vector>
 
+#include "dflash/fp8.h"
 #include "dflash/ops.h"
 #include "ops/op_checks.h"
 
@@ -70,6 +72,37 @@ void rmsnorm_forward(const Ctx& ctx, const Tensor& out, const Tensor& rstd, cons
   if (!rstd.empty()) detail::check_cpu_dtype(op, "rstd", rstd, DType::F32);
   rmsnorm_forward_cpu(out.ptr<float>(), rstd.empty() ? nullptr : rstd.ptr<float>(), in.ptr<float>(),
                       w.ptr<float>(), N, C, eps);
+}
+
+void rmsnorm_fp8_forward(const Ctx& ctx, const Tensor& out, const Tensor& codes, const Tensor& scales,
+                         const Tensor& in, const Tensor& w, float eps) {
+  constexpr const char* op = "rmsnorm_fp8_forward";
+  detail::check_tensor(op, "in", in, ctx, 2);
+  const int64_t N = in.shape[0], C = in.shape[1];
+  if (!out.empty()) {
+    detail::check_tensor(op, "out", out, ctx, 2);
+    detail::check_shape(op, "out", out, {N, C});
+  }
+  DF_CHECK(!out.empty() || C <= kRmsNormFp8CodesOnlyWidth, Internal,
+           op << ": rows of " << C << " need out (wider than " << kRmsNormFp8CodesOnlyWidth << ")");
+  detail::check_tensor(op, "w", w, ctx, 1);
+  detail::check_shape(op, "w", w, {C});
+  detail::check_tensor(op, "codes", codes, ctx, 2);
+  detail::check_shape(op, "codes", codes, {N, C});
+  detail::check_tensor(op, "scales", scales, ctx, 1);
+  detail::check_shape(op, "scales", scales, {N});
+  DF_CHECK(codes.dtype == DType::F8E4M3 && scales.dtype == DType::F32, Internal,
+           op << ": codes must be F8E4M3 and scales F32");
+  if (ctx.device == Device::CUDA)
+    return cuda::library_for(op).rmsnorm_fp8_forward(ctx, out, codes, scales, in, w, eps);
+  detail::check_cpu_dtype(op, "in", in, DType::F32);
+  detail::check_cpu_dtype(op, "w", w, DType::F32);
+  if (!out.empty()) detail::check_cpu_dtype(op, "out", out, DType::F32);
+  // The reference: the norm, then the row quantizer's host arithmetic over its output.
+  std::vector<float> own(out.empty() ? static_cast<size_t>(N * C) : 0);
+  float* y = out.empty() ? own.data() : out.ptr<float>();
+  rmsnorm_forward_cpu(y, nullptr, in.ptr<float>(), w.ptr<float>(), N, C, eps);
+  fp8::quantize_activation_groups(y, N, C, C, static_cast<uint8_t*>(codes.data), scales.ptr<float>());
 }
 
 void rmsnorm_backward(const Ctx& ctx, const Tensor& din, const Tensor& dw, const Tensor& dout, const Tensor& in,

@@ -1,7 +1,9 @@
 // SwiGLU activation: out = silu(gate) * up, silu(g) = g * sigmoid(g); swiglu_fused_forward reads gate and
 // up as the two column halves of one fused gate|up GEMM's output.
 #include <cmath>
+#include <vector>
 
+#include "dflash/fp8.h"
 #include "dflash/ops.h"
 #include "ops/op_checks.h"
 
@@ -67,6 +69,32 @@ void swiglu_fused_forward(const Ctx& ctx, const Tensor& out, const Tensor& gate_
   detail::check_cpu_dtype(op, "out", out, DType::F32);
   detail::check_cpu_dtype(op, "gate_up", gate_up, DType::F32);
   swiglu_fused_forward_cpu(out.ptr<float>(), gate_up.ptr<float>(), N, I);
+}
+
+void swiglu_fp8_forward(const Ctx& ctx, const Tensor& out, const Tensor& codes, const Tensor& scales,
+                        const Tensor& gate_up) {
+  constexpr const char* op = "swiglu_fp8_forward";
+  detail::check_tensor(op, "codes", codes, ctx, 2);
+  const int64_t N = codes.shape[0], I = codes.shape[1];
+  detail::check_tensor(op, "gate_up", gate_up, ctx, 2);
+  detail::check_shape(op, "gate_up", gate_up, {N, 2 * I});
+  detail::check_tensor(op, "scales", scales, ctx, 1);
+  detail::check_shape(op, "scales", scales, {N});
+  DF_CHECK(codes.dtype == DType::F8E4M3 && scales.dtype == DType::F32, Internal,
+           op << ": codes must be F8E4M3 and scales F32");
+  if (!out.empty()) {
+    detail::check_tensor(op, "out", out, ctx, 2);
+    detail::check_shape(op, "out", out, {N, I});
+    DF_CHECK(!detail::overlaps(out, gate_up), Internal, op << ": out must not overlap gate_up");
+  }
+  if (ctx.device == Device::CUDA) return cuda::library_for(op).swiglu_fp8_forward(ctx, out, codes, scales, gate_up);
+  detail::check_cpu_dtype(op, "gate_up", gate_up, DType::F32);
+  if (!out.empty()) detail::check_cpu_dtype(op, "out", out, DType::F32);
+  // The reference: the activation, then the row quantizer's host arithmetic over it.
+  std::vector<float> own(out.empty() ? static_cast<size_t>(N * I) : 0);
+  float* a = out.empty() ? own.data() : out.ptr<float>();
+  swiglu_fused_forward_cpu(a, gate_up.ptr<float>(), N, I);
+  fp8::quantize_activation_groups(a, N, I, I, static_cast<uint8_t*>(codes.data), scales.ptr<float>());
 }
 
 void swiglu_backward(const Ctx& ctx, const Tensor& dgate, const Tensor& dup, const Tensor& dout, const Tensor& gate,

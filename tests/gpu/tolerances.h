@@ -17,6 +17,11 @@ namespace dflash::test::tol {
 // of the per-element tests below, and the bf16 outputs of two summation orders of the same sums
 // (deterministic vs atomic block attention dK/dV: each rounds its own fp32 sum to bf16).
 constexpr double kOp = 1e-2;
+// Per-token e4m3 rows, dequantized (rel): the GPU quantizes the bf16-rounded output of its norm or SwiGLU,
+// the CPU twin its float32 one, so the codes of the ~2% of elements within a bf16 rounding (2^-9) of an
+// e4m3 rounding boundary sit one step (2^-3 relative) apart: ~1.2e-2 expected; 3e-2 leaves 2.5x, and a
+// wrong scale (a power of two off) or a wrong row gives 1e-1 or more.
+constexpr double kFp8Requantized = 3e-2;
 // Outputs kept in fp32 from the same bf16 inputs (rel): RMSNorm's and QK-norm's rstd, the attention's
 // log-sum-exp, norm-weight gradients summed over rows in fp32, per-row cross-entropy. Only the order of
 // fp32 sums differs from the CPU, plus the bf16 rounding of the inputs they are computed from.

@@ -11,8 +11,8 @@ constexpr Library kLibrary = {
     &synchronize_stream, &pci_bus_id,
     // dflash/ops.h
     &matmul_forward, &matmul_residual_forward, &matmul_backward, &embedding_forward, &rmsnorm_forward,
-    &head_norm_rope_forward, &qkv_norm_rope_forward, &swiglu_forward, &swiglu_fused_forward,
-    &fp8_activation_qdq, &fp8_linear_forward, &fp8_block_gemm_available, &fp8_token_gemm_available,
+    &rmsnorm_fp8_forward, &head_norm_rope_forward, &qkv_norm_rope_forward, &swiglu_forward, &swiglu_fused_forward,
+    &swiglu_fp8_forward, &fp8_activation_qdq, &fp8_linear_forward, &fp8_gemm_forward, &fp8_block_gemm_available, &fp8_token_gemm_available,
     &fp8_weight_dequantize, &fp8_rows_quantize,
     &fp8_rows_dequantize,
     &attention_varlen_causal_forward,
