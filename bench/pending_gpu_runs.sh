@@ -9,7 +9,8 @@
 #   bash bench/pending_gpu_runs.sh BIN OUT dflash2    # ~4 min: the 27B DFlash2 step with the release's heads vs PyTorch
 #   bash bench/pending_gpu_runs.sh BIN OUT quality1   # ~6 min: tau table at hidden 2048, colocated: target, reference, ours-a
 #   bash bench/pending_gpu_runs.sh BIN OUT quality2   # ~7 min: ours-b (per record), ours-c / ours-d (DFlash2 strict / insert)
-#   bash bench/pending_gpu_runs.sh BIN OUT quality3   # ~6 min: eval greedy and sampled (T = 1), the tables
+#   bash bench/pending_gpu_runs.sh BIN OUT quality3   # ~7 min: eval greedy, the table
+#   bash bench/pending_gpu_runs.sh BIN OUT quality4   # ~8 min: eval sampled (T = 1), its table
 #   bash bench/pending_gpu_runs.sh BIN OUT wide1      # ~8 min: hidden 4096: the target trained 300 s, the reference
 #   bash bench/pending_gpu_runs.sh BIN OUT wide2      # ~6 min: hidden 4096: ours-a, ours-b (colocated)
 #   bash bench/pending_gpu_runs.sh BIN OUT wide3      # ~3 min: hidden 4096: eval (greedy), the table
@@ -17,7 +18,7 @@
 # wide1..3 (issue 44 item 4: the densities' tau at a second width) likewise on one warm machine: at 4096 a target
 # trained 90 s is too weak to measure tau on (bench/results/quality-4096-3bfe790), so this one trains 300 s.
 #
-# quality1..3 must run on one warm machine, back to back (the target lives in runs/q2048 between them; a
+# quality1..4 must run on one warm machine, back to back (the target lives in runs/q2048 between them; a
 # target re-made in a later call is another set of weights, and the table says so). They need
 # runs/q2048/{data,tokenizer,data.done} (or runs/q4096's: the same data), carried.
 #
@@ -96,15 +97,17 @@ for part in "$@"; do
       pack "$O" ;;
     dflash2)
       say "27B DFlash2 step with the release's heads (32 x 128, 8 KV), ours and PyTorch's fastest path"
+      # PyTorch first: ours (153.5 / 145.5 ms) is in bench/results/h100-quality-dflash2-20261206d, whose call
+      # ran out of time before the reference
       H=(--draft-heads 32 --draft-head-dim 128 --draft-kv-heads 8)
+      timeout 240 python3 "$ROOT/bench/ref_dflash2_step.py" --model 27b --context 4096 --anchors 512 --attention flex \
+        --compile-conv on --recompute-loss-chunks off "${H[@]}" > "$O/ref.txt" 2>&1
       timeout 120 "$(prog drafter_bench)" --model 27b --context 4096 --anchors 512 --draft-arch dflash2 --block 8 \
         "${H[@]}" > "$O/ours.txt" 2>&1
       timeout 120 "$(prog drafter_bench)" --model 27b --context 4096 --anchors 512 --draft-arch dflash2 --block 8 \
         "${H[@]}" --optimizer-state bf16 > "$O/ours-bf16-state.txt" 2>&1
-      timeout 240 python3 "$ROOT/bench/ref_dflash2_step.py" --model 27b --context 4096 --anchors 512 --attention flex \
-        --compile-conv on --recompute-loss-chunks off "${H[@]}" > "$O/ref.txt" 2>&1
       grep -h "step\b\|median" "$O"/*.txt | tail -20 | tee "$O/summary.txt" ;;
-    quality1|quality2|quality3)
+    quality1|quality2|quality3|quality4)
       # issue 45's tau table with colocated, issue 47's DFlash (block 16) vs DFlash2 (block 8) strict / insert,
       # issue 44's two densities (a: 512 per batch, b: 512 per record), all against the reference, on the
       # hidden-2048 target (bench/results/quality-2d1274e: 90 s of training gives tau ~2)
@@ -115,16 +118,16 @@ for part in "$@"; do
       case $part in
         quality1) stages=(target ref ours-a) ;;
         quality2) stages=(ours-b ours-c ours-d) ;;
-        quality3) stages=(eval table) ;;
+        quality3|quality4) stages=(eval table) ;;
       esac
       say "$part: ${stages[*]}"
       Q=(env WORK="$ROOT/runs/q$h" BIN="$B" HIDDEN=$h TARGET_SECONDS=90 BUDGETS=40,80 OURS_LAYOUT=colocated
          A_CALIB_STEPS=60 B_CALIB_STEPS=16 CALIB_STEPS=60 EVAL_JOBS=8 PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True)
+      # quality4: sampled decoding (T = 1); greedy's eval of 10 drafters took ~7 min of one call (one prompt at
+      # a time), so the two do not share a call
+      [ $part = quality4 ] && Q+=(EVAL_TEMPERATURE=1)
       "${Q[@]}" timeout $((590 - (SECONDS - T0))) bash "$ROOT/bench/quality/run.sh" "$O/q" "${stages[@]}" | tail -30
-      if [ $part = quality3 ]; then
-        "${Q[@]}" EVAL_TEMPERATURE=1 timeout $((590 - (SECONDS - T0))) bash "$ROOT/bench/quality/run.sh" "$O/q" eval table | tail -30
-        cat "$O/q"/results*.md > "$O/summary.txt"
-      fi
+      case $part in quality3|quality4) cat "$O/q"/results*.md > "$O/summary.txt" ;; esac
       pack "$O" ;;
     wide1|wide2|wide3)
       h=4096
@@ -140,7 +143,7 @@ for part in "$@"; do
         bash "$ROOT/bench/quality/run.sh" "$O/q" "${stages[@]}" | tail -30
       [ $part = wide3 ] && cat "$O/q"/results*.md > "$O/summary.txt"
       pack "$O" ;;
-    *) echo "unknown part $part (checks layouts speed dflash2 quality1 quality2 quality3 wide1 wide2 wide3)" >&2; exit 2 ;;
+    *) echo "unknown part $part (checks layouts speed dflash2 quality1 quality2 quality3 quality4 wide1 wide2 wide3)" >&2; exit 2 ;;
   esac
 done
 say done
