@@ -24,6 +24,20 @@ namespace dflash::bench {
 // without the GEMM, emulate has no --fp8 of its own: the bf16 run is its speed). ctx null (--dry-run): from
 // the variable alone.
 enum class Fp8Path : uint8_t { Gemm, Dequant };
+
+// --fp8-token-quant (per-token GEMMs on the GEMM path): Fused, as DecoderStackTarget runs them (the norms write
+// x's codes beside x, the SwiGLU only down_proj's codes; docs/fp8.md "Per-token activations, quantized once");
+// PerLinear, each linear quantizing its own input (the earlier sequence, for the A/B on one machine).
+enum class TokenQuant : uint8_t { Fused, PerLinear };
+
+// Takes `--fp8-token-quant fused|per-linear` at argv[i] (advancing i); false if argv[i] is another option.
+inline bool parse_token_quant_option(int argc, char** argv, int& i, TokenQuant& q) {
+  if (std::string(argv[i]) != "--fp8-token-quant" || i + 1 >= argc) return false;
+  const std::string v = argv[++i];
+  DF_CHECK(v == "fused" || v == "per-linear", BadOptions, "--fp8-token-quant must be fused or per-linear, got '" << v << "'");
+  q = v == "fused" ? TokenQuant::Fused : TokenQuant::PerLinear;
+  return true;
+}
 inline Fp8Path fp8_path(const Ctx* ctx, ops::Fp8Scaling scaling = ops::Fp8Scaling::Block128) {
   const Fp8LinearChoice c = fp8_linear_choice();
   DF_CHECK_HINT(c != Fp8LinearChoice::Emulate, BadOptions, "--fp8 with DFLASH_FP8_LINEAR=emulate",
@@ -138,10 +152,15 @@ class Fp8Scratch {
   // it). The weights' first scale row is the channels'.
   void token_gemm(const Ctx& ctx, const Tensor& out, const Tensor& codes, const Tensor& scales, const Fp8Linear& w,
                   ops::Accumulate acc = ops::Accumulate::No, const Tensor& residual = Tensor()) const {
+    token_gemm(ctx, out, codes, scales, w.codes, w.scales, acc, residual);
+  }
+  void token_gemm(const Ctx& ctx, const Tensor& out, const Tensor& codes, const Tensor& scales, const Tensor& w_codes,
+                  const Tensor& w_scales, ops::Accumulate acc = ops::Accumulate::No,
+                  const Tensor& residual = Tensor()) const {
     const int64_t T = codes.size(0);
     DF_CHECK_HINT(T % 16 == 0, BadOptions, "--fp8: T = " << T << " tokens; the FP8 GEMM takes multiples of 16",
                   "use --seqlens that sum to a multiple of 16");
-    ops::fp8_gemm_forward(ctx, out, codes, scales.reshape({1, T}), w.codes, w.scales.t().slice_rows(0, 1), acc, residual,
+    ops::fp8_gemm_forward(ctx, out, codes, scales.reshape({1, T}), w_codes, w_scales.slice_rows(0, 1), acc, residual,
                           ops::Fp8Scaling::TokenChannel);
   }
 

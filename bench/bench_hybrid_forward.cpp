@@ -17,6 +17,9 @@
 //   bench_hybrid_forward --model 27b --dry-run                        (no GPU: the shape and memory plan only)
 //   bench_hybrid_forward --model 27b --fp8      (the linears as block-scaled FP8 GEMMs: an FP8 target on sm_90;
 //                                               elsewhere, or with DFLASH_FP8_LINEAR=dequant, dequantized per GEMM)
+//   bench_hybrid_forward --model 27b --fp8 --fp8-scaling token   (compressed-tensors FP8-Dynamic's per token x
+//                                               per channel GEMMs, the norms and the SwiGLU writing the codes;
+//                                               --fp8-token-quant per-linear: each linear quantizing its input)
 //   options: --iters N (5), --warmup N (2), --no-lm-head (skip the unused lm_head allocation),
 //            --no-final-norm (a CE job's forward: stops after the last capture),
 //            --json (one JSON line per case instead of the rows; bench/README.md, "Output format")
@@ -184,12 +187,17 @@ struct Model {
   Tensor mlp_act;            // [T, I] silu(gate) * up
   Buffer tokens, pos, cu;    // [T], [T], [T + 1] I32
   bench::Fp8Scratch fp8;     // --fp8: the linears' activation codes and scales
+  // --fp8-scaling token, fused (bench::TokenQuant): x's codes [N, H] and scales [N] (the norms'), the SwiGLU's
+  // [N, I] and [N], as DecoderStackTarget holds them
+  bool fused_token_quant = false;
+  Buffer x_codes, x_scales, act_codes, act_scales;
   int64_t T = 0, ncu = 0;
 
   // dry: count the bytes only (no device needed), for --dry-run.
   Model(const Qwen35Config& c, const Ctx& ctx_, const std::vector<int>& capture, int64_t max_tokens, bool lm_head,
         bool dry, bench::ForwardOptions::Linears linears = bench::ForwardOptions::Linears::Bf16,
-        bench::Fp8Path fp8_path = bench::Fp8Path::Gemm, ops::Fp8Scaling fp8_scaling = ops::Fp8Scaling::Block128)
+        bench::Fp8Path fp8_path = bench::Fp8Path::Gemm, ops::Fp8Scaling fp8_scaling = ops::Fp8Scaling::Block128,
+        bench::TokenQuant token_quant = bench::TokenQuant::Fused)
       : cfg(c), ctx(ctx_) {
     const Qwen3Config& tc = cfg.text;
     plan = plan_captures(capture, tc.num_hidden_layers, "(random weights, --model)");
@@ -299,6 +307,14 @@ struct Model {
       const int64_t widest = std::max({H, I, nh * hd, gh.value_dim()});
       act_bytes += bench::Fp8Scratch::bytes(fp8_path, N, widest, largest_fp8);
       if (!dry) fp8 = bench::Fp8Scratch(ctx, fp8_path, N, widest, largest_fp8, fp8_scaling);
+      fused_token_quant = fp8_path == bench::Fp8Path::Gemm && fp8_scaling == ops::Fp8Scaling::TokenChannel &&
+                          token_quant == bench::TokenQuant::Fused;
+      if (fused_token_quant) {
+        x_codes = activation(DType::F8E4M3, {N, H});
+        x_scales = activation(f32, {N});
+        act_codes = activation(DType::F8E4M3, {N, I});
+        act_scales = activation(f32, {N});
+      }
     }
     scratch.new_phase();
     reserve(&mlp_gate_up, act, 2 * I);
@@ -325,18 +341,26 @@ struct Model {
     ops::matmul_forward(ctx, out, in, W, acc);
   }
 
+  // A linear over the layer's normed input x: with the fused token quantization an FP8 linear takes x's codes
+  // (written by the input norm; DecoderStackTarget's LinearInput), a bf16 one (in_proj_a / in_proj_b) x itself.
+  void lin_x(const Tensor& out, const Tensor& x, const LinearWeight& W) {
+    if (fused_token_quant && W.mode == LinearMode::Fp8Gemm)
+      return fp8.token_gemm(ctx, out, rows(x_codes, T), rows(x_scales, T), W.fp8_codes, W.fp8_scales);
+    lin(out, x, W);
+  }
+
   // Qwen35Target::linear_attn_forward (src/model/qwen35_target.cpp), op for op.
   void linear_attn(const Qwen35LinearAttnWeights& A, const Tensor& x, const Tensor& residual, const Tensor& dst,
                    const Tensor& tcu, Timer& tm) {
     const ops::GdnHeads gh = cfg.gdn_heads();
     const Tensor qkv_t = rows(qkv, T), conv_t = rows(conv, T), z_t = rows(z, T), core_t = rows(core, T);
     const Tensor a_t = rows(a, T), b_t = rows(b, T), g_t = rows(g, T), beta_t = rows(beta, T);
-    tm.run(Part::GemmGdn, 1, [&] { lin(qkv_t, x, A.in_proj_qkv); });
+    tm.run(Part::GemmGdn, 1, [&] { lin_x(qkv_t, x, A.in_proj_qkv); });
     tm.run(Part::Conv, 1, [&] { ops::causal_conv1d_silu_forward(ctx, conv_t, qkv_t, A.conv1d, tcu); });
     tm.run(Part::GemmGdn, 3, [&] {
-      lin(z_t, x, A.in_proj_z);
-      lin(b_t, x, A.in_proj_b);
-      lin(a_t, x, A.in_proj_a);
+      lin_x(z_t, x, A.in_proj_z);
+      lin_x(b_t, x, A.in_proj_b);
+      lin_x(a_t, x, A.in_proj_a);
     });
     tm.run(Part::Gates, 1, [&] { ops::gdn_gates_forward(ctx, g_t, beta_t, a_t, b_t, A.A_log, A.dt_bias); });
     tm.run(Part::DeltaRule, 1,
@@ -357,10 +381,10 @@ struct Model {
     const Tensor qt = rows(q, T), gt = rows(gate, T), kt = rows(k, T), vt = rows(v, T), at = rows(attn, T);
     const Tensor positions = rows(pos, T);
     tm.run(Part::GemmAttn, 4, [&] {
-      lin(qt, x, A.q_proj);
-      lin(gt, x, A.gate_proj);
-      lin(kt, x, A.k_proj);
-      lin(vt, x, A.v_proj);
+      lin_x(qt, x, A.q_proj);
+      lin_x(gt, x, A.gate_proj);
+      lin_x(kt, x, A.k_proj);
+      lin_x(vt, x, A.v_proj);
     });
     const Tensor q3 = qt.reshape({T, nh, hd}), k3 = kt.reshape({T, nkv, hd});
     tm.run(Part::HeadNormRope, 2, [&] {
@@ -375,21 +399,37 @@ struct Model {
     tm.run(Part::GemmAttn, 1, [&] { lin(dst, at, A.o_proj, ops::Accumulate::No, residual); });
   }
 
-  // DecoderStackTarget::layer_forward (src/model/decoder_stack.cpp) around Qwen35Target::mixer_forward, op for op,
-  // except that with --fp8-scaling token each linear quantizes its own input here, where the stack's norms and
-  // SwiGLU write the codes once (docs/fp8.md "Per-token activations, quantized once"; bench_target_forward
-  // runs both).
+  // DecoderStackTarget::layer_forward (src/model/decoder_stack.cpp) around Qwen35Target::mixer_forward, op for op.
+  // With --fp8-scaling token (fused, the default of --fp8-token-quant) the input norm writes x's codes beside x,
+  // the post-attention norm only gate|up's codes and the SwiGLU only down_proj's, as the stack does (docs/fp8.md
+  // "Per-token activations, quantized once"); `--fp8-token-quant per-linear` quantizes each linear's input.
   void layer(const Qwen35LayerWeights& L, const Tensor& in, const Tensor& dst, const Tensor& tcu, Timer& tm) {
     const float eps = cfg.text.rms_norm_eps;
     const Tensor x = rows(x_norm, T);
-    tm.run(Part::Norms, 1, [&] { ops::rmsnorm_forward(ctx, x, Tensor(), in, L.input_layernorm, eps); });
+    const Tensor xc = fused_token_quant ? rows(x_codes, T) : Tensor(), xs = fused_token_quant ? rows(x_scales, T) : Tensor();
+    tm.run(Part::Norms, 1, [&] {
+      if (fused_token_quant) return ops::rmsnorm_fp8_forward(ctx, x, xc, xs, in, L.input_layernorm, eps);
+      ops::rmsnorm_forward(ctx, x, Tensor(), in, L.input_layernorm, eps);
+    });
     if (L.kind == Qwen35LayerKind::LinearAttention) {
       linear_attn(L.linear, x, in, dst, tcu, tm);
     } else {
       full_attn(L.attn, x, in, dst, tcu, tm);
     }
-    tm.run(Part::Norms, 1, [&] { ops::rmsnorm_forward(ctx, x, Tensor(), dst, L.post_attention_layernorm, eps); });
     const Tensor gu = rows(mlp_gate_up, T), at = rows(mlp_act, T);
+    if (fused_token_quant) {
+      const int64_t H = cfg.text.hidden_size;
+      const Tensor values = H <= ops::kRmsNormFp8CodesOnlyWidth ? Tensor() : x;  // the op's codes-only width
+      const Tensor ac = rows(act_codes, T), as = rows(act_scales, T);
+      tm.run(Part::Norms, 1, [&] { ops::rmsnorm_fp8_forward(ctx, values, xc, xs, dst, L.post_attention_layernorm, eps); });
+      tm.run(Part::GemmMlp, 1, [&] { fp8.token_gemm(ctx, gu, xc, xs, L.gate_up_proj.fp8_codes, L.gate_up_proj.fp8_scales); });
+      tm.run(Part::Swiglu, 1, [&] { ops::swiglu_fp8_forward(ctx, Tensor(), ac, as, gu); });
+      tm.run(Part::GemmMlp, 1, [&] {
+        fp8.token_gemm(ctx, dst, ac, as, L.down_proj.fp8_codes, L.down_proj.fp8_scales, ops::Accumulate::Yes);
+      });
+      return;
+    }
+    tm.run(Part::Norms, 1, [&] { ops::rmsnorm_forward(ctx, x, Tensor(), dst, L.post_attention_layernorm, eps); });
     tm.run(Part::GemmMlp, 1, [&] { lin(gu, x, L.gate_up_proj); });
     tm.run(Part::Swiglu, 1, [&] { ops::swiglu_fused_forward(ctx, at, gu); });
     tm.run(Part::GemmMlp, 1, [&] { lin(dst, at, L.down_proj, ops::Accumulate::Yes); });
@@ -433,11 +473,13 @@ int main(int argc, char** argv) {
   opt.model = "27b";
   opt.seqlens = "4096,4096,4096,4096,4096,4096,4096,4096";
   bool lm_head = true, dry = false;
+  bench::TokenQuant token_quant = bench::TokenQuant::Fused;
   for (int i = 1; i < argc; ++i) {
     if (bench::parse_forward_option(argc, argv, i, opt)) continue;
     const std::string a = argv[i];
     if (a == "--no-lm-head") lm_head = false;
     else if (a == "--dry-run") dry = true;
+    else if (bench::parse_token_quant_option(argc, argv, i, token_quant)) continue;
     else DF_FAIL(BadOptions, "unknown option " << a, "see the usage at the top of bench/bench_hybrid_forward.cpp");
   }
   const std::string& model = opt.model;
@@ -503,7 +545,7 @@ int main(int argc, char** argv) {
       w.meta("reference", "HF reference and goal recorded for --model 27b only (this shape is a smoke run)");
   };
   if (dry) {
-    const Model plan(cfg, Ctx{}, capture, T, lm_head, /*dry=*/true, opt.linears, fp8_path, opt.fp8_scaling);
+    const Model plan(cfg, Ctx{}, capture, T, lm_head, /*dry=*/true, opt.linears, fp8_path, opt.fp8_scaling, token_quant);
     header("none (--dry-run: shape and memory plan only)", plan);
     w.meta("planned", bench::format("%.2f GiB allocations (weights + activations + send buffer + final norm; no CUDA "
                                     "context, no cuBLASLt workspace)",
@@ -524,7 +566,7 @@ int main(int argc, char** argv) {
   };
 
   if (fp8_linears) fp8_path = bench::fp8_path(&ctx, opt.fp8_scaling);
-  Model m(cfg, ctx, capture, T, lm_head, /*dry=*/false, opt.linears, fp8_path, opt.fp8_scaling);
+  Model m(cfg, ctx, capture, T, lm_head, /*dry=*/false, opt.linears, fp8_path, opt.fp8_scaling, token_quant);
   Buffer features(Device::CUDA, DType::BF16, {std::max<int64_t>(K, 1), T, H});
   Buffer final_out(Device::CUDA, DType::BF16, {T, H});
   const CaptureOut out{K > 0 ? features.t() : Tensor(), opt.no_final_norm ? Tensor() : final_out.t()};
@@ -627,13 +669,19 @@ int main(int argc, char** argv) {
                                 "embedding, rmsnorm (2 per layer), swiglu_fused; unbracketed: final norm, gaps",
                                 profiled_ms, bracketed));
   if (fp8_linears && fp8_path == bench::Fp8Path::Gemm) w.meta("fp8 gemm plans", bench::fp8_plans_meta(ctx, warmup));
+  if (fp8_linears && fp8_path == bench::Fp8Path::Gemm && opt.fp8_scaling == ops::Fp8Scaling::TokenChannel)
+    w.meta("fp8 token quant",
+           m.fused_token_quant ? "fused: the input norm writes x's e4m3 codes beside x, the post-attention norm only "
+                                 "gate|up's, the SwiGLU only down_proj's (in rest.rmsnorm / rest.swiglu); o_proj and "
+                                 "out_proj quantize their input (in gemm)"
+                               : "per-linear: each linear quantizes its input (the quantization in gemm)");
   w.columns(hybrid_columns());
   const bench::Cell mc = model, tt = static_cast<long long>(T), ns = seqlens.size(), _ = bench::none;
   const bool token = opt.fp8_scaling == ops::Fp8Scaling::TokenChannel;
   const bench::Cell impl = !fp8_linears                       ? "ours"
                            : fp8_path == bench::Fp8Path::Dequant ? (token ? "ours-fp8tok-dequant" : "ours-fp8-dequant")
-                           : token                               ? "ours-fp8tok"
-                                                                 : "ours-fp8";
+                           : token ? (m.fused_token_quant ? "ours-fp8tok" : "ours-fp8tok-perlinear")
+                                   : "ours-fp8";
   w.row({"forward", impl, mc, tt, ns, t_med * 1e3, *std::min_element(ms.begin(), ms.end()),
          *std::max_element(ms.begin(), ms.end()), _, _, tok_s, (flop_gemm + flop_attn + flop_delta) / t_med / 1e12,
          peak_gib, growth_gib});

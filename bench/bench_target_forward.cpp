@@ -43,12 +43,9 @@
 using namespace dflash;
 using bench::median;
 using bench::parse_ints;
+using bench::TokenQuant;
 
 namespace {
-
-// --fp8-token-quant (per-token GEMMs on the GEMM path): Fused, as DecoderStackTarget runs them (the norms
-// write x's codes beside x, the SwiGLU only down_proj's codes); PerLinear, each linear quantizing its input.
-enum class TokenQuant : uint8_t { Fused, PerLinear };
 
 struct Shape {
   const char* name;
@@ -317,12 +314,7 @@ int main(int argc, char** argv) {
     if (bench::parse_forward_option(argc, argv, i, opt)) continue;
     const std::string a = argv[i];
     if (a == "--gemm-peak") gemm_peak = true;
-    else if (a == "--fp8-token-quant" && i + 1 < argc) {
-      const std::string v = argv[++i];
-      DF_CHECK(v == "fused" || v == "per-linear", BadOptions,
-               "--fp8-token-quant must be fused or per-linear, got '" << v << "'");
-      token_quant = v == "fused" ? TokenQuant::Fused : TokenQuant::PerLinear;
-    }
+    else if (bench::parse_token_quant_option(argc, argv, i, token_quant)) continue;
     else DF_FAIL(BadOptions, "unknown option " << a, "see the usage at the top of bench/bench_target_forward.cpp");
   }
   DF_CHECK(cuda_device_count() > 0, DeviceFailure, "no CUDA device visible");
