@@ -147,6 +147,10 @@ class Fp8Scratch {
     const Tensor s = scales_.t().slice_rows(0, T * KB).reshape({KB, T});
     ops::fp8_linear_forward(ctx, out, in, w_codes, w_scales.slice_rows(0, KB), c, s, acc, residual, scaling_);
   }
+  // The Gemm path's codes [T, K] and per-token scales [T], for a producer that quantizes an input once (the
+  // SwiGLU's codes for down_proj live here, as DecoderStackTarget keeps them in its one FP8 activation scratch).
+  Tensor token_codes(int64_t T, int64_t K) const { return codes_.t().slice_rows(0, T * K).reshape({T, K}); }
+  Tensor token_scales(int64_t T) const { return scales_.t().slice_rows(0, T); }
   // out [T, O] = (residual or, with acc, out) + dequant(codes [T, K], scales [T]) W^T: a per-token GEMM over an
   // input quantized once by its producer (ops::fp8_gemm_forward, as DecoderStackTarget::fp8_token_gemm runs
   // it). The weights' first scale row is the channels'.

@@ -187,10 +187,10 @@ struct Model {
   Tensor mlp_act;            // [T, I] silu(gate) * up
   Buffer tokens, pos, cu;    // [T], [T], [T + 1] I32
   bench::Fp8Scratch fp8;     // --fp8: the linears' activation codes and scales
-  // --fp8-scaling token, fused (bench::TokenQuant): x's codes [N, H] and scales [N] (the norms'), the SwiGLU's
-  // [N, I] and [N], as DecoderStackTarget holds them
+  // --fp8-scaling token, fused (bench::TokenQuant): x's codes [N, H] and scales [N] (the norms'), as
+  // DecoderStackTarget holds them; the SwiGLU's go into fp8's scratch (the stack's FP8 activation scratch)
   bool fused_token_quant = false;
-  Buffer x_codes, x_scales, act_codes, act_scales;
+  Buffer x_codes, x_scales;
   int64_t T = 0, ncu = 0;
 
   // dry: count the bytes only (no device needed), for --dry-run.
@@ -312,8 +312,6 @@ struct Model {
       if (fused_token_quant) {
         x_codes = activation(DType::F8E4M3, {N, H});
         x_scales = activation(f32, {N});
-        act_codes = activation(DType::F8E4M3, {N, I});
-        act_scales = activation(f32, {N});
       }
     }
     scratch.new_phase();
@@ -420,7 +418,7 @@ struct Model {
     if (fused_token_quant) {
       const int64_t H = cfg.text.hidden_size;
       const Tensor values = H <= ops::kRmsNormFp8CodesOnlyWidth ? Tensor() : x;  // the op's codes-only width
-      const Tensor ac = rows(act_codes, T), as = rows(act_scales, T);
+      const Tensor ac = fp8.token_codes(T, cfg.text.intermediate_size), as = fp8.token_scales(T);
       tm.run(Part::Norms, 1, [&] { ops::rmsnorm_fp8_forward(ctx, values, xc, xs, dst, L.post_attention_layernorm, eps); });
       tm.run(Part::GemmMlp, 1, [&] { fp8.token_gemm(ctx, gu, xc, xs, L.gate_up_proj.fp8_codes, L.gate_up_proj.fp8_scales); });
       tm.run(Part::Swiglu, 1, [&] { ops::swiglu_fp8_forward(ctx, Tensor(), ac, as, gu); });

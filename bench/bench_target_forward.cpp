@@ -113,9 +113,10 @@ struct Model {
   int64_t T = 0;
   bench::ForwardOptions::Linears linears;
   bench::Fp8Scratch fp8;  // --fp8: the activations' codes and scales, or the dequantize path's scratch
-  // Fused token quantization: x's codes [N, H] and scales [N] (the norms'), the SwiGLU's [N, I] and [N].
+  // Fused token quantization: x's codes [N, H] and scales [N] (the norms'); the SwiGLU's [N, I] and [N] go
+  // into fp8's scratch, as DecoderStackTarget keeps them in its one FP8 activation scratch.
   bool fused_token_quant = false;
-  Buffer x_codes, x_scales, act_codes, act_scales;
+  Buffer x_codes, x_scales;
 
   Model(const Shape& shape, const Ctx& c, int64_t max_tokens, bench::ForwardOptions::Linears lin,
         bench::Fp8Path fp8_path = bench::Fp8Path::Gemm, ops::Fp8Scaling fp8_scaling = ops::Fp8Scaling::Block128,
@@ -160,8 +161,6 @@ struct Model {
     if (fused_token_quant) {
       x_codes = Buffer(Device::CUDA, DType::F8E4M3, {N, H});
       x_scales = Buffer(Device::CUDA, DType::F32, {N});
-      act_codes = Buffer(Device::CUDA, DType::F8E4M3, {N, I});
-      act_scales = Buffer(Device::CUDA, DType::F32, {N});
     }
     resid = Buffer(Device::CUDA, DType::BF16, {N, H});
     h = Buffer(Device::CUDA, DType::BF16, {N, H});
@@ -212,7 +211,7 @@ struct Model {
     Tensor txc, txs, tac, tas;  // fused token quantization: the norms' and the SwiGLU's codes and scales
     if (fused_token_quant) {
       txc = x_codes.t().slice_rows(0, T), txs = x_scales.t().slice_rows(0, T);
-      tac = act_codes.t().slice_rows(0, T), tas = act_scales.t().slice_rows(0, T);
+      tac = fp8.token_codes(T, s.inter), tas = fp8.token_scales(T);
     }
     Tensor in = stream[0];
     tm.run(Part::Rest, [&] { ops::embedding_forward(ctx, in, tokens.t().slice_rows(0, T), embed); });
