@@ -60,7 +60,7 @@ for part in "$@"; do
       timeout 90 "$(prog fp8_gemm_modes)" --shapes 8b --search 150 > "$O/modes-8b.txt" 2>&1
       timeout 150 "$(prog fp8_gemm_modes)" --shapes 27b --tokens 32768 --search 150 > "$O/modes-27b.txt" 2>&1
       say "FP8 forwards: bf16, FP8 autotuned, FP8 heuristic only, FP8 dequantized (what a B200 / RTX PRO 6000 runs),
-        FP8 per token x per channel (compressed-tensors FP8-Dynamic)"
+        FP8 per token x per channel (compressed-tensors FP8-Dynamic), its quantization fused and per linear"
       for m in "bench_target_forward" "bench_hybrid_forward --model 27b"; do
         read -r p args <<<"$m"
         n=${p#bench_}; n=${n%_forward}
@@ -69,6 +69,8 @@ for part in "$@"; do
         DFLASH_GEMM_AUTOTUNE=0 timeout 60 "$(prog "$p")" $args --fp8 > "$O/$n-fp8-heuristic.txt" 2>&1
         DFLASH_FP8_LINEAR=dequant timeout 60 "$(prog "$p")" $args --fp8 > "$O/$n-fp8-dequant.txt" 2>&1
         timeout 60 "$(prog "$p")" $args --fp8 --fp8-scaling token > "$O/$n-fp8tok.txt" 2>&1
+        timeout 60 "$(prog "$p")" $args --fp8 --fp8-scaling token --fp8-token-quant per-linear \
+          > "$O/$n-fp8tok-perlinear.txt" 2>&1
       done
       cat "$O"/modes-*.txt >> "$O/summary.txt"
       grep -h "^  forward " "$O"/*-bf16.txt "$O"/*-fp8*.txt | tee -a "$O/summary.txt"
