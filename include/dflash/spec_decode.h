@@ -21,7 +21,7 @@
 // the next prompt takes its place (its prefill rides in the same packed forward). A prompt's tokens and
 // acceptance lengths are what decoding it alone gives: on the CPU backend bit for bit (every op there is
 // row-wise or per sequence, so a row does not see what else is packed: SpecDecodeBatch.* checks it); on
-// CUDA within the bf16 GEMMs' dependence on the packed row count (tests/gpu/test_gpu_spec_decode_batch.cpp).
+// CUDA within the bf16 GEMMs' dependence on the packed row count (tests/gpu/test_spec_decode_batch_gpu.cpp).
 #pragma once
 #include <cstdint>
 #include <functional>
