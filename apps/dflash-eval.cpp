@@ -132,23 +132,24 @@ int main(int argc, char** argv) {
 
   const TargetConfig tcfg = load_target_config(a.target);
   TrainOptions topt;
-  topt.max_anchors = 1;
   topt.seed = a.seed;
   const TokenDataset ds(a.prompts, tcfg.text.vocab_size);
   const EvalPrompts prompts = load_eval_prompts(ds, a.max_prompts, a.max_prompt_length);
   const size_t longest = prompts.longest();
 
-  // The drafter first (its config names the layers the target must capture), then the target.
-  const int64_t max_tokens_guess = static_cast<int64_t>(longest) + a.max_new_tokens + 256;
-  DrafterTrainer drafter(a.target, a.fresh ? "" : a.drafter, a.draft_layers, topt, ctx, max_tokens_guess);
-  const DrafterConfig& dc = drafter.config();
-  const int64_t max_tokens = static_cast<int64_t>(longest) + a.max_new_tokens + dc.block_size;
-  DF_CHECK(max_tokens <= max_tokens_guess, Internal, "block size " << dc.block_size << " above 256");
-  // The target packs up to --prompt-batch prompts per forward, bounded by --max-batch-tokens.
+  // The target packs up to --prompt-batch prompts per forward, bounded by --max-batch-tokens; the drafter
+  // drafts their blocks together (their sequences + a block each).
   std::vector<size_t> lengths;
   for (const auto& p : prompts.ids) lengths.push_back(p.size());
   const int64_t packed = packed_tokens_for(lengths, a.max_new_tokens, a.prompt_batch, a.max_batch_tokens,
                                            "--max-batch-tokens");
+  // The drafter first (its config names the layers the target must capture), then the target.
+  topt.max_anchors = a.prompt_batch;
+  const DrafterSource source = DrafterSource::from_dirs(a.target, a.fresh ? "" : a.drafter, a.draft_layers, topt);
+  const int64_t block = source.drafter.block_size;
+  const int64_t max_tokens = static_cast<int64_t>(longest) + a.max_new_tokens + block;
+  DrafterTrainer drafter(source, topt, ctx, std::max(max_tokens, packed + a.prompt_batch * block));
+  const DrafterConfig& dc = drafter.config();
   auto target = make_target_model(tcfg, a.target, ctx, dc.target_layer_ids, packed);
   SpecDecoder dec(*target, drafter, ctx, max_tokens, packed, a.prompt_batch);
   dec.set_sampling(a.sampling);

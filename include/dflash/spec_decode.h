@@ -140,6 +140,9 @@ class SpecDecoder {
   // target features of the positions before it (of the last target_forward, where the lane's sequence
   // starts at its offset).
   void draft(Lane& lane, int block_rows);
+  // The same for several lanes in one drafter forward (each its own sequence; at most draft_anchors_ lanes and
+  // draft_tokens_ tokens, x.size() - 1 + B each).
+  void draft_together(const std::vector<Lane*>& lanes, int block_rows);
   // At temperature > 0: the drafter's draws and their draft distributions, lane.q_rows[j] over lane.q_ids[j]
   // (DFlash: the whole vocabulary, q_ids empty; DFlash2: the K candidates).
   void draft_sampled(Lane& lane, int block_rows);
@@ -151,10 +154,10 @@ class SpecDecoder {
   TargetModel& target_;
   DrafterTrainer& drafter_;
   Ctx ctx_;
-  int block_ = 0, k_ = 0, prompt_batch_ = 1;
-  int64_t hidden_ = 0, vocab_ = 0, max_tokens_ = 0, packed_tokens_ = 0;
+  int block_ = 0, k_ = 0, prompt_batch_ = 1, draft_anchors_ = 1;
+  int64_t hidden_ = 0, vocab_ = 0, max_tokens_ = 0, packed_tokens_ = 0, draft_tokens_ = 0;
   int32_t mask_token_ = 0;
-  // tgt_*: [k, packed, H], [packed, H]; drf_features_ [k, max_tokens, H]; fn_rows_ [prompt_batch B, H] the
+  // tgt_*: [k, packed, H], [packed, H]; drf_features_ [k, draft_tokens, H]; fn_rows_ [prompt_batch B, H] the
   // final_norm rows whose logits a step needs, gathered; logits_ [prompt_batch B, V]
   Buffer tgt_features_, tgt_final_norm_, drf_features_, fn_rows_, logits_;
   std::vector<float> host_logits_;

@@ -84,7 +84,14 @@ SpecDecoder::SpecDecoder(TargetModel& target, DrafterTrainer& drafter, const Ctx
   const Device dev = ctx.device;
   tgt_features_ = Buffer(dev, dt, {k_, packed_tokens_, hidden_});
   tgt_final_norm_ = Buffer(dev, dt, {packed_tokens_, hidden_});
-  drf_features_ = Buffer(dev, dt, {k_, max_tokens, hidden_});
+  // The drafter's packed forward (greedy: the lanes of a step draft together): as many blocks and tokens as
+  // the drafter takes, at most what the running prompts can need.
+  draft_anchors_ = std::min(prompt_batch, drafter.max_anchors());
+  draft_tokens_ = std::max(max_tokens, std::min(drafter.max_tokens(), packed_tokens_ + static_cast<int64_t>(prompt_batch) * block_));
+  DF_CHECK(drafter.max_tokens() >= max_tokens && draft_anchors_ >= 1, Internal,
+           "the drafter takes " << drafter.max_tokens() << " tokens and " << drafter.max_anchors()
+                                << " anchors a batch; one prompt needs " << max_tokens << " and 1");
+  drf_features_ = Buffer(dev, dt, {k_, draft_tokens_, hidden_});
   const int64_t logit_rows = static_cast<int64_t>(prompt_batch) * block_;
   fn_rows_ = Buffer(dev, dt, {logit_rows, hidden_});
   logits_ = Buffer(dev, dt, {logit_rows, vocab_});
@@ -128,27 +135,44 @@ void SpecDecoder::target_logits(const std::vector<std::pair<int64_t, int>>& rows
 }
 
 void SpecDecoder::draft(Lane& lane, int block_rows) {
-  const std::vector<int32_t>& x = lane.x;
-  const int64_t n = static_cast<int64_t>(x.size()) - 1;  // the anchor: x[n] has no features yet
-  const int64_t T = n + block_;
-  DF_CHECK(n <= lane.seq_len && T <= max_tokens_, Internal, "draft at " << n << " of " << lane.seq_len << " tokens");
-  // The block after the anchor: any ids (the drafter sees mask tokens there), loss_mask 1 so that every
-  // position gets its row. All B positions, also for a shorter block: the drafter hides the rows from
-  // block_rows on (draft_block).
-  draft_batch_.tokens.assign(x.begin(), x.end());
-  draft_batch_.tokens.resize(static_cast<size_t>(T), mask_token_);
-  draft_batch_.cu_seqlens = {0, static_cast<int32_t>(T)};
-  draft_batch_.loss_mask.assign(static_cast<size_t>(T), 0);
-  std::fill(draft_batch_.loss_mask.begin() + n + 1, draft_batch_.loss_mask.end(), uint8_t{1});
-  // The lane's features: its sequence in the last packed target forward, from its offset.
+  std::vector<Lane*> one = {&lane};
+  draft_together(one, block_rows);
+}
+
+void SpecDecoder::draft_together(const std::vector<Lane*>& lanes, int block_rows) {
+  // Each lane's sequence: x[0..n] then the block after its anchor x[n] (any ids: the drafter sees mask tokens
+  // there), loss_mask 1 so that every block position gets its row. All B positions, also for a shorter block:
+  // the drafter hides the rows from block_rows on (draft_blocks).
+  draft_batch_.tokens.clear();
+  draft_batch_.loss_mask.clear();
+  draft_batch_.cu_seqlens.assign(1, 0);
+  std::vector<int64_t> anchors;
+  for (Lane* l : lanes) {
+    const int64_t n = static_cast<int64_t>(l->x.size()) - 1;  // the anchor: x[n] has no features yet
+    DF_CHECK(n <= l->seq_len, Internal, "draft at " << n << " of " << l->seq_len << " tokens");
+    anchors.push_back(draft_batch_.num_tokens() + n);
+    draft_batch_.tokens.insert(draft_batch_.tokens.end(), l->x.begin(), l->x.end());
+    draft_batch_.tokens.resize(draft_batch_.tokens.size() + static_cast<size_t>(block_ - 1), mask_token_);
+    draft_batch_.loss_mask.resize(draft_batch_.tokens.size() - static_cast<size_t>(block_ - 1), 0);
+    draft_batch_.loss_mask.resize(draft_batch_.tokens.size(), 1);
+    draft_batch_.cu_seqlens.push_back(static_cast<int32_t>(draft_batch_.num_tokens()));
+  }
+  const int64_t T = draft_batch_.num_tokens();
+  DF_CHECK(T <= draft_tokens_ && static_cast<int>(lanes.size()) <= draft_anchors_, Internal,
+           "a draft of " << lanes.size() << " blocks, " << T << " tokens (limits " << draft_anchors_ << ", " << draft_tokens_ << ")");
+  // Each lane's features: its sequence in the last packed target forward, from its offset.
   const Tensor src = leading_view(tgt_features_, {k_, packed_now_, hidden_});
   const Tensor dst = leading_view(drf_features_, {k_, T, hidden_});
-  if (n > 0)
-    for (int k = 0; k < k_; ++k) copy_tensor(ctx_, feature_rows(dst, k, 0, n), feature_rows(src, k, lane.offset, n));
+  for (size_t i = 0; i < lanes.size(); ++i) {
+    const int64_t n = static_cast<int64_t>(lanes[i]->x.size()) - 1, at = draft_batch_.cu_seqlens[i];
+    if (n > 0)
+      for (int k = 0; k < k_; ++k) copy_tensor(ctx_, feature_rows(dst, k, at, n), feature_rows(src, k, lanes[i]->offset, n));
+  }
   FeatureBatch fb;
   fb.batch = &draft_batch_;
   fb.features = dst;
-  lane.drafts = drafter_.draft_block(fb, n, block_rows);
+  std::vector<std::vector<int32_t>> drafts = drafter_.draft_blocks(fb, anchors, block_rows);
+  for (size_t i = 0; i < lanes.size(); ++i) lanes[i]->drafts = std::move(drafts[i]);
 }
 
 std::vector<int32_t> SpecDecoder::greedy(const std::vector<int32_t>& prompt, int max_new_tokens,

@@ -2,6 +2,7 @@
 // every running prompt, packs all their sequences into one target forward, then verifies each.
 #include <algorithm>
 #include <chrono>
+#include <map>
 #include <string>
 
 #include "dflash/error.h"
@@ -131,12 +132,31 @@ std::vector<SpecDecodeResult> SpecDecoder::generate_batch(const std::vector<Deco
     DF_CHECK(!lanes.empty(), Internal, "no prompt fits the packed forward of " << packed_tokens_ << " tokens");
     // Draft: every lane past its prefill, a block of V rows anchored at its latest token x[n] (V = B, or
     // near the limit the rows left: the official loop's verify_size).
-    for (Lane& l : lanes) {
-      if (!l.prefilled) continue;
-      const int V = official_verify_rows(block_, static_cast<int64_t>(l.x.size()) - 1, l.max_length);
-      if (sampled) draft_sampled(l, V);
-      else draft(l, V);
-      DF_CHECK(static_cast<int>(l.drafts.size()) == V - 1, Internal, l.drafts.size() << " drafts for a block of " << V);
+    // Greedy: the lanes of one block size draft together, as many per drafter forward as it takes. Sampled:
+    // one at a time (each draws from its own generator as it drafts).
+    std::map<int, std::vector<Lane*>> by_rows;
+    for (Lane& l : lanes)
+      if (l.prefilled) by_rows[official_verify_rows(block_, static_cast<int64_t>(l.x.size()) - 1, l.max_length)].push_back(&l);
+    for (const auto& [V, group] : by_rows) {
+      std::vector<Lane*> part;
+      int64_t tokens = 0;
+      for (Lane* l : group) {
+        if (sampled) {
+          draft_sampled(*l, V);
+          continue;
+        }
+        const int64_t need = static_cast<int64_t>(l->x.size()) - 1 + block_;
+        if (!part.empty() && (static_cast<int>(part.size()) == draft_anchors_ || tokens + need > draft_tokens_)) {
+          draft_together(part, V);
+          part.clear();
+          tokens = 0;
+        }
+        part.push_back(l);
+        tokens += need;
+      }
+      if (!part.empty()) draft_together(part, V);
+      for (Lane* l : group)
+        DF_CHECK(static_cast<int>(l->drafts.size()) == V - 1, Internal, l->drafts.size() << " drafts for a block of " << V);
     }
     // One target forward over every lane's sequence: the prompt (prefill) or x[0..n] + its drafts.
     batch_.tokens.clear();

@@ -95,8 +95,9 @@ std::vector<DecodePrompt> all_of(const std::vector<std::vector<int32_t>>& prompt
 }
 
 // Decodes every prompt with prompt_batch 1 (one after another, the sequential path), with 3 together in a
-// packed forward too small for 3 of the longest (prompts wait for room), and with all together; the
-// tokens and acceptance lengths must be the same, prompt by prompt, bit for bit. Greedy, then sampled.
+// packed forward too small for 3 of the longest (prompts wait for room), and with all together (the drafter
+// takes 4 blocks a forward: greedy lanes draft in groups of up to 4); the tokens and acceptance lengths
+// must be the same, prompt by prompt, bit for bit. Greedy, then sampled.
 void expect_batched_equals_sequential(const SamplingSpec& sampling) {
   const Ctx ctx = cpu_ctx();
   const std::vector<std::vector<int32_t>> prompts = mixed_prompts();
@@ -106,8 +107,8 @@ void expect_batched_equals_sequential(const SamplingSpec& sampling) {
     const std::string dir = golden(name);
     const TargetConfig tcfg = load_target_config(dir + "/target");
     TrainOptions opt;
-    opt.max_anchors = 1;
-    DrafterTrainer drafter(dir + "/target", dir + "/drafter_init", 1, opt, ctx, 128);
+    opt.max_anchors = 4;  // the lanes of a step draft up to 4 in one drafter forward
+    DrafterTrainer drafter(dir + "/target", dir + "/drafter_init", 1, opt, ctx, 1024);
     const int B = drafter.config().block_size;
     const int64_t max_tokens = 20 + max_new + B;
     std::vector<size_t> lengths;
