@@ -16,7 +16,8 @@
 // not a serving engine's.
 //
 // Several prompts decode together (generate_batch, dflash-eval --prompt-batch): each step drafts every
-// running prompt, then ONE target forward packs all their sequences (cu_seqlens: causal attention and
+// running prompt (greedy: their blocks in one drafter forward, DrafterTrainer::draft_blocks), then ONE
+// target forward packs all their sequences (cu_seqlens: causal attention and
 // positions per sequence, as a training batch), then each prompt verifies, appends and, when done, leaves;
 // the next prompt takes its place (its prefill rides in the same packed forward). A prompt's tokens and
 // acceptance lengths are what decoding it alone gives: on the CPU backend bit for bit (every op there is
