@@ -69,8 +69,8 @@ TEST(GpuSpecDecodeBatch, BatchedPartsFromSequentialOnlyAtNearTies) {
     SCOPED_TRACE(name);
     const std::string dir = data_dir() + "/golden/" + name;
     TrainOptions opt;
-    opt.max_anchors = 1;
-    DrafterTrainer drafter(dir + "/target", dir + "/drafter_init", 1, opt, g, 128);
+    opt.max_anchors = 8;  // the batched decoder's greedy blocks go through one drafter forward
+    DrafterTrainer drafter(dir + "/target", dir + "/drafter_init", 1, opt, g, 1024);
     const int B = drafter.config().block_size;
     std::vector<size_t> lengths;
     for (const auto& p : prompts) lengths.push_back(p.size());
