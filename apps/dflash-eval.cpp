@@ -11,6 +11,7 @@
 // drafted and verified over only the rows left before the limit: official_verify_rows, official_step_count,
 // include/dflash/spec_decode.h; docs/recipe.md section 6 cites the official code read).
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -56,12 +57,19 @@ const char* kUsage =
     "    --top-p P --top-k K the target's (and a DFlash drafter's) sampling (defaults 1, 0 = off);\n"
     "                        drafts accepted by rejection sampling (lossless in distribution); draws seeded\n"
     "                        by --seed; DFlash2 drafters draw from the selector's walk\n"
+    "  --prompt-batch N      prompts decoding together: each step packs their sequences into one target\n"
+    "                        forward (default 16; 1 = one after another; the same tokens and tau either way)\n"
+    "  --max-batch-tokens N  the most tokens one packed target forward holds: prompts wait for room\n"
+    "                        (default 32768; the target's buffers are sized for min(this, what\n"
+    "                        --prompt-batch prompts + their new tokens need))\n"
     "  --json PATH           write every number (per prompt and overall) as JSON\n";
 
 struct EvalArgs {
   std::string target, drafter, prompts, json, backend = "cpu";
   bool fresh = false, check_greedy = false, no_stop = false, help = false;
   int draft_layers = 1, max_prompts = 32, max_prompt_length = kDefaultMaxPromptLength, max_new_tokens = 128, gpu = 0;
+  int prompt_batch = kDefaultPromptBatch;
+  int64_t max_batch_tokens = 32768;
   uint64_t seed = 0;
   std::vector<int32_t> stop;
   SamplingSpec sampling;
@@ -89,6 +97,8 @@ EvalArgs parse_args(int argc, char** argv) {
     else if (args.is("--gpu")) a.gpu = static_cast<int>(args.integer(0, 1023));
     else if (args.is("--check-greedy")) args.no_value(), a.check_greedy = true;
     else if (args.is("--json")) a.json = args.value();
+    else if (args.is("--prompt-batch")) a.prompt_batch = static_cast<int>(args.integer(1, 1 << 16));
+    else if (args.is("--max-batch-tokens")) a.max_batch_tokens = args.integer(1, 1LL << 31);
     else if (args.is("--temperature")) a.sampling.temperature = static_cast<float>(args.real(0.0, 100.0));
     else if (args.is("--top-p")) a.sampling.top_p = static_cast<float>(args.real(1e-6, 1.0));
     else if (args.is("--top-k")) a.sampling.top_k = static_cast<int>(args.integer(0, 1 << 24));
@@ -122,20 +132,26 @@ int main(int argc, char** argv) {
 
   const TargetConfig tcfg = load_target_config(a.target);
   TrainOptions topt;
-  topt.max_anchors = 1;
   topt.seed = a.seed;
   const TokenDataset ds(a.prompts, tcfg.text.vocab_size);
   const EvalPrompts prompts = load_eval_prompts(ds, a.max_prompts, a.max_prompt_length);
   const size_t longest = prompts.longest();
 
+  // The target packs up to --prompt-batch prompts per forward, bounded by --max-batch-tokens; the drafter
+  // drafts their blocks together (their sequences + a block each).
+  std::vector<size_t> lengths;
+  for (const auto& p : prompts.ids) lengths.push_back(p.size());
+  const int64_t packed = packed_tokens_for(lengths, a.max_new_tokens, a.prompt_batch, a.max_batch_tokens,
+                                           "--max-batch-tokens");
   // The drafter first (its config names the layers the target must capture), then the target.
-  const int64_t max_tokens_guess = static_cast<int64_t>(longest) + a.max_new_tokens + 256;
-  DrafterTrainer drafter(a.target, a.fresh ? "" : a.drafter, a.draft_layers, topt, ctx, max_tokens_guess);
+  topt.max_anchors = a.prompt_batch;
+  const DrafterSource source = DrafterSource::from_dirs(a.target, a.fresh ? "" : a.drafter, a.draft_layers, topt);
+  const int64_t block = source.drafter.block_size;
+  const int64_t max_tokens = static_cast<int64_t>(longest) + a.max_new_tokens + block;
+  DrafterTrainer drafter(source, topt, ctx, std::max(max_tokens, packed + a.prompt_batch * block));
   const DrafterConfig& dc = drafter.config();
-  const int64_t max_tokens = static_cast<int64_t>(longest) + a.max_new_tokens + dc.block_size;
-  DF_CHECK(max_tokens <= max_tokens_guess, Internal, "block size " << dc.block_size << " above 256");
-  auto target = make_target_model(tcfg, a.target, ctx, dc.target_layer_ids, max_tokens);
-  SpecDecoder dec(*target, drafter, ctx, max_tokens);
+  auto target = make_target_model(tcfg, a.target, ctx, dc.target_layer_ids, packed);
+  SpecDecoder dec(*target, drafter, ctx, max_tokens, packed, a.prompt_batch);
   dec.set_sampling(a.sampling);
   const std::vector<int32_t> stop = a.no_stop ? std::vector<int32_t>{} : a.stop.empty() ? default_stop_ids(a.target) : a.stop;
 
@@ -165,8 +181,13 @@ int main(int argc, char** argv) {
   std::map<int, int64_t> hist;
   TauSums sums;  // tau as dflash-train's --eval-tau-every computes it (include/dflash/eval_prompts.h)
   int mismatches = 0;
+  std::vector<DecodePrompt> todo;
+  for (size_t i = 0; i < prompts.ids.size(); ++i) todo.push_back({&prompts.ids[i], i});  // stream: the prompt's index
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::vector<SpecDecodeResult> results = dec.generate_batch(todo, a.max_new_tokens, stop);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   for (size_t i = 0; i < prompts.ids.size(); ++i) {
-    const SpecDecodeResult r = dec.generate(prompts.ids[i], a.max_new_tokens, stop);
+    const SpecDecodeResult& r = results[i];
     std::string check;
     if (a.check_greedy) {
       const bool same = dec.greedy(prompts.ids[i], a.max_new_tokens, stop) == r.tokens;
@@ -185,20 +206,22 @@ int main(int argc, char** argv) {
   }
   const double tau = sums.tau();
   const auto steps = static_cast<int64_t>(sums.steps), new_tokens = static_cast<int64_t>(sums.new_tokens);
-  const double seconds = sums.seconds, accepted = sums.accepted;
+  const double accepted = sums.accepted;
   std::printf("tau %.3f  (mean over %zu prompts of each prompt's mean acceptance length; over all %lld steps %.3f)\n",
               tau, prompts.ids.size(), static_cast<long long>(steps),
               steps ? accepted / static_cast<double>(steps) : 0.0);
   std::printf("acceptance length histogram:");
   for (const auto& [len, count] : hist) std::printf(" %d:%.1f%%", len, 100.0 * count / static_cast<double>(steps));
-  std::printf("\ntokens/s %.1f  (%lld tokens in %.2f s; no KV cache: this tool's speed, not a serving engine's)\n",
-              new_tokens / std::max(seconds, 1e-9), static_cast<long long>(new_tokens), seconds);
+  std::printf("\ntokens/s %.1f  (%lld tokens in %.2f s, %d prompt(s) at a time; no KV cache: this tool's speed, not a "
+              "serving engine's)\n",
+              new_tokens / std::max(seconds, 1e-9), static_cast<long long>(new_tokens), seconds, dec.prompt_batch());
   if (a.check_greedy)
     std::printf("greedy check: %d of %zu prompts differ from the target's own greedy decoding\n", mismatches,
                 prompts.ids.size());
   if (!a.json.empty()) {
     nlohmann::json j = {{"tau", tau}, {"prompts", jp}, {"steps", steps}, {"new_tokens", new_tokens},
-                        {"seconds", seconds}, {"backend", a.backend}, {"block_size", dc.block_size},
+                        {"seconds", seconds}, {"prompt_batch", dec.prompt_batch()},
+                        {"packed_tokens", dec.packed_tokens()}, {"backend", a.backend}, {"block_size", dc.block_size},
                         {"target", a.target}, {"drafter", a.fresh ? "" : a.drafter}, {"stop", stop},
                         {"greedy_mismatches", a.check_greedy ? nlohmann::json(mismatches) : nlohmann::json()}};
     std::ofstream out(a.json + ".tmp");

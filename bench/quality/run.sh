@@ -72,7 +72,8 @@ EVAL_NEW=${EVAL_NEW:-128}
 EVAL_ARGS=${EVAL_ARGS:---max-prompt-length $MAX_LEN}
 EVAL_RUNS=${EVAL_RUNS:-ours-a ours-b ours-c ours-d reference}   # whose drafters the eval stage measures (missing: skipped)
 EVAL_TEMPERATURE=${EVAL_TEMPERATURE:-0}   # 0: greedy; T > 0: sampled (its taus and table apart: eval-tT, results-tT.*)
-EVAL_JOBS=${EVAL_JOBS:-1}                  # dflash-eval processes at a time (on a GPU, several fit side by side)
+EVAL_PROMPT_BATCH=${EVAL_PROMPT_BATCH:-64}  # dflash-eval --prompt-batch: prompts per packed target forward (64: all of them)
+EVAL_JOBS=${EVAL_JOBS:-1}                  # dflash-eval processes at a time (batched decoding fills the GPU: 1-2)
 FORCE=${FORCE:-0}
 
 export NCCL_NVLS_ENABLE=0 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
@@ -202,11 +203,12 @@ stage_eval() {
     while read -r name dir; do
       if [ "$FORCE" != 1 ] && [ -s "$E/$name" ]; then continue; fi
       say "eval: $name ($dir)"
-      # EVAL_JOBS at a time: one decoding (a prompt at a time, no batching) leaves most of the GPU idle, and
-      # tau does not depend on the speed. Each writes its own log, printed once it is done.
+      # EVAL_PROMPT_BATCH prompts per packed target forward (the same tau as one at a time: include/dflash/
+      # spec_decode.h) keep the GPU busy; EVAL_JOBS processes at a time on top. Each writes its own log,
+      # printed once it is done.
       # shellcheck disable=SC2086
       ( "$BIN/dflash-eval" --backend "$BACKEND" --target "$T" --drafter "$dir" --prompts "$D/heldout.h5" \
-          --temperature "$EVAL_TEMPERATURE" \
+          --temperature "$EVAL_TEMPERATURE" --prompt-batch "$EVAL_PROMPT_BATCH" \
           --max-prompts "$EVAL_PROMPTS" --max-new-tokens "$EVAL_NEW" $EVAL_ARGS --json "$E/$name.tmp" \
           >"$E/$name.log" 2>&1 && mv "$E/$name.tmp" "$E/$name" ) &
       pending+=("$name")

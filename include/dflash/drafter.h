@@ -222,6 +222,13 @@ class DrafterTrainer {
   // loss_mask 1 after the anchor (the ids there are not read as inputs). Returns V-1 token ids. Forward
   // only: no noise, no gradient.
   std::vector<int32_t> draft_block(const FeatureBatch& fb, int64_t anchor, int block_rows);
+  // The same for several anchors in one forward (speculative decoding of several prompts: each anchor in its
+  // own sequence of fb's batch, every block of block_rows rows): each anchor's V-1 drafts, in anchors' order.
+  // At most max_anchors() anchors and max_tokens() tokens.
+  std::vector<std::vector<int32_t>> draft_blocks(const FeatureBatch& fb, const std::vector<int64_t>& anchors,
+                                                 int block_rows);
+  int max_anchors() const;     // TrainOptions::max_anchors: the most anchors one forward takes
+  int64_t max_tokens() const;  // the constructor's: the most tokens of one batch
   // DFlash2 at temperature T > 0 (dflash-eval's sampled decoding): the same forward, then the selector's
   // sampled walk (docs/dflash2.md 2.4): returns the V-1 draws; q [V-1, K] the walk's distribution over cand
   // [V-1, K] (the strict unary top-K, the draft probabilities rejection sampling needs).

@@ -21,6 +21,10 @@ namespace dflash {
 // Prompts longer than this are skipped (dflash-eval's --max-prompt-length default; dflash-train lowers it
 // where --token-budget leaves less room, src/runtime/drafter_tau.h).
 constexpr int kDefaultMaxPromptLength = 2048;
+// Prompts decoding together (SpecDecoder::generate_batch): dflash-eval's --prompt-batch and dflash-train's
+// --eval-tau-prompt-batch default. Enough rows per target forward to keep a GPU busier than one short
+// sequence does; each holds prompt + new tokens of the packed forward's buffers.
+constexpr int kDefaultPromptBatch = 16;
 
 struct EvalPrompts {
   std::vector<std::vector<int32_t>> ids;  // the prompts, in record order
@@ -46,7 +50,8 @@ struct TauSums {
   double new_tokens = 0;  // tokens generated
   double steps = 0;       // target verifications
   double accepted = 0;    // sum of acceptance lengths over all steps
-  double seconds = 0;     // decoding wall time, summed over prompts
+  double seconds = 0;     // decoding wall time: add() sums the prompts' own; whoever decodes several together
+                          // (their times overlap) sets the wall time of all instead (DrafterTau::measure)
   void add(const SpecDecodeResult& r);
   double tau() const { return prompts > 0 ? tau_sum / prompts : 0.0; }  // dflash-eval's tau
   static constexpr size_t kPacked = 6;

@@ -65,10 +65,12 @@ struct Options {
                                 // the segment's plan resolves it once the run's length is known: RunPlan)
   // --eval-tau-every: steps between measurements of tau (greedy speculative decoding of the eval set's
   // prompts, dflash-eval's algorithm, on the drafter ranks; 0 = off); --eval-tau-prompts and
-  // --eval-tau-max-new-tokens bound the work (src/runtime/drafter_tau.h).
+  // --eval-tau-max-new-tokens bound the work (src/runtime/drafter_tau.h); --eval-tau-prompt-batch prompts
+  // decode together (one packed target forward of at most --token-budget tokens per step).
   int64_t eval_tau_every = 0;
   int eval_tau_prompts = 32;
   int eval_tau_max_new_tokens = 128;
+  int eval_tau_prompt_batch = 16;  // --eval-tau-prompt-batch: kDefaultPromptBatch (include/dflash/eval_prompts.h)
   // --eval-max-tokens: the most tokens of --eval-data evaluated (their features are kept on the drafters'
   // hosts); a larger file is evaluated on a fixed sample of its records (include/dflash/eval_set.h).
   // 0 = auto: what one drafter's eval-feature budget holds.

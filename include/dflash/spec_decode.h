@@ -14,8 +14,19 @@
 // No KV cache: every step recomputes the target and the drafter over the whole sequence (simple and
 // exact; the cost is quadratic in the length). tau does not depend on it; tokens/s is this tool's own speed,
 // not a serving engine's.
+//
+// Several prompts decode together (generate_batch, dflash-eval --prompt-batch): each step drafts every
+// running prompt (greedy: their blocks in one drafter forward, DrafterTrainer::draft_blocks), then ONE
+// target forward packs all their sequences (cu_seqlens: causal attention and
+// positions per sequence, as a training batch), then each prompt verifies, appends and, when done, leaves;
+// the next prompt takes its place (its prefill rides in the same packed forward). A prompt's tokens and
+// acceptance lengths are what decoding it alone gives: on the CPU backend bit for bit (every op there is
+// row-wise or per sequence, so a row does not see what else is packed: SpecDecodeBatch.* checks it); on
+// CUDA within the bf16 GEMMs' dependence on the packed row count (tests/gpu/test_spec_decode_batch_gpu.cpp).
 #pragma once
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <vector>
 
 #include "dflash/drafter.h"
@@ -59,6 +70,25 @@ struct OfficialStep {
 OfficialStep official_step_count(const std::vector<int32_t>& kept, int64_t start, int64_t max_length,
                                  const std::vector<int32_t>& stop);
 
+// A prompt for generate_batch: its tokens and its stream: at temperature > 0 its draws come from
+// Rng(prompt_seed(seed, stream)), so a prompt draws the same numbers whichever prompts decode beside it
+// (dflash-eval: the prompt's index in --prompts' usable records).
+struct DecodePrompt {
+  const std::vector<int32_t>* ids = nullptr;
+  uint64_t stream = 0;
+};
+// The seed of a prompt's generator: a mix of --seed and its stream (splitmix64), so streams do not overlap.
+uint64_t prompt_seed(uint64_t seed, uint64_t stream);
+
+// The target tokens one prompt reserves in a packed forward while it decodes: its longest verified
+// sequence, prompt + max_new_tokens (the drafter's block after it is the drafter's, not packed).
+int64_t packed_reservation(size_t prompt_tokens, int max_new_tokens);
+// The packed capacity prompts need to decode prompt_batch at a time: the sum of the prompt_batch largest
+// reservations, capped at limit, and never below the largest one (that one prompt must fit alone: fatal
+// BadOptions naming `what`, the option that set limit, when it does not). No prompts: 0.
+int64_t packed_tokens_for(const std::vector<size_t>& prompt_tokens, int max_new_tokens, int prompt_batch,
+                          int64_t limit, const char* what);
+
 struct SpecDecodeResult {
   std::vector<int32_t> tokens;   // generated after the prompt; cut after the first stop token
   std::vector<int> acceptance;   // per verification step: tokens kept (official_step_count: 1..B)
@@ -68,54 +98,74 @@ struct SpecDecodeResult {
 
 class SpecDecoder {
  public:
-  // target must capture drafter.config().target_layer_ids (in that order). max_tokens bounds prompt +
-  // max_new_tokens + block size; buffers for it are allocated here, once.
-  SpecDecoder(TargetModel& target, DrafterTrainer& drafter, const Ctx& ctx, int64_t max_tokens);
+  // target must capture drafter.config().target_layer_ids (in that order). max_tokens bounds one prompt:
+  // prompt + max_new_tokens + block size (the drafter's buffers). packed_tokens bounds one target forward
+  // (0 = max_tokens): the prompts decoding together reserve packed_reservation each, and a prompt waits
+  // while the sum would pass it; the target must have been made for that many tokens. prompt_batch: the
+  // most prompts decoding together (1: one after another). Buffers for all of it are allocated here, once.
+  SpecDecoder(TargetModel& target, DrafterTrainer& drafter, const Ctx& ctx, int64_t max_tokens,
+              int64_t packed_tokens = 0, int prompt_batch = 1);
   ~SpecDecoder();
   SpecDecoder(const SpecDecoder&) = delete;
   SpecDecoder& operator=(const SpecDecoder&) = delete;
 
   int block_size() const { return block_; }
   int64_t max_tokens() const { return max_tokens_; }
+  int64_t packed_tokens() const { return packed_tokens_; }
+  int prompt_batch() const { return prompt_batch_; }
 
-  // Speculative decoding of up to max_new_tokens after prompt (stops after a token in stop).
+  // Speculative decoding of up to max_new_tokens after prompt (stops after a token in stop): one prompt,
+  // stream 0.
   SpecDecodeResult generate(const std::vector<int32_t>& prompt, int max_new_tokens,
                             const std::vector<int32_t>& stop);
-  // Sampled decoding for the following generate() calls (temperature 0: greedy again); reseeds the draws.
+  // The same for each prompt, up to prompt_batch() of them decoding together; results in prompts' order.
+  // A result's seconds: from its prefill to its last step (prompts decoding together overlap). each_step
+  // runs after every packed step (the caller's messages keep moving).
+  std::vector<SpecDecodeResult> generate_batch(const std::vector<DecodePrompt>& prompts, int max_new_tokens,
+                                               const std::vector<int32_t>& stop,
+                                               const std::function<void()>& each_step = {});
+  // Sampled decoding for the following generate() calls (temperature 0: greedy again).
   void set_sampling(const SamplingSpec& s);
   // The target alone, greedy, one token per forward: what generate() must reproduce.
   std::vector<int32_t> greedy(const std::vector<int32_t>& prompt, int max_new_tokens,
                               const std::vector<int32_t>& stop);
 
  private:
-  // Target forward over seq (one sequence); features and final_norm land in the target buffers.
-  void target_forward(const std::vector<int32_t>& seq);
-  // Greedy tokens at positions [first, first + count) of the last target_forward.
-  void target_argmax(int64_t first, int count, std::vector<int32_t>& out);
-  // The drafter's V-1 guesses for the block of V = block_rows rows anchored at x.size()-1, from the target
-  // features of the positions before it (of the last target_forward over seq_len tokens).
-  void draft(const std::vector<int32_t>& x, int64_t seq_len, int block_rows, std::vector<int32_t>& out);
-  // At temperature > 0: the drafter's draws and their draft distributions, q_rows[j] over q_ids[j] (DFlash: the
-  // whole vocabulary, q_ids empty; DFlash2: the K candidates).
-  void draft_sampled(const std::vector<int32_t>& x, int64_t seq_len, int block_rows, std::vector<int32_t>& out);
-  int32_t draw(const std::vector<double>& p);
-  // Rows [first, first + count) of the target's logits of the last target_forward into host_logits_.
-  void target_logits(int64_t first, int count);
+  struct Lane;  // one prompt decoding (src/eval/spec_decode_batch.cpp)
+  // Target forward over the packed batch_; features and final_norm land in the target buffers.
+  void target_forward();
+  // Target logits of the final_norm rows [first, first + count) of each (first, count) in rows (of the last
+  // target_forward), in that order, into host_logits_ (one lm_head over all of them).
+  void target_logits(const std::vector<std::pair<int64_t, int>>& rows);
+  // The drafter's V-1 guesses for the lane's block of V = block_rows rows anchored at x.size()-1, from the
+  // target features of the positions before it (of the last target_forward, where the lane's sequence
+  // starts at its offset).
+  void draft(Lane& lane, int block_rows);
+  // The same for several lanes in one drafter forward (each its own sequence; at most draft_anchors_ lanes and
+  // draft_tokens_ tokens, x.size() - 1 + B each).
+  void draft_together(const std::vector<Lane*>& lanes, int block_rows);
+  // At temperature > 0: the drafter's draws and their draft distributions, lane.q_rows[j] over lane.q_ids[j]
+  // (DFlash: the whole vocabulary, q_ids empty; DFlash2: the K candidates).
+  void draft_sampled(Lane& lane, int block_rows);
+  // The lane's bonus (and its acceptance) from the target's logits rows of its block (host_logits_ from row
+  // `row0`): greedy or rejection sampling.
+  int verify(Lane& lane, int64_t row0, int block_rows, int32_t& bonus);
+  const float* logits_row(int64_t r) const { return host_logits_.data() + static_cast<size_t>(r * vocab_); }
 
   TargetModel& target_;
   DrafterTrainer& drafter_;
   Ctx ctx_;
-  int block_ = 0, k_ = 0;
-  int64_t hidden_ = 0, vocab_ = 0, max_tokens_ = 0;
+  int block_ = 0, k_ = 0, prompt_batch_ = 1, draft_anchors_ = 1;
+  int64_t hidden_ = 0, vocab_ = 0, max_tokens_ = 0, packed_tokens_ = 0, draft_tokens_ = 0;
   int32_t mask_token_ = 0;
-  Buffer tgt_features_, tgt_final_norm_, drf_features_, logits_;
+  // tgt_*: [k, packed, H], [packed, H]; drf_features_ [k, draft_tokens, H]; fn_rows_ [prompt_batch B, H] the
+  // final_norm rows whose logits a step needs, gathered; logits_ [prompt_batch B, V]
+  Buffer tgt_features_, tgt_final_norm_, drf_features_, fn_rows_, logits_;
   std::vector<float> host_logits_;
-  PackedBatch batch_;
+  PackedBatch batch_, draft_batch_;
+  int64_t packed_now_ = 0;  // tokens of the last target forward
   SamplingSpec sampling_;
-  Rng rng_;
-  Buffer draft_logits_;                        // [B-1, V] (DFlash at T > 0)
-  std::vector<std::vector<double>> q_rows_;   // per draft row: its draft distribution
-  std::vector<int32_t> q_ids_;                // DFlash2: [block_rows - 1, K] the candidates q_rows_ are over
+  Buffer draft_logits_;  // [B-1, V] (DFlash at T > 0)
 };
 
 }  // namespace dflash

@@ -82,7 +82,7 @@ bool option_may_change_on_resume(const std::string& name) {
       "data-plane",       "grad-bucket-mb",  // how bytes travel, not what is trained
       "eval-data",        "eval-every",      // what is measured, not what is trained
       "eval-max-tokens",
-      "eval-tau-every",   "eval-tau-prompts", "eval-tau-max-new-tokens",
+      "eval-tau-every",   "eval-tau-prompts", "eval-tau-max-new-tokens", "eval-tau-prompt-batch",
       // How the weights and moments are stored between steps: a checkpoint holds them in fp32 whichever it
       // was, and the other mode loads it (rounded to nearest into bf16), so a resume may switch
       // (docs/checkpoint.md "Changing the optimizer state").

@@ -432,30 +432,49 @@ StepStats DrafterTrainer::evaluate(const FeatureBatch& fb, const std::vector<int
 }
 
 std::vector<int32_t> DrafterTrainer::draft_block(const FeatureBatch& fb, int64_t anchor, int block_rows) {
+  return std::move(draft_blocks(fb, {anchor}, block_rows)[0]);
+}
+
+std::vector<std::vector<int32_t>> DrafterTrainer::draft_blocks(const FeatureBatch& fb, const std::vector<int64_t>& anchors,
+                                                               int block_rows) {
   Impl& s = *impl_;
   const int B = s.cfg.block_size;
+  const size_t A = anchors.size();
   DF_CHECK(block_rows >= 2 && block_rows <= B, Internal, "draft_block: a block of " << block_rows << " rows (B " << B << ")");
+  DF_CHECK(A >= 1, Internal, "draft_blocks without an anchor");
   // A shorter block: the forward hides the block's later keys (its rows there are computed and dropped).
-  s.run(fb, {anchor}, false, nullptr, MicroBatch::Whole, block_rows < B ? block_rows : 0);
-  DF_CHECK(static_cast<int>(s.eval_argmax.size()) == B - 1 && static_cast<int>(s.rows.size()) == B - 1, Internal,
-           "draft_block at " << anchor << ": " << s.rows.size() << " block positions with loss_mask 1, expected "
-                             << B - 1);
+  s.run(fb, anchors, false, nullptr, MicroBatch::Whole, block_rows < B ? block_rows : 0);
+  DF_CHECK(s.eval_argmax.size() == A * (B - 1) && s.rows.size() == A * (B - 1), Internal,
+           "draft_blocks at " << A << " anchor(s): " << s.rows.size() << " block positions with loss_mask 1, expected "
+                              << A * (B - 1));
   const int n = block_rows - 1;
-  std::vector<int32_t> out(static_cast<size_t>(n));
-  for (int r = 0; r < n; ++r) {
-    DF_CHECK(s.rows.offset[r] == r + 1, Internal, "draft_block: rows out of block order");
-    out[static_cast<size_t>(r)] = s.eval_argmax[r];
-  }
+  std::vector<std::vector<int32_t>> out(A, std::vector<int32_t>(static_cast<size_t>(n)));
+  for (size_t a = 0; a < A; ++a)
+    for (int r = 0; r < n; ++r) {  // anchor a's rows: a (B - 1) + (0 .. B - 2), offsets 1 .. B - 1 (build_loss_rows)
+      const size_t row = a * (B - 1) + static_cast<size_t>(r);
+      DF_CHECK(s.rows.offset[row] == r + 1 && s.rows.block[row] == static_cast<int32_t>(a), Internal,
+               "draft_blocks: rows out of block order");
+      out[a][static_cast<size_t>(r)] = s.eval_argmax[row];
+    }
   if (s.cfg.arch != DraftArch::DFlash2) return out;
   // DFlash2 (docs/dflash2.md 2.4): the selector walks the unary top-K of rows 1..n from the anchor token.
   const int64_t K = s.cfg.d2.selector_top_k, rank = s.cfg.d2.selector_rank;
   const DrafterViews w = bind_drafter_views(s.cfg, s.engine->master_weights().ptr<float>());
-  int32_t anchor_token = fb.batch->tokens[static_cast<size_t>(anchor)];
-  ops::selector_walk(cpu_ctx(), cpu_view(out.data(), {1, n}), Tensor(), cpu_view(s.eval_topk_ids.data(), {1, n, K}),
-                     cpu_view(s.eval_topk_vals.data(), {1, n, K}), cpu_view(s.eval_u.data(), {1, n, rank}),
-                     cpu_view(&anchor_token, {1}), w.sel_pred_codebook, w.sel_succ_codebook, 0.0f);
+  for (size_t a = 0; a < A; ++a) {
+    const size_t row = a * (B - 1);
+    int32_t anchor_token = fb.batch->tokens[static_cast<size_t>(anchors[a])];
+    ops::selector_walk(cpu_ctx(), cpu_view(out[a].data(), {1, n}), Tensor(),
+                       cpu_view(s.eval_topk_ids.data() + row * K, {1, n, K}),
+                       cpu_view(s.eval_topk_vals.data() + row * K, {1, n, K}),
+                       cpu_view(s.eval_u.data() + row * rank, {1, n, rank}), cpu_view(&anchor_token, {1}),
+                       w.sel_pred_codebook, w.sel_succ_codebook, 0.0f);
+  }
   return out;
 }
+
+int DrafterTrainer::max_anchors() const { return impl_->opt.max_anchors; }
+
+int64_t DrafterTrainer::max_tokens() const { return impl_->max_tokens; }
 
 std::vector<int32_t> DrafterTrainer::draft_block_sampled(const FeatureBatch& fb, int64_t anchor, int block_rows,
                                                          float temperature, const std::function<double()>& uniform,

@@ -9,6 +9,7 @@
 #include "dflash/backend.h"
 #include "dflash/drafter_ops.h"
 #include "dflash/error.h"
+#include "eval/spec_decode_lane.h"
 
 namespace dflash {
 
@@ -51,21 +52,21 @@ Tensor leading_view(const Buffer& b, std::initializer_list<int64_t> dims) {
   return t;
 }
 
-// Rows [0, rows) of slice k of a [K, T, H] tensor, as a [rows, H] view.
-Tensor feature_rows(const Tensor& f, int64_t k, int64_t rows) {
+// Rows [first, first + rows) of slice k of a [K, T, H] tensor, as a [rows, H] view.
+Tensor feature_rows(const Tensor& f, int64_t k, int64_t first, int64_t rows) {
   const int64_t T = f.shape[1], H = f.shape[2];
-  char* base = static_cast<char*>(f.data) + static_cast<size_t>(k * T * H) * dtype_size(f.dtype);
+  DF_CHECK(first >= 0 && first + rows <= T, Internal, "feature rows [" << first << ", " << first + rows << ") of " << T);
+  char* base = static_cast<char*>(f.data) + static_cast<size_t>((k * T + first) * H) * dtype_size(f.dtype);
   return Tensor(base, f.dtype, f.device, {rows, H});
 }
 
-bool is_stop(int32_t t, const std::vector<int32_t>& stop) {
-  return std::find(stop.begin(), stop.end(), t) != stop.end();
-}
 
 }  // namespace
 
-SpecDecoder::SpecDecoder(TargetModel& target, DrafterTrainer& drafter, const Ctx& ctx, int64_t max_tokens)
-    : target_(target), drafter_(drafter), ctx_(ctx), max_tokens_(max_tokens) {
+SpecDecoder::SpecDecoder(TargetModel& target, DrafterTrainer& drafter, const Ctx& ctx, int64_t max_tokens,
+                         int64_t packed_tokens, int prompt_batch)
+    : target_(target), drafter_(drafter), ctx_(ctx), prompt_batch_(prompt_batch), max_tokens_(max_tokens),
+      packed_tokens_(packed_tokens > 0 ? packed_tokens : max_tokens) {
   const DrafterConfig& dc = drafter.config();
   block_ = dc.block_size;
   k_ = static_cast<int>(dc.target_layer_ids.size());
@@ -75,180 +76,122 @@ SpecDecoder::SpecDecoder(TargetModel& target, DrafterTrainer& drafter, const Ctx
   DF_CHECK(target.capture_layers() == dc.target_layer_ids, Internal,
            "the target must capture the drafter's target_layer_ids");
   DF_CHECK(max_tokens >= block_ + 1, BadOptions, "max_tokens " << max_tokens << " below block size + 1");
+  DF_CHECK(prompt_batch >= 1, BadOptions, "a prompt batch of " << prompt_batch);
+  // One prompt alone must fit a packed forward: its reservation is at most max_tokens - block.
+  DF_CHECK(packed_tokens_ >= max_tokens - block_, Internal,
+           "packed tokens " << packed_tokens_ << " below one prompt's " << max_tokens - block_);
   const DType dt = target.activation_dtype();
   const Device dev = ctx.device;
-  tgt_features_ = Buffer(dev, dt, {k_, max_tokens, hidden_});
-  tgt_final_norm_ = Buffer(dev, dt, {max_tokens, hidden_});
-  drf_features_ = Buffer(dev, dt, {k_, max_tokens, hidden_});
-  logits_ = Buffer(dev, dt, {block_, vocab_});
+  tgt_features_ = Buffer(dev, dt, {k_, packed_tokens_, hidden_});
+  tgt_final_norm_ = Buffer(dev, dt, {packed_tokens_, hidden_});
+  // The drafter's packed forward (greedy: the lanes of a step draft together): as many blocks and tokens as
+  // the drafter takes, at most what the running prompts can need.
+  draft_anchors_ = std::min(prompt_batch, drafter.max_anchors());
+  draft_tokens_ = std::max(max_tokens, std::min(drafter.max_tokens(), packed_tokens_ + static_cast<int64_t>(prompt_batch) * block_));
+  DF_CHECK(drafter.max_tokens() >= max_tokens && draft_anchors_ >= 1, Internal,
+           "the drafter takes " << drafter.max_tokens() << " tokens and " << drafter.max_anchors()
+                                << " anchors a batch; one prompt needs " << max_tokens << " and 1");
+  drf_features_ = Buffer(dev, dt, {k_, draft_tokens_, hidden_});
+  const int64_t logit_rows = static_cast<int64_t>(prompt_batch) * block_;
+  fn_rows_ = Buffer(dev, dt, {logit_rows, hidden_});
+  logits_ = Buffer(dev, dt, {logit_rows, vocab_});
   // The drafter reads features only before its anchor, but its projection runs over every position:
   // keep the unread rows finite.
   drf_features_.zero();
-  host_logits_.resize(static_cast<size_t>(block_ * vocab_));
+  host_logits_.resize(static_cast<size_t>(logit_rows * vocab_));
 }
 
 SpecDecoder::~SpecDecoder() = default;
 
-void SpecDecoder::target_forward(const std::vector<int32_t>& seq) {
-  const int64_t T = static_cast<int64_t>(seq.size());
-  DF_CHECK(T >= 1 && T <= max_tokens_, Internal, "target forward of " << T << " tokens (limit " << max_tokens_ << ")");
-  batch_.tokens = seq;
-  batch_.cu_seqlens = {0, static_cast<int32_t>(T)};
-  batch_.loss_mask.assign(static_cast<size_t>(T), 0);
+void SpecDecoder::target_forward() {
+  const int64_t T = batch_.num_tokens();
+  DF_CHECK(T >= 1 && T <= packed_tokens_, Internal, "target forward of " << T << " tokens (limit " << packed_tokens_ << ")");
   CaptureOut out;
   out.features = leading_view(tgt_features_, {k_, T, hidden_});
   out.final_norm = leading_view(tgt_final_norm_, {T, hidden_});
   target_.forward(batch_, out);
+  packed_now_ = T;
 }
 
-void SpecDecoder::target_logits(int64_t first, int count) {
-  DF_CHECK(count >= 1 && count <= block_, Internal, "logits of " << count << " rows");
-  const Tensor fn = leading_view(tgt_final_norm_, {max_tokens_, hidden_}).slice_rows(first, first + count);
-  const Tensor lg = leading_view(logits_, {count, vocab_});
-  target_.lm_head_forward(lg, fn);
-  copy_tensor(ctx_, cpu_view(host_logits_.data(), {count, vocab_}), lg);  // complete on return
-}
-
-void SpecDecoder::target_argmax(int64_t first, int count, std::vector<int32_t>& out) {
-  target_logits(first, count);
-  out.resize(static_cast<size_t>(count));
-  for (int r = 0; r < count; ++r) {
-    const float* row = host_logits_.data() + static_cast<size_t>(r) * static_cast<size_t>(vocab_);
-    out[r] = static_cast<int32_t>(std::max_element(row, row + vocab_) - row);  // first of equal maxima
+void SpecDecoder::target_logits(const std::vector<std::pair<int64_t, int>>& rows) {
+  const Tensor fn = leading_view(tgt_final_norm_, {packed_now_, hidden_});
+  int64_t total = 0;
+  for (const auto& [first, count] : rows) {
+    DF_CHECK(count >= 1 && count <= block_ && first >= 0 && first + count <= packed_now_, Internal,
+             "logits of rows [" << first << ", " << first + count << ") of " << packed_now_);
+    total += count;
   }
+  DF_CHECK(total >= 1 && total <= fn_rows_.t().shape[0], Internal, "logits of " << total << " rows");
+  // Gathered into one [total, H] block so that one lm_head GEMM serves every prompt of the step.
+  const Tensor gathered = leading_view(fn_rows_, {total, hidden_});
+  int64_t at = 0;
+  for (const auto& [first, count] : rows) {
+    copy_tensor(ctx_, gathered.slice_rows(at, at + count), fn.slice_rows(first, first + count));
+    at += count;
+  }
+  const Tensor lg = leading_view(logits_, {total, vocab_});
+  target_.lm_head_forward(lg, gathered);
+  copy_tensor(ctx_, cpu_view(host_logits_.data(), {total, vocab_}), lg);  // complete on return
 }
 
-void SpecDecoder::draft(const std::vector<int32_t>& x, int64_t seq_len, int block_rows, std::vector<int32_t>& out) {
-  const int64_t n = static_cast<int64_t>(x.size()) - 1;  // the anchor: x[n] has no features yet
-  const int64_t T = n + block_;
-  DF_CHECK(n <= seq_len && T <= max_tokens_, Internal, "draft at " << n << " of " << seq_len << " tokens");
-  // The block after the anchor: any ids (the drafter sees mask tokens there), loss_mask 1 so that every
-  // position gets its row. All B positions, also for a shorter block: the drafter hides the rows from
-  // block_rows on (draft_block).
-  batch_.tokens.assign(x.begin(), x.end());
-  batch_.tokens.resize(static_cast<size_t>(T), mask_token_);
-  batch_.cu_seqlens = {0, static_cast<int32_t>(T)};
-  batch_.loss_mask.assign(static_cast<size_t>(T), 0);
-  std::fill(batch_.loss_mask.begin() + n + 1, batch_.loss_mask.end(), uint8_t{1});
-  const Tensor src = leading_view(tgt_features_, {k_, seq_len, hidden_});
+void SpecDecoder::draft(Lane& lane, int block_rows) {
+  std::vector<Lane*> one = {&lane};
+  draft_together(one, block_rows);
+}
+
+void SpecDecoder::draft_together(const std::vector<Lane*>& lanes, int block_rows) {
+  // Each lane's sequence: x[0..n] then the block after its anchor x[n] (any ids: the drafter sees mask tokens
+  // there), loss_mask 1 so that every block position gets its row. All B positions, also for a shorter block:
+  // the drafter hides the rows from block_rows on (draft_blocks).
+  draft_batch_.tokens.clear();
+  draft_batch_.loss_mask.clear();
+  draft_batch_.cu_seqlens.assign(1, 0);
+  std::vector<int64_t> anchors;
+  for (Lane* l : lanes) {
+    const int64_t n = static_cast<int64_t>(l->x.size()) - 1;  // the anchor: x[n] has no features yet
+    DF_CHECK(n <= l->seq_len, Internal, "draft at " << n << " of " << l->seq_len << " tokens");
+    anchors.push_back(draft_batch_.num_tokens() + n);
+    draft_batch_.tokens.insert(draft_batch_.tokens.end(), l->x.begin(), l->x.end());
+    draft_batch_.tokens.resize(draft_batch_.tokens.size() + static_cast<size_t>(block_ - 1), mask_token_);
+    draft_batch_.loss_mask.resize(draft_batch_.tokens.size() - static_cast<size_t>(block_ - 1), 0);
+    draft_batch_.loss_mask.resize(draft_batch_.tokens.size(), 1);
+    draft_batch_.cu_seqlens.push_back(static_cast<int32_t>(draft_batch_.num_tokens()));
+  }
+  const int64_t T = draft_batch_.num_tokens();
+  DF_CHECK(T <= draft_tokens_ && static_cast<int>(lanes.size()) <= draft_anchors_, Internal,
+           "a draft of " << lanes.size() << " blocks, " << T << " tokens (limits " << draft_anchors_ << ", " << draft_tokens_ << ")");
+  // Each lane's features: its sequence in the last packed target forward, from its offset.
+  const Tensor src = leading_view(tgt_features_, {k_, packed_now_, hidden_});
   const Tensor dst = leading_view(drf_features_, {k_, T, hidden_});
-  if (n > 0)
-    for (int k = 0; k < k_; ++k) copy_tensor(ctx_, feature_rows(dst, k, n), feature_rows(src, k, n));
+  for (size_t i = 0; i < lanes.size(); ++i) {
+    const int64_t n = static_cast<int64_t>(lanes[i]->x.size()) - 1, at = draft_batch_.cu_seqlens[i];
+    if (n > 0)
+      for (int k = 0; k < k_; ++k) copy_tensor(ctx_, feature_rows(dst, k, at, n), feature_rows(src, k, lanes[i]->offset, n));
+  }
   FeatureBatch fb;
-  fb.batch = &batch_;
+  fb.batch = &draft_batch_;
   fb.features = dst;
-  out = drafter_.draft_block(fb, n, block_rows);
-}
-
-SpecDecodeResult SpecDecoder::generate(const std::vector<int32_t>& prompt, int max_new_tokens,
-                                       const std::vector<int32_t>& stop) {
-  using clock = std::chrono::steady_clock;
-  const auto t0 = clock::now();
-  const int64_t m = static_cast<int64_t>(prompt.size());
-  DF_CHECK(m >= 1 && max_new_tokens >= 1 && m + max_new_tokens + block_ <= max_tokens_, BadOptions,
-           "a prompt of " << m << " tokens + " << max_new_tokens << " new + block " << block_ << " exceeds "
-                          << max_tokens_ << " tokens");
-  SpecDecodeResult res;
-  std::vector<int32_t> x = prompt, drafts, posterior;
-  // Prefill: the prompt's features and the target's first token.
-  target_forward(x);
-  int64_t seq_len = m;
-  const bool sampled = sampling_.temperature > 0.f;
-  std::vector<double> p;
-  auto target_probs = [&](int row) {  // sampling_probs of target logits row `row` of the last target_logits
-    sampling_probs(host_logits_.data() + static_cast<size_t>(row) * static_cast<size_t>(vocab_), vocab_, sampling_, p);
-  };
-  int32_t first;
-  if (sampled) {
-    target_logits(m - 1, 1);
-    target_probs(0);
-    first = draw(p);
-  } else {
-    target_argmax(m - 1, 1, posterior);
-    first = posterior[0];
-  }
-  x.push_back(first);
-  bool stopped = is_stop(first, stop);
-  const int B = block_;
-  // The official loop's bounds and count (official_step_count): x[n] is its output_ids[start].
-  const int64_t max_length = m + max_new_tokens;
-  while (!stopped && static_cast<int64_t>(x.size()) < max_length) {
-    const int64_t n = static_cast<int64_t>(x.size()) - 1;
-    // The block of V rows: B, or near the limit the rows left (the official loop's verify_size): the drafter
-    // drafts V - 1 tokens as a drafter of block size V would, the target verifies V rows.
-    const int V = official_verify_rows(B, n, max_length);
-    if (sampled) draft_sampled(x, seq_len, V, drafts);
-    else draft(x, seq_len, V, drafts);
-    DF_CHECK(static_cast<int>(drafts.size()) == V - 1, Internal, drafts.size() << " drafts for a block of " << V);
-    std::vector<int32_t> verify = x;
-    verify.insert(verify.end(), drafts.begin(), drafts.end());
-    target_forward(verify);
-    seq_len = n + V;
-    int a = 0;
-    int32_t bonus = 0;
-    if (!sampled) {
-      target_argmax(n, V, posterior);
-      a = accepted_prefix(drafts.data(), posterior.data(), V - 1);
-      bonus = posterior[a];
-    } else {
-      target_logits(n, V);
-      // the draft probability of token d at row j: q over the vocabulary (DFlash) or over the candidates
-      auto q_of = [&](int j, int32_t d) {
-        if (q_ids_.empty()) return q_rows_[j][static_cast<size_t>(d)];
-        const size_t K = q_rows_[j].size();
-        double q = 0;
-        for (size_t i = 0; i < K; ++i) q += q_ids_[j * K + i] == d ? q_rows_[j][i] : 0.0;
-        return q;
-      };
-      for (; a < V - 1; ++a) {  // accept while u q(d) < p(d)
-        target_probs(a);
-        if (!(rng_.uniform() * q_of(a, drafts[a]) < p[static_cast<size_t>(drafts[a])])) break;
-      }
-      target_probs(a);  // row a: the bonus's distribution (all accepted: the last verified row, p itself)
-      if (a < V - 1) {  // the residual max(0, p - q), renormalised; p itself where it is all zero
-        std::vector<double> r = p;
-        if (q_ids_.empty()) {
-          for (size_t v = 0; v < r.size(); ++v) r[v] -= q_rows_[a][v];
-        } else {
-          const size_t K = q_rows_[a].size();
-          for (size_t i = 0; i < K; ++i) r[static_cast<size_t>(q_ids_[a * K + i])] -= q_rows_[a][i];
-        }
-        double total = 0;
-        for (double& v : r) total += v = std::max(v, 0.0);
-        bonus = draw(total > 0 ? r : p);
-      } else {
-        bonus = draw(p);
-      }
-    }
-    std::vector<int32_t> kept(drafts.begin(), drafts.begin() + a);
-    kept.push_back(bonus);
-    const OfficialStep step = official_step_count(kept, n, max_length, stop);
-    x.insert(x.end(), kept.begin(), kept.begin() + step.produced);
-    stopped = step.stopped;
-    res.acceptance.push_back(step.produced);
-  }
-  const int64_t end = std::min<int64_t>(static_cast<int64_t>(x.size()), m + max_new_tokens);
-  res.tokens.assign(x.begin() + m, x.begin() + end);
-  for (size_t i = 0; i < res.tokens.size(); ++i)
-    if (is_stop(res.tokens[i], stop)) {
-      res.tokens.resize(i + 1);
-      break;
-    }
-  res.seconds = std::chrono::duration<double>(clock::now() - t0).count();
-  return res;
+  std::vector<std::vector<int32_t>> drafts = drafter_.draft_blocks(fb, anchors, block_rows);
+  for (size_t i = 0; i < lanes.size(); ++i) lanes[i]->drafts = std::move(drafts[i]);
 }
 
 std::vector<int32_t> SpecDecoder::greedy(const std::vector<int32_t>& prompt, int max_new_tokens,
                                          const std::vector<int32_t>& stop) {
-  std::vector<int32_t> x = prompt, next;
+  std::vector<int32_t> x = prompt;
   const int64_t m = static_cast<int64_t>(prompt.size());
-  DF_CHECK(m >= 1 && m + max_new_tokens <= max_tokens_, BadOptions,
+  DF_CHECK(m >= 1 && m + max_new_tokens <= std::min(max_tokens_, packed_tokens_), BadOptions,
            "a prompt of " << m << " tokens + " << max_new_tokens << " new exceeds " << max_tokens_ << " tokens");
   for (int i = 0; i < max_new_tokens; ++i) {
-    target_forward(x);
-    target_argmax(static_cast<int64_t>(x.size()) - 1, 1, next);
-    x.push_back(next[0]);
-    if (is_stop(next[0], stop)) break;
+    const int64_t T = static_cast<int64_t>(x.size());
+    batch_.tokens = x;
+    batch_.cu_seqlens = {0, static_cast<int32_t>(T)};
+    batch_.loss_mask.assign(static_cast<size_t>(T), 0);
+    target_forward();
+    target_logits({{T - 1, 1}});
+    const float* row = logits_row(0);
+    const auto next = static_cast<int32_t>(std::max_element(row, row + vocab_) - row);  // first of equal maxima
+    x.push_back(next);
+    if (is_stop(next, stop)) break;
   }
   return std::vector<int32_t>(x.begin() + m, x.end());
 }
@@ -292,15 +235,14 @@ void sampling_probs(const float* logits, int64_t V, const SamplingSpec& s, std::
 
 void SpecDecoder::set_sampling(const SamplingSpec& s) {
   sampling_ = s;
-  rng_ = Rng(s.seed);
   if (s.temperature > 0.f && drafter_.config().arch == DraftArch::DFlash && draft_logits_.t().empty())
     draft_logits_ = Buffer(ctx_.device, target_.activation_dtype(), {block_, vocab_});
 }
 
-int32_t SpecDecoder::draw(const std::vector<double>& p) {  // inverse CDF in id order (torch.multinomial's law)
+int32_t draw_from(const std::vector<double>& p, Rng& rng) {  // inverse CDF in id order (torch.multinomial's law)
   double total = 0;
   for (double x : p) total += x;
-  const double u = rng_.uniform() * total;
+  const double u = rng.uniform() * total;
   double acc = 0;
   int32_t last = 0;
   for (size_t i = 0; i < p.size(); ++i) {
@@ -311,43 +253,41 @@ int32_t SpecDecoder::draw(const std::vector<double>& p) {  // inverse CDF in id 
   return last;
 }
 
-void SpecDecoder::draft_sampled(const std::vector<int32_t>& x, int64_t seq_len, int block_rows,
-                                std::vector<int32_t>& out) {
+void SpecDecoder::draft_sampled(Lane& lane, int block_rows) {
   const int n = block_rows - 1;
-  q_rows_.assign(static_cast<size_t>(n), {});
+  lane.q_rows.assign(static_cast<size_t>(n), {});
   if (drafter_.config().arch == DraftArch::DFlash2) {
     // the selector's sampled walk: q over the candidates (temperature only, as the official propose)
-    std::vector<int32_t> greedy;
-    draft(x, seq_len, block_rows, greedy);  // builds the block and runs the forward (the walk below reuses it)
+    draft(lane, block_rows);  // builds the block and runs the forward (the walk below reuses it)
     std::vector<float> q;
-    const int64_t anchor = static_cast<int64_t>(x.size()) - 1;
+    const int64_t anchor = static_cast<int64_t>(lane.x.size()) - 1;
     FeatureBatch fb;
-    fb.batch = &batch_;
+    fb.batch = &draft_batch_;
     fb.features = leading_view(drf_features_, {k_, anchor + block_, hidden_});
-    out = drafter_.draft_block_sampled(fb, anchor, block_rows, sampling_.temperature, [this] { return rng_.uniform(); },
-                                       q, q_ids_);
+    Rng& rng = lane.rng;
+    lane.drafts = drafter_.draft_block_sampled(fb, anchor, block_rows, sampling_.temperature,
+                                               [&rng] { return rng.uniform(); }, q, lane.q_ids);
     const size_t K = q.size() / static_cast<size_t>(n);
-    for (int j = 0; j < n; ++j) q_rows_[j].assign(q.begin() + j * K, q.begin() + (j + 1) * K);
+    for (int j = 0; j < n; ++j) lane.q_rows[j].assign(q.begin() + j * K, q.begin() + (j + 1) * K);
     return;
   }
   // DFlash: the drafter's logits = the target's lm_head over its hidden rows 1..V-1, compute_logits' transform,
   // then sampling_probs with the same top-p / top-k, one draw a row
-  std::vector<int32_t> greedy;
-  draft(x, seq_len, block_rows, greedy);
+  draft(lane, block_rows);
   const Tensor h = drafter_.draft_hidden().slice_rows(1, block_rows);
   const Tensor lg = leading_view(draft_logits_, {n, vocab_});
   target_.lm_head_forward(lg, h);
   std::vector<float> host(static_cast<size_t>(n * vocab_));
   copy_tensor(ctx_, cpu_view(host.data(), {n, vocab_}), lg);
   const ops::LogitSpec logit = ops::logit_spec(drafter_.config());
-  out.resize(static_cast<size_t>(n));
+  lane.drafts.resize(static_cast<size_t>(n));
   for (int j = 0; j < n; ++j) {
     float* row = host.data() + static_cast<size_t>(j) * vocab_;
     ops::transform_logits_in_place(row, vocab_, logit);
-    sampling_probs(row, vocab_, sampling_, q_rows_[j]);
-    out[j] = draw(q_rows_[j]);
+    sampling_probs(row, vocab_, sampling_, lane.q_rows[j]);
+    lane.drafts[j] = draw_from(lane.q_rows[j], lane.rng);
   }
-  q_ids_.clear();
+  lane.q_ids.clear();
 }
 
 }  // namespace dflash

@@ -43,18 +43,24 @@ DrafterTau::DrafterTau(const JobContext& job, DrafterTrainer& trainer) : job_(jo
   const DrafterConfig& dc = trainer.config();
   const int64_t max_tokens = static_cast<int64_t>(p.longest()) + o.eval_tau_max_new_tokens + dc.block_size;
   DF_CHECK(max_tokens <= o.token_budget, Internal, "tau decoding needs " << max_tokens << " tokens, above --token-budget");
-  target_ = make_target_model(job.plan.target, o.target_dir, job.ctx, dc.target_layer_ids, max_tokens);
-  decoder_ = std::make_unique<SpecDecoder>(*target_, trainer, job.ctx, max_tokens);
+  // --eval-tau-prompt-batch of this drafter's prompts decode together, one packed target forward of at most
+  // --token-budget tokens (the bound the target ranks' own forwards have).
+  std::vector<size_t> lengths;
+  for (size_t i : mine_) lengths.push_back(p.ids[i].size());
+  const int64_t packed = std::max(max_tokens, packed_tokens_for(lengths, o.eval_tau_max_new_tokens, o.eval_tau_prompt_batch,
+                                                                 o.token_budget, "--token-budget"));
+  target_ = make_target_model(job.plan.target, o.target_dir, job.ctx, dc.target_layer_ids, packed);
+  decoder_ = std::make_unique<SpecDecoder>(*target_, trainer, job.ctx, max_tokens, packed, o.eval_tau_prompt_batch);
   if (!topo.is_metrics_writer()) return;
   std::string stops;
   for (int32_t s : stop_) stops += " " + std::to_string(s);
   std::printf("[dflash] eval tau: %zu prompt(s) of %s (skipped: %zu with no prompt, %zu longer than %d tokens), %d new "
-              "tokens each, stop ids%s; every %lld step(s) and after the last; each drafter decodes its share (%zu here) "
-              "with its own copy of the target (dflash-eval --max-prompts %d --max-prompt-length %d --max-new-tokens %d "
+              "tokens each, stop ids%s; every %lld step(s) and after the last; each drafter decodes its share (%zu here, %d "
+              "at a time in packed forwards of <= %lld tokens) with its own copy of the target (dflash-eval --max-prompts %d --max-prompt-length %d --max-new-tokens %d "
               "measures the same)\n",
               p.ids.size(), o.eval_data.c_str(), p.no_prompt, p.too_long, tau_max_prompt_length(o, dc.block_size),
               o.eval_tau_max_new_tokens, stops.empty() ? " none" : stops.c_str(), static_cast<long long>(o.eval_tau_every),
-              mine_.size(), o.eval_tau_prompts, tau_max_prompt_length(o, dc.block_size), o.eval_tau_max_new_tokens);
+              mine_.size(), o.eval_tau_prompt_batch, static_cast<long long>(packed), o.eval_tau_prompts, tau_max_prompt_length(o, dc.block_size), o.eval_tau_max_new_tokens);
   std::fflush(stdout);
 }
 
@@ -63,12 +69,13 @@ DrafterTau::~DrafterTau() = default;
 TauSums DrafterTau::measure(const std::function<void()>& progress) {
   const auto t0 = mpi::Clock::now();
   TauSums sums;
-  for (size_t i : mine_) {
-    sums.add(decoder_->generate(job_.tau_prompts->ids[i], job_.opt.eval_tau_max_new_tokens, stop_));
-    if (progress) progress();
-  }
+  std::vector<DecodePrompt> todo;
+  for (size_t i : mine_) todo.push_back({&job_.tau_prompts->ids[i], i});  // stream: the prompt's index, as dflash-eval
+  for (const SpecDecodeResult& r : decoder_->generate_batch(todo, job_.opt.eval_tau_max_new_tokens, stop_, progress))
+    sums.add(r);
   // The targets wait for credits meanwhile, against --peer-timeout: say so well before it bites.
   const double took = mpi::seconds_since(t0), limit = job_.opt.peer_timeout_s;
+  sums.seconds = took;  // the prompts decoded together: their own times overlap
   if (took > 0.5 * limit) {
     std::fprintf(stderr,
                  "[dflash] warning: rank %d measured tau in %.0f s, over half of --peer-timeout %.0f s (the targets wait "

@@ -70,6 +70,21 @@ TEST(TauSchedule, ThePromptLimitLeavesRoomForNewTokensAndTheBlock) {
   EXPECT_EQ(tau_max_prompt_length(o, 16), kDefaultMaxPromptLength);  // dflash-eval's default
 }
 
+// dflash-train's --eval-tau-prompt-batch defaults to dflash-eval's --prompt-batch (one constant, one number).
+TEST(TauSchedule, PromptBatchDefaultIsDflashEvals) { EXPECT_EQ(Options{}.eval_tau_prompt_batch, kDefaultPromptBatch); }
+
+// The packed forward's capacity: the prompt_batch largest reservations (prompt + new tokens), capped at the
+// limit; a limit below the longest alone is refused, naming the option.
+TEST(TauSchedule, PackedTokensHoldTheLargestPromptsUpToTheLimit) {
+  const std::vector<size_t> m = {10, 40, 25, 5};
+  EXPECT_EQ(packed_tokens_for(m, 8, 2, 1000, "--x"), (40 + 8) + (25 + 8));
+  EXPECT_EQ(packed_tokens_for(m, 8, 16, 1000, "--x"), 10 + 40 + 25 + 5 + 4 * 8);
+  EXPECT_EQ(packed_tokens_for(m, 8, 16, 60, "--x"), 60);
+  EXPECT_EQ(packed_tokens_for({}, 8, 16, 60, "--x"), 0);
+  EXPECT_EXIT(packed_tokens_for(m, 8, 1, 47, "--max-batch-tokens"), ::testing::ExitedWithCode(2),
+              "--max-batch-tokens 47 holds no batch: the longest prompt with its new tokens needs 48");
+}
+
 TEST(TauSchedule, NoRoomForAPromptIsRefused) {
   Options o;
   o.token_budget = 100;
