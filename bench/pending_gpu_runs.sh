@@ -124,7 +124,7 @@ for part in "$@"; do
       esac
       say "$part: ${stages[*]}"
       Q=(env WORK="$ROOT/runs/q$h" BIN="$B" HIDDEN=$h TARGET_SECONDS=90 BUDGETS=40,80 OURS_LAYOUT=colocated
-         A_CALIB_STEPS=60 B_CALIB_STEPS=16 CALIB_STEPS=60 EVAL_JOBS=8 PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True)
+         A_CALIB_STEPS=60 B_CALIB_STEPS=16 CALIB_STEPS=60 EVAL_JOBS=1 PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True)
       # quality4: sampled decoding (T = 1); greedy's eval of 10 drafters took ~7 min of one call (one prompt at
       # a time), so the two do not share a call
       [ $part = quality4 ] && Q+=(EVAL_TEMPERATURE=1)
@@ -140,7 +140,7 @@ for part in "$@"; do
       esac
       say "$part: ${stages[*]}"
       WORK="$ROOT/runs/q$h" BIN="$B" HIDDEN=$h TARGET_SECONDS=300 TARGET_ARGS="--micro-batch 2" BUDGETS=60,120 \
-        OURS_LAYOUT=colocated A_CALIB_STEPS=60 B_CALIB_STEPS=16 EVAL_JOBS=8 \
+        OURS_LAYOUT=colocated A_CALIB_STEPS=60 B_CALIB_STEPS=16 EVAL_JOBS=1 \
         PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True timeout $((590 - (SECONDS - T0))) \
         bash "$ROOT/bench/quality/run.sh" "$O/q" "${stages[@]}" | tail -30
       [ $part = wide3 ] && cat "$O/q"/results*.md > "$O/summary.txt"
