@@ -9,8 +9,8 @@
 #   bash bench/pending_gpu_runs.sh BIN OUT dflash2    # ~4 min: the 27B DFlash2 step with the release's heads vs PyTorch
 #   bash bench/pending_gpu_runs.sh BIN OUT quality1   # ~6 min: tau table at hidden 2048, colocated: target, reference, ours-a
 #   bash bench/pending_gpu_runs.sh BIN OUT quality2   # ~7 min: ours-b (per record), ours-c / ours-d (DFlash2 strict / insert)
-#   bash bench/pending_gpu_runs.sh BIN OUT quality3   # ~7 min: eval greedy, the table
-#   bash bench/pending_gpu_runs.sh BIN OUT quality4   # ~8 min: eval sampled (T = 1), its table
+#   bash bench/pending_gpu_runs.sh BIN OUT quality3   # eval greedy, the table (~7 min one prompt at a time; batched: not yet timed)
+#   bash bench/pending_gpu_runs.sh BIN OUT quality4   # eval sampled (T = 1), its table
 #   bash bench/pending_gpu_runs.sh BIN OUT wide1      # ~8 min: hidden 4096: the target trained 300 s, the reference
 #   bash bench/pending_gpu_runs.sh BIN OUT wide2      # ~6 min: hidden 4096: ours-a, ours-b (colocated)
 #   bash bench/pending_gpu_runs.sh BIN OUT wide3      # ~3 min: hidden 4096: eval (greedy), the table
@@ -52,7 +52,7 @@ for part in "$@"; do
       # the GPU tests (the Fp8Dequant path, the FP8 plan cache, the tolerances set from the H100 run of
       # bench/results/h100-issue44-45-46-20261206b), the FP8 wire end to end, the colocated layout
       say "checks"
-      SKIP_SM120=1 GPU_E2E="hs_fp8 colocated fp8_target" timeout 260 bash "$ROOT/bench/pipeline/gpu_checks.sh" "$B" "$O/checks"
+      SKIP_SM120=1 GPU_E2E="hs_fp8 colocated fp8_target eval_tau" timeout 300 bash "$ROOT/bench/pipeline/gpu_checks.sh" "$B" "$O/checks"
       cp "$O/checks/summary.txt" "$O/summary.txt"
       say "cuBLASLt's FP8 scaling modes at the targets' shapes"
       # --search: the per-token GEMM's whole algorithm space (the heuristic offers one algorithm; at the 27B
@@ -130,6 +130,17 @@ for part in "$@"; do
       [ $part = quality4 ] && Q+=(EVAL_TEMPERATURE=1)
       "${Q[@]}" timeout $((590 - (SECONDS - T0))) bash "$ROOT/bench/quality/run.sh" "$O/q" "${stages[@]}" | tail -30
       case $part in quality3|quality4) cat "$O/q"/results*.md > "$O/summary.txt" ;; esac
+      if [ $part = quality3 ]; then  # the batched decoder's speed: one drafter, 16 prompts, one at a time vs together
+        d=$(ls -d "$ROOT/runs/q$h"/ours-a/checkpoints/step-*/drafter | tail -1)
+        for pb in 1 16; do
+          t0=$(date +%s.%N)
+          timeout 200 "$(prog dflash-eval)" --backend cuda --target "$ROOT/runs/q$h/target" --drafter "$d" \
+            --prompts "$ROOT/runs/q$h/data/heldout.h5" --max-prompts 16 --max-new-tokens 128 --max-prompt-length 1024 \
+            --prompt-batch $pb --json "$O/pb$pb.json" > "$O/pb$pb.log" 2>&1
+          echo "dflash-eval --prompt-batch $pb (16 prompts): $(echo "$(date +%s.%N) - $t0" | bc) s, $(grep -h '^tau' "$O/pb$pb.log")" |
+            tee -a "$O/summary.txt"
+        done
+      fi
       pack "$O" ;;
     wide1|wide2|wide3)
       h=4096
