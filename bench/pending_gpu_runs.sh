@@ -137,7 +137,7 @@ for part in "$@"; do
           timeout 200 "$(prog dflash-eval)" --backend cuda --target "$ROOT/runs/q$h/target" --drafter "$d" \
             --prompts "$ROOT/runs/q$h/data/heldout.h5" --max-prompts 16 --max-new-tokens 128 --max-prompt-length 1024 \
             --prompt-batch $pb --json "$O/pb$pb.json" > "$O/pb$pb.log" 2>&1
-          echo "dflash-eval --prompt-batch $pb (16 prompts): $(echo "$(date +%s.%N) - $t0" | bc) s, $(grep -h '^tau' "$O/pb$pb.log")" |
+          echo "dflash-eval --prompt-batch $pb (16 prompts): $(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }') s, $(grep -h '^tau' "$O/pb$pb.log")" |
             tee -a "$O/summary.txt"
         done
       fi
