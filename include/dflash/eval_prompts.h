@@ -21,9 +21,10 @@ namespace dflash {
 // Prompts longer than this are skipped (dflash-eval's --max-prompt-length default; dflash-train lowers it
 // where --token-budget leaves less room, src/runtime/drafter_tau.h).
 constexpr int kDefaultMaxPromptLength = 2048;
-// Prompts decoding together (SpecDecoder::generate_batch): dflash-eval's --prompt-batch and dflash-train's
-// --eval-tau-prompt-batch default. Enough rows per target forward to keep a GPU busier than one short
-// sequence does; each holds prompt + new tokens of the packed forward's buffers.
+// Prompts decoding together (SpecDecoder::generate_batch): dflash-eval's --prompt-batch default. Enough rows per
+// target forward to keep a GPU busier than one short sequence does; each holds prompt + new tokens of the packed
+// forward's buffers. (dflash-train's --eval-tau-prompt-batch defaults to 1: there the target copy's packed
+// activations sit on a drafter rank beside training, and the dry run's memory plan does not count them.)
 constexpr int kDefaultPromptBatch = 16;
 
 struct EvalPrompts {

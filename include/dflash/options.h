@@ -70,7 +70,9 @@ struct Options {
   int64_t eval_tau_every = 0;
   int eval_tau_prompts = 32;
   int eval_tau_max_new_tokens = 128;
-  int eval_tau_prompt_batch = 16;  // --eval-tau-prompt-batch: kDefaultPromptBatch (include/dflash/eval_prompts.h)
+  // --eval-tau-prompt-batch: 1 (one prompt at a time, as before batching): > 1 sizes the drafter rank's target
+  // copy for a packed forward of up to --token-budget tokens, memory the dry run does not count
+  int eval_tau_prompt_batch = 1;
   // --eval-max-tokens: the most tokens of --eval-data evaluated (their features are kept on the drafters'
   // hosts); a larger file is evaluated on a fixed sample of its records (include/dflash/eval_set.h).
   // 0 = auto: what one drafter's eval-feature budget holds.

@@ -404,7 +404,7 @@ std::vector<OptionRow> option_rows(Options& o) {
            at_least(int64_t{0}), ">= 0 (0 = off)");
   t.number("eval-tau-prompts", &o.eval_tau_prompts, "N", "with --eval-tau-every: the first N usable prompts of the eval set (a record's tokens before its first loss_mask 1), split among the drafters", at_least(1), ">= 1");
   t.number("eval-tau-max-new-tokens", &o.eval_tau_max_new_tokens, "N", "with --eval-tau-every: tokens generated per prompt", at_least(1), ">= 1");
-  t.number("eval-tau-prompt-batch", &o.eval_tau_prompt_batch, "N", "with --eval-tau-every: prompts each drafter decodes together, one packed target forward of at most --token-budget tokens per step (as dflash-eval --prompt-batch: the same tau; 1 = one after another)", at_least(1), ">= 1");
+  t.number("eval-tau-prompt-batch", &o.eval_tau_prompt_batch, "N", "with --eval-tau-every: prompts each drafter decodes together, one packed target forward of at most --token-budget tokens per step (as dflash-eval --prompt-batch: the same tau); 1 = one after another (> 1: the drafter rank's target copy holds that packed forward's activations, which --dry-run does not count)", at_least(1), ">= 1");
 
   t.section = S::Output;
   t.number("log-every", &o.log_every, "N", "status line and rank timings every N steps", at_least(1), ">= 1");

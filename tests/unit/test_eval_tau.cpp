@@ -70,8 +70,12 @@ TEST(TauSchedule, ThePromptLimitLeavesRoomForNewTokensAndTheBlock) {
   EXPECT_EQ(tau_max_prompt_length(o, 16), kDefaultMaxPromptLength);  // dflash-eval's default
 }
 
-// dflash-train's --eval-tau-prompt-batch defaults to dflash-eval's --prompt-batch (one constant, one number).
-TEST(TauSchedule, PromptBatchDefaultIsDflashEvals) { EXPECT_EQ(Options{}.eval_tau_prompt_batch, kDefaultPromptBatch); }
+// dflash-train's --eval-tau-prompt-batch defaults to one prompt at a time (a drafter rank's memory as the dry run
+// counts it); dflash-eval, a process of its own, packs kDefaultPromptBatch.
+TEST(TauSchedule, InRunPromptBatchDefaultsToOne) {
+  EXPECT_EQ(Options{}.eval_tau_prompt_batch, 1);
+  EXPECT_GT(kDefaultPromptBatch, 1);
+}
 
 // The packed forward's capacity: the prompt_batch largest reservations (prompt + new tokens), capped at the
 // limit; a limit below the longest alone is refused, naming the option.
