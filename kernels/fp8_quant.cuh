@@ -57,4 +57,27 @@ __device__ __forceinline__ uint2 fp8_codes8(const uint4& v, float s) {
   return uint2{out[0], out[1]};
 }
 
+// One block per row, each thread holding kChunks of its 16-byte chunks (chunk c at threadIdx.x + i * blockDim.x):
+// the block's amax gives the row's scale, each thread stores the codes of the chunks it holds (8 a store), thread
+// 0 the scale. Every thread of the block calls it (block_max synchronises).
+template <int kChunks>
+__device__ __forceinline__ void store_row_codes(const uint4 (&held)[kChunks], float amax, float* scratch, uint2* codes,
+                                                float* scale, int chunks) {
+  const float s = fp8_row_scale(block_max(amax, scratch));
+#pragma unroll
+  for (int i = 0; i < kChunks; ++i) {
+    const int c = threadIdx.x + i * blockDim.x;
+    if (c < chunks) codes[c] = fp8_codes8(held[i], s);
+  }
+  if (threadIdx.x == 0) *scale = s;
+}
+
+// The threads of such a block: the fewest whole warps that cover `chunks` at kChunks each (4096 wide at 4 a
+// thread: 128; 12288: 384).
+template <int kChunks>
+inline int row_block_threads(int64_t chunks) {
+  const int64_t per_thread = (chunks + kChunks - 1) / kChunks;
+  return static_cast<int>(per_thread <= 32 ? 32 : (per_thread + 31) / 32 * 32);
+}
+
 }  // namespace dflash::cuda

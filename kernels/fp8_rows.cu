@@ -9,7 +9,6 @@
 // Other rows: one warp per row, two passes over it with 2-byte loads (the second from cache).
 #include "fp8_rows.cuh"
 
-#include <algorithm>
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -64,14 +63,7 @@ __global__ void rows_quantize_vec_kernel(uint2* __restrict__ codes, float* __res
   }
 #pragma unroll
   for (int i = 0; i < kRowChunks; ++i) amax = amax8(held[i], amax);
-  const float s = fp8_row_scale(block_max(amax, scratch));
-  uint2* q = codes + row * chunks;
-#pragma unroll
-  for (int i = 0; i < kRowChunks; ++i) {
-    const int c = threadIdx.x + i * blockDim.x;
-    if (c < chunks) q[c] = fp8_codes8(held[i], s);
-  }
-  if (threadIdx.x == 0) scales[row] = s;
+  store_row_codes(held, amax, scratch, codes + row * chunks, scales + row, chunks);
 }
 
 __global__ void rows_dequantize_kernel(__nv_bfloat16* __restrict__ out, const __nv_fp8_storage_t* __restrict__ codes,
@@ -99,9 +91,7 @@ void launch_rows_quantize(const Ctx& ctx, void* codes, float* scales, const void
   const bool vec = H % 8 == 0 && chunks <= 1024 * kRowChunks && aligned16(in) &&
                    (reinterpret_cast<uintptr_t>(codes) & 7) == 0 && N < (int64_t(1) << 31);
   if (vec) {
-    // The fewest whole warps that cover the row at kRowChunks chunks each: 4096 -> 128 threads, 12288 -> 384.
-    const int64_t per_thread = (chunks + kRowChunks - 1) / kRowChunks;
-    const int threads = static_cast<int>(std::max<int64_t>(32, (per_thread + 31) / 32 * 32));
+    const int threads = row_block_threads<kRowChunks>(chunks);
     rows_quantize_vec_kernel<<<static_cast<unsigned>(N), threads, 0, stream>>>(
         static_cast<uint2*>(codes), scales, static_cast<const uint4*>(in), static_cast<int>(chunks));
   } else {

@@ -108,14 +108,7 @@ __global__ void swiglu_fp8_kernel(uint4* __restrict__ out, uint2* __restrict__ c
     amax = amax8(g[i], amax);
     if (out && c < units) out[row * units + c] = g[i];
   }
-  const float s = fp8_row_scale(block_max(amax, scratch));
-  uint2* q = codes + row * units;
-#pragma unroll
-  for (int i = 0; i < kFp8Chunks; ++i) {
-    const int c = threadIdx.x + i * blockDim.x;
-    if (c < units) q[c] = fp8_codes8(g[i], s);
-  }
-  if (threadIdx.x == 0) scales[row] = s;
+  store_row_codes(g, amax, scratch, codes + row * units, scales + row, units);
 }
 
 }  // namespace
@@ -185,9 +178,7 @@ void swiglu_fp8_forward(const Ctx& ctx, const Tensor& out, const Tensor& codes, 
     swiglu_fused_forward(ctx, out, gate_up);
     return launch_rows_quantize(ctx, codes.data, static_cast<float*>(scales.data), out.data, N, I);
   }
-  // The fewest whole warps that cover the row at kFp8Chunks chunks each: I = 12288 -> 384 threads.
-  const int64_t per_thread = (units + kFp8Chunks - 1) / kFp8Chunks;
-  const int threads = static_cast<int>(std::max<int64_t>(32, (per_thread + 31) / 32 * 32));
+  const int threads = row_block_threads<kFp8Chunks>(units);  // I = 12288: 384
   swiglu_fp8_kernel<<<static_cast<unsigned>(N), threads, 0, stream_of(ctx)>>>(
       out.empty() ? nullptr : static_cast<uint4*>(out.data), static_cast<uint2*>(codes.data),
       static_cast<float*>(scales.data), static_cast<const uint4*>(gate_up.data), static_cast<int>(units));
