@@ -9,7 +9,6 @@
 // Other rows: one warp per row, two passes over it with 2-byte loads (the second from cache).
 #include "fp8_rows.cuh"
 
-
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
