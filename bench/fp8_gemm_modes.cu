@@ -33,12 +33,13 @@
 
 namespace {
 
-enum class Mode { Bf16, Block, Outer, Tensor, TensorFastAccum };
+enum class Mode { Bf16, Block, Outer, OuterFastAccum, Tensor, TensorFastAccum };
 const char* name(Mode m) {
   switch (m) {
     case Mode::Bf16: return "bf16";
     case Mode::Block: return "fp8-block128";
     case Mode::Outer: return "fp8-outer-vec";
+    case Mode::OuterFastAccum: return "fp8-outer-vec-fastacc";
     case Mode::Tensor: return "fp8-tensor";
     case Mode::TensorFastAccum: return "fp8-tensor-fastacc";
   }
@@ -61,12 +62,12 @@ struct LtGemm {
     if (fp8) {
       cublasLtMatmulMatrixScale_t mode = CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F;
       if (m == Mode::Block) mode = CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
-      if (m == Mode::Outer) mode = CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
+      if (m == Mode::Outer || m == Mode::OuterFastAccum) mode = CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
       cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &mode, sizeof(mode));
       cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mode, sizeof(mode));
       cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sa, sizeof(sa));
       cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sb, sizeof(sb));
-      const int8_t fast = m == Mode::TensorFastAccum ? 1 : 0;
+      const int8_t fast = m == Mode::TensorFastAccum || m == Mode::OuterFastAccum ? 1 : 0;
       cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof(fast));
     }
     const cudaDataType_t in_t = fp8 ? CUDA_R_8F_E4M3 : CUDA_R_16BF;
@@ -251,7 +252,7 @@ int main(int argc, char** argv) {
               "vs bf16");
   for (auto& s : shapes) {
     double bf16_ms = -1;
-    for (Mode m : {Mode::Bf16, Mode::Block, Mode::Outer, Mode::Tensor, Mode::TensorFastAccum}) {
+    for (Mode m : {Mode::Bf16, Mode::Block, Mode::Outer, Mode::OuterFastAccum, Mode::Tensor, Mode::TensorFastAccum}) {
       const bool fp8 = m != Mode::Bf16;
       fill_kernel<<<1024, 256>>>(static_cast<unsigned char*>(w), size_t(s.k) * s.o * (fp8 ? 1 : 2), 1, fp8);
       fill_kernel<<<1024, 256>>>(static_cast<unsigned char*>(x), size_t(s.k) * N * (fp8 ? 1 : 2), 2, fp8);

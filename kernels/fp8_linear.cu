@@ -13,7 +13,9 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdlib>
 #include <mutex>
+#include <string>
 
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
@@ -106,6 +108,23 @@ struct Fp8Plan : LtPlan {
 
 namespace {
 
+// Whether the per-token GEMMs accumulate in the tensor cores' fast FP8 mode (CUBLASLT_MATMUL_DESC_FAST_ACCUM:
+// no promotion of the partial sums to fp32 every few k-steps). DFLASH_FP8_ACCUMULATION=fast turns it on,
+// for the A/B of docs/fp8.md ("Accumulation"): vLLM's CUTLASS per-token FP8 GEMMs on sm_90 run fast
+// accumulation, so it is what an engine serving an FP8-Dynamic target computes; the default stays exact
+// until its hidden-state error is measured against the bf16 target. Block128 is never fast (cuBLASLt
+// rescales every 128-deep partial sum). Read once.
+bool fast_token_accumulation() {
+  static const bool on = [] {
+    const char* v = std::getenv("DFLASH_FP8_ACCUMULATION");
+    if (!v || !*v || std::string(v) == "exact") return false;
+    DF_CHECK_HINT(std::string(v) == "fast", BadOptions, "DFLASH_FP8_ACCUMULATION=" << v << " is not fast or exact",
+                  "unset it (exact accumulation) or set it to fast");
+    return true;
+  }();
+  return on;
+}
+
 // Block128: 1x128 scales on both operands (VEC128_32F); TokenChannel: one per row of each (OUTER_VEC_32F:
 // the weights' per output channel, the activations' per token).
 void create_fp8_gemm(LtPlan& p, int N, int K, int O, ops::Fp8Scaling scaling) {
@@ -118,6 +137,10 @@ void create_fp8_gemm(LtPlan& p, int N, int K, int O, ops::Fp8Scaling scaling) {
                                                : CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
   DF_CUBLAS(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &mode, sizeof(mode)));
   DF_CUBLAS(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mode, sizeof(mode)));
+  if (scaling == ops::Fp8Scaling::TokenChannel && fast_token_accumulation()) {
+    const int8_t fast = 1;
+    DF_CUBLAS(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof(fast)));
+  }
   DF_CUBLAS(cublasLtMatrixLayoutCreate(&p.a, CUDA_R_8F_E4M3, K, O, K));
   DF_CUBLAS(cublasLtMatrixLayoutCreate(&p.b, CUDA_R_8F_E4M3, K, N, K));
   DF_CUBLAS(cublasLtMatrixLayoutCreate(&p.c, CUDA_R_16BF, O, N, O));
