@@ -30,6 +30,7 @@
 #include "dflash/hf_config.h"
 #include "dflash/spec_decode.h"
 #include "dflash/target.h"
+#include "dflash/target_quant.h"
 #include "dflash/tool_args.h"
 #include "dflash/version.h"
 
@@ -62,10 +63,13 @@ const char* kUsage =
     "  --max-batch-tokens N  the most tokens one packed target forward holds: prompts wait for room\n"
     "                        (default 32768; the target's buffers are sized for min(this, what\n"
     "                        --prompt-batch prompts + their new tokens need))\n"
+    "  --target-precision P  bf16|fp8|fp8-dynamic: how the target's linears run, as dflash-train's option\n"
+    "                        (fp8 quantizes a bf16 checkpoint on load into 128x128 blocks; default: the\n"
+    "                        checkpoint's own precision): a drafter's tau under the FP8 target it is served with\n"
     "  --json PATH           write every number (per prompt and overall) as JSON\n";
 
 struct EvalArgs {
-  std::string target, drafter, prompts, json, backend = "cpu";
+  std::string target, drafter, prompts, json, backend = "cpu", target_precision;
   bool fresh = false, check_greedy = false, no_stop = false, help = false;
   int draft_layers = 1, max_prompts = 32, max_prompt_length = kDefaultMaxPromptLength, max_new_tokens = 128, gpu = 0;
   int prompt_batch = kDefaultPromptBatch;
@@ -97,6 +101,7 @@ EvalArgs parse_args(int argc, char** argv) {
     else if (args.is("--gpu")) a.gpu = static_cast<int>(args.integer(0, 1023));
     else if (args.is("--check-greedy")) args.no_value(), a.check_greedy = true;
     else if (args.is("--json")) a.json = args.value();
+    else if (args.is("--target-precision")) a.target_precision = args.value();
     else if (args.is("--prompt-batch")) a.prompt_batch = static_cast<int>(args.integer(1, 1 << 16));
     else if (args.is("--max-batch-tokens")) a.max_batch_tokens = args.integer(1, 1LL << 31);
     else if (args.is("--temperature")) a.sampling.temperature = static_cast<float>(args.real(0.0, 100.0));
@@ -130,7 +135,8 @@ int main(int argc, char** argv) {
   if (device == Device::CUDA) process_identity().gpu = a.gpu;
   const Ctx ctx = make_ctx(device, a.gpu);
 
-  const TargetConfig tcfg = load_target_config(a.target);
+  TargetConfig tcfg = load_target_config(a.target);
+  resolve_target_precision(tcfg.quant, a.target_precision);
   TrainOptions topt;
   topt.seed = a.seed;
   const TokenDataset ds(a.prompts, tcfg.text.vocab_size);
@@ -156,8 +162,11 @@ int main(int argc, char** argv) {
   const std::vector<int32_t> stop = a.no_stop ? std::vector<int32_t>{} : a.stop.empty() ? default_stop_ids(a.target) : a.stop;
 
   std::printf("# dflash-eval %s\n", DFLASH_VERSION);
-  std::printf("# target   %s (%s, %d layers, vocab %d)\n", a.target.c_str(), target_family_name(tcfg.family),
-              tcfg.text.num_hidden_layers, tcfg.text.vocab_size);
+  const char* linears = tcfg.quant.precision == TargetPrecision::Bf16 ? "bf16"
+                        : tcfg.quant.token_channel()                    ? "fp8 per token x per channel"
+                                                                        : "fp8 blocks";
+  std::printf("# target   %s (%s, %d layers, vocab %d, %s linears)\n", a.target.c_str(),
+              target_family_name(tcfg.family), tcfg.text.num_hidden_layers, tcfg.text.vocab_size, linears);
   std::printf("# drafter  %s (%d layers, block %d, mask token %d, target layers", a.fresh ? "fresh, untrained" : a.drafter.c_str(),
               dc.layers.num_hidden_layers, dc.block_size, dc.mask_token_id);
   for (int l : dc.target_layer_ids) std::printf(" %d", l);
@@ -222,7 +231,7 @@ int main(int argc, char** argv) {
     nlohmann::json j = {{"tau", tau}, {"prompts", jp}, {"steps", steps}, {"new_tokens", new_tokens},
                         {"seconds", seconds}, {"prompt_batch", dec.prompt_batch()},
                         {"packed_tokens", dec.packed_tokens()}, {"backend", a.backend}, {"block_size", dc.block_size},
-                        {"target", a.target}, {"drafter", a.fresh ? "" : a.drafter}, {"stop", stop},
+                        {"target", a.target}, {"target_linears", linears}, {"drafter", a.fresh ? "" : a.drafter}, {"stop", stop},
                         {"greedy_mismatches", a.check_greedy ? nlohmann::json(mismatches) : nlohmann::json()}};
     std::ofstream out(a.json + ".tmp");
     out << j.dump(1) << "\n";

@@ -11,6 +11,8 @@
 #   bash bench/pending_gpu_runs.sh BIN OUT quality2   # ~7 min: ours-b (per record), ours-c / ours-d (DFlash2 strict / insert)
 #   bash bench/pending_gpu_runs.sh BIN OUT quality3   # eval greedy, the table (~7 min one prompt at a time; batched: not yet timed)
 #   bash bench/pending_gpu_runs.sh BIN OUT quality4   # eval sampled (T = 1), its table
+#   bash bench/pending_gpu_runs.sh BIN OUT quality5   # ~6 min: issue 46's FP8 features (ours-e) and FP8 wire (ours-f),
+#                                                     # as many steps as ours-a; ours-a/e/f's tau under the FP8 target
 #   bash bench/pending_gpu_runs.sh BIN OUT wide1      # ~8 min: hidden 4096: the target trained 300 s, the reference
 #   bash bench/pending_gpu_runs.sh BIN OUT wide2      # ~6 min: hidden 4096: ours-a, ours-b (colocated)
 #   bash bench/pending_gpu_runs.sh BIN OUT wide3      # ~3 min: hidden 4096: eval (greedy), the table
@@ -18,7 +20,7 @@
 # wide1..3 (issue 44 item 4: the densities' tau at a second width) likewise on one warm machine: at 4096 a target
 # trained 90 s is too weak to measure tau on (bench/results/quality-4096-3bfe790), so this one trains 300 s.
 #
-# quality1..4 must run on one warm machine, back to back (the target lives in runs/q2048 between them; a
+# quality1..5 must run on one warm machine, back to back (the target lives in runs/q2048 between them; a
 # target re-made in a later call is another set of weights, and the table says so). They need
 # runs/q2048/{data,tokenizer,data.done} (or runs/q4096's: the same data), carried.
 #
@@ -114,7 +116,7 @@ for part in "$@"; do
       timeout 120 "$(prog drafter_bench)" --model 27b --context 4096 --anchors 512 --draft-arch dflash2 --block 8 \
         "${H[@]}" --optimizer-state bf16 > "$O/ours-bf16-state.txt" 2>&1
       grep -h "step\b\|median" "$O"/*.txt | tail -20 | tee "$O/summary.txt" ;;
-    quality1|quality2|quality3|quality4)
+    quality1|quality2|quality3|quality4|quality5)
       # issue 45's tau table with colocated, issue 47's DFlash (block 16) vs DFlash2 (block 8) strict / insert,
       # issue 44's two densities (a: 512 per batch, b: 512 per record), all against the reference, on the
       # hidden-2048 target (bench/results/quality-2d1274e: 90 s of training gives tau ~2)
@@ -126,6 +128,7 @@ for part in "$@"; do
         quality1) stages=(target ref ours-a) ;;
         quality2) stages=(ours-b ours-c ours-d) ;;
         quality3|quality4) stages=(eval table) ;;
+        quality5) stages=(ours-e ours-f eval table) ;;
       esac
       say "$part: ${stages[*]}"
       Q=(env WORK="$ROOT/runs/q$h" BIN="$B" HIDDEN=$h TARGET_SECONDS=90 BUDGETS=40,80 OURS_LAYOUT=colocated
@@ -133,8 +136,10 @@ for part in "$@"; do
       # quality4: sampled decoding (T = 1); greedy's eval of 10 drafters took ~7 min of one call (one prompt at
       # a time), so the two do not share a call
       [ $part = quality4 ] && Q+=(EVAL_TEMPERATURE=1)
+      # quality5: the bf16 target's taus of ours-e / ours-f come with quality3's eval (run it after this part)
+      [ $part = quality5 ] && Q+=(EVAL_TARGET_PRECISION=fp8 "EVAL_RUNS=ours-a ours-e ours-f")
       "${Q[@]}" timeout $((590 - (SECONDS - T0))) bash "$ROOT/bench/quality/run.sh" "$O/q" "${stages[@]}" | tail -30
-      case $part in quality3|quality4) cat "$O/q"/results*.md > "$O/summary.txt" ;; esac
+      case $part in quality3|quality4|quality5) cat "$O/q"/results*.md > "$O/summary.txt" ;; esac
       if [ $part = quality3 ]; then  # the batched decoder's speed: one drafter, 16 prompts, one at a time vs together
         d=$(ls -d "$ROOT/runs/q$h"/ours-a/checkpoints/step-*/drafter | tail -1)
         for pb in 1 16; do
@@ -161,7 +166,7 @@ for part in "$@"; do
         bash "$ROOT/bench/quality/run.sh" "$O/q" "${stages[@]}" | tail -30
       [ $part = wide3 ] && cat "$O/q"/results*.md > "$O/summary.txt"
       pack "$O" ;;
-    *) echo "unknown part $part (checks layouts speed dflash2 quality1 quality2 quality3 quality4 wide1 wide2 wide3)" >&2; exit 2 ;;
+    *) echo "unknown part $part (checks layouts speed dflash2 quality1 quality2 quality3 quality4 quality5 wide1 wide2 wide3)" >&2; exit 2 ;;
   esac
 done
 say done

@@ -11,7 +11,10 @@
 #     ours-b   dflash-train, per-record anchors (512 per record) with gradient accumulation (B_GRAD_ACCUM)
 #     ours-c   dflash-train, a DFlash2 drafter (block 8), the strict selector objective (issue 47)
 #     ours-d   dflash-train, a DFlash2 drafter (block 8), the gold-inserted selector objective
-#     eval     dflash-eval (greedy, the same held-out prompts) on every saved drafter
+#     ours-e   ours-a on an FP8 target's features (--target-precision fp8, issue 46), as many steps as ours-a
+#     ours-f   ours-a over the FP8 wire (--hs-dtype fp8, issue 46), as many steps as ours-a
+#     eval     dflash-eval (greedy, the same held-out prompts) on every saved drafter; EVAL_TARGET_PRECISION=fp8:
+#              under the FP8 target (its taus and table apart: eval-fp8, results-fp8.*)
 #     speed    rates only (no tau): each of SPEED_RECIPES on each of SPEED_LAYOUTS (colocated, 1-1) for CALIB_STEPS
 #     table    OUT_DIR/results.json and OUT_DIR/results.md (the table and the goal check; results-tT.* for
 #              EVAL_TEMPERATURE=T > 0, sampled decoding)
@@ -58,6 +61,8 @@ B_ARGS=${B_ARGS:---anchors-per-record 512 --max-anchors 2048 --grad-accum $B_GRA
 DFLASH2_ARGS=${DFLASH2_ARGS:---draft-arch dflash2 --block-size 8 --max-anchors 512}   # ours-c / ours-d's drafter
 C_ARGS=${C_ARGS:-$DFLASH2_ARGS --selector-candidates strict}
 D_ARGS=${D_ARGS:-$DFLASH2_ARGS --selector-candidates insert}
+E_ARGS=${E_ARGS:-$A_ARGS --target-precision fp8}   # ours-e: trained on the FP8 target's features
+F_ARGS=${F_ARGS:-$A_ARGS --hs-dtype fp8}           # ours-f: the features through the FP8 wire
 OURS_RECIPE=${OURS_RECIPE:---lr 6e-4 --warmup-ratio 0.04 --gamma 7 --loss ce}   # the reference's lr, warmup, gamma
 OURS_EXTRA=${OURS_EXTRA:-}                 # more dflash-train options for both recipes
 OURS_LAYOUT=${OURS_LAYOUT:-1-1}            # 1-1 (two ranks sharing the GPU) or colocated (one process)
@@ -70,8 +75,9 @@ REF_ARGS=${REF_ARGS:-}                     # extra ref_train_dflash.py options
 EVAL_PROMPTS=${EVAL_PROMPTS:-64}
 EVAL_NEW=${EVAL_NEW:-128}
 EVAL_ARGS=${EVAL_ARGS:---max-prompt-length $MAX_LEN}
-EVAL_RUNS=${EVAL_RUNS:-ours-a ours-b ours-c ours-d reference}   # whose drafters the eval stage measures (missing: skipped)
+EVAL_RUNS=${EVAL_RUNS:-ours-a ours-b ours-c ours-d ours-e ours-f reference}   # whose drafters the eval stage measures (missing: skipped)
 EVAL_TEMPERATURE=${EVAL_TEMPERATURE:-0}   # 0: greedy; T > 0: sampled (its taus and table apart: eval-tT, results-tT.*)
+EVAL_TARGET_PRECISION=${EVAL_TARGET_PRECISION:-bf16}  # the eval's target: bf16 or fp8 (--target-precision)
 EVAL_PROMPT_BATCH=${EVAL_PROMPT_BATCH:-64}  # dflash-eval --prompt-batch: prompts per packed target forward (64: all of them)
 EVAL_JOBS=${EVAL_JOBS:-1}                  # dflash-eval processes at a time (batched decoding fills the GPU: 1-2)
 FORCE=${FORCE:-0}
@@ -80,6 +86,7 @@ export NCCL_NVLS_ENABLE=0 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIR
 export OMPI_MCA_hwloc_base_binding_policy=none PYTHONUNBUFFERED=1 DFLASH_NO_REEXEC=1 TRANSFORMERS_VERBOSITY=error
 D=$WORK/data T=$WORK/target R=$WORK/results E=$WORK/eval
 TSUFFIX=""; [ "$EVAL_TEMPERATURE" = 0 ] || TSUFFIX=-t$EVAL_TEMPERATURE
+[ "$EVAL_TARGET_PRECISION" = bf16 ] || TSUFFIX=$TSUFFIX-$EVAL_TARGET_PRECISION
 E=$E$TSUFFIX
 mkdir -p "$WORK" "$D" "$R" "$E"
 say() { echo "[quality $(date -u +%H:%M:%S)] $*"; }
@@ -163,6 +170,7 @@ stage_ours() {  # LABEL RATE_OVERRIDE CALIB_STEPS RECIPE_ARGS
     rate=$("$PY" "$Q/collect.py" rate "$WORK/$label-calib/metrics.h5")
     rm -rf "$WORK/$label-calib"
   fi
+  echo "$rate" > "$WORK/$label.rate"  # ours-e / ours-f train as many steps as ours-a
   local plan; plan=$("$PY" "$Q/collect.py" plan --rate "$rate" --budgets "$BUDGETS")
   local steps=${plan% *} every=${plan#* }
   say "$label: $rate steps/s -> --max-steps $steps, a drafter every $every steps"
@@ -208,7 +216,8 @@ stage_eval() {
       # printed once it is done.
       # shellcheck disable=SC2086
       ( "$BIN/dflash-eval" --backend "$BACKEND" --target "$T" --drafter "$dir" --prompts "$D/heldout.h5" \
-          --temperature "$EVAL_TEMPERATURE" --prompt-batch "$EVAL_PROMPT_BATCH" \
+          --temperature "$EVAL_TEMPERATURE" --target-precision "$EVAL_TARGET_PRECISION" \
+          --prompt-batch "$EVAL_PROMPT_BATCH" \
           --max-prompts "$EVAL_PROMPTS" --max-new-tokens "$EVAL_NEW" $EVAL_ARGS --json "$E/$name.tmp" \
           >"$E/$name.log" 2>&1 && mv "$E/$name.tmp" "$E/$name" ) &
       pending+=("$name")
@@ -226,7 +235,7 @@ stage_eval() {
 
 stage_table() {
   local runs=()
-  for n in ours-a ours-b ours-c ours-d reference; do [ -f "$R/$n.json" ] && runs+=("$R/$n.json"); done
+  for n in ours-a ours-b ours-c ours-d ours-e ours-f reference; do [ -f "$R/$n.json" ] && runs+=("$R/$n.json"); done
   "$PY" "$Q/collect.py" summarise --runs "${runs[@]}" --eval-dir "$E" --budgets "$BUDGETS" \
     --target-info "$T/train_info.json" --out-json "$OUT/results$TSUFFIX.json" --out-md "$OUT/results$TSUFFIX.md"
 }
@@ -242,9 +251,14 @@ for s in "${STAGES[@]}"; do
     ours-b) stage_ours ours-b "${B_RATE:-}" "$B_CALIB_STEPS" "$B_ARGS" ;;
     ours-c) stage_ours ours-c "${C_RATE:-}" "$CALIB_STEPS" "$C_ARGS" ;;
     ours-d) stage_ours ours-d "${D_RATE:-}" "$CALIB_STEPS" "$D_ARGS" ;;
+    ours-e|ours-f)  # ours-a's steps (its rate), so the FP8 run and its bf16 twin differ only in the features
+      a_rate=$(cat "$WORK/ours-a.rate" 2>/dev/null || true)
+      [ -n "$a_rate" ] || { echo "$s trains as many steps as ours-a: run ours-a first" >&2; exit 2; }
+      if [ $s = ours-e ]; then stage_ours ours-e "${E_RATE:-$a_rate}" 0 "$E_ARGS"
+      else stage_ours ours-f "${F_RATE:-$a_rate}" 0 "$F_ARGS"; fi ;;
     eval) stage_eval ;;
     speed) stage_speed ;;
-    *) echo "unknown stage $s (data target ref ours-a ours-b ours-c ours-d eval speed table)" >&2; exit 2 ;;
+    *) echo "unknown stage $s (data target ref ours-a ours-b ours-c ours-d ours-e ours-f eval speed table)" >&2; exit 2 ;;
   esac 2>&1 | tee -a "$OUT/$s.log"  # (table's log is results.md: 6 logs + results.json + .md = 8 files)
   [ "${PIPESTATUS[0]}" -eq 0 ] || { say "stage $s failed (log: $OUT/$s.log)"; exit 1; }
 done

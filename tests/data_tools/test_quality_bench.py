@@ -329,6 +329,27 @@ class RunSh(unittest.TestCase):
                                 env=env, capture_output=True, text=True)
             self.assertEqual(r2.returncode, 0, r2.stdout[-2000:] + r2.stderr[-2000:])
             self.assertIn("done earlier", r2.stdout)
+            # issue 46: ours-e on the FP8 target's features, ours-f over the FP8 wire, each as many steps as ours-a
+            # (its rate), evaluated under the FP8 target (the CPU backend emulates it): their table apart
+            env_fp8 = dict(env, EVAL_TARGET_PRECISION="fp8", EVAL_RUNS="ours-a ours-e ours-f")
+            env_fp8.pop("A_RATE")
+            r5 = subprocess.run(["bash", os.path.join(SRC, "bench", "quality", "run.sh"), out, "ours-e", "ours-f",
+                                 "eval", "table"], env=env_fp8, capture_output=True, text=True)
+            self.assertEqual(r5.returncode, 0, r5.stdout[-4000:] + r5.stderr[-4000:])
+            with open(os.path.join(out, "results-fp8.json")) as f:
+                fp8 = json.load(f)
+            by_name = {run["trainer"]: run for run in fp8["runs"]}
+            self.assertEqual(sorted(by_name), ["ours-a", "ours-c", "ours-e", "ours-f", "reference"])
+            for name in ("ours-a", "ours-e", "ours-f"):
+                run = by_name[name]
+                self.assertEqual([s["steps"] for s in run["snapshots"]], [2, 4], name)  # ours-a's steps
+                for s in run["snapshots"]:
+                    self.assertIsNotNone(s["tau"], s)
+            evals = [n for n in os.listdir(os.path.join(work, "eval-fp8")) if not n.endswith((".log", ".tmp"))]
+            self.assertTrue(evals)
+            for n in evals:  # every tau of this table is the FP8 target's
+                with open(os.path.join(work, "eval-fp8", n)) as f:
+                    self.assertEqual(json.load(f)["target_linears"], "fp8 blocks", n)
             # sampled decoding (T = 1): its taus and table apart from the greedy ones
             env1 = dict(env, EVAL_TEMPERATURE="1", EVAL_RUNS="ours-c")
             r3 = subprocess.run(["bash", os.path.join(SRC, "bench", "quality", "run.sh"), out, "eval", "table"],
