@@ -71,7 +71,19 @@ run_eval stop 0 --drafter "$WORK/train/drafter" --stop-token "$first" --max-prom
 $PY -c "import json,sys; p=json.load(open(sys.argv[1]))['prompts'][0]; assert p['tokens'] == [$first] and p['acceptance'] == [], p" \
   "$WORK/stop.json" || fail "--stop-token"
 
+# Under the FP8 target (--target-precision fp8: the linears quantized on load, the CPU backend emulating them):
+# still lossless against that target's own greedy decoding, and the header and the JSON name the linears.
+grep -q "vocab [0-9]*, bf16 linears)" "$WORK/trained.log" || fail "the bf16 target's header"
+run_eval fp8 0 --drafter "$WORK/train/drafter" --target-precision fp8 --check-greedy --json "$WORK/fp8.json"
+grep -q "fp8 blocks linears)" "$WORK/fp8.log" || fail "--target-precision fp8: header"
+grep -q "greedy check: 0 of 12 prompts differ" "$WORK/fp8.log" || fail "--target-precision fp8: lossless"
+$PY -c "import json,sys; assert json.load(open(sys.argv[1]))['target_linears'] == 'fp8 blocks'" "$WORK/fp8.json" ||
+  fail "--target-precision fp8: json"
+note "tau under the FP8 target: $(tau_of fp8)"
+
 # Refusals: clear messages, distinct exit codes, before any work.
+run_eval precision 2 --drafter "$WORK/train/drafter" --target-precision fp9
+grep -q "is not a precision this build runs" "$WORK/precision.log" || fail "--target-precision fp9: message"
 run_eval both 2 --drafter "$WORK/train/drafter" --fresh-drafter
 grep -q "exactly one of --drafter DIR and --fresh-drafter" "$WORK/both.log" || fail "both drafters: message"
 run_eval noprompts 3 --fresh-drafter --prompts "$WORK/missing.h5"
