@@ -6,6 +6,9 @@
 #   bash bench/pending_gpu_runs.sh BIN OUT checks     # ~8 min: every GPU test of the pipeline's new paths, FP8 speed
 #   bash bench/pending_gpu_runs.sh BIN OUT layouts    # ~8 min: the roles bench, 1-1 at the record density
 #   bash bench/pending_gpu_runs.sh BIN OUT speed      # ~8 min: colocated / 1-1 / the reference at hidden 2048 and 4096
+#   bash bench/pending_gpu_runs.sh BIN OUT speed2     # ~5 min: what speed adds to earlier calls: hidden 2048 at the
+#                                                     # reference's density (colocated, 1-1, the reference),
+#                                                     # hidden 4096 at the per-batch density (colocated, 1-1)
 #   bash bench/pending_gpu_runs.sh BIN OUT dflash2    # ~4 min: the 27B DFlash2 step with the release's heads vs PyTorch
 #   bash bench/pending_gpu_runs.sh BIN OUT quality1   # ~6 min: tau table at hidden 2048, colocated: target, reference, ours-a
 #   bash bench/pending_gpu_runs.sh BIN OUT quality2   # ~7 min: ours-b (per record), ours-c / ours-d (DFlash2 strict / insert)
@@ -87,8 +90,12 @@ for part in "$@"; do
       PACK=1 timeout 540 bash "$ROOT/bench/plan/validate_one_gpu.sh" "$B" "$O/v" roles
       DENSITIES=record LAYOUTS=1-1 PACK=1 timeout $((560 - (SECONDS - T0))) \
         bash "$ROOT/bench/plan/validate_one_gpu.sh" "$B" "$O/v2" pipeline ;;
-    speed)
+    speed|speed2)
       for h in 2048 4096; do
+        stages=(target ref speed) recipes="b a"
+        if [ $part = speed2 ]; then  # 2048: the reference's density; 4096: the per-batch one (its b and ref measured)
+          if [ $h = 2048 ]; then recipes=b; else stages=(target speed) recipes=a; fi
+        fi
         say "speed at hidden $h"
         # the data and tokenizer are the same at both widths: carry one copy (the tool's 64 MiB), copy it here
         if [ ! -f "$ROOT/runs/q$h/data.done" ]; then
@@ -96,11 +103,11 @@ for part in "$@"; do
           mkdir -p "$ROOT/runs/q$h" && cp -r "$src/data" "$src/tokenizer" "$src/data.done" "$ROOT/runs/q$h/"
         fi
         WORK=$ROOT/runs/q$h BIN=$B HIDDEN=$h TARGET_SECONDS=5 TARGET_ARGS="--micro-batch 2" BUDGETS=30 \
-          A_CALIB_STEPS=100 B_CALIB_STEPS=20 SPEED_RECIPES="b a" SPEED_LAYOUTS="colocated 1-1" \
+          A_CALIB_STEPS=100 B_CALIB_STEPS=20 SPEED_RECIPES="$recipes" SPEED_LAYOUTS="colocated 1-1" \
           PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True timeout 260 \
-          bash "$ROOT/bench/quality/run.sh" "$O/q$h" target ref speed
+          bash "$ROOT/bench/quality/run.sh" "$O/q$h" "${stages[@]}"
         { echo "## hidden $h"; cat "$O/q$h/speed-summary.txt"
-          grep -h "\[ref\] \(saved\|done\)" "$O/q$h/ref.log"; } | tee -a "$O/summary.txt"
+          grep -h "\[ref\] \(saved\|done\)" "$O/q$h/ref.log" 2>/dev/null; } | tee -a "$O/summary.txt"
         rm -rf "$ROOT/runs/q$h/target" "$ROOT/runs/q$h/ref"
       done
       pack "$O" ;;
@@ -166,7 +173,7 @@ for part in "$@"; do
         bash "$ROOT/bench/quality/run.sh" "$O/q" "${stages[@]}" | tail -30
       [ $part = wide3 ] && cat "$O/q"/results*.md > "$O/summary.txt"
       pack "$O" ;;
-    *) echo "unknown part $part (checks layouts speed dflash2 quality1 quality2 quality3 quality4 quality5 wide1 wide2 wide3)" >&2; exit 2 ;;
+    *) echo "unknown part $part (checks layouts speed speed2 dflash2 quality1 quality2 quality3 quality4 quality5 wide1 wide2 wide3)" >&2; exit 2 ;;
   esac
 done
 say done
