@@ -109,25 +109,34 @@ struct Fp8Plan : LtPlan {
 namespace {
 
 // Whether the per-token GEMMs accumulate in the tensor cores' fast FP8 mode (CUBLASLT_MATMUL_DESC_FAST_ACCUM:
-// no promotion of the partial sums to fp32 every few k-steps). DFLASH_FP8_ACCUMULATION=fast turns it on,
-// for the A/B of docs/fp8.md ("Accumulation"): vLLM's CUTLASS per-token FP8 GEMMs on sm_90 run fast
-// accumulation, so it is what an engine serving an FP8-Dynamic target computes; the default stays exact
-// until its hidden-state error is measured against the bf16 target. Block128 is never fast (cuBLASLt
-// rescales every 128-deep partial sum). Read once.
-bool fast_token_accumulation() {
-  static const bool on = [] {
+// no promotion of the partial sums to fp32 every few k-steps) on a device of compute capability `cc`.
+// Default: on sm_90, where vLLM's CUTLASS per-token FP8 GEMMs run the fast schedules too (so it is what an
+// engine serving an FP8-Dynamic target computes) and where it was measured (docs/fp8.md "Accumulation":
+// the 8B forward 263 -> 242 ms, the GEMM's error against the CPU twin 0.0017 -> 0.0030 at K 12288, the
+// target's unchanged); exact elsewhere (not measured there). DFLASH_FP8_ACCUMULATION=exact|fast overrides
+// it (read once). Block128 is never fast: cuBLASLt rescales its every 128-deep partial sum.
+bool fast_token_accumulation(int cc) {
+  static const int forced = [] {  // -1 exact, 1 fast, 0 the default
     const char* v = std::getenv("DFLASH_FP8_ACCUMULATION");
-    if (!v || !*v || std::string(v) == "exact") return false;
-    DF_CHECK_HINT(std::string(v) == "fast", BadOptions, "DFLASH_FP8_ACCUMULATION=" << v << " is not fast or exact",
-                  "unset it (exact accumulation) or set it to fast");
-    return true;
+    if (!v || !*v) return 0;
+    DF_CHECK_HINT(std::string(v) == "fast" || std::string(v) == "exact", BadOptions,
+                  "DFLASH_FP8_ACCUMULATION=" << v << " is not fast or exact",
+                  "unset it (fast on sm_90, exact elsewhere) or set it to fast or exact");
+    return std::string(v) == "fast" ? 1 : -1;
   }();
-  return on;
+  return forced != 0 ? forced > 0 : cc == 90;
+}
+
+int compute_capability(int device) {
+  int major = 0, minor = 0;
+  DF_CUDA(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  DF_CUDA(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+  return major * 10 + minor;
 }
 
 // Block128: 1x128 scales on both operands (VEC128_32F); TokenChannel: one per row of each (OUTER_VEC_32F:
 // the weights' per output channel, the activations' per token).
-void create_fp8_gemm(LtPlan& p, int N, int K, int O, ops::Fp8Scaling scaling) {
+void create_fp8_gemm(LtPlan& p, int N, int K, int O, ops::Fp8Scaling scaling, int cc) {
   DF_CUBLAS(cublasLtMatmulDescCreate(&p.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
   const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
   DF_CUBLAS(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
@@ -137,7 +146,7 @@ void create_fp8_gemm(LtPlan& p, int N, int K, int O, ops::Fp8Scaling scaling) {
                                                : CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
   DF_CUBLAS(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &mode, sizeof(mode)));
   DF_CUBLAS(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mode, sizeof(mode)));
-  if (scaling == ops::Fp8Scaling::TokenChannel && fast_token_accumulation()) {
+  if (scaling == ops::Fp8Scaling::TokenChannel && fast_token_accumulation(cc)) {
     const int8_t fast = 1;
     DF_CUBLAS(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof(fast)));
   }
@@ -174,13 +183,11 @@ bool fp8_gemm_available(const Ctx& ctx, ops::Fp8Scaling scaling) {
   if (const int k = known.load()) return k == 1;
   std::lock_guard<std::mutex> lock(g_gemm_mutex);
   if (const int k = known.load()) return k == 1;
-  int major = 0, minor = 0;
-  DF_CUDA(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, be.device));
-  DF_CUDA(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, be.device));
-  bool ok = scaling == ops::Fp8Scaling::Block128 ? major == 9 && minor == 0 : major * 10 + minor >= 89;
+  const int cc = compute_capability(be.device);
+  bool ok = scaling == ops::Fp8Scaling::Block128 ? cc == 90 : cc >= 89;
   if (ok) {
     LtPlan probe;
-    create_fp8_gemm(probe, 128, 128, 128, scaling);
+    create_fp8_gemm(probe, 128, 128, 128, scaling, cc);
     set_scales(probe, be.workspace, be.workspace);
     cublasLtMatmulHeuristicResult_t results[kCandidates] = {};
     ok = lt_heuristic(be, probe, Alignments{{256, 256, 256}}, results) > 0;
@@ -236,7 +243,7 @@ void fp8_gemm_forward(const Ctx& ctx, const Tensor& out, const Tensor& act_codes
   Fp8Plan*& plan = be.fp8_plans[key];
   if (!plan) {
     auto* p = new Fp8Plan();
-    create_fp8_gemm(*p, n, k, o, scaling);
+    create_fp8_gemm(*p, n, k, o, scaling, compute_capability(be.device));
     p->n = n;
     set_scales(*p, w_scales.data, act_scales.data);
     const float alpha = 1.f, beta0 = 0.f;
