@@ -78,9 +78,10 @@ GpuCalibration h200() {
   // hybrid 2239.3 / 1952.4 ms = 1.147. The H200 (same die) takes it.
   g.fp8_gemm_speedup = 1.14;
   // The per-token x per-channel FP8 GEMM (compressed-tensors FP8-Dynamic, --target-precision fp8-dynamic), the
-  // same phases (bench/results/h100-issue46-fp8tok-20261206c): 8B 320.8 / 227.0 ms = 1.413, 27B hybrid
-  // 2202.5 / 1640.1 ms = 1.343.
-  g.fp8_token_gemm_speedup = 1.38;
+  // same phases with the activation quantization fused and fast accumulation (the sm_90 default,
+  // docs/fp8.md "Accumulation"; bench/results/h100-speed-dflash2-fp8acc-20261206e): 8B 319.74 / 175.10 ms =
+  // 1.826, 27B hybrid 2203.25 / 1209.03 ms = 1.822. (Exact accumulation: 8B 1.59.)
+  g.fp8_token_gemm_speedup = 1.82;
   g.colocated_overlap = kColocatedOverlapH100;  // the H100's (same die); not measured on an H200
   return g;
 }
