@@ -165,7 +165,7 @@ TEST(GpuFp8, TokenChannelLinearMatchesCpuTwin) {
     EXPECT_EQ(as, want_as);
     EXPECT_EQ(ac, want_ac);
     const double err = rel_err(to_host(g, out), want);
-    // printed: the A/B of DFLASH_FP8_ACCUMULATION=exact|fast (kernels/fp8_linear.cu: fast by default on sm_90) reads it
+    // printed: the A/B of DFLASH_FP8_ACCUMULATION=exact|fast (kernels/fp8_linear.cu) reads it
     std::printf("  per-token FP8 GEMM %lldx%lld -> %lld vs the CPU twin: rel err %.3g\n", static_cast<long long>(N),
                 static_cast<long long>(K), static_cast<long long>(O), err);
     EXPECT_LE(err, 1e-2);
