@@ -10,9 +10,10 @@
 //
 // Weights are BF16, written straight from a counter-based generator (splitmix64 of the element index, so
 // threads fill disjoint ranges and the bytes do not depend on --threads); memory is one shard of BF16
-// (--shard-gb) at a time, so the 8B shape needs ~4 GB of RAM. Scales follow dflash-make-tiny (uniform
-// instead of Gaussian, same std): embeddings 1, projections 1/sqrt(fan_in), o_proj 0.3x and down_proj
-// 0.5x of that, norms 1 +- 0.1 (model.norm included).
+// (--shard-gb) at a time, so the 8B shape needs ~4 GB of RAM. The tensors and their scales are
+// dflash-make-tiny's (make_target_common.h's target_tensors; uniform instead of Gaussian, same std):
+// embeddings 1, projections 1/sqrt(fan_in), o_proj 0.3x and down_proj 0.5x of that, norms 1 +- 0.1
+// (model.norm included).
 #include <sys/statvfs.h>
 
 #include <algorithm>
@@ -107,10 +108,13 @@ struct Rng {
   int below(int n) { return static_cast<int>(((next() >> 32) * static_cast<uint64_t>(n)) >> 32); }
 };
 
-// One tensor of the checkpoint: element i = center + half_width * u(key, i), u uniform in [-1, 1).
+// One tensor of the checkpoint: element i = center + half_width * u(key, i), u uniform in [-1, 1) (Normal
+// and NearOne: the same std as dflash-make-tiny's Gaussian); the GDN's A_log and dt_bias map u's [0, 1)
+// through HF's initialisation instead.
 struct WeightSpec {
   std::string name;
   std::vector<int64_t> shape;
+  TensorInit init = TensorInit::Normal;
   double center = 0, half_width = 0;
   uint64_t key = 0;
   uint64_t numel() const {
@@ -122,46 +126,38 @@ struct WeightSpec {
 
 void fill(const WeightSpec& w, uint64_t from, uint64_t to, uint16_t* dst) {
   const float c = static_cast<float>(w.center), a = static_cast<float>(w.half_width);
-  for (uint64_t i = from; i < to; ++i) {
+  const auto u = [&w](uint64_t i) {  // [-1, 1)
     const uint64_t r = splitmix64(w.key + i * 0x9E3779B97F4A7C15ull);
-    const float u = static_cast<float>(static_cast<int32_t>(r >> 32)) * (1.0f / 2147483648.0f);  // [-1, 1)
-    dst[i - from] = to_bf16(c + a * u);
+    return static_cast<float>(static_cast<int32_t>(r >> 32)) * (1.0f / 2147483648.0f);
+  };
+  if (w.init == TensorInit::ALog || w.init == TensorInit::DtBias) {  // [nv] each: a few values
+    for (uint64_t i = from; i < to; ++i) {
+      const double u01 = 0.5 * (u(i) + 1.0);
+      dst[i - from] = to_bf16(static_cast<float>(w.init == TensorInit::ALog ? gdn_a_log(u01) : gdn_dt_bias(u01)));
+    }
+    return;
   }
+  for (uint64_t i = from; i < to; ++i) dst[i - from] = to_bf16(c + a * u(i));
 }
 
 std::vector<WeightSpec> make_weight_specs(const Spec& s) {
-  const int64_t V = s.vocab, H = s.hidden, I = s.intermediate;
-  const int64_t qd = int64_t(s.heads) * s.head_dim, kvd = int64_t(s.kv_heads) * s.head_dim;
-  const double in_h = 1.0 / std::sqrt(double(H)), in_q = 1.0 / std::sqrt(double(qd)), in_i = 1.0 / std::sqrt(double(I));
   const double sqrt3 = std::sqrt(3.0);  // uniform [-a, a] has std a / sqrt(3)
   std::vector<WeightSpec> w;
-  auto dense = [&](const std::string& name, std::vector<int64_t> shape, double std) {
-    w.push_back(WeightSpec{name, std::move(shape), 0.0, std * sqrt3, 0});
-  };
-  auto norm = [&](const std::string& name, int64_t n) { w.push_back(WeightSpec{name, {n}, 1.0, 0.1 * sqrt3, 0}); };
-  dense("model.embed_tokens.weight", {V, H}, 1.0);
-  for (int l = 0; l < s.layers; ++l) {
-    const std::string p = "model.layers." + std::to_string(l) + ".";
-    norm(p + "input_layernorm.weight", H);
-    dense(p + "self_attn.q_proj.weight", {qd, H}, in_h);
-    dense(p + "self_attn.k_proj.weight", {kvd, H}, in_h);
-    dense(p + "self_attn.v_proj.weight", {kvd, H}, in_h);
-    dense(p + "self_attn.o_proj.weight", {H, qd}, 0.3 * in_q);
-    norm(p + "self_attn.q_norm.weight", s.head_dim);
-    norm(p + "self_attn.k_norm.weight", s.head_dim);
-    norm(p + "post_attention_layernorm.weight", H);
-    dense(p + "mlp.gate_proj.weight", {I, H}, in_h);
-    dense(p + "mlp.up_proj.weight", {I, H}, in_h);
-    dense(p + "mlp.down_proj.weight", {H, I}, 0.5 * in_i);
+  for (const TargetTensor& t : target_tensors(s)) {
+    WeightSpec x{t.name, t.shape, t.init, 0.0, 0.0, 0};
+    if (t.init == TensorInit::Normal) x.half_width = t.scale * sqrt3;
+    if (t.init == TensorInit::NearOne) {  // scale x (1 + 0.1 N), minus one when zero-centred
+      x.center = t.zero_centred ? t.scale - 1.0 : t.scale;
+      x.half_width = t.scale * (0.1 * sqrt3);
+    }
+    w.push_back(std::move(x));
   }
-  norm("model.norm.weight", H);
-  if (!s.tied) dense("lm_head.weight", {V, H}, in_h);
   for (size_t i = 0; i < w.size(); ++i) w[i].key = splitmix64(splitmix64(s.seed) ^ (0xC0FFEEull + i));
   return w;
 }
 
 nlohmann::ordered_json make_config(const Spec& s) {
-  nlohmann::ordered_json c = qwen3_config_json(s);
+  nlohmann::ordered_json c = target_config_json(s);
   c["torch_dtype"] = "bfloat16";
   c["dflash_random"] = {{"seed", s.seed}, {"preset", s.preset}, {"generator", "dflash-make-random"}};
   return c;

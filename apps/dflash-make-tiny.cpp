@@ -46,7 +46,11 @@ const char* kUsage =
     "       dflash-make-tiny --help | --version\n";
 
 struct TinySpec : Qwen3Shape {
-  TinySpec() { vocab = 512, hidden = 64, layers = 4, heads = 4, kv_heads = 2, head_dim = 32, intermediate = 192; }
+  TinySpec() {
+    vocab = 512, hidden = 64, layers = 4, heads = 4, kv_heads = 2, head_dim = 32, intermediate = 192;
+    // --hybrid (Qwen3Shape::hybrid): the Qwen3.5/3.6 layout with these Gated DeltaNet heads; else dense Qwen3.
+    gdn_key_heads = 2, gdn_value_heads = 4, gdn_head_dim = 16, conv_kernel = 4;
+  }
   uint64_t seed = 1;
   int shards = 2;
   int records = 320, min_len = 24, max_len = 96;
@@ -54,9 +58,6 @@ struct TinySpec : Qwen3Shape {
   double temperature = 0;
   int window = 16;
   DType dtype = DType::BF16;
-  bool hybrid = false;             // Qwen3.5/3.6 layout (below); else dense Qwen3
-  int gdn_key_heads = 2, gdn_value_heads = 4, gdn_head_dim = 16, conv_kernel = 4;
-  bool full_attention(int layer) const { return !hybrid || (layer + 1) % 4 == 0; }
 };
 
 // A portable seeded generator (the same files on every machine for a seed).
@@ -85,112 +86,39 @@ struct NamedWeight {
   std::vector<float> data;
 };
 
-NamedWeight gaussian(Rng& rng, const std::string& name, std::vector<int64_t> shape, double std) {
-  NamedWeight w{name, shape, {}};
-  size_t n = 1;
-  for (int64_t d : shape) n *= static_cast<size_t>(d);
-  w.data.resize(n);
-  for (float& x : w.data) x = static_cast<float>(rng.normal() * std);
-  return w;
-}
-
-NamedWeight near_one(Rng& rng, const std::string& name, int64_t n, double scale = 1.0) {
-  NamedWeight w{name, {n}, std::vector<float>(static_cast<size_t>(n))};
-  for (float& x : w.data) x = static_cast<float>(scale * (1.0 + 0.1 * rng.normal()));
-  return w;
-}
-
-// Scales, and why: embeddings of unit size so each token's own direction dominates the residual stream
-// (the next token depends mostly on the current one and a little on the context: learnable, not
-// trivial); MLP outputs at half, attention outputs at 0.3 of the fan-in scale, so the context moves the
-// prediction without dominating it (the sampler sees only a window of context, see sample_records);
-// the final norm's weight ~4 so the target's logits have a std of ~4 and its distribution is peaked. The
-// peak lives in model.norm, not in lm_head: the drafter shares lm_head but has its own final norm
-// (initialised to 1), so it starts from near-uniform predictions and learns the scale, instead of
-// starting overconfident (a 4x lm_head put a fresh drafter's loss at ~2x uniform for hundreds of steps).
-// The hybrid stores its RMSNorm weights zero-centred (HF multiplies by 1 + w): the same near-one scales
-// as the dense target, stored minus one. Its full-attention q_proj carries a sigmoid output gate per head
-// ([query (hd) | gate (hd)] rows per head); its Gated DeltaNet layers take HF's initialisation of the
-// decay parameters (A_log = log U(1, 16), dt_bias from a log-uniform dt in [1e-3, 1e-1]).
-NamedWeight norm_weight(Rng& rng, const TinySpec& s, const std::string& name, int64_t n, double scale = 1.0) {
-  NamedWeight w = near_one(rng, name, n, scale);
-  if (s.hybrid)
-    for (float& x : w.data) x -= 1.0f;
-  return w;
-}
-
-void add_gdn_weights(Rng& rng, const TinySpec& s, const std::string& p, std::vector<NamedWeight>& w) {
-  const int64_t H = s.hidden, nk = s.gdn_key_heads, nv = s.gdn_value_heads, d = s.gdn_head_dim;
-  const int64_t C = 2 * nk * d + nv * d, vd = nv * d;
-  const double in_h = 1.0 / std::sqrt(double(H)), in_v = 1.0 / std::sqrt(double(vd));
-  w.push_back(gaussian(rng, p + "in_proj_qkv.weight", {C, H}, in_h));
-  w.push_back(gaussian(rng, p + "in_proj_z.weight", {vd, H}, in_h));
-  w.push_back(gaussian(rng, p + "in_proj_b.weight", {nv, H}, in_h));
-  w.push_back(gaussian(rng, p + "in_proj_a.weight", {nv, H}, in_h));
-  w.push_back(gaussian(rng, p + "conv1d.weight", {C, 1, s.conv_kernel}, 1.0 / std::sqrt(double(s.conv_kernel))));
-  NamedWeight a_log{p + "A_log", {nv}, std::vector<float>(static_cast<size_t>(nv))};
-  for (float& x : a_log.data) x = static_cast<float>(std::log(1.0 + 15.0 * rng.uniform()));
-  NamedWeight dt_bias{p + "dt_bias", {nv}, std::vector<float>(static_cast<size_t>(nv))};
-  for (float& x : dt_bias.data) {  // softplus^-1(dt)
-    const double dt = std::exp(std::log(1e-3) + rng.uniform() * (std::log(1e-1) - std::log(1e-3)));
-    x = static_cast<float>(dt + std::log(-std::expm1(-dt)));
-  }
-  w.push_back(a_log);
-  w.push_back(dt_bias);
-  w.push_back(near_one(rng, p + "norm.weight", d));  // the gated output norm's weight is plain
-  w.push_back(gaussian(rng, p + "out_proj.weight", {H, vd}, 0.3 * in_v));
-}
-
+// Draws each tensor of the shared list (make_target_common.h: names, shapes, scales and why) in order from
+// one generator: Gaussian where dflash-make-random draws uniform. The scales' purpose here: embeddings of unit
+// size so each token's own direction dominates the residual stream (the next token depends mostly on the
+// current one and a little on the context: learnable, not trivial); MLP outputs at half, attention outputs
+// at 0.3 of the fan-in scale, so the context moves the prediction without dominating it (the sampler sees
+// only a window of context, see sample_records); the final norm's weight ~4 so the target's logits have a
+// std of ~4 and its distribution is peaked. The peak lives in model.norm, not in lm_head: the drafter shares
+// lm_head but has its own final norm (initialised to 1), so it starts from near-uniform predictions and
+// learns the scale, instead of starting overconfident (a 4x lm_head put a fresh drafter's loss at ~2x
+// uniform for hundreds of steps).
 std::vector<NamedWeight> make_weights(const TinySpec& s) {
   Rng rng(s.seed);
-  const int64_t V = s.vocab, H = s.hidden, I = s.intermediate;
-  const int64_t qd = int64_t(s.heads) * s.head_dim, kvd = int64_t(s.kv_heads) * s.head_dim;
-  const double in_h = 1.0 / std::sqrt(double(H)), in_q = 1.0 / std::sqrt(double(qd)), in_i = 1.0 / std::sqrt(double(I));
   std::vector<NamedWeight> w;
-  w.push_back(gaussian(rng, "model.embed_tokens.weight", {V, H}, 1.0));
-  for (int l = 0; l < s.layers; ++l) {
-    const std::string p = "model.layers." + std::to_string(l) + ".";
-    w.push_back(norm_weight(rng, s, p + "input_layernorm.weight", H));
-    if (s.full_attention(l)) {
-      // The hybrid's q_proj holds the query and its output gate per head: twice the rows.
-      w.push_back(gaussian(rng, p + "self_attn.q_proj.weight", {s.hybrid ? 2 * qd : qd, H}, in_h));
-      w.push_back(gaussian(rng, p + "self_attn.k_proj.weight", {kvd, H}, in_h));
-      w.push_back(gaussian(rng, p + "self_attn.v_proj.weight", {kvd, H}, in_h));
-      w.push_back(gaussian(rng, p + "self_attn.o_proj.weight", {H, qd}, 0.3 * in_q));
-      w.push_back(norm_weight(rng, s, p + "self_attn.q_norm.weight", s.head_dim));
-      w.push_back(norm_weight(rng, s, p + "self_attn.k_norm.weight", s.head_dim));
-    } else {
-      add_gdn_weights(rng, s, p + "linear_attn.", w);
+  for (const TargetTensor& t : target_tensors(s, 4.0)) {
+    NamedWeight x{t.name, t.shape, std::vector<float>(static_cast<size_t>(t.numel()))};
+    for (float& v : x.data) {
+      switch (t.init) {
+        case TensorInit::Normal: v = static_cast<float>(rng.normal() * t.scale); break;
+        case TensorInit::NearOne:
+          v = static_cast<float>(t.scale * (1.0 + 0.1 * rng.normal()));
+          if (t.zero_centred) v -= 1.0f;
+          break;
+        case TensorInit::ALog: v = static_cast<float>(gdn_a_log(rng.uniform())); break;
+        case TensorInit::DtBias: v = static_cast<float>(gdn_dt_bias(rng.uniform())); break;
+      }
     }
-    w.push_back(norm_weight(rng, s, p + "post_attention_layernorm.weight", H));
-    w.push_back(gaussian(rng, p + "mlp.gate_proj.weight", {I, H}, in_h));
-    w.push_back(gaussian(rng, p + "mlp.up_proj.weight", {I, H}, in_h));
-    w.push_back(gaussian(rng, p + "mlp.down_proj.weight", {H, I}, 0.5 * in_i));
+    w.push_back(std::move(x));
   }
-  w.push_back(norm_weight(rng, s, "model.norm.weight", H, 4.0));
-  w.push_back(gaussian(rng, "lm_head.weight", {V, H}, in_h));
   return w;
 }
 
 nlohmann::ordered_json make_config(const TinySpec& s) {
-  nlohmann::ordered_json c = qwen3_config_json(s);
-  std::vector<std::string> kinds;
-  for (int l = 0; l < s.layers; ++l) kinds.push_back(s.full_attention(l) ? "full_attention" : "linear_attention");
-  c["layer_types"] = kinds;
-  if (s.hybrid) {  // Qwen3_5ForCausalLM (the text model of Qwen3.5/3.6)
-    c["architectures"] = {"Qwen3_5ForCausalLM"};
-    c["model_type"] = "qwen3_5_text";
-    c["rope_theta"] = 10000000.0;
-    c["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 10000000.0}, {"partial_rotary_factor", 0.25}};
-    c["partial_rotary_factor"] = 0.25;
-    c["linear_conv_kernel_dim"] = s.conv_kernel;
-    c["linear_key_head_dim"] = s.gdn_head_dim;
-    c["linear_value_head_dim"] = s.gdn_head_dim;
-    c["linear_num_key_heads"] = s.gdn_key_heads;
-    c["linear_num_value_heads"] = s.gdn_value_heads;
-    c.erase("use_sliding_window");
-    c.erase("sliding_window");
-  }
+  nlohmann::ordered_json c = target_config_json(s);
   c["torch_dtype"] = s.dtype == DType::BF16 ? "bfloat16" : "float32";
   c["dflash_tiny"] = {{"seed", s.seed}, {"generator", "dflash-make-tiny"}};
   return c;
