@@ -1,10 +1,13 @@
 // dflash-make-random: writes a random-weight Qwen3 target at a real model's shape (HF layout: config.json +
 // BF16 safetensors shards + index) and a dataset of uniform random tokens, for benchmarks: the numbers a
-// model of that shape costs, not anything learnable.
+// model of that shape costs, not anything learnable. A dense Qwen3 (qwen3-8b, qwen3-0.6b, tiny) or a
+// Qwen3.5/3.6 hybrid (qwen36-27b, tiny-hybrid: Qwen3_5ForCausalLM, Gated DeltaNet layers with every 4th layer
+// gated full attention; --layers 16 of the 27B is every per-layer shape of it at a quarter of the disk).
 //
-//   dflash-make-random OUTDIR --preset qwen3-8b|qwen3-0.6b|tiny [--hidden H --layers L --heads N
-//                      --kv-heads N --head-dim D --intermediate I --vocab V] [--seed S] [--records R]
-//                      [--min-len A] [--max-len B] [--shard-gb 4] [--threads N]
+//   dflash-make-random OUTDIR --preset qwen3-8b|qwen3-0.6b|tiny|qwen36-27b|tiny-hybrid [--hidden H --layers L
+//                      --heads N --kv-heads N --head-dim D --intermediate I --vocab V] [--gdn-key-heads N
+//                      --gdn-value-heads N --gdn-head-dim D --conv-kernel K (hybrid presets)] [--seed S]
+//                      [--records R] [--min-len A] [--max-len B] [--shard-gb 4] [--threads N]
 //   -> OUTDIR/target/{config.json, model-0000i-of-0000n.safetensors, model.safetensors.index.json}
 //      OUTDIR/data.h5
 //
@@ -12,8 +15,9 @@
 // threads fill disjoint ranges and the bytes do not depend on --threads); memory is one shard of BF16
 // (--shard-gb) at a time, so the 8B shape needs ~4 GB of RAM. The tensors and their scales are
 // dflash-make-tiny's (make_target_common.h's target_tensors; uniform instead of Gaussian, same std):
-// embeddings 1, projections 1/sqrt(fan_in), o_proj 0.3x and down_proj 0.5x of that, norms 1 +- 0.1
-// (model.norm included).
+// embeddings 1, projections 1/sqrt(fan_in), o_proj / out_proj 0.3x and down_proj 0.5x of that, norms
+// 1 +- 0.1 (model.norm included; the hybrid's stored zero-centred, as 0 +- 0.1), the hybrid's A_log and
+// dt_bias as HF initialises them: a forward over many layers stays finite.
 #include <sys/statvfs.h>
 
 #include <algorithm>
@@ -45,17 +49,25 @@ using namespace dflash;
 namespace {
 
 const char* kUsage =
-    "usage: dflash-make-random OUTDIR --preset qwen3-8b|qwen3-0.6b|tiny\n"
+    "usage: dflash-make-random OUTDIR --preset qwen3-8b|qwen3-0.6b|tiny|qwen36-27b|tiny-hybrid\n"
     "         [--hidden H] [--layers L] [--heads N] [--kv-heads N] [--head-dim D] [--intermediate I] [--vocab V]\n"
+    "         [--gdn-key-heads N] [--gdn-value-heads N] [--gdn-head-dim D] [--conv-kernel K] (hybrid presets)\n"
     "         [--seed S] [--records R (2000)] [--min-len A (512)] [--max-len B (4096)] [--shard-gb G (4)]\n"
     "         [--threads N (all cores)]\n"
     "       dflash-make-random --help | --version\n"
-    "  Writes OUTDIR/target (random BF16 Qwen3 checkpoint at the preset's shape; explicit shape flags override\n"
+    "  Writes OUTDIR/target (random BF16 checkpoint at the preset's shape; explicit shape flags override\n"
     "  the preset) and OUTDIR/data.h5 (R records of uniform random tokens, lengths uniform in [A, B],\n"
     "  loss_mask 0 on the first 16 tokens of each record).\n"
-    "  presets: qwen3-8b   vocab 151936, hidden 4096, 36 layers, 32/8 heads x 128, intermediate 12288, untied\n"
-    "           qwen3-0.6b vocab 151936, hidden 1024, 28 layers, 16/8 heads x 128, intermediate 3072, tied\n"
-    "           tiny       vocab 512, hidden 64, 4 layers, 4/2 heads x 32, intermediate 192, untied\n";
+    "  presets (dense Qwen3, Qwen3ForCausalLM):\n"
+    "    qwen3-8b    vocab 151936, hidden 4096, 36 layers, 32/8 heads x 128, intermediate 12288, untied\n"
+    "    qwen3-0.6b  vocab 151936, hidden 1024, 28 layers, 16/8 heads x 128, intermediate 3072, tied\n"
+    "    tiny        vocab 512, hidden 64, 4 layers, 4/2 heads x 32, intermediate 192, untied\n"
+    "  presets (Qwen3.5/3.6 hybrid, Qwen3_5ForCausalLM: Gated DeltaNet layers, every 4th layer gated full\n"
+    "  attention with partial rotary 1/4 of head_dim; --layers L keeps the pattern: 16 = 12 GDN + 4 attention):\n"
+    "    qwen36-27b  Qwen3.6-27B: vocab 248320, hidden 5120, 64 layers (48 GDN + 16 attention), attention\n"
+    "                24/4 heads x 256, GDN 16 key / 48 value heads x 128, conv 4, intermediate 17408, untied\n"
+    "    tiny-hybrid dflash-make-tiny --hybrid's shape: vocab 512, hidden 64, 4 layers (3 GDN + 1 attention),\n"
+    "                attention 4/2 heads x 32, GDN 2 key / 4 value heads x 16, conv 4, intermediate 192, untied\n";
 
 constexpr int kPromptTokens = 16;  // loss_mask 0 at the start of every record
 
@@ -78,8 +90,18 @@ void apply_preset(Spec& s) {
   } else if (s.preset == "tiny") {  // dflash-make-tiny's defaults
     s.vocab = 512, s.hidden = 64, s.layers = 4, s.heads = 4, s.kv_heads = 2, s.head_dim = 32;
     s.intermediate = 192, s.max_position_embeddings = 4096, s.tied = false;
+  } else if (s.preset == "qwen36-27b") {  // the text model of Qwen3.6-27B (bench_hybrid_forward --model 27b)
+    s.vocab = 248320, s.hidden = 5120, s.layers = 64, s.heads = 24, s.kv_heads = 4, s.head_dim = 256;
+    s.intermediate = 17408, s.max_position_embeddings = 262144, s.tied = false;
+    s.hybrid = true, s.gdn_key_heads = 16, s.gdn_value_heads = 48, s.gdn_head_dim = 128, s.conv_kernel = 4;
+  } else if (s.preset == "tiny-hybrid") {  // dflash-make-tiny --hybrid's defaults
+    s.vocab = 512, s.hidden = 64, s.layers = 4, s.heads = 4, s.kv_heads = 2, s.head_dim = 32;
+    s.intermediate = 192, s.max_position_embeddings = 4096, s.tied = false;
+    s.hybrid = true, s.gdn_key_heads = 2, s.gdn_value_heads = 4, s.gdn_head_dim = 16, s.conv_kernel = 4;
   } else {
-    DF_FAIL(BadOptions, "--preset must be qwen3-8b, qwen3-0.6b or tiny, got '" << s.preset << "'", kUsage);
+    DF_FAIL(BadOptions,
+            "--preset must be qwen3-8b, qwen3-0.6b, tiny, qwen36-27b or tiny-hybrid, got '" << s.preset << "'",
+            kUsage);
   }
 }
 
@@ -282,6 +304,13 @@ int main(int argc, char** argv) {
   DF_CHECK_HINT(!out.empty(), BadOptions, "missing OUTDIR", kUsage);
   DF_CHECK_HINT(!s.preset.empty(), BadOptions, "missing --preset", kUsage);
   apply_preset(s);
+  // The Gated DeltaNet's shape flags: a hybrid preset's only.
+  const auto hybrid_flag = [&s](ToolArgs& args, int lo, int hi) {
+    DF_CHECK_HINT(s.hybrid, BadOptions, args.arg() << " shapes a hybrid's Gated DeltaNet layers; --preset " << s.preset
+                                                   << " is a dense Qwen3",
+                  "use --preset qwen36-27b or tiny-hybrid");
+    return static_cast<int>(args.integer(lo, hi));
+  };
   for (ToolArgs args(argc, argv, kUsage); args.next();) {
     if (args.positional()) continue;
     if (args.is("--preset")) args.value();
@@ -293,6 +322,10 @@ int main(int argc, char** argv) {
     else if (args.is("--kv-heads")) s.kv_heads = static_cast<int>(args.integer(1, 1024));
     else if (args.is("--head-dim")) s.head_dim = static_cast<int>(args.integer(2, 1024));
     else if (args.is("--intermediate")) s.intermediate = static_cast<int>(args.integer(1, 1 << 18));
+    else if (args.is("--gdn-key-heads")) s.gdn_key_heads = hybrid_flag(args, 1, 1024);
+    else if (args.is("--gdn-value-heads")) s.gdn_value_heads = hybrid_flag(args, 1, 1024);
+    else if (args.is("--gdn-head-dim")) s.gdn_head_dim = hybrid_flag(args, 1, 1024);
+    else if (args.is("--conv-kernel")) s.conv_kernel = hybrid_flag(args, 1, 64);
     else if (args.is("--records")) s.records = static_cast<int>(args.integer(1, 1 << 24));
     else if (args.is("--min-len")) s.min_len = static_cast<int>(args.integer(kPromptTokens + 1, 1 << 22));
     else if (args.is("--max-len")) s.max_len = static_cast<int>(args.integer(kPromptTokens + 1, 1 << 22));
@@ -314,9 +347,14 @@ int main(int argc, char** argv) {
   const double target_s = seconds_since(t0);
   const TokenRecords rec = make_records(s);
   write_token_dataset(out + "/data.h5", rec, s.vocab, "dflash-random-" + std::to_string(s.seed));
-  std::printf("dflash-make-random: %s/target (%s: vocab %d, hidden %d, %d layers, %d/%d heads x %d, intermediate %d, "
-              "%s; %.2f GB in %.1f s) and %s/data.h5 (%zu records, %lld tokens) in %.1f s total\n",
-              out.c_str(), s.preset.c_str(), s.vocab, s.hidden, s.layers, s.heads, s.kv_heads, s.head_dim,
+  char gdn[160] = "";
+  if (s.hybrid)
+    std::snprintf(gdn, sizeof(gdn), " (%d Gated DeltaNet: %d key / %d value heads x %d, conv %d; %d attention)",
+                  s.gdn_layers(), s.gdn_key_heads, s.gdn_value_heads, s.gdn_head_dim, s.conv_kernel,
+                  s.layers - s.gdn_layers());
+  std::printf("dflash-make-random: %s/target (%s: vocab %d, hidden %d, %d layers%s, %d/%d heads x %d, intermediate "
+              "%d, %s; %.2f GB in %.1f s) and %s/data.h5 (%zu records, %lld tokens) in %.1f s total\n",
+              out.c_str(), s.preset.c_str(), s.vocab, s.hidden, s.layers, gdn, s.heads, s.kv_heads, s.head_dim,
               s.intermediate, s.tied ? "tied" : "untied", bytes / 1e9, target_s, out.c_str(), rec.num_records(),
               static_cast<long long>(rec.num_tokens()), seconds_since(t0));
   return 0;
