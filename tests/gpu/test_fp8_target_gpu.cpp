@@ -51,7 +51,7 @@ Qwen3Shape aligned_shape() {
 
 // A random dense Qwen3 target of shape s (kLayers layers), bf16, one safetensors file.
 std::string write_aligned_target(const std::string& dir, Qwen3Shape s = aligned_shape()) {
-  nlohmann::ordered_json c = qwen3_config_json(s);
+  nlohmann::ordered_json c = target_config_json(s);
   c["torch_dtype"] = "bfloat16";
   make_dir(dir);
   write_file_atomic(dir + "/config.json", c.dump(2) + "\n");
