@@ -16,6 +16,8 @@
 #   bash bench/pending_gpu_runs.sh BIN OUT quality4   # eval sampled (T = 1), its table
 #   bash bench/pending_gpu_runs.sh BIN OUT quality5   # ~6 min: issue 46's FP8 features (ours-e) and FP8 wire (ours-f),
 #                                                     # as many steps as ours-a; ours-a/e/f's tau under the FP8 target
+#   bash bench/pending_gpu_runs.sh BIN OUT fidelity8  # ~7 min: FP8 features' error vs bf16 per captured layer, random Qwen3-8B
+#   bash bench/pending_gpu_runs.sh BIN OUT fidelity27 # ~5 min: the same at the Qwen3.6-27B hybrid's shape (16 layers)
 #   bash bench/pending_gpu_runs.sh BIN OUT wide1      # ~8 min: hidden 4096: the target trained 300 s, the reference
 #   bash bench/pending_gpu_runs.sh BIN OUT wide2      # ~6 min: hidden 4096: ours-a, ours-b (colocated)
 #   bash bench/pending_gpu_runs.sh BIN OUT wide3      # ~3 min: hidden 4096: eval (greedy), the table
@@ -159,6 +161,13 @@ for part in "$@"; do
         done
       fi
       pack "$O" ;;
+    fidelity8|fidelity27)  # issue 46 item 3 (bench/fp8_run.sh); the checkpoints outside OUT (the tool brings OUT back)
+      say "$part"
+      w=${part#fidelity}; [ "$w" = 27 ] && w=27b || w=8b
+      MODELS=$ROOT/runs/fp8-models WHICH=$w timeout $((590 - (SECONDS - T0))) bash "$ROOT/bench/fp8_run.sh" "$B" "$O" \
+        > "$O/run.log" 2>&1
+      grep -h "^#\|layer\|rel" "$O"/$w-*.txt 2>/dev/null | tail -40 > "$O/summary.txt"
+      pack "$O" ;;
     wide1|wide2|wide3)
       h=4096
       case $part in
@@ -173,7 +182,7 @@ for part in "$@"; do
         bash "$ROOT/bench/quality/run.sh" "$O/q" "${stages[@]}" | tail -30
       [ $part = wide3 ] && cat "$O/q"/results*.md > "$O/summary.txt"
       pack "$O" ;;
-    *) echo "unknown part $part (checks layouts speed speed2 dflash2 quality1 quality2 quality3 quality4 quality5 wide1 wide2 wide3)" >&2; exit 2 ;;
+    *) echo "unknown part $part (checks layouts speed speed2 dflash2 quality1 quality2 quality3 quality4 quality5 fidelity8 fidelity27 wide1 wide2 wide3)" >&2; exit 2 ;;
   esac
 done
 say done
