@@ -22,6 +22,7 @@
 
 #include "backend.cuh"
 #include "cuda_check.cuh"
+#include "device_limits.cuh"
 #include "dflash/error.h"
 #include "fp8_rows.cuh"
 #include "lt_plan.cuh"
@@ -127,11 +128,10 @@ bool fast_token_accumulation(int cc) {
   return forced != 0 ? forced > 0 : cc == 90;
 }
 
+// The real device's compute capability as 10 * major + minor (device_limits: queried once per device).
 int compute_capability(int device) {
-  int major = 0, minor = 0;
-  DF_CUDA(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-  DF_CUDA(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
-  return major * 10 + minor;
+  const DeviceLimits& l = device_limits(device);
+  return l.cc_major * 10 + l.cc_minor;
 }
 
 // Block128: 1x128 scales on both operands (VEC128_32F); TokenChannel: one per row of each (OUTER_VEC_32F:

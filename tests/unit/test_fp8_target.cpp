@@ -19,6 +19,7 @@
 #include "dflash/fp8_convert.h"
 #include "dflash/safetensors.h"
 #include "dflash/target.h"
+#include "ops_test_util.h"
 #include "test_support.h"
 
 namespace dflash {
@@ -32,15 +33,6 @@ test::RunResult run(const std::string& dir, const std::string& precision, const 
   const PackedBatch batch = test::golden_batch(kGolden + "/" + golden_case);
   auto model = make_target_model(cfg, dir, cpu_ctx(), test::all_layers(cfg.text.num_hidden_layers), batch.num_tokens());
   return test::run_target(*model, batch);
-}
-
-double relative_error(const std::vector<float>& a, const std::vector<float>& ref) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    num += (double(a[i]) - ref[i]) * (double(a[i]) - ref[i]);
-    den += double(ref[i]) * ref[i];
-  }
-  return std::sqrt(num / den);
 }
 
 class Fp8Target : public testing::TestWithParam<const char*> {
@@ -63,7 +55,7 @@ TEST_P(Fp8Target, FeaturesStayCloseToBf16AndTheBlockPathsAgree) {
   const test::RunResult released = run(tmp_ + "/block", "", golden_case());
   const test::RunResult ct = run(tmp_ + "/channel", "", golden_case());
   for (const auto* r : {&ours, &released, &ct}) {
-    const double e = relative_error(r->features, ref.features);
+    const double e = test::rel_err(r->features, ref.features);
     // e4m3 keeps 3 mantissa bits (relative rounding error <= 2^-4, ~1.8% rms for uniform mantissas) on both
     // the weights and the activations; through a few layers the features move by a few percent, not 0.
     EXPECT_GT(e, 1e-3) << "FP8 changed nothing: the linears did not run FP8";
@@ -77,7 +69,7 @@ TEST_P(Fp8Target, FeaturesStayCloseToBf16AndTheBlockPathsAgree) {
   const test::RunResult dequantized = run(tmp_ + "/block", "bf16", golden_case());
   EXPECT_NE(dequantized.features, ref.features);
   EXPECT_NE(dequantized.features, released.features);
-  EXPECT_LT(relative_error(dequantized.features, ref.features), relative_error(released.features, ref.features));
+  EXPECT_LT(test::rel_err(dequantized.features, ref.features), test::rel_err(released.features, ref.features));
 }
 
 // --target-precision fp8-dynamic quantizes a bf16 checkpoint on load into llm-compressor's FP8-Dynamic (a
@@ -92,7 +84,7 @@ TEST_P(Fp8Target, Fp8DynamicOnLoadIsTheChannelRelease) {
   EXPECT_EQ(dynamic.final_norm, released.final_norm);
   const test::RunResult block = run(bf16_dir(), "fp8", golden_case());
   EXPECT_NE(dynamic.features, block.features);
-  const double e = relative_error(dynamic.features, run(bf16_dir(), "", golden_case()).features);
+  const double e = test::rel_err(dynamic.features, run(bf16_dir(), "", golden_case()).features);
   EXPECT_GT(e, 1e-3) << "fp8-dynamic changed nothing: the linears did not run FP8";
   EXPECT_LT(e, 0.15);
   // On a checkpoint that is FP8 already, fp8-dynamic (a format to quantize into) is refused.
@@ -126,11 +118,11 @@ TEST_P(Fp8Target, MatchesTransformersFp8Arithmetic) {
   for (int64_t l = 0; l < L; ++l) {
     const std::vector<float> got(ours.features.begin() + l * n, ours.features.begin() + (l + 1) * n);
     const std::vector<float> ref(hidden.begin() + l * n, hidden.begin() + (l + 1) * n);
-    const double e = relative_error(got, ref);
+    const double e = test::rel_err(got, ref);
     std::printf("%s fp8.hidden[%lld] relative L2 %.3g\n", golden_case().c_str(), static_cast<long long>(l), e);
     EXPECT_LT(e, tol(l)) << "layer " << l;
   }
-  const double e = relative_error(ours.final_norm, final_norm);
+  const double e = test::rel_err(ours.final_norm, final_norm);
   std::printf("%s fp8.final_norm relative L2 %.3g\n", golden_case().c_str(), e);
   EXPECT_LT(e, tol(L));
 }

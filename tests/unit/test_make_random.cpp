@@ -23,6 +23,7 @@
 #include "dflash/safetensors.h"
 #include "dflash/target.h"
 #include "model/qwen35_config.h"
+#include "ops_test_util.h"
 #include "test_support.h"
 
 namespace dflash {
@@ -106,15 +107,6 @@ void expect_sane(const test::RunResult& r, int layers, int64_t T, int64_t H, dou
   for (float x : r.final_norm) ASSERT_TRUE(std::isfinite(x)) << "final norm has inf/NaN";
 }
 
-double relative_error(const std::vector<float>& a, const std::vector<float>& ref) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    num += (double(a[i]) - ref[i]) * (double(a[i]) - ref[i]);
-    den += double(ref[i]) * ref[i];
-  }
-  return std::sqrt(num / den);
-}
-
 TEST(MakeRandom, Qwen36At27bHeadShapesLoadsAndRunsSane) {
   if (!have("dflash-make-random")) GTEST_SKIP() << "build the dflash-make-random target first";
   const std::string dir = test::make_temp_dir("dflash-make-random-");
@@ -190,7 +182,7 @@ TEST(MakeRandom, Qwen36At27bHeadShapesLoadsAndRunsSane) {
   for (const char* p : {"fp8", "fp8-dynamic"}) {
     const test::RunResult r = forward(target, p, batch);
     expect_sane(r, 8, T, H, 0.3, 30.0);
-    const double e = relative_error(r.features, bf16.features);
+    const double e = test::rel_err(r.features, bf16.features);
     std::printf("  --target-precision %s: relative L2 error of the features %.4f\n", p, e);
     EXPECT_GT(e, 1e-3) << p << " changed nothing";
     EXPECT_LT(e, 0.15) << p;
