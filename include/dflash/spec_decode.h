@@ -150,7 +150,17 @@ class SpecDecoder {
   // The lane's bonus (and its acceptance) from the target's logits rows of its block (host_logits_ from row
   // `row0`): greedy or rejection sampling.
   int verify(Lane& lane, int64_t row0, int block_rows, int32_t& bonus);
-  const float* logits_row(int64_t r) const { return host_logits_.data() + static_cast<size_t>(r * vocab_); }
+  // Row r of the last target_logits, float32 on the host. On CUDA the step downloads the rows as they are
+  // (bf16) and a row is converted when first asked for: verification reads a few rows of each block (greedy:
+  // up to the first rejected draft), not all B x vocabulary of them. Rows of different lanes may be asked for
+  // from different threads (each row's conversion is its own).
+  const float* logits_row(int64_t r);
+  bool logits_on_host() const;  // the CPU backend: logits_ is host float32 already (no download)
+  // The DFlash drafter at T > 0, several lanes in one drafter forward and one lm_head (their draws after it,
+  // lane by lane in parallel: each from its own generator, as draft_sampled would draw them).
+  void draft_sampled_together(const std::vector<Lane*>& lanes, int block_rows);
+  // f(i) for i in [0, n) on up to host_threads_ threads (each i once; f must touch only what i owns).
+  void parallel_for(size_t n, const std::function<void(size_t)>& f) const;
 
   TargetModel& target_;
   DrafterTrainer& drafter_;
@@ -161,11 +171,17 @@ class SpecDecoder {
   // tgt_*: [k, packed, H], [packed, H]; drf_features_ [k, draft_tokens, H]; fn_rows_ [prompt_batch B, H] the
   // final_norm rows whose logits a step needs, gathered; logits_ [prompt_batch B, V]
   Buffer tgt_features_, tgt_final_norm_, drf_features_, fn_rows_, logits_;
+  // host_logits_ [prompt_batch B, V] the rows converted so far (row_ready_); host_raw_ the last download in
+  // logits_' dtype (CUDA; on the CPU logits_ itself is read). Allocated once.
   std::vector<float> host_logits_;
+  std::vector<uint8_t> row_ready_;
+  std::unique_ptr<char[]> host_raw_;
+  int host_threads_ = 1;  // threads for the per-lane host work (verification, DFlash's sampled drafts)
   PackedBatch batch_, draft_batch_;
   int64_t packed_now_ = 0;  // tokens of the last target forward
   SamplingSpec sampling_;
-  Buffer draft_logits_;  // [B-1, V] (DFlash at T > 0)
+  Buffer draft_logits_;  // [draft_anchors B, V] (DFlash at T > 0)
+  std::unique_ptr<char[]> draft_raw_;  // its download (host)
 };
 
 }  // namespace dflash

@@ -1,6 +1,7 @@
 #include "dflash/backend.h"
 
 #include <cstring>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -18,6 +19,10 @@ void convert_host(void* dst, DType dst_type, const void* src, DType src_type, si
     std::memcpy(dst, src, n * dtype_size(dst_type));
     return;
   }
+  if (dst_type == DType::F32) {  // straight into dst: no intermediate copy (logits downloads are 100s of MB)
+    to_f32(static_cast<float*>(dst), src, src_type, n);
+    return;
+  }
   std::vector<float> f32;
   const float* from = static_cast<const float*>(src);
   if (src_type != DType::F32) {
@@ -25,9 +30,7 @@ void convert_host(void* dst, DType dst_type, const void* src, DType src_type, si
     to_f32(f32.data(), src, src_type, n);
     from = f32.data();
   }
-  if (dst_type == DType::F32) {
-    std::memcpy(dst, from, n * sizeof(float));
-  } else if (dst_type == DType::BF16) {
+  if (dst_type == DType::BF16) {
     uint16_t* d = static_cast<uint16_t*>(dst);
     for (size_t i = 0; i < n; ++i) d[i] = f32_to_bf16(from[i]);
   } else {
@@ -102,9 +105,10 @@ void copy_tensor(const Ctx& ctx, const Tensor& dst, const Tensor& src) {
     copy_bytes(ctx, dst.data, staged.data(), staged.size());
     synchronize(ctx);  // staged must outlive the copy
   } else if (dst.device == Device::CPU) {  // download, then convert on the host
-    std::vector<char> staged(src.nbytes());
-    copy_bytes(ctx, staged.data(), src.data, staged.size());
-    convert_host(dst.data, dst.dtype, staged.data(), src.dtype, n);
+    // default-initialised (not zeroed): every byte is overwritten by the download
+    const std::unique_ptr<char[]> staged(new char[src.nbytes()]);
+    copy_bytes(ctx, staged.get(), src.data, src.nbytes());
+    convert_host(dst.data, dst.dtype, staged.get(), src.dtype, n);
   } else {
     fatal(ExitCode::Internal, "copy_tensor: device-to-device dtype conversion is not supported");
   }

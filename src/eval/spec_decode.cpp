@@ -2,9 +2,11 @@
 #include "dflash/spec_decode.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <numeric>
+#include <thread>
 
 #include "dflash/backend.h"
 #include "dflash/drafter_ops.h"
@@ -98,7 +100,43 @@ SpecDecoder::SpecDecoder(TargetModel& target, DrafterTrainer& drafter, const Ctx
   // The drafter reads features only before its anchor, but its projection runs over every position:
   // keep the unread rows finite.
   drf_features_.zero();
-  host_logits_.resize(static_cast<size_t>(logit_rows * vocab_));
+  row_ready_.assign(static_cast<size_t>(logit_rows), 0);
+  if (!logits_on_host()) {
+    host_logits_.resize(static_cast<size_t>(logit_rows * vocab_));
+    host_raw_.reset(new char[logits_.t().nbytes()]);
+  }
+  const unsigned cores = std::thread::hardware_concurrency();
+  host_threads_ = static_cast<int>(std::clamp(cores, 1u, 16u));
+}
+
+bool SpecDecoder::logits_on_host() const { return logits_.t().device == Device::CPU && logits_.t().dtype == DType::F32; }
+
+const float* SpecDecoder::logits_row(int64_t r) {
+  DF_CHECK(r >= 0 && r < static_cast<int64_t>(row_ready_.size()), Internal, "logits row " << r);
+  if (logits_on_host()) return logits_.t().ptr<float>() + r * vocab_;
+  float* row = host_logits_.data() + static_cast<size_t>(r * vocab_);
+  if (!row_ready_[static_cast<size_t>(r)]) {
+    const DType dt = logits_.t().dtype;
+    to_f32(row, host_raw_.get() + static_cast<size_t>(r * vocab_) * dtype_size(dt), dt, static_cast<size_t>(vocab_));
+    row_ready_[static_cast<size_t>(r)] = 1;
+  }
+  return row;
+}
+
+void SpecDecoder::parallel_for(size_t n, const std::function<void(size_t)>& f) const {
+  const size_t threads = std::min(n, static_cast<size_t>(host_threads_));
+  if (threads <= 1) {
+    for (size_t i = 0; i < n; ++i) f(i);
+    return;
+  }
+  std::atomic<size_t> next{0};
+  auto work = [&] {
+    for (size_t i; (i = next.fetch_add(1)) < n;) f(i);
+  };
+  std::vector<std::thread> pool;
+  for (size_t t = 1; t < threads; ++t) pool.emplace_back(work);
+  work();
+  for (std::thread& t : pool) t.join();
 }
 
 SpecDecoder::~SpecDecoder() = default;
@@ -131,7 +169,9 @@ void SpecDecoder::target_logits(const std::vector<std::pair<int64_t, int>>& rows
   }
   const Tensor lg = leading_view(logits_, {total, vocab_});
   target_.lm_head_forward(lg, gathered);
-  copy_tensor(ctx_, cpu_view(host_logits_.data(), {total, vocab_}), lg);  // complete on return
+  std::fill(row_ready_.begin(), row_ready_.begin() + total, 0);
+  if (!logits_on_host())  // as they are (bf16 on CUDA: half the bytes); logits_row converts what is read
+    copy_tensor(ctx_, Tensor(host_raw_.get(), lg.dtype, Device::CPU, {total, vocab_}), lg);  // complete on return
 }
 
 void SpecDecoder::draft(Lane& lane, int block_rows) {
@@ -199,6 +239,17 @@ std::vector<int32_t> SpecDecoder::greedy(const std::vector<int32_t>& prompt, int
 void sampling_probs(const float* logits, int64_t V, const SamplingSpec& s, std::vector<double>& probs) {
   DF_CHECK(s.temperature > 0.f && s.top_p > 0.f && s.top_p <= 1.f && s.top_k >= 0, Internal,
            "sampling_probs: temperature " << s.temperature << ", top_p " << s.top_p << ", top_k " << s.top_k);
+  if ((s.top_k == 0 || s.top_k >= V) && s.top_p >= 1.f) {
+    // the whole vocabulary: the same arithmetic as below in id order, written into probs directly (this runs
+    // for every verified row and every DFlash draft row at T > 0)
+    double m = -1e300;
+    for (int64_t i = 0; i < V; ++i) m = std::max(m, static_cast<double>(logits[i]) / s.temperature);
+    probs.resize(static_cast<size_t>(V));
+    double z = 0;
+    for (int64_t i = 0; i < V; ++i) z += probs[i] = std::exp(static_cast<double>(logits[i]) / s.temperature - m);
+    for (double& x : probs) x /= z;
+    return;
+  }
   std::vector<int32_t> ids(static_cast<size_t>(V));
   std::iota(ids.begin(), ids.end(), 0);
   int64_t n = V;
@@ -235,8 +286,10 @@ void sampling_probs(const float* logits, int64_t V, const SamplingSpec& s, std::
 
 void SpecDecoder::set_sampling(const SamplingSpec& s) {
   sampling_ = s;
-  if (s.temperature > 0.f && drafter_.config().arch == DraftArch::DFlash && draft_logits_.t().empty())
-    draft_logits_ = Buffer(ctx_.device, target_.activation_dtype(), {block_, vocab_});
+  if (s.temperature > 0.f && drafter_.config().arch == DraftArch::DFlash && draft_logits_.t().empty()) {
+    draft_logits_ = Buffer(ctx_.device, target_.activation_dtype(), {static_cast<int64_t>(draft_anchors_) * block_, vocab_});
+    draft_raw_.reset(new char[draft_logits_.t().nbytes()]);
+  }
 }
 
 int32_t draw_from(const std::vector<double>& p, Rng& rng) {  // inverse CDF in id order (torch.multinomial's law)
@@ -271,23 +324,39 @@ void SpecDecoder::draft_sampled(Lane& lane, int block_rows) {
     for (int j = 0; j < n; ++j) lane.q_rows[j].assign(q.begin() + j * K, q.begin() + (j + 1) * K);
     return;
   }
-  // DFlash: the drafter's logits = the target's lm_head over its hidden rows 1..V-1, compute_logits' transform,
-  // then sampling_probs with the same top-p / top-k, one draw a row
-  draft(lane, block_rows);
-  const Tensor h = drafter_.draft_hidden().slice_rows(1, block_rows);
-  const Tensor lg = leading_view(draft_logits_, {n, vocab_});
+  draft_sampled_together({&lane}, block_rows);
+}
+
+void SpecDecoder::draft_sampled_together(const std::vector<Lane*>& lanes, int block_rows) {
+  // DFlash: the drafter's logits = the target's lm_head over its hidden rows 1..V-1 of each block,
+  // compute_logits' transform, then sampling_probs with the same top-p / top-k, one draw a row
+  DF_CHECK(drafter_.config().arch == DraftArch::DFlash && !draft_logits_.t().empty(), Internal,
+           "draft_sampled_together: a DFlash drafter after set_sampling");
+  const int n = block_rows - 1;
+  draft_together(lanes, block_rows);  // the forward (its greedy drafts are replaced by the draws below)
+  const int64_t rows = static_cast<int64_t>(lanes.size()) * block_;  // each block's B rows (drafter.h)
+  const Tensor h = drafter_.draft_hidden();
+  DF_CHECK(h.size(0) == rows, Internal, "draft hidden " << h.shape_str() << " for " << lanes.size() << " blocks of " << block_);
+  const Tensor lg = leading_view(draft_logits_, {rows, vocab_});
   target_.lm_head_forward(lg, h);
-  std::vector<float> host(static_cast<size_t>(n * vocab_));
-  copy_tensor(ctx_, cpu_view(host.data(), {n, vocab_}), lg);
+  const Tensor raw(draft_raw_.get(), lg.dtype, Device::CPU, {rows, vocab_});
+  copy_tensor(ctx_, raw, lg);  // complete on return
   const ops::LogitSpec logit = ops::logit_spec(drafter_.config());
-  lane.drafts.resize(static_cast<size_t>(n));
-  for (int j = 0; j < n; ++j) {
-    float* row = host.data() + static_cast<size_t>(j) * vocab_;
-    ops::transform_logits_in_place(row, vocab_, logit);
-    sampling_probs(row, vocab_, sampling_, lane.q_rows[j]);
-    lane.drafts[j] = draw_from(lane.q_rows[j], lane.rng);
-  }
-  lane.q_ids.clear();
+  const size_t row_bytes = static_cast<size_t>(vocab_) * dtype_size(lg.dtype);
+  parallel_for(lanes.size(), [&](size_t i) {
+    Lane& lane = *lanes[i];
+    lane.q_rows.assign(static_cast<size_t>(n), {});
+    lane.drafts.resize(static_cast<size_t>(n));
+    std::vector<float> row(static_cast<size_t>(vocab_));
+    for (int j = 0; j < n; ++j) {
+      const size_t r = i * static_cast<size_t>(block_) + 1 + static_cast<size_t>(j);
+      to_f32(row.data(), static_cast<const char*>(raw.data) + r * row_bytes, lg.dtype, static_cast<size_t>(vocab_));
+      ops::transform_logits_in_place(row.data(), vocab_, logit);
+      sampling_probs(row.data(), vocab_, sampling_, lane.q_rows[j]);
+      lane.drafts[j] = draw_from(lane.q_rows[j], lane.rng);
+    }
+    lane.q_ids.clear();
+  });
 }
 
 }  // namespace dflash

@@ -57,10 +57,11 @@ int SpecDecoder::verify(Lane& lane, int64_t row0, int block_rows, int32_t& bonus
   const std::vector<int32_t>& d = lane.drafts;
   int a = 0;
   if (sampling_.temperature <= 0.f) {
-    std::vector<int32_t> posterior(static_cast<size_t>(V));
-    for (int r = 0; r < V; ++r) posterior[r] = argmax_row(logits_row(row0 + r), vocab_);
-    a = accepted_prefix(d.data(), posterior.data(), V - 1);
-    bonus = posterior[a];
+    // the target's choice row by row up to the first draft it rejects (accepted_prefix over all V rows, without
+    // reading the rows after it)
+    int32_t posterior = argmax_row(logits_row(row0), vocab_);
+    while (a < V - 1 && d[static_cast<size_t>(a)] == posterior) posterior = argmax_row(logits_row(row0 + ++a), vocab_);
+    bonus = posterior;
     return a;
   }
   std::vector<double> p;
@@ -132,29 +133,35 @@ std::vector<SpecDecodeResult> SpecDecoder::generate_batch(const std::vector<Deco
     DF_CHECK(!lanes.empty(), Internal, "no prompt fits the packed forward of " << packed_tokens_ << " tokens");
     // Draft: every lane past its prefill, a block of V rows anchored at its latest token x[n] (V = B, or
     // near the limit the rows left: the official loop's verify_size).
-    // Greedy: the lanes of one block size draft together, as many per drafter forward as it takes. Sampled:
-    // one at a time (each draws from its own generator as it drafts).
+    // The lanes of one block size draft together, as many per drafter forward as it takes (sampled DFlash:
+    // each lane then draws from its own generator). Sampled DFlash2: one at a time (the selector's walk draws
+    // as it goes).
     std::map<int, std::vector<Lane*>> by_rows;
     for (Lane& l : lanes)
       if (l.prefilled) by_rows[official_verify_rows(block_, static_cast<int64_t>(l.x.size()) - 1, l.max_length)].push_back(&l);
+    const bool one_at_a_time = sampled && drafter_.config().arch == DraftArch::DFlash2;
+    auto draft_part = [&](const std::vector<Lane*>& part, int V) {
+      if (sampled) draft_sampled_together(part, V);
+      else draft_together(part, V);
+    };
     for (const auto& [V, group] : by_rows) {
       std::vector<Lane*> part;
       int64_t tokens = 0;
       for (Lane* l : group) {
-        if (sampled) {
+        if (one_at_a_time) {
           draft_sampled(*l, V);
           continue;
         }
         const int64_t need = static_cast<int64_t>(l->x.size()) - 1 + block_;
         if (!part.empty() && (static_cast<int>(part.size()) == draft_anchors_ || tokens + need > draft_tokens_)) {
-          draft_together(part, V);
+          draft_part(part, V);
           part.clear();
           tokens = 0;
         }
         part.push_back(l);
         tokens += need;
       }
-      if (!part.empty()) draft_together(part, V);
+      if (!part.empty()) draft_part(part, V);
       for (Lane* l : group)
         DF_CHECK(static_cast<int>(l->drafts.size()) == V - 1, Internal, l->drafts.size() << " drafts for a block of " << V);
     }
@@ -174,10 +181,12 @@ std::vector<SpecDecodeResult> SpecDecoder::generate_batch(const std::vector<Deco
     batch_.loss_mask.assign(batch_.tokens.size(), 0);
     target_forward();
     target_logits(rows);
-    // Verify and append, lane by lane (its logits rows start at row0 of host_logits_).
-    int64_t row0 = 0;
-    for (size_t i = 0; i < lanes.size(); ++i) {
+    // Verify and append, each lane on its own (its logits rows start at row0[i]; host threads share the lanes).
+    std::vector<int64_t> row0s(lanes.size());
+    for (size_t i = 0, at = 0; i < lanes.size(); at += static_cast<size_t>(rows[i].second), ++i) row0s[i] = static_cast<int64_t>(at);
+    parallel_for(lanes.size(), [&](size_t i) {
       Lane& l = lanes[i];
+      const int64_t row0 = row0s[i];
       if (!l.prefilled) {  // the target's first token
         int32_t first;
         if (sampled) {
@@ -203,8 +212,7 @@ std::vector<SpecDecodeResult> SpecDecoder::generate_batch(const std::vector<Deco
         l.res.acceptance.push_back(step.produced);
       }
       l.done = l.done || static_cast<int64_t>(l.x.size()) >= l.max_length;
-      row0 += rows[i].second;
-    }
+    });
     // Finished lanes leave; their results are final.
     for (Lane& l : lanes) {
       if (!l.done) continue;
