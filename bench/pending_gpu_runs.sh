@@ -12,10 +12,18 @@
 #   bash bench/pending_gpu_runs.sh BIN OUT dflash2    # ~4 min: the 27B DFlash2 step with the release's heads vs PyTorch
 #   bash bench/pending_gpu_runs.sh BIN OUT quality1   # ~6 min: tau table at hidden 2048, colocated: target, reference, ours-a
 #   bash bench/pending_gpu_runs.sh BIN OUT quality2   # ~7 min: ours-b (per record), ours-c / ours-d (DFlash2 strict / insert)
-#   bash bench/pending_gpu_runs.sh BIN OUT quality3   # eval greedy, the table (~7 min one prompt at a time; batched: not yet timed)
+#   bash bench/pending_gpu_runs.sh BIN OUT quality5   # ~3.5 min: issue 46's FP8 features (ours-e) and FP8 wire (ours-f),
+#                                                     # as many steps as ours-a
+#   bash bench/pending_gpu_runs.sh BIN OUT quality3   # eval greedy (every drafter, bf16 target), the table; the batched
+#                                                     # decoder's speed if time is left
 #   bash bench/pending_gpu_runs.sh BIN OUT quality4   # eval sampled (T = 1), its table
-#   bash bench/pending_gpu_runs.sh BIN OUT quality5   # ~6 min: issue 46's FP8 features (ours-e) and FP8 wire (ours-f),
-#                                                     # as many steps as ours-a; ours-a/e/f's tau under the FP8 target
+#   bash bench/pending_gpu_runs.sh BIN OUT quality6   # ours-a / e / f's tau under the FP8 target, its table
+#
+# Order on one warm machine: quality1, quality2, `quality5 quality3`, `quality4 quality6`. The eval parts keep
+# what finished when a call's time runs out (each drafter's json, the table over them); a part that would start
+# with under a minute left is skipped and says so. Before the host-side rework of dflash-eval (60cb227:
+# bf16 logits converted per row read, lanes verified on threads, DFlash's sampled drafts batched) one drafter's
+# eval took 53 s greedy, 137 s sampled, and quality4 alone ran out of time at its fourth drafter.
 #   bash bench/pending_gpu_runs.sh BIN OUT fidelity8  # ~7 min: FP8 features' error vs bf16 per captured layer, random Qwen3-8B
 #   bash bench/pending_gpu_runs.sh BIN OUT fidelity27 # ~5 min: the same at the Qwen3.6-27B hybrid's shape (16 layers)
 #   bash bench/pending_gpu_runs.sh BIN OUT wide1      # ~8 min: hidden 4096: the target trained 300 s, the reference
@@ -53,6 +61,10 @@ nvidia-smi --query-gpu=name,memory.total,power.limit --format=csv,noheader | tee
 
 for part in "$@"; do
   O=$OUT/$part
+  # a part started with less than this left of the call would be killed by the device tool, losing what the
+  # part before it saved (and `timeout 0` means none): skipped, it says so
+  left=$((590 - (SECONDS - T0)))
+  if [ $left -lt 60 ]; then say "$part skipped: $left s left of this call"; continue; fi
   mkdir -p "$O"
   case $part in
     checks)
@@ -125,7 +137,7 @@ for part in "$@"; do
       timeout 120 "$(prog drafter_bench)" --model 27b --context 4096 --anchors 512 --draft-arch dflash2 --block 8 \
         "${H[@]}" --optimizer-state bf16 > "$O/ours-bf16-state.txt" 2>&1
       grep -h "step\b\|median" "$O"/*.txt | tail -20 | tee "$O/summary.txt" ;;
-    quality1|quality2|quality3|quality4|quality5)
+    quality1|quality2|quality3|quality4|quality5|quality6)
       # issue 45's tau table with colocated, issue 47's DFlash (block 16) vs DFlash2 (block 8) strict / insert,
       # issue 44's two densities (a: 512 per batch, b: 512 per record), all against the reference, on the
       # hidden-2048 target (bench/results/quality-2d1274e: 90 s of training gives tau ~2)
@@ -136,24 +148,32 @@ for part in "$@"; do
       case $part in
         quality1) stages=(target ref ours-a) ;;
         quality2) stages=(ours-b ours-c ours-d) ;;
-        quality3|quality4) stages=(eval table) ;;
-        quality5) stages=(ours-e ours-f eval table) ;;
+        quality5) stages=(ours-e ours-f) ;;
+        quality3|quality4|quality6) stages=(eval table) ;;
       esac
       say "$part: ${stages[*]}"
+      # EVAL_JOBS=2: one process's host work (verification, sampled draws) overlaps the other's forwards
       Q=(env WORK="$ROOT/runs/q$h" BIN="$B" HIDDEN=$h TARGET_SECONDS=90 BUDGETS=40,80 OURS_LAYOUT=colocated
-         A_CALIB_STEPS=60 B_CALIB_STEPS=16 CALIB_STEPS=60 EVAL_JOBS=1 PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True)
-      # quality4: sampled decoding (T = 1); greedy's eval of 10 drafters took ~7 min of one call (one prompt at
-      # a time), so the two do not share a call
+         A_CALIB_STEPS=60 B_CALIB_STEPS=16 CALIB_STEPS=60 EVAL_JOBS=2 PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True)
+      # quality4: sampled decoding (T = 1); quality6: ours-a / e / f under the FP8 target (their bf16 taus: quality3)
       [ $part = quality4 ] && Q+=(EVAL_TEMPERATURE=1)
-      # quality5: the bf16 target's taus of ours-e / ours-f come with quality3's eval (run it after this part)
-      [ $part = quality5 ] && Q+=(EVAL_TARGET_PRECISION=fp8 "EVAL_RUNS=ours-a ours-e ours-f")
-      "${Q[@]}" timeout $((590 - (SECONDS - T0))) bash "$ROOT/bench/quality/run.sh" "$O/q" "${stages[@]}" | tail -30
-      case $part in quality3|quality4|quality5) cat "$O/q"/results*.md > "$O/summary.txt" ;; esac
-      if [ $part = quality3 ]; then  # the batched decoder's speed: one drafter, 16 prompts, one at a time vs together
+      [ $part = quality6 ] && Q+=(EVAL_TARGET_PRECISION=fp8 "EVAL_RUNS=ours-a ours-e ours-f")
+      "${Q[@]}" timeout $((590 - (SECONDS - T0) - 20)) bash "$ROOT/bench/quality/run.sh" "$O/q" "${stages[@]}" | tail -30
+      # what the evals finished, kept even when the call's time ran out mid-stage: their jsons and logs, and
+      # the table over them (the table stage reads whatever eval files exist)
+      case $part in
+        quality3|quality4|quality6)
+          cp -r "$ROOT/runs/q$h"/eval* "$O/" 2>/dev/null
+          [ -s "$O/q/results.md" ] || [ -n "$(ls "$O"/q/results-*.md 2>/dev/null)" ] ||
+            "${Q[@]}" timeout 15 bash "$ROOT/bench/quality/run.sh" "$O/q" table > /dev/null 2>&1
+          cat "$O/q"/results*.md > "$O/summary.txt" 2>/dev/null ;;
+      esac
+      if [ $part = quality3 ] && [ $((590 - (SECONDS - T0))) -gt 120 ]; then
+        # the batched decoder's speed: one drafter, 16 prompts, one at a time vs together
         d=$(ls -d "$ROOT/runs/q$h"/ours-a/checkpoints/step-*/drafter | tail -1)
         for pb in 1 16; do
           t0=$(date +%s.%N)
-          timeout 200 "$(prog dflash-eval)" --backend cuda --target "$ROOT/runs/q$h/target" --drafter "$d" \
+          timeout 60 "$(prog dflash-eval)" --backend cuda --target "$ROOT/runs/q$h/target" --drafter "$d" \
             --prompts "$ROOT/runs/q$h/data/heldout.h5" --max-prompts 16 --max-new-tokens 128 --max-prompt-length 1024 \
             --prompt-batch $pb --json "$O/pb$pb.json" > "$O/pb$pb.log" 2>&1
           echo "dflash-eval --prompt-batch $pb (16 prompts): $(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }') s, $(grep -h '^tau' "$O/pb$pb.log")" |
@@ -177,12 +197,17 @@ for part in "$@"; do
       esac
       say "$part: ${stages[*]}"
       WORK="$ROOT/runs/q$h" BIN="$B" HIDDEN=$h TARGET_SECONDS=300 TARGET_ARGS="--micro-batch 2" BUDGETS=60,120 \
-        OURS_LAYOUT=colocated A_CALIB_STEPS=60 B_CALIB_STEPS=16 EVAL_JOBS=1 \
-        PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True timeout $((590 - (SECONDS - T0))) \
+        OURS_LAYOUT=colocated A_CALIB_STEPS=60 B_CALIB_STEPS=16 EVAL_JOBS=2 \
+        PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True timeout $((590 - (SECONDS - T0) - 20)) \
         bash "$ROOT/bench/quality/run.sh" "$O/q" "${stages[@]}" | tail -30
-      [ $part = wide3 ] && cat "$O/q"/results*.md > "$O/summary.txt"
+      if [ $part = wide3 ]; then  # as the quality eval parts: what finished is kept
+        cp -r "$ROOT/runs/q$h"/eval* "$O/" 2>/dev/null
+        [ -s "$O/q/results.md" ] || WORK="$ROOT/runs/q$h" BIN="$B" HIDDEN=$h BUDGETS=60,120 timeout 15 \
+          bash "$ROOT/bench/quality/run.sh" "$O/q" table > /dev/null 2>&1
+        cat "$O/q"/results*.md > "$O/summary.txt" 2>/dev/null
+      fi
       pack "$O" ;;
-    *) echo "unknown part $part (checks layouts speed speed2 dflash2 quality1 quality2 quality3 quality4 quality5 fidelity8 fidelity27 wide1 wide2 wide3)" >&2; exit 2 ;;
+    *) echo "unknown part $part (checks layouts speed speed2 dflash2 quality1 quality2 quality3 quality4 quality5 quality6 fidelity8 fidelity27 wide1 wide2 wide3)" >&2; exit 2 ;;
   esac
 done
 say done

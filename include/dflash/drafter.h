@@ -235,6 +235,13 @@ class DrafterTrainer {
   std::vector<int32_t> draft_block_sampled(const FeatureBatch& fb, int64_t anchor, int block_rows, float temperature,
                                            const std::function<double()>& uniform, std::vector<float>& q,
                                            std::vector<int32_t>& cand);
+  // The same for several anchors in one forward (as draft_blocks): anchor a's walk draws from uniforms[a];
+  // q[a], cand[a] its [V-1, K] as above.
+  std::vector<std::vector<int32_t>> draft_blocks_sampled(const FeatureBatch& fb, const std::vector<int64_t>& anchors,
+                                                         int block_rows, float temperature,
+                                                         const std::vector<std::function<double()>>& uniforms,
+                                                         std::vector<std::vector<float>>& q,
+                                                         std::vector<std::vector<int32_t>>& cand);
   // The final-normed hidden states [B, H] of the last draft_block's block (the trainer's device and dtype;
   // rows V.. of a block of V rows mean nothing): a DFlash drafter's logits at T > 0 are the target's lm_head
   // over rows 1..V-1 (then compute_logits' transform).

@@ -16,10 +16,13 @@
 // not a serving engine's.
 //
 // Several prompts decode together (generate_batch, dflash-eval --prompt-batch): each step drafts every
-// running prompt (greedy: their blocks in one drafter forward, DrafterTrainer::draft_blocks), then ONE
+// running prompt (their blocks in one drafter forward, DrafterTrainer::draft_blocks; at T > 0 each prompt
+// then draws from its own generator, its draws the same as decoding alone), then ONE
 // target forward packs all their sequences (cu_seqlens: causal attention and
 // positions per sequence, as a training batch), then each prompt verifies, appends and, when done, leaves;
-// the next prompt takes its place (its prefill rides in the same packed forward). A prompt's tokens and
+// the next prompt takes its place (its prefill rides in the same packed forward). The host's share of a step
+// (verification: a target logits row is converted from bf16 when read, greedy reads up to the first rejected
+// draft; DFlash's sampled draws) runs on up to 16 threads, one prompt each. A prompt's tokens and
 // acceptance lengths are what decoding it alone gives: on the CPU backend bit for bit (every op there is
 // row-wise or per sequence, so a row does not see what else is packed: SpecDecodeBatch.* checks it); on
 // CUDA within the bf16 GEMMs' dependence on the packed row count (tests/gpu/test_spec_decode_batch_gpu.cpp).
@@ -137,16 +140,17 @@ class SpecDecoder {
   // Target logits of the final_norm rows [first, first + count) of each (first, count) in rows (of the last
   // target_forward), in that order, into host_logits_ (one lm_head over all of them).
   void target_logits(const std::vector<std::pair<int64_t, int>>& rows);
-  // The drafter's V-1 guesses for the lane's block of V = block_rows rows anchored at x.size()-1, from the
-  // target features of the positions before it (of the last target_forward, where the lane's sequence
-  // starts at its offset).
-  void draft(Lane& lane, int block_rows);
-  // The same for several lanes in one drafter forward (each its own sequence; at most draft_anchors_ lanes and
-  // draft_tokens_ tokens, x.size() - 1 + B each).
+  // draft_batch_ and drf_features_ for the lanes' drafts: each lane's sequence x[0..n] then its block of B
+  // (anchored at x[n]), features of the positions before it (of the last target_forward, where the lane's
+  // sequence starts at its offset); anchors out. At most draft_anchors_ lanes and draft_tokens_ tokens.
+  FeatureBatch pack_draft(const std::vector<Lane*>& lanes, std::vector<int64_t>& anchors);
+  // The drafter's V-1 greedy guesses for each lane's block of V = block_rows rows, in one drafter forward.
   void draft_together(const std::vector<Lane*>& lanes, int block_rows);
-  // At temperature > 0: the drafter's draws and their draft distributions, lane.q_rows[j] over lane.q_ids[j]
-  // (DFlash: the whole vocabulary, q_ids empty; DFlash2: the K candidates).
-  void draft_sampled(Lane& lane, int block_rows);
+  // At temperature > 0, the same forward, then each lane's draws and their draft distributions, lane.q_rows[j]
+  // over lane.q_ids[j] (DFlash: the whole vocabulary, q_ids empty; one lm_head over every block, the draws
+  // lane by lane in parallel; DFlash2: the K candidates, the selector's walk). Each lane draws from its own
+  // generator, as it would decoding alone.
+  void draft_sampled_together(const std::vector<Lane*>& lanes, int block_rows);
   // The lane's bonus (and its acceptance) from the target's logits rows of its block (host_logits_ from row
   // `row0`): greedy or rejection sampling.
   int verify(Lane& lane, int64_t row0, int block_rows, int32_t& bonus);
@@ -156,9 +160,6 @@ class SpecDecoder {
   // from different threads (each row's conversion is its own).
   const float* logits_row(int64_t r);
   bool logits_on_host() const;  // the CPU backend: logits_ is host float32 already (no download)
-  // The DFlash drafter at T > 0, several lanes in one drafter forward and one lm_head (their draws after it,
-  // lane by lane in parallel: each from its own generator, as draft_sampled would draw them).
-  void draft_sampled_together(const std::vector<Lane*>& lanes, int block_rows);
   // f(i) for i in [0, n) on up to host_threads_ threads (each i once; f must touch only what i owns).
   void parallel_for(size_t n, const std::function<void(size_t)>& f) const;
 

@@ -479,20 +479,38 @@ int64_t DrafterTrainer::max_tokens() const { return impl_->max_tokens; }
 std::vector<int32_t> DrafterTrainer::draft_block_sampled(const FeatureBatch& fb, int64_t anchor, int block_rows,
                                                          float temperature, const std::function<double()>& uniform,
                                                          std::vector<float>& q, std::vector<int32_t>& cand) {
+  std::vector<std::vector<float>> qs;
+  std::vector<std::vector<int32_t>> cands;
+  std::vector<std::vector<int32_t>> out = draft_blocks_sampled(fb, {anchor}, block_rows, temperature, {uniform}, qs, cands);
+  q = std::move(qs[0]);
+  cand = std::move(cands[0]);
+  return std::move(out[0]);
+}
+
+std::vector<std::vector<int32_t>> DrafterTrainer::draft_blocks_sampled(
+    const FeatureBatch& fb, const std::vector<int64_t>& anchors, int block_rows, float temperature,
+    const std::vector<std::function<double()>>& uniforms, std::vector<std::vector<float>>& q,
+    std::vector<std::vector<int32_t>>& cand) {
   Impl& s = *impl_;
-  DF_CHECK(s.cfg.arch == DraftArch::DFlash2 && temperature > 0.f, Internal,
-           "draft_block_sampled: a DFlash2 drafter at a positive temperature");
-  draft_block(fb, anchor, block_rows);  // the forward; eval_topk_* and eval_u are this block's
-  const int64_t K = s.cfg.d2.selector_top_k, rank = s.cfg.d2.selector_rank, n = block_rows - 1;
-  std::vector<int32_t> out(static_cast<size_t>(n));
-  q.assign(static_cast<size_t>(n * K), 0.f);
-  cand.assign(s.eval_topk_ids.begin(), s.eval_topk_ids.begin() + n * K);
+  DF_CHECK(s.cfg.arch == DraftArch::DFlash2 && temperature > 0.f && uniforms.size() == anchors.size(), Internal,
+           "draft_blocks_sampled: a DFlash2 drafter at a positive temperature, one generator an anchor");
+  draft_blocks(fb, anchors, block_rows);  // the forward; eval_topk_* and eval_u hold every block's rows
+  const int64_t K = s.cfg.d2.selector_top_k, rank = s.cfg.d2.selector_rank, n = block_rows - 1, B = s.cfg.block_size;
+  const size_t A = anchors.size();
+  std::vector<std::vector<int32_t>> out(A, std::vector<int32_t>(static_cast<size_t>(n)));
+  q.assign(A, {});
+  cand.assign(A, {});
   const DrafterViews w = bind_drafter_views(s.cfg, s.engine->master_weights().ptr<float>());
-  int32_t anchor_token = fb.batch->tokens[static_cast<size_t>(anchor)];
-  ops::selector_walk(cpu_ctx(), cpu_view(out.data(), {1, n}), cpu_view(q.data(), {1, n, K}),
-                     cpu_view(cand.data(), {1, n, K}), cpu_view(s.eval_topk_vals.data(), {1, n, K}),
-                     cpu_view(s.eval_u.data(), {1, n, rank}), cpu_view(&anchor_token, {1}), w.sel_pred_codebook,
-                     w.sel_succ_codebook, temperature, uniform);
+  for (size_t a = 0; a < A; ++a) {  // anchor a's rows from a (B - 1) (draft_blocks)
+    const size_t row = a * static_cast<size_t>(B - 1);
+    q[a].assign(static_cast<size_t>(n * K), 0.f);
+    cand[a].assign(s.eval_topk_ids.begin() + static_cast<int64_t>(row) * K, s.eval_topk_ids.begin() + static_cast<int64_t>(row) * K + n * K);
+    int32_t anchor_token = fb.batch->tokens[static_cast<size_t>(anchors[a])];
+    ops::selector_walk(cpu_ctx(), cpu_view(out[a].data(), {1, n}), cpu_view(q[a].data(), {1, n, K}),
+                       cpu_view(cand[a].data(), {1, n, K}), cpu_view(s.eval_topk_vals.data() + row * K, {1, n, K}),
+                       cpu_view(s.eval_u.data() + row * rank, {1, n, rank}), cpu_view(&anchor_token, {1}),
+                       w.sel_pred_codebook, w.sel_succ_codebook, temperature, uniforms[a]);
+  }
   return out;
 }
 

@@ -174,19 +174,14 @@ void SpecDecoder::target_logits(const std::vector<std::pair<int64_t, int>>& rows
     copy_tensor(ctx_, Tensor(host_raw_.get(), lg.dtype, Device::CPU, {total, vocab_}), lg);  // complete on return
 }
 
-void SpecDecoder::draft(Lane& lane, int block_rows) {
-  std::vector<Lane*> one = {&lane};
-  draft_together(one, block_rows);
-}
-
-void SpecDecoder::draft_together(const std::vector<Lane*>& lanes, int block_rows) {
+FeatureBatch SpecDecoder::pack_draft(const std::vector<Lane*>& lanes, std::vector<int64_t>& anchors) {
   // Each lane's sequence: x[0..n] then the block after its anchor x[n] (any ids: the drafter sees mask tokens
   // there), loss_mask 1 so that every block position gets its row. All B positions, also for a shorter block:
   // the drafter hides the rows from block_rows on (draft_blocks).
   draft_batch_.tokens.clear();
   draft_batch_.loss_mask.clear();
   draft_batch_.cu_seqlens.assign(1, 0);
-  std::vector<int64_t> anchors;
+  anchors.clear();
   for (Lane* l : lanes) {
     const int64_t n = static_cast<int64_t>(l->x.size()) - 1;  // the anchor: x[n] has no features yet
     DF_CHECK(n <= l->seq_len, Internal, "draft at " << n << " of " << l->seq_len << " tokens");
@@ -211,6 +206,12 @@ void SpecDecoder::draft_together(const std::vector<Lane*>& lanes, int block_rows
   FeatureBatch fb;
   fb.batch = &draft_batch_;
   fb.features = dst;
+  return fb;
+}
+
+void SpecDecoder::draft_together(const std::vector<Lane*>& lanes, int block_rows) {
+  std::vector<int64_t> anchors;
+  const FeatureBatch fb = pack_draft(lanes, anchors);
   std::vector<std::vector<int32_t>> drafts = drafter_.draft_blocks(fb, anchors, block_rows);
   for (size_t i = 0; i < lanes.size(); ++i) lanes[i]->drafts = std::move(drafts[i]);
 }
@@ -306,33 +307,32 @@ int32_t draw_from(const std::vector<double>& p, Rng& rng) {  // inverse CDF in i
   return last;
 }
 
-void SpecDecoder::draft_sampled(Lane& lane, int block_rows) {
+void SpecDecoder::draft_sampled_together(const std::vector<Lane*>& lanes, int block_rows) {
   const int n = block_rows - 1;
-  lane.q_rows.assign(static_cast<size_t>(n), {});
   if (drafter_.config().arch == DraftArch::DFlash2) {
-    // the selector's sampled walk: q over the candidates (temperature only, as the official propose)
-    draft(lane, block_rows);  // builds the block and runs the forward (the walk below reuses it)
-    std::vector<float> q;
-    const int64_t anchor = static_cast<int64_t>(lane.x.size()) - 1;
-    FeatureBatch fb;
-    fb.batch = &draft_batch_;
-    fb.features = leading_view(drf_features_, {k_, anchor + block_, hidden_});
-    Rng& rng = lane.rng;
-    lane.drafts = drafter_.draft_block_sampled(fb, anchor, block_rows, sampling_.temperature,
-                                               [&rng] { return rng.uniform(); }, q, lane.q_ids);
-    const size_t K = q.size() / static_cast<size_t>(n);
-    for (int j = 0; j < n; ++j) lane.q_rows[j].assign(q.begin() + j * K, q.begin() + (j + 1) * K);
+    // the selector's sampled walk of each block: q over its candidates (temperature only, as the official
+    // propose), each lane's walk drawing from its own generator
+    std::vector<int64_t> anchors;
+    const FeatureBatch fb = pack_draft(lanes, anchors);
+    std::vector<std::function<double()>> uniforms;
+    for (Lane* l : lanes) uniforms.emplace_back([l] { return l->rng.uniform(); });
+    std::vector<std::vector<float>> q;
+    std::vector<std::vector<int32_t>> cand;
+    std::vector<std::vector<int32_t>> drafts =
+        drafter_.draft_blocks_sampled(fb, anchors, block_rows, sampling_.temperature, uniforms, q, cand);
+    for (size_t i = 0; i < lanes.size(); ++i) {
+      Lane& lane = *lanes[i];
+      lane.drafts = std::move(drafts[i]);
+      lane.q_ids = std::move(cand[i]);
+      const size_t K = q[i].size() / static_cast<size_t>(n);
+      lane.q_rows.assign(static_cast<size_t>(n), {});
+      for (int j = 0; j < n; ++j) lane.q_rows[j].assign(q[i].begin() + j * K, q[i].begin() + (j + 1) * K);
+    }
     return;
   }
-  draft_sampled_together({&lane}, block_rows);
-}
-
-void SpecDecoder::draft_sampled_together(const std::vector<Lane*>& lanes, int block_rows) {
   // DFlash: the drafter's logits = the target's lm_head over its hidden rows 1..V-1 of each block,
   // compute_logits' transform, then sampling_probs with the same top-p / top-k, one draw a row
-  DF_CHECK(drafter_.config().arch == DraftArch::DFlash && !draft_logits_.t().empty(), Internal,
-           "draft_sampled_together: a DFlash drafter after set_sampling");
-  const int n = block_rows - 1;
+  DF_CHECK(!draft_logits_.t().empty(), Internal, "draft_sampled_together: a DFlash drafter after set_sampling");
   draft_together(lanes, block_rows);  // the forward (its greedy drafts are replaced by the draws below)
   const int64_t rows = static_cast<int64_t>(lanes.size()) * block_;  // each block's B rows (drafter.h)
   const Tensor h = drafter_.draft_hidden();

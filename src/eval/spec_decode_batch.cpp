@@ -133,13 +133,11 @@ std::vector<SpecDecodeResult> SpecDecoder::generate_batch(const std::vector<Deco
     DF_CHECK(!lanes.empty(), Internal, "no prompt fits the packed forward of " << packed_tokens_ << " tokens");
     // Draft: every lane past its prefill, a block of V rows anchored at its latest token x[n] (V = B, or
     // near the limit the rows left: the official loop's verify_size).
-    // The lanes of one block size draft together, as many per drafter forward as it takes (sampled DFlash:
-    // each lane then draws from its own generator). Sampled DFlash2: one at a time (the selector's walk draws
-    // as it goes).
+    // The lanes of one block size draft together, as many per drafter forward as it takes (sampled: each
+    // lane then draws from its own generator).
     std::map<int, std::vector<Lane*>> by_rows;
     for (Lane& l : lanes)
       if (l.prefilled) by_rows[official_verify_rows(block_, static_cast<int64_t>(l.x.size()) - 1, l.max_length)].push_back(&l);
-    const bool one_at_a_time = sampled && drafter_.config().arch == DraftArch::DFlash2;
     auto draft_part = [&](const std::vector<Lane*>& part, int V) {
       if (sampled) draft_sampled_together(part, V);
       else draft_together(part, V);
@@ -148,10 +146,6 @@ std::vector<SpecDecodeResult> SpecDecoder::generate_batch(const std::vector<Deco
       std::vector<Lane*> part;
       int64_t tokens = 0;
       for (Lane* l : group) {
-        if (one_at_a_time) {
-          draft_sampled(*l, V);
-          continue;
-        }
         const int64_t need = static_cast<int64_t>(l->x.size()) - 1 + block_;
         if (!part.empty() && (static_cast<int>(part.size()) == draft_anchors_ || tokens + need > draft_tokens_)) {
           draft_part(part, V);

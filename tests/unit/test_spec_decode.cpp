@@ -127,6 +127,10 @@ TEST(SpecDecodeSampling, SamplingProbsTopKThenTopP) {
   double z = 0;
   for (float l : logits) z += std::exp(l);
   for (int i = 0; i < 5; ++i) EXPECT_NEAR(p[i], std::exp(logits[i]) / z, 1e-6);
+  std::vector<double> all(9, 7.0);  // a top-k as large as the vocabulary is the whole of it, bit for bit
+  s.top_k = 5;
+  sampling_probs(logits.data(), 5, s, all);
+  EXPECT_EQ(all, p);
   s.top_k = 3;  // ids 3, 0, 1
   sampling_probs(logits.data(), 5, s, p);
   const double z3 = std::exp(3.0) + std::exp(2.0) + std::exp(1.0);

@@ -162,6 +162,15 @@ TEST(SpecDecodeBatch, SampledBatchedEqualsSequential) {
   expect_batched_equals_sequential(s);
 }
 
+// The whole vocabulary (no top-k / top-p: sampling_probs' direct path, the one dflash-eval runs at T = 1),
+// where DFlash's drafts come from one lm_head over every lane's block and each lane draws on a host thread.
+TEST(SpecDecodeBatch, SampledWholeVocabularyBatchedEqualsSequential) {
+  SamplingSpec s;
+  s.temperature = 1.0f;
+  s.seed = 5;
+  expect_batched_equals_sequential(s);
+}
+
 // A prompt's draws depend on its stream, not on its neighbours: decoding prompt 2 alone with stream 2
 // gives what it got among the others; with another stream, other draws.
 TEST(SpecDecodeBatch, SampledStreamsArePerPrompt) {
