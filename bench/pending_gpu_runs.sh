@@ -29,6 +29,8 @@
 #   bash bench/pending_gpu_runs.sh BIN OUT wide1      # ~8 min: hidden 4096: the target trained 300 s, the reference
 #   bash bench/pending_gpu_runs.sh BIN OUT wide2      # ~6 min: hidden 4096: ours-a, ours-b (colocated)
 #   bash bench/pending_gpu_runs.sh BIN OUT wide3      # ~3 min: hidden 4096: eval (greedy), the table
+#   bash bench/pending_gpu_runs.sh BIN OUT qkvrope    # ~3 min: qkv_norm_rope's warp kernel against the block kernel:
+#                                                     # its GPU test, the op alone, the FP8 8B forward with each
 #
 # wide1..3 (issue 44 item 4: the densities' tau at a second width) likewise on one warm machine: at 4096 a target
 # trained 90 s is too weak to measure tau on (bench/results/quality-4096-3bfe790), so this one trains 300 s.
@@ -207,7 +209,22 @@ for part in "$@"; do
         cat "$O/q"/results*.md > "$O/summary.txt" 2>/dev/null
       fi
       pack "$O" ;;
-    *) echo "unknown part $part (checks layouts speed speed2 dflash2 quality1 quality2 quality3 quality4 quality5 quality6 fidelity8 fidelity27 wide1 wide2 wide3)" >&2; exit 2 ;;
+    qkvrope)
+      # kernels/qkv_norm_rope.cu's warp kernel against the block kernel it replaced (bench/README.md "qkv_norm_rope:
+      # a warp kernel"): every variant bit for bit the block kernel's, the op alone at the 8B and 32B heads
+      # beside a copy of as many bytes, the FP8 8B forward (its qkv_norm_rope row) with each kernel
+      say "qkv_norm_rope: the GPU test, the op alone, the FP8 8B forward with the block and the warp kernel"
+      timeout 120 "$(prog dflash_gpu_tests)" --gtest_filter='*GpuQkvNormRope*' > "$O/test.txt" 2>&1
+      tail -3 "$O/test.txt" > "$O/summary.txt"
+      timeout 60 "$(prog bench_qkv_norm_rope)" > "$O/bench-8b.txt" 2>&1
+      timeout 60 "$(prog bench_qkv_norm_rope)" --tokens 32768 --heads 64 > "$O/bench-32b.txt" 2>&1
+      for k in block warp; do
+        DFLASH_QKV_NORM_ROPE=$k timeout 90 "$(prog bench_target_forward)" --fp8 --fp8-scaling token \
+          > "$O/t8b-fp8tok-$k.txt" 2>&1
+      done
+      cat "$O"/bench-*.txt >> "$O/summary.txt"
+      grep -H "qkv_norm_rope\|^  forward " "$O"/t8b-*.txt | tee -a "$O/summary.txt" ;;
+    *) echo "unknown part $part (checks layouts speed speed2 dflash2 quality1 quality2 quality3 quality4 quality5 quality6 fidelity8 fidelity27 wide1 wide2 wide3 qkvrope)" >&2; exit 2 ;;
   esac
 done
 say done

@@ -1,8 +1,12 @@
 // The target's fused-projection ops on CUDA against their float32 CPU twins on random data (relative L2
 // error <= 1e-2: tol::kOp), at every kernel path:
-//   qkv_norm_rope_forward: the register paths (hd = rotary_dim = 64, 128, 256: 2, 4, 8 values a lane), the
-//     shared-memory path (partial RoPE, hd 24 and 80), and hd 128 through misaligned views (which must take
-//     the shared-memory path too). At the Qwen3 shape it must also agree with the unfused CUDA path it
+//   qkv_norm_rope_forward: the warp kernel (hd = rotary_dim = 64, 128, 256, 16-byte aligned: jobs of one
+//     token's slots, several jobs a token, uneven ones, T of 1, 3, 17 (part-filled blocks), a slot holding a
+//     query and a key head or a key and a value head, value-only slots, a slot past the row's last head),
+//     the block kernel's register paths (forced, and hd 128 8-byte aligned), its shared-memory path (partial
+//     RoPE, hd 24 and 80, misaligned views). Every case runs under every cuda::QkvNormRopeKernel variant, and
+//     each variant's outputs must equal the block kernel's bit for bit (the warp kernel replaced it and
+//     computes its arithmetic exactly). At the Qwen3 shape it must also agree with the unfused CUDA path it
 //     replaced in the target (head_norm_rope_forward on the q and k slices) to one bf16 rounding step per
 //     element: the two kernels compute the same math but sum the squares in different orders.
 //   swiglu_fused_forward: 16-byte vectors (I % 8 == 0), the scalar path (I odd; a misaligned view), and
@@ -19,6 +23,7 @@
 
 #include "dflash/ops.h"
 #include "gpu_test_util.h"
+#include "qkv_norm_rope.cuh"
 #include "random_fill.cuh"
 
 namespace dflash {
@@ -37,19 +42,22 @@ Tensor view_at(const Buffer& b, int64_t offset, std::initializer_list<int64_t> d
 }
 
 struct QkvCase {
-  int64_t nh, nkv, hd;
+  int64_t T, nh, nkv, hd;
   int rotary_dim;  // 0 = hd
-  int64_t offset;  // elements every device tensor is shifted by (1: misaligned for the register paths)
+  int64_t offset;  // elements every device tensor is shifted by (1: misaligned; 4: 8 bytes, not 16)
 };
 void PrintTo(const QkvCase& c, std::ostream* os) {
-  *os << "h" << c.nh << "kv" << c.nkv << "_hd" << c.hd << "_rot" << c.rotary_dim << "_off" << c.offset;
+  *os << "T" << c.T << "_h" << c.nh << "kv" << c.nkv << "_hd" << c.hd << "_rot" << c.rotary_dim << "_off" << c.offset;
 }
+struct QkvOut {
+  std::vector<float> q, k, v;
+};
 class GpuQkvNormRope : public testing::TestWithParam<QkvCase> {};
 TEST_P(GpuQkvNormRope, MatchesCpu) {
   SKIP_WITHOUT_GPU();
   Ctx g = gpu();
   const QkvCase c = GetParam();
-  const int64_t T = 77, nh = c.nh, nkv = c.nkv, hd = c.hd, width = (nh + 2 * nkv) * hd, off = c.offset;
+  const int64_t T = c.T, nh = c.nh, nkv = c.nkv, hd = c.hd, width = (nh + 2 * nkv) * hd, off = c.offset;
   const ops::RopeSpec rope{1e6f, c.rotary_dim};
   const float eps = 1e-6f;
   auto qkv = random_bf16(T * width, 31, 2.f), q_norm = random_bf16(hd, 32), k_norm = random_bf16(hd, 33);
@@ -72,20 +80,43 @@ TEST_P(GpuQkvNormRope, MatchesCpu) {
     return to_device(g, h, {off + n});
   };
   Buffer b_qkv = shifted(qkv, T * width), b_qn = shifted(q_norm, hd), b_kn = shifted(k_norm, hd);
-  Buffer b_q = shifted({}, T * nh * hd), b_k = shifted({}, T * nkv * hd), b_v = shifted({}, T * nkv * hd);
   Buffer d_pos = test::to_device_i32(g, pos);
-  const Tensor d_q = view_at(b_q, off, {T, nh, hd}), d_k = view_at(b_k, off, {T, nkv, hd}),
-               d_v = view_at(b_v, off, {T, nkv, hd}), d_qkv = view_at(b_qkv, off, {T, width});
-  ops::qkv_norm_rope_forward(g, d_q, d_k, d_v, d_qkv, view_at(b_qn, off, {hd}), view_at(b_kn, off, {hd}), d_pos,
-                             rope, eps);
-  const std::vector<float> got_q = to_host(g, d_q), got_k = to_host(g, d_k), got_v = to_host(g, d_v);
-  EXPECT_LT(rel_err(got_q, q), test::tol::kOp);
-  EXPECT_LT(rel_err(got_k, k), test::tol::kOp);
-  EXPECT_EQ(rel_err(got_v, v), 0.0);  // a copy is exact
+  const Tensor d_qkv = view_at(b_qkv, off, {T, width});
+  // One run under `kernel`, into fresh NaN outputs.
+  auto run = [&](cuda::QkvNormRopeKernel kernel) {
+    Buffer b_q = shifted({}, T * nh * hd), b_k = shifted({}, T * nkv * hd), b_v = shifted({}, T * nkv * hd);
+    const Tensor d_q = view_at(b_q, off, {T, nh, hd}), d_k = view_at(b_k, off, {T, nkv, hd}),
+                 d_v = view_at(b_v, off, {T, nkv, hd});
+    cuda::set_qkv_norm_rope_kernel(kernel);
+    ops::qkv_norm_rope_forward(g, d_q, d_k, d_v, d_qkv, view_at(b_qn, off, {hd}), view_at(b_kn, off, {hd}), d_pos,
+                               rope, eps);
+    cuda::set_qkv_norm_rope_kernel(cuda::QkvNormRopeKernel::Default);
+    return QkvOut{to_host(g, d_q), to_host(g, d_k), to_host(g, d_v)};
+  };
+  // Elements whose bits differ (a NaN anywhere counts).
+  auto differing = [](const std::vector<float>& a, const std::vector<float>& b) {
+    size_t bad = 0;
+    for (size_t i = 0; i < a.size(); ++i) bad += std::memcmp(&a[i], &b[i], sizeof(float)) != 0 || std::isnan(a[i]);
+    return bad;
+  };
+  const QkvOut block = run(cuda::QkvNormRopeKernel::Block);
+  for (cuda::QkvNormRopeKernel kernel :
+       {cuda::QkvNormRopeKernel::Block, cuda::QkvNormRopeKernel::Default, cuda::QkvNormRopeKernel::Warp6,
+        cuda::QkvNormRopeKernel::Warp12, cuda::QkvNormRopeKernel::Warp24}) {
+    SCOPED_TRACE(testing::Message() << "kernel variant " << static_cast<int>(kernel));
+    const QkvOut got = kernel == cuda::QkvNormRopeKernel::Block ? block : run(kernel);
+    EXPECT_LT(rel_err(got.q, q), test::tol::kOp);
+    EXPECT_LT(rel_err(got.k, k), test::tol::kOp);
+    EXPECT_EQ(rel_err(got.v, v), 0.0);  // a copy is exact
+    EXPECT_EQ(differing(got.q, block.q), 0u);
+    EXPECT_EQ(differing(got.k, block.k), 0u);
+    EXPECT_EQ(differing(got.v, block.v), 0u);
+  }
 
   if (hd == 128 && (c.rotary_dim == 0 || c.rotary_dim == 128) && off == 0) {
     // The unfused path of the target before: q and k GEMM outputs (here: the same slices of qkv) normed and
     // rotated in place by head_norm_rope_forward.
+    const QkvOut got = run(cuda::QkvNormRopeKernel::Default);
     std::vector<float> q_in(T * nh * hd), k_in(T * nkv * hd);
     for (int64_t n = 0; n < T; ++n) {
       std::memcpy(&q_in[n * nh * hd], &qkv[n * width], nh * hd * sizeof(float));
@@ -101,20 +132,30 @@ TEST_P(GpuQkvNormRope, MatchesCpu) {
         bad += !(std::fabs(a[i] - b[i]) <= std::ldexp(std::fabs(a[i]) + std::fabs(b[i]), -8));
       return bad;
     };
-    EXPECT_EQ(within_one_rounding(to_host(g, u_q), got_q), 0u);
-    EXPECT_EQ(within_one_rounding(to_host(g, u_k), got_k), 0u);
-    EXPECT_LT(rel_err(to_host(g, u_q), got_q), 1e-3);
-    EXPECT_LT(rel_err(to_host(g, u_k), got_k), 1e-3);
+    EXPECT_EQ(within_one_rounding(to_host(g, u_q), got.q), 0u);
+    EXPECT_EQ(within_one_rounding(to_host(g, u_k), got.k), 0u);
+    EXPECT_LT(rel_err(to_host(g, u_q), got.q), 1e-3);
+    EXPECT_LT(rel_err(to_host(g, u_k), got.k), 1e-3);
   }
 }
-INSTANTIATE_TEST_SUITE_P(Shapes, GpuQkvNormRope,
-                         testing::Values(QkvCase{32, 8, 128, 0, 0},   // Qwen3-8B: register path, 4 a lane
-                                         QkvCase{32, 8, 128, 0, 1},   // misaligned: shared-memory path
-                                         QkvCase{8, 2, 64, 0, 0},     // register path, 2 a lane
-                                         QkvCase{6, 1, 256, 0, 0},    // register path, 8 a lane
-                                         QkvCase{6, 1, 256, 64, 0},   // Qwen3.5 partial RoPE
-                                         QkvCase{4, 4, 80, 0, 0},     // hd 80 (attention pads it to 128)
-                                         QkvCase{3, 1, 24, 8, 1}));   // small, partial, misaligned
+// Slots hold 32 / (hd / 8) heads: 2 at hd 128, 4 at 64, 1 at 256. The warp kernel's jobs at hd 128 take up to
+// 12 slots (Warp6: 6, Warp24: 24), at 64 and 256 up to 8, a token's slots split evenly.
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, GpuQkvNormRope,
+    testing::Values(QkvCase{77, 32, 8, 128, 0, 0},  // Qwen3-8B: 24 slots, 2 jobs a token (Warp6 4, Warp24 1)
+                    QkvCase{1, 32, 8, 128, 0, 0},   // one token: 2 jobs, a block of 4 warps part-filled
+                    QkvCase{3, 40, 8, 128, 0, 0},   // Qwen3-14B heads: 28 slots, jobs of 10, 10, 8
+                    QkvCase{3, 64, 8, 128, 0, 0},   // Qwen3-32B heads: 40 slots, 4 jobs of 10
+                    QkvCase{17, 5, 2, 128, 0, 0},   // q|k and k|v slots, a value-only slot half past the row
+                    QkvCase{17, 3, 3, 64, 0, 0},    // hd 64: q|k, k|v and value-only slots, 4 heads a slot
+                    QkvCase{77, 8, 2, 64, 0, 0},    // hd 64
+                    QkvCase{77, 6, 1, 256, 0, 0},   // hd 256: 8 slots, one job
+                    QkvCase{3, 16, 4, 256, 0, 0},   // hd 256: 24 slots, 3 jobs
+                    QkvCase{77, 32, 8, 128, 0, 4},  // 8-byte aligned: the block kernel's register path
+                    QkvCase{77, 32, 8, 128, 0, 1},  // misaligned: shared-memory path
+                    QkvCase{77, 6, 1, 256, 64, 0},  // Qwen3.5 partial RoPE
+                    QkvCase{77, 4, 4, 80, 0, 0},    // hd 80 (attention pads it to 128)
+                    QkvCase{3, 3, 1, 24, 8, 1}));   // small, partial, misaligned
 
 struct SwigluCase {
   int64_t N, I, offset;
