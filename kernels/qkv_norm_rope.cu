@@ -21,6 +21,8 @@
 // normalized head in shared memory.
 #include "qkv_norm_rope.cuh"
 
+#include <atomic>
+
 #include <cstdlib>
 #include <string>
 
@@ -236,14 +238,16 @@ __global__ void __launch_bounds__(kJobWarps * 32) qkv_norm_rope_warp_kernel(
 }
 
 // The kernel the register shapes take: DFLASH_QKV_NORM_ROPE (block, warp, warp6, warp12, warp24; unset:
-// warp) at the first call, unless set_qkv_norm_rope_kernel chose first. -1: not chosen yet.
-int g_kernel = -1;
+// block, until the warp kernel has run on a GPU: bench/README.md "qkv_norm_rope: a warp kernel") at the first
+// call, unless set_qkv_norm_rope_kernel chose first. -1: not chosen yet (atomic: a colocated job's two
+// threads both run target forwards).
+std::atomic<int> g_kernel{-1};
 QkvNormRopeKernel kernel_choice() {
-  if (g_kernel < 0) {
+  if (g_kernel.load() < 0) {
     const char* e = std::getenv("DFLASH_QKV_NORM_ROPE");
     const std::string s = e ? e : "";
     QkvNormRopeKernel k = QkvNormRopeKernel::Default;
-    if (s == "block") k = QkvNormRopeKernel::Block;
+    if (s == "block" || s.empty()) k = QkvNormRopeKernel::Block;
     else if (s == "warp6") k = QkvNormRopeKernel::Warp6;
     else if (s == "warp12") k = QkvNormRopeKernel::Warp12;
     else if (s == "warp24") k = QkvNormRopeKernel::Warp24;
@@ -251,7 +255,7 @@ QkvNormRopeKernel kernel_choice() {
                        "unset it, or set block|warp|warp6|warp12|warp24");
     g_kernel = static_cast<int>(k);
   }
-  return static_cast<QkvNormRopeKernel>(g_kernel);
+  return static_cast<QkvNormRopeKernel>(g_kernel.load());
 }
 
 // Jobs of at most kSlots slots, the token's slots split evenly (28 slots at kSlots 12: 10, 10, 8).
@@ -274,7 +278,7 @@ bool aligned(const void* p, int bytes) { return (reinterpret_cast<uintptr_t>(p) 
 
 }  // namespace
 
-void set_qkv_norm_rope_kernel(QkvNormRopeKernel kernel) { g_kernel = static_cast<int>(kernel); }
+void set_qkv_norm_rope_kernel(QkvNormRopeKernel kernel) { g_kernel.store(static_cast<int>(kernel)); }
 
 void qkv_norm_rope_forward(const Ctx& ctx, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& qkv,
                            const Tensor& q_norm, const Tensor& k_norm, const Tensor& pos, ops::RopeSpec rope,
