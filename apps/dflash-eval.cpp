@@ -224,12 +224,18 @@ int main(int argc, char** argv) {
   std::printf("\ntokens/s %.1f  (%lld tokens in %.2f s, %d prompt(s) at a time; no KV cache: this tool's speed, not a "
               "serving engine's)\n",
               new_tokens / std::max(seconds, 1e-9), static_cast<long long>(new_tokens), seconds, dec.prompt_batch());
+  const DecodeTimes& dt = dec.times();
+  std::printf("time     %.2f s: target %.2f s (forward, lm_head, logits download), drafter %.2f s, host verification "
+              "%.2f s; %lld packed steps\n",
+              seconds, dt.target, dt.draft, dt.verify, static_cast<long long>(dt.steps));
   if (a.check_greedy)
     std::printf("greedy check: %d of %zu prompts differ from the target's own greedy decoding\n", mismatches,
                 prompts.ids.size());
   if (!a.json.empty()) {
     nlohmann::json j = {{"tau", tau}, {"prompts", jp}, {"steps", steps}, {"new_tokens", new_tokens},
                         {"seconds", seconds}, {"prompt_batch", dec.prompt_batch()},
+                        {"seconds_split", {{"target", dt.target}, {"drafter", dt.draft}, {"verify", dt.verify},
+                                           {"packed_steps", dt.steps}}},
                         {"packed_tokens", dec.packed_tokens()}, {"backend", a.backend}, {"block_size", dc.block_size},
                         {"target", a.target}, {"target_linears", linears}, {"drafter", a.fresh ? "" : a.drafter}, {"stop", stop},
                         {"greedy_mismatches", a.check_greedy ? nlohmann::json(mismatches) : nlohmann::json()}};

@@ -99,6 +99,14 @@ struct SpecDecodeResult {
   double tau() const;            // mean of acceptance (0 without a step)
 };
 
+// Where generate_batch's wall time went, summed over its calls (each part ends in a host wait for the device,
+// so on CUDA the GPU's work falls in the part that launched it): the target's packed forward and lm_head with
+// the logits download; the drafter's forwards with their draws; the host's verification and bookkeeping.
+struct DecodeTimes {
+  double target = 0, draft = 0, verify = 0;
+  int64_t steps = 0;  // packed steps
+};
+
 class SpecDecoder {
  public:
   // target must capture drafter.config().target_layer_ids (in that order). max_tokens bounds one prompt:
@@ -127,6 +135,7 @@ class SpecDecoder {
   std::vector<SpecDecodeResult> generate_batch(const std::vector<DecodePrompt>& prompts, int max_new_tokens,
                                                const std::vector<int32_t>& stop,
                                                const std::function<void()>& each_step = {});
+  const DecodeTimes& times() const { return times_; }
   // Sampled decoding for the following generate() calls (temperature 0: greedy again).
   void set_sampling(const SamplingSpec& s);
   // The target alone, greedy, one token per forward: what generate() must reproduce.
@@ -181,6 +190,7 @@ class SpecDecoder {
   PackedBatch batch_, draft_batch_;
   int64_t packed_now_ = 0;  // tokens of the last target forward
   SamplingSpec sampling_;
+  DecodeTimes times_;
   Buffer draft_logits_;  // [draft_anchors B, V] (DFlash at T > 0)
   std::unique_ptr<char[]> draft_raw_;  // its download (host)
 };

@@ -131,6 +131,11 @@ std::vector<SpecDecodeResult> SpecDecoder::generate_batch(const std::vector<Deco
       ++next;
     }
     DF_CHECK(!lanes.empty(), Internal, "no prompt fits the packed forward of " << packed_tokens_ << " tokens");
+    auto lap = [t = clock::now()](double& into) mutable {
+      const clock::time_point now = clock::now();
+      into += std::chrono::duration<double>(now - t).count();
+      t = now;
+    };
     // Draft: every lane past its prefill, a block of V rows anchored at its latest token x[n] (V = B, or
     // near the limit the rows left: the official loop's verify_size).
     // The lanes of one block size draft together, as many per drafter forward as it takes (sampled: each
@@ -159,6 +164,7 @@ std::vector<SpecDecodeResult> SpecDecoder::generate_batch(const std::vector<Deco
       for (Lane* l : group)
         DF_CHECK(static_cast<int>(l->drafts.size()) == V - 1, Internal, l->drafts.size() << " drafts for a block of " << V);
     }
+    lap(times_.draft);
     // One target forward over every lane's sequence: the prompt (prefill) or x[0..n] + its drafts.
     batch_.tokens.clear();
     batch_.cu_seqlens.assign(1, 0);
@@ -175,6 +181,7 @@ std::vector<SpecDecodeResult> SpecDecoder::generate_batch(const std::vector<Deco
     batch_.loss_mask.assign(batch_.tokens.size(), 0);
     target_forward();
     target_logits(rows);
+    lap(times_.target);
     // Verify and append, each lane on its own (its logits rows start at row0[i]; host threads share the lanes).
     std::vector<int64_t> row0s(lanes.size());
     for (size_t i = 0, at = 0; i < lanes.size(); at += static_cast<size_t>(rows[i].second), ++i) row0s[i] = static_cast<int64_t>(at);
@@ -222,6 +229,8 @@ std::vector<SpecDecodeResult> SpecDecoder::generate_batch(const std::vector<Deco
       results[l.index] = std::move(l.res);
     }
     lanes.erase(std::remove_if(lanes.begin(), lanes.end(), [](const Lane& l) { return l.done; }), lanes.end());
+    lap(times_.verify);
+    ++times_.steps;
     if (each_step) each_step();
   }
   return results;
