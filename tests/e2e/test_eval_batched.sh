@@ -54,7 +54,13 @@ for b in batched:
         assert p["acceptance"] == q["acceptance"], (b["prompt_batch"], i, p["acceptance"], q["acceptance"])
         assert p["tau"] == q["tau"]
     assert b["tau"] == one["tau"], (b["tau"], one["tau"])
+# where the time went: the three parts fit inside the decoding's wall time and account for most of it
+for r in (one, *batched):
+    split = r["seconds_split"]
+    parts = split["target"] + split["drafter"] + split["verify"]
+    assert split["packed_steps"] > 0 and 0.5 * r["seconds"] <= parts <= r["seconds"] + 1e-3, (split, r["seconds"])
 PYEOF
+  grep -q "^time .*target .*drafter .*host verification" "$WORK/$mode-all.log" || fail "$mode: no time line"
 done
 
 # Refusals: a bound below one prompt with its new tokens; a zero batch.
