@@ -242,9 +242,9 @@ class DrafterTrainer {
                                                          const std::vector<std::function<double()>>& uniforms,
                                                          std::vector<std::vector<float>>& q,
                                                          std::vector<std::vector<int32_t>>& cand);
-  // The final-normed hidden states [B, H] of the last draft_block's block (the trainer's device and dtype;
-  // rows V.. of a block of V rows mean nothing): a DFlash drafter's logits at T > 0 are the target's lm_head
-  // over rows 1..V-1 (then compute_logits' transform).
+  // The final-normed hidden states [N B, H] of the last draft_block(s) forward, block after block in anchors'
+  // order (the trainer's device and dtype; rows V.. of a block of V rows mean nothing): a DFlash drafter's
+  // logits at T > 0 are the target's lm_head over each block's rows 1..V-1 (then compute_logits' transform).
   Tensor draft_hidden();
 
   // Release-format I/O: config.json + model.safetensors (dtype F32 or BF16), atomic.
