@@ -18,6 +18,8 @@
 #                                                     # decoder's speed if time is left
 #   bash bench/pending_gpu_runs.sh BIN OUT quality4   # eval sampled (T = 1), its table
 #   bash bench/pending_gpu_runs.sh BIN OUT quality6   # ours-a / e / f's tau under the FP8 target, its table
+#   (QSTAGES="target ref ours-a ours-c" gives a quality part other stages of bench/quality/run.sh; EVAL_RUNS,
+#   passed through, which drafters an eval part evaluates)
 #
 # Order on one warm machine: quality1, quality2, `quality5 quality3`, `quality4 quality6`. The eval parts keep
 # what finished when a call's time runs out (each drafter's json, the table over them); a part that would start
@@ -153,6 +155,8 @@ for part in "$@"; do
         quality5) stages=(ours-e ours-f) ;;
         quality3|quality4|quality6) stages=(eval table) ;;
       esac
+      # QSTAGES="target ref ours-a ours-c": another set of stages for this part (a short lease packs more in a call)
+      [ -n "${QSTAGES:-}" ] && read -ra stages <<< "$QSTAGES"
       say "$part: ${stages[*]}"
       # EVAL_JOBS=2: one process's host work (verification, sampled draws) overlaps the other's forwards
       Q=(env WORK="$ROOT/runs/q$h" BIN="$B" HIDDEN=$h TARGET_SECONDS=90 BUDGETS=40,80 OURS_LAYOUT=colocated
