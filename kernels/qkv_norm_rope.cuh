@@ -13,9 +13,10 @@ namespace dflash::cuda {
 decltype(ops::qkv_norm_rope_forward) qkv_norm_rope_forward;
 
 // The kernel of the register shapes (hd = rotary_dim = 64, 128, 256; kernels/qkv_norm_rope.cu): Default is
-// Warp12 (DFLASH_QKV_NORM_ROPE=warp; unset, Block until the warp kernel has been timed on a GPU); Block is the block-per-token kernel the warp kernel replaced, bit for bit the same outputs (the
-// bench and the GPU test compare them); WarpN caps a warp's job at N 16-byte chunks a lane at hd 128 (hd 64
-// and 256 always take 8). Until this is called, DFLASH_QKV_NORM_ROPE=block|warp|warp6|warp12|warp24 decides.
+// Warp12 (DFLASH_QKV_NORM_ROPE=warp or unset); Block is the block-per-token kernel the warp kernel replaced,
+// bit for bit the same outputs (the bench and the GPU test compare them); WarpN caps a warp's job at N
+// 16-byte chunks a lane at hd 128 (hd 64 and 256 always take 8). Until this is called,
+// DFLASH_QKV_NORM_ROPE=block|warp|warp6|warp12|warp24 decides.
 enum class QkvNormRopeKernel : int { Default, Block, Warp6, Warp12, Warp24 };
 void set_qkv_norm_rope_kernel(QkvNormRopeKernel kernel);
 

@@ -10,6 +10,9 @@
   collect.py list RUN.json                   "EVAL_NAME DRAFTER_DIR" per distinct snapshot (what to dflash-eval)
   collect.py layer-ids L N                   build_target_layer_ids(L, N) as "a,b,..."
   collect.py summarise --runs a.json b.json ref.json --eval-dir DIR --budgets ... --out-json R.json --out-md R.md
+                                             the tau table (tau +- its standard error over the prompts, steps tau)
+  collect.py paired A.json B.json            B's tau minus A's over the same prompts (dflash-eval jsons), with the
+                                             difference's standard error, and B's steps tau against A's
 
 Training seconds of dflash-train at step s: the sum of the intervals between consecutive /steps rows
 (metrics.h5 time_s, seconds since the job started) up to s, the first step counted at the median interval, and
@@ -135,12 +138,55 @@ def eval_name(label, snap):
     return f"{label}-step{int(snap['steps']):07d}.json"
 
 
-def load_tau(eval_dir, label, snap):
+def eval_stats(d):
+    """One dflash-eval --json's tau (the mean over prompts of each prompt's mean acceptance length), its standard
+    error over the prompts, and steps_tau (the mean acceptance length over every decoding step, dflash-eval's
+    "over all N steps"). Greedy per-prompt means are heavy-tailed -- a prompt on which the target repeats itself
+    can reach 10+ -- so two drafters' taus a standard error or two apart are not told apart by the benchmark;
+    steps_tau weighs every step the same and moves less with one such prompt."""
+    taus = [p["tau"] for p in d.get("prompts", []) if p.get("tau") is not None]
+    acc = [x for p in d.get("prompts", []) for x in p.get("acceptance", [])]
+    return {"tau": d.get("tau"), "prompts": len(taus),
+            "tau_se": statistics.stdev(taus) / math.sqrt(len(taus)) if len(taus) > 1 else None,
+            "steps_tau": sum(acc) / len(acc) if acc else None}
+
+
+def load_eval(eval_dir, label, snap):
+    """eval_stats of the snapshot's dflash-eval json, or None when it was not evaluated."""
     p = os.path.join(eval_dir, eval_name(label, snap))
     if not os.path.exists(p):
         return None
     with open(p) as f:
-        return json.load(f).get("tau")
+        return eval_stats(json.load(f))
+
+
+def load_tau(eval_dir, label, snap):
+    st = load_eval(eval_dir, label, snap)
+    return None if st is None else st["tau"]
+
+
+def paired(a, b):
+    """b's tau minus a's over the prompts both decoded (the same held-out records, matched by record): the mean
+    difference, its standard error, the number of prompts; and b's steps_tau over a's. a, b: dflash-eval jsons."""
+    ta = {p["record"]: p["tau"] for p in a.get("prompts", []) if p.get("tau") is not None}
+    tb = {p["record"]: p["tau"] for p in b.get("prompts", []) if p.get("tau") is not None}
+    d = [tb[k] - ta[k] for k in sorted(set(ta) & set(tb))]
+    sa, sb = eval_stats(a)["steps_tau"], eval_stats(b)["steps_tau"]
+    return {"diff": statistics.fmean(d) if d else None,
+            "se": statistics.stdev(d) / math.sqrt(len(d)) if len(d) > 1 else None, "prompts": len(d),
+            "steps_tau_ratio": sb / sa if sa and sb else None}
+
+
+def cmd_paired(a):
+    with open(a.a) as f:
+        ja = json.load(f)
+    with open(a.b) as f:
+        jb = json.load(f)
+    r = paired(ja, jb)
+    print(f"{os.path.basename(a.b)} - {os.path.basename(a.a)}: tau {fmt(r['diff'], '+.3f')} "
+          f"(se {fmt(r['se'], '.3f')}, {r['prompts']} prompts paired); steps tau "
+          f"{fmt(eval_stats(jb)['steps_tau'], '.3f')} vs {fmt(eval_stats(ja)['steps_tau'], '.3f')} "
+          f"({fmt(None if r['steps_tau_ratio'] is None else 100 * (r['steps_tau_ratio'] - 1), '+.1f')} %)")
 
 
 def at_budget(snaps, b):
@@ -192,7 +238,8 @@ def cmd_summarise(a):
     budgets = budgets_of(a.budgets)
     for r in runs:
         for s in r["snapshots"]:
-            s["tau"] = load_tau(a.eval_dir, r["trainer"], s)
+            st = load_eval(a.eval_dir, r["trainer"], s) or {}
+            s["tau"], s["tau_se"], s["steps_tau"] = st.get("tau"), st.get("tau_se"), st.get("steps_tau")
     shas = {r["trainer"]: r.get("target_sha256") for r in runs}
     same_target = len(set(v for v in shas.values() if v)) <= 1
     ref = next((r for r in runs if r["trainer"] == "reference"), None)
@@ -203,7 +250,8 @@ def cmd_summarise(a):
         for r in runs:
             s = at_budget(r["snapshots"], b) if r["trainer"] != "reference" else \
                 next((x for x in r["snapshots"] if abs(x["budget_s"] - b) < 1e-6), None)
-            row[r["trainer"]] = None if s is None else {k: s.get(k) for k in ("tau", "seconds", "steps", "tokens", "anchors")}
+            row[r["trainer"]] = None if s is None else {k: s.get(k) for k in ("tau", "tau_se", "steps_tau", "seconds", "steps",
+                                                                     "tokens", "anchors")}
         table.append(row)
     goal = {}
     if ref is not None:
@@ -243,14 +291,27 @@ def cmd_summarise(a):
     md = ["| budget (s) | " + " | ".join(f"τ {n}" for n in names) + " | " +
           " | ".join(f"{n}: s / steps / tokens / anchors" for n in names) + " |",
           "| ---: | " + " | ".join("---:" for _ in names) + " | " + " | ".join("---:" for _ in names) + " |"]
+    def tau_cell(c):
+        if not c or c.get("tau") is None:
+            return "—"
+        return f"{c['tau']:.3f}" + ("" if c.get("tau_se") is None else f" ± {c['tau_se']:.3f}")
     for row in table:
-        cells = [fmt((row.get(n) or {}).get("tau"), ".3f") for n in names]
+        cells = [tau_cell(row.get(n)) for n in names]
         info = []
         for n in names:
             c = row.get(n)
             info.append("—" if not c else f"{c['seconds']:.0f} / {c['steps']} / {c['tokens'] / 1e6:.2f} M / "
                                           f"{c['anchors'] / 1e6:.2f} M")
         md.append(f"| {row['budget_s']:.0f} | " + " | ".join(cells) + " | " + " | ".join(info) + " |")
+    md.append("")
+    md.append("τ: the mean over prompts of each prompt's mean acceptance length ± its standard error over the prompts. "
+              "The mean acceptance length over every decoding step (steps τ):")
+    md.append("")
+    md.append("| budget (s) | " + " | ".join(f"steps τ {n}" for n in names) + " |")
+    md.append("| ---: | " + " | ".join("---:" for _ in names) + " |")
+    for row in table:
+        md.append(f"| {row['budget_s']:.0f} | " +
+                  " | ".join(fmt((row.get(n) or {}).get("steps_tau"), ".3f") for n in names) + " |")
     md.append("")
     if goal.get("reference_best_tau") is not None:
         md.append(f"Reference best τ {goal['reference_best_tau']:.3f} at {goal['reference_best_seconds']:.0f} s "
@@ -264,6 +325,25 @@ def cmd_summarise(a):
                       f"{fmt(g['seconds_to_reference_best'], '.0f')} s (first snapshot), "
                       f"{fmt(g['seconds_to_reference_best_interpolated'], '.0f')} s (interpolated): within 2/3 "
                       f"of the reference's time: {g['reaches_in_two_thirds']}")
+    if ref is not None:  # the same held-out prompts under each drafter: their differences vary far less than tau
+        lines = []
+        for row in table:
+            rc = row.get("reference")
+            for n in names:
+                c = row.get(n)
+                if n == "reference" or not c or not rc or c.get("tau") is None or rc.get("tau") is None:
+                    continue
+                jr, jo = (os.path.join(a.eval_dir, eval_name(t, x)) for t, x in (("reference", rc), (n, c)))
+                with open(jr) as f:
+                    er = json.load(f)
+                with open(jo) as f:
+                    eo = json.load(f)
+                pr = paired(er, eo)
+                lines.append(f"- {row['budget_s']:.0f} s, {n}: τ {fmt(pr['diff'], '+.3f')} ± {fmt(pr['se'], '.3f')} "
+                             f"({pr['prompts']} prompts), steps τ "
+                             f"{fmt(None if pr['steps_tau_ratio'] is None else 100 * (pr['steps_tau_ratio'] - 1), '+.1f')} %")
+        if lines:
+            md += ["", "Against the reference, prompt by prompt (the difference ± its standard error):"] + lines
     md.append(f"\nSame target weights in every run: {same_target}.")
     with open(a.out_md, "w") as f:
         f.write("\n".join(md) + "\n")
@@ -291,6 +371,9 @@ def main():
     p = sub.add_parser("layer-ids")
     p.add_argument("layers", type=int)
     p.add_argument("draft_layers", type=int)
+    p = sub.add_parser("paired")
+    p.add_argument("a", help="dflash-eval --json of one drafter")
+    p.add_argument("b", help="dflash-eval --json of another, on the same prompts")
     p = sub.add_parser("summarise")
     p.add_argument("--target-info", default="")
     p.add_argument("--runs", nargs="+", required=True)
@@ -300,7 +383,7 @@ def main():
     p.add_argument("--out-md", required=True)
     a = ap.parse_args()
     {"rate": cmd_rate, "plan": cmd_plan, "ours": ours_snapshots, "list": cmd_list, "layer-ids": cmd_layer_ids,
-     "summarise": cmd_summarise}[a.cmd](a)
+     "paired": cmd_paired, "summarise": cmd_summarise}[a.cmd](a)
 
 
 if __name__ == "__main__":
