@@ -25,7 +25,9 @@
 # what finished when a call's time runs out (each drafter's json, the table over them); a part that would start
 # with under a minute left is skipped and says so. Before the host-side rework of dflash-eval (60cb227:
 # bf16 logits converted per row read, lanes verified on threads, DFlash's sampled drafts batched) one drafter's
-# eval took 53 s greedy, 137 s sampled, and quality4 alone ran out of time at its fourth drafter.
+# eval took 53 s greedy, 137 s sampled, and quality4 alone ran out of time at its fourth drafter; after it
+# 5-6 s greedy, 14-19 s sampled (DFlash2: 15-16 s, 26-27 s), bench/results/h100-quality-20261207b. EVAL_PROMPTS
+# (64; the held-out set has 200) passes through to the eval: a claim at the 1-2 % level wants all 200 at T = 1.
 #   bash bench/pending_gpu_runs.sh BIN OUT fidelity8  # ~7 min: FP8 features' error vs bf16 per captured layer, random Qwen3-8B
 #   bash bench/pending_gpu_runs.sh BIN OUT fidelity27 # ~5 min: the same at the Qwen3.6-27B hybrid's shape (16 layers)
 #   bash bench/pending_gpu_runs.sh BIN OUT wide1      # ~8 min: hidden 4096: the target trained 300 s, the reference
