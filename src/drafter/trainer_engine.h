@@ -95,7 +95,8 @@ class TrainerEngine {
   // and reads the norm afterwards: a non-finite one has reached the weights, the run ends either way).
   virtual double optimizer_step(const ops::AdamWHyper& hyper, int64_t step, float clip) = 0;
   // Host F32 [P] views of the master weights and AdamW moments: the live buffers on the CPU, mirrors
-  // refreshed from the device on each call on CUDA (the bf16 state converted exactly). After writing them,
+  // on CUDA (the bf16 state converted exactly): the moments refreshed from the device on each call, the
+  // weights when an optimizer step or state_loaded changed them since the last call. After writing them,
   // state_loaded() makes them current (the bf16 state: rounded to the nearest bf16).
   // The final-normed hidden states [N*B, H] of the last forward (the engine's device and activation dtype).
   virtual Tensor last_hidden() = 0;

@@ -338,6 +338,49 @@ TEST(TrainerCuda, Bf16StateTracksCpuAndRoundTrips) {
   expect_restored_state_continues(a, opt, w, m, v, g, fb);
 }
 
+// The host mirror of the weights (master_weights) comes down only when the device's weights changed, and
+// always then: after an optimizer step and after state_loaded (the bf16 state: what the device rounded to),
+// not after a forward. A stale mirror would export, checkpoint and draft (DFlash2's selector) old weights.
+TEST(TrainerCuda, MasterWeightsMirrorFollowsTheDevice) {
+  SKIP_WITHOUT_GPU();
+  const GoldenCase& c = golden();
+  Ctx g = gpu();
+  Batches fb(g);
+  for (OptimizerState state : {OptimizerState::Fp32, OptimizerState::Bf16}) {
+    SCOPED_TRACE(state == OptimizerState::Fp32 ? "fp32 state" : "bf16 state");
+    TrainOptions opt = c.in.opt;
+    opt.max_anchors = 8;
+    opt.optimizer_state = state;
+    DrafterTrainer a(c.in.target_dir, c.in.drafter_dir, 0, opt, g, c.T);
+    const std::vector<float> w0 = host_copy(a.master_weights());
+    EXPECT_EQ(host_copy(a.master_weights()), w0) << "a second read without a change";
+    a.forward_backward(fb.cuda);
+    a.optimizer_step();
+    const std::vector<float> w1 = host_copy(a.master_weights());
+    size_t moved = 0;
+    for (size_t i = 0; i < w0.size(); ++i) moved += w1[i] != w0[i];
+    EXPECT_GT(moved, w0.size() / 10) << "the optimizer step is not in the mirror";
+    const std::vector<int64_t> probe(c.in.anchors.begin(),
+                                     c.in.anchors.begin() + std::min<size_t>(c.in.anchors.size(), opt.max_anchors));
+    a.evaluate(fb.cuda, probe);
+    EXPECT_EQ(host_copy(a.master_weights()), w1) << "a forward changed the mirror";
+    // Weights written through the mirror (a checkpoint's path), off the bf16 grid: what comes back is what
+    // the device holds.
+    std::vector<float> w2(w1.size());
+    for (size_t i = 0; i < w1.size(); ++i) w2[i] = w1[i] * 1.0009765625f + 1e-5f;
+    std::memcpy(a.master_weights().data, w2.data(), w2.size() * sizeof(float));
+    a.state_loaded();
+    const std::vector<float> back = host_copy(a.master_weights());
+    size_t bad = 0;
+    for (size_t i = 0; i < w2.size(); ++i)
+      bad += back[i] != (state == OptimizerState::Fp32 ? w2[i] : bf16_to_f32(f32_to_bf16(w2[i])));
+    EXPECT_EQ(bad, 0u);
+    a.forward_backward(fb.cuda);
+    a.optimizer_step();
+    EXPECT_NE(host_copy(a.master_weights()), back) << "the step after state_loaded is not in the mirror";
+  }
+}
+
 TEST(TrainerCuda, ScaleGradsOnBothBackends) {
   SKIP_WITHOUT_GPU();
   const GoldenCase& c = golden();

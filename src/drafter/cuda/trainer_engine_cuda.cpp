@@ -88,11 +88,20 @@ class CudaEngine final : public TrainerEngine {
 
   double optimizer_step(const ops::AdamWHyper& hyper, int64_t step, float clip) override {
     // One fused pass (clip on the device); the trainer checks the norm read after it.
+    params_h_current_ = false;
     return step_.optimizer_step(hyper, step, clip);
   }
 
   Tensor last_hidden() override { return step_.hidden(); }
-  Tensor master_weights() override { return download(bf16_state() ? step_.params_bf16() : step_.params(), params_h_); }
+  // Downloaded only when the device's weights changed since the last download (an optimizer step, a
+  // state_loaded): a DFlash2 drafter's every draft reads its selector codebooks here, and dflash-eval drafts
+  // ~100 times a run (the whole mirror, 0.4 GB at hidden 2048, came down each time: bench/results/
+  // h100-quality-20261207b, a DFlash2 eval's drafter time 12 s against DFlash's 1.4 s).
+  Tensor master_weights() override {
+    if (!params_h_current_) download(bf16_state() ? step_.params_bf16() : step_.params(), params_h_);
+    params_h_current_ = true;
+    return params_h_.t();
+  }
   Tensor adam_m() override { return download(step_.adam_m(), m_h_); }
   Tensor adam_v() override { return download(step_.adam_v(), v_h_); }
 
@@ -101,6 +110,7 @@ class CudaEngine final : public TrainerEngine {
     if (m_h_.t().empty()) adam_m();
     if (v_h_.t().empty()) adam_v();
     upload_weights();
+    params_h_current_ = false;  // the bf16 state holds them rounded: the next read downloads what it holds
     step_.reset_from_params();  // bf16 weights from the new masters; zeroes m and v, uploaded next
     upload_state(step_.adam_m(), m_h_);
     upload_state(step_.adam_v(), v_h_);
@@ -138,6 +148,7 @@ class CudaEngine final : public TrainerEngine {
 
   Ctx ctx_;
   ops::LossObjective objective_;
+  bool params_h_current_ = false;  // params_h_ holds the device's weights as they are now
   cuda::DrafterStepCuda step_;
   Buffer embed_, lm_head_;       // BF16 [V, H] on the device (lm_head_ empty when tied to embed_)
   Buffer params_h_, m_h_, v_h_;  // F32 [P] host mirrors
