@@ -95,7 +95,7 @@ class CudaEngine final : public TrainerEngine {
   Tensor last_hidden() override { return step_.hidden(); }
   // Downloaded only when the device's weights changed since the last download (an optimizer step, a
   // state_loaded): a DFlash2 drafter's every draft reads its selector codebooks here, and dflash-eval drafts
-  // ~100 times a run (the whole mirror, 0.4 GB at hidden 2048, came down each time: bench/results/
+  // ~100 times a run (the whole mirror, ~0.8 GB at hidden 2048, came down each time: bench/results/
   // h100-quality-20261207b, a DFlash2 eval's drafter time 12 s against DFlash's 1.4 s).
   Tensor master_weights() override {
     if (!params_h_current_) download(bf16_state() ? step_.params_bf16() : step_.params(), params_h_);
