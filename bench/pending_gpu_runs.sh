@@ -18,8 +18,9 @@
 #                                                     # decoder's speed if time is left
 #   bash bench/pending_gpu_runs.sh BIN OUT quality4   # eval sampled (T = 1), its table
 #   bash bench/pending_gpu_runs.sh BIN OUT quality6   # ours-a / e / f's tau under the FP8 target, its table
-#   (QSTAGES="target ref ours-a ours-c" gives a quality part other stages of bench/quality/run.sh; EVAL_RUNS,
-#   passed through, which drafters an eval part evaluates)
+#   (QSTAGES="target ref ours-a ours-c" gives a quality part other stages of bench/quality/run.sh; EVAL_RUNS and
+#   EVAL_PROMPTS, passed through, which drafters an eval part evaluates and on how many prompts; QSEED=N trains
+#   and evaluates the drafters of seed N on the target runs/q2048 already has, in runs/q2048-sN)
 #
 # Order on one warm machine: quality1, quality2, `quality5 quality3`, `quality4 quality6`. The eval parts keep
 # what finished when a call's time runs out (each drafter's json, the table over them); a part that would start
@@ -151,6 +152,17 @@ for part in "$@"; do
       if [ ! -f "$ROOT/runs/q$h/data.done" ]; then
         src=$ROOT/runs/q4096; mkdir -p "$ROOT/runs/q$h" && cp -r "$src/data" "$src/tokenizer" "$src/data.done" "$ROOT/runs/q$h/"
       fi
+      w=$ROOT/runs/q$h
+      if [ -n "${QSEED:-}" ]; then
+        # QSEED=N: the drafters of another seed (DRAFT_SEED) on the target already trained in runs/q2048, in a
+        # work dir of their own (runs/q2048-sN) that links the target, data and tokenizer
+        [ -f "$w/target.done" ] || { say "$part: QSEED needs the target of runs/q$h (quality1 first)"; continue; }
+        w=$ROOT/runs/q$h-s$QSEED
+        mkdir -p "$w"
+        for f in data tokenizer data.done target target.done; do
+          [ -e "$w/$f" ] || ln -s "$ROOT/runs/q$h/$f" "$w/$f"
+        done
+      fi
       case $part in
         quality1) stages=(target ref ours-a) ;;
         quality2) stages=(ours-b ours-c ours-d) ;;
@@ -161,8 +173,9 @@ for part in "$@"; do
       [ -n "${QSTAGES:-}" ] && read -ra stages <<< "$QSTAGES"
       say "$part: ${stages[*]}"
       # EVAL_JOBS=2: one process's host work (verification, sampled draws) overlaps the other's forwards
-      Q=(env WORK="$ROOT/runs/q$h" BIN="$B" HIDDEN=$h TARGET_SECONDS=90 BUDGETS=40,80 OURS_LAYOUT=colocated
+      Q=(env WORK="$w" BIN="$B" HIDDEN=$h TARGET_SECONDS=90 BUDGETS=40,80 OURS_LAYOUT=colocated
          A_CALIB_STEPS=60 B_CALIB_STEPS=16 CALIB_STEPS=60 EVAL_JOBS=2 PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True)
+      [ -n "${QSEED:-}" ] && Q+=(DRAFT_SEED="$QSEED")
       # quality4: sampled decoding (T = 1); quality6: ours-a / e / f under the FP8 target (their bf16 taus: quality3)
       [ $part = quality4 ] && Q+=(EVAL_TEMPERATURE=1)
       [ $part = quality6 ] && Q+=(EVAL_TARGET_PRECISION=fp8 "EVAL_RUNS=ours-a ours-e ours-f")
@@ -171,14 +184,14 @@ for part in "$@"; do
       # the table over them (the table stage reads whatever eval files exist)
       case $part in
         quality3|quality4|quality6)
-          cp -r "$ROOT/runs/q$h"/eval* "$O/" 2>/dev/null
+          cp -r "$w"/eval* "$O/" 2>/dev/null
           [ -s "$O/q/results.md" ] || [ -n "$(ls "$O"/q/results-*.md 2>/dev/null)" ] ||
             "${Q[@]}" timeout 15 bash "$ROOT/bench/quality/run.sh" "$O/q" table > /dev/null 2>&1
           cat "$O/q"/results*.md > "$O/summary.txt" 2>/dev/null ;;
       esac
       if [ $part = quality3 ] && [ $((590 - (SECONDS - T0))) -gt 120 ]; then
         # the batched decoder's speed: one drafter, 16 prompts, one at a time vs together
-        d=$(ls -d "$ROOT/runs/q$h"/ours-a/checkpoints/step-*/drafter | tail -1)
+        d=$(ls -d "$w"/ours-a/checkpoints/step-*/drafter | tail -1)
         for pb in 1 16; do
           t0=$(date +%s.%N)
           timeout 60 "$(prog dflash-eval)" --backend cuda --target "$ROOT/runs/q$h/target" --drafter "$d" \

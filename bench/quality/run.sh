@@ -44,6 +44,7 @@ PY=${PY:-python3}
 BIN=${BIN:-$ROOT/build-gpu}
 BACKEND=${BACKEND:-cuda}                   # cpu: the tiny end-to-end test (tests/data_tools/test_quality_bench.py)
 SEED=${SEED:-0}
+DRAFT_SEED=${DRAFT_SEED:-$SEED}            # the drafters' (ours and the reference's): another drafter seed on one target
 BUDGETS=${BUDGETS:-60,120,240}             # GPU seconds of drafter training
 HIDDEN=${HIDDEN:-2048}                     # the target's (and so the drafter's) width: 2048 or 4096
 TARGET_LAYERS=${TARGET_LAYERS:-6}
@@ -135,7 +136,7 @@ stage_ref() {
   # shellcheck disable=SC2086
   "$PY" "$Q/ref_train_dflash.py" --target "$T" --data "$D/train.h5" --out "$WORK/ref" --budgets "$BUDGETS" \
     --draft-layers "$DRAFT_LAYERS" --target-layers "$(layer_ids)" --mask-token "$MASK_TOKEN" --max-length "$MAX_LEN" \
-    --seed "$SEED" $REF_ARGS
+    --seed "$DRAFT_SEED" $REF_ARGS
   cp "$WORK/ref/run.json" "$R/reference.json"
   touch "$WORK/ref.done"
 }
@@ -155,7 +156,7 @@ train_ours() {  # OUT_DIR MAX_STEPS CKPT_EVERY RECIPE_ARGS...
   "${launch[@]}" --backend "$BACKEND" \
     --target "$T" --data "$D/train.h5" --out "$out" --draft-layers "$DRAFT_LAYERS" --target-layers "$(layer_ids)" \
     "${block[@]}" --mask-token "$MASK_TOKEN" --token-budget "$TOKEN_BUDGET" --long-record cut --epochs 0 \
-    --seed "$SEED" --max-steps "$steps" --checkpoint-every "$every" --log-every 50 --peer-timeout 300 \
+    --seed "$DRAFT_SEED" --max-steps "$steps" --checkpoint-every "$every" --log-every 50 --peer-timeout 300 \
     $OURS_RECIPE "$@" $OURS_EXTRA ${EVAL_TAU_EVERY:+--eval-data "$D/heldout.h5" --eval-tau-every "$EVAL_TAU_EVERY"}
 }
 
