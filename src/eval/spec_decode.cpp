@@ -325,7 +325,7 @@ void SpecDecoder::draft_sampled_together(const std::vector<Lane*>& lanes, int bl
       lane.drafts = std::move(drafts[i]);
       lane.q_ids = std::move(cand[i]);
       const size_t K = q[i].size() / static_cast<size_t>(n);
-      lane.q_rows.assign(static_cast<size_t>(n), {});
+      lane.q_rows.resize(static_cast<size_t>(n));  // (each row rewritten whole: its storage kept)
       for (int j = 0; j < n; ++j) lane.q_rows[j].assign(q[i].begin() + j * K, q[i].begin() + (j + 1) * K);
     }
     return;
@@ -345,7 +345,7 @@ void SpecDecoder::draft_sampled_together(const std::vector<Lane*>& lanes, int bl
   const size_t row_bytes = static_cast<size_t>(vocab_) * dtype_size(lg.dtype);
   parallel_for(lanes.size(), [&](size_t i) {
     Lane& lane = *lanes[i];
-    lane.q_rows.assign(static_cast<size_t>(n), {});
+    lane.q_rows.resize(static_cast<size_t>(n));  // sampling_probs rewrites each row whole, in its storage
     lane.drafts.resize(static_cast<size_t>(n));
     std::vector<float> row(static_cast<size_t>(vocab_));
     for (int j = 0; j < n; ++j) {

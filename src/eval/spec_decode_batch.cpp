@@ -64,7 +64,7 @@ int SpecDecoder::verify(Lane& lane, int64_t row0, int block_rows, int32_t& bonus
     bonus = posterior;
     return a;
   }
-  std::vector<double> p;
+  std::vector<double>& p = lane.p_work;
   auto target_probs = [&](int r) { sampling_probs(logits_row(row0 + r), vocab_, sampling_, p); };
   // the draft probability of token t at row j: q over the vocabulary (DFlash) or over the candidates
   auto q_of = [&](int j, int32_t t) {
@@ -83,7 +83,8 @@ int SpecDecoder::verify(Lane& lane, int64_t row0, int block_rows, int32_t& bonus
     bonus = draw_from(p, lane.rng);
     return a;
   }
-  std::vector<double> r = p;  // the residual max(0, p - q), renormalised; p itself where it is all zero
+  std::vector<double>& r = lane.r_work;  // the residual max(0, p - q), renormalised; p itself where it is all zero
+  r = p;
   if (lane.q_ids.empty()) {
     for (size_t v = 0; v < r.size(); ++v) r[v] -= lane.q_rows[a][v];
   } else {
