@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU runs the open issues still wait for (44-47), packed into device calls of <= 10 minutes each, in the
 # order they pay off. Run from the repository root on the GPU machine, with the programs in BIN (a build
-# directory, flat or with bench/ and tests/ below it):
+# directory, flat or with bench/ and tests/ below it; bench/device/prepare.sh packs them here and
+# bench/device/call.sh PART... unpacks them there and calls this script):
 #
 #   bash bench/pending_gpu_runs.sh BIN OUT checks     # ~8 min: every GPU test of the pipeline's new paths, FP8 speed
 #   bash bench/pending_gpu_runs.sh BIN OUT layouts    # ~8 min: the roles bench, 1-1 at the record density
