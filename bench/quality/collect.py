@@ -250,8 +250,8 @@ def cmd_summarise(a):
         for r in runs:
             s = at_budget(r["snapshots"], b) if r["trainer"] != "reference" else \
                 next((x for x in r["snapshots"] if abs(x["budget_s"] - b) < 1e-6), None)
-            row[r["trainer"]] = None if s is None else {k: s.get(k) for k in ("tau", "tau_se", "steps_tau", "seconds", "steps",
-                                                                     "tokens", "anchors")}
+            keys = ("tau", "tau_se", "steps_tau", "seconds", "steps", "tokens", "anchors")
+            row[r["trainer"]] = None if s is None else {k: s.get(k) for k in keys}
         table.append(row)
     goal = {}
     if ref is not None:

@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -82,6 +83,12 @@ struct Batches {
   }
 };
 
+// The case's first max_anchors anchors: what an evaluation probes with (a batch never carries more).
+std::vector<int64_t> probe_anchors(const GoldenCase& c, const TrainOptions& opt) {
+  const size_t n = std::min<size_t>(c.in.anchors.size(), static_cast<size_t>(opt.max_anchors));
+  return std::vector<int64_t>(c.in.anchors.begin(), c.in.anchors.begin() + static_cast<std::ptrdiff_t>(n));
+}
+
 std::vector<float> host_copy(const Tensor& t) {
   const float* p = t.ptr<float>();
   return std::vector<float>(p, p + t.numel());
@@ -126,9 +133,7 @@ TEST(TrainerCuda, CpuAndCudaTrackOverTwentySteps) {
     DrafterTrainer gpu_tr(c.in.target_dir, c.in.drafter_dir, 0, opt, g, c.T);
     EXPECT_EQ(cpu.weights_checksum(), gpu_tr.weights_checksum()) << "the same initial weights";
     EXPECT_EQ(gpu_tr.grads().device, Device::CUDA);
-    // Evaluated on the case's first max_anchors anchors (a batch never carries more).
-    const std::vector<int64_t> probe(c.in.anchors.begin(),
-                                     c.in.anchors.begin() + std::min<size_t>(c.in.anchors.size(), opt.max_anchors));
+    const std::vector<int64_t> probe = probe_anchors(c, opt);
     const double eval0_cpu = cpu.evaluate(fb.cpu, probe).loss;
     const double eval0_gpu = gpu_tr.evaluate(fb.cuda, probe).loss;
     EXPECT_NEAR(eval0_gpu, eval0_cpu, test::tol::kStepLoss * eval0_cpu);
@@ -319,8 +324,7 @@ TEST(TrainerCuda, Bf16StateTracksCpuAndRoundTrips) {
   DrafterTrainer cpu(c.in.target_dir, c.in.drafter_dir, 0, opt, cpu_ctx(), c.T);
   DrafterTrainer a(c.in.target_dir, c.in.drafter_dir, 0, opt, g, c.T);
   EXPECT_EQ(cpu.weights_checksum(), a.weights_checksum()) << "the same initial weights, rounded to bf16";
-  const std::vector<int64_t> probe(c.in.anchors.begin(),
-                                   c.in.anchors.begin() + std::min<size_t>(c.in.anchors.size(), opt.max_anchors));
+  const std::vector<int64_t> probe = probe_anchors(c, opt);
   const double eval0 = cpu.evaluate(fb.cpu, probe).loss;
   for (int s = 0; s < 20; ++s) {
     const StepStats sc = cpu.forward_backward(fb.cpu), sg = a.forward_backward(fb.cuda);
@@ -360,8 +364,7 @@ TEST(TrainerCuda, MasterWeightsMirrorFollowsTheDevice) {
     size_t moved = 0;
     for (size_t i = 0; i < w0.size(); ++i) moved += w1[i] != w0[i];
     EXPECT_GT(moved, w0.size() / 10) << "the optimizer step is not in the mirror";
-    const std::vector<int64_t> probe(c.in.anchors.begin(),
-                                     c.in.anchors.begin() + std::min<size_t>(c.in.anchors.size(), opt.max_anchors));
+    const std::vector<int64_t> probe = probe_anchors(c, opt);
     a.evaluate(fb.cuda, probe);
     EXPECT_EQ(host_copy(a.master_weights()), w1) << "a forward changed the mirror";
     // Weights written through the mirror (a checkpoint's path), off the bf16 grid: what comes back is what
