@@ -35,6 +35,7 @@
 #   bash bench/pending_gpu_runs.sh BIN OUT wide1      # ~8 min: hidden 4096: the target trained 300 s, the reference
 #   bash bench/pending_gpu_runs.sh BIN OUT wide2      # ~6 min: hidden 4096: ours-a, ours-b (colocated)
 #   bash bench/pending_gpu_runs.sh BIN OUT wide3      # ~3 min: hidden 4096: eval (greedy), the table
+#   bash bench/pending_gpu_runs.sh BIN OUT gputests   # ~1.5 min: every GPU unit test (dflash_gpu_tests) alone
 #   bash bench/pending_gpu_runs.sh BIN OUT qkvrope    # ~3 min: qkv_norm_rope's warp kernel against the block kernel:
 #                                                     # its GPU test, the op alone, the FP8 8B forward with each
 #
@@ -229,6 +230,14 @@ for part in "$@"; do
         cat "$O/q"/results*.md > "$O/summary.txt" 2>/dev/null
       fi
       pack "$O" ;;
+    gputests)
+      # every GPU unit test (the ~80 s of dflash_gpu_tests; gpu_checks.sh, in `checks`, adds the selftests and
+      # the end-to-end tests): a short part to put after another in a call with time left
+      say "dflash_gpu_tests"
+      DFLASH_TEST_DATA=$ROOT/tests/data DFLASH_SRC=$ROOT timeout $((590 - (SECONDS - T0))) "$(prog dflash_gpu_tests)" \
+        > "$O/test.txt" 2>&1
+      { grep -h "^\[  FAILED\|^\[  PASSED\|tests ran" "$O/test.txt"; grep -h "MasterWeightsMirror" "$O/test.txt"; } \
+        | tee "$O/summary.txt" ;;
     qkvrope)
       # kernels/qkv_norm_rope.cu's warp kernel against the block kernel it replaced (bench/README.md "qkv_norm_rope:
       # a warp kernel"): every variant bit for bit the block kernel's, the op alone at the 8B and 32B heads
@@ -246,7 +255,7 @@ for part in "$@"; do
       done
       cat "$O"/bench-*.txt >> "$O/summary.txt"
       grep -H "qkv_norm_rope\|^  forward " "$O"/t8b-*.txt | tee -a "$O/summary.txt" ;;
-    *) echo "unknown part $part (checks layouts speed speed2 dflash2 quality1 quality2 quality3 quality4 quality5 quality6 fidelity8 fidelity27 wide1 wide2 wide3 qkvrope)" >&2; exit 2 ;;
+    *) echo "unknown part $part (checks layouts speed speed2 dflash2 quality1 quality2 quality3 quality4 quality5 quality6 fidelity8 fidelity27 wide1 wide2 wide3 gputests qkvrope)" >&2; exit 2 ;;
   esac
 done
 say done

@@ -66,6 +66,11 @@ BindingRole binding(double target, double drafter, double transport) {
 
 }  // namespace
 
+double shared_gpu_seconds_per_batch(const Plan& p) {
+  const double back_to_back = p.target_forward_s + p.drafter_step_s;
+  return p.colocated_regime == ColocatedRegime::MemoryFull ? back_to_back / kColocatedMemoryFullRate : back_to_back;
+}
+
 Plan plan_layouts(const PlanRequest& r) {
   const ClusterInputs& c = r.cluster;
   const JobCostInputs& j = r.job;

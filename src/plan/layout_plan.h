@@ -89,7 +89,8 @@ struct LayoutPrediction {
 
 // How the colocated row is priced: the roles overlapping by the GPU kind's measured share, or, where both
 // roles' fixed memory fills the GPU as far as the H100 run that measured less than back to back did, at that
-// run's measured fraction of back to back (docs/cost_model.md "The colocated layout").
+// run's measured fraction of back to back (docs/cost_model.md "The colocated layout"). Two ranks sharing a GPU
+// (shared_gpu_seconds_per_batch) fall in the same regime at the same fill: the same memory on one card.
 enum class ColocatedRegime : uint8_t { Overlapped, MemoryFull };
 // Where both roles fill the GPU (bench/results/h100-issue44-45-46-20261206b, one H100, 512 anchors per record,
 // after the GEMM autotune fix): a colocated rank's fixed part was 67.5 GiB of the card's 79.6 (85 %, the dry run
@@ -123,6 +124,14 @@ struct Plan {
 
 // Every layout and the recommendation. Fatal BadOptions on a node of no GPU or an overlap outside [0, 1].
 Plan plan_layouts(const PlanRequest& r);
+
+// A batch's seconds where a target rank and a drafter rank share each GPU (a one-GPU 1-1: two processes taking
+// turns, the host-staged transfer hidden under them, bench/results/pipeline/h200-1gpu-8b-summary.txt measured
+// 1.5 % above back to back): the forward and the step back to back, or, where both roles' fixed memory fills
+// the GPU (Plan::colocated_regime, the same memory on one card), at the memory-full fraction of it. The 1-1 at
+// 512 anchors per record on one H100 (bench/results/h100-issue44-20261207, 85 % of the card fixed) ran at
+// 0.501 b/s where this gives 0.547 (+9 %) and back to back 0.966 (+93 %).
+double shared_gpu_seconds_per_batch(const Plan& p);
 
 // The fixed-width table the dry run prints, one line per layout ("*" the recommended, ">" the chosen), with a
 // header and closing lines naming the recommendation, the chosen layout's distance from it, the GPU's

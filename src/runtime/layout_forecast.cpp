@@ -152,10 +152,8 @@ nlohmann::json forecast_record(const LayoutForecast& f, const TopologySpec& runn
   const plan::Plan& p = f.plan;
   nlohmann::json run = {{"layout", running.to_string()}, {"gpus_shared", gpus_shared}};
   if (gpus_shared) {
-    // Both roles' ranks on one GPU take turns: a batch costs the forward and the step (the host-staged transfer
-    // hides under them: bench/results/pipeline/h200-1gpu-8b-summary.txt measured 1.5 % above this).
-    const double per_batch = p.target_forward_s + p.drafter_step_s;
-    const double bps = p.gpus_per_node * p.nodes / per_batch;
+    // Both roles' ranks on one GPU take turns (back to back, or below it where their memory fills the GPU)
+    const double bps = p.gpus_per_node * p.nodes / plan::shared_gpu_seconds_per_batch(p);
     run["batches_per_s"] = bps;
     run["tokens_per_s"] = bps * f.tokens_per_batch;
     run["anchors_per_s"] = bps * f.anchors_per_batch;

@@ -65,7 +65,7 @@ TopologySpec choose_topology_plan(const Options& o, const ModelPlan& model, MPI_
 // What metrics.h5 keeps as the attribute layout_plan: the plan (plan_to_json), the calibration it used, the
 // batch's tokens and anchors, and the running layout's prediction. `running`: the segment's split;
 // `gpus_shared`: its target and drafter ranks share GPUs (a one-GPU 1-1: predicted as the roles taking
-// turns, 1 / (t_target + t_drafter), as the colocated layout without overlap).
+// turns, plan::shared_gpu_seconds_per_batch).
 nlohmann::json forecast_record(const LayoutForecast& f, const TopologySpec& running, bool gpus_shared,
                                TopologyChoice how);
 

@@ -153,6 +153,22 @@ TEST(CostModelPlan, ColocatedFillingTheGpuIsPricedBelowBackToBack) {
   EXPECT_EQ(plan_layouts(r).colocated_regime, ColocatedRegime::Overlapped);
 }
 
+// Two ranks sharing a GPU (a one-GPU 1-1) take turns: back to back while the memory leaves room, at the
+// memory-full fraction of it where both roles fill the card (the H100's 1-1 at 512 anchors per record ran at
+// 0.501 b/s: 0.547 predicted this way, 0.966 back to back; bench/results/h100-issue44-20261207).
+TEST(CostModelPlan, RolesSharingAGpuFollowTheMemoryRegime) {
+  PlanRequest r = issue44_8b(512);
+  r.memory.colocated_bytes = 0.6 * r.cluster.gpu.memory_bytes;
+  const Plan roomy = plan_layouts(r);
+  EXPECT_NEAR(shared_gpu_seconds_per_batch(roomy), roomy.target_forward_s + roomy.drafter_step_s, 1e-12);
+  r.memory.colocated_bytes = 67.47 / 79.6 * r.cluster.gpu.memory_bytes;
+  const Plan full = plan_layouts(r);
+  ASSERT_EQ(full.colocated_regime, ColocatedRegime::MemoryFull);
+  EXPECT_NEAR(shared_gpu_seconds_per_batch(full), (full.target_forward_s + full.drafter_step_s) / kColocatedMemoryFullRate,
+              1e-12);
+  EXPECT_GT(shared_gpu_seconds_per_batch(full), 1.7 * shared_gpu_seconds_per_batch(roomy));
+}
+
 // jobs/recipes/qwen36-27b.cfg: 16384-token batches of records up to 4096 tokens, 2048 anchors, the CE job's
 // 62-layer forward; fixed memory as the dry run prints it (issue 44: drafter 83.5 GiB; target 50.1 GiB of
 // weights, bench/README.md, + two send buffers). Predictions until the 8-GPU machines measure them.
