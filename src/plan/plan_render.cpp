@@ -71,9 +71,18 @@ std::string render_plan_table(const Plan& p) {
     const LayoutPrediction& r = p.layouts[static_cast<size_t>(p.recommended)];
     out += "[dflash] plan: recommended (*) " + r.layout.name() + ": " + si(r.tokens_per_s) + " tok/s";
     if (p.chosen >= 0 && p.chosen != p.recommended) {
-      char b[128];
-      std::snprintf(b, sizeof b, "; chosen (>) %s is %.0f %% slower", p.layouts[static_cast<size_t>(p.chosen)].layout.name().c_str(),
-                    p.chosen_shortfall_pct);
+      // A chosen layout faster than the recommendation is one the recommendation passed over: it does not fit
+      // the memory or the power budget ("-20 % slower" said that badly).
+      const LayoutPrediction& c = p.layouts[static_cast<size_t>(p.chosen)];
+      char b[160];
+      if (p.chosen_shortfall_pct >= 0.5)
+        std::snprintf(b, sizeof b, "; chosen (>) %s is %.0f %% slower", c.layout.name().c_str(), p.chosen_shortfall_pct);
+      else if (p.chosen_shortfall_pct > -0.5)
+        std::snprintf(b, sizeof b, "; chosen (>) %s is as fast", c.layout.name().c_str());
+      else
+        std::snprintf(b, sizeof b, "; chosen (>) %s would be %.0f %% faster but %s", c.layout.name().c_str(),
+                      -p.chosen_shortfall_pct,
+                      c.fit == MemoryFit::DoesNotFit ? "does not fit the GPU's memory" : "is over --power-budget-w");
       out += b;
     } else if (p.chosen == p.recommended) {
       out += "; the chosen layout";

@@ -324,7 +324,7 @@ int dry_run(const Options& o) {
   os << input_notes;
   os << layout_plan_text(forecast, o);
   if (forecast)
-    os << other_density_line(o, plan, memory, gpu.bytes, world.num_nodes, world.ranks_per_node, *forecast);
+    os << other_density_line(o, plan, gpu.bytes, world.num_nodes, world.ranks_per_node, *forecast);
   std::fputs(os.str().c_str(), stdout);
   std::fflush(stdout);
   if (!verdict.fits) DF_FAIL(BadOptions, verdict.what, verdict.hint);

@@ -31,11 +31,14 @@ expect_log long "--token-budget 2048 is smaller than record 0 of $WORK/ok.h5 (30
 dry longcut "${T8[@]}" --data "$WORK/ok.h5" --token-budget 2048 --long-record cut
 expect_rc 0 longcut
 
-# The 8B recipe's drafter (about 68 GiB with the fp32 state, 8 B/param less with bf16) on a 64 GiB GPU.
-dry bf16hint --config "$DFLASH_SRC/jobs/recipes/qwen3-8b.cfg" "${T8[@]}" --data "$WORK/ok.h5" --gpu 64
+# The 8B recipe's drafter at the reference trainers' density (3072 anchors a batch: about 68 GiB with the fp32
+# state, 8 B/param less with bf16) on a 64 GiB GPU.
+REF_DENSITY=(--anchors-per-record 512 --max-anchors 3072)
+dry bf16hint --config "$DFLASH_SRC/jobs/recipes/qwen3-8b.cfg" "${T8[@]}" "${REF_DENSITY[@]}" --data "$WORK/ok.h5" --gpu 64
 expect_rc 2 bf16hint
 expect_log bf16hint "HINT: the drafter: --optimizer-state bf16 makes it fit"
-dry bf16 --config "$DFLASH_SRC/jobs/recipes/qwen3-8b.cfg" "${T8[@]}" --data "$WORK/ok.h5" --gpu 64 --optimizer-state bf16
+dry bf16 --config "$DFLASH_SRC/jobs/recipes/qwen3-8b.cfg" "${T8[@]}" "${REF_DENSITY[@]}" --data "$WORK/ok.h5" --gpu 64 \
+  --optimizer-state bf16
 expect_rc 0 bf16
 
 # --report-to wandb: dflash-report answers --check-wandb as its export would (this python, else the project venv).

@@ -16,7 +16,9 @@ constexpr double kGiB = 1073741824.0;
 // Issue 44's shapes: the 8B forward of bench_target_forward (4 x 4096, 36 layers) and drafter_bench's steps at
 // 16384 tokens (one sequence: record_length 16384), the recipe's global batch of 98304 tokens. The fixed
 // memory as the dry run prints it for jobs/recipes/qwen3-8b.cfg at that anchor cap: the drafter 68.2 GiB at
-// 3072 anchors (a colocated rank 84.7 GiB: more than an H100's 79.6), 35.0 at 512 (colocated 51.5 GiB).
+// 3072 anchors (a colocated rank 84.7 GiB: more than an H100's 79.6), 35.0 at 512 (colocated 51.5 GiB). "The
+// recipe's density" below is issue 44's: 3072 per batch, the reference trainers' 512 per 3072-token record, which
+// the recipe files drew until bench/quality's two widths chose one anchor per 8 tokens (docs/recipe.md).
 PlanRequest issue44_8b(int64_t anchors) {
   PlanRequest r;
   r.cluster.gpu = calibration_for("h100");
@@ -125,6 +127,13 @@ TEST(CostModelPlan, ColocatedThatDoesNotFitIsNotRecommended) {
   EXPECT_GT(c.batches_per_s, recommended(p).batches_per_s);  // faster, were it to fit
   EXPECT_EQ(recommended(p).layout.name(), "2-6");
   EXPECT_NE(render_plan_table(p).find("it does not fit"), std::string::npos) << render_plan_table(p);
+  // Chosen anyway, it is named as faster but not fitting, not as "-N % slower".
+  PlanRequest chosen = issue44_8b(3072);
+  chosen.chosen = row(p, "colocated").layout;
+  const std::string table = render_plan_table(plan_layouts(chosen));
+  EXPECT_NE(table.find("; chosen (>) colocated would be "), std::string::npos) << table;
+  EXPECT_NE(table.find("% faster but does not fit the GPU's memory"), std::string::npos) << table;
+  EXPECT_EQ(table.find("% slower"), std::string::npos) << table;
   // Nothing else fits either: the plan recommends nothing rather than the colocated layout.
   PlanRequest r = issue44_8b(3072);
   r.memory.drafter_bytes = 90 * kGiB;
