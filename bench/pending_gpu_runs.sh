@@ -36,6 +36,8 @@
 #   bash bench/pending_gpu_runs.sh BIN OUT wide2      # ~6 min: hidden 4096: ours-a, ours-b (colocated)
 #   bash bench/pending_gpu_runs.sh BIN OUT wide3      # ~3 min: hidden 4096: eval (greedy), the table
 #   bash bench/pending_gpu_runs.sh BIN OUT gputests   # ~1.5 min: every GPU unit test (dflash_gpu_tests) alone
+#   bash bench/pending_gpu_runs.sh BIN OUT fp8speed   # ~5 min: issue 46's speed goals, bf16 and FP8 per token
+#                                                     # interleaved 3x in one call (8B forward, 27B hybrid)
 #   bash bench/pending_gpu_runs.sh BIN OUT qkvrope    # ~3 min: qkv_norm_rope's warp kernel against the block kernel:
 #                                                     # its GPU test, the op alone, the FP8 8B forward with each
 #
@@ -230,6 +232,21 @@ for part in "$@"; do
         cat "$O/q"/results*.md > "$O/summary.txt" 2>/dev/null
       fi
       pack "$O" ;;
+    fp8speed)
+      # issue 46's speed goals in one call, each format run three times interleaved (bf16, FP8 per token, bf16,
+      # ...) so a clock drift between runs does not decide them: the 8B forward 4 x 4096 (goal >= 1.6x) and the
+      # 27B hybrid 8 x 4096 (>= 1.4x, <= 36 GiB); the medians of the three medians in summary.txt
+      say "fp8speed: bf16 and FP8 per-token forwards interleaved, 8B and 27B"
+      for m in "bench_target_forward" "bench_hybrid_forward --model 27b"; do
+        read -r p args <<<"$m"
+        n=${p#bench_}; n=${n%_forward}
+        for i in 1 2 3; do
+          timeout 90 "$(prog "$p")" $args > "$O/$n-bf16-$i.txt" 2>&1
+          timeout 90 "$(prog "$p")" $args --fp8 --fp8-scaling token > "$O/$n-fp8tok-$i.txt" 2>&1
+        done
+      done
+      grep -H "^  forward " "$O"/*.txt | tee "$O/summary.txt"
+      pack "$O" ;;
     gputests)
       # every GPU unit test (the ~80 s of dflash_gpu_tests; gpu_checks.sh, in `checks`, adds the selftests and
       # the end-to-end tests): a short part to put after another in a call with time left
@@ -255,7 +272,7 @@ for part in "$@"; do
       done
       cat "$O"/bench-*.txt >> "$O/summary.txt"
       grep -H "qkv_norm_rope\|^  forward " "$O"/t8b-*.txt | tee -a "$O/summary.txt" ;;
-    *) echo "unknown part $part (checks layouts speed speed2 dflash2 quality1 quality2 quality3 quality4 quality5 quality6 fidelity8 fidelity27 wide1 wide2 wide3 gputests qkvrope)" >&2; exit 2 ;;
+    *) echo "unknown part $part (checks layouts speed speed2 dflash2 quality1 quality2 quality3 quality4 quality5 quality6 fidelity8 fidelity27 wide1 wide2 wide3 gputests fp8speed qkvrope)" >&2; exit 2 ;;
   esac
 done
 say done
