@@ -48,9 +48,10 @@ std::string forecast_text(const LayoutForecast& f);
 
 // The plan at the other anchor density (issue 44 item 4: the what-if over anchors before the run): per record
 // (512 per record, the reference trainers' rule) where this job samples per batch, per batch (one anchor per 8
-// tokens of --token-budget, the recipes' density) where it samples per record. One line: the density, the recommendation and its
-// tokens/s and anchors/s beside this job's; "" without a forecast. The other density's plan has its own memory
-// (the cap sizes the drafter's buffers: a colocated rank may fit, or fill the GPU, at one density and not the other).
+// tokens of --token-budget, the recipes' density) where it samples per record. One line: the density, the
+// recommendation and its tokens/s and anchors/s beside this job's; "" without a forecast. The other density's
+// plan has its own memory (the cap sizes the drafter's buffers: a colocated rank may fit, or fill the GPU, at one
+// density and not the other).
 std::string other_density_line(const Options& o, const ModelPlan& model, double gpu_bytes, int nodes, int gpus_per_node,
                                const LayoutForecast& here);
 

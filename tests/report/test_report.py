@@ -393,6 +393,31 @@ class ReportTest(unittest.TestCase):
         rep = analysis.analyse(Run(p), allreduce_gbps=1e9)
         self.assertNotIn("Switch to", rep["verdict"])
 
+    def test_ranks_sharing_a_gpu_are_flagged_and_not_recommended(self):
+        # A one-GPU 1-1 (bench/results/h100-issue44-20261207/layouts): both ranks' cards name gpu0 of one host;
+        # each role's busy time includes the other's turns, so the what-if's splits (a GPU per rank) are no basis.
+        p = write_run(self.path("a.h5"), topology="1-1", backend="cuda", ranks=2, power=True, t_s=0.2, d_s=1.0)
+        with h5py.File(p, "a") as f:
+            f.attrs["ranks"] = json.dumps([{"rank": r, "role": role, "host": "vm", "gpu": 0, "pid": 1}
+                                           for r, role in enumerate(["target", "drafter"])])
+        rep = analysis.analyse(Run(p))
+        self.assertEqual(rep["gpu_sharing"], {"busy_ranks": 2, "gpus": 1, "run_distorted": True,
+                                              "shared": [{"host": "vm", "gpu": 0, "ranks": [0, 1]}]})
+        self.assertIn("These timings are distorted: 2 busy ranks shared 1 GPU(s) (ranks 0, 1 on gpu0 of vm)",
+                      rep["verdict"])
+        self.assertNotIn("Switch to", rep["verdict"])
+        txt = render.text(rep)
+        self.assertIn("DISTORTED: 2 busy ranks shared 1 GPU(s), taking turns", txt)
+        self.assertIn("best layout: none recommended", txt)
+        # The same run on two GPUs (one per rank) is not flagged, and the model's switch stands.
+        q = write_run(self.path("b.h5"), topology="1-1", backend="cuda", ranks=3, power=True, t_s=0.2, d_s=1.0)
+        with h5py.File(q, "a") as f:
+            f.attrs["ranks"] = json.dumps([{"rank": r, "role": role, "host": "vm", "gpu": r, "pid": 1}
+                                           for r, role in enumerate(["target", "drafter", "idle"])])
+        rep = analysis.analyse(Run(q))
+        self.assertIsNone(rep["gpu_sharing"])
+        self.assertIn("Switch to", rep["verdict"])
+
     def test_splits_beyond_the_cores_are_not_chosen(self):
         # 1-1 + 2 idle on 2 cores: the run itself is fine, but 1-2, 2-1, 1-3, ... would share cores.
         p = write_run(self.path("a.h5"), topology="1-1", cores=2, t_s=0.2, d_s=1.0)

@@ -211,6 +211,25 @@ def oversubscription(run):
             "run_distorted": busy > cores}
 
 
+def gpu_sharing(run):
+    """On the GPUs, busy ranks (targets, drafters) that share one GPU (the rank cards' host and gpu: a one-GPU 1-1)
+    take turns on it: each role's busy time then includes the other's turns, and every split the what-if predicts
+    from them assumes a GPU per rank that the run did not have. None when no two busy ranks share a GPU (or the
+    cards do not say)."""
+    if run.backend == "cpu":
+        return None
+    by_gpu = {}
+    for c in getattr(run, "rank_cards", []) or []:
+        if c.get("role") in ("target", "drafter") and c.get("gpu") is not None:
+            by_gpu.setdefault((c.get("host"), int(c["gpu"])), []).append(int(c.get("rank", -1)))
+    shared = {k: sorted(v) for k, v in by_gpu.items() if len(v) > 1}
+    if not shared:
+        return None
+    return {"busy_ranks": sum(len(v) for v in by_gpu.values()), "gpus": len(by_gpu),
+            "shared": [{"host": h, "gpu": g, "ranks": r} for (h, g), r in sorted(shared.items(), key=str)],
+            "run_distorted": True}
+
+
 def _dataset_tokens(run):
     if run.attrs.get("dataset_tokens") is not None:
         return float(run.attrs["dataset_tokens"])
@@ -432,6 +451,7 @@ def analyse(run, power_budget_w=None, idle_power_w=None, allreduce_gbps=None):
         "best_within_budget": best_budget.split if best_budget else None,
         "colocated": coloc,
         "oversubscription": over,
+        "gpu_sharing": gpu_sharing(run),
         # series and attributes left out as not finite (load.py): nothing above is built on them
         "unusable": dict(getattr(run, "unusable", {})),
         "eval": held_out(run),
@@ -588,13 +608,17 @@ def switch_steps(metrics_path, to, nodes, nodes_to=None, gpus_per_node=None):
     ]
 
 
+def _shared_text(share):
+    return "; ".join(f"ranks {', '.join(map(str, x['ranks']))} on gpu{x['gpu']} of {x['host']}" for x in share["shared"])
+
+
 def switch(out, own, best, best_budget):
     """{to, from, gain, nodes, within_power_budget, heading, steps} when the verdict recommends another split:
     the best (with --power-budget-w: the best within it) is not the run's and is predicted at least
     NOISE_FRACTION faster, from timings that are not distorted; else None."""
     run = out["run"]
     over = out.get("oversubscription")
-    if over and over["run_distorted"]:
+    if (over and over["run_distorted"]) or out.get("gpu_sharing"):
         return None
     budget = out.get("power_budget_w")
     cand = best_budget if budget else best
@@ -741,6 +765,14 @@ def verdict(out, preds, own, best, best_budget):
                  f"{over['cores_per_node']} cores (oversubscribed), so every service time includes waiting for a "
                  "core and no prediction from them is a basis for choosing a split; measure with a core per rank "
                  "(or on the GPUs).")
+    share = out.get("gpu_sharing")
+    if share:
+        distorted = True
+        s.append(f"These timings are distorted: {share['busy_ranks']} busy ranks shared {share['gpus']} GPU(s) "
+                 f"({_shared_text(share)}), taking turns, so each role's service time includes the other's and the "
+                 "splits below are predicted for GPUs the run did not have: not a basis for choosing a split. "
+                 "The layout plan's prediction (LAYOUT PLAN VS OBSERVED) prices the sharing; on one GPU "
+                 "--topology colocated runs both roles in one process.")
     if out.get("unusable"):
         s.append("Left out as not finite (NaN or infinite), and nothing here is built on them: "
                  + "; ".join(f"{k} ({w})" for k, w in out["unusable"].items()) + ".")

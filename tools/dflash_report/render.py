@@ -114,6 +114,11 @@ def text(rep):
         L.append(f"  !! DISTORTED: {over['busy_ranks_per_node']} busy ranks per node shared {over['cores_per_node']} "
                  "cores (oversubscribed): the service rates above and every row below include waiting for a core.")
         L.append("  !! Do not choose a split from them; measure with a core per rank, or on the GPUs.")
+    share = rep.get("gpu_sharing")
+    if share:
+        L.append(f"  !! DISTORTED: {share['busy_ranks']} busy ranks shared {share['gpus']} GPU(s), taking turns: each "
+                 "role's service rate above includes the other's turns, and every row below assumes a GPU per rank.")
+        L.append("  !! Do not choose a split from them; LAYOUT PLAN VS OBSERVED prices the sharing.")
     L.append("  layout     idle  tgt cap b/s  dft cap b/s  pred b/s   Ktok/s  vs run  limit     power W  Ktok/s/kW  ETA")
     for w in rep["whatif"]:
         mark = "*" if w["split"] == run["topology"] else ("!" if w.get("oversubscribed") else " ")
@@ -135,7 +140,7 @@ def text(rep):
              f"{'?' if rep['remaining_tokens'] is None else format(rep['remaining_tokens'] / 1e6, '.1f') + ' M'}"
              f" from {rep['remaining_source']})")
     best = rep["best"]
-    if over and over["run_distorted"]:
+    if (over and over["run_distorted"]) or share:
         best = f"none recommended (from these distorted timings the model would pick {rep['best']})"
     L.append(f"  best layout: {best}" +
              (f"; best within {rep['power_budget_w']:.0f} W: {rep['best_within_budget'] or 'none fits'}"
