@@ -205,7 +205,8 @@ def _whatif(a, rep):
         return
     own = rep["run"]["topology"]
     over = rep.get("oversubscription")
-    distorted = bool(over and over["run_distorted"])
+    shared = rep.get("gpu_sharing")
+    distorted = bool(over and over["run_distorted"]) or bool(shared)
     y = np.arange(len(rows))
     for i, w in enumerate(rows):
         c = "C1" if w["split"] == own else ("C2" if w["split"] == rep["best"] and not distorted else "0.65")
@@ -223,7 +224,9 @@ def _whatif(a, rep):
     a.set_xlabel("predicted Ktok/s")
     unit = rep["run"].get("unit", "GPU")
     title = f"what-if: the fastest split for each number of the {rep['run']['gpus_per_node']} {unit}s used"
-    if distorted:
+    if shared:
+        title += "\nDISTORTED: ranks shared GPUs, taking turns"
+    elif distorted:
         title += "\nDISTORTED: ranks shared cores (oversubscribed)"
     elif over:
         title += f"\nhatched: more busy ranks than {over['cores_per_node']} cores"
