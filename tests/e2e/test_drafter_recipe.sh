@@ -41,10 +41,11 @@ recipe_dry() {  # recipe_dry NAME CFG
 }
 recipe_dry r8b qwen3-8b.cfg 4  # (a dry run refuses more drafter layers than the 4-layer target has, as the job)
 expect_rc 0 r8b
-for kv in --lr=0.0006 --warmup-ratio=0.04 --epochs=6 --block-size=16 --anchors-per-record=512 --max-anchors=3072 --gamma=7 --draft-sliding-window=0; do
+for kv in --lr=0.0006 --warmup-ratio=0.04 --epochs=6 --block-size=16 --anchors-per-record=0 --max-anchors=2048 --gamma=7 --draft-sliding-window=0; do
   expect_log r8b "$kv"
 done
-expect_log r8b "[dflash] anchors: up to 512 per record (--anchors-per-record), at most 3072 per packed batch"
+# one anchor per 8 tokens, drawn over the batch (docs/recipe.md "Anchor density")
+expect_log r8b "[dflash] anchors: up to 2048 per packed batch (--max-anchors), uniformly among its valid positions"
 recipe_dry r27b qwen36-27b.cfg 5
 expect_rc 2 r27b
 expect_log r27b "--target-layers: layer 16 is not one of the target's 4 layers"
