@@ -408,6 +408,7 @@ class ReportTest(unittest.TestCase):
         self.assertNotIn("Switch to", rep["verdict"])
         txt = render.text(rep)
         self.assertIn("DISTORTED: 2 busy ranks shared 1 GPU(s), taking turns", txt)
+        self.assertIn("the ranks shared GPUs, taking turns: these ceilings count", txt)
         self.assertIn("best layout: none recommended", txt)
         # The same run on two GPUs (one per rank) is not flagged, and the model's switch stands.
         q = write_run(self.path("b.h5"), topology="1-1", backend="cuda", ranks=3, power=True, t_s=0.2, d_s=1.0)

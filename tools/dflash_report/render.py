@@ -82,7 +82,9 @@ def text(rep):
     L.append(f"  observed / ceiling   {100 * obs['fraction_of_target_ceiling']:.1f}% of the target side, "
              f"{100 * obs['fraction_of_drafter_ceiling']:.1f}% of the drafter side; the model predicts "
              f"{rep['run_prediction']['batches_per_s']:.3f} b/s for {run['topology']} "
-             f"({100 * rep['prediction_vs_observed_frac']:+.1f}% vs observed)")
+             f"({100 * rep['prediction_vs_observed_frac']:+.1f}% vs observed)" +
+             ("; the ranks shared GPUs, taking turns: these ceilings count each role's time as if it had its own"
+              if rep.get("gpu_sharing") else ""))
     if obs.get("eval_frac") is not None:
         L.append(f"  evaluation           the drafters spent {100 * obs['eval_frac']:.1f}% of the window evaluating "
                  "--eval-data" + (f": training alone {obs['batches_per_s_without_eval']:.3f} b/s, the model's "
