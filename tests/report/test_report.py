@@ -409,6 +409,9 @@ class ReportTest(unittest.TestCase):
         txt = render.text(rep)
         self.assertIn("DISTORTED: 2 busy ranks shared 1 GPU(s), taking turns", txt)
         self.assertIn("the ranks shared GPUs, taking turns: these ceilings count", txt)
+        # Both power columns sample the one board: the total counts it once (600 W and 500 W samples: 550 W).
+        self.assertEqual(rep["power"]["boards"], 1)
+        self.assertAlmostEqual(rep["power"]["total_w"], 550.0)
         self.assertIn("best layout: none recommended", txt)
         # The same run on two GPUs (one per rank) is not flagged, and the model's switch stands.
         q = write_run(self.path("b.h5"), topology="1-1", backend="cuda", ranks=3, power=True, t_s=0.2, d_s=1.0)
@@ -417,6 +420,8 @@ class ReportTest(unittest.TestCase):
                                            for r, role in enumerate(["target", "drafter", "idle"])])
         rep = analysis.analyse(Run(q))
         self.assertIsNone(rep["gpu_sharing"])
+        self.assertEqual(rep["power"]["boards"], 2)
+        self.assertAlmostEqual(rep["power"]["total_w"], 1100.0)
         self.assertIn("Switch to", rep["verdict"])
 
     def test_splits_beyond_the_cores_are_not_chosen(self):

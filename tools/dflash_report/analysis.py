@@ -186,8 +186,16 @@ def power_stats(run, start_s, end_s, idle_power_w=None):
     for c, r in enumerate(owners):
         by_role[run.role_of_rank.get(r, ROLE_IDLE) if r >= 0 else ROLE_IDLE].append(float(col_mean[c]))
     mean = lambda v: float(np.mean(v)) if v else None  # noqa: E731
+    # Columns of ranks that share a GPU (their cards' host and gpu) sample one board at different moments: the
+    # total counts each board once, at the mean of its columns (a one-GPU 1-1 read 1048 W of a 700 W card).
+    where = {int(c.get("rank", -1)): (c.get("host"), c.get("gpu")) for c in getattr(run, "rank_cards", []) or []
+             if c.get("gpu") is not None and int(c.get("gpu")) >= 0}
+    boards = {}
+    for c, r in enumerate(owners):
+        boards.setdefault(where.get(r, ("column", c)), []).append(float(col_mean[c]))
     out.update(target_w=mean(by_role[ROLE_TARGET]), drafter_w=mean(by_role[ROLE_DRAFTER]),
-               total_w=float(col_mean.sum()), per_gpu_w=[float(x) for x in col_mean])
+               total_w=float(sum(np.mean(v) for v in boards.values())), per_gpu_w=[float(x) for x in col_mean],
+               boards=len(boards))
     if by_role[ROLE_IDLE]:
         out.update(idle_w=mean(by_role[ROLE_IDLE]), idle_source="idle GPUs of this run")
     elif idle_power_w is not None:
