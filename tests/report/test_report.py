@@ -688,6 +688,25 @@ class ReportTest(unittest.TestCase):
         self.assertEqual(r.returncode, 0)
         self.assertRegex(r.stdout, r"^dflash-report \d+\.\d+\.\d+")
 
+    def test_a_venv_without_the_packages_runs_the_system_python(self):
+        # A venv made from the system python is the same binary (its realpath) without the system's packages:
+        # dflash-report first on such a PATH re-runs under /usr/bin/python3, as it does for a pyenv python.
+        sys_py = "/usr/bin/python3"
+        if not os.path.exists(sys_py) or subprocess.run(
+                [sys_py, "-c", "import h5py, numpy, matplotlib"], capture_output=True).returncode != 0:
+            self.skipTest("no /usr/bin/python3 with h5py, numpy and matplotlib to fall back to")
+        venv = self.path("venv")
+        if subprocess.run([sys_py, "-m", "venv", "--without-pip", venv], capture_output=True).returncode != 0:
+            self.skipTest("python3 -m venv unavailable (python3-venv)")
+        py = os.path.join(venv, "bin", "python3")
+        self.assertNotEqual(subprocess.run([py, "-c", "import h5py"], capture_output=True).returncode, 0)
+        p = write_run(self.path("a.h5"), cores=8)
+        env = dict(os.environ, PATH=os.path.join(venv, "bin") + os.pathsep + os.environ.get("PATH", ""))
+        for cmd in ([py, REPORT, "--json", p], [REPORT, "--json", p]):  # named, and by the #! line on PATH
+            r = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            self.assertEqual(json.loads(r.stdout)["run"]["topology"], "2-1")
+
 
 if __name__ == "__main__":
     unittest.main()
