@@ -162,6 +162,11 @@ MetricsHub::MetricsHub(const JobContext& job, int block_size, bool selector_metr
   for (const RankCard& c : job.cards) {
     ranks.push_back({{"rank", c.rank}, {"role", role_name(static_cast<Role>(c.role))}, {"host", c.host},
                      {"gpu", c.gpu}, {"pid", c.pid}});
+    // The GPU's PCI bus id (Topology::same_gpu's key; busy ranks on CUDA): the CUDA ordinal alone does not
+    // say which ranks share a GPU (each rank of --gpus-per-task 1 sees its own as 0), and dflash-report
+    // groups ranks by this (one board's power counted once, ranks taking turns on a GPU flagged).
+    const size_t at = static_cast<size_t>(c.rank);
+    if (at < t.places.size() && t.places[at].gpu_bus[0]) ranks.back()["gpu_bus"] = t.places[at].gpu_bus;
     if (c.startup_gpu.valid) {
       ranks.back()["startup_power_w"] = c.startup_gpu.power_w;
       ranks.back()["gpu_mem_total_mib"] = c.startup_gpu.mem_total_mib;

@@ -28,6 +28,13 @@ assert lg[-10:].mean() < lg[:10].mean() - 0.05, 'GPU loss did not fall'
 p = g['gpus/power_w'][:]
 assert p.size > 0 and np.all(p[np.isfinite(p)] > 0) and np.isfinite(p).any(), p
 print('GPU power readings: %d samples, mean %.0f W' % (p.shape[0], np.nanmean(p)))
+# both ranks' cards name the one GPU by its PCI bus id (dflash-report groups ranks by it)
+import json
+cards = json.loads(g.attrs['ranks'])
+assert all(c.get('gpu_bus') for c in cards) and len({c['gpu_bus'] for c in cards}) == 1, cards
 PYEOF
+# dflash-report: the two ranks took turns on one GPU: the what-if is DISTORTED, the power total one board's
+"$DFLASH_SRC/tools/dflash-report" "$WORK/gpu/metrics.h5" > "$WORK/report.txt" 2>&1 || { cat "$WORK/report.txt"; fail "dflash-report failed"; }
+grep -q "DISTORTED: 2 busy ranks shared 1 GPU(s)" "$WORK/report.txt" || { cat "$WORK/report.txt"; fail "the report does not flag the shared GPU"; }
 test -f "$WORK/gpu/drafter/model.safetensors" || fail "gpu: no exported drafter"
 echo "PASS"

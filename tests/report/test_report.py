@@ -370,6 +370,8 @@ class ReportTest(unittest.TestCase):
                                              t_s=7.0, d_s=0.9)))
         txt = render.text(rep)
         self.assertIn("8 GPU(s)", txt)
+        self.assertIsNone(rep["gpu_sharing"])  # cards without bus ids (gpu -1): no GPU is known to be shared
+        self.assertEqual(rep["power"]["boards"], 8)  # each power column its own board
         self.assertIn("split of the 8 GPUs per node", txt)
 
     def test_oversubscribed_cpu_run_is_flagged_and_not_recommended(self):
@@ -394,17 +396,19 @@ class ReportTest(unittest.TestCase):
         self.assertNotIn("Switch to", rep["verdict"])
 
     def test_ranks_sharing_a_gpu_are_flagged_and_not_recommended(self):
-        # A one-GPU 1-1 (bench/results/h100-issue44-20261207/layouts): both ranks' cards name gpu0 of one host;
-        # each role's busy time includes the other's turns, so the what-if's splits (a GPU per rank) are no basis.
+        # A one-GPU 1-1 (bench/results/h100-issue44-20261207/layouts): both ranks' cards name one GPU (its PCI bus
+        # id, host vm); each role's busy time includes the other's turns, so the what-if's splits (a GPU per rank)
+        # are no basis.
+        bus = "00000000:19:00.0"
         p = write_run(self.path("a.h5"), topology="1-1", backend="cuda", ranks=2, power=True, t_s=0.2, d_s=1.0)
         with h5py.File(p, "a") as f:
-            f.attrs["ranks"] = json.dumps([{"rank": r, "role": role, "host": "vm", "gpu": 0, "pid": 1}
+            f.attrs["ranks"] = json.dumps([{"rank": r, "role": role, "host": "vm", "gpu": 0, "gpu_bus": bus, "pid": 1}
                                            for r, role in enumerate(["target", "drafter"])])
         rep = analysis.analyse(Run(p))
         self.assertEqual(rep["gpu_sharing"], {"busy_ranks": 2, "gpus": 1, "run_distorted": True,
-                                              "shared": [{"host": "vm", "gpu": 0, "ranks": [0, 1]}]})
-        self.assertIn("These timings are distorted: 2 busy ranks shared 1 GPU(s) (ranks 0, 1 on gpu0 of vm)",
-                      rep["verdict"])
+                                              "shared": [{"host": "vm", "gpu_bus": bus, "gpu": 0, "ranks": [0, 1]}]})
+        self.assertIn(f"These timings are distorted: 2 busy ranks shared 1 GPU(s) (ranks 0, 1 on the GPU at {bus} "
+                      "of vm)", rep["verdict"])
         self.assertNotIn("Switch to", rep["verdict"])
         txt = render.text(rep)
         self.assertIn("DISTORTED: 2 busy ranks shared 1 GPU(s), taking turns", txt)
@@ -413,10 +417,12 @@ class ReportTest(unittest.TestCase):
         self.assertEqual(rep["power"]["boards"], 1)
         self.assertAlmostEqual(rep["power"]["total_w"], 550.0)
         self.assertIn("best layout: none recommended", txt)
-        # The same run on two GPUs (one per rank) is not flagged, and the model's switch stands.
+        # The same run on two GPUs is not flagged, and the model's switch stands: each rank bound by --gpus-per-task
+        # 1 sees its GPU as ordinal 0, so the bus id, not the ordinal, tells the GPUs apart.
         q = write_run(self.path("b.h5"), topology="1-1", backend="cuda", ranks=3, power=True, t_s=0.2, d_s=1.0)
         with h5py.File(q, "a") as f:
-            f.attrs["ranks"] = json.dumps([{"rank": r, "role": role, "host": "vm", "gpu": r, "pid": 1}
+            f.attrs["ranks"] = json.dumps([{"rank": r, "role": role, "host": "vm", "gpu": 0,
+                                            "gpu_bus": f"00000000:{0x19 + r:02X}:00.0", "pid": 1}
                                            for r, role in enumerate(["target", "drafter", "idle"])])
         rep = analysis.analyse(Run(q))
         self.assertIsNone(rep["gpu_sharing"])

@@ -186,10 +186,9 @@ def power_stats(run, start_s, end_s, idle_power_w=None):
     for c, r in enumerate(owners):
         by_role[run.role_of_rank.get(r, ROLE_IDLE) if r >= 0 else ROLE_IDLE].append(float(col_mean[c]))
     mean = lambda v: float(np.mean(v)) if v else None  # noqa: E731
-    # Columns of ranks that share a GPU (their cards' host and gpu) sample one board at different moments: the
-    # total counts each board once, at the mean of its columns (a one-GPU 1-1 read 1048 W of a 700 W card).
-    where = {int(c.get("rank", -1)): (c.get("host"), c.get("gpu")) for c in getattr(run, "rank_cards", []) or []
-             if c.get("gpu") is not None and int(c.get("gpu")) >= 0}
+    # Columns of ranks that share a GPU sample one board at different moments: the total counts each board
+    # once, at the mean of its columns (a one-GPU 1-1 read 1048 W of a 700 W card).
+    where = gpu_of_rank(run)
     boards = {}
     for c, r in enumerate(owners):
         boards.setdefault(where.get(r, ("column", c)), []).append(float(col_mean[c]))
@@ -219,22 +218,32 @@ def oversubscription(run):
             "run_distorted": busy > cores}
 
 
+def gpu_of_rank(run):
+    """world rank -> (host, PCI bus id) of the GPU it ran on: the rank cards' `gpu_bus`, which the job writes for
+    every busy rank on CUDA (src/runtime/job_metrics.cpp; the key Topology::same_gpu compares). The CUDA ordinal
+    (`gpu`) does not identify a GPU: each rank bound by --gpus-per-task 1 sees its own as 0. Ranks without it
+    (idle ones, the CPU backend, files written before it) are left out: each its own GPU, none shared."""
+    return {int(c.get("rank", -1)): (c.get("host"), c["gpu_bus"]) for c in getattr(run, "rank_cards", []) or []
+            if c.get("gpu_bus")}
+
+
 def gpu_sharing(run):
-    """On the GPUs, busy ranks (targets, drafters) that share one GPU (the rank cards' host and gpu: a one-GPU 1-1)
-    take turns on it: each role's busy time then includes the other's turns, and every split the what-if predicts
-    from them assumes a GPU per rank that the run did not have. None when no two busy ranks share a GPU (or the
-    cards do not say)."""
-    if run.backend == "cpu":
-        return None
+    """On the GPUs, busy ranks (targets, drafters) that share one GPU (gpu_of_rank: a one-GPU 1-1) take turns on
+    it: each role's busy time then includes the other's turns, and every split the what-if predicts from them
+    assumes a GPU per rank that the run did not have. None when no two busy ranks share a GPU (or the cards do
+    not say)."""
+    where = gpu_of_rank(run)
     by_gpu = {}
     for c in getattr(run, "rank_cards", []) or []:
-        if c.get("role") in ("target", "drafter") and c.get("gpu") is not None:
-            by_gpu.setdefault((c.get("host"), int(c["gpu"])), []).append(int(c.get("rank", -1)))
+        r = int(c.get("rank", -1))
+        if c.get("role") in ("target", "drafter") and r in where:
+            by_gpu.setdefault(where[r], []).append((r, c.get("gpu")))
     shared = {k: sorted(v) for k, v in by_gpu.items() if len(v) > 1}
     if not shared:
         return None
     return {"busy_ranks": sum(len(v) for v in by_gpu.values()), "gpus": len(by_gpu),
-            "shared": [{"host": h, "gpu": g, "ranks": r} for (h, g), r in sorted(shared.items(), key=str)],
+            "shared": [{"host": h, "gpu_bus": b, "gpu": v[0][1], "ranks": [r for r, _ in v]}
+                       for (h, b), v in sorted(shared.items(), key=str)],
             "run_distorted": True}
 
 
@@ -617,7 +626,8 @@ def switch_steps(metrics_path, to, nodes, nodes_to=None, gpus_per_node=None):
 
 
 def _shared_text(share):
-    return "; ".join(f"ranks {', '.join(map(str, x['ranks']))} on gpu{x['gpu']} of {x['host']}" for x in share["shared"])
+    return "; ".join(f"ranks {', '.join(map(str, x['ranks']))} on the GPU at {x['gpu_bus']} of {x['host']}"
+                     for x in share["shared"])
 
 
 def switch(out, own, best, best_budget):
