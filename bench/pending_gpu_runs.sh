@@ -36,6 +36,7 @@
 #   bash bench/pending_gpu_runs.sh BIN OUT wide2      # ~6 min: hidden 4096: ours-a, ours-b (colocated)
 #   bash bench/pending_gpu_runs.sh BIN OUT wide3      # ~3 min: hidden 4096: eval (greedy), the table
 #   bash bench/pending_gpu_runs.sh BIN OUT gputests   # ~1.5 min: every GPU unit test (dflash_gpu_tests) alone
+#   bash bench/pending_gpu_runs.sh BIN OUT e2e        # ~1-3 min: GPU end-to-end tests (GPU_E2E="pipeline fp8_target hs_fp8")
 #   bash bench/pending_gpu_runs.sh BIN OUT fp8speed   # ~5 min: issue 46's speed goals, bf16 and FP8 per token
 #                                                     # interleaved 3x in one call (8B forward, 27B hybrid)
 #   bash bench/pending_gpu_runs.sh BIN OUT qkvrope    # ~3 min: qkv_norm_rope's warp kernel against the block kernel:
@@ -246,6 +247,14 @@ for part in "$@"; do
         done
       done
       grep -H "^  forward " "$O"/*.txt | tee "$O/summary.txt"
+      pack "$O" ;;
+    e2e)
+      # GPU end-to-end tests alone (tests/gpu_e2e; GPU_E2E names them, default the pipeline's and FP8's):
+      # a short part to put after another in a call with time left
+      say "GPU e2e: ${GPU_E2E:-pipeline fp8_target hs_fp8}"
+      SKIP_UNIT=1 SKIP_SM120=1 GPU_E2E="${GPU_E2E:-pipeline fp8_target hs_fp8}" timeout $((590 - (SECONDS - T0))) \
+        bash "$ROOT/bench/pipeline/gpu_checks.sh" "$B" "$O/checks"
+      cp "$O/checks/summary.txt" "$O/summary.txt"
       pack "$O" ;;
     gputests)
       # every GPU unit test (the ~80 s of dflash_gpu_tests; gpu_checks.sh, in `checks`, adds the selftests and
