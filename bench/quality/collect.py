@@ -170,11 +170,43 @@ def paired(a, b):
     difference, its standard error, the number of prompts; and b's steps_tau over a's. a, b: dflash-eval jsons."""
     ta = {p["record"]: p["tau"] for p in a.get("prompts", []) if p.get("tau") is not None}
     tb = {p["record"]: p["tau"] for p in b.get("prompts", []) if p.get("tau") is not None}
-    d = [tb[k] - ta[k] for k in sorted(set(ta) & set(tb))]
+    keys = sorted(set(ta) & set(tb))
+    d = [tb[k] - ta[k] for k in keys]
     sa, sb = eval_stats(a)["steps_tau"], eval_stats(b)["steps_tau"]
     return {"diff": statistics.fmean(d) if d else None,
             "se": statistics.stdev(d) / math.sqrt(len(d)) if len(d) > 1 else None, "prompts": len(d),
-            "steps_tau_ratio": sb / sa if sa and sb else None}
+            "steps_tau_ratio": sb / sa if sa and sb else None,
+            "steps_tau_ratio_se": steps_ratio_se(a, b, keys)}
+
+
+def steps_ratio_se(a, b, keys):
+    """The standard error of b's steps_tau over a's, prompt by prompt (the delta method on the paired prompts
+    `keys`): steps_tau is a ratio of sums over prompts (accepted tokens / steps), so the log of b's over a's
+    moves with each prompt by z_i = acc_b,i / ACC_b - steps_b,i / STEPS_b - acc_a,i / ACC_a + steps_a,i / STEPS_a,
+    and var(log ratio) ~ n / (n - 1) * sum z_i^2 (the z_i sum to 0). Both drafters decode the same prompts, so
+    a prompt that is easy for both (the target repeating itself) moves both sums and cancels here. None below
+    two prompts."""
+    if len(keys) < 2:
+        return None
+    def sums(d):
+        by = {p["record"]: p.get("acceptance", []) for p in d.get("prompts", [])}
+        return [(sum(by[k]), len(by[k])) for k in keys]
+    pa, pb = sums(a), sums(b)
+    acc_a, n_a = sum(x for x, _ in pa), sum(n for _, n in pa)
+    acc_b, n_b = sum(x for x, _ in pb), sum(n for _, n in pb)
+    if not (acc_a and n_a and acc_b and n_b):
+        return None
+    z = [xb / acc_b - nb / n_b - xa / acc_a + na / n_a for (xa, na), (xb, nb) in zip(pa, pb)]
+    ratio = (acc_b / n_b) / (acc_a / n_a)
+    return ratio * math.sqrt(len(z) / (len(z) - 1) * sum(v * v for v in z))
+
+
+def ratio_pct(r):
+    """'+3.3 ± 1.2 %': steps_tau_ratio and its standard error as percent."""
+    if r.get("steps_tau_ratio") is None:
+        return "n/a %"
+    se = r.get("steps_tau_ratio_se")
+    return f"{100 * (r['steps_tau_ratio'] - 1):+.1f}" + ("" if se is None else f" ± {100 * se:.1f}") + " %"
 
 
 def cmd_paired(a):
@@ -186,7 +218,7 @@ def cmd_paired(a):
     print(f"{os.path.basename(a.b)} - {os.path.basename(a.a)}: tau {fmt(r['diff'], '+.3f')} "
           f"(se {fmt(r['se'], '.3f')}, {r['prompts']} prompts paired); steps tau "
           f"{fmt(eval_stats(jb)['steps_tau'], '.3f')} vs {fmt(eval_stats(ja)['steps_tau'], '.3f')} "
-          f"({fmt(None if r['steps_tau_ratio'] is None else 100 * (r['steps_tau_ratio'] - 1), '+.1f')} %)")
+          f"({ratio_pct(r)})")
 
 
 def at_budget(snaps, b):
@@ -340,8 +372,7 @@ def cmd_summarise(a):
                     eo = json.load(f)
                 pr = paired(er, eo)
                 lines.append(f"- {row['budget_s']:.0f} s, {n}: τ {fmt(pr['diff'], '+.3f')} ± {fmt(pr['se'], '.3f')} "
-                             f"({pr['prompts']} prompts), steps τ "
-                             f"{fmt(None if pr['steps_tau_ratio'] is None else 100 * (pr['steps_tau_ratio'] - 1), '+.1f')} %")
+                             f"({pr['prompts']} prompts), steps τ {ratio_pct(pr)}")
         if lines:
             md += ["", "Against the reference, prompt by prompt (the difference ± its standard error):"] + lines
     md.append(f"\nSame target weights in every run: {same_target}.")
