@@ -119,7 +119,8 @@ int selftest_main(int argc, char** argv) {
   ToolArgs args(argc, argv, kUsage);
   while (args.next()) {
     if (args.help()) {
-      std::cout << kUsage << "Runs a reference case (target/, optional drafter_init/, golden.safetensors, case.json) and\n"
+      std::cout << kUsage << "Runs a reference case (target/, optional drafter_init/ and fp8.safetensors, golden.safetensors,\n"
+                             "case.json) and\n"
                              "prints one row per compared tensor; exits 1 if any row fails.\n";
       return 0;
     } else if (args.is("--backend")) {
@@ -153,6 +154,7 @@ int selftest_main(int argc, char** argv) {
               ", tolerance " + (device == Device::CPU ? "1e-5" : "1e-2 + 2 x 2^-8 per layer passed") + " relative");
 
   int rc = selftest_target(case_dir, ctx, report);
+  if (rc == 0) rc = selftest_target_fp8(case_dir, ctx, report);
   if (rc == 0 && path_exists(case_dir + "/drafter_init")) rc = selftest_drafter(case_dir, ctx, report);
   if (rc != 0) return rc;
 

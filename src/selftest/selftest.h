@@ -51,8 +51,33 @@ class SelftestReport {
 // depth: selftest.cpp says what was measured).
 double forward_tolerance(Device device, int64_t layers_passed);  // hidden[l]: l + 1; final norm, logits: L + 1
 
+// The FP8 rows' tolerance (fp8_case.cpp says what was measured): hidden[l] after l + 1 layers, the final
+// norm after L + 1.
+double fp8_forward_tolerance(Device device, int64_t layers_passed);
+
+// ---- what the parts share (target_case.cpp) ----
+class SafetensorsFile;
+std::vector<int32_t> golden_i32(SafetensorsFile& g, const std::string& name);  // a 1-d I32 tensor
+// The golden tensor `name` as float32, checked to have `shape` (fatal BadInput naming it otherwise).
+std::vector<float> golden_f32(SafetensorsFile& g, const std::string& name, const std::vector<int64_t>& shape);
+std::vector<float> download_f32(const Ctx& ctx, const Tensor& t);  // any device, any dtype -> host float32
+
+// The case's target forward on the golden tokens, on the host as float32: every layer's output [L, T, H],
+// the final norm [T, H], and (precision "" only) the logits [T, V]. precision: --target-precision ("" = the
+// checkpoint's own; the target's shape is noted in the report then).
+struct CaseForward {
+  int64_t L = 0, T = 0, H = 0, V = 0;
+  std::vector<float> hidden, final_norm, logits;
+};
+CaseForward forward_case(const std::string& case_dir, const Ctx& ctx, const std::string& precision,
+                         SelftestReport& report);
+
 // The parts of a case. Each returns an exit code for the part (0 = it ran; PASS/FAIL live in the report).
 int selftest_target(const std::string& case_dir, const Ctx& ctx, SelftestReport& report);
+// The FP8 target (issue 46, docs/fp8.md): where the case has fp8.safetensors (tests/data/golden/
+// gen_golden_fp8.py: transformers' fine-grained FP8 arithmetic), the target under --target-precision fp8
+// against its fp8.hidden and fp8.final_norm; a note and nothing else where it has none.
+int selftest_target_fp8(const std::string& case_dir, const Ctx& ctx, SelftestReport& report);
 int selftest_drafter(const std::string& case_dir, const dflash::Ctx& ctx, SelftestReport& report);  // drafter part
 
 // The program: dflash-selftest CASE_DIR [--backend cpu|cuda]. Returns the process exit code

@@ -1,15 +1,16 @@
 // The target part of dflash-selftest: the frozen target forward on the case's packed tokens, every
-// decoder layer's output, the final norm and the logits against golden.safetensors.
+// decoder layer's output, the final norm and the logits against golden.safetensors; forward_case also
+// runs the FP8 part's forward (fp8_case.cpp).
 #include <cstring>
 
 #include "dflash/backend.h"
 #include "dflash/error.h"
 #include "dflash/safetensors.h"
 #include "dflash/target.h"
+#include "dflash/target_quant.h"
 #include "selftest/selftest.h"
 
 namespace dflash {
-namespace {
 
 std::vector<int32_t> golden_i32(SafetensorsFile& g, const std::string& name) {
   const TensorInfo& t = g.get(name);  // fatal BadInput naming it when missing
@@ -21,7 +22,6 @@ std::vector<int32_t> golden_i32(SafetensorsFile& g, const std::string& name) {
   return v;
 }
 
-// The golden tensor `name` as float32, checked to have `shape`.
 std::vector<float> golden_f32(SafetensorsFile& g, const std::string& name, const std::vector<int64_t>& shape) {
   const TensorInfo& t = g.get(name);
   std::string want = "[";
@@ -34,7 +34,7 @@ std::vector<float> golden_f32(SafetensorsFile& g, const std::string& name, const
   return v;
 }
 
-std::vector<float> download(const Ctx& ctx, const Tensor& t) {
+std::vector<float> download_f32(const Ctx& ctx, const Tensor& t) {
   std::vector<float> host(t.numel());
   Tensor dst = t;
   dst.data = host.data();
@@ -44,9 +44,8 @@ std::vector<float> download(const Ctx& ctx, const Tensor& t) {
   return host;
 }
 
-}  // namespace
-
-int selftest_target(const std::string& case_dir, const Ctx& ctx, SelftestReport& report) {
+CaseForward forward_case(const std::string& case_dir, const Ctx& ctx, const std::string& precision,
+                         SelftestReport& report) {
   SafetensorsFile golden(case_dir + "/golden.safetensors");
   PackedBatch batch;
   batch.tokens = golden_i32(golden, "tokens");
@@ -55,35 +54,51 @@ int selftest_target(const std::string& case_dir, const Ctx& ctx, SelftestReport&
   DF_CHECK(T > 0, BadInput, golden.path() << ": no tokens");
 
   const std::string target_dir = case_dir + "/target";
-  const TargetConfig cfg = load_target_config(target_dir);
+  TargetConfig cfg = load_target_config(target_dir);
+  resolve_target_precision(cfg.quant, precision);  // "" keeps the checkpoint's own
   std::vector<int> layers(cfg.text.num_hidden_layers);
   for (int l = 0; l < cfg.text.num_hidden_layers; ++l) layers[l] = l;
   const std::unique_ptr<TargetModel> model = make_target_model(cfg, target_dir, ctx, layers, T);
   const Qwen3Config& c = model->config();
-  const int64_t L = c.num_hidden_layers, H = c.hidden_size, V = c.vocab_size;
-  report.note("target: " + target_dir + ": " + target_family_name(cfg.family) + ", " + std::to_string(L) +
-              " layers, hidden " + std::to_string(H) + ", heads " + std::to_string(c.num_attention_heads) + "/" +
-              std::to_string(c.num_key_value_heads) + " x " + std::to_string(c.head_dim) + ", intermediate " +
-              std::to_string(c.intermediate_size) + ", vocab " + std::to_string(V));
-  report.note("batch: " + std::to_string(T) + " tokens in " + std::to_string(batch.num_seqs()) + " sequences");
+  CaseForward f;
+  f.L = c.num_hidden_layers, f.T = T, f.H = c.hidden_size, f.V = c.vocab_size;
+  if (precision.empty()) {
+    report.note("target: " + target_dir + ": " + target_family_name(cfg.family) + ", " + std::to_string(f.L) +
+                " layers, hidden " + std::to_string(f.H) + ", heads " + std::to_string(c.num_attention_heads) +
+                "/" + std::to_string(c.num_key_value_heads) + " x " + std::to_string(c.head_dim) +
+                ", intermediate " + std::to_string(c.intermediate_size) + ", vocab " + std::to_string(f.V));
+    report.note("batch: " + std::to_string(T) + " tokens in " + std::to_string(batch.num_seqs()) + " sequences");
+  }
 
   const DType act = model->activation_dtype();
-  Buffer features(ctx.device, act, {L, T, H}), final_norm(ctx.device, act, {T, H}), logits(ctx.device, act, {T, V});
+  Buffer features(ctx.device, act, {f.L, T, f.H}), final_norm(ctx.device, act, {T, f.H});
   model->forward(batch, CaptureOut{features.t(), final_norm.t()});
-  model->lm_head_forward(logits, final_norm);
+  if (precision.empty()) {
+    Buffer logits(ctx.device, act, {T, f.V});
+    model->lm_head_forward(logits, final_norm);
+    synchronize(ctx);
+    f.logits = download_f32(ctx, logits);
+  }
   synchronize(ctx);
+  f.hidden = download_f32(ctx, features);
+  f.final_norm = download_f32(ctx, final_norm);
+  return f;
+}
 
+int selftest_target(const std::string& case_dir, const Ctx& ctx, SelftestReport& report) {
+  const CaseForward f = forward_case(case_dir, ctx, "", report);
+  const int64_t L = f.L, T = f.T, H = f.H, V = f.V;
+  SafetensorsFile golden(case_dir + "/golden.safetensors");
   const double tol = forward_tolerance(ctx.device, L + 1);  // the final norm and logits; hidden[l]: l + 1 layers
-  const std::vector<float> got_hidden = download(ctx, features);
   const std::vector<float> ref_hidden = golden_f32(golden, "target.hidden", {L, T, H});
   const size_t layer_n = static_cast<size_t>(T * H);
   for (int64_t l = 0; l < L; ++l)
-    report.compare("target.hidden[" + std::to_string(l) + "]", {T, H}, got_hidden.data() + l * layer_n,
+    report.compare("target.hidden[" + std::to_string(l) + "]", {T, H}, f.hidden.data() + l * layer_n,
                    ref_hidden.data() + l * layer_n, layer_n, forward_tolerance(ctx.device, l + 1));
-  report.compare("target.final_norm", {T, H}, download(ctx, final_norm).data(),
+  report.compare("target.final_norm", {T, H}, f.final_norm.data(),
                  golden_f32(golden, "target.final_norm", {T, H}).data(), layer_n, tol);
   if (golden.has("target.logits")) {
-    report.compare("target.logits", {T, V}, download(ctx, logits).data(),
+    report.compare("target.logits", {T, V}, f.logits.data(),
                    golden_f32(golden, "target.logits", {T, V}).data(), static_cast<size_t>(T * V), tol);
   } else {
     report.note("golden.safetensors has no target.logits: logits not compared");
