@@ -19,6 +19,12 @@
 #                                                     # decoder's speed if time is left
 #   bash bench/pending_gpu_runs.sh BIN OUT quality4   # eval sampled (T = 1), its table
 #   bash bench/pending_gpu_runs.sh BIN OUT quality6   # ours-a / e / f's tau under the FP8 target, its table
+#   bash bench/pending_gpu_runs.sh BIN OUT fp8tau     # ~7.5 min: issue 46's tau goals, one seed: ours-a, ours-e (FP8
+#                                                     # features), ours-f (FP8 wire) trained on the target quality1
+#                                                     # made (QSTAGES=target quality1 first), greedy on every held-out
+#                                                     # prompt; the summary pools every seed so far (collect.py seeds).
+#                                                     # On one warm machine: `QSTAGES=target quality1 gputests`, then
+#                                                     # `fp8tau`, `QSEED=1 fp8tau`, `QSEED=2 fp8tau`
 #   (QSTAGES="target ref ours-a ours-c" gives a quality part other stages of bench/quality/run.sh; EVAL_RUNS and
 #   EVAL_PROMPTS, passed through, which drafters an eval part evaluates and on how many prompts; QSEED=N trains
 #   and evaluates the drafters of seed N on the target runs/q2048 already has, in runs/q2048-sN)
@@ -35,7 +41,7 @@
 #   bash bench/pending_gpu_runs.sh BIN OUT wide1      # ~8 min: hidden 4096: the target trained 300 s, the reference
 #   bash bench/pending_gpu_runs.sh BIN OUT wide2      # ~6 min: hidden 4096: ours-a, ours-b (colocated)
 #   bash bench/pending_gpu_runs.sh BIN OUT wide3      # ~3 min: hidden 4096: eval (greedy), the table
-#   bash bench/pending_gpu_runs.sh BIN OUT gputests   # ~1.5 min: every GPU unit test (dflash_gpu_tests) alone
+#   bash bench/pending_gpu_runs.sh BIN OUT gputests   # ~1.5 min: every GPU unit test (dflash_gpu_tests), the CUDA selftests
 #   bash bench/pending_gpu_runs.sh BIN OUT e2e        # ~1-3 min: GPU end-to-end tests (GPU_E2E="pipeline fp8_target hs_fp8")
 #   bash bench/pending_gpu_runs.sh BIN OUT fp8speed   # ~5 min: issue 46's speed goals, bf16 and FP8 per token
 #                                                     # interleaved 3x in one call (8B forward, 27B hybrid)
@@ -149,7 +155,7 @@ for part in "$@"; do
       timeout 120 "$(prog drafter_bench)" --model 27b --context 4096 --anchors 512 --draft-arch dflash2 --block 8 \
         "${H[@]}" --optimizer-state bf16 > "$O/ours-bf16-state.txt" 2>&1
       grep -h "step\b\|median" "$O"/*.txt | tail -20 | tee "$O/summary.txt" ;;
-    quality1|quality2|quality3|quality4|quality5|quality6)
+    quality1|quality2|quality3|quality4|quality5|quality6|fp8tau)
       # issue 45's tau table with colocated, issue 47's DFlash (block 16) vs DFlash2 (block 8) strict / insert,
       # issue 44's two densities (a: 512 per batch, b: 512 per record), all against the reference, on the
       # hidden-2048 target (bench/results/quality-2d1274e: 90 s of training gives tau ~2)
@@ -173,7 +179,9 @@ for part in "$@"; do
         quality2) stages=(ours-b ours-c ours-d) ;;
         quality5) stages=(ours-e ours-f) ;;
         quality3|quality4|quality6) stages=(eval table) ;;
+        fp8tau) stages=(ours-a ours-e ours-f eval table) ;;
       esac
+      if [ $part = fp8tau ] && [ ! -f "$w/target.done" ]; then say "fp8tau: needs the target of runs/q$h (QSTAGES=target quality1 first)"; continue; fi
       # QSTAGES="target ref ours-a ours-c": another set of stages for this part (a short lease packs more in a call)
       [ -n "${QSTAGES:-}" ] && read -ra stages <<< "$QSTAGES"
       say "$part: ${stages[*]}"
@@ -184,16 +192,25 @@ for part in "$@"; do
       # quality4: sampled decoding (T = 1); quality6: ours-a / e / f under the FP8 target (their bf16 taus: quality3)
       [ $part = quality4 ] && Q+=(EVAL_TEMPERATURE=1)
       [ $part = quality6 ] && Q+=(EVAL_TARGET_PRECISION=fp8 "EVAL_RUNS=ours-a ours-e ours-f")
+      # fp8tau: issue 46's tau goals, one training run (seed) of ours-a / e / f per call, every held-out prompt
+      [ $part = fp8tau ] && Q+=("EVAL_PROMPTS=${EVAL_PROMPTS:-200}" "EVAL_RUNS=ours-a ours-e ours-f")
       "${Q[@]}" timeout $((590 - (SECONDS - T0) - 20)) bash "$ROOT/bench/quality/run.sh" "$O/q" "${stages[@]}" | tail -30
       # what the evals finished, kept even when the call's time ran out mid-stage: their jsons and logs, and
       # the table over them (the table stage reads whatever eval files exist)
       case $part in
-        quality3|quality4|quality6)
+        quality3|quality4|quality6|fp8tau)
           cp -r "$w"/eval* "$O/" 2>/dev/null
           [ -s "$O/q/results.md" ] || [ -n "$(ls "$O"/q/results-*.md 2>/dev/null)" ] ||
             "${Q[@]}" timeout 15 bash "$ROOT/bench/quality/run.sh" "$O/q" table > /dev/null 2>&1
           cat "$O/q"/results*.md > "$O/summary.txt" 2>/dev/null ;;
       esac
+      if [ $part = fp8tau ]; then
+        # every run (seed) this machine has trained so far, pooled: each run's ratio and the mean across runs
+        for x in ours-e ours-f; do
+          python3 "$ROOT/bench/quality/collect.py" seeds ours-a $x "$ROOT/runs/q$h/eval" "$ROOT/runs/q$h"-s*/eval \
+            2>&1 | tee -a "$O/summary.txt"
+        done
+      fi
       if [ $part = quality3 ] && [ $((590 - (SECONDS - T0))) -gt 120 ]; then
         # the batched decoder's speed: one drafter, 16 prompts, one at a time vs together
         d=$(ls -d "$w"/ours-a/checkpoints/step-*/drafter | tail -1)
@@ -263,7 +280,14 @@ for part in "$@"; do
       DFLASH_TEST_DATA=$ROOT/tests/data DFLASH_SRC=$ROOT timeout $((590 - (SECONDS - T0))) "$(prog dflash_gpu_tests)" \
         > "$O/test.txt" 2>&1
       { grep -h "^\[  FAILED\|^\[  PASSED\|tests ran" "$O/test.txt"; grep -h "MasterWeightsMirror" "$O/test.txt"; } \
-        | tee "$O/summary.txt" ;;
+        | tee "$O/summary.txt"
+      # the CUDA selftests, with their FP8 rows (the target under --target-precision fp8 against transformers'
+      # FP8 arithmetic: src/selftest/fp8_case.cpp, whose CUDA tolerance these rows are the first GPU measurement of)
+      for c in qwen3-tiny-a qwen35-tiny-a qwen38-tiny-a; do
+        timeout 60 "$(prog dflash-selftest)" "$ROOT/tests/data/golden/$c" --backend cuda > "$O/selftest-$c.txt" 2>&1
+        echo "dflash-selftest $c --backend cuda: exit $?" | tee -a "$O/summary.txt"
+        grep -h "^fp8\|^target.hidden\[0\]\|^target.final\|FAIL" "$O/selftest-$c.txt" | tee -a "$O/summary.txt"
+      done ;;
     qkvrope)
       # kernels/qkv_norm_rope.cu's warp kernel against the block kernel it replaced (bench/README.md "qkv_norm_rope:
       # a warp kernel"): every variant bit for bit the block kernel's, the op alone at the 8B and 32B heads

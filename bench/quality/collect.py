@@ -13,6 +13,9 @@
                                              the tau table (tau +- its standard error over the prompts, steps tau)
   collect.py paired A.json B.json            B's tau minus A's over the same prompts (dflash-eval jsons), with the
                                              difference's standard error, and B's steps tau against A's
+  collect.py seeds A B EVAL_DIR...           drafter B's steps tau against A's in each run (an eval dir per seed
+                                             or target: WORK/eval), snapshot by snapshot, and their mean over the
+                                             runs with its standard error across them (what another run would move)
 
 Training seconds of dflash-train at step s: the sum of the intervals between consecutive /steps rows
 (metrics.h5 time_s, seconds since the job started) up to s, the first step counted at the median interval, and
@@ -221,6 +224,57 @@ def cmd_paired(a):
           f"({ratio_pct(r)})")
 
 
+def seeds(a_label, b_label, eval_dirs):
+    """B's steps tau over A's in each eval dir (one training run of both per dir), matched by snapshot order (the
+    k-th evaluated checkpoint of A with the k-th of B: within a run both take the same steps), and pooled over the
+    dirs: rows [{"snapshot": k, "runs": [{"dir", "steps", "ratio", "se", "prompts"}], "mean", "se_runs"}], where
+    mean is the mean of the runs' ratios and se_runs its standard error across the runs (None below two). The
+    runs' own standard errors only say how the prompts move a ratio; se_runs also holds the training runs'
+    spread, which dominates at short budgets (bench/quality/README.md "Reading the table")."""
+    def snaps(d, label):
+        out = []
+        for path in glob.glob(os.path.join(d, f"{label}-step*.json")):
+            m = re.fullmatch(re.escape(label) + r"-step(\d+)\.json", os.path.basename(path))
+            if m:
+                out.append((int(m.group(1)), path))
+        return sorted(out)
+    rows = {}
+    for d in eval_dirs:
+        sa, sb = snaps(d, a_label), snaps(d, b_label)
+        for k, ((step_a, pa), (step_b, pb)) in enumerate(zip(sa, sb)):
+            with open(pa) as f:
+                ja = json.load(f)
+            with open(pb) as f:
+                jb = json.load(f)
+            r = paired(ja, jb)
+            if r["steps_tau_ratio"] is None:
+                continue
+            rows.setdefault(k, []).append({"dir": d, "steps": [step_a, step_b], "ratio": r["steps_tau_ratio"],
+                                           "se": r["steps_tau_ratio_se"], "prompts": r["prompts"]})
+    out = []
+    for k in sorted(rows):
+        ratios = [x["ratio"] for x in rows[k]]
+        out.append({"snapshot": k, "runs": rows[k], "mean": statistics.fmean(ratios),
+                    "se_runs": statistics.stdev(ratios) / math.sqrt(len(ratios)) if len(ratios) > 1 else None})
+    return out
+
+
+def cmd_seeds(a):
+    rows = seeds(a.a, a.b, a.eval_dirs)
+    if not rows:
+        sys.exit(f"collect.py seeds: no pair of {a.a}-step*.json and {a.b}-step*.json in {' '.join(a.eval_dirs)}")
+    print(f"# {a.b} / {a.a}, steps tau, per run (± over its prompts) and over the runs (± across them)")
+    for r in rows:
+        per = ", ".join(f"{100 * (x['ratio'] - 1):+.1f}" + ("" if x["se"] is None else f" ± {100 * x['se']:.1f}")
+                        for x in r["runs"])
+        pooled = f"{100 * (r['mean'] - 1):+.1f} %" + ("" if r["se_runs"] is None else
+                                                      f" ± {100 * r['se_runs']:.1f} %")
+        print(f"snapshot {r['snapshot'] + 1}: {len(r['runs'])} runs: {per} %; mean {pooled}")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(rows, f, indent=1)
+
+
 def at_budget(snaps, b):
     """The snapshot standing for budget b: the latest whose training seconds are within 5 % of b or below it (a calibrated rate lands a snapshot a few % late)."""
     ok = [s for s in snaps if s["seconds"] <= b * 1.05]
@@ -405,6 +459,11 @@ def main():
     p = sub.add_parser("paired")
     p.add_argument("a", help="dflash-eval --json of one drafter")
     p.add_argument("b", help="dflash-eval --json of another, on the same prompts")
+    p = sub.add_parser("seeds")
+    p.add_argument("a", help="the baseline drafter's label (ours-a)")
+    p.add_argument("b", help="the other drafter's label (ours-e)")
+    p.add_argument("eval_dirs", nargs="+", help="one eval dir per training run (WORK/eval of each seed)")
+    p.add_argument("--json", default="")
     p = sub.add_parser("summarise")
     p.add_argument("--target-info", default="")
     p.add_argument("--runs", nargs="+", required=True)
@@ -414,7 +473,7 @@ def main():
     p.add_argument("--out-md", required=True)
     a = ap.parse_args()
     {"rate": cmd_rate, "plan": cmd_plan, "ours": ours_snapshots, "list": cmd_list, "layer-ids": cmd_layer_ids,
-     "paired": cmd_paired, "summarise": cmd_summarise}[a.cmd](a)
+     "paired": cmd_paired, "seeds": cmd_seeds, "summarise": cmd_summarise}[a.cmd](a)
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ summarise table's cells, from dflash-eval jsons written here."""
 import json
 import math
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -73,6 +74,34 @@ class EvalStats(unittest.TestCase):
         self.assertGreater(p["steps_tau_ratio_se"], 0)
         self.assertAlmostEqual(p["steps_tau_ratio_se"] / jack, 1.0, delta=0.05)
         self.assertIsNone(collect.paired(eval_json([[1]]), eval_json([[2]]))["steps_tau_ratio_se"])  # one prompt
+
+    def test_seeds_pools_runs_by_snapshot(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            # run 1: b's steps tau 1.1x a's at both snapshots; run 2: 0.9x and 1.3x (its steps numbered apart)
+            plan = {"r1": {"ours-a": ([[2, 2], [2]], [[1, 1], [1]]), "ours-e": ([[2.2, 2.2], [2.2]], [[1.1, 1.1], [1.1]])},
+                    "r2": {"ours-a": ([[1, 1]], [[1, 1]]), "ours-e": ([[0.9, 0.9]], [[1.3, 1.3]])}}
+            dirs = []
+            for run, labels in plan.items():
+                d = os.path.join(tmp, run)
+                os.makedirs(d)
+                dirs.append(d)
+                for label, snaps in labels.items():
+                    for step, acc in zip((100, 200) if run == "r1" else (7, 14), snaps):
+                        with open(os.path.join(d, collect.eval_name(label, {"steps": step})), "w") as f:
+                            json.dump(eval_json(acc), f)
+            rows = collect.seeds("ours-a", "ours-e", dirs)
+            self.assertEqual([r["snapshot"] for r in rows], [0, 1])
+            self.assertEqual([x["steps"] for x in rows[1]["runs"]], [[200, 200], [14, 14]])
+            self.assertAlmostEqual(rows[0]["runs"][0]["ratio"], 1.1)
+            self.assertAlmostEqual(rows[0]["mean"], (1.1 + 0.9) / 2)
+            self.assertAlmostEqual(rows[0]["se_runs"], statistics.stdev([1.1, 0.9]) / math.sqrt(2))
+            self.assertAlmostEqual(rows[1]["mean"], (1.1 + 1.3) / 2)
+            out = subprocess.run([sys.executable, os.path.join(QUALITY, "collect.py"), "seeds", "ours-a", "ours-e",
+                                  *dirs], capture_output=True, text=True, check=True).stdout
+            self.assertIn("snapshot 2: 2 runs:", out)
+            self.assertIn("mean +20.0 % ± 10.0 %", out)
+            # one run: no spread across runs
+            self.assertIsNone(collect.seeds("ours-a", "ours-e", dirs[:1])[0]["se_runs"])
 
     def test_summarise_cells_and_paired_lines(self):
         with tempfile.TemporaryDirectory() as tmp:
