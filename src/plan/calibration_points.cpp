@@ -135,6 +135,19 @@ const std::vector<CalibrationPoint>& calibration_points() {
     v.push_back(step("27B DFlash2 step block 8 S4096 512x8", "h100", h100, qwen36_27b_dflash2_drafter(), 4096, 512, 173.1));
     v.push_back(step("27B DFlash2 step block 8 S4096 512x8 bf16 state", "h100", h100,
                      qwen36_27b_dflash2_drafter(OptimizerState::Bf16), 4096, 512, 166.0));
+    // FP8 targets (issue 46; docs/fp8.md "Which FP8 GEMM"): the same drivers with --fp8 [--fp8-scaling token],
+    // one H100; the fp8_gemm_speedup / fp8_token_gemm_speedup the model divides the GEMM phases by were taken
+    // from these calls' GEMM phases, so these points check the rest of the forward around them.
+    const char* fp8tok = "bench/results/h100-issue46-20261207d/fp8speed (medians of three runs)";
+    const char* fp8blk = "bench/results/h100-issue44-45-46-20261206b (bench_target_forward --fp8)";
+    TargetShape t8b_fp8tok = qwen3_8b_target(36), t27b_fp8tok = qwen36_27b_target(64), t8b_fp8 = qwen3_8b_target(36),
+                t27b_fp8 = qwen36_27b_target(64);
+    t8b_fp8tok.linears = t27b_fp8tok.linears = TargetShape::Linears::Fp8Token;
+    t8b_fp8.linears = t27b_fp8.linears = TargetShape::Linears::Fp8;
+    v.push_back(forward("8B forward 4x4096, FP8 per token (fp8-dynamic)", "h100", fp8tok, t8b_fp8tok, b8b, 240.00));
+    v.push_back(forward("27B hybrid forward 8x4096, FP8 per token", "h100", fp8tok, t27b_fp8tok, b27b, 1595.38));
+    v.push_back(forward("8B forward 4x4096, FP8 blocks (fp8)", "h100", fp8blk, t8b_fp8, b8b, 346.2));
+    v.push_back(forward("27B hybrid forward 8x4096, FP8 blocks", "h100", fp8blk, t27b_fp8, b27b, 2287.0));
     return v;
   }();
   return points;
