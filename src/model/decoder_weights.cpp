@@ -188,6 +188,25 @@ LinearModeCounts load_decoder_weights(Checkpoint& ckpt, const Qwen3Config& c, co
     }
     if (!direct(s)) staging_numel = std::max(staging_numel, ckpt.get(s.name).numel());
   }
+  // An FP8 config over a checkpoint none of whose linears is stored FP8: a bf16 checkpoint with an FP8
+  // release's config.json (a linear or two stored unconverted is a release's habit: plan_linear).
+  int64_t stored_fp8 = 0, stored_float_unlisted = 0, linears = 0;
+  const WeightSpec* first_float = nullptr;
+  for (const WeightSpec& s : specs) {
+    linears += s.linear != nullptr;
+    stored_fp8 += s.linear && s.stored_fp8;
+    stored_float_unlisted += s.linear && s.stored_float_unlisted;
+    if (!first_float && s.stored_float_unlisted) first_float = &s;
+  }
+  DF_CHECK_HINT(quant.format == CheckpointFp8::None || stored_fp8 > 0, BadInput,
+                "config.json in " << ckpt.dir() << " has an FP8 quantization_config, " << checkpoint_fp8_name(quant.format)
+                                  << ", but none of the checkpoint's " << linears
+                                  << " decoder linear tensors is stored F8_E4M3"
+                                  << (first_float ? " (" + first_float->name + " is " +
+                                                        dtype_name(ckpt.get(first_float->name).dtype) + ")"
+                                                  : std::string()),
+                "the config and the weights do not belong together: re-download the FP8 checkpoint, or drop "
+                "quantization_config from a bf16 one");
   // How each FP8 linear runs (docs/fp8.md): decided once, for the device, and for a fused projection by
   // all its parts (their rows together). The linears that keep their codes (Fp8Gemm, Fp8Dequant) are
   // staged alike.
@@ -240,6 +259,8 @@ LinearModeCounts load_decoder_weights(Checkpoint& ckpt, const Qwen3Config& c, co
   std::vector<uint8_t> codes, split_codes;
   std::vector<float> row_scales, split_scales;
   LinearModeCounts counts;
+  counts.stored_fp8 = stored_fp8;
+  counts.stored_float_unlisted = stored_float_unlisted;
   for (WeightSpec& s : specs) {
     const DType dt = s.keep_f32 ? DType::F32 : dtype;
     for (LinearWeight* L : {s.linear, s.linear2}) {

@@ -54,6 +54,9 @@ struct LinearModeCounts {
   int64_t plain = 0, fp8_emulated = 0, fp8_gemm = 0, fp8_dequant = 0;
   int64_t fp8_dequant_largest = 0;  // weights (out x in) of the largest Fp8Dequant linear: the target's one
                                     // dequantize scratch holds that many values
+  // Checkpoint tensors of an FP8 checkpoint's linears: stored F8_E4M3, and stored in a float dtype though
+  // the config's not-converted list does not name them (they run as stored).
+  int64_t stored_fp8 = 0, stored_float_unlisted = 0;
 };
 
 // The parts of a decoder layer outside its token mixer, torch layout (Linear W [out, in]). The MLP's
@@ -107,6 +110,8 @@ struct WeightSpec {
   // Decided by load_decoder_weights' checks: stored as F8_E4M3; runs FP8; the LinearMode its LinearWeight(s)
   // get (Plain unless runs_fp8).
   bool stored_fp8 = false, runs_fp8 = false;
+  // Stored in a float dtype in an FP8 checkpoint whose config's list does not name it (plan_linear).
+  bool stored_float_unlisted = false;
   LinearMode mode = LinearMode::Plain;
 };
 

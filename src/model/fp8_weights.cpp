@@ -39,13 +39,11 @@ void plan_linear(Checkpoint& ckpt, const TargetQuantization& q, WeightSpec& s, c
   s.stored_fp8 = t.dtype == DType::F8E4M3;
   if (!s.stored_fp8) {
     ckpt.expect_float(s.name, s.ckpt_shape, mismatch_hint);
-    DF_CHECK_HINT(!q.stores_fp8(module), BadInput,
-                  "tensor " << s.name << " in " << ckpt.dir() << " is " << dtype_name(t.dtype) << ", but config.json's "
-                            << "quantization_config (" << checkpoint_fp8_name(q.format) << ") says " << module
-                            << " is stored FP8 (it is not in its "
-                            << (q.format == CheckpointFp8::CompressedTensors ? "ignore" : "modules_to_not_convert") << " list)",
-                  "the config and the weights do not belong together: re-download the FP8 checkpoint, or drop "
-                  "quantization_config from a bf16 one");
+    // Stored in a float dtype though the config's list does not name it: FP8 releases leave small linears
+    // unconverted without listing them (the Qwen3.5/3.6 hybrids' in_proj_a / in_proj_b, MoE routers;
+    // docs/fp8.md "Which modules stay bf16"), and the engines load what is stored. It runs as stored;
+    // load_decoder_weights refuses an FP8 config over a checkpoint with no FP8 linear at all.
+    s.stored_float_unlisted = q.format != CheckpointFp8::None && q.stores_fp8(module);
     s.runs_fp8 = q.precision == TargetPrecision::Fp8 && q.format == CheckpointFp8::None && s.quantize_on_load;
     return;
   }

@@ -12,8 +12,9 @@ namespace dflash {
 
 // Checks the linear s against the checkpoint and config.json's quantization (before any allocation) and
 // sets s.stored_fp8 / s.runs_fp8. Stored F8_E4M3: its scale tensor present with the format's shape and a
-// floating dtype, and the config saying the module is converted; stored BF16/F16/F32: the config saying it
-// is not. Every disagreement is a fatal BadInput naming the tensor.
+// floating dtype, and the config saying the module is converted (else a fatal BadInput naming the tensor).
+// Stored BF16/F16/F32: it runs as stored; where the config's list does not name it, s.stored_float_unlisted
+// (releases leave small linears unconverted unlisted; load_decoder_weights counts them).
 void plan_linear(Checkpoint& ckpt, const TargetQuantization& q, WeightSpec& s, const char* mismatch_hint);
 
 // s's float32 values [ckpt_shape] into dst: dequantized from e4m3 when stored FP8; else as stored, then

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -198,13 +199,43 @@ TEST(Fp8TargetRefused, ConfigAndDtypesMustAgree) {
   std::ofstream(tmp + "/noconf/config.json") << c.dump();
   EXPECT_EXIT(run(tmp + "/noconf", "", "qwen3-tiny-a"), testing::ExitedWithCode(static_cast<int>(ExitCode::BadInput)),
               "is F8_E4M3, but config.json has no quantization_config");
-  // A bf16 checkpoint whose config says FP8.
-  write_fp8_checkpoint(dir, tmp + "/lying", Fp8ConvertFormat::Block, {"mlp"});
+  // A bf16 checkpoint whose config says FP8: not one linear stored F8_E4M3.
+  std::filesystem::copy(dir, tmp + "/lying", std::filesystem::copy_options::recursive);
   c = read_config_json(tmp + "/lying/config.json");
-  c["quantization_config"]["modules_to_not_convert"] = nlohmann::json::array();
+  c["quantization_config"] = {{"quant_method", "fp8"}, {"fmt", "e4m3"}, {"activation_scheme", "dynamic"},
+                              {"weight_block_size", {128, 128}}};
   std::ofstream(tmp + "/lying/config.json") << c.dump();
   EXPECT_EXIT(run(tmp + "/lying", "", "qwen3-tiny-a"), testing::ExitedWithCode(static_cast<int>(ExitCode::BadInput)),
-              "mlp.gate_proj.weight in .* but config.json's quantization_config .* says .* is stored FP8");
+              "has an FP8 quantization_config, fp8 \\(fine-grained\\), but none of the checkpoint's 42 decoder linear "
+              "tensors is stored F8_E4M3 \\(model.layers.0.self_attn.q_proj.weight is F32\\)");
+  // A linear stored F8_E4M3 that the config lists as not converted.
+  write_fp8_checkpoint(dir, tmp + "/listed", Fp8ConvertFormat::Block, {});
+  c = read_config_json(tmp + "/listed/config.json");
+  c["quantization_config"]["modules_to_not_convert"] = {"mlp.down_proj"};
+  std::ofstream(tmp + "/listed/config.json") << c.dump();
+  EXPECT_EXIT(run(tmp + "/listed", "", "qwen3-tiny-a"), testing::ExitedWithCode(static_cast<int>(ExitCode::BadInput)),
+              "down_proj.weight in .* is F8_E4M3, but config.json's quantization_config lists .* as not converted");
+}
+
+// FP8 releases leave small linears unconverted without listing them (the Qwen3.5/3.6 hybrids' in_proj_a /
+// in_proj_b; docs/fp8.md "Which modules stay bf16"): a linear stored bf16 that the config's list does not
+// name runs as stored, so a release whose config omits its MLPs from the list computes what the same
+// release listing them does, bit for bit.
+TEST(Fp8TargetUnlisted, FloatLinearsTheListOmitsRunAsStored) {
+  const std::string dir = kGolden + "/qwen3-tiny-a/target";
+  const std::string tmp = test::make_temp_dir("fp8_unlisted");
+  write_fp8_checkpoint(dir, tmp + "/listed", Fp8ConvertFormat::Block, {"mlp"});
+  write_fp8_checkpoint(dir, tmp + "/unlisted", Fp8ConvertFormat::Block, {"mlp"});
+  nlohmann::json c = read_config_json(tmp + "/unlisted/config.json");
+  c["quantization_config"]["modules_to_not_convert"] = nlohmann::json::array();
+  std::ofstream(tmp + "/unlisted/config.json") << c.dump();
+  const test::RunResult listed = run(tmp + "/listed", "", "qwen3-tiny-a");
+  const test::RunResult unlisted = run(tmp + "/unlisted", "", "qwen3-tiny-a");
+  EXPECT_EQ(unlisted.features, listed.features);
+  EXPECT_EQ(unlisted.final_norm, listed.final_norm);
+  // and the MLPs did run unquantized: the all-FP8 release differs
+  write_fp8_checkpoint(dir, tmp + "/all", Fp8ConvertFormat::Block, {});
+  EXPECT_NE(run(tmp + "/all", "", "qwen3-tiny-a").features, unlisted.features);
 }
 
 TEST(Fp8TargetQuantization, NotConvertedListsMatchAsTheirLibraries) {
