@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The GPU runs the open issues still wait for (44-47), packed into device calls of <= 10 minutes each, in the
-# order they pay off. Run from the repository root on the GPU machine, with the programs in BIN (a build
+# The GPU runs the issues wait for (44-47; what is still open: bench/README.md "What still waits for a GPU"),
+# packed into device calls of <= 10 minutes each, in the order they pay off. Run from the repository root on the GPU machine, with the programs in BIN (a build
 # directory, flat or with bench/ and tests/ below it; bench/device/prepare.sh packs them here and
 # bench/device/call.sh PART... unpacks them there and calls this script):
 #
