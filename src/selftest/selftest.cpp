@@ -119,9 +119,8 @@ int selftest_main(int argc, char** argv) {
   ToolArgs args(argc, argv, kUsage);
   while (args.next()) {
     if (args.help()) {
-      std::cout << kUsage << "Runs a reference case (target/, optional drafter_init/ and fp8.safetensors, golden.safetensors,\n"
-                             "case.json) and\n"
-                             "prints one row per compared tensor; exits 1 if any row fails.\n";
+      std::cout << kUsage << "Runs a reference case (target/, golden.safetensors, case.json; optional drafter_init/ and\n"
+                             "fp8.safetensors) and prints one row per compared tensor; exits 1 if any row fails.\n";
       return 0;
     } else if (args.is("--backend")) {
       backend = args.value();
