@@ -34,7 +34,7 @@ variant awq "c['quantization_config'] = {'quant_method': 'awq', 'bits': 4}"
 case_rc awq 3 "field 'quantization_config' in $WORK/awq/config.json is set (quant_method \"awq\")"
 # An FP8 config over bf16 weights: the config and the weights describe different models (docs/fp8.md).
 variant fp8 "c['quantization_config'] = {'quant_method': 'fp8', 'weight_block_size': [128, 128]}"
-case_rc fp8 3 "but config.json's quantization_config (fp8 (fine-grained)) says model.layers.0."
+case_rc fp8 3 "has an FP8 quantization_config, fp8 (fine-grained), but none of the checkpoint's 28 decoder linear tensors is stored F8_E4M3"
 # The weights have 4 decoder layers; a config that says 3 would silently drop the last one.
 variant shallow "c['num_hidden_layers'] = 3; c.pop('layer_types', None); c.pop('max_window_layers', None)"
 case_rc shallow 3 "holds model.layers.3."
