@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -219,23 +220,29 @@ TEST(Fp8TargetRefused, ConfigAndDtypesMustAgree) {
 
 // FP8 releases leave small linears unconverted without listing them (the Qwen3.5/3.6 hybrids' in_proj_a /
 // in_proj_b; docs/fp8.md "Which modules stay bf16"): a linear stored bf16 that the config's list does not
-// name runs as stored, so a release whose config omits its MLPs from the list computes what the same
-// release listing them does, bit for bit.
+// name runs as stored, so a release whose config omits them from the list computes what the same release
+// listing them does, bit for bit. The hybrid case is the release's own shape (in_proj_a/b unlisted); the
+// dense one leaves its MLPs unlisted, enough to tell the FP8 release apart.
 TEST(Fp8TargetUnlisted, FloatLinearsTheListOmitsRunAsStored) {
-  const std::string dir = kGolden + "/qwen3-tiny-a/target";
-  const std::string tmp = test::make_temp_dir("fp8_unlisted");
-  write_fp8_checkpoint(dir, tmp + "/listed", Fp8ConvertFormat::Block, {"mlp"});
-  write_fp8_checkpoint(dir, tmp + "/unlisted", Fp8ConvertFormat::Block, {"mlp"});
-  nlohmann::json c = read_config_json(tmp + "/unlisted/config.json");
-  c["quantization_config"]["modules_to_not_convert"] = nlohmann::json::array();
-  std::ofstream(tmp + "/unlisted/config.json") << c.dump();
-  const test::RunResult listed = run(tmp + "/listed", "", "qwen3-tiny-a");
-  const test::RunResult unlisted = run(tmp + "/unlisted", "", "qwen3-tiny-a");
-  EXPECT_EQ(unlisted.features, listed.features);
-  EXPECT_EQ(unlisted.final_norm, listed.final_norm);
-  // and the MLPs did run unquantized: the all-FP8 release differs
-  write_fp8_checkpoint(dir, tmp + "/all", Fp8ConvertFormat::Block, {});
-  EXPECT_NE(run(tmp + "/all", "", "qwen3-tiny-a").features, unlisted.features);
+  const std::vector<std::pair<std::string, std::vector<std::string>>> cases = {
+      {"qwen35-tiny-a", {"in_proj_a", "in_proj_b"}}, {"qwen3-tiny-a", {"mlp"}}};
+  for (const auto& [golden_case, kept] : cases) {
+    SCOPED_TRACE(golden_case);
+    const std::string dir = kGolden + "/" + golden_case + "/target";
+    const std::string tmp = test::make_temp_dir("fp8_unlisted");
+    write_fp8_checkpoint(dir, tmp + "/listed", Fp8ConvertFormat::Block, kept);
+    write_fp8_checkpoint(dir, tmp + "/unlisted", Fp8ConvertFormat::Block, kept);
+    nlohmann::json c = read_config_json(tmp + "/unlisted/config.json");
+    c["quantization_config"]["modules_to_not_convert"] = nlohmann::json::array();
+    std::ofstream(tmp + "/unlisted/config.json") << c.dump();
+    const test::RunResult listed = run(tmp + "/listed", "", golden_case);
+    const test::RunResult unlisted = run(tmp + "/unlisted", "", golden_case);
+    EXPECT_EQ(unlisted.features, listed.features);
+    EXPECT_EQ(unlisted.final_norm, listed.final_norm);
+    // and the unlisted linears did run unquantized: the release converting them too differs
+    write_fp8_checkpoint(dir, tmp + "/all", Fp8ConvertFormat::Block, {});
+    EXPECT_NE(run(tmp + "/all", "", golden_case).features, unlisted.features);
+  }
 }
 
 TEST(Fp8TargetQuantization, NotConvertedListsMatchAsTheirLibraries) {
