@@ -32,20 +32,13 @@ int selftest_target_fp8(const std::string& case_dir, const Ctx& ctx, SelftestRep
     return 0;
   }
   const CaseForward f = forward_case(case_dir, ctx, "fp8", report);
-  const int64_t L = f.L, T = f.T, H = f.H;
   SafetensorsFile golden(path);
   report.note("fp8: the target under --target-precision fp8 against " + path +
               " (transformers' fine-grained FP8 arithmetic), tolerance " +
               (ctx.device == Device::CPU ? "1e-4 after one layer, 5e-2 beyond"
                                          : "2 x the bf16 rule + 2e-2") + " relative");
-  const std::vector<float> ref_hidden = golden_f32(golden, "fp8.hidden", {L, T, H});
-  const size_t layer_n = static_cast<size_t>(T * H);
-  for (int64_t l = 0; l < L; ++l)
-    report.compare("fp8.hidden[" + std::to_string(l) + "]", {T, H}, f.hidden.data() + l * layer_n,
-                   ref_hidden.data() + l * layer_n, layer_n, fp8_forward_tolerance(ctx.device, l + 1));
-  report.compare("fp8.final_norm", {T, H}, f.final_norm.data(),
-                 golden_f32(golden, "fp8.final_norm", {T, H}).data(), layer_n,
-                 fp8_forward_tolerance(ctx.device, L + 1));
+  compare_forward(report, golden, "fp8", f,
+                  [&](int64_t layers_passed) { return fp8_forward_tolerance(ctx.device, layers_passed); });
   return 0;
 }
 

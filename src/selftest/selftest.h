@@ -6,6 +6,7 @@
 // rel_err = ||got - ref|| / ||ref||; a row passes when rel_err < tol (and both are finite).
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <ostream>
 #include <string>
 #include <vector>
@@ -71,6 +72,10 @@ struct CaseForward {
 };
 CaseForward forward_case(const std::string& case_dir, const Ctx& ctx, const std::string& precision,
                          SelftestReport& report);
+// Rows <prefix>.hidden[l] (tolerance(l + 1)) and <prefix>.final_norm (tolerance(L + 1)): f against the golden
+// file's <prefix>.hidden [L, T, H] and <prefix>.final_norm [T, H].
+void compare_forward(SelftestReport& report, SafetensorsFile& golden, const std::string& prefix, const CaseForward& f,
+                     const std::function<double(int64_t)>& tolerance);
 
 // The parts of a case. Each returns an exit code for the part (0 = it ran; PASS/FAIL live in the report).
 int selftest_target(const std::string& case_dir, const Ctx& ctx, SelftestReport& report);

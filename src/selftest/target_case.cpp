@@ -2,6 +2,7 @@
 // decoder layer's output, the final norm and the logits against golden.safetensors; forward_case also
 // runs the FP8 part's forward (fp8_case.cpp).
 #include <cstring>
+#include <functional>
 
 #include "dflash/backend.h"
 #include "dflash/error.h"
@@ -85,21 +86,26 @@ CaseForward forward_case(const std::string& case_dir, const Ctx& ctx, const std:
   return f;
 }
 
-int selftest_target(const std::string& case_dir, const Ctx& ctx, SelftestReport& report) {
-  const CaseForward f = forward_case(case_dir, ctx, "", report);
-  const int64_t L = f.L, T = f.T, H = f.H, V = f.V;
-  SafetensorsFile golden(case_dir + "/golden.safetensors");
-  const double tol = forward_tolerance(ctx.device, L + 1);  // the final norm and logits; hidden[l]: l + 1 layers
-  const std::vector<float> ref_hidden = golden_f32(golden, "target.hidden", {L, T, H});
+void compare_forward(SelftestReport& report, SafetensorsFile& golden, const std::string& prefix, const CaseForward& f,
+                     const std::function<double(int64_t)>& tolerance) {
+  const int64_t L = f.L, T = f.T, H = f.H;
+  const std::vector<float> ref_hidden = golden_f32(golden, prefix + ".hidden", {L, T, H});
   const size_t layer_n = static_cast<size_t>(T * H);
   for (int64_t l = 0; l < L; ++l)
-    report.compare("target.hidden[" + std::to_string(l) + "]", {T, H}, f.hidden.data() + l * layer_n,
-                   ref_hidden.data() + l * layer_n, layer_n, forward_tolerance(ctx.device, l + 1));
-  report.compare("target.final_norm", {T, H}, f.final_norm.data(),
-                 golden_f32(golden, "target.final_norm", {T, H}).data(), layer_n, tol);
-  if (golden.has("target.logits")) {
-    report.compare("target.logits", {T, V}, f.logits.data(),
-                   golden_f32(golden, "target.logits", {T, V}).data(), static_cast<size_t>(T * V), tol);
+    report.compare(prefix + ".hidden[" + std::to_string(l) + "]", {T, H}, f.hidden.data() + l * layer_n,
+                   ref_hidden.data() + l * layer_n, layer_n, tolerance(l + 1));
+  report.compare(prefix + ".final_norm", {T, H}, f.final_norm.data(),
+                 golden_f32(golden, prefix + ".final_norm", {T, H}).data(), layer_n, tolerance(L + 1));
+}
+
+int selftest_target(const std::string& case_dir, const Ctx& ctx, SelftestReport& report) {
+  const CaseForward f = forward_case(case_dir, ctx, "", report);
+  SafetensorsFile golden(case_dir + "/golden.safetensors");
+  const auto tolerance = [&](int64_t layers_passed) { return forward_tolerance(ctx.device, layers_passed); };
+  compare_forward(report, golden, "target", f, tolerance);
+  if (golden.has("target.logits")) {  // after the final norm: as many layers passed
+    report.compare("target.logits", {f.T, f.V}, f.logits.data(), golden_f32(golden, "target.logits", {f.T, f.V}).data(),
+                   static_cast<size_t>(f.T * f.V), tolerance(f.L + 1));
   } else {
     report.note("golden.safetensors has no target.logits: logits not compared");
   }
