@@ -3,7 +3,8 @@
 //
 // Output: `# `-prefixed metadata lines (case, backend, shapes), then a fixed-width table
 //   name  shape  max_abs_err  rel_err  tol  PASS|FAIL
-// rel_err = ||got - ref|| / ||ref||; a row passes when rel_err < tol (and both are finite).
+// rel_err = ||got - ref|| / ||ref|| (the FP8 part's fp8.shift row: |r - 1|, fp8_case.cpp); a row passes when
+// rel_err < tol (and both are finite).
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -53,7 +54,7 @@ class SelftestReport {
 double forward_tolerance(Device device, int64_t layers_passed);  // hidden[l]: l + 1; final norm, logits: L + 1
 
 // The FP8 rows' tolerance (fp8_case.cpp says what was measured): hidden[l] after l + 1 layers, the final
-// norm after L + 1.
+// norm after L + 1. The row fp8.shift has its own (kFp8ShiftTolerance).
 double fp8_forward_tolerance(Device device, int64_t layers_passed);
 
 // ---- what the parts share (target_case.cpp) ----
@@ -81,7 +82,8 @@ void compare_forward(SelftestReport& report, SafetensorsFile& golden, const std:
 int selftest_target(const std::string& case_dir, const Ctx& ctx, SelftestReport& report);
 // The FP8 target (issue 46, docs/fp8.md): where the case has fp8.safetensors (tests/data/golden/
 // gen_golden_fp8.py: transformers' fine-grained FP8 arithmetic), the target under --target-precision fp8
-// against its fp8.hidden and fp8.final_norm; a note and nothing else where it has none.
+// against its fp8.hidden and fp8.final_norm, and the row fp8.shift (the FP8 forward's distance from the
+// unquantized one against the golden's); a note and nothing else where it has none.
 int selftest_target_fp8(const std::string& case_dir, const Ctx& ctx, SelftestReport& report);
 int selftest_drafter(const std::string& case_dir, const dflash::Ctx& ctx, SelftestReport& report);  // drafter part
 

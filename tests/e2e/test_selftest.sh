@@ -31,7 +31,7 @@ grep -Eq "^fp8.hidden\[3\] .* PASS$" "$out" || fail "qwen35: no passing fp8 row 
 # The FP8 part (issue 46): the dense case's target under --target-precision fp8 against its fp8.safetensors
 # (transformers' FP8 arithmetic), and the same case with that golden's hidden states scaled by 1.1 fails
 "$BIN" "$DATA/golden/qwen3-tiny-a" --backend cpu >"$out" 2>&1 || fail "qwen3-tiny-a (fp8 rows) exited non-zero"
-for row in 'fp8.hidden\[0\]' 'fp8.hidden\[5\]' 'fp8.final_norm'; do
+for row in 'fp8.hidden\[0\]' 'fp8.hidden\[5\]' 'fp8.final_norm' 'fp8.shift'; do
   grep -Eq "^${row} .* PASS$" "$out" || fail "fp8 row $row missing or not PASS"
 done
 tmp=$(mktemp -d); trap 'rm -rf "$tmp" "$out"' EXIT
@@ -52,6 +52,30 @@ PY
 [ $rc -eq 1 ] || fail "a wrong FP8 golden exited $rc, expected 1"
 grep -Eq "^fp8.hidden\[0\] .* FAIL$" "$out" || fail "a wrong FP8 golden: fp8.hidden[0] did not fail"
 grep -Eq "^target.hidden\[0\] .* PASS$" "$out" || fail "a wrong FP8 golden failed the bf16 rows too"
+
+# fp8.shift: a golden whose FP8 forward moves 0.4x as far from the unquantized one (golden.safetensors'
+# target.*) as the real one does fails it (r ~ 2.5), as a forward that skipped the quantization would (r ~ 0)
+cp "$DATA/golden/qwen3-tiny-a/fp8.safetensors" "$tmp/case/fp8.safetensors"
+python3 - "$tmp/case" <<'PY' || fail "could not rewrite fp8.safetensors (shift)"
+import array, json, struct, sys
+def tensors(p):
+    b = bytearray(open(p, "rb").read())
+    n = struct.unpack("<Q", b[:8])[0]
+    return b, {k: tuple(8 + n + o for o in v["data_offsets"]) for k, v in json.loads(b[8:8 + n]).items()
+               if k != "__metadata__"}
+f8, f8t = tensors(sys.argv[1] + "/fp8.safetensors")
+g, gt = tensors(sys.argv[1] + "/golden.safetensors")
+for name in ("hidden", "final_norm"):
+    lo, hi = f8t["fp8." + name]
+    glo, ghi = gt["target." + name]
+    q, plain = array.array("f", bytes(f8[lo:hi])), array.array("f", bytes(g[glo:ghi]))
+    assert len(q) == len(plain)
+    f8[lo:hi] = array.array("f", (p + 0.4 * (x - p) for x, p in zip(q, plain))).tobytes()
+open(sys.argv[1] + "/fp8.safetensors", "wb").write(f8)
+PY
+"$BIN" "$tmp/case" --backend cpu >"$out" 2>&1; rc=$?
+[ $rc -eq 1 ] || fail "an FP8 golden with 0.4x the shift exited $rc, expected 1"
+grep -Eq "^fp8.shift .* FAIL$" "$out" || fail "an FP8 golden with 0.4x the shift: fp8.shift did not fail"
 
 # Qwen3.8-shaped (Qwen3_5ForConditionalGeneration with the release's keys, 8 layers)
 "$BIN" "$DATA/golden/qwen38-tiny-a" --backend cpu >"$out" 2>&1; rc=$?

@@ -22,6 +22,12 @@ reference GEMM is float32 torch on the dequantized operands, which is what those
 accumulation order.
 
 usage: python gen_golden_fp8.py GOLDEN_DIR [CASE ...]   (default: both cases)
+       python gen_golden_fp8.py --bf16-check GOLDEN_DIR [CASE ...]
+The second form writes nothing: it runs the same model code and FP8 arithmetic with the model in bf16 (weights
+quantized from their bf16 values, each quantized linear's input and output bf16, as a bf16 GPU forward has
+them) and prints, per layer, its relative L2 error against fp8.safetensors and the ratio r of its distance from
+the same bf16 model unquantized to the golden's distance from golden.safetensors' target.hidden: what
+dflash-selftest's CUDA rows fp8.hidden[l] and fp8.shift are calibrated by (src/selftest/fp8_case.cpp).
 """
 import json
 import os
@@ -75,7 +81,8 @@ def act_quant_qdq(x):
 
 
 def to_fp8(model):
-    """Replaces every decoder-layer linear (but KEEP) by the emulated FP8 linear; returns their names."""
+    """Replaces every decoder-layer linear (but KEEP) by the emulated FP8 linear; returns their names. The
+    arithmetic is float32; the linear's output has the model's dtype."""
     done = []
     for name, mod in model.model.layers.named_modules():
         if not isinstance(mod, torch.nn.Linear) or name.rsplit(".", 1)[-1] in KEEP:
@@ -83,18 +90,20 @@ def to_fp8(model):
         codes, inv = quantize_blocks(mod.weight.detach())
         w_hat = _dequantize_fp8_weight(codes, inv, [BLOCK, BLOCK], torch.float32)
         assert mod.bias is None
-        mod.forward = (lambda w: (lambda x: act_quant_qdq(x) @ w.t()))(w_hat)
+        mod.forward = (lambda w, dt: (lambda x: (act_quant_qdq(x) @ w.t()).to(dt)))(w_hat, mod.weight.dtype)
         done.append("model.layers." + name)
     return done
 
 
-def make(golden_dir, case):
-    cdir = os.path.join(golden_dir, case)
+def load_model(cdir, dtype):
     model = AutoModelForCausalLM.from_pretrained(os.path.join(cdir, "target"), dtype=torch.float32)
     model.config._attn_implementation = "eager"
-    model = model.float().eval()
-    quantized = to_fp8(model)
-    gold = load_file(os.path.join(cdir, "golden.safetensors"))
+    return model.to(dtype).eval()
+
+
+def forward(model, gold):
+    """Every decoder layer's output [L, T, H] and the final norm [T, H] (float32) on the case's tokens, one
+    sequence at a time."""
     tokens, cu = gold["tokens"].long(), gold["cu_seqlens"].tolist()
     captured = []
     hooks = [layer.register_forward_hook(lambda m, i, o: captured.append(o[0] if isinstance(o, tuple) else o))
@@ -109,7 +118,32 @@ def make(golden_dir, case):
             fn.append(model.model.norm(hs[-1]))
     for h in hooks:
         h.remove()
-    hidden, final_norm = torch.cat(hid, 1).float(), torch.cat(fn, 0).float()
+    return torch.cat(hid, 1).float(), torch.cat(fn, 0).float()
+
+
+def bf16_check(golden_dir, case):
+    cdir = os.path.join(golden_dir, case)
+    gold = load_file(os.path.join(cdir, "golden.safetensors"))
+    ref = load_file(os.path.join(cdir, "fp8.safetensors"))
+    plain_h, plain_n = forward(load_model(cdir, torch.bfloat16), gold)
+    fp8_model = load_model(cdir, torch.bfloat16)
+    to_fp8(fp8_model)
+    h, n = forward(fp8_model, gold)
+    rel = lambda a, b: float((a - b).norm() / b.norm())
+    rows = [(h[l], plain_h[l], ref["fp8.hidden"][l], gold["target.hidden"][l]) for l in range(h.shape[0])]
+    rows.append((n, plain_n, ref["fp8.final_norm"], gold["target.final_norm"]))
+    print(case, "(bf16 model, the golden's FP8 arithmetic; the last column is the final norm)")
+    print("  error vs fp8.safetensors:", " ".join("%.4f" % rel(a, r) for a, _, r, _ in rows))
+    print("  r (shift / golden shift):", " ".join("%.3f" % (float((a - p).norm()) / float((r - g).norm()))
+                                                   for a, p, r, g in rows))
+
+
+def make(golden_dir, case):
+    cdir = os.path.join(golden_dir, case)
+    model = load_model(cdir, torch.float32)
+    quantized = to_fp8(model)
+    gold = load_file(os.path.join(cdir, "golden.safetensors"))
+    hidden, final_norm = forward(model, gold)
     bf16 = gold["target.hidden"].float()
     rel = float((hidden - bf16).norm() / bf16.norm())
     save_file({"fp8.hidden": hidden.contiguous(), "fp8.final_norm": final_norm.contiguous()},
@@ -134,5 +168,9 @@ def make(golden_dir, case):
 
 if __name__ == "__main__":
     torch.manual_seed(0)
-    for c in sys.argv[2:] or CASES:
-        make(sys.argv[1], c)
+    args = sys.argv[1:]
+    run = make
+    if args and args[0] == "--bf16-check":
+        run, args = bf16_check, args[1:]
+    for c in args[1:] or CASES:
+        run(args[0], c)
