@@ -68,7 +68,7 @@ void compare_shift(SelftestReport& report, SafetensorsFile& fp8_golden, const Ca
     max_abs = (std::isnan(e) || e > max_abs) ? e : max_abs;
   }
   const double r = std::sqrt(ours) / (gold > 0.0 ? std::sqrt(gold) : 1.0);
-  char line[200];
+  char line[256];
   std::snprintf(line, sizeof line,
                 "fp8.shift: ||fp8 - unquantized|| / the golden's, over every layer and the final norm: r = %.4f "
                 "(the row's rel_err is |r - 1|, tolerance %.2f; its max_abs_err: of the two shifts' difference)",
