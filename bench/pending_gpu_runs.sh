@@ -19,7 +19,7 @@
 #                                                     # decoder's speed if time is left
 #   bash bench/pending_gpu_runs.sh BIN OUT quality4   # eval sampled (T = 1), its table
 #   bash bench/pending_gpu_runs.sh BIN OUT quality6   # ours-a / e / f's tau under the FP8 target, its table
-#   bash bench/pending_gpu_runs.sh BIN OUT fp8tau     # ~7.5 min: issue 46's tau goals, one seed: ours-a, ours-e (FP8
+#   bash bench/pending_gpu_runs.sh BIN OUT fp8tau     # ~6.5 min: issue 46's tau goals, one seed: ours-a, ours-e (FP8
 #                                                     # features), ours-f (FP8 wire) trained on the target quality1
 #                                                     # made (QSTAGES=target quality1 first), greedy on every held-out
 #                                                     # prompt; the summary pools every seed so far (collect.py seeds).

@@ -79,7 +79,8 @@ void compare_shift(SelftestReport& report, SafetensorsFile& fp8_golden, const Ca
 
 }  // namespace
 
-int selftest_target_fp8(const std::string& case_dir, const Ctx& ctx, SelftestReport& report) {
+int selftest_target_fp8(const std::string& case_dir, const Ctx& ctx, const CaseForward& unquantized,
+                        SelftestReport& report) {
   const std::string path = case_dir + "/fp8.safetensors";
   if (!std::filesystem::exists(path)) {
     report.note("fp8 part: skipped (the case has no fp8.safetensors)");
@@ -93,7 +94,7 @@ int selftest_target_fp8(const std::string& case_dir, const Ctx& ctx, SelftestRep
                                          : "8e-2 + 2.5e-2 per layer passed") + " relative");
   compare_forward(report, golden, "fp8", f,
                   [&](int64_t layers_passed) { return fp8_forward_tolerance(ctx.device, layers_passed); });
-  compare_shift(report, golden, f, forward_case(case_dir, ctx, "bf16", report), case_dir);
+  compare_shift(report, golden, f, unquantized, case_dir);
   return 0;
 }
 

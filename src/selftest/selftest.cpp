@@ -152,8 +152,9 @@ int selftest_main(int argc, char** argv) {
   report.note(std::string("backend: ") + backend + (device == Device::CPU ? " (float32)" : " (bf16)") +
               ", tolerance " + (device == Device::CPU ? "1e-5" : "1e-2 + 2 x 2^-8 per layer passed") + " relative");
 
-  int rc = selftest_target(case_dir, ctx, report);
-  if (rc == 0) rc = selftest_target_fp8(case_dir, ctx, report);
+  CaseForward unquantized;
+  int rc = selftest_target(case_dir, ctx, report, &unquantized);
+  if (rc == 0) rc = selftest_target_fp8(case_dir, ctx, unquantized, report);
   if (rc == 0 && path_exists(case_dir + "/drafter_init")) rc = selftest_drafter(case_dir, ctx, report);
   if (rc != 0) return rc;
 

@@ -79,12 +79,16 @@ void compare_forward(SelftestReport& report, SafetensorsFile& golden, const std:
                      const std::function<double(int64_t)>& tolerance);
 
 // The parts of a case. Each returns an exit code for the part (0 = it ran; PASS/FAIL live in the report).
-int selftest_target(const std::string& case_dir, const Ctx& ctx, SelftestReport& report);
+// forward_out (optional): the forward the rows compared, for the FP8 part's fp8.shift.
+int selftest_target(const std::string& case_dir, const Ctx& ctx, SelftestReport& report,
+                    CaseForward* forward_out = nullptr);
 // The FP8 target (issue 46, docs/fp8.md): where the case has fp8.safetensors (tests/data/golden/
 // gen_golden_fp8.py: transformers' fine-grained FP8 arithmetic), the target under --target-precision fp8
 // against its fp8.hidden and fp8.final_norm, and the row fp8.shift (the FP8 forward's distance from the
-// unquantized one against the golden's); a note and nothing else where it has none.
-int selftest_target_fp8(const std::string& case_dir, const Ctx& ctx, SelftestReport& report);
+// unquantized one, `unquantized` = selftest_target's forward, against the golden's); a note and nothing else
+// where it has none.
+int selftest_target_fp8(const std::string& case_dir, const Ctx& ctx, const CaseForward& unquantized,
+                        SelftestReport& report);
 int selftest_drafter(const std::string& case_dir, const dflash::Ctx& ctx, SelftestReport& report);  // drafter part
 
 // The program: dflash-selftest CASE_DIR [--backend cpu|cuda]. Returns the process exit code

@@ -3,6 +3,7 @@
 // runs the FP8 part's forward (fp8_case.cpp).
 #include <cstring>
 #include <functional>
+#include <utility>
 
 #include "dflash/backend.h"
 #include "dflash/error.h"
@@ -98,8 +99,8 @@ void compare_forward(SelftestReport& report, SafetensorsFile& golden, const std:
                  golden_f32(golden, prefix + ".final_norm", {T, H}).data(), layer_n, tolerance(L + 1));
 }
 
-int selftest_target(const std::string& case_dir, const Ctx& ctx, SelftestReport& report) {
-  const CaseForward f = forward_case(case_dir, ctx, "", report);
+int selftest_target(const std::string& case_dir, const Ctx& ctx, SelftestReport& report, CaseForward* forward_out) {
+  CaseForward f = forward_case(case_dir, ctx, "", report);
   SafetensorsFile golden(case_dir + "/golden.safetensors");
   const auto tolerance = [&](int64_t layers_passed) { return forward_tolerance(ctx.device, layers_passed); };
   compare_forward(report, golden, "target", f, tolerance);
@@ -109,6 +110,7 @@ int selftest_target(const std::string& case_dir, const Ctx& ctx, SelftestReport&
   } else {
     report.note("golden.safetensors has no target.logits: logits not compared");
   }
+  if (forward_out) *forward_out = std::move(f);
   return 0;
 }
 
