@@ -208,7 +208,7 @@ for part in "$@"; do
         # every run (seed) this machine has trained so far, pooled: each run's ratio and the mean across runs
         for x in ours-e ours-f; do
           python3 "$ROOT/bench/quality/collect.py" seeds ours-a $x "$ROOT/runs/q$h/eval" "$ROOT/runs/q$h"-s*/eval \
-            2>&1 | tee -a "$O/summary.txt"
+            --by-prompt 2>&1 | tee -a "$O/summary.txt"
         done
       fi
       if [ $part = quality3 ] && [ $((590 - (SECONDS - T0))) -gt 120 ]; then

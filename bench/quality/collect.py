@@ -13,9 +13,12 @@
                                              the tau table (tau +- its standard error over the prompts, steps tau)
   collect.py paired A.json B.json            B's tau minus A's over the same prompts (dflash-eval jsons), with the
                                              difference's standard error, and B's steps tau against A's
-  collect.py seeds A B EVAL_DIR...           drafter B's steps tau against A's in each run (an eval dir per seed
+  collect.py seeds A B EVAL_DIR... [--by-prompt [--split 4]]
+                                             drafter B's steps tau against A's in each run (an eval dir per seed
                                              or target: WORK/eval), snapshot by snapshot, and their mean over the
-                                             runs with its standard error across them (what another run would move)
+                                             runs with its standard error across them (what another run would move);
+                                             --by-prompt: the same for the mean over prompts of each prompt's tau,
+                                             its difference split into prompts below / at or above a pair mean tau
 
 Training seconds of dflash-train at step s: the sum of the intervals between consecutive /steps rows
 (metrics.h5 time_s, seconds since the job started) up to s, the first step counted at the median interval, and
@@ -204,6 +207,24 @@ def steps_ratio_se(a, b, keys):
     return ratio * math.sqrt(len(z) / (len(z) - 1) * sum(v * v for v in z))
 
 
+def prompt_split(a, b, at):
+    """The mean over prompts of each prompt's tau, B's against A's over the prompts both decoded: their ratio,
+    and the difference (as a fraction of A's mean) split into the part from prompts whose pair mean tau
+    (tau_a + tau_b) / 2 is below `at` and the part from those at or above it (high: where the target repeats
+    itself and acceptance runs long). The split is on the pair's mean, not on A's tau alone: selecting prompts
+    where A did well would make B look worse there by regression to the mean. a, b: dflash-eval jsons."""
+    ta = {p["record"]: p["tau"] for p in a.get("prompts", []) if p.get("tau") is not None}
+    tb = {p["record"]: p["tau"] for p in b.get("prompts", []) if p.get("tau") is not None}
+    keys = sorted(set(ta) & set(tb))
+    if not keys:
+        return None
+    mean_a = statistics.fmean(ta[k] for k in keys)
+    high = [k for k in keys if ta[k] + tb[k] >= 2 * at]
+    share = lambda ks: sum(tb[k] - ta[k] for k in ks) / len(keys) / mean_a
+    return {"ratio": statistics.fmean(tb[k] for k in keys) / mean_a, "low": share(set(keys) - set(high)),
+            "high": share(high), "prompts": len(keys), "high_prompts": len(high)}
+
+
 def ratio_pct(r):
     """'+3.3 ± 1.2 %': steps_tau_ratio and its standard error as percent."""
     if r.get("steps_tau_ratio") is None:
@@ -224,13 +245,15 @@ def cmd_paired(a):
           f"({ratio_pct(r)})")
 
 
-def seeds(a_label, b_label, eval_dirs):
+def seeds(a_label, b_label, eval_dirs, split_at=4.0):
     """B's steps tau over A's in each eval dir (one training run of both per dir), matched by snapshot order (the
     k-th evaluated checkpoint of A with the k-th of B: within a run both take the same steps), and pooled over the
     dirs: rows [{"snapshot": k, "runs": [{"dir", "steps", "ratio", "se", "prompts"}], "mean", "se_runs"}], where
     mean is the mean of the runs' ratios and se_runs its standard error across the runs (None below two). The
     runs' own standard errors only say how the prompts move a ratio; se_runs also holds the training runs'
-    spread, which dominates at short budgets (bench/quality/README.md "Reading the table")."""
+    spread, which dominates at short budgets (bench/quality/README.md "Reading the table"). Each run also
+    carries by_prompt (prompt_split at split_at) and each row by_prompt_ratio / _low / _high: (mean, se_runs)
+    of the per-prompt-mean measure, which weighs a prompt of 14-token acceptances as much as any other."""
     def snaps(d, label):
         out = []
         for path in glob.glob(os.path.join(d, f"{label}-step*.json")):
@@ -247,20 +270,26 @@ def seeds(a_label, b_label, eval_dirs):
             with open(pb) as f:
                 jb = json.load(f)
             r = paired(ja, jb)
-            if r["steps_tau_ratio"] is None:
+            split = prompt_split(ja, jb, split_at)
+            if r["steps_tau_ratio"] is None or split is None:  # no prompt decoded by both
                 continue
             rows.setdefault(k, []).append({"dir": d, "steps": [step_a, step_b], "ratio": r["steps_tau_ratio"],
-                                           "se": r["steps_tau_ratio_se"], "prompts": r["prompts"]})
+                                           "se": r["steps_tau_ratio_se"], "prompts": r["prompts"],
+                                           "by_prompt": split})
+    def pooled(xs):
+        return statistics.fmean(xs), statistics.stdev(xs) / math.sqrt(len(xs)) if len(xs) > 1 else None
     out = []
     for k in sorted(rows):
-        ratios = [x["ratio"] for x in rows[k]]
-        out.append({"snapshot": k, "runs": rows[k], "mean": statistics.fmean(ratios),
-                    "se_runs": statistics.stdev(ratios) / math.sqrt(len(ratios)) if len(ratios) > 1 else None})
+        mean, se = pooled([x["ratio"] for x in rows[k]])
+        row = {"snapshot": k, "runs": rows[k], "mean": mean, "se_runs": se}
+        for key in ("ratio", "low", "high"):
+            row["by_prompt_" + key] = pooled([x["by_prompt"][key] for x in rows[k]])
+        out.append(row)
     return out
 
 
 def cmd_seeds(a):
-    rows = seeds(a.a, a.b, a.eval_dirs)
+    rows = seeds(a.a, a.b, a.eval_dirs, a.split)
     if not rows:
         sys.exit(f"collect.py seeds: no pair of {a.a}-step*.json and {a.b}-step*.json in {' '.join(a.eval_dirs)}")
     print(f"# {a.b} / {a.a}, steps tau, per run (± over its prompts) and over the runs (± across them)")
@@ -270,6 +299,18 @@ def cmd_seeds(a):
         pooled = f"{100 * (r['mean'] - 1):+.1f} %" + ("" if r["se_runs"] is None else
                                                       f" ± {100 * r['se_runs']:.1f} %")
         print(f"snapshot {r['snapshot'] + 1}: {len(r['runs'])} runs: {per} %; mean {pooled}")
+    if a.by_prompt:
+        print(f"# {a.b} / {a.a}, the mean over prompts of each prompt's tau, per run and over the runs (± across"
+              f" them); its difference split: prompts whose pair mean tau is below {a.split:g} / at or above it")
+        def pm(mean_se):
+            m, se = mean_se
+            return f"{100 * m:+.1f} %" + ("" if se is None else f" ± {100 * se:.1f} %")
+        for r in rows:
+            per = ", ".join(f"{100 * (x['by_prompt']['ratio'] - 1):+.1f}" for x in r["runs"])
+            high = ", ".join(str(x["by_prompt"]["high_prompts"]) for x in r["runs"])
+            m, se = r["by_prompt_ratio"]
+            print(f"snapshot {r['snapshot'] + 1}: {per} %; mean {pm((m - 1, se))}; below {pm(r['by_prompt_low'])},"
+                  f" at or above {pm(r['by_prompt_high'])} (prompts at or above per run: {high})")
     if a.json:
         with open(a.json, "w") as f:
             json.dump(rows, f, indent=1)
@@ -464,6 +505,9 @@ def main():
     p.add_argument("b", help="the other drafter's label (ours-e)")
     p.add_argument("eval_dirs", nargs="+", help="one eval dir per training run (WORK/eval of each seed)")
     p.add_argument("--json", default="")
+    p.add_argument("--by-prompt", action="store_true",
+                   help="also the mean over prompts of each prompt's tau, its difference split at --split")
+    p.add_argument("--split", type=float, default=4.0, help="the pair mean tau that splits the prompts (4)")
     p = sub.add_parser("summarise")
     p.add_argument("--target-info", default="")
     p.add_argument("--runs", nargs="+", required=True)

@@ -103,6 +103,40 @@ class EvalStats(unittest.TestCase):
             # one run: no spread across runs
             self.assertIsNone(collect.seeds("ours-a", "ours-e", dirs[:1])[0]["se_runs"])
 
+    def test_prompt_split_by_the_pair_mean(self):
+        # prompt taus a: 1, 2, 10, 5; b: 1, 2, 8, 2. Pair means 1, 2, 9, 3.5: at 4 only the third is high (the
+        # fourth, 5 for a alone, is not: a split on a's tau would count b's drop there as a high prompt's)
+        a = eval_json([[1], [2], [10], [5]])
+        b = eval_json([[1], [2], [8], [2]])
+        r = collect.prompt_split(a, b, 4.0)
+        mean_a = (1 + 2 + 10 + 5) / 4
+        self.assertAlmostEqual(r["ratio"], (1 + 2 + 8 + 2) / 4 / mean_a)
+        self.assertAlmostEqual(r["high"], (8 - 10) / 4 / mean_a)
+        self.assertAlmostEqual(r["low"], (2 - 5) / 4 / mean_a)
+        self.assertAlmostEqual(r["low"] + r["high"], r["ratio"] - 1)  # the two parts make the whole difference
+        self.assertEqual((r["prompts"], r["high_prompts"]), (4, 1))
+        self.assertIsNone(collect.prompt_split(a, eval_json([[1]], records=[99]), 4.0))  # no prompt in common
+        with tempfile.TemporaryDirectory() as tmp:
+            dirs = []
+            for run, (pa, pb) in enumerate(((a, b), (b, a))):
+                d = os.path.join(tmp, f"r{run}")
+                os.makedirs(d)
+                dirs.append(d)
+                for label, j in (("ours-a", pa), ("ours-f", pb)):
+                    with open(os.path.join(d, collect.eval_name(label, {"steps": 10})), "w") as f:
+                        json.dump(j, f)
+            row = collect.seeds("ours-a", "ours-f", dirs)[0]
+            back = collect.prompt_split(b, a, 4.0)
+            self.assertAlmostEqual(row["by_prompt_ratio"][0], (r["ratio"] + back["ratio"]) / 2)
+            self.assertAlmostEqual(row["by_prompt_high"][0], (r["high"] + back["high"]) / 2)
+            self.assertAlmostEqual(row["by_prompt_low"][1], abs(r["low"] - back["low"]) / 2)  # stdev of 2 / sqrt(2)
+            out = subprocess.run([sys.executable, os.path.join(QUALITY, "collect.py"), "seeds", "ours-a", "ours-f",
+                                  *dirs, "--by-prompt", "--split", "4"], capture_output=True, text=True,
+                                 check=True).stdout
+            self.assertIn("the mean over prompts of each prompt's tau", out)
+            self.assertIn(f"snapshot 1: {100 * (r['ratio'] - 1):+.1f}, {100 * (back['ratio'] - 1):+.1f} %", out)
+            self.assertIn("(prompts at or above per run: 1, 1)", out)
+
     def test_summarise_cells_and_paired_lines(self):
         with tempfile.TemporaryDirectory() as tmp:
             ev = os.path.join(tmp, "eval")
