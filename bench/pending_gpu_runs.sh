@@ -43,6 +43,8 @@
 #   bash bench/pending_gpu_runs.sh BIN OUT wide3      # ~3 min: hidden 4096: eval (greedy), the table
 #   bash bench/pending_gpu_runs.sh BIN OUT gputests   # ~1.5 min: every GPU unit test (dflash_gpu_tests), the CUDA selftests
 #   bash bench/pending_gpu_runs.sh BIN OUT e2e        # ~1-3 min: GPU end-to-end tests (GPU_E2E="pipeline fp8_target hs_fp8")
+#   bash bench/pending_gpu_runs.sh BIN OUT fp8mma     # ~3 min: the mma.sync block-scaled FP8 GEMM (its test,
+#                                                     # an FP8 target and the 8B / 27B forwards through it)
 #   bash bench/pending_gpu_runs.sh BIN OUT fp8speed   # ~5 min: issue 46's speed goals, bf16 and FP8 per token
 #                                                     # interleaved 3x in one call (8B forward, 27B hybrid)
 #   bash bench/pending_gpu_runs.sh BIN OUT qkvrope    # ~3 min: qkv_norm_rope's warp kernel against the block kernel:
@@ -288,6 +290,32 @@ for part in "$@"; do
         echo "dflash-selftest $c --backend cuda: exit $?" | tee -a "$O/summary.txt"
         grep -h "^fp8\|^target.hidden\[0\]\|^target.final\|FAIL" "$O/selftest-$c.txt" | tee -a "$O/summary.txt"
       done ;;
+    fp8mma)
+      # kernels/fp8_block_gemm_mma.cu (the block-scaled FP8 GEMM on mma.sync, for the GPUs cuBLASLt's 1x128
+      # scales leave out): its GPU test (also under sm_120's limits), the whole FP8 target through it against
+      # the CPU emulation, and the 8B / 27B forwards with it beside cuBLASLt's blocks,
+      # the dequantized path and bf16. On sm_90 its mma.sync is not the FP8 tensor cores' fast path (wgmma is):
+      # correctness here; its speed counts on sm_89 / sm_120.
+      say "fp8mma: the mma.sync block-scaled FP8 GEMM's test, an FP8 target and the forwards through it"
+      DFLASH_TEST_DATA=$ROOT/tests/data DFLASH_SRC=$ROOT timeout 120 "$(prog dflash_gpu_tests)" \
+        --gtest_filter='GpuFp8BlockGemmMma*' > "$O/test.txt" 2>&1
+      DFLASH_DEVICE_LIMITS=sm_120 DFLASH_TEST_DATA=$ROOT/tests/data DFLASH_SRC=$ROOT timeout 120 \
+        "$(prog dflash_gpu_tests)" --gtest_filter='GpuFp8BlockGemmMma*' > "$O/test-sm120.txt" 2>&1
+      { grep -h "rel err\|^\[  FAILED\|^\[  PASSED" "$O/test.txt"; tail -1 "$O/test-sm120.txt"; } | tee "$O/summary.txt"
+      # the whole FP8 target through it (every linear of hidden 256 / intermediate 384 takes the GEMM) against
+      # the CPU emulation (the golden cases' hidden 64 is below the format's 128-blocks: they dequantize)
+      DFLASH_FP8_BLOCK_GEMM=mma DFLASH_TEST_DATA=$ROOT/tests/data DFLASH_SRC=$ROOT timeout 120 \
+        "$(prog dflash_gpu_tests)" --gtest_filter='GpuFp8Target.CudaForwardMatchesCpuEmulation' > "$O/target.txt" 2>&1
+      grep -h "FP8 GEMMs on\|rel err\|^\[  FAILED\|^\[  PASSED" "$O/target.txt" | tee -a "$O/summary.txt"
+      for m in "bench_target_forward" "bench_hybrid_forward --model 27b"; do
+        read -r p args <<<"$m"
+        n=${p#bench_}; n=${n%_forward}
+        timeout 60 "$(prog "$p")" $args > "$O/$n-bf16.txt" 2>&1
+        timeout 60 "$(prog "$p")" $args --fp8 > "$O/$n-fp8-cublaslt.txt" 2>&1
+        DFLASH_FP8_BLOCK_GEMM=mma timeout 90 "$(prog "$p")" $args --fp8 > "$O/$n-fp8-mma.txt" 2>&1
+        DFLASH_FP8_LINEAR=dequant timeout 60 "$(prog "$p")" $args --fp8 > "$O/$n-fp8-dequant.txt" 2>&1
+      done
+      grep -h "^  forward " "$O"/*-bf16.txt "$O"/*-fp8-*.txt | tee -a "$O/summary.txt" ;;
     qkvrope)
       # kernels/qkv_norm_rope.cu's warp kernel against the block kernel it replaced (bench/README.md "qkv_norm_rope:
       # a warp kernel"): every variant bit for bit the block kernel's, the op alone at the 8B and 32B heads
@@ -305,7 +333,7 @@ for part in "$@"; do
       done
       cat "$O"/bench-*.txt >> "$O/summary.txt"
       grep -H "qkv_norm_rope\|^  forward " "$O"/t8b-*.txt | tee -a "$O/summary.txt" ;;
-    *) echo "unknown part $part (checks layouts speed speed2 dflash2 quality1 quality2 quality3 quality4 quality5 quality6 fidelity8 fidelity27 wide1 wide2 wide3 gputests fp8speed qkvrope)" >&2; exit 2 ;;
+    *) echo "unknown part $part (checks layouts speed speed2 dflash2 quality1 quality2 quality3 quality4 quality5 quality6 fidelity8 fidelity27 wide1 wide2 wide3 gputests fp8speed fp8mma qkvrope)" >&2; exit 2 ;;
   esac
 done
 say done

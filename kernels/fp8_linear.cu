@@ -24,6 +24,7 @@
 #include "cuda_check.cuh"
 #include "device_limits.cuh"
 #include "dflash/error.h"
+#include "fp8_block_gemm_mma.cuh"
 #include "fp8_rows.cuh"
 #include "lt_plan.cuh"
 #include "matmul_plans.cuh"
@@ -168,6 +169,22 @@ void destroy_fp8_gemm(LtPlan& p) {
   cublasLtMatmulDescDestroy(p.desc);
 }
 
+// Which kernel runs the Block128 GEMM: cuBLASLt's VEC128_32F (sm_90; the default) or the hand-written
+// mma.sync one (fp8_block_gemm_mma.cuh: any GPU of compute capability 8.9+, chosen only by
+// DFLASH_FP8_BLOCK_GEMM=mma until it is measured on the GPUs cuBLASLt leaves out). Read once per process.
+enum class BlockGemm : uint8_t { CublasLt, Mma };
+BlockGemm block_gemm_choice() {
+  static const BlockGemm choice = [] {
+    const char* v = std::getenv("DFLASH_FP8_BLOCK_GEMM");
+    const std::string s = v ? v : "";
+    DF_CHECK_HINT(s.empty() || s == "cublaslt" || s == "mma", BadOptions,
+                  "DFLASH_FP8_BLOCK_GEMM=" << s << " is not cublaslt or mma",
+                  "unset it (cuBLASLt on sm_90, none elsewhere) or set cublaslt or mma (docs/fp8.md \"Which FP8 GEMM\")");
+    return s == "mma" ? BlockGemm::Mma : BlockGemm::CublasLt;
+  }();
+  return choice;
+}
+
 // Per scaling and device: 0 not asked yet, 1 available, 2 not.
 constexpr int kMaxDevices = 64;
 std::atomic<int> g_gemm[2][kMaxDevices];
@@ -184,8 +201,9 @@ bool fp8_gemm_available(const Ctx& ctx, ops::Fp8Scaling scaling) {
   std::lock_guard<std::mutex> lock(g_gemm_mutex);
   if (const int k = known.load()) return k == 1;
   const int cc = compute_capability(be.device);
-  bool ok = scaling == ops::Fp8Scaling::Block128 ? cc == 90 : cc >= 89;
-  if (ok) {
+  const bool mma = scaling == ops::Fp8Scaling::Block128 && block_gemm_choice() == BlockGemm::Mma;
+  bool ok = scaling == ops::Fp8Scaling::Block128 && !mma ? cc == 90 : cc >= 89;
+  if (ok && !mma) {
     LtPlan probe;
     create_fp8_gemm(probe, 128, 128, 128, scaling, cc);
     set_scales(probe, be.workspace, be.workspace);
@@ -220,6 +238,8 @@ void fp8_gemm_forward(const Ctx& ctx, const Tensor& out, const Tensor& act_codes
            "fp8_gemm_forward: out and residual must be BF16");
   const int64_t N = act_codes.size(0), K = act_codes.size(1), O = w_codes.size(0);
   const bool per_token = scaling == ops::Fp8Scaling::TokenChannel;
+  if (!per_token && block_gemm_choice() == BlockGemm::Mma)
+    return fp8_block_gemm_mma(ctx, out, act_codes, act_scales, w_codes, w_scales, acc, residual);
   DF_CHECK_HINT(fp8_gemm_available(ctx, scaling), DeviceFailure,
                 "fp8_gemm_forward: this GPU's cuBLASLt has no "
                     << (per_token ? "per-token x per-channel (OUTER_VEC_32F) FP8 GEMM"

@@ -1,6 +1,6 @@
 // The PTX wrappers the hand-written kernels share (sm_80+ forms, valid on sm_90, sm_100, sm_120): shared-memory
 // addresses, cp.async copies global -> shared (with commit / wait), ldmatrix x4 loads and the bf16 m16n8k16
-// mma with fp32 accumulators. The only definitions of these: a kernel file uses them (using namespace ptx)
+// mma with fp32 accumulators (and the e4m3 m16n8k32 one of sm_89+). The only definitions of these: a kernel file uses them (using namespace ptx)
 // rather than its own asm copy.
 #pragma once
 #include <cuda_bf16.h>
@@ -59,6 +59,20 @@ __device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], 
       "{%0,%1,%2,%3};\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+// d += a (16x32, row) * b (32x8, col), e4m3 inputs (4 per register), fp32 accumulators: the FP8 mma of sm_89
+// and later (kernels/fp8_block_gemm_mma.cu). Its fragments are the bf16 m16n8k16's with two e4m3 per b16
+// element, so ldmatrix_x4 loads them from k-contiguous rows as it loads bf16 ones.
+__device__ __forceinline__ void mma_e4m3(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 890
+  asm volatile(
+      "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#else
+  __trap();  // no FP8 tensor cores below sm_89; the launcher refuses such devices first
+#endif
 }
 // Two floats as a bf16x2 register (lo in the low half), an mma A/B fragment element pair.
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {

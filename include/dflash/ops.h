@@ -40,7 +40,8 @@ void fp8_activation_qdq(const Ctx& ctx, const Tensor& out, const Tensor& in, int
 //   in quantized per token in groups of 128 into act_codes [N, K] (F8E4M3) and act_scales [KB, N] (F32),
 //   both written (scratch the caller owns). CPU: fp32 in/out, the host arithmetic, act_* bit-exact with
 //   CUDA's. CUDA: BF16 in/out, the activation quantization kernel + cuBLASLt's block-scaled FP8 GEMM (sm_90
-//   only: VEC128_32F x VEC128_32F; K % 128 == 0, O % 16 == 0, N % 16 == 0 there; elsewhere DeviceFailure).
+//   only: VEC128_32F x VEC128_32F; K % 128 == 0, O % 16 == 0, N % 16 == 0 there; elsewhere DeviceFailure), or
+//   with DFLASH_FP8_BLOCK_GEMM=mma the project's mma.sync kernel (sm_89 and later; K % 128 == 0).
 // residual (optional, [N, O], acc must be No): out = residual + the product, residual either out itself or
 // not overlapping it (a decoder layer's output projection; on CUDA the GEMM's C operand, beta = 1).
 // scaling = TokenChannel (compressed-tensors FP8-Dynamic: one scale per output channel, one per token):
@@ -67,8 +68,10 @@ void fp8_gemm_forward(const Ctx& ctx, const Tensor& out, const Tensor& act_codes
 // out BF16 or F32.
 void fp8_weight_dequantize(const Ctx& ctx, const Tensor& out, const Tensor& codes, const Tensor& scales);
 // Whether ctx's device runs fp8_linear_forward: a CUDA device of compute capability 9.0 whose cuBLASLt
-// offers the VEC128_32F block-scaled FP8 GEMM (asked once per device, then remembered). False on the CPU
-// backend (it runs the op as the host twin, a reference, not a fast path) and on every other GPU.
+// offers the VEC128_32F block-scaled FP8 GEMM (asked once per device, then remembered), or with
+// DFLASH_FP8_BLOCK_GEMM=mma any of compute capability 8.9 or later (the project's mma.sync kernel,
+// docs/fp8.md "Which FP8 GEMM"). False on the CPU backend (it runs the op as the host twin, a reference, not
+// a fast path) and on every other GPU.
 bool fp8_block_gemm_available(const Ctx& ctx);
 // Whether ctx's device runs fp8_linear_forward with Fp8Scaling::TokenChannel: a CUDA device of compute
 // capability 8.9 or later whose cuBLASLt offers an FP8 GEMM with OUTER_VEC_32F scales (asked once per

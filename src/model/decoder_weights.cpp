@@ -221,7 +221,8 @@ LinearModeCounts load_decoder_weights(Checkpoint& ckpt, const Qwen3Config& c, co
                   "DFLASH_FP8_LINEAR=gemm, but " << device_name(ctx.device) << " has no FP8 GEMM for this quantization ("
                                                  << (!scaling ? "per-token activations over block-scaled weights: none"
                                                      : *scaling == ops::Fp8Scaling::Block128
-                                                         ? "block-scaled: cuBLASLt's VEC128_32F, sm_90 only"
+                                                         ? "block-scaled: cuBLASLt's VEC128_32F, sm_90 only; "
+                                                           "DFLASH_FP8_BLOCK_GEMM=mma: sm_89 and later"
                                                          : "per token x per channel: cuBLASLt's OUTER_VEC_32F")
                                                  << ")",
                   "unset DFLASH_FP8_LINEAR (or set dequant): this GPU runs FP8 linears as dequantize + bf16 GEMM");

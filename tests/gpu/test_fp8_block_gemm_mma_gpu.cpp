@@ -1,0 +1,129 @@
+// The hand-written block-scaled FP8 GEMM (kernels/fp8_block_gemm_mma.cu) against the CPU twin of
+// ops::fp8_gemm_forward (src/ops/fp8_linear.cpp: the dequantized products summed in fp32) on random e4m3 codes
+// (NaN codes avoided) and random positive scales per (128-block, row) on both operands.
+//   Tolerance 4e-3 relative L2: the kernel's output is rounded once to bf16 (2^-9 relative at most per element,
+//   ~1.1e-3 RMS) and its fp32 sums run in another order (~1e-6); a wrong fragment layout, swizzle or scale
+//   index gives O(1).
+//   Shapes: the tile edges (N, O not multiples of 128, O odd: the one-by-one stores), one k-block and many,
+//   and the 8B target's gate|up and down at 512 tokens. Then Accumulate::Yes (out += the product over random
+//   bf16 contents) and a residual (out = residual + the product, residual apart from out and out itself).
+// Every GPU of compute capability 8.9 or later runs it (an H100 tests what an RTX PRO 6000 would run);
+// DFLASH_DEVICE_LIMITS=sm_120 (gpu.sm120_limits) runs it under that GPU's 99 KB per block.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <random>
+#include <tuple>
+#include <vector>
+
+#include "dflash/ops.h"
+#include "fp8_block_gemm_mma.cuh"
+#include "gpu_test_util.h"
+
+namespace dflash {
+namespace {
+
+using test::gpu;
+using test::random_bf16;
+using test::rel_err;
+using test::to_device;
+using test::to_host;
+const Ctx kCpu = cpu_ctx();
+
+int compute_capability() {
+  int dev = 0, major = 0, minor = 0;
+  cudaGetDevice(&dev);
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
+  return major * 10 + minor;
+}
+
+// Random e4m3 codes [rows, K] and scales [K/128, rows], on the host and on the device.
+struct RandomCodes {
+  int64_t rows, K, KB;
+  std::vector<uint8_t> codes;
+  std::vector<float> scales;
+  Buffer d_codes, d_scales;
+  RandomCodes(int64_t r, int64_t k, uint32_t seed, float lo, float hi)
+      : rows(r), K(k), KB(k / 128), codes(static_cast<size_t>(r * k)), scales(static_cast<size_t>(KB * r)),
+        d_codes(Device::CUDA, DType::F8E4M3, {r, k}), d_scales(Device::CUDA, DType::F32, {KB, r}) {
+    std::mt19937 rng(seed);
+    for (auto& c : codes) {
+      c = static_cast<uint8_t>(rng() & 0xFF);
+      if ((c & 0x7F) == 0x7F) c = 0x7E;  // 0x7F / 0xFF are NaN in e4m3
+    }
+    std::uniform_real_distribution<float> u(lo, hi);
+    for (auto& s : scales) s = u(rng);
+    cudaMemcpy(d_codes.t().data, codes.data(), codes.size(), cudaMemcpyHostToDevice);
+    cudaMemcpy(d_scales.t().data, scales.data(), scales.size() * 4, cudaMemcpyHostToDevice);
+  }
+  Tensor host_codes() { return Tensor(codes.data(), DType::F8E4M3, Device::CPU, {rows, K}); }
+  Tensor host_scales() { return cpu_view(scales.data(), {KB, rows}); }
+};
+
+// The CPU twin: out [N, O] = the block-scaled product (fp32).
+std::vector<float> twin(RandomCodes& a, RandomCodes& w) {
+  std::vector<float> out(static_cast<size_t>(a.rows * w.rows));
+  ops::fp8_gemm_forward(kCpu, cpu_view(out.data(), {a.rows, w.rows}), a.host_codes(), a.host_scales(),
+                        w.host_codes(), w.host_scales());
+  return out;
+}
+
+TEST(GpuFp8BlockGemmMma, MatchesCpuTwin) {
+  SKIP_WITHOUT_GPU();
+  if (compute_capability() < 89) GTEST_SKIP() << "FP8 mma.sync needs compute capability 8.9 or later";
+  Ctx g = gpu();
+  constexpr double kTol = 4e-3;
+  for (const auto& [N, K, O] : {std::tuple<int64_t, int64_t, int64_t>{1, 128, 8}, {37, 384, 200}, {130, 256, 129},
+                                {256, 1024, 384}, {512, 4096, 12288}, {512, 12288, 4096}}) {
+    SCOPED_TRACE(testing::Message() << N << "x" << K << " -> " << O);
+    RandomCodes a(N, K, 51, 1e-3f, 3e-2f), w(O, K, 52, 1e-4f, 2e-3f);
+    std::vector<float> want = twin(a, w);
+    Buffer out = to_device(g, std::vector<float>(want.size(), 0.f), {N, O});
+    cuda::fp8_block_gemm_mma(g, out, a.d_codes, a.d_scales, w.d_codes, w.d_scales, ops::Accumulate::No, Tensor());
+    const std::vector<float> got = to_host(g, out);
+    const double err = rel_err(got, want);
+    std::printf("  fp8_block_gemm_mma %lldx%lld -> %lld vs the CPU twin: rel err %.3g\n", static_cast<long long>(N),
+                static_cast<long long>(K), static_cast<long long>(O), err);
+    EXPECT_LE(err, kTol);
+
+    // Accumulate::Yes over random contents: out = init + the product.
+    double ms = 0;
+    for (float v : want) ms += double(v) * v;
+    std::vector<float> init = random_bf16(want.size(), 53, 0.5f * static_cast<float>(std::sqrt(ms / want.size())));
+    Buffer acc = to_device(g, init, {N, O});
+    cuda::fp8_block_gemm_mma(g, acc, a.d_codes, a.d_scales, w.d_codes, w.d_scales, ops::Accumulate::Yes, Tensor());
+    std::vector<float> want_acc(want.size());
+    for (size_t i = 0; i < want.size(); ++i) want_acc[i] = init[i] + want[i];
+    EXPECT_LE(rel_err(to_host(g, acc), want_acc), kTol) << "Accumulate::Yes";
+
+    // A residual apart from out, then out itself as the residual.
+    Buffer res = to_device(g, init, {N, O}), out2 = to_device(g, std::vector<float>(want.size(), 7.f), {N, O});
+    cuda::fp8_block_gemm_mma(g, out2, a.d_codes, a.d_scales, w.d_codes, w.d_scales, ops::Accumulate::No, res);
+    EXPECT_LE(rel_err(to_host(g, out2), want_acc), kTol) << "residual";
+    cuda::fp8_block_gemm_mma(g, out2, a.d_codes, a.d_scales, w.d_codes, w.d_scales, ops::Accumulate::No, out2);
+    for (size_t i = 0; i < want.size(); ++i) want_acc[i] += want[i];
+    EXPECT_LE(rel_err(to_host(g, out2), want_acc), kTol) << "out as its own residual";
+  }
+}
+
+// The op's shape checks: K not a multiple of 128 is refused (the format's blocks), not computed wrongly.
+TEST(GpuFp8BlockGemmMmaDeathTest, RefusesKOffTheBlocks) {
+  SKIP_WITHOUT_GPU();
+  if (compute_capability() < 89) GTEST_SKIP() << "FP8 mma.sync needs compute capability 8.9 or later";
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  auto off_the_blocks = [] {
+    Ctx g = gpu();
+    Buffer a(Device::CUDA, DType::F8E4M3, {16, 200}), as(Device::CUDA, DType::F32, {1, 16});
+    Buffer w(Device::CUDA, DType::F8E4M3, {16, 200}), ws(Device::CUDA, DType::F32, {1, 16});
+    Buffer out(Device::CUDA, DType::BF16, {16, 16});
+    cuda::fp8_block_gemm_mma(g, out, a, as, w, ws, ops::Accumulate::No, Tensor());
+  };
+  EXPECT_DEATH(off_the_blocks(), "K % 128 == 0");
+}
+
+}  // namespace
+}  // namespace dflash
