@@ -202,7 +202,7 @@ bool fp8_gemm_available(const Ctx& ctx, ops::Fp8Scaling scaling) {
   if (const int k = known.load()) return k == 1;
   const int cc = compute_capability(be.device);
   const bool mma = scaling == ops::Fp8Scaling::Block128 && block_gemm_choice() == BlockGemm::Mma;
-  bool ok = scaling == ops::Fp8Scaling::Block128 && !mma ? cc == 90 : cc >= 89;
+  bool ok = (scaling == ops::Fp8Scaling::Block128 && !mma) ? cc == 90 : cc >= 89;
   if (ok && !mma) {
     LtPlan probe;
     create_fp8_gemm(probe, 128, 128, 128, scaling, cc);
