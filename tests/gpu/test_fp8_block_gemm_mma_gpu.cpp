@@ -7,6 +7,8 @@
 //   Shapes: the tile edges (N, O not multiples of 128, O odd: the one-by-one stores), one k-block and many,
 //   and the 8B target's gate|up and down at 512 tokens. Then Accumulate::Yes (out += the product over random
 //   bf16 contents) and a residual (out = residual + the product, residual apart from out and out itself).
+//   DFLASH_FP8_BLOCK_GEMM=mma routes ops::fp8_linear_forward through it (in a child process: the variable is
+//   read once per process), and another value is refused.
 // Every GPU of compute capability 8.9 or later runs it (an H100 tests what an RTX PRO 6000 would run);
 // DFLASH_DEVICE_LIMITS=sm_120 (gpu.sm120_limits) runs it under that GPU's 99 KB per block.
 #include <cuda_runtime.h>
@@ -15,6 +17,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <random>
 #include <tuple>
 #include <vector>
@@ -123,6 +126,40 @@ TEST(GpuFp8BlockGemmMmaDeathTest, RefusesKOffTheBlocks) {
     cuda::fp8_block_gemm_mma(g, out, a, as, w, ws, ops::Accumulate::No, Tensor());
   };
   EXPECT_DEATH(off_the_blocks(), "K % 128 == 0");
+}
+
+// DFLASH_FP8_BLOCK_GEMM (read once per process, so each case runs in a child of its own): mma makes the
+// device report the block-scaled GEMM and routes ops::fp8_linear_forward (the activation quantization + the
+// GEMM, as a target's Fp8Gemm linears run) through this kernel, still the CPU twin's product; another value
+// is refused.
+TEST(GpuFp8BlockGemmMmaDeathTest, TheVariableRoutesTheOpOrIsRefused) {
+  SKIP_WITHOUT_GPU();
+  if (compute_capability() < 89) GTEST_SKIP() << "FP8 mma.sync needs compute capability 8.9 or later";
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  auto through_the_op = [] {
+    setenv("DFLASH_FP8_BLOCK_GEMM", "mma", 1);
+    Ctx g = gpu();
+    if (!ops::fp8_block_gemm_available(g)) std::exit(2);
+    const int64_t N = 48, K = 256, O = 136, KB = K / 128;
+    std::vector<float> x = random_bf16(static_cast<size_t>(N * K), 61, 2.f);
+    RandomCodes w(O, K, 62, 1e-4f, 2e-3f);
+    std::vector<float> want(static_cast<size_t>(N * O)), want_as(static_cast<size_t>(KB * N));
+    std::vector<uint8_t> want_ac(static_cast<size_t>(N * K));
+    ops::fp8_linear_forward(kCpu, cpu_view(want.data(), {N, O}), cpu_view(x.data(), {N, K}), w.host_codes(),
+                            w.host_scales(), Tensor(want_ac.data(), DType::F8E4M3, Device::CPU, {N, K}),
+                            cpu_view(want_as.data(), {KB, N}));
+    Buffer in = to_device(g, x, {N, K}), out = to_device(g, {}, {N, O});
+    Buffer ac(Device::CUDA, DType::F8E4M3, {N, K}), as(Device::CUDA, DType::F32, {KB, N});
+    ops::fp8_linear_forward(g, out, in, w.d_codes, w.d_scales, ac, as);
+    std::exit(rel_err(to_host(g, out), want) <= 4e-3 ? 0 : 3);
+  };
+  EXPECT_EXIT(through_the_op(), testing::ExitedWithCode(0), "");
+  auto unknown_value = [] {
+    setenv("DFLASH_FP8_BLOCK_GEMM", "fast", 1);
+    Ctx g = gpu();
+    ops::fp8_block_gemm_available(g);
+  };
+  EXPECT_DEATH(unknown_value(), "DFLASH_FP8_BLOCK_GEMM=fast is not cublaslt or mma");
 }
 
 }  // namespace
