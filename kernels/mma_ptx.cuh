@@ -1,7 +1,7 @@
 // The PTX wrappers the hand-written kernels share (sm_80+ forms, valid on sm_90, sm_100, sm_120): shared-memory
 // addresses, cp.async copies global -> shared (with commit / wait), ldmatrix x4 loads and the bf16 m16n8k16
-// mma with fp32 accumulators (and the e4m3 m16n8k32 one of sm_89+). The only definitions of these: a kernel file uses them (using namespace ptx)
-// rather than its own asm copy.
+// mma with fp32 accumulators (and the e4m3 m16n8k32 one of sm_89+). The only definitions of these: a kernel
+// file uses them (using namespace ptx) rather than its own asm copy.
 #pragma once
 #include <cuda_bf16.h>
 

@@ -1,9 +1,8 @@
 // The hand-written block-scaled FP8 GEMM (kernels/fp8_block_gemm_mma.cu) against the CPU twin of
 // ops::fp8_gemm_forward (src/ops/fp8_linear.cpp: the dequantized products summed in fp32) on random e4m3 codes
 // (NaN codes avoided) and random positive scales per (128-block, row) on both operands.
-//   Tolerance 4e-3 relative L2: the kernel's output is rounded once to bf16 (2^-9 relative at most per element,
-//   ~1.1e-3 RMS) and its fp32 sums run in another order (~1e-6); a wrong fragment layout, swizzle or scale
-//   index gives O(1).
+//   Tolerance tol::kFp8BlockGemmMma (tests/gpu/tolerances.h): one rounding of the fp32 sums to bf16; a wrong
+//   fragment layout, swizzle or scale index gives O(1).
 //   Shapes: the tile edges (N, O not multiples of 128, O odd: the one-by-one stores), one k-block and many,
 //   and the 8B target's gate|up and down at 512 tokens. Then Accumulate::Yes (out += the product over random
 //   bf16 contents) and a residual (out = residual + the product, residual apart from out and out itself).
@@ -24,53 +23,25 @@
 
 #include "dflash/ops.h"
 #include "fp8_block_gemm_mma.cuh"
+#include "fp8_test_util.h"
 #include "gpu_test_util.h"
 
 namespace dflash {
 namespace {
 
+using test::compute_capability;
 using test::gpu;
+using test::RandomFp8Linear;
 using test::random_bf16;
 using test::rel_err;
 using test::to_device;
 using test::to_host;
 const Ctx kCpu = cpu_ctx();
 
-int compute_capability() {
-  int dev = 0, major = 0, minor = 0;
-  cudaGetDevice(&dev);
-  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
-  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
-  return major * 10 + minor;
-}
-
-// Random e4m3 codes [rows, K] and scales [K/128, rows], on the host and on the device.
-struct RandomCodes {
-  int64_t rows, K, KB;
-  std::vector<uint8_t> codes;
-  std::vector<float> scales;
-  Buffer d_codes, d_scales;
-  RandomCodes(int64_t r, int64_t k, uint32_t seed, float lo, float hi)
-      : rows(r), K(k), KB(k / 128), codes(static_cast<size_t>(r * k)), scales(static_cast<size_t>(KB * r)),
-        d_codes(Device::CUDA, DType::F8E4M3, {r, k}), d_scales(Device::CUDA, DType::F32, {KB, r}) {
-    std::mt19937 rng(seed);
-    for (auto& c : codes) {
-      c = static_cast<uint8_t>(rng() & 0xFF);
-      if ((c & 0x7F) == 0x7F) c = 0x7E;  // 0x7F / 0xFF are NaN in e4m3
-    }
-    std::uniform_real_distribution<float> u(lo, hi);
-    for (auto& s : scales) s = u(rng);
-    cudaMemcpy(d_codes.t().data, codes.data(), codes.size(), cudaMemcpyHostToDevice);
-    cudaMemcpy(d_scales.t().data, scales.data(), scales.size() * 4, cudaMemcpyHostToDevice);
-  }
-  Tensor host_codes() { return Tensor(codes.data(), DType::F8E4M3, Device::CPU, {rows, K}); }
-  Tensor host_scales() { return cpu_view(scales.data(), {KB, rows}); }
-};
-
 // The CPU twin: out [N, O] = the block-scaled product (fp32).
-std::vector<float> twin(RandomCodes& a, RandomCodes& w) {
-  std::vector<float> out(static_cast<size_t>(a.rows * w.rows));
-  ops::fp8_gemm_forward(kCpu, cpu_view(out.data(), {a.rows, w.rows}), a.host_codes(), a.host_scales(),
+std::vector<float> twin(RandomFp8Linear& a, RandomFp8Linear& w) {
+  std::vector<float> out(static_cast<size_t>(a.O * w.O));
+  ops::fp8_gemm_forward(kCpu, cpu_view(out.data(), {a.O, w.O}), a.host_codes(), a.host_scales(),
                         w.host_codes(), w.host_scales());
   return out;
 }
@@ -79,11 +50,11 @@ TEST(GpuFp8BlockGemmMma, MatchesCpuTwin) {
   SKIP_WITHOUT_GPU();
   if (compute_capability() < 89) GTEST_SKIP() << "FP8 mma.sync needs compute capability 8.9 or later";
   Ctx g = gpu();
-  constexpr double kTol = 4e-3;
+  constexpr double kTol = test::tol::kFp8BlockGemmMma;
   for (const auto& [N, K, O] : {std::tuple<int64_t, int64_t, int64_t>{1, 128, 8}, {37, 384, 200}, {130, 256, 129},
                                 {256, 1024, 384}, {512, 4096, 12288}, {512, 12288, 4096}}) {
     SCOPED_TRACE(testing::Message() << N << "x" << K << " -> " << O);
-    RandomCodes a(N, K, 51, 1e-3f, 3e-2f), w(O, K, 52, 1e-4f, 2e-3f);
+    RandomFp8Linear a(K, N, 51, 1e-3f, 3e-2f), w(K, O, 52);  // activations [N, K], weights [O, K]
     std::vector<float> want = twin(a, w);
     Buffer out = to_device(g, std::vector<float>(want.size(), 0.f), {N, O});
     cuda::fp8_block_gemm_mma(g, out, a.d_codes, a.d_scales, w.d_codes, w.d_scales, ops::Accumulate::No, Tensor());
@@ -142,7 +113,7 @@ TEST(GpuFp8BlockGemmMmaDeathTest, TheVariableRoutesTheOpOrIsRefused) {
     if (!ops::fp8_block_gemm_available(g)) std::exit(2);
     const int64_t N = 48, K = 256, O = 136, KB = K / 128;
     std::vector<float> x = random_bf16(static_cast<size_t>(N * K), 61, 2.f);
-    RandomCodes w(O, K, 62, 1e-4f, 2e-3f);
+    RandomFp8Linear w(K, O, 62);
     std::vector<float> want(static_cast<size_t>(N * O)), want_as(static_cast<size_t>(KB * N));
     std::vector<uint8_t> want_ac(static_cast<size_t>(N * K));
     ops::fp8_linear_forward(kCpu, cpu_view(want.data(), {N, O}), cpu_view(x.data(), {N, K}), w.host_codes(),
@@ -151,7 +122,7 @@ TEST(GpuFp8BlockGemmMmaDeathTest, TheVariableRoutesTheOpOrIsRefused) {
     Buffer in = to_device(g, x, {N, K}), out = to_device(g, {}, {N, O});
     Buffer ac(Device::CUDA, DType::F8E4M3, {N, K}), as(Device::CUDA, DType::F32, {KB, N});
     ops::fp8_linear_forward(g, out, in, w.d_codes, w.d_scales, ac, as);
-    std::exit(rel_err(to_host(g, out), want) <= 4e-3 ? 0 : 3);
+    std::exit(rel_err(to_host(g, out), want) <= test::tol::kFp8BlockGemmMma ? 0 : 3);
   };
   EXPECT_EXIT(through_the_op(), testing::ExitedWithCode(0), "");
   auto unknown_value = [] {

@@ -24,6 +24,7 @@
 
 #include "dflash/fp8.h"
 #include "dflash/ops.h"
+#include "fp8_test_util.h"
 #include "gpu_test_util.h"
 #include "matmul_plans.cuh"
 
@@ -31,19 +32,14 @@ namespace dflash {
 namespace {
 
 using test::gpu;
+using test::RandomFp8Linear;
 using test::random_bf16;
 using test::rel_err;
 using test::to_device;
 using test::to_host;
 const Ctx kCpu = cpu_ctx();
 
-bool is_sm90() {
-  int dev = 0, major = 0, minor = 0;
-  cudaGetDevice(&dev);
-  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
-  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
-  return major == 9 && minor == 0;
-}
+bool is_sm90() { return test::compute_capability() == 90; }
 
 TEST(GpuFp8, ActivationQdqMatchesCpu) {
   SKIP_WITHOUT_GPU();
@@ -61,28 +57,6 @@ TEST(GpuFp8, ActivationQdqMatchesCpu) {
       ASSERT_LE(std::fabs(got[i] - want[i]), std::ldexp(std::fabs(want[i]), -8)) << i;  // one bf16 rounding
   }
 }
-
-// An FP8 linear [O, K] with random codes (NaN codes avoided) and positive scales per (kb, o), on the host
-// and on the device.
-struct RandomFp8Linear {
-  int64_t K, O, KB;
-  std::vector<uint8_t> codes;
-  std::vector<float> scales;
-  Buffer d_codes, d_scales;
-  RandomFp8Linear(int64_t k, int64_t o, uint32_t seed)
-      : K(k), O(o), KB(k / 128), codes(static_cast<size_t>(o * k)), scales(static_cast<size_t>(KB * o)),
-        d_codes(Device::CUDA, DType::F8E4M3, {o, k}), d_scales(Device::CUDA, DType::F32, {KB, o}) {
-    std::mt19937 rng(seed);
-    for (auto& c : codes) {
-      c = static_cast<uint8_t>(rng() & 0xFF);
-      if ((c & 0x7F) == 0x7F) c = 0x7E;
-    }
-    std::uniform_real_distribution<float> u(1e-4f, 2e-3f);
-    for (auto& s : scales) s = u(rng);
-    cudaMemcpy(d_codes.t().data, codes.data(), codes.size(), cudaMemcpyHostToDevice);
-    cudaMemcpy(d_scales.t().data, scales.data(), scales.size() * 4, cudaMemcpyHostToDevice);
-  }
-};
 
 Tensor f8_view(void* p, std::initializer_list<int64_t> d) { return Tensor(p, DType::F8E4M3, Device::CPU, d); }
 

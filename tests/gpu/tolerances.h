@@ -70,6 +70,10 @@ constexpr double kGradSumsq = 1e-9;
 constexpr double kGradNorm = 1e-6;
 // The fused AdamW's bf16 copy of the weights (rel): one rounding of the fp32 master to bf16 (<= 2^-8 = 3.9e-3).
 constexpr double kBf16Copy = 4e-3;
+// The mma.sync block-scaled FP8 GEMM against its CPU twin (rel L2, tests/gpu/test_fp8_block_gemm_mma_gpu.cpp):
+// the same codes and scales, fp32 sums in another order (~1e-6), the output rounded once to bf16 (<= 2^-9
+// relative per element, ~1.1e-3 RMS).
+constexpr double kFp8BlockGemmMma = 4e-3;
 // --optimizer-state bf16: the CUDA kernel's new p, m, v against the CPU op's from the same bf16 state (bf16
 // ulps, per element). Both run sr::adamw_bf16_update (include/dflash/stochastic_round.h) with the same
 // random bits and no FMA contraction, so they are normally equal; an fp32 difference of one ulp (the clip
